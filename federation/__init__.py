@@ -1,0 +1,1 @@
+"""Everything federated: manifest loading, client recipes, aggregation maths, strategies and engines."""

@@ -1,0 +1,115 @@
+"""The message contract between the server (a strategy) and a hospital (a client).
+
+This mirrors Flower's Message API (``configure_train`` returns one message per destination node,
+``aggregate_train`` receives the replies), so the in-process engine (``federation.simulation``) and the
+Flower adapter run the same strategies unchanged. See DESIGN.md, "Federation: one contract, two engines".
+
+Tensors travel as ``dict[str, torch.Tensor]`` keyed by ``state_dict`` names. Only *shared* keys ever appear
+in a message: a client's personalised head (the last ``nhead`` layer units, FedSAF paper Eq. 1) never does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+TensorDict = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a client trains this round (FedSAF paper Eq. 23-25; FedRep; FedProx).
+
+    ``head_epochs == 0``: one phase over all trainable parameters for ``epochs`` epochs (Eq. 23).
+    ``head_epochs > 0``: first ``head_epochs`` epochs on the local (head) keys with the shared part frozen
+    (Eq. 24), then ``epochs`` epochs on the shared part with the head frozen (Eq. 25).
+    ``prox_mu > 0``: add ``prox_mu / 2 * ||rho - centre||^2`` over the shared parameters to the loss while
+    the shared part trains (FedProx's mu; FedAMP/FedSAF's ``lambda / alpha_K``), with a real gradient.
+    ``fisher_batch > 0``: after training, report ``fisher_trace`` over the shared parameters (Eq. 12-15)
+    computed on a mini-batch of that many training examples.
+    """
+
+    epochs: int = 1
+    lr: float = 0.01
+    head_epochs: int = 0
+    head_lr: float | None = None
+    prox_mu: float = 0.0
+    fisher_batch: int = 0
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+
+@dataclass
+class TrainInstruction:
+    """Server -> one client. ``shared`` (if given) is loaded into the client's shared part before training.
+
+    ``prox_centre`` (if given) is the proximal centre; when it *is* ``shared`` (the same object, as in
+    FedAMP/FedSAF where the client starts from and is pulled towards ``u_i`` / ``p_i``) it is counted once.
+    ``train=False`` asks only for evaluation (no reply tensors).
+    """
+
+    client: int
+    recipe: Recipe
+    shared: TensorDict | None = None
+    prox_centre: TensorDict | None = None
+    train: bool = True
+
+
+@dataclass
+class TrainReply:
+    """One client -> server: its shared tensors after training, its example count and scalar metrics.
+
+    ``metrics`` holds at least ``train_loss``; ``fisher_trace`` when the recipe asked for it.
+    """
+
+    client: int
+    shared: TensorDict
+    num_examples: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Strategy(Protocol):
+    """One federated algorithm: its cross-round state and what each client gets next.
+
+    The engine calls, every round: ``configure_train`` -> clients train -> ``aggregate_train``.
+    ``aggregate_train`` returns a JSON-serialisable record for ``aggregation.jsonl`` (e.g. the AMP matrix
+    ``xi`` and Fisher weights ``gamma``); an empty dict when there is nothing to log.
+    ``state_tensors``/``load_state_tensors`` and ``state_json``/``load_state_json`` make the strategy's
+    cross-round state checkpointable as safetensors + JSON (never pickle).
+    """
+
+    name: str
+
+    def shared_keys(self, state_keys: Sequence[str], units: Sequence[Sequence[str]]) -> list[str]:
+        """Which ``state_dict`` keys are shared, given all keys and the model's ordered layer units."""
+        ...
+
+    def configure_train(self, server_round: int, clients: Sequence[int]) -> dict[int, TrainInstruction]: ...
+
+    def aggregate_train(self, server_round: int, replies: Mapping[int, TrainReply]) -> dict[str, Any]: ...
+
+    def state_tensors(self) -> TensorDict: ...
+
+    def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None: ...
+
+    def state_json(self) -> dict[str, Any]: ...
+
+    def load_state_json(self, state: Mapping[str, Any]) -> None: ...
+
+
+def count_values(instruction: TrainInstruction) -> int:
+    """Number of scalar values the server sends in ``instruction`` (the proximal centre counted once)."""
+    total = 0
+    if instruction.shared is not None:
+        total += sum(t.numel() for t in instruction.shared.values())
+    if instruction.prox_centre is not None and instruction.prox_centre is not instruction.shared:
+        total += sum(t.numel() for t in instruction.prox_centre.values())
+    return total
+
+
+def count_reply_values(reply: TrainReply) -> int:
+    """Number of tensor values a client uploads (scalar metrics are not counted)."""
+    return sum(t.numel() for t in reply.shared.values())

@@ -1,0 +1,7 @@
+"""Errors the federation raises for bad input or a broken run."""
+
+
+class FederationError(ValueError):
+    """Bad configuration, data or run state; the CLI prints it as one line and exits 2."""
+
+    user_facing = True

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Quick start, command 2: set up .venv/ and run the whole check: ruff, mypy, then the pytest suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy
+.venv/bin/python -m pytest "$@"
