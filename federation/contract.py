@@ -74,7 +74,9 @@ class TrainReply:
 class Strategy(Protocol):
     """One federated algorithm: its cross-round state and what each client gets next.
 
-    The engine calls, every round: ``configure_train`` -> clients train -> ``aggregate_train``.
+    The engine calls, every round: ``configure_train`` -> clients train -> ``aggregate_train`` ->
+    ``configure_evaluate`` -> each client loads what it is given (``None``: keeps its own) into its shared
+    part and evaluates base + its own head on its own test split (what a hospital would deploy after the round).
     ``aggregate_train`` returns a JSON-serialisable record for ``aggregation.jsonl`` (e.g. the AMP matrix
     ``xi`` and Fisher weights ``gamma``); an empty dict when there is nothing to log.
     ``state_tensors``/``load_state_tensors`` and ``state_json``/``load_state_json`` make the strategy's
@@ -90,6 +92,8 @@ class Strategy(Protocol):
     def configure_train(self, server_round: int, clients: Sequence[int]) -> dict[int, TrainInstruction]: ...
 
     def aggregate_train(self, server_round: int, replies: Mapping[int, TrainReply]) -> dict[str, Any]: ...
+
+    def configure_evaluate(self, server_round: int, clients: Sequence[int]) -> dict[int, TensorDict | None]: ...
 
     def state_tensors(self) -> TensorDict: ...
 
