@@ -1,0 +1,276 @@
+"""Aggregation maths: pure functions over stacked flat tensors ``(m clients x d values)``.
+
+Implements FedSAF (Miao et al., 2025; paper 001) server-side aggregation, as fixed in DESIGN.md
+("FedSAF, as implemented"):
+
+- Attentive Message Passing (AMP), Eq. 3-8 and 16-18 (after FedAMP, Huang et al., AAAI 2021):
+  ``xi_ij = alpha_k * A'(d_ij)`` for ``i != j`` with ``A(x) = 1 - exp(-x / sigma)`` (Eq. 10), so
+  ``A'(x) = exp(-x / sigma) / sigma``; ``xi_ii = 1 - sum_{j != i} xi_ij`` (Eq. 16);
+  ``z_i = sum_j xi_ij rho_j`` (Eq. 18). Row ``i`` of the returned matrix holds the weights of client ``i``'s
+  intermediate model, so every row sums to 1 and ``Z = xi @ rho`` gives all intermediate models at once.
+  The distance ``d_ij`` depends on ``dm``: ``euclidean`` = squared L2 (Eq. 3-4), ``manhattan`` = L1 (Eq. 5-6),
+  ``cosine`` = the paper's Eq. 7-8, i.e. the cosine *similarity* fed to ``A'`` (so *more* similar clients get
+  *less* weight, which is why the paper found it poor), and ``cosine_distance`` = 1 - cosine similarity
+  (the natural reading, offered beside the literal one).
+- Fisher reweighting, Eq. 14 and 19-20: ``gamma_i = tFIM_i / sum_n tFIM_n`` and
+  ``p_i = gamma_i z_i + sum_{j != i} gamma_j z_j``. Written out, Eq. 20 gives every client the *same* ``p``
+  (``sum_j gamma_j z_j``); it is implemented as written (see ``fisher_intermediate``) and documented so.
+- Weighted sums (FedAvg's ``sum_i n_i / n * w_i`` and the batched ``coefficients @ vectors``).
+
+Everything is vectorised: pairwise distances come from one Gram matrix (or ``torch.cdist`` for L1); there is
+no Python loop over client pairs. Coefficients are computed in float64 so that hand-checked tests are exact
+and so that tiny off-diagonal weights are not lost to float32 rounding.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from federation.errors import FederationError
+
+Metric = Literal["euclidean", "manhattan", "cosine", "cosine_distance"]
+METRICS: tuple[str, ...] = ("euclidean", "manhattan", "cosine", "cosine_distance")
+
+# Eq. 7-8 add 1e-8 to the product of the norms so that an all-zero vector does not divide by zero.
+COSINE_EPS = 1e-8
+
+
+def _check_matrix(vectors: torch.Tensor) -> None:
+    if vectors.dim() != 2 or vectors.shape[0] < 1:
+        raise ValueError(f"expected stacked flat vectors of shape (m clients, d values), got {tuple(vectors.shape)}")
+
+
+def pairwise_distances(vectors: torch.Tensor, metric: str, normalize: bool = False) -> torch.Tensor:
+    """``d_ij`` for every pair of rows of ``vectors`` (shape ``(m, d)``), as a float64 ``(m, m)`` matrix.
+
+    ``euclidean``: ``||rho_i - rho_j||^2`` (squared, Eq. 3-4); ``manhattan``: ``||rho_i - rho_j||_1`` (Eq. 5-6);
+    ``cosine``: ``rho_i . rho_j / (||rho_i|| ||rho_j|| + 1e-8)`` (Eq. 7-8, a similarity: 1 on the diagonal);
+    ``cosine_distance``: ``1 -`` that. ``normalize=True`` divides the euclidean and manhattan distances by
+    ``d`` (mean squared / mean absolute difference per value) so that one ``sigma`` means the same thing for
+    any model size or ``nhead``; cosine values are already scale-free and are left unchanged.
+    """
+    _check_matrix(vectors)
+    if metric not in METRICS:
+        raise FederationError(f"unknown AMP distance dm={metric!r}: use one of {', '.join(METRICS)}")
+    v = vectors.detach().to(torch.float64)
+    d = v.shape[1]
+    if metric == "manhattan":
+        # cdist with p=1 sums |a - b| directly in C++: exact, and no (m x m x d) temporary.
+        dist = torch.cdist(v.unsqueeze(0), v.unsqueeze(0), p=1.0).squeeze(0)
+    elif metric == "euclidean":
+        # Squared distances are translation-invariant: centring first keeps the Gram-matrix identity
+        # ||a-b||^2 = |a|^2 + |b|^2 - 2 a.b well conditioned when clients are close to each other.
+        c = v - v.mean(dim=0, keepdim=True)
+        gram = c @ c.T
+        sq = gram.diagonal()
+        dist = (sq.unsqueeze(1) + sq.unsqueeze(0) - 2.0 * gram).clamp_min(0.0)
+        dist.fill_diagonal_(0.0)
+    else:
+        gram = v @ v.T
+        norms = gram.diagonal().clamp_min(0.0).sqrt()
+        sim = gram / (norms.unsqueeze(1) * norms.unsqueeze(0) + COSINE_EPS)
+        return sim if metric == "cosine" else 1.0 - sim
+    if normalize and d > 0:
+        dist = dist / d
+    return dist
+
+
+def attention_derivative(x: torch.Tensor, sigma: float) -> torch.Tensor:
+    """``A'(x) = exp(-x / sigma) / sigma``, the derivative of FedAMP's ``A(x) = 1 - exp(-x / sigma)`` (Eq. 10)."""
+    return torch.exp(-x / sigma) / sigma
+
+
+def max_attention(metric: str, sigma: float) -> float:
+    """The largest value ``A'(d_ij)`` can take for ``metric``: ``1/sigma`` for ``d >= 0``.
+
+    The literal ``cosine`` metric feeds a similarity in ``[-1, 1]`` to ``A'``, which can reach
+    ``exp(1/sigma)/sigma`` for opposite vectors, so its bound is that.
+    """
+    return math.exp(1.0 / sigma) / sigma if metric == "cosine" else 1.0 / sigma
+
+
+def check_amp_settings(num_clients: int, metric: str, alpha_k: float, sigma: float) -> None:
+    """Reject settings that could give a client a negative self-weight ``xi_ii`` (Eq. 16).
+
+    ``xi_ii = 1 - sum_{j != i} alpha_k A'(d_ij) >= 1 - alpha_k (m - 1) max A'``, so the self-weight is
+    guaranteed non-negative exactly when ``alpha_k (m - 1) max A' <= 1``, i.e. ``alpha_k (m - 1) <= sigma`` for the
+    distance metrics (DESIGN.md) and ``alpha_k (m - 1) exp(1/sigma) <= sigma`` for the literal cosine similarity.
+    """
+    if metric not in METRICS:
+        raise FederationError(f"unknown AMP distance dm={metric!r}: use one of {', '.join(METRICS)}")
+    if not (math.isfinite(sigma) and sigma > 0):
+        raise FederationError(f"amp.sigma must be a positive number, got {sigma}")
+    if not (math.isfinite(alpha_k) and alpha_k > 0):
+        raise FederationError(f"amp.alpha_k must be a positive number, got {alpha_k}")
+    peers = num_clients - 1
+    bound = alpha_k * peers * max_attention(metric, sigma)
+    # A relative tolerance so that the documented boundary case alpha_k (m - 1) == sigma is accepted.
+    if bound > 1.0 + 1e-12:
+        limit = 1.0 / (peers * max_attention(metric, sigma))
+        extra = " * exp(1/sigma)" if metric == "cosine" else ""
+        raise FederationError(
+            f"amp.alpha_k={alpha_k} with amp.sigma={sigma}, dm={metric} and {num_clients} clients could make a "
+            f"client's self-weight xi_ii negative (needs alpha_k * (m-1){extra} <= sigma): "
+            f"set amp.alpha_k <= {limit:.6g} or raise amp.sigma"
+        )
+
+
+def amp_coefficients(
+    vectors: torch.Tensor, metric: str, alpha_k: float, sigma: float, normalize: bool = False
+) -> torch.Tensor:
+    """The AMP weight matrix ``xi`` (float64, ``(m, m)``) for the clients' shared vectors ``(m, d)``.
+
+    ``xi_ij = alpha_k * A'(d_ij)`` for ``i != j`` (Eq. 3-8), ``xi_ii = 1 - sum_{j != i} xi_ij`` (Eq. 16);
+    row ``i`` holds the weights of client ``i``'s intermediate model ``z_i = sum_j xi_ij rho_j`` (Eq. 18) and
+    sums to 1. Raises ``FederationError`` for settings that could make a self-weight negative.
+    """
+    _check_matrix(vectors)
+    m = vectors.shape[0]
+    check_amp_settings(m, metric, alpha_k, sigma)
+    dist = pairwise_distances(vectors, metric, normalize=normalize)
+    xi = alpha_k * attention_derivative(dist, sigma)
+    xi.fill_diagonal_(0.0)
+    xi.diagonal().copy_(1.0 - xi.sum(dim=1))
+    return xi
+
+
+def off_diagonal_mass(xi: torch.Tensor) -> float:
+    """Mean over clients of the weight given to *other* clients (``sum_{j != i} xi_ij``, averaged over ``i``).
+
+    Near 0 means AMP has degenerated to local training; the strategies warn below ``1e-3``.
+    """
+    m = xi.shape[0]
+    if m < 2:
+        return 0.0
+    return float((xi.sum() - xi.diagonal().sum()) / m)
+
+
+def fisher_weights(traces: Sequence[float] | torch.Tensor) -> torch.Tensor:
+    """``gamma_i = tFIM_i / sum_n tFIM_n`` (Eq. 14) as a float64 vector summing to 1.
+
+    Traces must be finite and non-negative. If every trace is 0 (no client has any gradient signal) the
+    weights fall back to uniform, since Eq. 14 is then undefined.
+    """
+    t = torch.as_tensor(traces, dtype=torch.float64).flatten()
+    if t.numel() == 0:
+        raise ValueError("fisher_weights needs at least one client's Fisher trace")
+    bad = [i for i, v in enumerate(t.tolist()) if not (math.isfinite(v) and v >= 0.0)]
+    if bad:
+        raise FederationError(
+            f"Fisher traces must be finite and >= 0; client(s) {bad} reported {[t[i].item() for i in bad]} "
+            "(check that the client computes fisher_trace on finite logits, or switch fedsaf.fim off)"
+        )
+    total = t.sum()
+    if total <= 0:
+        return torch.full_like(t, 1.0 / t.numel())
+    return t / total
+
+
+def fisher_intermediate(z: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+    """``p_i = gamma_i z_i + sum_{j != i} gamma_j z_j`` for every client (Eq. 20), shape ``(m, d)``.
+
+    Written as the matrix ``G`` with ``G_ii = gamma_i`` (first term) and ``G_ij = gamma_j`` (second term), so
+    ``P = G @ Z``. Both terms give column ``j`` the weight ``gamma_j``: every row of ``G`` is ``gamma`` and
+    every client receives the same ``p`` (the Fisher-weighted mean of the ``z_j``). That is what the paper's
+    equation says; it is implemented as written.
+    """
+    _check_matrix(z)
+    m = z.shape[0]
+    g = gamma.to(torch.float64).flatten()
+    if g.numel() != m:
+        raise ValueError(f"gamma has {g.numel()} entries for {m} clients")
+    coeff = g.unsqueeze(0).expand(m, m).clone()  # off-diagonal: gamma_j
+    coeff.diagonal().copy_(g)  # diagonal: gamma_i
+    return mix(z, coeff)
+
+
+def weighted_sum(vectors: torch.Tensor, weights: Sequence[float] | torch.Tensor) -> torch.Tensor:
+    """``sum_i weights_i * vectors_i`` (shape ``(d,)``), e.g. FedAvg with ``weights_i = n_i / n``.
+
+    Accumulates in float64 and returns the dtype of ``vectors``. Weights are used as given (not renormalised).
+    """
+    _check_matrix(vectors)
+    w = torch.as_tensor(weights, dtype=torch.float64).flatten()
+    if w.numel() != vectors.shape[0]:
+        raise ValueError(f"{w.numel()} weights for {vectors.shape[0]} vectors")
+    return (w @ vectors.to(torch.float64)).to(vectors.dtype)
+
+
+def mix(vectors: torch.Tensor, coefficients: torch.Tensor) -> torch.Tensor:
+    """Every client's weighted sum at once: ``coefficients @ vectors``, shape ``(k, d)`` for ``(k, m)`` weights.
+
+    The batched form of ``weighted_sum``: with ``coefficients = xi`` it gives all ``z_i`` (Eq. 18).
+    Accumulates in float64 and returns the dtype of ``vectors``.
+    """
+    _check_matrix(vectors)
+    c = coefficients.to(torch.float64)
+    if c.dim() != 2 or c.shape[1] != vectors.shape[0]:
+        raise ValueError(f"coefficients of shape {tuple(c.shape)} cannot mix {vectors.shape[0]} vectors")
+    return (c @ vectors.to(torch.float64)).to(vectors.dtype)
+
+
+@dataclass(frozen=True)
+class FlatSpec:
+    """How ``state_dict`` entries map to one flat vector: the keys in order, with their shapes and dtypes."""
+
+    keys: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[torch.dtype, ...]
+
+    @classmethod
+    def of(cls, state: Mapping[str, torch.Tensor], keys: Sequence[str] | None = None) -> FlatSpec:
+        """The spec of ``state`` restricted to ``keys`` (default: all of its keys, in order)."""
+        chosen = list(state.keys()) if keys is None else list(keys)
+        missing = [k for k in chosen if k not in state]
+        if missing:
+            raise KeyError(f"state_dict has no entries {missing[:5]}")
+        return cls(
+            keys=tuple(chosen),
+            shapes=tuple(tuple(state[k].shape) for k in chosen),
+            dtypes=tuple(state[k].dtype for k in chosen),
+        )
+
+    @property
+    def numels(self) -> tuple[int, ...]:
+        return tuple(math.prod(s) for s in self.shapes)
+
+    @property
+    def numel(self) -> int:
+        """Total number of values, i.e. the ``state_dict`` numel of the entries this spec covers."""
+        return sum(self.numels)
+
+
+def flatten(states: Sequence[Mapping[str, torch.Tensor]], spec: FlatSpec) -> torch.Tensor:
+    """Stack the ``spec.keys`` entries of each state dict into one float32 ``(m, d)`` matrix, in key order."""
+    if not states:
+        raise ValueError("flatten needs at least one state dict")
+    rows = []
+    for state in states:
+        missing = [k for k in spec.keys if k not in state]
+        if missing:
+            raise KeyError(f"state dict lacks shared entries {missing[:5]}")
+        rows.append(torch.cat([state[k].detach().reshape(-1).to(torch.float32) for k in spec.keys]))
+    return torch.stack(rows)
+
+
+def unflatten(vector: torch.Tensor, spec: FlatSpec) -> dict[str, torch.Tensor]:
+    """The inverse of ``flatten`` for one row: a state dict keyed by ``spec.keys`` with the original shapes/dtypes.
+
+    Integer entries (e.g. BatchNorm's ``num_batches_tracked``) are rounded back to integers.
+    """
+    if vector.dim() != 1 or vector.numel() != spec.numel:
+        raise ValueError(f"vector of shape {tuple(vector.shape)} does not match {spec.numel} values")
+    out: dict[str, torch.Tensor] = {}
+    for key, shape, dtype, chunk in zip(
+        spec.keys, spec.shapes, spec.dtypes, torch.split(vector, list(spec.numels)), strict=True
+    ):
+        value = chunk.reshape(shape)
+        if not dtype.is_floating_point:
+            value = value.round()
+        out[key] = value.to(dtype).clone()
+    return out
