@@ -1,6 +1,13 @@
-"""`gastric-fl prepare` (not yet implemented)."""
+"""`gastric-fl prepare`: raw SEED/BOT/class-folder slides -> per-hospital tile datasets (FedSAF paper 001, Sec. 4.2).
+
+A thin shell over `pipeline.prepare.prepare_dataset`: options are collected into the ``PrepareConfig``
+sections (defaults < ``--config FILE.toml`` < options given here) and the report is printed.
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -9,7 +16,110 @@ def register(app: typer.Typer) -> None:
     """Add the `prepare` subcommand to `app`."""
 
     @app.command("prepare")
-    def prepare() -> None:
-        """Not yet implemented."""
-        typer.echo("gastric-fl prepare is not implemented yet", err=True)
-        raise typer.Exit(1)
+    def prepare(
+        format: str | None = typer.Option(
+            None, "--format", help="Raw layout: seed (PNG + mask), bot (TIFF + SVG), class-folders. [default: seed]"
+        ),
+        input: Path | None = typer.Option(None, "--input", help="Raw dataset folder (read-only)."),
+        out: Path | None = typer.Option(None, "--out", help="Prepared dataset folder to create."),
+        clients: int | None = typer.Option(None, "--clients", help="Number of hospitals M. [default: 5]"),
+        tile: int | None = typer.Option(None, "--tile", help="Tile side in pixels. [default: 128]"),
+        stride: int | None = typer.Option(None, "--stride", help="Grid step in pixels. [default: the tile size]"),
+        white_max: float | None = typer.Option(
+            None, "--white-max", help="Drop abnormal tiles whose near-white ratio exceeds this. [default: 0.5]"
+        ),
+        background_max: float | None = typer.Option(
+            None, "--background-max", help="Drop normal tiles whose near-white ratio exceeds this. [default: 0.5]"
+        ),
+        white_level: int | None = typer.Option(
+            None, "--white-level", help="A pixel is near-white when all channels are >= this. [default: 220]"
+        ),
+        grayscale_clients: str | None = typer.Option(
+            None, "--grayscale-clients", help="Clients whose tiles are stored single-channel, e.g. 0,2."
+        ),
+        partition: str | None = typer.Option(
+            None, "--partition", help="Label distribution: iid, dirichlet:ALPHA or classes:S. [default: iid]"
+        ),
+        sizes: str | None = typer.Option(
+            None, "--sizes", help="Slides per client: equal, random, or ratios like 3,2,1,1,1. [default: random]"
+        ),
+        test_fraction: float | None = typer.Option(
+            None, "--test-fraction", help="Share of each client's slides used for test. [default: 0.2]"
+        ),
+        seed: int | None = typer.Option(None, "--seed", help="Seed of every random choice. [default: 0]"),
+        mask_suffix: str | None = typer.Option(
+            None, "--mask-suffix", help="SEED: mask beside the slide is <id><suffix>.png. [default: _mask]"
+        ),
+        mask_dir: str | None = typer.Option(
+            None, "--mask-dir", help="SEED: or the mask is <mask-dir>/<id>.png. [default: masks]"
+        ),
+        mask_threshold: int | None = typer.Option(
+            None, "--mask-threshold", help="SEED: accept non-binary masks, cancer = value > T. [default: off]"
+        ),
+        client_scale: str | None = typer.Option(
+            None, "--client-scale", help="Per-client resolution, e.g. 1,0.5,1 (0.5 = scanned at half resolution)."
+        ),
+        client_tile: str | None = typer.Option(None, "--client-tile", help="Per-client tile px, e.g. 128,64,128."),
+        max_tiles_per_slide: int | None = typer.Option(
+            None, "--max-tiles-per-slide", help="Keep at most N tiles per slide (random, seeded)."
+        ),
+        workers: int | None = typer.Option(None, "--workers", help="Threads for decoding/tiling. [default: 2]"),
+        config: Path | None = typer.Option(
+            None, "--config", help="TOML preset (sections as in configs/prepare_*.toml)."
+        ),
+        overwrite: bool | None = typer.Option(
+            None, "--overwrite/--no-overwrite", help="Replace an existing prepared dataset at --out."
+        ),
+        strict: bool | None = typer.Option(
+            None, "--strict/--no-strict", help="Stop at the first bad slide instead of skipping it."
+        ),
+        progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
+    ) -> None:
+        """Turn a raw slide folder into per-hospital tile datasets (manifest.csv, prepare.json, report)."""
+        from pipeline.config import build_config, load_toml, parse_float_list, parse_int_list
+        from pipeline.errors import PipelineError
+        from pipeline.prepare import prepare_dataset
+
+        toml = load_toml(config) if config is not None else {}
+        overrides: dict[str, dict[str, Any]] = {
+            "source": {
+                "format": format,
+                "input": input,
+                "mask_suffix": mask_suffix,
+                "mask_dir": mask_dir,
+                "mask_threshold": mask_threshold,
+            },
+            "split": {
+                "clients": clients,
+                "sizes": sizes,
+                "partition": partition,
+                "test_fraction": test_fraction,
+                "seed": seed,
+            },
+            "tiles": {
+                "tile": tile,
+                "stride": stride,
+                "white_max": white_max,
+                "background_max": background_max,
+                "white_level": white_level,
+                "max_tiles_per_slide": max_tiles_per_slide,
+            },
+            "clients": {
+                "grayscale": None
+                if grayscale_clients is None
+                else parse_int_list(grayscale_clients, "--grayscale-clients"),
+                "scale": None if client_scale is None else parse_float_list(client_scale, "--client-scale"),
+                "tile": None if client_tile is None else parse_int_list(client_tile, "--client-tile"),
+            },
+            "output": {"out": out, "overwrite": overwrite, "strict": strict, "workers": workers, "progress": progress},
+        }
+        for section, key, flag in (("source", "input", "--input"), ("output", "out", "--out")):
+            if overrides[section][key] is None and key not in toml.get(section, {}):
+                raise PipelineError(f"{flag} is required (or set [{section}] {key} in the --config file)")
+        resolved = build_config(toml, overrides, origin=str(config) if config else "configuration")
+        result = prepare_dataset(resolved)
+        typer.echo(result.report)
+        typer.echo(
+            f"wrote {result.tiles} tiles from {result.slides} slides to {result.out} in {result.seconds:.1f} s "
+            f"({len(result.skipped)} skipped); see {result.out / 'report.md'}"
+        )

@@ -1,0 +1,146 @@
+"""Decode raw slides and masks once into PNG-compatible arrays (FedSAF paper 001, Sec. 4.2, first step).
+
+The paper converts every image to PNG before processing; we decode each format once into RGB ``uint8`` in
+memory instead and write only PNG tiles. Variants a scanner or annotation tool may write are normalised:
+8/16-bit and float samples, grayscale, RGBA (composited onto white, as a viewer shows it), multi-page TIFF
+(the first page, i.e. the full-resolution level). Anything that cannot be decoded raises `ImageReadError`.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import cv2
+import numpy as np
+import numpy.typing as npt
+import tifffile
+
+from pipeline.errors import PipelineError
+
+TIFF_SUFFIXES = (".tif", ".tiff")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
+
+RGBImage = npt.NDArray[np.uint8]
+
+
+class ImageReadError(PipelineError):
+    """A slide or mask file that cannot be decoded (corrupt, truncated, unsupported encoding)."""
+
+
+def _decode_tiff(data: bytes) -> npt.NDArray[np.generic]:
+    """First page of a TIFF; OpenCV's libtiff is the fallback for codecs tifffile lacks without imagecodecs."""
+    try:
+        with tifffile.TiffFile(io.BytesIO(data)) as tif:
+            page = tif.pages.first
+            array = np.asarray(page.asarray())
+            if page.axes.startswith("S") and array.ndim == 3:
+                # Planar (separate-plane) TIFFs come back samples-first.
+                array = np.moveaxis(array, 0, -1)
+            return array
+    except Exception as first:
+        decoded = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+        if decoded is None:
+            raise ValueError(str(first) or type(first).__name__) from None
+        # OpenCV returns BGR(A); tifffile returns RGB(A): bring it to tifffile's order.
+        if decoded.ndim == 3 and decoded.shape[2] == 3:
+            decoded = cv2.cvtColor(decoded, cv2.COLOR_BGR2RGB)
+        elif decoded.ndim == 3 and decoded.shape[2] == 4:
+            decoded = cv2.cvtColor(decoded, cv2.COLOR_BGRA2RGBA)
+        return np.asarray(decoded)
+
+
+def _decode_other(data: bytes) -> npt.NDArray[np.generic]:
+    decoded = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    if decoded is None:
+        raise ValueError("not a decodable PNG/JPEG image")
+    if decoded.ndim == 3 and decoded.shape[2] == 3:
+        decoded = cv2.cvtColor(decoded, cv2.COLOR_BGR2RGB)
+    elif decoded.ndim == 3 and decoded.shape[2] == 4:
+        decoded = cv2.cvtColor(decoded, cv2.COLOR_BGRA2RGBA)
+    return np.asarray(decoded)
+
+
+def decode_raw(data: bytes, name: str) -> npt.NDArray[np.generic]:
+    """Decode bytes into an array exactly as stored (any dtype, 2-D or H x W x C, RGB order)."""
+    try:
+        decode = _decode_tiff if name.lower().endswith(TIFF_SUFFIXES) else _decode_other
+        array = decode(data)
+    except Exception as exc:
+        raise ImageReadError(f"{name}: cannot decode image ({exc}); re-export it or remove it from the input") from None
+    if array.ndim == 3 and array.shape[2] == 1:
+        array = array[:, :, 0]
+    if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[2] not in (3, 4)) or min(array.shape[:2]) < 1:
+        raise ImageReadError(
+            f"{name}: unsupported image shape {array.shape}; expected H x W (gray), H x W x 3 (RGB) or H x W x 4"
+        )
+    return array
+
+
+def to_uint8(array: npt.NDArray[np.generic], name: str) -> npt.NDArray[np.uint8]:
+    """Samples to 0..255: 16-bit divided by 257 (65535 -> 255), floats in [0, 1] times 255, bools to 0/255."""
+    if array.dtype == np.uint8:
+        return np.asarray(array, dtype=np.uint8)
+    if array.dtype == np.bool_:
+        return np.where(array, np.uint8(255), np.uint8(0))
+    if array.dtype == np.uint16:
+        return ((array.astype(np.uint32) + 128) // 257).astype(np.uint8)
+    if np.issubdtype(array.dtype, np.floating):
+        finite = np.nan_to_num(array.astype(np.float64), nan=0.0, posinf=1.0, neginf=0.0)
+        if finite.size and (finite.min() < 0.0 or finite.max() > 1.0):
+            raise ImageReadError(f"{name}: float samples outside [0, 1]; export the image as 8- or 16-bit")
+        return np.rint(finite * 255.0).astype(np.uint8)
+    raise ImageReadError(f"{name}: unsupported sample type {array.dtype}; export the image as 8- or 16-bit")
+
+
+def to_rgb(array: npt.NDArray[np.generic], name: str) -> RGBImage:
+    """Any decoded image -> contiguous RGB ``uint8`` (gray replicated; alpha composited onto white)."""
+    pixels = to_uint8(array, name)
+    if pixels.ndim == 2:
+        return np.ascontiguousarray(np.repeat(pixels[:, :, None], 3, axis=2))
+    if pixels.shape[2] == 4:
+        alpha = pixels[:, :, 3:4].astype(np.uint16)
+        # Transparent areas show as white in a viewer, and white is what the pipeline treats as background.
+        rgb = (pixels[:, :, :3].astype(np.uint16) * alpha + 255 * (255 - alpha) + 127) // 255
+        return np.ascontiguousarray(rgb.astype(np.uint8))
+    return np.ascontiguousarray(pixels)
+
+
+def read_rgb(data: bytes, name: str) -> RGBImage:
+    """Decode a slide's bytes into RGB ``uint8``."""
+    return to_rgb(decode_raw(data, name), name)
+
+
+def read_mask(data: bytes, name: str) -> npt.NDArray[np.generic]:
+    """Decode a mask's bytes into a 2-D array with its stored values (8- or 16-bit kept as is).
+
+    A colour mask is accepted only if its channels are equal (a gray image saved as RGB); otherwise the
+    colours would need an interpretation we cannot guess.
+    """
+    array = decode_raw(data, name)
+    if array.ndim == 3:
+        channels = array[:, :, :3]
+        if not (
+            np.array_equal(channels[:, :, 0], channels[:, :, 1])
+            and np.array_equal(channels[:, :, 0], channels[:, :, 2])
+        ):
+            raise ImageReadError(f"{name}: mask has colour (unequal RGB channels); save it as single-channel 8-bit")
+        array = channels[:, :, 0]
+    return array
+
+
+def read_bytes(path: Path) -> bytes:
+    """A raw file's bytes (read-only access; raw data is never modified)."""
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ImageReadError(f"{path}: cannot read file ({exc.strerror or exc})") from None
+
+
+def encode_png(tile: npt.NDArray[np.uint8]) -> bytes:
+    """RGB (H x W x 3) or gray (H x W) ``uint8`` -> PNG bytes (OpenCV's default compression: deterministic, fast)."""
+    pixels = cv2.cvtColor(tile, cv2.COLOR_RGB2BGR) if tile.ndim == 3 else tile
+    ok, buffer = cv2.imencode(".png", pixels)
+    if not ok:
+        raise PipelineError("PNG encoding failed (OpenCV); check the OpenCV installation")
+    return bytes(buffer.tobytes())

@@ -1,0 +1,180 @@
+"""Share slides out over hospitals and split each hospital's slides into train/test (FedSAF paper 001, Sec. 4.2).
+
+The paper divides the images "randomly among different clients with varying sizes" and evaluates IID and
+non-IID settings, the latter written "(n, S)": n clients holding S classes each. Here:
+
+- **Sizes** (slides per client): ``equal``; a ratio list such as ``3,2,1,1,1``; or ``random``: each client's
+  share drawn uniformly from [1, 3] and normalised, so the largest hospital has at most three times the
+  slides of the smallest. Counts are rounded by largest remainder and every client gets at least two slides
+  (one for each split).
+- **Labels**: ``iid`` (every client close to the overall normal/abnormal mix), ``dirichlet:ALPHA`` (each
+  client's label mix drawn from Dirichlet(ALPHA); small ALPHA = strong skew; client sizes still exact), or
+  ``classes:S`` (client c holds labels c, c+1, ..., c+S-1 modulo 2; each label's slides are shared among its
+  holders in proportion to their size ratios, so sizes follow the ratio within each label group).
+- **Train/test**: per slide, inside each client, stratified by label: ``round(test_fraction * n)`` slides
+  (at least one, and at least one left for training) go to test. No slide has tiles in both splits.
+
+Everything is drawn from one ``numpy.random.default_rng(seed)`` in a fixed order: same slides + seed,
+same assignment.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from pipeline.config import LABELS, SplitConfig, size_ratios
+from pipeline.errors import PipelineError
+
+# "random" sizes: shares uniform in [1, _RANDOM_SPREAD] before normalising.
+_RANDOM_SPREAD = 3.0
+
+
+def largest_remainder(weights: Sequence[float], total: int) -> list[int]:
+    """Integers proportional to ``weights`` summing to ``total`` (Hamilton's method; ties to the lower index)."""
+    weight_sum = float(sum(weights))
+    exact = [total * w / weight_sum for w in weights]
+    counts = [math.floor(x) for x in exact]
+    order = sorted(range(len(weights)), key=lambda i: (-(exact[i] - counts[i]), i))
+    for i in order[: total - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def client_sizes(n_slides: int, config: SplitConfig, rng: np.random.Generator) -> tuple[list[int], list[float]]:
+    """Slides per client and the ratios they follow; each client gets at least 2 (one train, one test)."""
+    clients = config.clients
+    if n_slides < 2 * clients:
+        raise PipelineError(
+            f"{n_slides} usable slides cannot supply {clients} clients with at least 2 slides each (one for train, "
+            f"one for test); use --clients {max(1, n_slides // 2)} or fewer, or add slides"
+        )
+    ratios = size_ratios(config.sizes, clients)
+    if ratios is None:
+        ratios = tuple(float(r) for r in rng.uniform(1.0, _RANDOM_SPREAD, size=clients))
+    counts = largest_remainder(ratios, n_slides)
+    # Lift tiny clients to 2 slides, taking from the largest (rare: only with extreme ratios).
+    for i in range(clients):
+        while counts[i] < 2:
+            donor = max(range(clients), key=lambda j: (counts[j], -j))
+            counts[donor] -= 1
+            counts[i] += 1
+    return counts, list(ratios)
+
+
+def _by_label(labels: Sequence[str], rng: np.random.Generator) -> dict[str, list[int]]:
+    """Slide indices per label, each list shuffled."""
+    groups: dict[str, list[int]] = {}
+    for label in LABELS:
+        members = [i for i, lab in enumerate(labels) if lab == label]
+        groups[label] = [members[k] for k in rng.permutation(len(members))]
+    return groups
+
+
+def _iid(labels: Sequence[str], sizes: Sequence[int], rng: np.random.Generator) -> list[int]:
+    groups = _by_label(labels, rng)
+    # Spread each label evenly along one sequence, then cut it into consecutive chunks of the client sizes:
+    # every chunk then holds (within one slide) the overall label mix.
+    keyed: list[tuple[float, int]] = []
+    for members in groups.values():
+        offset = float(rng.uniform(0.0, 1.0))
+        keyed.extend(((k + offset) / len(members), slide) for k, slide in enumerate(members))
+    keyed.sort()
+    owner = [0] * len(labels)
+    position = 0
+    for client, size in enumerate(sizes):
+        for _, slide in keyed[position : position + size]:
+            owner[slide] = client
+        position += size
+    return owner
+
+
+def _dirichlet(labels: Sequence[str], sizes: Sequence[int], alpha: float, rng: np.random.Generator) -> list[int]:
+    groups = _by_label(labels, rng)
+    remaining = {label: list(members) for label, members in groups.items()}
+    owner = [0] * len(labels)
+    for client in rng.permutation(len(sizes)):
+        size = sizes[int(client)]
+        mix = rng.dirichlet([alpha] * len(LABELS))
+        want = largest_remainder([float(m) + 1e-12 for m in mix], size)
+        take = {label: min(w, len(remaining[label])) for label, w in zip(LABELS, want, strict=True)}
+        # Labels that ran out are made up from those with slides left; the total always suffices because
+        # the slides left equal the sizes of the clients left.
+        while sum(take.values()) < size:
+            spare = max(LABELS, key=lambda lab: (len(remaining[lab]) - take[lab], lab == LABELS[0]))
+            take[spare] += 1
+        for label, count in take.items():
+            for slide in remaining[label][:count]:
+                owner[slide] = int(client)
+            remaining[label] = remaining[label][count:]
+    return owner
+
+
+def _classes(
+    labels: Sequence[str], ratios: Sequence[float], per_client: int, rng: np.random.Generator
+) -> tuple[list[int], list[int]]:
+    clients = len(ratios)
+    holders = {
+        label: [c for c in range(clients) if (LABELS.index(label) - c) % len(LABELS) < per_client] for label in LABELS
+    }
+    groups = _by_label(labels, rng)
+    owner = [0] * len(labels)
+    for label, members in groups.items():
+        if not members:
+            continue
+        if not holders[label]:
+            raise PipelineError(
+                f"partition classes:{per_client} with {clients} client(s) leaves no client holding '{label}' slides; "
+                "use more clients or a larger S"
+            )
+        counts = largest_remainder([ratios[c] for c in holders[label]], len(members))
+        position = 0
+        for client, count in zip(holders[label], counts, strict=True):
+            for slide in members[position : position + count]:
+                owner[slide] = client
+            position += count
+    sizes = [owner.count(c) for c in range(clients)]
+    return owner, sizes
+
+
+def assign_clients(
+    labels: Sequence[str], config: SplitConfig, seed_rng: np.random.Generator
+) -> tuple[list[int], list[float]]:
+    """The client of each slide (by position in ``labels``) and the size ratios used."""
+    sizes, ratios = client_sizes(len(labels), config, seed_rng)
+    part = config.partition
+    if part.kind == "classes" and part.classes < len(LABELS):
+        owner, actual = _classes(labels, ratios, part.classes, seed_rng)
+        short = [c for c, n in enumerate(actual) if n < 2]
+        if short:
+            raise PipelineError(
+                f"partition classes:{part.classes} leaves client(s) {', '.join(map(str, short))} with fewer than 2 "
+                "slides; use fewer clients or more slides of each label"
+            )
+        return owner, ratios
+    if part.kind == "dirichlet":
+        return _dirichlet(labels, sizes, part.alpha, seed_rng), ratios
+    return _iid(labels, sizes, seed_rng), ratios
+
+
+def split_train_test(
+    labels: Sequence[str], owners: Sequence[int], clients: int, test_fraction: float, rng: np.random.Generator
+) -> list[str]:
+    """``train``/``test`` for each slide: per client, stratified by label, at least one slide in each split."""
+    split = ["train"] * len(labels)
+    for client in range(clients):
+        members = [i for i, c in enumerate(owners) if c == client]
+        if len(members) < 2:
+            raise PipelineError(
+                f"client {client} has {len(members)} slide(s); each client needs at least 2 (one train, one test)"
+            )
+        n_test = min(len(members) - 1, max(1, math.floor(test_fraction * len(members) + 0.5)))
+        groups = [[i for i in members if labels[i] == label] for label in LABELS]
+        groups = [g for g in groups if g]
+        quota = largest_remainder([float(len(g)) for g in groups], n_test)
+        for group, count in zip(groups, quota, strict=True):
+            for k in rng.permutation(len(group))[:count]:
+                split[group[int(k)]] = "test"
+    return split

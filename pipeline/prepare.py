@@ -1,0 +1,426 @@
+"""Raw slides -> per-hospital tile datasets: the FedSAF data processing (paper 001, Sec. 4.2, Figure 3).
+
+`prepare_dataset` runs the whole chain and is what `gastric-fl prepare`, the quick start and the dashboard
+call:
+
+1. find the slides of the raw layout (`pipeline.sources`) and check each one fully: decode, mask or SVG
+   annotation, label (all-black mask = normal); a bad slide is skipped and reported (or stops the run with
+   ``strict``);
+2. share the usable slides out over hospitals of varying sizes and split each hospital's slides into
+   train/test (`pipeline.partition`);
+3. per slide: abnormal-region extraction (Step a.1), tiles with the white-area filter (Step b), grayscale
+   and per-hospital resolution (`pipeline.tiling`), written as PNGs;
+4. ``manifest.csv``, ``prepare.json``, ``report.md`` and ``contact_sheet.png``.
+
+Everything is written into a hidden temporary folder beside ``--out`` and renamed into place at the end, so
+an interrupted run never leaves a dataset that looks complete. Slides are processed by a thread pool:
+OpenCV and the PNG codec release the GIL, so two threads use both cores without copying slides between
+processes (measured in benchmarks/prepare_speed.py). Output bytes depend only on inputs and settings.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import platform
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any, TypeVar
+
+import cv2
+import numpy as np
+from tqdm import tqdm
+
+from pipeline.config import LABELS, PrepareConfig, validate_config
+from pipeline.errors import PipelineError
+from pipeline.images import encode_png
+from pipeline.partition import assign_clients, split_train_test
+from pipeline.report import (
+    SPLITS,
+    Counts,
+    Skipped,
+    contact_sheet,
+    empty_counts,
+    issues_text,
+    markdown_report,
+    text_table,
+)
+from pipeline.sources import SlideError, SlideInfo, discover, inspect_slide, label_of, load_slide
+from pipeline.tiling import ClientPlan, client_plans, cut_tiles, tile_name
+
+MANIFEST_COLUMNS: tuple[str, ...] = (
+    "client",
+    "split",
+    "label",
+    "path",
+    "source",
+    "x",
+    "y",
+    "size",
+    "white_ratio",
+    "channels",
+)
+FORMAT_VERSION = 1
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    """What a prepare run produced: where, how many tiles per client/split/label, what was skipped."""
+
+    out: Path
+    tiles: int
+    slides: int
+    counts: Counts
+    skipped: tuple[Skipped, ...]
+    warnings: tuple[str, ...]
+    report: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class _Job:
+    info: SlideInfo
+    client: int
+    split: str
+    plan: ClientPlan
+
+
+def _versions() -> dict[str, str]:
+    def version(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "opencv": cv2.__version__,
+        "tifffile": version("tifffile"),
+        "svgelements": version("svgelements"),
+        "gastric-fl": version("gastric-fl"),
+    }
+
+
+def _check_paths(config: PrepareConfig) -> None:
+    """Refuse outputs that could overwrite raw data or an unrelated folder, before any work."""
+    src = config.source.input.resolve()
+    out = config.output.out.resolve()
+    if out == src or src in out.parents or out in src.parents:
+        raise PipelineError(
+            f"--out {config.output.out} and --input {config.source.input} overlap; write the prepared dataset "
+            "to a separate folder (raw data is never modified)"
+        )
+    if out.exists():
+        if not config.output.overwrite:
+            raise PipelineError(
+                f"output folder {config.output.out} already exists; pass --overwrite to replace it "
+                "or choose another --out"
+            )
+        if not out.is_dir() or (any(out.iterdir()) and not (out / "prepare.json").is_file()):
+            raise PipelineError(
+                f"output folder {config.output.out} is not a prepared dataset (no prepare.json); refusing to replace "
+                "it even with --overwrite: choose another --out"
+            )
+
+
+def _parallel(func: Callable[[T], R], items: list[T], workers: int, desc: str, progress: bool) -> Iterator[R]:
+    """``map`` over a thread pool in input order (so output is deterministic), with a progress bar."""
+    bar = tqdm(total=len(items), desc=desc, unit="slide", disable=not progress, leave=False)
+    try:
+        if workers == 1:
+            for item in items:
+                yield func(item)
+                bar.update()
+            return
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            futures = [pool.submit(func, item) for item in items]
+            try:
+                for future in futures:
+                    yield future.result()
+                    bar.update()
+            finally:
+                for future in futures:
+                    future.cancel()
+    finally:
+        bar.close()
+
+
+def _tile_job(job: _Job, config: PrepareConfig, staging: Path) -> list[list[str]]:
+    """Load, extract, tile and write one slide; the manifest rows of its kept tiles."""
+    ref = job.info.ref
+    slide = load_slide(ref, config.source, config.source.input)
+    if slide.hashes != job.info.hashes:
+        raise PipelineError(f"{ref.source} (or its mask) changed while prepare was running; re-run prepare")
+    label = job.info.label or label_of(ref, slide)
+    # One generator per slide, keyed by seed and slide index: the same tiles are drawn whatever the thread order.
+    rng = np.random.default_rng([config.split.seed, ref.index])
+    tiles = cut_tiles(
+        slide.image,
+        slide.mask,
+        abnormal=label == "abnormal",
+        plan=job.plan,
+        white_max=config.tiles.white_max,
+        background_max=config.tiles.background_max,
+        white_level=config.tiles.white_level,
+        max_tiles=config.tiles.max_tiles_per_slide,
+        rng=rng,
+    )
+    folder = f"client_{job.client:02d}/{job.split}/{label}"
+    rows = []
+    for tile in tiles:
+        rel = f"{folder}/{tile_name(ref.index, ref.source, tile.x, tile.y)}"
+        (staging / rel).write_bytes(encode_png(tile.pixels))
+        rows.append(
+            [
+                str(job.client),
+                job.split,
+                label,
+                rel,
+                ref.source,
+                str(tile.x),
+                str(tile.y),
+                str(tile.size),
+                f"{tile.white_ratio:.6f}",
+                str(job.plan.channels),
+            ]
+        )
+    return rows
+
+
+def _remove_stale_partials(out: Path) -> None:
+    """Temporary folders left by a killed run with the same ``--out`` (hidden, never mistaken for a dataset)."""
+    if out.parent.is_dir():
+        for stale in out.parent.glob(f".{out.name}.partial-*"):
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
+
+
+def _publish(staging: Path, out: Path) -> None:
+    """Move the finished dataset into place; an existing (already checked) dataset is replaced."""
+    if out.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        old.rmdir()
+        out.rename(old)
+        staging.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        staging.rename(out)
+
+
+def _samples(rows: Iterable[list[str]], clients: int) -> dict[int, dict[str, list[str]]]:
+    """Up to four tiles per client and label for the contact sheet, spread evenly over the manifest."""
+    grouped: dict[int, dict[str, list[str]]] = {c: {lab: [] for lab in LABELS} for c in range(clients)}
+    for row in rows:
+        grouped[int(row[0])][row[2]].append(row[3])
+    picked: dict[int, dict[str, list[str]]] = {}
+    for client, by_label in grouped.items():
+        picked[client] = {}
+        for label, paths in by_label.items():
+            if len(paths) <= 4:
+                picked[client][label] = paths
+            else:
+                picked[client][label] = [paths[int(i)] for i in np.linspace(0, len(paths) - 1, 4).round()]
+    return picked
+
+
+def _check_splits(counts: Counts, plans: list[ClientPlan], slides: dict[tuple[int, str], int]) -> None:
+    problems = []
+    for plan in plans:
+        for split in SPLITS:
+            if sum(counts[plan.client][split].values()) == 0:
+                problems.append(
+                    f"client {plan.client} has no {split} tiles ({slides.get((plan.client, split), 0)} {split} "
+                    "slide(s), none gave a tile that passed the white filter)"
+                )
+    if problems:
+        raise PipelineError(
+            "; ".join(problems)
+            + ". Every client needs train and test tiles: use fewer --clients, a larger --white-max/--background-max, "
+            "a smaller --tile, or add slides"
+        )
+
+
+def prepare_dataset(config: PrepareConfig) -> PrepareResult:
+    """Run the whole pipeline for ``config`` and return what it produced (see the module docstring).
+
+    Raises `PipelineError` (one line naming the file or value) for bad settings, an unusable input folder, an
+    existing output without ``overwrite``, a client left without tiles of a split, or (``strict``) a bad slide.
+    Nothing is left at ``config.output.out`` unless the run succeeds.
+    """
+    started = time.perf_counter()
+    validate_config(config)
+    _check_paths(config)
+    refs = discover(config.source)
+    out = config.output
+    infos = list(
+        _parallel(
+            lambda ref: inspect_slide(ref, config.source, config.source.input),
+            refs,
+            out.workers,
+            "checking slides",
+            out.progress,
+        )
+    )
+    skipped = tuple(Skipped(i.ref.source, i.problem) for i in infos if i.problem is not None)
+    if skipped and out.strict:
+        raise SlideError(f"{skipped[0].reason} (stopped by --strict; {len(skipped)} bad slide(s) in total)")
+    usable = [i for i in infos if i.problem is None]
+    if not usable:
+        raise PipelineError(
+            f"none of the {len(infos)} slide(s) in {config.source.input} is usable; first problem: {skipped[0].reason}"
+        )
+    warnings = tuple(i.warning for i in usable if i.warning is not None)
+
+    rng = np.random.default_rng(config.split.seed)
+    labels = [str(i.label) for i in usable]
+    owners, ratios = assign_clients(labels, config.split, rng)
+    splits = split_train_test(labels, owners, config.split.clients, config.split.test_fraction, rng)
+    plans = client_plans(config)
+    jobs = [_Job(i, c, s, plans[c]) for i, c, s in zip(usable, owners, splits, strict=True)]
+
+    out.out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_partials(out.out)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.out.name}.partial-", dir=out.out.parent))
+    try:
+        for plan in plans:
+            for split in SPLITS:
+                for label in LABELS:
+                    (staging / f"client_{plan.client:02d}" / split / label).mkdir(parents=True)
+        per_slide = list(
+            _parallel(lambda job: _tile_job(job, config, staging), jobs, out.workers, "tiling", out.progress)
+        )
+        rows = [row for slide_rows in per_slide for row in slide_rows]
+
+        counts = empty_counts(config.split.clients)
+        for row in rows:
+            counts[int(row[0])][row[1]][row[2]] += 1
+        slide_counts: dict[tuple[int, str], int] = {}
+        for job in jobs:
+            slide_counts[(job.client, job.split)] = slide_counts.get((job.client, job.split), 0) + 1
+        _check_splits(counts, plans, slide_counts)
+
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow(MANIFEST_COLUMNS)
+        writer.writerows(rows)
+        (staging / "manifest.csv").write_text(buffer.getvalue(), encoding="utf-8")
+
+        slides_per_client = {p.client: sum(1 for j in jobs if j.client == p.client) for p in plans}
+        record = _provenance(config, plans, jobs, per_slide, ratios, counts, skipped, warnings, rows)
+        (staging / "prepare.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+        settings = {
+            "format": config.source.format,
+            "input": config.source.input.as_posix(),
+            "clients": str(config.split.clients),
+            "sizes": config.split.sizes + " (ratios " + ", ".join(f"{r:.2f}" for r in ratios) + ")",
+            "partition": config.split.partition.spec(),
+            "test fraction": f"{config.split.test_fraction:g}",
+            "seed": str(config.split.seed),
+            "white max (abnormal)": f"{config.tiles.white_max:g}",
+            "background max (normal)": f"{config.tiles.background_max:g}",
+            "near-white": f"all channels >= {config.tiles.white_level}",
+        }
+        report_md = markdown_report(settings, plans, counts, slides_per_client, skipped, warnings)
+        (staging / "report.md").write_text(report_md, encoding="utf-8")
+        sheet = contact_sheet(staging, plans, _samples(rows, config.split.clients))
+        ok, png = cv2.imencode(".png", sheet)
+        if not ok:
+            raise PipelineError("could not encode contact_sheet.png (OpenCV PNG encoder)")
+        (staging / "contact_sheet.png").write_bytes(png.tobytes())
+        _publish(staging, out.out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+    table = text_table(plans, counts, slides_per_client)
+    notes = issues_text(skipped, warnings)
+    report = f"{table}\n{notes}" if notes else table
+    return PrepareResult(
+        out=out.out,
+        tiles=len(rows),
+        slides=len(jobs),
+        counts=counts,
+        skipped=skipped,
+        warnings=warnings,
+        report=report,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _provenance(
+    config: PrepareConfig,
+    plans: list[ClientPlan],
+    jobs: list[_Job],
+    per_slide: list[list[list[str]]],
+    ratios: list[float],
+    counts: Counts,
+    skipped: tuple[Skipped, ...],
+    warnings: tuple[str, ...],
+    rows: list[list[str]],
+) -> dict[str, Any]:
+    """``prepare.json``: enough to trace every tile to a source file version and to redo the run."""
+    hashes: dict[str, str] = {}
+    for job in jobs:
+        hashes.update(dict(job.info.hashes))
+    manifest_digest = hashlib.sha256()
+    for row in rows:
+        manifest_digest.update((",".join(row) + "\n").encode())
+    return {
+        "format_version": FORMAT_VERSION,
+        "config": config.to_json(),
+        "versions": _versions(),
+        "white_definition": (
+            f"a pixel is near-white when all three RGB channels are >= {config.tiles.white_level}; white_ratio is "
+            "measured on the tile's source square at original resolution"
+        ),
+        "clients": [
+            {
+                "client": p.client,
+                "grayscale": p.grayscale,
+                "channels": p.channels,
+                "tile_px": p.tile_px,
+                "scale": p.scale,
+                "source_px": p.size,
+                "stride_source_px": p.stride,
+                "size_ratio": ratios[p.client],
+                "slides": {s: sum(1 for j in jobs if j.client == p.client and j.split == s) for s in SPLITS},
+                "tiles": counts[p.client],
+            }
+            for p in plans
+        ],
+        "totals": {
+            "slides": len(jobs),
+            "skipped": len(skipped),
+            "tiles": len(rows),
+            "by_label": {lab: sum(counts[c][s][lab] for c in counts for s in SPLITS) for lab in LABELS},
+        },
+        "slides": [
+            {
+                "source": j.info.ref.source,
+                "label": j.info.label,
+                "client": j.client,
+                "split": j.split,
+                "width": j.info.width,
+                "height": j.info.height,
+                "tiles": len(slide_rows),
+            }
+            for j, slide_rows in zip(jobs, per_slide, strict=True)
+        ],
+        "skipped": [{"source": s.source, "reason": s.reason} for s in skipped],
+        "warnings": list(warnings),
+        "source_sha256": dict(sorted(hashes.items())),
+        "manifest_rows_sha256": manifest_digest.hexdigest(),
+    }

@@ -1,0 +1,151 @@
+"""The prepare report: tiles per client x split x label, hospital flags, skipped slides, and a contact sheet.
+
+This is what a data engineer reads after `gastric-fl prepare` (issue: "A report printed and saved"); the
+dataset it describes follows FedSAF paper 001, Sec. 4.2 (Figure 3 shows two hospitals differing in size,
+image size and colour, which is what the table's columns make visible).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+import numpy.typing as npt
+
+from pipeline.config import LABELS
+from pipeline.tiling import ClientPlan
+
+SPLITS: tuple[str, str] = ("train", "test")
+Counts = dict[int, dict[str, dict[str, int]]]
+
+_THUMB = 96
+_PER_LABEL = 4
+_GAP = 4
+_LEFT = 150
+_BG = 255
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A slide left out, and why (one line naming the file)."""
+
+    source: str
+    reason: str
+
+
+def empty_counts(clients: int) -> Counts:
+    """``counts[client][split][label] = 0`` for every combination."""
+    return {c: {s: dict.fromkeys(LABELS, 0) for s in SPLITS} for c in range(clients)}
+
+
+def _table_rows(
+    plans: Sequence[ClientPlan], counts: Counts, slides: Mapping[int, int]
+) -> tuple[list[str], list[list[str]]]:
+    header = ["client", "gray", "tile px", "scale", "src px", "slides"]
+    header += [f"{s} {lab}" for s in SPLITS for lab in LABELS] + ["tiles"]
+    rows = []
+    for plan in plans:
+        per = counts[plan.client]
+        cells = [per[s][lab] for s in SPLITS for lab in LABELS]
+        rows.append(
+            [
+                str(plan.client),
+                "yes" if plan.grayscale else "no",
+                str(plan.tile_px),
+                f"{plan.scale:g}",
+                str(plan.size),
+                str(slides.get(plan.client, 0)),
+                *map(str, cells),
+                str(sum(cells)),
+            ]
+        )
+    totals = [sum(counts[p.client][s][lab] for p in plans) for s in SPLITS for lab in LABELS]
+    rows.append(["all", "", "", "", "", str(sum(slides.values())), *map(str, totals), str(sum(totals))])
+    return header, rows
+
+
+def text_table(plans: Sequence[ClientPlan], counts: Counts, slides: Mapping[int, int]) -> str:
+    """A fixed-width table for the terminal."""
+    header, rows = _table_rows(plans, counts, slides)
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in [header, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def markdown_table(plans: Sequence[ClientPlan], counts: Counts, slides: Mapping[int, int]) -> str:
+    """The same table in Markdown."""
+    header, rows = _table_rows(plans, counts, slides)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def issues_text(skipped: Sequence[Skipped], warnings: Sequence[str]) -> str:
+    """Skipped slides and warnings, one line each (empty string when there are none)."""
+    lines = []
+    if skipped:
+        lines.append(f"Skipped {len(skipped)} slide(s):")
+        lines += [f"  - {s.reason}" for s in skipped]
+    if warnings:
+        lines.append(f"Warnings ({len(warnings)}):")
+        lines += [f"  - {w}" for w in warnings]
+    return "\n".join(lines)
+
+
+def markdown_report(
+    settings: Mapping[str, str],
+    plans: Sequence[ClientPlan],
+    counts: Counts,
+    slides: Mapping[int, int],
+    skipped: Sequence[Skipped],
+    warnings: Sequence[str],
+) -> str:
+    """``report.md``: settings, the table, skipped slides, warnings, the contact sheet."""
+    parts = ["# Prepared dataset", "", "| setting | value |", "|---|---|"]
+    parts += [f"| {k} | {v} |" for k, v in settings.items()]
+    parts += ["", "## Tiles per client, split and label", "", markdown_table(plans, counts, slides), ""]
+    parts += [
+        "`gray`: tiles stored single-channel. `tile px`: tile side in the PNG. `scale`: resampling of the slide "
+        "(1 = original resolution). `src px`: tile side in original slide pixels (manifest `size`).",
+        "",
+        f"## Skipped slides ({len(skipped)})",
+        "",
+    ]
+    parts += [f"- `{s.source}`: {s.reason}" for s in skipped] or ["None."]
+    parts += ["", f"## Warnings ({len(warnings)})", ""]
+    parts += [f"- {w}" for w in warnings] or ["None."]
+    parts += ["", "## Sample tiles", "", "![contact sheet](contact_sheet.png)", ""]
+    return "\n".join(parts)
+
+
+def _thumbnail(path: Path) -> npt.NDArray[np.uint8]:
+    tile = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    if tile is None:  # an unreadable tile would be a bug upstream; show a gray square rather than crash the report
+        return np.full((_THUMB, _THUMB, 3), 128, dtype=np.uint8)
+    return np.asarray(cv2.resize(tile, (_THUMB, _THUMB), interpolation=cv2.INTER_AREA), dtype=np.uint8)
+
+
+def contact_sheet(
+    root: Path, plans: Sequence[ClientPlan], samples: Mapping[int, Mapping[str, Sequence[str]]]
+) -> npt.NDArray[np.uint8]:
+    """One row per client: up to 4 normal then 4 abnormal tiles (BGR image, borders green/red by label)."""
+    width = _LEFT + 2 * _PER_LABEL * (_THUMB + _GAP) + _GAP
+    row_h = _THUMB + 2 * _GAP
+    sheet = np.full((row_h * len(plans) + _GAP, width, 3), _BG, dtype=np.uint8)
+    colours = {"normal": (60, 160, 60), "abnormal": (40, 40, 200)}
+    for r, plan in enumerate(plans):
+        top = r * row_h + _GAP
+        text = f"client {plan.client}"
+        detail = f"{plan.tile_px}px{' gray' if plan.grayscale else ''} x{plan.scale:g}"
+        cv2.putText(sheet, text, (6, top + 36), cv2.FONT_HERSHEY_SIMPLEX, 0.6, (0, 0, 0), 1, cv2.LINE_AA)
+        cv2.putText(sheet, detail, (6, top + 62), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (60, 60, 60), 1, cv2.LINE_AA)
+        for k, label in enumerate(LABELS):
+            for i, rel in enumerate(list(samples.get(plan.client, {}).get(label, []))[:_PER_LABEL]):
+                left = _LEFT + (k * _PER_LABEL + i) * (_THUMB + _GAP)
+                sheet[top : top + _THUMB, left : left + _THUMB] = _thumbnail(root / rel)
+                cv2.rectangle(sheet, (left, top), (left + _THUMB - 1, top + _THUMB - 1), colours[label], 2)
+    return sheet

@@ -1,0 +1,209 @@
+"""Find the slides of a raw folder and read each one's label and cancer mask (FedSAF paper 001, Sec. 4.2).
+
+Layouts (data/README.md, "Raw layouts"):
+- ``seed``: ``<id>.png`` + ``<id>_mask.png`` beside it, or ``masks/<id>.png``. A mask that is entirely 0 makes
+  the slide normal; any non-zero pixel makes it abnormal (the paper's rule for SEED).
+- ``bot``: ``normal/<id>.tiff`` and ``abnormal/<id>.tiff`` + ``abnormal/<id>.svg`` (rasterised by
+  `pipeline.svgmask`). The folder gives the label; the SVG gives the abnormal region.
+- ``class-folders``: ``normal/*`` and ``abnormal/*`` images, no masks: the whole image is used.
+
+`inspect_slide` is the per-slide check run before the client split (so that only usable slides are shared
+out); `load_slide` is the same read during tiling, with the file hashes compared so that a file changed
+between the two reads is caught instead of silently mixed in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from pipeline.config import LABELS, SourceConfig
+from pipeline.errors import PipelineError
+from pipeline.images import IMAGE_SUFFIXES, RGBImage, read_bytes, read_mask, read_rgb
+from pipeline.svgmask import rasterise_svg
+
+
+class SlideError(PipelineError):
+    """One slide cannot be used (corrupt image, bad or missing mask/annotation); skipped unless ``--strict``."""
+
+
+@dataclass(frozen=True)
+class SlideRef:
+    """A slide found in the raw folder, before it is read."""
+
+    index: int
+    path: Path
+    source: str
+    mask: Path | None
+    annotation: Path | None
+    folder_label: str | None
+
+
+@dataclass(frozen=True)
+class SlideInfo:
+    """What the check of one slide found: label, size, file hashes, and any problem or warning."""
+
+    ref: SlideRef
+    label: str | None
+    width: int
+    height: int
+    hashes: tuple[tuple[str, str], ...]
+    problem: str | None = None
+    warning: str | None = None
+
+
+@dataclass(frozen=True)
+class LoadedSlide:
+    """A slide's RGB pixels and its cancer mask (``None`` for normal slides and class folders)."""
+
+    image: RGBImage
+    mask: npt.NDArray[np.bool_] | None
+    hashes: tuple[tuple[str, str], ...]
+    warning: str | None
+
+
+def _visible_images(folder: Path) -> list[Path]:
+    return sorted(
+        p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in IMAGE_SUFFIXES
+    )
+
+
+def _relative(path: Path, root: Path) -> str:
+    return path.relative_to(root).as_posix()
+
+
+def discover(config: SourceConfig) -> list[SlideRef]:
+    """Every slide of ``config.input`` in its layout, in a stable (sorted) order.
+
+    Raises `PipelineError` when the folder is missing or holds no slide of the layout (nothing to do).
+    """
+    root = config.input
+    if not root.is_dir():
+        raise PipelineError(f"input folder {root} does not exist or is not a folder; pass the raw dataset with --input")
+    found: list[tuple[Path, Path | None, Path | None, str | None]] = []
+    if config.format == "seed":
+        mask_dir = root / config.mask_dir if config.mask_dir else None
+        suffix = config.mask_suffix
+        for path in _visible_images(root):
+            if suffix and path.stem.endswith(suffix):
+                continue
+            mask = None
+            beside = [path.with_name(f"{path.stem}{suffix}{ext}") for ext in (".png", path.suffix)] if suffix else []
+            candidates = [*beside, *([mask_dir / f"{path.stem}.png"] if mask_dir is not None else [])]
+            for candidate in candidates:
+                if candidate.is_file():
+                    mask = candidate
+                    break
+            found.append((path, mask, None, None))
+        layout_hint = f"<id>.png with <id>{suffix}.png beside it or {config.mask_dir}/<id>.png"
+    else:
+        for label in LABELS:
+            folder = root / label
+            if not folder.is_dir():
+                continue
+            for path in _visible_images(folder):
+                annotation = None
+                if config.format == "bot" and label == "abnormal":
+                    svg = path.with_suffix(".svg")
+                    annotation = svg if svg.is_file() else None
+                found.append((path, None, annotation, label))
+        layout_hint = "normal/ and abnormal/ folders of images"
+    if not found:
+        raise PipelineError(
+            f"input folder {root} holds no slides in the {config.format} layout (expected {layout_hint}); "
+            "check --input and --format"
+        )
+    found.sort(key=lambda item: _relative(item[0], root))
+    return [
+        SlideRef(
+            index=i,
+            path=path,
+            source=_relative(path, root),
+            mask=mask,
+            annotation=annotation,
+            folder_label=label,
+        )
+        for i, (path, mask, annotation, label) in enumerate(found)
+    ]
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _binary_mask(raw: npt.NDArray[np.generic], name: str, threshold: int | None) -> npt.NDArray[np.bool_]:
+    """Cancer pixels of a SEED mask: non-zero, or ``> threshold`` when one is given."""
+    if threshold is not None:
+        return np.asarray(raw.astype(np.int64) > threshold)
+    values = np.unique(raw)
+    if len(values) > 2 or (len(values) == 2 and values[0] != 0):
+        shown = ", ".join(str(v) for v in values[:6]) + (", ..." if len(values) > 6 else "")
+        raise SlideError(
+            f"{name}: mask is not binary ({len(values)} distinct values: {shown}); re-export it with 0 and 255 "
+            "only, or pass --mask-threshold T to treat values above T as cancer"
+        )
+    return np.asarray(raw != 0)
+
+
+def load_slide(ref: SlideRef, config: SourceConfig, root: Path) -> LoadedSlide:
+    """Read a slide and its mask; any problem raises `SlideError` (or `ImageReadError`) naming the file."""
+    data = read_bytes(ref.path)
+    hashes = [(ref.source, _sha256(data))]
+    image = read_rgb(data, ref.source)
+    height, width = image.shape[:2]
+    mask: npt.NDArray[np.bool_] | None = None
+    warning = None
+    if config.format == "seed":
+        if ref.mask is None:
+            expected = f"{ref.path.stem}{config.mask_suffix}.png"
+            where = f" or {config.mask_dir}/{ref.path.stem}.png" if config.mask_dir else ""
+            raise SlideError(f"{ref.source}: no mask found (expected {expected} beside it{where})")
+        mask_name = _relative(ref.mask, root)
+        mask_data = read_bytes(ref.mask)
+        hashes.append((mask_name, _sha256(mask_data)))
+        raw = read_mask(mask_data, mask_name)
+        if raw.shape[:2] != (height, width):
+            raise SlideError(
+                f"{mask_name}: mask is {raw.shape[1]}x{raw.shape[0]} but its slide {ref.source} is {width}x{height}; "
+                "the mask must have the slide's size"
+            )
+        mask = _binary_mask(raw, mask_name, config.mask_threshold)
+    elif config.format == "bot" and ref.folder_label == "abnormal":
+        svg_name = ref.path.with_suffix(".svg").name
+        if ref.annotation is None:
+            raise SlideError(f"{ref.source}: abnormal slide has no annotation {svg_name} beside it")
+        svg_name = _relative(ref.annotation, root)
+        svg_data = read_bytes(ref.annotation)
+        hashes.append((svg_name, _sha256(svg_data)))
+        rasterised = rasterise_svg(svg_data, width, height, svg_name)
+        mask = rasterised.mask > 0
+        warning = rasterised.clipped
+    return LoadedSlide(image=image, mask=mask, hashes=tuple(hashes), warning=warning)
+
+
+def label_of(ref: SlideRef, slide: LoadedSlide) -> str:
+    """``normal``/``abnormal``: from the mask for SEED (any cancer pixel), from the folder otherwise."""
+    if ref.folder_label is not None:
+        return ref.folder_label
+    return "abnormal" if slide.mask is not None and bool(slide.mask.any()) else "normal"
+
+
+def inspect_slide(ref: SlideRef, config: SourceConfig, root: Path) -> SlideInfo:
+    """Check one slide fully (decode, mask, annotation); a problem is recorded, not raised."""
+    try:
+        slide = load_slide(ref, config, root)
+    except PipelineError as exc:
+        return SlideInfo(ref=ref, label=None, width=0, height=0, hashes=(), problem=str(exc))
+    height, width = slide.image.shape[:2]
+    return SlideInfo(
+        ref=ref,
+        label=label_of(ref, slide),
+        width=width,
+        height=height,
+        hashes=slide.hashes,
+        warning=slide.warning,
+    )

@@ -1,0 +1,154 @@
+"""Abnormal-region extraction and tiling (FedSAF paper 001, Sec. 4.2, Step a.1 and Step b).
+
+Step a.1: in an abnormal slide every pixel outside the cancer mask becomes white, so only cancerous tissue
+remains. Step b: both classes are cropped into square tiles; an abnormal tile is kept only if its white-area
+ratio (the removed normal tissue plus background) is at most ``white_max``, so that kept tiles mostly show
+cancer; a normal tile is kept only if its white ratio is at most ``background_max`` (mostly tissue, not glass).
+Grayscale hospitals get single-channel tiles.
+
+Definitions (docs/pipeline.md): a pixel is *near-white* when all three channels are >= ``white_level``
+(default 220: slide glass and whited-out areas are ~240-255, H&E stroma and nuclei stay well below on at least
+one channel). The white ratio of a tile is measured on the RGB pixels of its source region at the slide's
+original resolution, before any resizing or grayscale conversion, so it means the same for every hospital.
+
+Tile geometry: a hospital with scale ``s`` and tile ``t`` px takes squares of ``round(t / s)`` original pixels on
+a grid with step ``round(stride / s)`` from the top-left corner (a partial square at the right/bottom edge is
+not used) and resizes each to ``t x t``. ``x, y, size`` in the manifest are that square in original pixels.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+import numpy.typing as npt
+
+from pipeline.config import PrepareConfig
+from pipeline.images import RGBImage
+
+WHITE = 255
+
+
+@dataclass(frozen=True)
+class ClientPlan:
+    """One hospital's tile settings: output tile px, scanning scale, grid in original pixels, colour."""
+
+    client: int
+    tile_px: int
+    scale: float
+    size: int
+    stride: int
+    grayscale: bool
+
+    @property
+    def channels(self) -> int:
+        """1 for grayscale hospitals, 3 otherwise."""
+        return 1 if self.grayscale else 3
+
+
+@dataclass(frozen=True)
+class Tile:
+    """A kept tile: its square in original slide pixels, white ratio and output pixels."""
+
+    x: int
+    y: int
+    size: int
+    white_ratio: float
+    pixels: npt.NDArray[np.uint8]
+
+
+def client_plans(config: PrepareConfig) -> list[ClientPlan]:
+    """Every hospital's tile settings from ``--tile``, ``--stride``, ``--client-tile``, ``--client-scale``."""
+    tiles, clients = config.tiles, config.clients
+    plans = []
+    for c in range(config.split.clients):
+        tile_px = clients.tile[c] if clients.tile else tiles.tile
+        scale = clients.scale[c] if clients.scale else 1.0
+        # A custom stride is a fraction of the base tile, so it keeps the same overlap for every tile size.
+        stride_px = tile_px if tiles.stride is None else max(1, round(tiles.stride * tile_px / tiles.tile))
+        plans.append(
+            ClientPlan(
+                client=c,
+                tile_px=tile_px,
+                scale=scale,
+                size=max(1, round(tile_px / scale)),
+                stride=max(1, round(stride_px / scale)),
+                grayscale=c in clients.grayscale,
+            )
+        )
+    return plans
+
+
+def extract_region(image: RGBImage, mask: npt.NDArray[np.bool_]) -> RGBImage:
+    """Step a.1: a copy of ``image`` with every pixel outside ``mask`` set to white."""
+    out = image.copy()
+    out[~mask] = WHITE
+    return out
+
+
+def near_white(image: RGBImage, white_level: int) -> npt.NDArray[np.bool_]:
+    """Pixels whose three channels are all >= ``white_level``."""
+    return np.asarray(image.min(axis=2) >= white_level)
+
+
+def white_ratios(
+    white: npt.NDArray[np.bool_], size: int, stride: int
+) -> tuple[list[int], list[int], npt.NDArray[np.float64]]:
+    """Grid positions and the white ratio of every ``size`` square on it (one integral image, no per-tile sums)."""
+    height, width = white.shape
+    xs = list(range(0, width - size + 1, stride))
+    ys = list(range(0, height - size + 1, stride))
+    if not xs or not ys:
+        return xs, ys, np.zeros((len(ys), len(xs)), dtype=np.float64)
+    integral = cv2.integral(white.astype(np.uint8), sdepth=cv2.CV_32S).astype(np.int64)
+    ya, xa = np.asarray(ys), np.asarray(xs)
+    sums = (
+        integral[np.ix_(ya + size, xa + size)]
+        - integral[np.ix_(ya, xa + size)]
+        - integral[np.ix_(ya + size, xa)]
+        + integral[np.ix_(ya, xa)]
+    )
+    return xs, ys, sums / float(size * size)
+
+
+def cut_tiles(
+    image: RGBImage,
+    mask: npt.NDArray[np.bool_] | None,
+    abnormal: bool,
+    plan: ClientPlan,
+    white_max: float,
+    background_max: float,
+    white_level: int,
+    max_tiles: int | None,
+    rng: np.random.Generator,
+) -> list[Tile]:
+    """Step a.1 (abnormal slides with a mask) then Step b for one slide, in raster order."""
+    if abnormal and mask is not None:
+        image = extract_region(image, mask)
+    limit = white_max if abnormal else background_max
+    xs, ys, ratios = white_ratios(near_white(image, white_level), plan.size, plan.stride)
+    kept = [(ys[i], xs[j], float(ratios[i, j])) for i, j in zip(*np.nonzero(ratios <= limit), strict=True)]
+    if max_tiles is not None and len(kept) > max_tiles:
+        chosen = np.sort(rng.choice(len(kept), size=max_tiles, replace=False))
+        kept = [kept[int(k)] for k in chosen]
+    tiles = []
+    for y, x, ratio in kept:
+        square: npt.NDArray[np.uint8] = image[y : y + plan.size, x : x + plan.size]
+        if plan.size != plan.tile_px:
+            shrink = plan.size > plan.tile_px
+            resized = cv2.resize(
+                square, (plan.tile_px, plan.tile_px), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR
+            )
+            square = np.asarray(resized, dtype=np.uint8)
+        pixels = cv2.cvtColor(square, cv2.COLOR_RGB2GRAY) if plan.grayscale else np.ascontiguousarray(square)
+        tiles.append(Tile(x=x, y=y, size=plan.size, white_ratio=ratio, pixels=np.asarray(pixels, dtype=np.uint8)))
+    return tiles
+
+
+def tile_name(slide_index: int, source: str, x: int, y: int) -> str:
+    """A unique, stable file name: slide index (slides may share a stem across folders) + stem + position."""
+    stem = source.rsplit("/", 1)[-1].rsplit(".", 1)[0]
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", stem)[:60] or "slide"
+    return f"{slide_index:05d}_{safe}_x{x:05d}_y{y:05d}.png"
