@@ -1,0 +1,131 @@
+"""Architecture registry: the four networks of the FedSAF paper's Table 3 (paper 001, Sec. 4.3.1).
+
+MobileNetV3-Small (the paper's choice and our default), ResNet-18, EfficientNet-B0 and AlexNet come from
+torchvision, always built with random weights (nothing is downloaded); a local safetensors file may replace
+them. Grayscale hospitals are handled in the data loader by replicating the gray channel three times, so every
+hospital runs the *same* 3-channel architecture and every layer can be shared; ``in_chans=1`` is offered for a
+federation where every tile is converted to gray (the first convolution is then rebuilt for one channel).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+from torchvision import models as tvm
+
+from models.errors import ModelError
+
+DEFAULT_MODEL = "mobilenet_v3_small"
+
+_BUILDERS: dict[str, Callable[..., nn.Module]] = {
+    "mobilenet_v3_small": tvm.mobilenet_v3_small,
+    "resnet18": tvm.resnet18,
+    "efficientnet_b0": tvm.efficientnet_b0,
+    "alexnet": tvm.alexnet,
+}
+
+MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
+
+# AlexNet's stride-4 stem and three 3x3/2 max-pools need a 63-pixel input to leave a 1x1 map before its
+# adaptive pooling; the others downsample 32x, so 32 pixels leave one spatial position.
+_MIN_INPUT: dict[str, int] = {"mobilenet_v3_small": 32, "resnet18": 32, "efficientnet_b0": 32, "alexnet": 63}
+
+
+def check_model_name(name: str) -> None:
+    """Raise ``ModelError`` unless ``name`` is a registered architecture."""
+    if name not in _BUILDERS:
+        raise ModelError(f"unknown model {name!r}: choose one of {', '.join(MODEL_NAMES)}")
+
+
+def min_input_size(name: str) -> int:
+    """Smallest square input side (pixels) the architecture accepts."""
+    check_model_name(name)
+    return _MIN_INPUT[name]
+
+
+def check_input_size(name: str, input_size: int) -> None:
+    """Raise ``ModelError`` if tiles of side ``input_size`` are too small for ``name``."""
+    smallest = min_input_size(name)
+    if input_size < smallest:
+        raise ModelError(
+            f"input_size {input_size} is too small for {name}: it needs at least {smallest} pixels "
+            f"(set data.input_size >= {smallest})"
+        )
+
+
+def create_model(
+    name: str = DEFAULT_MODEL, num_classes: int = 2, in_chans: int = 3, weights: str | Path | None = None
+) -> nn.Module:
+    """Build ``name`` with random weights for ``num_classes`` outputs and ``in_chans`` input channels.
+
+    ``weights``: an optional local ``.safetensors`` file holding a ``state_dict`` for the same architecture.
+    Every key must match; only the output layer may differ in shape (e.g. a 1000-class file used for 2
+    classes), in which case that layer keeps its random initialisation.
+    """
+    check_model_name(name)
+    if num_classes < 2:
+        raise ModelError(f"num_classes must be at least 2, got {num_classes}")
+    if in_chans not in (1, 3):
+        raise ModelError(f"in_chans must be 1 or 3, got {in_chans}")
+    model = _BUILDERS[name](weights=None, num_classes=num_classes)
+    if in_chans != 3:
+        _replace_first_conv(model, in_chans)
+    if weights:
+        load_weights(model, name, Path(weights))
+    return model
+
+
+def _replace_first_conv(model: nn.Module, in_chans: int) -> None:
+    """Swap the stem convolution for one taking ``in_chans`` channels (same geometry, fresh init)."""
+    for module_name, module in model.named_modules():
+        if isinstance(module, nn.Conv2d):
+            new = nn.Conv2d(
+                in_chans,
+                module.out_channels,
+                kernel_size=module.kernel_size,  # type: ignore[arg-type]
+                stride=module.stride,  # type: ignore[arg-type]
+                padding=module.padding,  # type: ignore[arg-type]
+                dilation=module.dilation,  # type: ignore[arg-type]
+                groups=1,
+                bias=module.bias is not None,
+            )
+            parent_name, _, child = module_name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            setattr(parent, child, new)
+            return
+    raise ModelError("model has no convolution to adapt to the requested input channels")
+
+
+def load_weights(model: nn.Module, name: str, path: Path) -> None:
+    """Load a local safetensors ``state_dict`` into ``model`` with a clear error on any mismatch."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from models.split import split_units
+
+    if not path.is_file():
+        raise ModelError(f"weights file {path} does not exist: give a local .safetensors file or leave weights empty")
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ModelError(f"weights file {path} is not a readable safetensors file ({exc})") from exc
+    own = model.state_dict()
+    missing = sorted(set(own) - set(tensors))
+    unexpected = sorted(set(tensors) - set(own))
+    if missing or unexpected:
+        detail = f"{len(missing)} missing (e.g. {missing[:2]}), {len(unexpected)} unexpected (e.g. {unexpected[:2]})"
+        raise ModelError(f"weights file {path} does not fit {name}: {detail}; export the state_dict of {name}")
+    output_keys = set(split_units(model)[-1][1])
+    loadable: dict[str, torch.Tensor] = {}
+    for key, value in tensors.items():
+        if value.shape == own[key].shape:
+            loadable[key] = value
+        elif key not in output_keys:
+            raise ModelError(
+                f"weights file {path} does not fit {name}: {key} has shape {tuple(value.shape)}, "
+                f"the model needs {tuple(own[key].shape)}"
+            )
+    model.load_state_dict(loadable, strict=False)
