@@ -1,0 +1,392 @@
+"""Run configuration: one frozen dataclass per concern, defaults in TOML, ``--set section.key=value`` overrides.
+
+The sections mirror the FedSAF paper's hyper-parameters (paper 001, Sec. 3-4): ``[strategy] nhead`` is the
+number of layer units kept local (Eq. 1), ``[amp]`` holds alpha_k, sigma, lambda and the distance ``dm`` of
+Eq. 3-8 and 16-18, ``[fedsaf]`` toggles the Fisher reweighting (Eq. 12-15, 19-20) and the model splitting.
+
+Loading is strict: an unknown section or key, a value of the wrong type, or a value out of range is rejected
+with a ``FederationError`` that names it and says what is allowed. The defaults live in ``DEFAULTS_TOML`` below;
+a preset in ``configs/`` only lists what it changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import tomllib
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from federation.errors import FederationError
+
+# The single source of default values. A field missing here has a Python default of None, meaning
+# "decided later" (``strategy.nhead``: the chosen strategy's own default; ``client.head_lr``: same as lr).
+DEFAULTS_TOML = """
+[run]
+name = "run"
+seed = 0
+rounds = 10
+device = "cpu"
+workers = 0
+keep_checkpoints = 2
+
+[data]
+path = "data/prepared/quickstart"
+input_size = 64
+batch_size = 32
+augment = true
+eval_batch_size = 128
+
+[model]
+name = "mobilenet_v3_small"
+weights = ""
+in_chans = 3
+
+[strategy]
+name = "fedavg"
+clients = "all"
+
+[client]
+epochs = 1
+lr = 0.01
+momentum = 0.9
+weight_decay = 0.0001
+head_epochs = 1
+
+[fedprox]
+mu = 0.01
+
+[amp]
+alpha_k = 0.02
+sigma = 0.1
+lam = 1.0
+dm = "manhattan"
+scale = "raw"
+
+[fedsaf]
+fim = true
+split = true
+fisher_batch = 32
+"""
+
+DEVICES = ("cpu", "cuda", "auto")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def _fail(where: str, value: object, need: str) -> typing.NoReturn:
+    raise FederationError(f"config {where} = {value!r} is out of range: {need}")
+
+
+def _at_least(where: str, value: float, lo: float) -> None:
+    if not value >= lo:
+        _fail(where, value, f"use a value >= {lo}")
+
+
+def _positive(where: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        _fail(where, value, "use a finite value > 0")
+
+
+@dataclass(frozen=True)
+class RunSection:
+    """``[run]``: identity and length of the run, and where it executes."""
+
+    name: str
+    seed: int
+    rounds: int
+    device: str
+    workers: int
+    keep_checkpoints: int
+
+    def __post_init__(self) -> None:
+        if not _NAME_RE.match(self.name):
+            _fail("run.name", self.name, "letters, digits, '_', '-', '.' only (it prefixes the run folder name)")
+        _at_least("run.seed", self.seed, 0)
+        _at_least("run.rounds", self.rounds, 1)
+        if self.device not in DEVICES:
+            _fail("run.device", self.device, f"use one of {', '.join(DEVICES)}")
+        _at_least("run.workers", self.workers, 0)
+        _at_least("run.keep_checkpoints", self.keep_checkpoints, 1)
+
+
+@dataclass(frozen=True)
+class DataSection:
+    """``[data]``: the prepared dataset and how tiles reach the model."""
+
+    path: str
+    input_size: int
+    batch_size: int
+    augment: bool
+    eval_batch_size: int
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            _fail("data.path", self.path, "name a prepared dataset folder (gastric-fl prepare output)")
+        _at_least("data.input_size", self.input_size, 16)
+        _at_least("data.batch_size", self.batch_size, 2)  # BatchNorm needs two samples per training batch
+        _at_least("data.eval_batch_size", self.eval_batch_size, 1)
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    """``[model]``: the architecture (paper Table 3), an optional local weights file and the input channels."""
+
+    name: str
+    weights: str
+    in_chans: int
+
+    def __post_init__(self) -> None:
+        from models import MODEL_NAMES
+
+        if self.name not in MODEL_NAMES:
+            _fail("model.name", self.name, f"use one of {', '.join(MODEL_NAMES)}")
+        if self.in_chans not in (1, 3):
+            _fail("model.in_chans", self.in_chans, "use 3 (gray tiles replicated) or 1 (every tile made gray)")
+
+
+@dataclass(frozen=True)
+class StrategySection:
+    """``[strategy]``: the federated algorithm, how many layer units stay local, which clients take part."""
+
+    name: str
+    clients: str | tuple[int, ...]
+    nhead: int | None = None
+
+    def __post_init__(self) -> None:
+        from federation.strategies import STRATEGY_NAMES
+
+        if self.name not in STRATEGY_NAMES:
+            _fail("strategy.name", self.name, f"use one of {', '.join(STRATEGY_NAMES)}")
+        if self.nhead is not None:
+            _at_least("strategy.nhead", self.nhead, 0)
+        if isinstance(self.clients, str):
+            if self.clients != "all":
+                _fail("strategy.clients", self.clients, 'use "all" or a list of client indices such as [0, 2]')
+        else:
+            if not self.clients or len(set(self.clients)) != len(self.clients) or min(self.clients) < 0:
+                _fail("strategy.clients", list(self.clients), "use distinct client indices >= 0, at least one")
+
+
+@dataclass(frozen=True)
+class ClientSection:
+    """``[client]``: local training (SGD) per round; ``head_*`` applies to strategies with a personal head."""
+
+    epochs: int
+    lr: float
+    momentum: float
+    weight_decay: float
+    head_epochs: int
+    head_lr: float | None = None
+
+    def __post_init__(self) -> None:
+        _at_least("client.epochs", self.epochs, 0)
+        _positive("client.lr", self.lr)
+        if not 0.0 <= self.momentum < 1.0:
+            _fail("client.momentum", self.momentum, "use 0 <= momentum < 1")
+        _at_least("client.weight_decay", self.weight_decay, 0.0)
+        _at_least("client.head_epochs", self.head_epochs, 0)
+        if self.head_lr is not None:
+            _positive("client.head_lr", self.head_lr)
+
+
+@dataclass(frozen=True)
+class FedProxSection:
+    """``[fedprox]``: the proximal strength mu of FedProx."""
+
+    mu: float
+
+    def __post_init__(self) -> None:
+        _at_least("fedprox.mu", self.mu, 0.0)
+
+
+@dataclass(frozen=True)
+class AmpSection:
+    """``[amp]``: Attentive Message Passing (paper Eq. 3-8, 16-18) and its proximal weight lambda (Eq. 23-25)."""
+
+    alpha_k: float
+    sigma: float
+    lam: float
+    dm: str
+    scale: str = "raw"  # how d_ij is rescaled before A' (federation.aggregation.SCALES; docs/fedsaf.md)
+
+    def __post_init__(self) -> None:
+        _positive("amp.alpha_k", self.alpha_k)
+        _positive("amp.sigma", self.sigma)
+        _at_least("amp.lam", self.lam, 0.0)
+        metrics = ("euclidean", "manhattan", "cosine", "cosine_distance")
+        if self.dm not in metrics:
+            _fail("amp.dm", self.dm, f"use one of {', '.join(metrics)}")
+        scales = ("raw", "per_value", "relative")
+        if self.scale not in scales:
+            _fail("amp.scale", self.scale, f"use one of {', '.join(scales)}")
+
+
+@dataclass(frozen=True)
+class FedSAFSection:
+    """``[fedsaf]``: the ablation toggles (FIM on/off, model splitting on/off) and the Fisher mini-batch size."""
+
+    fim: bool
+    split: bool
+    fisher_batch: int
+
+    def __post_init__(self) -> None:
+        _at_least("fedsaf.fisher_batch", self.fisher_batch, 1)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The whole configuration of one run; ``config_to_toml`` writes it back exactly."""
+
+    run: RunSection
+    data: DataSection
+    model: ModelSection
+    strategy: StrategySection
+    client: ClientSection
+    fedprox: FedProxSection
+    amp: AmpSection
+    fedsaf: FedSAFSection
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """Plain nested dict (tuples as lists, ``None`` fields left out: TOML has no null)."""
+        out: dict[str, dict[str, Any]] = {}
+        for section in dataclasses.fields(self):
+            values = dataclasses.asdict(getattr(self, section.name))
+            out[section.name] = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items() if v is not None}
+        return out
+
+
+SECTIONS: dict[str, type] = {f.name: typing.get_type_hints(RunConfig)[f.name] for f in dataclasses.fields(RunConfig)}
+
+
+def _coerce(where: str, value: Any, annotation: Any) -> Any:
+    """Check ``value`` against a field's annotation (int, float, bool, str, ``X | None``, tuples of int)."""
+    options = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
+    for option in options:
+        if option is type(None):
+            continue
+        if option is bool and isinstance(value, bool):
+            return value
+        if option is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if option is float and isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if option is str and isinstance(value, str):
+            return value
+        if (
+            typing.get_origin(option) is tuple
+            and isinstance(value, list)
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        ):
+            return tuple(value)
+    names = " or ".join(getattr(o, "__name__", str(o)) for o in options if o is not type(None))
+    raise FederationError(f"config {where} = {value!r} has the wrong type: expected {names}")
+
+
+def _check_known(raw: Mapping[str, Any], source: str) -> None:
+    for section, values in raw.items():
+        if section not in SECTIONS:
+            raise FederationError(f"{source}: unknown section [{section}]; known sections: {', '.join(SECTIONS)}")
+        if not isinstance(values, Mapping):
+            raise FederationError(f"{source}: [{section}] must be a table of key = value pairs")
+        known = [f.name for f in dataclasses.fields(SECTIONS[section])]
+        for key in values:
+            if key not in known:
+                raise FederationError(f"{source}: unknown key {section}.{key}; [{section}] accepts {', '.join(known)}")
+
+
+def _merge(base: dict[str, dict[str, Any]], extra: Mapping[str, Any]) -> None:
+    for section, values in extra.items():
+        base.setdefault(section, {}).update(values)
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """Split ``section.key=value``; the value is read as TOML (``0.1``, ``true``, ``[0, 1]``), else as a string."""
+    target, sep, raw = text.partition("=")
+    section, dot, key = target.strip().partition(".")
+    if not sep or not dot or not section or not key:
+        raise FederationError(f"--set {text!r}: write it as section.key=value, e.g. --set run.rounds=3")
+    raw = raw.strip()
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # a bare word such as fedavg or cpu
+    return section, key.strip(), value
+
+
+def config_from_dict(raw: Mapping[str, Any], source: str = "config") -> RunConfig:
+    """Build a ``RunConfig`` from the defaults updated by ``raw`` (nested ``{section: {key: value}}``)."""
+    _check_known(raw, source)
+    merged: dict[str, dict[str, Any]] = {}
+    _merge(merged, tomllib.loads(DEFAULTS_TOML))
+    _merge(merged, raw)
+    sections: dict[str, Any] = {}
+    for name, cls in SECTIONS.items():
+        hints = typing.get_type_hints(cls)
+        values = {key: _coerce(f"{name}.{key}", value, hints[key]) for key, value in merged.get(name, {}).items()}
+        try:
+            sections[name] = cls(**values)
+        except TypeError as exc:
+            raise FederationError(f"{source}: [{name}] is incomplete ({exc})") from exc
+    config = RunConfig(**sections)
+    if config.client.epochs + config.client.head_epochs == 0:
+        _fail("client.epochs", 0, "train for at least one epoch (client.epochs or client.head_epochs > 0)")
+    return config
+
+
+def load_config(
+    path: str | Path | None = None, overrides: Sequence[str] = (), data: str | Path | None = None
+) -> RunConfig:
+    """Defaults, then the TOML file at ``path``, then each ``--set`` override, then ``--data``."""
+    raw: dict[str, dict[str, Any]] = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        file = Path(path)
+        if not file.is_file():
+            raise FederationError(f"config file {file} does not exist: pass a TOML preset such as configs/demo.toml")
+        try:
+            loaded = tomllib.loads(file.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise FederationError(f"config file {file} is not valid TOML: {exc}") from exc
+        _check_known(loaded, source)
+        _merge(raw, loaded)
+    for text in overrides:
+        section, key, value = parse_override(text)
+        _check_known({section: {key: value}}, f"--set {text}")
+        _merge(raw, {section: {key: value}})
+    if data is not None:
+        _merge(raw, {"data": {"path": str(data)}})
+    return config_from_dict(raw, source)
+
+
+def with_values(config: RunConfig, section: str, **values: Any) -> RunConfig:
+    """A copy of ``config`` with ``values`` replaced in ``section`` (validated again)."""
+    return dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **values)})
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+        return f'"{escaped}"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def config_to_toml(config: RunConfig) -> str:
+    """The configuration as TOML text that ``load_config`` reads back to an equal ``RunConfig``."""
+    lines: list[str] = []
+    for section, values in config.to_dict().items():
+        lines.append(f"[{section}]")
+        lines.extend(f"{key} = {_toml_value(value)}" for key, value in values.items())
+        lines.append("")
+    return "\n".join(lines)

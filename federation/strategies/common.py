@@ -1,0 +1,79 @@
+"""What every strategy is built from: the run's context and the client recipe from the configuration.
+
+``StrategyContext`` carries what a server may know before round 1 (FedSAF paper 001, Algorithm 1, Step 1):
+the participating clients and their example counts, the model's ``state_dict`` keys, its ordered layer units
+(``models.split_units``, the Eq. 1 split) and the common initial weights. Strategies keep their own
+cross-round state; nothing here is mutable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from federation.contract import Recipe, TensorDict
+from models import Unit, base_keys
+
+if TYPE_CHECKING:
+    from federation.config import RunConfig
+
+
+@dataclass(frozen=True)
+class StrategyContext:
+    """The federation as the server sees it at the start.
+
+    ``clients``: participating client indices (manifest numbering, ascending). ``num_examples[c]``: client
+    ``c``'s training tiles. ``state_keys``/``units``: the model's ``state_dict`` keys and its layer units,
+    input to output. ``initial_state``: the weights every client starts from (identical for all clients).
+    """
+
+    clients: tuple[int, ...]
+    num_examples: Mapping[int, int]
+    state_keys: tuple[str, ...]
+    units: tuple[Unit, ...]
+    initial_state: Mapping[str, torch.Tensor]
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.clients)
+
+    def shared_keys(self, nhead: int) -> list[str]:
+        """Keys of every unit but the last ``nhead`` (raises ``ModelError`` for an ``nhead`` out of range)."""
+        return base_keys(self.units, nhead)
+
+    def initial(self, keys: list[str]) -> TensorDict:
+        """Copies of the initial weights for ``keys``."""
+        return {k: self.initial_state[k].detach().clone() for k in keys}
+
+
+def resolved_nhead(config: RunConfig) -> int:
+    """``strategy.nhead`` after the engine resolved it (it is never ``None`` once a run starts)."""
+    from federation.strategies import default_nhead
+
+    nhead = config.strategy.nhead
+    return default_nhead(config.strategy.name) if nhead is None else nhead
+
+
+def recipe_from_config(
+    config: RunConfig, *, head_epochs: int = 0, prox_mu: float = 0.0, fisher_batch: int = 0
+) -> Recipe:
+    """The ``[client]`` section as a ``Recipe``, with the strategy's own head/proximal/Fisher choices."""
+    client = config.client
+    return Recipe(
+        epochs=client.epochs,
+        lr=client.lr,
+        head_epochs=head_epochs,
+        head_lr=client.head_lr if client.head_lr is not None else client.lr,
+        prox_mu=prox_mu,
+        fisher_batch=fisher_batch,
+        momentum=client.momentum,
+        weight_decay=client.weight_decay,
+    )
+
+
+def state_dict_subset(state: Mapping[str, torch.Tensor], keys: list[str]) -> TensorDict:
+    """Detached copies of ``state[k]`` for ``keys``, in that order."""
+    return {k: state[k].detach().clone() for k in keys}
