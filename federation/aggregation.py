@@ -35,6 +35,10 @@ from federation.errors import FederationError
 
 Metric = Literal["euclidean", "manhattan", "cosine", "cosine_distance"]
 METRICS: tuple[str, ...] = ("euclidean", "manhattan", "cosine", "cosine_distance")
+# How d_ij is scaled before A' (a departure from the paper, which uses "raw"; see docs/fedsaf.md):
+# "raw" = as Eq. 3-8; "per_value" = divided by the number of values d (mean squared / absolute difference);
+# "relative" = divided by the mean off-diagonal distance of the round, so sigma is in units of that mean.
+SCALES: tuple[str, ...] = ("raw", "per_value", "relative")
 
 # Eq. 7-8 add 1e-8 to the product of the norms so that an all-zero vector does not divide by zero.
 COSINE_EPS = 1e-8
@@ -45,19 +49,26 @@ def _check_matrix(vectors: torch.Tensor) -> None:
         raise ValueError(f"expected stacked flat vectors of shape (m clients, d values), got {tuple(vectors.shape)}")
 
 
-def pairwise_distances(vectors: torch.Tensor, metric: str, normalize: bool = False) -> torch.Tensor:
+def pairwise_distances(vectors: torch.Tensor, metric: str, scale: str = "raw") -> torch.Tensor:
     """``d_ij`` for every pair of rows of ``vectors`` (shape ``(m, d)``), as a float64 ``(m, m)`` matrix.
 
     ``euclidean``: ``||rho_i - rho_j||^2`` (squared, Eq. 3-4); ``manhattan``: ``||rho_i - rho_j||_1`` (Eq. 5-6);
     ``cosine``: ``rho_i . rho_j / (||rho_i|| ||rho_j|| + 1e-8)`` (Eq. 7-8, a similarity: 1 on the diagonal);
-    ``cosine_distance``: ``1 -`` that. ``normalize=True`` divides the euclidean and manhattan distances by
-    ``d`` (mean squared / mean absolute difference per value) so that one ``sigma`` means the same thing for
-    any model size or ``nhead``; cosine values are already scale-free and are left unchanged.
+    ``cosine_distance``: ``1 -`` that.
+
+    ``scale`` (not in the paper; ``raw`` is the paper): ``per_value`` divides the euclidean and manhattan
+    distances by ``d`` (the mean squared / mean absolute difference per value), so that one ``sigma`` means the
+    same thing for any model size or ``nhead``; ``relative`` divides any distance by the mean of its off-diagonal
+    entries, so that ``sigma`` is in units of this round's typical distance. The literal ``cosine`` similarity is
+    never rescaled (it is not a distance), nor is ``cosine_distance`` by ``per_value`` (it is scale-free).
     """
     _check_matrix(vectors)
     if metric not in METRICS:
         raise FederationError(f"unknown AMP distance dm={metric!r}: use one of {', '.join(METRICS)}")
+    if scale not in SCALES:
+        raise FederationError(f"unknown AMP distance scale {scale!r}: use one of {', '.join(SCALES)}")
     v = vectors.detach().to(torch.float64)
+    m = v.shape[0]
     d = v.shape[1]
     if metric == "manhattan":
         # cdist with p=1 sums |a - b| directly in C++: exact, and no (m x m x d) temporary.
@@ -74,9 +85,16 @@ def pairwise_distances(vectors: torch.Tensor, metric: str, normalize: bool = Fal
         gram = v @ v.T
         norms = gram.diagonal().clamp_min(0.0).sqrt()
         sim = gram / (norms.unsqueeze(1) * norms.unsqueeze(0) + COSINE_EPS)
-        return sim if metric == "cosine" else 1.0 - sim
-    if normalize and d > 0:
+        if metric == "cosine":
+            return sim
+        dist = 1.0 - sim
+        dist.fill_diagonal_(0.0)
+    if scale == "per_value" and metric != "cosine_distance" and d > 0:
         dist = dist / d
+    elif scale == "relative" and m > 1:
+        mean = dist.sum() / (m * (m - 1))
+        if mean > 0:
+            dist = dist / mean
     return dist
 
 
@@ -121,18 +139,19 @@ def check_amp_settings(num_clients: int, metric: str, alpha_k: float, sigma: flo
 
 
 def amp_coefficients(
-    vectors: torch.Tensor, metric: str, alpha_k: float, sigma: float, normalize: bool = False
+    vectors: torch.Tensor, metric: str, alpha_k: float, sigma: float, scale: str = "raw"
 ) -> torch.Tensor:
     """The AMP weight matrix ``xi`` (float64, ``(m, m)``) for the clients' shared vectors ``(m, d)``.
 
     ``xi_ij = alpha_k * A'(d_ij)`` for ``i != j`` (Eq. 3-8), ``xi_ii = 1 - sum_{j != i} xi_ij`` (Eq. 16);
     row ``i`` holds the weights of client ``i``'s intermediate model ``z_i = sum_j xi_ij rho_j`` (Eq. 18) and
-    sums to 1. Raises ``FederationError`` for settings that could make a self-weight negative.
+    sums to 1. ``scale`` rescales ``d_ij`` first (``pairwise_distances``; ``raw`` is the paper).
+    Raises ``FederationError`` for settings that could make a self-weight negative.
     """
     _check_matrix(vectors)
     m = vectors.shape[0]
     check_amp_settings(m, metric, alpha_k, sigma)
-    dist = pairwise_distances(vectors, metric, normalize=normalize)
+    dist = pairwise_distances(vectors, metric, scale=scale)
     xi = alpha_k * attention_derivative(dist, sigma)
     xi.fill_diagonal_(0.0)
     xi.diagonal().copy_(1.0 - xi.sum(dim=1))

@@ -107,14 +107,28 @@ def test_cosine_distance_xi_feeds_one_minus_similarity() -> None:
     assert xi[0, 1] > xi[0, 2]
 
 
-def test_normalized_distance_is_per_value_mean() -> None:
-    # 4 values: squared distances 6, 9, 13 become 1.5, 2.25, 3.25
-    xi = amp_coefficients(RHO, "euclidean", ALPHA, SIGMA, normalize=True)
+def test_per_value_scale_divides_by_the_number_of_values() -> None:
+    # 4 values: squared distances 6, 9, 13 become 1.5, 2.25, 3.25; L1 distances 4, 5, 7 become 1, 1.25, 1.75
+    xi = amp_coefficients(RHO, "euclidean", ALPHA, SIGMA, scale="per_value")
     assert torch.allclose(xi, _expected_xi(1.5, 2.25, 3.25), atol=1e-12)
-    # cosine is scale-free: normalize leaves it unchanged
-    assert torch.equal(
-        pairwise_distances(RHO, "cosine", normalize=True), pairwise_distances(RHO, "cosine", normalize=False)
-    )
+    xi = amp_coefficients(RHO, "manhattan", ALPHA, SIGMA, scale="per_value")
+    assert torch.allclose(xi, _expected_xi(1.0, 1.25, 1.75), atol=1e-12)
+    # cosine values are scale-free: per_value leaves them unchanged
+    for metric in ("cosine", "cosine_distance"):
+        assert torch.equal(pairwise_distances(RHO, metric, scale="per_value"), pairwise_distances(RHO, metric))
+
+
+def test_relative_scale_divides_by_the_mean_pairwise_distance() -> None:
+    # euclidean: mean of 6, 9, 13 = 28 / 3, so d becomes 6 * 3/28 = 0.6428571, 9 * 3/28 = 0.9642857, 13 * 3/28 = 1.3928571
+    xi = amp_coefficients(RHO, "euclidean", ALPHA, SIGMA, scale="relative")
+    assert torch.allclose(xi, _expected_xi(18 / 28, 27 / 28, 39 / 28), atol=1e-12)
+    # manhattan: mean of 4, 5, 7 = 16 / 3 -> 0.75, 0.9375, 1.3125
+    xi = amp_coefficients(RHO, "manhattan", ALPHA, SIGMA, scale="relative")
+    assert torch.allclose(xi, _expected_xi(0.75, 0.9375, 1.3125), atol=1e-12)
+    # the literal cosine similarity is not a distance and is never rescaled
+    assert torch.equal(pairwise_distances(RHO, "cosine", scale="relative"), pairwise_distances(RHO, "cosine"))
+    with pytest.raises(FederationError, match="unknown AMP distance scale"):
+        pairwise_distances(RHO, "euclidean", scale="median")
 
 
 @pytest.mark.parametrize("metric", ["euclidean", "manhattan", "cosine", "cosine_distance"])

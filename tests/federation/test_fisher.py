@@ -39,7 +39,10 @@ def _naive_trace(model: nn.Module, names: list[str], inputs: torch.Tensor, targe
         model.zero_grad()
         loss = F.nll_loss(F.log_softmax(model(x.unsqueeze(0)), dim=1), y.unsqueeze(0))
         loss.backward()
-        total += sum(float(params[n].grad.pow(2).sum()) for n in names)  # type: ignore[union-attr]
+        for n in names:
+            g = params[n].grad
+            assert g is not None
+            total += float(g.pow(2).sum())
     return total / inputs.shape[0]
 
 

@@ -1,0 +1,244 @@
+"""FedSAF (Miao et al., 2025; paper 001, Sec. 3 and Algorithm 1), and the attentive core FedAMP shares.
+
+Server, each round ``k`` (Algorithm 1, lines 11-12), from the shared parts ``rho_j^{k-1}`` the clients returned:
+
+1. AMP (Eq. 3-8, 16-18): ``xi = amp_coefficients(rho, dm, alpha_k, sigma)``, ``z_i = sum_j xi_ij rho_j``.
+2. FIM (Eq. 14, 19-20), when ``fedsaf.fim`` is on: ``gamma_i = tFIM_i / sum_n tFIM_n`` from the Fisher traces the
+   clients reported, and ``p_i = gamma_i z_i + sum_{j != i} gamma_j z_j``. As written, Eq. 20 gives every
+   client the same ``p`` (the gamma-weighted mean of the ``z_j``); that is implemented as written.
+   With FIM off, ``p_i = z_i``.
+
+Client (Eq. 23-25): it loads ``p_i`` into its shared part and is pulled towards it by
+``lambda / (2 alpha_K) ||rho - p_i||^2`` (recipe ``prox_mu = lambda / alpha_K``, centre ``p_i``). With splitting on
+(``fedsaf.split`` and ``nhead > 0``) the last ``nhead`` layer units are the personalised head that never leaves
+the hospital; the head trains first with the base frozen (Eq. 24), then the base with the head frozen (Eq. 25).
+With splitting off everything is shared and one phase trains all parameters (Eq. 23).
+
+What forms ``rho``: the message carries the whole shared ``state_dict`` part (the units before the head),
+trainable parameters *and* BatchNorm buffers, so the counts of values sent equal that part's ``state_dict``
+numel. The distances ``d_ij`` are computed on the trainable parameters only (Eq. 3-8 compare model parameters;
+running statistics have another scale and would dominate the L1/L2 sums), while the buffers are mixed with the
+same ``xi`` and ``gamma`` as the parameters, so every shared BatchNorm layer stays consistent with its weights
+(non-negative weights keep running variances positive; the integer batch counter is rounded back).
+
+In round 1 every ``rho_j^0`` is the common initial model, so ``z_i = p_i =`` the initial weights whatever
+``xi`` is: the server sends them as both the starting point and the proximal centre, and nothing is logged.
+The model a hospital deploys after a round is its own trained one (base + head), so evaluation keeps it.
+
+FedAMP (Huang et al., AAAI 2021) is the same server without splitting or FIM (``u_i = z_i``), see ``fedamp.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from federation.aggregation import (
+    FlatSpec,
+    amp_coefficients,
+    check_amp_settings,
+    fisher_intermediate,
+    fisher_weights,
+    flatten,
+    mix,
+    off_diagonal_mass,
+    pairwise_distances,
+    unflatten,
+)
+from federation.config import RunConfig
+from federation.contract import Recipe, TensorDict, TrainInstruction, TrainReply
+from federation.errors import FederationError
+from federation.strategies.common import StrategyContext, recipe_from_config, resolved_nhead
+from models import base_keys, create_model
+
+# Below this mean off-diagonal weight AMP has, in effect, turned into local training (issue 5, item 4).
+COLLABORATION_WARNING_THRESHOLD = 1e-3
+
+
+class CollaborationWarning(UserWarning):
+    """AMP's off-diagonal weights have (almost) vanished: the clients no longer learn from each other."""
+
+
+@dataclass(frozen=True)
+class AmpSettings:
+    """The ``[amp]`` hyper-parameters: alpha_k and sigma (Eq. 3-8), lambda (Eq. 23-25), the distance and its scale."""
+
+    alpha_k: float
+    sigma: float
+    lam: float
+    dm: str
+    scale: str
+
+    @classmethod
+    def from_config(cls, config: RunConfig) -> AmpSettings:
+        amp = config.amp
+        return cls(alpha_k=amp.alpha_k, sigma=amp.sigma, lam=amp.lam, dm=amp.dm, scale=amp.scale)
+
+    @property
+    def prox_mu(self) -> float:
+        """The client's proximal strength ``lambda / alpha_K`` (Eq. 23-25: ``lambda/(2 alpha_K) ||rho - p||^2``)."""
+        return self.lam / self.alpha_k
+
+
+def trainable_keys(config: RunConfig) -> set[str]:
+    """Names of the model's trainable parameters (its ``state_dict`` minus buffers such as BatchNorm statistics)."""
+    model = create_model(config.model.name, num_classes=2, in_chans=config.model.in_chans)
+    return {name for name, _ in model.named_parameters()}
+
+
+class AttentiveStrategy:
+    """AMP aggregation with optional Fisher reweighting and model splitting: FedSAF, or FedAMP with both off.
+
+    Cross-round state: each participating client's centre (``p_i`` or ``u_i``) for the next round.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        amp: AmpSettings,
+        nhead: int,
+        fim: bool,
+        recipe: Recipe,
+        ctx: StrategyContext,
+        param_keys: set[str],
+    ) -> None:
+        self.name = name
+        self.amp = amp
+        self.nhead = nhead
+        self.fim = fim
+        self.recipe = recipe
+        self.clients = tuple(ctx.clients)
+        check_amp_settings(len(self.clients), amp.dm, amp.alpha_k, amp.sigma)
+        self.keys = ctx.shared_keys(nhead)
+        if not self.keys:
+            raise FederationError(f"{name} with nhead={nhead} shares no layer: use a smaller strategy.nhead")
+        initial = ctx.initial(self.keys)
+        self.spec = FlatSpec.of(initial, self.keys)
+        self.param_spec = FlatSpec.of(initial, [k for k in self.keys if k in param_keys])
+        if self.param_spec.numel == 0:
+            raise FederationError(f"{name} with nhead={nhead} shares no trainable parameter: use a smaller nhead")
+        # One dict for all clients in round 1 (the common initial model, z_i = p_i = rho^0).
+        self.centres: dict[int, TensorDict] = dict.fromkeys(self.clients, initial)
+
+    def shared_keys(self, state_keys: Sequence[str], units: Sequence[Sequence[str]]) -> list[str]:
+        unit_list = [(str(i), list(keys)) for i, keys in enumerate(units)]
+        return base_keys(unit_list, self.nhead)
+
+    def configure_train(self, server_round: int, clients: Sequence[int]) -> dict[int, TrainInstruction]:
+        out: dict[int, TrainInstruction] = {}
+        for c in clients:
+            if c not in self.centres:
+                raise FederationError(f"{self.name}: client {c} is not one of this run's clients {list(self.clients)}")
+            centre = self.centres[c]
+            # The client starts from p_i and is pulled towards it: the same dict, so it is counted once.
+            out[c] = TrainInstruction(client=c, recipe=self.recipe, shared=centre, prox_centre=centre)
+        return out
+
+    def aggregate_train(self, server_round: int, replies: Mapping[int, TrainReply]) -> dict[str, Any]:
+        clients = sorted(replies)
+        if not clients:
+            raise FederationError(f"round {server_round}: no client replied")
+        states = [replies[c].shared for c in clients]
+        rho_params = flatten(states, self.param_spec)
+        xi = amp_coefficients(rho_params, self.amp.dm, self.amp.alpha_k, self.amp.sigma, scale=self.amp.scale)
+        distances = pairwise_distances(rho_params, self.amp.dm, scale=self.amp.scale)
+        z = mix(flatten(states, self.spec), xi)  # Eq. 18, every client at once
+        record: dict[str, Any] = {
+            "clients": clients,
+            "dm": self.amp.dm,
+            "scale": self.amp.scale,
+            "distances": _matrix(distances),
+            "xi": _matrix(xi),
+            "off_diagonal_mass": off_diagonal_mass(xi),
+        }
+        if self.fim:
+            traces = []
+            for c in clients:
+                trace = replies[c].metrics.get("fisher_trace")
+                if trace is None:
+                    raise FederationError(
+                        f"round {server_round}: client {c} sent no fisher_trace although fedsaf.fim is on "
+                        "(the client recipe must have fisher_batch > 0)"
+                    )
+                traces.append(float(trace))
+            gamma = fisher_weights(traces)
+            p = fisher_intermediate(z, gamma)  # Eq. 20: identical rows
+            record["fisher_traces"] = traces
+            record["gamma"] = [float(g) for g in gamma]
+            shared_p = unflatten(p[0], self.spec)
+            for row, c in enumerate(clients):
+                # Eq. 20 gives every client the same p; keep one copy when that holds exactly.
+                self.centres[c] = shared_p if torch.equal(p[row], p[0]) else unflatten(p[row], self.spec)
+        else:
+            for row, c in enumerate(clients):
+                self.centres[c] = unflatten(z[row], self.spec)
+        mass = record["off_diagonal_mass"]
+        if len(clients) > 1 and mass < COLLABORATION_WARNING_THRESHOLD:
+            warnings.warn(
+                f"{self.name} round {server_round}: AMP gives other clients a mean weight of {mass:.2e} "
+                f"(< {COLLABORATION_WARNING_THRESHOLD:g}), so the clients barely collaborate; the distances "
+                f"d_ij ({self.amp.dm}, scale={self.amp.scale}) are large against amp.sigma={self.amp.sigma}: "
+                'raise amp.sigma (with amp.alpha_k <= sigma/(m-1)) or use amp.scale = "relative"',
+                CollaborationWarning,
+                stacklevel=2,
+            )
+        return record
+
+    def configure_evaluate(self, server_round: int, clients: Sequence[int]) -> dict[int, TensorDict | None]:
+        # A hospital deploys its own trained model (base + head): nothing to load.
+        return dict.fromkeys(clients)
+
+    def state_tensors(self) -> TensorDict:
+        return {f"centre.{c}.{k}": v for c, centre in self.centres.items() for k, v in centre.items()}
+
+    def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        centres: dict[int, TensorDict] = {}
+        for c in self.clients:
+            missing = [k for k in self.keys if f"centre.{c}.{k}" not in tensors]
+            if missing:
+                raise FederationError(
+                    f"{self.name} checkpoint lacks client {c}'s centre {missing[:3]}: it is from another run"
+                )
+            centres[c] = {k: tensors[f"centre.{c}.{k}"].detach().clone() for k in self.keys}
+        self.centres = centres
+
+    def state_json(self) -> dict[str, Any]:
+        return {"nhead": self.nhead, "fim": self.fim, "clients": list(self.clients)}
+
+    def load_state_json(self, state: Mapping[str, Any]) -> None:
+        for key, mine in (("nhead", self.nhead), ("fim", self.fim), ("clients", list(self.clients))):
+            if key in state and state[key] != mine:
+                raise FederationError(f"{self.name} checkpoint was made with {key}={state[key]}, not {mine}")
+
+
+def _matrix(t: torch.Tensor) -> list[list[float | None]]:
+    """A float matrix as nested lists for ``aggregation.jsonl`` (JSON has no inf/nan: those become null)."""
+    rows: list[list[float]] = t.tolist()
+    return [[v if math.isfinite(v) else None for v in row] for row in rows]
+
+
+def build(config: RunConfig, ctx: StrategyContext) -> AttentiveStrategy:
+    """FedSAF with the ``[amp]`` and ``[fedsaf]`` settings; ``fedsaf.split = false`` shares everything (nhead 0)."""
+    amp = AmpSettings.from_config(config)
+    nhead = resolved_nhead(config) if config.fedsaf.split else 0
+    split = nhead > 0
+    if split and config.client.head_epochs < 1:
+        raise FederationError(
+            "fedsaf with model splitting trains the head first (Eq. 24): set client.head_epochs >= 1, "
+            "or fedsaf.split = false"
+        )
+    recipe = recipe_from_config(
+        config,
+        head_epochs=config.client.head_epochs if split else 0,
+        prox_mu=amp.prox_mu,
+        fisher_batch=config.fedsaf.fisher_batch if config.fedsaf.fim else 0,
+    )
+    return AttentiveStrategy(
+        "fedsaf", amp=amp, nhead=nhead, fim=config.fedsaf.fim, recipe=recipe, ctx=ctx, param_keys=trainable_keys(config)
+    )
