@@ -12,7 +12,10 @@ non-IID settings, the latter written "(n, S)": n clients holding S classes each.
   ``classes:S`` (client c holds labels c, c+1, ..., c+S-1 modulo 2; each label's slides are shared among its
   holders in proportion to their size ratios, so sizes follow the ratio within each label group).
 - **Train/test**: per slide, inside each client, stratified by label: ``round(test_fraction * n)`` slides
-  (at least one, and at least one left for training) go to test. No slide has tiles in both splits.
+  (at least one, and at least one left for training) go to test, shared over labels in proportion; a label
+  with at least two slides in the client always gets one test and one train slide (so small clients still
+  have both classes in test, where AUC is defined), which can raise a small client's test share.
+  No slide has tiles in both splits.
 
 Everything is drawn from one ``numpy.random.default_rng(seed)`` in a fixed order: same slides + seed,
 same assignment.
@@ -159,6 +162,27 @@ def assign_clients(
     return _iid(labels, sizes, seed_rng), ratios
 
 
+def _test_quota(group_sizes: Sequence[int], n_test: int) -> list[int]:
+    """Test slides per label group: proportional, but every label with >= 2 slides gets one test and one train slide.
+
+    Without this, a client with few slides often gets a one-class test split, where AUC is undefined.
+    """
+    quota = largest_remainder([float(n) for n in group_sizes], n_test)
+    for g, size in enumerate(group_sizes):
+        if size >= 2 and quota[g] == 0:
+            donors = [d for d in range(len(quota)) if quota[d] > 1]
+            if donors:
+                quota[max(donors, key=lambda d: (quota[d], -d))] -= 1
+            quota[g] = 1
+        if size >= 2 and quota[g] == size:
+            quota[g] -= 1
+    if sum(quota) == 0:
+        quota[max(range(len(quota)), key=lambda d: (group_sizes[d], -d))] += 1
+    if sum(quota) == sum(group_sizes):
+        quota[max(range(len(quota)), key=lambda d: (quota[d], -d))] -= 1
+    return quota
+
+
 def split_train_test(
     labels: Sequence[str], owners: Sequence[int], clients: int, test_fraction: float, rng: np.random.Generator
 ) -> list[str]:
@@ -173,7 +197,7 @@ def split_train_test(
         n_test = min(len(members) - 1, max(1, math.floor(test_fraction * len(members) + 0.5)))
         groups = [[i for i in members if labels[i] == label] for label in LABELS]
         groups = [g for g in groups if g]
-        quota = largest_remainder([float(len(g)) for g in groups], n_test)
+        quota = _test_quota([len(g) for g in groups], n_test)
         for group, count in zip(groups, quota, strict=True):
             for k in rng.permutation(len(group))[:count]:
                 split[group[int(k)]] = "test"

@@ -25,6 +25,7 @@ _THUMB = 96
 _PER_LABEL = 4
 _GAP = 4
 _LEFT = 150
+_HEADER = 26
 _BG = 255
 
 
@@ -135,10 +136,13 @@ def contact_sheet(
     """One row per client: up to 4 normal then 4 abnormal tiles (BGR image, borders green/red by label)."""
     width = _LEFT + 2 * _PER_LABEL * (_THUMB + _GAP) + _GAP
     row_h = _THUMB + 2 * _GAP
-    sheet = np.full((row_h * len(plans) + _GAP, width, 3), _BG, dtype=np.uint8)
+    sheet = np.full((_HEADER + row_h * len(plans) + _GAP, width, 3), _BG, dtype=np.uint8)
     colours = {"normal": (60, 160, 60), "abnormal": (40, 40, 200)}
+    for k, label in enumerate(LABELS):
+        left = _LEFT + k * _PER_LABEL * (_THUMB + _GAP)
+        cv2.putText(sheet, label, (left, 18), cv2.FONT_HERSHEY_SIMPLEX, 0.55, colours[label], 1, cv2.LINE_AA)
     for r, plan in enumerate(plans):
-        top = r * row_h + _GAP
+        top = _HEADER + r * row_h + _GAP
         text = f"client {plan.client}"
         detail = f"{plan.tile_px}px{' gray' if plan.grayscale else ''} x{plan.scale:g}"
         cv2.putText(sheet, text, (6, top + 36), cv2.FONT_HERSHEY_SIMPLEX, 0.6, (0, 0, 0), 1, cv2.LINE_AA)

@@ -1,0 +1,526 @@
+"""End-to-end tests of `prepare_dataset` and `gastric-fl prepare` on tiny hand-built SEED/BOT/class-folder data.
+
+The slides are 96x96 with a known white strip and known cancer masks, so every expectation below (labels,
+white ratios, which pixels are whited out) can be computed from the fixture itself.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import tifffile
+
+from pipeline import prepare as prepare_module
+from pipeline.config import PrepareConfig, build_config
+from pipeline.errors import PipelineError
+from pipeline.prepare import MANIFEST_COLUMNS, prepare_dataset
+
+SIZE = 96
+TILE = 32
+STRIP = 20  # white columns on the left of every slide
+
+
+def _tissue(rng: np.random.Generator) -> np.ndarray:
+    """Pink-purple noise (min channel < 220 everywhere) with a white strip of STRIP columns on the left."""
+    base = np.array([200, 110, 170], dtype=np.int16)
+    image = (base + rng.integers(-25, 25, size=(SIZE, SIZE, 3))).clip(0, 255).astype(np.uint8)
+    image[:, :STRIP] = 250
+    return image
+
+
+def _mask(k: int) -> np.ndarray:
+    """A cancer rectangle whose position depends on k (so tiles differ between slides)."""
+    mask = np.zeros((SIZE, SIZE), dtype=np.uint8)
+    top = 8 * (k % 3)
+    mask[top : top + 70, 30:90] = 255
+    return mask
+
+
+def make_seed(root: Path, n: int = 12, seed: int = 0) -> dict[str, str]:
+    """SEED layout: slides s00.png.. with s00_mask.png; every other slide abnormal. Returns source -> label."""
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    truth = {}
+    for k in range(n):
+        image = _tissue(rng)
+        mask = _mask(k) if k % 2 else np.zeros((SIZE, SIZE), np.uint8)
+        cv2.imwrite(str(root / f"s{k:02d}.png"), cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
+        cv2.imwrite(str(root / f"s{k:02d}_mask.png"), mask)
+        truth[f"s{k:02d}.png"] = "abnormal" if k % 2 else "normal"
+    (root / "notes.json").write_text("{}")  # non-image files are ignored
+    return truth
+
+
+def _svg(points: str, transform: str = "") -> str:
+    group = f'<g transform="{transform}">' if transform else "<g>"
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{SIZE}" height="{SIZE}" viewBox="0 0 {SIZE} {SIZE}">'
+        f'{group}<polygon points="{points}" fill="none" stroke="green"/></g></svg>'
+    )
+
+
+def make_bot(root: Path, normal: int = 4, abnormal: int = 6) -> None:
+    """BOT layout: TIFF slides in normal/ and abnormal/, an outline-only SVG (with a transform) per abnormal one."""
+    rng = np.random.default_rng(1)
+    for label, count in (("normal", normal), ("abnormal", abnormal)):
+        (root / label).mkdir(parents=True, exist_ok=True)
+        for k in range(count):
+            tifffile.imwrite(root / label / f"b{k:02d}.tiff", _tissue(rng), photometric="rgb")
+            if label == "abnormal":
+                (root / label / f"b{k:02d}.svg").write_text(_svg("0,0 60,0 60,70 0,70", "translate(30,8)"))
+
+
+def imread(path: Path, flags: int = cv2.IMREAD_COLOR) -> np.ndarray:
+    image = cv2.imread(str(path), flags)
+    assert image is not None, path
+    return np.asarray(image)
+
+
+def file_hashes(root: Path) -> dict[str, str]:
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in root.rglob("*")
+        if p.is_file()
+    }
+
+
+def read_manifest(out: Path) -> list[dict[str, str]]:
+    with (out / "manifest.csv").open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def config_for(raw: Path, out: Path, fmt: str = "seed", **sections: Mapping[str, object]) -> PrepareConfig:
+    base: dict[str, dict[str, object]] = {
+        "source": {"format": fmt, "input": raw},
+        "split": {"clients": 2, "sizes": "equal", "seed": 0},
+        "tiles": {"tile": TILE},
+        "output": {"out": out, "workers": 2},
+    }
+    for section, values in sections.items():
+        base.setdefault(section, {}).update(values)
+    return build_config(None, base)
+
+
+@pytest.fixture
+def seed_raw(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    raw = tmp_path / "raw"
+    return raw, make_seed(raw)
+
+
+def test_labels_regions_and_white_ratios_follow_the_masks(
+    seed_raw: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    raw, truth = seed_raw
+    out = tmp_path / "prepared"
+    result = prepare_dataset(config_for(raw, out, tiles={"white_max": 0.4, "background_max": 0.3}))
+    rows = read_manifest(out)
+    assert list(rows[0].keys()) == list(MANIFEST_COLUMNS)
+    assert result.tiles == len(rows) > 0
+    assert {r["label"] for r in rows} == {"normal", "abnormal"}
+    for row in rows:
+        assert row["label"] == truth[row["source"]]
+        tile = cv2.cvtColor(imread(out / row["path"]), cv2.COLOR_BGR2RGB)
+        x, y, size = int(row["x"]), int(row["y"]), int(row["size"])
+        white = float((tile.min(axis=2) >= 220).mean())
+        assert white == pytest.approx(float(row["white_ratio"]), abs=1e-6)
+        assert white <= (0.4 if row["label"] == "abnormal" else 0.3)
+        original = cv2.cvtColor(imread(raw / row["source"]), cv2.COLOR_BGR2RGB)[y : y + size, x : x + size]
+        if row["label"] == "abnormal":
+            # Step a.1: outside the mask is white, inside it is the original tissue.
+            mask = imread(raw / row["source"].replace(".png", "_mask.png"), cv2.IMREAD_GRAYSCALE)
+            inside = mask[y : y + size, x : x + size] > 0
+            assert (tile[~inside] == 255).all()
+            assert np.array_equal(tile[inside], original[inside])
+        else:
+            assert np.array_equal(tile, original)
+
+
+def test_no_slide_in_both_splits_and_every_client_has_both(
+    seed_raw: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    raw, _ = seed_raw
+    out = tmp_path / "prepared"
+    prepare_dataset(config_for(raw, out, split={"clients": 3, "test_fraction": 0.3}))
+    rows = read_manifest(out)
+    splits_of: dict[str, set[str]] = {}
+    clients_of: dict[str, set[str]] = {}
+    for row in rows:
+        splits_of.setdefault(row["source"], set()).add(row["split"])
+        clients_of.setdefault(row["source"], set()).add(row["client"])
+        assert row["path"].startswith(f"client_{int(row['client']):02d}/{row['split']}/{row['label']}/")
+    assert all(len(s) == 1 for s in splits_of.values())
+    assert all(len(c) == 1 for c in clients_of.values())
+    for client in ("0", "1", "2"):
+        assert {r["split"] for r in rows if r["client"] == client} == {"train", "test"}
+
+
+def test_grayscale_clients_store_single_channel_tiles(seed_raw: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    raw, _ = seed_raw
+    out = tmp_path / "prepared"
+    prepare_dataset(config_for(raw, out, split={"clients": 3}, clients={"grayscale": [0, 2]}))
+    rows = read_manifest(out)
+    for row in rows:
+        tile = imread(out / row["path"], cv2.IMREAD_UNCHANGED)
+        gray = row["client"] in ("0", "2")
+        assert row["channels"] == ("1" if gray else "3")
+        assert tile.ndim == (2 if gray else 3)
+    info = json.loads((out / "prepare.json").read_text())
+    assert [c["grayscale"] for c in info["clients"]] == [True, False, True]
+
+
+def test_client_sizes_follow_the_requested_ratio(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    make_seed(raw, n=24)
+    out = tmp_path / "prepared"
+    prepare_dataset(config_for(raw, out, split={"clients": 3, "sizes": "3,2,1"}))
+    info = json.loads((out / "prepare.json").read_text())
+    slides = [c["slides"]["train"] + c["slides"]["test"] for c in info["clients"]]
+    assert slides == [12, 8, 4]
+    per_client = {str(c): {s["source"] for s in info["slides"] if s["client"] == c} for c in range(3)}
+    manifest_sources = {c: {r["source"] for r in read_manifest(out) if r["client"] == c} for c in per_client}
+    assert manifest_sources == per_client
+
+
+def test_same_inputs_and_seed_give_identical_bytes_and_raw_is_untouched(
+    seed_raw: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    raw, _ = seed_raw
+    before = file_hashes(raw)
+    split = {"clients": 3, "sizes": "random", "partition": "dirichlet:0.5"}
+    gray = {"grayscale": [1]}
+    prepare_dataset(config_for(raw, tmp_path / "a", split=split, clients=gray))
+    # One worker instead of two: thread scheduling must not change a byte.
+    prepare_dataset(config_for(raw, tmp_path / "b", split=split, clients=gray, output={"workers": 1}))
+    first, second = file_hashes(tmp_path / "a"), file_hashes(tmp_path / "b")
+    assert first == second
+    assert file_hashes(raw) == before
+    prepare_dataset(config_for(raw, tmp_path / "c", split={**split, "seed": 7}, clients=gray))
+    assert file_hashes(tmp_path / "c")["manifest.csv"] != first["manifest.csv"]
+
+
+def test_manifest_xy_size_trace_back_to_original_pixels_for_scaled_clients(
+    seed_raw: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    raw, _ = seed_raw
+    out = tmp_path / "prepared"
+    prepare_dataset(
+        config_for(
+            raw, out, tiles={"background_max": 0.7, "white_max": 0.7}, clients={"scale": [1.0, 0.5], "tile": [32, 16]}
+        )
+    )
+    rows = read_manifest(out)
+    scaled = [r for r in rows if r["client"] == "1"]
+    assert scaled
+    for row in scaled:
+        x, y, size = int(row["x"]), int(row["y"]), int(row["size"])
+        assert size == 32  # 16 px at half resolution cover 32 original pixels
+        tile = imread(out / row["path"])
+        assert tile.shape == (16, 16, 3)
+        if row["label"] == "normal":
+            original = imread(raw / row["source"])[y : y + size, x : x + size]
+            assert np.array_equal(tile, cv2.resize(original, (16, 16), interpolation=cv2.INTER_AREA))
+    info = json.loads((out / "prepare.json").read_text())
+    assert [(c["tile_px"], c["scale"], c["source_px"]) for c in info["clients"]] == [(32, 1.0, 32), (16, 0.5, 32)]
+
+
+def test_prepare_json_records_config_hashes_counts_and_versions(
+    seed_raw: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    raw, _ = seed_raw
+    out = tmp_path / "prepared"
+    prepare_dataset(config_for(raw, out))
+    info = json.loads((out / "prepare.json").read_text())
+    assert info["config"]["tiles"]["tile"] == TILE
+    assert info["source_sha256"]["s03_mask.png"] == hashlib.sha256((raw / "s03_mask.png").read_bytes()).hexdigest()
+    assert set(info["versions"]) >= {"python", "numpy", "opencv", "gastric-fl"}
+    rows = read_manifest(out)
+    for c in info["clients"]:
+        for split in ("train", "test"):
+            for label in ("normal", "abnormal"):
+                expected = sum(
+                    1 for r in rows if (r["client"], r["split"], r["label"]) == (str(c["client"]), split, label)
+                )
+                assert c["tiles"][split][label] == expected
+    report = (out / "report.md").read_text()
+    assert "| all |" in report
+    sheet = imread(out / "contact_sheet.png")
+    assert sheet is not None
+    assert sheet.shape[0] > 2 * 96
+
+
+def test_existing_output_needs_overwrite_and_foreign_folders_are_never_replaced(
+    seed_raw: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    raw, _ = seed_raw
+    out = tmp_path / "prepared"
+    prepare_dataset(config_for(raw, out))
+    with pytest.raises(PipelineError, match="already exists; pass --overwrite"):
+        prepare_dataset(config_for(raw, out))
+    prepare_dataset(config_for(raw, out, split={"clients": 3}, output={"overwrite": True}))
+    assert len(json.loads((out / "prepare.json").read_text())["clients"]) == 3
+    foreign = tmp_path / "photos"
+    foreign.mkdir()
+    (foreign / "holiday.jpg").write_bytes(b"not ours")
+    with pytest.raises(PipelineError, match="not a prepared dataset"):
+        prepare_dataset(config_for(raw, foreign, output={"overwrite": True}))
+    assert (foreign / "holiday.jpg").read_bytes() == b"not ours"
+    with pytest.raises(PipelineError, match="overlap"):
+        prepare_dataset(config_for(raw, raw / "prepared"))
+
+
+def test_an_interrupted_run_leaves_no_dataset_and_keeps_the_previous_one(
+    seed_raw: tuple[Path, dict[str, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    raw, _ = seed_raw
+    out = tmp_path / "prepared"
+    calls = {"n": 0}
+    real = prepare_module.encode_png
+
+    def failing(tile: np.ndarray) -> bytes:
+        calls["n"] += 1
+        if calls["n"] > 5:
+            raise KeyboardInterrupt
+        return real(tile)
+
+    monkeypatch.setattr(prepare_module, "encode_png", failing)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_dataset(config_for(raw, out, output={"workers": 1}))
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["raw"]  # no partial folder left behind
+
+    monkeypatch.setattr(prepare_module, "encode_png", real)
+    prepare_dataset(config_for(raw, out))
+    before = file_hashes(out)
+    calls["n"] = 0
+    monkeypatch.setattr(prepare_module, "encode_png", failing)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_dataset(config_for(raw, out, split={"clients": 3}, output={"overwrite": True, "workers": 1}))
+    assert file_hashes(out) == before
+
+
+# --- bad input: each case gets its documented behaviour (docs/pipeline.md, "Bad input") -------------------------
+
+
+def _skipped(out: Path) -> dict[str, str]:
+    return {s["source"]: s["reason"] for s in json.loads((out / "prepare.json").read_text())["skipped"]}
+
+
+@pytest.mark.parametrize(
+    ("case", "damage", "reason"),
+    [
+        ("corrupt image", lambda raw: (raw / "s04.png").write_bytes(b"\x89PNG\r\n\x1a\n garbage"), "cannot decode"),
+        (
+            "truncated image",
+            lambda raw: (raw / "s04.png").write_bytes((raw / "s04.png").read_bytes()[:200]),
+            "cannot decode",
+        ),
+        (
+            "mask size mismatch",
+            lambda raw: cv2.imwrite(str(raw / "s04_mask.png"), np.zeros((SIZE, SIZE + 8), np.uint8)),
+            "mask is 104x96 but its slide",
+        ),
+        ("missing mask", lambda raw: (raw / "s04_mask.png").unlink(), "no mask found"),
+        (
+            "non-binary mask",
+            lambda raw: cv2.imwrite(str(raw / "s04_mask.png"), np.tile(np.arange(SIZE, dtype=np.uint8), (SIZE, 1))),
+            "mask is not binary",
+        ),
+    ],
+)
+def test_bad_seed_slides_are_skipped_and_reported_or_stop_with_strict(
+    seed_raw: tuple[Path, dict[str, str]], tmp_path: Path, case: str, damage: object, reason: str
+) -> None:
+    raw, _ = seed_raw
+    damage(raw)  # type: ignore[operator]
+    before = file_hashes(raw)
+    out = tmp_path / "prepared"
+    result = prepare_dataset(config_for(raw, out))
+    assert [s.source for s in result.skipped] == ["s04.png"], case
+    assert reason in _skipped(out)["s04.png"]
+    assert "s04.png" not in {r["source"] for r in read_manifest(out)}
+    assert reason in (out / "report.md").read_text()
+    assert reason in result.report
+    with pytest.raises(PipelineError, match=reason):
+        prepare_dataset(config_for(raw, tmp_path / "strict", output={"strict": True}))
+    assert not (tmp_path / "strict").exists()
+    assert file_hashes(raw) == before
+
+
+def test_a_non_binary_mask_is_accepted_with_a_threshold(seed_raw: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    raw, _ = seed_raw
+    ramp = np.tile(np.arange(SIZE, dtype=np.uint8), (SIZE, 1))  # value = column index
+    cv2.imwrite(str(raw / "s04_mask.png"), ramp)
+    out = tmp_path / "prepared"
+    result = prepare_dataset(config_for(raw, out, source={"mask_threshold": 63}, tiles={"white_max": 0.0}))
+    assert not result.skipped
+    rows = [r for r in read_manifest(out) if r["source"] == "s04.png"]
+    # Cancer = columns 64..95: exactly the tiles starting at x=64 are free of white.
+    assert rows
+    assert {(r["label"], r["x"]) for r in rows} == {("abnormal", "64")}
+
+
+def test_masks_in_a_masks_folder_and_custom_suffix_are_found(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    truth = make_seed(raw, n=8)
+    (raw / "masks").mkdir()
+    for k in range(8):
+        if k % 2:
+            (raw / f"s{k:02d}_mask.png").rename(raw / "masks" / f"s{k:02d}.png")
+        else:
+            (raw / f"s{k:02d}_mask.png").rename(raw / f"s{k:02d}-gt.png")
+    out = tmp_path / "prepared"
+    result = prepare_dataset(config_for(raw, out, source={"mask_suffix": "-gt"}))
+    assert not result.skipped
+    assert {r["source"]: r["label"] for r in read_manifest(out)} == truth
+
+
+def test_bot_layout_outline_svgs_with_transforms_give_the_region(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    make_bot(raw)
+    out = tmp_path / "prepared"
+    result = prepare_dataset(config_for(raw, out, "bot", tiles={"white_max": 0.0}))
+    assert not result.skipped
+    assert not result.warnings
+    abnormal = [r for r in read_manifest(out) if r["label"] == "abnormal"]
+    # Region = x 30..90, y 8..78 (the polygon translated by (30, 8)); white-free 32 px tiles fit at x=32, y=32.
+    assert abnormal
+    assert {(r["x"], r["y"]) for r in abnormal} == {("32", "32")}
+    assert {r["source"].split("/")[0] for r in read_manifest(out)} == {"normal", "abnormal"}
+
+
+def test_bad_bot_annotations_are_skipped_clipped_or_reported(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    make_bot(raw)
+    (raw / "abnormal" / "b00.svg").write_text("<svg><polygon points='0,0 5,0'")  # malformed XML
+    (raw / "abnormal" / "b01.svg").write_text(_svg("50,40 200,40 200,200 50,200"))  # reaches outside: clipped
+    (raw / "abnormal" / "b02.svg").write_text(_svg("200,200 300,200 300,300"))  # entirely outside
+    (raw / "abnormal" / "b03.svg").unlink()  # missing annotation
+    before = file_hashes(raw)
+    out = tmp_path / "prepared"
+    result = prepare_dataset(config_for(raw, out, "bot"))
+    skipped = _skipped(out)
+    assert set(skipped) == {"abnormal/b00.tiff", "abnormal/b02.tiff", "abnormal/b03.tiff"}
+    assert "abnormal/b00.svg: malformed SVG" in skipped["abnormal/b00.tiff"]
+    assert "enclose no pixel inside" in skipped["abnormal/b02.tiff"]
+    assert "has no annotation b03.svg" in skipped["abnormal/b03.tiff"]
+    assert len(result.warnings) == 1
+    assert "abnormal/b01.svg: annotation reaches outside" in result.warnings[0]
+    clipped = [r for r in read_manifest(out) if r["source"] == "abnormal/b01.tiff"]
+    assert clipped
+    assert all(int(r["x"]) >= 32 and int(r["y"]) >= 32 for r in clipped)
+    assert file_hashes(raw) == before
+    with pytest.raises(PipelineError, match="malformed SVG"):
+        prepare_dataset(config_for(raw, tmp_path / "strict", "bot", output={"strict": True}))
+
+
+def test_class_folders_keep_their_labels(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    rng = np.random.default_rng(2)
+    for label in ("normal", "abnormal"):
+        (raw / label).mkdir(parents=True)
+        for k in range(4):
+            cv2.imwrite(str(raw / label / f"c{k}.jpg"), cv2.cvtColor(_tissue(rng), cv2.COLOR_RGB2BGR))
+    out = tmp_path / "prepared"
+    prepare_dataset(config_for(raw, out, "class-folders"))
+    rows = read_manifest(out)
+    assert rows
+    assert all(r["source"].startswith(r["label"] + "/") for r in rows)
+
+
+def test_empty_input_and_client_without_a_split_stop_with_clear_errors(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(PipelineError, match="holds no slides in the seed layout"):
+        prepare_dataset(config_for(empty, tmp_path / "out"))
+    with pytest.raises(PipelineError, match="does not exist"):
+        prepare_dataset(config_for(tmp_path / "missing", tmp_path / "out"))
+    raw = tmp_path / "raw"
+    make_seed(raw, n=4)
+    # Every tile has the white strip or whited-out tissue above 0 %: no tile passes, so no client has any split.
+    with pytest.raises(PipelineError, match="client 0 has no train tiles"):
+        prepare_dataset(config_for(raw, tmp_path / "out", tiles={"white_max": 0.0, "background_max": 0.0, "tile": 96}))
+    with pytest.raises(PipelineError, match="cannot supply 3 clients"):
+        prepare_dataset(config_for(raw, tmp_path / "out", split={"clients": 3}))
+    assert not (tmp_path / "out").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", "prepare", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+        check=False,
+    )
+
+
+def test_cli_prepares_and_prints_the_report(seed_raw: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    raw, _ = seed_raw
+    out = tmp_path / "prepared"
+    preset = tmp_path / "preset.toml"
+    preset.write_text('[split]\nclients = 2\nsizes = "equal"\n[tiles]\ntile = 32\n')
+    done = _cli(
+        "--input", str(raw), "--out", str(out), "--config", str(preset), "--grayscale-clients", "1", "--no-progress"
+    )
+    assert done.returncode == 0, done.stderr
+    assert "train normal" in done.stdout
+    assert f"to {out}" in done.stdout
+    info = json.loads((out / "prepare.json").read_text())
+    assert info["config"]["clients"]["grayscale"] == [1]
+    assert info["config"]["tiles"]["tile"] == 32
+    failed = _cli("--input", str(raw), "--out", str(out), "--no-progress")
+    assert failed.returncode == 2
+    assert failed.stderr.strip().splitlines() == [
+        f"error: output folder {out} already exists; pass --overwrite to replace it or choose another --out"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--input", "{tmp}/nope", "--out", "{tmp}/o"), "does not exist"),
+        (("--input", "{raw}", "--out", "{tmp}/o", "--partition", "weird"), "partition 'weird' is not understood"),
+        (("--input", "{raw}", "--out", "{tmp}/o", "--clients", "3", "--grayscale-clients", "5"), "must be in 0..2"),
+        (("--input", "{raw}", "--out", "{tmp}/o", "--sizes", "3,2"), "--sizes '3,2' must be"),
+        (("--input", "{raw}", "--out", "{tmp}/o", "--config", "{tmp}/none.toml"), "config file"),
+        (
+            (
+                "--out",
+                "{tmp}/o",
+            ),
+            "--input is required",
+        ),
+    ],
+)
+def test_cli_errors_are_one_line_with_exit_code_2(
+    seed_raw: tuple[Path, dict[str, str]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    args: tuple[str, ...],
+    message: str,
+) -> None:
+    from app.cli import main
+
+    raw, _ = seed_raw
+    argv = [a.format(tmp=tmp_path, raw=raw) for a in args]
+    monkeypatch.setattr(sys, "argv", ["gastric-fl", "prepare", *argv, "--no-progress"])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: ")
+    assert message in lines[0]
+    assert not (tmp_path / "o").exists()

@@ -1,0 +1,144 @@
+"""Tiling maths (`pipeline.tiling`) and image normalisation (`pipeline.images`), with hand-computed values."""
+
+from __future__ import annotations
+
+import io
+
+import cv2
+import numpy as np
+import pytest
+import tifffile
+
+from pipeline.config import build_config
+from pipeline.images import ImageReadError, read_mask, read_rgb, to_rgb
+from pipeline.tiling import ClientPlan, client_plans, cut_tiles, extract_region, near_white, white_ratios
+
+
+def test_near_white_needs_every_channel_at_the_level() -> None:
+    pixels = np.array([[[220, 220, 220], [219, 255, 255], [255, 255, 255], [230, 221, 250]]], dtype=np.uint8)
+    assert near_white(pixels, 220).tolist() == [[True, False, True, True]]
+    assert near_white(pixels, 225).tolist() == [[False, False, True, False]]
+
+
+def test_white_ratios_of_unequal_tiles_by_hand() -> None:
+    white = np.zeros((4, 8), dtype=bool)
+    white[0, 0:3] = True  # left 4x4 square: 3 white pixels
+    white[:, 5:7] = True  # right square: 8 white pixels ...
+    white[3, 4:6] = True  # ... plus (3,4) (3,5 already counted): 9
+    xs, ys, ratios = white_ratios(white, 4, 4)
+    assert (xs, ys) == ([0, 4], [0])
+    assert ratios.tolist() == [[3 / 16, 9 / 16]]
+    xs, _, ratios = white_ratios(white, 4, 2)
+    # Middle square x 2..5: (0,2), column 5 (4 px), (3,4) -> 6.
+    assert xs == [0, 2, 4]
+    assert ratios.tolist() == [[3 / 16, 6 / 16, 9 / 16]]
+    assert white_ratios(white, 5, 5)[2].shape == (0, 1)  # taller than the slide: no tile
+
+
+def test_extract_region_whitens_outside_the_mask_only() -> None:
+    image = np.full((2, 3, 3), 100, dtype=np.uint8)
+    mask = np.array([[True, False, True], [False, False, True]])
+    out = extract_region(image, mask)
+    assert out[mask].tolist() == [[100] * 3] * 3
+    assert (out[~mask] == 255).all()
+    assert (image == 100).all()  # the input is not modified
+
+
+def _plan(grayscale: bool = False) -> ClientPlan:
+    return ClientPlan(client=0, tile_px=4, scale=1.0, size=4, stride=4, grayscale=grayscale)
+
+
+def test_cut_tiles_filters_abnormal_and_normal_with_their_own_limits() -> None:
+    image = np.full((4, 12, 3), 120, dtype=np.uint8)
+    image[:, 8:12] = 250  # third square: background
+    mask = np.zeros((4, 12), dtype=bool)
+    mask[:, 0:4] = True
+    mask[0:2, 4:8] = True  # second square half inside the cancer region
+    rng = np.random.default_rng(0)
+    kept = cut_tiles(image, mask, True, _plan(), 0.5, 0.0, 220, None, rng)
+    assert [(t.x, t.white_ratio) for t in kept] == [(0, 0.0), (4, 0.5)]
+    assert (kept[1].pixels[2:] == 255).all()
+    assert (kept[1].pixels[:2] == 120).all()
+    strict = cut_tiles(image, mask, True, _plan(), 0.49, 0.0, 220, None, rng)
+    assert [t.x for t in strict] == [0]
+    normal = cut_tiles(image, None, False, _plan(grayscale=True), 0.0, 0.5, 220, None, rng)
+    assert [t.x for t in normal] == [0, 4]
+    assert normal[0].pixels.shape == (4, 4)
+
+
+def test_max_tiles_per_slide_is_a_seeded_subset_in_raster_order() -> None:
+    image = np.full((4, 40, 3), 120, dtype=np.uint8)
+    first = cut_tiles(image, None, False, _plan(), 0.5, 0.5, 220, 3, np.random.default_rng([0, 7]))
+    again = cut_tiles(image, None, False, _plan(), 0.5, 0.5, 220, 3, np.random.default_rng([0, 7]))
+    xs = [t.x for t in first]
+    assert len(xs) == 3
+    assert xs == sorted(xs)
+    assert xs == [t.x for t in again]
+    assert set(xs) <= set(range(0, 40, 4))
+
+
+def test_client_plans_scale_stride_and_tile_by_hand() -> None:
+    config = build_config(
+        None,
+        {
+            "split": {"clients": 3},
+            "tiles": {"tile": 128, "stride": 64},
+            "clients": {"tile": [128, 64, 100], "scale": [1.0, 0.5, 2.0], "grayscale": [1]},
+        },
+    )
+    plans = client_plans(config)
+    # (tile px, source px = tile/scale, stride: 64/128 of the client tile, in source pixels)
+    assert [(p.tile_px, p.size, p.stride, p.channels) for p in plans] == [
+        (128, 128, 64, 3),
+        (64, 128, 64, 1),
+        (100, 50, 25, 3),
+    ]
+
+
+def test_sixteen_bit_rgba_gray_and_planar_tiffs_normalise_to_rgb_uint8() -> None:
+    sixteen = np.array([[[65535, 257, 0]]], dtype=np.uint16)
+    assert to_rgb(sixteen, "x").tolist() == [[[255, 1, 0]]]
+    rgba = np.array([[[100, 50, 0, 128], [10, 20, 30, 0]]], dtype=np.uint8)
+    # 100*128/255 + 255*127/255 = 50.2 + 127.0 -> 177; alpha 0 -> white.
+    assert to_rgb(rgba, "x").tolist() == [[[177, 152, 127], [255, 255, 255]]]
+    gray = np.array([[7, 200]], dtype=np.uint8)
+    assert to_rgb(gray, "x").tolist() == [[[7, 7, 7], [200, 200, 200]]]
+    planar = np.arange(3 * 2 * 5, dtype=np.uint8).reshape(3, 2, 5)
+    buffer = io.BytesIO()
+    tifffile.imwrite(buffer, planar, photometric="rgb", planarconfig="separate")
+    assert np.array_equal(read_rgb(buffer.getvalue(), "p.tiff"), np.moveaxis(planar, 0, -1))
+    buffer = io.BytesIO()
+    tifffile.imwrite(buffer, (np.ones((3, 4)) * 0.5).astype(np.float32))
+    assert read_rgb(buffer.getvalue(), "f.tif")[0, 0].tolist() == [128, 128, 128]
+
+
+def test_png_slides_come_back_in_rgb_order() -> None:
+    rgb = np.zeros((2, 2, 3), dtype=np.uint8)
+    rgb[..., 0] = 200  # red
+    ok, png = cv2.imencode(".png", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+    assert ok
+    assert read_rgb(png.tobytes(), "r.png")[0, 0].tolist() == [200, 0, 0]
+
+
+@pytest.mark.parametrize(
+    ("data", "name", "message"),
+    [
+        (b"garbage", "x.png", "x.png: cannot decode image"),
+        (b"II*\x00garbage", "x.tiff", "x.tiff: cannot decode image"),
+    ],
+)
+def test_undecodable_files_raise_naming_the_file(data: bytes, name: str, message: str) -> None:
+    with pytest.raises(ImageReadError, match=message):
+        read_rgb(data, name)
+
+
+def test_colour_masks_are_refused_and_gray_saved_as_rgb_is_accepted() -> None:
+    colour = np.zeros((2, 2, 3), dtype=np.uint8)
+    colour[0, 0] = (255, 0, 0)
+    ok, png = cv2.imencode(".png", colour)
+    assert ok
+    with pytest.raises(ImageReadError, match=r"m\.png: mask has colour"):
+        read_mask(png.tobytes(), "m.png")
+    grey = np.repeat(np.array([[0, 255]], dtype=np.uint8)[:, :, None], 3, axis=2)
+    ok, png = cv2.imencode(".png", grey)
+    assert read_mask(png.tobytes(), "m.png").tolist() == [[0, 255]]
