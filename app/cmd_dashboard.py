@@ -1,15 +1,70 @@
-"""`gastric-fl dashboard` (not yet implemented)."""
+"""`gastric-fl dashboard`: open the Streamlit dashboard (data, federation, hospital and comparison pages).
+
+It runs ``streamlit run app/dashboard/main.py`` headless on 127.0.0.1 (loopback only unless ``--host`` says
+otherwise), with usage statistics off and no file watcher; the data root travels in ``GASTRIC_FL_DATA``.
+"""
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import typer
+
+MAIN_SCRIPT = Path(__file__).resolve().parent / "dashboard" / "main.py"
+
+
+def streamlit_command(host: str, port: int) -> list[str]:
+    """The ``streamlit run`` command line: headless, no telemetry, no file watcher, bound to ``host:port``."""
+    return [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(MAIN_SCRIPT),
+        "--server.address",
+        host,
+        "--server.port",
+        str(port),
+        "--server.headless",
+        "true",
+        "--server.fileWatcherType",
+        "none",
+        "--server.runOnSave",
+        "false",
+        "--browser.gatherUsageStats",
+        "false",
+        "--browser.serverAddress",
+        host,
+        "--browser.serverPort",
+        str(port),
+        "--client.toolbarMode",
+        "viewer",
+        "--theme.primaryColor",
+        "#0f766e",
+    ]
 
 
 def register(app: typer.Typer) -> None:
     """Add the `dashboard` subcommand to `app`."""
 
     @app.command("dashboard")
-    def dashboard() -> None:
-        """Not yet implemented."""
-        typer.echo("gastric-fl dashboard is not implemented yet", err=True)
-        raise typer.Exit(1)
+    def dashboard(
+        host: str = typer.Option("127.0.0.1", help="Address to listen on; keep 127.0.0.1 unless others must reach it."),
+        port: int = typer.Option(8501, min=1, max=65535, help="TCP port to listen on."),
+        data: Path = typer.Option(
+            Path("data"), help="Data root holding raw/, prepared/ and runs/ (created on first use)."
+        ),
+    ) -> None:
+        """Open the dashboard: prepare demo data, start and watch a federation, read each hospital's results."""
+        from app.dashboard.errors import DashboardError
+
+        if data.exists() and not data.is_dir():
+            raise DashboardError(f"--data {data} is a file: pass the folder that holds prepared/ and runs/")
+        env = {**os.environ, "GASTRIC_FL_DATA": str(data.expanduser().resolve())}
+        command = streamlit_command(host, port)
+        typer.echo(f"gastric-fl dashboard on http://{host}:{port} (data: {env['GASTRIC_FL_DATA']}); Ctrl+C stops it")
+        sys.stdout.flush()
+        # exec: Streamlit becomes this process, so Ctrl+C and SIGTERM reach it directly.
+        os.execve(sys.executable, command, env)

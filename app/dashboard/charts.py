@@ -1,0 +1,210 @@
+"""Plotly figures for the dashboard: per-hospital curves, averaged +/- std curves (FedSAF paper Fig. 4-5),
+values transmitted, the AMP attention matrix xi (Eq. 16-18), ROC curves, confusion matrices and grid heatmaps.
+
+Each function takes already-shaped data (see ``runs`` and ``evaluation``) and returns a figure; no file access.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from app.dashboard.datasets import hospital_label
+from app.dashboard.evaluation import Roc
+
+TEMPLATE = "plotly_white"
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f")
+ACCENT = "#0f766e"
+
+
+def _layout(fig: go.Figure, title: str, y_title: str = "", height: int = 360, x_title: str = "round") -> go.Figure:
+    fig.update_layout(
+        template=TEMPLATE,
+        title={"text": title, "x": 0.0, "xanchor": "left", "font": {"size": 15}},
+        height=height,
+        margin={"l": 10, "r": 10, "t": 40, "b": 10},
+        # Legend under the plot: above it, long run names collide with the title.
+        legend={"orientation": "h", "yanchor": "top", "y": -0.22, "xanchor": "left", "x": 0.0},
+        xaxis_title=x_title,
+        yaxis_title=y_title,
+    )
+    return fig
+
+
+def per_hospital(table: pd.DataFrame, title: str, y_title: str, unit_range: bool = True) -> go.Figure:
+    """One line per hospital (columns of ``table``) over rounds (its index)."""
+    fig = go.Figure()
+    for i, column in enumerate(table.columns):
+        fig.add_trace(
+            go.Scatter(
+                x=table.index,
+                y=table[column],
+                mode="lines+markers",
+                name=str(column),
+                line={"color": PALETTE[i % len(PALETTE)], "width": 2},
+                connectgaps=False,
+            )
+        )
+    if unit_range:
+        fig.update_yaxes(range=[0, 1.02])
+    fig.update_xaxes(dtick=1 if len(table.index) <= 20 else None)
+    return _layout(fig, title, y_title)
+
+
+def mean_std(rounds: pd.DataFrame, prefix: str, title: str, y_title: str) -> go.Figure:
+    """The averaged curve with a +/- std band (``<prefix>_mean``/``<prefix>_std`` columns of ``runs.per_round``)."""
+    x = rounds["round"].to_numpy()
+    mean = rounds[f"{prefix}_mean"].to_numpy(dtype=float)
+    std = np.nan_to_num(rounds[f"{prefix}_std"].to_numpy(dtype=float))
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(
+            x=np.concatenate([x, x[::-1]]),
+            y=np.concatenate([mean + std, (mean - std)[::-1]]),
+            fill="toself",
+            mode="lines",
+            fillcolor="rgba(15,118,110,0.15)",
+            line={"width": 0},
+            hoverinfo="skip",
+            name="± std over hospitals",
+        )
+    )
+    fig.add_trace(go.Scatter(x=x, y=mean, mode="lines+markers", name="averaged", line={"color": ACCENT, "width": 3}))
+    fig.add_trace(
+        go.Scatter(x=x, y=std, mode="lines", name="std", line={"color": "#64748b", "width": 1.5, "dash": "dot"})
+    )
+    fig.update_yaxes(range=[0, 1.02])
+    fig.update_xaxes(dtick=1 if len(x) <= 20 else None)
+    return _layout(fig, title, y_title)
+
+
+def transmitted(rounds: pd.DataFrame) -> go.Figure:
+    """Values sent (server -> clients) and received (clients -> server) per round, and their running total."""
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=rounds["round"], y=rounds["values_sent"], name="sent", marker_color="#93c5fd"))
+    fig.add_trace(go.Bar(x=rounds["round"], y=rounds["values_received"], name="received", marker_color="#fca5a5"))
+    fig.add_trace(
+        go.Scatter(
+            x=rounds["round"],
+            y=rounds["values_total"],
+            name="total so far",
+            mode="lines+markers",
+            yaxis="y2",
+            line={"color": ACCENT, "width": 2},
+        )
+    )
+    fig.update_layout(
+        barmode="stack",
+        yaxis2={"overlaying": "y", "side": "right", "showgrid": False, "title": "total so far", "rangemode": "tozero"},
+    )
+    fig.update_xaxes(dtick=1 if len(rounds) <= 20 else None)
+    return _layout(fig, "Values transmitted", "values per round")
+
+
+def xi_heatmap(matrix: np.ndarray, round_number: int) -> go.Figure:
+    """The AMP matrix xi: row i = how much hospital i's aggregated model takes from each hospital j."""
+    labels = [hospital_label(i) for i in range(matrix.shape[0])]
+    fig = go.Figure(
+        go.Heatmap(
+            z=matrix,
+            x=labels,
+            y=labels,
+            colorscale="Teal",
+            zmin=0,
+            zmax=1,
+            text=np.round(matrix, 3),
+            texttemplate="%{text}",
+            hovertemplate="%{y} takes %{z:.3f} from %{x}<extra></extra>",
+            colorbar={"title": "ξ"},
+        )
+    )
+    fig.update_yaxes(autorange="reversed", title="learns (row)")
+    fig.update_xaxes(title="from (column)", side="bottom")
+    return _layout(fig, f"Who learns from whom: AMP matrix ξ, round {round_number}", "learns (row)", x_title="from")
+
+
+def roc_curve(curve: Roc, name: str) -> go.Figure:
+    """The ROC curve with its AUC in the legend and the chance diagonal."""
+    auc = "undefined (one class)" if curve.auc is None else f"{curve.auc:.3f}"
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="chance", line={"color": "#94a3b8", "dash": "dash"})
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=curve.fpr,
+            y=curve.tpr,
+            mode="lines",
+            name=f"{name} (AUC {auc})",
+            line={"color": ACCENT, "width": 3},
+            fill="tozeroy",
+            fillcolor="rgba(15,118,110,0.08)",
+        )
+    )
+    fig.update_xaxes(range=[0, 1], title="false positive rate (1 - specificity)")
+    fig.update_yaxes(range=[0, 1.02], title="true positive rate (sensitivity)", scaleanchor="x", scaleratio=1)
+    return _layout(fig, f"ROC curve, AUC {auc}", "true positive rate", height=380, x_title="false positive rate")
+
+
+def confusion(matrix: np.ndarray, threshold: float) -> go.Figure:
+    """2x2 confusion matrix (rows true class, columns predicted) with counts written in the cells."""
+    names = ["normal", "abnormal"]
+    cells = [["true negative", "false positive"], ["false negative", "true positive"]]
+    text = [[f"{cells[r][c]}<br><b>{int(matrix[r][c])}</b>" for c in range(2)] for r in range(2)]
+    fig = go.Figure(
+        go.Heatmap(
+            z=matrix,
+            x=[f"predicted {n}" for n in names],
+            y=[f"true {n}" for n in names],
+            colorscale="Blues",
+            zmin=0,
+            showscale=False,
+            text=text,
+            texttemplate="%{text}",
+            textfont={"size": 16},
+            hovertemplate="%{y}, %{x}: %{z}<extra></extra>",
+        )
+    )
+    fig.update_yaxes(autorange="reversed")
+    return _layout(fig, f"Confusion matrix at threshold {threshold:.2f}", "", height=380, x_title="")
+
+
+def overlay(curves: Mapping[str, pd.Series], title: str, y_title: str) -> go.Figure:
+    """One line per run (series indexed by round), for the Compare page."""
+    fig = go.Figure()
+    for i, (name, series) in enumerate(curves.items()):
+        fig.add_trace(
+            go.Scatter(
+                x=series.index,
+                y=series.to_numpy(dtype=float),
+                mode="lines+markers",
+                name=name,
+                line={"color": PALETTE[i % len(PALETTE)], "width": 2},
+            )
+        )
+    fig.update_yaxes(range=[0, 1.02])
+    longest = max((len(s) for s in curves.values()), default=0)
+    fig.update_xaxes(dtick=1 if longest <= 20 else None)
+    return _layout(fig, title, y_title, height=380)
+
+
+def grid_heatmap(table: pd.DataFrame, title: str, labels: Sequence[str] = ()) -> go.Figure:
+    """nhead (rows) x distance metric (columns) heatmap of one figure over an ablation grid."""
+    z = table.to_numpy(dtype=float)
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=list(labels) or [str(c) for c in table.columns],
+            y=[str(i) for i in table.index],
+            colorscale="Viridis",
+            text=np.round(z, 3),
+            texttemplate="%{text}",
+            hovertemplate="nhead %{y}, %{x}: %{z:.3f}<extra></extra>",
+        )
+    )
+    fig.update_yaxes(title="nhead", type="category")
+    fig.update_xaxes(title="distance metric dm", type="category")
+    return _layout(fig, title, "nhead", height=360, x_title="distance metric dm")

@@ -1,0 +1,121 @@
+"""Reading prepared datasets (data/README.md section 2) for the Data page: counts, flags and sample tiles.
+
+Everything here is plain pandas/PIL so it is testable without Streamlit. Counts come from ``manifest.csv``
+(one row per tile), the ground truth that ``federation`` also reads; ``prepare.json`` adds the configuration.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from PIL import Image
+
+from app.dashboard.errors import DashboardError
+
+MANIFEST_COLUMNS = ("client", "split", "label", "path", "source", "x", "y", "size", "white_ratio", "channels")
+SPLITS = ("train", "test")
+LABELS = ("normal", "abnormal")
+
+
+def hospital_label(client: int) -> str:
+    """How a client index is shown: 0-based like the ``client_XX`` folders, so files and screen agree."""
+    return f"Hospital {int(client)}"
+
+
+@dataclass(frozen=True)
+class PreparedDataset:
+    """One folder under ``prepared/`` that holds a ``manifest.csv``."""
+
+    name: str
+    path: Path
+
+
+def list_datasets(prepared: Path) -> list[PreparedDataset]:
+    """Prepared datasets under ``prepared``, by name; folders without a manifest (e.g. half-written) are skipped."""
+    if not prepared.is_dir():
+        return []
+    found = [PreparedDataset(p.name, p) for p in sorted(prepared.iterdir()) if (p / "manifest.csv").is_file()]
+    return found
+
+
+def load_manifest(dataset: Path) -> pd.DataFrame:
+    """Read and check ``manifest.csv``; raise a one-line ``DashboardError`` naming the file when it is malformed."""
+    path = dataset / "manifest.csv"
+    if not path.is_file():
+        raise DashboardError(f"{path} not found: prepare the dataset first (gastric-fl prepare ... --out {dataset})")
+    try:
+        frame = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise DashboardError(f"{path} is not a readable CSV ({exc}); re-run gastric-fl prepare") from exc
+    missing = [c for c in MANIFEST_COLUMNS if c not in frame.columns]
+    if missing:
+        raise DashboardError(f"{path} lacks columns {missing}; it must have {list(MANIFEST_COLUMNS)}")
+    bad_split = sorted(set(frame["split"]) - set(SPLITS))
+    bad_label = sorted(set(frame["label"]) - set(LABELS))
+    if bad_split or bad_label:
+        raise DashboardError(f"{path}: unknown split {bad_split} or label {bad_label}; expected {SPLITS} and {LABELS}")
+    frame["client"] = frame["client"].astype(int)
+    frame["channels"] = frame["channels"].astype(int)
+    return frame
+
+
+def load_prepare_json(dataset: Path) -> dict[str, Any]:
+    """The resolved preparation record, or ``{}`` when the dataset has none (the manifest alone is enough)."""
+    path = dataset / "prepare.json"
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DashboardError(f"{path} is not valid JSON ({exc}); re-run gastric-fl prepare") from exc
+    return data if isinstance(data, dict) else {}
+
+
+def stored_tile_px(dataset: Path, relative: str) -> int | None:
+    """Side of a stored tile PNG in pixels (PIL reads only the header), or ``None`` if it cannot be opened."""
+    try:
+        with Image.open(dataset / relative) as image:
+            return int(max(image.size))
+    except (OSError, ValueError):
+        return None
+
+
+def counts_table(manifest: pd.DataFrame, dataset: Path | None = None) -> pd.DataFrame:
+    """One row per hospital: tiles per split x label, total, grayscale flag and tile sizes.
+
+    ``grayscale`` is true when every tile of the client has one channel (data/README.md: ``channels`` = 1 for
+    grayscale clients). ``source px`` is the tile side in the original slide; ``stored px`` (when ``dataset`` is
+    given) the side of the PNG written, which differs when prepare resized the tiles.
+    """
+    rows: list[dict[str, Any]] = []
+    for client, group in manifest.groupby("client", sort=True):
+        row: dict[str, Any] = {"hospital": hospital_label(int(client))}
+        for split in SPLITS:
+            for label in LABELS:
+                row[f"{split} {label}"] = int(((group["split"] == split) & (group["label"] == label)).sum())
+        row["total"] = len(group)
+        row["grayscale"] = bool((group["channels"] == 1).all())
+        sizes = sorted({int(s) for s in group["size"]})
+        row["source px"] = ", ".join(str(s) for s in sizes)
+        if dataset is not None:
+            px = stored_tile_px(dataset, str(group["path"].iloc[0]))
+            row["stored px"] = "?" if px is None else str(px)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def sample_tiles(manifest: pd.DataFrame, client: int, per_label: int = 4, seed: int = 0) -> pd.DataFrame:
+    """A reproducible sample of one hospital's tiles, ``per_label`` of each label (fewer if it has fewer)."""
+    group = manifest[manifest["client"] == client]
+    parts = []
+    for label in LABELS:
+        rows = group[group["label"] == label]
+        if len(rows):
+            parts.append(rows.sample(n=min(per_label, len(rows)), random_state=seed))
+    if not parts:
+        return group.head(0)
+    return pd.concat(parts, ignore_index=True)

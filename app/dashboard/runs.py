@@ -1,0 +1,470 @@
+"""Reading run directories (data/README.md section 3) and shaping them into the figures the paper reports.
+
+FedSAF paper (Miao et al., 2025), Sec. 5: each client's model is evaluated on its own test split; "Averaged" is
+the mean over clients of a round, "Std" the standard deviation over clients (population, ddof=0, as numpy and the
+paper's PFLlib-based tables compute it), "Best" the best round of the averaged curve (Tables 4-7). A client whose
+test split has one class reports AUC as ``null``: it is left out of that round's AUC mean, never counted as 0.5.
+
+Everything here is plain Python/pandas so it is testable without Streamlit. Files are read as they are being
+written by a live run: a half-written last line of a ``.jsonl`` file is ignored until it is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from app.dashboard.datasets import hospital_label
+from app.dashboard.errors import DashboardError
+
+RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json")
+STATUSES = ("running", "finished", "failed")
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Objects of a JSON-lines file; a missing file is empty, an incomplete *last* line (being written) is skipped.
+
+    A malformed line anywhere else means the file is damaged: a one-line ``DashboardError`` names it.
+    """
+    if not path.is_file():
+        return []
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.split("\n")
+    records: list[dict[str, Any]] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if number == len(lines):
+                break  # the writer has not finished this line yet
+            raise DashboardError(f"{path}, line {number}: not valid JSON ({exc.msg})") from exc
+        if isinstance(value, dict):
+            records.append(value)
+    return records
+
+
+def load_summary(run: Path) -> dict[str, Any]:
+    """``summary.json`` of a run, or ``{}`` while it does not exist yet (or is being replaced)."""
+    path = run / "summary.json"
+    if not path.is_file():
+        return {}
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def load_config(run: Path) -> dict[str, Any]:
+    """The resolved ``config.toml`` of a run, or ``{}`` if it has none."""
+    path = run / "config.toml"
+    if not path.is_file():
+        return {}
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise DashboardError(f"{path} is not valid TOML ({exc})") from exc
+
+
+def config_value(config: Mapping[str, Any], section: str, key: str) -> Any:
+    """``config[section][key]`` of a run's config.toml (federation/config.py layout), or ``None``."""
+    table = config.get(section)
+    return table.get(key) if isinstance(table, Mapping) else None
+
+
+def is_run_dir(path: Path) -> bool:
+    """A folder written by ``gastric-fl train``: it holds at least one of the run files."""
+    return path.is_dir() and any((path / name).is_file() for name in RUN_FILES)
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What the run list shows about one run, read from its summary and configuration."""
+
+    run_id: str
+    path: Path
+    status: str
+    error: str | None
+    algorithm: str | None
+    rounds_total: int | None
+    dataset: Path | None
+    modified: float
+
+
+def _resolve_dataset(value: Any, run: Path) -> Path | None:
+    if not isinstance(value, str) or not value:
+        return None
+    path = Path(value).expanduser()
+    if path.is_absolute():
+        return path
+    # A relative [data] path was relative to where the command ran; try that (cwd), then the run's parents.
+    for base in (Path.cwd(), *run.parents):
+        if (base / path / "manifest.csv").is_file():
+            return (base / path).resolve()
+    return (Path.cwd() / path).resolve()
+
+
+def run_dataset(config: Mapping[str, Any], run: Path) -> Path | None:
+    """The prepared dataset a run trained on (``[data] path`` of its config.toml), resolved to an absolute path."""
+    return _resolve_dataset(config_value(config, "data", "path"), run)
+
+
+def run_info(run: Path, run_id: str | None = None) -> RunInfo:
+    """Summarise one run folder; a run with no summary yet is ``running`` (the engine writes it at the start)."""
+    summary = load_summary(run)
+    try:
+        config = load_config(run)
+    except DashboardError:
+        config = {}
+    status = str(summary.get("status", "running"))
+    error = summary.get("error")
+    algorithm = config_value(config, "strategy", "name") or summary.get("strategy") or summary.get("algorithm")
+    rounds = config_value(config, "run", "rounds") or summary.get("rounds")
+    stamps = [p.stat().st_mtime for p in (run / n for n in (*RUN_FILES, "aggregation.jsonl")) if p.is_file()]
+    return RunInfo(
+        run_id=run_id or run.name,
+        path=run,
+        status=status,
+        error=str(error) if error else None,
+        algorithm=str(algorithm) if algorithm else None,
+        rounds_total=int(rounds) if isinstance(rounds, int | float) and not isinstance(rounds, bool) else None,
+        dataset=run_dataset(config, run),
+        modified=max(stamps, default=run.stat().st_mtime),
+    )
+
+
+def list_runs(runs: Path) -> list[RunInfo]:
+    """Runs directly under ``runs`` and one level down (the runs of an ablation grid), newest first."""
+    if not runs.is_dir():
+        return []
+    found: list[RunInfo] = []
+    for child in sorted(runs.iterdir()):
+        if child.name.startswith("."):
+            continue
+        if is_run_dir(child):
+            found.append(run_info(child))
+        elif child.is_dir():
+            found.extend(
+                run_info(sub, f"{child.name}/{sub.name}") for sub in sorted(child.iterdir()) if is_run_dir(sub)
+            )
+    return sorted(found, key=lambda r: r.modified, reverse=True)
+
+
+def list_grids(runs: Path) -> list[Path]:
+    """Ablation grid folders: folders under ``runs`` that are not runs themselves but hold runs."""
+    if not runs.is_dir():
+        return []
+    return [
+        child
+        for child in sorted(runs.iterdir())
+        if child.is_dir()
+        and not child.name.startswith(".")
+        and not is_run_dir(child)
+        and any(is_run_dir(sub) for sub in child.iterdir())
+    ]
+
+
+# --- metrics -----------------------------------------------------------------------------------------------------
+
+METRIC_COLUMNS = (
+    "round",
+    "client",
+    "train_loss",
+    "test_loss",
+    "test_acc",
+    "test_auc",
+    "fisher_trace",
+    "values_sent",
+    "values_received",
+    "seconds",
+    "num_train",
+    "num_test",
+)
+
+
+def metrics_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
+    """``metrics.jsonl`` records as a frame with every documented column; ``null`` becomes NaN."""
+    frame = pd.DataFrame.from_records(records) if records else pd.DataFrame()
+    for column in METRIC_COLUMNS:
+        if column not in frame.columns:
+            frame[column] = np.nan
+    for column in METRIC_COLUMNS:
+        frame[column] = pd.to_numeric(frame[column], errors="coerce")
+    frame = frame.dropna(subset=["round", "client"])
+    frame["round"] = frame["round"].astype(int)
+    frame["client"] = frame["client"].astype(int)
+    # A resumed run may repeat a round: the last record written is the one that counts.
+    frame = frame.drop_duplicates(subset=["round", "client"], keep="last")
+    return frame.sort_values(["round", "client"]).reset_index(drop=True)
+
+
+def load_metrics(run: Path) -> pd.DataFrame:
+    """The run's ``metrics.jsonl`` as a frame (empty, with all columns, before the first round ends)."""
+    return metrics_frame(read_jsonl(run / "metrics.jsonl"))
+
+
+def per_client(metrics: pd.DataFrame, column: str) -> pd.DataFrame:
+    """Round x hospital table of one metric (columns named like ``Hospital 0``), for per-hospital curves."""
+    if metrics.empty:
+        return pd.DataFrame()
+    table = metrics.pivot(index="round", columns="client", values=column)
+    table.columns = [hospital_label(int(c)) for c in table.columns]
+    return table
+
+
+def per_round(metrics: pd.DataFrame) -> pd.DataFrame:
+    """One row per round: averaged and std (over clients) ACC and AUC, values transmitted and cumulated, seconds.
+
+    ``values_sent``/``values_received`` are summed over clients; ``values_total`` is their cumulative sum (what
+    has crossed the network so far). ``seconds`` sums the clients' wall seconds of the round.
+    """
+    columns = [
+        "round",
+        "acc_mean",
+        "acc_std",
+        "auc_mean",
+        "auc_std",
+        "auc_clients",
+        "values_sent",
+        "values_received",
+        "values_total",
+        "seconds",
+    ]
+    if metrics.empty:
+        return pd.DataFrame(columns=columns)
+    grouped = metrics.groupby("round", sort=True)
+    table = pd.DataFrame(
+        {
+            "acc_mean": grouped["test_acc"].mean(),
+            "acc_std": grouped["test_acc"].std(ddof=0),
+            "auc_mean": grouped["test_auc"].mean(),  # pandas skips NaN: single-class clients are left out
+            "auc_std": grouped["test_auc"].std(ddof=0),
+            "auc_clients": grouped["test_auc"].count(),
+            "values_sent": grouped["values_sent"].sum(min_count=1),
+            "values_received": grouped["values_received"].sum(min_count=1),
+            "seconds": grouped["seconds"].sum(min_count=1),
+        }
+    ).reset_index()
+    table["values_total"] = (table["values_sent"].fillna(0) + table["values_received"].fillna(0)).cumsum()
+    return table[columns]
+
+
+def latest_per_client(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Each hospital's figures from its latest round: what the Federation page lists next to the charts."""
+    columns = ["hospital", "round", "test AUC", "test ACC", "test loss", "train loss", "fisher trace"]
+    if metrics.empty:
+        return pd.DataFrame(columns=columns)
+    last = metrics.sort_values("round").groupby("client", sort=True).tail(1).sort_values("client")
+    return pd.DataFrame(
+        {
+            "hospital": [hospital_label(int(c)) for c in last["client"]],
+            "round": last["round"].astype(int).to_numpy(),
+            "test AUC": last["test_auc"].to_numpy(dtype=float),
+            "test ACC": last["test_acc"].to_numpy(dtype=float),
+            "test loss": last["test_loss"].to_numpy(dtype=float),
+            "train loss": last["train_loss"].to_numpy(dtype=float),
+            "fisher trace": last["fisher_trace"].to_numpy(dtype=float),
+        }
+    )
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a run stands: rounds done out of the total, wall seconds so far and an estimate of what is left."""
+
+    rounds_done: int
+    rounds_total: int | None
+    seconds_elapsed: float
+    seconds_left: float | None
+
+    @property
+    def fraction(self) -> float:
+        """Share of rounds done, in [0, 1] (0 when the total is unknown)."""
+        if not self.rounds_total:
+            return 0.0
+        return min(1.0, self.rounds_done / self.rounds_total)
+
+
+def progress(run: Path, rounds_total: int | None, now: float | None = None) -> Progress:
+    """Round k of K and time left, from file times: the run starts when ``config.toml`` is written and a round
+    ends when its ``metrics.jsonl`` lines are; the mean wall time per finished round times the rounds still to go.
+
+    File times are used rather than the clients' ``seconds`` because they include everything the engine does
+    between clients (aggregation, evaluation, checkpoints), which is what the user waits for.
+    """
+    now = time.time() if now is None else now
+    metrics = load_metrics(run)
+    done = int(metrics["round"].max()) if not metrics.empty else 0
+    config_path = run / "config.toml"
+    start = config_path.stat().st_mtime if config_path.is_file() else now
+    elapsed = max(0.0, now - start)
+    left: float | None = None
+    if done and rounds_total:
+        last_round_end = (run / "metrics.jsonl").stat().st_mtime
+        per_round_s = max(0.0, last_round_end - start) / done
+        left = max(0.0, per_round_s * (rounds_total - done) - max(0.0, now - last_round_end))
+    return Progress(done, rounds_total, elapsed, left)
+
+
+def format_seconds(seconds: float | None) -> str:
+    """``1 h 02 min``, ``3 min 05 s``, ``12 s``; an em dash when unknown."""
+    if seconds is None or not math.isfinite(seconds):
+        return "—"
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes:02d} min"
+    if minutes:
+        return f"{minutes} min {secs:02d} s"
+    return f"{secs} s"
+
+
+# --- aggregation.jsonl --------------------------------------------------------------------------------------------
+
+
+def load_aggregation(run: Path) -> list[dict[str, Any]]:
+    """One record per round of what the strategy decided (``xi``, ``gamma``, ...), in round order."""
+    records = read_jsonl(run / "aggregation.jsonl")
+    return sorted(records, key=lambda r: int(r.get("round", 0)))
+
+
+def xi_matrices(records: list[dict[str, Any]]) -> dict[int, np.ndarray]:
+    """Round -> the AMP attention matrix xi (row i: the weights hospital i's model gives each hospital).
+
+    Rounds whose record has no square ``xi`` (strategies without AMP) are left out.
+    """
+    found: dict[int, np.ndarray] = {}
+    for record in records:
+        xi = record.get("xi")
+        if xi is None:
+            continue
+        try:
+            matrix = np.asarray(xi, dtype=float)
+        except (TypeError, ValueError):
+            continue
+        if matrix.ndim == 2 and matrix.shape[0] == matrix.shape[1] and matrix.size:
+            found[int(record.get("round", len(found) + 1))] = matrix
+    return found
+
+
+# --- comparison (paper-style table) -------------------------------------------------------------------------------
+
+
+def run_figures(run: Path, metrics: pd.DataFrame | None = None) -> dict[str, float]:
+    """The paper's figures for one run (Tables 4-7): averaged/std ACC and AUC at the last round, the best round's
+    averaged value, total values transmitted (both directions, all rounds) and wall seconds.
+
+    Seconds: ``summary.json``'s ``seconds`` when the engine wrote it, else the sum of the clients' seconds.
+    """
+    metrics = load_metrics(run) if metrics is None else metrics
+    rounds = per_round(metrics)
+    nan = float("nan")
+    if rounds.empty:
+        return {
+            k: nan for k in ("acc_avg", "acc_std", "acc_best", "auc_avg", "auc_std", "auc_best", "values", "seconds")
+        }
+    last = rounds.iloc[-1]
+    summary = load_summary(run)
+    seconds = summary.get("seconds")
+    if not isinstance(seconds, int | float) or isinstance(seconds, bool):
+        seconds = float(rounds["seconds"].sum())
+    return {
+        "acc_avg": float(last["acc_mean"]),
+        "acc_std": float(last["acc_std"]),
+        "acc_best": float(rounds["acc_mean"].max()),
+        "auc_avg": float(last["auc_mean"]),
+        "auc_std": float(last["auc_std"]),
+        "auc_best": float(rounds["auc_mean"].max()),
+        "values": float(rounds["values_total"].iloc[-1]),
+        "seconds": float(seconds),
+    }
+
+
+TABLE_COLUMNS = {
+    "acc_avg": "Averaged ACC",
+    "acc_std": "Std ACC",
+    "acc_best": "Best ACC",
+    "auc_avg": "Averaged AUC",
+    "auc_std": "Std AUC",
+    "auc_best": "Best AUC",
+    "values": "Values transmitted",
+    "seconds": "Seconds",
+}
+
+
+def compare_table(runs: list[RunInfo]) -> pd.DataFrame:
+    """The paper-style table, one row per run (columns as in ``TABLE_COLUMNS`` plus run, algorithm, status)."""
+    rows = []
+    for info in runs:
+        figures = run_figures(info.path)
+        row: dict[str, Any] = {"run": info.run_id, "algorithm": info.algorithm or "?", "status": info.status}
+        row.update({TABLE_COLUMNS[k]: v for k, v in figures.items()})
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["run", "algorithm", "status", *TABLE_COLUMNS.values()])
+
+
+def grid_heatmap(runs: list[RunInfo], value: str = "acc_best") -> pd.DataFrame:
+    """nhead (rows) x dm (columns) table of one figure over the runs of an ablation grid.
+
+    Each run's ``nhead`` and ``dm`` come from its config.toml; runs that repeat a cell (other toggles differ)
+    are averaged, and the table says so through ``grid_cell_counts``.
+    """
+    rows = []
+    for info in runs:
+        config = load_config(info.path)
+        nhead = config_value(config, "strategy", "nhead")
+        dm = config_value(config, "amp", "dm")
+        name = config_value(config, "strategy", "name")
+        if nhead is None and isinstance(name, str):
+            from app.dashboard.settings import default_nhead  # the strategy's own default (config leaves it out)
+
+            nhead = default_nhead(name)
+        if nhead is None or dm is None:
+            continue
+        rows.append({"nhead": int(nhead), "dm": str(dm), "value": run_figures(info.path)[value]})
+    if not rows:
+        return pd.DataFrame()
+    frame = pd.DataFrame(rows)
+    return frame.pivot_table(index="nhead", columns="dm", values="value", aggfunc="mean").sort_index()
+
+
+# --- predictions.csv ----------------------------------------------------------------------------------------------
+
+PREDICTION_COLUMNS = ("client", "path", "label", "prob_abnormal")
+
+
+def load_predictions(run: Path) -> pd.DataFrame:
+    """``predictions.csv`` (client, path, label, prob_abnormal) with ``label`` as 0 (normal) / 1 (abnormal).
+
+    Raises a one-line ``DashboardError`` when the file is missing (the run has not finished) or malformed.
+    """
+    path = run / "predictions.csv"
+    if not path.is_file():
+        raise DashboardError(f"{path} not found: predictions are written when a run finishes")
+    try:
+        frame = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise DashboardError(f"{path} is not a readable CSV ({exc})") from exc
+    missing = [c for c in PREDICTION_COLUMNS if c not in frame.columns]
+    if missing:
+        raise DashboardError(f"{path} lacks columns {missing}; it must have {list(PREDICTION_COLUMNS)}")
+    labels = frame["label"].map(lambda v: {"normal": 0, "abnormal": 1, "0": 0, "1": 1}.get(str(v).strip(), v))
+    frame["label"] = pd.to_numeric(labels, errors="coerce")
+    frame["prob_abnormal"] = pd.to_numeric(frame["prob_abnormal"], errors="coerce")
+    if frame["label"].isna().any() or not frame["label"].isin([0, 1]).all():
+        raise DashboardError(f"{path}: label must be normal/abnormal or 0/1")
+    frame["label"] = frame["label"].astype(int)
+    frame["client"] = frame["client"].astype(int)
+    return frame

@@ -1,0 +1,126 @@
+"""Streamlit pieces shared by the pages: the data root, dataset/run pickers kept across pages, status banners.
+
+The pages stay thin: they call the plain modules (``datasets``, ``runs``, ``settings``, ``jobs``) and lay out
+what those return with the helpers below.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import streamlit as st
+
+from app.dashboard import jobs, paths, settings
+from app.dashboard.datasets import PreparedDataset, list_datasets
+from app.dashboard.runs import RunInfo, list_runs
+
+# Keys in st.session_state shared between pages, so that a dataset or run picked on one page stays picked.
+DATASET_KEY = "selected_dataset"
+RUN_KEY = "selected_run"
+
+STATUS_ICONS = {
+    "running": ":material/progress_activity:",
+    "finished": ":material/check_circle:",
+    "failed": ":material/error:",
+    "stopped": ":material/stop_circle:",
+}
+
+
+def root() -> Path:
+    """The data root (``--data``)."""
+    return paths.data_root()
+
+
+def jobs_dir() -> Path:
+    """Where the dashboard keeps its background-job records."""
+    return paths.jobs_root(root())
+
+
+def quickstart_commands(data: Path) -> str:
+    """The commands that make the demo dataset and a first run by hand (the Data page's button runs the first two)."""
+    lines = [shlex.join(c) for c in settings.demo_commands(data, ["gastric-fl"])]
+    prepared = data / "prepared" / settings.DEMO_NAME
+    run = data / "runs" / "demo"
+    lines.append(
+        shlex.join(["gastric-fl", "train", "--config", "configs/demo.toml", "--data", str(prepared), "--out", str(run)])
+    )
+    return "\n".join(lines)
+
+
+def pick_dataset(label: str = "Prepared dataset") -> PreparedDataset | None:
+    """A dataset picker remembered across pages; ``None`` (with the next step explained) when there is none."""
+    datasets = list_datasets(paths.prepared_root(root()))
+    if not datasets:
+        return None
+    names = [d.name for d in datasets]
+    current = st.session_state.get(DATASET_KEY)
+    index = names.index(current) if current in names else 0
+    name = st.selectbox(label, names, index=index, help=f"Folders under {paths.prepared_root(root())}")
+    st.session_state[DATASET_KEY] = name
+    return datasets[names.index(name)]
+
+
+def run_label(info: RunInfo) -> str:
+    """How a run appears in pickers: its id, algorithm and status."""
+    return f"{info.run_id} · {info.algorithm or '?'} · {display_status(info)}"
+
+
+def display_status(info: RunInfo) -> str:
+    """The run's status, corrected by what the dashboard knows of the process that writes it."""
+    job = jobs.for_target(jobs_dir(), info.path)
+    return jobs.run_status(info.status, jobs.state(jobs_dir(), job) if job else None)
+
+
+def pick_run(runs: list[RunInfo], label: str = "Run", key: str = "run_picker") -> RunInfo | None:
+    """A run picker remembered across pages (newest first)."""
+    if not runs:
+        return None
+    ids = [r.run_id for r in runs]
+    current = st.session_state.get(RUN_KEY)
+    index = ids.index(current) if current in ids else 0
+    chosen = st.selectbox(label, ids, index=index, format_func=lambda i: run_label(runs[ids.index(i)]), key=key)
+    st.session_state[RUN_KEY] = chosen
+    return runs[ids.index(chosen)]
+
+
+def all_runs() -> list[RunInfo]:
+    """Every run under the data root's ``runs/``, newest first."""
+    return list_runs(paths.runs_root(root()))
+
+
+def no_dataset_help() -> None:
+    """What to do when there is no prepared dataset yet."""
+    st.info(
+        "No prepared dataset yet. Open the **Data** page and press **Generate demo data**, or prepare your own "
+        "slides with `gastric-fl prepare` (see data/README.md).",
+        icon=":material/info:",
+    )
+    st.page_link(str(Path(__file__).parent / "pages" / "data.py"), label="Go to the Data page", icon="➡️")
+
+
+def no_runs_help() -> None:
+    """What to do when there is no run yet: the button and the exact command."""
+    st.info(
+        "No runs yet. Start one on the **Federation** page, or from a terminal:",
+        icon=":material/info:",
+    )
+    st.code(quickstart_commands(root()), language="bash")
+    st.page_link(str(Path(__file__).parent / "pages" / "federation.py"), label="Go to the Federation page", icon="➡️")
+
+
+def status_banner(info: RunInfo) -> str:
+    """Show a run's state (running, finished, failed with its error, stopped); returns the status shown."""
+    job = jobs.for_target(jobs_dir(), info.path)
+    job_state = jobs.state(jobs_dir(), job) if job else None
+    status = jobs.run_status(info.status, job_state)
+    if status == "failed":
+        message = info.error
+        if not message and job is not None:
+            message = jobs.log_tail(job, 12) or f"exit code {job_state.exit_code if job_state else '?'}"
+        st.error(f"Run **{info.run_id}** failed:\n\n```\n{message or 'no error message recorded'}\n```", icon="🚨")
+    elif status == "stopped":
+        st.warning(f"Run **{info.run_id}** was stopped before it finished.", icon=":material/stop_circle:")
+    elif status == "finished":
+        st.success(f"Run **{info.run_id}** finished.", icon=":material/check_circle:")
+    return status

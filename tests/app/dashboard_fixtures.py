@@ -1,0 +1,149 @@
+"""Builders for the dashboard tests: a tiny prepared dataset and run directories written exactly as
+data/README.md documents them (sections 2 and 3), with unequal per-hospital figures so that a test can tell
+one hospital from another, the mean from the last value, and a finished run from a failed one."""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+# Hospital 2 is the grayscale one; its test split in round 1 holds one class, so its AUC is null there.
+METRICS = [
+    # round, client, train_loss, test_loss, test_acc, test_auc, fisher, sent, received, seconds
+    (1, 0, 0.70, 0.66, 0.50, 0.625, 1.5, 1000, 1000, 2.0),
+    (1, 1, 0.68, 0.61, 0.75, 0.8125, 2.5, 1000, 1000, 3.0),
+    (1, 2, 0.71, 0.69, 0.25, None, 4.0, 1000, 1000, 1.0),
+    (2, 0, 0.52, 0.45, 0.75, 0.875, 1.0, 900, 900, 2.5),
+    (2, 1, 0.49, 0.40, 1.00, 0.9375, 3.0, 900, 900, 3.5),
+    (2, 2, 0.55, 0.50, 0.50, 0.6875, 2.0, 900, 900, 1.5),
+]
+XI = [
+    [[0.9, 0.06, 0.04], [0.05, 0.9, 0.05], [0.02, 0.08, 0.9]],
+    [[0.8, 0.15, 0.05], [0.1, 0.8, 0.1], [0.05, 0.15, 0.8]],
+]
+
+
+@dataclass(frozen=True)
+class Fixture:
+    """Paths of the fixture data root and what is inside it."""
+
+    root: Path
+    dataset: Path
+    finished: Path
+    failed: Path
+    grid: Path
+
+
+def write_prepared(dataset: Path, clients: int = 3, per_class: int = 2) -> None:
+    """A prepared dataset: ``per_class`` 16 px tiles per client x split x label, manifest.csv and prepare.json."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for client in range(clients):
+        gray = client == clients - 1
+        for split in ("train", "test"):
+            for label in ("normal", "abnormal"):
+                folder = dataset / f"client_{client:02d}" / split / label
+                folder.mkdir(parents=True, exist_ok=True)
+                for i in range(per_class):
+                    shade = 200 if label == "normal" else 90
+                    pixels = np.clip(rng.normal(shade, 20, (16, 16, 3)), 0, 255).astype(np.uint8)
+                    image = Image.fromarray(pixels).convert("L") if gray else Image.fromarray(pixels)
+                    name = f"s{client}{split[:2]}{label[:2]}{i}.png"
+                    image.save(folder / name)
+                    rows.append(
+                        {
+                            "client": client,
+                            "split": split,
+                            "label": label,
+                            "path": f"client_{client:02d}/{split}/{label}/{name}",
+                            "source": f"slide_{client}_{split}_{label}.png",
+                            "x": 16 * i,
+                            "y": 0,
+                            "size": 64,
+                            "white_ratio": 0.1,
+                            "channels": 1 if gray else 3,
+                        }
+                    )
+    with (dataset / "manifest.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    (dataset / "prepare.json").write_text(
+        json.dumps({"config": {"tile": 64, "clients": clients}, "counts": {}, "versions": {}}), encoding="utf-8"
+    )
+
+
+def write_config(run: Path, dataset: Path, strategy: str = "fedsaf", nhead: int = 2, dm: str = "manhattan") -> None:
+    """The resolved config.toml, in federation/config.py's layout."""
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "config.toml").write_text(
+        f'[run]\nname = "run"\nseed = 0\nrounds = 2\n\n[data]\npath = "{dataset}"\ninput_size = 32\n\n'
+        f'[strategy]\nname = "{strategy}"\nclients = "all"\nnhead = {nhead}\n\n'
+        f'[amp]\nalpha_k = 0.02\nsigma = 0.1\nlam = 1.0\ndm = "{dm}"\n\n[fedsaf]\nfim = true\nsplit = true\n',
+        encoding="utf-8",
+    )
+
+
+def write_metrics(run: Path, scale: float = 1.0) -> None:
+    """metrics.jsonl (documented fields) and aggregation.jsonl with the AMP matrix xi per round."""
+    keys = ("round", "client", "train_loss", "test_loss", "test_acc", "test_auc", "fisher_trace")
+    keys += ("values_sent", "values_received", "seconds")
+    with (run / "metrics.jsonl").open("w") as f:
+        for row in METRICS:
+            record = dict(zip(keys, row, strict=True))
+            if scale != 1.0:
+                record["test_acc"] = float(record["test_acc"]) * scale  # type: ignore[arg-type]
+            record.update({"num_train": 4, "num_test": 4})
+            f.write(json.dumps(record) + "\n")
+    with (run / "aggregation.jsonl").open("w") as f:
+        for r, xi in enumerate(XI, start=1):
+            f.write(json.dumps({"round": r, "xi": xi, "gamma": [0.2, 0.3, 0.5]}) + "\n")
+
+
+def write_predictions(run: Path, dataset: Path) -> None:
+    """predictions.csv: each hospital's test tiles with an unequal, hand-checkable probability of abnormal."""
+    probs = {"normal": [0.2, 0.7], "abnormal": [0.9, 0.4]}
+    lines = ["client,path,label,prob_abnormal"]
+    for client in range(3):
+        for label in ("normal", "abnormal"):
+            for i in range(2):
+                path = f"client_{client:02d}/test/{label}/s{client}te{label[:2]}{i}.png"
+                assert (dataset / path).is_file()
+                lines.append(f"{client},{path},{label},{probs[label][i]}")
+    (run / "predictions.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def write_summary(run: Path, status: str, error: str | None = None) -> None:
+    """summary.json with the documented status (and error for a failed run)."""
+    summary: dict[str, object] = {"status": status, "seconds": 12.5}
+    if error:
+        summary["error"] = error
+    (run / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+
+
+def build(root: Path) -> Fixture:
+    """The whole fixture data root."""
+    dataset = root / "prepared" / "tiny"
+    write_prepared(dataset)
+    runs = root / "runs"
+    finished = runs / "20250101-000000-fedsaf"
+    write_config(finished, dataset)
+    write_metrics(finished)
+    write_predictions(finished, dataset)
+    write_summary(finished, "finished")
+    failed = runs / "20250101-000100-fedsaf"
+    write_config(failed, dataset)
+    write_summary(failed, "failed", 'CUDA is not available: set run.device = "cpu"')
+    grid = runs / "grid-demo"
+    for nhead in (0, 2):
+        for dm in ("manhattan", "euclidean"):
+            run = grid / f"nhead{nhead}-{dm}"
+            write_config(run, dataset, nhead=nhead, dm=dm)
+            write_metrics(run, scale=0.5 + 0.1 * nhead + (0.05 if dm == "euclidean" else 0.0))
+            write_summary(run, "finished")
+    return Fixture(root, dataset, finished, failed, grid)

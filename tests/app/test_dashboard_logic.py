@@ -1,0 +1,200 @@
+"""The dashboard's data shaping, without Streamlit: hand-computed figures on unequal hospitals."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from dashboard_fixtures import Fixture
+
+from app.dashboard import evaluation, runs, settings
+from app.dashboard.datasets import counts_table, list_datasets, load_manifest, sample_tiles
+from app.dashboard.errors import DashboardError
+
+
+def _manifest(rows: list[tuple[int, str, str, int]]) -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            {"client": c, "split": s, "label": lab, "path": f"t{i}.png", "source": "a.png", "x": 0, "y": 0}
+            | {"size": size, "white_ratio": 0.0, "channels": 1 if c == 1 else 3}
+            for i, (c, s, lab, size) in enumerate(rows)
+        ]
+    )
+
+
+def test_counts_table_on_unequal_hospitals() -> None:
+    manifest = _manifest(
+        [(0, "train", "normal", 128)] * 3
+        + [(0, "train", "abnormal", 128)]
+        + [(0, "test", "abnormal", 256)] * 2
+        + [(1, "test", "normal", 128)]
+    )
+    table = counts_table(manifest).set_index("hospital")
+    assert table.loc["Hospital 0", ["train normal", "train abnormal", "test normal", "test abnormal"]].tolist() == [
+        3,
+        1,
+        0,
+        2,
+    ]
+    assert table.loc["Hospital 0", "total"] == 6
+    assert table.loc["Hospital 1", "total"] == 1
+    assert table.loc["Hospital 0", "source px"] == "128, 256"
+    assert not table.loc["Hospital 0", "grayscale"]
+    assert table.loc["Hospital 1", "grayscale"]
+
+
+def test_manifest_errors_name_the_file(tmp_path: Path) -> None:
+    (tmp_path / "manifest.csv").write_text("client,split\n0,train\n")
+    with pytest.raises(DashboardError, match=r"manifest\.csv lacks columns"):
+        load_manifest(tmp_path)
+    with pytest.raises(DashboardError, match="gastric-fl prepare"):
+        load_manifest(tmp_path / "nowhere")
+
+
+def test_datasets_listed_and_sampled(fixture_root: Fixture) -> None:
+    found = list_datasets(fixture_root.root / "prepared")
+    assert [d.name for d in found] == ["tiny"]
+    manifest = load_manifest(found[0].path)
+    sample = sample_tiles(manifest, 2, per_label=1)
+    assert sorted(sample["label"]) == ["abnormal", "normal"]
+    assert set(sample["client"]) == {2}
+    assert stored_px(found[0].path, manifest) == {16}
+
+
+def stored_px(dataset: Path, manifest: pd.DataFrame) -> set[int]:
+    table = counts_table(manifest, dataset)
+    return {int(v) for v in table["stored px"]}
+
+
+def test_per_round_figures_by_hand(fixture_root: Fixture) -> None:
+    rounds = runs.per_round(runs.load_metrics(fixture_root.finished)).set_index("round")
+    # Round 1: acc (0.50, 0.75, 0.25); hospital 2's AUC is null and left out: AUC over (0.625, 0.8125).
+    assert rounds.loc[1, "acc_mean"] == pytest.approx(0.5)
+    assert rounds.loc[1, "acc_std"] == pytest.approx(math.sqrt((0 + 0.25**2 + 0.25**2) / 3))
+    assert rounds.loc[1, "auc_mean"] == pytest.approx(0.71875)
+    assert rounds.loc[1, "auc_std"] == pytest.approx(0.09375)
+    assert rounds.loc[1, "auc_clients"] == 2
+    assert rounds.loc[1, "seconds"] == pytest.approx(6.0)
+    # Values: 3 x (1000 + 1000) in round 1, 3 x (900 + 900) in round 2, cumulated.
+    assert rounds["values_total"].tolist() == [6000, 11400]
+
+
+def test_run_figures_are_the_papers(fixture_root: Fixture) -> None:
+    figures = runs.run_figures(fixture_root.finished)
+    assert figures["acc_avg"] == pytest.approx(0.75)  # last round (0.75, 1.0, 0.5)
+    assert figures["acc_std"] == pytest.approx(math.sqrt(0.125 / 3))
+    assert figures["acc_best"] == pytest.approx(0.75)
+    assert figures["auc_avg"] == pytest.approx((0.875 + 0.9375 + 0.6875) / 3)
+    assert figures["auc_best"] == pytest.approx((0.875 + 0.9375 + 0.6875) / 3)
+    assert figures["values"] == 11400
+    assert figures["seconds"] == 12.5  # summary.json's wall seconds win over the clients' sum
+
+
+def test_latest_per_client_matches_metrics(fixture_root: Fixture) -> None:
+    table = runs.latest_per_client(runs.load_metrics(fixture_root.finished))
+    assert table["hospital"].tolist() == ["Hospital 0", "Hospital 1", "Hospital 2"]
+    assert table["test AUC"].tolist() == [0.875, 0.9375, 0.6875]
+    assert table["round"].tolist() == [2, 2, 2]
+
+
+def test_jsonl_being_written_and_damaged(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"round": 1, "client": 0}\n{"round": 1, "cli')
+    assert runs.read_jsonl(path) == [{"round": 1, "client": 0}]
+    path.write_text('{"round": 1}\nnot json\n{"round": 2}\n')
+    with pytest.raises(DashboardError, match="line 2"):
+        runs.read_jsonl(path)
+
+
+def test_progress_from_file_times(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text("[run]\nrounds = 4\n")
+    lines = [{"round": r, "client": c, "test_acc": 0.5} for r in (1, 2) for c in (0, 1)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    os.utime(run / "config.toml", (1000, 1000))
+    os.utime(run / "metrics.jsonl", (1100, 1100))
+    state = runs.progress(run, 4, now=1120.0)
+    assert state.rounds_done == 2
+    assert state.fraction == 0.5
+    assert state.seconds_elapsed == 120.0
+    assert state.seconds_left == pytest.approx(80.0)  # 50 s per round x 2 rounds, 20 s of round 3 gone
+
+
+def test_xi_and_grid(fixture_root: Fixture) -> None:
+    xi = runs.xi_matrices(runs.load_aggregation(fixture_root.finished))
+    assert sorted(xi) == [1, 2]
+    assert xi[2][0].tolist() == [0.8, 0.15, 0.05]
+    grid_runs = [r for r in runs.list_runs(fixture_root.root / "runs") if r.path.parent == fixture_root.grid]
+    heat = runs.grid_heatmap(grid_runs, "acc_best")
+    # Best averaged ACC is 0.75 x the fixture's scale 0.5 + 0.1 nhead (+0.05 for euclidean).
+    assert heat.loc[0, "manhattan"] == pytest.approx(0.75 * 0.5)
+    assert heat.loc[2, "euclidean"] == pytest.approx(0.75 * 0.75)
+    assert runs.list_grids(fixture_root.root / "runs") == [fixture_root.grid]
+
+
+def test_run_list_reads_status_and_dataset(fixture_root: Fixture) -> None:
+    listed = {r.run_id: r for r in runs.list_runs(fixture_root.root / "runs")}
+    failed = listed[fixture_root.failed.name]
+    assert failed.status == "failed"
+    assert failed.error is not None
+    assert "CUDA" in failed.error
+    finished = listed[fixture_root.finished.name]
+    assert (finished.status, finished.algorithm, finished.rounds_total) == ("finished", "fedsaf", 2)
+    assert finished.dataset == fixture_root.dataset
+
+
+def test_roc_confusion_and_ranking_by_hand() -> None:
+    labels = np.array([0, 0, 0, 1, 1])
+    probs = np.array([0.1, 0.6, 0.3, 0.8, 0.45])
+    # 0.8 outranks all three normals, 0.45 outranks two of them: 5 of 6 pairs.
+    assert evaluation.roc(labels, probs).auc == pytest.approx(5 / 6)
+    matrix = evaluation.confusion(labels, probs, 0.5)
+    assert matrix.tolist() == [[2, 1], [1, 1]]
+    scores = evaluation.rates(matrix)
+    assert scores == {"accuracy": 3 / 5, "sensitivity": 1 / 2, "specificity": 2 / 3}
+    frame = pd.DataFrame({"path": list("abcde"), "label": labels, "prob_abnormal": probs})
+    ranked = evaluation.ranked_examples(frame, 0.5)
+    # Errors first by how sure the model was of the wrong class (0.60 > 0.55), then correct calls (0.9, 0.8, 0.7).
+    assert ranked["path"].tolist() == ["b", "e", "a", "d", "c"]
+    assert evaluation.roc(np.array([1, 1]), np.array([0.2, 0.9])).auc is None
+
+
+def test_validation_refuses_what_the_engine_would() -> None:
+    ok = settings.FederationSettings(algorithm="fedsaf", alpha_k=0.05, sigma=0.1)
+    assert settings.validate(ok, num_clients=3) == []  # 0.05 x 2 = 0.1 = sigma: allowed
+    too_big = settings.validate(settings.FederationSettings(alpha_k=0.06, sigma=0.1), num_clients=3)
+    assert len(too_big) == 1
+    assert "lower alpha_k to at most 0.05" in too_big[0]
+    assert any("nhead = 16" in p for p in settings.validate(settings.FederationSettings(nhead=16), 3, num_units=15))
+    assert settings.validate(settings.FederationSettings(nhead=15, alpha_k=0.01), 3, num_units=15) == []
+    assert any("learning rate" in p for p in settings.validate(settings.FederationSettings(lr=0.0), 3))
+    assert any("at least 2" in p for p in settings.validate(settings.FederationSettings(alpha_k=0.01), 1))
+    # FedAvg does not read alpha_k: the AMP bound does not apply to it.
+    assert settings.validate(settings.FederationSettings(algorithm="fedavg", alpha_k=5.0), 3) == []
+
+
+def test_overrides_carry_only_what_the_algorithm_reads(tmp_path: Path) -> None:
+    saf = settings.overrides(settings.FederationSettings(algorithm="fedsaf", rounds=3, fim=False, dm="cosine"))
+    assert 'strategy.name="fedsaf"' in saf
+    assert {"run.rounds=3", "fedsaf.fim=false", 'amp.dm="cosine"', "strategy.nhead=6"} <= set(saf)
+    avg = settings.overrides(settings.FederationSettings(algorithm="fedavg"))
+    assert not any(item.startswith(("amp.", "fedsaf.", "strategy.nhead")) for item in avg)
+    command = settings.train_command(None, tmp_path / "ds", tmp_path / "run", settings.FederationSettings())
+    assert command[3:] == ["train", "--data", str(tmp_path / "ds"), "--out", str(tmp_path / "run"), *_sets(command)]
+
+
+def _sets(command: list[str]) -> list[str]:
+    start = command.index("--set")
+    return command[start:]
+
+
+def test_new_run_id_never_reuses_a_folder() -> None:
+    first = settings.new_run_id("fedsaf", set(), now=0.0)
+    assert first.endswith("-fedsaf")
+    assert settings.new_run_id("fedsaf", {first}, now=0.0) == f"{first}-2"
