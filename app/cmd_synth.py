@@ -1,6 +1,8 @@
-"""`gastric-fl synth` (not yet implemented)."""
+"""`gastric-fl synth`: write a synthetic SEED- or BOT-layout dataset (FedSAF paper 001, Sec. 4.1, Table 2)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import typer
 
@@ -9,7 +11,72 @@ def register(app: typer.Typer) -> None:
     """Add the `synth` subcommand to `app`."""
 
     @app.command("synth")
-    def synth() -> None:
-        """Not yet implemented."""
-        typer.echo("gastric-fl synth is not implemented yet", err=True)
-        raise typer.Exit(1)
+    def synth(
+        fmt: str = typer.Option(
+            "seed",
+            "--format",
+            "-f",
+            help="Raw layout to write: 'seed' (512x512 PNG + <id>_mask.png) or 'bot' (2048x2048 TIFF in "
+            "normal/ and abnormal/, an SVG annotation beside each abnormal slide).",
+            show_default=True,
+        ),
+        images: int = typer.Option(40, "--images", "-n", help="Number of slides to write.", show_default=True),
+        out: Path | None = typer.Option(
+            None,
+            "--out",
+            "-o",
+            help="Output directory (new or empty, or a previous synth output with --overwrite). "
+            "Default: data/raw/synth_<format>.",
+            show_default=False,
+        ),
+        seed: int = typer.Option(0, "--seed", help="Random seed: same seed and options give identical files."),
+        difficulty: float = typer.Option(
+            0.0,
+            "--difficulty",
+            "-d",
+            help="0..1. Higher values shrink the carcinoma, soften its atypia and add mild atypia to normal "
+            "slides, so classifiers do not saturate.",
+            show_default=True,
+        ),
+        abnormal_fraction: float | None = typer.Option(
+            None,
+            "--abnormal-fraction",
+            help="Share of abnormal slides, 0..1. Default: 0.5 for seed, 0.8 for bot (BOT's 560 of 700).",
+            show_default=False,
+        ),
+        size: int | None = typer.Option(
+            None,
+            "--size",
+            help="Slide side in pixels (>= 128); tissue features scale with it. Default: the format's real "
+            "size (seed 512, bot 2048).",
+            show_default=False,
+        ),
+        overwrite: bool = typer.Option(
+            False, "--overwrite", help="Replace a previous synth output in --out (never foreign files)."
+        ),
+    ) -> None:
+        """Generate synthetic H&E gastric slides in the SEED or BOT raw layout (see data/README.md).
+
+        Normal slides show regular glands in pink stroma; abnormal slides add carcinoma regions (crowded,
+        irregular glands with large dark nuclei), marked in the mask (seed) or the SVG annotation (bot).
+        """
+        from pipeline.synth import generate_dataset
+
+        fmt = fmt.strip().lower()
+        target = out if out is not None else Path("data/raw") / f"synth_{fmt}"
+        summary = generate_dataset(
+            target,
+            fmt,
+            images,
+            seed=seed,
+            difficulty=difficulty,
+            abnormal_fraction=abnormal_fraction,
+            size=size,
+            progress=True,
+            overwrite=overwrite,
+        )
+        typer.echo(
+            f"wrote {summary.images} synthetic {fmt.upper()} slides ({summary.size}x{summary.size}): "
+            f"{summary.n_normal} normal, {summary.n_abnormal} abnormal, {len(summary.files)} files"
+        )
+        typer.echo(f"dataset: {summary.out.resolve()}")

@@ -1,0 +1,350 @@
+"""`gastric-fl synth`: synthetic gastric histopathology datasets in the SEED and BOT raw layouts.
+
+The FedSAF paper (001) trains on SEED (PNG slides + grayscale masks, 512 x 512) and BOT (TIFF slides + SVG
+annotations, 2048 x 2048; Sec. 4.1, Table 2) and labels a slide abnormal iff its mask marks cancer (Sec. 4.2).
+Neither dataset can be downloaded here, so this module writes look-alike datasets in exactly the layouts
+``data/README.md`` documents, which is also what a hospital's own folder must look like.
+
+Default class balance: BOT's 560 abnormal of 700 slides (Sec. 4.1) gives 0.8. The paper gives only SEED's total
+(1,770 slides), not its split, so SEED defaults to a balanced 0.5.
+
+Determinism: every slide draws from its own ``numpy.random.Generator`` seeded by ``SeedSequence(seed).spawn``, and
+neither PNG nor TIFF output carries timestamps, so the same arguments give byte-identical files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+import tifffile
+from numpy.typing import NDArray
+from tqdm import tqdm
+
+from pipeline.errors import PipelineError
+from pipeline.synth_render import Palette, Zone, render_tissue
+from pipeline.synth_shapes import Region, make_regions, rasterize, svg_document
+
+GENERATOR = "gastric-fl synth"
+SCHEMA_VERSION = 1
+MARKER = "synth.json"
+MIN_SIZE = 128
+MAX_SIZE = 8192
+
+
+@dataclass(frozen=True)
+class FormatSpec:
+    """A raw layout: its native slide size and the radius of a normal nucleus at that size, in pixels."""
+
+    name: str
+    size: int
+    nucleus_px: float
+    abnormal_fraction: float
+
+
+FORMATS: dict[str, FormatSpec] = {
+    # SEED slides are small fields of view: nuclei are a few pixels across.
+    "seed": FormatSpec("seed", 512, 3.4, 0.5),
+    # BOT slides are large scans at higher magnification: more tissue and bigger nuclei per slide.
+    "bot": FormatSpec("bot", 2048, 5.5, 0.8),
+}
+
+
+@dataclass(frozen=True)
+class SlidePlan:
+    """What slide ``index`` of a dataset will be, before it is painted."""
+
+    index: int
+    slide_id: str
+    abnormal: bool
+    seed: np.random.SeedSequence
+
+
+@dataclass(frozen=True)
+class SynthSlide:
+    """One painted slide: RGB image, ground-truth mask (0 / 255, the area rendered as carcinoma) and regions."""
+
+    plan: SlidePlan
+    image: NDArray[np.uint8]
+    mask: NDArray[np.uint8]
+    regions: tuple[Region, ...]
+
+    @property
+    def cancer_fraction(self) -> float:
+        """Fraction of the slide's pixels rendered (and annotated) as carcinoma."""
+        return float(np.count_nonzero(self.mask)) / self.mask.size
+
+
+@dataclass(frozen=True)
+class SynthSummary:
+    """What ``generate_dataset`` wrote: the dataset folder, its format, class counts and every file (absolute)."""
+
+    out: Path
+    fmt: str
+    n_normal: int
+    n_abnormal: int
+    files: tuple[Path, ...]
+    size: int
+
+    @property
+    def images(self) -> int:
+        """Number of slides written."""
+        return self.n_normal + self.n_abnormal
+
+
+def _check_args(
+    fmt: str, images: int, difficulty: float, abnormal_fraction: float | None, size: int | None
+) -> FormatSpec:
+    if fmt not in FORMATS:
+        raise PipelineError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)} (--format)")
+    if isinstance(images, bool) or not isinstance(images, int) or images < 1:
+        raise PipelineError(f"number of images must be a whole number >= 1, got {images!r} (--images)")
+    if not (isinstance(difficulty, int | float) and math.isfinite(difficulty) and 0.0 <= difficulty <= 1.0):
+        raise PipelineError(f"difficulty must be between 0 and 1, got {difficulty!r} (--difficulty)")
+    if abnormal_fraction is not None and not (
+        isinstance(abnormal_fraction, int | float)
+        and math.isfinite(abnormal_fraction)
+        and 0.0 <= abnormal_fraction <= 1.0
+    ):
+        raise PipelineError(
+            f"abnormal fraction must be between 0 and 1, got {abnormal_fraction!r} (--abnormal-fraction)"
+        )
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or not MIN_SIZE <= size <= MAX_SIZE):
+        raise PipelineError(
+            f"slide size must be a whole number of pixels in [{MIN_SIZE}, {MAX_SIZE}], got {size!r} (--size)"
+        )
+    return FORMATS[fmt]
+
+
+def plan_dataset(fmt: str, images: int, seed: int = 0, abnormal_fraction: float | None = None) -> list[SlidePlan]:
+    """Slide ids, labels and per-slide seeds of a dataset (cheap; nothing is painted)."""
+    spec = _check_args(fmt, images, 0.0, abnormal_fraction, None)
+    fraction = spec.abnormal_fraction if abnormal_fraction is None else float(abnormal_fraction)
+    n_abnormal = math.floor(images * fraction + 0.5)
+    if 0.0 < fraction < 1.0 and images >= 2:
+        # Both classes present whenever the fraction asks for both: a one-class dataset cannot be evaluated.
+        n_abnormal = min(max(n_abnormal, 1), images - 1)
+    root = np.random.SeedSequence(seed)
+    labels_seed, *slide_seeds = root.spawn(images + 1)
+    labels = np.zeros(images, bool)
+    labels[:n_abnormal] = True
+    labels = np.random.default_rng(labels_seed).permutation(labels)
+    width = max(4, len(str(images - 1)))
+    return [
+        SlidePlan(index=i, slide_id=f"slide_{i:0{width}d}", abnormal=bool(labels[i]), seed=slide_seeds[i])
+        for i in range(images)
+    ]
+
+
+def render_slide(plan: SlidePlan, fmt: str, size: int | None = None, difficulty: float = 0.0) -> SynthSlide:
+    """Paint one planned slide. Same plan and arguments, same pixels."""
+    spec = _check_args(fmt, 1, difficulty, None, size)
+    size = spec.size if size is None else size
+    unit = spec.nucleus_px * size / spec.size
+    rng = np.random.default_rng(plan.seed)
+    d = float(difficulty)
+    palette = Palette(
+        h_gain=float(rng.uniform(0.85, 1.15)),
+        e_gain=float(rng.uniform(0.8, 1.2)),
+        background=float(rng.uniform(0.02, 0.045)),
+    )
+    regions: list[Region] = []
+    zones: list[Zone] = []
+    mask = np.zeros((size, size), np.uint8)
+    if plan.abnormal:
+        # Difficulty shrinks the carcinoma and pulls its atypia towards normal mucosa.
+        area = float(rng.uniform(0.18, 0.42)) * (1.0 - 0.7 * d)
+        regions = make_regions(rng, size, area, int(rng.integers(1, 4)))
+        mask = rasterize(regions, size)
+        zones.append(Zone(mask.astype(bool), 1.0 - 0.7 * d))
+    if d > 0 and rng.random() < d:
+        # Normal-looking confounders: small patches of mild (reactive) atypia, never annotated.
+        patches = make_regions(rng, size, float(rng.uniform(0.04, 0.1)), int(rng.integers(1, 3)), force_group=False)
+        patch_mask = rasterize(patches, size).astype(bool) & ~mask.astype(bool)
+        zones.append(Zone(patch_mask, 0.25 * d))
+    aggregates = int(rng.poisson(0.3 + 0.8 * d))
+    image = render_tissue(rng, size, unit, zones, palette, aggregates=aggregates)
+    return SynthSlide(plan=plan, image=image, mask=mask * np.uint8(255), regions=tuple(regions))
+
+
+def _encode_png(array: NDArray[np.uint8]) -> bytes:
+    data = array[:, :, ::-1] if array.ndim == 3 else array  # OpenCV expects BGR
+    ok, buf = cv2.imencode(".png", np.ascontiguousarray(data), [cv2.IMWRITE_PNG_COMPRESSION, 3])
+    if not ok:
+        raise PipelineError("PNG encoding failed")
+    return buf.tobytes()
+
+
+def _write_slide(slide: SynthSlide, fmt: str, root: Path) -> list[str]:
+    """Write one slide in the format's layout under ``root``; return the relative paths written."""
+    sid = slide.plan.slide_id
+    if fmt == "seed":
+        (root / f"{sid}.png").write_bytes(_encode_png(slide.image))
+        (root / f"{sid}_mask.png").write_bytes(_encode_png(slide.mask))
+        return [f"{sid}.png", f"{sid}_mask.png"]
+    folder = "abnormal" if slide.plan.abnormal else "normal"
+    rel = f"{folder}/{sid}.tiff"
+    # zlib (deflate) + horizontal predictor: lossless, readable by tifffile, Pillow, OpenCV and libtiff without
+    # extra codecs, about half the raw size. No datetime or description tags, so bytes depend only on pixels.
+    tifffile.imwrite(
+        root / rel,
+        slide.image,
+        photometric="rgb",
+        compression="zlib",
+        compressionargs={"level": 6},
+        predictor=True,
+        metadata=None,
+        software=None,
+    )
+    written = [rel]
+    if slide.plan.abnormal:
+        svg = svg_document(list(slide.regions), slide.image.shape[0], f"{sid}: carcinoma")
+        (root / f"{folder}/{sid}.svg").write_text(svg, encoding="utf-8")
+        written.append(f"{folder}/{sid}.svg")
+    return written
+
+
+def _previous_output(out: Path) -> bool:
+    """Whether ``out`` holds exactly a previous synth dataset (its marker lists every file in it)."""
+    marker = out / MARKER
+    try:
+        info = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(info, dict) or info.get("generator") != GENERATOR or not isinstance(info.get("files"), list):
+        return False
+    expected = {*info["files"], MARKER}
+    present = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    return present <= expected
+
+
+def _prepare_out(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise PipelineError(f"output {out} is a file, not a directory: pass a new or empty directory to --out")
+    if out.is_dir() and any(out.iterdir()):
+        if not _previous_output(out):
+            raise PipelineError(
+                f"output directory {out} is not empty and does not hold a previous synth dataset: "
+                "pass a new or empty directory to --out (nothing was changed)"
+            )
+        if not overwrite:
+            raise PipelineError(
+                f"output directory {out} already holds a synthetic dataset: add --overwrite to replace it"
+            )
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PipelineError(
+            f"cannot create output directory {out} ({exc.strerror or exc}): choose a writable location with --out"
+        ) from exc
+    if not os.access(out.parent, os.W_OK):
+        raise PipelineError(f"output directory {out.parent} is not writable: choose another location with --out")
+
+
+def _iter_slides(plans: list[SlidePlan], fmt: str, size: int, difficulty: float) -> Iterator[SynthSlide]:
+    for plan in plans:
+        yield render_slide(plan, fmt, size, difficulty)
+
+
+def generate_dataset(
+    out: Path,
+    fmt: str,
+    images: int,
+    seed: int = 0,
+    difficulty: float = 0.0,
+    abnormal_fraction: float | None = None,
+    size: int | None = None,
+    progress: bool = False,
+    overwrite: bool = False,
+) -> SynthSummary:
+    """Write a synthetic dataset of ``images`` slides in the ``fmt`` ("seed" or "bot") raw layout to ``out``.
+
+    ``size`` None means the format's real size (SEED 512, BOT 2048); features scale with it. ``difficulty`` in
+    [0, 1] shrinks carcinoma regions, softens their atypia and adds mild atypia to normal slides.
+    ``abnormal_fraction`` None means 0.5 for SEED and 0.8 for BOT (see the module docstring).
+    Everything is written to a temporary folder beside ``out`` and renamed at the end, so an interrupted run
+    leaves no half-written dataset; ``overwrite`` replaces only a previous synth output, never foreign files.
+    """
+    spec = _check_args(fmt, images, difficulty, abnormal_fraction, size)
+    out = Path(out)
+    size = spec.size if size is None else size
+    plans = plan_dataset(fmt, images, seed, abnormal_fraction)
+    _prepare_out(out, overwrite)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    try:
+        tmp.mkdir()
+        if fmt == "bot":
+            (tmp / "normal").mkdir()
+            (tmp / "abnormal").mkdir()
+        files: list[str] = []
+        slides_info = []
+        bar = tqdm(total=images, desc=f"synth {fmt}", unit="slide", disable=not progress)
+        with bar:
+            for slide in _iter_slides(plans, fmt, size, difficulty):
+                written = _write_slide(slide, fmt, tmp)
+                files += written
+                slides_info.append(
+                    {
+                        "id": slide.plan.slide_id,
+                        "label": "abnormal" if slide.plan.abnormal else "normal",
+                        "files": written,
+                        "cancer_fraction": round(slide.cancer_fraction, 6),
+                    }
+                )
+                bar.update(1)
+        n_abnormal = sum(p.abnormal for p in plans)
+        info = {
+            "generator": GENERATOR,
+            "schema": SCHEMA_VERSION,
+            "note": "Synthetic slides; the pipeline ignores this file.",
+            "format": fmt,
+            "size": size,
+            "images": images,
+            "seed": seed,
+            "difficulty": float(difficulty),
+            "abnormal_fraction": spec.abnormal_fraction if abnormal_fraction is None else float(abnormal_fraction),
+            "n_normal": images - n_abnormal,
+            "n_abnormal": n_abnormal,
+            "slides": slides_info,
+            "files": files,
+        }
+        (tmp / MARKER).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+        _swap_into_place(tmp, out)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise PipelineError(
+            f"cannot write the dataset to {out} ({exc.strerror or exc}): check space and permissions"
+        ) from exc
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return SynthSummary(
+        out=out,
+        fmt=fmt,
+        n_normal=images - n_abnormal,
+        n_abnormal=n_abnormal,
+        files=tuple(out / f for f in files),
+        size=size,
+    )
+
+
+def _swap_into_place(tmp: Path, out: Path) -> None:
+    """Rename the finished temporary folder to ``out``, moving a previous synth output aside first."""
+    if out.is_dir():
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        if old.exists():
+            shutil.rmtree(old)
+        out.rename(old)
+        tmp.rename(out)
+        shutil.rmtree(old)
+    else:
+        tmp.rename(out)
