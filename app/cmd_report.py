@@ -1,6 +1,13 @@
-"""`gastric-fl report` (not yet implemented)."""
+"""`gastric-fl report`: the paper-style table (FedSAF paper 001, Tables 4-7) and accuracy curves of runs.
+
+Prints the run table and the per-hospital table, and writes ``report.md``, ``report.csv``, ``hospitals.csv`` and
+``accuracy.png`` (averaged and std test accuracy over rounds, runs overlaid). ``--transmitted`` instead prints
+the values sent per client and round for each ``nhead`` of a model, computed from its ``state_dict``.
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import typer
 
@@ -9,7 +16,42 @@ def register(app: typer.Typer) -> None:
     """Add the `report` subcommand to `app`."""
 
     @app.command("report")
-    def report() -> None:
-        """Not yet implemented."""
-        typer.echo("gastric-fl report is not implemented yet", err=True)
-        raise typer.Exit(1)
+    def report(
+        runs: list[Path] = typer.Argument(None, help="One or more run directories (gastric-fl train output)."),
+        out: Path | None = typer.Option(
+            None, "--out", help="Where to write the report files (default: the run directory when there is one run)."
+        ),
+        transmitted: str | None = typer.Option(
+            None,
+            "--transmitted",
+            help="Instead of a run report: values transmitted per client and round for MODEL at nhead 0/3/6/9/12.",
+            metavar="MODEL",
+        ),
+    ) -> None:
+        """Summarise runs: averaged/std/best test ACC and AUC, per-hospital AUC, values sent, seconds per round."""
+        from federation.errors import FederationError
+        from federation.report import (
+            HOSPITAL_COLUMNS,
+            SUMMARY_COLUMNS,
+            load_run,
+            markdown_table,
+            per_hospital,
+            summarise,
+            transmitted_values,
+            write_report,
+        )
+
+        if transmitted is not None:
+            typer.echo(markdown_table(transmitted_values(transmitted)), nl=False)
+            return
+        if not runs:
+            raise FederationError("give at least one run directory, e.g. gastric-fl report data/runs/quickstart")
+        results = [load_run(r) for r in runs]
+        if out is None:
+            if len(results) > 1:
+                raise FederationError("several runs: say where the comparison goes with --out DIR")
+            out = results[0].run_dir
+        typer.echo(markdown_table(summarise(results), SUMMARY_COLUMNS))
+        typer.echo(markdown_table(per_hospital(results), HOSPITAL_COLUMNS))
+        paths = write_report(results, out)
+        typer.echo(f"wrote {', '.join(str(p) for p in paths.values())}", err=True)

@@ -1,15 +1,72 @@
-"""`gastric-fl train` (not yet implemented)."""
+"""`gastric-fl train`: run (or resume) a federation from a TOML preset into a run directory.
+
+The dashboard starts runs through this command and reads the run directory it writes (``data/README.md``
+section 3), so its options and exit codes are a contract: 0 finished, 2 bad input or a failed run (one-line
+error), 130 stopped by Ctrl-C/SIGTERM (resumable with ``--resume``).
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
+
+DEFAULT_RUNS = Path("data/runs")
 
 
 def register(app: typer.Typer) -> None:
     """Add the `train` subcommand to `app`."""
 
     @app.command("train")
-    def train() -> None:
-        """Not yet implemented."""
-        typer.echo("gastric-fl train is not implemented yet", err=True)
-        raise typer.Exit(1)
+    def train(
+        config: Path | None = typer.Option(
+            None, "--config", "-c", help="TOML preset, e.g. configs/demo.toml (defaults for anything it leaves out)."
+        ),
+        data: Path | None = typer.Option(None, "--data", help="Prepared dataset folder (overrides data.path)."),
+        out: Path | None = typer.Option(
+            None, "--out", help="Run directory to create (default: data/runs/<run.name>-<UTC time>)."
+        ),
+        overrides: list[str] = typer.Option(
+            [], "--set", help="Override one setting, e.g. --set run.rounds=3 --set strategy.name=fedrep (repeatable)."
+        ),
+        resume: Path | None = typer.Option(
+            None, "--resume", help="Continue this run directory from its last complete checkpoint."
+        ),
+        overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it already holds a run."),
+        print_config: bool = typer.Option(
+            False, "--print-config", help="Print the fully resolved configuration as TOML and exit."
+        ),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    ) -> None:
+        """Train hospitals on a prepared dataset: separate, fedavg, fedprox, fedrep, fedamp or fedsaf."""
+        from federation.config import config_to_toml, load_config
+        from federation.errors import FederationError
+        from federation.runs import default_run_dir
+        from federation.simulation import RunStopped, load_run_config, resolve_config
+        from federation.simulation import train as run_training
+
+        if resume is not None:
+            if config is not None or data is not None or out is not None or overwrite:
+                raise FederationError(
+                    "--resume continues a run with its own config.toml: drop --config/--data/--out/--overwrite"
+                )
+            cfg = load_run_config(resume, overrides)
+            run_dir = resume
+        else:
+            cfg = load_config(config, overrides, data)
+            run_dir = out if out is not None else default_run_dir(DEFAULT_RUNS, cfg.run.name)
+        if print_config:
+            typer.echo(config_to_toml(resolve_config(cfg)), nl=False)
+            return
+        typer.echo(f"run directory: {run_dir}", err=True)
+        try:
+            summary = run_training(cfg, run_dir, resume=resume is not None, overwrite=overwrite, progress=not quiet)
+        except RunStopped as exc:
+            typer.echo(str(exc), err=True)
+            raise typer.Exit(130) from exc
+        final = summary.get("final") or {}
+        auc = final.get("avg_test_auc")
+        typer.echo(
+            f"finished {summary['rounds_done']} rounds: averaged test accuracy {final.get('avg_test_acc', 0):.4f}, "
+            f"AUC {'-' if auc is None else f'{auc:.4f}'}; see {run_dir} (gastric-fl report {run_dir})"
+        )

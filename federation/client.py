@@ -1,0 +1,239 @@
+"""A hospital: local training recipes and evaluation (FedSAF paper 001, Eq. 23-25; FedRep; FedProx).
+
+``Client.train`` follows a ``federation.contract.Recipe``:
+
+* ``head_epochs == 0``: one phase over all parameters (Eq. 23, FedAvg/FedProx/FedAMP/Separate).
+* ``head_epochs > 0``: the head (the last ``nhead`` units) trains with the shared base frozen (Eq. 24), then the
+  base trains with the head frozen (Eq. 25), as in FedRep and FedSAF. A frozen part is frozen entirely: its
+  BatchNorm layers run in eval mode, so their running statistics do not move either.
+* ``prox_mu > 0``: ``prox_mu / 2 * ||rho - centre||^2`` over the shared *parameters* is added to the loss while
+  the shared part trains, so the optimiser sees its gradient ``prox_mu * (rho - centre)`` (FedProx's mu;
+  FedAMP/FedSAF's ``lambda / alpha_K``). It is built from the live parameters, not from ``.data``: a known
+  FedAMP implementation did the latter and silently trained like local-only.
+* ``fisher_batch > 0``: after training, ``federation.fisher.fisher_trace`` over the shared parameters on a
+  random mini-batch of un-augmented training tiles (Eq. 12-15) is reported as ``metrics["fisher_trace"]``.
+
+Every random choice of a round (shuffling, augmentation, dropout, the Fisher mini-batch) comes from one seed
+that the engine derives from (run seed, round, client), so a resumed run repeats an uninterrupted one exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import albumentations as A
+import numpy as np
+import torch
+import torch.nn.functional as F
+from sklearn.metrics import roc_auc_score
+from torch import nn
+
+from federation.contract import Recipe, TensorDict, TrainInstruction, TrainReply
+from federation.data import ClientData, augment_batch, make_augmenter, to_tensor
+from federation.errors import FederationError
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """A client's model on its own test split: mean loss, accuracy, AUC (``None`` for a single-class split)."""
+
+    loss: float
+    acc: float
+    auc: float | None
+    prob_abnormal: np.ndarray
+
+
+def proximal_term(params: Mapping[str, torch.Tensor], centre: Mapping[str, torch.Tensor], mu: float) -> torch.Tensor:
+    """``mu / 2 * sum_k ||params[k] - centre[k]||^2`` with autograd through ``params`` (the centre is constant)."""
+    total = torch.zeros((), device=next(iter(params.values())).device)
+    for key, value in params.items():
+        total = total + (value - centre[key].detach()).pow(2).sum()
+    return 0.5 * mu * total
+
+
+def auc_or_none(labels: np.ndarray, prob_abnormal: np.ndarray) -> float | None:
+    """ROC AUC of ``prob_abnormal`` against ``labels``; ``None`` when the labels hold one class (AUC undefined)."""
+    if np.unique(labels).size < 2:
+        return None
+    return float(roc_auc_score(labels, prob_abnormal))
+
+
+def _batches(order: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
+    chunks = list(torch.split(order, batch_size))
+    # A last batch of one sample would make BatchNorm fail in train mode; fold it into the previous batch.
+    if len(chunks) > 1 and chunks[-1].numel() == 1:
+        chunks[-2] = torch.cat([chunks[-2], chunks[-1]])
+        chunks.pop()
+    return chunks
+
+
+class Client:
+    """One hospital: its tiles, its model (shared base + personal head) and its training recipes."""
+
+    def __init__(
+        self,
+        data: ClientData,
+        model: nn.Module,
+        shared_keys: Sequence[str],
+        *,
+        batch_size: int,
+        eval_batch_size: int,
+        augment: bool,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.cid = data.client
+        self.data = data
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size
+        self.augment = augment
+        state_keys = set(self.model.state_dict().keys())
+        unknown = [k for k in shared_keys if k not in state_keys]
+        if unknown:
+            raise FederationError(f"client {self.cid}: shared keys {unknown[:3]} are not in the model")
+        self.shared_keys = list(shared_keys)
+        shared = set(self.shared_keys)
+        self.params = dict(self.model.named_parameters())
+        self.shared_params = [k for k in self.params if k in shared]
+        self.head_params = [k for k in self.params if k not in shared]
+
+    # -- the shared part ---------------------------------------------------------------------------------------
+    def load_shared(self, tensors: Mapping[str, torch.Tensor] | None) -> None:
+        """Copy ``tensors`` (shared keys only) into the model; ``None`` keeps the client's own weights."""
+        if tensors is None:
+            return
+        state = self.model.state_dict()
+        foreign = [k for k in tensors if k not in self.shared_keys]
+        if foreign:
+            raise FederationError(f"client {self.cid} was sent non-shared tensors {foreign[:3]}")
+        with torch.no_grad():
+            for key, value in tensors.items():
+                state[key].copy_(value)
+
+    def shared_state(self) -> TensorDict:
+        """Copies of the shared entries of the ``state_dict`` (what the client uploads), on the CPU."""
+        state = self.model.state_dict()
+        return {k: state[k].detach().to("cpu", copy=True) for k in self.shared_keys}
+
+    def state(self) -> TensorDict:
+        """Copies of the whole ``state_dict`` (for checkpoints), on the CPU."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def load_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Restore a ``state`` written by ``Client.state``."""
+        self.model.load_state_dict(dict(state), strict=True)
+
+    # -- training ----------------------------------------------------------------------------------------------
+    def train(self, instruction: TrainInstruction, server_round: int, seed: int) -> TrainReply:
+        """Run ``instruction.recipe`` from the shared weights it carries; reply with the new shared weights."""
+        recipe = instruction.recipe
+        self.load_shared(instruction.shared)
+        centre: dict[str, torch.Tensor] | None = None
+        if recipe.prox_mu > 0:
+            if instruction.prox_centre is None:
+                raise FederationError(f"client {self.cid}, round {server_round}: prox_mu > 0 needs a proximal centre")
+            centre = {k: instruction.prox_centre[k].to(self.device) for k in self.shared_params}
+        torch.manual_seed(seed)  # dropout draws from the global generator
+        generator = torch.Generator().manual_seed(seed)
+        augmenter = make_augmenter(seed) if self.augment else None
+        losses: list[tuple[float, int]] = []
+        if recipe.head_epochs > 0 and self.head_params:
+            head_lr = recipe.head_lr if recipe.head_lr is not None else recipe.lr
+            self._phase(
+                self.head_params, recipe.head_epochs, head_lr, recipe, None, generator, augmenter, losses, server_round
+            )
+            base = self.shared_params
+        else:
+            base = list(self.params)
+        if recipe.epochs > 0 and base:
+            self._phase(base, recipe.epochs, recipe.lr, recipe, centre, generator, augmenter, losses, server_round)
+        seen = sum(n for _, n in losses)
+        metrics = {"train_loss": sum(loss * n for loss, n in losses) / seen if seen else float("nan")}
+        if recipe.fisher_batch > 0:
+            metrics["fisher_trace"] = self._fisher(recipe.fisher_batch, generator)
+        return TrainReply(
+            client=self.cid, shared=self.shared_state(), num_examples=self.data.num_train, metrics=metrics
+        )
+
+    def _set_trainable(self, names: Iterable[str]) -> None:
+        trainable = set(names)
+        for key, param in self.params.items():
+            param.requires_grad_(key in trainable)
+        self.model.train()
+        for name, module in self.model.named_modules():
+            # BatchNorm of a frozen part keeps its running statistics: eval mode for it.
+            if isinstance(module, nn.modules.batchnorm._BatchNorm) and f"{name}.weight" not in trainable:
+                module.eval()
+
+    def _phase(
+        self,
+        names: Sequence[str],
+        epochs: int,
+        lr: float,
+        recipe: Recipe,
+        centre: Mapping[str, torch.Tensor] | None,
+        generator: torch.Generator,
+        augmenter: A.Compose | None,
+        losses: list[tuple[float, int]],
+        server_round: int,
+    ) -> None:
+        self._set_trainable(names)
+        trained = [self.params[k] for k in names]
+        optimizer = torch.optim.SGD(trained, lr=lr, momentum=recipe.momentum, weight_decay=recipe.weight_decay)
+        prox_params = {k: self.params[k] for k in self.shared_params if k in set(names)}
+        use_prox = centre is not None and bool(prox_params)
+        images, labels = self.data.train_x, torch.from_numpy(self.data.train_y)
+        for _ in range(epochs):
+            order = torch.randperm(self.data.num_train, generator=generator)
+            for index in _batches(order, self.batch_size):
+                batch = images[index.numpy()]
+                if augmenter is not None:
+                    batch = augment_batch(augmenter, batch)
+                x = to_tensor(batch, self.device)
+                y = labels[index].to(self.device)
+                optimizer.zero_grad(set_to_none=True)
+                loss = F.cross_entropy(self.model(x), y)
+                value = float(loss.detach())
+                if not math.isfinite(value):
+                    raise FederationError(
+                        f"client {self.cid}, round {server_round}: the training loss became {value}; "
+                        f"lower client.lr (now {lr}) and run again"
+                    )
+                total = loss + proximal_term(prox_params, centre, recipe.prox_mu) if use_prox else loss  # type: ignore[arg-type]
+                total.backward()
+                optimizer.step()
+                losses.append((value, int(y.numel())))
+        for param in self.params.values():
+            param.requires_grad_(True)
+
+    def _fisher(self, batch: int, generator: torch.Generator) -> float:
+        from federation.fisher import fisher_trace
+
+        if not self.shared_params:
+            raise FederationError(f"client {self.cid}: fisher_trace needs shared parameters (nhead leaves none)")
+        pick = torch.randperm(self.data.num_train, generator=generator)[: min(batch, self.data.num_train)]
+        x = to_tensor(self.data.train_x[pick.numpy()], self.device)
+        y = torch.from_numpy(self.data.train_y[pick.numpy()]).to(self.device)
+        return float(fisher_trace(self.model, self.shared_params, x, y))
+
+    # -- evaluation --------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> EvalResult:
+        """Base + own head on the client's own test split: mean cross-entropy, accuracy, AUC (softmax)."""
+        self.model.eval()
+        total_loss, correct = 0.0, 0
+        probs: list[np.ndarray] = []
+        images, labels = self.data.test_x, self.data.test_y
+        for start in range(0, self.data.num_test, self.eval_batch_size):
+            x = to_tensor(images[start : start + self.eval_batch_size], self.device)
+            y = torch.from_numpy(labels[start : start + self.eval_batch_size]).to(self.device)
+            logits = self.model(x)
+            total_loss += float(F.cross_entropy(logits, y, reduction="sum"))
+            correct += int((logits.argmax(dim=1) == y).sum())
+            probs.append(torch.softmax(logits.double(), dim=1)[:, 1].cpu().numpy())
+        prob = np.concatenate(probs)
+        n = self.data.num_test
+        return EvalResult(loss=total_loss / n, acc=correct / n, auc=auc_or_none(labels, prob), prob_abnormal=prob)

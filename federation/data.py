@@ -1,0 +1,209 @@
+"""A hospital's tiles, read once from ``manifest.csv`` into memory, and H&E-style augmentation.
+
+Reads the prepared-dataset contract of ``data/README.md`` section 2 (the output of ``gastric-fl prepare``,
+FedSAF paper 001, Sec. 4.2): one row per tile with ``client, split, label, path, ..., channels``. Each client's
+train and test tiles are decoded once, resized to ``input_size`` and kept as ``uint8`` arrays (N, S, S, C);
+batches are augmented on ``uint8`` and normalised on the fly.
+
+Grayscale hospitals (``channels == 1``): with ``in_chans == 3`` (the default) their tiles are replicated to three
+identical channels, so every hospital uses the same architecture and every layer can be shared; with
+``in_chans == 1`` every tile of every hospital is converted to gray instead.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import albumentations as A
+import cv2
+import numpy as np
+import torch
+
+from federation.errors import FederationError
+
+LABELS: tuple[str, ...] = ("normal", "abnormal")  # class index 0 and 1
+SPLITS: tuple[str, ...] = ("train", "test")
+REQUIRED_COLUMNS: tuple[str, ...] = ("client", "split", "label", "path", "channels")
+MIN_TRAIN_TILES = 2  # BatchNorm needs two samples in a training batch
+
+# ImageNet statistics: the conventional input scaling for these torchvision architectures.
+_MEAN_RGB = (0.485, 0.456, 0.406)
+_STD_RGB = (0.229, 0.224, 0.225)
+_MEAN_GRAY = (0.449,)
+_STD_GRAY = (0.226,)
+
+
+@dataclass(frozen=True)
+class ManifestRow:
+    """One tile of ``manifest.csv`` (the columns the federation needs)."""
+
+    client: int
+    split: str
+    label: int
+    path: str
+    channels: int
+
+
+@dataclass
+class ClientData:
+    """One hospital's tiles in memory: ``uint8`` images (N, S, S, C) and ``int64`` labels (N,)."""
+
+    client: int
+    train_x: np.ndarray
+    train_y: np.ndarray
+    test_x: np.ndarray
+    test_y: np.ndarray
+    test_paths: list[str]
+    grayscale: bool
+
+    @property
+    def num_train(self) -> int:
+        return int(self.train_y.shape[0])
+
+    @property
+    def num_test(self) -> int:
+        return int(self.test_y.shape[0])
+
+
+def read_manifest(dataset: str | Path) -> list[ManifestRow]:
+    """Parse and check ``<dataset>/manifest.csv`` (columns, values); raises ``FederationError`` with the row."""
+    folder = Path(dataset)
+    manifest = folder / "manifest.csv"
+    if not manifest.is_file():
+        raise FederationError(
+            f"{manifest} not found: point data.path (or --data) at a folder made by gastric-fl prepare"
+        )
+    rows: list[ManifestRow] = []
+    with manifest.open(newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise FederationError(f"{manifest} lacks the columns {missing}: re-run gastric-fl prepare")
+        for line, record in enumerate(reader, start=2):
+            try:
+                client = int(record["client"])
+                channels = int(record["channels"])
+            except (TypeError, ValueError) as exc:
+                raise FederationError(f"{manifest} line {line}: client and channels must be integers") from exc
+            split, label, path = record["split"], record["label"], record["path"]
+            if client < 0 or split not in SPLITS or label not in LABELS or channels not in (1, 3) or not path:
+                raise FederationError(
+                    f"{manifest} line {line}: expected client >= 0, split in {SPLITS}, label in {LABELS}, "
+                    f"channels 1 or 3 and a path; got {client}, {split!r}, {label!r}, {channels}, {path!r}"
+                )
+            rows.append(ManifestRow(client, split, LABELS.index(label), path, channels))
+    if not rows:
+        raise FederationError(f"{manifest} lists no tiles: re-run gastric-fl prepare on a non-empty raw folder")
+    return rows
+
+
+def manifest_clients(rows: Sequence[ManifestRow]) -> list[int]:
+    """Client indices in the manifest, checked to be 0..m-1 with none missing."""
+    present = sorted({r.client for r in rows})
+    expected = list(range(present[-1] + 1))
+    empty = sorted(set(expected) - set(present))
+    if empty:
+        raise FederationError(f"client(s) {empty} have no tiles in the manifest: re-run gastric-fl prepare")
+    return present
+
+
+def _read_tile(file: Path, input_size: int, in_chans: int) -> np.ndarray:
+    image = cv2.imread(str(file), cv2.IMREAD_UNCHANGED)
+    if image is None:
+        raise FederationError(f"tile {file} cannot be read as an image: re-run gastric-fl prepare")
+    if image.dtype != np.uint8:
+        image = cv2.convertScaleAbs(image, alpha=255.0 / max(1.0, float(image.max())))
+    if image.ndim == 3 and image.shape[2] == 4:
+        image = cv2.cvtColor(image, cv2.COLOR_BGRA2BGR)
+    if image.ndim == 3:
+        image = cv2.cvtColor(image, cv2.COLOR_BGR2GRAY if in_chans == 1 else cv2.COLOR_BGR2RGB)
+    if image.shape[0] != input_size or image.shape[1] != input_size:
+        shrink = image.shape[0] > input_size
+        image = cv2.resize(
+            image, (input_size, input_size), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR
+        )
+    if image.ndim == 2:
+        image = image[:, :, None]
+        if in_chans == 3:
+            image = np.repeat(image, 3, axis=2)  # one architecture for gray and colour hospitals
+    return np.ascontiguousarray(image)
+
+
+def load_clients(
+    dataset: str | Path, input_size: int, in_chans: int = 3, clients: Sequence[int] | None = None
+) -> dict[int, ClientData]:
+    """Decode every tile of the chosen ``clients`` (default: all) once, as ``uint8`` arrays of side ``input_size``.
+
+    Raises ``FederationError`` naming the file for a missing or unreadable tile, and naming the client for one
+    without training tiles (fewer than two) or without test tiles.
+    """
+    folder = Path(dataset)
+    rows = read_manifest(folder)
+    present = manifest_clients(rows)
+    chosen = present if clients is None else sorted(clients)
+    absent = [c for c in chosen if c not in present]
+    if absent:
+        raise FederationError(f"strategy.clients names {absent}, but {folder} has clients {present}")
+    missing = [r.path for r in rows if r.client in chosen and not (folder / r.path).is_file()]
+    if missing:
+        raise FederationError(
+            f"tile {folder / missing[0]} listed in manifest.csv does not exist ({len(missing)} missing in all): "
+            "the prepared folder is incomplete, re-run gastric-fl prepare"
+        )
+    out: dict[int, ClientData] = {}
+    for c in chosen:
+        mine = [r for r in rows if r.client == c]
+        train = [r for r in mine if r.split == "train"]
+        test = [r for r in mine if r.split == "test"]
+        if len(train) < MIN_TRAIN_TILES or not test:
+            raise FederationError(
+                f"client {c} has {len(train)} training and {len(test)} test tiles: every client needs at least "
+                f"{MIN_TRAIN_TILES} training and 1 test tile (re-run gastric-fl prepare with fewer clients)"
+            )
+        out[c] = ClientData(
+            client=c,
+            train_x=np.stack([_read_tile(folder / r.path, input_size, in_chans) for r in train]),
+            train_y=np.array([r.label for r in train], dtype=np.int64),
+            test_x=np.stack([_read_tile(folder / r.path, input_size, in_chans) for r in test]),
+            test_y=np.array([r.label for r in test], dtype=np.int64),
+            test_paths=[r.path for r in test],
+            grayscale=all(r.channels == 1 for r in mine),
+        )
+    return out
+
+
+def make_augmenter(seed: int) -> A.Compose:
+    """Augmentation for H&E tiles, deterministic given ``seed``.
+
+    Tissue has no orientation, so all eight flips/rotations are equally plausible (``SquareSymmetry``); stain
+    intensity varies between labs and scanners, so hue, saturation, brightness and contrast shift mildly.
+    """
+    return A.Compose(
+        [
+            A.SquareSymmetry(p=1.0),
+            A.HueSaturationValue(hue_shift_limit=8, sat_shift_limit=12, val_shift_limit=8, p=0.5),
+            A.RandomBrightnessContrast(brightness_limit=0.1, contrast_limit=0.1, p=0.5),
+        ],
+        seed=seed,
+    )
+
+
+def augment_batch(augmenter: A.Compose, images: np.ndarray) -> np.ndarray:
+    """Apply ``augmenter`` to each ``uint8`` image of a (B, S, S, C) batch."""
+    out = np.empty_like(images)
+    for i, image in enumerate(images):
+        result = augmenter(image=image)["image"]
+        out[i] = result.reshape(image.shape)  # albumentations drops a trailing axis of size 1
+    return out
+
+
+def to_tensor(images: np.ndarray, device: torch.device | str = "cpu") -> torch.Tensor:
+    """``uint8`` (B, S, S, C) -> normalised ``float32`` (B, C, S, S) on ``device``."""
+    channels = images.shape[3]
+    mean = torch.tensor(_MEAN_RGB if channels == 3 else _MEAN_GRAY, device=device).view(1, channels, 1, 1)
+    std = torch.tensor(_STD_RGB if channels == 3 else _STD_GRAY, device=device).view(1, channels, 1, 1)
+    batch = torch.from_numpy(images).to(device).permute(0, 3, 1, 2).float().div_(255.0)
+    return batch.sub_(mean).div_(std).contiguous()

@@ -1,0 +1,354 @@
+"""Paper-style results of runs: the tables of FedSAF paper 001 (Tables 4-7) and its accuracy curves (Fig. 4-5).
+
+For each run, at the last completed round: the test accuracy and AUC *averaged* over clients and their *standard
+deviation* over clients (population std, ``ddof = 0``), the *best* averaged accuracy over rounds, the values
+transmitted per round in each direction, and wall seconds per round; per hospital, the final accuracy and AUC.
+A client whose test split has one class has no AUC: it is left out of the AUC mean and std.
+
+The functions are reusable: ``load_run(run_dir) -> RunResult``, ``summarise(runs) -> rows``,
+``per_hospital(runs) -> rows``, ``markdown_table(rows)``, ``plot_accuracy(runs, png)``; ``write_report`` does
+all of it for ``gastric-fl report``. ``transmitted_values`` computes the values a strategy sends per client and
+round for each ``nhead`` from the model's ``state_dict`` (paper Table 6; our counts, not copied from the paper).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import statistics
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from federation.errors import FederationError
+from federation.runs import (
+    AGGREGATION_FILE,
+    CONFIG_FILE,
+    METRICS_FILE,
+    SUMMARY_FILE,
+    atomic_write_text,
+    read_json,
+    read_jsonl,
+)
+
+SUMMARY_COLUMNS: tuple[str, ...] = (
+    "run",
+    "strategy",
+    "model",
+    "nhead",
+    "status",
+    "rounds",
+    "avg_train_loss",
+    "avg_test_acc",
+    "std_test_acc",
+    "avg_test_auc",
+    "std_test_auc",
+    "best_avg_test_acc",
+    "best_round",
+    "sent_per_round",
+    "received_per_round",
+    "seconds_per_round",
+)
+HOSPITAL_COLUMNS: tuple[str, ...] = ("run", "client", "num_train", "num_test", "test_acc", "test_auc")
+
+
+@dataclass(frozen=True)
+class RoundStats:
+    """One round over all clients: means and population standard deviations, and traffic in each direction."""
+
+    round: int
+    clients: int
+    avg_train_loss: float | None
+    avg_test_loss: float | None
+    avg_test_acc: float
+    std_test_acc: float
+    avg_test_auc: float | None
+    std_test_auc: float | None
+    values_sent: int
+    values_received: int
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def _std(values: Sequence[float]) -> float | None:
+    return statistics.pstdev(values) if values else None
+
+
+def round_stats(metrics: Sequence[Mapping[str, Any]]) -> list[RoundStats]:
+    """Group ``metrics.jsonl`` records by round (ascending)."""
+    by_round: dict[int, list[Mapping[str, Any]]] = {}
+    for record in metrics:
+        by_round.setdefault(int(record["round"]), []).append(record)
+    out: list[RoundStats] = []
+    for r in sorted(by_round):
+        rows = by_round[r]
+        acc = [float(x["test_acc"]) for x in rows]
+        auc = [float(x["test_auc"]) for x in rows if x.get("test_auc") is not None]
+        train_loss = [float(x["train_loss"]) for x in rows if x.get("train_loss") is not None]
+        test_loss = [float(x["test_loss"]) for x in rows if x.get("test_loss") is not None]
+        out.append(
+            RoundStats(
+                round=r,
+                clients=len(rows),
+                avg_train_loss=_mean(train_loss),
+                avg_test_loss=_mean(test_loss),
+                avg_test_acc=statistics.fmean(acc),
+                std_test_acc=statistics.pstdev(acc),
+                avg_test_auc=_mean(auc),
+                std_test_auc=_std(auc),
+                values_sent=sum(int(x.get("values_sent", 0)) for x in rows),
+                values_received=sum(int(x.get("values_received", 0)) for x in rows),
+            )
+        )
+    return out
+
+
+def run_figures(stats: Sequence[RoundStats]) -> dict[str, Any]:
+    """``final`` (last round), ``best`` (round with the highest averaged accuracy) and mean traffic per round."""
+    if not stats:
+        return {"final": None, "best": None, "values_per_round": None}
+    last = stats[-1]
+    best = max(stats, key=lambda s: (s.avg_test_acc, -s.round))
+    return {
+        "final": {
+            "round": last.round,
+            "avg_train_loss": last.avg_train_loss,
+            "avg_test_acc": last.avg_test_acc,
+            "std_test_acc": last.std_test_acc,
+            "avg_test_auc": last.avg_test_auc,
+            "std_test_auc": last.std_test_auc,
+        },
+        "best": {"round": best.round, "avg_test_acc": best.avg_test_acc, "avg_test_auc": best.avg_test_auc},
+        "values_per_round": {
+            "sent": statistics.fmean(s.values_sent for s in stats),
+            "received": statistics.fmean(s.values_received for s in stats),
+        },
+    }
+
+
+@dataclass
+class RunResult:
+    """Everything a run directory holds that the report needs."""
+
+    run_dir: Path
+    config: dict[str, Any]
+    summary: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    aggregation: list[dict[str, Any]]
+    rounds: list[RoundStats]
+
+    @property
+    def name(self) -> str:
+        return self.run_dir.name
+
+    @property
+    def strategy(self) -> str:
+        return str(self.config.get("strategy", {}).get("name", "?"))
+
+    @property
+    def model(self) -> str:
+        return str(self.config.get("model", {}).get("name", "?"))
+
+    @property
+    def nhead(self) -> int | None:
+        value = self.config.get("strategy", {}).get("nhead")
+        return int(value) if value is not None else None
+
+
+def load_run(run_dir: str | Path) -> RunResult:
+    """Read ``config.toml``, ``summary.json``, ``metrics.jsonl`` and ``aggregation.jsonl`` of ``run_dir``."""
+    folder = Path(run_dir)
+    if not (folder / CONFIG_FILE).is_file():
+        raise FederationError(
+            f"{folder} is not a run directory (no {CONFIG_FILE}): give a folder made by gastric-fl train"
+        )
+    try:
+        config = tomllib.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise FederationError(f"{folder / CONFIG_FILE} is not valid TOML ({exc})") from exc
+    summary = read_json(folder / SUMMARY_FILE) if (folder / SUMMARY_FILE).is_file() else {}
+    metrics = read_jsonl(folder / METRICS_FILE)
+    aggregation = read_jsonl(folder / AGGREGATION_FILE)
+    return RunResult(folder, config, summary, metrics, aggregation, round_stats(metrics))
+
+
+def summarise(runs: Sequence[RunResult]) -> list[dict[str, Any]]:
+    """One row per run with ``SUMMARY_COLUMNS`` (figures of the last completed round; best over rounds)."""
+    rows: list[dict[str, Any]] = []
+    for run in runs:
+        figures = run_figures(run.rounds)
+        final = figures["final"] or {}
+        best = figures["best"] or {}
+        traffic = figures["values_per_round"] or {}
+        seconds = [float(a["seconds"]) for a in run.aggregation if "seconds" in a]
+        rows.append(
+            {
+                "run": run.name,
+                "strategy": run.strategy,
+                "model": run.model,
+                "nhead": run.nhead,
+                "status": run.summary.get("status", "unknown"),
+                "rounds": final.get("round", 0),
+                "avg_train_loss": final.get("avg_train_loss"),
+                "avg_test_acc": final.get("avg_test_acc"),
+                "std_test_acc": final.get("std_test_acc"),
+                "avg_test_auc": final.get("avg_test_auc"),
+                "std_test_auc": final.get("std_test_auc"),
+                "best_avg_test_acc": best.get("avg_test_acc"),
+                "best_round": best.get("round"),
+                "sent_per_round": traffic.get("sent"),
+                "received_per_round": traffic.get("received"),
+                "seconds_per_round": statistics.fmean(seconds) if seconds else None,
+            }
+        )
+    return rows
+
+
+def per_hospital(runs: Sequence[RunResult]) -> list[dict[str, Any]]:
+    """One row per run x client: the last round's accuracy and AUC on that hospital's own test split."""
+    rows: list[dict[str, Any]] = []
+    for run in runs:
+        if not run.rounds:
+            continue
+        last = run.rounds[-1].round
+        for record in sorted((m for m in run.metrics if int(m["round"]) == last), key=lambda m: int(m["client"])):
+            rows.append(
+                {
+                    "run": run.name,
+                    "client": int(record["client"]),
+                    "num_train": record.get("num_train"),
+                    "num_test": record.get("num_test"),
+                    "test_acc": record.get("test_acc"),
+                    "test_auc": record.get("test_auc"),
+                }
+            )
+    return rows
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """A GitHub Markdown table of ``rows`` (``None`` shown as ``-``; floats to 4 decimals)."""
+    if not rows:
+        return "(no rows)\n"
+    cols = list(columns) if columns is not None else list(rows[0])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    lines += ["| " + " | ".join(_cell(row.get(c)) for c in cols) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def csv_text(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    """``rows`` as CSV with a header line (``None`` as an empty cell)."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(columns), lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows([{c: ("" if row.get(c) is None else row.get(c)) for c in columns} for row in rows])
+    return buffer.getvalue()
+
+
+def plot_accuracy(runs: Sequence[RunResult], path: Path) -> None:
+    """Averaged and std test accuracy over rounds, one line per run (paper Fig. 4-5), saved as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_avg, ax_std) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
+    for run in runs:
+        rounds = [s.round for s in run.rounds]
+        label = f"{run.name} ({run.strategy})"
+        ax_avg.plot(rounds, [s.avg_test_acc for s in run.rounds], marker="o", markersize=3, label=label)
+        ax_std.plot(rounds, [s.std_test_acc for s in run.rounds], marker="o", markersize=3, label=label)
+    ax_avg.set(title="Averaged test accuracy", xlabel="round", ylabel="accuracy (mean over clients)")
+    ax_std.set(title="Std test accuracy", xlabel="round", ylabel="accuracy (std over clients)")
+    for ax in (ax_avg, ax_std):
+        ax.grid(True, alpha=0.3)
+    ax_avg.legend(fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(runs: Sequence[RunResult], out_dir: Path) -> dict[str, Path]:
+    """Write ``report.md``, ``report.csv``, ``hospitals.csv`` and ``accuracy.png`` into ``out_dir``."""
+    if not runs:
+        raise FederationError("no runs to report: give at least one run directory")
+    rows = summarise(runs)
+    hospitals = per_hospital(runs)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "markdown": out_dir / "report.md",
+        "csv": out_dir / "report.csv",
+        "hospitals": out_dir / "hospitals.csv",
+        "curves": out_dir / "accuracy.png",
+    }
+    text = render_markdown(rows, hospitals, curves=paths["curves"].name)
+    atomic_write_text(paths["markdown"], text)
+    atomic_write_text(paths["csv"], csv_text(rows, SUMMARY_COLUMNS))
+    atomic_write_text(paths["hospitals"], csv_text(hospitals, HOSPITAL_COLUMNS))
+    plot_accuracy(runs, paths["curves"])
+    return paths
+
+
+def render_markdown(
+    rows: Sequence[Mapping[str, Any]], hospitals: Sequence[Mapping[str, Any]], curves: str | None = None
+) -> str:
+    """The report as Markdown: the run table, the per-hospital table and (optionally) the curves image."""
+    parts = [
+        "# Federation report\n",
+        "Figures of the last completed round: avg/std = mean/std over clients of each hospital's own test split; "
+        "best = highest averaged accuracy over rounds; sent/received = values per round, all clients together.\n",
+        markdown_table(rows, SUMMARY_COLUMNS),
+        "\n## Per hospital (last round)\n",
+        markdown_table(hospitals, HOSPITAL_COLUMNS),
+    ]
+    if curves:
+        parts.append(f"\n![Averaged and std test accuracy over rounds]({curves})\n")
+    return "\n".join(parts)
+
+
+def transmitted_values(
+    model_name: str = "mobilenet_v3_small", nheads: Sequence[int] = (0, 3, 6, 9, 12)
+) -> list[dict[str, Any]]:
+    """Values one client uploads (and is sent back) per round when the last ``nhead`` units stay local.
+
+    ``state_dict_values`` counts every shared ``state_dict`` entry (weights and BatchNorm buffers: what our
+    strategies send); ``parameters`` counts trainable parameters only, for comparison with papers that do.
+    """
+    from models import base_keys, check_nhead, create_model, split_units
+
+    model = create_model(model_name)
+    units = split_units(model)
+    state = model.state_dict()
+    param_names = {name for name, _ in model.named_parameters()}
+    rows: list[dict[str, Any]] = []
+    for nhead in nheads:
+        check_nhead(nhead, units)
+        keys = base_keys(units, nhead)
+        rows.append(
+            {
+                "model": model_name,
+                "nhead": nhead,
+                "shared_units": len(units) - nhead,
+                "state_dict_values": sum(state[k].numel() for k in keys),
+                "parameters": sum(state[k].numel() for k in keys if k in param_names),
+            }
+        )
+    return rows

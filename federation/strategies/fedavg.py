@@ -1,0 +1,90 @@
+"""FedAvg (McMahan et al., 2017; a baseline of FedSAF paper 001, Tables 6-7), and the averaging core it shares
+with FedProx and FedRep.
+
+Each round the server sends the global shared weights w to every client, each client trains from them and
+returns its own w_i, and the server sets ``w = sum_i (n_i / n) w_i`` with ``n_i`` the client's training tiles.
+The average runs over the whole shared ``state_dict``, BatchNorm running means and variances included, so the
+deployed model's normalisation matches its weights; ``num_batches_tracked`` (an integer counter) is averaged
+the same way and rounded back to an integer (``federation.aggregation.unflatten``). With ``nhead > 0`` the last
+``nhead`` layer units stay on each client (FedPer-style); FedAvg proper is ``nhead = 0``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from federation.aggregation import FlatSpec, flatten, unflatten, weighted_sum
+from federation.config import RunConfig
+from federation.contract import Recipe, TensorDict, TrainInstruction, TrainReply
+from federation.errors import FederationError
+from federation.strategies.common import StrategyContext, recipe_from_config, resolved_nhead
+from models import base_keys
+
+
+class Averaging:
+    """Example-weighted averaging of the shared part; the recipe decides FedAvg, FedProx or FedRep.
+
+    ``recipe.prox_mu > 0`` sends the global weights as the proximal centre too (FedProx). ``recipe.head_epochs``
+    > 0 trains each client's head before its base (FedRep). The only cross-round state is the global weights.
+    """
+
+    def __init__(self, name: str, recipe: Recipe, nhead: int, ctx: StrategyContext) -> None:
+        self.name = name
+        self.recipe = recipe
+        self.nhead = nhead
+        self.keys = ctx.shared_keys(nhead)
+        if not self.keys:
+            raise FederationError(f"{name} with nhead={nhead} shares no layer: use a smaller strategy.nhead")
+        self.global_state: TensorDict = ctx.initial(self.keys)
+        self.spec = FlatSpec.of(self.global_state, self.keys)
+
+    def shared_keys(self, state_keys: Sequence[str], units: Sequence[Sequence[str]]) -> list[str]:
+        unit_list = [(str(i), list(keys)) for i, keys in enumerate(units)]
+        return base_keys(unit_list, self.nhead)
+
+    def configure_train(self, server_round: int, clients: Sequence[int]) -> dict[int, TrainInstruction]:
+        # One dict for every client: the engine never mutates what it is sent, and the proximal centre *is*
+        # the shared weights, so count_values counts it once.
+        centre = self.global_state if self.recipe.prox_mu > 0 else None
+        return {
+            c: TrainInstruction(client=c, recipe=self.recipe, shared=self.global_state, prox_centre=centre)
+            for c in clients
+        }
+
+    def aggregate_train(self, server_round: int, replies: Mapping[int, TrainReply]) -> dict[str, Any]:
+        clients = sorted(replies)
+        counts = [replies[c].num_examples for c in clients]
+        total = sum(counts)
+        if total <= 0:
+            raise FederationError(f"round {server_round}: the clients reported no training examples")
+        weights = [n / total for n in counts]
+        stacked = flatten([replies[c].shared for c in clients], self.spec)
+        self.global_state = unflatten(weighted_sum(stacked, weights), self.spec)
+        return {"weights": {str(c): w for c, w in zip(clients, weights, strict=True)}}
+
+    def configure_evaluate(self, server_round: int, clients: Sequence[int]) -> dict[int, TensorDict | None]:
+        return dict.fromkeys(clients, self.global_state)
+
+    def state_tensors(self) -> TensorDict:
+        return dict(self.global_state)
+
+    def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        missing = [k for k in self.keys if k not in tensors]
+        if missing:
+            raise FederationError(f"{self.name} checkpoint lacks global weights {missing[:3]}: it is from another run")
+        self.global_state = {k: tensors[k].detach().clone() for k in self.keys}
+
+    def state_json(self) -> dict[str, Any]:
+        return {"nhead": self.nhead}
+
+    def load_state_json(self, state: Mapping[str, Any]) -> None:
+        if state.get("nhead", self.nhead) != self.nhead:
+            raise FederationError(f"{self.name} checkpoint was made with nhead={state['nhead']}, not {self.nhead}")
+
+
+def build(config: RunConfig, ctx: StrategyContext) -> Averaging:
+    """FedAvg: one phase over all parameters, no proximal term."""
+    return Averaging("fedavg", recipe_from_config(config), resolved_nhead(config), ctx)
