@@ -3,7 +3,8 @@
 The paper converts every image to PNG before processing; we decode each format once into RGB ``uint8`` in
 memory instead and write only PNG tiles. Variants a scanner or annotation tool may write are normalised:
 8/16-bit and float samples, grayscale, RGBA (composited onto white, as a viewer shows it), multi-page TIFF
-(the first page, i.e. the full-resolution level). Anything that cannot be decoded raises `ImageReadError`.
+(the first page, i.e. the full-resolution level). TIFF codecs (deflate, LZW, JPEG, ...) come from
+imagecodecs. Anything that cannot be decoded raises `ImageReadError`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 import tifffile
+from PIL import Image
 
 from pipeline.errors import PipelineError
 
@@ -29,25 +31,17 @@ class ImageReadError(PipelineError):
 
 
 def _decode_tiff(data: bytes) -> npt.NDArray[np.generic]:
-    """First page of a TIFF; OpenCV's libtiff is the fallback for codecs tifffile lacks without imagecodecs."""
-    try:
-        with tifffile.TiffFile(io.BytesIO(data)) as tif:
-            page = tif.pages.first
-            array = np.asarray(page.asarray())
-            if page.axes.startswith("S") and array.ndim == 3:
-                # Planar (separate-plane) TIFFs come back samples-first.
-                array = np.moveaxis(array, 0, -1)
-            return array
-    except Exception as first:
-        decoded = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
-        if decoded is None:
-            raise ValueError(str(first) or type(first).__name__) from None
-        # OpenCV returns BGR(A); tifffile returns RGB(A): bring it to tifffile's order.
-        if decoded.ndim == 3 and decoded.shape[2] == 3:
-            decoded = cv2.cvtColor(decoded, cv2.COLOR_BGR2RGB)
-        elif decoded.ndim == 3 and decoded.shape[2] == 4:
-            decoded = cv2.cvtColor(decoded, cv2.COLOR_BGRA2RGBA)
-        return np.asarray(decoded)
+    """First page of a TIFF with tifffile (+ imagecodecs: LZW, JPEG, deflate, ... in C).
+
+    No fallback to OpenCV: its libtiff returns a black image for corrupt data instead of failing.
+    """
+    with tifffile.TiffFile(io.BytesIO(data)) as tif:
+        page = tif.pages.first
+        array = np.asarray(page.asarray())
+        if page.axes.startswith("S") and array.ndim == 3:
+            # Planar (separate-plane) TIFFs come back samples-first.
+            array = np.moveaxis(array, 0, -1)
+        return array
 
 
 def _decode_other(data: bytes) -> npt.NDArray[np.generic]:
@@ -75,6 +69,43 @@ def decode_raw(data: bytes, name: str) -> npt.NDArray[np.generic]:
             f"{name}: unsupported image shape {array.shape}; expected H x W (gray), H x W x 3 (RGB) or H x W x 4"
         )
     return array
+
+
+def _probe_tiff(data: bytes) -> tuple[int, int]:
+    with tifffile.TiffFile(io.BytesIO(data)) as tif:
+        page = tif.pages.first
+        samples = int(page.samplesperpixel)
+        if samples not in (1, 3, 4):
+            raise ValueError(f"{samples} samples per pixel; expected 1 (gray), 3 (RGB) or 4 (RGBA)")
+        # Every strip/tile must lie inside the file: catches truncated copies without decoding any pixel.
+        for offset, count in zip(page.dataoffsets, page.databytecounts, strict=False):
+            if offset + count > len(data):
+                raise ValueError("file is truncated (image data runs past its end)")
+        return int(page.imagewidth), int(page.imagelength)
+
+
+def _probe_other(data: bytes) -> tuple[int, int]:
+    with Image.open(io.BytesIO(data)) as image:
+        width, height = image.size
+        # For PNG this checks every chunk's CRC (truncation, bit rot) without inflating the pixels.
+        image.verify()
+    return int(width), int(height)
+
+
+def probe_size(data: bytes, name: str) -> tuple[int, int]:
+    """``(width, height)`` from the header, with cheap integrity checks; pixels are decoded later, once.
+
+    A large TIFF takes far longer to decode than to tile (benchmarks/prepare_speed.md), so the first pass
+    over the slides (before the client split) reads headers only.
+    """
+    try:
+        probe = _probe_tiff if name.lower().endswith(TIFF_SUFFIXES) else _probe_other
+        width, height = probe(data)
+    except Exception as exc:
+        raise ImageReadError(f"{name}: cannot decode image ({exc}); re-export it or remove it from the input") from None
+    if width < 1 or height < 1:
+        raise ImageReadError(f"{name}: image has no pixels ({width}x{height})")
+    return width, height
 
 
 def to_uint8(array: npt.NDArray[np.generic], name: str) -> npt.NDArray[np.uint8]:

@@ -3,9 +3,9 @@
 `prepare_dataset` runs the whole chain and is what `gastric-fl prepare`, the quick start and the dashboard
 call:
 
-1. find the slides of the raw layout (`pipeline.sources`) and check each one fully: decode, mask or SVG
-   annotation, label (all-black mask = normal); a bad slide is skipped and reported (or stops the run with
-   ``strict``);
+1. find the slides of the raw layout (`pipeline.sources`) and check each one: header and integrity, mask or
+   SVG annotation, label (all-black mask = normal); a bad slide is skipped and reported (or stops the run
+   with ``strict``). Pixels are decoded only once, in step 3 (decoding dominates on large TIFFs);
 2. share the usable slides out over hospitals of varying sizes and split each hospital's slides into
    train/test (`pipeline.partition`);
 3. per slide: abnormal-region extraction (Step a.1), tiles with the white-area filter (Step b), grayscale
@@ -157,13 +157,24 @@ def _parallel(func: Callable[[T], R], items: list[T], workers: int, desc: str, p
         bar.close()
 
 
-def _tile_job(job: _Job, config: PrepareConfig, staging: Path) -> list[list[str]]:
-    """Load, extract, tile and write one slide; the manifest rows of its kept tiles."""
+@dataclass(frozen=True)
+class _Outcome:
+    rows: list[list[str]]
+    skipped: Skipped | None = None
+
+
+def _tile_job(job: _Job, config: PrepareConfig, staging: Path) -> _Outcome:
+    """Decode, extract, tile and write one slide: the manifest rows of its kept tiles, or why it was skipped."""
     ref = job.info.ref
-    slide = load_slide(ref, config.source, config.source.input)
+    try:
+        slide = load_slide(ref, config.source, config.source.input)
+    except PipelineError as exc:
+        # Pixel data that fails to decode although the header was fine: skipped after the client split.
+        reason = f"{exc} (found while tiling: client {job.client} has one {job.split} slide fewer)"
+        return _Outcome(rows=[], skipped=Skipped(ref.source, reason))
     if slide.hashes != job.info.hashes:
         raise PipelineError(f"{ref.source} (or its mask) changed while prepare was running; re-run prepare")
-    label = job.info.label or label_of(ref, slide)
+    label = job.info.label or label_of(ref, slide.mask)
     # One generator per slide, keyed by seed and slide index: the same tiles are drawn whatever the thread order.
     rng = np.random.default_rng([config.split.seed, ref.index])
     tiles = cut_tiles(
@@ -196,7 +207,7 @@ def _tile_job(job: _Job, config: PrepareConfig, staging: Path) -> list[list[str]
                 str(job.plan.channels),
             ]
         )
-    return rows
+    return _Outcome(rows=rows)
 
 
 def _remove_stale_partials(out: Path) -> None:
@@ -298,9 +309,15 @@ def prepare_dataset(config: PrepareConfig) -> PrepareResult:
             for split in SPLITS:
                 for label in LABELS:
                     (staging / f"client_{plan.client:02d}" / split / label).mkdir(parents=True)
-        per_slide = list(
+        outcomes = list(
             _parallel(lambda job: _tile_job(job, config, staging), jobs, out.workers, "tiling", out.progress)
         )
+        late = [o.skipped for o in outcomes if o.skipped is not None]
+        if late and out.strict:
+            raise SlideError(f"{late[0].reason} (stopped by --strict)")
+        skipped = tuple(sorted([*skipped, *late], key=lambda s: s.source))
+        jobs = [j for j, o in zip(jobs, outcomes, strict=True) if o.skipped is None]
+        per_slide = [o.rows for o in outcomes if o.skipped is None]
         rows = [row for slide_rows in per_slide for row in slide_rows]
 
         counts = empty_counts(config.split.clients)

@@ -8,8 +8,9 @@ Layouts (data/README.md, "Raw layouts"):
 - ``class-folders``: ``normal/*`` and ``abnormal/*`` images, no masks: the whole image is used.
 
 `inspect_slide` is the per-slide check run before the client split (so that only usable slides are shared
-out); `load_slide` is the same read during tiling, with the file hashes compared so that a file changed
-between the two reads is caught instead of silently mixed in.
+out): headers, masks, annotations and labels, without decoding the slide's pixels. `load_slide` decodes the
+slide during tiling; the caller compares the file hashes of both reads, so a file changed in between is
+caught instead of silently mixed in.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy.typing as npt
 
 from pipeline.config import LABELS, SourceConfig
 from pipeline.errors import PipelineError
-from pipeline.images import IMAGE_SUFFIXES, RGBImage, read_bytes, read_mask, read_rgb
+from pipeline.images import IMAGE_SUFFIXES, RGBImage, probe_size, read_bytes, read_mask, read_rgb
 from pipeline.svgmask import rasterise_svg
 
 
@@ -149,14 +150,15 @@ def _binary_mask(raw: npt.NDArray[np.generic], name: str, threshold: int | None)
     return np.asarray(raw != 0)
 
 
-def load_slide(ref: SlideRef, config: SourceConfig, root: Path) -> LoadedSlide:
-    """Read a slide and its mask; any problem raises `SlideError` (or `ImageReadError`) naming the file."""
-    data = read_bytes(ref.path)
-    hashes = [(ref.source, _sha256(data))]
-    image = read_rgb(data, ref.source)
-    height, width = image.shape[:2]
-    mask: npt.NDArray[np.bool_] | None = None
-    warning = None
+@dataclass(frozen=True)
+class _Annotation:
+    mask: npt.NDArray[np.bool_] | None
+    hashes: tuple[tuple[str, str], ...]
+    warning: str | None
+
+
+def _annotation(ref: SlideRef, config: SourceConfig, root: Path, width: int, height: int) -> _Annotation:
+    """The slide's cancer mask (SEED mask PNG or BOT SVG) checked against the slide's size; None if it has none."""
     if config.format == "seed":
         if ref.mask is None:
             expected = f"{ref.path.stem}{config.mask_suffix}.png"
@@ -164,7 +166,6 @@ def load_slide(ref: SlideRef, config: SourceConfig, root: Path) -> LoadedSlide:
             raise SlideError(f"{ref.source}: no mask found (expected {expected} beside it{where})")
         mask_name = _relative(ref.mask, root)
         mask_data = read_bytes(ref.mask)
-        hashes.append((mask_name, _sha256(mask_data)))
         raw = read_mask(mask_data, mask_name)
         if raw.shape[:2] != (height, width):
             raise SlideError(
@@ -172,38 +173,57 @@ def load_slide(ref: SlideRef, config: SourceConfig, root: Path) -> LoadedSlide:
                 "the mask must have the slide's size"
             )
         mask = _binary_mask(raw, mask_name, config.mask_threshold)
-    elif config.format == "bot" and ref.folder_label == "abnormal":
-        svg_name = ref.path.with_suffix(".svg").name
+        return _Annotation(mask, ((mask_name, _sha256(mask_data)),), None)
+    if config.format == "bot" and ref.folder_label == "abnormal":
         if ref.annotation is None:
-            raise SlideError(f"{ref.source}: abnormal slide has no annotation {svg_name} beside it")
+            raise SlideError(
+                f"{ref.source}: abnormal slide has no annotation {ref.path.with_suffix('.svg').name} beside it"
+            )
         svg_name = _relative(ref.annotation, root)
         svg_data = read_bytes(ref.annotation)
-        hashes.append((svg_name, _sha256(svg_data)))
         rasterised = rasterise_svg(svg_data, width, height, svg_name)
-        mask = rasterised.mask > 0
-        warning = rasterised.clipped
-    return LoadedSlide(image=image, mask=mask, hashes=tuple(hashes), warning=warning)
+        return _Annotation(rasterised.mask > 0, ((svg_name, _sha256(svg_data)),), rasterised.clipped)
+    return _Annotation(None, (), None)
 
 
-def label_of(ref: SlideRef, slide: LoadedSlide) -> str:
-    """``normal``/``abnormal``: from the mask for SEED (any cancer pixel), from the folder otherwise."""
+def load_slide(ref: SlideRef, config: SourceConfig, root: Path) -> LoadedSlide:
+    """Decode a slide and its mask; any problem raises `SlideError` (or `ImageReadError`) naming the file."""
+    data = read_bytes(ref.path)
+    image = read_rgb(data, ref.source)
+    height, width = image.shape[:2]
+    annotation = _annotation(ref, config, root, width, height)
+    return LoadedSlide(
+        image=image,
+        mask=annotation.mask,
+        hashes=((ref.source, _sha256(data)), *annotation.hashes),
+        warning=annotation.warning,
+    )
+
+
+def label_of(ref: SlideRef, mask: npt.NDArray[np.bool_] | None) -> str:
+    """``normal``/``abnormal``: from the folder when the layout has one, else from the mask (any cancer pixel)."""
     if ref.folder_label is not None:
         return ref.folder_label
-    return "abnormal" if slide.mask is not None and bool(slide.mask.any()) else "normal"
+    return "abnormal" if mask is not None and bool(mask.any()) else "normal"
 
 
 def inspect_slide(ref: SlideRef, config: SourceConfig, root: Path) -> SlideInfo:
-    """Check one slide fully (decode, mask, annotation); a problem is recorded, not raised."""
+    """First pass over a slide: header, file hashes, mask or annotation and label; a problem is recorded, not raised.
+
+    The slide's pixels are not decoded here (that happens once, while tiling): the header gives the size the
+    mask must match, and `probe_size` catches truncated or corrupt files cheaply.
+    """
     try:
-        slide = load_slide(ref, config, root)
+        data = read_bytes(ref.path)
+        width, height = probe_size(data, ref.source)
+        annotation = _annotation(ref, config, root, width, height)
     except PipelineError as exc:
         return SlideInfo(ref=ref, label=None, width=0, height=0, hashes=(), problem=str(exc))
-    height, width = slide.image.shape[:2]
     return SlideInfo(
         ref=ref,
-        label=label_of(ref, slide),
+        label=label_of(ref, annotation.mask),
         width=width,
         height=height,
-        hashes=slide.hashes,
-        warning=slide.warning,
+        hashes=((ref.source, _sha256(data)), *annotation.hashes),
+        warning=annotation.warning,
     )

@@ -422,6 +422,32 @@ def test_bad_bot_annotations_are_skipped_clipped_or_reported(tmp_path: Path) -> 
         prepare_dataset(config_for(raw, tmp_path / "strict", "bot", output={"strict": True}))
 
 
+def test_truncated_tiffs_are_caught_from_the_header_and_corrupt_pixels_while_tiling(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    make_bot(raw)
+    rng = np.random.default_rng(5)
+    corrupt = raw / "normal" / "b01.tiff"
+    tifffile.imwrite(corrupt, _tissue(rng), photometric="rgb", compression="zlib", rowsperstrip=SIZE)
+    with tifffile.TiffFile(corrupt) as tif:
+        offset = int(tif.pages.first.dataoffsets[0])
+    data = bytearray(corrupt.read_bytes())
+    data[offset : offset + 64] = bytes(64)  # header intact, deflate stream destroyed
+    corrupt.write_bytes(bytes(data))
+    truncated = raw / "normal" / "b00.tiff"
+    truncated.write_bytes(truncated.read_bytes()[: SIZE * SIZE])
+    out = tmp_path / "prepared"
+    result = prepare_dataset(config_for(raw, out, "bot"))
+    skipped = _skipped(out)
+    assert set(skipped) == {"normal/b00.tiff", "normal/b01.tiff"}
+    assert "truncated" in skipped["normal/b00.tiff"]
+    assert "cannot decode image" in skipped["normal/b01.tiff"]
+    assert "found while tiling" in skipped["normal/b01.tiff"]
+    assert [s.source for s in result.skipped] == ["normal/b00.tiff", "normal/b01.tiff"]
+    info = json.loads((out / "prepare.json").read_text())
+    assert "normal/b01.tiff" not in {s["source"] for s in info["slides"]}
+    assert info["totals"]["slides"] == 8
+
+
 def test_class_folders_keep_their_labels(tmp_path: Path) -> None:
     raw = tmp_path / "raw"
     rng = np.random.default_rng(2)

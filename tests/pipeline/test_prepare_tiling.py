@@ -142,3 +142,19 @@ def test_colour_masks_are_refused_and_gray_saved_as_rgb_is_accepted() -> None:
     grey = np.repeat(np.array([[0, 255]], dtype=np.uint8)[:, :, None], 3, axis=2)
     ok, png = cv2.imencode(".png", grey)
     assert read_mask(png.tobytes(), "m.png").tolist() == [[0, 255]]
+
+
+@pytest.mark.parametrize("compression", ["lzw", "zlib", "jpeg"])
+def test_scanner_tiff_codecs_decode(compression: str) -> None:
+    rgb = np.zeros((16, 24, 3), dtype=np.uint8)
+    rgb[:, :12] = (200, 100, 150)
+    buffer = io.BytesIO()
+    tifffile.imwrite(buffer, rgb, photometric="rgb", compression=compression)
+    decoded = read_rgb(buffer.getvalue(), "scan.tiff")
+    assert decoded.shape == (16, 24, 3)
+    error = np.abs(decoded.astype(int) - rgb.astype(int))
+    if compression == "jpeg":  # lossy: close on average (ringing at the colour edge)
+        assert error.mean() < 4
+        assert decoded[8, 4].tolist() != decoded[8, 20].tolist()
+    else:
+        assert error.max() == 0
