@@ -108,6 +108,7 @@ class _Nuclei:
     ang: list[NDArray[np.float64]] = field(default_factory=list)
     dark: list[NDArray[np.float64]] = field(default_factory=list)
     jit: list[NDArray[np.float64]] = field(default_factory=list)
+    vesicular: list[NDArray[np.bool_]] = field(default_factory=list)
 
     def add(
         self,
@@ -117,9 +118,11 @@ class _Nuclei:
         ang: NDArray[np.float64],
         dark: NDArray[np.float64],
         jit: NDArray[np.float64],
+        vesicular: NDArray[np.bool_] | None = None,
     ) -> None:
         if len(pts) == 0:
             return
+        self.vesicular.append(np.zeros(len(pts), bool) if vesicular is None else vesicular)
         self.cx.append(pts[:, 0])
         self.cy.append(pts[:, 1])
         n = len(pts)
@@ -158,12 +161,16 @@ def _noise(rng: np.random.Generator, size: int, feature: float, octaves: int = 1
 
 
 def _white_noise(rng: np.random.Generator, size: int, tile: int = 512) -> F32:
-    """Unit Gaussian noise; beyond ``tile`` pixels a tile is repeated, far cheaper and invisible at pixel scale."""
+    """Zero-mean, unit-variance pixel noise (uniform: half the cost of Gaussian draws, and it is blurred or
+    tiny anyway). Beyond ``tile`` pixels a tile repeats: far cheaper, and invisible at pixel scale."""
+    side = min(size, tile)
+    noise = rng.random((side, side), dtype=np.float32)
+    noise -= np.float32(0.5)
+    noise *= np.float32(math.sqrt(12.0))
     if size <= tile:
-        return rng.standard_normal((size, size), dtype=np.float32)
+        return noise
     reps = -(-size // tile)
-    out: F32 = np.tile(rng.standard_normal((tile, tile), dtype=np.float32), (reps, reps))[:size, :size]
-    return np.ascontiguousarray(out)
+    return np.ascontiguousarray(np.tile(noise, (reps, reps))[:size, :size])
 
 
 def _smooth(field: F32, sigma: float) -> F32:
@@ -206,7 +213,7 @@ def _tissue(rng: np.random.Generator, size: int, unit: float, cover: float) -> F
     tears = _noise(rng, size, 10 * unit, octaves=2)
     tear_thr = float(np.quantile(tears[::8, ::8], rng.uniform(0.01, 0.04)))
     tissue = ((big > thr) & (tears > tear_thr)).astype(np.float32)
-    return _blur(tissue, max(0.5, 0.5 * unit))
+    return _blur(tissue, max(0.5, 0.25 * unit))
 
 
 def _scatter(
@@ -339,7 +346,7 @@ def _gland_nuclei(rng: np.random.Generator, g: _Gland, unit: float, out: _Nuclei
                 pts, ang = pts[rel > g.wedge[1]], ang[rel > g.wedge[1]]
             _add_epithelial(rng, pts, ang, scale, s, out)
     else:
-        step = 2.25 * scale
+        step = 2.45 * scale
         r = max(g.a, g.b) * 1.5
         pts = _jittered_grid(rng, g.cx - r, g.cy - r, g.cx + r, g.cy + r, step)
         pts = pts[g.inside(pts, inset=0.6 * unit)]
@@ -362,7 +369,9 @@ def _add_epithelial(
     mitosis = rng.random(n) < 0.03 * s
     dark[mitosis] *= 1.5
     jit = np.where(mitosis, 0.35, 0.03 + 0.14 * s)
-    out.add(pts, long, short, ang, dark, jit)
+    # Some carcinoma nuclei are vesicular: cleared chromatin, thick membrane, prominent nucleolus.
+    vesicular = (rng.random(n) < 0.3 * s) & ~mitosis
+    out.add(pts, long, short, ang, dark, jit, vesicular)
 
 
 def _draw_glands(glands: list[_Gland], epi: U8, lumen: U8) -> None:
@@ -427,6 +436,7 @@ def _draw_nuclei(rng: np.random.Generator, canvas: U8, nuclei: _Nuclei) -> None:
     cx, cy = np.concatenate(nuclei.cx), np.concatenate(nuclei.cy)
     rl, rs = np.concatenate(nuclei.rl), np.concatenate(nuclei.rs)
     ang, dark, jit = np.concatenate(nuclei.ang), np.concatenate(nuclei.dark), np.concatenate(nuclei.jit)
+    vesicular = np.concatenate(nuclei.vesicular)
     n, k = len(cx), 12
     theta = np.linspace(0, 2 * math.pi, k, endpoint=False)
     wob = rng.normal(0, 1, (n, k))
@@ -438,14 +448,24 @@ def _draw_nuclei(rng: np.random.Generator, canvas: U8, nuclei: _Nuclei) -> None:
     px = cx[:, None] + c * x - s * y
     py = cy[:, None] + s * x + c * y
     polys = np.round(np.stack([px, py], axis=2) * _ONE).astype(np.int32)
-    values = np.clip(dark * _DARK_SCALE, 1, 255).astype(np.int32)
+    values = np.clip(dark * _DARK_SCALE * np.where(vesicular, 0.6, 1.0), 1, 255).astype(np.int32)
     # A darker rim (the nuclear membrane) keeps overlapping nuclei distinguishable, as in real sections.
-    rims = np.clip(dark * _DARK_SCALE * 1.3, 1, 255).astype(np.int32)
+    rims = np.clip(dark * _DARK_SCALE * np.where(vesicular, 1.5, 1.3), 1, 255).astype(np.int32)
     # Below ~2 px a nucleus is mostly rim already: skip it, so small renders stay a faithful downscale.
     rimmed = float(np.median(rs)) >= 1.5
+    thick = np.maximum(1, np.round(0.2 * rs)).astype(np.int32)
+    dot = np.round(np.maximum(0.7, 0.25 * rs) * _ONE).astype(np.int32)
+    centres = np.round(np.stack([cx, cy], axis=1) * _ONE).astype(np.int32)
+    nucleolus = np.clip(dark * _DARK_SCALE * 1.7, 1, 255).astype(np.int32)
     for i in rng.permutation(n):
         cv2.fillPoly(canvas, [polys[i]], int(values[i]), cv2.LINE_AA, shift=_SHIFT)
-        if rimmed:
+        if not rimmed:
+            continue
+        if vesicular[i]:
+            cv2.polylines(canvas, [polys[i]], True, int(rims[i]), int(thick[i]), cv2.LINE_AA, shift=_SHIFT)
+            centre = (int(centres[i, 0]), int(centres[i, 1]))
+            cv2.circle(canvas, centre, int(dot[i]), int(nucleolus[i]), -1, cv2.LINE_AA, shift=_SHIFT)
+        else:
             cv2.polylines(canvas, [polys[i]], True, int(rims[i]), 1, cv2.LINE_AA, shift=_SHIFT)
 
 
@@ -661,6 +681,7 @@ def _stains(
     else:
         np.multiply(grain, f32(0.16), out=tmp)
     tmp += f32(1.0)
+    np.clip(tmp, 0.6, 1.45, out=tmp)  # texture, not holes: chromatin never clears to white
     tmp *= nuc
     tmp *= f32(1.05)
     np.subtract(1.0, cover, out=stroma)
