@@ -70,7 +70,7 @@ def panel(image: Image, side: int, label: str, outline: Image | None = None) -> 
 def build(work: Path) -> Image:
     seed = generate_dataset(work / "seed", "seed", images=8, seed=2, abnormal_fraction=0.5)
     bot = generate_dataset(work / "bot", "bot", images=2, seed=1, abnormal_fraction=0.5)
-    small, big = 192, 384
+    small, big = 160, 320
     rows: list[Image] = []
     for wanted in ("normal", "abnormal"):
         cells = []
@@ -88,7 +88,8 @@ def build(work: Path) -> Image:
     # A 1:1 crop centred on the annotation's boundary shows cell-level detail on both sides of it.
     edge = cv2.morphologyEx(annotation, cv2.MORPH_GRADIENT, np.ones((3, 3), np.uint8))
     ys, xs = np.nonzero(edge)
-    cy, cx = int(np.median(ys)), int(np.median(xs))
+    right = int(np.argmax(xs))  # the outline's rightmost point: carcinoma on the left, normal mucosa on the right
+    cy, cx = int(ys[right]), int(xs[right])
     half = big // 2
     cy = min(max(cy, half), abnormal.shape[0] - half)
     cx = min(max(cx, half), abnormal.shape[1] - half)
