@@ -25,6 +25,9 @@ def register(app: typer.Typer) -> None:
         clients: int | None = typer.Option(None, "--clients", help="Number of hospitals M. [default: 5]"),
         tile: int | None = typer.Option(None, "--tile", help="Tile side in pixels. [default: 128]"),
         stride: int | None = typer.Option(None, "--stride", help="Grid step in pixels. [default: the tile size]"),
+        abnormal_stride: int | None = typer.Option(
+            None, "--abnormal-stride", help="Grid step on abnormal slides. [default: half the stride]"
+        ),
         white_max: float | None = typer.Option(
             None, "--white-max", help="Drop abnormal tiles whose near-white ratio exceeds this. [default: 0.5]"
         ),
@@ -99,6 +102,7 @@ def register(app: typer.Typer) -> None:
             "tiles": {
                 "tile": tile,
                 "stride": stride,
+                "abnormal_stride": abnormal_stride,
                 "white_max": white_max,
                 "background_max": background_max,
                 "white_level": white_level,

@@ -72,6 +72,8 @@ class TileConfig:
 
     tile: int = 128
     stride: int | None = None
+    # None: half the stride. Cancer regions are small, so abnormal slides are tiled with overlap by default.
+    abnormal_stride: int | None = None
     white_max: float = 0.5
     background_max: float = 0.5
     white_level: int = 220
@@ -128,6 +130,7 @@ class PrepareConfig:
             "tiles": {
                 "tile": self.tiles.tile,
                 "stride": self.tiles.stride,
+                "abnormal_stride": self.tiles.abnormal_stride,
                 "white_max": self.tiles.white_max,
                 "background_max": self.tiles.background_max,
                 "white_level": self.tiles.white_level,
@@ -237,8 +240,9 @@ def _coerce(section: str, name: str, value: Any, default: Any) -> Any:
         if not isinstance(value, bool):
             raise PipelineError(f"{where} must be true or false, not {value!r}")
         return value
-    if name in ("stride", "max_tiles_per_slide", "mask_threshold", "tile", "clients", "seed", "white_level", "workers"):
-        if value is None and name in ("stride", "max_tiles_per_slide", "mask_threshold"):
+    optional = ("stride", "abnormal_stride", "max_tiles_per_slide", "mask_threshold")
+    if name in (*optional, "tile", "clients", "seed", "white_level", "workers"):
+        if value is None and name in optional:
             return None
         if isinstance(value, bool) or not isinstance(value, int):
             raise PipelineError(f"{where} must be an integer, not {value!r}")
@@ -318,6 +322,8 @@ def validate_config(config: PrepareConfig) -> None:
         raise PipelineError(f"--tile {tiles.tile} is too small: use at least 8 pixels (default 128)")
     if tiles.stride is not None and tiles.stride < 1:
         raise PipelineError(f"--stride {tiles.stride} must be a positive number of pixels")
+    if tiles.abnormal_stride is not None and tiles.abnormal_stride < 1:
+        raise PipelineError(f"--abnormal-stride {tiles.abnormal_stride} must be a positive number of pixels")
     for name, value in (("--white-max", tiles.white_max), ("--background-max", tiles.background_max)):
         if not 0.0 <= value <= 1.0:
             raise PipelineError(f"{name} {value} must be a fraction between 0 and 1")

@@ -412,6 +412,7 @@ def _provenance(
                 "scale": p.scale,
                 "source_px": p.size,
                 "stride_source_px": p.stride,
+                "abnormal_stride_source_px": p.abnormal_stride,
                 "size_ratio": ratios[p.client],
                 "slides": {s: sum(1 for j in jobs if j.client == p.client and j.split == s) for s in SPLITS},
                 "tiles": counts[p.client],

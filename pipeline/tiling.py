@@ -14,6 +14,8 @@ original resolution, before any resizing or grayscale conversion, so it means th
 Tile geometry: a hospital with scale ``s`` and tile ``t`` px takes squares of ``round(t / s)`` original pixels on
 a grid with step ``round(stride / s)`` from the top-left corner (a partial square at the right/bottom edge is
 not used) and resizes each to ``t x t``. ``x, y, size`` in the manifest are that square in original pixels.
+Abnormal slides use ``abnormal_stride`` (default: half the stride, i.e. tiles overlapping by half): cancer
+regions cover a fraction of a slide, and overlap roughly quadruples the abnormal tiles a slide yields.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class ClientPlan:
     scale: float
     size: int
     stride: int
+    abnormal_stride: int
     grayscale: bool
 
     @property
@@ -66,8 +69,11 @@ def client_plans(config: PrepareConfig) -> list[ClientPlan]:
     for c in range(config.split.clients):
         tile_px = clients.tile[c] if clients.tile else tiles.tile
         scale = clients.scale[c] if clients.scale else 1.0
-        # A custom stride is a fraction of the base tile, so it keeps the same overlap for every tile size.
-        stride_px = tile_px if tiles.stride is None else max(1, round(tiles.stride * tile_px / tiles.tile))
+        # Strides are fractions of the base tile, so they keep the same overlap for every client's tile size.
+        stride = tiles.tile if tiles.stride is None else tiles.stride
+        abnormal = max(1, stride // 2) if tiles.abnormal_stride is None else tiles.abnormal_stride
+        stride_px = max(1, round(stride * tile_px / tiles.tile))
+        abnormal_px = max(1, round(abnormal * tile_px / tiles.tile))
         plans.append(
             ClientPlan(
                 client=c,
@@ -75,6 +81,7 @@ def client_plans(config: PrepareConfig) -> list[ClientPlan]:
                 scale=scale,
                 size=max(1, round(tile_px / scale)),
                 stride=max(1, round(stride_px / scale)),
+                abnormal_stride=max(1, round(abnormal_px / scale)),
                 grayscale=c in clients.grayscale,
             )
         )
@@ -90,7 +97,9 @@ def extract_region(image: RGBImage, mask: npt.NDArray[np.bool_]) -> RGBImage:
 
 def near_white(image: RGBImage, white_level: int) -> npt.NDArray[np.bool_]:
     """Pixels whose three channels are all >= ``white_level``."""
-    return np.asarray(image.min(axis=2) >= white_level)
+    # cv2.inRange is ~25x faster than image.min(axis=2) on a 2048x2048 slide (a strided 3-element reduction).
+    level = (white_level, white_level, white_level)
+    return np.asarray(cv2.inRange(image, level, (255, 255, 255)) > 0)
 
 
 def white_ratios(
@@ -102,7 +111,8 @@ def white_ratios(
     ys = list(range(0, height - size + 1, stride))
     if not xs or not ys:
         return xs, ys, np.zeros((len(ys), len(xs)), dtype=np.float64)
-    integral = cv2.integral(white.astype(np.uint8), sdepth=cv2.CV_32S).astype(np.int64)
+    # Float64 sums are exact for any slide below 2**53 pixels; the bool map is viewed as 0/1 bytes, no copy.
+    integral = cv2.integral(white.view(np.uint8), sdepth=cv2.CV_64F)
     ya, xa = np.asarray(ys), np.asarray(xs)
     sums = (
         integral[np.ix_(ya + size, xa + size)]
@@ -124,11 +134,17 @@ def cut_tiles(
     max_tiles: int | None,
     rng: np.random.Generator,
 ) -> list[Tile]:
-    """Step a.1 (abnormal slides with a mask) then Step b for one slide, in raster order."""
-    if abnormal and mask is not None:
-        image = extract_region(image, mask)
+    """Step a.1 (abnormal slides with a mask) then Step b for one slide, in raster order.
+
+    Same result as tiling `extract_region`'s output, but only kept tiles are whitened: a pixel outside the
+    mask counts as white when measuring, and is painted white when its tile is cut.
+    """
+    region = mask if abnormal else None
+    white = near_white(image, white_level)
+    if region is not None:
+        white |= ~region
     limit = white_max if abnormal else background_max
-    xs, ys, ratios = white_ratios(near_white(image, white_level), plan.size, plan.stride)
+    xs, ys, ratios = white_ratios(white, plan.size, plan.abnormal_stride if abnormal else plan.stride)
     kept = [(ys[i], xs[j], float(ratios[i, j])) for i, j in zip(*np.nonzero(ratios <= limit), strict=True)]
     if max_tiles is not None and len(kept) > max_tiles:
         chosen = np.sort(rng.choice(len(kept), size=max_tiles, replace=False))
@@ -136,6 +152,9 @@ def cut_tiles(
     tiles = []
     for y, x, ratio in kept:
         square: npt.NDArray[np.uint8] = image[y : y + plan.size, x : x + plan.size]
+        if region is not None:
+            inside = region[y : y + plan.size, x : x + plan.size, None]
+            square = np.where(inside, square, np.uint8(WHITE))
         if plan.size != plan.tile_px:
             shrink = plan.size > plan.tile_px
             resized = cv2.resize(

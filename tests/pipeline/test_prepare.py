@@ -391,9 +391,9 @@ def test_bot_layout_outline_svgs_with_transforms_give_the_region(tmp_path: Path)
     assert not result.skipped
     assert not result.warnings
     abnormal = [r for r in read_manifest(out) if r["label"] == "abnormal"]
-    # Region = x 30..90, y 8..78 (the polygon translated by (30, 8)); white-free 32 px tiles fit at x=32, y=32.
-    assert abnormal
-    assert {(r["x"], r["y"]) for r in abnormal} == {("32", "32")}
+    # Region = x 30..90, y 8..78 (the polygon translated by (30, 8)). On the abnormal grid (step 16, half the
+    # tile) white-free 32 px squares fit at x in {32, 48} and y in {16, 32}.
+    assert {(r["x"], r["y"]) for r in abnormal} == {("32", "16"), ("32", "32"), ("48", "16"), ("48", "32")}
     assert {r["source"].split("/")[0] for r in read_manifest(out)} == {"normal", "abnormal"}
 
 

@@ -45,7 +45,7 @@ def test_extract_region_whitens_outside_the_mask_only() -> None:
 
 
 def _plan(grayscale: bool = False) -> ClientPlan:
-    return ClientPlan(client=0, tile_px=4, scale=1.0, size=4, stride=4, grayscale=grayscale)
+    return ClientPlan(client=0, tile_px=4, scale=1.0, size=4, stride=4, abnormal_stride=4, grayscale=grayscale)
 
 
 def test_cut_tiles_filters_abnormal_and_normal_with_their_own_limits() -> None:
@@ -87,12 +87,15 @@ def test_client_plans_scale_stride_and_tile_by_hand() -> None:
         },
     )
     plans = client_plans(config)
-    # (tile px, source px = tile/scale, stride: 64/128 of the client tile, in source pixels)
-    assert [(p.tile_px, p.size, p.stride, p.channels) for p in plans] == [
-        (128, 128, 64, 3),
-        (64, 128, 64, 1),
-        (100, 50, 25, 3),
+    # (tile px, source px = tile/scale, stride: 64/128 of the client tile, abnormal stride: half that, in
+    # source pixels)
+    assert [(p.tile_px, p.size, p.stride, p.abnormal_stride, p.channels) for p in plans] == [
+        (128, 128, 64, 32, 3),
+        (64, 128, 64, 32, 1),
+        (100, 50, 25, 12, 3),
     ]
+    explicit = build_config(None, {"tiles": {"tile": 128, "abnormal_stride": 128}})
+    assert {(p.stride, p.abnormal_stride) for p in client_plans(explicit)} == {(128, 128)}
 
 
 def test_sixteen_bit_rgba_gray_and_planar_tiffs_normalise_to_rgb_uint8() -> None:
@@ -158,3 +161,17 @@ def test_scanner_tiff_codecs_decode(compression: str) -> None:
         assert decoded[8, 4].tolist() != decoded[8, 20].tolist()
     else:
         assert error.max() == 0
+
+
+def test_whitening_only_kept_tiles_equals_extracting_the_whole_slide_first() -> None:
+    rng = np.random.default_rng(9)
+    image = rng.integers(150, 256, size=(40, 56, 3), dtype=np.uint8)
+    mask = np.zeros((40, 56), dtype=bool)
+    mask[5:33, 9:50] = True
+    mask[20:25, 15:20] = False
+    plan = ClientPlan(client=0, tile_px=8, scale=1.0, size=8, stride=8, abnormal_stride=4, grayscale=False)
+    lazy = cut_tiles(image, mask, True, plan, 0.3, 1.0, 220, None, rng)
+    eager = cut_tiles(extract_region(image, mask), None, True, plan, 0.3, 1.0, 220, None, rng)
+    assert len(lazy) > 5
+    assert [(t.x, t.y, t.white_ratio) for t in lazy] == [(t.x, t.y, t.white_ratio) for t in eager]
+    assert all(np.array_equal(a.pixels, b.pixels) for a, b in zip(lazy, eager, strict=True))
