@@ -18,8 +18,9 @@ Implements FedSAF (Miao et al., 2025; paper 001) server-side aggregation, as fix
 - Weighted sums (FedAvg's ``sum_i n_i / n * w_i`` and the batched ``coefficients @ vectors``).
 
 Everything is vectorised: pairwise distances come from one Gram matrix (or ``torch.cdist`` for L1); there is
-no Python loop over client pairs. Coefficients are computed in float64 so that hand-checked tests are exact
-and so that tiny off-diagonal weights are not lost to float32 rounding.
+no Python loop over client pairs. Distances and mixes run in the precision of the vectors (float32 for model
+weights, where the centred Gram matrix keeps distances to ~1e-4 relative; float64 in the hand-checked tests);
+the small coefficient matrices are float64.
 """
 
 from __future__ import annotations
@@ -49,6 +50,19 @@ def _check_matrix(vectors: torch.Tensor) -> None:
         raise ValueError(f"expected stacked flat vectors of shape (m clients, d values), got {tuple(vectors.shape)}")
 
 
+def _work_dtype(vectors: torch.Tensor) -> torch.dtype:
+    """Distances and mixes run in the vectors' own precision (float32 for models, float64 in exact tests)."""
+    return vectors.dtype if vectors.dtype in (torch.float32, torch.float64) else torch.float32
+
+
+def _gram(vectors: torch.Tensor, centre: bool) -> torch.Tensor:
+    """``V V^T`` (float64 result); ``centre`` first subtracts each value's mean over the clients."""
+    v = vectors.detach().to(_work_dtype(vectors))
+    if centre:
+        v = v - v.mean(dim=0, keepdim=True)
+    return (v @ v.T).to(torch.float64)
+
+
 def pairwise_distances(vectors: torch.Tensor, metric: str, scale: str = "raw") -> torch.Tensor:
     """``d_ij`` for every pair of rows of ``vectors`` (shape ``(m, d)``), as a float64 ``(m, m)`` matrix.
 
@@ -67,22 +81,20 @@ def pairwise_distances(vectors: torch.Tensor, metric: str, scale: str = "raw") -
         raise FederationError(f"unknown AMP distance dm={metric!r}: use one of {', '.join(METRICS)}")
     if scale not in SCALES:
         raise FederationError(f"unknown AMP distance scale {scale!r}: use one of {', '.join(SCALES)}")
-    v = vectors.detach().to(torch.float64)
-    m = v.shape[0]
-    d = v.shape[1]
+    m, d = vectors.shape
     if metric == "manhattan":
         # cdist with p=1 sums |a - b| directly in C++: exact, and no (m x m x d) temporary.
-        dist = torch.cdist(v.unsqueeze(0), v.unsqueeze(0), p=1.0).squeeze(0)
+        v = vectors.detach().to(_work_dtype(vectors)).unsqueeze(0)
+        dist = torch.cdist(v, v, p=1.0).squeeze(0).to(torch.float64)
     elif metric == "euclidean":
-        # Squared distances are translation-invariant: centring first keeps the Gram-matrix identity
-        # ||a-b||^2 = |a|^2 + |b|^2 - 2 a.b well conditioned when clients are close to each other.
-        c = v - v.mean(dim=0, keepdim=True)
-        gram = c @ c.T
+        # Squared distances are translation-invariant: centring each value over the clients first keeps the
+        # Gram-matrix identity ||a-b||^2 = |a|^2 + |b|^2 - 2 a.b well conditioned when clients are close.
+        gram = _gram(vectors, centre=True)
         sq = gram.diagonal()
         dist = (sq.unsqueeze(1) + sq.unsqueeze(0) - 2.0 * gram).clamp_min(0.0)
         dist.fill_diagonal_(0.0)
     else:
-        gram = v @ v.T
+        gram = _gram(vectors, centre=False)
         norms = gram.diagonal().clamp_min(0.0).sqrt()
         sim = gram / (norms.unsqueeze(1) * norms.unsqueeze(0) + COSINE_EPS)
         if metric == "cosine":
@@ -211,26 +223,27 @@ def fisher_intermediate(z: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
 def weighted_sum(vectors: torch.Tensor, weights: Sequence[float] | torch.Tensor) -> torch.Tensor:
     """``sum_i weights_i * vectors_i`` (shape ``(d,)``), e.g. FedAvg with ``weights_i = n_i / n``.
 
-    Accumulates in float64 and returns the dtype of ``vectors``. Weights are used as given (not renormalised).
+    Computed in the precision of ``vectors``. Weights are used as given (not renormalised).
     """
     _check_matrix(vectors)
     w = torch.as_tensor(weights, dtype=torch.float64).flatten()
     if w.numel() != vectors.shape[0]:
         raise ValueError(f"{w.numel()} weights for {vectors.shape[0]} vectors")
-    return (w @ vectors.to(torch.float64)).to(vectors.dtype)
+    return mix(vectors, w.unsqueeze(0))[0]
 
 
 def mix(vectors: torch.Tensor, coefficients: torch.Tensor) -> torch.Tensor:
     """Every client's weighted sum at once: ``coefficients @ vectors``, shape ``(k, d)`` for ``(k, m)`` weights.
 
     The batched form of ``weighted_sum``: with ``coefficients = xi`` it gives all ``z_i`` (Eq. 18).
-    Accumulates in float64 and returns the dtype of ``vectors``.
+    Computed and returned in the precision of ``vectors``.
     """
     _check_matrix(vectors)
     c = coefficients.to(torch.float64)
     if c.dim() != 2 or c.shape[1] != vectors.shape[0]:
         raise ValueError(f"coefficients of shape {tuple(c.shape)} cannot mix {vectors.shape[0]} vectors")
-    return (c @ vectors.to(torch.float64)).to(vectors.dtype)
+    work = _work_dtype(vectors)
+    return (c.to(device=vectors.device, dtype=work) @ vectors.detach().to(work)).to(vectors.dtype)
 
 
 @dataclass(frozen=True)

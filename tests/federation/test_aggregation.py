@@ -119,7 +119,8 @@ def test_per_value_scale_divides_by_the_number_of_values() -> None:
 
 
 def test_relative_scale_divides_by_the_mean_pairwise_distance() -> None:
-    # euclidean: mean of 6, 9, 13 = 28 / 3, so d becomes 6 * 3/28 = 0.6428571, 9 * 3/28 = 0.9642857, 13 * 3/28 = 1.3928571
+    # euclidean: mean of 6, 9, 13 = 28 / 3, so d becomes 6 * 3/28 = 0.6428571, 9 * 3/28 = 0.9642857,
+    # 13 * 3/28 = 1.3928571
     xi = amp_coefficients(RHO, "euclidean", ALPHA, SIGMA, scale="relative")
     assert torch.allclose(xi, _expected_xi(18 / 28, 27 / 28, 39 / 28), atol=1e-12)
     # manhattan: mean of 4, 5, 7 = 16 / 3 -> 0.75, 0.9375, 1.3125
