@@ -161,6 +161,7 @@ def _parallel(func: Callable[[T], R], items: list[T], workers: int, desc: str, p
 class _Outcome:
     rows: list[list[str]]
     skipped: Skipped | None = None
+    warning: str | None = None
 
 
 def _tile_job(job: _Job, config: PrepareConfig, staging: Path) -> _Outcome:
@@ -175,6 +176,13 @@ def _tile_job(job: _Job, config: PrepareConfig, staging: Path) -> _Outcome:
     if slide.hashes != job.info.hashes:
         raise PipelineError(f"{ref.source} (or its mask) changed while prepare was running; re-run prepare")
     label = job.info.label or label_of(ref, slide.mask)
+    height, width = slide.image.shape[:2]
+    too_small = None
+    if min(width, height) < job.plan.size:
+        too_small = (
+            f"{ref.source}: {width}x{height} is smaller than client {job.client}'s {job.plan.size} px tile square; "
+            "no tile taken (use a smaller --tile)"
+        )
     # One generator per slide, keyed by seed and slide index: the same tiles are drawn whatever the thread order.
     rng = np.random.default_rng([config.split.seed, ref.index])
     tiles = cut_tiles(
@@ -207,7 +215,7 @@ def _tile_job(job: _Job, config: PrepareConfig, staging: Path) -> _Outcome:
                 str(job.plan.channels),
             ]
         )
-    return _Outcome(rows=rows)
+    return _Outcome(rows=rows, warning=too_small)
 
 
 def _remove_stale_partials(out: Path) -> None:
@@ -316,6 +324,7 @@ def prepare_dataset(config: PrepareConfig) -> PrepareResult:
         if late and out.strict:
             raise SlideError(f"{late[0].reason} (stopped by --strict)")
         skipped = tuple(sorted([*skipped, *late], key=lambda s: s.source))
+        warnings = (*warnings, *(o.warning for o in outcomes if o.warning is not None))
         jobs = [j for j, o in zip(jobs, outcomes, strict=True) if o.skipped is None]
         per_slide = [o.rows for o in outcomes if o.skipped is None]
         rows = [row for slide_rows in per_slide for row in slide_rows]
@@ -349,6 +358,7 @@ def prepare_dataset(config: PrepareConfig) -> PrepareResult:
             "white max (abnormal)": f"{config.tiles.white_max:g}",
             "background max (normal)": f"{config.tiles.background_max:g}",
             "near-white": f"all channels >= {config.tiles.white_level}",
+            "slides with no kept tile": str(sum(1 for slide_rows in per_slide if not slide_rows)),
         }
         report_md = markdown_report(settings, plans, counts, slides_per_client, skipped, warnings)
         (staging / "report.md").write_text(report_md, encoding="utf-8")
@@ -423,6 +433,7 @@ def _provenance(
             "slides": len(jobs),
             "skipped": len(skipped),
             "tiles": len(rows),
+            "slides_without_tiles": sum(1 for slide_rows in per_slide if not slide_rows),
             "by_label": {lab: sum(counts[c][s][lab] for c in counts for s in SPLITS) for lab in LABELS},
         },
         "slides": [

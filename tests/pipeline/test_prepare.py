@@ -448,18 +448,24 @@ def test_truncated_tiffs_are_caught_from_the_header_and_corrupt_pixels_while_til
     assert info["totals"]["slides"] == 8
 
 
-def test_class_folders_keep_their_labels(tmp_path: Path) -> None:
+def test_class_folders_keep_their_labels_and_too_small_images_are_reported(tmp_path: Path) -> None:
     raw = tmp_path / "raw"
     rng = np.random.default_rng(2)
     for label in ("normal", "abnormal"):
         (raw / label).mkdir(parents=True)
         for k in range(4):
             cv2.imwrite(str(raw / label / f"c{k}.jpg"), cv2.cvtColor(_tissue(rng), cv2.COLOR_RGB2BGR))
+    cv2.imwrite(str(raw / "normal" / "tiny.png"), np.full((20, 20, 3), 120, np.uint8))
     out = tmp_path / "prepared"
-    prepare_dataset(config_for(raw, out, "class-folders"))
+    result = prepare_dataset(config_for(raw, out, "class-folders"))
     rows = read_manifest(out)
     assert rows
     assert all(r["source"].startswith(r["label"] + "/") for r in rows)
+    assert "normal/tiny.png" not in {r["source"] for r in rows}
+    assert len(result.warnings) == 1
+    assert result.warnings[0].startswith("normal/tiny.png: 20x20 is smaller than client ")
+    info = json.loads((out / "prepare.json").read_text())
+    assert info["totals"]["slides_without_tiles"] == 1
 
 
 def test_empty_input_and_client_without_a_split_stop_with_clear_errors(tmp_path: Path) -> None:
