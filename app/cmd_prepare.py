@@ -18,46 +18,46 @@ def register(app: typer.Typer) -> None:
     @app.command("prepare")
     def prepare(
         format: str | None = typer.Option(
-            None, "--format", help="Raw layout: seed (PNG + mask), bot (TIFF + SVG), class-folders. [default: seed]"
+            None, "--format", help="Raw layout: seed (PNG + mask), bot (TIFF + SVG), class-folders. (default: seed)"
         ),
         input: Path | None = typer.Option(None, "--input", help="Raw dataset folder (read-only)."),
         out: Path | None = typer.Option(None, "--out", help="Prepared dataset folder to create."),
-        clients: int | None = typer.Option(None, "--clients", help="Number of hospitals M. [default: 5]"),
-        tile: int | None = typer.Option(None, "--tile", help="Tile side in pixels. [default: 128]"),
-        stride: int | None = typer.Option(None, "--stride", help="Grid step in pixels. [default: the tile size]"),
+        clients: int | None = typer.Option(None, "--clients", help="Number of hospitals M. (default: 5)"),
+        tile: int | None = typer.Option(None, "--tile", help="Tile side in pixels. (default: 128)"),
+        stride: int | None = typer.Option(None, "--stride", help="Grid step in pixels. (default: the tile size)"),
         abnormal_stride: int | None = typer.Option(
-            None, "--abnormal-stride", help="Grid step on abnormal slides. [default: half the stride]"
+            None, "--abnormal-stride", help="Grid step on abnormal slides. (default: half the stride)"
         ),
         white_max: float | None = typer.Option(
-            None, "--white-max", help="Drop abnormal tiles whose near-white ratio exceeds this. [default: 0.5]"
+            None, "--white-max", help="Drop abnormal tiles whose near-white ratio exceeds this. (default: 0.5)"
         ),
         background_max: float | None = typer.Option(
-            None, "--background-max", help="Drop normal tiles whose near-white ratio exceeds this. [default: 0.5]"
+            None, "--background-max", help="Drop normal tiles whose near-white ratio exceeds this. (default: 0.5)"
         ),
         white_level: int | None = typer.Option(
-            None, "--white-level", help="A pixel is near-white when all channels are >= this. [default: 220]"
+            None, "--white-level", help="A pixel is near-white when all channels are >= this. (default: 220)"
         ),
         grayscale_clients: str | None = typer.Option(
             None, "--grayscale-clients", help="Clients whose tiles are stored single-channel, e.g. 0,2."
         ),
         partition: str | None = typer.Option(
-            None, "--partition", help="Label distribution: iid, dirichlet:ALPHA or classes:S. [default: iid]"
+            None, "--partition", help="Label distribution: iid, dirichlet:ALPHA or classes:S. (default: iid)"
         ),
         sizes: str | None = typer.Option(
-            None, "--sizes", help="Slides per client: equal, random, or ratios like 3,2,1,1,1. [default: random]"
+            None, "--sizes", help="Slides per client: equal, random, or ratios like 3,2,1,1,1. (default: random)"
         ),
         test_fraction: float | None = typer.Option(
-            None, "--test-fraction", help="Share of each client's slides used for test. [default: 0.2]"
+            None, "--test-fraction", help="Share of each client's slides used for test. (default: 0.2)"
         ),
-        seed: int | None = typer.Option(None, "--seed", help="Seed of every random choice. [default: 0]"),
+        seed: int | None = typer.Option(None, "--seed", help="Seed of every random choice. (default: 0)"),
         mask_suffix: str | None = typer.Option(
-            None, "--mask-suffix", help="SEED: mask beside the slide is <id><suffix>.png. [default: _mask]"
+            None, "--mask-suffix", help="SEED: mask beside the slide is <id><suffix>.png. (default: _mask)"
         ),
         mask_dir: str | None = typer.Option(
-            None, "--mask-dir", help="SEED: or the mask is <mask-dir>/<id>.png. [default: masks]"
+            None, "--mask-dir", help="SEED: or the mask is <mask-dir>/<id>.png. (default: masks)"
         ),
         mask_threshold: int | None = typer.Option(
-            None, "--mask-threshold", help="SEED: accept non-binary masks, cancer = value > T. [default: off]"
+            None, "--mask-threshold", help="SEED: accept non-binary masks, cancer = value > T. (default: off)"
         ),
         client_scale: str | None = typer.Option(
             None, "--client-scale", help="Per-client resolution, e.g. 1,0.5,1 (0.5 = scanned at half resolution)."
@@ -66,7 +66,7 @@ def register(app: typer.Typer) -> None:
         max_tiles_per_slide: int | None = typer.Option(
             None, "--max-tiles-per-slide", help="Keep at most N tiles per slide (random, seeded)."
         ),
-        workers: int | None = typer.Option(None, "--workers", help="Threads for decoding/tiling. [default: 2]"),
+        workers: int | None = typer.Option(None, "--workers", help="Threads for decoding/tiling. (default: 2)"),
         config: Path | None = typer.Option(
             None, "--config", help="TOML preset (sections as in configs/prepare_*.toml)."
         ),
@@ -78,7 +78,12 @@ def register(app: typer.Typer) -> None:
         ),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
     ) -> None:
-        """Turn a raw slide folder into per-hospital tile datasets (manifest.csv, prepare.json, report)."""
+        """Turn a raw slide folder into per-hospital tile datasets (manifest.csv, prepare.json, report).
+
+        Example: gastric-fl prepare --format seed --input data/raw/demo --out data/prepared/demo --clients 3
+        --grayscale-clients 2. Options override the --config file; bad slides are skipped and listed in the
+        report (or stop the run with --strict). Details: docs/pipeline.md.
+        """
         from pipeline.config import build_config, load_toml, parse_float_list, parse_int_list
         from pipeline.errors import PipelineError
         from pipeline.prepare import prepare_dataset
