@@ -108,6 +108,8 @@ def _versions() -> dict[str, str]:
         "numpy": np.__version__,
         "opencv": cv2.__version__,
         "tifffile": version("tifffile"),
+        "imagecodecs": version("imagecodecs"),
+        "pillow": version("pillow"),
         "svgelements": version("svgelements"),
         "gastric-fl": version("gastric-fl"),
     }
@@ -122,13 +124,15 @@ def _check_paths(config: PrepareConfig) -> None:
             f"--out {config.output.out} and --input {config.source.input} overlap; write the prepared dataset "
             "to a separate folder (raw data is never modified)"
         )
+    if out.is_dir() and not any(out.iterdir()):
+        return  # an empty folder made beforehand is simply filled
     if out.exists():
         if not config.output.overwrite:
             raise PipelineError(
                 f"output folder {config.output.out} already exists; pass --overwrite to replace it "
                 "or choose another --out"
             )
-        if not out.is_dir() or (any(out.iterdir()) and not (out / "prepare.json").is_file()):
+        if not out.is_dir() or not (out / "prepare.json").is_file():
             raise PipelineError(
                 f"output folder {config.output.out} is not a prepared dataset (no prepare.json); refusing to replace "
                 "it even with --overwrite: choose another --out"
@@ -232,7 +236,11 @@ def _publish(staging: Path, out: Path) -> None:
         old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
         old.rmdir()
         out.rename(old)
-        staging.rename(out)
+        try:
+            staging.rename(out)
+        except BaseException:
+            old.rename(out)  # put the previous dataset back rather than leave nothing
+            raise
         shutil.rmtree(old, ignore_errors=True)
     else:
         staging.rename(out)
@@ -261,7 +269,7 @@ def _check_splits(counts: Counts, plans: list[ClientPlan], slides: dict[tuple[in
             if sum(counts[plan.client][split].values()) == 0:
                 problems.append(
                     f"client {plan.client} has no {split} tiles ({slides.get((plan.client, split), 0)} {split} "
-                    "slide(s), none gave a tile that passed the white filter)"
+                    "slide(s), none gave a tile that passed the filters)"
                 )
     if problems:
         raise PipelineError(

@@ -275,6 +275,10 @@ def test_existing_output_needs_overwrite_and_foreign_folders_are_never_replaced(
     assert (foreign / "holiday.jpg").read_bytes() == b"not ours"
     with pytest.raises(PipelineError, match="overlap"):
         prepare_dataset(config_for(raw, raw / "prepared"))
+    made_beforehand = tmp_path / "empty"
+    made_beforehand.mkdir()
+    prepare_dataset(config_for(raw, made_beforehand))  # an empty folder is filled without --overwrite
+    assert (made_beforehand / "manifest.csv").is_file()
 
 
 def test_an_interrupted_run_leaves_no_dataset_and_keeps_the_previous_one(
