@@ -10,7 +10,16 @@ import typer
 def register(app: typer.Typer) -> None:
     """Add the `synth` subcommand to `app`."""
 
-    @app.command("synth")
+    @app.command(
+        "synth",
+        help=(
+            "Generate synthetic H&E gastric slides in the SEED or BOT raw layout (see data/README.md and "
+            "docs/synthetic-data.md).\n\n"
+            "Normal slides show regular glands in pink stroma; abnormal slides add carcinoma regions (crowded, "
+            "irregular glands with large dark nuclei), marked in the mask (seed) or the SVG annotation (bot).\n\n"
+            "Example: gastric-fl synth --format seed --images 60 --difficulty 0.3 --out data/raw/demo"
+        ),
+    )
     def synth(
         fmt: str = typer.Option(
             "seed",
@@ -55,11 +64,7 @@ def register(app: typer.Typer) -> None:
             False, "--overwrite", help="Replace a previous synth output in --out (never foreign files)."
         ),
     ) -> None:
-        """Generate synthetic H&E gastric slides in the SEED or BOT raw layout (see data/README.md).
-
-        Normal slides show regular glands in pink stroma; abnormal slides add carcinoma regions (crowded,
-        irregular glands with large dark nuclei), marked in the mask (seed) or the SVG annotation (bot).
-        """
+        """Write a synthetic dataset and print where it is and its class counts."""
         from pipeline.synth import generate_dataset
 
         fmt = fmt.strip().lower()

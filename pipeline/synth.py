@@ -37,6 +37,7 @@ SCHEMA_VERSION = 1
 MARKER = "synth.json"
 MIN_SIZE = 128
 MAX_SIZE = 8192
+MAX_IMAGES = 100_000
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,11 @@ def _check_args(
         raise PipelineError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)} (--format)")
     if isinstance(images, bool) or not isinstance(images, int) or images < 1:
         raise PipelineError(f"number of images must be a whole number >= 1, got {images!r} (--images)")
+    if images > MAX_IMAGES:
+        raise PipelineError(
+            f"{images} images is more than {MAX_IMAGES} in one dataset: ask for fewer (--images), "
+            "or write several datasets with different --seed values"
+        )
     if not (isinstance(difficulty, int | float) and math.isfinite(difficulty) and 0.0 <= difficulty <= 1.0):
         raise PipelineError(f"difficulty must be between 0 and 1, got {difficulty!r} (--difficulty)")
     if abnormal_fraction is not None and not (
@@ -277,7 +283,8 @@ def generate_dataset(
     leaves no half-written dataset; ``overwrite`` replaces only a previous synth output, never foreign files.
     """
     spec = _check_args(fmt, images, difficulty, abnormal_fraction, size)
-    out = Path(out)
+    # Resolved, so that "." or "../x" still have a real name and parent for the temporary folder beside them.
+    out = Path(out).expanduser().resolve()
     size = spec.size if size is None else size
     plans = plan_dataset(fmt, images, seed, abnormal_fraction)
     _prepare_out(out, overwrite)
@@ -348,7 +355,11 @@ def _swap_into_place(tmp: Path, out: Path) -> None:
         if old.exists():
             shutil.rmtree(old)
         out.rename(old)
-        tmp.rename(out)
+        try:
+            tmp.rename(out)
+        except OSError:
+            old.rename(out)  # put the previous dataset back rather than leave nothing at ``out``
+            raise
         shutil.rmtree(old)
     else:
         tmp.rename(out)

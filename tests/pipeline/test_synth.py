@@ -199,6 +199,7 @@ def test_difficulty_narrows_the_class_difference() -> None:
     [
         ({"images": 0}, "--images"),
         ({"images": -3}, "--images"),
+        ({"images": 10**6}, "--images"),
         ({"fmt": "tiff"}, "unknown format 'tiff'"),
         ({"difficulty": 1.5}, "--difficulty"),
         ({"difficulty": float("nan")}, "--difficulty"),
@@ -237,6 +238,13 @@ def test_foreign_and_previous_output(tmp_path: Path) -> None:
     summary = generate_dataset(out, "seed", images=1, seed=2, size=128, overwrite=True)
     assert sorted(p.name for p in out.iterdir()) == sorted([*(f.name for f in summary.files), "synth.json"])
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_relative_output_is_resolved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    summary = generate_dataset(Path("rel"), "seed", images=1, size=128)
+    assert summary.out == tmp_path.resolve() / "rel"
+    assert all(f.is_absolute() and f.is_file() for f in summary.files)
 
 
 def test_interrupted_run_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
