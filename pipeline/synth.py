@@ -2,7 +2,7 @@
 
 The FedSAF paper (001) trains on SEED (PNG slides + grayscale masks, 512 x 512) and BOT (TIFF slides + SVG
 annotations, 2048 x 2048; Sec. 4.1, Table 2) and labels a slide abnormal iff its mask marks cancer (Sec. 4.2).
-Neither dataset can be downloaded here, so this module writes look-alike datasets in exactly the layouts
+The product never downloads data, so this module writes look-alike datasets in exactly the layouts
 ``data/README.md`` documents, which is also what a hospital's own folder must look like.
 
 Default class balance: BOT's 560 abnormal of 700 slides (Sec. 4.1) gives 0.8. The paper gives only SEED's total

@@ -1,7 +1,7 @@
 """Paint synthetic H&E gastric mucosa, normal or carcinomatous, for `gastric-fl synth`.
 
-Stand-in for the SEED and BOT slides of the FedSAF paper (001, Sec. 4.1, Table 2), which cannot be downloaded
-here. The slide is painted as two stain concentration maps, haematoxylin (nuclei, some cytoplasm) and eosin
+Stand-in for the SEED and BOT slides of the FedSAF paper (001, Sec. 4.1, Table 2), which the product never
+downloads. The slide is painted as two stain concentration maps, haematoxylin (nuclei, some cytoplasm) and eosin
 (stroma, cytoplasm), and turned into RGB with the Beer-Lambert law using Macenko et al.'s reference stain vectors,
 the same model stain-normalisation methods invert; this is what makes the colours read as H&E rather than as
 pink and purple paint.
