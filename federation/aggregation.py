@@ -115,21 +115,15 @@ def attention_derivative(x: torch.Tensor, sigma: float) -> torch.Tensor:
     return torch.exp(-x / sigma) / sigma
 
 
-def max_attention(metric: str, sigma: float) -> float:
-    """The largest value ``A'(d_ij)`` can take for ``metric``: ``1/sigma`` for ``d >= 0``.
-
-    The literal ``cosine`` metric feeds a similarity in ``[-1, 1]`` to ``A'``, which can reach
-    ``exp(1/sigma)/sigma`` for opposite vectors, so its bound is that.
-    """
-    return math.exp(1.0 / sigma) / sigma if metric == "cosine" else 1.0 / sigma
-
-
 def check_amp_settings(num_clients: int, metric: str, alpha_k: float, sigma: float) -> None:
     """Reject settings that could give a client a negative self-weight ``xi_ii`` (Eq. 16).
 
-    ``xi_ii = 1 - sum_{j != i} alpha_k A'(d_ij) >= 1 - alpha_k (m - 1) max A'``, so the self-weight is
-    guaranteed non-negative exactly when ``alpha_k (m - 1) max A' <= 1``, i.e. ``alpha_k (m - 1) <= sigma`` for the
-    distance metrics (DESIGN.md) and ``alpha_k (m - 1) exp(1/sigma) <= sigma`` for the literal cosine similarity.
+    For a distance ``d >= 0``, ``A'(d) <= 1/sigma``, so ``xi_ii = 1 - sum_{j != i} alpha_k A'(d_ij)
+    >= 1 - alpha_k (m - 1) / sigma``: the self-weight is guaranteed non-negative exactly when
+    ``alpha_k (m - 1) <= sigma`` (DESIGN.md). The literal ``cosine`` metric feeds a *similarity* in ``[-1, 1]``,
+    and a negative similarity pushes ``A'`` above ``1/sigma``; models grown from one initialisation are never
+    anti-correlated in practice, so the same rule applies and ``amp_coefficients`` checks the actual
+    self-weights of that metric at run time.
     """
     if metric not in METRICS:
         raise FederationError(f"unknown AMP distance dm={metric!r}: use one of {', '.join(METRICS)}")
@@ -138,15 +132,12 @@ def check_amp_settings(num_clients: int, metric: str, alpha_k: float, sigma: flo
     if not (math.isfinite(alpha_k) and alpha_k > 0):
         raise FederationError(f"amp.alpha_k must be a positive number, got {alpha_k}")
     peers = num_clients - 1
-    bound = alpha_k * peers * max_attention(metric, sigma)
     # A relative tolerance so that the documented boundary case alpha_k (m - 1) == sigma is accepted.
-    if bound > 1.0 + 1e-12:
-        limit = 1.0 / (peers * max_attention(metric, sigma))
-        extra = " * exp(1/sigma)" if metric == "cosine" else ""
+    if alpha_k * peers > sigma * (1.0 + 1e-12):
         raise FederationError(
-            f"amp.alpha_k={alpha_k} with amp.sigma={sigma}, dm={metric} and {num_clients} clients could make a "
-            f"client's self-weight xi_ii negative (needs alpha_k * (m-1){extra} <= sigma): "
-            f"set amp.alpha_k <= {limit:.6g} or raise amp.sigma"
+            f"amp.alpha_k={alpha_k} with amp.sigma={sigma} and {num_clients} clients could make a client's "
+            f"self-weight xi_ii negative (needs alpha_k * (m-1) <= sigma): set amp.alpha_k <= {sigma / peers:.6g} "
+            "or raise amp.sigma"
         )
 
 
@@ -158,7 +149,8 @@ def amp_coefficients(
     ``xi_ij = alpha_k * A'(d_ij)`` for ``i != j`` (Eq. 3-8), ``xi_ii = 1 - sum_{j != i} xi_ij`` (Eq. 16);
     row ``i`` holds the weights of client ``i``'s intermediate model ``z_i = sum_j xi_ij rho_j`` (Eq. 18) and
     sums to 1. ``scale`` rescales ``d_ij`` first (``pairwise_distances``; ``raw`` is the paper).
-    Raises ``FederationError`` for settings that could make a self-weight negative.
+    Raises ``FederationError`` for settings that could make a self-weight negative (``check_amp_settings``), and
+    for the literal ``cosine`` metric when negative similarities actually make one negative.
     """
     _check_matrix(vectors)
     m = vectors.shape[0]
@@ -167,6 +159,13 @@ def amp_coefficients(
     xi = alpha_k * attention_derivative(dist, sigma)
     xi.fill_diagonal_(0.0)
     xi.diagonal().copy_(1.0 - xi.sum(dim=1))
+    negative = [i for i, w in enumerate(xi.diagonal().tolist()) if w < 0]
+    if negative:
+        raise FederationError(
+            f"dm={metric}: negative similarities give client(s) {negative} a negative self-weight "
+            f"({[round(xi[i, i].item(), 6) for i in negative]}) with amp.alpha_k={alpha_k}, amp.sigma={sigma}: "
+            "use dm = cosine_distance, or lower amp.alpha_k"
+        )
     return xi
 
 

@@ -195,9 +195,18 @@ class AttentiveStrategy:
         return dict.fromkeys(clients)
 
     def state_tensors(self) -> TensorDict:
-        return {f"centre.{c}.{k}": v for c, centre in self.centres.items() for k, v in centre.items()}
+        # safetensors refuses tensors that share memory: a centre every client shares (round 1's initial model,
+        # Eq. 20's common p) is stored once as "shared.<key>", otherwise one copy per client.
+        first = self.centres[self.clients[0]]
+        if all(self.centres[c] is first for c in self.clients):
+            return {f"shared.{k}": v for k, v in first.items()}
+        return {f"centre.{c}.{k}": v.clone() for c, centre in self.centres.items() for k, v in centre.items()}
 
     def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        if all(f"shared.{k}" in tensors for k in self.keys):
+            common = {k: tensors[f"shared.{k}"].detach().clone() for k in self.keys}
+            self.centres = dict.fromkeys(self.clients, common)
+            return
         centres: dict[int, TensorDict] = {}
         for c in self.clients:
             missing = [k for k in self.keys if f"centre.{c}.{k}" not in tensors]

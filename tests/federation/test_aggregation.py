@@ -182,11 +182,16 @@ def test_fisher_weights_rejects_bad_traces_and_handles_all_zero() -> None:
 def test_settings_that_could_make_a_self_weight_negative_are_rejected() -> None:
     # m = 3: alpha_k (m - 1) <= sigma  <=>  alpha_k <= 5 for sigma = 10
     check_amp_settings(3, "euclidean", 5.0, 10.0)  # the boundary is allowed: xi_ii >= 0
-    with pytest.raises(FederationError, match=r"alpha_k=6\.0.*sigma=10\.0.*alpha_k <= 5"):
+    with pytest.raises(FederationError, match=r"alpha_k=6\.0 with amp.sigma=10\.0 and 3 clients.*alpha_k <= 5"):
         amp_coefficients(RHO, "euclidean", 6.0, 10.0)
-    # the literal cosine similarity can be -1, where A' = e^(1/sigma)/sigma: 5 * 2 * e^0.1 = 11.05 > 10
-    with pytest.raises(FederationError, match="exp"):
-        amp_coefficients(RHO, "cosine", 5.0, 10.0)
+    # the literal cosine similarity is not a distance: the same static rule, and a run-time check of the actual
+    # self-weights. Clients 1 and 2 are opposed (similarity -1), client 3 is orthogonal to both (similarity 0):
+    # xi_12 = 0.5 e^(1/10) = 0.5526, xi_13 = xi_23 = 0.5 e^0 = 0.5, so xi_11 = xi_22 = 1 - 1.0526 = -0.0526 < 0
+    opposed = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
+    with pytest.raises(
+        FederationError, match=r"client\(s\) \[0, 1\] a negative self-weight \(\[-0.052585, -0.052585\]"
+    ):
+        amp_coefficients(opposed, "cosine", 5.0, 10.0)
     with pytest.raises(FederationError, match="sigma must be a positive"):
         amp_coefficients(RHO, "manhattan", 1.0, 0.0)
     with pytest.raises(FederationError, match="unknown AMP distance"):

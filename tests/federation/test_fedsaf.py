@@ -151,20 +151,27 @@ def test_vanishing_collaboration_is_warned_about() -> None:
         _strategy(fim=False).aggregate_train(1, _replies())  # mass 0.16: no warning
 
 
-def test_checkpoint_state_round_trip() -> None:
-    strategy = _strategy(fim=False)
-    strategy.aggregate_train(1, _replies())
-    tensors, meta = strategy.state_tensors(), strategy.state_json()
-    fresh = _strategy(fim=False)
-    fresh.load_state_json(meta)
-    fresh.load_state_tensors(tensors)
-    for c in range(3):
-        a, b = strategy.configure_train(2, [c])[c].shared, fresh.configure_train(2, [c])[c].shared
-        assert a is not None
-        assert b is not None
-        assert torch.equal(a["0.weight"], b["0.weight"])
-    with pytest.raises(FederationError, match="fim=False, not True"):
-        _strategy(fim=True).load_state_json(meta)
+@pytest.mark.parametrize("fim", [False, True])
+def test_checkpoint_state_round_trip_through_safetensors(fim: bool) -> None:
+    from safetensors.torch import load, save
+
+    strategy = _strategy(fim=fim)
+    for server_round in (1, 2):
+        # round 1 holds the shared initial model, round 2 per-client z_i (FIM off) or the common p (FIM on):
+        # safetensors refuses tensors that share memory, so each must serialise.
+        tensors, meta = load(save(strategy.state_tensors())), strategy.state_json()
+        fresh = _strategy(fim=fim)
+        fresh.load_state_json(meta)
+        fresh.load_state_tensors(tensors)
+        for c in range(3):
+            a = strategy.configure_train(server_round, [c])[c].shared
+            b = fresh.configure_train(server_round, [c])[c].shared
+            assert a is not None
+            assert b is not None
+            assert torch.equal(a["0.weight"], b["0.weight"])
+        strategy.aggregate_train(server_round, _replies())
+    with pytest.raises(FederationError, match=f"fim={fim}, not {not fim}"):
+        _strategy(fim=not fim).load_state_json(meta)
 
 
 def _mobilenet_ctx() -> tuple[StrategyContext, dict[str, torch.Tensor], list[tuple[str, list[str]]]]:
