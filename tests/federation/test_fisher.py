@@ -26,6 +26,8 @@ def _tiny_model() -> nn.Module:
     # Non-trivial running statistics, so that eval-mode BatchNorm is not the identity.
     bn = model[1]
     assert isinstance(bn, nn.BatchNorm2d)
+    assert bn.running_mean is not None
+    assert bn.running_var is not None
     bn.running_mean.copy_(torch.tensor([0.1, -0.2, 0.3, 0.0]))
     bn.running_var.copy_(torch.tensor([0.5, 2.0, 1.5, 1.0]))
     return model
