@@ -168,10 +168,15 @@ def read_bytes(path: Path) -> bytes:
         raise ImageReadError(f"{path}: cannot read file ({exc.strerror or exc})") from None
 
 
+# PNG encoding is most of prepare's CPU time (benchmarks/results/prepare_speed.md). Huffman-only deflate is
+# ~15 % faster than OpenCV's default (RLE) on H&E tiles for files 0.5 % larger; levels 1-9 cost 1.5-5x more.
+_PNG_PARAMS = [cv2.IMWRITE_PNG_STRATEGY, cv2.IMWRITE_PNG_STRATEGY_HUFFMAN_ONLY]
+
+
 def encode_png(tile: npt.NDArray[np.uint8]) -> bytes:
-    """RGB (H x W x 3) or gray (H x W) ``uint8`` -> PNG bytes (OpenCV's default compression: deterministic, fast)."""
+    """RGB (H x W x 3) or gray (H x W) ``uint8`` -> PNG bytes (deterministic: no timestamps)."""
     pixels = cv2.cvtColor(tile, cv2.COLOR_RGB2BGR) if tile.ndim == 3 else tile
-    ok, buffer = cv2.imencode(".png", pixels)
+    ok, buffer = cv2.imencode(".png", pixels, _PNG_PARAMS)
     if not ok:
         raise PipelineError("PNG encoding failed (OpenCV); check the OpenCV installation")
     return bytes(buffer.tobytes())
