@@ -24,6 +24,7 @@ from app.dashboard.errors import DashboardError
 
 # Popen objects of jobs this dashboard process started: polling them reaps the finished child (no zombie).
 _PROCESSES: dict[int, subprocess.Popen[bytes]] = {}
+STOPPED_EXIT = 130  # gastric-fl train's exit code when stopped (app/cmd_train.py)
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -81,8 +82,9 @@ def start(jobs_dir: Path, job_id: str, kind: str, target: Path, commands: list[l
     log = jobs_dir / f"{job_id}.log"
     exit_file = jobs_dir / f"{job_id}.exit"
     script = " && ".join(shlex.join(c) for c in commands)
-    # `exec` is avoided on purpose: the shell must survive the command to record its exit code.
-    wrapped = f"( {script} ); code=$?; echo $code > {shlex.quote(str(exit_file))}.tmp; "
+    # `exec` is avoided on purpose: the shell must outlive the command to record its exit code. Its TERM trap
+    # (reset to the default in the command, unlike an ignored signal) lets it write the code after a stop.
+    wrapped = f"trap 'true' TERM INT; ( {script} ); code=$?; echo $code > {shlex.quote(str(exit_file))}.tmp; "
     wrapped += f"mv {shlex.quote(str(exit_file))}.tmp {shlex.quote(str(exit_file))}; exit $code"
     with log.open("wb") as out:
         process = subprocess.Popen(
@@ -157,7 +159,12 @@ def state(jobs_dir: Path, job: Job) -> JobState:
         except ValueError:
             code = None
         _alive(job.pid)  # reap it if it is our child
-        return JobState("succeeded" if code == 0 else "failed", code)
+        if code == 0:
+            return JobState("succeeded", code)
+        # 130: `gastric-fl train` stopped by SIGTERM/Ctrl-C (resumable); 143: a command killed by SIGTERM.
+        if job.stop_requested or code in (STOPPED_EXIT, 143):
+            return JobState("stopped", code)
+        return JobState("failed", code)
     if _alive(job.pid):
         return JobState("running", None)
     return JobState("stopped" if job.stop_requested else "lost", None)
@@ -187,12 +194,12 @@ def describe(job: Job) -> str:
 
 
 def run_status(summary_status: str, job_state: JobState | None) -> str:
-    """A run's status as shown: ``summary.json`` decides once it says finished or failed; before that, the
+    """A run's status as shown: ``summary.json`` decides once it says finished, failed or stopped; before that, the
     process that writes it does (a run whose process died or was stopped is not "running" any more).
 
     ``job_state`` is ``None`` for runs started outside the dashboard: their summary is all there is.
     """
-    if summary_status in ("finished", "failed") or job_state is None:
+    if summary_status in ("finished", "failed", "stopped") or job_state is None:
         return summary_status
     if job_state.status == "running":
         return "running"

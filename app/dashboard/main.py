@@ -13,7 +13,8 @@ import streamlit as st
 
 from app.dashboard import paths
 
-PAGES = Path(__file__).parent / "pages"
+# Not "pages/": Streamlit would add its own menu of that folder next to st.navigation's.
+PAGES = Path(__file__).parent / "views"
 
 st.set_page_config(page_title="gastric-fl · FedSAF", page_icon="🔬", layout="wide")
 

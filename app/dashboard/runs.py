@@ -130,7 +130,7 @@ def run_info(run: Path, run_id: str | None = None) -> RunInfo:
     status = str(summary.get("status", "running"))
     error = summary.get("error")
     algorithm = config_value(config, "strategy", "name") or summary.get("strategy") or summary.get("algorithm")
-    rounds = config_value(config, "run", "rounds") or summary.get("rounds")
+    rounds = config_value(config, "run", "rounds") or summary.get("total_rounds")
     stamps = [p.stat().st_mtime for p in (run / n for n in (*RUN_FILES, "aggregation.jsonl")) if p.is_file()]
     return RunInfo(
         run_id=run_id or run.name,
@@ -139,7 +139,7 @@ def run_info(run: Path, run_id: str | None = None) -> RunInfo:
         error=str(error) if error else None,
         algorithm=str(algorithm) if algorithm else None,
         rounds_total=int(rounds) if isinstance(rounds, int | float) and not isinstance(rounds, bool) else None,
-        dataset=run_dataset(config, run),
+        dataset=run_dataset(config, run) or _resolve_dataset(summary.get("dataset"), run),
         modified=max(stamps, default=run.stat().st_mtime),
     )
 
@@ -297,8 +297,9 @@ class Progress:
 
 
 def progress(run: Path, rounds_total: int | None, now: float | None = None) -> Progress:
-    """Round k of K and time left, from file times: the run starts when ``config.toml`` is written and a round
-    ends when its ``metrics.jsonl`` lines are; the mean wall time per finished round times the rounds still to go.
+    """Round k of K and time left. The engine's own estimate (``summary.json`` ``eta_seconds``) wins; without it,
+    file times: the run starts when ``config.toml`` is written and a round ends when its ``metrics.jsonl`` lines
+    are; the mean wall time per finished round times the rounds still to go.
 
     File times are used rather than the clients' ``seconds`` because they include everything the engine does
     between clients (aggregation, evaluation, checkpoints), which is what the user waits for.
@@ -314,6 +315,9 @@ def progress(run: Path, rounds_total: int | None, now: float | None = None) -> P
         last_round_end = (run / "metrics.jsonl").stat().st_mtime
         per_round_s = max(0.0, last_round_end - start) / done
         left = max(0.0, per_round_s * (rounds_total - done) - max(0.0, now - last_round_end))
+    eta = load_summary(run).get("eta_seconds")
+    if isinstance(eta, int | float) and not isinstance(eta, bool) and math.isfinite(eta):
+        left = float(eta)
     return Progress(done, rounds_total, elapsed, left)
 
 
@@ -366,7 +370,7 @@ def run_figures(run: Path, metrics: pd.DataFrame | None = None) -> dict[str, flo
     """The paper's figures for one run (Tables 4-7): averaged/std ACC and AUC at the last round, the best round's
     averaged value, total values transmitted (both directions, all rounds) and wall seconds.
 
-    Seconds: ``summary.json``'s ``seconds`` when the engine wrote it, else the sum of the clients' seconds.
+    Seconds: the run's wall seconds (``run_seconds``).
     """
     metrics = load_metrics(run) if metrics is None else metrics
     rounds = per_round(metrics)
@@ -376,10 +380,7 @@ def run_figures(run: Path, metrics: pd.DataFrame | None = None) -> dict[str, flo
             k: nan for k in ("acc_avg", "acc_std", "acc_best", "auc_avg", "auc_std", "auc_best", "values", "seconds")
         }
     last = rounds.iloc[-1]
-    summary = load_summary(run)
-    seconds = summary.get("seconds")
-    if not isinstance(seconds, int | float) or isinstance(seconds, bool):
-        seconds = float(rounds["seconds"].sum())
+    seconds = run_seconds(run, metrics)
     return {
         "acc_avg": float(last["acc_mean"]),
         "acc_std": float(last["acc_std"]),
@@ -390,6 +391,24 @@ def run_figures(run: Path, metrics: pd.DataFrame | None = None) -> dict[str, flo
         "values": float(rounds["values_total"].iloc[-1]),
         "seconds": float(seconds),
     }
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def run_seconds(run: Path, metrics: pd.DataFrame) -> float:
+    """Wall seconds of a run: ``summary.json``'s ``seconds`` if the engine wrote one, else the sum of the
+    rounds' ``seconds`` in ``aggregation.jsonl`` (the engine's wall time per round), else the clients' sum."""
+    total = _number(load_summary(run).get("seconds"))
+    if total is not None:
+        return total
+    per_round_s = [_number(r.get("seconds")) for r in load_aggregation(run)]
+    if per_round_s and all(v is not None for v in per_round_s):
+        return float(sum(v for v in per_round_s if v is not None))
+    return float(metrics["seconds"].sum()) if not metrics.empty else float("nan")
 
 
 TABLE_COLUMNS = {

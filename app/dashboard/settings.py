@@ -77,9 +77,28 @@ class FederationSettings:
     alpha_k: float = 0.02
 
 
+def _train_sections() -> set[str]:
+    try:
+        from federation.config import SECTIONS
+
+        return set(SECTIONS)
+    except ImportError:
+        return {"run", "data", "model", "strategy", "client", "fedprox", "amp", "fedsaf"}
+
+
 def presets() -> list[Path]:
-    """The TOML presets shipped in ``configs/`` (the demo first)."""
-    found = sorted(PRESETS_DIR.glob("*.toml")) if PRESETS_DIR.is_dir() else []
+    """The training presets in ``configs/`` (the demo first); presets of other commands (prepare) are skipped."""
+    if not PRESETS_DIR.is_dir():
+        return []
+    sections = _train_sections()
+    found = []
+    for path in sorted(PRESETS_DIR.glob("*.toml")):
+        try:
+            tables = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError):
+            continue
+        if tables and set(tables) <= sections:
+            found.append(path)
     return sorted(found, key=lambda p: (p != DEFAULT_PRESET, p.name))
 
 

@@ -16,6 +16,7 @@ from app.dashboard.datasets import PreparedDataset, list_datasets
 from app.dashboard.runs import RunInfo, list_runs
 
 # Keys in st.session_state shared between pages, so that a dataset or run picked on one page stays picked.
+VIEWS = Path(__file__).parent / "views"
 DATASET_KEY = "selected_dataset"
 RUN_KEY = "selected_run"
 
@@ -62,8 +63,8 @@ def pick_dataset(label: str = "Prepared dataset") -> PreparedDataset | None:
 
 
 def run_label(info: RunInfo) -> str:
-    """How a run appears in pickers: its id, algorithm and status."""
-    return f"{info.run_id} · {info.algorithm or '?'} · {display_status(info)}"
+    """How a run appears in pickers: its id and algorithm (its status, which changes, is shown beside it)."""
+    return f"{info.run_id} · {info.algorithm or '?'}"
 
 
 def display_status(info: RunInfo) -> str:
@@ -96,7 +97,7 @@ def no_dataset_help() -> None:
         "slides with `gastric-fl prepare` (see data/README.md).",
         icon=":material/info:",
     )
-    st.page_link(str(Path(__file__).parent / "pages" / "data.py"), label="Go to the Data page", icon="➡️")
+    st.page_link(str(VIEWS / "data.py"), label="Go to the Data page", icon=":material/arrow_forward:")
 
 
 def no_runs_help() -> None:
@@ -106,7 +107,7 @@ def no_runs_help() -> None:
         icon=":material/info:",
     )
     st.code(quickstart_commands(root()), language="bash")
-    st.page_link(str(Path(__file__).parent / "pages" / "federation.py"), label="Go to the Federation page", icon="➡️")
+    st.page_link(str(VIEWS / "federation.py"), label="Go to the Federation page", icon=":material/arrow_forward:")
 
 
 def status_banner(info: RunInfo) -> str:

@@ -71,16 +71,16 @@ with st.expander("Start a new federation", expanded=True, icon=":material/play_c
         except DashboardError as exc:
             st.error(str(exc))
             num_clients = None
-        preset_paths = settings.presets()
+        engine_defaults = "(engine defaults)"
         preset_choice = top[1].selectbox(
             "Preset",
-            [str(p) for p in preset_paths] or ["(engine defaults)"],
-            format_func=lambda p: Path(p).name,
+            [*(str(p) for p in settings.presets()), engine_defaults],
+            format_func=lambda p: p if p == engine_defaults else Path(p).name,
             on_change=_reset_settings,
             key="preset",
-            help="A TOML file in configs/; the settings below override it.",
+            help="A training preset in configs/; the settings below override it.",
         )
-        preset_path = Path(preset_choice) if preset_paths else None
+        preset_path = None if preset_choice == engine_defaults else Path(preset_choice)
         resolved = _preset(str(preset_path) if preset_path else None)
         defaults = settings.defaults_from(resolved)
         model_table = resolved.get("model")
@@ -178,17 +178,27 @@ with st.expander("Start a new federation", expanded=True, icon=":material/play_c
 
 # --- a run that is starting (no folder yet) or failed before writing one ------------------------------------
 
-pending = st.session_state.get("pending_run")
-if pending and not (paths.runs_root(root) / pending).exists():
-    job = jobs.load(jobs_dir, pending)
-    job_state = jobs.state(jobs_dir, job) if job else None
-    if job is not None and job_state is not None and job_state.active:
-        st.info(f"Starting run **{pending}**…", icon=":material/hourglass_top:")
-        st.code(jobs.log_tail(job, 6) or jobs.describe(job), language="text")
-        st.button("Refresh", key="refresh_pending")
-    elif job is not None and job_state is not None:
-        st.error(f"Run **{pending}** did not start (exit code {job_state.exit_code}):", icon="🚨")
+
+def _pending(run_id: str) -> None:
+    """Between "Start" and the run's folder appearing (the engine imports torch and loads the data first)."""
+    job = jobs.load(jobs_dir, run_id)
+    if job is None:
+        return
+    job_state = jobs.state(jobs_dir, job)
+    if (paths.runs_root(root) / run_id / "config.toml").is_file():
+        st.session_state.pop("pending_run", None)
+        st.rerun()  # the folder exists now: show the run below, with its live refresh
+    if not job_state.active:
+        st.error(f"Run **{run_id}** did not start (exit code {job_state.exit_code}):", icon="🚨")
         st.code(jobs.log_tail(job, 12) or "no output", language="text")
+        return
+    st.info(f"Starting run **{run_id}**: loading the model and the hospitals' tiles…", icon=":material/hourglass_top:")
+    st.code(jobs.log_tail(job, 4) or jobs.describe(job), language="text")
+
+
+pending = st.session_state.get("pending_run")
+if pending:
+    st.fragment(run_every=REFRESH_S)(_pending)(pending)
 
 # --- watch a run ----------------------------------------------------------------------------------------------
 

@@ -4,12 +4,13 @@ first (FedSAF paper, Sec. 5: each client evaluated on its own test split)."""
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from app.dashboard import charts, evaluation, ui
 from app.dashboard.datasets import hospital_label
 from app.dashboard.errors import DashboardError
-from app.dashboard.runs import load_metrics, load_predictions, per_client
+from app.dashboard.runs import load_metrics, load_predictions
 
 TILES_SHOWN = 12
 
@@ -83,7 +84,9 @@ left.plotly_chart(charts.roc_curve(curve, hospital_label(hospital)), key="roc_ch
 right.plotly_chart(charts.confusion(matrix, threshold), key="confusion_chart")
 
 if not mine.empty:
-    history = per_client(mine, "test_auc").join(per_client(mine, "test_acc"), lsuffix=" AUC", rsuffix=" accuracy")
+    history = pd.DataFrame(
+        {"test AUC": mine.set_index("round")["test_auc"], "test accuracy": mine.set_index("round")["test_acc"]}
+    )
     st.plotly_chart(
         charts.per_hospital(history, f"{hospital_label(hospital)} over rounds", "value"), key="history_chart"
     )

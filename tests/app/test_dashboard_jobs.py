@@ -1,0 +1,109 @@
+"""Background jobs (survive the page, stoppable as a process group) and the `gastric-fl dashboard` command."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from app.cmd_dashboard import streamlit_command
+from app.dashboard import jobs
+from app.dashboard.errors import DashboardError
+
+
+def _wait(predicate: object, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def test_job_records_exit_code_and_log(tmp_path: Path) -> None:
+    folder = tmp_path / "jobs"
+    ok = jobs.start(folder, "ok", "demo", tmp_path / "out", [[sys.executable, "-c", "print('tiles ready')"]], tmp_path)
+    bad = jobs.start(
+        folder,
+        "bad",
+        "demo",
+        tmp_path / "out2",
+        [[sys.executable, "-c", "print('first')"], [sys.executable, "-c", "import sys; sys.exit(3)"]],
+        tmp_path,
+    )
+    _wait(lambda: not jobs.state(folder, ok).active and not jobs.state(folder, bad).active)
+    assert jobs.state(folder, ok) == jobs.JobState("succeeded", 0)
+    assert jobs.state(folder, bad) == jobs.JobState("failed", 3)
+    assert jobs.log_tail(ok) == "tiles ready"
+    assert jobs.log_tail(bad) == "first"
+    # The records survive this process: a fresh reader (a reloaded page) finds them again.
+    assert [j.job_id for j in jobs.list_jobs(folder)] == ["bad", "ok"]
+    assert jobs.for_target(folder, tmp_path / "out") == ok
+    with pytest.raises(DashboardError, match="already exists"):
+        jobs.start(folder, "ok", "demo", tmp_path / "out", [["true"]], tmp_path)
+
+
+def test_stop_ends_the_whole_process_group(tmp_path: Path) -> None:
+    folder = tmp_path / "jobs"
+    child = "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])"
+    child += "; print(p.pid, flush=True); time.sleep(60)"
+    job = jobs.start(folder, "long", "train", tmp_path / "run", [[sys.executable, "-c", child]], tmp_path)
+    _wait(lambda: jobs.log_tail(job).strip().isdigit())
+    grandchild = int(jobs.log_tail(job).strip())
+    assert jobs.state(folder, job).status == "running"
+    stopped = jobs.stop(folder, job)
+    _wait(lambda: not jobs.state(folder, stopped).active)
+    # The shell outlives the stopped command and records its exit code (143: killed by SIGTERM).
+    assert jobs.state(folder, stopped) == jobs.JobState("stopped", 143)
+    _wait(lambda: not _alive(grandchild))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.is_file() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_run_status_prefers_the_summary_then_the_process() -> None:
+    running = jobs.JobState("running", None)
+    assert jobs.run_status("finished", running) == "finished"
+    assert jobs.run_status("failed", None) == "failed"
+    assert jobs.run_status("stopped", running) == "stopped"  # the engine wrote it before its process ended
+    assert jobs.run_status("running", None) == "running"  # started elsewhere: the summary is all there is
+    assert jobs.run_status("running", running) == "running"
+    assert jobs.run_status("running", jobs.JobState("failed", 2)) == "failed"
+    assert jobs.run_status("running", jobs.JobState("stopped", None)) == "stopped"
+    assert jobs.run_status("running", jobs.JobState("lost", None)) == "stopped"
+
+
+def test_streamlit_runs_on_loopback_without_telemetry() -> None:
+    command = streamlit_command("127.0.0.1", 8765)
+    pairs = dict(zip(command[5::2], command[6::2], strict=False))
+    assert command[1:4] == ["-m", "streamlit", "run"]
+    assert Path(command[4]).name == "main.py"
+    assert pairs["--server.address"] == "127.0.0.1"
+    assert pairs["--server.port"] == "8765"
+    assert pairs["--server.headless"] == "true"
+    assert pairs["--browser.gatherUsageStats"] == "false"
+    assert pairs["--server.fileWatcherType"] == "none"
+
+
+def test_dashboard_refuses_a_file_as_data_root(tmp_path: Path) -> None:
+    not_a_folder = tmp_path / "data.txt"
+    not_a_folder.write_text("x")
+    result = subprocess.run(
+        [sys.executable, "-m", "app.cli", "dashboard", "--data", str(not_a_folder)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert "is a file" in result.stderr

@@ -1,0 +1,145 @@
+"""Every dashboard page through Streamlit's AppTest on the fixture data root: what the page shows is checked
+against the files (metrics.jsonl, manifest.csv, predictions.csv), bad settings are refused, a run starts."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from dashboard_fixtures import Fixture
+from streamlit.testing.v1 import AppTest
+
+from app.dashboard import jobs, paths
+
+MAIN = str(Path(__file__).resolve().parents[2] / "app" / "dashboard" / "main.py")
+TIMEOUT_S = 90
+
+
+def _page(name: str, state: dict[str, object] | None = None) -> AppTest:
+    at = AppTest.from_file(MAIN, default_timeout=TIMEOUT_S)
+    for key, value in (state or {}).items():
+        at.session_state[key] = value
+    at.run()
+    if name != "data":
+        at.switch_page(f"views/{name}.py")
+        at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def _metric(at: AppTest, label: str) -> str:
+    return next(str(m.value) for m in at.metric if m.label == label)
+
+
+def _texts(elements: object) -> str:
+    return " ".join(str(e.value) for e in elements)  # type: ignore[attr-defined]
+
+
+def test_data_page_shows_each_hospitals_counts(fixture_root: Fixture) -> None:
+    at = _page("data")
+    assert _metric(at, "Hospitals") == "3"
+    assert _metric(at, "Tiles") == "24"
+    table = at.dataframe[0].value.set_index("hospital")
+    assert table.loc["Hospital 1", ["train normal", "train abnormal", "test normal", "test abnormal"]].tolist() == [
+        2,
+        2,
+        2,
+        2,
+    ]
+    assert table["grayscale"].tolist() == [False, False, True]
+    assert table["stored px"].tolist() == ["16", "16", "16"]
+
+
+def test_federation_page_shows_the_aucs_of_metrics_jsonl(fixture_root: Fixture) -> None:
+    at = _page("federation", {"selected_run": fixture_root.finished.name})
+    last = {}
+    for line in (fixture_root.finished / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        last[f"Hospital {record['client']}"] = record["test_auc"]  # later rounds overwrite earlier ones
+    shown = at.dataframe[0].value.set_index("hospital")["test AUC"].to_dict()
+    assert shown == last
+    assert _metric(at, "Averaged AUC") == f"{sum(last.values()) / 3:.3f}"
+    assert _metric(at, "Round") == "2 / 2"
+    assert "finished" in _texts(at.success)
+
+
+def test_federation_page_shows_a_failed_runs_error(fixture_root: Fixture) -> None:
+    at = _page("federation", {"selected_run": fixture_root.failed.name})
+    assert "CUDA is not available" in _texts(at.error)
+
+
+def test_invalid_settings_are_refused_before_anything_starts(fixture_root: Fixture) -> None:
+    at = _page("federation")
+    at.number_input(key="alpha_k").set_value(0.2)
+    at.number_input(key="sigma").set_value(0.1)
+    at.button(key="start").click()
+    at.run()
+    message = _texts(at.error)
+    assert "Not started" in message
+    assert "lower alpha_k to at most 0.05" in message
+    assert jobs.list_jobs(paths.jobs_root(fixture_root.root)) == []
+    at.number_input(key="alpha_k").set_value(0.02)
+    at.number_input(key="lr").set_value(0.0)
+    at.button(key="start").click()
+    at.run()
+    assert "learning rate = 0.0" in _texts(at.error)
+    assert jobs.list_jobs(paths.jobs_root(fixture_root.root)) == []
+
+
+def test_starting_a_run_creates_its_run_directory(fixture_root: Fixture) -> None:
+    at = _page("federation")
+    at.number_input(key="rounds").set_value(1)
+    at.button(key="start").click()
+    at.run()
+    folder = paths.jobs_root(fixture_root.root)
+    started = jobs.list_jobs(folder, kind="train")
+    assert len(started) == 1
+    job = started[0]
+    run_dir = Path(job.target)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (run_dir / "config.toml").is_file():
+            assert jobs.state(folder, job).active, f"gastric-fl train exited early:\n{jobs.log_tail(job, 20)}"
+            time.sleep(0.5)
+        assert (run_dir / "config.toml").is_file()
+        assert run_dir.parent == fixture_root.root / "runs"
+        assert "rounds = 1" in (run_dir / "config.toml").read_text()
+    finally:
+        jobs.stop(folder, job)
+
+
+def test_hospital_page_roc_and_threshold(fixture_root: Fixture) -> None:
+    at = _page("hospital", {"selected_run": fixture_root.finished.name})
+    # Hospital 0's test tiles: normal 0.2, 0.7; abnormal 0.9, 0.4 -> 3 of 4 pairs ranked right.
+    assert _metric(at, "AUC") == "0.750"
+    assert _metric(at, "Accuracy") == "0.500"
+    at.slider(key="threshold").set_value(0.3)
+    at.run()
+    assert _metric(at, "Accuracy") == "0.750"  # 0.2 -> normal, 0.4/0.7/0.9 -> abnormal
+    assert _metric(at, "Sensitivity") == "1.000"
+    assert _metric(at, "Specificity") == "0.500"
+    assert "0.8750" in _texts(at.caption)  # last round's AUC from metrics.jsonl, for comparison
+
+
+def test_compare_page_table_and_grid(fixture_root: Fixture) -> None:
+    at = _page("compare")
+    at.multiselect(key="compare_runs").set_value([fixture_root.finished.name])
+    at.run()
+    row = at.dataframe[0].value.iloc[0]
+    assert row["Averaged ACC"] == pytest.approx(0.75)
+    assert row["Values transmitted"] == 11400
+    at.segmented_control(key="compare_mode").set_value("Ablation grid")
+    at.run()
+    table = at.dataframe[0].value.set_index("run")
+    assert len(table) == 4
+    assert table.loc["grid-demo/nhead2-manhattan", "Best ACC"] == pytest.approx(0.75 * 0.7)
+    assert not at.exception
+
+
+@pytest.mark.parametrize("page", ["data", "federation", "hospital", "compare"])
+def test_every_page_explains_the_next_step_with_no_data(empty_root: Path, page: str) -> None:
+    at = _page(page)
+    shown = _texts(at.info) + _texts(at.code)
+    assert "gastric-fl" in shown or "Generate demo data" in shown
