@@ -55,12 +55,39 @@ def _work_dtype(vectors: torch.Tensor) -> torch.dtype:
     return vectors.dtype if vectors.dtype in (torch.float32, torch.float64) else torch.float32
 
 
-def _gram(vectors: torch.Tensor, centre: bool) -> torch.Tensor:
-    """``V V^T`` (float64 result); ``centre`` first subtracts each value's mean over the clients."""
+def _squared_distances(vectors: torch.Tensor) -> torch.Tensor:
+    """``||v_i - v_j||^2`` for all pairs (float64 result) from one Gram matrix of the *centred* vectors.
+
+    Squared distances are translation-invariant: centring each value over the clients first keeps the identity
+    ``||a-b||^2 = |a|^2 + |b|^2 - 2 a.b`` well conditioned when the clients are close to each other (uncentred,
+    float32 rounding of |a|^2 would swamp their small differences).
+    """
     v = vectors.detach().to(_work_dtype(vectors))
-    if centre:
-        v = v - v.mean(dim=0, keepdim=True)
-    return (v @ v.T).to(torch.float64)
+    v = v - v.mean(dim=0, keepdim=True)
+    gram = (v @ v.T).to(torch.float64)
+    sq = gram.diagonal()
+    dist = (sq.unsqueeze(1) + sq.unsqueeze(0) - 2.0 * gram).clamp_min(0.0)
+    dist.fill_diagonal_(0.0)
+    return dist
+
+
+def _cosine_similarity(vectors: torch.Tensor) -> torch.Tensor:
+    """Eq. 7-8: ``rho_i . rho_j / (||rho_i|| ||rho_j|| + 1e-8)`` (float64), accurate for nearly parallel vectors.
+
+    Models grown from one initialisation have similarities within 1e-4 of 1, below float32's resolution of a
+    direct dot product over 10^6 values. So the similarity is taken as ``1 - ||u_i - u_j||^2 / 2`` on the unit
+    vectors ``u = rho / ||rho||`` (norms accumulated in float64; distances from the centred Gram matrix), then
+    scaled by ``n_i n_j / (n_i n_j + 1e-8)`` to keep the paper's epsilon exactly.
+    """
+    v = vectors.detach().to(_work_dtype(vectors))
+    norms = torch.linalg.vector_norm(v, dim=1, dtype=torch.float64)
+    units = v / norms.clamp_min(torch.finfo(torch.float64).tiny).unsqueeze(1).to(v.dtype)
+    product = norms.unsqueeze(1) * norms.unsqueeze(0)
+    sim = (1.0 - 0.5 * _squared_distances(units)) * product / (product + COSINE_EPS)
+    zero = norms == 0  # a zero vector has similarity 0 with everything (Eq. 7's epsilon)
+    sim[zero, :] = 0.0
+    sim[:, zero] = 0.0
+    return sim
 
 
 def pairwise_distances(vectors: torch.Tensor, metric: str, scale: str = "raw") -> torch.Tensor:
@@ -87,16 +114,9 @@ def pairwise_distances(vectors: torch.Tensor, metric: str, scale: str = "raw") -
         v = vectors.detach().to(_work_dtype(vectors)).unsqueeze(0)
         dist = torch.cdist(v, v, p=1.0).squeeze(0).to(torch.float64)
     elif metric == "euclidean":
-        # Squared distances are translation-invariant: centring each value over the clients first keeps the
-        # Gram-matrix identity ||a-b||^2 = |a|^2 + |b|^2 - 2 a.b well conditioned when clients are close.
-        gram = _gram(vectors, centre=True)
-        sq = gram.diagonal()
-        dist = (sq.unsqueeze(1) + sq.unsqueeze(0) - 2.0 * gram).clamp_min(0.0)
-        dist.fill_diagonal_(0.0)
+        dist = _squared_distances(vectors)
     else:
-        gram = _gram(vectors, centre=False)
-        norms = gram.diagonal().clamp_min(0.0).sqrt()
-        sim = gram / (norms.unsqueeze(1) * norms.unsqueeze(0) + COSINE_EPS)
+        sim = _cosine_similarity(vectors)
         if metric == "cosine":
             return sim
         dist = 1.0 - sim

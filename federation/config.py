@@ -62,11 +62,13 @@ head_epochs = 1
 mu = 0.01
 
 [amp]
-alpha_k = 0.02
-sigma = 0.1
-lam = 1.0
+# Measured in benchmarks/results/amp_distances.md, explained in docs/fedsaf.md: raw distances over 10^5-10^6
+# values make every off-diagonal xi vanish, so d_ij is divided by the round's mean distance ("relative").
+alpha_k = 0.1
+sigma = 1.0
+lam = 0.05
 dm = "manhattan"
-scale = "raw"
+scale = "relative"
 
 [fedsaf]
 fim = true
@@ -212,7 +214,7 @@ class AmpSection:
     sigma: float
     lam: float
     dm: str
-    scale: str = "raw"  # how d_ij is rescaled before A' (federation.aggregation.SCALES; docs/fedsaf.md)
+    scale: str = "relative"  # how d_ij is rescaled before A' (federation.aggregation.SCALES; docs/fedsaf.md)
 
     def __post_init__(self) -> None:
         _positive("amp.alpha_k", self.alpha_k)

@@ -240,3 +240,17 @@ def test_euclidean_distance_is_accurate_for_close_large_vectors() -> None:
     assert dist[0, 1].item() == pytest.approx(0.1, rel=1e-2)
     assert dist[1, 2].item() == pytest.approx(0.9, rel=1e-2)
     assert dist[0, 2].item() == pytest.approx(0.4, rel=1e-2)
+
+
+def test_cosine_distance_is_accurate_for_nearly_parallel_float32_vectors() -> None:
+    # Model-like vectors: similarities within 1e-5 of 1, below float32's resolution of a plain dot product.
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(1, 200_000, generator=g)
+    vectors = base + 1e-3 * torch.randn(4, 200_000, generator=g)
+    exact = pairwise_distances(vectors.double(), "cosine_distance")  # float64 reference, same formula
+    fast = pairwise_distances(vectors, "cosine_distance")
+    off = ~torch.eye(4, dtype=torch.bool)
+    # 1 - cos ~ |noise|^2 / |base|^2 = (2 * 1e-6) / 2 / 1 = 1e-6 for each pair
+    assert float(exact[off].min()) > 5e-7
+    assert torch.allclose(fast[off], exact[off], rtol=1e-2)
+    assert bool((fast >= 0).all())
