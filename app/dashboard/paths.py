@@ -1,4 +1,5 @@
-"""Where the dashboard finds its data: the ``--data`` root with ``raw/``, ``prepared/`` and ``runs/`` inside.
+"""Where the dashboard finds its data: the ``--data`` root with ``raw/``, ``prepared/``, ``runs/`` and
+``ablations/`` inside.
 
 ``gastric-fl dashboard --data DIR`` hands the root to the Streamlit process through ``GASTRIC_FL_DATA``;
 without it the dashboard uses ``data/`` in the current directory, the CLI's default home (data/README.md).
@@ -26,6 +27,11 @@ def prepared_root(root: Path) -> Path:
 def runs_root(root: Path) -> Path:
     """Folder holding one sub-folder per run (or per ablation grid)."""
     return root / "runs"
+
+
+def ablations_root(root: Path) -> Path:
+    """Folder holding one sub-folder per ablation grid (``gastric-fl ablate --out``)."""
+    return root / "ablations"
 
 
 def raw_root(root: Path) -> Path:

@@ -161,20 +161,6 @@ def list_runs(runs: Path) -> list[RunInfo]:
     return sorted(found, key=lambda r: r.modified, reverse=True)
 
 
-def list_grids(runs: Path) -> list[Path]:
-    """Ablation grid folders: folders under ``runs`` that are not runs themselves but hold runs."""
-    if not runs.is_dir():
-        return []
-    return [
-        child
-        for child in sorted(runs.iterdir())
-        if child.is_dir()
-        and not child.name.startswith(".")
-        and not is_run_dir(child)
-        and any(is_run_dir(sub) for sub in child.iterdir())
-    ]
-
-
 # --- metrics -----------------------------------------------------------------------------------------------------
 
 METRIC_COLUMNS = (
@@ -363,34 +349,7 @@ def xi_matrices(records: list[dict[str, Any]]) -> dict[int, np.ndarray]:
     return found
 
 
-# --- comparison (paper-style table) -------------------------------------------------------------------------------
-
-
-def run_figures(run: Path, metrics: pd.DataFrame | None = None) -> dict[str, float]:
-    """The paper's figures for one run (Tables 4-7): averaged/std ACC and AUC at the last round, the best round's
-    averaged value, total values transmitted (both directions, all rounds) and wall seconds.
-
-    Seconds: the run's wall seconds (``run_seconds``).
-    """
-    metrics = load_metrics(run) if metrics is None else metrics
-    rounds = per_round(metrics)
-    nan = float("nan")
-    if rounds.empty:
-        return {
-            k: nan for k in ("acc_avg", "acc_std", "acc_best", "auc_avg", "auc_std", "auc_best", "values", "seconds")
-        }
-    last = rounds.iloc[-1]
-    seconds = run_seconds(run, metrics)
-    return {
-        "acc_avg": float(last["acc_mean"]),
-        "acc_std": float(last["acc_std"]),
-        "acc_best": float(rounds["acc_mean"].max()),
-        "auc_avg": float(last["auc_mean"]),
-        "auc_std": float(last["auc_std"]),
-        "auc_best": float(rounds["auc_mean"].max()),
-        "values": float(rounds["values_total"].iloc[-1]),
-        "seconds": float(seconds),
-    }
+# --- wall time ---------------------------------------------------------------------------------------------------
 
 
 def _number(value: Any) -> float | None:
@@ -400,63 +359,12 @@ def _number(value: Any) -> float | None:
 
 
 def run_seconds(run: Path, metrics: pd.DataFrame) -> float:
-    """Wall seconds of a run: ``summary.json``'s ``seconds`` if the engine wrote one, else the sum of the
-    rounds' ``seconds`` in ``aggregation.jsonl`` (the engine's wall time per round), else the clients' sum."""
-    total = _number(load_summary(run).get("seconds"))
-    if total is not None:
-        return total
+    """Wall seconds of a run: the sum of the rounds' ``seconds`` in ``aggregation.jsonl`` (the engine's wall time
+    per round), else the sum of the clients' ``seconds`` in ``metrics.jsonl`` (clients train one after another)."""
     per_round_s = [_number(r.get("seconds")) for r in load_aggregation(run)]
     if per_round_s and all(v is not None for v in per_round_s):
         return float(sum(v for v in per_round_s if v is not None))
     return float(metrics["seconds"].sum()) if not metrics.empty else float("nan")
-
-
-TABLE_COLUMNS = {
-    "acc_avg": "Averaged ACC",
-    "acc_std": "Std ACC",
-    "acc_best": "Best ACC",
-    "auc_avg": "Averaged AUC",
-    "auc_std": "Std AUC",
-    "auc_best": "Best AUC",
-    "values": "Values transmitted",
-    "seconds": "Seconds",
-}
-
-
-def compare_table(runs: list[RunInfo]) -> pd.DataFrame:
-    """The paper-style table, one row per run (columns as in ``TABLE_COLUMNS`` plus run, algorithm, status)."""
-    rows = []
-    for info in runs:
-        figures = run_figures(info.path)
-        row: dict[str, Any] = {"run": info.run_id, "algorithm": info.algorithm or "?", "status": info.status}
-        row.update({TABLE_COLUMNS[k]: v for k, v in figures.items()})
-        rows.append(row)
-    return pd.DataFrame(rows, columns=["run", "algorithm", "status", *TABLE_COLUMNS.values()])
-
-
-def grid_heatmap(runs: list[RunInfo], value: str = "acc_best") -> pd.DataFrame:
-    """nhead (rows) x dm (columns) table of one figure over the runs of an ablation grid.
-
-    Each run's ``nhead`` and ``dm`` come from its config.toml; runs that repeat a cell (other toggles differ)
-    are averaged, and the table says so through ``grid_cell_counts``.
-    """
-    rows = []
-    for info in runs:
-        config = load_config(info.path)
-        nhead = config_value(config, "strategy", "nhead")
-        dm = config_value(config, "amp", "dm")
-        name = config_value(config, "strategy", "name")
-        if nhead is None and isinstance(name, str):
-            from app.dashboard.settings import default_nhead  # the strategy's own default (config leaves it out)
-
-            nhead = default_nhead(name)
-        if nhead is None or dm is None:
-            continue
-        rows.append({"nhead": int(nhead), "dm": str(dm), "value": run_figures(info.path)[value]})
-    if not rows:
-        return pd.DataFrame()
-    frame = pd.DataFrame(rows)
-    return frame.pivot_table(index="nhead", columns="dm", values="value", aggfunc="mean").sort_index()
 
 
 # --- predictions.csv ----------------------------------------------------------------------------------------------

@@ -120,7 +120,7 @@ def write_predictions(run: Path, dataset: Path) -> None:
 
 def write_summary(run: Path, status: str, error: str | None = None) -> None:
     """summary.json with the documented status (and error for a failed run)."""
-    summary: dict[str, object] = {"status": status, "seconds": 12.5}
+    summary: dict[str, object] = {"status": status, "total_rounds": 2, "eta_seconds": None}
     if error:
         summary["error"] = error
     (run / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
@@ -139,11 +139,26 @@ def build(root: Path) -> Fixture:
     failed = runs / "20250101-000100-fedsaf"
     write_config(failed, dataset)
     write_summary(failed, "failed", 'CUDA is not available: set run.device = "cpu"')
-    grid = runs / "grid-demo"
+    grid = root / "ablations" / "grid-demo"
+    cells = []
     for nhead in (0, 2):
         for dm in ("manhattan", "euclidean"):
-            run = grid / f"nhead{nhead}-{dm}"
+            cell_id = f"nhead-{nhead}_dm-{dm}_seed-0"
+            run = grid / "cells" / cell_id
             write_config(run, dataset, nhead=nhead, dm=dm)
             write_metrics(run, scale=0.5 + 0.1 * nhead + (0.05 if dm == "euclidean" else 0.0))
             write_summary(run, "finished")
+            cells.append(
+                {
+                    "id": cell_id,
+                    "block": 0,
+                    "params": {"nhead": nhead, "dm": dm},
+                    "seed": 0,
+                    "run_dir": f"cells/{cell_id}",
+                    "same_as": None,
+                    "status": "finished",
+                    "error": None,
+                }
+            )
+    (grid / "ablation.json").write_text(json.dumps({"version": 1, "cells": cells}), encoding="utf-8")
     return Fixture(root, dataset, finished, failed, grid)

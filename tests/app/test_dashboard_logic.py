@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from dashboard_fixtures import Fixture
 
-from app.dashboard import evaluation, runs, settings
+from app.dashboard import compare, evaluation, runs, settings
 from app.dashboard.datasets import counts_table, list_datasets, load_manifest, sample_tiles
 from app.dashboard.errors import DashboardError
 
@@ -85,14 +85,21 @@ def test_per_round_figures_by_hand(fixture_root: Fixture) -> None:
 
 
 def test_run_figures_are_the_papers(fixture_root: Fixture) -> None:
-    figures = runs.run_figures(fixture_root.finished)
-    assert figures["acc_avg"] == pytest.approx(0.75)  # last round (0.75, 1.0, 0.5)
-    assert figures["acc_std"] == pytest.approx(math.sqrt(0.125 / 3))
-    assert figures["acc_best"] == pytest.approx(0.75)
-    assert figures["auc_avg"] == pytest.approx((0.875 + 0.9375 + 0.6875) / 3)
-    assert figures["auc_best"] == pytest.approx((0.875 + 0.9375 + 0.6875) / 3)
-    assert figures["values"] == 11400
-    assert figures["seconds"] == 12.5  # summary.json's wall seconds win over the clients' sum
+    table = compare.compare_table([("done", fixture_root.finished), ("broken", fixture_root.failed)])
+    row = table.set_index("run").loc["done"]
+    assert row["Averaged ACC"] == pytest.approx(0.75)  # last round (0.75, 1.0, 0.5)
+    assert row["Std ACC"] == pytest.approx(math.sqrt(0.125 / 3))
+    assert row["Best ACC"] == pytest.approx(0.75)
+    assert row["Averaged AUC"] == pytest.approx((0.875 + 0.9375 + 0.6875) / 3)
+    assert row["Best AUC"] == pytest.approx((0.875 + 0.9375 + 0.6875) / 3)
+    assert row["Values transmitted"] == 11400
+    assert row["Sent / round"] == pytest.approx((3000 + 2700) / 2)
+    # No seconds in summary.json or aggregation.jsonl: the clients' seconds, 6 + 7.5.
+    assert row["Seconds"] == pytest.approx(13.5)
+    assert (row["algorithm"], row["nhead"], row["dm"], row["status"]) == ("fedsaf", 2, "manhattan", "finished")
+    broken = table.set_index("run").loc["broken"]
+    assert broken["status"] == "failed"
+    assert math.isnan(broken["Averaged ACC"])
 
 
 def test_latest_per_client_matches_metrics(fixture_root: Fixture) -> None:
@@ -130,12 +137,23 @@ def test_xi_and_grid(fixture_root: Fixture) -> None:
     xi = runs.xi_matrices(runs.load_aggregation(fixture_root.finished))
     assert sorted(xi) == [1, 2]
     assert xi[2][0].tolist() == [0.8, 0.15, 0.05]
-    grid_runs = [r for r in runs.list_runs(fixture_root.root / "runs") if r.path.parent == fixture_root.grid]
-    heat = runs.grid_heatmap(grid_runs, "acc_best")
+    (grid,) = compare.list_grids(fixture_root.root / "ablations")
+    assert grid.path == fixture_root.grid
+    assert grid.varied() == ["nhead", "dm"]
+    table = compare.grid_table(grid)
+    assert list(table.columns[:4]) == ["run", "nhead", "dm", "seed"]
+    heat = compare.grid_heatmap(table, "Best ACC")
     # Best averaged ACC is 0.75 x the fixture's scale 0.5 + 0.1 nhead (+0.05 for euclidean).
     assert heat.loc[0, "manhattan"] == pytest.approx(0.75 * 0.5)
     assert heat.loc[2, "euclidean"] == pytest.approx(0.75 * 0.75)
-    assert runs.list_grids(fixture_root.root / "runs") == [fixture_root.grid]
+    one_cell = table[(table["nhead"] == 0) & (table["dm"] == "manhattan")]
+    assert compare.grid_heatmap(one_cell, "Best ACC").empty
+
+
+def test_broken_ablation_json_names_the_file(tmp_path: Path) -> None:
+    (tmp_path / "ablation.json").write_text("{")
+    with pytest.raises(DashboardError, match=r"ablation\.json cannot be read"):
+        compare.load_grid(tmp_path)
 
 
 def test_run_list_reads_status_and_dataset(fixture_root: Fixture) -> None:

@@ -134,7 +134,8 @@ def test_compare_page_table_and_grid(fixture_root: Fixture) -> None:
     at.run()
     table = at.dataframe[0].value.set_index("run")
     assert len(table) == 4
-    assert table.loc["grid-demo/nhead2-manhattan", "Best ACC"] == pytest.approx(0.75 * 0.7)
+    assert table.loc["nhead-2_dm-manhattan_seed-0", "Best ACC"] == pytest.approx(0.75 * 0.7)
+    assert at.get("plotly_chart")  # the nhead x dm heatmap (and the curves) are drawn
     assert not at.exception
 
 
@@ -143,3 +144,21 @@ def test_every_page_explains_the_next_step_with_no_data(empty_root: Path, page: 
     at = _page(page)
     shown = _texts(at.info) + _texts(at.code)
     assert "gastric-fl" in shown or "Generate demo data" in shown
+
+
+def test_demo_button_generates_and_prepares_a_dataset(empty_root: Path) -> None:
+    at = _page("data")
+    at.button(key="demo_button").click()
+    at.run()
+    folder = paths.jobs_root(empty_root)
+    (job,) = jobs.list_jobs(folder, kind="demo")
+    deadline = time.monotonic() + 120
+    while jobs.state(folder, job).active and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert jobs.state(folder, job).status == "succeeded", jobs.log_tail(job, 20)
+    at.run()
+    assert not at.exception
+    assert _metric(at, "Hospitals") == "3"
+    table = at.dataframe[0].value
+    assert table["grayscale"].tolist() == [False, False, True]  # --grayscale-clients 2
+    assert (empty_root / "raw" / "demo").is_dir()  # the raw slides stay next to the prepared tiles

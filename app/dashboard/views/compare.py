@@ -4,87 +4,99 @@ an nhead x dm heatmap (Tables 5-6)."""
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
+
 import pandas as pd
 import streamlit as st
 
-from app.dashboard import charts, paths, ui
-from app.dashboard.runs import TABLE_COLUMNS, RunInfo, compare_table, grid_heatmap, list_grids, load_metrics, per_round
+from app.dashboard import charts, compare, paths, ui
+from app.dashboard.errors import DashboardError
 
-FIGURES = {"acc_best": "Best ACC", "acc_avg": "Averaged ACC", "auc_best": "Best AUC", "auc_avg": "Averaged AUC"}
+HEATMAP_FIGURES = ("Best ACC", "Averaged ACC", "Best AUC", "Averaged AUC", "Std ACC", "Values transmitted")
 
 st.title("Compare")
 st.caption(
-    "Averaged = mean over hospitals at the last round, Std = standard deviation over hospitals at the last round, "
-    "Best = best round of the averaged curve. Values transmitted: both directions, all rounds."
+    "Averaged / Std = mean / standard deviation over hospitals at the last round; Best = best round of the "
+    "averaged curve. Values transmitted: both directions, all rounds. The same figures as `gastric-fl report`."
 )
 
+root = ui.root()
 runs = ui.all_runs()
-if not runs:
+try:
+    grids = compare.list_grids(paths.ablations_root(root))
+except DashboardError as exc:
+    st.error(str(exc))
+    grids = []
+if not runs and not grids:
     ui.no_runs_help()
     st.stop()
 
-grids = list_grids(paths.runs_root(ui.root()))
 mode = st.segmented_control("Compare", ["Runs", "Ablation grid"], default="Runs", key="compare_mode")
 
-chosen: list[RunInfo]
+
+def _table(table: pd.DataFrame) -> None:
+    formats = {name: st.column_config.NumberColumn(format="%.4f") for name in list(compare.FIGURES.values())[:6]}
+    big = ("Values transmitted", "Sent / round", "Received / round")
+    formats.update({name: st.column_config.NumberColumn(format="localized") for name in big})
+    formats.update({n: st.column_config.NumberColumn(format="%.1f") for n in ("Seconds", "Seconds / round")})
+    st.dataframe(table, hide_index=True, width="stretch", key="compare_table", column_config=formats)
+    st.download_button(
+        "Download the table (CSV)", table.to_csv(index=False), file_name="comparison.csv", icon=":material/download:"
+    )
+
+
+def _curves(selected: list[tuple[str, Path]]) -> None:
+    left, right = st.columns(2)
+    left.plotly_chart(
+        charts.overlay(compare.curves(selected, "acc_mean"), "Averaged test accuracy", "accuracy"), key="overlay_acc"
+    )
+    right.plotly_chart(
+        charts.overlay(compare.curves(selected, "auc_mean"), "Averaged test AUC", "AUC"), key="overlay_auc"
+    )
+
+
 if mode == "Ablation grid":
     if not grids:
-        st.info(
-            "No ablation grid yet. Run one from a terminal, e.g. `gastric-fl ablate --help`; each grid is a folder "
-            f"of runs under `{paths.runs_root(ui.root())}`.",
-            icon=":material/info:",
-        )
+        example = ["gastric-fl", "ablate", "--config", "configs/demo.toml", "--grid", "nhead=0,3,6"]
+        example += ["--grid", "dm=manhattan,euclidean", "--set", "strategy.name=fedsaf"]
+        example += [
+            "--data",
+            str(paths.prepared_root(root) / "demo"),
+            "--out",
+            str(paths.ablations_root(root) / "demo"),
+        ]
+        st.info("No ablation grid yet. Run one from a terminal, for example:", icon=":material/info:")
+        st.code(shlex.join(example), language="bash", wrap_lines=True)
         st.stop()
-    grid = st.selectbox("Grid", grids, format_func=lambda p: p.name, key="grid")
-    chosen = [r for r in runs if r.path.parent == grid]
+    grid = st.selectbox("Grid", grids, format_func=lambda g: f"{g.name} ({len(g.cells)} cells)", key="grid")
+    for cell in grid.cells:
+        if cell.status == "failed":
+            st.error(f"Cell **{cell.cell_id}** failed: {cell.error or 'no error recorded'}", icon="🚨")
+    table = compare.grid_table(grid)
+    _table(table)
+    figure = str(st.selectbox("Heatmap of", HEATMAP_FIGURES, key="grid_figure"))
+    heat = compare.grid_heatmap(table, figure)
+    if heat.empty:
+        st.info("This grid does not vary nhead or the distance dm, so there is no nhead x dm heatmap.")
+    else:
+        st.plotly_chart(charts.grid_heatmap(heat, f"{figure} by nhead and distance dm"), key="grid_heatmap")
+    _curves(grid.runs())
 else:
+    if not runs:
+        st.info("No single runs yet: start one on the Federation page.", icon=":material/info:")
+        st.stop()
     by_id = {r.run_id: r for r in runs}
     default = [r.run_id for r in runs if r.status == "finished"][:4] or [runs[0].run_id]
     ids = st.multiselect(
         "Runs", list(by_id), default=default, format_func=lambda i: ui.run_label(by_id[i]), key="compare_runs"
     )
-    chosen = [by_id[i] for i in ids]
-
-if not chosen:
-    st.info("Select at least one run.")
-    st.stop()
-
-failed = [r for r in chosen if ui.display_status(r) == "failed"]
-for info in failed:
-    st.error(f"Run **{info.run_id}** failed: {info.error or 'see the Federation page for its log'}", icon="🚨")
-
-table = compare_table(chosen)
-number_format = {name: st.column_config.NumberColumn(format="%.4f") for name in list(TABLE_COLUMNS.values())[:6]}
-st.dataframe(
-    table,
-    hide_index=True,
-    width="stretch",
-    key="compare_table",
-    column_config={
-        **number_format,
-        "Values transmitted": st.column_config.NumberColumn(format="localized"),
-        "Seconds": st.column_config.NumberColumn(format="%.1f"),
-    },
-)
-st.download_button(
-    "Download the table (CSV)", table.to_csv(index=False), file_name="comparison.csv", icon=":material/download:"
-)
-
-curves_acc: dict[str, pd.Series] = {}
-curves_auc: dict[str, pd.Series] = {}
-for info in chosen:
-    rounds = per_round(load_metrics(info.path)).set_index("round")
-    if not rounds.empty:
-        curves_acc[info.run_id] = rounds["acc_mean"]
-        curves_auc[info.run_id] = rounds["auc_mean"]
-left, right = st.columns(2)
-left.plotly_chart(charts.overlay(curves_acc, "Averaged test accuracy", "accuracy"), key="overlay_acc")
-right.plotly_chart(charts.overlay(curves_auc, "Averaged test AUC", "AUC"), key="overlay_auc")
-
-if mode == "Ablation grid":
-    figure = str(st.selectbox("Heatmap of", list(FIGURES), format_func=lambda k: FIGURES[k], key="grid_figure"))
-    heat = grid_heatmap(chosen, figure)
-    if heat.empty:
-        st.info("These runs do not vary nhead and dm (their configs lack strategy.nhead / amp.dm).")
-    else:
-        st.plotly_chart(charts.grid_heatmap(heat, f"{FIGURES[figure]} by nhead and distance"), key="grid_heatmap")
+    if not ids:
+        st.info("Select at least one run.")
+        st.stop()
+    for run_id in ids:
+        if ui.display_status(by_id[run_id]) == "failed":
+            st.error(f"Run **{run_id}** failed: {by_id[run_id].error or 'see the Federation page for its log'}")
+    selected = [(run_id, by_id[run_id].path) for run_id in ids]
+    _table(compare.compare_table(selected))
+    _curves(selected)
