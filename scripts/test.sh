@@ -6,4 +6,5 @@ bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
+bash scripts/install_browser.sh  # Debian chromium for the dashboard browser test (tests/app, -m browser)
 .venv/bin/python -m pytest "$@"
