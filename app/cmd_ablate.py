@@ -1,15 +1,81 @@
-"""`gastric-fl ablate` (not yet implemented)."""
+"""`gastric-fl ablate`: run a grid of federations (FedSAF paper 001, Tables 4-7) and write paper-style tables.
+
+Every cell is an ordinary run directory made by the same engine as ``gastric-fl train``; the grid is resumable
+(finished cells are skipped, interrupted ones resumed). Layout: ``data/README.md`` section 4; guide:
+``docs/ablations.md``. Exit codes: 0 every cell finished, 2 bad input or some cells failed (they are listed in
+``ablation.json`` with their errors), 130 interrupted (run the same command again to continue).
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
+
+DEFAULT_ABLATIONS = Path("data/ablations")
 
 
 def register(app: typer.Typer) -> None:
     """Add the `ablate` subcommand to `app`."""
 
     @app.command("ablate")
-    def ablate() -> None:
-        """Not yet implemented."""
-        typer.echo("gastric-fl ablate is not implemented yet", err=True)
-        raise typer.Exit(1)
+    def ablate(
+        config: Path = typer.Option(
+            ...,
+            "--config",
+            "-c",
+            help="Run preset (e.g. configs/benchmark.toml) used with --grid, or an ablation preset "
+            "(configs/ablation_*.toml) that names its run preset and grid.",
+        ),
+        grid: list[str] = typer.Option(
+            [],
+            "--grid",
+            help="One setting and its values, e.g. --grid nhead=0,3,6,9,12 --grid fim=on,off (repeatable; the grid is "
+            "their product). Names: strategy, nhead, dm, fim, split, alpha_k, sigma, lam, scale, mu, model, rounds, "
+            "or any section.key.",
+        ),
+        seeds: int | None = typer.Option(
+            None, "--seeds", help="Seeds per cell (run.seed, run.seed+1, ...). Default: the preset's, else 1."
+        ),
+        out: Path | None = typer.Option(
+            None, "--out", help="Ablation folder (default: data/ablations/<preset name>). Re-run to resume."
+        ),
+        overrides: list[str] = typer.Option(
+            [], "--set", help="Override a setting of every cell, e.g. --set run.rounds=2 (repeatable)."
+        ),
+        data: Path | None = typer.Option(None, "--data", help="Prepared dataset folder (overrides data.path)."),
+        table: str = typer.Option(
+            "auto",
+            "--table",
+            help="Table for a --grid: auto, components (Table 4), distances (5), nhead (6), methods (7), all.",
+        ),
+        tables_only: bool = typer.Option(
+            False, "--tables-only", help="Only rebuild the tables and figures from the cells already finished."
+        ),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-round progress bars."),
+    ) -> None:
+        """Run an ablation grid (resumable) and write Table 4-7 style Markdown/CSV tables and accuracy curves."""
+        from federation.ablation import load_plan, run_plan, write_tables
+        from federation.errors import FederationError
+        from federation.simulation import RunStopped
+
+        plan = load_plan(config, grid, seeds, overrides, table, data)
+        folder = out if out is not None else DEFAULT_ABLATIONS / config.stem
+        state: dict[str, object] | None = None
+        if not tables_only:
+            try:
+                state = run_plan(plan, folder, progress=not quiet, echo=lambda line: typer.echo(line, err=True))
+            except (KeyboardInterrupt, RunStopped) as exc:
+                typer.echo(f"stopped; run the same command again to continue ({exc})", err=True)
+                raise typer.Exit(130) from exc
+        paths = write_tables(plan, folder)
+        typer.echo(f"tables: {paths['results']}")
+        if state is not None:
+            cells = state["cells"]
+            assert isinstance(cells, list)
+            failed = [c for c in cells if c.get("status") == "failed"]
+            if failed:
+                raise FederationError(
+                    f"{len(failed)} of {len(cells)} cells failed (first: {failed[0]['id']}: {failed[0]['error']}); "
+                    f"see {folder / 'ablation.json'}"
+                )

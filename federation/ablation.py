@@ -1,0 +1,623 @@
+"""Ablation grids and paper-style result tables (FedSAF paper 001, Sec. 4.3-4.4: Tables 4-7, Figures 4-5).
+
+A grid is one or more *blocks*; each block is a product of setting values (``nhead=0,3,6``, ``dm=...``,
+``fim=on,off``, ``split=on,off``, ``strategy=fedavg,...``, or any ``section.key``). Every combination, run once per
+seed, is a *cell*: an ordinary run directory made by the same engine ``gastric-fl train`` uses
+(``federation.simulation.train``) under ``<out>/cells/<cell id>/``. ``<out>/ablation.json`` lists every cell with
+its settings, seed, run directory and status (``data/README.md``, section 4).
+
+Resumable: a cell whose ``summary.json`` says ``finished`` is skipped; a cell with a run directory but no finished
+summary is resumed from its last checkpoint (the engine guarantees the same numbers as an uninterrupted run).
+
+Tables, per block, with the mean and the sample standard deviation (``ddof = 1``) over seeds of each run's
+figures (``federation.report``: last round averaged/std over clients, best averaged accuracy, values transmitted),
+plus the worst hospital's final AUC and accuracy:
+
+- ``components`` (Table 4: FIM x model splitting), ``distances`` (Table 5: dm), ``nhead`` (Table 6: head layers vs
+  values transmitted), ``methods`` (Table 7: methods, with the worst hospital's AUC), or ``all`` columns;
+- the averaged and std test accuracy over rounds (Figures 4-5), mean over seeds with a band of +- one std.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import statistics
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from federation.config import RunConfig, config_to_toml, load_config
+from federation.errors import FederationError
+from federation.runs import SUMMARY_FILE, atomic_write_text, now_iso, read_json, write_json
+
+ABLATION_FILE = "ablation.json"
+CELLS_DIR = "cells"
+TABLE_KINDS: tuple[str, ...] = ("auto", "components", "distances", "nhead", "methods", "all")
+
+# Short grid names -> configuration keys (any "section.key" is accepted as well).
+ALIASES: dict[str, str] = {
+    "strategy": "strategy.name",
+    "nhead": "strategy.nhead",
+    "dm": "amp.dm",
+    "fim": "fedsaf.fim",
+    "split": "fedsaf.split",
+    "alpha_k": "amp.alpha_k",
+    "sigma": "amp.sigma",
+    "lam": "amp.lam",
+    "scale": "amp.scale",
+    "mu": "fedprox.mu",
+    "model": "model.name",
+    "rounds": "run.rounds",
+}
+SHORT: dict[str, str] = {v: k for k, v in ALIASES.items()}
+_BOOL_WORDS = {"on": True, "off": False, "true": True, "false": False, "yes": True, "no": False}
+
+TrainFn = Callable[..., Mapping[str, Any]]
+
+
+# -- the grid ------------------------------------------------------------------------------------------------------
+def full_key(name: str) -> str:
+    """``nhead`` -> ``strategy.nhead``; ``section.key`` unchanged; anything else is an error."""
+    key = ALIASES.get(name, name)
+    if "." not in key:
+        raise FederationError(
+            f"unknown grid setting {name!r}: use one of {', '.join(ALIASES)} or a section.key such as client.lr"
+        )
+    return key
+
+
+def parse_value(text: str) -> Any:
+    """A grid value: ``on``/``off`` -> bool, TOML numbers and booleans as such, anything else a string."""
+    word = text.strip()
+    if word.lower() in _BOOL_WORDS:
+        return _BOOL_WORDS[word.lower()]
+    try:
+        return tomllib.loads(f"v = {word}")["v"]
+    except tomllib.TOMLDecodeError:
+        return word
+
+
+def parse_grid(texts: Sequence[str]) -> dict[str, list[Any]]:
+    """``["nhead=0,3,6", "fim=on,off"]`` -> ``{"strategy.nhead": [0, 3, 6], "fedsaf.fim": [True, False]}``."""
+    grid: dict[str, list[Any]] = {}
+    for text in texts:
+        name, sep, values = text.partition("=")
+        if not sep or not name.strip() or not values.strip():
+            raise FederationError(f"--grid {text!r}: write it as name=value1,value2 (e.g. --grid nhead=0,3,6)")
+        key = full_key(name.strip())
+        if key in grid:
+            raise FederationError(f"--grid {text!r}: {name.strip()} is given twice; list all its values once")
+        parsed = [parse_value(v) for v in values.split(",") if v.strip()]
+        if len(set(map(repr, parsed))) != len(parsed):
+            raise FederationError(f"--grid {text!r} repeats a value")
+        grid[key] = parsed
+    return grid
+
+
+def _toml_literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return str(value)
+
+
+def _slug(value: Any) -> str:
+    text = ("on" if value else "off") if isinstance(value, bool) else str(value)
+    return re.sub(r"[^A-Za-z0-9.]+", "", text) or "x"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of the grid: its settings (full keys, in grid order) and seed."""
+
+    params: tuple[tuple[str, Any], ...]
+    seed: int
+    block: int
+
+    @property
+    def id(self) -> str:
+        parts = [f"{SHORT.get(k, k.replace('.', '-'))}-{_slug(v)}" for k, v in self.params]
+        return "_".join([*parts, f"seed-{self.seed}"])
+
+    @property
+    def group(self) -> tuple[tuple[str, Any], ...]:
+        """The settings without the seed: cells of one group are averaged over seeds."""
+        return self.params
+
+    def overrides(self) -> list[str]:
+        return [f"{k}={_toml_literal(v)}" for k, v in self.params] + [f"run.seed={self.seed}"]
+
+
+@dataclass
+class Block:
+    """One product of settings, the paper table its cells fill and (optionally) its own number of seeds."""
+
+    grid: dict[str, list[Any]]
+    table: str = "auto"
+    seeds: int | None = None
+
+    def resolved_table(self) -> str:
+        if self.table != "auto":
+            return self.table
+        keys = {SHORT.get(k, k) for k in self.grid if len(self.grid[k]) > 1} or {SHORT.get(k, k) for k in self.grid}
+        if keys and keys <= {"fim", "split"}:
+            return "components"
+        if keys == {"dm"}:
+            return "distances"
+        if "nhead" in keys:
+            return "nhead"
+        if keys == {"strategy"}:
+            return "methods"
+        return "all"
+
+
+@dataclass
+class Plan:
+    """What ``gastric-fl ablate`` runs: a base run preset, its overrides, the blocks and the seeds.
+
+    ``first_seed`` is the base preset's ``run.seed``; a block runs ``block.seeds`` (else ``seeds``) seeds from it.
+    """
+
+    config_path: Path
+    blocks: list[Block]
+    seeds: int = 1
+    overrides: list[str] = field(default_factory=list)
+    data: Path | None = None
+    first_seed: int = 0
+
+    def base_config(self) -> RunConfig:
+        return load_config(self.config_path, self.overrides, self.data)
+
+    def block_seeds(self, block: Block) -> list[int]:
+        count = block.seeds if block.seeds is not None else self.seeds
+        return [self.first_seed + i for i in range(count)]
+
+    def block_cells(self, index: int) -> list[Cell]:
+        """Block ``index``'s product x its seeds."""
+        block = self.blocks[index]
+        keys = list(block.grid)
+        return [
+            Cell(tuple(zip(keys, values, strict=True)), seed, index)
+            for values in itertools.product(*(block.grid[k] for k in keys))
+            for seed in self.block_seeds(block)
+        ]
+
+    def cells(self) -> list[Cell]:
+        """Every block's cells; a combination listed twice (in any block) is one cell (the first)."""
+        seen: set[str] = set()
+        out: list[Cell] = []
+        for index in range(len(self.blocks)):
+            for cell in self.block_cells(index):
+                if cell.id not in seen:
+                    seen.add(cell.id)
+                    out.append(cell)
+        return out
+
+    def cell_config(self, cell: Cell) -> RunConfig:
+        return load_config(self.config_path, [*self.overrides, *cell.overrides()], self.data)
+
+    def owners(self, cells: Sequence[Cell]) -> dict[str, str]:
+        """Cell id -> id of the cell whose run it uses: cells whose resolved configurations are identical (e.g.
+        ``fim=on, split=on`` and ``strategy=fedsaf`` with the defaults) share one run instead of training twice."""
+        from federation.simulation import resolve_config
+
+        first: dict[str, str] = {}
+        owner: dict[str, str] = {}
+        for cell in cells:
+            text = config_to_toml(resolve_config(self.cell_config(cell)))
+            owner[cell.id] = first.setdefault(text, cell.id)
+        return owner
+
+
+def load_plan(
+    config: Path,
+    grid: Sequence[str] = (),
+    seeds: int | None = None,
+    overrides: Sequence[str] = (),
+    table: str = "auto",
+    data: Path | None = None,
+) -> Plan:
+    """A plan from a run preset plus ``--grid`` options, or from an ablation preset (a TOML with ``[ablation]``).
+
+    Ablation preset::
+
+        [ablation]
+        config = "benchmark.toml"   # run preset, relative to this file
+        seeds = 3
+        [[ablation.block]]
+        table = "components"        # optional: auto | components | distances | nhead | methods | all
+        seeds = 1                   # optional: this block's own number of seeds
+        fim = ["on", "off"]
+        split = ["on", "off"]
+    """
+    if table not in TABLE_KINDS:
+        raise FederationError(f"--table {table!r}: use one of {', '.join(TABLE_KINDS)}")
+    if not config.is_file():
+        raise FederationError(f"config file {config} does not exist: pass a run or ablation preset from configs/")
+    try:
+        raw = tomllib.loads(config.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise FederationError(f"config file {config} is not valid TOML: {exc}") from exc
+    seed_count = seeds
+    preset_seeds: int | None = None
+    if "ablation" in raw:
+        if grid:
+            raise FederationError(
+                f"{config} is an ablation preset with its own grid: drop --grid (or use a run preset)"
+            )
+        section = raw["ablation"]
+        unknown = set(section) - {"config", "seeds", "block"}
+        if unknown:
+            raise FederationError(f"{config}: unknown [ablation] keys {sorted(unknown)}; use config, seeds, block")
+        if "config" not in section:
+            raise FederationError(f'{config}: [ablation] needs config = "<run preset>" (relative to this file)')
+        base = (config.parent / str(section["config"])).resolve()
+        blocks = [_block_from_toml(b, config) for b in section.get("block", [])]
+        if not blocks:
+            raise FederationError(f"{config}: add at least one [[ablation.block]] with the settings to vary")
+        preset_seeds = int(section.get("seeds", 1))
+        if seed_count is not None:  # --seeds overrides the preset and every block
+            for block in blocks:
+                block.seeds = None
+    else:
+        if not grid:
+            raise FederationError(f"{config} is a run preset: give the grid with --grid name=v1,v2 (repeatable)")
+        base = config
+        blocks = [Block(parse_grid(grid), table)]
+    if seed_count is None:
+        seed_count = preset_seeds if preset_seeds is not None else 1
+    if seed_count < 1 or any(b.seeds is not None and b.seeds < 1 for b in blocks):
+        raise FederationError(f"seeds must be 1 or more (got {seed_count})")
+    plan = Plan(base, blocks, seed_count, list(overrides), data)
+    plan.first_seed = plan.base_config().run.seed
+    for cell in plan.cells():  # every cell's configuration is checked before anything runs
+        try:
+            plan.cell_config(cell)
+        except FederationError as exc:
+            raise FederationError(f"grid cell {cell.id}: {exc}") from exc
+    return plan
+
+
+def _block_from_toml(raw: Mapping[str, Any], source: Path) -> Block:
+    table = str(raw.get("table", "auto"))
+    if table not in TABLE_KINDS:
+        raise FederationError(f"{source}: block table = {table!r}; use one of {', '.join(TABLE_KINDS)}")
+    seeds = raw.get("seeds")
+    if seeds is not None and (not isinstance(seeds, int) or isinstance(seeds, bool)):
+        raise FederationError(f"{source}: block seeds = {seeds!r}; use a whole number")
+    grid: dict[str, list[Any]] = {}
+    for name, values in raw.items():
+        if name in ("table", "seeds"):
+            continue
+        items = values if isinstance(values, list) else [values]
+        grid[full_key(name)] = [parse_value(v) if isinstance(v, str) else v for v in items]
+    if not grid:
+        raise FederationError(f"{source}: an [[ablation.block]] lists no settings")
+    return Block(grid, table, seeds)
+
+
+# -- running -------------------------------------------------------------------------------------------------------
+def cell_status(run_dir: Path) -> str:
+    """``finished``, ``partial`` (a run directory to resume) or ``pending`` (nothing there yet)."""
+    summary = run_dir / SUMMARY_FILE
+    if summary.is_file():
+        try:
+            status = read_json(summary).get("status")
+        except FederationError:
+            return "partial"
+        return "finished" if status == "finished" else "partial"
+    return "partial" if run_dir.exists() else "pending"
+
+
+def _state(
+    plan: Plan, cells: Sequence[Cell], owners: Mapping[str, str], statuses: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any]:
+    return {
+        "version": 1,
+        "config": str(plan.config_path),
+        "overrides": plan.overrides,
+        "first_seed": plan.first_seed,
+        "blocks": [{"table": b.resolved_table(), "grid": b.grid, "seeds": plan.block_seeds(b)} for b in plan.blocks],
+        "updated_at": now_iso(),
+        "cells": [
+            {
+                "id": cell.id,
+                "block": cell.block,
+                "params": {SHORT.get(k, k): v for k, v in cell.params},
+                "seed": cell.seed,
+                "run_dir": f"{CELLS_DIR}/{owners[cell.id]}",
+                "same_as": owners[cell.id] if owners[cell.id] != cell.id else None,
+                **statuses.get(owners[cell.id], {"status": "pending", "error": None}),
+            }
+            for cell in cells
+        ],
+    }
+
+
+def run_plan(
+    plan: Plan,
+    out: Path,
+    *,
+    train_fn: TrainFn | None = None,
+    progress: bool = True,
+    echo: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run every cell not finished yet (resuming partial ones); returns the final ``ablation.json`` content.
+
+    Cells with identical resolved configurations share one run (``same_as`` in ``ablation.json``). A cell that
+    fails with a ``FederationError`` is recorded as ``failed`` (with the error) and the grid goes on; an
+    interruption is recorded and re-raised. ``train_fn`` defaults to ``federation.simulation.train``.
+    """
+    if train_fn is None:
+        from federation.simulation import train
+
+        train_fn = train
+    cells = plan.cells()
+    owners = plan.owners(cells)
+    base_text = config_to_toml(plan.base_config())
+    out.mkdir(parents=True, exist_ok=True)
+    marker = out / "base_config.toml"
+    if marker.is_file() and marker.read_text(encoding="utf-8") != base_text:
+        raise FederationError(
+            f"{out} holds an ablation of another base configuration ({marker}): use another --out, or the same "
+            "preset and --set options as before"
+        )
+    atomic_write_text(marker, base_text)
+    runs = [c for c in cells if owners[c.id] == c.id]
+    statuses: dict[str, dict[str, Any]] = {}
+    for cell in runs:
+        done = cell_status(out / CELLS_DIR / cell.id) == "finished"
+        statuses[cell.id] = {"status": "finished" if done else "pending", "error": None}
+    write_json(out / ABLATION_FILE, _state(plan, cells, owners, statuses))
+    todo = [c for c in runs if statuses[c.id]["status"] != "finished"]
+    shared = len(cells) - len(runs)
+    echo(
+        f"ablation: {len(cells)} cells ({len(runs)} runs{f', {shared} cells reuse an identical run' if shared else ''}"
+        f"), {len(runs) - len(todo)} already finished, {len(todo)} to run -> {out}"
+    )
+    for number, cell in enumerate(todo, start=1):
+        run_dir = out / CELLS_DIR / cell.id
+        resume = cell_status(run_dir) == "partial" and (run_dir / "config.toml").is_file()
+        echo(f"[{number}/{len(todo)}] {cell.id}{' (resuming)' if resume else ''}")
+        statuses[cell.id] = {"status": "running", "error": None}
+        write_json(out / ABLATION_FILE, _state(plan, cells, owners, statuses))
+        try:
+            train_fn(plan.cell_config(cell), run_dir, resume=resume, overwrite=not resume, progress=progress)
+        except FederationError as exc:
+            statuses[cell.id] = {"status": "failed", "error": str(exc)}
+            echo(f"    failed: {exc}")
+        except BaseException as exc:
+            statuses[cell.id] = {"status": "stopped", "error": str(exc) or type(exc).__name__}
+            write_json(out / ABLATION_FILE, _state(plan, cells, owners, statuses))
+            raise
+        else:
+            statuses[cell.id] = {"status": "finished", "error": None}
+        write_json(out / ABLATION_FILE, _state(plan, cells, owners, statuses))
+    return _state(plan, cells, owners, statuses)
+
+
+# -- tables ----------------------------------------------------------------------------------------------------------
+# (column, source field, label) of the per-run figures averaged over seeds.
+METRIC_FIELDS: tuple[tuple[str, str], ...] = (
+    ("avg_train_loss", "Averaged train loss"),
+    ("avg_test_acc", "Averaged test acc"),
+    ("avg_test_auc", "Averaged test AUC"),
+    ("std_test_acc", "Std test acc"),
+    ("std_test_auc", "Std test AUC"),
+    ("best_avg_test_acc", "Best averaged test acc"),
+    ("worst_test_auc", "Worst hospital AUC"),
+    ("worst_test_acc", "Worst hospital acc"),
+    ("sent_per_round", "Values sent per round"),
+    ("received_per_round", "Values received per round"),
+    ("seconds_per_round", "Seconds per round"),
+)
+TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
+    "components": (
+        "avg_train_loss",
+        "avg_test_acc",
+        "avg_test_auc",
+        "std_test_acc",
+        "std_test_auc",
+        "sent_per_round",
+        "received_per_round",
+    ),
+    "distances": ("avg_train_loss", "avg_test_acc", "std_test_acc", "avg_test_auc"),
+    "nhead": ("sent_per_round", "received_per_round", "avg_test_acc", "avg_test_auc", "best_avg_test_acc"),
+    "methods": (
+        "best_avg_test_acc",
+        "avg_test_acc",
+        "avg_test_auc",
+        "std_test_acc",
+        "worst_test_auc",
+        "worst_test_acc",
+        "sent_per_round",
+    ),
+    "all": tuple(f for f, _ in METRIC_FIELDS),
+}
+TABLE_TITLES: dict[str, str] = {
+    "components": "Table 4 style: FedSAF components (FIM, model splitting)",
+    "distances": "Table 5 style: AMP distance metrics",
+    "nhead": "Table 6 style: head layers (nhead) vs values transmitted",
+    "methods": "Table 7 style: methods",
+    "all": "All figures",
+}
+TABLE_NUMBERS: dict[str, int] = {"components": 4, "distances": 5, "nhead": 6, "methods": 7}
+LABELS = dict(METRIC_FIELDS)
+
+
+def run_figures(run_dir: Path) -> dict[str, Any]:
+    """The figures of one finished run (``federation.report.summarise``) plus the worst hospital's final AUC/acc."""
+    from federation.report import load_run, per_hospital, summarise
+
+    run = load_run(run_dir)
+    row = dict(summarise([run])[0])
+    hospitals = per_hospital([run])
+    aucs = [float(h["test_auc"]) for h in hospitals if h.get("test_auc") is not None]
+    accs = [float(h["test_acc"]) for h in hospitals if h.get("test_acc") is not None]
+    row["worst_test_auc"] = min(aucs) if aucs else None
+    row["worst_test_acc"] = min(accs) if accs else None
+    row["curve_avg"] = [s.avg_test_acc for s in run.rounds]
+    row["curve_std"] = [s.std_test_acc for s in run.rounds]
+    return row
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+
+
+def group_rows(cells: Sequence[Cell], figures: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per group of cells (same settings, all seeds): ``<field>_mean`` / ``<field>_std`` and ``seeds``."""
+    groups: dict[tuple[tuple[str, Any], ...], list[Cell]] = {}
+    for cell in cells:
+        groups.setdefault(cell.group, []).append(cell)
+    rows: list[dict[str, Any]] = []
+    for group, members in groups.items():
+        done = [figures[c.id] for c in members if c.id in figures]
+        row: dict[str, Any] = {SHORT.get(k, k): v for k, v in group}
+        row["seeds"] = len(done)
+        for name, _ in METRIC_FIELDS:
+            values = [float(f[name]) for f in done if f.get(name) is not None]
+            row[f"{name}_mean"], row[f"{name}_std"] = _mean_std(values)
+        row["_curves"] = [(f["curve_avg"], f["curve_std"]) for f in done]
+        rows.append(row)
+    return rows
+
+
+def _fmt(value: float | None, big: bool) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if big else f"{value:.4f}"
+
+
+def markdown_rows(rows: Sequence[Mapping[str, Any]], keys: Sequence[str], columns: Sequence[str]) -> str:
+    """A Markdown table: the settings, then ``mean ± std`` over seeds of each figure column."""
+    header = [*keys, "seeds", *(LABELS[c] for c in columns)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for row in rows:
+        cells = [_fmt_setting(row.get(k)) for k in keys] + [str(row["seeds"])]
+        for column in columns:
+            big = column.endswith("_per_round") and column != "seconds_per_round"
+            mean, std = row.get(f"{column}_mean"), row.get(f"{column}_std")
+            text = _fmt(mean, big)
+            if mean is not None and std is not None:
+                text += f" ± {_fmt(std, big)}"
+            cells.append(text)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _fmt_setting(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return "-" if value is None else str(value)
+
+
+def csv_rows(rows: Sequence[Mapping[str, Any]], keys: Sequence[str], columns: Sequence[str]) -> str:
+    from federation.report import csv_text
+
+    fields = [*keys, "seeds", *(f"{c}_{s}" for c in columns for s in ("mean", "std"))]
+    return csv_text(rows, fields)
+
+
+def plot_curves(rows: Sequence[Mapping[str, Any]], keys: Sequence[str], path: Path, title: str) -> None:
+    """Averaged and std test accuracy over rounds per group (paper Fig. 4-5): mean over seeds, band of +- 1 std."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, (ax_avg, ax_std) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    for row in rows:
+        curves = row["_curves"]
+        if not curves:
+            continue
+        length = min(len(a) for a, _ in curves)
+        if length == 0:
+            continue
+        label = ", ".join(f"{k}={_fmt_setting(row.get(k))}" for k in keys) or "run"
+        rounds = np.arange(1, length + 1)
+        for ax, index in ((ax_avg, 0), (ax_std, 1)):
+            values = np.array([c[index][:length] for c in curves], dtype=float)
+            mean = values.mean(axis=0)
+            (line,) = ax.plot(rounds, mean, marker="o", markersize=3, label=label)
+            if len(values) > 1:
+                std = values.std(axis=0, ddof=1)
+                ax.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=0.15)
+    ax_avg.set(title="Averaged test accuracy", xlabel="round", ylabel="mean over hospitals")
+    ax_std.set(title="Std test accuracy", xlabel="round", ylabel="std over hospitals")
+    for ax in (ax_avg, ax_std):
+        ax.grid(True, alpha=0.3)
+    ax_avg.legend(fontsize=8)
+    fig.suptitle(f"{title} (mean over seeds, band: +- 1 std over seeds)", fontsize=10)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_tables(plan: Plan, out: Path, *, per_run_reports: bool = True) -> dict[str, Path]:
+    """Write the paper-style tables (Markdown + CSV) and curves, one per table kind, and ``results.md``.
+
+    Files: ``table4_components``, ``table5_distances``, ``table6_nhead``, ``table7_methods`` (or ``table_all``)
+    with ``.md``, ``.csv`` and ``.png``; each finished run also gets ``federation.report``'s own report in
+    ``<run>/report/``.
+    """
+    from federation.report import load_run, write_report
+
+    cells = plan.cells()
+    owners = plan.owners(cells)
+    by_run: dict[str, dict[str, Any]] = {}
+    figures: dict[str, dict[str, Any]] = {}
+    for cell in cells:
+        owner = owners[cell.id]
+        run_dir = out / CELLS_DIR / owner
+        if owner not in by_run:
+            if cell_status(run_dir) != "finished":
+                continue
+            by_run[owner] = run_figures(run_dir)
+            if per_run_reports and not (run_dir / "report" / "report.md").is_file():
+                write_report([load_run(run_dir)], run_dir / "report")
+        figures[cell.id] = by_run[owner]
+    paths: dict[str, Path] = {}
+    sections = [
+        "# Ablation results\n",
+        f"Base preset `{plan.config_path}`"
+        + (f" with {' '.join('--set ' + o for o in plan.overrides)}" if plan.overrides else "")
+        + f"; seeds from {plan.first_seed}. Each figure: mean ± sample std (ddof=1) over the seeds that finished, "
+        "of the run's last round (averaged/std = mean/std over hospitals of each hospital's own test split); best = "
+        "highest averaged accuracy over rounds; worst hospital = lowest final AUC/accuracy among hospitals; "
+        "values = tensor values per round, all hospitals together (server -> clients = sent, clients -> server "
+        "= received), counted from the messages.\n",
+    ]
+    kinds: dict[str, list[int]] = {}
+    for index, block in enumerate(plan.blocks):
+        kinds.setdefault(block.resolved_table(), []).append(index)
+    for kind in sorted(kinds, key=lambda k: list(TABLE_TITLES).index(k)):
+        # Blocks of one kind make one table (e.g. Table 6: FedAvg and FedAMP at nhead 0 beside FedSAF's nheads).
+        table_cells: list[Cell] = []
+        keys: list[str] = []
+        for index in kinds[kind]:
+            table_cells += plan.block_cells(index)
+            keys += [SHORT.get(k, k) for k in plan.blocks[index].grid if SHORT.get(k, k) not in keys]
+        rows = group_rows(table_cells, figures)
+        columns = TABLE_COLUMNS[kind]
+        stem = f"table{TABLE_NUMBERS[kind]}_{kind}" if kind in TABLE_NUMBERS else f"table_{kind}"
+        md, csv_path, png = out / f"{stem}.md", out / f"{stem}.csv", out / f"{stem}.png"
+        table = markdown_rows(rows, keys, columns)
+        atomic_write_text(md, f"# {TABLE_TITLES[kind]}\n\n{table}\n![curves]({png.name})\n")
+        atomic_write_text(csv_path, csv_rows(rows, keys, columns))
+        plot_curves(rows, keys, png, TABLE_TITLES[kind])
+        paths[stem] = md
+        missing = len(table_cells) - sum(1 for c in table_cells if c.id in figures)
+        note = f" ({missing} of {len(table_cells)} runs not finished: left out)" if missing else ""
+        sections += [f"\n## {TABLE_TITLES[kind]}{note}\n", table, f"\n![curves]({png.name})\n"]
+    results = out / "results.md"
+    atomic_write_text(results, "\n".join(sections))
+    paths["results"] = results
+    return paths
