@@ -49,16 +49,29 @@ def quickstart_commands(data: Path) -> str:
     return "\n".join(lines)
 
 
-def pick_dataset(label: str = "Prepared dataset") -> PreparedDataset | None:
-    """A dataset picker remembered across pages; ``None`` (with the next step explained) when there is none."""
+def _sticky_select(label: str, options: list[str], shared: str, key: str, **kwargs: object) -> str:
+    """A selectbox whose choice is shared across pages (``st.session_state[shared]``) and follows the app when it
+    sets that value (e.g. to a run it just started), while the user's own choice wins when they change it."""
+    wanted = st.session_state.get(shared)
+    if wanted in options:
+        st.session_state[key] = wanted
+    elif st.session_state.get(key) not in options:
+        st.session_state[key] = options[0]
+
+    def remember() -> None:
+        st.session_state[shared] = st.session_state[key]
+
+    choice = st.selectbox(label, options, key=key, on_change=remember, **kwargs)  # type: ignore[call-overload]
+    return str(choice)
+
+
+def pick_dataset(label: str = "Prepared dataset", key: str = "dataset_picker") -> PreparedDataset | None:
+    """A dataset picker remembered across pages; ``None`` when there is none yet."""
     datasets = list_datasets(paths.prepared_root(root()))
     if not datasets:
         return None
     names = [d.name for d in datasets]
-    current = st.session_state.get(DATASET_KEY)
-    index = names.index(current) if current in names else 0
-    name = st.selectbox(label, names, index=index, help=f"Folders under {paths.prepared_root(root())}")
-    st.session_state[DATASET_KEY] = name
+    name = _sticky_select(label, names, DATASET_KEY, key, help=f"Folders under {paths.prepared_root(root())}")
     return datasets[names.index(name)]
 
 
@@ -78,10 +91,7 @@ def pick_run(runs: list[RunInfo], label: str = "Run", key: str = "run_picker") -
     if not runs:
         return None
     ids = [r.run_id for r in runs]
-    current = st.session_state.get(RUN_KEY)
-    index = ids.index(current) if current in ids else 0
-    chosen = st.selectbox(label, ids, index=index, format_func=lambda i: run_label(runs[ids.index(i)]), key=key)
-    st.session_state[RUN_KEY] = chosen
+    chosen = _sticky_select(label, ids, RUN_KEY, key, format_func=lambda i: run_label(runs[ids.index(i)]))
     return runs[ids.index(chosen)]
 
 

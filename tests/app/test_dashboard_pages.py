@@ -162,3 +162,18 @@ def test_demo_button_generates_and_prepares_a_dataset(empty_root: Path) -> None:
     table = at.dataframe[0].value
     assert table["grayscale"].tolist() == [False, False, True]  # --grayscale-clients 2
     assert (empty_root / "raw" / "demo").is_dir()  # the raw slides stay next to the prepared tiles
+
+
+def test_a_running_run_shows_round_k_of_k_and_time_left(fixture_root: Fixture) -> None:
+    run = fixture_root.root / "runs" / "20250101-000200-fedsaf"
+    run.mkdir()
+    for name in ("config.toml", "metrics.jsonl", "aggregation.jsonl"):
+        (run / name).write_text((fixture_root.finished / name).read_text())
+    (run / "config.toml").write_text((run / "config.toml").read_text().replace("rounds = 2", "rounds = 5"))
+    (run / "summary.json").write_text(json.dumps({"status": "running", "total_rounds": 5, "eta_seconds": 95}))
+    at = _page("federation", {"selected_run": run.name})
+    progress = at.get("progress")[0].proto
+    assert progress.text == "Round 2 of 5 · about 1 min 35 s left"
+    assert progress.value == 40  # percent
+    assert _metric(at, "Round") == "2 / 5"
+    assert not at.error

@@ -63,6 +63,7 @@ def demo_panel() -> None:
             st.info(f"Generating the demo… (`{jobs.describe(job)}`)", icon=":material/hourglass_top:")
             st.code(jobs.log_tail(job, 8) or "starting…", language="text")
         elif current.status == "succeeded" and demo_state is not None and demo_state.active:
+            st.session_state[ui.DATASET_KEY] = settings.DEMO_NAME
             st.rerun()  # the dataset exists now: redraw the whole page with it
         elif current.status == "failed":
             st.error(f"Generating the demo failed (exit code {current.exit_code}):")
