@@ -374,6 +374,12 @@ def run_plan(
         statuses[cell.id] = {"status": "finished" if done else "pending", "error": None}
     write_json(out / ABLATION_FILE, _state(plan, cells, owners, statuses))
     todo = [c for c in runs if statuses[c.id]["status"] != "finished"]
+    for path in sorted({plan.cell_config(c).data.path for c in todo}):
+        if not (Path(path) / "manifest.csv").is_file():
+            raise FederationError(
+                f"dataset {path} has no manifest.csv: make it with gastric-fl prepare (the preset's comments give "
+                "the commands) or point --data at a prepared dataset"
+            )
     shared = len(cells) - len(runs)
     echo(
         f"ablation: {len(cells)} cells ({len(runs)} runs{f', {shared} cells reuse an identical run' if shared else ''}"

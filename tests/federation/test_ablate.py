@@ -15,12 +15,16 @@ from federation.ablation import ABLATION_FILE, load_plan, parse_grid, run_plan, 
 from federation.config import RunConfig, config_to_toml
 from federation.errors import FederationError
 
-PRESET = '[run]\nname = "t"\nrounds = 2\n[data]\npath = "unused"\n'
+PRESET = '[run]\nname = "t"\nrounds = 2\n[data]\npath = "DATA"\n'
 
 
 def _preset(tmp_path: Path, text: str = PRESET) -> Path:
+    """A run preset whose data.path is a folder with a manifest.csv (the fake engine never reads it)."""
+    data = tmp_path / "ds"
+    data.mkdir(exist_ok=True)
+    (data / "manifest.csv").write_text("client,split,label,path,channels\n", encoding="utf-8")
     path = tmp_path / "preset.toml"
-    path.write_text(text, encoding="utf-8")
+    path.write_text(text.replace("DATA", data.as_posix()), encoding="utf-8")
     return path
 
 
@@ -196,6 +200,14 @@ def test_finished_cells_are_skipped_partial_ones_resumed_and_failures_recorded(t
     assert all(c["status"] == "finished" for c in final["cells"])
 
 
+def test_a_missing_dataset_stops_the_grid_before_any_cell_runs(tmp_path: Path) -> None:
+    plan = load_plan(_preset(tmp_path, PRESET.replace('"DATA"', '"nowhere/benchmark"')), ["strategy=fedavg"])
+    fake = FakeTrain()
+    with pytest.raises(FederationError, match=r"dataset nowhere/benchmark has no manifest.csv: make it with"):
+        run_plan(plan, tmp_path / "abl", train_fn=fake, progress=False, echo=lambda _: None)
+    assert fake.calls == []
+
+
 def test_another_base_configuration_is_refused_in_the_same_folder(tmp_path: Path) -> None:
     preset = _preset(tmp_path)
     out = tmp_path / "abl"
@@ -239,7 +251,7 @@ def test_cli_runs_a_real_grid_and_skips_it_the_second_time(tmp_path: Path) -> No
 
     from app.cli import app
 
-    dataset = make_dataset(tmp_path / "ds")
+    dataset = make_dataset(tmp_path / "tiny")
     preset = _preset(tmp_path, f'[run]\nname = "tiny"\n[data]\npath = "{dataset.as_posix()}"\n')
     args = ["ablate", "--config", str(preset), "--grid", "strategy=fedavg,fedamp", "--seeds", "1", "--quiet"]
     args += ["--out", str(tmp_path / "abl"), "--set", "run.rounds=1"]
