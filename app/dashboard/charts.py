@@ -15,14 +15,14 @@ import plotly.graph_objects as go
 from app.dashboard.datasets import hospital_label
 from app.dashboard.evaluation import Roc
 
-TEMPLATE = "plotly_white"
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f")
 ACCENT = "#0f766e"
 
 
 def _layout(fig: go.Figure, title: str, y_title: str = "", height: int = 360, x_title: str = "round") -> go.Figure:
+    # No Plotly template: st.plotly_chart applies Streamlit's theme, and setting one costs more than building the
+    # figure (benchmarks/dashboard_refresh.py), every 2 s while a run is watched.
     fig.update_layout(
-        template=TEMPLATE,
         title={"text": title, "x": 0.0, "xanchor": "left", "font": {"size": 15}},
         height=height,
         margin={"l": 10, "r": 10, "t": 40, "b": 10},

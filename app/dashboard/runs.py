@@ -282,7 +282,9 @@ class Progress:
         return min(1.0, self.rounds_done / self.rounds_total)
 
 
-def progress(run: Path, rounds_total: int | None, now: float | None = None) -> Progress:
+def progress(
+    run: Path, rounds_total: int | None, now: float | None = None, metrics: pd.DataFrame | None = None
+) -> Progress:
     """Round k of K and time left. The engine's own estimate (``summary.json`` ``eta_seconds``) wins; without it,
     file times: the run starts when ``config.toml`` is written and a round ends when its ``metrics.jsonl`` lines
     are; the mean wall time per finished round times the rounds still to go.
@@ -291,7 +293,7 @@ def progress(run: Path, rounds_total: int | None, now: float | None = None) -> P
     between clients (aggregation, evaluation, checkpoints), which is what the user waits for.
     """
     now = time.time() if now is None else now
-    metrics = load_metrics(run)
+    metrics = load_metrics(run) if metrics is None else metrics  # the page passes what it has already read
     done = int(metrics["round"].max()) if not metrics.empty else 0
     config_path = run / "config.toml"
     start = config_path.stat().st_mtime if config_path.is_file() else now

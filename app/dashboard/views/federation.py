@@ -217,7 +217,7 @@ def _monitor(info: RunInfo) -> None:
     status = ui.status_banner(info)
     job = jobs.for_target(jobs_dir, info.path)
     metrics = load_metrics(info.path)
-    state = progress(info.path, info.rounds_total)
+    state = progress(info.path, info.rounds_total, metrics=metrics)
     rounds = per_round(metrics)
 
     top = st.columns([4, 1], vertical_alignment="bottom")
