@@ -33,6 +33,7 @@ seed = 0
 rounds = 10
 device = "cpu"
 workers = 0
+threads = 1
 keep_checkpoints = 2
 
 [data]
@@ -103,6 +104,7 @@ class RunSection:
     rounds: int
     device: str
     workers: int
+    threads: int
     keep_checkpoints: int
 
     def __post_init__(self) -> None:
@@ -113,6 +115,7 @@ class RunSection:
         if self.device not in DEVICES:
             _fail("run.device", self.device, f"use one of {', '.join(DEVICES)}")
         _at_least("run.workers", self.workers, 0)
+        _at_least("run.threads", self.threads, 0)
         _at_least("run.keep_checkpoints", self.keep_checkpoints, 1)
 
 

@@ -74,7 +74,7 @@ from models import check_input_size, check_nhead, create_model, split_units
 
 NUM_CLASSES = len(LABELS)
 # Settings a resumed run may change: they do not alter the federation's maths.
-RESUMABLE_KEYS = frozenset({"run.rounds", "run.workers", "run.keep_checkpoints", "run.device"})
+RESUMABLE_KEYS = frozenset({"run.rounds", "run.workers", "run.threads", "run.keep_checkpoints", "run.device"})
 
 
 class RunStopped(Exception):
@@ -353,7 +353,7 @@ class WorkerPool:
         self.conns: list[multiprocessing.connection.Connection] = []
         self.processes: list[Any] = []
         self.owner: dict[int, int] = {}
-        threads = max(1, (os.cpu_count() or 1) // workers)
+        threads = config.run.threads or max(1, (os.cpu_count() or 1) // workers)
         for w in range(workers):
             parent, child = context.Pipe()
             process = context.Process(target=_worker_main, args=(child,), daemon=True, name=f"fl-worker-{w}")
@@ -553,6 +553,9 @@ class Simulation:
         (self.run_dir / CONFIG_FILE).write_text(config_to_toml(config), encoding="utf-8")
         self._write_summary()
         pool: ClientPool | None = None
+        threads_before = torch.get_num_threads()
+        if config.run.threads > 0:
+            torch.set_num_threads(config.run.threads)
         try:
             with _stop_on_sigterm():
                 pool = self._start(resume)
@@ -570,6 +573,7 @@ class Simulation:
         finally:
             if pool is not None:
                 pool.close()
+            torch.set_num_threads(threads_before)
         self._write_summary(status="finished", eta_seconds=0, finished_at=now_iso())
         return self.summary
 

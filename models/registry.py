@@ -28,6 +28,7 @@ _BUILDERS: dict[str, Callable[..., nn.Module]] = {
 }
 
 MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
+BATCHNORM_MOMENTUM = 0.1
 
 # AlexNet's stride-4 stem and three 3x3/2 max-pools need a 63-pixel input to leave a 1x1 map before its
 # adaptive pooling; the others downsample 32x, so 32 pixels leave one spatial position.
@@ -71,6 +72,13 @@ def create_model(
     if in_chans not in (1, 3):
         raise ModelError(f"in_chans must be 1 or 3, got {in_chans}")
     model = _BUILDERS[name](weights=None, num_classes=num_classes)
+    # torchvision gives MobileNetV3/EfficientNet a BatchNorm momentum of 0.01, tuned for ImageNet's ~10^4 steps
+    # per epoch. A hospital takes a few dozen steps per round, so running statistics would stay near their
+    # initial values and evaluation (which uses them) would see un-normalised activations; 0.1, PyTorch's
+    # default, lets them settle within a round.
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            module.momentum = BATCHNORM_MOMENTUM
     if in_chans != 3:
         _replace_first_conv(model, in_chans)
     if weights:

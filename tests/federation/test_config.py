@@ -1,0 +1,89 @@
+"""Run configuration: TOML defaults, presets, ``--set`` overrides and strict validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from federation.config import config_to_toml, load_config, parse_override
+from federation.errors import FederationError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_defaults_then_file_then_overrides_then_data(tmp_path: Path) -> None:
+    preset = tmp_path / "p.toml"
+    preset.write_text('[run]\nrounds = 7\n[strategy]\nname = "fedrep"\n[client]\nlr = 0.05\n', encoding="utf-8")
+    config = load_config(preset, ["client.lr=0.2", "strategy.clients=[0, 2]"], data=tmp_path / "ds")
+    assert config.run.rounds == 7  # from the file
+    assert config.client.lr == 0.2  # the override wins over the file
+    assert config.client.momentum == 0.9  # a default
+    assert config.strategy.name == "fedrep"
+    assert config.strategy.clients == (0, 2)
+    assert config.data.path == str(tmp_path / "ds")
+    assert config.strategy.nhead is None  # left to the strategy
+
+
+def test_written_toml_reads_back_equal(tmp_path: Path) -> None:
+    config = load_config(None, ["strategy.nhead=3", "data.augment=false", "fedprox.mu=1e-05", "run.name=a-b.c"])
+    path = tmp_path / "config.toml"
+    path.write_text(config_to_toml(config), encoding="utf-8")
+    assert load_config(path) == config
+
+
+@pytest.mark.parametrize("preset", ["demo.toml", "seed.toml"])
+def test_shipped_presets_load(preset: str) -> None:
+    config = load_config(REPO / "configs" / preset)
+    assert config.run.rounds >= 1
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("bogus.key=1", r"unknown section \[bogus\]"),
+        ("run.colour=1", r"unknown key run\.colour"),
+        ("run.rounds=0", r"run\.rounds = 0 is out of range"),
+        ("run.rounds=2.5", r"run\.rounds = 2\.5 has the wrong type"),
+        ("client.lr=-0.1", r"client\.lr = -0\.1 is out of range"),
+        ("client.momentum=1.0", "momentum < 1"),
+        ("data.augment=3", r"data\.augment = 3 has the wrong type"),
+        ("data.batch_size=1", r"data\.batch_size = 1 is out of range"),
+        ("strategy.name=fedfoo", "use one of separate, fedavg"),
+        ("strategy.nhead=-1", r"strategy\.nhead = -1"),
+        ("strategy.clients=[1, 1]", "distinct client indices"),
+        ("strategy.clients=some", '"all" or a list'),
+        ("model.name=vgg", "use one of mobilenet_v3_small"),
+        ("amp.dm=chebyshev", "use one of euclidean"),
+        ("run.device=tpu", "cpu, cuda, auto"),
+        ("rounds=3", "section.key=value"),
+    ],
+)
+def test_bad_overrides_are_rejected_with_the_key_named(override: str, message: str) -> None:
+    with pytest.raises(FederationError, match=message):
+        load_config(None, [override])
+
+
+def test_unknown_key_in_a_file_names_the_file(tmp_path: Path) -> None:
+    preset = tmp_path / "bad.toml"
+    preset.write_text("[client]\nlearning_rate = 0.1\n", encoding="utf-8")
+    with pytest.raises(FederationError, match=r"bad\.toml: unknown key client\.learning_rate"):
+        load_config(preset)
+    with pytest.raises(FederationError, match="does not exist"):
+        load_config(tmp_path / "missing.toml")
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[run\n", encoding="utf-8")
+    with pytest.raises(FederationError, match="not valid TOML"):
+        load_config(broken)
+
+
+def test_override_values_are_read_as_toml_or_bare_words() -> None:
+    assert parse_override("strategy.name=fedavg") == ("strategy", "name", "fedavg")
+    assert parse_override("client.lr=0.5") == ("client", "lr", 0.5)
+    assert parse_override("data.augment=false") == ("data", "augment", False)
+    assert parse_override("strategy.clients=[0,1]") == ("strategy", "clients", [0, 1])
+
+
+def test_no_training_at_all_is_rejected() -> None:
+    with pytest.raises(FederationError, match="at least one epoch"):
+        load_config(None, ["client.epochs=0", "client.head_epochs=0"])

@@ -1,0 +1,189 @@
+"""The round loop end to end on a tiny dataset: determinism, resume, run directory, FedRep heads, failures."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from fl_tiny_dataset import LAYOUT, TINY_SETTINGS, make_dataset
+from safetensors.torch import load_file
+
+from federation import simulation
+from federation.client import Client
+from federation.config import RunConfig, load_config
+from federation.errors import FederationError
+from federation.runs import complete_checkpoints
+from federation.simulation import RunStopped, load_run_config, train
+from models import ModelError, base_keys, create_model, head_keys, split_units
+
+VOLATILE = {"seconds"}  # wall time differs between runs; everything else must not
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_dataset(tmp_path_factory.mktemp("tiny"))
+
+
+def _config(dataset: Path, *extra: str) -> RunConfig:
+    return load_config(None, [*TINY_SETTINGS, *extra], data=dataset)
+
+
+def _metrics(run_dir: Path) -> list[dict[str, Any]]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in VOLATILE} for line in lines]
+
+
+@pytest.fixture(scope="module")
+def reference(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted 3-round FedProx run (augmentation on, keep 2 checkpoints)."""
+    run_dir = tmp_path_factory.mktemp("runs") / "reference"
+    train(_config(dataset, "run.rounds=3", "strategy.name=fedprox"), run_dir, progress=False)
+    return run_dir
+
+
+def test_same_seed_and_config_give_identical_metrics(dataset: Path, reference: Path, tmp_path: Path) -> None:
+    again = tmp_path / "again"
+    train(_config(dataset, "run.rounds=3", "strategy.name=fedprox"), again, progress=False)
+    assert _metrics(again) == _metrics(reference)
+    other_seed = tmp_path / "other"
+    train(_config(dataset, "run.rounds=1", "strategy.name=fedprox", "run.seed=1"), other_seed, progress=False)
+    assert _metrics(other_seed)[0]["train_loss"] != _metrics(reference)[0]["train_loss"]
+
+
+def test_resumed_run_ends_with_the_same_metrics(dataset: Path, reference: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "resumed"
+    train(_config(dataset, "run.rounds=2", "strategy.name=fedprox"), run_dir, progress=False)
+    # a crash in the middle of round 3 may leave a partial record behind: resume must redo that round
+    with (run_dir / "metrics.jsonl").open("a") as handle:
+        handle.write(json.dumps({"round": 3, "client": 0, "train_loss": 9.9, "test_acc": 0.0}) + "\n")
+    summary = train(load_run_config(run_dir, ["run.rounds=3"]), run_dir, resume=True, progress=False)
+    assert summary["status"] == "finished"
+    assert summary["rounds_done"] == 3
+    assert _metrics(run_dir) == _metrics(reference)
+    ref = load_file(str(reference / "checkpoints" / "round_0003.safetensors"))
+    res = load_file(str(run_dir / "checkpoints" / "round_0003.safetensors"))
+    assert ref.keys() == res.keys()
+    assert all(torch.equal(ref[k], res[k]) for k in ref)
+
+
+def test_run_directory_contents(reference: Path) -> None:
+    summary = json.loads((reference / "summary.json").read_text())
+    assert summary["status"] == "finished"
+    assert summary["rounds_done"] == summary["total_rounds"] == 3
+    assert summary["eta_seconds"] == 0
+    assert summary["error"] is None
+    assert summary["clients"] == [0, 1, 2]
+    assert summary["final"]["round"] == 3
+    assert summary["best"]["round"] in (1, 2, 3)
+    metrics = _metrics(reference)
+    assert len(metrics) == 3 * 3
+    shared_values = sum(v.numel() for v in create_model("mobilenet_v3_small").state_dict().values())
+    for record in metrics:
+        assert record["values_sent"] == record["values_received"] == shared_values  # FedProx: centre counted once
+        assert record["num_train"] == sum(LAYOUT[record["client"]]["train"])
+        assert record["fisher_trace"] is None
+    assert [r["test_auc"] is None for r in metrics if r["round"] == 3] == [False, True, False]
+    aggregation = [json.loads(line) for line in (reference / "aggregation.jsonl").read_text().splitlines()]
+    assert [a["round"] for a in aggregation] == [1, 2, 3]
+    assert aggregation[0]["values_sent"] == 3 * shared_values
+    assert aggregation[0]["weights"] == pytest.approx({"0": 10 / 22, "1": 7 / 22, "2": 5 / 22})
+    with (reference / "predictions.csv").open() as handle:
+        predictions = list(csv.DictReader(handle))
+    assert len(predictions) == sum(sum(s["test"]) for s in LAYOUT.values())
+    assert {p["round"] for p in predictions} == {"3"}
+    assert all(0.0 <= float(p["prob_abnormal"]) <= 1.0 for p in predictions)
+    assert {p["label"] for p in predictions if p["client"] == "1"} == {"abnormal"}
+    assert complete_checkpoints(reference) == [2, 3]  # keep_checkpoints = 2
+    resolved = load_config(reference / "config.toml")
+    assert resolved.strategy.nhead == 0
+    assert resolved.client.head_lr == resolved.client.lr
+
+
+def test_fedrep_head_of_a_client_is_never_changed_by_the_others(dataset: Path, tmp_path: Path) -> None:
+    # Round 1 trains each head from the common initial model on the client's own tiles before the base; so a
+    # client's head after round 1 must be bit-identical whether or not other hospitals take part.
+    together, alone = tmp_path / "together", tmp_path / "alone"
+    train(_config(dataset, "run.rounds=1", "strategy.name=fedrep"), together, progress=False)
+    train(_config(dataset, "run.rounds=1", "strategy.name=fedrep", "strategy.clients=[0]"), alone, progress=False)
+    head = head_keys(split_units(create_model("mobilenet_v3_small")), 1)
+    a = load_file(str(together / "checkpoints" / "round_0001.safetensors"))
+    b = load_file(str(alone / "checkpoints" / "round_0001.safetensors"))
+    assert all(torch.equal(a[f"client/0/{k}"], b[f"client/0/{k}"]) for k in head)
+    # and each hospital keeps a head of its own while the base is common after the round
+    assert not torch.equal(a["client/0/classifier.3.weight"], a["client/1/classifier.3.weight"])
+    base = base_keys(split_units(create_model("mobilenet_v3_small")), 1)
+    assert all(torch.equal(a[f"client/0/{k}"], a[f"client/2/{k}"]) for k in base)
+    metrics = _metrics(together)
+    shared = sum(v.numel() for k, v in create_model("mobilenet_v3_small").state_dict().items() if k in set(base))
+    assert all(r["values_sent"] == r["values_received"] == shared for r in metrics)
+
+
+def test_separate_sends_nothing_in_a_run(dataset: Path, tmp_path: Path) -> None:
+    train(_config(dataset, "run.rounds=1", "strategy.name=separate"), tmp_path / "sep", progress=False)
+    assert all(r["values_sent"] == r["values_received"] == 0 for r in _metrics(tmp_path / "sep"))
+
+
+def test_failure_is_recorded_in_the_summary(dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(self: Client) -> None:
+        raise FederationError(f"client {self.cid}: test split unreadable")
+
+    monkeypatch.setattr(Client, "evaluate", broken)
+    with pytest.raises(FederationError, match="test split unreadable"):
+        train(_config(dataset, "run.rounds=1"), tmp_path / "failed", progress=False)
+    summary = json.loads((tmp_path / "failed" / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    assert summary["error"] == "client 0: test split unreadable"
+
+
+def test_interrupt_marks_the_run_stopped_and_it_can_resume(
+    dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = simulation.Simulation._round
+    calls = {"n": 0}
+
+    def interrupt_second(self: simulation.Simulation, pool: Any, server_round: int) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        original(self, pool, server_round)
+
+    monkeypatch.setattr(simulation.Simulation, "_round", interrupt_second)
+    run_dir = tmp_path / "stopped"
+    with pytest.raises(RunStopped, match=rf"stopped after round 1; continue with: gastric-fl train --resume {run_dir}"):
+        train(_config(dataset, "run.rounds=2", "strategy.name=separate"), run_dir, progress=False)
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "stopped"
+    summary = train(load_run_config(run_dir), run_dir, resume=True, progress=False)
+    assert summary["status"] == "finished"
+    assert [r["round"] for r in _metrics(run_dir)] == [1, 1, 1, 2, 2, 2]
+
+
+def test_existing_run_directory_needs_overwrite_and_resume_keeps_its_config(dataset: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    train(_config(dataset, "run.rounds=1", "strategy.name=separate"), run_dir, progress=False)
+    with pytest.raises(FederationError, match="already exists: pass --overwrite"):
+        train(_config(dataset, "run.rounds=1", "strategy.name=separate"), run_dir, progress=False)
+    with pytest.raises(FederationError, match=r"only run\.device, run\.keep_checkpoints, run\.rounds, run\.threads"):
+        load_run_config(run_dir, ["client.lr=0.5"])
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "keep.txt").write_text("mine")
+    with pytest.raises(FederationError, match="not a run directory"):
+        train(_config(dataset, "run.rounds=1"), tmp_path / "notes", overwrite=True, progress=False)
+    assert (tmp_path / "notes" / "keep.txt").read_text() == "mine"
+
+
+def test_too_small_input_and_bad_nhead_fail_before_training(dataset: Path, tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match="at least 63"):
+        train(_config(dataset, "model.name=alexnet"), tmp_path / "a", progress=False)
+    with pytest.raises(ModelError, match=r"nhead=16 is out of range.*0\.\.15"):
+        train(_config(dataset, "strategy.name=fedrep", "strategy.nhead=16"), tmp_path / "b", progress=False)
+
+
+def test_worker_processes_give_the_same_results(dataset: Path, reference: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "workers"
+    train(_config(dataset, "run.rounds=1", "strategy.name=fedprox", "run.workers=2"), run_dir, progress=False)
+    # same seeds and the same thread count (run.threads = 1) in the workers as in this process: identical numbers
+    assert _metrics(run_dir) == [m for m in _metrics(reference) if m["round"] == 1]

@@ -1,0 +1,144 @@
+"""Separate, FedAvg, FedProx and FedRep at the message level, with hand-computed numbers on unequal clients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from federation import strategies
+from federation.config import load_config
+from federation.contract import Strategy, TrainReply, count_values
+from federation.errors import FederationError
+from federation.strategies import StrategyContext, build_strategy
+
+# A two-unit "model": unit a (a weight, a BatchNorm running mean and its integer counter) and unit b (the head).
+KEYS = ("a.weight", "a.running_mean", "a.num_batches_tracked", "b.weight")
+UNITS = (("a", ["a.weight", "a.running_mean", "a.num_batches_tracked"]), ("b", ["b.weight"]))
+INITIAL = {
+    "a.weight": torch.zeros(2),
+    "a.running_mean": torch.zeros(2),
+    "a.num_batches_tracked": torch.tensor(0, dtype=torch.int64),
+    "b.weight": torch.zeros(1),
+}
+# Unequal clients: 1, 2 and 5 training tiles -> FedAvg weights 1/8, 2/8, 5/8.
+CTX = StrategyContext((0, 1, 2), {0: 1, 1: 2, 2: 5}, KEYS, UNITS, INITIAL)
+
+
+def _state(weight: list[float], mean: list[float], tracked: int, head: float) -> dict[str, torch.Tensor]:
+    return {
+        "a.weight": torch.tensor(weight),
+        "a.running_mean": torch.tensor(mean),
+        "a.num_batches_tracked": torch.tensor(tracked, dtype=torch.int64),
+        "b.weight": torch.tensor([head]),
+    }
+
+
+STATES = {
+    0: _state([1.0, 2.0], [0.0, 4.0], 3, 1.0),
+    1: _state([3.0, 0.0], [2.0, 2.0], 4, 2.0),
+    2: _state([0.0, 8.0], [8.0, 0.0], 10, 3.0),
+}
+
+
+def _replies(keys: list[str]) -> dict[int, TrainReply]:
+    return {
+        c: TrainReply(c, {k: s[k] for k in keys}, CTX.num_examples[c], {"train_loss": 0.5}) for c, s in STATES.items()
+    }
+
+
+def _build(*overrides: str) -> Strategy:
+    return build_strategy(load_config(None, list(overrides)), CTX)
+
+
+def test_fedavg_weights_by_examples_exactly_including_batchnorm_buffers() -> None:
+    fedavg = _build("strategy.name=fedavg", "strategy.nhead=0")
+    keys = fedavg.shared_keys(KEYS, [u for _, u in UNITS])
+    assert keys == list(KEYS)
+    record = fedavg.aggregate_train(1, _replies(keys))
+    assert record["weights"] == {"0": 0.125, "1": 0.25, "2": 0.625}
+    sent = fedavg.configure_train(2, [0, 1, 2])
+    shared = sent[1].shared
+    assert shared is not None
+    # a.weight: (1*1 + 2*3 + 5*0)/8 = 0.875, (1*2 + 2*0 + 5*8)/8 = 5.25
+    assert torch.equal(shared["a.weight"], torch.tensor([0.875, 5.25]))
+    # running mean (a buffer, averaged like a weight): (0 + 2*2 + 5*8)/8 = 5.5, (4 + 2*2 + 0)/8 = 1.0
+    assert torch.equal(shared["a.running_mean"], torch.tensor([5.5, 1.0]))
+    # integer counter: (3 + 2*4 + 5*10)/8 = 7.625 -> rounded back to an int64 8
+    assert shared["a.num_batches_tracked"].dtype == torch.int64
+    assert int(shared["a.num_batches_tracked"]) == 8
+    # head: (1 + 2*2 + 5*3)/8 = 2.5
+    assert torch.equal(shared["b.weight"], torch.tensor([2.5]))
+    assert count_values(sent[0]) == 2 + 2 + 1 + 1
+    assert fedavg.configure_evaluate(2, [0, 1, 2])[2] is shared
+
+
+def test_fedavg_round_one_sends_the_common_initial_weights() -> None:
+    sent = _build("strategy.name=fedavg").configure_train(1, [0, 1, 2])
+    assert all(torch.equal(sent[c].shared["a.weight"], INITIAL["a.weight"]) for c in sent)  # type: ignore[index]
+    assert all(sent[c].prox_centre is None and sent[c].recipe.prox_mu == 0 for c in sent)
+
+
+def test_fedprox_sends_the_global_weights_as_centre_counted_once() -> None:
+    fedprox = _build("strategy.name=fedprox", "fedprox.mu=0.3")
+    sent = fedprox.configure_train(1, [0, 1, 2])
+    for instruction in sent.values():
+        assert instruction.recipe.prox_mu == 0.3
+        assert instruction.prox_centre is instruction.shared
+        assert count_values(instruction) == 6
+
+
+def test_fedrep_never_sends_the_head() -> None:
+    fedrep = _build("strategy.name=fedrep")  # default nhead 1: unit b stays local
+    keys = fedrep.shared_keys(KEYS, [u for _, u in UNITS])
+    assert keys == ["a.weight", "a.running_mean", "a.num_batches_tracked"]
+    fedrep.aggregate_train(1, _replies(keys))
+    sent = fedrep.configure_train(2, [0, 1, 2])
+    for instruction in sent.values():
+        assert instruction.shared is not None
+        assert "b.weight" not in instruction.shared
+        assert instruction.recipe.head_epochs == 1
+        assert count_values(instruction) == 5
+    evaluated = fedrep.configure_evaluate(2, [0, 1, 2])
+    assert all(v is not None and "b.weight" not in v for v in evaluated.values())
+    assert torch.equal(sent[0].shared["a.weight"], torch.tensor([0.875, 5.25]))  # type: ignore[index]
+
+
+def test_fedrep_without_a_head_is_rejected() -> None:
+    with pytest.raises(FederationError, match=r"strategy\.nhead >= 1"):
+        _build("strategy.name=fedrep", "strategy.nhead=0")
+
+
+def test_separate_sends_and_receives_nothing() -> None:
+    separate = _build("strategy.name=separate")
+    assert separate.shared_keys(KEYS, [u for _, u in UNITS]) == []
+    sent = separate.configure_train(1, [0, 1, 2])
+    assert all(i.shared is None and i.prox_centre is None and count_values(i) == 0 for i in sent.values())
+    assert separate.aggregate_train(1, _replies([])) == {}
+    assert separate.configure_evaluate(1, [0, 1, 2]) == {0: None, 1: None, 2: None}
+
+
+def test_averaging_state_round_trips_through_checkpoint_tensors() -> None:
+    first = _build("strategy.name=fedavg")
+    first.aggregate_train(1, _replies(list(KEYS)))
+    second = _build("strategy.name=fedavg")
+    second.load_state_tensors(first.state_tensors())
+    second.load_state_json(first.state_json())
+    a, b = first.configure_train(2, [0])[0].shared, second.configure_train(2, [0])[0].shared
+    assert a is not None
+    assert b is not None
+    assert all(torch.equal(a[k], b[k]) for k in KEYS)
+
+
+def test_nhead_that_shares_nothing_or_overflows_is_rejected() -> None:
+    with pytest.raises(FederationError, match="shares no layer"):
+        _build("strategy.name=fedavg", "strategy.nhead=2")
+    with pytest.raises(ValueError, match=r"0\.\.2"):
+        _build("strategy.name=fedavg", "strategy.nhead=3")
+
+
+def test_registry_imports_lazily_and_explains_a_missing_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(strategies.STRATEGIES, "fedavg", "federation.strategies.not_written_yet")
+    with pytest.raises(FederationError, match="not available"):
+        _build("strategy.name=fedavg")
+    monkeypatch.setitem(strategies.STRATEGIES, "separate", "federation.strategies.separate")
+    assert _build("strategy.name=separate").name == "separate"

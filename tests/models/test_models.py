@@ -1,0 +1,121 @@
+"""Model registry and the Eq. 1 head/base split (FedSAF paper 001, Table 1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from models import (
+    MODEL_NAMES,
+    ModelError,
+    base_keys,
+    check_input_size,
+    create_model,
+    head_keys,
+    min_input_size,
+    split_units,
+)
+
+MOBILENET_UNITS = [f"features.{i}" for i in range(13)] + ["classifier.0", "classifier.3"]
+
+
+def test_mobilenet_v3_small_has_the_papers_15_units_in_order() -> None:
+    units = split_units(create_model("mobilenet_v3_small"))
+    assert [name for name, _ in units] == MOBILENET_UNITS
+
+
+@pytest.mark.parametrize(
+    ("name", "count", "first", "last"),
+    [
+        ("resnet18", 11, "conv1", "fc"),
+        ("efficientnet_b0", 10, "features.0", "classifier.1"),
+        ("alexnet", 8, "features.0", "classifier.6"),
+    ],
+)
+def test_units_of_the_other_models_partition_their_state_dict(name: str, count: int, first: str, last: str) -> None:
+    model = create_model(name)
+    units = split_units(model)
+    assert len(units) == count
+    assert (units[0][0], units[-1][0]) == (first, last)
+    flat = [k for _, keys in units for k in keys]
+    # every state_dict entry (BatchNorm buffers included) lands in exactly one unit, in state_dict order
+    assert flat == list(model.state_dict())
+
+
+def test_head_and_base_keys_split_at_nhead() -> None:
+    units = split_units(create_model("mobilenet_v3_small"))
+    head = head_keys(units, 2)
+    base = base_keys(units, 2)
+    assert head == ["classifier.0.weight", "classifier.0.bias", "classifier.3.weight", "classifier.3.bias"]
+    assert not set(head) & set(base)
+    assert base[0].startswith("features.0.")
+    assert base[-1].startswith("features.12.")
+    assert head_keys(units, 0) == []
+    assert base_keys(units, 15) == []
+
+
+@pytest.mark.parametrize("nhead", [-1, 16])
+def test_nhead_out_of_range_is_rejected(nhead: int) -> None:
+    units = split_units(create_model("mobilenet_v3_small"))
+    with pytest.raises(ModelError, match=r"0\.\.15"):
+        base_keys(units, nhead)
+
+
+def test_shared_values_at_nhead_12_match_a_hand_count() -> None:
+    # nhead=12 shares features.0..2. Hand count (BatchNorm: weight, bias, running mean/var = 4C, +1 counter):
+    # features.0: conv 3->16 3x3 = 432, BN16 = 65                                         -> 497
+    # features.1: dw 16 3x3 = 144, BN16 = 65, SE 16->8 (128+8), 8->16 (128+16), proj 16->16 = 256, BN16 = 65 -> 810
+    # features.2: 16->72 = 1152, BN72 = 289, dw 72 3x3 = 648, BN72 = 289, 72->24 = 1728, BN24 = 97 -> 4203
+    model = create_model("mobilenet_v3_small")
+    state = model.state_dict()
+    keys = base_keys(split_units(model), 12)
+    assert sum(state[k].numel() for k in keys) == 497 + 810 + 4203
+
+
+def test_unknown_model_and_too_small_input_give_clear_errors() -> None:
+    with pytest.raises(ModelError, match="choose one of"):
+        create_model("vgg16")
+    assert min_input_size("alexnet") == 63
+    with pytest.raises(ModelError, match="at least 63"):
+        check_input_size("alexnet", 62)
+    check_input_size("mobilenet_v3_small", 32)
+    assert set(MODEL_NAMES) == {"mobilenet_v3_small", "resnet18", "efficientnet_b0", "alexnet"}
+
+
+def test_one_channel_model_accepts_gray_input() -> None:
+    model = create_model("mobilenet_v3_small", in_chans=1).eval()
+    assert model.state_dict()["features.0.0.weight"].shape[1] == 1
+    assert model(torch.zeros(2, 1, 32, 32)).shape == (2, 2)
+    with pytest.raises(ModelError, match="in_chans"):
+        create_model("mobilenet_v3_small", in_chans=4)
+
+
+def test_local_weights_file_is_loaded_and_mismatches_are_explained(tmp_path: Path) -> None:
+    torch.manual_seed(1)
+    source = create_model("mobilenet_v3_small")
+    good = tmp_path / "good.safetensors"
+    save_file({k: v.contiguous() for k, v in source.state_dict().items()}, str(good))
+    loaded = create_model("mobilenet_v3_small", weights=good)
+    assert torch.equal(loaded.state_dict()["features.0.0.weight"], source.state_dict()["features.0.0.weight"])
+
+    # a 10-class file still loads into a 2-class model: only the output layer keeps its random weights
+    ten = create_model("mobilenet_v3_small", num_classes=10)
+    other = tmp_path / "ten.safetensors"
+    save_file({k: v.contiguous() for k, v in ten.state_dict().items()}, str(other))
+    two = create_model("mobilenet_v3_small", weights=other)
+    assert torch.equal(two.state_dict()["classifier.0.weight"], ten.state_dict()["classifier.0.weight"])
+    assert two.state_dict()["classifier.3.weight"].shape == (2, 1024)
+
+    with pytest.raises(ModelError, match="does not exist"):
+        create_model("mobilenet_v3_small", weights=tmp_path / "absent.safetensors")
+    wrong = tmp_path / "resnet.safetensors"
+    save_file({k: v.contiguous() for k, v in create_model("resnet18").state_dict().items()}, str(wrong))
+    with pytest.raises(ModelError, match="does not fit mobilenet_v3_small"):
+        create_model("mobilenet_v3_small", weights=wrong)
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"not a safetensors file")
+    with pytest.raises(ModelError, match="not a readable safetensors"):
+        create_model("mobilenet_v3_small", weights=junk)
