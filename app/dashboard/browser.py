@@ -5,7 +5,7 @@ browser build is ever downloaded. The flags keep an offline Chromium from trying
 
 Regenerate the screenshots in docs/img from a data root that holds a prepared dataset and runs::
 
-    .venv/bin/python -m app.dashboard.browser --data data --out docs/img
+    .venv/bin/python -m app.dashboard.browser --data data --out docs/img [--run RUN_ID]
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,7 +37,13 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 VIEWPORT = {"width": 1400, "height": 1000}
-PAGES = {"data": "", "federation": "federation", "hospital": "hospital", "compare": "compare"}
+PAGES = {
+    "data": "",
+    "federation": "federation",
+    "hospital": "hospital",
+    "compare": "compare",
+    "compare_grid": "compare?compare=grid",
+}
 
 
 def free_port() -> int:
@@ -131,13 +138,14 @@ def wait_idle(page: Any, timeout_ms: float = 60_000) -> None:
         page.wait_for_timeout(700)  # also lets Plotly finish drawing
 
 
-def screenshot_pages(url: str, out: Path, pages: dict[str, str] | None = None) -> list[Path]:
-    """Open each page and save ``dashboard_<page>.png`` (full page) under ``out``."""
+def screenshot_pages(url: str, out: Path, pages: dict[str, str] | None = None, run: str | None = None) -> list[Path]:
+    """Open each page (showing ``run`` if given) and save ``dashboard_<page>.png`` (full page) under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     saved = []
     with chromium() as page:
         for name, path in (pages or PAGES).items():
-            page.goto(f"{url}/{path}")
+            query = f"{'&' if '?' in path else '?'}run={urllib.parse.quote(run)}" if run else ""
+            page.goto(f"{url}/{path}{query}")
             wait_idle(page)
             # Streamlit scrolls inside its main section, so "full page" is the viewport: grow it to the content.
             height = page.evaluate("() => document.querySelector(\"[data-testid='stMain']\").scrollHeight")
@@ -155,9 +163,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Screenshot every dashboard page in headless Chromium.")
     parser.add_argument("--data", type=Path, default=Path("data"), help="data root with prepared/ and runs/")
     parser.add_argument("--out", type=Path, default=Path("docs/img"), help="folder for dashboard_<page>.png")
+    parser.add_argument("--run", help="run id the Federation and Hospital pages show (default: the newest)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp, dashboard(args.data.resolve(), Path(tmp) / "dashboard.log") as url:
-        for path in screenshot_pages(url, args.out):
+        for path in screenshot_pages(url, args.out, run=args.run):
             print(path)
 
 

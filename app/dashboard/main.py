@@ -11,12 +11,18 @@ from pathlib import Path
 
 import streamlit as st
 
-from app.dashboard import paths
+from app.dashboard import paths, ui
 
 # Not "pages/": Streamlit would add its own menu of that folder next to st.navigation's.
 PAGES = Path(__file__).parent / "views"
 
 st.set_page_config(page_title="gastric-fl · FedSAF", page_icon="🔬", layout="wide")
+
+# Links may name a run or a dataset (``?run=<id>``, ``?dataset=<name>``): applied once, then the pickers rule.
+for _param, _key in (("run", ui.RUN_KEY), ("dataset", ui.DATASET_KEY)):
+    if _param in st.query_params and f"_query_{_param}" not in st.session_state:
+        st.session_state[_key] = st.query_params[_param]
+        st.session_state[f"_query_{_param}"] = True
 
 navigation = st.navigation(
     [

@@ -127,9 +127,8 @@ def test_compare_page_table_and_grid(fixture_root: Fixture) -> None:
     at = _page("compare")
     at.multiselect(key="compare_runs").set_value([fixture_root.finished.name])
     at.run()
-    row = at.dataframe[0].value.iloc[0]
-    assert row["Averaged ACC"] == pytest.approx(0.75)
-    assert row["Values transmitted"] == 11400
+    assert at.dataframe[0].value.iloc[0]["Averaged ACC"] == pytest.approx(0.75)
+    assert at.dataframe[1].value.iloc[0]["Values transmitted"] == 11400
     at.segmented_control(key="compare_mode").set_value("Ablation grid")
     at.run()
     table = at.dataframe[0].value.set_index("run")
