@@ -88,9 +88,9 @@ def test_invalid_settings_are_refused_before_anything_starts(fixture_root: Fixtu
     assert jobs.list_jobs(paths.jobs_root(fixture_root.root)) == []
 
 
-def test_starting_a_run_creates_its_run_directory(fixture_root: Fixture) -> None:
+def test_starting_a_run_creates_its_run_directory_and_stop_ends_it(fixture_root: Fixture) -> None:
     at = _page("federation")
-    at.number_input(key="rounds").set_value(1)
+    at.number_input(key="rounds").set_value(50)  # long enough that Stop always lands before the end
     at.button(key="start").click()
     at.run()
     folder = paths.jobs_root(fixture_root.root)
@@ -100,14 +100,24 @@ def test_starting_a_run_creates_its_run_directory(fixture_root: Fixture) -> None
     run_dir = Path(job.target)
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not (run_dir / "config.toml").is_file():
+        while time.monotonic() < deadline and not (run_dir / "summary.json").is_file():
             assert jobs.state(folder, job).active, f"gastric-fl train exited early:\n{jobs.log_tail(job, 20)}"
-            time.sleep(0.5)
-        assert (run_dir / "config.toml").is_file()
+            time.sleep(0.2)
         assert run_dir.parent == fixture_root.root / "runs"
-        assert "rounds = 1" in (run_dir / "config.toml").read_text()
+        assert "rounds = 50" in (run_dir / "config.toml").read_text()
+        time.sleep(0.5)  # the engine turns SIGTERM into a clean stop right after writing summary.json
+        at.run()  # the page now watches the new run, with a Stop button
+        at.button(key="stop").click()
+        at.run()
+        deadline = time.monotonic() + 60
+        while jobs.state(folder, job).active and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert json.loads((run_dir / "summary.json").read_text())["status"] == "stopped"
+        assert jobs.state(folder, job) == jobs.JobState("stopped", 130)  # gastric-fl train's "stopped" exit code
+        at.run()
+        assert "was stopped" in _texts(at.warning)
     finally:
-        jobs.stop(folder, job)
+        jobs.stop(folder, jobs.load(folder, job.job_id) or job)
 
 
 def test_hospital_page_roc_and_threshold(fixture_root: Fixture) -> None:
