@@ -193,16 +193,30 @@ def describe(job: Job) -> str:
     return " && ".join(shlex.join(c) for c in job.commands)
 
 
-def run_status(summary_status: str, job_state: JobState | None) -> str:
+def run_status(summary_status: str, job_state: JobState | None, pid_alive: bool | None = None) -> str:
     """A run's status as shown: ``summary.json`` decides once it says finished, failed or stopped; before that, the
     process that writes it does (a run whose process died or was stopped is not "running" any more).
 
-    ``job_state`` is ``None`` for runs started outside the dashboard: their summary is all there is.
+    ``job_state`` is ``None`` for runs started outside the dashboard: then ``pid_alive`` (is the ``pid`` of
+    ``summary.json`` still there?) tells a running run from one that was killed (data/README.md section 3).
     """
-    if summary_status in ("finished", "failed", "stopped") or job_state is None:
+    if summary_status in ("finished", "failed", "stopped"):
         return summary_status
+    if job_state is None:
+        return "stopped" if summary_status == "running" and pid_alive is False else summary_status
     if job_state.status == "running":
         return "running"
     if job_state.status == "failed":
         return "failed"
     return "stopped"
+
+
+def pid_alive(pid: int | None) -> bool | None:
+    """Whether process ``pid`` still runs (``None`` when there is no pid to check)."""
+    return None if pid is None else _alive(pid)
+
+
+def stop_pid(pid: int) -> None:
+    """SIGTERM to a run started outside the dashboard (``summary.json``'s ``pid``); the engine stops cleanly."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGTERM)

@@ -100,6 +100,7 @@ class RunInfo:
     rounds_total: int | None
     dataset: Path | None
     modified: float
+    pid: int | None = None
 
 
 def _resolve_dataset(value: Any, run: Path) -> Path | None:
@@ -141,6 +142,7 @@ def run_info(run: Path, run_id: str | None = None) -> RunInfo:
         rounds_total=int(rounds) if isinstance(rounds, int | float) and not isinstance(rounds, bool) else None,
         dataset=run_dataset(config, run) or _resolve_dataset(summary.get("dataset"), run),
         modified=max(stamps, default=run.stat().st_mtime),
+        pid=summary["pid"] if isinstance(summary.get("pid"), int) else None,
     )
 
 

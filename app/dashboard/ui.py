@@ -83,7 +83,8 @@ def run_label(info: RunInfo) -> str:
 def display_status(info: RunInfo) -> str:
     """The run's status, corrected by what the dashboard knows of the process that writes it."""
     job = jobs.for_target(jobs_dir(), info.path)
-    return jobs.run_status(info.status, jobs.state(jobs_dir(), job) if job else None)
+    job_state = jobs.state(jobs_dir(), job) if job else None
+    return jobs.run_status(info.status, job_state, jobs.pid_alive(info.pid) if job is None else None)
 
 
 def pick_run(runs: list[RunInfo], label: str = "Run", key: str = "run_picker") -> RunInfo | None:
@@ -124,14 +125,18 @@ def status_banner(info: RunInfo) -> str:
     """Show a run's state (running, finished, failed with its error, stopped); returns the status shown."""
     job = jobs.for_target(jobs_dir(), info.path)
     job_state = jobs.state(jobs_dir(), job) if job else None
-    status = jobs.run_status(info.status, job_state)
+    status = display_status(info)
     if status == "failed":
         message = info.error
         if not message and job is not None:
             message = jobs.log_tail(job, 12) or f"exit code {job_state.exit_code if job_state else '?'}"
         st.error(f"Run **{info.run_id}** failed:\n\n```\n{message or 'no error message recorded'}\n```", icon="🚨")
     elif status == "stopped":
-        st.warning(f"Run **{info.run_id}** was stopped before it finished.", icon=":material/stop_circle:")
+        resume = f"gastric-fl train --resume {info.path}"
+        st.warning(
+            f"Run **{info.run_id}** was stopped before it finished. Continue it with `{resume}`.",
+            icon=":material/stop_circle:",
+        )
     elif status == "finished":
         st.success(f"Run **{info.run_id}** finished.", icon=":material/check_circle:")
     return status

@@ -81,6 +81,11 @@ def test_run_status_prefers_the_summary_then_the_process() -> None:
     assert jobs.run_status("running", jobs.JobState("failed", 2)) == "failed"
     assert jobs.run_status("running", jobs.JobState("stopped", None)) == "stopped"
     assert jobs.run_status("running", jobs.JobState("lost", None)) == "stopped"
+    # Started from a terminal: summary.json's pid tells a live run from a killed one.
+    assert jobs.run_status("running", None, pid_alive=True) == "running"
+    assert jobs.run_status("running", None, pid_alive=False) == "stopped"
+    assert jobs.pid_alive(os.getpid()) is True
+    assert jobs.pid_alive(None) is None
 
 
 def test_streamlit_runs_on_loopback_without_telemetry() -> None:

@@ -225,8 +225,12 @@ def _monitor(info: RunInfo) -> None:
     if status == "running":
         text += f" · about {format_seconds(state.seconds_left)} left" if state.seconds_left is not None else ""
     top[0].progress(state.fraction, text=text)
-    if job is not None and status == "running" and top[1].button("Stop", icon=":material/stop:", key="stop"):
-        jobs.stop(jobs_dir, job)
+    stoppable = status == "running" and (job is not None or info.pid is not None)
+    if stoppable and top[1].button("Stop", icon=":material/stop:", key="stop", help="SIGTERM: the run stops cleanly"):
+        if job is not None:
+            jobs.stop(jobs_dir, job)
+        elif info.pid is not None:
+            jobs.stop_pid(info.pid)  # a run started from a terminal
         st.rerun()
 
     if metrics.empty:

@@ -1,6 +1,7 @@
-"""Hospital page: one hospital of a finished run, from the run's predictions.csv: ROC curve with AUC, confusion
-matrix at a chosen threshold, and example test tiles with their predicted probability, highest-confidence errors
-first (FedSAF paper, Sec. 5: each client evaluated on its own test split)."""
+"""Hospital page: one hospital of a run (finished, or at its latest round), from the run's predictions.csv:
+ROC curve with AUC, confusion matrix at a chosen threshold, and example test tiles with their predicted
+probability, highest-confidence errors first (FedSAF paper, Sec. 5: each client evaluated on its own test
+split)."""
 
 from __future__ import annotations
 
@@ -21,11 +22,11 @@ runs = ui.all_runs()
 if not runs:
     ui.no_runs_help()
     st.stop()
-# Only a finished run has predictions.csv; the others are listed on the Federation page.
+# predictions.csv appears after a run's first round (rewritten every round); runs without it are not listed.
 ready = [r for r in runs if (r.path / "predictions.csv").is_file()]
 if not ready:
     st.info(
-        "No finished run with per-tile predictions yet (predictions.csv is written when a run finishes). "
+        "No run with per-tile predictions yet (predictions.csv is written after each round). "
         "Watch the running ones on the Federation page.",
         icon=":material/hourglass_top:",
     )
@@ -36,7 +37,7 @@ if not ready:
 
 left, right = st.columns([2, 1])
 with left:
-    picked = ui.pick_run(ready, "Finished run", key="hospital_run")
+    picked = ui.pick_run(ready, "Run", key="hospital_run")
 if picked is None:
     st.stop()
 info = picked
@@ -46,6 +47,10 @@ except DashboardError as exc:
     st.error(str(exc))
     st.stop()
 
+status = ui.display_status(info)
+if status != "finished":
+    latest = f"round {int(predictions['round'].max())}" if "round" in predictions.columns else "the latest round"
+    st.info(f"Run **{info.run_id}** is {status}: these are the predictions of {latest}.", icon=":material/info:")
 hospitals = sorted(int(c) for c in predictions["client"].unique())
 with right:
     hospital = st.selectbox("Hospital", hospitals, format_func=hospital_label, key="hospital")
