@@ -124,7 +124,7 @@ def main() -> None:
             f"Command: `{command}`",
             "",
             f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores visible (shared with other work while "
-            f"measured), torch {torch.__version__}, {torch.get_num_threads()} torch threads.",
+            f"measured), torch {torch.__version__}, torch threads: {torch.get_num_threads()} (the engine's default).",
             "",
             f"Workload: MobileNetV3-Small, {args.tiles} RGB tiles of {args.input_size}x{args.input_size} held in "
             f"memory as uint8, batch {args.batch}, SGD lr {lr} momentum 0.9, one epoch per repetition; the three loops "

@@ -131,11 +131,13 @@ def main() -> None:
             "",
             "Round = configure, train every client, aggregate, evaluate every client (aggregation.jsonl `seconds`); "
             "start-up = the rest of the run: reading tiles, building models, and for workers spawning the processes "
-            "(each imports torch and loads its own clients' tiles). The engine's defaults, `run.workers = 0` and "
-            "`run.threads = 1`, are the fastest mode measured here. Two torch threads per process lose badly as soon "
-            "as another process wants a core (every operator's parallel region waits for the descheduled thread); "
-            "on a machine with idle cores to spare, `--set run.threads=0` (torch's default: all cores) or "
-            "`--set run.workers=N` may be faster: measure with this script.",
+            "(each imports torch and loads its own clients' tiles). Two torch threads per process lose badly as soon "
+            "as another process wants a core (every operator's parallel region waits for the descheduled thread). "
+            "Worker processes parallelise whole clients instead, which survives load, but pay the start-up once "
+            "per run. The engine's defaults are `run.workers = 0`, `run.threads = 1`: no start-up, steady under "
+            "load, and within a few percent of the workers per round; on a machine with idle cores to spare, "
+            "`--set run.threads=0` (torch's default: all cores) or `--set run.workers=N` may be faster: measure "
+            "with this script.",
             "",
         ]
     )
