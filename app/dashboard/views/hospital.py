@@ -95,7 +95,15 @@ if not mine.empty:
     st.plotly_chart(
         charts.per_hospital(history, f"{hospital_label(hospital)} over rounds", "value"), key="history_chart"
     )
-    st.caption(f"Last round's test AUC in metrics.jsonl: {last_auc:.4f}.")
+    note = f"Last round's test AUC in metrics.jsonl: {last_auc:.4f}."
+    if curve.auc is not None and abs(curve.auc - last_auc) > 0.005:
+        # Seen when a model's probabilities are nearly equal: rounding them to 6 decimals in predictions.csv
+        # turns close values into ties, which count half in the AUC.
+        note += (
+            " The AUC above differs, most likely because predictions.csv stores probabilities rounded to 6 decimals"
+            " (nearly equal probabilities become ties)."
+        )
+    st.caption(note)
 
 st.subheader("Example test tiles")
 st.caption("Errors first, the ones the model was most sure about at the top; then correct calls.")
