@@ -177,6 +177,11 @@ def load_run(run_dir: str | Path) -> RunResult:
     return RunResult(folder, config, summary, metrics, aggregation, round_stats(metrics))
 
 
+def _whole(value: float | None) -> float | int | None:
+    """Counts averaged over rounds are whole numbers when every round sent the same: show them as integers."""
+    return int(value) if value is not None and float(value).is_integer() else value
+
+
 def summarise(runs: Sequence[RunResult]) -> list[dict[str, Any]]:
     """One row per run with ``SUMMARY_COLUMNS`` (figures of the last completed round; best over rounds)."""
     rows: list[dict[str, Any]] = []
@@ -201,8 +206,8 @@ def summarise(runs: Sequence[RunResult]) -> list[dict[str, Any]]:
                 "std_test_auc": final.get("std_test_auc"),
                 "best_avg_test_acc": best.get("avg_test_acc"),
                 "best_round": best.get("round"),
-                "sent_per_round": traffic.get("sent"),
-                "received_per_round": traffic.get("received"),
+                "sent_per_round": _whole(traffic.get("sent")),
+                "received_per_round": _whole(traffic.get("received")),
                 "seconds_per_round": statistics.fmean(seconds) if seconds else None,
             }
         )
@@ -269,6 +274,7 @@ def plot_accuracy(runs: Sequence[RunResult], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, (ax_avg, ax_std) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
     for run in runs:
@@ -280,6 +286,7 @@ def plot_accuracy(runs: Sequence[RunResult], path: Path) -> None:
     ax_std.set(title="Std test accuracy", xlabel="round", ylabel="accuracy (std over clients)")
     for ax in (ax_avg, ax_std):
         ax.grid(True, alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax_avg.legend(fontsize=8)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
