@@ -97,7 +97,12 @@ def _positive(where: str, value: float) -> None:
 
 @dataclass(frozen=True)
 class RunSection:
-    """``[run]``: identity and length of the run, and where it executes."""
+    """``[run]``: identity and length of the run, and where it executes.
+
+    ``workers``: 0 runs the clients one after another in this process, W spreads them over W processes.
+    ``threads``: torch threads per process (0 keeps torch's default, all cores); the default 1 was the fastest
+    on a shared 2-core machine (``benchmarks/results/round_time.md``).
+    """
 
     name: str
     seed: int
