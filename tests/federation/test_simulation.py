@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -187,3 +189,19 @@ def test_worker_processes_give_the_same_results(dataset: Path, reference: Path, 
     train(_config(dataset, "run.rounds=1", "strategy.name=fedprox", "run.workers=2"), run_dir, progress=False)
     # same seeds and the same thread count (run.threads = 1) in the workers as in this process: identical numbers
     assert _metrics(run_dir) == [m for m in _metrics(reference) if m["round"] == 1]
+
+
+def test_sigterm_marks_the_run_stopped(dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the dashboard stops a run by sending SIGTERM to its process
+    def terminate(self: simulation.Simulation, pool: Any, server_round: int) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(simulation.Simulation, "_round", terminate)
+    before = signal.getsignal(signal.SIGTERM)
+    run_dir = tmp_path / "terminated"
+    with pytest.raises(RunStopped):
+        train(_config(dataset, "run.rounds=1", "strategy.name=separate"), run_dir, progress=False)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "stopped"
+    assert summary["error"] == "stopped by SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) is before  # the engine puts the previous handler back
