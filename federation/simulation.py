@@ -4,9 +4,10 @@ Every round: ``configure_train`` -> each client trains on what it was sent -> ``
 ``configure_evaluate`` -> each client evaluates its model (shared part as sent + its own head) on its own test
 split. Values sent and received per client are counted from the messages (``federation.contract``).
 
-Clients run one after another in this process (``run.workers = 0``, the default: on the 2-core reference machine
-it was the faster option, see ``benchmarks/results/round_time.md``) or spread over worker processes
-(``run.workers = W``). Worker messages are JSON headers plus safetensors bytes, never pickles.
+Clients run one after another in this process (``run.workers = 0``, the default) or spread over worker processes
+(``run.workers = W``). On the shared 2-core machine, sequential clients with one torch thread matched the workers
+per round without their start-up cost (``benchmarks/results/round_time.md``). Worker messages are JSON headers
+plus safetensors bytes, never pickles.
 
 Determinism: each client's round draws every random number (shuffling, augmentation, dropout, the Fisher
 mini-batch) from a seed derived from (run seed, round, client); the initial weights from (run seed, "init").
@@ -50,6 +51,7 @@ from federation.contract import (
 )
 from federation.data import LABELS, load_clients, manifest_clients, read_manifest
 from federation.errors import FederationError
+from federation.report import round_stats, run_figures
 from federation.runs import (
     AGGREGATION_FILE,
     CONFIG_FILE,
@@ -60,11 +62,13 @@ from federation.runs import (
     append_jsonl,
     complete_checkpoints,
     finite_or_none,
+    is_live_run,
     keep_rounds,
     now_iso,
     prepare_run_dir,
     read_checkpoint,
     read_json,
+    read_jsonl,
     write_checkpoint,
     write_json,
     write_predictions,
@@ -376,9 +380,13 @@ class WorkerPool:
             }
             conn.send_bytes(encode_message(header, initial))
         self._info: dict[int, ClientInfo] = {}
-        for reply, _ in self._gather():
-            for c, info in reply["info"].items():
-                self._info[int(c)] = ClientInfo(**info)
+        try:
+            for reply, _ in self._gather():
+                for c, info in reply["info"].items():
+                    self._info[int(c)] = ClientInfo(**info)
+        except BaseException:
+            self.close()  # e.g. a missing tile: do not leave the other workers waiting
+            raise
 
     def _gather(self, conns: Sequence[int] | None = None) -> list[tuple[dict[str, Any], dict[str, torch.Tensor]]]:
         out = []
@@ -525,11 +533,8 @@ class Simulation:
         config = self.config
         if resume:
             previous = read_json(self.run_dir / SUMMARY_FILE) if (self.run_dir / SUMMARY_FILE).is_file() else {}
-            if previous.get("status") == "running" and previous.get("pid") not in (None, os.getpid()):
-                from federation.runs import is_live_run
-
-                if is_live_run(self.run_dir):
-                    raise FederationError(f"{self.run_dir} is still running (pid {previous['pid']}): stop it first")
+            if is_live_run(self.run_dir):
+                raise FederationError(f"{self.run_dir} is still running (pid {previous['pid']}): stop it first")
             self.summary = dict(previous)
         else:
             prepare_run_dir(self.run_dir, overwrite)
@@ -645,8 +650,6 @@ class Simulation:
             bar.close()
 
     def _round(self, pool: ClientPool, server_round: int) -> None:
-        from federation.report import round_stats, run_figures
-
         config = self.config
         start = time.perf_counter()
         instructions = self.strategy.configure_train(server_round, self.clients)
@@ -705,8 +708,6 @@ class Simulation:
         )
         self.round_seconds.append(seconds)
         per_round = sum(self.round_seconds) / len(self.round_seconds)
-        from federation.runs import read_jsonl
-
         figures = run_figures(round_stats(read_jsonl(self.run_dir / METRICS_FILE)))
         self._write_summary(
             rounds_done=server_round,
