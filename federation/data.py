@@ -132,16 +132,11 @@ def _read_tile(file: Path, input_size: int, in_chans: int) -> np.ndarray:
     return np.ascontiguousarray(image)
 
 
-def load_clients(
-    dataset: str | Path, input_size: int, in_chans: int = 3, clients: Sequence[int] | None = None
-) -> dict[int, ClientData]:
-    """Decode every tile of the chosen ``clients`` (default: all) once, as ``uint8`` arrays of side ``input_size``.
+def check_clients(folder: Path, rows: Sequence[ManifestRow], clients: Sequence[int] | None = None) -> list[int]:
+    """The chosen clients (default: all), after checking that each has its tiles on disk and enough of them.
 
-    Raises ``FederationError`` naming the file for a missing or unreadable tile, and naming the client for one
-    without training tiles (fewer than two) or without test tiles.
+    Cheap (no image is decoded), so the engine calls it before starting any worker process.
     """
-    folder = Path(dataset)
-    rows = read_manifest(folder)
     present = manifest_clients(rows)
     chosen = present if clients is None else sorted(clients)
     absent = [c for c in chosen if c not in present]
@@ -153,16 +148,33 @@ def load_clients(
             f"tile {folder / missing[0]} listed in manifest.csv does not exist ({len(missing)} missing in all): "
             "the prepared folder is incomplete, re-run gastric-fl prepare"
         )
+    for c in chosen:
+        train = sum(1 for r in rows if r.client == c and r.split == "train")
+        test = sum(1 for r in rows if r.client == c and r.split == "test")
+        if train < MIN_TRAIN_TILES or not test:
+            raise FederationError(
+                f"client {c} has {train} training and {test} test tiles: every client needs at least "
+                f"{MIN_TRAIN_TILES} training and 1 test tile (re-run gastric-fl prepare with fewer clients)"
+            )
+    return chosen
+
+
+def load_clients(
+    dataset: str | Path, input_size: int, in_chans: int = 3, clients: Sequence[int] | None = None
+) -> dict[int, ClientData]:
+    """Decode every tile of the chosen ``clients`` (default: all) once, as ``uint8`` arrays of side ``input_size``.
+
+    Raises ``FederationError`` naming the file for a missing or unreadable tile, and naming the client for one
+    without training tiles (fewer than two) or without test tiles.
+    """
+    folder = Path(dataset)
+    rows = read_manifest(folder)
+    chosen = check_clients(folder, rows, clients)
     out: dict[int, ClientData] = {}
     for c in chosen:
         mine = [r for r in rows if r.client == c]
         train = [r for r in mine if r.split == "train"]
         test = [r for r in mine if r.split == "test"]
-        if len(train) < MIN_TRAIN_TILES or not test:
-            raise FederationError(
-                f"client {c} has {len(train)} training and {len(test)} test tiles: every client needs at least "
-                f"{MIN_TRAIN_TILES} training and 1 test tile (re-run gastric-fl prepare with fewer clients)"
-            )
         out[c] = ClientData(
             client=c,
             train_x=np.stack([_read_tile(folder / r.path, input_size, in_chans) for r in train]),

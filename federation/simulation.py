@@ -49,7 +49,7 @@ from federation.contract import (
     count_reply_values,
     count_values,
 )
-from federation.data import LABELS, load_clients, manifest_clients, read_manifest
+from federation.data import LABELS, check_clients, load_clients, read_manifest
 from federation.errors import FederationError
 from federation.report import round_stats, run_figures
 from federation.runs import (
@@ -586,12 +586,8 @@ class Simulation:
         config = self.config
         check_input_size(config.model.name, config.data.input_size)
         rows = read_manifest(config.data.path)
-        present = manifest_clients(rows)
         chosen = config.strategy.clients
-        clients: tuple[int, ...] = tuple(present if isinstance(chosen, str) else sorted(chosen))
-        absent = [c for c in clients if c not in present]
-        if absent:
-            raise FederationError(f"strategy.clients names {absent}, but {config.data.path} has clients {present}")
+        clients = tuple(check_clients(Path(config.data.path), rows, None if isinstance(chosen, str) else chosen))
         counts = {c: sum(1 for r in rows if r.client == c and r.split == "train") for c in clients}
         initial, units = initial_state(config)
         check_nhead(config.strategy.nhead or 0, units)
