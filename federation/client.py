@@ -150,6 +150,8 @@ class Client:
             base = list(self.params)
         if recipe.epochs > 0 and base:
             self._phase(base, recipe.epochs, recipe.lr, recipe, centre, generator, augmenter, losses, server_round)
+        if recipe.precise_bn:
+            self.recompute_batchnorm()
         seen = sum(n for _, n in losses)
         metrics = {"train_loss": sum(loss * n for loss, n in losses) / seen if seen else float("nan")}
         if recipe.fisher_batch > 0:
@@ -208,6 +210,25 @@ class Client:
                 losses.append((value, int(y.numel())))
         for param in self.params.values():
             param.requires_grad_(True)
+
+    @torch.no_grad()
+    def recompute_batchnorm(self) -> None:
+        """Precise BN: every BatchNorm's running statistics become the average of its batch statistics over
+        one pass of the unaugmented training tiles (cumulative average, ``momentum=None``), for the current weights.
+        """
+        norms = [m for m in self.model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        if not norms or self.data.num_train == 0:
+            return
+        momenta = [m.momentum for m in norms]
+        for module in norms:
+            module.reset_running_stats()
+            module.momentum = None
+        self.model.train()
+        images = self.data.train_x
+        for start in range(0, self.data.num_train, self.eval_batch_size):
+            self.model(to_tensor(images[start : start + self.eval_batch_size], self.device))
+        for module, momentum in zip(norms, momenta, strict=True):
+            module.momentum = momentum
 
     def _fisher(self, batch: int, generator: torch.Generator) -> float:
         from federation.fisher import fisher_trace

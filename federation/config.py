@@ -58,6 +58,8 @@ lr = 0.01
 momentum = 0.9
 weight_decay = 0.0001
 head_epochs = 1
+# Recompute BatchNorm statistics over the training tiles after local training (see Recipe.precise_bn).
+precise_bn = true
 
 [fedprox]
 mu = 0.01
@@ -191,6 +193,7 @@ class ClientSection:
     momentum: float
     weight_decay: float
     head_epochs: int
+    precise_bn: bool
     head_lr: float | None = None
 
     def __post_init__(self) -> None:

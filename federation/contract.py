@@ -30,6 +30,10 @@ class Recipe:
     the shared part trains (FedProx's mu; FedAMP/FedSAF's ``lambda / alpha_K``), with a real gradient.
     ``fisher_batch > 0``: after training, report ``fisher_trace`` over the shared parameters (Eq. 12-15)
     computed on a mini-batch of that many training examples.
+    ``precise_bn``: after training, recompute the BatchNorm running statistics as exact averages over the
+    client's (unaugmented) training tiles, so that they describe the weights just trained (Wu & Johnson,
+    "Rethinking 'Batch' in BatchNorm", 2021: "precise BN"). Without it, a few batches per round leave the
+    running averages rounds behind the weights and evaluation collapses to one class while AUC is already high.
     """
 
     epochs: int = 1
@@ -40,6 +44,7 @@ class Recipe:
     fisher_batch: int = 0
     momentum: float = 0.0
     weight_decay: float = 0.0
+    precise_bn: bool = False
 
 
 @dataclass

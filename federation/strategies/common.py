@@ -71,6 +71,7 @@ def recipe_from_config(
         fisher_batch=fisher_batch,
         momentum=client.momentum,
         weight_decay=client.weight_decay,
+        precise_bn=client.precise_bn,
     )
 
 
