@@ -130,9 +130,10 @@ def main() -> None:
             *table,
             "",
             "Round = configure, train every client, aggregate, evaluate every client (aggregation.jsonl `seconds`); "
-            "start-up = the rest of the run: reading tiles, building models, and for workers spawning the processes "
-            "(each imports torch and loads its own clients' tiles). Two torch threads per process lose badly as soon "
-            "as another process wants a core (every operator's parallel region waits for the descheduled thread). "
+            "start-up = the rest of the run: reading tiles, building models, and for workers starting the processes "
+            "(a forkserver imports torch once, each worker then loads its own clients' tiles). Two torch threads per "
+            "process lose badly as soon as another process wants a core (every operator's parallel region waits for "
+            "the descheduled thread). "
             "Worker processes parallelise whole clients instead, which survives load, but pay the start-up once "
             "per run. The engine's defaults are `run.workers = 0`, `run.threads = 1`: no start-up, steady under "
             "load, and within a few percent of the workers per round; on a machine with idle cores to spare, "

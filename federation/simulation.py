@@ -347,13 +347,17 @@ def _split_by_client(tensors: Mapping[str, torch.Tensor]) -> dict[int, TensorDic
 
 
 class WorkerPool:
-    """Clients spread round-robin over ``workers`` processes (spawned, one torch thread share each)."""
+    """Clients spread round-robin over ``workers`` processes (forked from a fresh forkserver; ``run.threads`` each)."""
 
     def __init__(
         self, config: RunConfig, client_ids: Sequence[int], shared_keys: Sequence[str], initial: TensorDict
     ) -> None:
         workers = min(config.run.workers, len(client_ids))
-        context = multiprocessing.get_context("spawn")
+        # forkserver: one fresh server process imports torch and this module once, then forks each worker from
+        # it; cheaper than spawn (one import per worker) and, unlike fork, never copies a process whose torch
+        # thread pools are already running.
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["federation.simulation"])
         self.conns: list[multiprocessing.connection.Connection] = []
         self.processes: list[Any] = []
         self.owner: dict[int, int] = {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 import torch
@@ -12,6 +14,15 @@ from federation.contract import Recipe, TrainInstruction
 from federation.data import ClientData, load_clients
 from federation.errors import FederationError
 from models import base_keys, create_model, head_keys, split_units
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    # as the engine runs clients by default (run.threads = 1): steady timing on a shared machine
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +119,7 @@ def test_evaluation_counts_correct_predictions(tiles: dict[int, ClientData]) -> 
 
 def test_fisher_trace_is_reported_when_asked(tiles: dict[int, ClientData]) -> None:
     client = _client(tiles[0])
-    reply = client.train(TrainInstruction(0, Recipe(epochs=1, lr=0.01, fisher_batch=4)), server_round=1, seed=2)
+    reply = client.train(TrainInstruction(0, Recipe(epochs=1, lr=0.01, fisher_batch=2)), server_round=1, seed=2)
     assert reply.metrics["fisher_trace"] > 0.0
     plain = client.train(TrainInstruction(0, Recipe(epochs=1, lr=0.01)), server_round=2, seed=2)
     assert "fisher_trace" not in plain.metrics
