@@ -7,6 +7,7 @@ Everything here is plain pandas/PIL so it is testable without Streamlit. Counts 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,18 +43,31 @@ def list_datasets(prepared: Path) -> list[PreparedDataset]:
     return found
 
 
-def load_manifest(dataset: Path) -> pd.DataFrame:
-    """Read and check ``manifest.csv``; raise a one-line ``DashboardError`` naming the file when it is malformed."""
-    path = dataset / "manifest.csv"
+def read_checked_csv(path: Path, columns: Sequence[str], not_found: str, unreadable_hint: str = "") -> pd.DataFrame:
+    """Read a CSV file that must exist and hold ``columns``; anything else is a one-line ``DashboardError`` naming
+    the file: ``"<path> not found: <not_found>"``, an unreadable file (with ``unreadable_hint`` after the parser's
+    message) or the columns it lacks."""
     if not path.is_file():
-        raise DashboardError(f"{path} not found: prepare the dataset first (gastric-fl prepare ... --out {dataset})")
+        raise DashboardError(f"{path} not found: {not_found}")
     try:
         frame = pd.read_csv(path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise DashboardError(f"{path} is not a readable CSV ({exc}); re-run gastric-fl prepare") from exc
-    missing = [c for c in MANIFEST_COLUMNS if c not in frame.columns]
+        raise DashboardError(f"{path} is not a readable CSV ({exc}){unreadable_hint}") from exc
+    missing = [c for c in columns if c not in frame.columns]
     if missing:
-        raise DashboardError(f"{path} lacks columns {missing}; it must have {list(MANIFEST_COLUMNS)}")
+        raise DashboardError(f"{path} lacks columns {missing}; it must have {list(columns)}")
+    return frame
+
+
+def load_manifest(dataset: Path) -> pd.DataFrame:
+    """Read and check ``manifest.csv``; raise a one-line ``DashboardError`` naming the file when it is malformed."""
+    path = dataset / "manifest.csv"
+    frame = read_checked_csv(
+        path,
+        MANIFEST_COLUMNS,
+        not_found=f"prepare the dataset first (gastric-fl prepare ... --out {dataset})",
+        unreadable_hint="; re-run gastric-fl prepare",
+    )
     bad_split = sorted(set(frame["split"]) - set(SPLITS))
     bad_label = sorted(set(frame["label"]) - set(LABELS))
     if bad_split or bad_label:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from app.dashboard.datasets import hospital_label
+from app.dashboard.datasets import hospital_label, read_checked_csv
 from app.dashboard.errors import DashboardError
 
 RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json")
@@ -382,15 +382,7 @@ def load_predictions(run: Path) -> pd.DataFrame:
     Raises a one-line ``DashboardError`` when the file is missing (the run has not finished) or malformed.
     """
     path = run / "predictions.csv"
-    if not path.is_file():
-        raise DashboardError(f"{path} not found: predictions are written when a run finishes")
-    try:
-        frame = pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise DashboardError(f"{path} is not a readable CSV ({exc})") from exc
-    missing = [c for c in PREDICTION_COLUMNS if c not in frame.columns]
-    if missing:
-        raise DashboardError(f"{path} lacks columns {missing}; it must have {list(PREDICTION_COLUMNS)}")
+    frame = read_checked_csv(path, PREDICTION_COLUMNS, not_found="predictions are written when a run finishes")
     labels = frame["label"].map(lambda v: {"normal": 0, "abnormal": 1, "0": 0, "1": 1}.get(str(v).strip(), v))
     frame["label"] = pd.to_numeric(labels, errors="coerce")
     frame["prob_abnormal"] = pd.to_numeric(frame["prob_abnormal"], errors="coerce")
