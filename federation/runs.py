@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from federation.contract import TensorDict
 from federation.errors import FederationError
+from federation.processes import pid_alive
 
 CONFIG_FILE = "config.toml"
 METRICS_FILE = "metrics.jsonl"
@@ -138,16 +139,6 @@ def default_run_dir(base: Path, name: str) -> Path:
     return candidate
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def is_live_run(run_dir: Path) -> bool:
     """True if ``summary.json`` says ``running`` and its process still exists."""
     summary = run_dir / SUMMARY_FILE
@@ -158,7 +149,7 @@ def is_live_run(run_dir: Path) -> bool:
     except (OSError, json.JSONDecodeError):
         return False
     pid = data.get("pid")
-    return data.get("status") == "running" and isinstance(pid, int) and pid != os.getpid() and _pid_alive(pid)
+    return data.get("status") == "running" and isinstance(pid, int) and pid != os.getpid() and pid_alive(pid)
 
 
 def prepare_run_dir(run_dir: Path, overwrite: bool) -> None:

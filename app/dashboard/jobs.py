@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from app.dashboard.errors import DashboardError
+from federation import processes
 
 # Popen objects of jobs this dashboard process started: polling them reaps the finished child (no zombie).
 _PROCESSES: dict[int, subprocess.Popen[bytes]] = {}
@@ -136,18 +137,7 @@ def _alive(pid: int) -> bool:
     process = _PROCESSES.get(pid)
     if process is not None:
         return process.poll() is None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie still answers kill(0); its state letter says it is gone.
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
+    return processes.pid_alive(pid)
 
 
 def state(jobs_dir: Path, job: Job) -> JobState:
