@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import platform
 import sys
 import time
 from collections.abc import Callable
@@ -33,6 +31,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._common import command_line, machine, write_result  # noqa: E402
 from federation.aggregation import amp_coefficients, mix  # noqa: E402
 from models import create_model  # noqa: E402
 
@@ -114,14 +113,14 @@ def main() -> None:
             flush=True,
         )
 
-    command = " ".join([".venv/bin/python", "benchmarks/aggregation_speed.py", *sys.argv[1:]])
+    command = command_line("aggregation_speed.py")
     lines = [
         "# AMP aggregation time: vectorised vs naive pairwise loop",
         "",
         f"Command: `{command}`",
         "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores visible (shared with other work while measured), "
-        f"torch {torch.__version__}, {torch.get_num_threads()} torch threads.",
+        f"{machine('shared with other work while measured')}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} torch threads.",
         "",
         f"Shared vector: MobileNetV3-Small trainable parameters, nhead = 0, d = {d:,} float32 values per client; "
         "each client a perturbed copy (std 1e-3 per value). One aggregation = the AMP matrix xi (squared Euclidean "
@@ -147,8 +146,7 @@ def main() -> None:
         "differences in xi come from float32 rounding in the naive dot products of uncentred differences.",
         "",
     ]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines), encoding="utf-8")
+    write_result(args.out, "\n".join(lines))
     print(f"wrote {args.out}")
 
 

@@ -22,8 +22,6 @@ command, to benchmarks/results/amp_distances.md.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -34,6 +32,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._common import command_line, machine, write_result  # noqa: E402
 from federation.aggregation import (  # noqa: E402
     METRICS,
     FlatSpec,
@@ -134,13 +133,13 @@ def main() -> None:
                 mass_rows.append(f"| {server_round} | {nhead} | {metric} | " + " | ".join(masses) + " |")
         print(f"round {server_round}: {m} clients, distances measured", flush=True)
 
-    command = " ".join([".venv/bin/python", "benchmarks/amp_distances.py", *sys.argv[1:]])
+    command = command_line("amp_distances.py")
     lines = [
         "# AMP distances on the benchmark preset, and the collaboration they allow",
         "",
         f"Command: `{command}`",
         "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores visible (shared), torch {torch.__version__}. "
+        f"{machine('shared')}, torch {torch.__version__}. "
         f"Preset: `{args.config.relative_to(ROOT) if args.config.is_relative_to(ROOT) else args.config}` "
         f"({config.model.name}, input {config.data.input_size} px, {len(checkpoints[1].clients)} clients, "
         f"client lr {config.client.lr}, momentum {config.client.momentum}, {config.client.epochs} epoch(s) per "
@@ -172,8 +171,7 @@ def main() -> None:
         *mass_rows,
         "",
     ]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines), encoding="utf-8")
+    write_result(args.out, "\n".join(lines))
     print("\n".join(lines))
     print(f"wrote {args.out}")
 

@@ -19,8 +19,6 @@ and writes them, with the command, to benchmarks/results/client_throughput.md.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import sys
 import time
@@ -34,6 +32,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._common import machine, write_result  # noqa: E402
 from federation.client import Client  # noqa: E402
 from federation.contract import Recipe, TrainInstruction  # noqa: E402
 from federation.data import ClientData, to_tensor  # noqa: E402
@@ -123,8 +122,8 @@ def main() -> None:
             "",
             f"Command: `{command}`",
             "",
-            f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores visible (shared with other work while "
-            f"measured), torch {torch.__version__}, torch threads: {torch.get_num_threads()} (the engine's default).",
+            f"{machine('shared with other work while measured')}, torch {torch.__version__}, "
+            f"torch threads: {torch.get_num_threads()} (the engine's default).",
             "",
             f"Workload: MobileNetV3-Small, {args.tiles} RGB tiles of {args.input_size}x{args.input_size} held in "
             f"memory as uint8, batch {args.batch}, SGD lr {lr} momentum 0.9, one epoch per repetition; the three loops "
@@ -141,8 +140,7 @@ def main() -> None:
         ]
     )
     print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text, encoding="utf-8")
+    write_result(args.out, text)
 
 
 if __name__ == "__main__":

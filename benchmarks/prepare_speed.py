@@ -41,6 +41,7 @@ import tifffile
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._common import write_result  # noqa: E402
 from pipeline.config import PrepareConfig, build_config  # noqa: E402
 from pipeline.images import encode_png  # noqa: E402
 from pipeline.prepare import _Job, _tile_job, prepare_dataset  # noqa: E402
@@ -265,8 +266,7 @@ def main() -> None:
         *ratios,
         "",
     ]
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text("\n".join(lines), encoding="utf-8")
+    write_result(RESULTS, "\n".join(lines))
     print(f"wrote {RESULTS}")
     if args.workdir is None:
         shutil.rmtree(work, ignore_errors=True)

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -29,6 +27,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._common import machine, write_result  # noqa: E402
 from federation.config import load_config  # noqa: E402
 from federation.data import read_manifest  # noqa: E402
 from federation.simulation import train  # noqa: E402
@@ -114,8 +113,8 @@ def main() -> None:
             "",
             command,
             "",
-            f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores visible (shared with other work while "
-            f"measured), torch {torch.__version__}; torch's default is {default_threads} threads per process, "
+            f"{machine('shared with other work while measured')}, torch {torch.__version__}; torch's default is "
+            f"{default_threads} threads per process, "
             "each of W workers gets cores / W threads.",
             "",
             f"Workload: configs/seed.toml ({config.strategy.name}, {config.model.name}, input {config.data.input_size} "
@@ -143,8 +142,7 @@ def main() -> None:
         ]
     )
     print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text, encoding="utf-8")
+    write_result(args.out, text)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,24 @@
+"""What the benchmark scripts' reports share: the command that ran them, the machine line, writing the file."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from pathlib import Path
+
+
+def command_line(script: str) -> str:
+    """``benchmarks/<script>`` with this process's arguments, as typed from the repository root."""
+    return " ".join([".venv/bin/python", f"benchmarks/{script}", *sys.argv[1:]])
+
+
+def machine(note: str) -> str:
+    """``Machine: <architecture>, <n> CPU cores visible (<note>)``, the start of a report's machine line."""
+    return f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores visible ({note})"
+
+
+def write_result(path: Path, text: str) -> None:
+    """Write a report to ``path``, creating its folder when needed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
