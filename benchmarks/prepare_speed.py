@@ -72,26 +72,17 @@ class Measure:
 _STATE: list[_ForkState] = []
 
 
-def floor_one(path: Path, tile: int) -> int:
-    """Bare cost: read + tifffile decode + NumPy slicing into contiguous tiles."""
+def floor_one(path: Path, tile: int, png: bool = False) -> int:
+    """Bare cost: read + tifffile decode + NumPy slicing into contiguous tiles; with ``png``, plus PNG-encoding
+    every tile (what any pipeline writing PNG tiles must also pay)."""
     image = tifffile.imread(io.BytesIO(path.read_bytes()))
     height, width = image.shape[:2]
     count = 0
     for y in range(0, height - tile + 1, tile):
         for x in range(0, width - tile + 1, tile):
-            np.ascontiguousarray(image[y : y + tile, x : x + tile])
-            count += 1
-    return count
-
-
-def floor_png_one(path: Path, tile: int) -> int:
-    """The floor plus PNG-encoding every tile (what any pipeline writing PNG tiles must also pay)."""
-    image = tifffile.imread(io.BytesIO(path.read_bytes()))
-    height, width = image.shape[:2]
-    count = 0
-    for y in range(0, height - tile + 1, tile):
-        for x in range(0, width - tile + 1, tile):
-            encode_png(np.ascontiguousarray(image[y : y + tile, x : x + tile]))
+            piece = np.ascontiguousarray(image[y : y + tile, x : x + tile])
+            if png:
+                encode_png(piece)
             count += 1
     return count
 
@@ -160,10 +151,10 @@ def main() -> None:
         rates = f"{grid / wall:6.0f} grid tiles/s  {kept / wall:6.0f} kept/s"
         print(f"{name:<46} {wall:6.2f} s wall {cpu:6.2f} s CPU  {rates}", flush=True)
 
-    def floor(workers: int, one: Callable[[Path, int], int] = floor_one) -> Callable[[], int]:
+    def floor(workers: int, png: bool = False) -> Callable[[], int]:
         def run() -> int:
             with ThreadPoolExecutor(workers) as pool:
-                return sum(pool.map(lambda path: one(path, tile), slides))
+                return sum(pool.map(lambda path: floor_one(path, tile, png), slides))
 
         return run
 
@@ -180,7 +171,7 @@ def main() -> None:
         record(
             f"floor: tifffile decode + NumPy slicing, {workers} thr", timed(floor(workers), args.repeats), grid_total
         )
-    record("floor + PNG encoding of every tile, 2 thr", timed(floor(2, floor_png_one), args.repeats), grid_total)
+    record("floor + PNG encoding of every tile, 2 thr", timed(floor(2, png=True), args.repeats), grid_total)
     for workers in (1, 2):
         run, clean = full(workers, work / f"prepared-{workers}")
         record(f"prepare_dataset (full), {workers} thr", timed(run, args.repeats, setup=clean), grid_total)
