@@ -7,4 +7,6 @@ if ! command -v uv >/dev/null 2>&1; then
     export PATH="$HOME/.local/bin:$PATH"
 fi
 [ -x .venv/bin/python ] || uv venv --quiet --python 3.11 .venv
-uv pip install --quiet --python .venv/bin/python -e '.[dev]'
+# Bytecode is compiled once at install: with PYTHONDONTWRITEBYTECODE set, every process would otherwise
+# recompile torch from source (measured: `import torch, torchvision, flwr` 9.0 s -> 4.1 s; install +25 s).
+uv pip install --quiet --compile-bytecode --python .venv/bin/python -e '.[dev]'
