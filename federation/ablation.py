@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from federation.config import RunConfig, config_to_toml, load_config
+from federation.config import RunConfig, config_to_toml, load_config, read_toml
 from federation.errors import FederationError
 from federation.runs import SUMMARY_FILE, atomic_write_text, now_iso, read_json, write_json
 
@@ -236,12 +236,7 @@ def load_plan(
     """
     if table not in TABLE_KINDS:
         raise FederationError(f"--table {table!r}: use one of {', '.join(TABLE_KINDS)}")
-    if not config.is_file():
-        raise FederationError(f"config file {config} does not exist: pass a run or ablation preset from configs/")
-    try:
-        raw = tomllib.loads(config.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise FederationError(f"config file {config} is not valid TOML: {exc}") from exc
+    raw = read_toml(config, "pass a run or ablation preset from configs/")
     seed_count = seeds
     preset_seeds: int | None = None
     if "ablation" in raw:

@@ -351,6 +351,17 @@ def config_from_dict(raw: Mapping[str, Any], source: str = "config") -> RunConfi
     return config
 
 
+def read_toml(file: Path, hint: str) -> dict[str, Any]:
+    """Parse the TOML file ``file``; a missing or malformed file is a one-line ``FederationError`` (``hint``: what
+    to pass instead)."""
+    if not file.is_file():
+        raise FederationError(f"config file {file} does not exist: {hint}")
+    try:
+        return tomllib.loads(file.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise FederationError(f"config file {file} is not valid TOML: {exc}") from exc
+
+
 def load_config(
     path: str | Path | None = None, overrides: Sequence[str] = (), data: str | Path | None = None
 ) -> RunConfig:
@@ -359,13 +370,7 @@ def load_config(
     source = "defaults"
     if path is not None:
         source = str(path)
-        file = Path(path)
-        if not file.is_file():
-            raise FederationError(f"config file {file} does not exist: pass a TOML preset such as configs/demo.toml")
-        try:
-            loaded = tomllib.loads(file.read_text(encoding="utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise FederationError(f"config file {file} is not valid TOML: {exc}") from exc
+        loaded = read_toml(Path(path), "pass a TOML preset such as configs/demo.toml")
         _check_known(loaded, source)
         _merge(raw, loaded)
     for text in overrides:
