@@ -72,9 +72,9 @@ class FederationSettings:
     dm: str = "manhattan"
     fim: bool = True
     split: bool = True
-    lam: float = 1.0
-    sigma: float = 0.1
-    alpha_k: float = 0.02
+    lam: float = 0.05  # the engine's measured defaults (federation/config.py, docs/fedsaf.md)
+    sigma: float = 1.0
+    alpha_k: float = 0.1
 
 
 def _train_sections() -> set[str]:
