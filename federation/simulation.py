@@ -535,6 +535,10 @@ class Simulation:
     def run(self, *, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
         """Train every round; returns the final ``summary.json`` content. Raises on failure or interruption."""
         config = self.config
+        # Settings that cannot work are refused before a run directory exists, so a mistyped --data leaves
+        # nothing behind; failures after this point are recorded in the run's summary.json instead.
+        check_input_size(config.model.name, config.data.input_size)
+        self.rows = read_manifest(config.data.path)
         if resume:
             previous = read_json(self.run_dir / SUMMARY_FILE) if (self.run_dir / SUMMARY_FILE).is_file() else {}
             if is_live_run(self.run_dir):
@@ -588,8 +592,7 @@ class Simulation:
 
     def _start(self, resume: bool) -> ClientPool:
         config = self.config
-        check_input_size(config.model.name, config.data.input_size)
-        rows = read_manifest(config.data.path)
+        rows = self.rows
         chosen = config.strategy.clients
         clients = tuple(check_clients(Path(config.data.path), rows, None if isinstance(chosen, str) else chosen))
         counts = {c: sum(1 for r in rows if r.client == c and r.split == "train") for c in clients}
