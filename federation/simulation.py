@@ -697,7 +697,7 @@ class Simulation:
         write_predictions(
             self.run_dir / PREDICTIONS_FILE,
             (
-                [c, path, LABELS[label], f"{prob:.6f}", server_round]
+                [c, path, LABELS[label], f"{prob:.17g}", server_round]
                 for c in self.clients
                 for path, label, prob in zip(
                     self.info[c].test_paths, self.info[c].test_labels, evaluated[c].result.prob_abnormal, strict=True

@@ -97,11 +97,11 @@ if not mine.empty:
     )
     note = f"Last round's test AUC in metrics.jsonl: {last_auc:.4f}."
     if curve.auc is not None and abs(curve.auc - last_auc) > 0.005:
-        # Seen when a model's probabilities are nearly equal: rounding them to 6 decimals in predictions.csv
-        # turns close values into ties, which count half in the AUC.
+        # predictions.csv holds the probabilities at full precision, so the two agree unless they come from
+        # different rounds (a run still writing, or a run directory written by an older version).
         note += (
-            " The AUC above differs, most likely because predictions.csv stores probabilities rounded to 6 decimals"
-            " (nearly equal probabilities become ties)."
+            " The AUC above differs: predictions.csv and metrics.jsonl do not come from the same evaluation"
+            " (the run may still be writing its latest round)."
         )
     st.caption(note)
 
