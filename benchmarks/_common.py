@@ -13,9 +13,16 @@ def command_line(script: str) -> str:
     return " ".join([".venv/bin/python", f"benchmarks/{script}", *sys.argv[1:]])
 
 
-def machine(note: str) -> str:
-    """``Machine: <architecture>, <n> CPU cores visible (<note>)``, the start of a report's machine line."""
-    return f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores visible ({note})"
+def machine() -> str:
+    """``Machine: <architecture>, <n> CPU cores visible (load average ...)``, the start of a report's machine line.
+
+    The load average (1 / 5 / 15 min, when the report is written) says whether other work shared the cores.
+    """
+    load = os.getloadavg()
+    return (
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores visible "
+        f"(load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} when written)"
+    )
 
 
 def write_result(path: Path, text: str) -> None:

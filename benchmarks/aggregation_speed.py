@@ -119,8 +119,7 @@ def main() -> None:
         "",
         f"Command: `{command}`",
         "",
-        f"{machine('shared with other work while measured')}, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} torch threads.",
+        f"{machine()}, torch {torch.__version__}, {torch.get_num_threads()} torch threads.",
         "",
         f"Shared vector: MobileNetV3-Small trainable parameters, nhead = 0, d = {d:,} float32 values per client; "
         "each client a perturbed copy (std 1e-3 per value). One aggregation = the AMP matrix xi (squared Euclidean "

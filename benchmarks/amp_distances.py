@@ -139,7 +139,7 @@ def main() -> None:
         "",
         f"Command: `{command}`",
         "",
-        f"{machine('shared')}, torch {torch.__version__}. "
+        f"{machine()}, torch {torch.__version__}. "
         f"Preset: `{args.config.relative_to(ROOT) if args.config.is_relative_to(ROOT) else args.config}` "
         f"({config.model.name}, input {config.data.input_size} px, {len(checkpoints[1].clients)} clients, "
         f"client lr {config.client.lr}, momentum {config.client.momentum}, {config.client.epochs} epoch(s) per "

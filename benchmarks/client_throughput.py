@@ -122,8 +122,7 @@ def main() -> None:
             "",
             f"Command: `{command}`",
             "",
-            f"{machine('shared with other work while measured')}, torch {torch.__version__}, "
-            f"torch threads: {torch.get_num_threads()} (the engine's default).",
+            f"{machine()}, torch {torch.__version__}, torch threads: {torch.get_num_threads()} (the engine's default).",
             "",
             f"Workload: MobileNetV3-Small, {args.tiles} RGB tiles of {args.input_size}x{args.input_size} held in "
             f"memory as uint8, batch {args.batch}, SGD lr {lr} momentum 0.9, one epoch per repetition; the three loops "

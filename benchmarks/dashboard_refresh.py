@@ -165,8 +165,9 @@ def main() -> None:
         "",
         command,
         "",
-        f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores (shared), "
-        f"Python {platform.python_version()}; median of {args.repeats} repetitions after one warm-up.",
+        f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores (load average "
+        f"{os.getloadavg()[0]:.1f} when written), Python {platform.python_version()}; "
+        f"median of {args.repeats} repetitions after one warm-up.",
         "",
         "Synthetic finished runs in the documented format (metrics.jsonl, aggregation.jsonl with an xi matrix per "
         "round). *read + shape*: the page's tables from the files; *+ figures*: plus its six Plotly figures; "

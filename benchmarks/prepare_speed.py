@@ -234,9 +234,9 @@ def main() -> None:
         f"{len(slides)} synthetic BOT slides (half abnormal, with SVG annotations), 2048x2048 RGB TIFF (deflate), "
         f"{tile} px tiles on a non-overlapping grid ({grid_per_slide} positions per slide, {grid_total} in all). "
         f"Fastest of {args.repeats} runs per variant.",
-        f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores shared with other users (load average "
-        f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at the end of the run: other jobs held the cores, so "
-        "wall times include waiting and the 2-thread speed-up is understated), Python "
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores (load average "
+        f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at the end of the run; a load near or above the core count "
+        "means other work shared the cores, so wall times include waiting), Python "
         f"{platform.python_version()}.",
         "",
         "| variant | wall s | CPU s | grid tiles/s (wall) | kept tiles/s (wall) |",

@@ -113,7 +113,7 @@ def main() -> None:
             "",
             command,
             "",
-            f"{machine('shared with other work while measured')}, torch {torch.__version__}; torch's default is "
+            f"{machine()}, torch {torch.__version__}; torch's default is "
             f"{default_threads} threads per process, "
             "each of W workers gets cores / W threads.",
             "",

@@ -76,7 +76,7 @@ def report(timings: list[Timing], command: str, difficulty: float) -> str:
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores visible, Python {platform.python_version()}, "
         f"NumPy {np.__version__}; load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} "
-        "(1 / 5 / 15 min; the cores are shared, so these are upper bounds on the time a quiet machine needs).",
+        "(1 / 5 / 15 min; a load near or above the core count means other work shared the cores).",
         f"Difficulty {difficulty}; default class balance; best of the repeats.",
         "",
         "| format | slide | slides | paint only (slides/s) | whole job (slides/s) | s per slide | MPixel/s | "
