@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from federation.contract import TensorDict
 from federation.errors import FederationError
+from federation.jsonl import read_jsonl
 from federation.processes import pid_alive
 
 CONFIG_FILE = "config.toml"
@@ -96,21 +97,6 @@ def append_jsonl(path: Path, records: Iterable[Mapping[str, Any]]) -> None:
     with path.open("a", encoding="utf-8") as handle:
         handle.write(text)
         handle.flush()
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """All complete JSON lines of ``path`` (a missing file is empty; a torn last line is skipped)."""
-    if not path.is_file():
-        return []
-    out: list[dict[str, Any]] = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut short by a crash; the round it belongs to is redone on resume
-    return out
 
 
 def keep_rounds(path: Path, last_round: int) -> None:

@@ -25,6 +25,8 @@ import pandas as pd
 
 from app.dashboard.datasets import hospital_label, read_checked_csv
 from app.dashboard.errors import DashboardError
+from federation import jsonl
+from federation.errors import FederationError
 
 RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json")
 STATUSES = ("running", "finished", "failed")
@@ -35,23 +37,10 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
     A malformed line anywhere else means the file is damaged: a one-line ``DashboardError`` names it.
     """
-    if not path.is_file():
-        return []
-    text = path.read_text(encoding="utf-8", errors="replace")
-    lines = text.split("\n")
-    records: list[dict[str, Any]] = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if number == len(lines):
-                break  # the writer has not finished this line yet
-            raise DashboardError(f"{path}, line {number}: not valid JSON ({exc.msg})") from exc
-        if isinstance(value, dict):
-            records.append(value)
-    return records
+    try:
+        return jsonl.read_jsonl(path, damaged="raise")
+    except FederationError as exc:
+        raise DashboardError(str(exc)) from exc
 
 
 def load_summary(run: Path) -> dict[str, Any]:
