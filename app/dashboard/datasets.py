@@ -16,10 +16,10 @@ import pandas as pd
 from PIL import Image
 
 from app.dashboard.errors import DashboardError
+from pipeline.config import LABELS
+from pipeline.prepare import MANIFEST_COLUMNS
 
-MANIFEST_COLUMNS = ("client", "split", "label", "path", "source", "x", "y", "size", "white_ratio", "channels")
 SPLITS = ("train", "test")
-LABELS = ("normal", "abnormal")
 
 
 def hospital_label(client: int) -> str:

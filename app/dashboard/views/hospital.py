@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from app.dashboard import charts, evaluation, ui
-from app.dashboard.datasets import hospital_label
+from app.dashboard.datasets import LABELS, hospital_label
 from app.dashboard.errors import DashboardError
 from app.dashboard.runs import load_metrics, load_predictions
 
@@ -113,7 +113,6 @@ if dataset is None or not dataset.is_dir():
     st.warning(f"The prepared dataset of this run ({dataset}) is not available, so its tiles cannot be shown.")
 else:
     grid = st.columns(6)
-    names = ("normal", "abnormal")
     for i, row in enumerate(examples.itertuples(index=False)):
         with grid[i % 6]:
             tile = dataset / str(row.path)
@@ -122,4 +121,4 @@ else:
             else:
                 st.caption(f"missing: {row.path}")
             mark = ":red[:material/close: wrong]" if row.error else ":green[:material/check: right]"
-            st.caption(f"{mark} true **{names[int(row.label)]}** · p(abnormal) = {float(row.prob_abnormal):.2f}")
+            st.caption(f"{mark} true **{LABELS[int(row.label)]}** · p(abnormal) = {float(row.prob_abnormal):.2f}")
