@@ -16,6 +16,10 @@ Implements FedSAF (Miao et al., 2025; paper 001) server-side aggregation, as fix
   ``p_i = gamma_i z_i + sum_{j != i} gamma_j z_j``. Written out, Eq. 20 gives every client the *same* ``p``
   (``sum_j gamma_j z_j``); it is implemented as written (see ``fisher_intermediate``) and documented so.
 - Weighted sums (FedAvg's ``sum_i n_i / n * w_i`` and the batched ``coefficients @ vectors``).
+- The seed methods (``../shared/reference/seed-methods.md``; docs/methods.md): depth-wise Fisher weights
+  (paper 000, Eq. 1-3, ``depthwise_fisher_weights``), FedLWS shrinking factors (paper 002, Eq. 4, 7-9,
+  ``lws_factors``), FedTLU layer scores (paper 003, Sec. 3, ``tlu_scores``) and precision-weighted averaging
+  (paper 004, Eq. 6, ``precision_weighted_sum``).
 
 Everything is vectorised: pairwise distances come from one Gram matrix (or ``torch.cdist`` for L1); there is
 no Python loop over client pairs. Distances and mixes run in the precision of the vectors (float32 for model
@@ -325,3 +329,205 @@ def unflatten(vector: torch.Tensor, spec: FlatSpec) -> dict[str, torch.Tensor]:
             value = value.round()
         out[key] = value.to(dtype).clone()
     return out
+
+
+# --- Seed methods (papers 000, 002, 003, 004; ../shared/reference/seed-methods.md) -------------------------------
+
+
+def _check_traces(traces: Sequence[float] | torch.Tensor) -> torch.Tensor:
+    t = torch.as_tensor(traces, dtype=torch.float64).flatten()
+    if t.numel() == 0:
+        raise ValueError("needs at least one client's Fisher trace")
+    bad = [i for i, v in enumerate(t.tolist()) if not (math.isfinite(v) and v >= 0.0)]
+    if bad:
+        raise FederationError(
+            f"Fisher traces must be finite and >= 0; client(s) {bad} reported {[t[i].item() for i in bad]} "
+            "(check that the client computes fisher_trace on finite logits)"
+        )
+    return t
+
+
+def depthwise_top_counts(num_layers: int, num_clients: int, reverse: bool = False) -> list[int]:
+    """``M_j`` for ``j = 1 .. N`` (input side first): paper 000, Eq. 1, ``M_j = ceil(j / N * M)``.
+
+    ``reverse`` is the paper's "Reverse" ablation, ``M_j = ceil((N - j + 1) / N * M)``: the input side then uses
+    every client and the output side the fewest. Computed in integers (``ceil(a / b) = (a + b - 1) // b``) so
+    that no float rounding moves a boundary.
+    """
+    if num_layers < 1:
+        raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+    if num_clients < 1:
+        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+    depths = range(num_layers, 0, -1) if reverse else range(1, num_layers + 1)
+    return [(j * num_clients + num_layers - 1) // num_layers for j in depths]
+
+
+def depthwise_fisher_weights(
+    traces: Sequence[float] | torch.Tensor, num_layers: int, reverse: bool = False
+) -> torch.Tensor:
+    """Depth-wise Fisher aggregation weights (Nutaba & Watanabe, paper 000, Eq. 1-3), float64 ``(N, m)``.
+
+    Row ``j`` (input side first, ``j = 1 .. N = num_layers``) holds each client's weight in layer ``j``:
+    ``M_j = ceil(j / N * M)`` (Eq. 1; ``reverse``: ``ceil((N - j + 1) / N * M)``), ``S_j`` = the ``M_j`` clients
+    with the largest Fisher traces ``alpha_i`` (ties go to the lower client index), and
+    ``abar_ij = alpha_i / sum_{k in S_j} alpha_k`` for ``i in S_j``, 0 otherwise (Eq. 2, whose ``S_i`` in the
+    denominator is read as the typo for ``S_j``). Eq. 3, ``theta_j^t + sum_i abar_ij (theta_ij^t - theta_j^t)``,
+    then equals ``sum_i abar_ij theta_ij^t`` because each row sums to 1, so ``W[j] @ stacked_layer_j`` is the
+    new layer. The deepest layer uses every client; the shallowest only the top one(s).
+
+    Raises ``FederationError`` for a negative or non-finite trace, and when a layer's selected clients all
+    have trace 0 (Eq. 2 is then undefined: no selected client carries any gradient signal).
+    """
+    t = _check_traces(traces)
+    m = t.numel()
+    counts = depthwise_top_counts(num_layers, m, reverse)
+    # Descending trace, ties by ascending client index: a stable sort of the negated traces.
+    order = torch.sort(-t, stable=True).indices
+    weights = torch.zeros(num_layers, m, dtype=torch.float64)
+    for j, count in enumerate(counts):
+        chosen = order[:count]
+        total = t[chosen].sum()
+        if total <= 0:
+            raise FederationError(
+                f"depth-wise Fisher weights: the top {count} client(s) of layer {j + 1} all report a Fisher trace "
+                "of 0, so Eq. 2 is undefined (no selected client has any gradient signal; check fisher_batch)"
+            )
+        weights[j, chosen] = t[chosen] / total
+    return weights
+
+
+def _check_slices(slices: Sequence[slice], d: int, what: str) -> list[tuple[int, int]]:
+    bounds = []
+    for i, s in enumerate(slices):
+        start, stop, step = s.indices(d)
+        if step != 1 or stop <= start:
+            raise ValueError(f"{what} {i} is {s}: use a non-empty slice with step 1 within {d} values")
+        bounds.append((start, stop))
+    return bounds
+
+
+def lws_factors(
+    previous: torch.Tensor,
+    clients: torch.Tensor,
+    aggregate: torch.Tensor,
+    layers: Sequence[slice],
+    beta: float,
+) -> torch.Tensor:
+    """FedLWS layer-wise shrinking factors ``gamma_l`` (Shi et al., ICLR 2025; paper 002, Eq. 4, 7-8), float64 ``[L]``.
+
+    ``previous`` is the global model ``w = w_g^t`` the clients started from (flat ``[d]``), ``clients`` their
+    returned models ``w_k`` (``[K, d]``), ``aggregate`` the strategy's aggregate ``w_hat`` (``[d]``) and
+    ``layers`` the slices of one layer each. Per layer ``l``: the pseudo-gradients ``g_kl = w_kl - w_l``, their
+    *unweighted* mean ``gbar_l``, ``tau_l = (1/K) sum_k ||g_kl - gbar_l||_2`` (Eq. 4 per layer, Eq. 8) and
+
+        ``gamma_l = ||w_l|| / (beta * tau_l * ||w_hat_l - w_l|| + ||w_l||)``          (Eq. 7-8)
+
+    with ``gamma_l = 1`` when ``||w_l|| = 0`` (a layer that starts at zero, e.g. a zero-initialised bias, would
+    otherwise be zeroed for ever). The new global layer is ``gamma_l * w_hat_l`` (Eq. 9). ``beta > 0``.
+    """
+    if not (math.isfinite(beta) and beta > 0):
+        raise FederationError(f"FedLWS beta must be a finite number > 0, got {beta} (the paper's safe range 0.001-0.1)")
+    _check_matrix(clients)
+    d = clients.shape[1]
+    if previous.shape != (d,) or aggregate.shape != (d,):
+        raise ValueError(
+            f"previous {tuple(previous.shape)} and aggregate {tuple(aggregate.shape)} must both be flat [{d}] vectors "
+            "like the clients' rows"
+        )
+    bounds = _check_slices(layers, d, "layer")
+    tau = lws_spread(previous, clients, layers)
+    w = previous.detach().to(torch.float64)
+    step = aggregate.detach().to(torch.float64) - w
+    gammas = torch.ones(len(bounds), dtype=torch.float64)
+    for i, (start, stop) in enumerate(bounds):
+        norm_w = torch.linalg.vector_norm(w[start:stop])
+        if norm_w > 0:
+            gammas[i] = norm_w / (beta * tau[i] * torch.linalg.vector_norm(step[start:stop]) + norm_w)
+    return gammas
+
+
+def lws_spread(previous: torch.Tensor, clients: torch.Tensor, layers: Sequence[slice]) -> torch.Tensor:
+    """``tau_l`` of paper 002, Eq. 8 (the mean distance of the clients' pseudo-gradients from their mean), ``[L]``.
+
+    The same quantity ``lws_factors`` uses, exposed for logging.
+    """
+    _check_matrix(clients)
+    if previous.shape != (clients.shape[1],):
+        raise ValueError(f"previous {tuple(previous.shape)} must be a flat [{clients.shape[1]}] vector")
+    bounds = _check_slices(layers, clients.shape[1], "layer")
+    g = clients.detach().to(torch.float64) - previous.detach().to(torch.float64)
+    return torch.stack(
+        [torch.linalg.vector_norm(g[:, a:b] - g[:, a:b].mean(dim=0, keepdim=True), dim=1).mean() for a, b in bounds]
+    )
+
+
+def tlu_scores(update: torch.Tensor, tensors: Sequence[slice]) -> torch.Tensor:
+    """FedTLU layer scores (Park & Joe-Wong, paper 003, Sec. 3 "Layer scoring"), float64 ``[T]``.
+
+    For each parameter tensor ``i`` (a slice of the flat update ``Delta = w_hat - w^t``, ``n_i`` values):
+
+        ``Score_i = ||Delta_i||_2 / (sqrt(n_i) * std(Delta_i))``
+
+    with the *population* standard deviation, so ``Score_i = sqrt(1 + mean(Delta_i)^2 / var(Delta_i)) >= 1``:
+    large when the tensor moved consistently in one direction. Where ``std = 0`` the ratio is undefined: a
+    tensor that did not move scores 0 (never preferred), a non-zero constant update scores ``+inf`` (the limit
+    of the formula: perfectly consistent).
+    """
+    if update.dim() != 1:
+        raise ValueError(f"update must be a flat [d] vector, got shape {tuple(update.shape)}")
+    bounds = _check_slices(tensors, update.numel(), "tensor")
+    delta = update.detach().to(torch.float64)
+    scores = torch.empty(len(bounds), dtype=torch.float64)
+    for i, (start, stop) in enumerate(bounds):
+        part = delta[start:stop]
+        std = part.std(correction=0)
+        norm = torch.linalg.vector_norm(part)
+        if std > 0:
+            scores[i] = norm / (math.sqrt(stop - start) * std)
+        else:
+            scores[i] = 0.0 if norm == 0 else math.inf
+    return scores
+
+
+def precision_weighted_sum(
+    vectors: torch.Tensor,
+    second_moments: torch.Tensor,
+    eps: float,
+    *,
+    fallback: Sequence[float] | torch.Tensor | None = None,
+    inverse: bool = True,
+) -> torch.Tensor:
+    """Precision-weighted aggregation (Reyes et al., paper 004, Eq. 6), element-wise, shape ``[d]``.
+
+    ``vectors`` are the clients' weights ``w_k`` (``[K, d]``) and ``second_moments`` their bias-corrected Adam
+    second moments ``v_hat_k`` (same shape, >= 0). For every value:
+
+        ``pi_k = (v_hat_k + eps)^-1 / sum_j (v_hat_j + eps)^-1``,   ``w = sum_k pi_k w_k``        (Eq. 6)
+
+    ``eps > 0`` keeps a zero second moment finite (Eq. 6 itself has none). Where *every* client's ``v_hat`` is
+    exactly 0 (a frozen or unused parameter: there is no variance estimate at all), Eq. 6 would give uniform
+    weights; ``fallback`` (e.g. ``n_k / n``) is used there instead when given.
+    ``inverse=False`` is the alternative reading (weight by ``v_hat_k + eps``, Adam's ``v`` as the Fisher
+    diagonal, i.e. the precision itself; the paper's Sec. 3 suggests it, Eq. 6 and Sec. 5.4 say inverse).
+    Computed in float64, returned in the dtype of ``vectors``.
+    """
+    _check_matrix(vectors)
+    if second_moments.shape != vectors.shape:
+        raise ValueError(
+            f"second moments of shape {tuple(second_moments.shape)} do not match the vectors {tuple(vectors.shape)}"
+        )
+    if not (math.isfinite(eps) and eps > 0):
+        raise FederationError(f"precision weighting needs eps > 0 (finite), got {eps}")
+    v = second_moments.detach().to(torch.float64)
+    if not bool(torch.isfinite(v).all()) or bool((v < 0).any()):
+        raise FederationError("second moments must be finite and >= 0 (Adam's exp_avg_sq, bias-corrected)")
+    w = vectors.detach().to(torch.float64)
+    raw = 1.0 / (v + eps) if inverse else v + eps
+    pi = raw / raw.sum(dim=0, keepdim=True)
+    if fallback is not None:
+        f = torch.as_tensor(fallback, dtype=torch.float64).flatten()
+        if f.numel() != w.shape[0]:
+            raise ValueError(f"{f.numel()} fallback weights for {w.shape[0]} vectors")
+        unused = (v == 0).all(dim=0)
+        pi[:, unused] = f.unsqueeze(1)
+    return (pi * w).sum(dim=0).to(vectors.dtype)
