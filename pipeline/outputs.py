@@ -1,0 +1,320 @@
+"""Output folders a command owns: an ownership marker, one lock per folder, paths confined to a folder.
+
+A leaf module (standard library only, no torch, nothing of ours), so that ``pipeline`` and ``federation`` share one
+mechanism for each of these questions instead of answering them case by case (issue 10):
+
+* **Is this folder ours to replace?** A command that creates an output folder writes ``.gastric-fl-owner.json``
+  (`MARKER_NAME`) into it, naming the command and the paths it wrote (`write_marker`). Before it replaces or
+  deletes such a folder it calls `check_replaceable`: a folder without the marker, with another command's
+  marker, or holding anything the command did not write (a file listed neither in the marker nor matching the
+  command's own patterns) is refused with one line naming the folder and the foreign file. A missing or
+  empty folder is always fine.
+* **Is someone else writing it?** `claim_output(folder, command)` is a context manager holding an exclusive
+  ``flock`` on a lock file *beside* the folder (``<parent>/.<name>.lock``, so it survives the folder being
+  renamed into place). A second writer is refused at once with one line naming the folder and the pid
+  holding it. The kernel drops a ``flock`` when its process dies (even by ``kill -9``), so a stale lock file
+  left by a dead process is simply taken over; the pid written in it is only for the message.
+* **Does this path stay inside the folder?** `confine(root, relative)` resolves a path read from a file
+  (a manifest row) and refuses absolute paths, ``..`` components and symlinks that lead out of ``root``.
+
+Also `os_error_message`: an ``OSError`` met while writing an output (a file where a folder should be, a
+read-only file system, a full disk) as one line saying what to do, and `terminate_as_interrupt`, which makes
+SIGTERM/SIGHUP unwind the stack like Ctrl-C so that ``finally`` blocks remove half-written outputs.
+
+Errors meant for the user are `OutputError` (``user_facing = True``: the CLI prints one line and exits 2).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import fnmatch
+import json
+import os
+import signal
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from types import FrameType
+from typing import Any
+
+MARKER_NAME = ".gastric-fl-owner.json"
+MARKER_VERSION = 1
+LOCK_SUFFIX = ".lock"
+
+
+class OutputError(ValueError):
+    """An output folder that must not be written or replaced; the CLI prints it as one line and exits 2."""
+
+    user_facing = True
+
+
+class PathOutsideError(ValueError):
+    """A relative path that leaves its folder; callers add the file and line it came from."""
+
+
+# --- ownership marker -------------------------------------------------------------------------------------------
+
+
+def _entries(folder: Path) -> list[str]:
+    """Every file, folder and link under ``folder`` (relative, forward slashes, sorted), links not followed."""
+    found: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+        base = Path(dirpath).relative_to(folder)
+        for name in dirnames:
+            found.append((base / name).as_posix() + "/")
+        for name in filenames:
+            found.append((base / name).as_posix())
+    return sorted(found)
+
+
+def write_marker(folder: Path, command: str, *, complete: bool = True, record_contents: bool = True) -> Path:
+    """Write ``folder/.gastric-fl-owner.json`` naming ``command`` (and, by default, everything now in ``folder``).
+
+    Call it last, once the folder holds what the command wrote (``record_contents``), or first with
+    ``record_contents=False`` for a folder whose contents grow over time (a run directory): the command's
+    ``patterns`` given to `check_replaceable` then say what it may hold. ``complete=False`` marks a temporary
+    folder that is not yet a finished output (a staging folder).
+    """
+    record: dict[str, Any] = {"command": command, "marker_version": MARKER_VERSION, "complete": complete}
+    if record_contents:
+        record["paths"] = [p for p in _entries(folder) if p != MARKER_NAME]
+    path = folder / MARKER_NAME
+    temp = folder / f"{MARKER_NAME}.tmp"
+    temp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    os.replace(temp, path)
+    return path
+
+
+def read_marker(folder: Path) -> dict[str, Any] | None:
+    """The marker of ``folder`` as a dict, or ``None`` when it has none (or an unreadable one)."""
+    path = folder / MARKER_NAME
+    if path.is_symlink() or not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("command"), str) else None
+
+
+def owned_by(folder: Path, command: str) -> bool:
+    """Whether ``folder`` carries a readable marker written by ``command``."""
+    marker = read_marker(folder)
+    return marker is not None and marker["command"] == command
+
+
+def foreign_entries(folder: Path, command: str, patterns: Sequence[str] = ()) -> list[str]:
+    """What in ``folder`` ``command`` did not write: paths neither in its marker nor matching ``patterns``.
+
+    ``patterns`` are ``fnmatch`` patterns over relative paths (folders end with ``/``), e.g. ``"checkpoints/*"``.
+    A folder is judged by its contents: only an empty folder that is neither listed nor matched is foreign.
+    """
+    marker = read_marker(folder) or {}
+    listed = set(marker.get("paths", [])) if marker.get("command") == command else set()
+    entries = [e for e in _entries(folder) if e not in (MARKER_NAME, f"{MARKER_NAME}.tmp")]
+
+    def accepted(entry: str) -> bool:
+        return entry in listed or any(fnmatch.fnmatchcase(entry, p) for p in patterns)
+
+    non_empty = {PurePosixPath(e.rstrip("/")).parent.as_posix() + "/" for e in entries}
+    foreign = []
+    for entry in entries:
+        if accepted(entry):
+            continue
+        # A folder is judged by what it holds; only an empty folder nobody listed is foreign in itself.
+        if entry.endswith("/") and entry in non_empty:
+            continue
+        foreign.append(entry)
+    return foreign
+
+
+def check_replaceable(folder: Path, command: str, *, patterns: Sequence[str] = (), flag: str = "--out") -> None:
+    """Refuse (`OutputError`) to replace ``folder`` unless ``command`` wrote it and everything in it.
+
+    A missing folder or an empty one is fine. Refused, each with one line naming the folder (and the first
+    foreign entry): a file where the folder should be, a folder without ``command``'s marker (made by hand,
+    by another command, or by a version before markers), and a folder holding anything ``command`` did not
+    write. ``flag`` names the option the user should change in the message.
+    """
+    if not folder.exists() and not folder.is_symlink():
+        return
+    if folder.is_symlink() or not folder.is_dir():
+        raise OutputError(f"{flag} {folder} is not a folder; choose another {flag}")
+    if not any(folder.iterdir()):
+        return
+    marker = read_marker(folder)
+    if marker is None or marker["command"] != command:
+        made_by = "" if marker is None else f" (it was made by gastric-fl {marker['command']})"
+        raise OutputError(
+            f"{flag} {folder} was not made by gastric-fl {command} (no {MARKER_NAME}){made_by}; refusing to replace "
+            f"it: choose another {flag}, or delete the folder yourself if nothing in it is needed"
+        )
+    foreign = foreign_entries(folder, command, patterns)
+    if foreign:
+        raise OutputError(
+            f"{flag} {folder} holds {folder / foreign[0].rstrip('/')}, which gastric-fl {command} did not write "
+            f"({len(foreign)} such entr{'y' if len(foreign) == 1 else 'ies'}); refusing to replace it: move them "
+            f"out or choose another {flag}"
+        )
+
+
+# --- one writer per folder ----------------------------------------------------------------------------------------
+
+
+def lock_path(folder: Path) -> Path:
+    """The lock file of ``folder``: ``<parent>/.<name>.lock`` (beside it, so renaming the folder keeps the lock)."""
+    return folder.parent / f".{folder.name}{LOCK_SUFFIX}"
+
+
+def _holder(path: Path) -> str:
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+        return f"gastric-fl {info.get('command', '?')} (pid {int(info['pid'])})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process"
+
+
+@contextmanager
+def claim_output(folder: Path, command: str, *, flag: str = "--out") -> Iterator[Path]:
+    """Hold the exclusive lock of ``folder`` for ``command`` while the block runs; yields the lock file's path.
+
+    A second claim (another process, or another thread of this one) fails at once with `OutputError` naming
+    the folder and the pid holding it. A lock file left by a dead process holds no ``flock`` and is taken
+    over. The parent folder is created if needed (and removed again at the end if it is still empty); an
+    ``OSError`` doing so becomes `OutputError` (`os_error_message`). The lock file is removed when the block ends.
+    """
+    path = lock_path(folder)
+    created = [p for p in [folder.parent, *folder.parent.parents] if not p.exists() and not p.is_symlink()]
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(os_error_message(exc, folder, flag)) from None
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        except OSError as exc:
+            raise OutputError(os_error_message(exc, folder, flag)) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise OutputError(
+                f"{flag} {folder} is being written by {_holder(path)}; wait for it to finish, stop it, "
+                f"or choose another {flag}"
+            ) from None
+        except OSError:
+            os.close(fd)
+            raise
+        # The previous holder may have removed the file between our open and our flock: then we locked an
+        # orphan inode that a third process would not see; start again on the file now at ``path``.
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        payload = json.dumps({"command": command, "pid": os.getpid(), "folder": str(folder)}).encode()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, payload, 0)
+        yield path
+    finally:
+        with suppress(OSError):
+            os.unlink(path)
+        os.close(fd)  # closing drops the flock
+        for parent in created:  # deepest first; a folder that now holds anything stays
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+
+
+# --- paths from files ------------------------------------------------------------------------------------------
+
+
+def confine(root: Path, relative: str) -> Path:
+    """``root / relative``, checked to stay inside ``root`` (raises `PathOutsideError` saying why not).
+
+    Refused: an empty path, an absolute path (POSIX or Windows, ``C:\\`` or ``\\\\server``), any ``..``
+    component, and a path whose symlinks (in ``root`` or below) lead outside ``root``. A path that does not
+    exist yet is checked as far as it exists.
+    """
+    if not relative or not relative.strip():
+        raise PathOutsideError("empty path")
+    if (
+        PurePosixPath(relative).is_absolute()
+        or PureWindowsPath(relative).is_absolute()
+        or PureWindowsPath(relative).drive
+    ):
+        raise PathOutsideError(f"absolute path {relative!r}; paths must be relative to the dataset folder")
+    parts = PureWindowsPath(relative).parts  # splits on both / and \
+    if ".." in parts:
+        raise PathOutsideError(f"path {relative!r} goes up with '..'; paths must stay inside the dataset folder")
+    candidate = root / relative
+    base = root.resolve()
+    resolved = candidate.resolve()  # non-strict: follows the links that exist
+    if resolved != base and base not in resolved.parents:
+        raise PathOutsideError(f"path {relative!r} leads outside the dataset folder (to {resolved}) through a link")
+    return candidate
+
+
+# --- faults while writing --------------------------------------------------------------------------------------
+
+_HINTS = {
+    errno.ENOSPC: "the disk is full: free some space or choose another {flag}",
+    errno.EDQUOT: "the disk quota is exhausted: free some space or choose another {flag}",
+    errno.EROFS: "the file system is read-only: choose a writable {flag}",
+    errno.EACCES: "permission denied: choose a folder you can write to as {flag}",
+    errno.EPERM: "permission denied: choose a folder you can write to as {flag}",
+    errno.ENOTDIR: "a part of the path is a file, not a folder: choose another {flag}",
+    errno.EEXIST: "a part of the path is a file, not a folder: choose another {flag}",
+    errno.ENAMETOOLONG: "the path is too long: choose a shorter {flag}",
+}
+
+
+def os_error_message(exc: OSError, folder: Path, flag: str = "--out") -> str:
+    """One line for an ``OSError`` met while writing ``folder``: which path, what happened, what to do."""
+    where = exc.filename if exc.filename is not None else folder
+    hint = _HINTS.get(exc.errno or 0, "choose another {flag} or fix the folder").format(flag=flag)
+    reason = exc.strerror or type(exc).__name__
+    return f"cannot write {flag} {folder}: {where}: {reason}; {hint}"
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP received: raised in the main thread so that cleanup code runs, as for Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+        super().__init__(f"stopped by {self.name}")
+
+
+@contextmanager
+def terminate_as_interrupt(signals: Iterable[int] = (signal.SIGTERM, signal.SIGHUP)) -> Iterator[None]:
+    """While the block runs, SIGTERM/SIGHUP raise `Terminated` (a ``KeyboardInterrupt``) instead of killing.
+
+    The default action of SIGTERM ends the process without running ``finally`` blocks, which left hidden
+    half-written folders behind. The first signal raises; further ones are ignored while cleanup runs (a
+    ``kill -9`` still works). Only possible in the main thread; elsewhere this does nothing. The previous
+    handlers are restored afterwards.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if received:
+            return
+        received.append(signum)
+        raise Terminated(signum)
+
+    previous = {s: signal.signal(s, handler) for s in signals}
+    try:
+        yield
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
