@@ -1,7 +1,8 @@
 """`gastric-fl prepare`: raw SEED/BOT/class-folder slides -> per-hospital tile datasets (FedSAF paper 001, Sec. 4.2).
 
 A thin shell over `pipeline.prepare.prepare_dataset`: options are collected into the ``PrepareConfig``
-sections (defaults < ``--config FILE.toml`` < options given here) and the report is printed.
+sections (defaults < ``--config FILE.toml`` < options given here) and the report is printed. SIGTERM and
+SIGHUP stop it like Ctrl-C: the half-written folder is removed and one line says so (exit 128 + signal).
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ def register(app: typer.Typer) -> None:
         """
         from pipeline.config import build_config, load_toml, parse_float_list, parse_int_list
         from pipeline.errors import PipelineError
+        from pipeline.outputs import Terminated, terminate_as_interrupt
         from pipeline.prepare import prepare_dataset
 
         toml = load_toml(config) if config is not None else {}
@@ -126,7 +128,16 @@ def register(app: typer.Typer) -> None:
             if overrides[section][key] is None and key not in toml.get(section, {}):
                 raise PipelineError(f"{flag} is required (or set [{section}] {key} in the --config file)")
         resolved = build_config(toml, overrides, origin=str(config) if config else "configuration")
-        result = prepare_dataset(resolved)
+        try:
+            with terminate_as_interrupt():
+                result = prepare_dataset(resolved)
+        except Terminated as stop:
+            typer.secho(
+                f"error: prepare stopped by {stop.name}; nothing was written to {resolved.output.out} (run it again)",
+                fg=typer.colors.RED,
+                err=True,
+            )
+            raise typer.Exit(128 + stop.signum) from None
         typer.echo(result.report)
         typer.echo(
             f"wrote {result.tiles} tiles from {result.slides} slides to {result.out} in {result.seconds:.1f} s "

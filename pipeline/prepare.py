@@ -13,7 +13,9 @@ call:
 4. ``manifest.csv``, ``prepare.json``, ``report.md`` and ``contact_sheet.png``.
 
 Everything is written into a hidden temporary folder beside ``--out`` and renamed into place at the end, so
-an interrupted run never leaves a dataset that looks complete. Slides are processed by a thread pool:
+an interrupted run never leaves a dataset that looks complete. ``--out`` is locked for the whole run (a second
+prepare to it is refused) and carries prepare's ownership marker; ``--overwrite`` replaces only a folder that
+prepare wrote entirely (`pipeline.outputs`, docs/reliability.md). Slides are processed by a thread pool:
 OpenCV and the PNG codec release the GIL, so two threads use both cores without copying slides between
 processes (measured in benchmarks/prepare_speed.py). Output bytes depend only on inputs and settings.
 """
@@ -42,6 +44,14 @@ from tqdm import tqdm
 from pipeline.config import LABELS, PrepareConfig, validate_config
 from pipeline.errors import PipelineError
 from pipeline.images import encode_png
+from pipeline.outputs import (
+    OutputError,
+    check_replaceable,
+    claim_output,
+    os_error_message,
+    read_marker,
+    write_marker,
+)
 from pipeline.partition import assign_clients, split_train_test
 from pipeline.report import (
     SPLITS,
@@ -69,6 +79,9 @@ MANIFEST_COLUMNS: tuple[str, ...] = (
     "channels",
 )
 FORMAT_VERSION = 1
+COMMAND = "prepare"  # the name in the ownership marker of the folders prepare writes (pipeline.outputs)
+# A slide whose every sample is at most this dark holds no tissue (a failed scan or a blank export).
+BLACK_LEVEL = 10
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -115,8 +128,8 @@ def _versions() -> dict[str, str]:
     }
 
 
-def _check_paths(config: PrepareConfig) -> None:
-    """Refuse outputs that could overwrite raw data or an unrelated folder, before any work."""
+def _check_overlap(config: PrepareConfig) -> None:
+    """Refuse an output that overlaps the raw folder, before any work (raw data is never modified)."""
     src = config.source.input.resolve()
     out = config.output.out.resolve()
     if out == src or src in out.parents or out in src.parents:
@@ -124,19 +137,26 @@ def _check_paths(config: PrepareConfig) -> None:
             f"--out {config.output.out} and --input {config.source.input} overlap; write the prepared dataset "
             "to a separate folder (raw data is never modified)"
         )
-    if out.is_dir() and not any(out.iterdir()):
+
+
+def _check_replaceable(config: PrepareConfig) -> None:
+    """An existing ``--out`` is replaced only with ``overwrite`` and only if prepare wrote all of it.
+
+    Ownership is decided by `pipeline.outputs.check_replaceable`: the folder must carry prepare's marker and hold
+    nothing the marker does not list, so ``--overwrite`` never deletes a file prepare did not write.
+    """
+    out = config.output.out
+    try:
+        empty = out.is_dir() and not out.is_symlink() and not any(out.iterdir())
+    except OSError as exc:
+        raise PipelineError(os_error_message(exc, out)) from None
+    if empty:
         return  # an empty folder made beforehand is simply filled
-    if out.exists():
-        if not config.output.overwrite:
-            raise PipelineError(
-                f"output folder {config.output.out} already exists; pass --overwrite to replace it "
-                "or choose another --out"
-            )
-        if not out.is_dir() or not (out / "prepare.json").is_file():
-            raise PipelineError(
-                f"output folder {config.output.out} is not a prepared dataset (no prepare.json); refusing to replace "
-                "it even with --overwrite: choose another --out"
-            )
+    if (out.exists() or out.is_symlink()) and not config.output.overwrite:
+        raise PipelineError(
+            f"output folder {out} already exists; pass --overwrite to replace it or choose another --out"
+        )
+    check_replaceable(out, COMMAND)
 
 
 def _parallel(func: Callable[[T], R], items: list[T], workers: int, desc: str, progress: bool) -> Iterator[R]:
@@ -165,7 +185,7 @@ def _parallel(func: Callable[[T], R], items: list[T], workers: int, desc: str, p
 class _Outcome:
     rows: list[list[str]]
     skipped: Skipped | None = None
-    warning: str | None = None
+    warnings: tuple[str, ...] = ()
 
 
 def _tile_job(job: _Job, config: PrepareConfig, staging: Path) -> _Outcome:
@@ -200,6 +220,12 @@ def _tile_job(job: _Job, config: PrepareConfig, staging: Path) -> _Outcome:
         max_tiles=config.tiles.max_tiles_per_slide,
         rng=rng,
     )
+    notes = [] if too_small is None else [too_small]
+    if tiles and int(slide.image.max()) <= BLACK_LEVEL:
+        notes.append(
+            f"{ref.source}: the slide is black (every pixel <= {BLACK_LEVEL}), so its {len(tiles)} {label} tile(s) "
+            "show no tissue; check the scan or remove the slide from the input"
+        )
     folder = f"client_{job.client:02d}/{job.split}/{label}"
     rows = []
     for tile in tiles:
@@ -219,20 +245,37 @@ def _tile_job(job: _Job, config: PrepareConfig, staging: Path) -> _Outcome:
                 str(job.plan.channels),
             ]
         )
-    return _Outcome(rows=rows, warning=too_small)
+    return _Outcome(rows=rows, warnings=tuple(notes))
 
 
-def _remove_stale_partials(out: Path) -> None:
-    """Temporary folders left by a killed run with the same ``--out`` (hidden, never mistaken for a dataset)."""
-    if out.parent.is_dir():
-        for stale in out.parent.glob(f".{out.name}.partial-*"):
-            if stale.is_dir():
-                shutil.rmtree(stale, ignore_errors=True)
+def _recover_interrupted(out: Path) -> None:
+    """Tidy what a killed run (``kill -9``, power loss) left beside ``out``; call it holding ``out``'s lock.
+
+    Hidden ``.<name>.partial-*`` staging folders carrying prepare's marker are removed (a folder without it
+    is not ours and stays). A previous dataset parked as ``.<name>.old-*`` by an interrupted replacement is put
+    back when ``out`` is missing, and removed otherwise.
+    """
+    if not out.parent.is_dir():
+        return
+    for stale in sorted(out.parent.glob(f".{out.name}.partial-*")):
+        marker = read_marker(stale) if stale.is_dir() and not stale.is_symlink() else None
+        if marker is not None and marker["command"] == COMMAND and not marker.get("complete", True):
+            shutil.rmtree(stale, ignore_errors=True)
+    for old in sorted(out.parent.glob(f".{out.name}.old-*")):
+        marker = read_marker(old) if old.is_dir() and not old.is_symlink() else None
+        if marker is None or marker["command"] != COMMAND:
+            continue
+        if not out.exists() and not out.is_symlink():
+            old.rename(out)
+        else:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _publish(staging: Path, out: Path) -> None:
-    """Move the finished dataset into place; an existing (already checked) dataset is replaced."""
-    if out.exists():
+    """Move the finished dataset into place; an existing dataset is replaced if prepare still owns all of it."""
+    if out.exists() or out.is_symlink():
+        if any(out.iterdir()):
+            check_replaceable(out, COMMAND)  # again: files may have been added while tiling
         old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
         old.rmdir()
         out.rename(old)
@@ -283,12 +326,49 @@ def prepare_dataset(config: PrepareConfig) -> PrepareResult:
     """Run the whole pipeline for ``config`` and return what it produced (see the module docstring).
 
     Raises `PipelineError` (one line naming the file or value) for bad settings, an unusable input folder, an
-    existing output without ``overwrite``, a client left without tiles of a split, or (``strict``) a bad slide.
-    Nothing is left at ``config.output.out`` unless the run succeeds.
+    existing output without ``overwrite`` (or one holding files prepare did not write), an output another prepare
+    is writing, an output that cannot be written (a file in the path, read-only, disk full), a client left
+    without tiles of a split, or (``strict``) a bad slide. Nothing is left at ``config.output.out`` unless the
+    run succeeds; a previous dataset there stays as it was.
     """
     started = time.perf_counter()
     validate_config(config)
-    _check_paths(config)
+    _check_overlap(config)
+    try:
+        with claim_output(config.output.out, COMMAND):
+            _check_replaceable(config)
+            return _prepare_claimed(config, started)
+    except OutputError as exc:
+        raise PipelineError(str(exc)) from None
+
+
+def _unique(infos: list[SlideInfo]) -> tuple[list[SlideInfo], list[Skipped]]:
+    """Usable slides with byte-identical copies left out (the first in sorted order is kept).
+
+    Two copies of one slide could land in different splits (defect 5 of issue 10): the same pixels in train and
+    test. The slide's own SHA-256 (``hashes[0]``) decides; a copy with another mask is still the same image.
+    """
+    first: dict[str, str] = {}
+    kept: list[SlideInfo] = []
+    copies: list[Skipped] = []
+    for info in infos:
+        source, digest = info.hashes[0]
+        if digest in first:
+            copies.append(
+                Skipped(
+                    source,
+                    f"{source}: same bytes as {first[digest]} (SHA-256 {digest[:12]}...); left out so that one image "
+                    "cannot be in both train and test (remove the copy from the input)",
+                )
+            )
+            continue
+        first[digest] = source
+        kept.append(info)
+    return kept, copies
+
+
+def _prepare_claimed(config: PrepareConfig, started: float) -> PrepareResult:
+    """`prepare_dataset` once ``--out`` is locked and checked: slides, split, tiles, files, publish."""
     refs = discover(config.source)
     out = config.output
     infos = list(
@@ -300,10 +380,15 @@ def prepare_dataset(config: PrepareConfig) -> PrepareResult:
             out.progress,
         )
     )
-    skipped = tuple(Skipped(i.ref.source, i.problem) for i in infos if i.problem is not None)
+    usable, copies = _unique([i for i in infos if i.problem is None])
+    skipped = tuple(
+        sorted(
+            [*(Skipped(i.ref.source, i.problem) for i in infos if i.problem is not None), *copies],
+            key=lambda s: s.source,
+        )
+    )
     if skipped and out.strict:
         raise SlideError(f"{skipped[0].reason} (stopped by --strict; {len(skipped)} bad slide(s) in total)")
-    usable = [i for i in infos if i.problem is None]
     if not usable:
         raise PipelineError(
             f"none of the {len(infos)} slide(s) in {config.source.input} is usable; first problem: {skipped[0].reason}"
@@ -317,10 +402,13 @@ def prepare_dataset(config: PrepareConfig) -> PrepareResult:
     plans = client_plans(config)
     jobs = [_Job(i, c, s, plans[c]) for i, c, s in zip(usable, owners, splits, strict=True)]
 
-    out.out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_partials(out.out)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.out.name}.partial-", dir=out.out.parent))
     try:
+        _recover_interrupted(out.out)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.out.name}.partial-", dir=out.out.parent))
+    except OSError as exc:
+        raise PipelineError(os_error_message(exc, out.out)) from None
+    try:
+        write_marker(staging, COMMAND, complete=False, record_contents=False)
         for plan in plans:
             for split in SPLITS:
                 for label in LABELS:
@@ -332,7 +420,7 @@ def prepare_dataset(config: PrepareConfig) -> PrepareResult:
         if late and out.strict:
             raise SlideError(f"{late[0].reason} (stopped by --strict)")
         skipped = tuple(sorted([*skipped, *late], key=lambda s: s.source))
-        warnings = (*warnings, *(o.warning for o in outcomes if o.warning is not None))
+        warnings = (*warnings, *(w for o in outcomes for w in o.warnings))
         jobs = [j for j, o in zip(jobs, outcomes, strict=True) if o.skipped is None]
         per_slide = [o.rows for o in outcomes if o.skipped is None]
         rows = [row for slide_rows in per_slide for row in slide_rows]
@@ -375,7 +463,11 @@ def prepare_dataset(config: PrepareConfig) -> PrepareResult:
         if not ok:
             raise PipelineError("could not encode contact_sheet.png (OpenCV PNG encoder)")
         (staging / "contact_sheet.png").write_bytes(png.tobytes())
+        write_marker(staging, COMMAND)
         _publish(staging, out.out)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise PipelineError(os_error_message(exc, out.out)) from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -270,7 +270,7 @@ def test_existing_output_needs_overwrite_and_foreign_folders_are_never_replaced(
     foreign = tmp_path / "photos"
     foreign.mkdir()
     (foreign / "holiday.jpg").write_bytes(b"not ours")
-    with pytest.raises(PipelineError, match="not a prepared dataset"):
+    with pytest.raises(PipelineError, match="was not made by gastric-fl prepare"):
         prepare_dataset(config_for(raw, foreign, output={"overwrite": True}))
     assert (foreign / "holiday.jpg").read_bytes() == b"not ours"
     with pytest.raises(PipelineError, match="overlap"):
