@@ -4,12 +4,15 @@ The paper converts every image to PNG before processing; we decode each format o
 memory instead and write only PNG tiles. Variants a scanner or annotation tool may write are normalised:
 8/16-bit and float samples, grayscale, RGBA (composited onto white, as a viewer shows it), multi-page TIFF
 (the first page, i.e. the full-resolution level). TIFF codecs (deflate, LZW, JPEG, ...) come from
-imagecodecs. Anything that cannot be decoded raises `ImageReadError`.
+imagecodecs. The decoder is chosen by the file's content (its magic bytes, `image_format`), not by its name:
+a TIFF saved as ``.png`` and a PNG saved as ``.tiff`` both decode, and an empty or text file gets one line
+naming it. Anything that cannot be decoded raises `ImageReadError`.
 """
 
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 import cv2
@@ -20,10 +23,19 @@ from PIL import Image
 
 from pipeline.errors import PipelineError
 
-TIFF_SUFFIXES = (".tif", ".tiff")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
 
 RGBImage = npt.NDArray[np.uint8]
+
+# Leading bytes of each accepted format (TIFF: classic and BigTIFF, little- and big-endian).
+_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"\x89PNG\r\n\x1a\n", "png"),
+    (b"\xff\xd8\xff", "jpeg"),
+    (b"II*\x00", "tiff"),
+    (b"MM\x00*", "tiff"),
+    (b"II+\x00", "tiff"),
+    (b"MM\x00+", "tiff"),
+)
 
 
 class ImageReadError(PipelineError):
@@ -55,13 +67,40 @@ def _decode_other(data: bytes) -> npt.NDArray[np.generic]:
     return np.asarray(decoded)
 
 
+def image_format(data: bytes) -> str | None:
+    """``"png"``, ``"jpeg"`` or ``"tiff"`` from the file's first bytes; ``None`` for anything else."""
+    for magic, kind in _MAGIC:
+        if data.startswith(magic):
+            return kind
+    return None
+
+
+def _format_of(data: bytes, name: str) -> str:
+    """The format of ``data`` by content, or `ImageReadError` naming ``name`` (empty file, not an image)."""
+    kind = image_format(data)
+    if kind is not None:
+        return kind
+    if not data:
+        raise ImageReadError(f"{name}: empty file (0 bytes); re-export it or remove it from the input")
+    raise ImageReadError(
+        f"{name}: not a PNG, JPEG or TIFF image (it starts with {data[:8]!r}); re-export it or remove it from the input"
+    )
+
+
+def _reason(exc: Exception) -> str:
+    """A decoder's complaint without the repr of the in-memory stream (PIL names "<_io.BytesIO object ...>")."""
+    return re.sub(r"\s*<_io\.BytesIO object at 0x[0-9a-fA-F]+>", "", str(exc)) or type(exc).__name__
+
+
 def decode_raw(data: bytes, name: str) -> npt.NDArray[np.generic]:
     """Decode bytes into an array exactly as stored (any dtype, 2-D or H x W x C, RGB order)."""
+    decode = _decode_tiff if _format_of(data, name) == "tiff" else _decode_other
     try:
-        decode = _decode_tiff if name.lower().endswith(TIFF_SUFFIXES) else _decode_other
         array = decode(data)
     except Exception as exc:
-        raise ImageReadError(f"{name}: cannot decode image ({exc}); re-export it or remove it from the input") from None
+        raise ImageReadError(
+            f"{name}: cannot decode image ({_reason(exc)}); re-export it or remove it from the input"
+        ) from None
     if array.ndim == 3 and array.shape[2] == 1:
         array = array[:, :, 0]
     if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[2] not in (3, 4)) or min(array.shape[:2]) < 1:
@@ -98,11 +137,13 @@ def probe_size(data: bytes, name: str) -> tuple[int, int]:
     A large TIFF takes far longer to decode than to tile (benchmarks/prepare_speed.md), so the first pass
     over the slides (before the client split) reads headers only.
     """
+    probe = _probe_tiff if _format_of(data, name) == "tiff" else _probe_other
     try:
-        probe = _probe_tiff if name.lower().endswith(TIFF_SUFFIXES) else _probe_other
         width, height = probe(data)
     except Exception as exc:
-        raise ImageReadError(f"{name}: cannot decode image ({exc}); re-export it or remove it from the input") from None
+        raise ImageReadError(
+            f"{name}: cannot decode image ({_reason(exc)}); re-export it or remove it from the input"
+        ) from None
     if width < 1 or height < 1:
         raise ImageReadError(f"{name}: image has no pixels ({width}x{height})")
     return width, height

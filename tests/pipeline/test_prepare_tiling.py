@@ -126,7 +126,8 @@ def test_png_slides_come_back_in_rgb_order() -> None:
 @pytest.mark.parametrize(
     ("data", "name", "message"),
     [
-        (b"garbage", "x.png", "x.png: cannot decode image"),
+        (b"garbage", "x.png", "x.png: not a PNG, JPEG or TIFF image"),
+        (b"\x89PNG\r\n\x1a\ngarbage", "x.png", "x.png: cannot decode image"),
         (b"II*\x00garbage", "x.tiff", "x.tiff: cannot decode image"),
     ],
 )
