@@ -5,8 +5,10 @@ whatever their ``fill``/``stroke``: annotation tools often draw outlines only (`
 svgelements parses the file and applies every ``transform`` (``reify``); each shape becomes a path whose
 curves are sampled into points, and every subpath with at least three distinct points is filled with
 ``cv2.fillPoly`` (open subpaths are closed implicitly, as SVG filling does). Filled areas are united, so an
-inner subpath does not cut a hole. Coordinates outside the slide are clipped and reported; an annotation
-that encloses no pixel inside the slide is an error (see docs/pipeline.md, "Bad input").
+inner subpath does not cut a hole. Shapes reaching outside the slide are clipped to it as polygons
+(Sutherland-Hodgman against a box one pixel larger than the slide), which keeps every edge inside the slide
+where it was; clamping vertices instead would move edges and lose area. The clipping is reported; an
+annotation that encloses no pixel inside the slide is an error (see docs/pipeline.md, "Bad input").
 """
 
 from __future__ import annotations
@@ -93,6 +95,40 @@ def _polygons(shape: se.Shape) -> list[npt.NDArray[np.float64]]:
     return polygons
 
 
+def _clip_half_plane(
+    points: npt.NDArray[np.float64], axis: int, bound: float, keep_below: bool
+) -> npt.NDArray[np.float64]:
+    """One Sutherland-Hodgman step: the polygon's part with ``points[:, axis] <= bound`` (or ``>=``)."""
+    if len(points) == 0:
+        return points
+    previous = np.roll(points, 1, axis=0)
+    sign = 1.0 if keep_below else -1.0
+    now = sign * (points[:, axis] - bound)
+    before = sign * (previous[:, axis] - bound)
+    inside_now, inside_before = now <= 0.0, before <= 0.0
+    crossing = inside_now != inside_before
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(crossing, before / (before - now), 0.0)
+    meet = previous + t[:, None] * (points - previous)
+    meet[:, axis] = np.where(crossing, bound, meet[:, axis])
+    # For each edge previous -> point: the crossing (if any), then the point (if inside); in order.
+    candidates = np.stack([meet, points], axis=1)
+    keep = np.stack([crossing, inside_now], axis=1)
+    return np.asarray(candidates[keep], dtype=np.float64)
+
+
+def clip_polygon(
+    points: npt.NDArray[np.float64], x0: float, y0: float, x1: float, y1: float
+) -> npt.NDArray[np.float64]:
+    """The polygon ``points`` (N x 2) clipped to the box ``[x0, x1] x [y0, y1]`` (Sutherland-Hodgman).
+
+    Inside the box the region is unchanged; edges along the box border may be degenerate, which filling ignores.
+    """
+    for axis, bound, keep_below in ((0, x0, False), (0, x1, True), (1, y0, False), (1, y1, True)):
+        points = _clip_half_plane(points, axis, bound, keep_below)
+    return points
+
+
 def rasterise_svg(data: bytes, width: int, height: int, name: str) -> RasterisedAnnotation:
     """The area enclosed by the SVG's shapes as a ``height x width`` mask of 0/255.
 
@@ -134,10 +170,13 @@ def rasterise_svg(data: bytes, width: int, height: int, name: str) -> Rasterised
             f"(x {lo[0]:.1f}..{hi[0]:.1f}, y {lo[1]:.1f}..{hi[1]:.1f}); clipped to the slide"
         )
     mask = np.zeros((height, width), dtype=np.uint8)
-    limit = float(4 * max(width, height))
     for polygon in polygons:
-        # Far-away coordinates would overflow OpenCV's fixed point; clamping keeps the inside part exact.
-        fixed = np.rint(np.clip(polygon, -limit, limit) * (1 << _SHIFT) - (1 << (_SHIFT - 1))).astype(np.int32)
+        if clipped is not None:
+            # Far-away coordinates would overflow OpenCV's fixed point: clip the polygon, not its vertices.
+            polygon = clip_polygon(polygon, -1.0, -1.0, width + 1.0, height + 1.0)
+            if len(polygon) < 3:
+                continue
+        fixed = np.rint(polygon * (1 << _SHIFT) - (1 << (_SHIFT - 1))).astype(np.int32)
         cv2.fillPoly(mask, [fixed.reshape(-1, 1, 2)], 255, lineType=cv2.LINE_8, shift=_SHIFT)
     if not mask.any():
         raise AnnotationError(f"{name}: the annotation's shapes enclose no pixel inside the {width}x{height} slide")
