@@ -13,6 +13,7 @@ identical channels, so every hospital uses the same architecture and every layer
 from __future__ import annotations
 
 import csv
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,11 +24,13 @@ import numpy as np
 import torch
 
 from federation.errors import FederationError
+from pipeline.outputs import FolderPaths, PathOutsideError
 
 LABELS: tuple[str, ...] = ("normal", "abnormal")  # class index 0 and 1
 SPLITS: tuple[str, ...] = ("train", "test")
 REQUIRED_COLUMNS: tuple[str, ...] = ("client", "split", "label", "path", "channels")
 MIN_TRAIN_TILES = 2  # BatchNorm needs two samples in a training batch
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"  # prepare writes PNG tiles; the content decides, not the name
 
 # ImageNet statistics: the conventional input scaling for these torchvision architectures.
 _MEAN_RGB = (0.485, 0.456, 0.406)
@@ -69,7 +72,13 @@ class ClientData:
 
 
 def read_manifest(dataset: str | Path) -> list[ManifestRow]:
-    """Parse and check ``<dataset>/manifest.csv`` (columns, values); raises ``FederationError`` with the row."""
+    """Parse and check ``<dataset>/manifest.csv``; raises ``FederationError`` naming the file and line.
+
+    Checked once here, for every reader: the columns, each row's values, that each tile path stays inside the
+    dataset folder (no absolute path, no ``..``, no symlink out of it: `pipeline.outputs.FolderPaths`) and that
+    no tile is listed twice (it would weigh double, or sit in both splits). A UTF-8 byte-order mark, as some
+    spreadsheet programs save it, is accepted.
+    """
     folder = Path(dataset)
     manifest = folder / "manifest.csv"
     if not manifest.is_file():
@@ -77,7 +86,9 @@ def read_manifest(dataset: str | Path) -> list[ManifestRow]:
             f"{manifest} not found: point data.path (or --data) at a folder made by gastric-fl prepare"
         )
     rows: list[ManifestRow] = []
-    with manifest.open(newline="", encoding="utf-8") as handle:
+    inside = FolderPaths(folder)
+    seen: dict[Path, int] = {}
+    with manifest.open(newline="", encoding="utf-8-sig") as handle:
         reader = csv.DictReader(handle)
         missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
         if missing:
@@ -94,6 +105,17 @@ def read_manifest(dataset: str | Path) -> list[ManifestRow]:
                     f"{manifest} line {line}: expected client >= 0, split in {SPLITS}, label in {LABELS}, "
                     f"channels 1 or 3 and a path; got {client}, {split!r}, {label!r}, {channels}, {path!r}"
                 )
+            try:
+                where = inside(path)
+            except PathOutsideError as exc:
+                raise FederationError(f"{manifest} line {line}: {exc}; re-run gastric-fl prepare") from None
+            key = Path(os.path.normpath(where))
+            if key in seen:
+                raise FederationError(
+                    f"{manifest} line {line}: tile {path} is already listed on line {seen[key]}; a tile listed twice "
+                    "counts twice (or sits in both splits): remove the duplicate row or re-run gastric-fl prepare"
+                )
+            seen[key] = line
             rows.append(ManifestRow(client, split, LABELS.index(label), path, channels))
     if not rows:
         raise FederationError(f"{manifest} lists no tiles: re-run gastric-fl prepare on a non-empty raw folder")
@@ -111,9 +133,22 @@ def manifest_clients(rows: Sequence[ManifestRow]) -> list[int]:
 
 
 def _read_tile(file: Path, input_size: int, in_chans: int) -> np.ndarray:
-    image = cv2.imread(str(file), cv2.IMREAD_UNCHANGED)
+    """Decode one tile (by content: a PNG whatever its name) to ``uint8`` of side ``input_size``."""
+    try:
+        data = file.read_bytes()
+    except OSError as exc:
+        raise FederationError(
+            f"tile {file} cannot be read ({exc.strerror or exc}): re-run gastric-fl prepare"
+        ) from None
+    if not data:
+        raise FederationError(f"tile {file} is empty (0 bytes): re-run gastric-fl prepare")
+    if not data.startswith(PNG_MAGIC):
+        raise FederationError(
+            f"tile {file} is not a PNG image (it starts with {data[:8]!r}): re-run gastric-fl prepare"
+        )
+    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
     if image is None:
-        raise FederationError(f"tile {file} cannot be read as an image: re-run gastric-fl prepare")
+        raise FederationError(f"tile {file} cannot be decoded as a PNG image: re-run gastric-fl prepare")
     if image.dtype != np.uint8:
         image = cv2.convertScaleAbs(image, alpha=255.0 / max(1.0, float(image.max())))
     if image.ndim == 3 and image.shape[2] == 4:

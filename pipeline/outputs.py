@@ -14,8 +14,9 @@ mechanism for each of these questions instead of answering them case by case (is
   renamed into place). A second writer is refused at once with one line naming the folder and the pid
   holding it. The kernel drops a ``flock`` when its process dies (even by ``kill -9``), so a stale lock file
   left by a dead process is simply taken over; the pid written in it is only for the message.
-* **Does this path stay inside the folder?** `confine(root, relative)` resolves a path read from a file
-  (a manifest row) and refuses absolute paths, ``..`` components and symlinks that lead out of ``root``.
+* **Does this path stay inside the folder?** `confine(root, relative)` (or `FolderPaths` for many) resolves a
+  path read from a file (a manifest row) and refuses absolute paths, ``..`` components and symlinks that lead
+  out of ``root``.
 
 Also `os_error_message`: an ``OSError`` met while writing an output (a file where a folder should be, a
 read-only file system, a full disk) as one line saying what to do, and `terminate_as_interrupt`, which makes
@@ -235,30 +236,45 @@ def claim_output(folder: Path, command: str, *, flag: str = "--out") -> Iterator
 # --- paths from files ------------------------------------------------------------------------------------------
 
 
+class FolderPaths:
+    """Paths read from a file (a manifest's rows), each confined to ``root``; see `confine`.
+
+    One instance per file read: the folders it has resolved are remembered, so a manifest of many tiles in a
+    few folders costs a few ``realpath`` calls, not one per row.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._base = root.resolve()
+        self._folders: dict[Path, Path] = {}
+
+    def __call__(self, relative: str) -> Path:
+        """``root / relative`` if it stays inside ``root``; otherwise `PathOutsideError` saying why."""
+        if not relative or not relative.strip():
+            raise PathOutsideError("empty path")
+        windows = PureWindowsPath(relative)
+        if PurePosixPath(relative).is_absolute() or windows.is_absolute() or windows.drive:
+            raise PathOutsideError(f"absolute path {relative!r}; paths must be relative to the dataset folder")
+        if ".." in windows.parts:  # splits on both / and \
+            raise PathOutsideError(f"path {relative!r} goes up with '..'; paths must stay inside the dataset folder")
+        candidate = self.root / relative
+        folder = self._folders.get(candidate.parent)
+        if folder is None:
+            folder = self._folders[candidate.parent] = candidate.parent.resolve()  # follows the links that exist
+        resolved = candidate.resolve() if candidate.is_symlink() else folder / candidate.name
+        if resolved != self._base and self._base not in resolved.parents:
+            raise PathOutsideError(f"path {relative!r} leads outside the dataset folder (to {resolved}) through a link")
+        return candidate
+
+
 def confine(root: Path, relative: str) -> Path:
     """``root / relative``, checked to stay inside ``root`` (raises `PathOutsideError` saying why not).
 
     Refused: an empty path, an absolute path (POSIX or Windows, ``C:\\`` or ``\\\\server``), any ``..``
     component, and a path whose symlinks (in ``root`` or below) lead outside ``root``. A path that does not
-    exist yet is checked as far as it exists.
+    exist yet is checked as far as it exists. For many paths under one root use `FolderPaths`.
     """
-    if not relative or not relative.strip():
-        raise PathOutsideError("empty path")
-    if (
-        PurePosixPath(relative).is_absolute()
-        or PureWindowsPath(relative).is_absolute()
-        or PureWindowsPath(relative).drive
-    ):
-        raise PathOutsideError(f"absolute path {relative!r}; paths must be relative to the dataset folder")
-    parts = PureWindowsPath(relative).parts  # splits on both / and \
-    if ".." in parts:
-        raise PathOutsideError(f"path {relative!r} goes up with '..'; paths must stay inside the dataset folder")
-    candidate = root / relative
-    base = root.resolve()
-    resolved = candidate.resolve()  # non-strict: follows the links that exist
-    if resolved != base and base not in resolved.parents:
-        raise PathOutsideError(f"path {relative!r} leads outside the dataset folder (to {resolved}) through a link")
-    return candidate
+    return FolderPaths(root)(relative)
 
 
 # --- faults while writing --------------------------------------------------------------------------------------
