@@ -3,6 +3,8 @@
 The sections mirror the FedSAF paper's hyper-parameters (paper 001, Sec. 3-4): ``[strategy] nhead`` is the
 number of layer units kept local (Eq. 1), ``[amp]`` holds alpha_k, sigma, lambda and the distance ``dm`` of
 Eq. 3-8 and 16-18, ``[fedsaf]`` toggles the Fisher reweighting (Eq. 12-15, 19-20) and the model splitting.
+``[depthwise_fim]``, ``[fedlws]`` and ``[fedtlu]`` set the seed methods of papers 000, 002 and 003
+(docs/methods.md); ``strategy.wrap`` lists the post-processing steps (FedLWS, FedTLU) applied to a strategy.
 
 Loading is strict: an unknown section or key, a value of the wrong type, or a value out of range is rejected
 with a ``FederationError`` that names it and says what is allowed. The defaults live in ``DEFAULTS_TOML`` below;
@@ -51,6 +53,8 @@ in_chans = 3
 [strategy]
 name = "fedavg"
 clients = "all"
+# Post-processing steps applied to an averaging strategy's new global model, in order: "fedlws", "fedtlu".
+wrap = []
 
 [client]
 epochs = 1
@@ -77,6 +81,21 @@ scale = "relative"
 fim = true
 split = true
 fisher_batch = 32
+
+[depthwise_fim]
+# Paper 000's "Reverse" ablation: the input side aggregates every client, the output side only the top ones.
+reverse = false
+
+[fedlws]
+# Paper 002: 0.1 for CNNs, 0.01 for ResNets, safe range 0.001-0.1; 0.01 is the spec's start for MobileNetV3.
+beta = 0.01
+
+[fedtlu]
+# Paper 003: the share of each group's blocks updated per round (0.75 / 0.5 / 0.25 in the paper).
+portion = 0.5
+# "body": the model's main body (MobileNetV3 features.1-11) is one group, ranked by mean tensor score;
+# "shapes": the paper's rule, blocks grouped by identical parameter shapes. Other blocks are always updated.
+grouping = "body"
 """
 
 DEVICES = ("cpu", "cuda", "auto")
@@ -167,13 +186,17 @@ class StrategySection:
 
     name: str
     clients: str | tuple[int, ...]
+    wrap: tuple[str, ...]
     nhead: int | None = None
 
     def __post_init__(self) -> None:
-        from federation.strategies import STRATEGY_NAMES
+        from federation.strategies import STRATEGY_NAMES, wrap_problem
 
         if self.name not in STRATEGY_NAMES:
             _fail("strategy.name", self.name, f"use one of {', '.join(STRATEGY_NAMES)}")
+        problem = wrap_problem(self.name, self.wrap)
+        if problem is not None:
+            _fail("strategy.wrap", list(self.wrap), problem)
         if self.nhead is not None:
             _at_least("strategy.nhead", self.nhead, 0)
         if isinstance(self.clients, str):
@@ -252,6 +275,40 @@ class FedSAFSection:
 
 
 @dataclass(frozen=True)
+class DepthwiseFIMSection:
+    """``[depthwise_fim]``: depth-wise Fisher aggregation (paper 000); ``reverse`` is its "Reverse" ablation."""
+
+    reverse: bool
+
+
+@dataclass(frozen=True)
+class FedLWSSection:
+    """``[fedlws]``: layer-wise weight shrinking (paper 002, Eq. 7-8); ``beta`` scales the shrinking."""
+
+    beta: float
+
+    def __post_init__(self) -> None:
+        _positive("fedlws.beta", self.beta)
+
+
+TLU_GROUPINGS = ("body", "shapes")
+
+
+@dataclass(frozen=True)
+class FedTLUSection:
+    """``[fedtlu]``: targeted layer updates (paper 003): the portion of each group updated, and the grouping."""
+
+    portion: float
+    grouping: str
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.portion) and 0.0 < self.portion <= 1.0):
+            _fail("fedtlu.portion", self.portion, "use a share of blocks in (0, 1], e.g. 0.5")
+        if self.grouping not in TLU_GROUPINGS:
+            _fail("fedtlu.grouping", self.grouping, f"use one of {', '.join(TLU_GROUPINGS)}")
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """The whole configuration of one run; ``config_to_toml`` writes it back exactly."""
 
@@ -263,6 +320,9 @@ class RunConfig:
     fedprox: FedProxSection
     amp: AmpSection
     fedsaf: FedSAFSection
+    depthwise_fim: DepthwiseFIMSection
+    fedlws: FedLWSSection
+    fedtlu: FedTLUSection
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Plain nested dict (tuples as lists, ``None`` fields left out: TOML has no null)."""
@@ -277,7 +337,10 @@ SECTIONS: dict[str, type] = {f.name: typing.get_type_hints(RunConfig)[f.name] fo
 
 
 def _coerce(where: str, value: Any, annotation: Any) -> Any:
-    """Check ``value`` against a field's annotation (int, float, bool, str, ``X | None``, tuples of int)."""
+    """Check ``value`` against a field's annotation (int, float, bool, str, ``X | None``, tuples of int or str).
+
+    A tuple of str also accepts one string, split at commas (``--set strategy.wrap=fedlws,fedtlu``).
+    """
     options = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
     for option in options:
         if option is type(None):
@@ -292,10 +355,15 @@ def _coerce(where: str, value: Any, annotation: Any) -> Any:
             return value
         if (
             typing.get_origin(option) is tuple
+            and typing.get_args(option)[0] is int
             and isinstance(value, list)
             and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
         ):
             return tuple(value)
+        if typing.get_origin(option) is tuple and typing.get_args(option)[0] is str:
+            items = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+            if isinstance(items, list) and all(isinstance(v, str) for v in items):
+                return tuple(items)
     names = " or ".join(getattr(o, "__name__", str(o)) for o in options if o is not type(None))
     raise FederationError(f"config {where} = {value!r} has the wrong type: expected {names}")
 

@@ -1,0 +1,96 @@
+"""Depth-wise FIM aggregation (Nutaba & Watanabe, "Depth-Wise Federated Learning Based on Model Parameter
+Reliability"; paper 000, Eq. 1-3), and its "Reverse" ablation (``depthwise_fim.reverse``).
+
+FedPer/FedAS-style split: the last ``nhead`` layer units (default 1, the classifier) are each client's own head;
+the rest, ``theta``, is shared. Each round a client trains its whole model (one phase, ``client.epochs``) from
+the global ``theta`` and reports ``alpha_i``, the trace of its Fisher information over ``theta``
+(``metrics["fisher_trace"]``, the client's estimator on ``fedsaf.fisher_batch`` examples). The server then
+aggregates each shared layer ``j`` (input side first, ``N`` shared layer units, ``M`` replying clients) from only
+the ``M_j = ceil(j / N * M)`` clients with the largest traces (Eq. 1), weighted by ``alpha_i`` normalised over
+them (Eq. 2), so the deepest shared layer uses everyone and the first only the most reliable client(s)
+(``federation.aggregation.depthwise_fisher_weights``). Eq. 3's ``theta_j + sum abar_ij (theta_ij - theta_j)``
+equals ``sum abar_ij theta_ij`` since the weights sum to 1. ``reverse`` uses ``M_j = ceil((N - j + 1) / N * M)``.
+
+A "layer" is a model layer unit (``models.split_units``): with 5 hospitals and 14 shared MobileNetV3-Small
+units, ``M_1 = 1``. A unit's BatchNorm running statistics are mixed with the unit's weights, so a layer stays
+consistent with its statistics. FedAS's alignment of the global model to local class prototypes is not used.
+``aggregation.jsonl`` gets the traces, ``M_j`` per unit and the weight matrix (units x clients).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from itertools import accumulate, pairwise
+from typing import Any
+
+import torch
+
+from federation.aggregation import depthwise_fisher_weights, depthwise_top_counts, flatten, unflatten, weighted_sum
+from federation.config import RunConfig
+from federation.contract import Recipe, TrainReply
+from federation.errors import FederationError
+from federation.strategies.common import StrategyContext, recipe_from_config, resolved_nhead
+from federation.strategies.fedavg import Averaging
+
+
+class DepthwiseFisher(Averaging):
+    """Averaging whose weights differ per shared layer unit (paper 000); the global ``theta`` is its only state."""
+
+    def __init__(self, recipe: Recipe, nhead: int, ctx: StrategyContext, *, reverse: bool) -> None:
+        super().__init__("depthwise_fim", recipe, nhead, ctx)
+        if recipe.fisher_batch < 1:
+            raise FederationError("depthwise_fim weights layers by the clients' Fisher traces: set fisher_batch >= 1")
+        self.reverse = reverse
+        shared = set(self.keys)
+        units = [(name, keys) for name, keys in ctx.units if keys and all(k in shared for k in keys)]
+        self.unit_names = [name for name, _ in units]
+        # The shared keys are the units' keys in unit order (models.base_keys), so each unit is one slice.
+        numel = dict(zip(self.spec.keys, self.spec.numels, strict=True))
+        bounds = list(accumulate((sum(numel[k] for k in keys) for _, keys in units), initial=0))
+        if bounds[-1] != self.spec.numel:
+            raise FederationError("depthwise_fim: the shared keys are not whole layer units of the model")
+        self.unit_slices = [slice(a, b) for a, b in pairwise(bounds)]
+
+    def aggregate_train(self, server_round: int, replies: Mapping[int, TrainReply]) -> dict[str, Any]:
+        clients = sorted(replies)
+        if not clients:
+            raise FederationError(f"round {server_round}: no client replied")
+        traces = []
+        for c in clients:
+            trace = replies[c].metrics.get("fisher_trace")
+            if trace is None:
+                raise FederationError(
+                    f"round {server_round}: client {c} sent no fisher_trace, which depthwise_fim needs "
+                    "(the client recipe must have fisher_batch > 0)"
+                )
+            traces.append(float(trace))
+        weights = depthwise_fisher_weights(traces, len(self.unit_slices), reverse=self.reverse)
+        stacked = flatten([replies[c].shared for c in clients], self.spec)
+        merged = torch.empty(self.spec.numel, dtype=stacked.dtype)
+        for row, layer in zip(weights, self.unit_slices, strict=True):
+            merged[layer] = weighted_sum(stacked[:, layer], row)
+        self.global_state = unflatten(merged, self.spec)
+        return {
+            "clients": clients,
+            "fisher_traces": traces,
+            "reverse": self.reverse,
+            "units": self.unit_names,
+            "top": depthwise_top_counts(len(self.unit_slices), len(clients), self.reverse),
+            "weights": weights.tolist(),
+        }
+
+    def state_json(self) -> dict[str, Any]:
+        return {**super().state_json(), "reverse": self.reverse}
+
+    def load_state_json(self, state: Mapping[str, Any]) -> None:
+        super().load_state_json(state)
+        if state.get("reverse", self.reverse) != self.reverse:
+            saved = state["reverse"]
+            raise FederationError(f"depthwise_fim checkpoint was made with reverse={saved}, not {self.reverse}")
+
+
+def build(config: RunConfig, ctx: StrategyContext) -> DepthwiseFisher:
+    """Depth-wise FIM with ``[depthwise_fim] reverse``; clients train the whole model in one phase and report
+    their Fisher trace on ``fedsaf.fisher_batch`` examples."""
+    recipe = recipe_from_config(config, fisher_batch=config.fedsaf.fisher_batch)
+    return DepthwiseFisher(recipe, resolved_nhead(config), ctx, reverse=config.depthwise_fim.reverse)
