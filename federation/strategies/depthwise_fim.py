@@ -41,14 +41,15 @@ class DepthwiseFisher(Averaging):
         if recipe.fisher_batch < 1:
             raise FederationError("depthwise_fim weights layers by the clients' Fisher traces: set fisher_batch >= 1")
         self.reverse = reverse
+        # A layer is a unit's shared keys (all of them, unless a setting keeps some, e.g. BatchNorm, local).
         shared = set(self.keys)
-        units = [(name, keys) for name, keys in ctx.units if keys and all(k in shared for k in keys)]
+        units = [(name, [k for k in keys if k in shared]) for name, keys in ctx.units]
+        units = [(name, keys) for name, keys in units if keys]
         self.unit_names = [name for name, _ in units]
-        # The shared keys are the units' keys in unit order (models.base_keys), so each unit is one slice.
+        if [k for _, keys in units for k in keys] != list(self.spec.keys):
+            raise FederationError("depthwise_fim: the shared keys are not in the order of the model's layer units")
         numel = dict(zip(self.spec.keys, self.spec.numels, strict=True))
         bounds = list(accumulate((sum(numel[k] for k in keys) for _, keys in units), initial=0))
-        if bounds[-1] != self.spec.numel:
-            raise FederationError("depthwise_fim: the shared keys are not whole layer units of the model")
         self.unit_slices = [slice(a, b) for a, b in pairwise(bounds)]
 
     def aggregate_train(self, server_round: int, replies: Mapping[int, TrainReply]) -> dict[str, Any]:

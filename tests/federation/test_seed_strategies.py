@@ -474,3 +474,31 @@ def test_wrappers_on_mobilenet_leave_batchnorm_statistics_alone() -> None:
         if k.endswith(("running_mean", "running_var")):  # the FedAvg average 3/4, 1/4, unshrunk
             expected = 0.75 * replies[0].shared[k] + 0.25 * replies[1].shared[k]
             assert torch.allclose(new[k], expected, atol=1e-6), k
+
+
+class _LocalBatchNorm(StrategyContext):
+    """A federation whose BatchNorm statistics stay at the hospitals: they leave the shared keys."""
+
+    def shared_keys(self, nhead: int) -> list[str]:
+        return [k for k in super().shared_keys(nhead) if k not in BUFFERS]
+
+
+def test_layers_and_blocks_are_the_shared_part_of_each_unit_when_batchnorm_stays_local() -> None:
+    ctx = _LocalBatchNorm(CTX.clients, CTX.num_examples, KEYS, UNITS, INITIAL)
+    replies = {
+        c: TrainReply(c, {k: v for k, v in r.shared.items() if k not in BUFFERS}, r.num_examples, r.metrics)
+        for c, r in _replies({0: 4.0, 1: 1.0, 2: 3.0}).items()
+    }
+    depthwise = DepthwiseFisher(_recipe_with_fisher(), 1, ctx, reverse=False)
+    depthwise.aggregate_train(1, replies)
+    new = _global(depthwise)
+    assert set(new) == set(SHARED) - BUFFERS
+    assert torch.equal(new["features.0.weight"], torch.tensor([2.0, 2.0]))  # unit 1 still has client 0 alone
+    tlu = TargetedLayerUpdates(Averaging("fedavg", _recipe(), 1, ctx), ctx, PARAMS, portion=0.5, grouping="body")
+    assert tlu.groups == [["features.1", "features.2", "features.3"]]
+    assert tlu.aggregate_train(1, replies)["fedtlu"]["kept_previous"] == ["features.3"]
+    assert torch.equal(_global(tlu)["features.3.bias"], INITIAL["features.3.bias"])
+
+
+def _recipe_with_fisher() -> Recipe:
+    return recipe_from_config(_config(), fisher_batch=8)

@@ -85,10 +85,9 @@ class TargetedLayerUpdates(GlobalModelWrapper):
         self.grouping = grouping
         held = set(self.keys)
         trainable = set(self.param_keys)
-        # The blocks this strategy aggregates: units whose keys are all in its global model.
-        self.blocks: dict[str, list[str]] = {
-            name: list(keys) for name, keys in ctx.units if keys and all(k in held for k in keys)
-        }
+        # A block is a unit's part of the global model (all of it, unless a setting keeps e.g. BatchNorm local).
+        blocks = {name: [k for k in keys if k in held] for name, keys in ctx.units}
+        self.blocks: dict[str, list[str]] = {name: keys for name, keys in blocks.items() if keys}
         state = inner.state_tensors()
         self.spec = FlatSpec.of(state, self.param_keys)
         bounds = list(accumulate(self.spec.numels, initial=0))
