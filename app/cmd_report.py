@@ -3,6 +3,8 @@
 Prints the run table and the per-hospital table, and writes ``report.md``, ``report.csv``, ``hospitals.csv`` and
 ``accuracy.png`` (averaged and std test accuracy over rounds, runs overlaid). ``--transmitted`` instead prints
 the values sent per client and round for each ``nhead`` of a model, computed from its ``state_dict``.
+Damaged lines of the run files and rounds missing hospitals are printed as one ``warning:`` line each (stderr)
+and listed in ``report.md``; the figures then come from the last complete round.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ def register(app: typer.Typer) -> None:
         if not runs:
             raise FederationError("give at least one run directory, e.g. gastric-fl report data/runs/quickstart")
         results = [load_run(r) for r in runs]
+        for problem in (p for result in results for p in result.problems):
+            typer.secho(f"warning: {problem}", fg=typer.colors.YELLOW, err=True)
         if out is None:
             if len(results) > 1:
                 raise FederationError("several runs: say where the comparison goes with --out DIR")

@@ -5,6 +5,11 @@ deviation* over clients (population std, ``ddof = 0``), the *best* averaged accu
 transmitted per round in each direction, and wall seconds per round; per hospital, the final accuracy and AUC.
 A client whose test split has one class has no AUC: it is left out of the AUC mean and std.
 
+Damaged run files are never averaged silently (issue 10, defect 4): every unreadable line of ``metrics.jsonl`` or
+``aggregation.jsonl`` is named by file and line, a round missing hospitals that other rounds have is flagged and
+left out of the figures (they use the last *complete* round), and both appear in ``RunResult.problems``, on the
+command's stderr and in ``report.md``.
+
 The functions are reusable: ``load_run(run_dir) -> RunResult``, ``summarise(runs) -> rows``,
 ``per_hospital(runs) -> rows``, ``markdown_table(rows)``, ``plot_accuracy(runs, png)``; ``write_report`` does
 all of it for ``gastric-fl report``. ``transmitted_values`` computes the values a strategy sends per client and
@@ -19,11 +24,12 @@ import math
 import statistics
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from federation.errors import FederationError
+from federation.jsonl import scan_jsonl
 from federation.runs import (
     AGGREGATION_FILE,
     CONFIG_FILE,
@@ -31,7 +37,6 @@ from federation.runs import (
     SUMMARY_FILE,
     atomic_write_text,
     read_json,
-    read_jsonl,
 )
 
 SUMMARY_COLUMNS: tuple[str, ...] = (
@@ -69,6 +74,12 @@ class RoundStats:
     std_test_auc: float | None
     values_sent: int
     values_received: int
+    missing: tuple[int, ...] = ()  # clients present in other rounds but not in this one
+
+    @property
+    def complete(self) -> bool:
+        """Whether every client seen in the run reported in this round."""
+        return not self.missing
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -80,10 +91,11 @@ def _std(values: Sequence[float]) -> float | None:
 
 
 def round_stats(metrics: Sequence[Mapping[str, Any]]) -> list[RoundStats]:
-    """Group ``metrics.jsonl`` records by round (ascending)."""
+    """Group ``metrics.jsonl`` records by round (ascending); ``missing`` names the clients a round lacks."""
     by_round: dict[int, list[Mapping[str, Any]]] = {}
     for record in metrics:
         by_round.setdefault(int(record["round"]), []).append(record)
+    everyone = {int(record["client"]) for record in metrics if "client" in record}
     out: list[RoundStats] = []
     for r in sorted(by_round):
         rows = by_round[r]
@@ -103,13 +115,18 @@ def round_stats(metrics: Sequence[Mapping[str, Any]]) -> list[RoundStats]:
                 std_test_auc=_std(auc),
                 values_sent=sum(int(x.get("values_sent", 0)) for x in rows),
                 values_received=sum(int(x.get("values_received", 0)) for x in rows),
+                missing=tuple(sorted(everyone - {int(x["client"]) for x in rows if "client" in x})),
             )
         )
     return out
 
 
 def run_figures(stats: Sequence[RoundStats]) -> dict[str, Any]:
-    """``final`` (last round), ``best`` (round with the highest averaged accuracy) and mean traffic per round."""
+    """``final`` (last round), ``best`` (round with the highest averaged accuracy) and mean traffic per round.
+
+    Only complete rounds count: a round missing a hospital would average over the others as if it were whole.
+    """
+    stats = [s for s in stats if s.complete]
     if not stats:
         return {"final": None, "best": None, "values_per_round": None}
     last = stats[-1]
@@ -141,6 +158,7 @@ class RunResult:
     metrics: list[dict[str, Any]]
     aggregation: list[dict[str, Any]]
     rounds: list[RoundStats]
+    problems: list[str] = field(default_factory=list)  # damaged lines, incomplete rounds: one line each
 
     @property
     def name(self) -> str:
@@ -172,9 +190,33 @@ def load_run(run_dir: str | Path) -> RunResult:
     except tomllib.TOMLDecodeError as exc:
         raise FederationError(f"{folder / CONFIG_FILE} is not valid TOML ({exc})") from exc
     summary = read_json(folder / SUMMARY_FILE) if (folder / SUMMARY_FILE).is_file() else {}
-    metrics = read_jsonl(folder / METRICS_FILE)
-    aggregation = read_jsonl(folder / AGGREGATION_FILE)
-    return RunResult(folder, config, summary, metrics, aggregation, round_stats(metrics))
+    metrics = scan_jsonl(folder / METRICS_FILE)
+    aggregation = scan_jsonl(folder / AGGREGATION_FILE)
+    rounds = round_stats(metrics.records)
+    problems = [f"{bad}; the record is left out" for bad in (*metrics.damaged, *aggregation.damaged)]
+    problems += _incomplete_rounds(folder / METRICS_FILE, rounds)
+    return RunResult(folder, config, summary, metrics.records, aggregation.records, rounds, problems)
+
+
+def _incomplete_rounds(path: Path, rounds: Sequence[RoundStats]) -> list[str]:
+    """One line per round that lacks hospitals, saying which and what the figures use instead."""
+    complete = [s.round for s in rounds if s.complete]
+    lines = []
+    for stats in rounds:
+        if stats.complete:
+            continue
+        total = stats.clients + len(stats.missing)
+        who = ", ".join(str(c) for c in stats.missing)
+        noun = "client" if len(stats.missing) == 1 else "clients"
+        instead = (
+            f"the figures use round {complete[-1]}, the last complete round"
+            if complete
+            else "no round is complete, so the run has no figures"
+        )
+        lines.append(
+            f"{path}: round {stats.round} has {stats.clients} of {total} hospitals ({noun} {who} missing); {instead}"
+        )
+    return lines
 
 
 def _whole(value: float | None) -> float | int | None:
@@ -215,12 +257,13 @@ def summarise(runs: Sequence[RunResult]) -> list[dict[str, Any]]:
 
 
 def per_hospital(runs: Sequence[RunResult]) -> list[dict[str, Any]]:
-    """One row per run x client: the last round's accuracy and AUC on that hospital's own test split."""
+    """One row per run x client: the last complete round's accuracy and AUC on that hospital's own test split."""
     rows: list[dict[str, Any]] = []
     for run in runs:
-        if not run.rounds:
+        complete = [s for s in run.rounds if s.complete]
+        if not complete:
             continue
-        last = run.rounds[-1].round
+        last = complete[-1].round
         for record in sorted((m for m in run.metrics if int(m["round"]) == last), key=lambda m: int(m["client"])):
             rows.append(
                 {
@@ -278,10 +321,11 @@ def plot_accuracy(runs: Sequence[RunResult], path: Path) -> None:
 
     fig, (ax_avg, ax_std) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
     for run in runs:
-        rounds = [s.round for s in run.rounds]
+        complete = [s for s in run.rounds if s.complete]  # an incomplete round's mean is not comparable
+        rounds = [s.round for s in complete]
         label = f"{run.name} ({run.strategy})"
-        ax_avg.plot(rounds, [s.avg_test_acc for s in run.rounds], marker="o", markersize=3, label=label)
-        ax_std.plot(rounds, [s.std_test_acc for s in run.rounds], marker="o", markersize=3, label=label)
+        ax_avg.plot(rounds, [s.avg_test_acc for s in complete], marker="o", markersize=3, label=label)
+        ax_std.plot(rounds, [s.std_test_acc for s in complete], marker="o", markersize=3, label=label)
     ax_avg.set(title="Averaged test accuracy", xlabel="round", ylabel="accuracy (mean over clients)")
     ax_std.set(title="Std test accuracy", xlabel="round", ylabel="accuracy (std over clients)")
     for ax in (ax_avg, ax_std):
@@ -306,7 +350,8 @@ def write_report(runs: Sequence[RunResult], out_dir: Path) -> dict[str, Path]:
         "hospitals": out_dir / "hospitals.csv",
         "curves": out_dir / "accuracy.png",
     }
-    text = render_markdown(rows, hospitals, curves=paths["curves"].name)
+    problems = [problem for run in runs for problem in run.problems]
+    text = render_markdown(rows, hospitals, curves=paths["curves"].name, problems=problems)
     atomic_write_text(paths["markdown"], text)
     atomic_write_text(paths["csv"], csv_text(rows, SUMMARY_COLUMNS))
     atomic_write_text(paths["hospitals"], csv_text(hospitals, HOSPITAL_COLUMNS))
@@ -315,17 +360,26 @@ def write_report(runs: Sequence[RunResult], out_dir: Path) -> dict[str, Path]:
 
 
 def render_markdown(
-    rows: Sequence[Mapping[str, Any]], hospitals: Sequence[Mapping[str, Any]], curves: str | None = None
+    rows: Sequence[Mapping[str, Any]],
+    hospitals: Sequence[Mapping[str, Any]],
+    curves: str | None = None,
+    problems: Sequence[str] = (),
 ) -> str:
-    """The report as Markdown: the run table, the per-hospital table and (optionally) the curves image."""
+    """The report as Markdown: problems found in the run files (if any), the run table, the per-hospital table and
+    (optionally) the curves image."""
     parts = [
         "# Federation report\n",
         "Figures of the last completed round: avg/std = mean/std over clients of each hospital's own test split; "
         "best = highest averaged accuracy over rounds; sent/received = values per round, all clients together.\n",
         markdown_table(rows, SUMMARY_COLUMNS),
-        "\n## Per hospital (last round)\n",
+        "\n## Per hospital (last complete round)\n",
         markdown_table(hospitals, HOSPITAL_COLUMNS),
     ]
+    if problems:
+        listed = "\n".join(f"- {problem}" for problem in problems)
+        parts[1:1] = [
+            f"## Problems\n\nThe run files are damaged or incomplete; the figures below leave out:\n\n{listed}\n"
+        ]
     if curves:
         parts.append(f"\n![Averaged and std test accuracy over rounds]({curves})\n")
     return "\n".join(parts)
