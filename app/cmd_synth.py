@@ -65,21 +65,31 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Write a synthetic dataset and print where it is and its class counts."""
+        from pipeline.outputs import Terminated, terminate_as_interrupt
         from pipeline.synth import generate_dataset
 
         fmt = fmt.strip().lower()
         target = out if out is not None else Path("data/raw") / f"synth_{fmt}"
-        summary = generate_dataset(
-            target,
-            fmt,
-            images,
-            seed=seed,
-            difficulty=difficulty,
-            abnormal_fraction=abnormal_fraction,
-            size=size,
-            progress=True,
-            overwrite=overwrite,
-        )
+        try:
+            with terminate_as_interrupt():  # SIGTERM cleans up like Ctrl-C: no hidden half-written folder
+                summary = generate_dataset(
+                    target,
+                    fmt,
+                    images,
+                    seed=seed,
+                    difficulty=difficulty,
+                    abnormal_fraction=abnormal_fraction,
+                    size=size,
+                    progress=True,
+                    overwrite=overwrite,
+                )
+        except Terminated as stop:
+            typer.secho(
+                f"error: synth stopped by {stop.name}; nothing was written to {target} (run it again)",
+                fg=typer.colors.RED,
+                err=True,
+            )
+            raise typer.Exit(128 + stop.signum) from None
         typer.echo(
             f"wrote {summary.images} synthetic {fmt.upper()} slides ({summary.size}x{summary.size}): "
             f"{summary.n_normal} normal, {summary.n_abnormal} abnormal, {len(summary.files)} files"

@@ -29,6 +29,7 @@ from numpy.typing import NDArray
 from tqdm import tqdm
 
 from pipeline.errors import PipelineError
+from pipeline.outputs import OutputError, claim_output
 from pipeline.synth_render import Palette, Zone, render_tissue
 from pipeline.synth_shapes import Region, make_regions, rasterize, svg_document
 
@@ -281,12 +282,33 @@ def generate_dataset(
     ``abnormal_fraction`` None means 0.5 for SEED and 0.8 for BOT (see the module docstring).
     Everything is written to a temporary folder beside ``out`` and renamed at the end, so an interrupted run
     leaves no half-written dataset; ``overwrite`` replaces only a previous synth output, never foreign files.
+    ``out`` is locked while the run lasts (`pipeline.outputs.claim_output`): a second synth to it is refused.
     """
     spec = _check_args(fmt, images, difficulty, abnormal_fraction, size)
     # Resolved, so that "." or "../x" still have a real name and parent for the temporary folder beside them.
     out = Path(out).expanduser().resolve()
     size = spec.size if size is None else size
     plans = plan_dataset(fmt, images, seed, abnormal_fraction)
+    try:
+        with claim_output(out, "synth"):
+            return _generate_claimed(out, spec, plans, seed, difficulty, abnormal_fraction, size, progress, overwrite)
+    except OutputError as exc:
+        raise PipelineError(str(exc)) from None
+
+
+def _generate_claimed(
+    out: Path,
+    spec: FormatSpec,
+    plans: list[SlidePlan],
+    seed: int,
+    difficulty: float,
+    abnormal_fraction: float | None,
+    size: int,
+    progress: bool,
+    overwrite: bool,
+) -> SynthSummary:
+    """`generate_dataset` once ``out`` is locked: check it, render into a temporary folder, swap into place."""
+    fmt, images = spec.name, len(plans)
     _prepare_out(out, overwrite)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     if tmp.exists():

@@ -309,3 +309,50 @@ def test_sigterm_while_tiling_removes_the_partial_folder(raw: Path, tmp_path: Pa
     )
     assert not out.exists()
     assert _hidden(tmp_path) == []
+
+
+# --- the same classes of fault in `synth`: one writer per --out, SIGTERM cleans up ---------------------------------
+
+
+def test_a_second_synth_to_the_same_out_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from app.cli import main
+
+    out = tmp_path / "raw"
+    monkeypatch.setattr(sys, "argv", ["gastric-fl", "synth", "--images", "2", "--size", "128", "--out", str(out)])
+    with claim_output(out, "synth"), pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: --out {out} is being written by gastric-fl synth (pid {os.getpid()}); wait for it to finish, "
+        "stop it, or choose another --out"
+    ]
+    assert not out.exists()
+
+
+def test_sigterm_during_synth_leaves_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "raw"
+    script = (
+        "import sys\n"
+        "from app.cli import main\n"
+        f"sys.argv = ['gastric-fl', 'synth', '--images', '400', '--size', '128', '--out', {str(out)!r}]\n"
+        "main()\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".raw.partial-*/*.png")):
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM
+    assert (
+        stderr.strip().splitlines()[-1]
+        == f"error: synth stopped by SIGTERM; nothing was written to {out} (run it again)"
+    )
+    assert not out.exists()
+    assert _hidden(tmp_path) == []
