@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Literal
 
 import torch
@@ -406,12 +407,28 @@ def _check_slices(slices: Sequence[slice], d: int, what: str) -> list[tuple[int,
     return bounds
 
 
+def _segment_sums(values: torch.Tensor, bounds: Sequence[tuple[int, int]]) -> torch.Tensor:
+    """Sums of ``values[..., a:b]`` for each ``(a, b)`` in ``bounds``, shape ``[..., L]``, in one pass when the
+    segments do not overlap (a Python loop over a hundred layers costs more than the arithmetic)."""
+    d = values.shape[-1]
+    covered = sorted(bounds)
+    if all(prev[1] <= nxt[0] for prev, nxt in pairwise(covered)):
+        ids = torch.full((d,), len(bounds), dtype=torch.long)  # values outside every segment go to a spare slot
+        for i, (a, b) in enumerate(bounds):
+            ids[a:b] = i
+        out = torch.zeros(*values.shape[:-1], len(bounds) + 1, dtype=values.dtype)
+        return out.index_add_(-1, ids, values)[..., :-1]
+    return torch.stack([values[..., a:b].sum(dim=-1) for a, b in bounds], dim=-1)
+
+
 def lws_factors(
     previous: torch.Tensor,
     clients: torch.Tensor,
     aggregate: torch.Tensor,
     layers: Sequence[slice],
     beta: float,
+    *,
+    spread: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """FedLWS layer-wise shrinking factors ``gamma_l`` (Shi et al., ICLR 2025; paper 002, Eq. 4, 7-8), float64 ``[L]``.
 
@@ -424,6 +441,7 @@ def lws_factors(
 
     with ``gamma_l = 1`` when ``||w_l|| = 0`` (a layer that starts at zero, e.g. a zero-initialised bias, would
     otherwise be zeroed for ever). The new global layer is ``gamma_l * w_hat_l`` (Eq. 9). ``beta > 0``.
+    ``spread``: the ``tau_l`` if already computed (``lws_spread``), so that a caller logging them pays once.
     """
     if not (math.isfinite(beta) and beta > 0):
         raise FederationError(f"FedLWS beta must be a finite number > 0, got {beta} (the paper's safe range 0.001-0.1)")
@@ -435,15 +453,14 @@ def lws_factors(
             "like the clients' rows"
         )
     bounds = _check_slices(layers, d, "layer")
-    tau = lws_spread(previous, clients, layers)
+    tau = lws_spread(previous, clients, layers) if spread is None else spread.to(torch.float64)
+    if tau.shape != (len(bounds),):
+        raise ValueError(f"spread has shape {tuple(tau.shape)} for {len(bounds)} layers")
     w = previous.detach().to(torch.float64)
-    step = aggregate.detach().to(torch.float64) - w
-    gammas = torch.ones(len(bounds), dtype=torch.float64)
-    for i, (start, stop) in enumerate(bounds):
-        norm_w = torch.linalg.vector_norm(w[start:stop])
-        if norm_w > 0:
-            gammas[i] = norm_w / (beta * tau[i] * torch.linalg.vector_norm(step[start:stop]) + norm_w)
-    return gammas
+    norm_w = _segment_sums(w.square(), bounds).sqrt()
+    norm_step = _segment_sums((aggregate.detach().to(torch.float64) - w).square(), bounds).sqrt()
+    shrunk = norm_w / (beta * tau * norm_step + norm_w)
+    return torch.where(norm_w > 0, shrunk, torch.ones_like(norm_w))
 
 
 def lws_spread(previous: torch.Tensor, clients: torch.Tensor, layers: Sequence[slice]) -> torch.Tensor:
@@ -456,9 +473,9 @@ def lws_spread(previous: torch.Tensor, clients: torch.Tensor, layers: Sequence[s
         raise ValueError(f"previous {tuple(previous.shape)} must be a flat [{clients.shape[1]}] vector")
     bounds = _check_slices(layers, clients.shape[1], "layer")
     g = clients.detach().to(torch.float64) - previous.detach().to(torch.float64)
-    return torch.stack(
-        [torch.linalg.vector_norm(g[:, a:b] - g[:, a:b].mean(dim=0, keepdim=True), dim=1).mean() for a, b in bounds]
-    )
+    # The mean over clients is taken value by value, so it can be taken once for the whole vector.
+    deviation = g - g.mean(dim=0, keepdim=True)
+    return _segment_sums(deviation.square(), bounds).sqrt().mean(dim=0)
 
 
 def tlu_scores(update: torch.Tensor, tensors: Sequence[slice]) -> torch.Tensor:

@@ -230,3 +230,19 @@ def test_precision_weighted_sum_rejects_bad_input() -> None:
         precision_weighted_sum(W, V[:, :2], eps=1e-7)
     with pytest.raises(ValueError, match="fallback"):
         precision_weighted_sum(W, V, eps=1e-7, fallback=[1.0, 0.0])
+
+
+def test_lws_layers_may_overlap_or_leave_values_out() -> None:
+    # The same layer twice (overlapping), and a layer of values 0-1 only (value 2 of layer 1 left out):
+    # g = [1,0], [0,2], [2,1]; mean [1,1]; distances 1, sqrt 2, 1 -> (2 + sqrt 2)/3, as for the whole layer 1
+    # because the left-out value moved alike for every client.
+    tau = lws_spread(PREVIOUS, CLIENTS, [slice(0, 3), slice(0, 3), slice(0, 2)])
+    assert torch.allclose(tau, torch.full((3,), (2 + math.sqrt(2)) / 3, dtype=torch.float64), rtol=0, atol=1e-14)
+
+
+def test_lws_factors_take_a_precomputed_spread() -> None:
+    tau = lws_spread(PREVIOUS, CLIENTS, LAYERS)
+    direct = lws_factors(PREVIOUS, CLIENTS, AGGREGATE, LAYERS, 0.1)
+    assert torch.equal(lws_factors(PREVIOUS, CLIENTS, AGGREGATE, LAYERS, 0.1, spread=tau), direct)
+    with pytest.raises(ValueError, match="spread has shape"):
+        lws_factors(PREVIOUS, CLIENTS, AGGREGATE, LAYERS, 0.1, spread=tau[:2])

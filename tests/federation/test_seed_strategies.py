@@ -6,6 +6,7 @@ expected number is worked out by hand in the comments, or by a few lines of nump
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -466,7 +467,9 @@ def test_wrappers_on_mobilenet_leave_batchnorm_statistics_alone() -> None:
             for k, v in initial.items()
         }
         replies[c] = TrainReply(c, state, ctx.num_examples[c])
-    log = lws.aggregate_train(1, replies)["fedlws"]
+    record = lws.aggregate_train(1, replies)
+    json.dumps(record, allow_nan=False)  # aggregation.jsonl accepts it
+    log = record["fedlws"]
     assert all(0.0 < g <= 1.0 for g in log["gamma"])
     assert min(log["gamma"]) < 1.0
     new = _global(lws)

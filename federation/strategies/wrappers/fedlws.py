@@ -74,8 +74,8 @@ class LayerWiseShrinking(GlobalModelWrapper):
         previous = flatten([before], self.spec)[0]
         stacked = flatten([replies[c].shared for c in clients], self.spec)
         aggregate = flatten([after], self.spec)[0]
-        gamma = lws_factors(previous, stacked, aggregate, self.layers, self.beta)
         tau = lws_spread(previous, stacked, self.layers)
+        gamma = lws_factors(previous, stacked, aggregate, self.layers, self.beta, spread=tau)
         scaled = aggregate.clone()
         for layer, g in zip(self.layers, gamma.tolist(), strict=True):
             scaled[layer] = aggregate[layer] * g
