@@ -14,7 +14,7 @@ equals ``sum abar_ij theta_ij`` since the weights sum to 1. ``reverse`` uses ``M
 A "layer" is a model layer unit (``models.split_units``): with 5 hospitals and 14 shared MobileNetV3-Small
 units, ``M_1 = 1``. A unit's BatchNorm running statistics are mixed with the unit's weights, so a layer stays
 consistent with its statistics. FedAS's alignment of the global model to local class prototypes is not used.
-``aggregation.jsonl`` gets the traces, ``M_j`` per unit and the weight matrix (units x clients).
+``aggregation.jsonl`` gets the traces, ``M_j`` per unit and the weight matrix ``layer_weights`` (units x clients).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class DepthwiseFisher(Averaging):
             "reverse": self.reverse,
             "units": self.unit_names,
             "top": depthwise_top_counts(len(self.unit_slices), len(clients), self.reverse),
-            "weights": weights.tolist(),
+            "layer_weights": weights.tolist(),
         }
 
     def state_json(self) -> dict[str, Any]:

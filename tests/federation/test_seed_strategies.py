@@ -409,8 +409,8 @@ def test_depthwise_fim_aggregates_each_unit_from_its_top_clients() -> None:
     record = strategy.aggregate_train(1, _replies({0: 4.0, 1: 1.0, 2: 3.0}))
     assert record["top"] == [1, 2, 2, 3, 3]
     assert record["units"] == ["features.0", "features.1", "features.2", "features.3", "features.4"]
-    assert record["weights"][0] == [1.0, 0.0, 0.0]
-    assert record["weights"][1] == pytest.approx([4 / 7, 0.0, 3 / 7], abs=1e-15)
+    assert record["layer_weights"][0] == [1.0, 0.0, 0.0]
+    assert record["layer_weights"][1] == pytest.approx([4 / 7, 0.0, 3 / 7], abs=1e-15)
     new = _global(strategy)
     expected = {
         # unit 1: client 0 alone, its BatchNorm statistics and counter included
