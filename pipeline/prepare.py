@@ -152,7 +152,7 @@ def _check_replaceable(config: PrepareConfig) -> None:
         raise PipelineError(os_error_message(exc, out)) from None
     if empty:
         return  # an empty folder made beforehand is simply filled
-    if (out.exists() or out.is_symlink()) and not config.output.overwrite:
+    if out.is_dir() and not out.is_symlink() and not config.output.overwrite:
         raise PipelineError(
             f"output folder {out} already exists; pass --overwrite to replace it or choose another --out"
         )
@@ -259,7 +259,7 @@ def _recover_interrupted(out: Path) -> None:
         return
     for stale in sorted(out.parent.glob(f".{out.name}.partial-*")):
         marker = read_marker(stale) if stale.is_dir() and not stale.is_symlink() else None
-        if marker is not None and marker["command"] == COMMAND and not marker.get("complete", True):
+        if marker is not None and marker["command"] == COMMAND:
             shutil.rmtree(stale, ignore_errors=True)
     for old in sorted(out.parent.glob(f".{out.name}.old-*")):
         marker = read_marker(old) if old.is_dir() and not old.is_symlink() else None
@@ -336,6 +336,10 @@ def prepare_dataset(config: PrepareConfig) -> PrepareResult:
     _check_overlap(config)
     try:
         with claim_output(config.output.out, COMMAND):
+            try:
+                _recover_interrupted(config.output.out)
+            except OSError as exc:
+                raise PipelineError(os_error_message(exc, config.output.out)) from None
             _check_replaceable(config)
             return _prepare_claimed(config, started)
     except OutputError as exc:
@@ -403,7 +407,6 @@ def _prepare_claimed(config: PrepareConfig, started: float) -> PrepareResult:
     jobs = [_Job(i, c, s, plans[c]) for i, c, s in zip(usable, owners, splits, strict=True)]
 
     try:
-        _recover_interrupted(out.out)
         staging = Path(tempfile.mkdtemp(prefix=f".{out.out.name}.partial-", dir=out.out.parent))
     except OSError as exc:
         raise PipelineError(os_error_message(exc, out.out)) from None

@@ -21,6 +21,7 @@ import pytest
 import tifffile
 from test_prepare import config_for, file_hashes, make_seed, read_manifest
 
+from pipeline.errors import PipelineError
 from pipeline.images import ImageReadError, decode_raw, probe_size
 from pipeline.outputs import MARKER_NAME, claim_output, lock_path
 from pipeline.prepare import prepare_dataset
@@ -356,3 +357,21 @@ def test_sigterm_during_synth_leaves_nothing(tmp_path: Path) -> None:
     )
     assert not out.exists()
     assert _hidden(tmp_path) == []
+
+
+def test_a_dataset_parked_aside_by_a_killed_replacement_is_put_back(raw: Path, tmp_path: Path) -> None:
+    out = tmp_path / "prepared"
+    prepare_dataset(config_for(raw, out))
+    before = file_hashes(out)
+    out.rename(tmp_path / ".prepared.old-killed")  # kill -9 between moving the old dataset aside and the new in
+    with pytest.raises(PipelineError, match="already exists"):
+        prepare_dataset(config_for(raw, out))
+    assert file_hashes(out) == before
+    assert _hidden(tmp_path) == []
+
+
+def test_out_that_is_a_file_is_named_as_such(raw: Path, tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(PipelineError, match=r"--out .*f is not a folder; choose another --out"):
+        prepare_dataset(config_for(raw, tmp_path / "f"))
+    assert (tmp_path / "f").read_text() == "x"
