@@ -56,8 +56,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run an ablation grid (resumable) and write Table 4-7 style Markdown/CSV tables and accuracy curves."""
         from federation.ablation import load_plan, run_plan, write_tables
+        from federation.engine import RunStopped
         from federation.errors import FederationError
-        from federation.simulation import RunStopped
 
         plan = load_plan(config, grid, seeds, overrides, table, data)
         folder = out if out is not None else DEFAULT_ABLATIONS / config.stem

@@ -40,10 +40,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Train hospitals on a prepared dataset: separate, fedavg, fedprox, fedrep, fedamp or fedsaf."""
         from federation.config import config_to_toml, load_config
+        from federation.engine import RunStopped, load_run_config, resolve_config
+        from federation.engine import train as run_training
         from federation.errors import FederationError
         from federation.runs import default_run_dir
-        from federation.simulation import RunStopped, load_run_config, resolve_config
-        from federation.simulation import train as run_training
 
         if resume is not None:
             if config is not None or data is not None or out is not None or overwrite:

@@ -32,6 +32,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from safetensors.torch import load_file  # noqa: E402
+
 from benchmarks._common import command_line, machine, write_result  # noqa: E402
 from federation.aggregation import (  # noqa: E402
     METRICS,
@@ -42,9 +44,9 @@ from federation.aggregation import (  # noqa: E402
     pairwise_distances,
 )
 from federation.config import load_config, with_values  # noqa: E402
+from federation.engine import train  # noqa: E402
+from federation.engine.common import NUM_CLASSES  # noqa: E402
 from federation.errors import FederationError  # noqa: E402
-from federation.runs import read_checkpoint  # noqa: E402
-from federation.simulation import NUM_CLASSES, train  # noqa: E402
 from models import base_keys, create_model, split_units  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "amp_distances.md"
@@ -98,13 +100,21 @@ def main() -> None:
         if not reused:
             train(config, run_dir, progress=False, overwrite=True)
         train_seconds = time.perf_counter() - start
-        checkpoints = {r: read_checkpoint(run_dir, r) for r in range(1, args.rounds + 1)}
+        # each hospital's whole model after each round, from the hospitals' own folders in the run
+        folders = sorted((run_dir / "hospitals").glob("client_*"))
+        checkpoints = {
+            r: {
+                int(f.name.removeprefix("client_")): load_file(str(f / "checkpoints" / f"round_{r:04d}.safetensors"))
+                for f in folders
+            }
+            for r in range(1, args.rounds + 1)
+        }
 
     distance_rows: list[str] = []
     mass_rows: list[str] = []
     for server_round, checkpoint in checkpoints.items():
-        clients = sorted(checkpoint.clients)
-        states = [checkpoint.clients[c] for c in clients]
+        clients = sorted(checkpoint)
+        states = [checkpoint[c] for c in clients]
         m = len(clients)
         for nhead in NHEADS:
             keys = [k for k in base_keys(units, nhead) if k in params]
@@ -141,7 +151,7 @@ def main() -> None:
         "",
         f"{machine()}, torch {torch.__version__}. "
         f"Preset: `{args.config.relative_to(ROOT) if args.config.is_relative_to(ROOT) else args.config}` "
-        f"({config.model.name}, input {config.data.input_size} px, {len(checkpoints[1].clients)} clients, "
+        f"({config.model.name}, input {config.data.input_size} px, {len(checkpoints[1])} clients, "
         f"client lr {config.client.lr}, momentum {config.client.momentum}, {config.client.epochs} epoch(s) per "
         f"round); the hospitals trained alone (strategy separate) for {args.rounds} round(s) from the common "
         f"initial model{'' if reused else f' in {train_seconds:.0f} s'}, then the distances between their "

@@ -3,7 +3,7 @@
 A grid is one or more *blocks*; each block is a product of setting values (``nhead=0,3,6``, ``dm=...``,
 ``fim=on,off``, ``split=on,off``, ``strategy=fedavg,...``, or any ``section.key``). Every combination, run once per
 seed, is a *cell*: an ordinary run directory made by the same engine ``gastric-fl train`` uses
-(``federation.simulation.train``) under ``<out>/cells/<cell id>/``. ``<out>/ablation.json`` lists every cell with
+(``federation.engine.train``) under ``<out>/cells/<cell id>/``. ``<out>/ablation.json`` lists every cell with
 its settings, seed, run directory and status (``data/README.md``, section 4).
 
 Resumable: a cell whose ``summary.json`` says ``finished`` is skipped; a cell with a run directory but no finished
@@ -203,7 +203,7 @@ class Plan:
     def owners(self, cells: Sequence[Cell]) -> dict[str, str]:
         """Cell id -> id of the cell whose run it uses: cells whose resolved configurations are identical (e.g.
         ``fim=on, split=on`` and ``strategy=fedsaf`` with the defaults) share one run instead of training twice."""
-        from federation.simulation import resolve_config
+        from federation.engine import resolve_config
 
         first: dict[str, str] = {}
         owner: dict[str, str] = {}
@@ -345,10 +345,10 @@ def run_plan(
 
     Cells with identical resolved configurations share one run (``same_as`` in ``ablation.json``). A cell that
     fails with a ``FederationError`` is recorded as ``failed`` (with the error) and the grid goes on; an
-    interruption is recorded and re-raised. ``train_fn`` defaults to ``federation.simulation.train``.
+    interruption is recorded and re-raised. ``train_fn`` defaults to ``federation.engine.train``.
     """
     if train_fn is None:
-        from federation.simulation import train
+        from federation.engine import train
 
         train_fn = train
     cells = plan.cells()

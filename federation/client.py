@@ -257,4 +257,6 @@ class Client:
             probs.append(torch.softmax(logits.double(), dim=1)[:, 1].cpu().numpy())
         prob = np.concatenate(probs)
         n = self.data.num_test
-        return EvalResult(loss=total_loss / n, acc=correct / n, auc=auc_or_none(labels, prob), prob_abnormal=prob)
+        # Diverged weights give NaN probabilities: their AUC is undefined, not a crash inside scikit-learn.
+        auc = auc_or_none(labels, prob) if bool(np.isfinite(prob).all()) else None
+        return EvalResult(loss=total_loss / n, acc=correct / n, auc=auc, prob_abnormal=prob)

@@ -34,6 +34,9 @@ name = "run"
 seed = 0
 rounds = 10
 device = "cpu"
+# "local": hospitals in this process (or run.workers processes); "flower-sim": Flower's simulation runtime;
+# "flower": a deployed SuperLink with one SuperNode per hospital ([flower] section, docs/deployment.md).
+engine = "local"
 workers = 0
 threads = 1
 keep_checkpoints = 2
@@ -96,9 +99,21 @@ portion = 0.5
 # "body": the model's main body (MobileNetV3 features.1-11) is one group, ranked by mean tensor score;
 # "shapes": the paper's rule, blocks grouped by identical parameter shapes. Other blocks are always updated.
 grouping = "body"
+
+[flower]
+# SuperLink address HOST:PORT and the federation's CA certificate (engine = "flower"; gastric-fl federation init).
+superlink = ""
+root_certificates = ""
+# How many hospitals must be connected before round 1 (engine = "flower"; flower-sim uses the dataset's).
+hospitals = 0
+# Seconds the server waits for hospitals to connect, and for each round's replies; a hospital that has not
+# answered by then is left out of that round.
+connect_timeout = 300
+round_timeout = 600
 """
 
 DEVICES = ("cpu", "cuda", "auto")
+ENGINES = ("local", "flower-sim", "flower")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -129,11 +144,14 @@ class RunSection:
     seed: int
     rounds: int
     device: str
+    engine: str
     workers: int
     threads: int
     keep_checkpoints: int
 
     def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            _fail("run.engine", self.engine, f"use one of {', '.join(ENGINES)}")
         if not _NAME_RE.match(self.name):
             _fail("run.name", self.name, "letters, digits, '_', '-', '.' only (it prefixes the run folder name)")
         _at_least("run.seed", self.seed, 0)
@@ -309,6 +327,24 @@ class FedTLUSection:
 
 
 @dataclass(frozen=True)
+class FlowerSection:
+    """``[flower]``: how the server reaches deployed hospitals (``run.engine = "flower"``) and how long it waits."""
+
+    superlink: str
+    root_certificates: str
+    hospitals: int
+    connect_timeout: float
+    round_timeout: float
+
+    def __post_init__(self) -> None:
+        if self.superlink and not re.match(r"^[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}$", self.superlink):
+            _fail("flower.superlink", self.superlink, "write it as HOST:PORT, e.g. 127.0.0.1:9093")
+        _at_least("flower.hospitals", self.hospitals, 0)
+        _positive("flower.connect_timeout", self.connect_timeout)
+        _positive("flower.round_timeout", self.round_timeout)
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """The whole configuration of one run; ``config_to_toml`` writes it back exactly."""
 
@@ -323,6 +359,7 @@ class RunConfig:
     depthwise_fim: DepthwiseFIMSection
     fedlws: FedLWSSection
     fedtlu: FedTLUSection
+    flower: FlowerSection
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Plain nested dict (tuples as lists, ``None`` fields left out: TOML has no null)."""

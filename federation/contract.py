@@ -1,11 +1,16 @@
 """The message contract between the server (a strategy) and a hospital (a client).
 
 This mirrors Flower's Message API (``configure_train`` returns one message per destination node,
-``aggregate_train`` receives the replies), so the in-process engine (``federation.simulation``) and the
-Flower adapter run the same strategies unchanged. See DESIGN.md, "Federation: one contract, two engines".
+``aggregate_train`` receives the replies), so every engine (``federation.engine``: in-process, worker processes,
+Flower) runs the same strategies unchanged. See DESIGN.md, "Federation: one contract, two engines, one boundary".
 
 Tensors travel as ``dict[str, torch.Tensor]`` keyed by ``state_dict`` names. Only *shared* keys ever appear
 in a message: a client's personalised head (the last ``nhead`` layer units, FedSAF paper Eq. 1) never does.
+
+What crosses the hospital boundary, in every engine, is one of the messages at the end of this module
+(``Hello``/``HelloReply``, ``TrainTask``/``TrainReply``, ``EvaluateTask``/``EvaluateReply``, or a ``Failure``):
+shared tensors, example counts and scalar metrics. ``federation.engine.codec`` turns each into a JSON header
+plus named tensors, the one wire form every transport carries.
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ class TrainReply:
     shared: TensorDict
     num_examples: int
     metrics: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
 
 
 class Strategy(Protocol):
@@ -122,3 +128,69 @@ def count_values(instruction: TrainInstruction) -> int:
 def count_reply_values(reply: TrainReply) -> int:
     """Number of tensor values a client uploads (scalar metrics are not counted)."""
     return sum(t.numel() for t in reply.shared.values())
+
+
+# -- the messages that cross the hospital boundary --------------------------------------------------------------
+@dataclass(frozen=True)
+class Hello:
+    """Server -> every hospital, before round 1 (and again on resume): which run, with which settings.
+
+    ``config_toml`` is the resolved run configuration (model, input size, seeds, training settings); it holds no
+    data of any hospital. ``resume``: continue the hospital's own state of ``run_id`` instead of starting afresh.
+    """
+
+    run_id: str
+    config_toml: str
+    resume: bool = False
+
+
+@dataclass(frozen=True)
+class HelloReply:
+    """A hospital -> server: who it is (its client index) and how many tiles it trains and tests on."""
+
+    client: int
+    num_train: int
+    num_test: int
+
+
+@dataclass
+class TrainTask:
+    """Server -> one hospital: train round ``server_round`` as ``instruction`` says, drawing randomness from ``seed``.
+
+    ``shared_keys``: the ``state_dict`` keys of the shared part, i.e. what the hospital loads and uploads.
+    """
+
+    run_id: str
+    server_round: int
+    seed: int
+    shared_keys: list[str]
+    instruction: TrainInstruction
+
+
+@dataclass
+class EvaluateTask:
+    """Server -> one hospital: load ``shared`` (``None``: keep its own) and evaluate on its own test split."""
+
+    run_id: str
+    server_round: int
+    client: int
+    shared_keys: list[str]
+    shared: TensorDict | None = None
+
+
+@dataclass(frozen=True)
+class EvaluateReply:
+    """A hospital -> server: scalar test metrics (``loss``, ``acc``, ``auc``; ``None`` when undefined)."""
+
+    client: int
+    num_examples: int
+    metrics: dict[str, float | None]
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A hospital could not do what it was asked (or did not answer): the reason, in one line, no data."""
+
+    client: int
+    reason: str

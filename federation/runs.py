@@ -2,9 +2,10 @@
 
 A run is a folder other tools read while it grows (the dashboard polls it), so every file is replaced
 atomically (written beside, then renamed) and ``summary.json`` says whether the run is ``running``,
-``finished``, ``failed`` or ``stopped``. Checkpoints are safetensors (every client's whole ``state_dict`` and
-the strategy's tensors) with a JSON sidecar (round, strategy JSON state); a checkpoint counts only once its
-sidecar exists, and the sidecar is written last. Nothing is pickled.
+``finished``, ``failed`` or ``stopped``. The server's checkpoints are safetensors of the strategy's cross-round
+state (shared tensors only: a hospital's head and its own checkpoints stay in its folder,
+``federation.engine.hospital``) with a JSON sidecar (round, hospitals, strategy JSON state); a checkpoint counts
+only once its sidecar exists, and the sidecar is written last. Nothing is pickled.
 """
 
 from __future__ import annotations
@@ -35,11 +36,10 @@ CONFIG_FILE = "config.toml"
 METRICS_FILE = "metrics.jsonl"
 AGGREGATION_FILE = "aggregation.jsonl"
 SUMMARY_FILE = "summary.json"
-PREDICTIONS_FILE = "predictions.csv"
+PREDICTIONS_FILE = "predictions.csv"  # in each hospital's folder (federation.engine.hospital)
 CHECKPOINT_DIR = "checkpoints"
 PREDICTION_COLUMNS = ("client", "path", "label", "prob_abnormal", "round")
 
-_CLIENT = "client"
 _STRATEGY = "strategy"
 
 
@@ -159,10 +159,10 @@ def prepare_run_dir(run_dir: Path, overwrite: bool) -> None:
 # -- checkpoints ---------------------------------------------------------------------------------------------------
 @dataclass
 class Checkpoint:
-    """Everything a run needs to continue after round ``round``."""
+    """Everything the server needs to continue after round ``round``: which hospitals, the strategy's state."""
 
     round: int
-    clients: dict[int, TensorDict]
+    clients: list[int]
     strategy_tensors: TensorDict
     strategy_json: dict[str, Any]
 
@@ -177,9 +177,6 @@ def write_checkpoint(run_dir: Path, checkpoint: Checkpoint, keep: int) -> None:
     """Write round ``checkpoint.round`` (tensors first, sidecar last), then drop all but the last ``keep``."""
     tensors_path, sidecar_path = _checkpoint_paths(run_dir, checkpoint.round)
     tensors: dict[str, torch.Tensor] = {}
-    for client, state in checkpoint.clients.items():
-        for key, value in state.items():
-            tensors[f"{_CLIENT}/{client}/{key}"] = value.detach().cpu().contiguous()
     for key, value in checkpoint.strategy_tensors.items():
         tensors[f"{_STRATEGY}/{key}"] = value.detach().cpu().contiguous()
     tensors_path.parent.mkdir(parents=True, exist_ok=True)
@@ -232,13 +229,10 @@ def read_checkpoint(run_dir: Path, server_round: int) -> Checkpoint:
         raise FederationError(
             f"checkpoint {tensors_path} cannot be read ({exc}): delete it to resume from an earlier one"
         ) from exc
-    clients: dict[int, TensorDict] = {int(c): {} for c in sidecar.get("clients", [])}
+    clients = [int(c) for c in sidecar.get("clients", [])]
     strategy: TensorDict = {}
     for name, value in tensors.items():
         kind, _, rest = name.partition("/")
-        if kind == _CLIENT:
-            client, _, key = rest.partition("/")
-            clients.setdefault(int(client), {})[key] = value
-        elif kind == _STRATEGY:
+        if kind == _STRATEGY:
             strategy[rest] = value
     return Checkpoint(server_round, clients, strategy, dict(sidecar.get("strategy", {})))

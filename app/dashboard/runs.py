@@ -360,23 +360,38 @@ def run_seconds(run: Path, metrics: pd.DataFrame) -> float:
     return float(metrics["seconds"].sum()) if not metrics.empty else float("nan")
 
 
-# --- predictions.csv ----------------------------------------------------------------------------------------------
+# --- each hospital's predictions.csv ------------------------------------------------------------------------
 
 PREDICTION_COLUMNS = ("client", "path", "label", "prob_abnormal")
 
 
-def load_predictions(run: Path) -> pd.DataFrame:
-    """``predictions.csv`` (client, path, label, prob_abnormal) with ``label`` as 0 (normal) / 1 (abnormal).
+def prediction_files(run: Path) -> list[Path]:
+    """Each hospital's ``predictions.csv`` in a run made on this machine (``<run>/hospitals/client_XX/``).
 
-    Raises a one-line ``DashboardError`` when the file is missing (the run has not finished) or malformed.
+    Per-tile probabilities never reach the server's part of a run; in a deployment they stay on each hospital's
+    machine, and this page shows the hospitals whose folders are here.
     """
-    path = run / "predictions.csv"
-    frame = read_checked_csv(path, PREDICTION_COLUMNS, not_found="predictions are written when a run finishes")
-    labels = frame["label"].map(lambda v: {"normal": 0, "abnormal": 1, "0": 0, "1": 1}.get(str(v).strip(), v))
-    frame["label"] = pd.to_numeric(labels, errors="coerce")
-    frame["prob_abnormal"] = pd.to_numeric(frame["prob_abnormal"], errors="coerce")
-    if frame["label"].isna().any() or not frame["label"].isin([0, 1]).all():
-        raise DashboardError(f"{path}: label must be normal/abnormal or 0/1")
+    return sorted((run / "hospitals").glob("client_*/predictions.csv"))
+
+
+def load_predictions(run: Path) -> pd.DataFrame:
+    """The hospitals' ``predictions.csv`` (client, path, label, prob_abnormal) with ``label`` as 0 / 1.
+
+    Raises a one-line ``DashboardError`` when there is none yet (before round 1 ends) or one is malformed.
+    """
+    files = prediction_files(run)
+    if not files:
+        raise DashboardError(f"{run / 'hospitals'} holds no predictions.csv yet: each is written after a round")
+    frames = []
+    for path in files:
+        frame = read_checked_csv(path, PREDICTION_COLUMNS, not_found="predictions are written after each round")
+        labels = frame["label"].map(lambda v: {"normal": 0, "abnormal": 1, "0": 0, "1": 1}.get(str(v).strip(), v))
+        frame["label"] = pd.to_numeric(labels, errors="coerce")
+        frame["prob_abnormal"] = pd.to_numeric(frame["prob_abnormal"], errors="coerce")
+        if frame["label"].isna().any() or not frame["label"].isin([0, 1]).all():
+            raise DashboardError(f"{path}: label must be normal/abnormal or 0/1")
+        frames.append(frame)
+    frame = pd.concat(frames, ignore_index=True)
     frame["label"] = frame["label"].astype(int)
     frame["client"] = frame["client"].astype(int)
     return frame

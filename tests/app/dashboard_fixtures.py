@@ -106,16 +106,18 @@ def write_metrics(run: Path, scale: float = 1.0) -> None:
 
 
 def write_predictions(run: Path, dataset: Path) -> None:
-    """predictions.csv: each hospital's test tiles with an unequal, hand-checkable probability of abnormal."""
+    """Each hospital's predictions.csv (in its folder): its test tiles with an unequal, hand-checkable probability."""
     probs = {"normal": [0.2, 0.7], "abnormal": [0.9, 0.4]}
-    lines = ["client,path,label,prob_abnormal"]
     for client in range(3):
+        lines = ["client,path,label,prob_abnormal"]
         for label in ("normal", "abnormal"):
             for i in range(2):
                 path = f"client_{client:02d}/test/{label}/s{client}te{label[:2]}{i}.png"
                 assert (dataset / path).is_file()
                 lines.append(f"{client},{path},{label},{probs[label][i]}")
-    (run / "predictions.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        folder = run / "hospitals" / f"client_{client:02d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "predictions.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def write_summary(run: Path, status: str, error: str | None = None) -> None:

@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "federation"))  # t
 from fl_tiny_dataset import TINY_SETTINGS, make_dataset
 
 from app.cli import main
-from federation import simulation
+from federation.engine import loop
 
 TINY = [arg for setting in TINY_SETTINGS for arg in ("--set", setting)]
 
@@ -75,12 +75,12 @@ def test_print_config_shows_the_resolved_strategy_defaults(
 def test_interrupted_run_exits_130_and_resumes(
     dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def interrupted(self: simulation.Simulation, pool: object, server_round: int) -> None:
+    def interrupted(self: loop.Engine, pool: object, server_round: int) -> None:
         raise KeyboardInterrupt
 
     run_dir = tmp_path / "stopped"
     with monkeypatch.context() as patch:
-        patch.setattr(simulation.Simulation, "_round", interrupted)
+        patch.setattr(loop.Engine, "_round", interrupted)
         code = _cli(patch, "train", "--data", str(dataset), "--out", str(run_dir), "-q", "--set", "run.rounds=1", *TINY)
     assert code == 130
     assert f"continue with: gastric-fl train --resume {run_dir}" in capsys.readouterr().err

@@ -14,12 +14,11 @@ import torch
 from fl_tiny_dataset import LAYOUT, TINY_SETTINGS, make_dataset
 from safetensors.torch import load_file
 
-from federation import simulation
 from federation.client import Client
 from federation.config import RunConfig, load_config
+from federation.engine import RunStopped, load_run_config, loop, train
 from federation.errors import FederationError
 from federation.runs import complete_checkpoints
-from federation.simulation import RunStopped, load_run_config, train
 from models import ModelError, base_keys, create_model, head_keys, split_units
 
 VOLATILE = {"seconds"}  # wall time differs between runs; everything else must not
@@ -93,8 +92,11 @@ def test_run_directory_contents(reference: Path) -> None:
     assert [a["round"] for a in aggregation] == [1, 2, 3]
     assert aggregation[0]["values_sent"] == 3 * shared_values
     assert aggregation[0]["weights"] == pytest.approx({"0": 10 / 22, "1": 7 / 22, "2": 5 / 22})
-    with (reference / "predictions.csv").open() as handle:
-        predictions = list(csv.DictReader(handle))
+    predictions = []
+    for c in (0, 1, 2):
+        with (reference / "hospitals" / f"client_{c:02d}" / "predictions.csv").open() as handle:
+            predictions += list(csv.DictReader(handle))
+    assert not (reference / "predictions.csv").exists()  # per-tile results stay with each hospital
     assert len(predictions) == sum(sum(s["test"]) for s in LAYOUT.values())
     assert {p["round"] for p in predictions} == {"3"}
     assert all(0.0 <= float(p["prob_abnormal"]) <= 1.0 for p in predictions)
@@ -112,13 +114,20 @@ def test_fedrep_head_of_a_client_is_never_changed_by_the_others(dataset: Path, t
     train(_config(dataset, "run.rounds=1", "strategy.name=fedrep"), together, progress=False)
     train(_config(dataset, "run.rounds=1", "strategy.name=fedrep", "strategy.clients=[0]"), alone, progress=False)
     head = head_keys(split_units(create_model("mobilenet_v3_small")), 1)
-    a = load_file(str(together / "checkpoints" / "round_0001.safetensors"))
-    b = load_file(str(alone / "checkpoints" / "round_0001.safetensors"))
-    assert all(torch.equal(a[f"client/0/{k}"], b[f"client/0/{k}"]) for k in head)
+
+    def hospital(run: Path, c: int) -> dict[str, torch.Tensor]:
+        return load_file(str(run / "hospitals" / f"client_{c:02d}" / "checkpoints" / "round_0001.safetensors"))
+
+    a0, a1, a2, b0 = hospital(together, 0), hospital(together, 1), hospital(together, 2), hospital(alone, 0)
+    assert all(torch.equal(a0[k], b0[k]) for k in head)
     # and each hospital keeps a head of its own while the base is common after the round
-    assert not torch.equal(a["client/0/classifier.3.weight"], a["client/1/classifier.3.weight"])
+    assert not torch.equal(a0["classifier.3.weight"], a1["classifier.3.weight"])
     base = base_keys(split_units(create_model("mobilenet_v3_small")), 1)
-    assert all(torch.equal(a[f"client/0/{k}"], a[f"client/2/{k}"]) for k in base)
+    assert all(torch.equal(a0[k], a2[k]) for k in base)
+    # the server's checkpoint holds the shared base only: no head tensor of any hospital
+    server = load_file(str(together / "checkpoints" / "round_0001.safetensors"))
+    assert server
+    assert not any(k.endswith(tuple(head)) for k in server)
     metrics = _metrics(together)
     shared = sum(v.numel() for k, v in create_model("mobilenet_v3_small").state_dict().items() if k in set(base))
     assert all(r["values_sent"] == r["values_received"] == shared for r in metrics)
@@ -138,22 +147,22 @@ def test_failure_is_recorded_in_the_summary(dataset: Path, tmp_path: Path, monke
         train(_config(dataset, "run.rounds=1"), tmp_path / "failed", progress=False)
     summary = json.loads((tmp_path / "failed" / "summary.json").read_text())
     assert summary["status"] == "failed"
-    assert summary["error"] == "client 0: test split unreadable"
+    assert summary["error"].startswith("round 1: no hospital could evaluate (hospital 0: evaluation: client 0: test")
 
 
 def test_interrupt_marks_the_run_stopped_and_it_can_resume(
     dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    original = simulation.Simulation._round
+    original = loop.Engine._round
     calls = {"n": 0}
 
-    def interrupt_second(self: simulation.Simulation, pool: Any, server_round: int) -> None:
+    def interrupt_second(self: loop.Engine, pool: Any, server_round: int) -> None:
         calls["n"] += 1
         if calls["n"] == 2:
             raise KeyboardInterrupt
         original(self, pool, server_round)
 
-    monkeypatch.setattr(simulation.Simulation, "_round", interrupt_second)
+    monkeypatch.setattr(loop.Engine, "_round", interrupt_second)
     run_dir = tmp_path / "stopped"
     with pytest.raises(RunStopped, match=rf"stopped after round 1; continue with: gastric-fl train --resume {run_dir}"):
         train(_config(dataset, "run.rounds=2", "strategy.name=separate"), run_dir, progress=False)
@@ -168,7 +177,10 @@ def test_existing_run_directory_needs_overwrite_and_resume_keeps_its_config(data
     train(_config(dataset, "run.rounds=1", "strategy.name=separate"), run_dir, progress=False)
     with pytest.raises(FederationError, match="already exists: pass --overwrite"):
         train(_config(dataset, "run.rounds=1", "strategy.name=separate"), run_dir, progress=False)
-    with pytest.raises(FederationError, match=r"only run\.device, run\.keep_checkpoints, run\.rounds, run\.threads"):
+    with pytest.raises(
+        FederationError,
+        match=r"only flower\.connect_timeout, .*run\.device, run\.engine, run\.keep_checkpoints, run\.rounds",
+    ):
         load_run_config(run_dir, ["client.lr=0.5"])
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "keep.txt").write_text("mine")
@@ -193,10 +205,10 @@ def test_worker_processes_give_the_same_results(dataset: Path, reference: Path, 
 
 def test_sigterm_marks_the_run_stopped(dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # the dashboard stops a run by sending SIGTERM to its process
-    def terminate(self: simulation.Simulation, pool: Any, server_round: int) -> None:
+    def terminate(self: loop.Engine, pool: Any, server_round: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(simulation.Simulation, "_round", terminate)
+    monkeypatch.setattr(loop.Engine, "_round", terminate)
     before = signal.getsignal(signal.SIGTERM)
     run_dir = tmp_path / "terminated"
     with pytest.raises(RunStopped):

@@ -10,7 +10,7 @@ from fl_tiny_dataset import TINY_SETTINGS, make_dataset
 from sklearn.metrics import roc_auc_score
 
 from federation.config import load_config
-from federation.simulation import train
+from federation.engine import train
 
 
 def test_auc_from_predictions_csv_equals_test_auc_in_metrics(tmp_path: Path) -> None:
@@ -18,8 +18,10 @@ def test_auc_from_predictions_csv_equals_test_auc_in_metrics(tmp_path: Path) -> 
     run_dir = tmp_path / "run"
     train(load_config(None, [*TINY_SETTINGS, "run.rounds=1"], data=dataset), run_dir, progress=False)
     metrics = {m["client"]: m for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
-    with (run_dir / "predictions.csv").open(newline="") as handle:
-        rows = list(csv.DictReader(handle))
+    rows = []
+    for path in sorted((run_dir / "hospitals").glob("client_*/predictions.csv")):
+        with path.open(newline="") as handle:
+            rows += list(csv.DictReader(handle))
     checked = 0
     for client, line in metrics.items():
         mine = [r for r in rows if int(r["client"]) == client]

@@ -11,7 +11,7 @@ import streamlit as st
 from app.dashboard import charts, evaluation, ui
 from app.dashboard.datasets import LABELS, hospital_label
 from app.dashboard.errors import DashboardError
-from app.dashboard.runs import load_metrics, load_predictions
+from app.dashboard.runs import load_metrics, load_predictions, prediction_files
 
 TILES_SHOWN = 12
 
@@ -22,8 +22,8 @@ runs = ui.all_runs()
 if not runs:
     ui.no_runs_help()
     st.stop()
-# predictions.csv appears after a run's first round (rewritten every round); runs without it are not listed.
-ready = [r for r in runs if (r.path / "predictions.csv").is_file()]
+# Each hospital writes its predictions.csv after every round, in its own folder; runs without any are not listed.
+ready = [r for r in runs if prediction_files(r.path)]
 if not ready:
     st.info(
         "No run with per-tile predictions yet (predictions.csv is written after each round). "

@@ -1,0 +1,203 @@
+"""The one wire form of every message that crosses the hospital boundary: a JSON header plus named tensors.
+
+``encode`` turns a ``federation.contract`` message into an ``Envelope`` (header, tensors) and ``decode`` turns it
+back. Every transport carries envelopes: the in-process pool hands them over as they are, worker processes send
+``to_bytes`` (8-byte header length, JSON header, safetensors body; never a pickle) and the Flower apps put the
+header in a ``ConfigRecord`` and the tensors in an ``ArrayRecord`` (``federation.flower.apps``). Because every
+message passes through ``encode``, a test that records envelopes sees exactly what a hospital sends and receives.
+
+Tensor names say what they are: ``shared/<state_dict key>`` (weights the hospital loads or uploads) and
+``centre/<key>`` (a proximal centre that differs from the shared weights; when it *is* the shared weights the
+header says so and it travels once).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import Any
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from federation.contract import (
+    EvaluateReply,
+    EvaluateTask,
+    Failure,
+    Hello,
+    HelloReply,
+    Recipe,
+    TensorDict,
+    TrainInstruction,
+    TrainReply,
+    TrainTask,
+)
+from federation.errors import FederationError
+
+Envelope = tuple[dict[str, Any], dict[str, torch.Tensor]]
+Message = Hello | HelloReply | TrainTask | TrainReply | EvaluateTask | EvaluateReply | Failure
+
+SHARED = "shared/"
+CENTRE = "centre/"
+
+
+def _prefixed(prefix: str, tensors: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    return {f"{prefix}{k}": v for k, v in (tensors or {}).items()}
+
+
+def _unprefixed(prefix: str, tensors: Mapping[str, torch.Tensor]) -> TensorDict:
+    return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+
+
+def _scalar(value: float | None) -> float | None:
+    """JSON has no NaN/inf: a non-finite metric travels as ``null``."""
+    if value is None or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def encode(message: Message) -> Envelope:
+    """``message`` as (JSON-able header, named tensors)."""
+    if isinstance(message, Hello):
+        return {"kind": "hello", **asdict(message)}, {}
+    if isinstance(message, HelloReply):
+        return {"kind": "hello_reply", **asdict(message)}, {}
+    if isinstance(message, TrainTask):
+        instruction = message.instruction
+        centre = instruction.prox_centre
+        centre_is_shared = centre is not None and centre is instruction.shared
+        header = {
+            "kind": "train",
+            "run_id": message.run_id,
+            "round": message.server_round,
+            "seed": message.seed,
+            "client": instruction.client,
+            "shared_keys": list(message.shared_keys),
+            "recipe": asdict(instruction.recipe),
+            "has_shared": instruction.shared is not None,
+            "has_centre": centre is not None,
+            "centre_is_shared": centre_is_shared,
+        }
+        tensors = _prefixed(SHARED, instruction.shared)
+        if centre is not None and not centre_is_shared:
+            tensors.update(_prefixed(CENTRE, centre))
+        return header, tensors
+    if isinstance(message, TrainReply):
+        header = {
+            "kind": "train_reply",
+            "client": message.client,
+            "num_examples": message.num_examples,
+            "metrics": {k: _scalar(v) for k, v in message.metrics.items()},
+            "seconds": message.seconds,
+        }
+        return header, _prefixed(SHARED, message.shared)
+    if isinstance(message, EvaluateTask):
+        header = {
+            "kind": "evaluate",
+            "run_id": message.run_id,
+            "round": message.server_round,
+            "client": message.client,
+            "shared_keys": list(message.shared_keys),
+            "has_shared": message.shared is not None,
+        }
+        return header, _prefixed(SHARED, message.shared)
+    if isinstance(message, EvaluateReply):
+        header = {
+            "kind": "evaluate_reply",
+            "client": message.client,
+            "num_examples": message.num_examples,
+            "metrics": {k: _scalar(v) for k, v in message.metrics.items()},
+            "seconds": message.seconds,
+        }
+        return header, {}
+    if isinstance(message, Failure):
+        return {"kind": "failure", "client": message.client, "reason": message.reason}, {}
+    raise TypeError(f"not a boundary message: {type(message).__name__}")
+
+
+def decode(envelope: Envelope) -> Message:
+    """Inverse of ``encode``; a malformed envelope is a ``FederationError`` naming what is wrong."""
+    header, tensors = envelope
+    kind = header.get("kind")
+    try:
+        if kind == "hello":
+            return Hello(str(header["run_id"]), str(header["config_toml"]), bool(header["resume"]))
+        if kind == "hello_reply":
+            return HelloReply(int(header["client"]), int(header["num_train"]), int(header["num_test"]))
+        if kind == "train":
+            shared = _unprefixed(SHARED, tensors) if header["has_shared"] else None
+            centre: TensorDict | None = None
+            if header["has_centre"]:
+                centre = shared if header["centre_is_shared"] else _unprefixed(CENTRE, tensors)
+            instruction = TrainInstruction(
+                client=int(header["client"]), recipe=Recipe(**header["recipe"]), shared=shared, prox_centre=centre
+            )
+            return TrainTask(
+                str(header["run_id"]),
+                int(header["round"]),
+                int(header["seed"]),
+                list(header["shared_keys"]),
+                instruction,
+            )
+        if kind == "train_reply":
+            metrics = {k: float("nan") if v is None else float(v) for k, v in header["metrics"].items()}
+            return TrainReply(
+                int(header["client"]),
+                _unprefixed(SHARED, tensors),
+                int(header["num_examples"]),
+                metrics,
+                float(header["seconds"]),
+            )
+        if kind == "evaluate":
+            return EvaluateTask(
+                str(header["run_id"]),
+                int(header["round"]),
+                int(header["client"]),
+                list(header["shared_keys"]),
+                _unprefixed(SHARED, tensors) if header["has_shared"] else None,
+            )
+        if kind == "evaluate_reply":
+            return EvaluateReply(
+                int(header["client"]),
+                int(header["num_examples"]),
+                {k: None if v is None else float(v) for k, v in header["metrics"].items()},
+                float(header["seconds"]),
+            )
+        if kind == "failure":
+            return Failure(int(header["client"]), str(header["reason"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise FederationError(f"malformed {kind!r} message: {exc!r}") from exc
+    raise FederationError(f"unknown message kind {kind!r}")
+
+
+def to_bytes(envelope: Envelope) -> bytes:
+    """One envelope as bytes: 8-byte header length, JSON header, safetensors body (no pickle)."""
+    header, tensors = envelope
+    head = json.dumps(header, allow_nan=False).encode("utf-8")
+    body = st_save(_unshared(tensors)) if tensors else b""
+    return len(head).to_bytes(8, "little") + head + body
+
+
+def _unshared(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """CPU, contiguous tensors that share no memory (safetensors refuses aliases; one dict sent to several
+    hospitals in one batch is such an alias)."""
+    seen: set[int] = set()
+    out: dict[str, torch.Tensor] = {}
+    for key, value in tensors.items():
+        value = value.detach().cpu().contiguous()
+        if value.untyped_storage().data_ptr() in seen:
+            value = value.clone()
+        seen.add(value.untyped_storage().data_ptr())
+        out[key] = value
+    return out
+
+
+def from_bytes(data: bytes) -> Envelope:
+    """Inverse of ``to_bytes``."""
+    size = int.from_bytes(data[:8], "little")
+    header: dict[str, Any] = json.loads(data[8 : 8 + size].decode("utf-8"))
+    body = data[8 + size :]
+    return header, (dict(st_load(body)) if body else {})

@@ -1,0 +1,323 @@
+"""A hospital's side of the federation: it owns its tiles, labels, head, checkpoints and predictions.
+
+DESIGN.md, "The hospital boundary": a hospital answers three messages (``federation.contract``) and nothing else
+leaves it. ``Hello`` -> its client index and tile counts; ``TrainTask`` -> its shared tensors after local training
+(the recipes of ``federation.client``: FedSAF paper 001, Eq. 23-25) and scalar metrics; ``EvaluateTask`` -> its
+test loss, accuracy and AUC. Everything else stays in the hospital's own folder:
+
+```
+<hospital folder>/
+  hospital.json            the run it takes part in, its settings and the sha256 of its manifest.csv
+  checkpoints/round_XXXX.safetensors   its whole model (head included) after each round, for resume
+  predictions.csv          per-tile probabilities of its latest evaluation (client, path, label, prob, round)
+  model.safetensors        the model it would deploy: base as of the latest round + its own head
+```
+
+In the in-process engine the folder is ``<run>/hospitals/client_XX/``; in a deployment it is on the hospital's
+machine (``<hospital dir>/<run id>/``). Every message may reach a fresh process (Flower starts one per message on a
+deployed SuperNode), so the hospital's state between messages lives in that folder, never in memory only: a
+``TrainTask`` for round ``r`` starts from the newest checkpoint of a round before ``r`` (or the common initial
+model), an ``EvaluateTask`` for round ``r`` from the newest of round ``r`` or before. A hospital that missed a
+round therefore takes part again in the next one, and a resumed run repeats an uninterrupted one bit for bit.
+Within one process the model is kept between messages when it already holds that state (no reload).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from federation.client import Client
+from federation.config import RunConfig
+from federation.contract import (
+    EvaluateReply,
+    EvaluateTask,
+    Failure,
+    Hello,
+    HelloReply,
+    TrainReply,
+    TrainTask,
+)
+from federation.data import LABELS, ClientData, check_clients, load_clients, read_manifest
+from federation.engine.codec import Message
+from federation.engine.common import config_from_text, initial_state, resolve_device
+from federation.errors import FederationError
+from federation.runs import PREDICTIONS_FILE, now_iso, read_json, write_json, write_predictions
+from models import ModelError, create_model
+
+HOSPITAL_FILE = "hospital.json"
+CHECKPOINT_DIR = "checkpoints"
+MODEL_FILE = "model.safetensors"
+HOSPITALS_DIR = "hospitals"
+# Files and folders a hospital writes into its folder: the only ones it ever replaces or removes.
+OWN_ENTRIES = (HOSPITAL_FILE, CHECKPOINT_DIR, PREDICTIONS_FILE, MODEL_FILE)
+TRAINED, EVALUATED = 1, 2  # stages of a round's checkpoint
+
+
+def hospital_folder(run_dir: Path, client: int) -> Path:
+    """Where the in-process engines keep hospital ``client``'s folder: ``<run>/hospitals/client_XX``."""
+    return run_dir / HOSPITALS_DIR / f"client_{client:02d}"
+
+
+def manifest_sha256(dataset: Path) -> str:
+    """sha256 of ``<dataset>/manifest.csv``: which tiles, splits and labels a hospital trains on."""
+    digest = hashlib.sha256()
+    with (dataset / "manifest.csv").open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where a hospital is: its prepared dataset, which client of that dataset it is, and its folder.
+
+    ``per_run``: the folder of run ``R`` is ``root / R`` (a deployed hospital keeps one folder per run);
+    otherwise ``root`` itself (the in-process engines give each run's hospitals their own folder).
+    """
+
+    dataset: Path
+    client: int
+    root: Path
+    per_run: bool = False
+
+    def folder(self, run_id: str) -> Path:
+        if not self.per_run:
+            return self.root
+        if not run_id or "/" in run_id or run_id in (".", ".."):
+            raise FederationError(f"run id {run_id!r} cannot name a hospital folder")
+        return self.root / run_id
+
+
+@dataclass
+class _Loaded:
+    """What this process holds of one run: settings, tiles, model, and which checkpoint the model is at."""
+
+    run_id: str
+    config: RunConfig
+    data: ClientData
+    model: torch.nn.Module
+    at: tuple[int, int] | None = None  # (round, stage) the model's weights equal; None: unknown
+
+
+class Hospital:
+    """Answers the server's messages for one ``Site``; never raises for a hospital-side problem (it replies
+    ``Failure`` with one line), so one hospital's trouble does not stop the others."""
+
+    def __init__(self, site: Site) -> None:
+        self.site = site
+        self._loaded: _Loaded | None = None
+
+    # -- dispatch ------------------------------------------------------------------------------------------------
+    def handle(self, message: Message) -> Message:
+        try:
+            if isinstance(message, Hello):
+                return self.hello(message)
+            if isinstance(message, TrainTask):
+                return self.train(message)
+            if isinstance(message, EvaluateTask):
+                return self.evaluate(message)
+            raise FederationError(f"a hospital does not answer {type(message).__name__} messages")
+        except (FederationError, ModelError) as exc:
+            return Failure(self.site.client, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+
+    # -- hello ---------------------------------------------------------------------------------------------------
+    def hello(self, message: Hello) -> HelloReply:
+        # parsed only to refuse, before round 1, a configuration this installation cannot run
+        config_from_text(message.config_toml, f"run {message.run_id} configuration")
+        dataset, client = self.site.dataset, self.site.client
+        rows = read_manifest(dataset)
+        check_clients(dataset, rows, [client])
+        digest = manifest_sha256(dataset)
+        folder = self.site.folder(message.run_id)
+        record_path = folder / HOSPITAL_FILE
+        if message.resume:
+            if not record_path.is_file():
+                raise FederationError(
+                    f"hospital {client} has no state of run {message.run_id} in {folder}: it cannot resume; "
+                    "start a new run instead"
+                )
+            previous = read_json(record_path)
+            if previous.get("manifest_sha256") != digest:
+                raise FederationError(
+                    f"hospital {client}: {dataset / 'manifest.csv'} changed since run {message.run_id} started "
+                    "(its sha256 differs), so resuming would train and test on other tiles; start a new run "
+                    "(gastric-fl train --out NEW_RUN ...) or restore the original dataset"
+                )
+        else:
+            self._clear(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        write_json(
+            record_path,
+            {
+                "run_id": message.run_id,
+                "client": client,
+                "dataset": str(dataset),
+                "manifest_sha256": digest,
+                "config_toml": message.config_toml,
+                "written_at": now_iso(),
+            },
+        )
+        self._loaded = None
+        mine = [r for r in rows if r.client == client]
+        return HelloReply(client, sum(1 for r in mine if r.split == "train"), sum(1 for r in mine if r.split == "test"))
+
+    @staticmethod
+    def _clear(folder: Path) -> None:
+        """Start a run afresh: remove what a hospital writes (``OWN_ENTRIES``) and nothing else."""
+        for name in OWN_ENTRIES:
+            path = folder / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+
+    # -- train and evaluate --------------------------------------------------------------------------------------
+    def train(self, task: TrainTask) -> TrainReply:
+        if task.instruction.client != self.site.client:
+            raise FederationError(f"hospital {self.site.client} was sent client {task.instruction.client}'s task")
+        loaded = self._load(task.run_id)
+        self._restore(loaded, task.server_round, inclusive=False)
+        client = self._client(loaded, task.shared_keys)
+        start = time.perf_counter()
+        loaded.at = None  # the weights change from here on
+        reply = client.train(task.instruction, task.server_round, task.seed)
+        seconds = time.perf_counter() - start
+        self._save(loaded, task.server_round, TRAINED)
+        return TrainReply(reply.client, reply.shared, reply.num_examples, reply.metrics, seconds)
+
+    def evaluate(self, task: EvaluateTask) -> EvaluateReply:
+        if task.client != self.site.client:
+            raise FederationError(f"hospital {self.site.client} was sent client {task.client}'s evaluation")
+        loaded = self._load(task.run_id)
+        self._restore(loaded, task.server_round, inclusive=True)
+        client = self._client(loaded, task.shared_keys)
+        start = time.perf_counter()
+        loaded.at = None
+        client.load_shared(task.shared)
+        result = client.evaluate()
+        seconds = time.perf_counter() - start
+        folder = self.site.folder(task.run_id)
+        data = loaded.data
+        write_predictions(
+            folder / PREDICTIONS_FILE,
+            (
+                [data.client, path, LABELS[int(label)], f"{prob:.17g}", task.server_round]
+                for path, label, prob in zip(data.test_paths, data.test_y, result.prob_abnormal, strict=True)
+            ),
+        )
+        self._save(loaded, task.server_round, EVALUATED)
+        self._export(loaded, task.server_round)
+        metrics: dict[str, float | None] = {"loss": result.loss, "acc": result.acc, "auc": result.auc}
+        return EvaluateReply(data.client, data.num_test, metrics, seconds)
+
+    # -- state -----------------------------------------------------------------------------------------------------
+    def _load(self, run_id: str) -> _Loaded:
+        if self._loaded is not None and self._loaded.run_id == run_id:
+            return self._loaded
+        folder = self.site.folder(run_id)
+        record_path = folder / HOSPITAL_FILE
+        if not record_path.is_file():
+            raise FederationError(f"hospital {self.site.client} was not told about run {run_id} (no Hello)")
+        record = read_json(record_path)
+        config = config_from_text(str(record["config_toml"]), f"{record_path} configuration")
+        if config.run.threads > 0:
+            torch.set_num_threads(config.run.threads)
+        data = load_clients(self.site.dataset, config.data.input_size, config.model.in_chans, [self.site.client])
+        model = create_model(config.model.name, len(LABELS), config.model.in_chans)
+        self._loaded = _Loaded(run_id, config, data[self.site.client], model)
+        return self._loaded
+
+    def _client(self, loaded: _Loaded, shared_keys: list[str]) -> Client:
+        config = loaded.config
+        return Client(
+            loaded.data,
+            loaded.model,
+            shared_keys,
+            batch_size=config.data.batch_size,
+            eval_batch_size=config.data.eval_batch_size,
+            augment=config.data.augment,
+            device=resolve_device(config.run.device),
+        )
+
+    def _checkpoints(self, run_id: str) -> dict[int, Path]:
+        folder = self.site.folder(run_id) / CHECKPOINT_DIR
+        out: dict[int, Path] = {}
+        if folder.is_dir():
+            for path in folder.glob("round_*.safetensors"):
+                with contextlib.suppress(ValueError):
+                    out[int(path.stem.removeprefix("round_"))] = path
+        return out
+
+    def _restore(self, loaded: _Loaded, server_round: int, *, inclusive: bool) -> None:
+        """Put the model at the newest checkpoint of a round before ``server_round`` (or at it, ``inclusive``)."""
+        saved = self._checkpoints(loaded.run_id)
+        usable = [r for r in saved if r < server_round or (inclusive and r == server_round)]
+        if not usable:
+            if loaded.at != (0, EVALUATED):
+                initial, _ = initial_state(loaded.config)
+                loaded.model.load_state_dict(initial)
+                loaded.at = (0, EVALUATED)
+            return
+        newest = max(usable)
+        path = saved[newest]
+        with safe_open(str(path), framework="pt") as handle:
+            stage = int((handle.metadata() or {}).get("stage", EVALUATED))
+        if loaded.at == (newest, stage):
+            return
+        try:
+            state = load_file(str(path))
+        except Exception as exc:  # a damaged file: name it, say what to do
+            raise FederationError(
+                f"hospital checkpoint {path} cannot be read ({exc}): delete it to continue from an earlier round"
+            ) from exc
+        loaded.model.load_state_dict(state)
+        loaded.at = (newest, stage)
+
+    def _save(self, loaded: _Loaded, server_round: int, stage: int) -> None:
+        folder = self.site.folder(loaded.run_id) / CHECKPOINT_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"round_{server_round:04d}.safetensors"
+        state = {k: v.detach().cpu().contiguous() for k, v in loaded.model.state_dict().items()}
+        _atomic_save(state, path, {"round": str(server_round), "stage": str(stage)})
+        loaded.at = (server_round, stage)
+        keep = loaded.config.run.keep_checkpoints + 1  # one more than the server: it may be a round ahead
+        saved = self._checkpoints(loaded.run_id)
+        for r, old in saved.items():
+            # rounds after this one are left over from an interrupted run that is being redone
+            if r > server_round or r <= server_round - keep:
+                old.unlink(missing_ok=True)
+
+    def _export(self, loaded: _Loaded, server_round: int) -> None:
+        """``model.safetensors``: the model the hospital would deploy after ``server_round`` (a link to its
+        checkpoint when the file system allows, so it costs no copy)."""
+        folder = self.site.folder(loaded.run_id)
+        source = folder / CHECKPOINT_DIR / f"round_{server_round:04d}.safetensors"
+        target = folder / MODEL_FILE
+        tmp = folder / f".{MODEL_FILE}.{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(source, tmp)
+        except OSError:
+            shutil.copyfile(source, tmp)
+        os.replace(tmp, target)
+
+
+def _atomic_save(state: dict[str, torch.Tensor], path: Path, metadata: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        save_file(state, str(tmp), metadata=metadata)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

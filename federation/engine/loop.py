@@ -1,0 +1,361 @@
+"""The server: the only round loop, for every strategy and every transport (FedSAF paper 001, Algorithm 1).
+
+Before round 1 the server says ``Hello`` to every hospital the pool reaches; each answers with its client index
+and tile counts (the server never reads a hospital's manifest). Every round: ``configure_train`` -> each hospital
+trains on what it was sent -> ``aggregate_train`` over the usable replies -> ``configure_evaluate`` -> each
+hospital evaluates its model (shared part as sent + its own head) on its own test split. Values sent and
+received per hospital are counted from the messages (``federation.contract``).
+
+Faults: a hospital that fails, does not answer within the transport's timeout, or sends tensors that are not
+finite or not exactly the shared keys is left out of that round's aggregation (``left_out`` in
+``aggregation.jsonl`` and on the progress line) and takes part again in the next round. A round with no usable
+reply stops the run with a one-line reason; the checkpoint of the previous round stays, so ``--resume`` continues.
+
+The server's run directory holds only what messages carried: ``config.toml``, ``metrics.jsonl`` (scalars and
+counts per round and hospital), ``aggregation.jsonl``, ``summary.json`` and checkpoints of the strategy's state
+(shared tensors only). Hospitals keep their own folders (``federation.engine.hospital``); this module never
+reads them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from federation.config import RunConfig, config_to_toml
+from federation.contract import (
+    EvaluateReply,
+    EvaluateTask,
+    Failure,
+    Hello,
+    HelloReply,
+    Strategy,
+    TrainReply,
+    TrainTask,
+    count_reply_values,
+    count_values,
+)
+from federation.engine.codec import Message
+from federation.engine.common import derive_seed, initial_state, resolve_config
+from federation.engine.pools import Pool
+from federation.errors import FederationError
+from federation.report import round_stats, run_figures
+from federation.runs import (
+    AGGREGATION_FILE,
+    CONFIG_FILE,
+    METRICS_FILE,
+    SUMMARY_FILE,
+    Checkpoint,
+    append_jsonl,
+    complete_checkpoints,
+    finite_or_none,
+    is_live_run,
+    keep_rounds,
+    now_iso,
+    prepare_run_dir,
+    read_checkpoint,
+    read_json,
+    read_jsonl,
+    write_checkpoint,
+    write_json,
+)
+from federation.strategies import StrategyContext, build_strategy
+from models import check_input_size, check_nhead
+
+PoolFactory = Callable[[], Pool]
+
+
+class RunStopped(Exception):
+    """The run was interrupted (Ctrl-C or SIGTERM); ``summary.json`` says ``stopped``."""
+
+
+@contextmanager
+def _stop_on_sigterm() -> Iterator[None]:
+    """Turn SIGTERM into ``RunStopped`` (as Ctrl-C is ``KeyboardInterrupt``) so the run is marked ``stopped``."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise RunStopped("stopped by SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def usable_update(reply: TrainReply, shared_keys: list[str]) -> str | None:
+    """Why ``reply`` cannot be aggregated (``None`` if it can): wrong keys, or values that are not finite."""
+    if set(reply.shared) != set(shared_keys):
+        extra = sorted(set(reply.shared) - set(shared_keys))[:3]
+        missing = sorted(set(shared_keys) - set(reply.shared))[:3]
+        return f"sent other tensors than the shared part (extra {extra}, missing {missing})"
+    for key, value in reply.shared.items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            return f"its update is not finite ({key})"
+    if reply.num_examples <= 0:
+        return "it reported no training examples"
+    return None
+
+
+class Engine:
+    """One run of the federation into ``run_dir`` (fresh, or resumed from its last checkpoint)."""
+
+    def __init__(self, config: RunConfig, run_dir: Path, *, progress: bool = True) -> None:
+        self.config = resolve_config(config)
+        self.run_dir = run_dir
+        self.run_id = run_dir.name
+        self.progress = progress
+        self.summary: dict[str, Any] = {}
+
+    def _write_summary(self, **changes: Any) -> None:
+        self.summary.update(changes, updated_at=now_iso())
+        write_json(self.run_dir / SUMMARY_FILE, self.summary)
+
+    def run(self, make_pool: PoolFactory, *, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
+        """Train every round; returns the final ``summary.json`` content. Raises on failure or interruption."""
+        config = self.config
+        check_input_size(config.model.name, config.data.input_size)
+        if resume:
+            previous = read_json(self.run_dir / SUMMARY_FILE) if (self.run_dir / SUMMARY_FILE).is_file() else {}
+            if is_live_run(self.run_dir):
+                raise FederationError(f"{self.run_dir} is still running (pid {previous['pid']}): stop it first")
+            self.summary = dict(previous)
+        else:
+            prepare_run_dir(self.run_dir, overwrite)
+        self.summary.update(
+            run_id=self.run_id,
+            status="running",
+            pid=os.getpid(),
+            total_rounds=config.run.rounds,
+            rounds_done=self.summary.get("rounds_done", 0),
+            eta_seconds=None,
+            error=None,
+            finished_at=None,
+            strategy=config.strategy.name,
+            model=config.model.name,
+            nhead=config.strategy.nhead,
+            dataset=config.data.path,
+            engine=config.run.engine,
+        )
+        self.summary.setdefault("started_at", now_iso())
+        if resume:
+            self.summary["resumed_at"] = now_iso()
+        (self.run_dir / CONFIG_FILE).write_text(config_to_toml(config), encoding="utf-8")
+        self._write_summary()
+        pool: Pool | None = None
+        threads_before = torch.get_num_threads()
+        if config.run.threads > 0:
+            torch.set_num_threads(config.run.threads)
+        try:
+            with _stop_on_sigterm():
+                pool = make_pool()
+                self._start(pool, resume)
+                self._loop(pool)
+        except (KeyboardInterrupt, RunStopped) as exc:
+            self._write_summary(status="stopped", eta_seconds=None, error=str(exc) or "interrupted")
+            raise RunStopped(
+                f"stopped after round {self.summary.get('rounds_done', 0)}; "
+                f"continue with: gastric-fl train --resume {self.run_dir}"
+            ) from exc
+        except Exception as exc:
+            message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            self._write_summary(status="failed", eta_seconds=None, error=message)
+            raise
+        finally:
+            if pool is not None:
+                pool.close()
+            torch.set_num_threads(threads_before)
+        self._write_summary(status="finished", eta_seconds=0, finished_at=now_iso())
+        return self.summary
+
+    # -- before round 1 ----------------------------------------------------------------------------------------------
+    def _start(self, pool: Pool, resume: bool) -> None:
+        config = self.config
+        replies = pool.hello(Hello(self.run_id, config_to_toml(config), resume))
+        failed = {c: r.reason for c, r in replies.items() if isinstance(r, Failure)}
+        hellos = {c: r for c, r in replies.items() if isinstance(r, HelloReply)}
+        chosen = config.strategy.clients
+        wanted = sorted(hellos) + sorted(failed) if isinstance(chosen, str) else sorted(chosen)
+        problems = [f"hospital {c}: {failed[c]}" for c in wanted if c in failed]
+        if problems:
+            raise FederationError("; ".join(problems))
+        absent = [c for c in wanted if c not in hellos]
+        if absent:
+            raise FederationError(
+                f"strategy.clients names {absent}, but the hospitals that answered are {sorted(hellos)}"
+            )
+        clients = tuple(sorted(wanted))
+        if not clients:
+            raise FederationError("no hospital answered: there is nobody to federate")
+        if resume and self.summary.get("clients") not in (None, list(clients)):
+            raise FederationError(
+                f"{self.run_dir} was run with hospitals {self.summary['clients']}, but {list(clients)} answered now: "
+                "resume with the same hospitals, or start a new run"
+            )
+        self.counts = {c: hellos[c].num_train for c in clients}
+        self.num_test = {c: hellos[c].num_test for c in clients}
+        initial, units = initial_state(config)
+        check_nhead(config.strategy.nhead or 0, units)
+        ctx = StrategyContext(clients, self.counts, tuple(initial), tuple(units), initial)
+        self.strategy: Strategy = build_strategy(config, ctx)
+        self.shared_keys = self.strategy.shared_keys(list(initial), [keys for _, keys in units])
+        self.clients = clients
+        self.start_round = 1
+        self.round_seconds: list[float] = []
+        if resume:
+            done = complete_checkpoints(self.run_dir)
+            if done:
+                checkpoint = read_checkpoint(self.run_dir, done[-1])
+                if checkpoint.clients and sorted(checkpoint.clients) != list(clients):
+                    raise FederationError(
+                        f"checkpoint round {done[-1]} is of hospitals {checkpoint.clients}, not {list(clients)}: "
+                        "it is from another run"
+                    )
+                self.strategy.load_state_tensors(checkpoint.strategy_tensors)
+                self.strategy.load_state_json(checkpoint.strategy_json)
+                self.start_round = done[-1] + 1
+            last = self.start_round - 1
+            for name in (METRICS_FILE, AGGREGATION_FILE):
+                keep_rounds(self.run_dir / name, last)
+            self.summary["rounds_done"] = last
+        else:
+            for name in (METRICS_FILE, AGGREGATION_FILE):
+                (self.run_dir / name).write_text("", encoding="utf-8")
+        self.summary["clients"] = list(clients)
+
+    # -- the rounds ---------------------------------------------------------------------------------------------------
+    def _loop(self, pool: Pool) -> None:
+        total = self.config.run.rounds
+        bar = tqdm(
+            total=total,
+            initial=self.start_round - 1,
+            desc=self.run_id,
+            unit="round",
+            disable=not self.progress,
+            dynamic_ncols=True,
+        )
+        self.bar = bar
+        try:
+            for server_round in range(self.start_round, total + 1):
+                self._round(pool, server_round)
+                bar.update(1)
+                final = self.summary.get("final") or {}
+                bar.set_postfix(acc=f"{final.get('avg_test_acc', 0):.3f}")
+        finally:
+            bar.close()
+
+    def _note(self, text: str) -> None:
+        if self.progress:
+            self.bar.write(text)
+
+    def _round(self, pool: Pool, server_round: int) -> None:
+        config = self.config
+        start = time.perf_counter()
+        instructions = self.strategy.configure_train(server_round, self.clients)
+        sent = {c: count_values(i) for c, i in instructions.items()}
+        tasks = {
+            c: TrainTask(self.run_id, server_round, derive_seed(config.run.seed, server_round, c), self.shared_keys, i)
+            for c, i in instructions.items()
+        }
+        left_out: dict[str, str] = {}
+        trained: dict[int, TrainReply] = {}
+        for c, reply in pool.exchange(tasks).items():
+            reason = self._train_problem(reply)
+            if reason is None and isinstance(reply, TrainReply):
+                trained[c] = reply
+            else:
+                left_out[str(c)] = reason or "unexpected reply"
+        if instructions and not trained:
+            reasons = "; ".join(f"hospital {c}: {r}" for c, r in left_out.items())
+            raise FederationError(
+                f"round {server_round}: no hospital sent a usable update ({reasons}); "
+                f"fix the cause, then continue with gastric-fl train --resume {self.run_dir}"
+            )
+        received = {c: count_reply_values(t) for c, t in trained.items()}
+        record = self.strategy.aggregate_train(server_round, trained)
+        shared = self.strategy.configure_evaluate(server_round, self.clients)
+        eval_tasks = {
+            c: EvaluateTask(self.run_id, server_round, c, self.shared_keys, shared.get(c)) for c in self.clients
+        }
+        evaluated: dict[int, EvaluateReply] = {}
+        for c, reply in pool.exchange(eval_tasks).items():
+            if isinstance(reply, EvaluateReply):
+                evaluated[c] = reply
+            else:
+                reason = reply.reason if isinstance(reply, Failure) else "unexpected reply"
+                left_out[str(c)] = f"{left_out[str(c)]}; " if str(c) in left_out else ""
+                left_out[str(c)] += f"evaluation: {reason}"
+        if not evaluated:
+            reasons = "; ".join(f"hospital {c}: {r}" for c, r in left_out.items())
+            raise FederationError(f"round {server_round}: no hospital could evaluate ({reasons})")
+        for who, why in left_out.items():
+            self._note(f"round {server_round}: hospital {who} left out ({why})")
+        seconds = time.perf_counter() - start
+        lines = []
+        for c in self.clients:
+            e = evaluated.get(c)
+            if e is None:
+                continue
+            t = trained.get(c)
+            metrics = t.metrics if t else {}
+            lines.append(
+                {
+                    "round": server_round,
+                    "client": c,
+                    "train_loss": finite_or_none(metrics.get("train_loss")),
+                    "test_loss": finite_or_none(e.metrics.get("loss")),
+                    "test_acc": finite_or_none(e.metrics.get("acc")),
+                    "test_auc": finite_or_none(e.metrics.get("auc")),
+                    "fisher_trace": finite_or_none(metrics.get("fisher_trace")),
+                    "values_sent": sent.get(c, 0),
+                    "values_received": received.get(c, 0),
+                    "seconds": (t.seconds if t else 0.0) + e.seconds,
+                    "num_train": self.counts[c],
+                    "num_test": e.num_examples,
+                    "trained": t is not None,
+                }
+            )
+        append_jsonl(self.run_dir / METRICS_FILE, lines)
+        aggregation = {
+            "round": server_round,
+            "seconds": seconds,
+            "values_sent": sum(sent.values()),
+            "values_received": sum(received.values()),
+            **({"left_out": left_out} if left_out else {}),
+            **record,
+        }
+        append_jsonl(self.run_dir / AGGREGATION_FILE, [aggregation])
+        write_checkpoint(
+            self.run_dir,
+            Checkpoint(server_round, list(self.clients), self.strategy.state_tensors(), self.strategy.state_json()),
+            keep=config.run.keep_checkpoints,
+        )
+        self.round_seconds.append(seconds)
+        per_round = sum(self.round_seconds) / len(self.round_seconds)
+        figures = run_figures(round_stats(read_jsonl(self.run_dir / METRICS_FILE)))
+        self._write_summary(
+            rounds_done=server_round,
+            seconds_per_round=per_round,
+            eta_seconds=per_round * (config.run.rounds - server_round),
+            **figures,
+        )
+
+    def _train_problem(self, reply: Message) -> str | None:
+        if isinstance(reply, Failure):
+            return reply.reason
+        if not isinstance(reply, TrainReply):
+            return f"answered a training task with {type(reply).__name__}"
+        return usable_update(reply, self.shared_keys)
