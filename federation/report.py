@@ -99,7 +99,8 @@ def round_stats(metrics: Sequence[Mapping[str, Any]]) -> list[RoundStats]:
     out: list[RoundStats] = []
     for r in sorted(by_round):
         rows = by_round[r]
-        acc = [float(x["test_acc"]) for x in rows]
+        # The engine writes null for a metric that was not finite: it is left out of the mean, not a crash.
+        acc = [float(x["test_acc"]) for x in rows if x.get("test_acc") is not None]
         auc = [float(x["test_auc"]) for x in rows if x.get("test_auc") is not None]
         train_loss = [float(x["train_loss"]) for x in rows if x.get("train_loss") is not None]
         test_loss = [float(x["test_loss"]) for x in rows if x.get("test_loss") is not None]
@@ -109,8 +110,8 @@ def round_stats(metrics: Sequence[Mapping[str, Any]]) -> list[RoundStats]:
                 clients=len(rows),
                 avg_train_loss=_mean(train_loss),
                 avg_test_loss=_mean(test_loss),
-                avg_test_acc=statistics.fmean(acc),
-                std_test_acc=statistics.pstdev(acc),
+                avg_test_acc=statistics.fmean(acc) if acc else math.nan,
+                std_test_acc=statistics.pstdev(acc) if acc else math.nan,
                 avg_test_auc=_mean(auc),
                 std_test_auc=_std(auc),
                 values_sent=sum(int(x.get("values_sent", 0)) for x in rows),

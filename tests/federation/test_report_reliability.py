@@ -115,3 +115,15 @@ def test_a_healthy_run_has_no_problems(tmp_path: Path) -> None:
     run = load_run(_run(tmp_path / "r1"))
     assert run.problems == []
     assert summarise([run])[0]["rounds"] == 3
+
+
+def test_a_null_accuracy_is_left_out_of_the_mean_not_a_crash(tmp_path: Path) -> None:
+    run_dir = _run(tmp_path / "r1", rounds=2)
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    last = json.loads(lines[-1])
+    last["test_acc"] = None  # the engine writes null for a non-finite metric
+    lines[-1] = json.dumps(last)
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    row = summarise([load_run(run_dir)])[0]
+    assert row["rounds"] == 2
+    assert row["avg_test_acc"] == pytest.approx(0.57)  # mean of 0.52 and 0.62
