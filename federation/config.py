@@ -40,6 +40,8 @@ engine = "local"
 workers = 0
 threads = 1
 keep_checkpoints = 2
+# Describe every message that crosses the hospital boundary in <run>/messages.jsonl (names and shapes, no values).
+audit = false
 
 [data]
 path = "data/prepared/quickstart"
@@ -148,6 +150,7 @@ class RunSection:
     workers: int
     threads: int
     keep_checkpoints: int
+    audit: bool
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:

@@ -45,6 +45,7 @@ from federation.contract import (
     count_reply_values,
     count_values,
 )
+from federation.engine.audit import AUDIT_FILE, AuditLog
 from federation.engine.codec import Message
 from federation.engine.common import derive_seed, initial_state, resolve_config
 from federation.engine.pools import Pool
@@ -162,6 +163,8 @@ class Engine:
         try:
             with _stop_on_sigterm():
                 pool = make_pool()
+                if config.run.audit:
+                    pool.observers.append(AuditLog(self.run_dir / AUDIT_FILE))
                 self._start(pool, resume)
                 self._loop(pool)
         except (KeyboardInterrupt, RunStopped) as exc:
