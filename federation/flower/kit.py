@@ -1,0 +1,482 @@
+"""The deployment kit (``gastric-fl federation init``): a throw-away CA, the SuperLink's TLS certificate, one
+SuperNode key pair per hospital, and what each site is handed.
+
+Flower 1.41 secures a deployment in two independent ways (docs: "Enable TLS connections", "Authenticate
+SuperNodes"):
+
+* **TLS.** The SuperLink serves its Fleet, Control and runtime APIs on one HTTPS port with a server certificate
+  (``--ssl-certfile/--ssl-keyfile/--ssl-ca-certfile``); every SuperNode and the ``flwr`` CLI verify it against the
+  CA certificate (``--root-certificates`` / ``root-certificates`` in ``$FLWR_HOME/config.toml``). Its
+  subjectAltName must name the address the others dial, so it always carries ``DNS:localhost`` and
+  ``IP:127.0.0.1`` (loopback tests, the demo) plus every host name or IP given here.
+* **SuperNode authentication.** With ``--enable-supernode-auth`` the SuperLink accepts only SuperNodes whose
+  public key was registered with ``flwr supernode register KEY.pub``; a SuperNode signs its requests with the
+  private key given as ``--auth-supernode-private-key``. Flower wants an elliptic-curve key on a NIST curve, the
+  private key in OpenSSH format and the public key as one OpenSSH line (``ecdsa-sha2-nistp384 AAAA...``), which
+  is what ``ssh-keygen -t ecdsa -b 384`` writes and what is written here with ``cryptography``.
+
+Layout of a kit folder (``Kit.load`` reads it back)::
+
+    KIT/
+      .gastric-fl-kit            marker: this folder was made by ``federation init`` (overwrite is allowed)
+      kit.toml                   server address and the hospitals (name, index); public
+      ca/ca.key                  SECRET (0600): signs server certificates; keep offline, or delete after init
+      ca/ca.crt                  public
+      server/                    what the SuperLink machine keeps
+        ca.crt  server.crt       public
+        server.key               SECRET (0600)
+        hospitals/<name>.pub     the hospitals' public keys, registered with the SuperLink
+      hospitals/<name>/          the hand-over bundle of one hospital
+        bundle.toml              name, index (partition id), server address HOST:PORT
+        supernode.key            SECRET (0600): the hospital's SuperNode private key
+        supernode.pub  ca.crt    public
+
+Errors are ``FederationError`` (one line, exit 2 in the CLI).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import json
+import os
+import re
+import shutil
+import tempfile
+import tomllib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from federation.errors import FederationError
+
+MARKER = ".gastric-fl-kit"
+KIT_FORMAT = 1
+DEFAULT_PORT = 8000  # Flower 1.41's SuperLink default (--port): Fleet, Control and runtime APIs on one port
+SECRET_MODE = 0o600
+PUBLIC_MODE = 0o644
+CURVE = ec.SECP384R1()  # P-384, as in Flower's "Authenticate SuperNodes" guide (ssh-keygen -t ecdsa -b 384)
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_HOST = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+)
+
+
+@dataclass(frozen=True)
+class HospitalBundle:
+    """One hospital's hand-over folder: its SuperNode key pair, the CA certificate and ``bundle.toml``."""
+
+    name: str
+    index: int
+    superlink: str
+    folder: Path
+
+    @property
+    def private_key(self) -> Path:
+        """The SuperNode's private key (OpenSSH format; secret, 0600): ``--auth-supernode-private-key``."""
+        return self.folder / "supernode.key"
+
+    @property
+    def public_key(self) -> Path:
+        """The SuperNode's public key (one OpenSSH line): what the server registers."""
+        return self.folder / "supernode.pub"
+
+    @property
+    def ca_cert(self) -> Path:
+        """The CA certificate the SuperNode verifies the SuperLink with: ``--root-certificates``."""
+        return self.folder / "ca.crt"
+
+    @property
+    def bundle_toml(self) -> Path:
+        """``bundle.toml``: name, index and server address."""
+        return self.folder / "bundle.toml"
+
+
+@dataclass(frozen=True)
+class Kit:
+    """A kit folder made by ``init_kit``; paths of the server side and of every hospital's bundle."""
+
+    root: Path
+    superlink: str
+    hospitals: tuple[HospitalBundle, ...]
+
+    @property
+    def server_dir(self) -> Path:
+        """What the SuperLink machine keeps."""
+        return self.root / "server"
+
+    @property
+    def ca_cert(self) -> Path:
+        """The CA certificate (public)."""
+        return self.server_dir / "ca.crt"
+
+    @property
+    def ca_key(self) -> Path:
+        """The CA private key (secret): only needed to issue a new server certificate."""
+        return self.root / "ca" / "ca.key"
+
+    @property
+    def server_cert(self) -> Path:
+        """The SuperLink's TLS certificate: ``--ssl-certfile``."""
+        return self.server_dir / "server.crt"
+
+    @property
+    def server_key(self) -> Path:
+        """The SuperLink's TLS private key (secret, 0600): ``--ssl-keyfile``."""
+        return self.server_dir / "server.key"
+
+    @property
+    def port(self) -> int:
+        """The SuperLink port from the server address."""
+        return split_address(self.superlink)[1]
+
+    def public_key(self, name: str) -> Path:
+        """The registered public key of hospital ``name`` on the server side."""
+        self.hospital(name)
+        return self.server_dir / "hospitals" / f"{name}.pub"
+
+    def hospital(self, name: str) -> HospitalBundle:
+        """The bundle of hospital ``name``; a ``FederationError`` naming the known ones otherwise."""
+        for bundle in self.hospitals:
+            if bundle.name == name:
+                return bundle
+        known = ", ".join(b.name for b in self.hospitals) or "none"
+        raise FederationError(f"the kit {self.root} has no hospital {name!r} (it has: {known})")
+
+    @classmethod
+    def load(cls, root: Path) -> Kit:
+        """Read a kit folder made by ``init_kit``; one-line errors for a folder that is not one."""
+        root = Path(root)
+        if not (root / MARKER).is_file():
+            raise FederationError(f"{root} is not a kit made by `gastric-fl federation init` (no {MARKER} in it)")
+        data = _read_toml(root / "kit.toml")
+        try:
+            superlink = str(data["superlink"])
+            entries = [(str(h["name"]), int(h["index"])) for h in data.get("hospital", [])]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise FederationError(f"{root / 'kit.toml'} is damaged ({exc}); run `federation init` again") from exc
+        bundles = tuple(HospitalBundle(n, i, superlink, root / "hospitals" / n) for n, i in entries)
+        return cls(root=root, superlink=superlink, hospitals=bundles)
+
+
+# -- public entry points ---------------------------------------------------------------------------------------------
+def default_hospital_names(count: int) -> list[str]:
+    """``client_00``, ``client_01``, ...: the names the engine gives hospitals' folders (``hospitals/client_XX``)."""
+    if count < 1:
+        raise FederationError(f"a federation needs at least one hospital, got {count}")
+    return [f"client_{i:02d}" for i in range(count)]
+
+
+def init_kit(
+    out: Path,
+    hospitals: Sequence[str],
+    *,
+    host: str = "localhost",
+    port: int = DEFAULT_PORT,
+    extra_names: Iterable[str] = (),
+    overwrite: bool = False,
+    valid_days: int = 365,
+) -> Kit:
+    """Create a kit folder at ``out`` for ``hospitals`` (their order gives each its index / partition id).
+
+    ``host:port`` is the SuperLink address written into every bundle; ``host`` and ``extra_names`` (host names or
+    IP addresses) join ``localhost`` and ``127.0.0.1`` in the server certificate's subjectAltName. An existing
+    non-empty ``out`` is refused unless it holds a kit's marker and ``overwrite`` is set; the new kit is built in a
+    hidden sibling folder and moved into place, so a failure leaves the old one untouched.
+    """
+    names = _check_names(hospitals)
+    _check_port(port)
+    host = host.strip()
+    sans = _check_sans([host, *extra_names])
+    if valid_days < 1:
+        raise FederationError(f"valid_days must be at least 1, got {valid_days}")
+    out = Path(out)
+    _check_target(out, overwrite)
+    superlink = join_address(host, port)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        _build(staging, names, superlink, sans, valid_days)
+        if out.exists():
+            shutil.rmtree(out) if any(out.iterdir()) else out.rmdir()
+        staging.rename(out)
+    except OSError as exc:
+        raise FederationError(f"cannot write the kit {out}: {exc.strerror or exc}") from exc
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return Kit.load(out)
+
+
+def add_hospital(kit_root: Path, name: str) -> HospitalBundle:
+    """Add hospital ``name`` to an existing kit: a new key pair, its bundle, and its public key on the server side.
+
+    The new hospital takes the next index. The SuperLink only accepts it once its public key is registered
+    (``flwr supernode register``; ``processes.FlwrCli.register_supernode``); nothing else changes for the others.
+    """
+    kit = Kit.load(kit_root)
+    (name,) = _check_names([name])
+    if any(b.name == name for b in kit.hospitals):
+        raise FederationError(f"the kit {kit.root} already has a hospital {name!r}")
+    index = max((b.index for b in kit.hospitals), default=-1) + 1
+    ca_cert = kit.ca_cert.read_bytes()
+    _write_hospital(kit.root, name, index, kit.superlink, ca_cert)
+    entries = [(b.name, b.index) for b in kit.hospitals] + [(name, index)]
+    _write_public(kit.root / "kit.toml", _kit_toml(kit.superlink, entries))
+    return Kit.load(kit.root).hospital(name)
+
+
+def load_bundle(folder: Path) -> HospitalBundle:
+    """Read a hospital's hand-over folder (``bundle.toml`` and the files next to it); one-line errors."""
+    folder = Path(folder)
+    if folder.is_file() and folder.name == "bundle.toml":
+        folder = folder.parent
+    data = _read_toml(folder / "bundle.toml")
+    try:
+        bundle = HospitalBundle(str(data["name"]), int(data["index"]), str(data["superlink"]), folder)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise FederationError(f"{folder / 'bundle.toml'} lacks name, index or superlink ({exc})") from exc
+    split_address(bundle.superlink)
+    for path in (bundle.private_key, bundle.ca_cert):
+        if not path.is_file():
+            raise FederationError(f"the hospital bundle {folder} lacks {path.name}; copy the whole bundle folder")
+    return bundle
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) as ``(host, port)``; a ``FederationError`` when malformed."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise FederationError(f"server address {address!r} must be HOST:PORT, e.g. fl.example.org:{DEFAULT_PORT}")
+    port = int(port_text)
+    _check_port(port)
+    return host.removeprefix("[").removesuffix("]"), port
+
+
+def join_address(host: str, port: int) -> str:
+    """``HOST:PORT``, with brackets around an IPv6 address."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+# -- keys and certificates -------------------------------------------------------------------------------------------
+def new_key() -> ec.EllipticCurvePrivateKey:
+    """A fresh ECDSA P-384 private key."""
+    return ec.generate_private_key(CURVE)
+
+
+def openssh_private(key: ec.EllipticCurvePrivateKey) -> bytes:
+    """The private key in OpenSSH format, unencrypted (what ``flower-supernode`` loads with no passphrase)."""
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+    )
+
+
+def openssh_public(key: ec.EllipticCurvePrivateKey, comment: str = "") -> bytes:
+    """The public key as one OpenSSH line (``ecdsa-sha2-nistp384 AAAA... comment``)."""
+    line = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    return line + (f" {comment}".encode() if comment else b"") + b"\n"
+
+
+def pem_private(key: ec.EllipticCurvePrivateKey) -> bytes:
+    """A TLS private key as unencrypted PKCS#8 PEM (what uvicorn's ``ssl_keyfile`` reads)."""
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def make_ca(valid_days: int) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A self-signed CA (P-384, ``pathlen:0``) that signs only this federation's server certificate."""
+    key = new_key()
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gastric-fl federation CA")])
+    start = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)  # tolerate small clock skew between sites
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(start + dt.timedelta(days=valid_days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(_key_usage(cert_sign=True), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA384())
+    )
+    return key, cert
+
+
+def make_server_cert(
+    ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, sans: Sequence[x509.GeneralName], valid_days: int
+) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """The SuperLink's TLS certificate, signed by the CA, for the names and addresses in ``sans``."""
+    key = new_key()
+    start = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    ca_ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gastric-fl SuperLink")]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(start + dt.timedelta(days=valid_days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(_key_usage(cert_sign=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(list(sans)), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
+        .sign(ca_key, hashes.SHA384())
+    )
+    return key, cert
+
+
+def _key_usage(*, cert_sign: bool) -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=not cert_sign,
+        key_cert_sign=cert_sign,
+        crl_sign=cert_sign,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+# -- building the folder ---------------------------------------------------------------------------------------------
+def _build(root: Path, names: list[str], superlink: str, sans: list[x509.GeneralName], valid_days: int) -> None:
+    ca_key, ca_cert = make_ca(valid_days)
+    server_key, server_cert = make_server_cert(ca_key, ca_cert, sans, valid_days)
+    ca_pem = ca_cert.public_bytes(serialization.Encoding.PEM)
+    for folder in (root / "ca", root / "server" / "hospitals", root / "hospitals"):
+        folder.mkdir(parents=True)
+    os.chmod(root / "ca", 0o700)
+    _write_secret(root / "ca" / "ca.key", pem_private(ca_key))
+    _write_public(root / "ca" / "ca.crt", ca_pem)
+    _write_public(root / "server" / "ca.crt", ca_pem)
+    _write_public(root / "server" / "server.crt", server_cert.public_bytes(serialization.Encoding.PEM))
+    _write_secret(root / "server" / "server.key", pem_private(server_key))
+    for index, name in enumerate(names):
+        _write_hospital(root, name, index, superlink, ca_pem)
+    _write_public(root / "kit.toml", _kit_toml(superlink, list(zip(names, range(len(names)), strict=True))))
+    _write_public(root / MARKER, f"# made by `gastric-fl federation init`; format {KIT_FORMAT}\n".encode())
+
+
+def _write_hospital(root: Path, name: str, index: int, superlink: str, ca_pem: bytes) -> None:
+    folder = root / "hospitals" / name
+    folder.mkdir(parents=True)
+    os.chmod(folder, 0o700)
+    key = new_key()
+    public = openssh_public(key, comment=name)
+    _write_secret(folder / "supernode.key", openssh_private(key))
+    _write_public(folder / "supernode.pub", public)
+    _write_public(folder / "ca.crt", ca_pem)
+    text = (
+        "# Hand-over bundle of one hospital (gastric-fl federation init). Keep supernode.key secret.\n"
+        f"name = {_toml_str(name)}\n"
+        f"index = {index}\n"
+        f"superlink = {_toml_str(superlink)}\n"
+    )
+    _write_public(folder / "bundle.toml", text.encode())
+    _write_public(root / "server" / "hospitals" / f"{name}.pub", public)
+
+
+def _kit_toml(superlink: str, entries: Sequence[tuple[str, int]]) -> bytes:
+    lines = [
+        "# A deployment kit made by `gastric-fl federation init` (see docs/deployment.md).",
+        f"superlink = {_toml_str(superlink)}",
+    ]
+    for name, index in entries:
+        lines += ["", "[[hospital]]", f"name = {_toml_str(name)}", f"index = {index}"]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _toml_str(value: str) -> str:
+    return json.dumps(value)  # a JSON string is a valid TOML basic string
+
+
+def _write_secret(path: Path, data: bytes) -> None:
+    """Create ``path`` with mode 0600 from the start (never briefly world-readable)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, SECRET_MODE)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+    os.chmod(path, SECRET_MODE)  # in case a umask or an inherited ACL changed it
+
+
+def _write_public(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.chmod(tmp, PUBLIC_MODE)
+    tmp.replace(path)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError as exc:
+        raise FederationError(f"{path} does not exist; is this a kit or bundle made by `federation init`?") from exc
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise FederationError(f"cannot read {path}: {exc}") from exc
+
+
+# -- input checks ----------------------------------------------------------------------------------------------------
+def _check_names(hospitals: Sequence[str]) -> list[str]:
+    names = [str(n).strip() for n in hospitals]
+    if not names:
+        raise FederationError("a kit needs at least one hospital name")
+    for name in names:
+        if not _NAME.match(name):
+            raise FederationError(
+                f"hospital name {name!r} must be 1-63 letters, digits, '_', '.' or '-', starting with a letter or digit"
+            )
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise FederationError(f"hospital names must be unique; repeated: {', '.join(duplicates)}")
+    return names
+
+
+def _check_port(port: int) -> None:
+    if not 1 <= int(port) <= 65535:
+        raise FederationError(f"port must be between 1 and 65535, got {port}")
+
+
+def _check_sans(hosts: Iterable[str]) -> list[x509.GeneralName]:
+    """``localhost``, ``127.0.0.1`` and every other host as a DNS name or IP address, without repeats."""
+    sans: list[x509.GeneralName] = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    for raw in hosts:
+        text = raw.strip().removeprefix("[").removesuffix("]")
+        if not text:
+            raise FederationError("an empty host name cannot go into the server certificate")
+        san: x509.GeneralName
+        try:
+            san = x509.IPAddress(ipaddress.ip_address(text))
+        except ValueError:
+            if not _HOST.match(text):
+                raise FederationError(
+                    f"{raw!r} is neither an IP address nor a host name (letters, digits, '-' and '.')"
+                ) from None
+            san = x509.DNSName(text.lower())
+        if san not in sans:
+            sans.append(san)
+    return sans
+
+
+def _check_target(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise FederationError(f"{out} is a file; choose a folder for the kit")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not (out / MARKER).is_file():
+        raise FederationError(f"{out} is not empty and was not made by `federation init`; choose another folder")
+    if not overwrite:
+        raise FederationError(f"{out} already holds a kit; pass --overwrite to replace it (all its keys change)")
