@@ -12,6 +12,9 @@
   FedAMP implementation did the latter and silently trained like local-only.
 * ``fisher_batch > 0``: after training, ``federation.fisher.fisher_trace`` over the shared parameters on a
   random mini-batch of un-augmented training tiles (Eq. 12-15) is reported as ``metrics["fisher_trace"]``.
+* ``optimizer = "adam"`` with ``second_moments``: Adam's bias-corrected second moments
+  ``v_hat = exp_avg_sq / (1 - beta2^step)`` of the shared parameters, averaged over the steps of the second half
+  of the last local epoch, are reported with the weights (precision-weighted FL, paper 004, Sec. 4 and Eq. 6).
 
 Every random choice of a round (shuffling, augmentation, dropout, the Fisher mini-batch) comes from one seed
 that the engine derives from (run seed, round, client), so a resumed run repeats an uninterrupted one exactly.
@@ -140,6 +143,8 @@ class Client:
         generator = torch.Generator().manual_seed(seed)
         augmenter = make_augmenter(seed) if self.augment else None
         losses: list[tuple[float, int]] = []
+        self._moments: dict[str, torch.Tensor] = {}
+        self._moment_steps = 0
         if recipe.head_epochs > 0 and self.head_params:
             head_lr = recipe.head_lr if recipe.head_lr is not None else recipe.lr
             self._phase(
@@ -156,8 +161,19 @@ class Client:
         metrics = {"train_loss": sum(loss * n for loss, n in losses) / seen if seen else float("nan")}
         if recipe.fisher_batch > 0:
             metrics["fisher_trace"] = self._fisher(recipe.fisher_batch, generator)
+        moments: TensorDict = {}
+        if recipe.second_moments:
+            if recipe.optimizer != "adam" or not self._moment_steps:
+                raise FederationError(
+                    f"client {self.cid}: second moments need client.optimizer = adam and at least one base step"
+                )
+            moments = {k: (v / self._moment_steps).cpu() for k, v in self._moments.items()}
         return TrainReply(
-            client=self.cid, shared=self.shared_state(), num_examples=self.data.num_train, metrics=metrics
+            client=self.cid,
+            shared=self.shared_state(),
+            num_examples=self.data.num_train,
+            metrics=metrics,
+            second_moments=moments,
         )
 
     def _set_trainable(self, names: Iterable[str]) -> None:
@@ -184,13 +200,22 @@ class Client:
     ) -> None:
         self._set_trainable(names)
         trained = [self.params[k] for k in names]
-        optimizer = torch.optim.SGD(trained, lr=lr, momentum=recipe.momentum, weight_decay=recipe.weight_decay)
+        optimizer: torch.optim.Optimizer
+        if recipe.optimizer == "adam":
+            optimizer = torch.optim.Adam(
+                trained, lr=lr, betas=(recipe.adam_beta1, recipe.adam_beta2), eps=recipe.adam_eps
+            )
+        else:
+            optimizer = torch.optim.SGD(trained, lr=lr, momentum=recipe.momentum, weight_decay=recipe.weight_decay)
         prox_params = {k: self.params[k] for k in self.shared_params if k in set(names)}
         use_prox = centre is not None and bool(prox_params)
+        # paper 004: v_hat of the shared parameters, over the second half of the last epoch of the base phase
+        watch = [k for k in self.shared_params if k in set(names)] if recipe.second_moments else []
         images, labels = self.data.train_x, torch.from_numpy(self.data.train_y)
-        for _ in range(epochs):
+        for epoch in range(epochs):
             order = torch.randperm(self.data.num_train, generator=generator)
-            for index in _batches(order, self.batch_size):
+            batches = _batches(order, self.batch_size)
+            for step, index in enumerate(batches):
                 batch = images[index.numpy()]
                 if augmenter is not None:
                     batch = augment_batch(augmenter, batch)
@@ -208,8 +233,19 @@ class Client:
                 total.backward()
                 optimizer.step()
                 losses.append((value, int(y.numel())))
+                if watch and epoch == epochs - 1 and step >= len(batches) // 2:
+                    self._add_moments(optimizer, watch, recipe.adam_beta2)
         for param in self.params.values():
             param.requires_grad_(True)
+
+    @torch.no_grad()
+    def _add_moments(self, optimizer: torch.optim.Optimizer, keys: Sequence[str], beta2: float) -> None:
+        """Add this step's bias-corrected Adam second moments ``exp_avg_sq / (1 - beta2^step)`` (paper 004)."""
+        for key in keys:
+            state = optimizer.state[self.params[key]]
+            v_hat = state["exp_avg_sq"] / (1.0 - beta2 ** float(state["step"]))
+            self._moments[key] = self._moments[key] + v_hat if key in self._moments else v_hat.clone()
+        self._moment_steps += 1
 
     @torch.no_grad()
     def recompute_batchnorm(self) -> None:

@@ -69,6 +69,19 @@ weight_decay = 0.0001
 head_epochs = 1
 # Recompute BatchNorm statistics over the training tiles after local training (see Recipe.precise_bn).
 precise_bn = true
+# "sgd" (momentum, weight_decay) or "adam" ([adam]; precision_weighted needs it: paper 004).
+optimizer = "sgd"
+
+[adam]
+# Adam's settings when client.optimizer = "adam" (paper 004 uses the Keras defaults: 0.9, 0.999, 1e-7).
+beta1 = 0.9
+beta2 = 0.999
+eps = 1e-7
+
+[precision_weighted]
+# Paper 004, Eq. 6: pi_k proportional to (v_hat_k + eps)^-1; inverse = false weights by v_hat_k + eps instead.
+eps = 1e-7
+inverse = true
 
 [fedprox]
 mu = 0.01
@@ -116,6 +129,7 @@ round_timeout = 600
 
 DEVICES = ("cpu", "cuda", "auto")
 ENGINES = ("local", "flower-sim", "flower")
+OPTIMIZERS = ("sgd", "adam")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -238,9 +252,12 @@ class ClientSection:
     weight_decay: float
     head_epochs: int
     precise_bn: bool
+    optimizer: str
     head_lr: float | None = None
 
     def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            _fail("client.optimizer", self.optimizer, f"use one of {', '.join(OPTIMIZERS)}")
         _at_least("client.epochs", self.epochs, 0)
         _positive("client.lr", self.lr)
         if not 0.0 <= self.momentum < 1.0:
@@ -249,6 +266,32 @@ class ClientSection:
         _at_least("client.head_epochs", self.head_epochs, 0)
         if self.head_lr is not None:
             _positive("client.head_lr", self.head_lr)
+
+
+@dataclass(frozen=True)
+class AdamSection:
+    """``[adam]``: Adam's moment decay rates and epsilon, used when ``client.optimizer = "adam"``."""
+
+    beta1: float
+    beta2: float
+    eps: float
+
+    def __post_init__(self) -> None:
+        for key, value in (("adam.beta1", self.beta1), ("adam.beta2", self.beta2)):
+            if not 0.0 <= value < 1.0:
+                _fail(key, value, "use 0 <= beta < 1")
+        _positive("adam.eps", self.eps)
+
+
+@dataclass(frozen=True)
+class PrecisionWeightedSection:
+    """``[precision_weighted]``: paper 004's aggregation (Eq. 6): its epsilon and which reading of the weights."""
+
+    eps: float
+    inverse: bool
+
+    def __post_init__(self) -> None:
+        _positive("precision_weighted.eps", self.eps)
 
 
 @dataclass(frozen=True)
@@ -363,6 +406,8 @@ class RunConfig:
     fedlws: FedLWSSection
     fedtlu: FedTLUSection
     flower: FlowerSection
+    adam: AdamSection
+    precision_weighted: PrecisionWeightedSection
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Plain nested dict (tuples as lists, ``None`` fields left out: TOML has no null)."""
@@ -456,7 +501,25 @@ def config_from_dict(raw: Mapping[str, Any], source: str = "config") -> RunConfi
     config = RunConfig(**sections)
     if config.client.epochs + config.client.head_epochs == 0:
         _fail("client.epochs", 0, "train for at least one epoch (client.epochs or client.head_epochs > 0)")
+    _check_unused(config, "adam", config.client.optimizer == "adam", 'they apply only with client.optimizer = "adam"')
+    _check_unused(
+        config,
+        "precision_weighted",
+        config.strategy.name == "precision_weighted",
+        "they apply only with strategy.name = precision_weighted",
+    )
     return config
+
+
+def _check_unused(config: RunConfig, section: str, applies: bool, why: str) -> None:
+    """Refuse a setting changed from its default in a section the run does not use (it would silently do nothing)."""
+    if applies:
+        return
+    defaults = tomllib.loads(DEFAULTS_TOML).get(section, {})
+    values = dataclasses.asdict(getattr(config, section))
+    for key, default in defaults.items():
+        if values[key] != default:
+            _fail(f"{section}.{key}", values[key], f"leave [{section}] at its defaults: {why}")
 
 
 def read_toml(file: Path, hint: str) -> dict[str, Any]:

@@ -39,6 +39,9 @@ class Recipe:
     client's (unaugmented) training tiles, so that they describe the weights just trained (Wu & Johnson,
     "Rethinking 'Batch' in BatchNorm", 2021: "precise BN"). Without it, a few batches per round leave the
     running averages rounds behind the weights and evaluation collapses to one class while AUC is already high.
+    ``optimizer``: ``sgd`` (``momentum``, ``weight_decay``) or ``adam`` (``adam_*``; a fresh optimiser each round).
+    ``second_moments`` (with Adam): report the bias-corrected second moments ``v_hat`` of the shared parameters,
+    averaged over the second half of the last local epoch (paper 004, Sec. 4), in ``TrainReply.second_moments``.
     """
 
     epochs: int = 1
@@ -50,6 +53,11 @@ class Recipe:
     momentum: float = 0.0
     weight_decay: float = 0.0
     precise_bn: bool = False
+    optimizer: str = "sgd"
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-7
+    second_moments: bool = False
 
 
 @dataclass
@@ -73,6 +81,8 @@ class TrainReply:
     """One client -> server: its shared tensors after training, its example count and scalar metrics.
 
     ``metrics`` holds at least ``train_loss``; ``fisher_trace`` when the recipe asked for it.
+    ``second_moments``: per shared *parameter*, Adam's bias-corrected ``v_hat`` when the recipe asked for it
+    (paper 004); a per-tensor statistic a method needs by design, counted as traffic.
     """
 
     client: int
@@ -80,6 +90,7 @@ class TrainReply:
     num_examples: int
     metrics: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
+    second_moments: TensorDict = field(default_factory=dict)
 
 
 class Strategy(Protocol):
@@ -126,8 +137,8 @@ def count_values(instruction: TrainInstruction) -> int:
 
 
 def count_reply_values(reply: TrainReply) -> int:
-    """Number of tensor values a client uploads (scalar metrics are not counted)."""
-    return sum(t.numel() for t in reply.shared.values())
+    """Number of tensor values a client uploads: shared tensors and per-tensor statistics (scalars not counted)."""
+    return sum(t.numel() for t in reply.shared.values()) + sum(t.numel() for t in reply.second_moments.values())
 
 
 # -- the messages that cross the hospital boundary --------------------------------------------------------------

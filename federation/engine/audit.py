@@ -71,13 +71,15 @@ def _scalars(value: Any) -> Iterable[Any]:
 def check_message(line: Mapping[str, Any], shared_keys: Sequence[str]) -> list[str]:
     """What in a ``from_hospital`` log line breaks the boundary rule (empty when nothing does).
 
-    Tensors: only ``shared/<key>`` for a shared key, all finite. Header: only ``REPLY_FIELDS``, whose values are
-    integers, finite floats, ``null`` (an undefined metric) or, for ``kind`` and a failure's ``reason``, text.
+    Tensors: only ``shared/<key>`` (and ``second_moment/<key>``, paper 004) for a shared key, all finite.
+    Header: only ``REPLY_FIELDS``, whose values are integers, finite floats, ``null`` (an undefined metric) or,
+    for ``kind`` and a failure's ``reason``, text.
     """
     problems: list[str] = []
     shared = set(shared_keys)
     for name, info in line["tensors"].items():
-        if not name.startswith("shared/") or name.removeprefix("shared/") not in shared:
+        kind, _, key = name.partition("/")
+        if kind not in ("shared", "second_moment") or key not in shared:
             problems.append(f"tensor {name} is not a shared key")
         if not info["finite"]:
             problems.append(f"tensor {name} is not finite")

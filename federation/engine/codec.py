@@ -8,7 +8,7 @@ message passes through ``encode``, a test that records envelopes sees exactly wh
 
 Tensor names say what they are: ``shared/<state_dict key>`` (weights the hospital loads or uploads) and
 ``centre/<key>`` (a proximal centre that differs from the shared weights; when it *is* the shared weights the
-header says so and it travels once).
+header says so and it travels once) and ``second_moment/<key>`` (Adam's ``v_hat`` of a shared parameter, paper 004).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ Message = Hello | HelloReply | TrainTask | TrainReply | EvaluateTask | EvaluateR
 
 SHARED = "shared/"
 CENTRE = "centre/"
+SECOND_MOMENT = "second_moment/"
 
 
 def _prefixed(prefix: str, tensors: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
@@ -93,7 +94,7 @@ def encode(message: Message) -> Envelope:
             "metrics": {k: _scalar(v) for k, v in message.metrics.items()},
             "seconds": message.seconds,
         }
-        return header, _prefixed(SHARED, message.shared)
+        return header, {**_prefixed(SHARED, message.shared), **_prefixed(SECOND_MOMENT, message.second_moments)}
     if isinstance(message, EvaluateTask):
         header = {
             "kind": "evaluate",
@@ -150,6 +151,7 @@ def decode(envelope: Envelope) -> Message:
                 int(header["num_examples"]),
                 metrics,
                 float(header["seconds"]),
+                _unprefixed(SECOND_MOMENT, tensors),
             )
         if kind == "evaluate":
             return EvaluateTask(

@@ -25,6 +25,7 @@ Within one process the model is kept between messages when it already holds that
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -194,7 +195,7 @@ class Hospital:
         reply = client.train(task.instruction, task.server_round, task.seed)
         seconds = time.perf_counter() - start
         self._save(loaded, task.server_round, TRAINED)
-        return TrainReply(reply.client, reply.shared, reply.num_examples, reply.metrics, seconds)
+        return dataclasses.replace(reply, seconds=seconds)
 
     def evaluate(self, task: EvaluateTask) -> EvaluateReply:
         if task.client != self.site.client:

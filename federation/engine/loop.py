@@ -106,6 +106,9 @@ def usable_update(reply: TrainReply, shared_keys: list[str]) -> str | None:
     for key, value in reply.shared.items():
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
             return f"its update is not finite ({key})"
+    for key, value in reply.second_moments.items():
+        if key not in shared_keys or not bool(torch.isfinite(value).all()):
+            return f"its second moment {key} is not finite or not of a shared tensor"
     if reply.num_examples <= 0:
         return "it reported no training examples"
     return None

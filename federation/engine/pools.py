@@ -91,7 +91,7 @@ class Pool:
         return decode(envelope)
 
 
-def _answer(hospital: Hospital, envelope: Envelope) -> Envelope:
+def answer(hospital: Hospital, envelope: Envelope) -> Envelope:
     """A hospital's side of one exchange, in whatever process it lives."""
     return encode(hospital.handle(decode(envelope)))
 
@@ -104,10 +104,10 @@ class InProcessPool(Pool):
         self.hospitals = {s.client: Hospital(s) for s in sites}
 
     def _broadcast(self, envelope: Envelope) -> dict[int, Envelope]:
-        return {c: _answer(h, envelope) for c, h in self.hospitals.items()}
+        return {c: answer(h, envelope) for c, h in self.hospitals.items()}
 
     def _send(self, envelopes: Mapping[int, Envelope]) -> dict[int, Envelope]:
-        return {c: _answer(self.hospitals[c], e) for c, e in envelopes.items() if c in self.hospitals}
+        return {c: answer(self.hospitals[c], e) for c, e in envelopes.items() if c in self.hospitals}
 
 
 # -- worker processes --------------------------------------------------------------------------------------------------
@@ -145,7 +145,7 @@ def _worker_main(conn: multiprocessing.connection.Connection, sites: list[dict[s
             header, envelopes = _unbatch(data)
             if header.get("op") == "stop":
                 return
-            replies = {c: _answer(hospitals[c], e) for c, e in envelopes.items()}
+            replies = {c: answer(hospitals[c], e) for c, e in envelopes.items()}
             conn.send_bytes(_batch(replies, ok=True))
         except Exception as exc:
             conn.send_bytes(_batch({}, ok=False, error=str(exc), traceback=traceback.format_exc()))

@@ -36,6 +36,7 @@ STRATEGIES: dict[str, str] = {
     "fedamp": "federation.strategies.fedamp",
     "fedsaf": "federation.strategies.fedsaf",
     "depthwise_fim": "federation.strategies.depthwise_fim",
+    "precision_weighted": "federation.strategies.precision_weighted",
 }
 STRATEGY_NAMES: tuple[str, ...] = tuple(STRATEGIES)
 
@@ -47,6 +48,7 @@ DEFAULT_NHEAD: dict[str, int] = {
     "fedamp": 0,
     "fedsaf": 6,
     "depthwise_fim": 1,
+    "precision_weighted": 0,
 }
 
 WRAPPERS: dict[str, str] = {
@@ -56,7 +58,7 @@ WRAPPERS: dict[str, str] = {
 WRAPPER_NAMES: tuple[str, ...] = tuple(WRAPPERS)
 
 # Strategies whose server state is one global model averaged from the clients' models.
-AVERAGING: frozenset[str] = frozenset({"fedavg", "fedprox", "fedrep", "depthwise_fim"})
+AVERAGING: frozenset[str] = frozenset({"fedavg", "fedprox", "fedrep", "depthwise_fim", "precision_weighted"})
 
 
 def default_nhead(name: str) -> int:

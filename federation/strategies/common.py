@@ -58,9 +58,15 @@ def resolved_nhead(config: RunConfig) -> int:
 
 
 def recipe_from_config(
-    config: RunConfig, *, head_epochs: int = 0, prox_mu: float = 0.0, fisher_batch: int = 0
+    config: RunConfig,
+    *,
+    head_epochs: int = 0,
+    prox_mu: float = 0.0,
+    fisher_batch: int = 0,
+    second_moments: bool = False,
 ) -> Recipe:
-    """The ``[client]`` section as a ``Recipe``, with the strategy's own head/proximal/Fisher choices."""
+    """The ``[client]`` (and ``[adam]``) sections as a ``Recipe``, with the strategy's own head/proximal/Fisher
+    and second-moment choices."""
     client = config.client
     return Recipe(
         epochs=client.epochs,
@@ -72,6 +78,11 @@ def recipe_from_config(
         momentum=client.momentum,
         weight_decay=client.weight_decay,
         precise_bn=client.precise_bn,
+        optimizer=client.optimizer,
+        adam_beta1=config.adam.beta1,
+        adam_beta2=config.adam.beta2,
+        adam_eps=config.adam.eps,
+        second_moments=second_moments,
     )
 
 
