@@ -7,7 +7,9 @@ batches are augmented on ``uint8`` and normalised on the fly.
 
 Grayscale hospitals (``channels == 1``): with ``in_chans == 3`` (the default) their tiles are replicated to three
 identical channels, so every hospital uses the same architecture and every layer can be shared; with
-``in_chans == 1`` every tile of every hospital is converted to gray instead.
+``in_chans == 1`` every tile of every hospital is converted to gray instead. The decoding, channel handling,
+resize and normalisation are `models.preprocess` (shared with ``gastric-fl predict``): this module only reads
+files and checks them.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 import torch
 
 from federation.errors import FederationError
+from models.preprocess import default_stats, fit_tile, normalise, tile_from_decoded
 from pipeline.outputs import FolderPaths, PathOutsideError
 
 LABELS: tuple[str, ...] = ("normal", "abnormal")  # class index 0 and 1
@@ -31,12 +34,6 @@ SPLITS: tuple[str, ...] = ("train", "test")
 REQUIRED_COLUMNS: tuple[str, ...] = ("client", "split", "label", "path", "channels")
 MIN_TRAIN_TILES = 2  # BatchNorm needs two samples in a training batch
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"  # prepare writes PNG tiles; the content decides, not the name
-
-# ImageNet statistics: the conventional input scaling for these torchvision architectures.
-_MEAN_RGB = (0.485, 0.456, 0.406)
-_STD_RGB = (0.229, 0.224, 0.225)
-_MEAN_GRAY = (0.449,)
-_STD_GRAY = (0.226,)
 
 
 @dataclass(frozen=True)
@@ -149,22 +146,7 @@ def _read_tile(file: Path, input_size: int, in_chans: int) -> np.ndarray:
     image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
     if image is None:
         raise FederationError(f"tile {file} cannot be decoded as a PNG image: re-run gastric-fl prepare")
-    if image.dtype != np.uint8:
-        image = cv2.convertScaleAbs(image, alpha=255.0 / max(1.0, float(image.max())))
-    if image.ndim == 3 and image.shape[2] == 4:
-        image = cv2.cvtColor(image, cv2.COLOR_BGRA2BGR)
-    if image.ndim == 3:
-        image = cv2.cvtColor(image, cv2.COLOR_BGR2GRAY if in_chans == 1 else cv2.COLOR_BGR2RGB)
-    if image.shape[0] != input_size or image.shape[1] != input_size:
-        shrink = image.shape[0] > input_size
-        image = cv2.resize(
-            image, (input_size, input_size), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR
-        )
-    if image.ndim == 2:
-        image = image[:, :, None]
-        if in_chans == 3:
-            image = np.repeat(image, 3, axis=2)  # one architecture for gray and colour hospitals
-    return np.ascontiguousarray(image)
+    return fit_tile(tile_from_decoded(image), input_size, in_chans)
 
 
 def check_clients(folder: Path, rows: Sequence[ManifestRow], clients: Sequence[int] | None = None) -> list[int]:
@@ -248,9 +230,6 @@ def augment_batch(augmenter: A.Compose, images: np.ndarray) -> np.ndarray:
 
 
 def to_tensor(images: np.ndarray, device: torch.device | str = "cpu") -> torch.Tensor:
-    """``uint8`` (B, S, S, C) -> normalised ``float32`` (B, C, S, S) on ``device``."""
-    channels = images.shape[3]
-    mean = torch.tensor(_MEAN_RGB if channels == 3 else _MEAN_GRAY, device=device).view(1, channels, 1, 1)
-    std = torch.tensor(_STD_RGB if channels == 3 else _STD_GRAY, device=device).view(1, channels, 1, 1)
-    batch = torch.from_numpy(images).to(device).permute(0, 3, 1, 2).float().div_(255.0)
-    return batch.sub_(mean).div_(std).contiguous()
+    """``uint8`` (B, S, S, C) -> normalised ``float32`` (B, C, S, S) on ``device`` (`models.preprocess.normalise`
+    with the default statistics for C channels, the ones every model card records)."""
+    return normalise(images, *default_stats(images.shape[3]), device)
