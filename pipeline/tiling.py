@@ -123,6 +123,50 @@ def white_ratios(
     return xs, ys, sums / float(size * size)
 
 
+def kept_positions(
+    image: RGBImage,
+    mask: npt.NDArray[np.bool_] | None,
+    abnormal: bool,
+    plan: ClientPlan,
+    white_max: float,
+    background_max: float,
+    white_level: int,
+) -> list[tuple[int, int, float]]:
+    """Step b's filter: ``(y, x, white_ratio)`` of every grid square kept, in raster order.
+
+    An abnormal slide with a mask is measured as if Step a.1 had whitened everything outside the mask, on the
+    ``abnormal_stride`` grid, against ``white_max``; any other slide on the ``stride`` grid against
+    ``background_max``. ``gastric-fl predict`` calls it with ``abnormal=False`` to tile a whole slide exactly as
+    prepare tiles a normal one.
+    """
+    region = mask if abnormal else None
+    white = near_white(image, white_level)
+    if region is not None:
+        white |= ~region
+    limit = white_max if abnormal else background_max
+    xs, ys, ratios = white_ratios(white, plan.size, plan.abnormal_stride if abnormal else plan.stride)
+    return [(ys[i], xs[j], float(ratios[i, j])) for i, j in zip(*np.nonzero(ratios <= limit), strict=True)]
+
+
+def cut_square(
+    image: RGBImage, region: npt.NDArray[np.bool_] | None, x: int, y: int, plan: ClientPlan
+) -> npt.NDArray[np.uint8]:
+    """The output pixels of the square at ``(x, y)``: whitened outside ``region`` (Step a.1, when given), resized
+    to ``plan.tile_px`` (``INTER_AREA`` shrinking, ``INTER_LINEAR`` enlarging) and gray for a gray hospital."""
+    square: npt.NDArray[np.uint8] = image[y : y + plan.size, x : x + plan.size]
+    if region is not None:
+        inside = region[y : y + plan.size, x : x + plan.size, None]
+        square = np.where(inside, square, np.uint8(WHITE))
+    if plan.size != plan.tile_px:
+        shrink = plan.size > plan.tile_px
+        resized = cv2.resize(
+            square, (plan.tile_px, plan.tile_px), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR
+        )
+        square = np.asarray(resized, dtype=np.uint8)
+    pixels = cv2.cvtColor(square, cv2.COLOR_RGB2GRAY) if plan.grayscale else np.ascontiguousarray(square)
+    return np.asarray(pixels, dtype=np.uint8)
+
+
 def cut_tiles(
     image: RGBImage,
     mask: npt.NDArray[np.bool_] | None,
@@ -137,33 +181,18 @@ def cut_tiles(
     """Step a.1 (abnormal slides with a mask) then Step b for one slide, in raster order.
 
     Same result as tiling `extract_region`'s output, but only kept tiles are whitened: a pixel outside the
-    mask counts as white when measuring, and is painted white when its tile is cut.
+    mask counts as white when measuring (`kept_positions`), and is painted white when its tile is cut
+    (`cut_square`).
     """
-    region = mask if abnormal else None
-    white = near_white(image, white_level)
-    if region is not None:
-        white |= ~region
-    limit = white_max if abnormal else background_max
-    xs, ys, ratios = white_ratios(white, plan.size, plan.abnormal_stride if abnormal else plan.stride)
-    kept = [(ys[i], xs[j], float(ratios[i, j])) for i, j in zip(*np.nonzero(ratios <= limit), strict=True)]
+    kept = kept_positions(image, mask, abnormal, plan, white_max, background_max, white_level)
     if max_tiles is not None and len(kept) > max_tiles:
         chosen = np.sort(rng.choice(len(kept), size=max_tiles, replace=False))
         kept = [kept[int(k)] for k in chosen]
-    tiles = []
-    for y, x, ratio in kept:
-        square: npt.NDArray[np.uint8] = image[y : y + plan.size, x : x + plan.size]
-        if region is not None:
-            inside = region[y : y + plan.size, x : x + plan.size, None]
-            square = np.where(inside, square, np.uint8(WHITE))
-        if plan.size != plan.tile_px:
-            shrink = plan.size > plan.tile_px
-            resized = cv2.resize(
-                square, (plan.tile_px, plan.tile_px), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR
-            )
-            square = np.asarray(resized, dtype=np.uint8)
-        pixels = cv2.cvtColor(square, cv2.COLOR_RGB2GRAY) if plan.grayscale else np.ascontiguousarray(square)
-        tiles.append(Tile(x=x, y=y, size=plan.size, white_ratio=ratio, pixels=np.asarray(pixels, dtype=np.uint8)))
-    return tiles
+    region = mask if abnormal else None
+    return [
+        Tile(x=x, y=y, size=plan.size, white_ratio=ratio, pixels=cut_square(image, region, x, y, plan))
+        for y, x, ratio in kept
+    ]
 
 
 def tile_name(slide_index: int, source: str, x: int, y: int) -> str:
