@@ -36,7 +36,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,9 +173,10 @@ def _signal_group(pgid: int, sig: int) -> bool:
 
 
 def stop_groups(groups: Iterable[int], grace: float = STOP_GRACE) -> None:
-    """SIGTERM every group, wait up to ``grace`` seconds for them to empty, SIGKILL what is left."""
+    """SIGTERM every group, wait up to ``grace`` seconds for them to empty, SIGKILL what is left
+    (``grace <= 0``: SIGKILL at once)."""
     pending = {g for g in groups if g > 1 and g != os.getpgrp()}
-    for group in pending:
+    for group in pending if grace > 0 else ():
         _signal_group(group, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while pending and time.monotonic() < deadline:
@@ -225,7 +225,7 @@ def terminate_as_interrupt(signals: Sequence[int] = (signal.SIGTERM, signal.SIGH
             signal.signal(s, previous[s])
 
 
-_LIVE: weakref.WeakSet[ManagedProcess] = weakref.WeakSet()
+_LIVE: set[ManagedProcess] = set()  # strong references: a dropped deployment is still stopped at exit
 
 
 @atexit.register
@@ -605,11 +605,13 @@ class FlwrCli:
         ) as proc:
             try:
                 out, err = proc.communicate(timeout=limit)
+            except subprocess.TimeoutExpired:
+                stop_groups(descendant_groups(proc.pid) | {proc.pid}, grace=1.0)
+                proc.communicate()
+                raise FederationError(f"`flwr {' '.join(args[:2])}` did not finish within {limit:.0f} s") from None
             except BaseException:
                 stop_groups(descendant_groups(proc.pid) | {proc.pid}, grace=1.0)
                 proc.communicate()
-                if sys.exc_info()[0] is subprocess.TimeoutExpired:
-                    raise FederationError(f"`flwr {args[0]}` did not finish within {limit:.0f} s") from None
                 raise
         result = subprocess.CompletedProcess(argv, proc.returncode, out, err)
         if check and result.returncode != 0:
@@ -726,6 +728,29 @@ def _cli_error(result: subprocess.CompletedProcess[str]) -> str:
     return " ".join(line.strip() for line in text[-3:]) or "no output"
 
 
+def register_hospitals(cli: FlwrCli, kit: Kit, record: Path, names: Iterable[str] | None = None) -> dict[str, int]:
+    """Register the kit's hospitals (all, or ``names``) with the SuperLink; ``name -> node id``.
+
+    The SuperLink keeps registrations in its database and refuses a key twice ("Public key already in use"),
+    and ``flwr supernode list`` shows neither names nor keys; so the ids are kept in ``record`` (a JSON file
+    next to the SuperLink's database) and a hospital found there is not registered again. Safe to call after
+    every start of the same SuperLink database.
+    """
+    known: dict[str, int] = {}
+    if record.is_file():
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            known = {str(k): int(v) for k, v in json.loads(record.read_text(encoding="utf-8")).items()}
+    wanted = [b.name for b in kit.hospitals] if names is None else list(names)
+    status = cli.node_status() if any(n in known for n in wanted) else {}
+    for name in wanted:
+        if name in known and status.get(known[name], "unregistered") != "unregistered":
+            continue
+        known[name] = cli.register_supernode(kit.public_key(name), name)
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps(known, indent=1, sort_keys=True), encoding="utf-8")
+    return {n: known[n] for n in wanted}
+
+
 # -- a whole deployment on one machine -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class NodeSpec:
@@ -822,10 +847,9 @@ class LocalDeployment:
                 self._signals = None
 
     # SuperNodes
-    def register(self, name: str, public_key: Path | None = None) -> int:
-        """Register hospital ``name``'s public key (the kit's unless given); its node id."""
-        key = self.kit.public_key(name) if public_key is None else public_key
-        self.node_ids[name] = self.cli.register_supernode(key, name)
+    def register(self, name: str) -> int:
+        """Register hospital ``name``'s public key from the kit (once per SuperLink database); its node id."""
+        self.node_ids.update(register_hospitals(self.cli, self.kit, self.workdir / "registered.json", [name]))
         return self.node_ids[name]
 
     def add_supernode(
@@ -835,13 +859,16 @@ class LocalDeployment:
         *,
         register: bool = True,
         private_key: Path | None = None,
+        authenticate: bool = True,
         insecure: bool = False,
+        max_retries: int | None = None,
         wait: bool = True,
     ) -> SuperNode:
         """Start a SuperNode for hospital ``name`` (registering its key first unless ``register=False``).
 
-        ``private_key`` replaces the kit's key (a key the SuperLink does not know); ``insecure`` dials without TLS.
-        With ``wait`` (and a registered key), returns once the node is online.
+        ``private_key`` replaces the kit's key (e.g. a key the SuperLink does not know); ``authenticate=False``
+        gives it no key at all; ``insecure`` dials without TLS; ``max_retries`` bounds its reconnection attempts
+        (Flower's default: unbounded). With ``wait`` (and a registered key), returns once the node is online.
         """
         bundle = self.kit.hospital(name)
         if register and name not in self.node_ids:
@@ -852,8 +879,9 @@ class LocalDeployment:
             node_config=node_config,
             workdir=self.workdir / "supernodes" / name,
             root_certificates=bundle.ca_cert,
-            private_key=bundle.private_key if private_key is None else private_key,
+            private_key=None if not authenticate else bundle.private_key if private_key is None else private_key,
             insecure=insecure,
+            max_retries=max_retries,
         )
         old = self.supernodes.get(name)
         if old is not None:
