@@ -133,7 +133,8 @@ class Client:
     def train(self, instruction: TrainInstruction, server_round: int, seed: int) -> TrainReply:
         """Run ``instruction.recipe`` from the shared weights it carries; reply with the new shared weights."""
         recipe = instruction.recipe
-        self.load_shared(instruction.shared)
+        if not recipe.start_own:
+            self.load_shared(instruction.shared)
         centre: dict[str, torch.Tensor] | None = None
         if recipe.prox_mu > 0:
             if instruction.prox_centre is None:
@@ -146,6 +147,10 @@ class Client:
         self._moments: dict[str, torch.Tensor] = {}
         self._moment_steps = 0
         if recipe.head_epochs > 0 and self.head_params:
+            if recipe.precise_bn:
+                # The frozen base normalises the head's inputs with its running statistics; make them this
+                # hospital's own (as evaluation will), not the ones that came with the received base.
+                self.recompute_batchnorm()
             head_lr = recipe.head_lr if recipe.head_lr is not None else recipe.lr
             self._phase(
                 self.head_params, recipe.head_epochs, head_lr, recipe, None, generator, augmenter, losses, server_round
@@ -160,7 +165,7 @@ class Client:
         seen = sum(n for _, n in losses)
         metrics = {"train_loss": sum(loss * n for loss, n in losses) / seen if seen else float("nan")}
         if recipe.fisher_batch > 0:
-            metrics["fisher_trace"] = self._fisher(recipe.fisher_batch, generator)
+            metrics["fisher_trace"] = self._fisher(recipe.fisher_batch, generator, recipe.fisher_estimator)
         moments: TensorDict = {}
         if recipe.second_moments:
             if recipe.optimizer != "adam" or not self._moment_steps:
@@ -266,11 +271,21 @@ class Client:
         for module, momentum in zip(norms, momenta, strict=True):
             module.momentum = momentum
 
-    def _fisher(self, batch: int, generator: torch.Generator) -> float:
-        from federation.fisher import fisher_trace
+    def _fisher(self, batch: int, generator: torch.Generator, estimator: str = "per_sample") -> float:
+        from federation.fisher import batch_gradient_trace, fisher_trace
 
         if not self.shared_params:
             raise FederationError(f"client {self.cid}: fisher_trace needs shared parameters (nhead leaves none)")
+        if estimator == "full_pass":
+            images, labels = self.data.train_x, self.data.train_y
+            batches = (
+                (
+                    to_tensor(images[i : i + self.batch_size], self.device),
+                    torch.from_numpy(labels[i : i + self.batch_size]).to(self.device),
+                )
+                for i in range(0, self.data.num_train, self.batch_size)
+            )
+            return batch_gradient_trace(self.model, self.shared_params, batches)
         pick = torch.randperm(self.data.num_train, generator=generator)[: min(batch, self.data.num_train)]
         x = to_tensor(self.data.train_x[pick.numpy()], self.device)
         y = torch.from_numpy(self.data.train_y[pick.numpy()]).to(self.device)

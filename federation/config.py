@@ -60,6 +60,10 @@ name = "fedavg"
 clients = "all"
 # Post-processing steps applied to an averaging strategy's new global model, in order: "fedlws", "fedtlu".
 wrap = []
+# Where BatchNorm lives, the same for every method: "shared" (statistics and affine parameters travel and are
+# mixed like any shared tensor), "local_stats" (running statistics stay at each hospital, as in PFLlib) or
+# "local" (statistics and affine parameters stay, as in FedBN). fedbn always keeps them local.
+bn = "shared"
 
 [client]
 epochs = 1
@@ -71,6 +75,10 @@ head_epochs = 1
 precise_bn = true
 # "sgd" (momentum, weight_decay) or "adam" ([adam]; precision_weighted needs it: paper 004).
 optimizer = "sgd"
+# Where a hospital starts its round: "centre" (it loads the server's centre p_i / u_i, then is pulled toward it)
+# or "own" (it keeps training its own model, pulled toward the centre, as PFLlib and fluke run FedAMP).
+# "own" applies to the methods with a personal centre: fedamp, fedsaf.
+start = "centre"
 
 [adam]
 # Adam's settings when client.optimizer = "adam" (paper 004 uses the Keras defaults: 0.9, 0.999, 1e-7).
@@ -99,6 +107,14 @@ scale = "relative"
 fim = true
 split = true
 fisher_batch = 32
+# How a hospital estimates tr(FIM) (Eq. 12-15): "per_sample" (mean squared per-sample gradient norm on
+# fisher_batch random tiles) or "full_pass" (FedAS: the sum over all training batches of the squared norm of
+# the batch-mean gradient). Used by fedsaf, fedas and depthwise_fim.
+fisher_estimator = "per_sample"
+
+[fedamp]
+# FedAMP's own distance (Huang et al. 2021): squared L2 between the clients' models.
+dm = "euclidean"
 
 [depthwise_fim]
 # Paper 000's "Reverse" ablation: the input side aggregates every client, the output side only the top ones.
@@ -130,6 +146,10 @@ round_timeout = 600
 DEVICES = ("cpu", "cuda", "auto")
 ENGINES = ("local", "flower-sim", "flower")
 OPTIMIZERS = ("sgd", "adam")
+BN_MODES = ("shared", "local_stats", "local")
+STARTS = ("centre", "own")
+FISHER_ESTIMATORS = ("per_sample", "full_pass")
+AMP_METRICS = ("euclidean", "manhattan", "cosine", "cosine_distance")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -222,11 +242,14 @@ class StrategySection:
     name: str
     clients: str | tuple[int, ...]
     wrap: tuple[str, ...]
+    bn: str
     nhead: int | None = None
 
     def __post_init__(self) -> None:
         from federation.strategies import STRATEGY_NAMES, wrap_problem
 
+        if self.bn not in BN_MODES:
+            _fail("strategy.bn", self.bn, f"use one of {', '.join(BN_MODES)}")
         if self.name not in STRATEGY_NAMES:
             _fail("strategy.name", self.name, f"use one of {', '.join(STRATEGY_NAMES)}")
         problem = wrap_problem(self.name, self.wrap)
@@ -253,9 +276,12 @@ class ClientSection:
     head_epochs: int
     precise_bn: bool
     optimizer: str
+    start: str
     head_lr: float | None = None
 
     def __post_init__(self) -> None:
+        if self.start not in STARTS:
+            _fail("client.start", self.start, f"use one of {', '.join(STARTS)}")
         if self.optimizer not in OPTIMIZERS:
             _fail("client.optimizer", self.optimizer, f"use one of {', '.join(OPTIMIZERS)}")
         _at_least("client.epochs", self.epochs, 0)
@@ -318,9 +344,8 @@ class AmpSection:
         _positive("amp.alpha_k", self.alpha_k)
         _positive("amp.sigma", self.sigma)
         _at_least("amp.lam", self.lam, 0.0)
-        metrics = ("euclidean", "manhattan", "cosine", "cosine_distance")
-        if self.dm not in metrics:
-            _fail("amp.dm", self.dm, f"use one of {', '.join(metrics)}")
+        if self.dm not in AMP_METRICS:
+            _fail("amp.dm", self.dm, f"use one of {', '.join(AMP_METRICS)}")
         scales = ("raw", "per_value", "relative")
         if self.scale not in scales:
             _fail("amp.scale", self.scale, f"use one of {', '.join(scales)}")
@@ -333,9 +358,23 @@ class FedSAFSection:
     fim: bool
     split: bool
     fisher_batch: int
+    fisher_estimator: str
 
     def __post_init__(self) -> None:
         _at_least("fedsaf.fisher_batch", self.fisher_batch, 1)
+        if self.fisher_estimator not in FISHER_ESTIMATORS:
+            _fail("fedsaf.fisher_estimator", self.fisher_estimator, f"use one of {', '.join(FISHER_ESTIMATORS)}")
+
+
+@dataclass(frozen=True)
+class FedAMPSection:
+    """``[fedamp]``: the FedAMP baseline's own distance (squared L2 in Huang et al. 2021)."""
+
+    dm: str
+
+    def __post_init__(self) -> None:
+        if self.dm not in AMP_METRICS:
+            _fail("fedamp.dm", self.dm, f"use one of {', '.join(AMP_METRICS)}")
 
 
 @dataclass(frozen=True)
@@ -408,6 +447,7 @@ class RunConfig:
     flower: FlowerSection
     adam: AdamSection
     precision_weighted: PrecisionWeightedSection
+    fedamp: FedAMPSection
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Plain nested dict (tuples as lists, ``None`` fields left out: TOML has no null)."""
@@ -502,6 +542,15 @@ def config_from_dict(raw: Mapping[str, Any], source: str = "config") -> RunConfi
     if config.client.epochs + config.client.head_epochs == 0:
         _fail("client.epochs", 0, "train for at least one epoch (client.epochs or client.head_epochs > 0)")
     _check_unused(config, "adam", config.client.optimizer == "adam", 'they apply only with client.optimizer = "adam"')
+    from federation.strategies import OWN_START
+
+    if config.client.start == "own" and config.strategy.name not in OWN_START:
+        _fail(
+            "client.start",
+            "own",
+            f"only {', '.join(sorted(OWN_START))} give each hospital a centre to be pulled toward; "
+            f"with {config.strategy.name} a hospital would train alone: use client.start = centre",
+        )
     _check_unused(
         config,
         "precision_weighted",

@@ -40,6 +40,10 @@ class Recipe:
     "Rethinking 'Batch' in BatchNorm", 2021: "precise BN"). Without it, a few batches per round leave the
     running averages rounds behind the weights and evaluation collapses to one class while AUC is already high.
     ``optimizer``: ``sgd`` (``momentum``, ``weight_decay``) or ``adam`` (``adam_*``; a fresh optimiser each round).
+    ``fisher_estimator``: ``per_sample`` (``fisher_batch`` random tiles) or ``full_pass`` (FedAS: every training
+    batch's mean gradient, ``federation.fisher.batch_gradient_trace``).
+    ``start_own``: the hospital keeps training its own shared part (the instruction carries only the proximal
+    centre); otherwise it loads the instruction's ``shared`` tensors first.
     ``second_moments`` (with Adam): report the bias-corrected second moments ``v_hat`` of the shared parameters,
     averaged over the second half of the last local epoch (paper 004, Sec. 4), in ``TrainReply.second_moments``.
     """
@@ -58,6 +62,8 @@ class Recipe:
     adam_beta2: float = 0.999
     adam_eps: float = 1e-7
     second_moments: bool = False
+    fisher_estimator: str = "per_sample"
+    start_own: bool = False
 
 
 @dataclass

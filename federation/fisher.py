@@ -12,7 +12,7 @@ The per-sample gradients come from one vectorised pass: ``torch.func.vmap`` over
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -76,3 +76,31 @@ def fisher_trace(
     for g in per_sample.values():
         squared += g.detach().reshape(g.shape[0], -1).to(torch.float64).pow(2).sum(dim=1)
     return float(squared.mean())
+
+
+def batch_gradient_trace(
+    model: nn.Module, param_names: Sequence[str], batches: Iterable[tuple[torch.Tensor, torch.Tensor]]
+) -> float:
+    """FedAS's Fisher trace estimate: ``sum_b ||d mean-NLL(batch_b) / d theta_shared||^2`` over all ``batches``.
+
+    The squared norm of each batch's *mean* gradient (not of per-sample gradients), summed over the client's
+    training batches, in eval mode for the same reasons as ``fisher_trace`` (BatchNorm uses running statistics,
+    dropout is off, nothing is updated). It grows with the number of batches, so a hospital with more data
+    reports more information, as FedAS intends.
+    """
+    named = dict(model.named_parameters())
+    unknown = [n for n in param_names if n not in named]
+    if unknown or not param_names:
+        raise FederationError(f"batch_gradient_trace: no shared parameters named {unknown[:5] or list(param_names)}")
+    params = [named[n] for n in dict.fromkeys(param_names)]
+    was_training = model.training
+    model.eval()
+    total = 0.0
+    try:
+        for inputs, targets in batches:
+            loss = F.cross_entropy(model(inputs), targets.long())
+            grads = torch.autograd.grad(loss, params)
+            total += float(sum(g.detach().to(torch.float64).pow(2).sum() for g in grads))
+    finally:
+        model.train(was_training)
+    return total

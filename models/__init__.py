@@ -10,7 +10,7 @@ from models.registry import (
     load_weights,
     min_input_size,
 )
-from models.split import Unit, base_keys, check_nhead, head_keys, split_units
+from models.split import Unit, base_keys, batchnorm_keys, check_nhead, head_keys, split_units
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -18,6 +18,7 @@ __all__ = [
     "ModelError",
     "Unit",
     "base_keys",
+    "batchnorm_keys",
     "check_input_size",
     "check_model_name",
     "check_nhead",

@@ -72,3 +72,19 @@ def base_keys(units: Sequence[Unit], nhead: int) -> list[str]:
     check_nhead(nhead, units)
     share = units[: len(units) - nhead]
     return [k for _, unit_keys in share for k in unit_keys]
+
+
+def batchnorm_keys(model: nn.Module, *, affine: bool) -> list[str]:
+    """``state_dict`` keys of the model's BatchNorm layers: their running statistics (``running_mean``,
+    ``running_var``, ``num_batches_tracked``) and, with ``affine``, their ``weight`` and ``bias`` too.
+
+    What FedBN (Li et al., 2021) keeps at each client (statistics and affine parameters), or, without ``affine``,
+    what PFLlib's clients never overwrite (the running statistics).
+    """
+    keys: list[str] = []
+    kinds = ("running_mean", "running_var", "num_batches_tracked") + (("weight", "bias") if affine else ())
+    state = model.state_dict()
+    for name, module in model.named_modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            keys.extend(f"{name}.{kind}" for kind in kinds if f"{name}.{kind}" in state)
+    return keys

@@ -37,6 +37,8 @@ STRATEGIES: dict[str, str] = {
     "fedsaf": "federation.strategies.fedsaf",
     "depthwise_fim": "federation.strategies.depthwise_fim",
     "precision_weighted": "federation.strategies.precision_weighted",
+    "fedbn": "federation.strategies.fedbn",
+    "fedas": "federation.strategies.fedas",
 }
 STRATEGY_NAMES: tuple[str, ...] = tuple(STRATEGIES)
 
@@ -49,7 +51,14 @@ DEFAULT_NHEAD: dict[str, int] = {
     "fedsaf": 6,
     "depthwise_fim": 1,
     "precision_weighted": 0,
+    "fedbn": 0,
+    "fedas": 1,
 }
+
+# Strategies that give each hospital a centre of its own to be pulled toward: client.start = "own" applies.
+OWN_START: frozenset[str] = frozenset({"fedamp", "fedsaf"})
+# Where BatchNorm lives when a method fixes it (FedBN keeps statistics and affine parameters at each hospital).
+FORCED_BN: dict[str, str] = {"fedbn": "local"}
 
 WRAPPERS: dict[str, str] = {
     "fedlws": "federation.strategies.wrappers.fedlws",
@@ -58,7 +67,14 @@ WRAPPERS: dict[str, str] = {
 WRAPPER_NAMES: tuple[str, ...] = tuple(WRAPPERS)
 
 # Strategies whose server state is one global model averaged from the clients' models.
-AVERAGING: frozenset[str] = frozenset({"fedavg", "fedprox", "fedrep", "depthwise_fim", "precision_weighted"})
+AVERAGING: frozenset[str] = frozenset(
+    {"fedavg", "fedprox", "fedrep", "depthwise_fim", "precision_weighted", "fedbn", "fedas"}
+)
+
+
+def bn_mode(name: str, configured: str) -> str:
+    """Where BatchNorm lives for strategy ``name``: its own fixed choice, else ``strategy.bn``."""
+    return FORCED_BN.get(name, configured)
 
 
 def default_nhead(name: str) -> int:

@@ -28,6 +28,8 @@ class StrategyContext:
     ``clients``: participating client indices (manifest numbering, ascending). ``num_examples[c]``: client
     ``c``'s training tiles. ``state_keys``/``units``: the model's ``state_dict`` keys and its layer units,
     input to output. ``initial_state``: the weights every client starts from (identical for all clients).
+    ``local_keys``: keys that stay at every hospital whatever ``nhead`` (``strategy.bn``: BatchNorm statistics,
+    and affine parameters with ``bn = "local"``), applied the same way to every method.
     """
 
     clients: tuple[int, ...]
@@ -35,14 +37,15 @@ class StrategyContext:
     state_keys: tuple[str, ...]
     units: tuple[Unit, ...]
     initial_state: Mapping[str, torch.Tensor]
+    local_keys: frozenset[str] = frozenset()
 
     @property
     def num_clients(self) -> int:
         return len(self.clients)
 
     def shared_keys(self, nhead: int) -> list[str]:
-        """Keys of every unit but the last ``nhead`` (raises ``ModelError`` for an ``nhead`` out of range)."""
-        return base_keys(self.units, nhead)
+        """Keys of every unit but the last ``nhead``, less ``local_keys`` (``ModelError`` for a bad ``nhead``)."""
+        return [k for k in base_keys(self.units, nhead) if k not in self.local_keys]
 
     def initial(self, keys: list[str]) -> TensorDict:
         """Copies of the initial weights for ``keys``."""
@@ -83,6 +86,8 @@ def recipe_from_config(
         adam_beta2=config.adam.beta2,
         adam_eps=config.adam.eps,
         second_moments=second_moments,
+        fisher_estimator=config.fedsaf.fisher_estimator,
+        start_own=client.start == "own",
     )
 
 

@@ -21,7 +21,6 @@ from federation.config import RunConfig
 from federation.contract import Recipe, TensorDict, TrainInstruction, TrainReply
 from federation.errors import FederationError
 from federation.strategies.common import StrategyContext, recipe_from_config, resolved_nhead
-from models import base_keys
 
 
 class Averaging:
@@ -42,8 +41,7 @@ class Averaging:
         self.spec = FlatSpec.of(self.global_state, self.keys)
 
     def shared_keys(self, state_keys: Sequence[str], units: Sequence[Sequence[str]]) -> list[str]:
-        unit_list = [(str(i), list(keys)) for i, keys in enumerate(units)]
-        return base_keys(unit_list, self.nhead)
+        return list(self.keys)  # the base units less what strategy.bn keeps local (StrategyContext.shared_keys)
 
     def configure_train(self, server_round: int, clients: Sequence[int]) -> dict[int, TrainInstruction]:
         # One dict for every client: the engine never mutates what it is sent, and the proximal centre *is*

@@ -54,7 +54,7 @@ from federation.config import RunConfig
 from federation.contract import Recipe, TensorDict, TrainInstruction, TrainReply
 from federation.errors import FederationError
 from federation.strategies.common import StrategyContext, recipe_from_config, resolved_nhead
-from models import base_keys, create_model
+from models import create_model
 
 # Below this mean off-diagonal weight AMP has, in effect, turned into local training (issue 5, item 4).
 COLLABORATION_WARNING_THRESHOLD = 1e-3
@@ -127,8 +127,7 @@ class AttentiveStrategy:
         self.centres: dict[int, TensorDict] = dict.fromkeys(self.clients, initial)
 
     def shared_keys(self, state_keys: Sequence[str], units: Sequence[Sequence[str]]) -> list[str]:
-        unit_list = [(str(i), list(keys)) for i, keys in enumerate(units)]
-        return base_keys(unit_list, self.nhead)
+        return list(self.keys)  # the base units less what strategy.bn keeps local (StrategyContext.shared_keys)
 
     def configure_train(self, server_round: int, clients: Sequence[int]) -> dict[int, TrainInstruction]:
         out: dict[int, TrainInstruction] = {}
@@ -136,8 +135,12 @@ class AttentiveStrategy:
             if c not in self.centres:
                 raise FederationError(f"{self.name}: client {c} is not one of this run's clients {list(self.clients)}")
             centre = self.centres[c]
-            # The client starts from p_i and is pulled towards it: the same dict, so it is counted once.
-            out[c] = TrainInstruction(client=c, recipe=self.recipe, shared=centre, prox_centre=centre)
+            if self.recipe.start_own:
+                # client.start = own: the hospital keeps its own model; only the centre it is pulled to travels.
+                out[c] = TrainInstruction(client=c, recipe=self.recipe, shared=None, prox_centre=centre)
+            else:
+                # The client starts from p_i and is pulled towards it: the same dict, so it is counted once.
+                out[c] = TrainInstruction(client=c, recipe=self.recipe, shared=centre, prox_centre=centre)
         return out
 
     def aggregate_train(self, server_round: int, replies: Mapping[int, TrainReply]) -> dict[str, Any]:
