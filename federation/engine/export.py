@@ -1,0 +1,143 @@
+"""A hospital's model card after an evaluated round (issue 12, part 1; the format is `models.bundle`).
+
+`export_card` gathers, from what the hospital owns, everything ``model.json`` says about ``model.safetensors``:
+
+* the architecture, classes and ``nhead`` from the run's configuration, and the head's layer units
+  (`models.split_units`, FedSAF paper 001, Eq. 1: the last ``nhead`` units stay at the hospital);
+* the preprocessing from tile to tensor (`models.preprocess.Preprocess`): ``data.input_size`` and
+  ``model.in_chans`` from the configuration, the hospital's tile size, scale and colour from the dataset's
+  ``prepare.json``, ImageNet normalisation; and the tile grid prepare cut (`models.bundle.TileGrid`);
+* the provenance: run id, round, client, the dataset folder and the sha256 of its ``manifest.csv`` as recorded in
+  ``hospital.json`` when the run started;
+* the hospital's test metrics of that round, recomputed from the ``predictions.csv`` it has just written (the
+  evaluation's own probabilities): tiles, accuracy (argmax), AUC, and sensitivity/specificity at the threshold.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from federation.client import auc_or_none
+from federation.config import RunConfig
+from federation.data import LABELS
+from federation.runs import now_iso
+from federation.strategies import default_nhead
+from models import split_units
+from models.bundle import DEFAULT_THRESHOLD, ModelCard, TileGrid
+from models.preprocess import Preprocess
+
+PREPARE_FILE = "prepare.json"
+
+
+def _prepare_record(dataset: Path, client: int) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """``(client entry, tiles settings)`` of ``<dataset>/prepare.json``; ``None`` when absent or unusable."""
+    try:
+        record = json.loads((dataset / PREPARE_FILE).read_text(encoding="utf-8"))
+        entry = next(c for c in record["clients"] if int(c["client"]) == client)
+        return entry, dict(record["config"]["tiles"]) | {"format": record["config"]["source"]["format"]}
+    except (OSError, ValueError, KeyError, TypeError, StopIteration):
+        return None
+
+
+def card_metrics(predictions: Path, threshold: float = DEFAULT_THRESHOLD) -> dict[str, Any]:
+    """Metrics of the latest evaluation from ``predictions.csv``: counts, accuracy, AUC, sensitivity, specificity.
+
+    Accuracy is the evaluation's own rule (the larger softmax output, ``prob > 0.5``); sensitivity and
+    specificity use ``prob >= threshold`` (the card's decision rule). Undefined values are ``None``.
+    """
+    labels: list[int] = []
+    probs: list[float] = []
+    with predictions.open(newline="", encoding="utf-8") as handle:
+        for row in csv.DictReader(handle):
+            labels.append(LABELS.index(row["label"]))
+            probs.append(float(row["prob_abnormal"]))
+    y, p = np.asarray(labels, dtype=np.int64), np.asarray(probs, dtype=np.float64)
+    finite = bool(np.isfinite(p).all()) and len(p) > 0
+    positive, negative = y == 1, y == 0
+    called = p >= threshold
+
+    def ratio(num: int, den: int) -> float | None:
+        return num / den if den and finite else None
+
+    auc = auc_or_none(y, p) if finite else None
+    return {
+        "source": "predictions.csv of the round",
+        "tiles": len(y),
+        "abnormal": int(positive.sum()),
+        "normal": int(negative.sum()),
+        "acc": ratio(int(((p > 0.5) == positive).sum()), len(y)),
+        "auc": None if auc is None or not math.isfinite(auc) else auc,
+        "sensitivity": ratio(int((called & positive).sum()), int(positive.sum())),
+        "specificity": ratio(int((~called & negative).sum()), int(negative.sum())),
+    }
+
+
+def export_card(
+    *,
+    config: RunConfig,
+    model: nn.Module,
+    dataset: Path,
+    client: int,
+    grayscale: bool,
+    run_id: str,
+    server_round: int,
+    hospital_record: dict[str, Any],
+    predictions: Path,
+) -> ModelCard:
+    """The card of the model a hospital deploys after ``server_round`` (see the module docstring)."""
+    nhead = config.strategy.nhead if config.strategy.nhead is not None else default_nhead(config.strategy.name)
+    units = split_units(model)
+    head = tuple(name for name, _ in units[len(units) - nhead :]) if nhead else ()
+    prepared = _prepare_record(dataset, client)
+    tiling: TileGrid | None = None
+    tile_px: int | None = None
+    scale: float | None = None
+    source_format = ""
+    if prepared is not None:
+        entry, tiles = prepared
+        tile_px, scale, grayscale = int(entry["tile_px"]), float(entry["scale"]), bool(entry["grayscale"])
+        source_format = str(tiles["format"])
+        tiling = TileGrid(
+            source_px=int(entry["source_px"]),
+            stride_px=int(entry["stride_source_px"]),
+            abnormal_stride_px=int(entry["abnormal_stride_source_px"]),
+            white_level=int(tiles["white_level"]),
+            background_max=float(tiles["background_max"]),
+            white_max=float(tiles["white_max"]),
+            source_format=source_format,
+        )
+    preprocess = Preprocess(
+        input_size=config.data.input_size,
+        in_chans=config.model.in_chans,
+        tile_px=tile_px,
+        scale=scale,
+        grayscale=grayscale,
+    )
+    return ModelCard(
+        architecture=config.model.name,
+        num_classes=len(LABELS),
+        class_names=LABELS,
+        nhead=nhead,
+        head_units=head,
+        preprocess=preprocess,
+        tiling=tiling,
+        threshold=DEFAULT_THRESHOLD,
+        run_id=run_id,
+        round=server_round,
+        client=client,
+        dataset={
+            "path": str(dataset),
+            "format": source_format or None,
+            "manifest_sha256": hospital_record.get("manifest_sha256"),
+            "prepare_json": prepared is not None,
+        },
+        metrics=card_metrics(predictions),
+        written_at=now_iso(),
+    )

@@ -1,0 +1,293 @@
+"""A hospital's model bundle: its weights and a JSON card saying how to use them (issue 12, part 1).
+
+A bundle is a folder (a hospital's folder of a run, ``<run>/hospitals/client_XX/``) holding
+
+```
+model.safetensors   the whole state_dict the hospital deploys: the base as of the round + its own head
+model.json          the card (`ModelCard`): architecture, classes, nhead, the preprocessing from tile to tensor
+                    (`models.preprocess.Preprocess`), the tile grid prepare used (`TileGrid`), the decision
+                    threshold, and the provenance (run id, round, client, dataset and its manifest sha256, metrics)
+```
+
+A card is the model's data config in timm's sense plus a model card's provenance: everything ``gastric-fl
+predict`` needs to turn a slide into the tensors the weights were trained on, and to say where they came from.
+It lives in ``models`` because the federation writes it (``federation -> models``) and inference reads it
+(``inference -> models``). `load_bundle` checks a bundle once, at the boundary, and raises `BundleError` with one
+line naming the file and what to do for anything that does not fit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from models.errors import ModelError
+from models.preprocess import Preprocess
+from models.registry import MODEL_NAMES, create_model
+
+CARD_FILE = "model.json"
+WEIGHTS_FILE = "model.safetensors"
+CARD_FORMAT = "gastric-fl model card"
+CARD_VERSION = 1
+DEFAULT_THRESHOLD = 0.5
+
+
+class BundleError(ModelError):
+    """A model bundle that cannot be used as it is: missing files, a damaged card, weights that do not fit."""
+
+
+@dataclass(frozen=True)
+class TileGrid:
+    """How prepare cut this hospital's tiles from a slide (`pipeline.tiling.ClientPlan` and the white-area rule).
+
+    Squares of ``source_px`` slide pixels on a grid of step ``stride_px`` (normal slides; ``abnormal_stride_px``
+    on abnormal slides), kept when their share of near-white pixels (all RGB channels >= ``white_level``) is at
+    most ``background_max`` (normal slides) or, counting pixels outside the cancer annotation as white, at most
+    ``white_max`` (abnormal slides). ``source_format``: the raw layout prepare read (``seed``, ``bot``, ...).
+    """
+
+    source_px: int
+    stride_px: int
+    abnormal_stride_px: int
+    white_level: int
+    background_max: float
+    white_max: float
+    source_format: str = ""
+
+    def __post_init__(self) -> None:
+        if min(self.source_px, self.stride_px, self.abnormal_stride_px) < 1:
+            raise ModelError(f"tile grid sizes must be positive, got {self}")
+        if not 0 <= self.white_level <= 255:
+            raise ModelError(f"white_level must be 0..255, got {self.white_level}")
+        for name in ("background_max", "white_max"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+                raise ModelError(f"{name} must be in [0, 1], got {value}")
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """The contents of ``model.json`` (see the module docstring and docs/inference.md for every field)."""
+
+    architecture: str
+    num_classes: int
+    class_names: tuple[str, ...]
+    nhead: int
+    head_units: tuple[str, ...]
+    preprocess: Preprocess
+    tiling: TileGrid | None
+    threshold: float = DEFAULT_THRESHOLD
+    positive_class: str = "abnormal"
+    run_id: str = ""
+    round: int = 0
+    client: int = 0
+    dataset: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    written_at: str = ""
+
+    def __post_init__(self) -> None:
+        if self.architecture not in MODEL_NAMES:
+            raise ModelError(f"unknown architecture {self.architecture!r}: this version knows {', '.join(MODEL_NAMES)}")
+        if self.num_classes < 2 or len(self.class_names) != self.num_classes:
+            raise ModelError(
+                f"num_classes is {self.num_classes} but class_names lists {len(self.class_names)} "
+                f"({list(self.class_names)}); they must agree and be at least 2"
+            )
+        if self.positive_class not in self.class_names:
+            raise ModelError(f"positive_class {self.positive_class!r} is not one of {list(self.class_names)}")
+        if not (math.isfinite(self.threshold) and 0.0 < self.threshold < 1.0):
+            raise ModelError(f"threshold must be strictly between 0 and 1, got {self.threshold}")
+        if self.nhead < 0:
+            raise ModelError(f"nhead must be >= 0, got {self.nhead}")
+
+    @property
+    def positive_index(self) -> int:
+        """Index of the positive class (``abnormal``) in the model's outputs."""
+        return self.class_names.index(self.positive_class)
+
+    def to_json(self) -> dict[str, Any]:
+        """The card as written to ``model.json`` (strict JSON: no NaN)."""
+        return {
+            "format": CARD_FORMAT,
+            "format_version": CARD_VERSION,
+            "weights": WEIGHTS_FILE,
+            "architecture": self.architecture,
+            "num_classes": self.num_classes,
+            "class_names": list(self.class_names),
+            "positive_class": self.positive_class,
+            "nhead": self.nhead,
+            "head_units": list(self.head_units),
+            "preprocess": self.preprocess.to_json(),
+            "tiling": None if self.tiling is None else asdict(self.tiling),
+            "threshold": self.threshold,
+            "run_id": self.run_id,
+            "round": self.round,
+            "client": self.client,
+            "dataset": self.dataset,
+            "metrics": self.metrics,
+            "written_at": self.written_at,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = CARD_FILE) -> ModelCard:
+        """Parse and check a card; `BundleError` naming ``where`` and the field for anything wrong."""
+        if not isinstance(data, dict):
+            raise BundleError(f"{where}: a model card is a JSON object, got {type(data).__name__}")
+        if data.get("format") != CARD_FORMAT:
+            raise BundleError(f"{where}: not a gastric-fl model card (format {data.get('format')!r})")
+        if data.get("format_version") != CARD_VERSION:
+            raise BundleError(
+                f"{where}: card format_version {data.get('format_version')!r}, this version reads {CARD_VERSION}; "
+                "export the model again with this version"
+            )
+        required = ("architecture", "num_classes", "class_names", "nhead", "preprocess", "threshold")
+        missing = [k for k in required if k not in data]
+        if missing:
+            raise BundleError(f"{where}: the card lacks {missing}; export the model again")
+        try:
+            tiling = data.get("tiling")
+            return cls(
+                architecture=str(data["architecture"]),
+                num_classes=int(data["num_classes"]),
+                class_names=tuple(str(c) for c in data["class_names"]),
+                nhead=int(data["nhead"]),
+                head_units=tuple(str(u) for u in data.get("head_units", ())),
+                preprocess=Preprocess.from_json(dict(data["preprocess"])),
+                tiling=None if tiling is None else TileGrid(**tiling),
+                threshold=float(data["threshold"]),
+                positive_class=str(data.get("positive_class", "abnormal")),
+                run_id=str(data.get("run_id", "")),
+                round=int(data.get("round", 0)),
+                client=int(data.get("client", 0)),
+                dataset=dict(data.get("dataset") or {}),
+                metrics=dict(data.get("metrics") or {}),
+                written_at=str(data.get("written_at", "")),
+            )
+        except ModelError as exc:
+            raise BundleError(f"{where}: {exc}") from None
+        except (TypeError, ValueError) as exc:
+            raise BundleError(
+                f"{where}: a field has the wrong type or is unknown ({exc}); export the model again"
+            ) from None
+
+
+@dataclass
+class Bundle:
+    """A checked bundle: its folder, its card, and the model with its weights loaded, in eval mode."""
+
+    folder: Path
+    card: ModelCard
+    model: nn.Module
+
+
+def _atomic_write(path: Path, payload: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(payload)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_bundle(folder: Path, card: ModelCard, state: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write ``folder/model.json`` (and ``model.safetensors`` from ``state`` when given), each atomically.
+
+    The weights go first and carry the card's round in their metadata, so `load_bundle` notices a card and
+    weights from different rounds (a reader that came between the two replacements). Returns the card's path.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    if state is not None:
+        weights = folder / WEIGHTS_FILE
+        tmp = weights.with_name(f".{weights.name}.{os.getpid()}.tmp")
+        try:
+            tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+            save_file(tensors, str(tmp), metadata={"round": str(card.round)})
+            os.replace(tmp, weights)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    path = folder / CARD_FILE
+    _atomic_write(path, (json.dumps(card.to_json(), indent=2, allow_nan=False) + "\n").encode("utf-8"))
+    return path
+
+
+def bundle_folder(path: Path) -> Path:
+    """The bundle folder ``path`` names: itself, or the folder of its ``model.json`` or ``model.safetensors``."""
+    return path.parent if path.name in (CARD_FILE, WEIGHTS_FILE) and not path.is_dir() else path
+
+
+def read_card(path: Path) -> ModelCard:
+    """The checked card of the bundle at ``path`` (a bundle folder or its ``model.json``)."""
+    folder = bundle_folder(path)
+    if not folder.is_dir():
+        raise BundleError(
+            f"model bundle {path} does not exist: give a hospital folder of a run, e.g. <run>/hospitals/client_00"
+        )
+    card_path = folder / CARD_FILE
+    if not card_path.is_file():
+        raise BundleError(
+            f"{folder} holds no {CARD_FILE}: it is not a model bundle (runs trained by this version write one per "
+            "hospital after each evaluated round; train again or point --model at <run>/hospitals/client_XX)"
+        )
+    try:
+        data = json.loads(card_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BundleError(f"{card_path} is not readable JSON ({exc}); export the model again") from None
+    return ModelCard.from_json(data, str(card_path))
+
+
+def load_bundle(path: Path, device: torch.device | str = "cpu") -> Bundle:
+    """Read and check the bundle at ``path``: the card, then weights that fit its architecture key for key.
+
+    `BundleError` (one line) for a missing folder or file, a damaged or unknown card, an architecture this version
+    does not know, weights missing keys, holding extra keys or tensors of another shape, or weights from another
+    round than the card.
+    """
+    folder = bundle_folder(path)
+    card = read_card(path)
+    weights_path = folder / WEIGHTS_FILE
+    if not weights_path.is_file():
+        raise BundleError(f"{folder} has a card but no {WEIGHTS_FILE}; export the model again")
+    try:
+        with safe_open(str(weights_path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+        tensors = load_file(str(weights_path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise BundleError(
+            f"{weights_path} is not a readable safetensors file ({exc}); export the model again"
+        ) from None
+    if "round" in metadata and card.round and metadata["round"] != str(card.round):
+        raise BundleError(
+            f"{weights_path} is from round {metadata['round']} but {CARD_FILE} describes round {card.round}: the "
+            "bundle is being rewritten (the run is still training) or was mixed by hand; try again when it is done"
+        )
+    model = create_model(card.architecture, card.num_classes, card.preprocess.in_chans)
+    own = model.state_dict()
+    missing = sorted(set(own) - set(tensors))
+    extra = sorted(set(tensors) - set(own))
+    if missing or extra:
+        raise BundleError(
+            f"{weights_path} does not fit {card.architecture} with {card.num_classes} classes and "
+            f"{card.preprocess.in_chans} input channel(s): {len(missing)} key(s) missing (e.g. {missing[:2]}), "
+            f"{len(extra)} unexpected (e.g. {extra[:2]})"
+        )
+    wrong = [k for k in own if tuple(own[k].shape) != tuple(tensors[k].shape)]
+    if wrong:
+        key = wrong[0]
+        raise BundleError(
+            f"{weights_path} does not fit {card.architecture}: {key} has shape {tuple(tensors[key].shape)}, "
+            f"the card's architecture needs {tuple(own[key].shape)} ({len(wrong)} tensor(s) differ)"
+        )
+    model.load_state_dict(tensors)
+    model.to(device).eval()
+    return Bundle(folder=folder, card=card, model=model)
