@@ -40,7 +40,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import IO, Any, Self
+from typing import IO, Any, NamedTuple, Self
 
 from federation.errors import FederationError
 from federation.flower.kit import HospitalBundle, Kit, join_address
@@ -126,39 +126,59 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 
 # -- process groups --------------------------------------------------------------------------------------------------
-def _proc_table() -> dict[int, tuple[int, int, str]]:
-    """``pid -> (ppid, pgid, state)`` for every process readable in ``/proc``."""
-    table: dict[int, tuple[int, int, str]] = {}
+class _Proc(NamedTuple):
+    ppid: int
+    pgid: int
+    state: str
+    start: int  # clock ticks after boot: tells a recycled pid from the process first seen
+
+
+def _proc_table() -> dict[int, _Proc]:
+    """``pid -> (ppid, pgid, state, start time)`` for every process readable in ``/proc``."""
+    table: dict[int, _Proc] = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
             with open(f"/proc/{entry.name}/stat", encoding="utf-8", errors="replace") as handle:
                 fields = handle.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+            table[int(entry.name)] = _Proc(int(fields[1]), int(fields[2]), fields[0], int(fields[19]))
+        except (OSError, IndexError, ValueError):
             continue
-        table[int(entry.name)] = (int(fields[1]), int(fields[2]), fields[0])
     return table
 
 
 def group_members(pgid: int) -> list[int]:
     """Live (not zombie) processes in process group ``pgid``."""
-    return [pid for pid, (_, group, state) in _proc_table().items() if group == pgid and state not in "ZX"]
+    return [pid for pid, proc in _proc_table().items() if proc.pgid == pgid and proc.state not in "ZX"]
 
 
-def descendant_groups(pid: int) -> set[int]:
-    """Process groups led by descendants of ``pid`` (found by parent id), its own group included."""
+def descendant_groups(pid: int) -> dict[int, int | None]:
+    """Process groups of ``pid`` and its descendants (found by parent id, not by name): ``pgid -> start time of
+    the group's leader`` (None when the leader is gone), so that a group id recycled later is not signalled."""
     table = _proc_table()
     children: dict[int, list[int]] = {}
-    for child, (parent, _, _) in table.items():
-        children.setdefault(parent, []).append(child)
-    groups, todo = set(), [pid]
+    for child, proc in table.items():
+        children.setdefault(proc.ppid, []).append(child)
+    groups: dict[int, int | None] = {}
+    todo = [pid]
     while todo:
         current = todo.pop()
         if current in table:
-            groups.add(table[current][1])
+            pgid = table[current].pgid
+            groups[pgid] = table[pgid].start if pgid in table else None
         todo.extend(children.get(current, []))
     return groups
+
+
+def _still_ours(groups: Mapping[int, int | None]) -> set[int]:
+    """The recorded groups that still exist and were not recycled: a pid is not reused while a group of that id
+    has members, so a group is ours unless its id now leads a process that started at another time."""
+    table = _proc_table()
+    live = {proc.pgid for proc in table.values() if proc.state not in "ZX"}
+    return {
+        g for g, start in groups.items() if g in live and (start is None or g not in table or table[g].start == start)
+    }
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
@@ -246,7 +266,8 @@ class ManagedProcess:
         self.cwd = cwd
         self.popen: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
-        self._groups: set[int] = set()  # every group seen among its descendants (Flower's detached helpers)
+        self._groups: dict[int, int | None] = {}  # groups to stop: its own and its descendants' (detached helpers)
+        self._seen: set[int] = set()  # every group ever recorded, for checks; never signalled after a stop
 
     @property
     def pid(self) -> int | None:
@@ -255,9 +276,9 @@ class ManagedProcess:
 
     @property
     def groups(self) -> set[int]:
-        """The process groups this process and its descendants were last seen in (its own group first known)."""
+        """Every process group this process and its descendants were seen in since it was first started."""
         self.track()
-        return set(self._groups)
+        return set(self._seen)
 
     def start(self) -> None:
         """Start the command in a new session; its stdout and stderr go to the log file."""
@@ -281,7 +302,8 @@ class ManagedProcess:
         except OSError as exc:
             self._close_log()
             raise FederationError(f"cannot start {self.name} ({self.argv[0]}): {exc.strerror or exc}") from exc
-        self._groups = {self.popen.pid}
+        self._groups = descendant_groups(self.popen.pid) or {self.popen.pid: None}
+        self._seen.update(self._groups)
         _LIVE.add(self)
 
     def alive(self) -> bool:
@@ -294,16 +316,18 @@ class ManagedProcess:
     def track(self) -> None:
         """Remember the groups of its current descendants, so that they can be stopped after it is gone."""
         if self.popen is not None and self.popen.returncode is None:
-            self._groups |= descendant_groups(self.popen.pid)
+            self._groups.update(descendant_groups(self.popen.pid))
+            self._seen.update(self._groups)
 
     def stop(self, grace: float = STOP_GRACE) -> None:
         """Stop its process group and every group its descendants lead; reap it; close the log."""
         if self.popen is None:
             return
         self.track()
-        stop_groups(self._groups, grace=grace)
+        stop_groups(_still_ours(self._groups), grace=grace)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout=5.0)
+        self._groups = {}  # stopped: never signal these ids again (they may be recycled)
         self._close_log()
         _LIVE.discard(self)
 
@@ -606,11 +630,11 @@ class FlwrCli:
             try:
                 out, err = proc.communicate(timeout=limit)
             except subprocess.TimeoutExpired:
-                stop_groups(descendant_groups(proc.pid) | {proc.pid}, grace=1.0)
+                stop_groups({proc.pid, *descendant_groups(proc.pid)}, grace=1.0)
                 proc.communicate()
                 raise FederationError(f"`flwr {' '.join(args[:2])}` did not finish within {limit:.0f} s") from None
             except BaseException:
-                stop_groups(descendant_groups(proc.pid) | {proc.pid}, grace=1.0)
+                stop_groups({proc.pid, *descendant_groups(proc.pid)}, grace=1.0)
                 proc.communicate()
                 raise
         result = subprocess.CompletedProcess(argv, proc.returncode, out, err)

@@ -212,6 +212,12 @@ def test_echo_run_over_tls_with_authenticated_supernodes(deployed: Deployed) -> 
     assert configs[1]["hospital-dir"].endswith("h 1")  # node config values with spaces survive
     print(f"\ntimings: {dep.timings}, echo round trip {round_trip:.1f} s")  # shown with -s
 
+    node = dep.supernodes["client_01"]
+    groups = node.groups
+    dep.kill_supernode("client_01")  # as a crash: SIGKILL to its group, its SuperExec included
+    assert not node.alive()
+    assert not _alive(groups)
+
 
 # -- failure and teardown --------------------------------------------------------------------------------------------
 @pytest.mark.slow
