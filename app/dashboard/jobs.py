@@ -4,6 +4,10 @@ A job outlives the page (and a page reload): its process id, command and log liv
 ``<data>/.dashboard/jobs/``, outside the documented run folders. The command runs under ``sh`` which writes the
 exit code to ``<job>.exit`` when the command ends, so a finished job is told from a stopped one even after the
 dashboard itself restarted. Stopping sends SIGTERM to the whole process group (the shell and the command).
+
+A record names its process by pid *and* start time (``pid_started``): after a restart of the dashboard (or of the
+machine) the pid of a finished job may belong to another process, which must neither show the job as running nor
+receive its SIGTERM (issue 10, the dashboard's side of defect 13).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ class Job:
     started: float
     log: str
     stop_requested: bool = False
+    pid_started: int | None = None  # the process's start time (federation.processes); None in older records
 
 
 @dataclass(frozen=True)
@@ -98,7 +103,8 @@ def start(jobs_dir: Path, job_id: str, kind: str, target: Path, commands: list[l
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
     _PROCESSES[process.pid] = process
-    job = Job(job_id, kind, str(target), commands, process.pid, time.time(), str(log))
+    started = processes.process_start_time(process.pid)
+    job = Job(job_id, kind, str(target), commands, process.pid, time.time(), str(log), pid_started=started)
     _write_record(jobs_dir, job)
     return job
 
@@ -133,11 +139,12 @@ def for_target(jobs_dir: Path, target: Path) -> Job | None:
     return None
 
 
-def _alive(pid: int) -> bool:
+def _alive(pid: int, started: int | None = None) -> bool:
+    """Whether ``pid`` still runs and is the process that started at ``started`` (when known)."""
     process = _PROCESSES.get(pid)
     if process is not None:
         return process.poll() is None
-    return processes.pid_alive(pid)
+    return processes.same_process(pid, started)
 
 
 def state(jobs_dir: Path, job: Job) -> JobState:
@@ -148,24 +155,28 @@ def state(jobs_dir: Path, job: Job) -> JobState:
             code = int(exit_file.read_text().strip())
         except ValueError:
             code = None
-        _alive(job.pid)  # reap it if it is our child
+        _alive(job.pid, job.pid_started)  # reap it if it is our child
         if code == 0:
             return JobState("succeeded", code)
         # 130: `gastric-fl train` stopped by SIGTERM/Ctrl-C (resumable); 143: a command killed by SIGTERM.
         if job.stop_requested or code in (STOPPED_EXIT, 143):
             return JobState("stopped", code)
         return JobState("failed", code)
-    if _alive(job.pid):
+    if _alive(job.pid, job.pid_started):
         return JobState("running", None)
     return JobState("stopped" if job.stop_requested else "lost", None)
 
 
 def stop(jobs_dir: Path, job: Job) -> Job:
-    """SIGTERM to the job's process group (the shell and everything it started); records that it was asked."""
+    """SIGTERM to the job's process group (the shell and everything it started); records that it was asked.
+
+    Nothing is sent when the pid now belongs to another process (the job ended while the dashboard was away).
+    """
     job = Job(**{**asdict(job), "stop_requested": True})
     _write_record(jobs_dir, job)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(job.pid, signal.SIGTERM)
+    if _alive(job.pid, job.pid_started):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(job.pid, signal.SIGTERM)
     return job
 
 
@@ -201,12 +212,19 @@ def run_status(summary_status: str, job_state: JobState | None, pid_alive: bool 
     return "stopped"
 
 
-def pid_alive(pid: int | None) -> bool | None:
-    """Whether process ``pid`` still runs (``None`` when there is no pid to check)."""
-    return None if pid is None else _alive(pid)
+def pid_alive(pid: int | None, started: int | None = None) -> bool | None:
+    """Whether process ``pid`` (started at ``started``: ``summary.json``'s ``pid_started``, when known) still runs
+    (``None`` when there is no pid to check)."""
+    return None if pid is None else _alive(pid, started)
 
 
-def stop_pid(pid: int) -> None:
-    """SIGTERM to a run started outside the dashboard (``summary.json``'s ``pid``); the engine stops cleanly."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
+def stop_pid(pid: int, started: int | None = None) -> bool:
+    """SIGTERM to a run started outside the dashboard (``summary.json``'s ``pid`` and ``pid_started``); the engine
+    stops cleanly. Returns whether a signal was sent: not when the pid now belongs to another process."""
+    if not processes.same_process(pid, started):
+        return False
+    try:
         os.kill(pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
