@@ -32,6 +32,7 @@ from typing import Any
 from federation.config import RunConfig, config_to_toml, load_config, read_toml
 from federation.errors import FederationError
 from federation.runs import SUMMARY_FILE, atomic_write_text, now_iso, read_json, write_json
+from pipeline.outputs import OutputError, claim_output, os_error_message
 
 ABLATION_FILE = "ablation.json"
 CELLS_DIR = "cells"
@@ -351,6 +352,17 @@ def run_plan(
         from federation.engine import train
 
         train_fn = train
+    # One ablation per folder at a time (two would run the same cells into the same run directories).
+    try:
+        with claim_output(out, "ablate"):
+            return _run_cells(plan, out, train_fn, progress, echo)
+    except OutputError as exc:
+        raise FederationError(str(exc)) from None
+    except OSError as exc:
+        raise FederationError(os_error_message(exc, out, "--out")) from None
+
+
+def _run_cells(plan: Plan, out: Path, train_fn: TrainFn, progress: bool, echo: Callable[[str], None]) -> dict[str, Any]:
     cells = plan.cells()
     owners = plan.owners(cells)
     base_text = config_to_toml(plan.base_config())
@@ -388,7 +400,11 @@ def run_plan(
         write_json(out / ABLATION_FILE, _state(plan, cells, owners, statuses))
         try:
             train_fn(plan.cell_config(cell), run_dir, resume=resume, overwrite=not resume, progress=progress)
-        except FederationError as exc:
+        except Exception as exc:
+            if not getattr(exc, "user_facing", False):  # a bug: keep its traceback
+                statuses[cell.id] = {"status": "failed", "error": str(exc) or type(exc).__name__}
+                write_json(out / ABLATION_FILE, _state(plan, cells, owners, statuses))
+                raise
             statuses[cell.id] = {"status": "failed", "error": str(exc)}
             echo(f"    failed: {exc}")
         except BaseException as exc:

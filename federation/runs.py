@@ -6,6 +6,13 @@ atomically (written beside, then renamed) and ``summary.json`` says whether the 
 state (shared tensors only: a hospital's head and its own checkpoints stay in its folder,
 ``federation.engine.hospital``) with a JSON sidecar (round, hospitals, strategy JSON state); a checkpoint counts
 only once its sidecar exists, and the sidecar is written last. Nothing is pickled.
+
+A run directory is ``gastric-fl train``'s output (issue 10): it carries train's ownership marker from the moment it
+is created (``pipeline.outputs.write_marker``), and ``--overwrite`` replaces only a folder with that marker holding
+nothing but what a run writes (`RUN_PATTERNS`; `prepare_run_dir`). Temp files of a write killed by ``kill -9``
+(hidden ``.<name>.*`` beside the file) are never read as checkpoints and are removed at the next start
+(`clean_temp_files`). The process that writes a run is named by its pid *and* start time (``pid_started``), so a
+pid reused by another process does not look like a live run (`is_live_run`).
 """
 
 from __future__ import annotations
@@ -29,8 +36,9 @@ from safetensors.torch import load_file, save_file
 
 from federation.contract import TensorDict
 from federation.errors import FederationError
-from federation.jsonl import read_jsonl
-from federation.processes import pid_alive
+from federation.jsonl import DamagedLine, scan_jsonl
+from federation.processes import same_process
+from pipeline.outputs import OutputError, check_replaceable, owned_by, write_marker
 
 CONFIG_FILE = "config.toml"
 METRICS_FILE = "metrics.jsonl"
@@ -39,6 +47,35 @@ SUMMARY_FILE = "summary.json"
 PREDICTIONS_FILE = "predictions.csv"  # in each hospital's folder (federation.engine.hospital)
 CHECKPOINT_DIR = "checkpoints"
 PREDICTION_COLUMNS = ("client", "path", "label", "prob_abnormal", "round")
+OWNER = "train"  # the command named in a run directory's ownership marker
+
+# Everything a run directory may hold (fnmatch over relative paths, folders end with "/"): the server's files, the
+# audit log (federation.engine.audit), the in-process hospitals' folders (federation.engine.hospital), what
+# `gastric-fl report` and `gastric-fl ablate` write into a run, and the hidden temp files of atomic writes.
+_SERVER_FILES = (CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, AGGREGATION_FILE, "messages.jsonl")
+_REPORT_FILES = ("report.md", "report.csv", "hospitals.csv", "accuracy.png")
+_HOSPITAL = "hospitals/client_[0-9][0-9]"
+_HOSPITAL_FILES = ("hospital.json", PREDICTIONS_FILE, "model.safetensors", "model.json")  # model.*: models.bundle
+RUN_PATTERNS: tuple[str, ...] = (
+    *_SERVER_FILES,
+    *(f".{name}.*" for name in _SERVER_FILES),
+    *_REPORT_FILES,
+    *(f".{name}.*" for name in _REPORT_FILES),
+    "report/",
+    *(f"report/{name}" for name in _REPORT_FILES),
+    *(f"report/.{name}.*" for name in _REPORT_FILES),
+    f"{CHECKPOINT_DIR}/",
+    f"{CHECKPOINT_DIR}/round_[0-9][0-9][0-9][0-9].safetensors",
+    f"{CHECKPOINT_DIR}/round_[0-9][0-9][0-9][0-9].json",
+    f"{CHECKPOINT_DIR}/.round_*",
+    "hospitals/",
+    f"{_HOSPITAL}/",
+    *(f"{_HOSPITAL}/{name}" for name in _HOSPITAL_FILES),
+    *(f"{_HOSPITAL}/.{name}.*" for name in _HOSPITAL_FILES),
+    f"{_HOSPITAL}/{CHECKPOINT_DIR}/",
+    f"{_HOSPITAL}/{CHECKPOINT_DIR}/round_[0-9][0-9][0-9][0-9].safetensors",
+    f"{_HOSPITAL}/{CHECKPOINT_DIR}/.round_*",
+)
 
 _STRATEGY = "strategy"
 
@@ -99,10 +136,15 @@ def append_jsonl(path: Path, records: Iterable[Mapping[str, Any]]) -> None:
         handle.flush()
 
 
-def keep_rounds(path: Path, last_round: int) -> None:
-    """Rewrite a JSON-lines file keeping only records of rounds ``<= last_round`` (used on resume)."""
-    kept = [r for r in read_jsonl(path) if int(r.get("round", 0)) <= last_round]
+def keep_rounds(path: Path, last_round: int) -> tuple[DamagedLine, ...]:
+    """Rewrite a JSON-lines file keeping only records of rounds ``<= last_round`` (used on resume).
+
+    Returns the damaged lines left out (by file and line number), so that the caller can say so.
+    """
+    scan = scan_jsonl(path)
+    kept = [r for r in scan.records if int(r.get("round", 0)) <= last_round]
     atomic_write_text(path, "".join(json.dumps(r, allow_nan=False) + "\n" for r in kept))
+    return scan.damaged
 
 
 def write_predictions(path: Path, rows: Iterable[Sequence[Any]]) -> None:
@@ -126,7 +168,10 @@ def default_run_dir(base: Path, name: str) -> Path:
 
 
 def is_live_run(run_dir: Path) -> bool:
-    """True if ``summary.json`` says ``running`` and its process still exists."""
+    """True if ``summary.json`` says ``running`` and its process (pid and start time, ``pid_started``) still exists.
+
+    A pid that now belongs to another process (the run was killed, the pid reused) is not a live run.
+    """
     summary = run_dir / SUMMARY_FILE
     if not summary.is_file():
         return False
@@ -134,26 +179,57 @@ def is_live_run(run_dir: Path) -> bool:
         data = json.loads(summary.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return False
-    pid = data.get("pid")
-    return data.get("status") == "running" and isinstance(pid, int) and pid != os.getpid() and pid_alive(pid)
+    pid, started = data.get("pid"), data.get("pid_started")
+    if data.get("status") != "running" or not isinstance(pid, int) or pid == os.getpid():
+        return False
+    return same_process(pid, started if isinstance(started, int) else None)
+
+
+def clean_temp_files(run_dir: Path) -> list[Path]:
+    """Remove the server's temp files left by a write killed mid-way (``kill -9``); returns what was removed.
+
+    Only hidden ``.<name>.*`` files of the run's own files and checkpoints; call it while holding the run's lock.
+    Hospitals clean their own folders (``federation.engine.hospital``).
+    """
+    found = [p for name in _SERVER_FILES for p in run_dir.glob(f".{name}.*")]
+    found += list((run_dir / CHECKPOINT_DIR).glob(".round_*")) if (run_dir / CHECKPOINT_DIR).is_dir() else []
+    removed = []
+    for path in found:
+        if path.is_file() or path.is_symlink():
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
 
 
 def prepare_run_dir(run_dir: Path, overwrite: bool) -> None:
-    """Create an empty run directory; an existing one is replaced only with ``overwrite`` and only if it is a run."""
+    """Create an empty run directory carrying train's marker.
+
+    An existing non-empty folder is replaced only with ``overwrite``, and only if train made it and it holds
+    nothing but what a run writes (`RUN_PATTERNS`); anything else is refused in one line naming the folder and
+    the foreign file, and nothing is deleted. Call it while holding the run's lock (``claim_output``).
+    """
+    if run_dir.is_symlink() or (run_dir.exists() and not run_dir.is_dir()):
+        raise FederationError(f"--out {run_dir} is not a folder; choose another --out")
     if run_dir.exists() and any(run_dir.iterdir()):
         if not overwrite:
+            if not owned_by(run_dir, OWNER):
+                raise FederationError(
+                    f"--out {run_dir} already exists and was not made by gastric-fl train: choose another --out "
+                    "(a new or empty folder)"
+                )
             raise FederationError(
                 f"run directory {run_dir} already exists: pass --overwrite to replace it, "
                 f"or --resume {run_dir} to continue it"
             )
-        if not ((run_dir / CONFIG_FILE).is_file() or (run_dir / SUMMARY_FILE).is_file()):
-            raise FederationError(
-                f"{run_dir} is not a run directory (no config.toml or summary.json): refusing to delete it"
-            )
+        try:
+            check_replaceable(run_dir, OWNER, patterns=RUN_PATTERNS, flag="--out")
+        except OutputError as exc:
+            raise FederationError(str(exc)) from None
         if is_live_run(run_dir):
             raise FederationError(f"{run_dir} belongs to a run that is still going: stop it before overwriting")
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    write_marker(run_dir, OWNER, record_contents=False)
 
 
 # -- checkpoints ---------------------------------------------------------------------------------------------------
@@ -204,7 +280,7 @@ def write_checkpoint(run_dir: Path, checkpoint: Checkpoint, keep: int) -> None:
 
 
 def complete_checkpoints(run_dir: Path) -> list[int]:
-    """Rounds with a complete checkpoint (tensors and sidecar present), ascending."""
+    """Rounds with a complete checkpoint (tensors and sidecar present), ascending; hidden temp files never count."""
     folder = run_dir / CHECKPOINT_DIR
     if not folder.is_dir():
         return []
@@ -219,6 +295,12 @@ def complete_checkpoints(run_dir: Path) -> list[int]:
     return sorted(rounds)
 
 
+def drop_checkpoint(run_dir: Path, server_round: int) -> None:
+    """Remove round ``server_round``'s checkpoint (sidecar first, so that it stops counting at once)."""
+    for path in _checkpoint_paths(run_dir, server_round)[::-1]:
+        path.unlink(missing_ok=True)
+
+
 def read_checkpoint(run_dir: Path, server_round: int) -> Checkpoint:
     """Load round ``server_round``'s checkpoint."""
     tensors_path, sidecar_path = _checkpoint_paths(run_dir, server_round)
@@ -226,9 +308,7 @@ def read_checkpoint(run_dir: Path, server_round: int) -> Checkpoint:
     try:
         tensors = load_file(str(tensors_path))
     except Exception as exc:
-        raise FederationError(
-            f"checkpoint {tensors_path} cannot be read ({exc}): delete it to resume from an earlier one"
-        ) from exc
+        raise FederationError(f"checkpoint {tensors_path} cannot be read ({exc})") from exc
     clients = [int(c) for c in sidecar.get("clients", [])]
     strategy: TensorDict = {}
     for name, value in tensors.items():

@@ -20,11 +20,11 @@ from typing import Any
 from federation.config import RunConfig, load_config, parse_override
 from federation.data import check_clients, read_manifest
 from federation.engine.common import derive_seed, initial_state, resolve_config, resolve_device
-from federation.engine.hospital import Site, hospital_folder
+from federation.engine.hospital import Site, hospital_folder, manifest_sha256
 from federation.engine.loop import Engine, RunStopped
 from federation.engine.pools import InProcessPool, Observer, Pool, WorkerPool
 from federation.errors import FederationError
-from federation.runs import CONFIG_FILE
+from federation.runs import CONFIG_FILE, SUMMARY_FILE, complete_checkpoints, read_json
 from models import check_input_size
 
 # Settings a resumed run may change: they do not alter the federation's maths.
@@ -72,16 +72,17 @@ def train(
     config = resolve_config(config)
     engine = Engine(config, run_dir, progress=progress)
     if config.run.engine == "flower":
-        from federation.flower.apps import run_on_superlink
+        from federation.flower.runner import run_with_flower
 
-        return run_on_superlink(config, run_dir, resume=resume, overwrite=overwrite, progress=progress)
+        return run_with_flower(config, run_dir, resume=resume, overwrite=overwrite, progress=progress)
     # Settings that cannot work are refused before a run directory exists, so a mistyped --data leaves nothing.
     check_input_size(config.model.name, config.data.input_size)
     sites = local_sites(config, run_dir)
+    engine.dataset_sha256 = manifest_sha256(Path(config.data.path))  # recorded in summary.json, checked on resume
     if config.run.engine == "flower-sim":
-        from federation.flower.apps import run_simulation
+        from federation.flower.runner import run_with_flower
 
-        return run_simulation(engine, sites, resume=resume, overwrite=overwrite, observers=observers)
+        return run_with_flower(config, run_dir, resume=resume, overwrite=overwrite, progress=progress, sites=sites)
 
     def make_pool() -> Pool:
         if config.run.workers > 0:
@@ -91,13 +92,28 @@ def train(
     return engine.run(make_pool, resume=resume, overwrite=overwrite)
 
 
+def _status(run_dir: Path) -> str | None:
+    try:
+        status = read_json(run_dir / SUMMARY_FILE).get("status")
+    except FederationError:
+        return None
+    return status if isinstance(status, str) else None
+
+
 def load_run_config(run_dir: Path, overrides: Sequence[str] = ()) -> RunConfig:
-    """The saved configuration of ``run_dir`` with the (few) overrides a resume may change."""
+    """The saved configuration of ``run_dir`` with the (few) overrides a resume may change.
+
+    A run that *failed* before its first complete checkpoint has trained nothing that a change could contradict:
+    it restarts at round 1, so any setting may change (how a configuration error found inside the run, such as
+    FedAMP's ``amp.alpha_k`` against the number of hospitals, is corrected).
+    """
     path = run_dir / CONFIG_FILE
     if not path.is_file():
         raise FederationError(
             f"{run_dir} has no {CONFIG_FILE}: --resume needs a run directory made by gastric-fl train"
         )
+    if not complete_checkpoints(run_dir) and _status(run_dir) == "failed":
+        return load_config(path, overrides)
     for text in overrides:
         section, key, _ = parse_override(text)
         if f"{section}.{key}" not in RESUMABLE_KEYS:

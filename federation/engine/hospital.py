@@ -141,6 +141,7 @@ class Hospital:
         check_clients(dataset, rows, [client])
         digest = manifest_sha256(dataset)
         folder = self.site.folder(message.run_id)
+        self._remove_temp_files(folder)
         record_path = folder / HOSPITAL_FILE
         if message.resume:
             if not record_path.is_file():
@@ -172,6 +173,18 @@ class Hospital:
         self._loaded = None
         mine = [r for r in rows if r.client == client]
         return HelloReply(client, sum(1 for r in mine if r.split == "train"), sum(1 for r in mine if r.split == "test"))
+
+    @staticmethod
+    def _remove_temp_files(folder: Path) -> None:
+        """Remove the hidden temp files of this hospital's own writes that a ``kill -9`` left (``.<name>.*``)."""
+        if not folder.is_dir():
+            return
+        found = [p for name in {*OWN_ENTRIES, "model.json"} for p in folder.glob(f".{name}.*")]
+        if (folder / CHECKPOINT_DIR).is_dir():
+            found += (folder / CHECKPOINT_DIR).glob(".round_*")
+        for path in found:
+            if path.is_file() or path.is_symlink():
+                path.unlink(missing_ok=True)
 
     @staticmethod
     def _clear(folder: Path) -> None:

@@ -15,16 +15,27 @@ The server's run directory holds only what messages carried: ``config.toml``, ``
 counts per round and hospital), ``aggregation.jsonl``, ``summary.json`` and checkpoints of the strategy's state
 (shared tensors only). Hospitals keep their own folders (``federation.engine.hospital``); this module never
 reads them.
+
+The run directory's lifecycle (issue 10, docs/reliability.md): the whole run holds the folder's lock
+(``pipeline.outputs.claim_output``), so two ``train`` into one folder cannot interleave; the folder carries train's
+ownership marker (``federation.runs.prepare_run_dir``). Settings that cannot work are refused before the folder
+exists; an error before the first checkpoint leaves a run that ``--resume`` may restart with any corrected setting.
+A resume checks the dataset's manifest hash (``dataset_sha256``, given by the launcher), removes temp files of a
+killed write, names damaged lines of the run files and redoes their round, and falls back to the previous readable
+checkpoint (with a warning) when the latest cannot be read; a resume refused before its first round leaves
+``summary.json`` as it was. Write faults (full disk, read-only file system) are one line.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -50,15 +61,20 @@ from federation.engine.codec import Message
 from federation.engine.common import derive_seed, initial_state, resolve_config
 from federation.engine.pools import Pool
 from federation.errors import FederationError
+from federation.jsonl import DamagedLine, read_jsonl, scan_jsonl
+from federation.processes import process_start_time
 from federation.report import round_stats, run_figures
 from federation.runs import (
     AGGREGATION_FILE,
     CONFIG_FILE,
     METRICS_FILE,
+    OWNER,
     SUMMARY_FILE,
     Checkpoint,
     append_jsonl,
+    clean_temp_files,
     complete_checkpoints,
+    drop_checkpoint,
     finite_or_none,
     is_live_run,
     keep_rounds,
@@ -66,12 +82,12 @@ from federation.runs import (
     prepare_run_dir,
     read_checkpoint,
     read_json,
-    read_jsonl,
     write_checkpoint,
     write_json,
 )
 from federation.strategies import StrategyContext, build_strategy
 from models import check_input_size, check_nhead
+from pipeline.outputs import OutputError, claim_output, os_error_message, owned_by, write_marker
 
 PoolFactory = Callable[[], Pool]
 
@@ -95,6 +111,26 @@ def _stop_on_sigterm() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _warn(text: str) -> None:
+    print(f"warning: {text}", file=sys.stderr, flush=True)
+
+
+def _diverged(reason: str) -> bool:
+    """Whether a hospital's reason for sending no usable update is a diverged training (NaN/inf)."""
+    return "not finite" in reason or "became nan" in reason or "became inf" in reason
+
+
+def _damaged_round(damaged: DamagedLine, before: int) -> int:
+    """The round a damaged line belongs to: its ``"round"`` field if still legible, else ``before`` (the round of the
+    last intact record ahead of it: records are appended in round order)."""
+    try:
+        text = damaged.path.read_text(encoding="utf-8", errors="replace").split("\n")[damaged.line - 1]
+    except (OSError, IndexError):
+        return before
+    found = re.search(r'"round":\s*(\d+)', text)
+    return int(found.group(1)) if found else before
 
 
 def usable_update(reply: TrainReply, shared_keys: list[str]) -> str | None:
@@ -123,19 +159,57 @@ class Engine:
         self.run_id = run_dir.name
         self.progress = progress
         self.summary: dict[str, Any] = {}
+        # sha256 of the dataset's manifest.csv, set by a launcher that reads the dataset (the local engines);
+        # recorded in summary.json and compared on resume. None: the hospitals are elsewhere (they check it).
+        self.dataset_sha256: str | None = None
+        self.warn: Callable[[str], None] = _warn
+        self.restart = False
+        self.rounds_run = 0  # rounds completed by this process
 
     def _write_summary(self, **changes: Any) -> None:
         self.summary.update(changes, updated_at=now_iso())
         write_json(self.run_dir / SUMMARY_FILE, self.summary)
 
     def run(self, make_pool: PoolFactory, *, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
-        """Train every round; returns the final ``summary.json`` content. Raises on failure or interruption."""
+        """Train every round; returns the final ``summary.json`` content. Raises on failure or interruption.
+
+        The run directory is locked for the whole run; a write fault is one line naming the path (exit 2).
+        """
+        flag = "--resume" if resume else "--out"
+        try:
+            with claim_output(self.run_dir, OWNER, flag=flag):
+                return self._run(make_pool, resume, overwrite)
+        except OutputError as exc:
+            raise FederationError(str(exc)) from None
+        except OSError as exc:
+            raise FederationError(os_error_message(exc, self.run_dir, flag)) from None
+
+    def _run(self, make_pool: PoolFactory, resume: bool, overwrite: bool) -> dict[str, Any]:
         config = self.config
+        # Settings that cannot work are refused before the run directory is created or touched.
         check_input_size(config.model.name, config.data.input_size)
+        self._initial = initial_state(config)
+        check_nhead(config.strategy.nhead or 0, self._initial[1])
+        previous: dict[str, Any] = {}
         if resume:
             previous = read_json(self.run_dir / SUMMARY_FILE) if (self.run_dir / SUMMARY_FILE).is_file() else {}
             if is_live_run(self.run_dir):
                 raise FederationError(f"{self.run_dir} is still running (pid {previous['pid']}): stop it first")
+            for path in clean_temp_files(self.run_dir):
+                self.warn(f"removed {path}, left by an interrupted write")
+            # No complete round to continue from: the run starts again at round 1 in the same folder (with
+            # whatever settings were corrected), so the dataset may have changed too.
+            self.restart = not complete_checkpoints(self.run_dir)
+            recorded = previous.get("dataset_sha256")
+            if not self.restart and recorded and self.dataset_sha256 and recorded != self.dataset_sha256:
+                raise FederationError(
+                    f"{Path(config.data.path) / 'manifest.csv'} changed since run {self.run_id} started (sha256 "
+                    f"{recorded[:12]}... then, {self.dataset_sha256[:12]}... now), so resuming would train and test "
+                    f"on other tiles; start afresh with gastric-fl train --config {self.run_dir / CONFIG_FILE} "
+                    "--out NEW_RUN, or restore the original dataset"
+                )
+            if not owned_by(self.run_dir, OWNER):  # a run made before ownership markers
+                write_marker(self.run_dir, OWNER, record_contents=False)
             self.summary = dict(previous)
         else:
             prepare_run_dir(self.run_dir, overwrite)
@@ -143,6 +217,7 @@ class Engine:
             run_id=self.run_id,
             status="running",
             pid=os.getpid(),
+            pid_started=process_start_time(os.getpid()),
             total_rounds=config.run.rounds,
             rounds_done=self.summary.get("rounds_done", 0),
             eta_seconds=None,
@@ -154,6 +229,8 @@ class Engine:
             dataset=config.data.path,
             engine=config.run.engine,
         )
+        if self.dataset_sha256 is not None:
+            self.summary["dataset_sha256"] = self.dataset_sha256
         self.summary.setdefault("started_at", now_iso())
         if resume:
             self.summary["resumed_at"] = now_iso()
@@ -168,17 +245,29 @@ class Engine:
                 pool = make_pool()
                 if config.run.audit:
                     pool.observers.append(AuditLog(self.run_dir / AUDIT_FILE))
-                self._start(pool, resume)
+                self._start(pool, resume and not self.restart)
                 self._loop(pool)
         except (KeyboardInterrupt, RunStopped) as exc:
-            self._write_summary(status="stopped", eta_seconds=None, error=str(exc) or "interrupted")
+            self._write_summary_quietly(status="stopped", eta_seconds=None, error=str(exc) or "interrupted")
             raise RunStopped(
                 f"stopped after round {self.summary.get('rounds_done', 0)}; "
                 f"continue with: gastric-fl train --resume {self.run_dir}"
             ) from exc
         except Exception as exc:
             message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            self._write_summary(status="failed", eta_seconds=None, error=message)
+            if resume and not self.restart and self.rounds_run == 0:
+                # A resume refused before its first round (another dataset, a damaged hospital...) changed
+                # nothing: the run keeps the status it had (a finished run stays finished).
+                self._restore_summary(previous)
+                raise
+            if not complete_checkpoints(self.run_dir) and getattr(exc, "user_facing", False):
+                message += (
+                    f"; no round was completed, so any setting may still change: continue with gastric-fl train "
+                    f"--resume {self.run_dir} --set KEY=VALUE"
+                )
+                self._write_summary_quietly(status="failed", eta_seconds=None, error=message)
+                raise FederationError(message) from exc
+            self._write_summary_quietly(status="failed", eta_seconds=None, error=message)
             raise
         finally:
             if pool is not None:
@@ -186,6 +275,17 @@ class Engine:
             torch.set_num_threads(threads_before)
         self._write_summary(status="finished", eta_seconds=0, finished_at=now_iso())
         return self.summary
+
+    def _write_summary_quietly(self, **changes: Any) -> None:
+        """`_write_summary` while already failing: a write fault here (a full disk) must not hide the first one."""
+        with suppress(OSError):
+            self._write_summary(**changes)
+
+    def _restore_summary(self, previous: dict[str, Any]) -> None:
+        self.summary = dict(previous)
+        if previous:
+            with suppress(OSError):
+                write_json(self.run_dir / SUMMARY_FILE, previous)
 
     # -- before round 1 ----------------------------------------------------------------------------------------------
     def _start(self, pool: Pool, resume: bool) -> None:
@@ -213,8 +313,7 @@ class Engine:
             )
         self.counts = {c: hellos[c].num_train for c in clients}
         self.num_test = {c: hellos[c].num_test for c in clients}
-        initial, units = initial_state(config)
-        check_nhead(config.strategy.nhead or 0, units)
+        initial, units = self._initial
         ctx = StrategyContext(clients, self.counts, tuple(initial), tuple(units), initial)
         self.strategy: Strategy = build_strategy(config, ctx)
         self.shared_keys = self.strategy.shared_keys(list(initial), [keys for _, keys in units])
@@ -222,17 +321,16 @@ class Engine:
         self.start_round = 1
         self.round_seconds: list[float] = []
         if resume:
-            done = complete_checkpoints(self.run_dir)
-            if done:
-                checkpoint = read_checkpoint(self.run_dir, done[-1])
+            checkpoint = self._resume_checkpoint()
+            if checkpoint is not None:
                 if checkpoint.clients and sorted(checkpoint.clients) != list(clients):
                     raise FederationError(
-                        f"checkpoint round {done[-1]} is of hospitals {checkpoint.clients}, not {list(clients)}: "
-                        "it is from another run"
+                        f"checkpoint round {checkpoint.round} is of hospitals {checkpoint.clients}, not "
+                        f"{list(clients)}: it is from another run"
                     )
                 self.strategy.load_state_tensors(checkpoint.strategy_tensors)
                 self.strategy.load_state_json(checkpoint.strategy_json)
-                self.start_round = done[-1] + 1
+                self.start_round = checkpoint.round + 1
             last = self.start_round - 1
             for name in (METRICS_FILE, AGGREGATION_FILE):
                 keep_rounds(self.run_dir / name, last)
@@ -241,6 +339,38 @@ class Engine:
             for name in (METRICS_FILE, AGGREGATION_FILE):
                 (self.run_dir / name).write_text("", encoding="utf-8")
         self.summary["clients"] = list(clients)
+
+    def _resume_checkpoint(self) -> Checkpoint | None:
+        """The newest readable checkpoint to continue from (``None``: start again at round 1), with a warning per
+        problem: a damaged line of ``metrics.jsonl``/``aggregation.jsonl`` (named by file and line; its round is
+        redone, so the record comes back) and a checkpoint that cannot be read (the previous one is used).
+        Checkpoints after the chosen one are removed: their rounds are redone."""
+        redo_from: int | None = None
+        for name in (METRICS_FILE, AGGREGATION_FILE):
+            scan = scan_jsonl(self.run_dir / name)
+            for damaged in scan.damaged:
+                intact_before = [int(r.get("round", 1)) for r in scan.records[: damaged.line - 1]]
+                damaged_round = _damaged_round(damaged, max(intact_before, default=1))
+                self.warn(f"{damaged}; the record is left out and round {damaged_round} is run again")
+                redo_from = damaged_round if redo_from is None else min(redo_from, damaged_round)
+        done = complete_checkpoints(self.run_dir)
+        chosen: Checkpoint | None = None
+        for server_round in reversed(done):
+            if redo_from is not None and server_round >= redo_from:
+                continue
+            try:
+                chosen = read_checkpoint(self.run_dir, server_round)
+            except FederationError as exc:
+                self.warn(f"{exc}; falling back to the previous complete checkpoint")
+                continue
+            break
+        for server_round in done:
+            if chosen is None or server_round > chosen.round:
+                drop_checkpoint(self.run_dir, server_round)
+        if done and (chosen is None or chosen.round != done[-1]):
+            after = f"resuming after round {chosen.round}" if chosen else "no usable checkpoint: starting at round 1"
+            self.warn(f"{after} of {self.run_dir}")
+        return chosen
 
     # -- the rounds ---------------------------------------------------------------------------------------------------
     def _loop(self, pool: Pool) -> None:
@@ -257,6 +387,7 @@ class Engine:
         try:
             for server_round in range(self.start_round, total + 1):
                 self._round(pool, server_round)
+                self.rounds_run += 1
                 bar.update(1)
                 final = self.summary.get("final") or {}
                 bar.set_postfix(acc=f"{final.get('avg_test_acc', 0):.3f}")
@@ -286,6 +417,14 @@ class Engine:
                 left_out[str(c)] = reason or "unexpected reply"
         if instructions and not trained:
             reasons = "; ".join(f"hospital {c}: {r}" for c, r in left_out.items())
+            if all(_diverged(r) for r in left_out.values()):
+                # a resumed run keeps client.lr, so --resume cannot fix a divergence: say what does
+                raise FederationError(
+                    f"round {server_round}: no hospital sent a usable update ({reasons}); the training diverged "
+                    f"(client.lr is {config.client.lr}): start a new run with a lower client.lr, e.g. gastric-fl "
+                    f"train --config {self.run_dir / CONFIG_FILE} --set client.lr={config.client.lr / 100:g} "
+                    "--out NEW_RUN"
+                )
             raise FederationError(
                 f"round {server_round}: no hospital sent a usable update ({reasons}); "
                 f"fix the cause, then continue with gastric-fl train --resume {self.run_dir}"

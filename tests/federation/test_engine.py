@@ -184,7 +184,7 @@ def test_existing_run_directory_needs_overwrite_and_resume_keeps_its_config(data
         load_run_config(run_dir, ["client.lr=0.5"])
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "keep.txt").write_text("mine")
-    with pytest.raises(FederationError, match="not a run directory"):
+    with pytest.raises(FederationError, match="was not made by gastric-fl train"):
         train(_config(dataset, "run.rounds=1"), tmp_path / "notes", overwrite=True, progress=False)
     assert (tmp_path / "notes" / "keep.txt").read_text() == "mine"
 
