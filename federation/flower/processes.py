@@ -268,6 +268,7 @@ class ManagedProcess:
         self._log: IO[bytes] | None = None
         self._groups: dict[int, int | None] = {}  # groups to stop: its own and its descendants' (detached helpers)
         self._seen: set[int] = set()  # every group ever recorded, for checks; never signalled after a stop
+        self._signals: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
 
     @property
     def pid(self) -> int | None:
@@ -331,6 +332,21 @@ class ManagedProcess:
         self._close_log()
         _LIVE.discard(self)
 
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Block until it exits (``None``: no limit); its exit code, or None if still running after ``timeout``.
+
+        For commands that run one process in the foreground: ``with SuperNode.from_bundle(...) as node:
+        node.wait()`` (Ctrl-C or SIGTERM unwind the block and stop the node's whole group).
+        """
+        if self.popen is None:
+            return None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.alive():
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            time.sleep(0.5)  # polled, not Popen.wait(): descendants' groups are tracked meanwhile
+        return self.popen.returncode
+
     def kill(self) -> None:
         """SIGKILL its group at once (a crash, as a test wants it); its detached helpers are stopped as well."""
         self.stop(grace=0.0)
@@ -352,13 +368,23 @@ class ManagedProcess:
             self._log = None
 
     def __enter__(self) -> Self:
-        self.start()
+        """Start it; until the block ends, SIGTERM/SIGHUP unwind like Ctrl-C so that ``__exit__`` stops it."""
+        self._signals = terminate_as_interrupt()
+        self._signals.__enter__()
+        try:
+            self.start()
+        except BaseException:
+            self._signals.__exit__(None, None, None)
+            raise
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.stop()
+        try:
+            self.stop()
+        finally:
+            self._signals.__exit__(exc_type, exc, tb)
 
 
 # -- the SuperLink ---------------------------------------------------------------------------------------------------
@@ -477,24 +503,6 @@ class SuperLink(ManagedProcess):
                 )
             time.sleep(0.25)
 
-    def __enter__(self) -> Self:
-        self._signals = terminate_as_interrupt()
-        self._signals.__enter__()
-        try:
-            self.start()
-        except BaseException:
-            self._signals.__exit__(None, None, None)
-            raise
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        try:
-            self.stop()
-        finally:
-            self._signals.__exit__(exc_type, exc, tb)
-
 
 # -- SuperNodes ------------------------------------------------------------------------------------------------------
 class SuperNode(ManagedProcess):
@@ -559,24 +567,6 @@ class SuperNode(ManagedProcess):
             private_key=bundle.private_key,
             port=port,
         )
-
-    def __enter__(self) -> Self:
-        self._signals = terminate_as_interrupt()
-        self._signals.__enter__()
-        try:
-            self.start()
-        except BaseException:
-            self._signals.__exit__(None, None, None)
-            raise
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        try:
-            self.stop()
-        finally:
-            self._signals.__exit__(exc_type, exc, tb)
 
 
 # -- the flwr CLI ----------------------------------------------------------------------------------------------------
@@ -958,9 +948,16 @@ class LocalDeployment:
         """Stop the SuperLink (SuperNodes keep running and retry the connection)."""
         self.superlink.stop()
 
-    def restart_superlink(self) -> float:
-        """Start the SuperLink again on the same port and database; the seconds until healthy."""
-        return self.superlink.restart()
+    def restart_superlink(self, *, wait: bool = True) -> float:
+        """Start the SuperLink again on the same port and database (registrations and runs survive); with
+        ``wait``, until every running registered SuperNode is online again (they reconnect by themselves).
+        The seconds it took."""
+        began = time.monotonic()
+        self.superlink.restart()
+        if wait:
+            running = [self.node_ids[n] for n, node in self.supernodes.items() if n in self.node_ids and node.alive()]
+            self.wait_online(running)
+        return time.monotonic() - began
 
     # runs
     def submit_run(self, app_dir: Path, run_config: Mapping[str, ConfigValue] | None = None) -> int:

@@ -212,6 +212,18 @@ def test_echo_run_over_tls_with_authenticated_supernodes(deployed: Deployed) -> 
     assert configs[1]["hospital-dir"].endswith("h 1")  # node config values with spaces survive
     print(f"\ntimings: {dep.timings}, echo round trip {round_trip:.1f} s")  # shown with -s
 
+
+@pytest.mark.slow
+def test_superlink_restart_keeps_registrations_then_kill_a_supernode(deployed: Deployed) -> None:
+    dep = deployed.dep
+    old_groups = dep.superlink.groups
+    seconds = dep.restart_superlink()  # same port and database; the SuperNodes reconnect by themselves
+    assert not _alive(old_groups - dep.superlink.groups)  # the old SuperLink and its SuperExec are gone
+    # Registrations live in the database: both SuperNodes are online again under their old node ids.
+    assert dep.cli.node_status() == dict.fromkeys(dep.node_ids.values(), "online")
+    assert dep.cli.run_status(deployed.run_id) == "finished:completed"  # and so do runs
+    print(f"\nSuperLink restart until both SuperNodes online: {seconds:.1f} s")
+
     node = dep.supernodes["client_01"]
     groups = node.groups
     dep.kill_supernode("client_01")  # as a crash: SIGKILL to its group, its SuperExec included
