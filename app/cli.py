@@ -1,4 +1,4 @@
-"""The ``gastric-fl`` command line: synth, prepare, train, ablate, report, dashboard.
+"""The ``gastric-fl`` command line: synth, prepare, train, ablate, report, predict, dashboard.
 
 Each subcommand lives in its own module (``app/cmd_<name>.py``) exposing ``register(app)``; heavy imports
 (torch, streamlit) happen inside the commands so that ``--help`` stays instant.
@@ -12,7 +12,7 @@ import sys
 
 import typer
 
-from app import cmd_ablate, cmd_dashboard, cmd_prepare, cmd_report, cmd_synth, cmd_train
+from app import cmd_ablate, cmd_dashboard, cmd_predict, cmd_prepare, cmd_report, cmd_synth, cmd_train
 
 app = typer.Typer(
     name="gastric-fl",
@@ -26,7 +26,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for _module in (cmd_synth, cmd_prepare, cmd_train, cmd_ablate, cmd_report, cmd_dashboard):
+for _module in (cmd_synth, cmd_prepare, cmd_train, cmd_ablate, cmd_report, cmd_predict, cmd_dashboard):
     _module.register(app)
 
 

@@ -1,0 +1,74 @@
+"""`gastric-fl predict`: a hospital's exported model on whole slides (issue 12; `inference.predict`).
+
+Tiles every slide as ``prepare`` does, scores each tile with the bundle's model and preprocessing, and writes per
+slide a heatmap overlay, a tile CSV and a summary (docs/inference.md). A bundle that does not fit, a slide that
+cannot be read and a slide without tissue are one ``error:`` line and exit code 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `predict` subcommand to `app`."""
+
+    @app.command("predict")
+    def predict(
+        model: Path = typer.Option(
+            ...,
+            "--model",
+            help="A model bundle: a hospital folder of a run (<run>/hospitals/client_XX) or its model.json.",
+        ),
+        slide: Path = typer.Option(..., "--slide", help="A slide (SEED PNG, BOT TIFF, ...) or a folder of slides."),
+        out: Path = typer.Option(
+            ..., "--out", help="Folder for the results (new, empty, or an earlier predict output)."
+        ),
+        threshold: float | None = typer.Option(
+            None, "--threshold", help="Decision threshold on P(abnormal) (default: the card's, 0.5)."
+        ),
+        top_k: int = typer.Option(
+            5, "--top-k", help="How many of the highest tile probabilities the top-k mean takes."
+        ),
+        batch_size: int = typer.Option(64, "--batch-size", help="Tiles per forward pass."),
+        max_side: int = typer.Option(
+            4096, "--max-side", help="Overlays of slides whose longer side exceeds this are downscaled to it."
+        ),
+        device: str = typer.Option("cpu", "--device", help="cpu, cuda or auto."),
+        progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
+    ) -> None:
+        """Score whole slides with one hospital's model: heatmap overlay, tile CSV and summary per slide."""
+        from inference.predict import predict as run_predict
+
+        def warn(message: str) -> None:
+            typer.secho(f"warning: {message}", fg=typer.colors.YELLOW, err=True)
+
+        results = run_predict(
+            model,
+            slide,
+            out,
+            threshold=threshold,
+            top_k=top_k,
+            batch_size=batch_size,
+            max_side=max_side,
+            device=device,
+            progress=progress,
+            warn=warn,
+        )
+        for result in results:
+            s = result.summary
+            truth = s.get("ground_truth")
+            line = (
+                f"{result.file.name}: {s['tiles']} tiles, max {s['max_probability']:.3f}, "
+                f"top-{s['top_k']} mean {s['top_k_mean']:.3f}, abnormal area {s['abnormal_area_fraction']:.1%}"
+            )
+            if truth is not None:
+
+                def show(value: float | None) -> str:
+                    return "n/a" if value is None else f"{value:.3f}"
+
+                line += f", sensitivity {show(truth['sensitivity'])}, specificity {show(truth['specificity'])}"
+            typer.echo(line)
+        typer.echo(f"wrote {out}", err=True)

@@ -1,0 +1,103 @@
+"""The probability heatmap over a slide, and the ground-truth outline (issue 12, part 2).
+
+Each pixel covered by scored tiles shows the mean ``P(abnormal)`` of the tiles covering it (tiles overlap when the
+grid's stride is below the tile size), coloured with *viridis* (perceptually uniform and readable with red-green
+colour blindness: dark purple = 0, yellow = 1), blended half-and-half over the slide; pixels no tile covers
+(background, glass) show the slide unchanged. The annotation, when known, is outlined in white on black so that it
+stands out on both ends of the colormap.
+
+The overlay has the slide's size, unless the slide's longer side exceeds ``max_side``: then slide, map and outline
+are downscaled by ``scale = max_side / longer side`` (recorded in ``summary.json``).
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import numpy.typing as npt
+
+from pipeline.images import RGBImage
+
+COLORMAP = "viridis"
+ALPHA = 0.5
+
+
+def _span(start: npt.NDArray[np.int64], size: int, scale: float, limit: int) -> tuple[np.ndarray, np.ndarray]:
+    lo = np.clip(np.floor(start * scale).astype(np.int64), 0, limit)
+    hi = np.clip(np.ceil((start + size) * scale).astype(np.int64), 0, limit)
+    return lo, np.maximum(hi, np.minimum(lo + 1, limit))
+
+
+def coverage_maps(
+    xs: npt.NDArray[np.int64],
+    ys: npt.NDArray[np.int64],
+    size: int,
+    called: npt.NDArray[np.bool_],
+    shape: tuple[int, int],
+    scale: float,
+) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+    """``(covered, called)`` boolean maps of the slide scaled by ``scale``: pixels under any tile, and under a tile
+    called abnormal (the union of their squares)."""
+    height, width = max(1, round(shape[0] * scale)), max(1, round(shape[1] * scale))
+    covered = np.zeros((height, width), dtype=bool)
+    positive = np.zeros((height, width), dtype=bool)
+    x0, x1 = _span(xs, size, scale, width)
+    y0, y1 = _span(ys, size, scale, height)
+    for k in range(len(xs)):
+        covered[y0[k] : y1[k], x0[k] : x1[k]] = True
+        if called[k]:
+            positive[y0[k] : y1[k], x0[k] : x1[k]] = True
+    return covered, positive
+
+
+def probability_map(
+    xs: npt.NDArray[np.int64],
+    ys: npt.NDArray[np.int64],
+    size: int,
+    probability: npt.NDArray[np.float64],
+    shape: tuple[int, int],
+    scale: float,
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
+    """Mean probability of the tiles covering each pixel of the scaled slide, and where any tile covers it."""
+    height, width = max(1, round(shape[0] * scale)), max(1, round(shape[1] * scale))
+    total = np.zeros((height, width), dtype=np.float64)
+    count = np.zeros((height, width), dtype=np.int32)
+    x0, x1 = _span(xs, size, scale, width)
+    y0, y1 = _span(ys, size, scale, height)
+    for k in range(len(xs)):
+        total[y0[k] : y1[k], x0[k] : x1[k]] += probability[k]
+        count[y0[k] : y1[k], x0[k] : x1[k]] += 1
+    covered = count > 0
+    mean = np.zeros_like(total)
+    mean[covered] = total[covered] / count[covered]
+    return mean, covered
+
+
+def render_overlay(
+    image: RGBImage,
+    xs: npt.NDArray[np.int64],
+    ys: npt.NDArray[np.int64],
+    size: int,
+    probability: npt.NDArray[np.float64],
+    cancer: npt.NDArray[np.bool_] | None,
+    max_side: int,
+) -> tuple[RGBImage, float]:
+    """The overlay (RGB ``uint8``) and the scale it was drawn at (1.0: the slide's own size)."""
+    height, width = image.shape[:2]
+    scale = min(1.0, max_side / max(height, width))
+    size_out = (max(1, round(width * scale)), max(1, round(height * scale)))
+    base = image if scale == 1.0 else cv2.resize(image, size_out, interpolation=cv2.INTER_AREA)
+    mean, covered = probability_map(xs, ys, size, probability, (height, width), scale)
+    levels = np.clip(np.rint(mean * 255.0), 0, 255).astype(np.uint8)
+    colours = cv2.cvtColor(cv2.applyColorMap(levels, cv2.COLORMAP_VIRIDIS), cv2.COLOR_BGR2RGB)
+    blended = cv2.addWeighted(base, 1.0 - ALPHA, colours, ALPHA, 0.0)
+    out = np.where(covered[:, :, None], blended, base).astype(np.uint8)
+    if cancer is not None and cancer.any():
+        region: npt.NDArray[np.uint8] = cancer.astype(np.uint8)
+        if scale != 1.0:
+            region = np.asarray(cv2.resize(region, size_out, interpolation=cv2.INTER_NEAREST), dtype=np.uint8)
+        contours, _ = cv2.findContours(region, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+        thickness = max(1, round(max(size_out) / 400))
+        cv2.drawContours(out, contours, -1, (0, 0, 0), 2 * thickness + 1)
+        cv2.drawContours(out, contours, -1, (255, 255, 255), thickness)
+    return np.ascontiguousarray(out), scale

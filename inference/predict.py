@@ -1,0 +1,432 @@
+"""A hospital's exported model on whole slides: tile, score, map, summarise (issue 12, part 2).
+
+For each slide, with the bundle's card (`models.bundle`):
+
+1. **Tiles** exactly as ``gastric-fl prepare`` cuts a normal slide (FedSAF paper 001, Sec. 4.2, Step b;
+   `pipeline.tiling`): squares of ``tiling.source_px`` slide pixels on the ``tiling.stride_px`` grid from the top-left
+   corner, kept when at most ``tiling.background_max`` of their pixels are near-white (all RGB channels >=
+   ``tiling.white_level``), each cut, resized to ``preprocess.tile_px`` and made gray for a gray hospital by
+   `pipeline.tiling.cut_square`. The scoring never looks at an annotation.
+2. **Scores**: `models.preprocess.Preprocess` (channels, resize to ``input_size``, normalisation) then the
+   network in eval mode; ``P(abnormal)`` is the softmax (in float64, as the evaluation computes it) of the
+   positive class.
+3. **Outputs** per slide, in ``<out>/<slide>/``: ``tiles.csv`` (x, y, size, probability, and the ground-truth
+   label when known), ``overlay.png`` (the probability over the slide, `inference.heatmap`) and ``summary.json``
+   (maximum probability, top-k mean, abnormal area fraction at the threshold, tile count, and tile-level
+   sensitivity/specificity when an annotation is at hand); ``<out>/summary.csv`` has one row per slide.
+
+Ground truth (`tile_truth`) follows prepare's labelling: a tile is *abnormal* when prepare would keep it as an
+abnormal tile (its white share, counting pixels outside the annotation as white, is at most ``tiling.white_max``),
+*normal* when it holds no annotated pixel, and unlabelled otherwise (prepare would keep it in neither class).
+
+Outputs are written atomically (a temporary file renamed into place); ``--out`` is locked for the call and carries
+predict's ownership marker (`pipeline.outputs`). Predict replaces only files it writes and deletes nothing.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from tqdm import tqdm
+
+from inference.heatmap import COLORMAP, coverage_maps, render_overlay
+from inference.slides import Slide, SlideFile, find_slides, read_slide
+from models.bundle import Bundle, BundleError, ModelCard, load_bundle
+from pipeline.errors import PipelineError
+from pipeline.images import RGBImage, encode_png
+from pipeline.outputs import OutputError, claim_output, os_error_message, owned_by, write_marker
+from pipeline.tiling import ClientPlan, cut_square, kept_positions, near_white, white_ratios
+
+COMMAND = "predict"
+TILE_COLUMNS = ("x", "y", "size", "probability", "truth")
+SUMMARY_COLUMNS = (
+    "slide",
+    "file",
+    "tiles",
+    "max_probability",
+    "top_k_mean",
+    "abnormal_area_fraction",
+    "sensitivity",
+    "specificity",
+)
+DEFAULT_BATCH = 64
+DEFAULT_TOP_K = 5
+DEFAULT_MAX_SIDE = 4096
+
+
+class PredictError(PipelineError):
+    """A slide that cannot be scored (no tissue, smaller than a tile), or a bundle without a tile grid."""
+
+
+@dataclass(frozen=True)
+class SlideTiles:
+    """A slide's scored tiles: top-left corners in slide pixels, square side, ``P(abnormal)`` and truth.
+
+    ``truth``: 1 abnormal, 0 normal, -1 unlabelled (prepare's rule, `tile_truth`); ``None`` without an annotation.
+    """
+
+    xs: npt.NDArray[np.int64]
+    ys: npt.NDArray[np.int64]
+    size: int
+    probability: npt.NDArray[np.float64]
+    truth: npt.NDArray[np.int8] | None = None
+
+
+@dataclass
+class SlideResult:
+    """What predict wrote for one slide (``summary`` is ``summary.json``), or why it was skipped."""
+
+    file: SlideFile
+    summary: dict[str, Any] = field(default_factory=dict)
+    folder: Path | None = None
+    problem: str | None = None
+
+
+def plan_of(card: ModelCard) -> ClientPlan:
+    """The card's tile grid as the `pipeline.tiling.ClientPlan` prepare cut this hospital's tiles with."""
+    grid, pre = card.tiling, card.preprocess
+    if grid is None or pre.tile_px is None:
+        raise BundleError(
+            "the bundle's card has no tile grid (its dataset had no prepare.json), so it cannot tile whole slides; "
+            "export it from a run trained on a dataset made by gastric-fl prepare"
+        )
+    return ClientPlan(
+        client=card.client,
+        tile_px=pre.tile_px,
+        scale=pre.scale if pre.scale is not None else 1.0,
+        size=grid.source_px,
+        stride=grid.stride_px,
+        abnormal_stride=grid.abnormal_stride_px,
+        grayscale=pre.grayscale,
+    )
+
+
+def tissue_positions(image: RGBImage, card: ModelCard, name: str = "slide") -> list[tuple[int, int]]:
+    """``(x, y)`` of every tile prepare would keep from this slide were it normal (`pipeline.tiling.kept_positions`).
+
+    `PredictError` when the slide is smaller than one tile square or no square passes the white-area filter.
+    """
+    plan = plan_of(card)
+    grid = card.tiling
+    assert grid is not None  # plan_of checked it
+    height, width = image.shape[:2]
+    if min(width, height) < plan.size:
+        raise PredictError(
+            f"{name}: {width}x{height} is smaller than one tile square ({plan.size} px), so there is nothing to score"
+        )
+    kept = kept_positions(image, None, False, plan, grid.white_max, grid.background_max, grid.white_level)
+    if not kept:
+        raise PredictError(
+            f"{name}: no tissue: no {plan.size} px square has at most {grid.background_max:g} near-white pixels "
+            f"(all channels >= {grid.white_level}); is it a blank or background-only image?"
+        )
+    return [(x, y) for y, x, _ in kept]
+
+
+def score_positions(
+    bundle: Bundle,
+    image: RGBImage,
+    positions: Sequence[tuple[int, int]],
+    *,
+    batch_size: int = DEFAULT_BATCH,
+    device: torch.device | str = "cpu",
+    on_batch: Callable[[int], object] | None = None,
+) -> npt.NDArray[np.float64]:
+    """``P(positive class)`` of the tiles at ``positions``: cut as prepare cuts, preprocessed as in training."""
+    plan = plan_of(bundle.card)
+    pre = bundle.card.preprocess
+    positive = bundle.card.positive_index
+    model = bundle.model
+    model.eval()
+    out = np.empty(len(positions), dtype=np.float64)
+    with torch.inference_mode():
+        for start in range(0, len(positions), batch_size):
+            chunk = positions[start : start + batch_size]
+            batch = np.stack([pre.fit(cut_square(image, None, x, y, plan)) for x, y in chunk])
+            logits = model(pre.tensor(batch, device))
+            out[start : start + len(chunk)] = torch.softmax(logits.double(), dim=1)[:, positive].cpu().numpy()
+            if on_batch is not None:
+                on_batch(len(chunk))
+    return out
+
+
+def tile_truth(
+    image: RGBImage, cancer: npt.NDArray[np.bool_], positions: Sequence[tuple[int, int]], card: ModelCard
+) -> npt.NDArray[np.int8]:
+    """Each tile's label by prepare's rule: 1 abnormal, 0 normal, -1 neither (see the module docstring)."""
+    plan, grid = plan_of(card), card.tiling
+    assert grid is not None
+    white = near_white(image, grid.white_level) | ~cancer
+    xs, ys, abnormal_white = white_ratios(white, plan.size, plan.stride)
+    _, _, outside = white_ratios(~cancer, plan.size, plan.stride)
+    col = {x: j for j, x in enumerate(xs)}
+    row = {y: i for i, y in enumerate(ys)}
+    truth = np.full(len(positions), -1, dtype=np.int8)
+    for k, (x, y) in enumerate(positions):
+        i, j = row[y], col[x]
+        if abnormal_white[i, j] <= grid.white_max and outside[i, j] < 1.0:
+            truth[k] = 1
+        elif outside[i, j] >= 1.0:
+            truth[k] = 0
+    return truth
+
+
+def _ratio(num: int, den: int) -> float | None:
+    return num / den if den else None
+
+
+def summarise(
+    tiles: SlideTiles, card: ModelCard, threshold: float, top_k: int, shape: tuple[int, int]
+) -> dict[str, Any]:
+    """The slide-level figures of ``summary.json`` (see docs/inference.md)."""
+    prob = tiles.probability
+    k = min(top_k, len(prob))
+    covered, called = coverage_maps(tiles.xs, tiles.ys, tiles.size, prob >= threshold, shape, 1.0)
+    out: dict[str, Any] = {
+        "tiles": len(prob),
+        "tile_size_px": tiles.size,
+        "stride_px": card.tiling.stride_px if card.tiling else None,
+        "threshold": threshold,
+        "max_probability": float(prob.max()),
+        "top_k": k,
+        "top_k_mean": float(np.sort(prob)[-k:].mean()),
+        "mean_probability": float(prob.mean()),
+        "abnormal_tiles": int((prob >= threshold).sum()),
+        "abnormal_area_fraction": float(called.sum() / covered.sum()),
+        "tissue_area_px": int(covered.sum()),
+    }
+    if tiles.truth is not None:
+        called_tile = prob >= threshold
+        pos, neg = tiles.truth == 1, tiles.truth == 0
+        tp, fn = int((called_tile & pos).sum()), int((~called_tile & pos).sum())
+        tn, fp = int((~called_tile & neg).sum()), int((called_tile & neg).sum())
+        out["ground_truth"] = {
+            "rule": "abnormal: prepare would keep it as an abnormal tile; normal: no annotated pixel; else unlabelled",
+            "abnormal_tiles": int(pos.sum()),
+            "normal_tiles": int(neg.sum()),
+            "unlabelled_tiles": int((tiles.truth == -1).sum()),
+            "tp": tp,
+            "fn": fn,
+            "tn": tn,
+            "fp": fp,
+            "sensitivity": _ratio(tp, tp + fn),
+            "specificity": _ratio(tn, tn + fp),
+        }
+    return out
+
+
+def _write_atomic(path: Path, payload: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(payload)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _tiles_csv(tiles: SlideTiles) -> bytes:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(TILE_COLUMNS)
+    labels = {1: "abnormal", 0: "normal", -1: ""}
+    for k in range(len(tiles.probability)):
+        truth = "" if tiles.truth is None else labels[int(tiles.truth[k])]
+        writer.writerow([int(tiles.xs[k]), int(tiles.ys[k]), tiles.size, f"{tiles.probability[k]:.17g}", truth])
+    return buffer.getvalue().encode("utf-8")
+
+
+def _check_out(out: Path, slide: Path) -> None:
+    """``--out`` must be new, empty or predict's own, and not the slide folder itself."""
+    if slide.is_dir() and out.resolve() == slide.resolve():
+        raise OutputError(f"--out {out} is the --slide folder; write the results to a separate folder")
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"--out {out} is not a folder; choose another --out")
+    if out.is_dir() and any(out.iterdir()) and not owned_by(out, COMMAND):
+        raise OutputError(
+            f"--out {out} holds files gastric-fl predict did not write; choose a new or empty folder "
+            "(predict adds to and replaces only its own outputs)"
+        )
+
+
+def predict_slide(
+    bundle: Bundle,
+    slide: Slide,
+    out: Path,
+    *,
+    threshold: float | None = None,
+    top_k: int = DEFAULT_TOP_K,
+    batch_size: int = DEFAULT_BATCH,
+    max_side: int = DEFAULT_MAX_SIDE,
+    device: torch.device | str = "cpu",
+    progress: bool = True,
+) -> SlideResult:
+    """Tile, score and map one decoded slide; writes ``<out>/<slide name>/`` and returns its summary."""
+    started = time.perf_counter()
+    card = bundle.card
+    chosen = card.threshold if threshold is None else threshold
+    name = str(slide.file.path)
+    positions = tissue_positions(slide.image, card, name)
+    bar = tqdm(total=len(positions), desc=slide.file.name, unit="tile", disable=not progress, leave=False)
+    try:
+        prob = score_positions(
+            bundle,
+            slide.image,
+            positions,
+            batch_size=batch_size,
+            device=device,
+            on_batch=bar.update,
+        )
+    finally:
+        bar.close()
+    truth = None if slide.cancer is None else tile_truth(slide.image, slide.cancer, positions, card)
+    tiles = SlideTiles(
+        xs=np.array([x for x, _ in positions], dtype=np.int64),
+        ys=np.array([y for _, y in positions], dtype=np.int64),
+        size=plan_of(card).size,
+        probability=prob,
+        truth=truth,
+    )
+    height, width = slide.image.shape[:2]
+    summary = {
+        "slide": slide.file.name,
+        "file": str(slide.file.path),
+        "annotation": None if slide.file.annotation is None else str(slide.file.annotation),
+        "width": width,
+        "height": height,
+        "model": {
+            "bundle": str(bundle.folder),
+            "architecture": card.architecture,
+            "run_id": card.run_id,
+            "round": card.round,
+            "client": card.client,
+        },
+        **summarise(tiles, card, chosen, top_k, (height, width)),
+    }
+    overlay, scale = render_overlay(slide.image, tiles.xs, tiles.ys, tiles.size, prob, slide.cancer, max_side)
+    summary["overlay"] = {
+        "file": "overlay.png",
+        "width": int(overlay.shape[1]),
+        "height": int(overlay.shape[0]),
+        "scale": scale,
+        "colormap": COLORMAP,
+        "outline": "ground-truth annotation (white on black)" if slide.cancer is not None else None,
+    }
+    if slide.warning:
+        summary["warning"] = slide.warning
+    summary["seconds"] = round(time.perf_counter() - started, 3)
+    folder = out / slide.file.name
+    folder.mkdir(parents=True, exist_ok=True)
+    _write_atomic(folder / "tiles.csv", _tiles_csv(tiles))
+    _write_atomic(folder / "overlay.png", encode_png(overlay))
+    _write_atomic(folder / "summary.json", (json.dumps(summary, indent=2, allow_nan=False) + "\n").encode())
+    return SlideResult(file=slide.file, summary=summary, folder=folder)
+
+
+def _summary_csv(results: Sequence[SlideResult]) -> bytes:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow([*SUMMARY_COLUMNS, "problem"])
+    for r in results:
+        s = r.summary
+        truth = s.get("ground_truth", {})
+
+        def fmt(value: Any) -> str:
+            return "" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.6g}"
+
+        writer.writerow(
+            [
+                r.file.name,
+                str(r.file.path),
+                s.get("tiles", ""),
+                fmt(s.get("max_probability")),
+                fmt(s.get("top_k_mean")),
+                fmt(s.get("abnormal_area_fraction")),
+                fmt(truth.get("sensitivity")),
+                fmt(truth.get("specificity")),
+                r.problem or "",
+            ]
+        )
+    return buffer.getvalue().encode("utf-8")
+
+
+def predict(
+    model: Path,
+    slide: Path,
+    out: Path,
+    *,
+    threshold: float | None = None,
+    top_k: int = DEFAULT_TOP_K,
+    batch_size: int = DEFAULT_BATCH,
+    max_side: int = DEFAULT_MAX_SIDE,
+    device: str = "cpu",
+    progress: bool = True,
+    warn: Callable[[str], None] | None = None,
+) -> list[SlideResult]:
+    """``gastric-fl predict``: score every slide ``slide`` names with the bundle at ``model`` into ``out``.
+
+    A bundle that does not fit raises `BundleError`; a single slide that cannot be read or holds no tissue raises
+    `PipelineError`. With a folder of slides, a bad slide is reported through ``warn`` and skipped, the others are
+    written, and a `PredictError` naming the first problem is raised at the end. All are one line.
+    """
+    if threshold is not None and not 0.0 < threshold < 1.0:
+        raise PredictError(f"--threshold must be strictly between 0 and 1, got {threshold}")
+    if top_k < 1 or batch_size < 1 or max_side < 16:
+        raise PredictError("--top-k and --batch-size must be at least 1 and --max-side at least 16")
+    torch_device = torch.device(
+        "cuda" if device == "auto" and torch.cuda.is_available() else device.replace("auto", "cpu")
+    )
+    bundle = load_bundle(model, torch_device)
+    plan_of(bundle.card)
+    files = find_slides(slide, exclude=out)
+    _check_out(out, slide)
+    results: list[SlideResult] = []
+    try:
+        with claim_output(out, COMMAND):
+            _check_out(out, slide)
+            out.mkdir(parents=True, exist_ok=True)
+            write_marker(out, COMMAND, record_contents=False)
+            for file in tqdm(files, desc="slides", unit="slide", disable=not progress or len(files) == 1):
+                try:
+                    decoded = read_slide(file)
+                    results.append(
+                        predict_slide(
+                            bundle,
+                            decoded,
+                            out,
+                            threshold=threshold,
+                            top_k=top_k,
+                            batch_size=batch_size,
+                            max_side=max_side,
+                            device=torch_device,
+                            progress=progress,
+                        )
+                    )
+                except PipelineError as exc:
+                    if len(files) == 1:
+                        raise
+                    results.append(SlideResult(file=file, problem=str(exc)))
+                    if warn is not None:
+                        warn(str(exc))
+            _write_atomic(out / "summary.csv", _summary_csv(results))
+    except OSError as exc:
+        raise OutputError(os_error_message(exc, out)) from None
+    failed = [r for r in results if r.problem is not None]
+    if failed:
+        raise PredictError(
+            f"{len(failed)} of {len(files)} slide(s) could not be scored (the others are in {out}); "
+            f"first: {failed[0].problem}"
+        )
+    return results
