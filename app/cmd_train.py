@@ -33,6 +33,22 @@ def register(app: typer.Typer) -> None:
             None, "--resume", help="Continue this run directory from its last complete checkpoint."
         ),
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it already holds a run."),
+        engine: str | None = typer.Option(
+            None,
+            "--engine",
+            help="local (default: hospitals in this process), flower-sim (Flower's simulation runtime) or flower "
+            "(hospitals deployed as SuperNodes; needs --superlink). Same as --set run.engine=...",
+        ),
+        superlink: str | None = typer.Option(
+            None,
+            "--superlink",
+            help="HOST:PORT of the federation's SuperLink (with --engine flower); --kit names its CA certificate.",
+        ),
+        kit: Path | None = typer.Option(
+            None,
+            "--kit",
+            help="Folder made by gastric-fl federation init (its server/ca.crt verifies the SuperLink).",
+        ),
         print_config: bool = typer.Option(
             False, "--print-config", help="Print the fully resolved configuration as TOML and exit."
         ),
@@ -45,6 +61,12 @@ def register(app: typer.Typer) -> None:
         from federation.errors import FederationError
         from federation.runs import default_run_dir
 
+        if engine is not None:
+            overrides = [*overrides, f"run.engine={engine}"]
+        if superlink is not None:
+            overrides = [*overrides, f"flower.superlink={superlink}"]
+        if kit is not None:
+            overrides = [*overrides, f"flower.root_certificates={(kit / 'server' / 'ca.crt').resolve()}"]
         if resume is not None:
             if config is not None or data is not None or out is not None or overwrite:
                 raise FederationError(

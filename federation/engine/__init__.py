@@ -36,6 +36,7 @@ RESUMABLE_KEYS = frozenset(
         "run.keep_checkpoints",
         "run.device",
         "run.engine",
+        "run.audit",
         "flower.superlink",
         "flower.root_certificates",
         "flower.connect_timeout",

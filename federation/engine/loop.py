@@ -58,7 +58,7 @@ from federation.contract import (
 )
 from federation.engine.audit import AUDIT_FILE, AuditLog
 from federation.engine.codec import Message
-from federation.engine.common import derive_seed, initial_state, resolve_config
+from federation.engine.common import NUM_CLASSES, derive_seed, initial_state, resolve_config
 from federation.engine.pools import Pool
 from federation.errors import FederationError
 from federation.jsonl import DamagedLine, read_jsonl, scan_jsonl
@@ -85,8 +85,8 @@ from federation.runs import (
     write_checkpoint,
     write_json,
 )
-from federation.strategies import StrategyContext, build_strategy
-from models import check_input_size, check_nhead
+from federation.strategies import StrategyContext, bn_mode, build_strategy
+from models import batchnorm_keys, check_input_size, check_nhead, create_model
 from pipeline.outputs import OutputError, claim_output, os_error_message, owned_by, write_marker
 
 PoolFactory = Callable[[], Pool]
@@ -148,6 +148,16 @@ def usable_update(reply: TrainReply, shared_keys: list[str]) -> str | None:
     if reply.num_examples <= 0:
         return "it reported no training examples"
     return None
+
+
+def local_keys(config: RunConfig) -> frozenset[str]:
+    """What stays at every hospital whatever ``nhead``: BatchNorm keys under ``strategy.bn`` (or the method's own
+    choice, e.g. FedBN's), the same for every method."""
+    mode = bn_mode(config.strategy.name, config.strategy.bn)
+    if mode == "shared":
+        return frozenset()
+    model = create_model(config.model.name, NUM_CLASSES, config.model.in_chans)
+    return frozenset(batchnorm_keys(model, affine=mode == "local"))
 
 
 class Engine:
@@ -314,7 +324,7 @@ class Engine:
         self.counts = {c: hellos[c].num_train for c in clients}
         self.num_test = {c: hellos[c].num_test for c in clients}
         initial, units = self._initial
-        ctx = StrategyContext(clients, self.counts, tuple(initial), tuple(units), initial)
+        ctx = StrategyContext(clients, self.counts, tuple(initial), tuple(units), initial, local_keys(config))
         self.strategy: Strategy = build_strategy(config, ctx)
         self.shared_keys = self.strategy.shared_keys(list(initial), [keys for _, keys in units])
         self.clients = clients

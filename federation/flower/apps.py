@@ -1,0 +1,251 @@
+"""The Flower apps: a ``ServerApp`` whose main loop is our engine, and a ``ClientApp`` that is a hospital.
+
+Flower's ``Strategy.start`` assumes one global model; FedAMP and FedSAF give every hospital its own message, so
+the ``ServerApp`` main runs ``federation.engine.loop.Engine`` with a ``FlowerPool``: per-hospital messages through
+``grid.send_and_receive``, every call with a timeout (Flower 1.41 Message API; DESIGN.md, "Engines").
+
+* Before round 1 a QUERY message (our ``Hello``) goes to every connected node; each reply states the hospital's
+  client index, which maps Flower's random node ids to hospitals.
+* Each message carries one ``codec`` envelope: its JSON header in a ``ConfigRecord`` and its tensors in an
+  ``ArrayRecord``, so Flower carries exactly what the other engines carry.
+* The ``ClientApp`` answers with ``federation.engine.hospital.Hospital``: it reads its prepared data and its
+  folder from the node configuration (``data-path``, ``client``, ``hospital-dir``) in a deployment, or from the
+  simulation's partition id. Its head and checkpoints live in that folder, never in module globals: a deployed
+  SuperNode starts a fresh process per message, and Ray reuses one actor for several simulated hospitals.
+
+A hospital that does not answer within ``flower.round_timeout``, or answers with an error, comes back as a
+``Failure`` and is left out of that round by the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from federation.contract import Failure
+from federation.engine.codec import Envelope, encode
+from federation.engine.common import config_from_text
+from federation.engine.hospital import Hospital, Site
+from federation.engine.loop import Engine
+from federation.engine.pools import Observer, Pool, answer
+from federation.errors import FederationError
+
+HEADER, TENSORS, JSON = "header", "tensors", "json"
+MESSAGE_TYPES = {"hello": "query", "train": "train", "evaluate": "evaluate"}
+
+
+# -- envelopes in Flower records -------------------------------------------------------------------------------------
+def to_record(envelope: Envelope) -> RecordDict:
+    """An envelope as a ``RecordDict``: header JSON in a ``ConfigRecord``, tensors in an ``ArrayRecord``."""
+    header, tensors = envelope
+    arrays = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+    return RecordDict(
+        {
+            HEADER: ConfigRecord({JSON: json.dumps(header, allow_nan=False)}),
+            TENSORS: ArrayRecord(torch_state_dict=arrays) if arrays else ArrayRecord(),
+        }
+    )
+
+
+def from_record(record: RecordDict) -> Envelope:
+    """Inverse of ``to_record``."""
+    header = json.loads(str(record.config_records[HEADER][JSON]))
+    arrays = record.array_records.get(TENSORS)
+    tensors: dict[str, torch.Tensor] = {}
+    if arrays is not None:
+        tensors = {k: v.clone() for k, v in arrays.to_torch_state_dict().items()}
+    return header, tensors
+
+
+# -- the server side -------------------------------------------------------------------------------------------------
+class FlowerPool(Pool):
+    """Hospitals as Flower nodes reached through ``grid``; replies keyed by the client index each hospital stated."""
+
+    def __init__(
+        self,
+        grid: Grid,
+        *,
+        hospitals: int,
+        connect_timeout: float,
+        round_timeout: float,
+        observers: Sequence[Observer] = (),
+    ) -> None:
+        super().__init__(observers)
+        self.grid = grid
+        self.hospitals = hospitals
+        self.connect_timeout = connect_timeout
+        self.round_timeout = round_timeout
+        self.node_of: dict[int, int] = {}
+
+    def _nodes(self) -> list[int]:
+        deadline = time.monotonic() + self.connect_timeout
+        while True:
+            nodes = sorted(self.grid.get_node_ids())
+            if len(nodes) >= self.hospitals:
+                return nodes
+            if time.monotonic() > deadline:
+                raise FederationError(
+                    f"only {len(nodes)} of {self.hospitals} hospitals connected within {self.connect_timeout:g} s: "
+                    "start their SuperNodes (gastric-fl federation hospital) or lower flower.hospitals"
+                )
+            time.sleep(1.0)
+
+    def _exchange_nodes(self, envelopes: Mapping[int, Envelope], timeout: float) -> dict[int, Message]:
+        messages = [
+            Message(to_record(e), dst_node_id=node, message_type=MESSAGE_TYPES[str(e[0]["kind"])])
+            for node, e in envelopes.items()
+        ]
+        replies = self.grid.send_and_receive(messages, timeout=timeout)
+        return {int(r.metadata.src_node_id): r for r in replies}
+
+    def _reply_envelope(self, client: int, reply: Message) -> Envelope:
+        if reply.has_error():
+            reason = (reply.error.reason or "no reason given").strip().splitlines()
+            return encode(Failure(client, f"the hospital's ClientApp failed: {reason[-1] if reason else ''}"))
+        return from_record(reply.content)
+
+    def _broadcast(self, envelope: Envelope) -> dict[int, Envelope]:
+        nodes = self._nodes()
+        replies = self._exchange_nodes(dict.fromkeys(nodes, envelope), self.connect_timeout)
+        out: dict[int, Envelope] = {}
+        for i, node in enumerate(nodes):
+            if node not in replies:
+                continue  # a node that went away before answering takes no part
+            # before the hello reply we cannot know the hospital: a failing node is keyed by a negative number
+            reply = self._reply_envelope(-(i + 1), replies[node])
+            if reply[0].get("kind") == "hello_reply":
+                self.node_of[int(reply[0]["client"])] = node
+            out[-(i + 1)] = reply
+        return out
+
+    def _send(self, envelopes: Mapping[int, Envelope]) -> dict[int, Envelope]:
+        by_node = {self.node_of[c]: e for c, e in envelopes.items() if c in self.node_of}
+        client_of = {node: c for c, node in self.node_of.items()}
+        replies = self._exchange_nodes(by_node, self.round_timeout)
+        out: dict[int, Envelope] = {}
+        for c in envelopes:
+            node = self.node_of.get(c)
+            if node is None or node not in replies:
+                out[c] = encode(Failure(c, f"no answer within {self.round_timeout:g} s"))
+            else:
+                out[client_of[node]] = self._reply_envelope(c, replies[node])
+        return out
+
+
+def engine_main(
+    engine: Engine,
+    *,
+    hospitals: int,
+    resume: bool,
+    overwrite: bool,
+    observers: Sequence[Observer] = (),
+    outcome: dict[str, Any] | None = None,
+) -> Callable[[Grid, Context], None]:
+    """A ``ServerApp`` main that runs ``engine`` over the grid; the summary or the exception lands in ``outcome``."""
+
+    def main(grid: Grid, context: Context) -> None:
+        config = engine.config
+
+        def make_pool() -> Pool:
+            return FlowerPool(
+                grid,
+                hospitals=hospitals,
+                connect_timeout=config.flower.connect_timeout,
+                round_timeout=config.flower.round_timeout,
+                observers=observers,
+            )
+
+        try:
+            summary = engine.run(make_pool, resume=resume, overwrite=overwrite)
+        except BaseException as exc:
+            if outcome is None:
+                raise
+            outcome["error"] = exc
+            return
+        if outcome is not None:
+            outcome["summary"] = summary
+
+    return main
+
+
+# -- the hospital side -----------------------------------------------------------------------------------------------
+def hospital_site(node_config: Mapping[str, Any], run_config: Mapping[str, Any]) -> Site:
+    """Where this node's hospital is.
+
+    Deployed: the SuperNode's ``--node-config`` names ``data-path`` (its prepared dataset), ``client`` (which
+    client of it; default its ``partition-id``, then 0) and ``hospital-dir`` (where it keeps one folder per run;
+    with ``per-run = false``, the folder itself).
+    Simulated (``run.engine = "flower-sim"``, all on one machine): the run configuration names the dataset, its
+    clients in partition order and the run's ``hospitals/`` folder, as in the local engine.
+    """
+    if str(run_config.get("sim-data-path", "")):
+        clients = [int(c) for c in str(run_config["sim-clients"]).split(",")]
+        client = clients[int(node_config["partition-id"])]
+        root = Path(str(run_config["sim-hospitals-dir"])) / f"client_{client:02d}"
+        return Site(Path(str(run_config["sim-data-path"])), client, root)
+    try:
+        dataset = Path(str(node_config["data-path"]))
+        root = Path(str(node_config["hospital-dir"]))
+    except KeyError as exc:
+        raise FederationError(
+            f"the SuperNode's --node-config lacks {exc.args[0]!r}: start it with gastric-fl federation hospital"
+        ) from exc
+    client = int(node_config.get("client", node_config.get("partition-id", 0)))
+    # per-run (default): one folder per run under hospital-dir; false: hospital-dir is this run's folder (the demo,
+    # which keeps each hospital's folder inside the run as the local engine does)
+    per_run = str(node_config.get("per-run", "true")).lower() not in ("false", "0", "no")
+    return Site(dataset, client, root, per_run=per_run)
+
+
+def client_app() -> ClientApp:
+    """The hospital ``ClientApp``: every message is answered by ``Hospital`` from the node's own folder."""
+    app = ClientApp()
+
+    def handle(message: Message, context: Context) -> Message:
+        site = hospital_site(context.node_config, context.run_config)
+        reply = answer(Hospital(site), from_record(message.content))
+        return Message(to_record(reply), reply_to=message)
+
+    app.query()(handle)
+    app.train()(handle)
+    app.evaluate()(handle)
+    return app
+
+
+def server_app() -> ServerApp:
+    """The ``ServerApp``: our round loop over the grid, its run directory named by the run configuration."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        settings = context.run_config
+        config = config_from_text(str(settings["config-toml"]), "the submitted run configuration")
+        run_dir = Path(str(settings["run-dir"]))
+        engine = Engine(config, run_dir, progress=False)
+        engine_main(
+            engine,
+            hospitals=int(settings["hospitals"]),
+            resume=bool(settings["resume"]),
+            overwrite=bool(settings["overwrite"]),
+        )(grid, context)
+
+    return app
+
+
+__all__ = [
+    "FlowerPool",
+    "client_app",
+    "engine_main",
+    "from_record",
+    "hospital_site",
+    "server_app",
+    "to_record",
+]

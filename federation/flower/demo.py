@@ -1,0 +1,81 @@
+"""``gastric-fl federation demo``: a whole deployment on 127.0.0.1, one run, then everything torn down.
+
+What a group of hospitals runs, all on this machine: a kit (``federation init``: CA, server certificate, one key
+pair per hospital), the SuperLink with TLS and SuperNode authentication, every hospital's public key registered,
+one SuperNode per hospital of the prepared dataset (``federation hospital``), then ``flwr run`` of the gastric-fl
+app bundle (``train --engine flower``). Each hospital's folder is ``<run>/hospitals/client_XX/`` as in the local
+engine, so ``report`` and the dashboard read the run the same way; the kit, the logs and the SuperLink's database
+live in a temporary folder (``--keep``: kept beside the run as ``<run>.deployment/``). Every process is stopped by
+its process group when the demo ends, fails or is interrupted.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from federation.config import RunConfig
+from federation.engine import local_sites, resolve_config
+from federation.engine.hospital import hospital_folder
+from federation.flower.kit import init_kit
+from federation.flower.processes import LocalDeployment, NodeSpec
+from federation.flower.runner import run_config, submit_and_follow
+from models import check_input_size
+
+
+def hospital_name(client: int) -> str:
+    """The kit's name of the dataset's hospital ``client`` (its folder name in a run)."""
+    return f"client_{client:02d}"
+
+
+def run_demo(
+    config: RunConfig,
+    run_dir: Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+    keep: bool = False,
+    during: Callable[[LocalDeployment], Any] | None = None,
+) -> dict[str, Any]:
+    """Deploy on loopback, run ``config`` into ``run_dir`` and tear down; returns the run's summary plus the
+    deployment's start-up ``timings`` (seconds). ``during`` is called with the live deployment right after the run
+    is submitted (the tests use it to kill a SuperNode or stop the SuperLink mid-run)."""
+    config = resolve_config(config)
+    check_input_size(config.model.name, config.data.input_size)
+    sites = local_sites(config, run_dir)
+    names = [hospital_name(s.client) for s in sites]
+    work = run_dir.parent / f"{run_dir.name}.deployment" if keep else Path(tempfile.mkdtemp(prefix="gastric-fl-demo-"))
+    try:
+        kit = init_kit(work / "kit", names, host="127.0.0.1", overwrite=True)
+        nodes = [
+            NodeSpec(
+                hospital_name(s.client),
+                {
+                    "partition-id": i,
+                    "client": s.client,
+                    "data-path": str(Path(s.dataset).resolve()),
+                    "hospital-dir": str(hospital_folder(run_dir, s.client).resolve()),
+                    "per-run": False,
+                },
+            )
+            for i, s in enumerate(sites)
+        ]
+        began = time.monotonic()
+        with LocalDeployment(kit, nodes, workdir=work / "deployment") as deployment:
+            startup = time.monotonic() - began
+            values = run_config(config, run_dir, hospitals=len(sites), resume=resume, overwrite=overwrite)
+            if during is not None:
+                threading.Thread(target=during, args=(deployment,), daemon=True).start()
+            summary = submit_and_follow(deployment.cli, config, run_dir, values, work, progress=progress)
+            timings = {**deployment.timings, "startup": startup}
+        summary["deployment_timings"] = timings
+        return summary
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)

@@ -1,0 +1,6 @@
+"""Entry points of the Flower app bundle: the gastric-fl server loop and hospital (federation.flower.apps)."""
+
+from federation.flower.apps import client_app, server_app
+
+server = server_app()
+client = client_app()

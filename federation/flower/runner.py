@@ -1,0 +1,225 @@
+"""``gastric-fl train --engine flower-sim | flower``: submit the run to a SuperLink with ``flwr run`` and follow it.
+
+The same Flower app bundle (``federation/flower/fab``: ``federation.flower.apps.server_app`` and ``client_app``)
+runs in both engines; only where the SuperLink and the hospitals are differs:
+
+* ``flower-sim``: a SuperLink in simulation mode on 127.0.0.1 (plain HTTP, started and stopped here by its process
+  group), whose simulation runtime runs one virtual SuperNode per hospital of ``data.path`` (Ray actors). Each
+  hospital's folder is ``<run>/hospitals/client_XX/`` as in the local engine.
+* ``flower``: the federation's SuperLink (``flower.superlink``, TLS verified with ``flower.root_certificates``)
+  and the hospitals' SuperNodes, already running (``gastric-fl federation server`` / ``hospital``).
+
+The ``ServerApp`` writes the server's run directory where ``--out`` says, on the SuperLink's machine; when that is
+this machine (always for ``flower-sim`` and ``federation demo``), ``report``, ``ablate`` and the dashboard read it as
+they read a local run. Progress is read from the run's ``summary.json``; Ctrl-C stops the Flower run (``flwr stop``).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from federation.config import RunConfig, config_to_toml
+from federation.engine.hospital import HOSPITALS_DIR, Site
+from federation.engine.loop import RunStopped
+from federation.errors import FederationError
+from federation.flower.processes import (
+    COMPLETED,
+    FINISHED,
+    ConfigValue,
+    FlwrCli,
+    ManagedProcess,
+    executable,
+    flower_env,
+    free_port,
+)
+from federation.runs import SUMMARY_FILE, now_iso, read_json, write_json
+
+FAB_DIR = Path(__file__).resolve().parent / "fab"
+
+
+class SimulationSuperLink(ManagedProcess):
+    """``flower-superlink --simulation`` on 127.0.0.1, plain HTTP (nothing leaves this machine), in its own
+    process group; ``start`` returns once ``/health`` answers."""
+
+    def __init__(self, workdir: Path, *, ready_timeout: float = 90.0) -> None:
+        self.port = free_port()
+        self.ready_timeout = ready_timeout
+        argv = [
+            executable("flower-superlink"),
+            "--simulation",
+            "--insecure",
+            "--disable-runtime-dependency-installation",
+            "--isolation",
+            "subprocess",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--database",
+            str(workdir / "superlink.db"),
+        ]
+        home = workdir / "superlink-home"
+        super().__init__(
+            "simulation SuperLink", argv, log_path=workdir / "superlink.log", env=flower_env(home), cwd=home
+        )
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        super().start()
+        deadline = time.monotonic() + self.ready_timeout
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://{self.address}/health", timeout=2.0) as response:
+                    if int(response.status) == 200:
+                        self.track()
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            if not self.alive() or time.monotonic() > deadline:
+                tail = self.log_tail()
+                self.stop(grace=1.0)
+                raise FederationError(f"the simulation SuperLink did not start; last lines of its log:\n{tail}")
+            time.sleep(0.25)
+
+
+def run_config(
+    config: RunConfig, run_dir: Path, *, hospitals: int, resume: bool, overwrite: bool, sites: Sequence[Site] = ()
+) -> dict[str, ConfigValue]:
+    """The ``[tool.flwr.app.config]`` values of one run (``federation/flower/fab/pyproject.toml``)."""
+    values: dict[str, ConfigValue] = {
+        "config-toml": config_to_toml(config),
+        "run-dir": str(run_dir.resolve()),
+        "resume": resume,
+        "overwrite": overwrite,
+        "hospitals": hospitals,
+    }
+    if sites:
+        values["sim-data-path"] = str(Path(sites[0].dataset).resolve())
+        values["sim-clients"] = ",".join(str(s.client) for s in sites)
+        values["sim-hospitals-dir"] = str((run_dir / HOSPITALS_DIR).resolve())
+    return values
+
+
+def _simulation_options(cli: FlwrCli, num_supernodes: int, threads: int) -> None:
+    """Add the simulation options (virtual SuperNodes, one CPU each per thread) to the CLI's connection."""
+    with (cli.home / "config.toml").open("a", encoding="utf-8") as handle:
+        handle.write(
+            f"options.num-supernodes = {num_supernodes}\n"
+            f"options.backend.client-resources.num-cpus = {max(1, threads)}\n"
+            "options.backend.client-resources.num-gpus = 0\n"
+        )
+
+
+def _rounds_done(run_dir: Path) -> int:
+    try:
+        return int(json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8")).get("rounds_done", 0))
+    except (OSError, ValueError):
+        return 0
+
+
+def follow(cli: FlwrCli, run_id: int, run_dir: Path, config: RunConfig, *, progress: bool) -> str:
+    """Wait for Flower run ``run_id`` to finish, showing the rounds done; Ctrl-C/SIGTERM stop it and mark the run
+    ``stopped``. Returns Flower's final status (``finished:completed`` ...)."""
+    limit = config.flower.connect_timeout + config.run.rounds * 2 * config.flower.round_timeout + 120.0
+    began = time.monotonic()
+    bar = tqdm(total=config.run.rounds, desc=run_dir.name, unit="round", disable=not progress, dynamic_ncols=True)
+    try:
+        while True:
+            status = cli.run_status(run_id)
+            done = _rounds_done(run_dir)
+            if done > bar.n:
+                bar.update(done - bar.n)
+            if status.startswith(FINISHED):
+                return status
+            if time.monotonic() - began > limit:
+                raise FederationError(f"the Flower run {run_id} is still {status} after {limit:.0f} s")
+            time.sleep(1.0)
+    except KeyboardInterrupt as exc:
+        cli.stop_run(run_id)
+        if (run_dir / SUMMARY_FILE).is_file():
+            summary = read_json(run_dir / SUMMARY_FILE)
+            summary.update(status="stopped", error="interrupted", eta_seconds=None, updated_at=now_iso())
+            write_json(run_dir / SUMMARY_FILE, summary)
+        raise RunStopped(
+            f"stopped after round {_rounds_done(run_dir)}; continue with: gastric-fl train --resume {run_dir}"
+        ) from exc
+    finally:
+        bar.close()
+
+
+def _failure(cli: FlwrCli, run_id: int, run_dir: Path, status: str) -> FederationError:
+    """The one line that explains a run that did not complete: the run's own error if it wrote one, else the
+    last error line of the ServerApp's log."""
+    if (run_dir / SUMMARY_FILE).is_file():
+        error = read_json(run_dir / SUMMARY_FILE).get("error")
+        if error:
+            return FederationError(str(error))
+    lines = [line.strip() for line in cli.run_log(run_id).splitlines() if "Error" in line or "error:" in line]
+    reason = lines[-1] if lines else f"see `flwr log {run_id}` on the SuperLink"
+    return FederationError(f"the Flower run {run_id} ended {status}: {reason}")
+
+
+def submit_and_follow(
+    cli: FlwrCli, config: RunConfig, run_dir: Path, values: dict[str, ConfigValue], work: Path, *, progress: bool
+) -> dict[str, Any]:
+    """Submit the app bundle with ``values``, follow the run to its end and return the run's ``summary.json``."""
+    run_id = cli.submit_run(FAB_DIR, values, config_file=work / "run-config.toml")
+    status = follow(cli, run_id, run_dir, config, progress=progress)
+    if status != COMPLETED:
+        raise _failure(cli, run_id, run_dir, status)
+    summary = read_json(run_dir / SUMMARY_FILE) if (run_dir / SUMMARY_FILE).is_file() else {}
+    if summary.get("status") != "finished":
+        raise FederationError(str(summary.get("error") or f"the Flower run ended without finishing {run_dir}"))
+    return summary
+
+
+def run_with_flower(
+    config: RunConfig,
+    run_dir: Path,
+    *,
+    resume: bool,
+    overwrite: bool,
+    progress: bool,
+    sites: Sequence[Site] = (),
+) -> dict[str, Any]:
+    """Run the federation through Flower (``run.engine``: ``flower-sim`` with ``sites``, or ``flower``)."""
+    simulated = config.run.engine == "flower-sim"
+    ca: Path | None = None
+    if not simulated:
+        if not config.flower.superlink:
+            raise FederationError("run.engine = flower needs the SuperLink: pass --superlink HOST:PORT")
+        if config.flower.hospitals < 1:
+            raise FederationError("run.engine = flower needs flower.hospitals: how many hospitals take part")
+        ca = Path(config.flower.root_certificates) if config.flower.root_certificates else None
+        if ca is None or not ca.is_file():
+            raise FederationError(
+                f"flower.root_certificates = {str(ca or '')!r} is not a file: pass --kit KIT (its server/ca.crt) "
+                "or --set flower.root_certificates=CA.crt to verify the SuperLink"
+            )
+    with tempfile.TemporaryDirectory(prefix="gastric-fl-flower-") as tmp:
+        work = Path(tmp)
+        if not simulated:
+            cli = FlwrCli(work / "flwr-home", config.flower.superlink, ca)
+            values = run_config(config, run_dir, hospitals=config.flower.hospitals, resume=resume, overwrite=overwrite)
+            return submit_and_follow(cli, config, run_dir, values, work, progress=progress)
+        superlink = SimulationSuperLink(work)
+        try:
+            superlink.start()
+            cli = FlwrCli(work / "flwr-home", superlink.address, None)
+            _simulation_options(cli, len(sites), config.run.threads)
+            values = run_config(config, run_dir, hospitals=len(sites), resume=resume, overwrite=overwrite, sites=sites)
+            return submit_and_follow(cli, config, run_dir, values, work, progress=progress)
+        finally:
+            superlink.stop()
