@@ -313,8 +313,12 @@ class Hospital:
                 old.unlink(missing_ok=True)
 
     def _export(self, loaded: _Loaded, server_round: int) -> None:
-        """``model.safetensors``: the model the hospital would deploy after ``server_round`` (a link to its
-        checkpoint when the file system allows, so it costs no copy)."""
+        """The model bundle (`models.bundle`) the hospital would deploy after ``server_round``:
+        ``model.safetensors`` (a link to its checkpoint when the file system allows, so it costs no copy; its
+        metadata names the round) then ``model.json``, its card (`federation.engine.export.export_card`)."""
+        from federation.engine.export import export_card
+        from models.bundle import write_bundle
+
         folder = self.site.folder(loaded.run_id)
         source = folder / CHECKPOINT_DIR / f"round_{server_round:04d}.safetensors"
         target = folder / MODEL_FILE
@@ -325,6 +329,18 @@ class Hospital:
         except OSError:
             shutil.copyfile(source, tmp)
         os.replace(tmp, target)
+        card = export_card(
+            config=loaded.config,
+            model=loaded.model,
+            dataset=self.site.dataset,
+            client=self.site.client,
+            grayscale=loaded.data.grayscale,
+            run_id=loaded.run_id,
+            server_round=server_round,
+            hospital_record=read_json(folder / HOSPITAL_FILE),
+            predictions=folder / PREDICTIONS_FILE,
+        )
+        write_bundle(folder, card)
 
 
 def _atomic_save(state: dict[str, torch.Tensor], path: Path, metadata: dict[str, Any]) -> None:
