@@ -64,6 +64,21 @@ def register(app: typer.Typer) -> None:
             None, "--client-scale", help="Per-client resolution, e.g. 1,0.5,1 (0.5 = scanned at half resolution)."
         ),
         client_tile: str | None = typer.Option(None, "--client-tile", help="Per-client tile px, e.g. 128,64,128."),
+        classes: str | None = typer.Option(
+            None,
+            "--classes",
+            help="class-folders: the class folders to read, in class-index order, e.g. 0,1,2. "
+            "(default: every folder with images; normal,abnormal first when those are all)",
+        ),
+        site_shift: str | None = typer.Option(
+            None,
+            "--site-shift",
+            help="Simulated sites: none, or random (each hospital's tiles get its own stain and scanner profile: "
+            "H&E colour and strength, brightness, blur, JPEG). (default: none)",
+        ),
+        site_strength: float | None = typer.Option(
+            None, "--site-strength", help="How far random site profiles depart from the slides, 0..2. (default: 1)"
+        ),
         max_tiles_per_slide: int | None = typer.Option(
             None, "--max-tiles-per-slide", help="Keep at most N tiles per slide (random, seeded)."
         ),
@@ -98,6 +113,7 @@ def register(app: typer.Typer) -> None:
                 "mask_suffix": mask_suffix,
                 "mask_dir": mask_dir,
                 "mask_threshold": mask_threshold,
+                "classes": classes,
             },
             "split": {
                 "clients": clients,
@@ -122,6 +138,7 @@ def register(app: typer.Typer) -> None:
                 "scale": None if client_scale is None else parse_float_list(client_scale, "--client-scale"),
                 "tile": None if client_tile is None else parse_int_list(client_tile, "--client-tile"),
             },
+            "sites": {"shift": site_shift, "strength": site_strength},
             "output": {"out": out, "overwrite": overwrite, "strict": strict, "workers": workers, "progress": progress},
         }
         for section, key, flag in (("source", "input", "--input"), ("output", "out", "--out")):

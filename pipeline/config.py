@@ -13,6 +13,7 @@ here, with an error that names the value and says how to fix it.
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -20,10 +21,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pipeline.errors import PipelineError
+from pipeline.sites import MAX_STRENGTH, SHIFTS, ListedProfile, parse_listed
 
 Format = Literal["seed", "bot", "class-folders"]
 FORMATS: tuple[str, ...] = ("seed", "bot", "class-folders")
 LABELS: tuple[str, str] = ("normal", "abnormal")
+# A class folder's name becomes the manifest's label and a folder of the prepared dataset: keep it plain.
+CLASS_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,8 @@ class SourceConfig:
     mask_dir: str = "masks"
     # None: a mask must hold 0 and at most one other value; T: pixel > T is cancer, any values accepted.
     mask_threshold: int | None = None
+    # class-folders only: the class folders to read, in class-index order; () = every folder with images.
+    classes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,15 @@ class ClientsConfig:
 
 
 @dataclass(frozen=True)
+class SitesConfig:
+    """Simulated sites: a stain and scanner profile per hospital, applied to its tiles (`pipeline.sites`)."""
+
+    shift: str = "none"
+    strength: float = 1.0
+    profile: tuple[ListedProfile, ...] = ()
+
+
+@dataclass(frozen=True)
 class OutputConfig:
     """Where the prepared dataset goes and how the run behaves."""
 
@@ -108,6 +123,7 @@ class PrepareConfig:
     split: SplitConfig = field(default_factory=SplitConfig)
     tiles: TileConfig = field(default_factory=TileConfig)
     clients: ClientsConfig = field(default_factory=ClientsConfig)
+    sites: SitesConfig = field(default_factory=SitesConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
 
     def to_json(self) -> dict[str, Any]:
@@ -119,6 +135,7 @@ class PrepareConfig:
                 "mask_suffix": self.source.mask_suffix,
                 "mask_dir": self.source.mask_dir,
                 "mask_threshold": self.source.mask_threshold,
+                "classes": list(self.source.classes),
             },
             "split": {
                 "clients": self.split.clients,
@@ -141,6 +158,11 @@ class PrepareConfig:
                 "scale": list(self.clients.scale),
                 "tile": list(self.clients.tile),
             },
+            "sites": {
+                "shift": self.sites.shift,
+                "strength": self.sites.strength,
+                "profile": [p.to_json() for p in self.sites.profile],
+            },
         }
 
 
@@ -149,12 +171,14 @@ _SECTIONS: dict[str, type] = {
     "split": SplitConfig,
     "tiles": TileConfig,
     "clients": ClientsConfig,
+    "sites": SitesConfig,
     "output": OutputConfig,
 }
 
 
 def parse_partition(spec: str) -> Partition:
-    """``iid`` | ``dirichlet:ALPHA`` (ALPHA > 0) | ``classes:S`` (1 <= S <= 2)."""
+    """``iid`` | ``dirichlet:ALPHA`` (ALPHA > 0) | ``classes:S`` (S >= 1; at most the number of classes, which
+    `validate_config` and `pipeline.partition` check once the classes are known)."""
     text = spec.strip().lower()
     if text == "iid":
         return Partition()
@@ -167,14 +191,14 @@ def parse_partition(spec: str) -> Partition:
             return Partition(kind="dirichlet", alpha=alpha)
         if kind == "classes":
             classes = int(value)
-            if not 1 <= classes <= len(LABELS):
+            if classes < 1:
                 raise ValueError
             return Partition(kind="classes", classes=classes)
     except ValueError:
         pass
     raise PipelineError(
         f"partition {spec!r} is not understood: use iid, dirichlet:ALPHA with ALPHA > 0 (e.g. dirichlet:0.5), "
-        f"or classes:S with S in 1..{len(LABELS)}"
+        "or classes:S with S >= 1 (at most the number of classes)"
     )
 
 
@@ -221,6 +245,14 @@ def _coerce(section: str, name: str, value: Any, default: Any) -> Any:
         if not isinstance(value, str):
             raise PipelineError(f"{where} must be a string such as 'iid', 'dirichlet:0.5' or 'classes:1'")
         return parse_partition(value)
+    if name == "profile":
+        return parse_listed(value, f"{section}.profile")
+    if name == "classes":
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise PipelineError(f'{where} must be a list of class folder names, e.g. ["normal", "abnormal"]')
+        return tuple(value)
     if name in ("input", "out"):
         if not isinstance(value, str | Path):
             raise PipelineError(f"{where} must be a folder path (a string)")
@@ -311,6 +343,28 @@ def validate_config(config: PrepareConfig) -> None:
         raise PipelineError("mask_suffix and mask_dir are both empty: give at least one so masks can be found")
     if src.mask_threshold is not None and not 0 <= src.mask_threshold < 65535:
         raise PipelineError(f"--mask-threshold {src.mask_threshold} must be in 0..65534 (pixel > T is cancer)")
+    if src.classes:
+        if src.format != "class-folders":
+            raise PipelineError(
+                f"source.classes applies to --format class-folders only (the {src.format} layout's classes are "
+                "normal and abnormal); remove it or use --format class-folders"
+            )
+        bad_names = [c for c in src.classes if not CLASS_NAME.match(c)]
+        if bad_names:
+            raise PipelineError(
+                f"--classes {bad_names[0]!r} is not a usable class folder name: use letters, digits, '.', '_' or "
+                "'-' (at most 64, not starting with '.' or '-')"
+            )
+        if len(set(src.classes)) != len(src.classes):
+            raise PipelineError("--classes lists a class twice; give each class folder once")
+        if len(src.classes) < 2:
+            raise PipelineError(f"--classes {','.join(src.classes)} names one class; a classifier needs at least 2")
+    known_classes = len(src.classes) if src.classes else (None if src.format == "class-folders" else len(LABELS))
+    if split.partition.kind == "classes" and known_classes is not None and split.partition.classes > known_classes:
+        raise PipelineError(
+            f"partition classes:{split.partition.classes} asks for more classes per client than the "
+            f"{known_classes} the dataset has; use classes:S with S in 1..{known_classes}"
+        )
     if split.clients < 1:
         raise PipelineError(f"--clients {split.clients} must be at least 1")
     size_ratios(split.sizes, split.clients)
@@ -352,5 +406,22 @@ def validate_config(config: PrepareConfig) -> None:
             )
         if any(t < 8 for t in cl.tile):
             raise PipelineError("--client-tile values must be at least 8 pixels")
+    sites = config.sites
+    if sites.shift not in SHIFTS:
+        raise PipelineError(f"--site-shift {sites.shift!r} is unknown; use one of: {', '.join(SHIFTS)}")
+    if not (math.isfinite(sites.strength) and 0.0 <= sites.strength <= MAX_STRENGTH):
+        raise PipelineError(
+            f"--site-strength {sites.strength:g} must be between 0 and {MAX_STRENGTH:g} (1 = a typical spread "
+            "between laboratories)"
+        )
+    listed = [p.client for p in sites.profile]
+    outside = [c for c in listed if c >= split.clients]
+    if outside:
+        raise PipelineError(
+            f"sites.profile lists client {outside[0]}, but client indices are 0..{split.clients - 1}; "
+            "fix the client = N line or raise --clients"
+        )
+    if len(set(listed)) != len(listed):
+        raise PipelineError("sites.profile lists a client twice; give one [[sites.profile]] table per hospital")
     if out.workers < 1:
         raise PipelineError(f"--workers {out.workers} must be at least 1")

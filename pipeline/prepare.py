@@ -41,7 +41,7 @@ import cv2
 import numpy as np
 from tqdm import tqdm
 
-from pipeline.config import LABELS, PrepareConfig, validate_config
+from pipeline.config import PrepareConfig, validate_config
 from pipeline.errors import PipelineError
 from pipeline.images import encode_png
 from pipeline.outputs import (
@@ -63,7 +63,7 @@ from pipeline.report import (
     markdown_report,
     text_table,
 )
-from pipeline.sources import SlideError, SlideInfo, discover, inspect_slide, label_of, load_slide
+from pipeline.sources import SlideError, SlideInfo, dataset_classes, discover, inspect_slide, label_of, load_slide
 from pipeline.tiling import ClientPlan, client_plans, cut_tiles, tile_name
 
 MANIFEST_COLUMNS: tuple[str, ...] = (
@@ -289,9 +289,9 @@ def _publish(staging: Path, out: Path) -> None:
         staging.rename(out)
 
 
-def _samples(rows: Iterable[list[str]], clients: int) -> dict[int, dict[str, list[str]]]:
+def _samples(rows: Iterable[list[str]], clients: int, classes: tuple[str, ...]) -> dict[int, dict[str, list[str]]]:
     """Up to four tiles per client and label for the contact sheet, spread evenly over the manifest."""
-    grouped: dict[int, dict[str, list[str]]] = {c: {lab: [] for lab in LABELS} for c in range(clients)}
+    grouped: dict[int, dict[str, list[str]]] = {c: {lab: [] for lab in classes} for c in range(clients)}
     for row in rows:
         grouped[int(row[0])][row[2]].append(row[3])
     picked: dict[int, dict[str, list[str]]] = {}
@@ -373,6 +373,7 @@ def _unique(infos: list[SlideInfo]) -> tuple[list[SlideInfo], list[Skipped]]:
 
 def _prepare_claimed(config: PrepareConfig, started: float) -> PrepareResult:
     """`prepare_dataset` once ``--out`` is locked and checked: slides, split, tiles, files, publish."""
+    classes = dataset_classes(config.source)
     refs = discover(config.source)
     out = config.output
     infos = list(
@@ -401,8 +402,8 @@ def _prepare_claimed(config: PrepareConfig, started: float) -> PrepareResult:
 
     rng = np.random.default_rng(config.split.seed)
     labels = [str(i.label) for i in usable]
-    owners, ratios = assign_clients(labels, config.split, rng)
-    splits = split_train_test(labels, owners, config.split.clients, config.split.test_fraction, rng)
+    owners, ratios = assign_clients(labels, config.split, rng, classes)
+    splits = split_train_test(labels, owners, config.split.clients, config.split.test_fraction, rng, classes)
     plans = client_plans(config)
     jobs = [_Job(i, c, s, plans[c]) for i, c, s in zip(usable, owners, splits, strict=True)]
 
@@ -414,7 +415,7 @@ def _prepare_claimed(config: PrepareConfig, started: float) -> PrepareResult:
         write_marker(staging, COMMAND, complete=False, record_contents=False)
         for plan in plans:
             for split in SPLITS:
-                for label in LABELS:
+                for label in classes:
                     (staging / f"client_{plan.client:02d}" / split / label).mkdir(parents=True)
         outcomes = list(
             _parallel(lambda job: _tile_job(job, config, staging), jobs, out.workers, "tiling", out.progress)
@@ -428,7 +429,7 @@ def _prepare_claimed(config: PrepareConfig, started: float) -> PrepareResult:
         per_slide = [o.rows for o in outcomes if o.skipped is None]
         rows = [row for slide_rows in per_slide for row in slide_rows]
 
-        counts = empty_counts(config.split.clients)
+        counts = empty_counts(config.split.clients, classes)
         for row in rows:
             counts[int(row[0])][row[1]][row[2]] += 1
         slide_counts: dict[tuple[int, str], int] = {}
@@ -454,6 +455,14 @@ def _prepare_claimed(config: PrepareConfig, started: float) -> PrepareResult:
             "partition": config.split.partition.spec(),
             "test fraction": f"{config.split.test_fraction:g}",
             "seed": str(config.split.seed),
+            "classes": ", ".join(classes),
+            "simulated sites": (
+                "none"
+                if all(p.site is None for p in plans)
+                else f"{config.sites.shift} (strength {config.sites.strength:g}"
+                + (f", {len(config.sites.profile)} listed" if config.sites.profile else "")
+                + "): profiles in prepare.json, clients[].site"
+            ),
             "white max (abnormal)": f"{config.tiles.white_max:g}",
             "background max (normal)": f"{config.tiles.background_max:g}",
             "near-white": f"all channels >= {config.tiles.white_level}",
@@ -461,7 +470,7 @@ def _prepare_claimed(config: PrepareConfig, started: float) -> PrepareResult:
         }
         report_md = markdown_report(settings, plans, counts, slides_per_client, skipped, warnings)
         (staging / "report.md").write_text(report_md, encoding="utf-8")
-        sheet = contact_sheet(staging, plans, _samples(rows, config.split.clients))
+        sheet = contact_sheet(staging, plans, _samples(rows, config.split.clients, classes), classes)
         ok, png = cv2.imencode(".png", sheet)
         if not ok:
             raise PipelineError("could not encode contact_sheet.png (OpenCV PNG encoder)")
@@ -505,12 +514,15 @@ def _provenance(
     hashes: dict[str, str] = {}
     for job in jobs:
         hashes.update(dict(job.info.hashes))
+    classes = tuple(next(iter(counts.values()))["train"])
     manifest_digest = hashlib.sha256()
     for row in rows:
         manifest_digest.update((",".join(row) + "\n").encode())
     return {
         "format_version": FORMAT_VERSION,
         "config": config.to_json(),
+        # Class index order: the manifest's label i is classes[i] (binary datasets: normal 0, abnormal 1).
+        "classes": list(classes),
         "versions": _versions(),
         "white_definition": (
             f"a pixel is near-white when all three RGB channels are >= {config.tiles.white_level}; white_ratio is "
@@ -526,6 +538,7 @@ def _provenance(
                 "source_px": p.size,
                 "stride_source_px": p.stride,
                 "abnormal_stride_source_px": p.abnormal_stride,
+                "site": None if p.site is None else p.site.to_json(),
                 "size_ratio": ratios[p.client],
                 "slides": {s: sum(1 for j in jobs if j.client == p.client and j.split == s) for s in SPLITS},
                 "tiles": counts[p.client],
@@ -537,7 +550,7 @@ def _provenance(
             "skipped": len(skipped),
             "tiles": len(rows),
             "slides_without_tiles": sum(1 for slide_rows in per_slide if not slide_rows),
-            "by_label": {lab: sum(counts[c][s][lab] for c in counts for s in SPLITS) for lab in LABELS},
+            "by_label": {lab: sum(counts[c][s][lab] for c in counts for s in SPLITS) for lab in classes},
         },
         "slides": [
             {

@@ -27,6 +27,19 @@ _GAP = 4
 _LEFT = 150
 _HEADER = 26
 _BG = 255
+# Border colours (BGR) of classes other than normal/abnormal, in class order.
+_CYCLE: tuple[tuple[int, int, int], ...] = (
+    (180, 119, 31),
+    (14, 127, 255),
+    (44, 160, 44),
+    (40, 39, 214),
+    (189, 103, 148),
+    (75, 86, 140),
+    (194, 119, 227),
+    (127, 127, 127),
+    (34, 189, 188),
+    (207, 190, 23),
+)
 
 
 @dataclass(frozen=True)
@@ -37,24 +50,34 @@ class Skipped:
     reason: str
 
 
-def empty_counts(clients: int) -> Counts:
-    """``counts[client][split][label] = 0`` for every combination."""
-    return {c: {s: dict.fromkeys(LABELS, 0) for s in SPLITS} for c in range(clients)}
+def empty_counts(clients: int, classes: Sequence[str] = LABELS) -> Counts:
+    """``counts[client][split][label] = 0`` for every combination (labels in class order)."""
+    return {c: {s: dict.fromkeys(classes, 0) for s in SPLITS} for c in range(clients)}
+
+
+def _classes_of(counts: Counts) -> list[str]:
+    """The labels of a counts table, in its (class) order."""
+    first = next(iter(counts.values()), None)
+    return list(first[SPLITS[0]]) if first is not None else list(LABELS)
 
 
 def _table_rows(
     plans: Sequence[ClientPlan], counts: Counts, slides: Mapping[int, int]
 ) -> tuple[list[str], list[list[str]]]:
-    header = ["client", "gray", "tile px", "scale", "src px", "slides"]
-    header += [f"{s} {lab}" for s in SPLITS for lab in LABELS] + ["tiles"]
+    labels = _classes_of(counts)
+    # The site column appears only when some hospital has a simulated site, so other reports read as before.
+    sited = any(plan.site is not None for plan in plans)
+    header = ["client", "gray", *(["site"] if sited else []), "tile px", "scale", "src px", "slides"]
+    header += [f"{s} {lab}" for s in SPLITS for lab in labels] + ["tiles"]
     rows = []
     for plan in plans:
         per = counts[plan.client]
-        cells = [per[s][lab] for s in SPLITS for lab in LABELS]
+        cells = [per[s][lab] for s in SPLITS for lab in labels]
         rows.append(
             [
                 str(plan.client),
                 "yes" if plan.grayscale else "no",
+                *(["shifted" if plan.site is not None else "-"] if sited else []),
                 str(plan.tile_px),
                 f"{plan.scale:g}",
                 str(plan.size),
@@ -63,8 +86,9 @@ def _table_rows(
                 str(sum(cells)),
             ]
         )
-    totals = [sum(counts[p.client][s][lab] for p in plans) for s in SPLITS for lab in LABELS]
-    rows.append(["all", "", "", "", "", str(sum(slides.values())), *map(str, totals), str(sum(totals))])
+    totals = [sum(counts[p.client][s][lab] for p in plans) for s in SPLITS for lab in labels]
+    blanks = [""] * (len(header) - 2 - len(totals) - 1)
+    rows.append(["all", *blanks, str(sum(slides.values())), *map(str, totals), str(sum(totals))])
     return header, rows
 
 
@@ -110,8 +134,9 @@ def markdown_report(
     parts += [f"| {k} | {v} |" for k, v in settings.items()]
     parts += ["", "## Tiles per client, split and label", "", markdown_table(plans, counts, slides), ""]
     parts += [
-        "`gray`: tiles stored single-channel. `tile px`: tile side in the PNG. `scale`: resampling of the slide "
-        "(1 = original resolution). `src px`: tile side in original slide pixels (manifest `size`).",
+        "`gray`: tiles stored single-channel. `site`: tiles passed through a simulated stain and scanner profile "
+        "(values in prepare.json, `clients[].site`). `tile px`: tile side in the PNG. `scale`: resampling of the "
+        "slide (1 = original resolution). `src px`: tile side in original slide pixels (manifest `size`).",
         "",
         f"## Skipped slides ({len(skipped)})",
         "",
@@ -131,25 +156,40 @@ def _thumbnail(path: Path) -> npt.NDArray[np.uint8]:
 
 
 def contact_sheet(
-    root: Path, plans: Sequence[ClientPlan], samples: Mapping[int, Mapping[str, Sequence[str]]]
+    root: Path,
+    plans: Sequence[ClientPlan],
+    samples: Mapping[int, Mapping[str, Sequence[str]]],
+    classes: Sequence[str] = LABELS,
 ) -> npt.NDArray[np.uint8]:
-    """One row per client: up to 4 normal then 4 abnormal tiles (BGR image, borders green/red by label)."""
-    width = _LEFT + 2 * _PER_LABEL * (_THUMB + _GAP) + _GAP
+    """One row per client: sample tiles of each class in class order (BGR image, borders coloured by class).
+
+    Binary datasets show 4 normal then 4 abnormal tiles (green and red borders); with K classes each class gets
+    ``max(1, 8 // K)`` tiles. A hospital with a simulated site has its profile written under its name.
+    """
+    labels = list(classes)
+    per_label = _PER_LABEL if len(labels) <= 2 else max(1, 2 * _PER_LABEL // len(labels))
+    width = _LEFT + len(labels) * per_label * (_THUMB + _GAP) + _GAP
     row_h = _THUMB + 2 * _GAP
     sheet = np.full((_HEADER + row_h * len(plans) + _GAP, width, 3), _BG, dtype=np.uint8)
     colours = {"normal": (60, 160, 60), "abnormal": (40, 40, 200)}
-    for k, label in enumerate(LABELS):
-        left = _LEFT + k * _PER_LABEL * (_THUMB + _GAP)
-        cv2.putText(sheet, label, (left, 18), cv2.FONT_HERSHEY_SIMPLEX, 0.55, colours[label], 1, cv2.LINE_AA)
+    for k, label in enumerate(labels):
+        colours.setdefault(label, _CYCLE[k % len(_CYCLE)])
+        left = _LEFT + k * per_label * (_THUMB + _GAP)
+        cv2.putText(sheet, label[:14], (left, 18), cv2.FONT_HERSHEY_SIMPLEX, 0.55, colours[label], 1, cv2.LINE_AA)
     for r, plan in enumerate(plans):
         top = _HEADER + r * row_h + _GAP
         text = f"client {plan.client}"
         detail = f"{plan.tile_px}px{' gray' if plan.grayscale else ''} x{plan.scale:g}"
-        cv2.putText(sheet, text, (6, top + 36), cv2.FONT_HERSHEY_SIMPLEX, 0.6, (0, 0, 0), 1, cv2.LINE_AA)
-        cv2.putText(sheet, detail, (6, top + 62), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (60, 60, 60), 1, cv2.LINE_AA)
-        for k, label in enumerate(LABELS):
-            for i, rel in enumerate(list(samples.get(plan.client, {}).get(label, []))[:_PER_LABEL]):
-                left = _LEFT + (k * _PER_LABEL + i) * (_THUMB + _GAP)
+        cv2.putText(sheet, text, (6, top + 22), cv2.FONT_HERSHEY_SIMPLEX, 0.6, (0, 0, 0), 1, cv2.LINE_AA)
+        cv2.putText(sheet, detail, (6, top + 44), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (60, 60, 60), 1, cv2.LINE_AA)
+        if plan.site is not None:
+            for j, line in enumerate(plan.site.describe()):
+                cv2.putText(
+                    sheet, line, (6, top + 66 + 16 * j), cv2.FONT_HERSHEY_SIMPLEX, 0.36, (120, 60, 0), 1, cv2.LINE_AA
+                )
+        for k, label in enumerate(labels):
+            for i, rel in enumerate(list(samples.get(plan.client, {}).get(label, []))[:per_label]):
+                left = _LEFT + (k * per_label + i) * (_THUMB + _GAP)
                 sheet[top : top + _THUMB, left : left + _THUMB] = _thumbnail(root / rel)
                 cv2.rectangle(sheet, (left, top), (left + _THUMB - 1, top + _THUMB - 1), colours[label], 2)
     return sheet

@@ -4,7 +4,8 @@ Step a.1: in an abnormal slide every pixel outside the cancer mask becomes white
 remains. Step b: both classes are cropped into square tiles; an abnormal tile is kept only if its white-area
 ratio (the removed normal tissue plus background) is at most ``white_max``, so that kept tiles mostly show
 cancer; a normal tile is kept only if its white ratio is at most ``background_max`` (mostly tissue, not glass).
-Grayscale hospitals get single-channel tiles.
+Grayscale hospitals get single-channel tiles. A hospital with a simulated site profile (`pipeline.sites`) gets
+its tiles through that profile's stain and scanner steps; which tiles are kept never depends on it.
 
 Definitions (docs/pipeline.md): a pixel is *near-white* when all three channels are >= ``white_level``
 (default 220: slide glass and whited-out areas are ~240-255, H&E stroma and nuclei stay well below on at least
@@ -29,6 +30,7 @@ import numpy.typing as npt
 
 from pipeline.config import PrepareConfig
 from pipeline.images import RGBImage
+from pipeline.sites import SiteProfile, apply_site, site_profiles
 
 WHITE = 255
 
@@ -44,6 +46,8 @@ class ClientPlan:
     stride: int
     abnormal_stride: int
     grayscale: bool
+    # The hospital's simulated stain and scanner (None: tiles as cut). Prepare only; predict never sets it.
+    site: SiteProfile | None = None
 
     @property
     def channels(self) -> int:
@@ -65,6 +69,8 @@ class Tile:
 def client_plans(config: PrepareConfig) -> list[ClientPlan]:
     """Every hospital's tile settings from ``--tile``, ``--stride``, ``--client-tile``, ``--client-scale``."""
     tiles, clients = config.tiles, config.clients
+    sites = config.sites
+    profiles = site_profiles(sites.shift, sites.strength, sites.profile, config.split.seed, config.split.clients)
     plans = []
     for c in range(config.split.clients):
         tile_px = clients.tile[c] if clients.tile else tiles.tile
@@ -83,6 +89,7 @@ def client_plans(config: PrepareConfig) -> list[ClientPlan]:
                 stride=max(1, round(stride_px / scale)),
                 abnormal_stride=max(1, round(abnormal_px / scale)),
                 grayscale=c in clients.grayscale,
+                site=profiles[c],
             )
         )
     return plans
@@ -152,7 +159,8 @@ def cut_square(
     image: RGBImage, region: npt.NDArray[np.bool_] | None, x: int, y: int, plan: ClientPlan
 ) -> npt.NDArray[np.uint8]:
     """The output pixels of the square at ``(x, y)``: whitened outside ``region`` (Step a.1, when given), resized
-    to ``plan.tile_px`` (``INTER_AREA`` shrinking, ``INTER_LINEAR`` enlarging) and gray for a gray hospital."""
+    to ``plan.tile_px`` (``INTER_AREA`` shrinking, ``INTER_LINEAR`` enlarging), through the hospital's simulated
+    site profile when it has one, and gray for a gray hospital."""
     square: npt.NDArray[np.uint8] = image[y : y + plan.size, x : x + plan.size]
     if region is not None:
         inside = region[y : y + plan.size, x : x + plan.size, None]
@@ -163,6 +171,8 @@ def cut_square(
             square, (plan.tile_px, plan.tile_px), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR
         )
         square = np.asarray(resized, dtype=np.uint8)
+    if plan.site is not None:
+        return apply_site(np.ascontiguousarray(square), plan.site, plan.grayscale)
     pixels = cv2.cvtColor(square, cv2.COLOR_RGB2GRAY) if plan.grayscale else np.ascontiguousarray(square)
     return np.asarray(pixels, dtype=np.uint8)
 

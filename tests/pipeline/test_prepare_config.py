@@ -29,9 +29,13 @@ def test_partition_specs() -> None:
     assert parse_partition("Dirichlet:0.3").alpha == pytest.approx(0.3)
     assert parse_partition("classes:1").classes == 1
     assert parse_partition("dirichlet:0.5").spec() == "dirichlet:0.5"
-    for bad in ("dirichlet:0", "dirichlet:-1", "dirichlet:x", "classes:3", "classes:0", "skewed"):
+    for bad in ("dirichlet:0", "dirichlet:-1", "dirichlet:x", "classes:0", "classes:x", "skewed"):
         with pytest.raises(PipelineError, match="is not understood"):
             parse_partition(bad)
+    # S is bounded by the number of classes, known for SEED/BOT at once and for class folders once read.
+    assert parse_partition("classes:3").classes == 3
+    with pytest.raises(PipelineError, match=r"classes:3 asks for more classes per client than the 2"):
+        build_config(None, {"split": {"partition": "classes:3"}})
 
 
 @pytest.mark.parametrize(
