@@ -7,10 +7,11 @@ non-IID settings, the latter written "(n, S)": n clients holding S classes each.
   share drawn uniformly from [1, 3] and normalised, so the largest hospital has at most three times the
   slides of the smallest. Counts are rounded by largest remainder and every client gets at least two slides
   (one for each split).
-- **Labels**: ``iid`` (every client close to the overall normal/abnormal mix), ``dirichlet:ALPHA`` (each
-  client's label mix drawn from Dirichlet(ALPHA); small ALPHA = strong skew; client sizes still exact), or
-  ``classes:S`` (client c holds labels c, c+1, ..., c+S-1 modulo 2; each label's slides are shared among its
-  holders in proportion to their size ratios, so sizes follow the ratio within each label group).
+- **Labels** (any number K of classes, in the dataset's class order; K = 2 for SEED and BOT): ``iid`` (every
+  client close to the overall class mix), ``dirichlet:ALPHA`` (each client's class mix drawn from
+  Dirichlet(ALPHA) over the K classes; small ALPHA = strong skew; client sizes still exact), or ``classes:S``
+  (client c holds classes c, c+1, ..., c+S-1 modulo K; each class's slides are shared among its holders in
+  proportion to their size ratios, so sizes follow the ratio within each class group).
 - **Train/test**: per slide, inside each client, stratified by label: ``round(test_fraction * n)`` slides
   (at least one, and at least one left for training) go to test, shared over labels in proportion; a label
   with at least two slides in the client always gets one test and one train slide (so small clients still
@@ -67,17 +68,17 @@ def client_sizes(n_slides: int, config: SplitConfig, rng: np.random.Generator) -
     return counts, list(ratios)
 
 
-def _by_label(labels: Sequence[str], rng: np.random.Generator) -> dict[str, list[int]]:
-    """Slide indices per label, each list shuffled."""
+def _by_label(labels: Sequence[str], rng: np.random.Generator, classes: Sequence[str]) -> dict[str, list[int]]:
+    """Slide indices per label, in class order, each list shuffled."""
     groups: dict[str, list[int]] = {}
-    for label in LABELS:
+    for label in classes:
         members = [i for i, lab in enumerate(labels) if lab == label]
         groups[label] = [members[k] for k in rng.permutation(len(members))]
     return groups
 
 
-def _iid(labels: Sequence[str], sizes: Sequence[int], rng: np.random.Generator) -> list[int]:
-    groups = _by_label(labels, rng)
+def _iid(labels: Sequence[str], sizes: Sequence[int], rng: np.random.Generator, classes: Sequence[str]) -> list[int]:
+    groups = _by_label(labels, rng, classes)
     # Spread each label evenly along one sequence, then cut it into consecutive chunks of the client sizes:
     # every chunk then holds (within one slide) the overall label mix.
     keyed: list[tuple[float, int]] = []
@@ -94,19 +95,21 @@ def _iid(labels: Sequence[str], sizes: Sequence[int], rng: np.random.Generator) 
     return owner
 
 
-def _dirichlet(labels: Sequence[str], sizes: Sequence[int], alpha: float, rng: np.random.Generator) -> list[int]:
-    groups = _by_label(labels, rng)
+def _dirichlet(
+    labels: Sequence[str], sizes: Sequence[int], alpha: float, rng: np.random.Generator, classes: Sequence[str]
+) -> list[int]:
+    groups = _by_label(labels, rng, classes)
     remaining = {label: list(members) for label, members in groups.items()}
     owner = [0] * len(labels)
     for client in rng.permutation(len(sizes)):
         size = sizes[int(client)]
-        mix = rng.dirichlet([alpha] * len(LABELS))
+        mix = rng.dirichlet([alpha] * len(classes))
         want = largest_remainder([float(m) + 1e-12 for m in mix], size)
-        take = {label: min(w, len(remaining[label])) for label, w in zip(LABELS, want, strict=True)}
+        take = {label: min(w, len(remaining[label])) for label, w in zip(classes, want, strict=True)}
         # Labels that ran out are made up from those with slides left; the total always suffices because
         # the slides left equal the sizes of the clients left.
         while sum(take.values()) < size:
-            spare = max(LABELS, key=lambda lab: (len(remaining[lab]) - take[lab], lab == LABELS[0]))
+            spare = max(classes, key=lambda lab: (len(remaining[lab]) - take[lab], lab == classes[0]))
             take[spare] += 1
         for label, count in take.items():
             for slide in remaining[label][:count]:
@@ -116,13 +119,17 @@ def _dirichlet(labels: Sequence[str], sizes: Sequence[int], alpha: float, rng: n
 
 
 def _classes(
-    labels: Sequence[str], ratios: Sequence[float], per_client: int, rng: np.random.Generator
+    labels: Sequence[str],
+    ratios: Sequence[float],
+    per_client: int,
+    rng: np.random.Generator,
+    classes: Sequence[str],
 ) -> tuple[list[int], list[int]]:
     clients = len(ratios)
     holders = {
-        label: [c for c in range(clients) if (LABELS.index(label) - c) % len(LABELS) < per_client] for label in LABELS
+        label: [c for c in range(clients) if (k - c) % len(classes) < per_client] for k, label in enumerate(classes)
     }
-    groups = _by_label(labels, rng)
+    groups = _by_label(labels, rng, classes)
     owner = [0] * len(labels)
     for label, members in groups.items():
         if not members:
@@ -143,13 +150,18 @@ def _classes(
 
 
 def assign_clients(
-    labels: Sequence[str], config: SplitConfig, seed_rng: np.random.Generator
+    labels: Sequence[str], config: SplitConfig, seed_rng: np.random.Generator, classes: Sequence[str] = LABELS
 ) -> tuple[list[int], list[float]]:
-    """The client of each slide (by position in ``labels``) and the size ratios used."""
-    sizes, ratios = client_sizes(len(labels), config, seed_rng)
+    """The client of each slide (by position in ``labels``) and the size ratios used; ``classes`` in class order."""
     part = config.partition
-    if part.kind == "classes" and part.classes < len(LABELS):
-        owner, actual = _classes(labels, ratios, part.classes, seed_rng)
+    if part.kind == "classes" and part.classes > len(classes):
+        raise PipelineError(
+            f"partition classes:{part.classes} asks for more classes per client than the {len(classes)} the dataset "
+            f"has; use classes:S with S in 1..{len(classes)}"
+        )
+    sizes, ratios = client_sizes(len(labels), config, seed_rng)
+    if part.kind == "classes" and part.classes < len(classes):
+        owner, actual = _classes(labels, ratios, part.classes, seed_rng, classes)
         short = [c for c, n in enumerate(actual) if n < 2]
         if short:
             raise PipelineError(
@@ -158,8 +170,8 @@ def assign_clients(
             )
         return owner, ratios
     if part.kind == "dirichlet":
-        return _dirichlet(labels, sizes, part.alpha, seed_rng), ratios
-    return _iid(labels, sizes, seed_rng), ratios
+        return _dirichlet(labels, sizes, part.alpha, seed_rng, classes), ratios
+    return _iid(labels, sizes, seed_rng, classes), ratios
 
 
 def _test_quota(group_sizes: Sequence[int], n_test: int) -> list[int]:
@@ -184,7 +196,12 @@ def _test_quota(group_sizes: Sequence[int], n_test: int) -> list[int]:
 
 
 def split_train_test(
-    labels: Sequence[str], owners: Sequence[int], clients: int, test_fraction: float, rng: np.random.Generator
+    labels: Sequence[str],
+    owners: Sequence[int],
+    clients: int,
+    test_fraction: float,
+    rng: np.random.Generator,
+    classes: Sequence[str] = LABELS,
 ) -> list[str]:
     """``train``/``test`` for each slide: per client, stratified by label, at least one slide in each split."""
     split = ["train"] * len(labels)
@@ -195,7 +212,7 @@ def split_train_test(
                 f"client {client} has {len(members)} slide(s); each client needs at least 2 (one train, one test)"
             )
         n_test = min(len(members) - 1, max(1, math.floor(test_fraction * len(members) + 0.5)))
-        groups = [[i for i in members if labels[i] == label] for label in LABELS]
+        groups = [[i for i in members if labels[i] == label] for label in classes]
         groups = [g for g in groups if g]
         quota = _test_quota([len(g) for g in groups], n_test)
         for group, count in zip(groups, quota, strict=True):

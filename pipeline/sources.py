@@ -5,7 +5,8 @@ Layouts (data/README.md, "Raw layouts"):
   the slide normal; any non-zero pixel makes it abnormal (the paper's rule for SEED).
 - ``bot``: ``normal/<id>.tiff`` and ``abnormal/<id>.tiff`` + ``abnormal/<id>.svg`` (rasterised by
   `pipeline.svgmask`). The folder gives the label; the SVG gives the abnormal region.
-- ``class-folders``: ``normal/*`` and ``abnormal/*`` images, no masks: the whole image is used.
+- ``class-folders``: one folder of images per class, no masks: the whole image is used. Any number of classes
+  (at least two); the folder's name is the label. `dataset_classes` fixes their order (the class index).
 
 `inspect_slide` is the per-slide check run before the client split (so that only usable slides are shared
 out): headers, masks, annotations and labels, without decoding the slide's pixels. `load_slide` decodes the
@@ -16,13 +17,14 @@ caught instead of silently mixed in.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.config import LABELS, SourceConfig
+from pipeline.config import CLASS_NAME, LABELS, SourceConfig
 from pipeline.errors import PipelineError
 from pipeline.images import IMAGE_SUFFIXES, RGBImage, probe_size, read_bytes, read_mask, read_rgb
 from pipeline.svgmask import rasterise_svg
@@ -77,6 +79,48 @@ def _relative(path: Path, root: Path) -> str:
     return path.relative_to(root).as_posix()
 
 
+def _natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key that orders digit runs by value: ``2`` before ``10``, ``class_9`` before ``class_10``."""
+    parts = [part for part in re.split(r"(\d+)", name) if part]
+    return tuple((0, int(part)) if part.isdigit() else (1, part.casefold()) for part in parts)
+
+
+def dataset_classes(config: SourceConfig) -> tuple[str, ...]:
+    """The classes of the raw folder, in class-index order (recorded in ``prepare.json`` as ``classes``).
+
+    SEED and BOT: ``("normal", "abnormal")``. class-folders: ``config.classes`` when given (each must be a
+    folder of ``input``); otherwise every visible subfolder holding at least one image, ordered ``normal``,
+    ``abnormal`` when no other folder is there (the binary task: index 1 = abnormal), else by natural sort
+    (``"2"`` before ``"10"``). A folder name that cannot be a label stops with one line naming it.
+    """
+    if config.format != "class-folders":
+        return LABELS
+    root = config.input
+    if not root.is_dir():
+        raise PipelineError(f"input folder {root} does not exist or is not a folder; pass the raw dataset with --input")
+    if config.classes:
+        missing = [c for c in config.classes if not (root / c).is_dir()]
+        if missing:
+            raise PipelineError(
+                f"class folder {root / missing[0]} does not exist; --classes must name folders of --input"
+            )
+        return config.classes
+    found = [p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and _visible_images(p)]
+    bad = [name for name in found if not CLASS_NAME.match(name)]
+    if bad:
+        raise PipelineError(
+            f"class folder {root / bad[0]}: the name cannot be a label (use letters, digits, '.', '_' or '-'); "
+            "rename it, or list the classes to read with --classes"
+        )
+    if set(found) <= set(LABELS):
+        return LABELS
+    if len(found) < 2:
+        raise PipelineError(
+            f"input folder {root} holds one class folder ({found[0]}); a classifier needs at least 2 class folders"
+        )
+    return tuple(sorted(found, key=_natural_key))
+
+
 def discover(config: SourceConfig) -> list[SlideRef]:
     """Every slide of ``config.input`` in its layout, in a stable (sorted) order.
 
@@ -102,7 +146,7 @@ def discover(config: SourceConfig) -> list[SlideRef]:
             found.append((path, mask, None, None))
         layout_hint = f"<id>.png with <id>{suffix}.png beside it or {config.mask_dir}/<id>.png"
     else:
-        for label in LABELS:
+        for label in dataset_classes(config):
             folder = root / label
             if not folder.is_dir():
                 continue
@@ -112,7 +156,11 @@ def discover(config: SourceConfig) -> list[SlideRef]:
                     svg = path.with_suffix(".svg")
                     annotation = svg if svg.is_file() else None
                 found.append((path, None, annotation, label))
-        layout_hint = "normal/ and abnormal/ folders of images"
+        layout_hint = (
+            "normal/ and abnormal/ folders of images"
+            if config.format == "bot"
+            else "one folder of images per class, e.g. normal/ and abnormal/"
+        )
     if not found:
         raise PipelineError(
             f"input folder {root} holds no slides in the {config.format} layout (expected {layout_hint}); "
