@@ -1,4 +1,5 @@
-"""`gastric-fl synth`: write a synthetic SEED- or BOT-layout dataset (FedSAF paper 001, Sec. 4.1, Table 2)."""
+"""`gastric-fl synth`: write a synthetic SEED- or BOT-layout dataset (FedSAF paper 001, Sec. 4.1, Table 2), or
+scikit-learn's bundled digits in the class-folders layout (``--format digits``, the paper's "other datasets")."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ def register(app: typer.Typer) -> None:
         "synth",
         help=(
             "Generate synthetic H&E gastric slides in the SEED or BOT raw layout (see data/README.md and "
-            "docs/synthetic-data.md).\n\n"
+            "docs/synthetic-data.md), or write scikit-learn's bundled digits (real, 1,797 images, 10 classes, "
+            "no download) in the class-folders layout with --format digits.\n\n"
             "Normal slides show regular glands in pink stroma; abnormal slides add carcinoma regions (crowded, "
             "irregular glands with large dark nuclei), marked in the mask (seed) or the SVG annotation (bot).\n\n"
-            "Example: gastric-fl synth --format seed --images 60 --difficulty 0.3 --out data/raw/demo"
+            "Example: gastric-fl synth --format seed --images 60 --difficulty 0.3 --out data/raw/demo\n\n"
+            "Digits: gastric-fl synth --format digits --out data/raw/digits"
         ),
     )
     def synth(
@@ -25,11 +28,14 @@ def register(app: typer.Typer) -> None:
             "seed",
             "--format",
             "-f",
-            help="Raw layout to write: 'seed' (512x512 PNG + <id>_mask.png) or 'bot' (2048x2048 TIFF in "
-            "normal/ and abnormal/, an SVG annotation beside each abnormal slide).",
+            help="Raw layout to write: 'seed' (512x512 PNG + <id>_mask.png), 'bot' (2048x2048 TIFF in "
+            "normal/ and abnormal/, an SVG annotation beside each abnormal slide), or 'digits' (scikit-learn's "
+            "digits as 0/ ... 9/ class folders of 64x64 PNGs).",
             show_default=True,
         ),
-        images: int = typer.Option(40, "--images", "-n", help="Number of slides to write.", show_default=True),
+        images: int | None = typer.Option(
+            None, "--images", "-n", help="Number of slides to write. (default: 40; digits always writes all 1,797)"
+        ),
         out: Path | None = typer.Option(
             None,
             "--out",
@@ -39,13 +45,12 @@ def register(app: typer.Typer) -> None:
             show_default=False,
         ),
         seed: int = typer.Option(0, "--seed", help="Random seed: same seed and options give identical files."),
-        difficulty: float = typer.Option(
-            0.0,
+        difficulty: float | None = typer.Option(
+            None,
             "--difficulty",
             "-d",
             help="0..1. Higher values shrink the carcinoma, soften its atypia and add mild atypia to normal "
-            "slides, so classifiers do not saturate.",
-            show_default=True,
+            "slides, so classifiers do not saturate. (default: 0)",
         ),
         abnormal_fraction: float | None = typer.Option(
             None,
@@ -57,7 +62,7 @@ def register(app: typer.Typer) -> None:
             None,
             "--size",
             help="Slide side in pixels (>= 128); tissue features scale with it. Default: the format's real "
-            "size (seed 512, bot 2048).",
+            "size (seed 512, bot 2048). Digits: image side, a multiple of 8 (default 64).",
             show_default=False,
         ),
         overwrite: bool = typer.Option(
@@ -65,19 +70,37 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Write a synthetic dataset and print where it is and its class counts."""
+        from pipeline.errors import PipelineError
         from pipeline.outputs import Terminated, terminate_as_interrupt
         from pipeline.synth import generate_dataset
 
         fmt = fmt.strip().lower()
-        target = out if out is not None else Path("data/raw") / f"synth_{fmt}"
+        target = out if out is not None else Path("data/raw") / (f"synth_{fmt}" if fmt != "digits" else "digits")
+        if fmt == "digits":
+            given = [
+                flag
+                for flag, value in (
+                    ("--images", images),
+                    ("--difficulty", difficulty),
+                    ("--abnormal-fraction", abnormal_fraction),
+                )
+                if value is not None
+            ]
+            if given:
+                raise PipelineError(
+                    f"{given[0]} does not apply to --format digits (it writes scikit-learn's 1,797 digits as they "
+                    "are); leave it out"
+                )
+            _digits(target, size, overwrite)
+            return
         try:
             with terminate_as_interrupt():  # SIGTERM cleans up like Ctrl-C: no hidden half-written folder
                 summary = generate_dataset(
                     target,
                     fmt,
-                    images,
+                    40 if images is None else images,
                     seed=seed,
-                    difficulty=difficulty,
+                    difficulty=0.0 if difficulty is None else difficulty,
                     abnormal_fraction=abnormal_fraction,
                     size=size,
                     progress=True,
@@ -95,3 +118,25 @@ def register(app: typer.Typer) -> None:
             f"{summary.n_normal} normal, {summary.n_abnormal} abnormal, {len(summary.files)} files"
         )
         typer.echo(f"dataset: {summary.out.resolve()}")
+
+
+def _digits(target: Path, size: int | None, overwrite: bool) -> None:
+    """``synth --format digits``: export scikit-learn's digits and print the counts per class."""
+    from pipeline.digits import DEFAULT_SIZE, export_digits
+    from pipeline.outputs import Terminated, terminate_as_interrupt
+
+    try:
+        with terminate_as_interrupt():
+            summary = export_digits(target, DEFAULT_SIZE if size is None else size, progress=True, overwrite=overwrite)
+    except Terminated as stop:
+        typer.secho(
+            f"error: synth stopped by {stop.name}; nothing was written to {target} (run it again)",
+            fg=typer.colors.RED,
+            err=True,
+        )
+        raise typer.Exit(128 + stop.signum) from None
+    per_class = ", ".join(f"{name}: {count}" for name, count in summary.counts.items())
+    typer.echo(
+        f"wrote {summary.images} scikit-learn digits ({summary.size}x{summary.size} PNG, class folders) - {per_class}"
+    )
+    typer.echo(f"dataset: {summary.out.resolve()}")

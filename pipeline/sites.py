@@ -75,7 +75,7 @@ class SiteProfile:
     def describe(self) -> list[str]:
         """Two short lines for the contact sheet, e.g. ``["hue +8 H 1.20 E 0.85", "light 0.95 blur 0.6 q70"]``."""
         return [
-            f"hue {self.hue:+.0f} H {self.stain_h:.2f} E {self.stain_e:.2f}",
+            f"hue {round(self.hue) or 0:+d} H {self.stain_h:.2f} E {self.stain_e:.2f}",
             f"light {self.brightness:.2f} blur {self.blur:.1f}" + (f" q{self.jpeg}" if self.jpeg else ""),
         ]
 

@@ -236,7 +236,8 @@ def _previous_output(out: Path) -> bool:
     return present <= expected
 
 
-def _prepare_out(out: Path, overwrite: bool) -> None:
+def prepare_out(out: Path, overwrite: bool) -> None:
+    """Check ``out`` before writing: new, empty, or a previous synth output (replaced only with ``overwrite``)."""
     if out.exists() and not out.is_dir():
         raise PipelineError(f"output {out} is a file, not a directory: pass a new or empty directory to --out")
     if out.is_dir() and any(out.iterdir()):
@@ -309,7 +310,7 @@ def _generate_claimed(
 ) -> SynthSummary:
     """`generate_dataset` once ``out`` is locked: check it, render into a temporary folder, swap into place."""
     fmt, images = spec.name, len(plans)
-    _prepare_out(out, overwrite)
+    prepare_out(out, overwrite)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -351,7 +352,7 @@ def _generate_claimed(
             "files": files,
         }
         (tmp / MARKER).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
-        _swap_into_place(tmp, out)
+        swap_into_place(tmp, out)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise PipelineError(
@@ -370,7 +371,7 @@ def _generate_claimed(
     )
 
 
-def _swap_into_place(tmp: Path, out: Path) -> None:
+def swap_into_place(tmp: Path, out: Path) -> None:
     """Rename the finished temporary folder to ``out``, moving a previous synth output aside first."""
     if out.is_dir():
         old = out.parent / f".{out.name}.old-{os.getpid()}"
