@@ -12,7 +12,16 @@ import sys
 
 import typer
 
-from app import cmd_ablate, cmd_dashboard, cmd_predict, cmd_prepare, cmd_report, cmd_synth, cmd_train
+from app import (
+    cmd_ablate,
+    cmd_dashboard,
+    cmd_federation,
+    cmd_predict,
+    cmd_prepare,
+    cmd_report,
+    cmd_synth,
+    cmd_train,
+)
 
 app = typer.Typer(
     name="gastric-fl",
@@ -26,7 +35,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for _module in (cmd_synth, cmd_prepare, cmd_train, cmd_ablate, cmd_report, cmd_predict, cmd_dashboard):
+for _module in (cmd_synth, cmd_prepare, cmd_train, cmd_ablate, cmd_report, cmd_predict, cmd_dashboard, cmd_federation):
     _module.register(app)
 
 

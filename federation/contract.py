@@ -89,6 +89,7 @@ class TrainReply:
     ``metrics`` holds at least ``train_loss``; ``fisher_trace`` when the recipe asked for it.
     ``second_moments``: per shared *parameter*, Adam's bias-corrected ``v_hat`` when the recipe asked for it
     (paper 004); a per-tensor statistic a method needs by design, counted as traffic.
+    ``evaluation``: the test metrics of the model as trained, when the task asked for them (``TrainTask.evaluate``).
     """
 
     client: int
@@ -97,6 +98,7 @@ class TrainReply:
     metrics: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
     second_moments: TensorDict = field(default_factory=dict)
+    evaluation: EvaluateReply | None = None
 
 
 class Strategy(Protocol):
@@ -107,6 +109,9 @@ class Strategy(Protocol):
     part and evaluates base + its own head on its own test split (what a hospital would deploy after the round).
     ``aggregate_train`` returns a JSON-serialisable record for ``aggregation.jsonl`` (e.g. the AMP matrix
     ``xi`` and Fisher weights ``gamma``); an empty dict when there is nothing to log.
+    A strategy whose ``configure_evaluate`` always keeps each hospital's own model may say so with a class
+    attribute ``evaluates_own = True``: the engine then asks for the evaluation with the training (one message
+    per round instead of two) and calls ``configure_evaluate`` only for hospitals whose training failed.
     ``state_tensors``/``load_state_tensors`` and ``state_json``/``load_state_json`` make the strategy's
     cross-round state checkpointable as safetensors + JSON (never pickle).
     """
@@ -175,6 +180,9 @@ class TrainTask:
     """Server -> one hospital: train round ``server_round`` as ``instruction`` says, drawing randomness from ``seed``.
 
     ``shared_keys``: the ``state_dict`` keys of the shared part, i.e. what the hospital loads and uploads.
+    ``evaluate``: right after training, also evaluate the model as trained (what the strategy deploys when it
+    keeps each hospital's own model, ``Strategy.evaluates_own``) and put the result in ``TrainReply.evaluation``;
+    it saves a second message per round, which on a deployment costs as much as the training.
     """
 
     run_id: str
@@ -182,6 +190,7 @@ class TrainTask:
     seed: int
     shared_keys: list[str]
     instruction: TrainInstruction
+    evaluate: bool = False
 
 
 @dataclass
@@ -207,7 +216,12 @@ class EvaluateReply:
 
 @dataclass(frozen=True)
 class Failure:
-    """A hospital could not do what it was asked (or did not answer): the reason, in one line, no data."""
+    """A hospital could not do what it was asked (or did not answer): the reason, in one line, no data.
+
+    ``silent``: no answer came at all (the transport timed out), so the hospital is probably down: the engine
+    does not wait for it again in the same round.
+    """
 
     client: int
     reason: str
+    silent: bool = False

@@ -22,7 +22,9 @@ from federation.engine.codec import Envelope
 
 AUDIT_FILE = "messages.jsonl"
 # Header fields a hospital may send: identity, counts, scalar metrics, timing, and a failure's one-line reason.
-REPLY_FIELDS = frozenset({"kind", "client", "num_train", "num_test", "num_examples", "metrics", "seconds", "reason"})
+REPLY_FIELDS = frozenset(
+    {"kind", "client", "num_train", "num_test", "num_examples", "metrics", "seconds", "reason", "silent", "evaluation"}
+)
 
 
 def describe(direction: str, envelope: Envelope) -> dict[str, Any]:
@@ -73,7 +75,7 @@ def check_message(line: Mapping[str, Any], shared_keys: Sequence[str]) -> list[s
 
     Tensors: only ``shared/<key>`` (and ``second_moment/<key>``, paper 004) for a shared key, all finite.
     Header: only ``REPLY_FIELDS``, whose values are integers, finite floats, ``null`` (an undefined metric) or,
-    for ``kind`` and a failure's ``reason``, text.
+    for ``kind`` and a failure's ``reason``, text (``silent``: a boolean).
     """
     problems: list[str] = []
     shared = set(shared_keys)
@@ -87,6 +89,10 @@ def check_message(line: Mapping[str, Any], shared_keys: Sequence[str]) -> list[s
     for key, value in header.items():
         if key not in REPLY_FIELDS:
             problems.append(f"header field {key} may not leave a hospital")
+            continue
+        if key == "silent":
+            if not isinstance(value, bool):
+                problems.append("silent is not true or false")
             continue
         if key in ("kind", "reason"):
             if not isinstance(value, str) or (key == "reason" and ("\n" in value or len(value) > 500)):

@@ -81,6 +81,7 @@ def encode(message: Message) -> Envelope:
             "has_shared": instruction.shared is not None,
             "has_centre": centre is not None,
             "centre_is_shared": centre_is_shared,
+            "evaluate": message.evaluate,
         }
         tensors = _prefixed(SHARED, instruction.shared)
         if centre is not None and not centre_is_shared:
@@ -93,6 +94,7 @@ def encode(message: Message) -> Envelope:
             "num_examples": message.num_examples,
             "metrics": {k: _scalar(v) for k, v in message.metrics.items()},
             "seconds": message.seconds,
+            "evaluation": None if message.evaluation is None else _evaluation_header(message.evaluation),
         }
         return header, {**_prefixed(SHARED, message.shared), **_prefixed(SECOND_MOMENT, message.second_moments)}
     if isinstance(message, EvaluateTask):
@@ -106,17 +108,28 @@ def encode(message: Message) -> Envelope:
         }
         return header, _prefixed(SHARED, message.shared)
     if isinstance(message, EvaluateReply):
-        header = {
-            "kind": "evaluate_reply",
-            "client": message.client,
-            "num_examples": message.num_examples,
-            "metrics": {k: _scalar(v) for k, v in message.metrics.items()},
-            "seconds": message.seconds,
-        }
-        return header, {}
+        return {"kind": "evaluate_reply", **_evaluation_header(message)}, {}
     if isinstance(message, Failure):
-        return {"kind": "failure", "client": message.client, "reason": message.reason}, {}
+        return {"kind": "failure", "client": message.client, "reason": message.reason, "silent": message.silent}, {}
     raise TypeError(f"not a boundary message: {type(message).__name__}")
+
+
+def _evaluation_header(reply: EvaluateReply) -> dict[str, Any]:
+    return {
+        "client": reply.client,
+        "num_examples": reply.num_examples,
+        "metrics": {k: _scalar(v) for k, v in reply.metrics.items()},
+        "seconds": reply.seconds,
+    }
+
+
+def _evaluation(header: Mapping[str, Any]) -> EvaluateReply:
+    return EvaluateReply(
+        int(header["client"]),
+        int(header["num_examples"]),
+        {k: None if v is None else float(v) for k, v in header["metrics"].items()},
+        float(header["seconds"]),
+    )
 
 
 def decode(envelope: Envelope) -> Message:
@@ -142,6 +155,7 @@ def decode(envelope: Envelope) -> Message:
                 int(header["seed"]),
                 list(header["shared_keys"]),
                 instruction,
+                bool(header.get("evaluate", False)),
             )
         if kind == "train_reply":
             metrics = {k: float("nan") if v is None else float(v) for k, v in header["metrics"].items()}
@@ -152,6 +166,7 @@ def decode(envelope: Envelope) -> Message:
                 metrics,
                 float(header["seconds"]),
                 _unprefixed(SECOND_MOMENT, tensors),
+                None if header.get("evaluation") is None else _evaluation(header["evaluation"]),
             )
         if kind == "evaluate":
             return EvaluateTask(
@@ -162,14 +177,9 @@ def decode(envelope: Envelope) -> Message:
                 _unprefixed(SHARED, tensors) if header["has_shared"] else None,
             )
         if kind == "evaluate_reply":
-            return EvaluateReply(
-                int(header["client"]),
-                int(header["num_examples"]),
-                {k: None if v is None else float(v) for k, v in header["metrics"].items()},
-                float(header["seconds"]),
-            )
+            return _evaluation(header)
         if kind == "failure":
-            return Failure(int(header["client"]), str(header["reason"]))
+            return Failure(int(header["client"]), str(header["reason"]), bool(header.get("silent", False)))
     except (KeyError, TypeError, ValueError) as exc:
         raise FederationError(f"malformed {kind!r} message: {exc!r}") from exc
     raise FederationError(f"unknown message kind {kind!r}")

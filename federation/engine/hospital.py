@@ -11,6 +11,7 @@ test loss, accuracy and AUC. Everything else stays in the hospital's own folder:
   checkpoints/round_XXXX.safetensors   its whole model (head included) after each round, for resume
   predictions.csv          per-tile probabilities of its latest evaluation (client, path, label, prob, round)
   model.safetensors        the model it would deploy: base as of the latest round + its own head
+  model.json               that model's card (architecture, preprocessing, threshold, metrics: docs/inference.md)
 ```
 
 In the in-process engine the folder is ``<run>/hospitals/client_XX/``; in a deployment it is on the hospital's
@@ -30,6 +31,7 @@ import hashlib
 import os
 import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,7 +63,7 @@ CHECKPOINT_DIR = "checkpoints"
 MODEL_FILE = "model.safetensors"
 HOSPITALS_DIR = "hospitals"
 # Files and folders a hospital writes into its folder: the only ones it ever replaces or removes.
-OWN_ENTRIES = (HOSPITAL_FILE, CHECKPOINT_DIR, PREDICTIONS_FILE, MODEL_FILE)
+OWN_ENTRIES = (HOSPITAL_FILE, CHECKPOINT_DIR, PREDICTIONS_FILE, MODEL_FILE, "model.json")
 TRAINED, EVALUATED = 1, 2  # stages of a round's checkpoint
 
 
@@ -208,7 +210,8 @@ class Hospital:
         reply = client.train(task.instruction, task.server_round, task.seed)
         seconds = time.perf_counter() - start
         self._save(loaded, task.server_round, TRAINED)
-        return dataclasses.replace(reply, seconds=seconds)
+        evaluation = self._evaluate(loaded, client, task.server_round, None) if task.evaluate else None
+        return dataclasses.replace(reply, seconds=seconds, evaluation=evaluation)
 
     def evaluate(self, task: EvaluateTask) -> EvaluateReply:
         if task.client != self.site.client:
@@ -216,22 +219,28 @@ class Hospital:
         loaded = self._load(task.run_id)
         self._restore(loaded, task.server_round, inclusive=True)
         client = self._client(loaded, task.shared_keys)
+        return self._evaluate(loaded, client, task.server_round, task.shared)
+
+    def _evaluate(
+        self, loaded: _Loaded, client: Client, server_round: int, shared: Mapping[str, torch.Tensor] | None
+    ) -> EvaluateReply:
+        """Load ``shared`` (``None``: keep the model), evaluate, keep the predictions, checkpoint and export."""
         start = time.perf_counter()
         loaded.at = None
-        client.load_shared(task.shared)
+        client.load_shared(shared)
         result = client.evaluate()
         seconds = time.perf_counter() - start
-        folder = self.site.folder(task.run_id)
+        folder = self.site.folder(loaded.run_id)
         data = loaded.data
         write_predictions(
             folder / PREDICTIONS_FILE,
             (
-                [data.client, path, LABELS[int(label)], f"{prob:.17g}", task.server_round]
+                [data.client, path, LABELS[int(label)], f"{prob:.17g}", server_round]
                 for path, label, prob in zip(data.test_paths, data.test_y, result.prob_abnormal, strict=True)
             ),
         )
-        self._save(loaded, task.server_round, EVALUATED)
-        self._export(loaded, task.server_round)
+        self._save(loaded, server_round, EVALUATED)
+        self._export(loaded, server_round)
         metrics: dict[str, float | None] = {"loss": result.loss, "acc": result.acc, "auc": result.auc}
         return EvaluateReply(data.client, data.num_test, metrics, seconds)
 

@@ -413,18 +413,25 @@ class Engine:
         start = time.perf_counter()
         instructions = self.strategy.configure_train(server_round, self.clients)
         sent = {c: count_values(i) for c, i in instructions.items()}
+        # a strategy that deploys each hospital's own model gets the evaluation with the training: one message
+        fused = bool(getattr(self.strategy, "evaluates_own", False))
         tasks = {
-            c: TrainTask(self.run_id, server_round, derive_seed(config.run.seed, server_round, c), self.shared_keys, i)
+            c: TrainTask(
+                self.run_id, server_round, derive_seed(config.run.seed, server_round, c), self.shared_keys, i, fused
+            )
             for c, i in instructions.items()
         }
         left_out: dict[str, str] = {}
         trained: dict[int, TrainReply] = {}
+        silent: set[int] = set()  # no answer at all: probably down, not asked again this round
         for c, reply in pool.exchange(tasks).items():
             reason = self._train_problem(reply)
             if reason is None and isinstance(reply, TrainReply):
                 trained[c] = reply
             else:
                 left_out[str(c)] = reason or "unexpected reply"
+                if isinstance(reply, Failure) and reply.silent:
+                    silent.add(c)
         if instructions and not trained:
             reasons = "; ".join(f"hospital {c}: {r}" for c, r in left_out.items())
             if all(_diverged(r) for r in left_out.values()):
@@ -441,12 +448,13 @@ class Engine:
             )
         received = {c: count_reply_values(t) for c, t in trained.items()}
         record = self.strategy.aggregate_train(server_round, trained)
-        shared = self.strategy.configure_evaluate(server_round, self.clients)
-        eval_tasks = {
-            c: EvaluateTask(self.run_id, server_round, c, self.shared_keys, shared.get(c)) for c in self.clients
+        evaluated: dict[int, EvaluateReply] = {
+            c: t.evaluation for c, t in trained.items() if fused and t.evaluation is not None
         }
-        evaluated: dict[int, EvaluateReply] = {}
-        for c, reply in pool.exchange(eval_tasks).items():
+        pending = [c for c in self.clients if c not in evaluated and c not in silent]
+        shared = self.strategy.configure_evaluate(server_round, pending) if pending else {}
+        eval_tasks = {c: EvaluateTask(self.run_id, server_round, c, self.shared_keys, shared.get(c)) for c in pending}
+        for c, reply in (pool.exchange(eval_tasks) if eval_tasks else {}).items():
             if isinstance(reply, EvaluateReply):
                 evaluated[c] = reply
             else:

@@ -68,7 +68,7 @@ class Pool:
             if c in raw:
                 out[c] = self._receive(raw[c])
             else:
-                out[c] = Failure(c, "no answer")
+                out[c] = Failure(c, "no answer", silent=True)
         return out
 
     def close(self) -> None:

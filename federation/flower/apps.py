@@ -99,8 +99,10 @@ class FlowerPool(Pool):
             time.sleep(1.0)
 
     def _exchange_nodes(self, envelopes: Mapping[int, Envelope], timeout: float) -> dict[int, Message]:
+        # A message lives as long as the server waits for it: a hospital that comes back later must not act on a
+        # round that is over (Flower's default TTL is 12 h).
         messages = [
-            Message(to_record(e), dst_node_id=node, message_type=MESSAGE_TYPES[str(e[0]["kind"])])
+            Message(to_record(e), dst_node_id=node, message_type=MESSAGE_TYPES[str(e[0]["kind"])], ttl=timeout)
             for node, e in envelopes.items()
         ]
         replies = self.grid.send_and_receive(messages, timeout=timeout)
@@ -134,7 +136,7 @@ class FlowerPool(Pool):
         for c in envelopes:
             node = self.node_of.get(c)
             if node is None or node not in replies:
-                out[c] = encode(Failure(c, f"no answer within {self.round_timeout:g} s"))
+                out[c] = encode(Failure(c, f"no answer within {self.round_timeout:g} s", silent=True))
             else:
                 out[client_of[node]] = self._reply_envelope(c, replies[node])
         return out
@@ -230,6 +232,7 @@ def server_app() -> ServerApp:
         config = config_from_text(str(settings["config-toml"]), "the submitted run configuration")
         run_dir = Path(str(settings["run-dir"]))
         engine = Engine(config, run_dir, progress=False)
+        engine.dataset_sha256 = str(settings.get("dataset-sha256", "")) or None
         engine_main(
             engine,
             hospitals=int(settings["hospitals"]),

@@ -69,7 +69,7 @@ def run_demo(
         began = time.monotonic()
         with LocalDeployment(kit, nodes, workdir=work / "deployment") as deployment:
             startup = time.monotonic() - began
-            values = run_config(config, run_dir, hospitals=len(sites), resume=resume, overwrite=overwrite)
+            values = run_config(config, run_dir, hospitals=len(sites), resume=resume, overwrite=overwrite, sites=sites)
             if during is not None:
                 threading.Thread(target=during, args=(deployment,), daemon=True).start()
             summary = submit_and_follow(deployment.cli, config, run_dir, values, work, progress=progress)

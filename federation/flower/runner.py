@@ -28,7 +28,7 @@ from typing import Any
 from tqdm import tqdm
 
 from federation.config import RunConfig, config_to_toml
-from federation.engine.hospital import HOSPITALS_DIR, Site
+from federation.engine.hospital import HOSPITALS_DIR, Site, manifest_sha256
 from federation.engine.loop import RunStopped
 from federation.errors import FederationError
 from federation.flower.processes import (
@@ -106,6 +106,8 @@ def run_config(
         "hospitals": hospitals,
     }
     if sites:
+        values["dataset-sha256"] = manifest_sha256(Path(sites[0].dataset))
+    if sites and config.run.engine == "flower-sim":
         values["sim-data-path"] = str(Path(sites[0].dataset).resolve())
         values["sim-clients"] = ",".join(str(s.client) for s in sites)
         values["sim-hospitals-dir"] = str((run_dir / HOSPITALS_DIR).resolve())

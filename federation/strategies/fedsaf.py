@@ -95,7 +95,10 @@ class AttentiveStrategy:
     """AMP aggregation with optional Fisher reweighting and model splitting: FedSAF, or FedAMP with both off.
 
     Cross-round state: each participating client's centre (``p_i`` or ``u_i``) for the next round.
+    A hospital deploys its own trained model, so its evaluation comes with its training (``evaluates_own``).
     """
+
+    evaluates_own = True
 
     def __init__(
         self,

@@ -20,6 +20,7 @@ class Separate:
     """Local training only; the strategy has no cross-round state."""
 
     name = "separate"
+    evaluates_own = True  # each hospital's own model is what it deploys: evaluated with its training
 
     def __init__(self, config: RunConfig) -> None:
         self.recipe = recipe_from_config(config)

@@ -1,0 +1,173 @@
+"""`gastric-fl federation`: run the federation across the hospitals' own machines (Flower; docs/deployment.md).
+
+* ``init``: the deployment kit: a CA, the SuperLink's certificate, one key pair and a hand-over bundle per hospital;
+* ``server``: the SuperLink (TLS, only registered hospitals admitted), the hospitals' public keys registered;
+* ``hospital``: one hospital's SuperNode, serving its prepared dataset from its own machine;
+* ``demo``: all of it on 127.0.0.1 for one run, then torn down.
+
+A run is submitted with ``gastric-fl train --engine flower --superlink HOST:PORT --kit KIT`` (``federation.flower``).
+Every process is started in its own process group and stopped by it when the command ends, fails or is
+interrupted (Ctrl-C, SIGTERM).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+
+federation_app = typer.Typer(
+    name="federation",
+    help="Deploy the federation on the hospitals' own machines (Flower SuperLink + one SuperNode per hospital).",
+    no_args_is_help=True,
+)
+
+
+@federation_app.command("init")
+def init(
+    out: Path = typer.Option(..., "--out", help="Kit folder to create (secret keys inside: keep it safe)."),
+    hospitals: int = typer.Option(0, "--hospitals", help="Number of hospitals, named client_00, client_01, ..."),
+    names: list[str] = typer.Option([], "--name", help="A hospital's name instead of --hospitals (repeatable)."),
+    host: str = typer.Option("localhost", "--host", help="The SuperLink's host name or IP as hospitals dial it."),
+    port: int = typer.Option(8000, "--port", help="The SuperLink's port (Fleet, Control and runtime APIs)."),
+    also: list[str] = typer.Option([], "--also", help="Another name or IP for the server certificate (repeatable)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a kit this command made earlier."),
+    add: str | None = typer.Option(None, "--add", help="Add one hospital to the existing kit --out instead."),
+) -> None:
+    """Make the deployment kit: CA, server certificate, and per hospital a key pair and a hand-over bundle."""
+    from federation.errors import FederationError
+    from federation.flower.kit import add_hospital, default_hospital_names, init_kit
+
+    if add is not None:
+        bundle = add_hospital(out, add)
+        typer.echo(f"added {bundle.name} (index {bundle.index}): hand over {bundle.folder}")
+        typer.echo(f"then register it: gastric-fl federation server --kit {out} registers every kit hospital")
+        return
+    if names and hospitals:
+        raise FederationError("give either --hospitals N or --name NAME ..., not both")
+    kit = init_kit(
+        out,
+        list(names) or default_hospital_names(hospitals),
+        host=host,
+        port=port,
+        extra_names=also,
+        overwrite=overwrite,
+    )
+    typer.echo(f"kit {kit.root}: SuperLink {kit.superlink}")
+    typer.echo(f"  server machine: keep {kit.server_dir} (server.key is secret)")
+    for bundle in kit.hospitals:
+        typer.echo(f"  {bundle.name}: hand over {bundle.folder} (supernode.key is secret)")
+    typer.echo(f"  {kit.ca_key} signs certificates: keep it offline")
+
+
+@federation_app.command("server")
+def server(
+    kit: Path = typer.Option(..., "--kit", help="Kit folder (gastric-fl federation init)."),
+    state: Path = typer.Option(
+        Path("data/federation/server"), "--state", help="Where the SuperLink keeps its database and logs."
+    ),
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on (0.0.0.0: every interface)."),
+    port: int | None = typer.Option(None, "--port", help="Port (default: the kit's)."),
+) -> None:
+    """Run the SuperLink with TLS and SuperNode authentication until Ctrl-C; the kit's hospitals are registered."""
+    from federation.errors import FederationError
+    from federation.flower.kit import Kit
+    from federation.flower.processes import FlwrCli, SuperLink, register_hospitals
+
+    loaded = Kit.load(kit)
+    state = state.resolve()
+    link = SuperLink.from_kit(loaded, state, host=host, port=port or loaded.port)
+    with link:
+        cli = FlwrCli(state / "flwr-cli", link.address, loaded.ca_cert)
+        ids = register_hospitals(cli, loaded, state / "registered.json")
+        typer.echo(f"SuperLink on {host}:{link.port} (TLS; only registered hospitals admitted); log {link.log_path}")
+        for name, node_id in ids.items():
+            typer.echo(f"  registered {name} as node {node_id}")
+        typer.echo(
+            f"submit a run: gastric-fl train --engine flower --superlink {link.address} --kit {kit} "
+            f"--set flower.hospitals={len(ids)} ..."
+        )
+        while link.alive():
+            time.sleep(1.0)
+        raise FederationError(f"the SuperLink stopped; last lines of {link.log_path}:\n{link.log_tail()}")
+
+
+@federation_app.command("hospital")
+def hospital(
+    data: Path = typer.Option(..., "--data", help="This hospital's prepared dataset (gastric-fl prepare)."),
+    bundle: Path = typer.Option(..., "--bundle", help="This hospital's hand-over folder from the kit."),
+    client: int | None = typer.Option(
+        None, "--client", help="Which client of --data is this hospital (default: the only one, or its kit index)."
+    ),
+    state: Path = typer.Option(
+        Path("data/federation/hospital"), "--state", help="Where this hospital keeps one folder per run."
+    ),
+    superlink: str | None = typer.Option(None, "--superlink", help="HOST:PORT (default: the bundle's)."),
+) -> None:
+    """Run this hospital's SuperNode until Ctrl-C: its tiles, labels and head never leave this machine."""
+    from federation.data import check_clients, manifest_clients, read_manifest
+    from federation.errors import FederationError
+    from federation.flower.kit import load_bundle
+    from federation.flower.processes import SuperNode
+
+    loaded = load_bundle(bundle)
+    rows = read_manifest(data)
+    present = manifest_clients(rows)
+    chosen = client if client is not None else present[0] if len(present) == 1 else loaded.index
+    check_clients(data, rows, [chosen])
+    state = state.resolve()
+    node_config: dict[str, str | int] = {
+        "partition-id": loaded.index,
+        "client": chosen,
+        "data-path": str(data.resolve()),
+        "hospital-dir": str(state / "runs"),
+    }
+    node = SuperNode.from_bundle(loaded, node_config, state / "supernode", superlink=superlink)
+    with node:
+        typer.echo(
+            f"{loaded.name}: SuperNode for client {chosen} of {data}, dialing {superlink or loaded.superlink}; "
+            f"runs kept in {state / 'runs'}; log {node.log_path}"
+        )
+        while node.alive():
+            time.sleep(1.0)
+        raise FederationError(f"the SuperNode stopped; last lines of {node.log_path}:\n{node.log_tail()}")
+
+
+@federation_app.command("demo")
+def demo(
+    data: Path = typer.Option(..., "--data", help="A prepared dataset: one SuperNode per hospital in it."),
+    out: Path = typer.Option(..., "--out", help="Run directory to create (as gastric-fl train --out)."),
+    rounds: int | None = typer.Option(None, "--rounds", help="Rounds (overrides run.rounds)."),
+    config: Path | None = typer.Option(None, "--config", "-c", help="TOML preset (defaults for what it leaves out)."),
+    overrides: list[str] = typer.Option([], "--set", help="Override one setting (repeatable), as in train."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it holds a run."),
+    keep: bool = typer.Option(False, "--keep", help="Keep the kit and the logs beside the run (<out>.deployment)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """The whole deployment on 127.0.0.1 (TLS, SuperNode authentication), one run, then everything torn down."""
+    from federation.config import load_config
+    from federation.engine import RunStopped
+    from federation.flower.demo import run_demo
+
+    extra = [*overrides, "run.engine=flower"] + ([f"run.rounds={rounds}"] if rounds is not None else [])
+    cfg = load_config(config, extra, data)
+    typer.echo(f"run directory: {out}", err=True)
+    try:
+        summary = run_demo(cfg, out, overwrite=overwrite, progress=not quiet, keep=keep)
+    except RunStopped as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(130) from exc
+    timings = summary.get("deployment_timings", {})
+    final = summary.get("final") or {}
+    typer.echo(
+        f"deployment up in {timings.get('startup', 0):.1f} s (SuperLink {timings.get('superlink_healthy', 0):.1f} s, "
+        f"SuperNodes online {timings.get('supernodes_online', 0):.1f} s); {summary.get('rounds_done')} rounds, "
+        f"{summary.get('seconds_per_round', 0):.1f} s per round; averaged test accuracy "
+        f"{final.get('avg_test_acc', 0):.4f}; see {out} (gastric-fl report {out})"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `federation` command group to `app`."""
+    app.add_typer(federation_app, name="federation")
