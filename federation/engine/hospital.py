@@ -133,6 +133,9 @@ class Hospital:
             raise FederationError(f"a hospital does not answer {type(message).__name__} messages")
         except (FederationError, ModelError) as exc:
             return Failure(self.site.client, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        except OSError as exc:  # its folder is full, read-only, gone: this hospital cannot take part now
+            where = exc.filename if exc.filename is not None else self.site.root
+            return Failure(self.site.client, f"hospital {self.site.client} cannot write {where}: {exc.strerror or exc}")
 
     # -- hello ---------------------------------------------------------------------------------------------------
     def hello(self, message: Hello) -> HelloReply:

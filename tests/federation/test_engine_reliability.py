@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -14,7 +15,8 @@ from fl_tiny_dataset import TINY_SETTINGS, make_dataset
 
 from app.dashboard import jobs
 from federation import processes
-from federation.config import RunConfig, load_config
+from federation.config import RunConfig, config_to_toml, load_config
+from federation.contract import Failure, Hello
 from federation.engine import train
 from federation.engine.hospital import Hospital, Site
 from federation.errors import FederationError
@@ -195,3 +197,20 @@ def test_a_second_ablate_into_the_same_folder_is_refused(
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert "a part of the path is a file, not a folder: choose another --out" in err.strip().splitlines()[-1]
+
+
+def test_a_hospital_that_cannot_write_its_folder_answers_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk at a hospital (its checkpoint write fails) is a one-line Failure, not a traceback."""
+    dataset = make_dataset(tmp_path / "d")
+    hospital = Hospital(Site(dataset, 0, tmp_path / "h0"))
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "h0" / "hospital.json"))
+
+    monkeypatch.setattr("federation.engine.hospital.write_json", full)
+    config = load_config(None, [*TINY_SETTINGS], data=dataset)
+    reply = hospital.handle(Hello("run", config_to_toml(config)))
+    assert isinstance(reply, Failure)
+    assert reply.reason == f"hospital 0 cannot write {tmp_path / 'h0' / 'hospital.json'}: No space left on device"
