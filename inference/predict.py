@@ -29,7 +29,6 @@ import csv
 import io
 import json
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -43,7 +42,7 @@ from tqdm import tqdm
 
 from inference.heatmap import COLORMAP, coverage_maps, render_overlay
 from inference.slides import Slide, SlideFile, find_slides, read_slide
-from models.bundle import Bundle, BundleError, ModelCard, load_bundle
+from models.bundle import Bundle, BundleError, ModelCard, decision_counts, load_bundle, write_atomic
 from pipeline.errors import PipelineError
 from pipeline.images import RGBImage, encode_png
 from pipeline.outputs import OutputError, claim_output, os_error_message, owned_by, write_marker
@@ -183,10 +182,6 @@ def tile_truth(
     return truth
 
 
-def _ratio(num: int, den: int) -> float | None:
-    return num / den if den else None
-
-
 def summarise(
     tiles: SlideTiles, card: ModelCard, threshold: float, top_k: int, shape: tuple[int, int]
 ) -> dict[str, Any]:
@@ -208,33 +203,15 @@ def summarise(
         "tissue_area_px": int(covered.sum()),
     }
     if tiles.truth is not None:
-        called_tile = prob >= threshold
         pos, neg = tiles.truth == 1, tiles.truth == 0
-        tp, fn = int((called_tile & pos).sum()), int((~called_tile & pos).sum())
-        tn, fp = int((~called_tile & neg).sum()), int((called_tile & neg).sum())
         out["ground_truth"] = {
             "rule": "abnormal: prepare would keep it as an abnormal tile; normal: no annotated pixel; else unlabelled",
             "abnormal_tiles": int(pos.sum()),
             "normal_tiles": int(neg.sum()),
             "unlabelled_tiles": int((tiles.truth == -1).sum()),
-            "tp": tp,
-            "fn": fn,
-            "tn": tn,
-            "fp": fp,
-            "sensitivity": _ratio(tp, tp + fn),
-            "specificity": _ratio(tn, tn + fp),
+            **decision_counts(prob, pos, neg, threshold),
         }
     return out
-
-
-def _write_atomic(path: Path, payload: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(payload)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _tiles_csv(tiles: SlideTiles) -> bytes:
@@ -329,9 +306,9 @@ def predict_slide(
     summary["seconds"] = round(time.perf_counter() - started, 3)
     folder = out / slide.file.name
     folder.mkdir(parents=True, exist_ok=True)
-    _write_atomic(folder / "tiles.csv", _tiles_csv(tiles))
-    _write_atomic(folder / "overlay.png", encode_png(overlay))
-    _write_atomic(folder / "summary.json", (json.dumps(summary, indent=2, allow_nan=False) + "\n").encode())
+    write_atomic(folder / "tiles.csv", _tiles_csv(tiles))
+    write_atomic(folder / "overlay.png", encode_png(overlay))
+    write_atomic(folder / "summary.json", (json.dumps(summary, indent=2, allow_nan=False) + "\n").encode())
     return SlideResult(file=slide.file, summary=summary, folder=folder)
 
 
@@ -420,7 +397,7 @@ def predict(
                     results.append(SlideResult(file=file, problem=str(exc)))
                     if warn is not None:
                         warn(str(exc))
-            _write_atomic(out / "summary.csv", _summary_csv(results))
+            write_atomic(out / "summary.csv", _summary_csv(results))
     except OSError as exc:
         raise OutputError(os_error_message(exc, out)) from None
     failed = [r for r in results if r.problem is not None]

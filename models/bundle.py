@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
@@ -39,6 +41,29 @@ WEIGHTS_FILE = "model.safetensors"
 CARD_FORMAT = "gastric-fl model card"
 CARD_VERSION = 1
 DEFAULT_THRESHOLD = 0.5
+
+
+def decision_counts(
+    probability: npt.NDArray[np.float64],
+    positive: npt.NDArray[np.bool_],
+    negative: npt.NDArray[np.bool_],
+    threshold: float,
+) -> dict[str, Any]:
+    """The card's decision rule (``P(abnormal) >= threshold`` calls a tile abnormal) against known labels.
+
+    ``tp``, ``fn``, ``tn``, ``fp`` and sensitivity, specificity; a rate whose class has no tile is ``None``.
+    """
+    called = probability >= threshold
+    tp, fn = int((called & positive).sum()), int((~called & positive).sum())
+    tn, fp = int((~called & negative).sum()), int((called & negative).sum())
+    return {
+        "tp": tp,
+        "fn": fn,
+        "tn": tn,
+        "fp": fp,
+        "sensitivity": tp / (tp + fn) if tp + fn else None,
+        "specificity": tn / (tn + fp) if tn + fp else None,
+    }
 
 
 class BundleError(ModelError):
@@ -189,7 +214,8 @@ class Bundle:
     model: nn.Module
 
 
-def _atomic_write(path: Path, payload: bytes) -> None:
+def write_atomic(path: Path, payload: bytes) -> None:
+    """Write ``payload`` to ``path`` through a temporary file in the same folder, so a reader sees all or nothing."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         tmp.write_bytes(payload)
@@ -217,7 +243,7 @@ def write_bundle(folder: Path, card: ModelCard, state: dict[str, torch.Tensor] |
             tmp.unlink(missing_ok=True)
             raise
     path = folder / CARD_FILE
-    _atomic_write(path, (json.dumps(card.to_json(), indent=2, allow_nan=False) + "\n").encode("utf-8"))
+    write_atomic(path, (json.dumps(card.to_json(), indent=2, allow_nan=False) + "\n").encode("utf-8"))
     return path
 
 

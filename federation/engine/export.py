@@ -30,7 +30,7 @@ from federation.data import LABELS
 from federation.runs import now_iso
 from federation.strategies import default_nhead
 from models import split_units
-from models.bundle import DEFAULT_THRESHOLD, ModelCard, TileGrid
+from models.bundle import DEFAULT_THRESHOLD, ModelCard, TileGrid, decision_counts
 from models.preprocess import Preprocess
 
 PREPARE_FILE = "prepare.json"
@@ -61,7 +61,7 @@ def card_metrics(predictions: Path, threshold: float = DEFAULT_THRESHOLD) -> dic
     y, p = np.asarray(labels, dtype=np.int64), np.asarray(probs, dtype=np.float64)
     finite = bool(np.isfinite(p).all()) and len(p) > 0
     positive, negative = y == 1, y == 0
-    called = p >= threshold
+    rule = decision_counts(p, positive, negative, threshold)
 
     def ratio(num: int, den: int) -> float | None:
         return num / den if den and finite else None
@@ -74,8 +74,8 @@ def card_metrics(predictions: Path, threshold: float = DEFAULT_THRESHOLD) -> dic
         "normal": int(negative.sum()),
         "acc": ratio(int(((p > 0.5) == positive).sum()), len(y)),
         "auc": None if auc is None or not math.isfinite(auc) else auc,
-        "sensitivity": ratio(int((called & positive).sum()), int(positive.sum())),
-        "specificity": ratio(int((~called & negative).sum()), int(negative.sum())),
+        "sensitivity": rule["sensitivity"] if finite else None,
+        "specificity": rule["specificity"] if finite else None,
     }
 
 
