@@ -15,9 +15,6 @@ resizes nothing. Nothing is random: the same scikit-learn data give the same byt
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +24,7 @@ from tqdm import tqdm
 
 from pipeline.errors import PipelineError
 from pipeline.outputs import OutputError, claim_output
-from pipeline.synth import GENERATOR, MARKER, SCHEMA_VERSION, prepare_out, swap_into_place
+from pipeline.synth import GENERATOR, SCHEMA_VERSION, publish, staging_folder
 
 DEFAULT_SIZE = 64
 MAX_SIZE = 1024
@@ -93,45 +90,31 @@ def export_digits(
     classes = [str(c) for c in sorted({int(t) for t in targets})]
     out = Path(out).expanduser().resolve()
     try:
-        with claim_output(out, "synth"):
-            prepare_out(out, overwrite)
-            tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-            if tmp.exists():
-                shutil.rmtree(tmp)
-            try:
-                for name in classes:
-                    (tmp / name).mkdir(parents=True)
-                files: list[str] = []
-                width = len(str(len(images) - 1))
-                for index in tqdm(range(len(images)), desc="digits", unit="image", disable=not progress):
-                    rel = f"{int(targets[index])}/digit_{index:0{width}d}.png"
-                    (tmp / rel).write_bytes(_encode(digit_pixels(images[index], size)))
-                    files.append(rel)
-                counts = {name: int(np.count_nonzero(targets == int(name))) for name in classes}
-                info = {
-                    "generator": GENERATOR,
-                    "schema": SCHEMA_VERSION,
-                    "note": "scikit-learn's bundled digits (load_digits) in the class-folders layout; "
-                    "the pipeline ignores this file.",
-                    "format": "digits",
-                    "source": f"sklearn.datasets.load_digits (scikit-learn {sklearn_version})",
-                    "size": size,
-                    "upscale": f"nearest neighbour x{size // SOURCE}; value v -> round(v * 255 / 16)",
-                    "images": len(files),
-                    "classes": classes,
-                    "counts": counts,
-                    "files": files,
-                }
-                (tmp / MARKER).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
-                swap_into_place(tmp, out)
-            except OSError as exc:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise PipelineError(
-                    f"cannot write the dataset to {out} ({exc.strerror or exc}): check space and permissions"
-                ) from exc
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
+        with claim_output(out, "synth"), staging_folder(out, overwrite) as tmp:
+            for name in classes:
+                (tmp / name).mkdir(parents=True)
+            files: list[str] = []
+            width = len(str(len(images) - 1))
+            for index in tqdm(range(len(images)), desc="digits", unit="image", disable=not progress):
+                rel = f"{int(targets[index])}/digit_{index:0{width}d}.png"
+                (tmp / rel).write_bytes(_encode(digit_pixels(images[index], size)))
+                files.append(rel)
+            counts = {name: int(np.count_nonzero(targets == int(name))) for name in classes}
+            info = {
+                "generator": GENERATOR,
+                "schema": SCHEMA_VERSION,
+                "note": "scikit-learn's bundled digits (load_digits) in the class-folders layout; "
+                "the pipeline ignores this file.",
+                "format": "digits",
+                "source": f"sklearn.datasets.load_digits (scikit-learn {sklearn_version})",
+                "size": size,
+                "upscale": f"nearest neighbour x{size // SOURCE}; value v -> round(v * 255 / 16)",
+                "images": len(files),
+                "classes": classes,
+                "counts": counts,
+                "files": files,
+            }
+            publish(tmp, out, info)
     except OutputError as exc:
         raise PipelineError(str(exc)) from None
     return DigitsSummary(out=out, counts=counts, files=tuple(out / f for f in files), size=size)

@@ -19,8 +19,10 @@ import math
 import os
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -310,11 +312,7 @@ def _generate_claimed(
 ) -> SynthSummary:
     """`generate_dataset` once ``out`` is locked: check it, render into a temporary folder, swap into place."""
     fmt, images = spec.name, len(plans)
-    prepare_out(out, overwrite)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    try:
+    with staging_folder(out, overwrite) as tmp:
         tmp.mkdir()
         if fmt == "bot":
             (tmp / "normal").mkdir()
@@ -351,16 +349,7 @@ def _generate_claimed(
             "slides": slides_info,
             "files": files,
         }
-        (tmp / MARKER).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
-        swap_into_place(tmp, out)
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise PipelineError(
-            f"cannot write the dataset to {out} ({exc.strerror or exc}): check space and permissions"
-        ) from exc
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        publish(tmp, out, info)
     return SynthSummary(
         out=out,
         fmt=fmt,
@@ -369,6 +358,35 @@ def _generate_claimed(
         files=tuple(out / f for f in files),
         size=size,
     )
+
+
+@contextmanager
+def staging_folder(out: Path, overwrite: bool) -> Iterator[Path]:
+    """Check ``out`` (`prepare_out`) and yield a fresh hidden folder beside it to write the dataset into.
+
+    Any failure inside removes the folder again; an ``OSError`` becomes one `PipelineError` line. Finish with
+    `publish`, so that an interrupted run leaves no half-written dataset at ``out``.
+    """
+    prepare_out(out, overwrite)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    try:
+        yield tmp
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise PipelineError(
+            f"cannot write the dataset to {out} ({exc.strerror or exc}): check space and permissions"
+        ) from exc
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def publish(tmp: Path, out: Path, info: dict[str, Any]) -> None:
+    """Write the generator's ``info`` as the dataset's marker file in ``tmp`` and swap ``tmp`` into ``out``."""
+    (tmp / MARKER).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+    swap_into_place(tmp, out)
 
 
 def swap_into_place(tmp: Path, out: Path) -> None:
