@@ -14,14 +14,27 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
+
+if TYPE_CHECKING:
+    from federation.flower.processes import ManagedProcess
 
 federation_app = typer.Typer(
     name="federation",
     help="Deploy the federation on the hospitals' own machines (Flower SuperLink + one SuperNode per hospital).",
     no_args_is_help=True,
 )
+
+
+def _wait_while_alive(process: ManagedProcess, what: str) -> NoReturn:
+    """Serve until Ctrl-C or SIGTERM; a ``process`` that stops on its own is an error showing its log's last lines."""
+    from federation.errors import FederationError
+
+    while process.alive():
+        time.sleep(1.0)
+    raise FederationError(f"the {what} stopped; last lines of {process.log_path}:\n{process.log_tail()}")
 
 
 @federation_app.command("init")
@@ -71,7 +84,6 @@ def server(
     port: int | None = typer.Option(None, "--port", help="Port (default: the kit's)."),
 ) -> None:
     """Run the SuperLink with TLS and SuperNode authentication until Ctrl-C; the kit's hospitals are registered."""
-    from federation.errors import FederationError
     from federation.flower.kit import Kit
     from federation.flower.processes import FlwrCli, SuperLink, register_hospitals
 
@@ -88,9 +100,7 @@ def server(
             f"submit a run: gastric-fl train --engine flower --superlink {link.address} --kit {kit} "
             f"--set flower.hospitals={len(ids)} ..."
         )
-        while link.alive():
-            time.sleep(1.0)
-        raise FederationError(f"the SuperLink stopped; last lines of {link.log_path}:\n{link.log_tail()}")
+        _wait_while_alive(link, "SuperLink")
 
 
 @federation_app.command("hospital")
@@ -107,7 +117,6 @@ def hospital(
 ) -> None:
     """Run this hospital's SuperNode until Ctrl-C: its tiles, labels and head never leave this machine."""
     from federation.data import check_clients, manifest_clients, read_manifest
-    from federation.errors import FederationError
     from federation.flower.kit import load_bundle
     from federation.flower.processes import SuperNode
 
@@ -129,9 +138,7 @@ def hospital(
             f"{loaded.name}: SuperNode for client {chosen} of {data}, dialing {superlink or loaded.superlink}; "
             f"runs kept in {state / 'runs'}; log {node.log_path}"
         )
-        while node.alive():
-            time.sleep(1.0)
-        raise FederationError(f"the SuperNode stopped; last lines of {node.log_path}:\n{node.log_tail()}")
+        _wait_while_alive(node, "SuperNode")
 
 
 @federation_app.command("demo")
