@@ -12,6 +12,8 @@ from typing import Any
 
 import typer
 
+from app.signals import exit_when_terminated
+
 
 def register(app: typer.Typer) -> None:
     """Add the `prepare` subcommand to `app`."""
@@ -102,7 +104,6 @@ def register(app: typer.Typer) -> None:
         """
         from pipeline.config import build_config, load_toml, parse_float_list, parse_int_list
         from pipeline.errors import PipelineError
-        from pipeline.outputs import Terminated, terminate_as_interrupt
         from pipeline.prepare import prepare_dataset
 
         toml = load_toml(config) if config is not None else {}
@@ -145,16 +146,8 @@ def register(app: typer.Typer) -> None:
             if overrides[section][key] is None and key not in toml.get(section, {}):
                 raise PipelineError(f"{flag} is required (or set [{section}] {key} in the --config file)")
         resolved = build_config(toml, overrides, origin=str(config) if config else "configuration")
-        try:
-            with terminate_as_interrupt():
-                result = prepare_dataset(resolved)
-        except Terminated as stop:
-            typer.secho(
-                f"error: prepare stopped by {stop.name}; nothing was written to {resolved.output.out} (run it again)",
-                fg=typer.colors.RED,
-                err=True,
-            )
-            raise typer.Exit(128 + stop.signum) from None
+        with exit_when_terminated("prepare", resolved.output.out):
+            result = prepare_dataset(resolved)
         typer.echo(result.report)
         typer.echo(
             f"wrote {result.tiles} tiles from {result.slides} slides to {result.out} in {result.seconds:.1f} s "

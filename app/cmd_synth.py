@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+from app.signals import exit_when_terminated
+
 
 def register(app: typer.Typer) -> None:
     """Add the `synth` subcommand to `app`."""
@@ -71,7 +73,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Write a synthetic dataset and print where it is and its class counts."""
         from pipeline.errors import PipelineError
-        from pipeline.outputs import Terminated, terminate_as_interrupt
         from pipeline.synth import generate_dataset
 
         fmt = fmt.strip().lower()
@@ -93,26 +94,19 @@ def register(app: typer.Typer) -> None:
                 )
             _digits(target, size, overwrite)
             return
-        try:
-            with terminate_as_interrupt():  # SIGTERM cleans up like Ctrl-C: no hidden half-written folder
-                summary = generate_dataset(
-                    target,
-                    fmt,
-                    40 if images is None else images,
-                    seed=seed,
-                    difficulty=0.0 if difficulty is None else difficulty,
-                    abnormal_fraction=abnormal_fraction,
-                    size=size,
-                    progress=True,
-                    overwrite=overwrite,
-                )
-        except Terminated as stop:
-            typer.secho(
-                f"error: synth stopped by {stop.name}; nothing was written to {target} (run it again)",
-                fg=typer.colors.RED,
-                err=True,
+        # SIGTERM cleans up like Ctrl-C: no hidden half-written folder
+        with exit_when_terminated("synth", target):
+            summary = generate_dataset(
+                target,
+                fmt,
+                40 if images is None else images,
+                seed=seed,
+                difficulty=0.0 if difficulty is None else difficulty,
+                abnormal_fraction=abnormal_fraction,
+                size=size,
+                progress=True,
+                overwrite=overwrite,
             )
-            raise typer.Exit(128 + stop.signum) from None
         typer.echo(
             f"wrote {summary.images} synthetic {fmt.upper()} slides ({summary.size}x{summary.size}): "
             f"{summary.n_normal} normal, {summary.n_abnormal} abnormal, {len(summary.files)} files"
@@ -123,18 +117,9 @@ def register(app: typer.Typer) -> None:
 def _digits(target: Path, size: int | None, overwrite: bool) -> None:
     """``synth --format digits``: export scikit-learn's digits and print the counts per class."""
     from pipeline.digits import DEFAULT_SIZE, export_digits
-    from pipeline.outputs import Terminated, terminate_as_interrupt
 
-    try:
-        with terminate_as_interrupt():
-            summary = export_digits(target, DEFAULT_SIZE if size is None else size, progress=True, overwrite=overwrite)
-    except Terminated as stop:
-        typer.secho(
-            f"error: synth stopped by {stop.name}; nothing was written to {target} (run it again)",
-            fg=typer.colors.RED,
-            err=True,
-        )
-        raise typer.Exit(128 + stop.signum) from None
+    with exit_when_terminated("synth", target):
+        summary = export_digits(target, DEFAULT_SIZE if size is None else size, progress=True, overwrite=overwrite)
     per_class = ", ".join(f"{name}: {count}" for name, count in summary.counts.items())
     typer.echo(
         f"wrote {summary.images} scikit-learn digits ({summary.size}x{summary.size} PNG, class folders) - {per_class}"
