@@ -313,9 +313,11 @@ def terminate_as_interrupt(signals: Iterable[int] = (signal.SIGTERM, signal.SIGH
     """While the block runs, SIGTERM/SIGHUP raise `Terminated` (a ``KeyboardInterrupt``) instead of killing.
 
     The default action of SIGTERM ends the process without running ``finally`` blocks, which left hidden
-    half-written folders behind. The first signal raises; further ones are ignored while cleanup runs (a
-    ``kill -9`` still works). Only possible in the main thread; elsewhere this does nothing. The previous
-    handlers are restored afterwards.
+    half-written folders (and, in a deployment, running Flower processes) behind. The first signal raises;
+    further ones are ignored while cleanup runs (a ``kill -9`` still works). Only signals still at their default
+    action are taken over: a caller's own handler (e.g. the training engine's) or an ignored SIGHUP (``nohup``)
+    keeps working, and nested blocks leave the outer one in charge. Only possible in the main thread; elsewhere
+    this does nothing. The previous handlers are restored afterwards.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -328,9 +330,12 @@ def terminate_as_interrupt(signals: Iterable[int] = (signal.SIGTERM, signal.SIGH
         received.append(signum)
         raise Terminated(signum)
 
-    previous = {s: signal.signal(s, handler) for s in signals}
+    previous = {s: signal.getsignal(s) for s in signals}
+    taken = [s for s, old in previous.items() if old == signal.SIG_DFL]
+    for s in taken:
+        signal.signal(s, handler)
     try:
         yield
     finally:
-        for s, old in previous.items():
-            signal.signal(s, old)
+        for s in taken:
+            signal.signal(s, previous[s])

@@ -32,18 +32,19 @@ import socket
 import ssl
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import IO, Any, NamedTuple, Self
 
 from federation.errors import FederationError
 from federation.flower.kit import HospitalBundle, Kit, join_address
+from pipeline.outputs import Terminated as Terminated
+from pipeline.outputs import terminate_as_interrupt
 
 ConfigValue = str | int | float | bool | Path
 CONNECTION = "gastric-fl"  # the connection name written into $FLWR_HOME/config.toml
@@ -210,39 +211,6 @@ def stop_groups(groups: Iterable[int], grace: float = STOP_GRACE) -> None:
         pending = {g for g in pending if group_members(g)}
         if pending:
             time.sleep(0.05)
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP received while a deployment was open: raised in the main thread so that it is torn down."""
-
-    def __init__(self, signum: int) -> None:
-        self.signum = signum
-        super().__init__(f"stopped by {signal.Signals(signum).name}")
-
-
-@contextlib.contextmanager
-def terminate_as_interrupt(signals: Sequence[int] = (signal.SIGTERM, signal.SIGHUP)) -> Iterator[None]:
-    """While the block runs, SIGTERM/SIGHUP raise ``Terminated`` instead of ending the process without cleanup.
-
-    Only signals still at their default action are taken over (a caller's own handler, e.g. the engine's, keeps
-    working, and the teardown below it still runs as the exception unwinds); only in the main thread.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise Terminated(signum)
-
-    previous = {s: signal.getsignal(s) for s in signals}
-    taken = [s for s, old in previous.items() if old == signal.SIG_DFL]
-    for s in taken:
-        signal.signal(s, handler)
-    try:
-        yield
-    finally:
-        for s in taken:
-            signal.signal(s, previous[s])
 
 
 _LIVE: set[ManagedProcess] = set()  # strong references: a dropped deployment is still stopped at exit
