@@ -8,13 +8,14 @@ cross-round state; nothing here is mutable.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from federation.contract import Recipe, TensorDict
+from federation.contract import Recipe, TensorDict, TrainReply
+from federation.errors import FederationError
 from models import Unit, base_keys
 
 if TYPE_CHECKING:
@@ -94,3 +95,28 @@ def recipe_from_config(
 def state_dict_subset(state: Mapping[str, torch.Tensor], keys: list[str]) -> TensorDict:
     """Detached copies of ``state[k]`` for ``keys``, in that order."""
     return {k: state[k].detach().clone() for k in keys}
+
+
+def example_weights(server_round: int, replies: Mapping[int, TrainReply], clients: Sequence[int]) -> list[float]:
+    """FedAvg's weights ``n_i / n`` of ``clients`` from their reported training examples (none at all: an error)."""
+    counts = [replies[c].num_examples for c in clients]
+    total = sum(counts)
+    if total <= 0:
+        raise FederationError(f"round {server_round}: the clients reported no training examples")
+    return [n / total for n in counts]
+
+
+def fisher_traces(
+    server_round: int, replies: Mapping[int, TrainReply], clients: Sequence[int], needed: str
+) -> list[float]:
+    """Each client's reported ``metrics["fisher_trace"]``, in ``clients`` order.
+
+    A client that sent none is an error; ``needed`` completes its message with why the strategy needs it.
+    """
+    traces = []
+    for c in clients:
+        trace = replies[c].metrics.get("fisher_trace")
+        if trace is None:
+            raise FederationError(f"round {server_round}: client {c} sent no fisher_trace{needed}")
+        traces.append(float(trace))
+    return traces

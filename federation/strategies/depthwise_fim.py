@@ -29,7 +29,7 @@ from federation.aggregation import depthwise_fisher_weights, depthwise_top_count
 from federation.config import RunConfig
 from federation.contract import Recipe, TrainReply
 from federation.errors import FederationError
-from federation.strategies.common import StrategyContext, recipe_from_config, resolved_nhead
+from federation.strategies.common import StrategyContext, fisher_traces, recipe_from_config, resolved_nhead
 from federation.strategies.fedavg import Averaging
 
 
@@ -56,15 +56,9 @@ class DepthwiseFisher(Averaging):
         clients = sorted(replies)
         if not clients:
             raise FederationError(f"round {server_round}: no client replied")
-        traces = []
-        for c in clients:
-            trace = replies[c].metrics.get("fisher_trace")
-            if trace is None:
-                raise FederationError(
-                    f"round {server_round}: client {c} sent no fisher_trace, which depthwise_fim needs "
-                    "(the client recipe must have fisher_batch > 0)"
-                )
-            traces.append(float(trace))
+        traces = fisher_traces(
+            server_round, replies, clients, ", which depthwise_fim needs (the client recipe must have fisher_batch > 0)"
+        )
         weights = depthwise_fisher_weights(traces, len(self.unit_slices), reverse=self.reverse)
         stacked = flatten([replies[c].shared for c in clients], self.spec)
         merged = torch.empty(self.spec.numel, dtype=stacked.dtype)

@@ -19,8 +19,7 @@ from typing import Any
 from federation.aggregation import fisher_weights, flatten, unflatten, weighted_sum
 from federation.config import RunConfig
 from federation.contract import TrainReply
-from federation.errors import FederationError
-from federation.strategies.common import StrategyContext, recipe_from_config, resolved_nhead
+from federation.strategies.common import StrategyContext, fisher_traces, recipe_from_config, resolved_nhead
 from federation.strategies.fedavg import Averaging
 
 
@@ -29,14 +28,7 @@ class FisherWeighted(Averaging):
 
     def aggregate_train(self, server_round: int, replies: Mapping[int, TrainReply]) -> dict[str, Any]:
         clients = sorted(replies)
-        traces = []
-        for c in clients:
-            trace = replies[c].metrics.get("fisher_trace")
-            if trace is None:
-                raise FederationError(
-                    f"round {server_round}: client {c} sent no fisher_trace (fedas needs the recipe's fisher_batch)"
-                )
-            traces.append(float(trace))
+        traces = fisher_traces(server_round, replies, clients, " (fedas needs the recipe's fisher_batch)")
         gamma = fisher_weights(traces)
         stacked = flatten([replies[c].shared for c in clients], self.spec)
         self.global_state = unflatten(weighted_sum(stacked, gamma), self.spec)

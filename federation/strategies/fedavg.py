@@ -20,7 +20,7 @@ from federation.aggregation import FlatSpec, flatten, unflatten, weighted_sum
 from federation.config import RunConfig
 from federation.contract import Recipe, TensorDict, TrainInstruction, TrainReply
 from federation.errors import FederationError
-from federation.strategies.common import StrategyContext, recipe_from_config, resolved_nhead
+from federation.strategies.common import StrategyContext, example_weights, recipe_from_config, resolved_nhead
 
 
 class Averaging:
@@ -54,11 +54,7 @@ class Averaging:
 
     def aggregate_train(self, server_round: int, replies: Mapping[int, TrainReply]) -> dict[str, Any]:
         clients = sorted(replies)
-        counts = [replies[c].num_examples for c in clients]
-        total = sum(counts)
-        if total <= 0:
-            raise FederationError(f"round {server_round}: the clients reported no training examples")
-        weights = [n / total for n in counts]
+        weights = example_weights(server_round, replies, clients)
         stacked = flatten([replies[c].shared for c in clients], self.spec)
         self.global_state = unflatten(weighted_sum(stacked, weights), self.spec)
         return {"weights": {str(c): w for c, w in zip(clients, weights, strict=True)}}

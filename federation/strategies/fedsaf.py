@@ -53,7 +53,7 @@ from federation.aggregation import (
 from federation.config import RunConfig
 from federation.contract import Recipe, TensorDict, TrainInstruction, TrainReply
 from federation.errors import FederationError
-from federation.strategies.common import StrategyContext, recipe_from_config, resolved_nhead
+from federation.strategies.common import StrategyContext, fisher_traces, recipe_from_config, resolved_nhead
 from models import create_model
 
 # Below this mean off-diagonal weight AMP has, in effect, turned into local training (issue 5, item 4).
@@ -164,15 +164,12 @@ class AttentiveStrategy:
             "off_diagonal_mass": off_diagonal_mass(xi),
         }
         if self.fim:
-            traces = []
-            for c in clients:
-                trace = replies[c].metrics.get("fisher_trace")
-                if trace is None:
-                    raise FederationError(
-                        f"round {server_round}: client {c} sent no fisher_trace although fedsaf.fim is on "
-                        "(the client recipe must have fisher_batch > 0)"
-                    )
-                traces.append(float(trace))
+            traces = fisher_traces(
+                server_round,
+                replies,
+                clients,
+                " although fedsaf.fim is on (the client recipe must have fisher_batch > 0)",
+            )
             gamma = fisher_weights(traces)
             p = fisher_intermediate(z, gamma)  # Eq. 20: identical rows
             record["fisher_traces"] = traces

@@ -24,7 +24,7 @@ from federation.aggregation import FlatSpec, flatten, precision_weighted_sum, un
 from federation.config import RunConfig
 from federation.contract import Recipe, TrainReply
 from federation.errors import FederationError
-from federation.strategies.common import StrategyContext, recipe_from_config, resolved_nhead
+from federation.strategies.common import StrategyContext, example_weights, recipe_from_config, resolved_nhead
 from federation.strategies.fedavg import Averaging
 from federation.strategies.fedsaf import trainable_keys
 
@@ -45,11 +45,7 @@ class PrecisionWeighted(Averaging):
 
     def aggregate_train(self, server_round: int, replies: Mapping[int, TrainReply]) -> dict[str, Any]:
         clients = sorted(replies)
-        counts = [replies[c].num_examples for c in clients]
-        total = sum(counts)
-        if total <= 0:
-            raise FederationError(f"round {server_round}: the clients reported no training examples")
-        weights = [n / total for n in counts]
+        weights = example_weights(server_round, replies, clients)
         for c in clients:
             missing = [k for k in self.param_keys if k not in replies[c].second_moments]
             if missing:
