@@ -8,20 +8,12 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "federation"))  # the shared tiny-dataset fixture
+from cli_runner import run_cli
 from fl_tiny_dataset import TINY_SETTINGS, make_dataset
 
-from app.cli import main
 from federation.engine import loop
 
 TINY = [arg for setting in TINY_SETTINGS for arg in ("--set", setting)]
-
-
-def _cli(monkeypatch: pytest.MonkeyPatch, *args: str) -> int:
-    monkeypatch.setattr(sys, "argv", ["gastric-fl", *args])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    code = exit_info.value.code
-    return int(code) if isinstance(code, int) else 0
 
 
 @pytest.fixture(scope="module")
@@ -33,19 +25,19 @@ def test_train_then_report(
     dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_dir = tmp_path / "run"
-    code = _cli(monkeypatch, "train", "--data", str(dataset), "--out", str(run_dir), "-q", *TINY)
+    code = run_cli(monkeypatch, "train", "--data", str(dataset), "--out", str(run_dir), "-q", *TINY)
     out = capsys.readouterr()
     assert code == 0
     assert "finished 2 rounds: averaged test accuracy" in out.out
     assert f"run directory: {run_dir}" in out.err
-    assert _cli(monkeypatch, "report", str(run_dir)) == 0
+    assert run_cli(monkeypatch, "report", str(run_dir)) == 0
     printed = capsys.readouterr().out
     assert "| run | strategy |" in printed
     assert "| run | client | num_train | num_test | test_acc | test_auc |" in printed
     for name in ("report.md", "report.csv", "hospitals.csv", "accuracy.png"):
         assert (run_dir / name).is_file()
     # the same directory again needs --overwrite: one line, exit 2
-    assert _cli(monkeypatch, "train", "--data", str(dataset), "--out", str(run_dir), *TINY) == 2
+    assert run_cli(monkeypatch, "train", "--data", str(dataset), "--out", str(run_dir), *TINY) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == (
         f"error: run directory {run_dir} already exists: pass --overwrite to replace it, "
@@ -54,18 +46,18 @@ def test_train_then_report(
 
 
 def test_bad_settings_are_one_line_errors(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    assert _cli(monkeypatch, "train", "--set", "client.lr=-1", "--print-config") == 2
+    assert run_cli(monkeypatch, "train", "--set", "client.lr=-1", "--print-config") == 2
     assert capsys.readouterr().err.strip() == "error: config client.lr = -1.0 is out of range: use a finite value > 0"
-    assert _cli(monkeypatch, "train", "--set", "strategy.nheads=2", "--print-config") == 2
+    assert run_cli(monkeypatch, "train", "--set", "strategy.nheads=2", "--print-config") == 2
     assert "unknown key strategy.nheads" in capsys.readouterr().err
-    assert _cli(monkeypatch, "report") == 2
+    assert run_cli(monkeypatch, "report") == 2
     assert "give at least one run directory" in capsys.readouterr().err
 
 
 def test_print_config_shows_the_resolved_strategy_defaults(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert _cli(monkeypatch, "train", "--set", "strategy.name=fedrep", "--print-config") == 0
+    assert run_cli(monkeypatch, "train", "--set", "strategy.name=fedrep", "--print-config") == 0
     text = capsys.readouterr().out
     assert 'name = "fedrep"' in text
     assert "nhead = 1" in text
@@ -81,16 +73,18 @@ def test_interrupted_run_exits_130_and_resumes(
     run_dir = tmp_path / "stopped"
     with monkeypatch.context() as patch:
         patch.setattr(loop.Engine, "_round", interrupted)
-        code = _cli(patch, "train", "--data", str(dataset), "--out", str(run_dir), "-q", "--set", "run.rounds=1", *TINY)
+        code = run_cli(
+            patch, "train", "--data", str(dataset), "--out", str(run_dir), "-q", "--set", "run.rounds=1", *TINY
+        )
     assert code == 130
     assert f"continue with: gastric-fl train --resume {run_dir}" in capsys.readouterr().err
-    assert _cli(monkeypatch, "train", "--resume", str(run_dir), "--set", "client.lr=0.5") == 2
+    assert run_cli(monkeypatch, "train", "--resume", str(run_dir), "--set", "client.lr=0.5") == 2
     assert "a resumed run keeps its configuration" in capsys.readouterr().err
-    assert _cli(monkeypatch, "train", "--resume", str(run_dir), "-q") == 0
+    assert run_cli(monkeypatch, "train", "--resume", str(run_dir), "-q") == 0
 
 
 def test_transmitted_table(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    assert _cli(monkeypatch, "report", "--transmitted", "mobilenet_v3_small") == 0
+    assert run_cli(monkeypatch, "report", "--transmitted", "mobilenet_v3_small") == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "| model | nhead | shared_units | state_dict_values | parameters |"
     assert lines[-1] == "| mobilenet_v3_small | 12 | 3 | 5,510 | 5,072 |"

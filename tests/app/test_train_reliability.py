@@ -13,22 +13,14 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "federation"))  # the shared tiny-dataset fixture
+from cli_runner import run_cli
 from fl_tiny_dataset import TINY_SETTINGS, make_dataset
 
-from app.cli import main
 from federation import runs
 from pipeline.outputs import MARKER_NAME, claim_output
 
 TINY = [arg for setting in TINY_SETTINGS for arg in ("--set", setting)]
 ONE_ROUND = [*TINY, "--set", "run.rounds=1"]
-
-
-def _cli(monkeypatch: pytest.MonkeyPatch, *args: str) -> int:
-    monkeypatch.setattr(sys, "argv", ["gastric-fl", *args])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    code = exit_info.value.code
-    return int(code) if isinstance(code, int) else 0
 
 
 def _error_line(capsys: pytest.CaptureFixture[str]) -> str:
@@ -51,7 +43,7 @@ def finished(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished two-round FedAvg run (keep_checkpoints = 2), never modified: tests copy it."""
     run_dir = tmp_path_factory.mktemp("runs") / "finished"
     with pytest.MonkeyPatch.context() as patch:
-        assert _cli(patch, "train", "--data", str(dataset), "--out", str(run_dir), "-q", *TINY) == 0
+        assert run_cli(patch, "train", "--data", str(dataset), "--out", str(run_dir), "-q", *TINY) == 0
     return run_dir
 
 
@@ -78,7 +70,7 @@ def test_overwrite_refuses_a_folder_train_did_not_make(
     (v / "thesis").mkdir(parents=True)
     (v / "thesis" / "ch1.tex").write_text("x")
     (v / "config.toml").write_text("[tool]\n")
-    assert _cli(monkeypatch, "train", "--data", str(dataset), "--out", str(v), "--overwrite", "-q", *ONE_ROUND) == 2
+    assert run_cli(monkeypatch, "train", "--data", str(dataset), "--out", str(v), "--overwrite", "-q", *ONE_ROUND) == 2
     line = _error_line(capsys)
     assert line == (
         f"error: --out {v} was not made by gastric-fl train (no {MARKER_NAME}); refusing to replace it: "
@@ -87,7 +79,7 @@ def test_overwrite_refuses_a_folder_train_did_not_make(
     assert (v / "thesis" / "ch1.tex").read_text() == "x"
     assert (v / "config.toml").read_text() == "[tool]\n"
     # without --overwrite, the refusal no longer suggests --overwrite for a folder that is not a run
-    assert _cli(monkeypatch, "train", "--data", str(dataset), "--out", str(v), "-q", *ONE_ROUND) == 2
+    assert run_cli(monkeypatch, "train", "--data", str(dataset), "--out", str(v), "-q", *ONE_ROUND) == 2
     line = _error_line(capsys)
     assert "--overwrite" not in line
     assert str(v) in line
@@ -99,11 +91,11 @@ def test_overwrite_refuses_a_run_holding_a_foreign_file_and_replaces_a_clean_one
 ) -> None:
     run_dir = _copy_run(finished, tmp_path / "run")
     assert (run_dir / MARKER_NAME).is_file()
-    assert _cli(monkeypatch, "report", str(run_dir)) == 0  # report's files belong to the run
+    assert run_cli(monkeypatch, "report", str(run_dir)) == 0  # report's files belong to the run
     capsys.readouterr()
     (run_dir / "hospitals" / "client_01" / "notes.txt").write_text("mine")
     args = ["train", "--data", str(dataset), "--out", str(run_dir), "--overwrite", "-q", *ONE_ROUND]
-    assert _cli(monkeypatch, *args) == 2
+    assert run_cli(monkeypatch, *args) == 2
     assert _error_line(capsys) == (
         f"error: --out {run_dir} holds {run_dir / 'hospitals/client_01/notes.txt'}, which gastric-fl train did not "
         "write (1 such entry); refusing to replace it: move them out or choose another --out"
@@ -111,7 +103,7 @@ def test_overwrite_refuses_a_run_holding_a_foreign_file_and_replaces_a_clean_one
     assert (run_dir / "hospitals" / "client_01" / "notes.txt").read_text() == "mine"
     assert _summary(run_dir)["rounds_done"] == 2
     (run_dir / "hospitals" / "client_01" / "notes.txt").unlink()
-    assert _cli(monkeypatch, *args) == 0
+    assert run_cli(monkeypatch, *args) == 0
     assert _summary(run_dir)["rounds_done"] == 1
     assert not (run_dir / "report.md").exists()
 
@@ -122,10 +114,10 @@ def test_a_second_train_into_the_same_run_directory_is_refused(
     run_dir = _copy_run(finished, tmp_path / "run")
     before = (run_dir / "metrics.jsonl").read_text()
     with claim_output(run_dir, "train"):  # another writer holds the run directory
-        assert _cli(monkeypatch, "train", "--data", str(dataset), "--out", str(run_dir), "--overwrite", *TINY) == 2
+        assert run_cli(monkeypatch, "train", "--data", str(dataset), "--out", str(run_dir), "--overwrite", *TINY) == 2
         line = _error_line(capsys)
         assert line.startswith(f"error: --out {run_dir} is being written by gastric-fl train (pid ")
-        assert _cli(monkeypatch, "train", "--resume", str(run_dir), "-q") == 2
+        assert run_cli(monkeypatch, "train", "--resume", str(run_dir), "-q") == 2
         assert _error_line(capsys).startswith(f"error: --resume {run_dir} is being written by gastric-fl train")
     assert (run_dir / "metrics.jsonl").read_text() == before
     assert _summary(run_dir)["status"] == "finished"
@@ -137,7 +129,7 @@ def test_resume_on_a_changed_dataset_is_refused_and_the_run_stays_finished(
 ) -> None:
     data = make_dataset(tmp_path / "data")
     run_dir = tmp_path / "run"
-    assert _cli(monkeypatch, "train", "--data", str(data), "--out", str(run_dir), "-q", *ONE_ROUND) == 0
+    assert run_cli(monkeypatch, "train", "--data", str(data), "--out", str(run_dir), "-q", *ONE_ROUND) == 0
     capsys.readouterr()
     recorded = _summary(run_dir)["dataset_sha256"]
     assert isinstance(recorded, str)
@@ -147,7 +139,7 @@ def test_resume_on_a_changed_dataset_is_refused_and_the_run_stays_finished(
     lines[1] = lines[1].replace(",train,", ",test,", 1)  # re-prepared: one training tile is now a test tile
     manifest.write_text("\n".join(lines) + "\n")
     before = (run_dir / "summary.json").read_text()
-    assert _cli(monkeypatch, "train", "--resume", str(run_dir), "--set", "run.rounds=2", "-q") == 2
+    assert run_cli(monkeypatch, "train", "--resume", str(run_dir), "--set", "run.rounds=2", "-q") == 2
     line = _error_line(capsys)
     assert str(manifest) in line
     assert "changed since run" in line
@@ -161,7 +153,7 @@ def test_fedavg_with_a_huge_learning_rate_ends_with_one_line(
 ) -> None:
     run_dir = tmp_path / "diverged"
     args = ["train", "--data", str(dataset), "--out", str(run_dir), "-q", *TINY]
-    assert _cli(monkeypatch, *args, "--set", "strategy.name=fedavg", "--set", "client.lr=1e6") == 2
+    assert run_cli(monkeypatch, *args, "--set", "strategy.name=fedavg", "--set", "client.lr=1e6") == 2
     line = _error_line(capsys)
     assert "no hospital sent a usable update" in line
     assert "client.lr" in line
@@ -176,7 +168,7 @@ def test_out_under_a_regular_file_is_one_line(
 ) -> None:
     (tmp_path / "f").write_text("a file")
     out = tmp_path / "f" / "run"
-    assert _cli(monkeypatch, "train", "--data", str(dataset), "--out", str(out), "-q", *ONE_ROUND) == 2
+    assert run_cli(monkeypatch, "train", "--data", str(dataset), "--out", str(out), "-q", *ONE_ROUND) == 2
     line = _error_line(capsys)
     assert line.startswith(f"error: cannot write --out {out}: ")
     assert line.endswith("a part of the path is a file, not a folder: choose another --out")
@@ -204,7 +196,7 @@ def test_a_full_disk_or_read_only_out_is_one_line(
 
     monkeypatch.setattr(runs, "save_file", full)
     run_dir = tmp_path / "run"
-    assert _cli(monkeypatch, "train", "--data", str(dataset), "--out", str(run_dir), "-q", *ONE_ROUND) == 2
+    assert run_cli(monkeypatch, "train", "--data", str(dataset), "--out", str(run_dir), "-q", *ONE_ROUND) == 2
     line = _error_line(capsys)
     assert line.startswith(f"error: cannot write --out {run_dir}: {run_dir / 'checkpoints'}")
     assert line.endswith(hint)
@@ -217,10 +209,10 @@ def test_a_bad_nhead_is_refused_before_the_run_directory_exists(
 ) -> None:
     run_dir = tmp_path / "run"
     args = ["train", "--data", str(dataset), "--out", str(run_dir), "-q", *ONE_ROUND, "--set", "strategy.name=fedrep"]
-    assert _cli(monkeypatch, *args, "--set", "strategy.nhead=99") == 2
+    assert run_cli(monkeypatch, *args, "--set", "strategy.nhead=99") == 2
     assert "nhead=99 is out of range" in _error_line(capsys)
     assert not run_dir.exists()
-    assert _cli(monkeypatch, *args, "--set", "strategy.nhead=2") == 0
+    assert run_cli(monkeypatch, *args, "--set", "strategy.nhead=2") == 0
 
 
 def test_a_run_that_failed_before_its_first_checkpoint_resumes_with_a_corrected_setting(
@@ -229,12 +221,12 @@ def test_a_run_that_failed_before_its_first_checkpoint_resumes_with_a_corrected_
     # FedAMP's alpha_k * (m - 1) <= sigma depends on how many hospitals answer: found in round 1, inside the run
     run_dir = tmp_path / "run"
     bad = ["--set", "strategy.name=fedamp", "--set", "amp.alpha_k=5", "--set", "amp.sigma=1"]
-    assert _cli(monkeypatch, "train", "--data", str(dataset), "--out", str(run_dir), "-q", *ONE_ROUND, *bad) == 2
+    assert run_cli(monkeypatch, "train", "--data", str(dataset), "--out", str(run_dir), "-q", *ONE_ROUND, *bad) == 2
     line = _error_line(capsys)
     assert "amp.alpha_k" in line
     assert f"gastric-fl train --resume {run_dir} --set" in line
     assert _summary(run_dir)["status"] == "failed"
-    assert _cli(monkeypatch, "train", "--resume", str(run_dir), "-q", "--set", "amp.alpha_k=0.2") == 0
+    assert run_cli(monkeypatch, "train", "--resume", str(run_dir), "-q", "--set", "amp.alpha_k=0.2") == 0
     assert _summary(run_dir)["status"] == "finished"
     assert "alpha_k = 0.2" in (run_dir / "config.toml").read_text()
 
@@ -247,7 +239,7 @@ def test_a_stale_running_status_with_a_reused_pid_does_not_block(
     summary = _summary(run_dir)
     summary.update(status="running", pid=1, pid_started=1)  # pid 1 lives, but it is not the process that wrote this
     (run_dir / "summary.json").write_text(json.dumps(summary))
-    assert _cli(monkeypatch, "train", "--resume", str(run_dir), "-q") == 0
+    assert run_cli(monkeypatch, "train", "--resume", str(run_dir), "-q") == 0
     assert "still running" not in capsys.readouterr().err
     assert _summary(run_dir)["status"] == "finished"
 
@@ -259,7 +251,7 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous_one(
     run_dir = _copy_run(finished, tmp_path / "run")
     latest = run_dir / "checkpoints" / "round_0002.safetensors"
     latest.write_bytes(b"\x00" * 10)
-    assert _cli(monkeypatch, "train", "--resume", str(run_dir), "-q") == 0
+    assert run_cli(monkeypatch, "train", "--resume", str(run_dir), "-q") == 0
     err = capsys.readouterr().err
     assert f"warning: checkpoint {latest} cannot be read" in err
     assert "resuming after round 1" in err
@@ -280,7 +272,7 @@ def test_temp_files_left_by_a_killed_checkpoint_write_are_removed(
     ]
     for path in left:
         path.write_bytes(b"")
-    assert _cli(monkeypatch, "train", "--resume", str(run_dir), "--set", "run.rounds=3", "-q") == 0
+    assert run_cli(monkeypatch, "train", "--resume", str(run_dir), "--set", "run.rounds=3", "-q") == 0
     assert [p for p in left if p.exists()] == []
     assert _summary(run_dir)["rounds_done"] == 3
 
@@ -293,7 +285,7 @@ def test_a_damaged_metrics_line_is_named_and_restored_on_resume(
     metrics = run_dir / "metrics.jsonl"
     text = metrics.read_text()
     metrics.write_text(text[:-40])  # the last line cut in half
-    assert _cli(monkeypatch, "train", "--resume", str(run_dir), "-q") == 0
+    assert run_cli(monkeypatch, "train", "--resume", str(run_dir), "-q") == 0
     err = capsys.readouterr().err
     assert f"warning: {metrics}, line 6: cut off (not valid JSON)" in err
     assert _records(metrics) == _records(finished / "metrics.jsonl")

@@ -13,21 +13,15 @@ import numpy as np
 import pytest
 from conftest import TinyRun
 
-from app.cli import main
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))  # the shared CLI runner
+from cli_runner import run_cli
+
 from inference import predict
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
     with path.open(newline="", encoding="utf-8") as handle:
         return list(csv.DictReader(handle))
-
-
-def _cli(monkeypatch: pytest.MonkeyPatch, *args: str) -> int:
-    monkeypatch.setattr(sys, "argv", ["gastric-fl", *args])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    code = exit_info.value.code
-    return int(code) if isinstance(code, int) else 0
 
 
 @pytest.mark.parametrize("client", [0, 1])  # hospital 1 is gray: its tiles are converted as prepare converts them
@@ -71,8 +65,8 @@ def test_predict_a_folder_outlines_annotations_and_reports_sensitivity(
     tiny_run: TinyRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "out"
-    code = _cli(monkeypatch, "predict", "--model", str(tiny_run.bundle(0)), "--slide", str(tiny_run.raw),
-                "--out", str(out), "--no-progress")  # fmt: skip
+    code = run_cli(monkeypatch, "predict", "--model", str(tiny_run.bundle(0)), "--slide", str(tiny_run.raw),
+                   "--out", str(out), "--no-progress")  # fmt: skip
     assert code == 0
     names = sorted(p.stem for p in tiny_run.raw.glob("*.png") if not p.stem.endswith("_mask"))
     assert sorted(r["slide"] for r in _rows(out / "summary.csv")) == names
@@ -86,14 +80,16 @@ def test_predict_a_folder_outlines_annotations_and_reports_sensitivity(
     (out / "notes.txt").write_text("mine", encoding="utf-8")
     slide = str(tiny_run.raw / "slide_0000.png")
     model = str(tiny_run.bundle(0))
-    assert _cli(monkeypatch, "predict", "--model", model, "--slide", slide, "--out", str(out), "--no-progress") == 0
+    assert run_cli(monkeypatch, "predict", "--model", model, "--slide", slide, "--out", str(out), "--no-progress") == 0
     assert (out / "notes.txt").read_text(encoding="utf-8") == "mine"
     capsys.readouterr()
     # a folder predict did not make is refused as a whole
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "report.pdf").write_bytes(b"%PDF")
-    assert _cli(monkeypatch, "predict", "--model", model, "--slide", slide, "--out", str(foreign), "--no-progress") == 2
+    assert (
+        run_cli(monkeypatch, "predict", "--model", model, "--slide", slide, "--out", str(foreign), "--no-progress") == 2
+    )
     _one_line_error(capsys, "did not write")
     assert sorted(p.name for p in foreign.iterdir()) == ["report.pdf"]
 
@@ -143,8 +139,8 @@ def test_a_bundle_that_does_not_fit_is_one_line_and_exit_2(
         (bundle / "model.json").write_text(json.dumps(card | {"architecture": "resnet18"}), encoding="utf-8")
     else:
         shutil.rmtree(bundle)
-    code = _cli(monkeypatch, "predict", "--model", str(bundle), "--slide", str(tiny_run.raw / "slide_0000.png"),
-                "--out", str(tmp_path / "out"), "--no-progress")  # fmt: skip
+    code = run_cli(monkeypatch, "predict", "--model", str(bundle), "--slide", str(tiny_run.raw / "slide_0000.png"),
+                   "--out", str(tmp_path / "out"), "--no-progress")  # fmt: skip
     assert code == 2
     _one_line_error(capsys, *words)
     assert not (tmp_path / "out").exists()
@@ -162,10 +158,10 @@ def test_an_unreadable_slide_and_a_slide_without_tissue_are_one_line_and_exit_2(
     model = str(tiny_run.bundle(0))
     for slide, words in ((broken, ("broken.png",)), (blank, ("no tissue",)), (text, ("notes.tiff", "not a PNG"))):
         out = str(tmp_path / slide.stem)
-        code = _cli(monkeypatch, "predict", "--model", model, "--slide", str(slide), "--out", out, "--no-progress")
+        code = run_cli(monkeypatch, "predict", "--model", model, "--slide", str(slide), "--out", out, "--no-progress")
         assert code == 2, slide
         _one_line_error(capsys, *words)
     missing = tmp_path / "nowhere.png"
-    assert _cli(monkeypatch, "predict", "--model", model, "--slide", str(missing), "--out", str(tmp_path / "o"),
-                "--no-progress") == 2  # fmt: skip
+    assert run_cli(monkeypatch, "predict", "--model", model, "--slide", str(missing), "--out", str(tmp_path / "o"),
+                       "--no-progress") == 2  # fmt: skip
     _one_line_error(capsys, "does not exist")
