@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
+from pipeline_helpers import file_hashes
 from sklearn.datasets import load_digits
 
 from pipeline.config import build_config
@@ -17,14 +17,6 @@ from pipeline.digits import digit_pixels, export_digits
 from pipeline.errors import PipelineError
 from pipeline.prepare import prepare_dataset
 from pipeline.sources import dataset_classes
-
-
-def _hashes(root: Path) -> dict[str, str]:
-    return {
-        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in root.rglob("*")
-        if p.is_file()
-    }
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +42,7 @@ def test_digits_export_matches_sklearn_per_class_and_pixel(digits: Path, tmp_pat
     assert np.array_equal(digit_pixels(data.images[5], 16), image)
     # Deterministic: a second export is byte-identical.
     export_digits(tmp_path / "again", size=16)
-    assert _hashes(tmp_path / "again") == _hashes(digits)
+    assert file_hashes(tmp_path / "again") == file_hashes(digits)
     with pytest.raises(PipelineError, match="multiple of 8"):
         export_digits(tmp_path / "bad", size=20)
 
@@ -80,7 +72,7 @@ def test_class_order_is_natural_and_binary_folders_keep_normal_first(tmp_path: P
 
 
 def test_prepare_ten_classes_manifest_and_prepare_json(digits: Path, tmp_path: Path) -> None:
-    before = _hashes(digits)
+    before = file_hashes(digits)
     out = tmp_path / "prepared"
     config = build_config(
         None,
@@ -95,7 +87,7 @@ def test_prepare_ten_classes_manifest_and_prepare_json(digits: Path, tmp_path: P
     )
     result = prepare_dataset(config)
     assert result.tiles == 1797
-    assert _hashes(digits) == before
+    assert file_hashes(digits) == before
     info = json.loads((out / "prepare.json").read_text())
     classes = [str(c) for c in range(10)]
     assert info["classes"] == classes

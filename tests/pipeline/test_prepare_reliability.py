@@ -279,6 +279,23 @@ def test_strict_prepare_names_an_empty_slide_in_one_line(
 # --- defect 15: SIGTERM while tiling leaves nothing behind -----------------------------------------------------
 
 
+def _sigterm_once_written(script: str, folder: Path, pattern: str) -> str:
+    """Run ``script`` in a new interpreter, SIGTERM it once ``folder`` holds a file matching ``pattern``, and
+    return its stderr after checking that it exited with 128 + SIGTERM."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 60
+    while not list(folder.glob(pattern)):
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM
+    return stderr
+
+
 def test_sigterm_while_tiling_removes_the_partial_folder(raw: Path, tmp_path: Path) -> None:
     out = tmp_path / "prepared"
     script = (
@@ -294,17 +311,7 @@ def test_sigterm_while_tiling_removes_the_partial_folder(raw: Path, tmp_path: Pa
         " '--sizes', 'equal', '--tile', '32', '--no-progress']\n"
         "main()\n"
     )
-    process = subprocess.Popen(
-        [sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    deadline = time.monotonic() + 60
-    while not list(tmp_path.glob(".prepared.partial-*/client_00/*/*/*.png")):
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 128 + signal.SIGTERM
+    stderr = _sigterm_once_written(script, tmp_path, ".prepared.partial-*/client_00/*/*/*.png")
     assert stderr.strip().splitlines()[-1] == (
         f"error: prepare stopped by SIGTERM; nothing was written to {out} (run it again)"
     )
@@ -340,17 +347,7 @@ def test_sigterm_during_synth_leaves_nothing(tmp_path: Path) -> None:
         f"sys.argv = ['gastric-fl', 'synth', '--images', '400', '--size', '128', '--out', {str(out)!r}]\n"
         "main()\n"
     )
-    process = subprocess.Popen(
-        [sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    deadline = time.monotonic() + 60
-    while not list(tmp_path.glob(".raw.partial-*/*.png")):
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 128 + signal.SIGTERM
+    stderr = _sigterm_once_written(script, tmp_path, ".raw.partial-*/*.png")
     assert (
         stderr.strip().splitlines()[-1]
         == f"error: synth stopped by SIGTERM; nothing was written to {out} (run it again)"

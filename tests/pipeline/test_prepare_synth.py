@@ -3,26 +3,18 @@
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
+from pipeline_helpers import file_hashes
 
 from pipeline.config import PrepareConfig, build_config
 from pipeline.prepare import prepare_dataset
 from pipeline.svgmask import rasterise_svg
 from pipeline.synth import generate_dataset
-
-
-def _hashes(root: Path) -> dict[str, str]:
-    return {
-        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in root.rglob("*")
-        if p.is_file()
-    }
 
 
 def _imread(path: Path, flags: int = cv2.IMREAD_COLOR) -> np.ndarray:
@@ -64,7 +56,7 @@ def _config(raw: Path, out: Path, fmt: str, **split: object) -> PrepareConfig:
 
 
 def test_seed_synth_labels_white_ratios_and_splits(seed_raw: Path, tmp_path: Path) -> None:
-    before = _hashes(seed_raw)
+    before = file_hashes(seed_raw)
     out = tmp_path / "prepared"
     result = prepare_dataset(_config(seed_raw, out, "seed"))
     assert not result.skipped
@@ -85,7 +77,7 @@ def test_seed_synth_labels_white_ratios_and_splits(seed_raw: Path, tmp_path: Pat
         split_of.setdefault(row["source"], set()).add(row["split"])
     assert all(len(s) == 1 for s in split_of.values())
     assert {r["label"] for r in rows} == {"normal", "abnormal"}
-    assert _hashes(seed_raw) == before
+    assert file_hashes(seed_raw) == before
 
 
 def test_bot_synth_tiles_come_from_inside_the_annotation(bot_raw: Path, tmp_path: Path) -> None:
@@ -112,7 +104,7 @@ def test_bot_synth_tiles_come_from_inside_the_annotation(bot_raw: Path, tmp_path
 def test_synth_rerun_gives_identical_bytes(seed_raw: Path, tmp_path: Path) -> None:
     prepare_dataset(_config(seed_raw, tmp_path / "a", "seed", partition="dirichlet:1", sizes="random"))
     prepare_dataset(_config(seed_raw, tmp_path / "b", "seed", partition="dirichlet:1", sizes="random"))
-    first, second = _hashes(tmp_path / "a"), _hashes(tmp_path / "b")
+    first, second = file_hashes(tmp_path / "a"), file_hashes(tmp_path / "b")
     assert first == second
     assert len(first) > 10
     sheet = _imread(tmp_path / "a" / "contact_sheet.png")

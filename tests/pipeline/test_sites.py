@@ -4,7 +4,6 @@ gray hospitals stay gray, the same settings give the same bytes, and prepare rec
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import math
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from pipeline_helpers import file_hashes
 
 from pipeline.config import build_config
 from pipeline.errors import PipelineError
@@ -134,14 +134,6 @@ def test_listed_profiles_override_and_bad_values_are_one_line() -> None:
             build_config({"split": {"clients": 3}, "sites": sites})
 
 
-def _hashes(root: Path) -> dict[str, str]:
-    return {
-        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in root.rglob("*")
-        if p.is_file()
-    }
-
-
 @pytest.fixture(scope="module")
 def raw(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("sites") / "raw"
@@ -168,12 +160,12 @@ def _prepare(raw: Path, out: Path, shift: str) -> None:
 def test_prepare_with_sites_is_deterministic_records_profiles_and_keeps_the_same_tiles(
     raw: Path, tmp_path: Path
 ) -> None:
-    before = _hashes(raw)
+    before = file_hashes(raw)
     _prepare(raw, tmp_path / "a", "random")
     _prepare(raw, tmp_path / "b", "random")
     _prepare(raw, tmp_path / "plain", "none")
-    assert _hashes(tmp_path / "a") == _hashes(tmp_path / "b")
-    assert _hashes(raw) == before  # raw data never modified
+    assert file_hashes(tmp_path / "a") == file_hashes(tmp_path / "b")
+    assert file_hashes(raw) == before  # raw data never modified
     info = json.loads((tmp_path / "a" / "prepare.json").read_text())
     assert info["config"]["sites"] == {"shift": "random", "strength": 1.5, "profile": []}
     for client in info["clients"]:
