@@ -544,6 +544,13 @@ def config_from_dict(raw: Mapping[str, Any], source: str = "config") -> RunConfi
     _check_unused(config, "adam", config.client.optimizer == "adam", 'they apply only with client.optimizer = "adam"')
     from federation.strategies import OWN_START
 
+    if config.strategy.name == "precision_weighted" and config.client.optimizer != "adam":
+        _fail(
+            "client.optimizer",
+            config.client.optimizer,
+            "precision_weighted weights clients by Adam's second moments: set client.optimizer = adam "
+            "(paper 004 uses lr 0.001)",
+        )
     if config.client.start == "own" and config.strategy.name not in OWN_START:
         _fail(
             "client.start",
