@@ -90,6 +90,7 @@ class RunInfo:
     dataset: Path | None
     modified: float
     pid: int | None = None
+    pid_started: int | None = None  # the process's start time, so that a reused pid is not taken for the run
 
 
 def _resolve_dataset(value: Any, run: Path) -> Path | None:
@@ -132,6 +133,7 @@ def run_info(run: Path, run_id: str | None = None) -> RunInfo:
         dataset=run_dataset(config, run) or _resolve_dataset(summary.get("dataset"), run),
         modified=max(stamps, default=run.stat().st_mtime),
         pid=summary["pid"] if isinstance(summary.get("pid"), int) else None,
+        pid_started=summary["pid_started"] if isinstance(summary.get("pid_started"), int) else None,
     )
 
 

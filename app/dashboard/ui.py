@@ -84,7 +84,7 @@ def display_status(info: RunInfo) -> str:
     """The run's status, corrected by what the dashboard knows of the process that writes it."""
     job = jobs.for_target(jobs_dir(), info.path)
     job_state = jobs.state(jobs_dir(), job) if job else None
-    return jobs.run_status(info.status, job_state, jobs.pid_alive(info.pid) if job is None else None)
+    return jobs.run_status(info.status, job_state, jobs.pid_alive(info.pid, info.pid_started) if job is None else None)
 
 
 def pick_run(runs: list[RunInfo], label: str = "Run", key: str = "run_picker") -> RunInfo | None:

@@ -112,3 +112,20 @@ def test_dashboard_refuses_a_file_as_data_root(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0
     assert "is a file" in result.stderr
+
+
+def test_a_terminal_run_whose_pid_was_reused_reads_as_stopped(tmp_path: Path) -> None:
+    # summary.json names this very process, but with another start time: the pid now belongs to someone else
+    from app.dashboard.runs import run_info
+    from federation.processes import process_start_time
+
+    run = tmp_path / "run"
+    run.mkdir()
+    started = process_start_time(os.getpid())
+    assert started is not None
+    (run / "summary.json").write_text(f'{{"status": "running", "pid": {os.getpid()}, "pid_started": {started + 1}}}')
+    info = run_info(run)
+    assert info.pid_started == started + 1
+    assert jobs.pid_alive(info.pid, info.pid_started) is False
+    assert jobs.pid_alive(info.pid, started) is True
+    assert jobs.stop_pid(info.pid, info.pid_started) is False  # never signals a stranger

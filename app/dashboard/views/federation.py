@@ -230,7 +230,7 @@ def _monitor(info: RunInfo) -> None:
         if job is not None:
             jobs.stop(jobs_dir, job)
         elif info.pid is not None:
-            jobs.stop_pid(info.pid)  # a run started from a terminal
+            jobs.stop_pid(info.pid, info.pid_started)  # a run started from a terminal
         st.rerun()
 
     if metrics.empty:
