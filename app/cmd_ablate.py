@@ -54,7 +54,11 @@ def register(app: typer.Typer) -> None:
         ),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-round progress bars."),
     ) -> None:
-        """Run an ablation grid (resumable) and write Table 4-7 style Markdown/CSV tables and accuracy curves."""
+        """Run an ablation grid (resumable) and write Table 4-7 style Markdown/CSV tables and accuracy curves.
+
+        With Separate or FedAvg in the grid, also each method's paired difference to them over the same seeds
+        (paired.md / paired.csv, printed).
+        """
         from federation.ablation import load_plan, run_plan, write_tables
         from federation.engine import RunStopped
         from federation.errors import FederationError
@@ -69,6 +73,9 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"stopped; run the same command again to continue ({exc})", err=True)
                 raise typer.Exit(130) from exc
         paths = write_tables(plan, folder)
+        if "paired" in paths:  # each method minus Separate / FedAvg, seed by seed (docs/ablations.md)
+            typer.echo(paths["paired"].read_text(encoding="utf-8"))
+            typer.echo(f"paired differences: {paths['paired']} (and paired.csv)")
         typer.echo(f"tables: {paths['results']}")
         if state is not None:
             cells = state["cells"]

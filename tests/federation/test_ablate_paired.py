@@ -1,0 +1,196 @@
+"""Paired differences of `gastric-fl ablate`: each method minus Separate / FedAvg over the same seeds."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from federation.ablation import (
+    T_975,
+    load_plan,
+    paired_differences,
+    paired_interval,
+    run_plan,
+    t_quantile_975,
+    write_tables,
+)
+from federation.config import RunConfig, config_to_toml
+from federation.errors import FederationError
+
+
+def test_paired_interval_on_unequal_differences() -> None:
+    # d = [0.1, 0.3, -0.05]: mean = 0.35 / 3 = 0.1166667
+    # deviations -0.0166667, 0.1833333, -0.1666667 -> squares 0.0002778 + 0.0336111 + 0.0277778 = 0.0616667
+    # sd = sqrt(0.0616667 / 2) = 0.1755942; t_{0.975, 2} = 4.302653
+    # half-width = 4.302653 * 0.1755942 / sqrt(3) = 0.4362002 -> [-0.3195336, 0.5528669]
+    stats = paired_interval([0.1, 0.3, -0.05])
+    assert stats.n == 3
+    assert stats.mean == pytest.approx(0.1166667, abs=1e-7)
+    assert stats.sd == pytest.approx(0.1755942, abs=1e-7)
+    assert stats.low == pytest.approx(-0.3195336, abs=1e-7)
+    assert stats.high == pytest.approx(0.5528669, abs=1e-7)
+    # two seeds: d = [0.1, 0.3]: mean 0.2, sd 0.1414214, half-width 12.706205 * 0.1414214 / sqrt(2) = 1.2706205
+    two = paired_interval([0.1, 0.3])
+    assert (two.low, two.high) == (pytest.approx(-1.0706205, abs=1e-7), pytest.approx(1.4706205, abs=1e-7))
+    # one seed: a mean, no spread and no interval; none: nothing
+    one = paired_interval([0.25])
+    assert (one.n, one.mean, one.sd, one.low, one.high) == (1, 0.25, None, None, None)
+    assert paired_interval([]).mean is None
+
+
+def test_differences_use_only_seeds_both_sides_have() -> None:
+    method = {0: 0.9, 1: 0.8, 2: 0.7, 3: None}
+    reference = {0: 0.7, 2: 0.75, 3: 0.5, 4: 0.6}
+    assert paired_differences(method, reference) == pytest.approx([0.2, -0.05])
+
+
+def test_t_quantiles() -> None:
+    assert t_quantile_975(1) == 12.706205
+    assert t_quantile_975(2) == 4.302653
+    assert t_quantile_975(30) == 2.042272
+    assert 1.96 <= t_quantile_975(60) < 2.0003
+    with pytest.raises(ValueError, match="degrees of freedom"):
+        t_quantile_975(0)
+    stats = pytest.importorskip("scipy.stats")
+    for df, value in enumerate(T_975, start=1):
+        assert value == pytest.approx(float(stats.t.ppf(0.975, df)), abs=1e-6)
+
+
+# Final averaged (= worst hospital) accuracy per method and seed; AUC constant per method.
+ACC = {
+    "separate": {0: 0.70, 1: 0.60},  # seed 2 fails: left out of its pairs
+    "fedavg": {0: 0.80, 1: 0.90, 2: 0.75},
+    "fedamp": {0: 0.90, 1: 0.80, 2: 0.70},
+    "fedsaf": {0: 0.95, 1: 0.95, 2: 0.95},
+}
+AUC = {"separate": 0.80, "fedavg": 0.90, "fedamp": 0.95, "fedsaf": 0.99}
+
+
+class PairedFakeTrain:
+    """A finished run directory with two hospitals of equal figures taken from ``ACC`` / ``AUC``."""
+
+    def __call__(self, config: RunConfig, run_dir: Path, *, resume: bool, overwrite: bool, progress: bool) -> Any:
+        name, seed = config.strategy.name, config.run.seed
+        if seed not in ACC[name]:
+            raise FederationError("client 0, round 1: the training loss became nan")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.toml").write_text(config_to_toml(config), encoding="utf-8")
+        lines = [
+            {
+                "round": 1,
+                "client": c,
+                "train_loss": 0.5,
+                "test_loss": 0.4,
+                "test_acc": ACC[name][seed],
+                "test_auc": AUC[name],
+                "fisher_trace": None,
+                "values_sent": 1000,
+                "values_received": 900,
+                "seconds": 1.0,
+                "num_train": 10,
+                "num_test": 4,
+            }
+            for c in (0, 1)
+        ]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
+        (run_dir / "aggregation.jsonl").write_text(json.dumps({"round": 1, "seconds": 2.0}) + "\n", encoding="utf-8")
+        (run_dir / "summary.json").write_text(json.dumps({"status": "finished"}), encoding="utf-8")
+        return {"status": "finished"}
+
+
+def _ablation(tmp_path: Path) -> Path:
+    data = tmp_path / "ds"
+    data.mkdir()
+    (data / "manifest.csv").write_text("client,split,label,path,channels\n", encoding="utf-8")
+    (tmp_path / "preset.toml").write_text(
+        f'[run]\nname = "t"\nrounds = 1\n[data]\npath = "{data.as_posix()}"\n', encoding="utf-8"
+    )
+    path = tmp_path / "ablation_p.toml"
+    path.write_text(
+        '[ablation]\nconfig = "preset.toml"\nseeds = 3\n'
+        '[[ablation.block]]\ntable = "methods"\nstrategy = ["separate", "fedavg", "fedamp"]\n'
+        # FedSAF only at nhead 6: no Separate / FedAvg with that setting, so no paired row
+        '[[ablation.block]]\ntable = "nhead"\nstrategy = "fedsaf"\nnhead = 6\n',
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_ablate_writes_and_prints_the_paired_table(tmp_path: Path) -> None:
+    from app.cli import app
+
+    ablation = _ablation(tmp_path)
+    out = tmp_path / "abl"
+    state = run_plan(load_plan(ablation), out, train_fn=PairedFakeTrain(), progress=False, echo=lambda _: None)
+    assert [c["id"] for c in state["cells"] if c["status"] == "failed"] == ["strategy-separate_seed-2"]
+    paths = write_tables(load_plan(ablation), out, per_run_reports=False)
+    text = paths["paired"].read_text(encoding="utf-8")
+    # fedavg - separate, seeds 0 and 1: acc d = [0.1, 0.3] -> 0.2 +- 12.706205 * 0.1414214 / sqrt(2) = 1.2706205
+    # AUC d = [0.1, 0.1] -> 0.1 with sd 0: [0.1, 0.1]; worst hospital = the same figures (equal hospitals)
+    assert "| fedavg | separate | 2 | +0.2000 [-1.0706, +1.4706] | +0.1000 [+0.1000, +0.1000] |" in text
+    # fedamp - separate: acc d = [0.2, 0.2] -> [0.2, 0.2]; AUC d = 0.15
+    assert "| fedamp | separate | 2 | +0.2000 [+0.2000, +0.2000] | +0.1500 [+0.1500, +0.1500] |" in text
+    # fedamp - fedavg, seeds 0, 1, 2: acc d = [0.1, -0.1, -0.05]: mean -0.0166667,
+    # sd = sqrt((0.1166667^2 + 0.0833333^2 + 0.0333333^2) / 2) = sqrt(0.0216667 / 2) = 0.1040833,
+    # half = 4.302653 * 0.1040833 / sqrt(3) = 0.2585572 -> [-0.2752239, 0.2418906]; AUC d = 0.05
+    assert "| fedamp | fedavg | 3 | -0.0167 [-0.2752, +0.2419] | +0.0500 [+0.0500, +0.0500] |" in text
+    assert "| separate | fedavg | 2 | -0.2000 [-1.4706, +1.0706] |" in text
+    assert "fedsaf" not in text
+    with (out / "paired.csv").open(encoding="utf-8") as handle:
+        rows = {(r["method"], r["reference"]): r for r in csv.DictReader(handle)}
+    assert set(rows) == {("fedavg", "separate"), ("fedamp", "separate"), ("separate", "fedavg"), ("fedamp", "fedavg")}
+    row = rows[("fedamp", "fedavg")]
+    assert row["n"] == "3"
+    assert float(row["avg_test_acc_diff_mean"]) == pytest.approx(-0.0166667, abs=1e-7)
+    assert float(row["avg_test_acc_diff_sd"]) == pytest.approx(0.1040833, abs=1e-7)
+    assert float(row["avg_test_acc_diff_low"]) == pytest.approx(-0.2752239, abs=1e-7)
+    assert float(row["avg_test_acc_diff_high"]) == pytest.approx(0.2418906, abs=1e-7)
+    assert float(row["avg_test_auc_diff_mean"]) == pytest.approx(0.05)
+    assert "Paired differences to Separate and FedAvg" in paths["results"].read_text(encoding="utf-8")
+
+    # one seed: a mean and "n/a" for the interval; printed by the command
+    result = CliRunner().invoke(
+        app, ["ablate", "--config", str(ablation), "--seeds", "1", "--out", str(out), "--tables-only"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "| fedavg | separate | 1 | +0.1000 [n/a] | +0.1000 [n/a] |" in result.output
+    assert "paired differences:" in result.output
+
+
+def test_pairs_match_every_other_setting(tmp_path: Path) -> None:
+    ablation = _ablation(tmp_path)
+    ablation.write_text(
+        ablation.read_text(encoding="utf-8").split("[[ablation.block]]")[0]
+        + '[[ablation.block]]\nstrategy = ["fedavg", "fedamp"]\n"client.lr" = [0.01, 0.05]\n'
+        + '[[ablation.block]]\nstrategy = "fedsaf"\n"client.lr" = 0.1\n',
+        encoding="utf-8",
+    )
+    plan = load_plan(ablation)
+    out = tmp_path / "abl"
+    run_plan(plan, out, train_fn=PairedFakeTrain(), progress=False, echo=lambda _: None)
+    text = write_tables(plan, out, per_run_reports=False)["paired"].read_text(encoding="utf-8")
+    # one fedamp - fedavg row per learning rate, no row for fedsaf (no fedavg at lr 0.1)
+    assert "| client.lr | method | minus | n |" in text
+    assert "| 0.01 | fedamp | fedavg | 3 | -0.0167 [-0.2752, +0.2419] |" in text
+    assert "| 0.05 | fedamp | fedavg | 3 | -0.0167 [-0.2752, +0.2419] |" in text
+    assert "fedsaf" not in text
+    assert text.count("| fedamp |") == 2
+
+
+def test_no_reference_no_paired_table(tmp_path: Path) -> None:
+    ablation = _ablation(tmp_path)
+    ablation.write_text(
+        ablation.read_text(encoding="utf-8").split("[[ablation.block]]")[0]
+        + '[[ablation.block]]\nstrategy = ["fedamp", "fedsaf"]\n',
+        encoding="utf-8",
+    )
+    plan = load_plan(ablation)
+    out = tmp_path / "abl"
+    run_plan(plan, out, train_fn=PairedFakeTrain(), progress=False, echo=lambda _: None)
+    assert "paired" not in write_tables(plan, out, per_run_reports=False)
+    assert not (out / "paired.md").exists()
