@@ -22,7 +22,7 @@ from federation.data import check_clients, read_manifest
 from federation.engine.common import derive_seed, initial_state, resolve_config, resolve_device
 from federation.engine.hospital import Site, hospital_folder, manifest_sha256
 from federation.engine.loop import Engine, RunStopped
-from federation.engine.pools import InProcessPool, Observer, Pool, WorkerPool
+from federation.engine.pools import InProcessPool, Pool, WorkerPool
 from federation.errors import FederationError
 from federation.runs import CONFIG_FILE, SUMMARY_FILE, complete_checkpoints, read_json
 from models import check_input_size
@@ -64,14 +64,12 @@ def train(
     resume: bool = False,
     overwrite: bool = False,
     progress: bool = True,
-    observers: Sequence[Observer] = (),
 ) -> dict[str, Any]:
     """Run (or resume) a federation into ``run_dir`` with ``run.engine``; returns the final summary.
 
-    ``observers`` see every message envelope that crosses the hospital boundary (the audit test uses them).
+    ``run.audit = true`` describes every message that crosses the hospital boundary in ``messages.jsonl``.
     """
     config = resolve_config(config)
-    engine = Engine(config, run_dir, progress=progress)
     if config.run.engine == "flower":
         from federation.flower.runner import run_with_flower
 
@@ -79,16 +77,17 @@ def train(
     # Settings that cannot work are refused before a run directory exists, so a mistyped --data leaves nothing.
     check_input_size(config.model.name, config.data.input_size)
     sites = local_sites(config, run_dir)
-    engine.dataset_sha256 = manifest_sha256(Path(config.data.path))  # recorded in summary.json, checked on resume
     if config.run.engine == "flower-sim":
         from federation.flower.runner import run_with_flower
 
         return run_with_flower(config, run_dir, resume=resume, overwrite=overwrite, progress=progress, sites=sites)
+    engine = Engine(config, run_dir, progress=progress)
+    engine.dataset_sha256 = manifest_sha256(Path(config.data.path))  # recorded in summary.json, checked on resume
 
     def make_pool() -> Pool:
         if config.run.workers > 0:
-            return WorkerPool(sites, config.run.workers, config.run.threads, observers)
-        return InProcessPool(sites, observers)
+            return WorkerPool(sites, config.run.workers, config.run.threads)
+        return InProcessPool(sites)
 
     return engine.run(make_pool, resume=resume, overwrite=overwrite)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -142,42 +142,6 @@ class FlowerPool(Pool):
         return out
 
 
-def engine_main(
-    engine: Engine,
-    *,
-    hospitals: int,
-    resume: bool,
-    overwrite: bool,
-    observers: Sequence[Observer] = (),
-    outcome: dict[str, Any] | None = None,
-) -> Callable[[Grid, Context], None]:
-    """A ``ServerApp`` main that runs ``engine`` over the grid; the summary or the exception lands in ``outcome``."""
-
-    def main(grid: Grid, context: Context) -> None:
-        config = engine.config
-
-        def make_pool() -> Pool:
-            return FlowerPool(
-                grid,
-                hospitals=hospitals,
-                connect_timeout=config.flower.connect_timeout,
-                round_timeout=config.flower.round_timeout,
-                observers=observers,
-            )
-
-        try:
-            summary = engine.run(make_pool, resume=resume, overwrite=overwrite)
-        except BaseException as exc:
-            if outcome is None:
-                raise
-            outcome["error"] = exc
-            return
-        if outcome is not None:
-            outcome["summary"] = summary
-
-    return main
-
-
 # -- the hospital side -----------------------------------------------------------------------------------------------
 def hospital_site(node_config: Mapping[str, Any], run_config: Mapping[str, Any]) -> Site:
     """Where this node's hospital is.
@@ -233,12 +197,16 @@ def server_app() -> ServerApp:
         run_dir = Path(str(settings["run-dir"]))
         engine = Engine(config, run_dir, progress=False)
         engine.dataset_sha256 = str(settings.get("dataset-sha256", "")) or None
-        engine_main(
-            engine,
-            hospitals=int(settings["hospitals"]),
-            resume=bool(settings["resume"]),
-            overwrite=bool(settings["overwrite"]),
-        )(grid, context)
+
+        def make_pool() -> Pool:
+            return FlowerPool(
+                grid,
+                hospitals=int(settings["hospitals"]),
+                connect_timeout=config.flower.connect_timeout,
+                round_timeout=config.flower.round_timeout,
+            )
+
+        engine.run(make_pool, resume=bool(settings["resume"]), overwrite=bool(settings["overwrite"]))
 
     return app
 
@@ -246,7 +214,6 @@ def server_app() -> ServerApp:
 __all__ = [
     "FlowerPool",
     "client_app",
-    "engine_main",
     "from_record",
     "hospital_site",
     "server_app",

@@ -22,15 +22,10 @@ from typing import Any
 from federation.config import RunConfig
 from federation.engine import local_sites, resolve_config
 from federation.engine.hospital import hospital_folder
-from federation.flower.kit import init_kit
+from federation.flower.kit import hospital_name, init_kit
 from federation.flower.processes import LocalDeployment, NodeSpec
 from federation.flower.runner import run_config, submit_and_follow
 from models import check_input_size
-
-
-def hospital_name(client: int) -> str:
-    """The kit's name of the dataset's hospital ``client`` (its folder name in a run)."""
-    return f"client_{client:02d}"
 
 
 def run_demo(

@@ -166,11 +166,16 @@ class Kit:
 
 
 # -- public entry points ---------------------------------------------------------------------------------------------
+def hospital_name(client: int) -> str:
+    """``client_XX``: the kit's name of a dataset's hospital ``client``, as its folder is named in a run."""
+    return f"client_{client:02d}"
+
+
 def default_hospital_names(count: int) -> list[str]:
     """``client_00``, ``client_01``, ...: the names the engine gives hospitals' folders (``hospitals/client_XX``)."""
     if count < 1:
         raise FederationError(f"a federation needs at least one hospital, got {count}")
-    return [f"client_{i:02d}" for i in range(count)]
+    return [hospital_name(i) for i in range(count)]
 
 
 def init_kit(

@@ -363,35 +363,41 @@ class SuperLink(ManagedProcess):
 
     ``start`` returns once ``GET https://HOST:PORT/health`` (Flower's health router) answers 200 over TLS verified
     with the CA, i.e. the certificate and the port work; it raises with the log's tail if the process dies or
-    ``ready_timeout`` passes.
+    ``ready_timeout`` passes. Without certificates it is a plain-HTTP SuperLink (``--insecure``), and with
+    ``simulation`` it runs Flower's simulation runtime instead of waiting for SuperNodes (``train --engine
+    flower-sim``, on 127.0.0.1 only).
     """
 
     def __init__(
         self,
         *,
-        ca_cert: Path,
-        cert: Path,
-        key: Path,
+        ca_cert: Path | None = None,
+        cert: Path | None = None,
+        key: Path | None = None,
         workdir: Path,
         host: str = "127.0.0.1",
         port: int | None = None,
         ready_timeout: float = 90.0,
         supernode_auth: bool = True,
+        simulation: bool = False,
     ) -> None:
         self.host = host
         self.port = free_port(host if host not in ("0.0.0.0", "::") else "127.0.0.1") if port is None else port
-        self.ca_cert = Path(ca_cert).resolve()
+        self.ca_cert = None if ca_cert is None else Path(ca_cert).resolve()
         self.ready_timeout = ready_timeout
         self.database = Path(workdir).resolve() / "superlink.db"
+        if self.ca_cert is not None and cert is not None and key is not None:
+            security = ["--ssl-ca-certfile", str(self.ca_cert), "--ssl-certfile", str(Path(cert).resolve())]
+            security += ["--ssl-keyfile", str(Path(key).resolve())]
+            security += ["--enable-supernode-auth"] if supernode_auth else []
+        elif ca_cert is None and cert is None and key is None:
+            security = ["--insecure"]  # plain HTTP: only for a SuperLink nothing outside this machine dials
+        else:
+            raise FederationError("a TLS SuperLink needs its CA certificate, certificate and key together")
         argv = [
             executable("flower-superlink"),
-            "--ssl-ca-certfile",
-            str(self.ca_cert),
-            "--ssl-certfile",
-            str(Path(cert).resolve()),
-            "--ssl-keyfile",
-            str(Path(key).resolve()),
-            *(["--enable-supernode-auth"] if supernode_auth else []),
+            *security,
+            *(["--simulation"] if simulation else []),
             "--disable-runtime-dependency-installation",
             "--isolation",
             "subprocess",
@@ -442,9 +448,9 @@ class SuperLink(ManagedProcess):
         return float(self.started_in or 0.0)
 
     def healthy(self) -> bool:
-        """Whether ``/health`` answers 200 over TLS verified with the CA."""
-        context = ssl.create_default_context(cafile=str(self.ca_cert))
-        url = f"https://{self.address}/health"
+        """Whether ``/health`` answers 200 (over TLS verified with the CA, unless the SuperLink is plain HTTP)."""
+        context = None if self.ca_cert is None else ssl.create_default_context(cafile=str(self.ca_cert))
+        url = f"{'http' if self.ca_cert is None else 'https'}://{self.address}/health"
         try:
             with urllib.request.urlopen(url, context=context, timeout=2.0) as response:
                 return int(response.status) == 200
@@ -557,6 +563,7 @@ class FlwrCli:
     ca_cert: Path | None
     connection: str = CONNECTION
     timeout: float = 120.0
+    simulation: Mapping[str, ConfigValue] | None = None
     env: dict[str, str] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -568,6 +575,8 @@ class FlwrCli:
             lines.append("insecure = true")
         else:
             lines.append(f"root-certificates = {json.dumps(str(Path(self.ca_cert).resolve()))}")
+        # a simulation SuperLink takes its federation from the connection: options.num-supernodes, backend, ...
+        lines.extend(f"options.{k} = {json.dumps(v)}" for k, v in (self.simulation or {}).items())
         (self.home / "config.toml").write_text("\n".join(lines) + "\n", encoding="utf-8")
         self.env = flower_env(self.home)
 

@@ -19,8 +19,6 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,67 +29,10 @@ from federation.config import RunConfig, config_to_toml
 from federation.engine.hospital import HOSPITALS_DIR, Site, manifest_sha256
 from federation.engine.loop import RunStopped
 from federation.errors import FederationError
-from federation.flower.processes import (
-    COMPLETED,
-    FINISHED,
-    ConfigValue,
-    FlwrCli,
-    ManagedProcess,
-    executable,
-    flower_env,
-    free_port,
-)
+from federation.flower.processes import COMPLETED, FINISHED, ConfigValue, FlwrCli, SuperLink
 from federation.runs import SUMMARY_FILE, now_iso, read_json, write_json
 
 FAB_DIR = Path(__file__).resolve().parent / "fab"
-
-
-class SimulationSuperLink(ManagedProcess):
-    """``flower-superlink --simulation`` on 127.0.0.1, plain HTTP (nothing leaves this machine), in its own
-    process group; ``start`` returns once ``/health`` answers."""
-
-    def __init__(self, workdir: Path, *, ready_timeout: float = 90.0) -> None:
-        self.port = free_port()
-        self.ready_timeout = ready_timeout
-        argv = [
-            executable("flower-superlink"),
-            "--simulation",
-            "--insecure",
-            "--disable-runtime-dependency-installation",
-            "--isolation",
-            "subprocess",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--database",
-            str(workdir / "superlink.db"),
-        ]
-        home = workdir / "superlink-home"
-        super().__init__(
-            "simulation SuperLink", argv, log_path=workdir / "superlink.log", env=flower_env(home), cwd=home
-        )
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        super().start()
-        deadline = time.monotonic() + self.ready_timeout
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://{self.address}/health", timeout=2.0) as response:
-                    if int(response.status) == 200:
-                        self.track()
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            if not self.alive() or time.monotonic() > deadline:
-                tail = self.log_tail()
-                self.stop(grace=1.0)
-                raise FederationError(f"the simulation SuperLink did not start; last lines of its log:\n{tail}")
-            time.sleep(0.25)
 
 
 def run_config(
@@ -112,16 +53,6 @@ def run_config(
         values["sim-clients"] = ",".join(str(s.client) for s in sites)
         values["sim-hospitals-dir"] = str((run_dir / HOSPITALS_DIR).resolve())
     return values
-
-
-def _simulation_options(cli: FlwrCli, num_supernodes: int, threads: int) -> None:
-    """Add the simulation options (virtual SuperNodes, one CPU each per thread) to the CLI's connection."""
-    with (cli.home / "config.toml").open("a", encoding="utf-8") as handle:
-        handle.write(
-            f"options.num-supernodes = {num_supernodes}\n"
-            f"options.backend.client-resources.num-cpus = {max(1, threads)}\n"
-            "options.backend.client-resources.num-gpus = 0\n"
-        )
 
 
 def _rounds_done(run_dir: Path) -> int:
@@ -216,11 +147,16 @@ def run_with_flower(
             cli = FlwrCli(work / "flwr-home", config.flower.superlink, ca)
             values = run_config(config, run_dir, hospitals=config.flower.hospitals, resume=resume, overwrite=overwrite)
             return submit_and_follow(cli, config, run_dir, values, work, progress=progress)
-        superlink = SimulationSuperLink(work)
+        superlink = SuperLink(workdir=work, simulation=True)
         try:
             superlink.start()
-            cli = FlwrCli(work / "flwr-home", superlink.address, None)
-            _simulation_options(cli, len(sites), config.run.threads)
+            # one virtual SuperNode per hospital, run.threads CPUs each (Ray packs as many as fit on the machine)
+            simulation = {
+                "num-supernodes": len(sites),
+                "backend.client-resources.num-cpus": max(1, config.run.threads),
+                "backend.client-resources.num-gpus": 0,
+            }
+            cli = FlwrCli(work / "flwr-home", superlink.address, None, simulation=simulation)
             values = run_config(config, run_dir, hospitals=len(sites), resume=resume, overwrite=overwrite, sites=sites)
             return submit_and_follow(cli, config, run_dir, values, work, progress=progress)
         finally:
