@@ -13,6 +13,9 @@ nothing but what a run writes (`RUN_PATTERNS`; `prepare_run_dir`). Temp files of
 (hidden ``.<name>.*`` beside the file) are never read as checkpoints and are removed at the next start
 (`clean_temp_files`). The process that writes a run is named by its pid *and* start time (``pid_started``), so a
 pid reused by another process does not look like a live run (`is_live_run`).
+
+Only the checkpoint functions import torch (safetensors' torch API), so that the readers of run files (`gastric-fl
+report`, the dashboard) do not wait for it.
 """
 
 from __future__ import annotations
@@ -29,16 +32,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from safetensors.torch import load_file, save_file
-
-from federation.contract import TensorDict
 from federation.errors import FederationError
 from federation.jsonl import DamagedLine, scan_jsonl
 from federation.processes import same_process
 from pipeline.outputs import OutputError, check_replaceable, owned_by, write_marker
+
+if TYPE_CHECKING:
+    import torch
+
+    from federation.contract import TensorDict
 
 CONFIG_FILE = "config.toml"
 METRICS_FILE = "metrics.jsonl"
@@ -251,6 +255,8 @@ def _checkpoint_paths(run_dir: Path, server_round: int) -> tuple[Path, Path]:
 
 def write_checkpoint(run_dir: Path, checkpoint: Checkpoint, keep: int) -> None:
     """Write round ``checkpoint.round`` (tensors first, sidecar last), then drop all but the last ``keep``."""
+    from safetensors.torch import save_file  # torch, only where tensors are written: readers of run files skip it
+
     tensors_path, sidecar_path = _checkpoint_paths(run_dir, checkpoint.round)
     tensors: dict[str, torch.Tensor] = {}
     for key, value in checkpoint.strategy_tensors.items():
@@ -303,6 +309,8 @@ def drop_checkpoint(run_dir: Path, server_round: int) -> None:
 
 def read_checkpoint(run_dir: Path, server_round: int) -> Checkpoint:
     """Load round ``server_round``'s checkpoint."""
+    from safetensors.torch import load_file
+
     tensors_path, sidecar_path = _checkpoint_paths(run_dir, server_round)
     sidecar = read_json(sidecar_path)
     try:
