@@ -54,7 +54,7 @@ def register(app: typer.Typer) -> None:
         ),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     ) -> None:
-        """Train hospitals on a prepared dataset: separate, fedavg, fedprox, fedrep, fedamp or fedsaf."""
+        """Train hospitals on a prepared dataset with one method (strategy.name; docs/methods.md lists them all)."""
         from federation.config import config_to_toml, load_config
         from federation.engine import RunStopped, load_run_config, resolve_config
         from federation.engine import train as run_training
