@@ -56,7 +56,7 @@ OWNER = "train"  # the command named in a run directory's ownership marker
 # Everything a run directory may hold (fnmatch over relative paths, folders end with "/"): the server's files, the
 # audit log (federation.engine.audit), the in-process hospitals' folders (federation.engine.hospital), what
 # `gastric-fl report` and `gastric-fl ablate` write into a run, and the hidden temp files of atomic writes.
-_SERVER_FILES = (CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, AGGREGATION_FILE, "messages.jsonl")
+_SERVER_FILES = (CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, AGGREGATION_FILE, "messages.jsonl", "progress.json")
 _REPORT_FILES = ("report.md", "report.csv", "hospitals.csv", "accuracy.png")
 _HOSPITAL = "hospitals/client_[0-9][0-9]"
 _HOSPITAL_FILES = ("hospital.json", PREDICTIONS_FILE, "model.safetensors", "model.json")  # model.*: models.bundle

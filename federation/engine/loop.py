@@ -12,7 +12,8 @@ finite or not exactly the shared keys is left out of that round's aggregation (`
 reply stops the run with a one-line reason; the checkpoint of the previous round stays, so ``--resume`` continues.
 
 The server's run directory holds only what messages carried: ``config.toml``, ``metrics.jsonl`` (scalars and
-counts per round and hospital), ``aggregation.jsonl``, ``summary.json`` and checkpoints of the strategy's state
+counts per round and hospital), ``aggregation.jsonl``, ``summary.json``, ``progress.json`` (the current round's
+phase and how many hospitals have answered: ``federation.progress``) and checkpoints of the strategy's state
 (shared tensors only). Hospitals keep their own folders (``federation.engine.hospital``); this module never
 reads them.
 
@@ -63,6 +64,7 @@ from federation.engine.pools import Pool
 from federation.errors import FederationError
 from federation.jsonl import DamagedLine, read_jsonl, scan_jsonl
 from federation.processes import process_start_time
+from federation.progress import RoundProgress, now, write_progress
 from federation.report import round_stats, run_figures
 from federation.runs import (
     AGGREGATION_FILE,
@@ -394,6 +396,7 @@ class Engine:
             dynamic_ncols=True,
         )
         self.bar = bar
+        pool.on_answer = self._answered
         try:
             for server_round in range(self.start_round, total + 1):
                 self._round(pool, server_round)
@@ -408,6 +411,16 @@ class Engine:
         if self.progress:
             self.bar.write(text)
 
+    def _progress(self, server_round: int, phase: str, asked: int, done: int = 0) -> None:
+        """Rewrite ``progress.json``: ``done`` of ``asked`` hospitals have answered in ``phase`` of this round."""
+        self._phase = (server_round, phase, asked, done)
+        write_progress(self.run_dir, RoundProgress(server_round, self.config.run.rounds, phase, done, asked, now()))
+
+    def _answered(self, client: int) -> None:
+        """A hospital answered (the pool tells as it happens): one more done in the current phase."""
+        server_round, phase, asked, done = self._phase
+        self._progress(server_round, phase, asked, min(done + 1, asked))
+
     def _round(self, pool: Pool, server_round: int) -> None:
         config = self.config
         start = time.perf_counter()
@@ -421,6 +434,7 @@ class Engine:
             )
             for c, i in instructions.items()
         }
+        self._progress(server_round, "training", len(tasks))
         left_out: dict[str, str] = {}
         trained: dict[int, TrainReply] = {}
         silent: set[int] = set()  # no answer at all: probably down, not asked again this round
@@ -447,6 +461,7 @@ class Engine:
                 f"fix the cause, then continue with gastric-fl train --resume {self.run_dir}"
             )
         received = {c: count_reply_values(t) for c, t in trained.items()}
+        self._progress(server_round, "aggregating", len(trained))
         record = self.strategy.aggregate_train(server_round, trained)
         evaluated: dict[int, EvaluateReply] = {
             c: t.evaluation for c, t in trained.items() if fused and t.evaluation is not None
@@ -454,6 +469,8 @@ class Engine:
         pending = [c for c in self.clients if c not in evaluated and c not in silent]
         shared = self.strategy.configure_evaluate(server_round, pending) if pending else {}
         eval_tasks = {c: EvaluateTask(self.run_id, server_round, c, self.shared_keys, shared.get(c)) for c in pending}
+        if eval_tasks:
+            self._progress(server_round, "evaluating", len(eval_tasks))
         for c, reply in (pool.exchange(eval_tasks) if eval_tasks else {}).items():
             if isinstance(reply, EvaluateReply):
                 evaluated[c] = reply

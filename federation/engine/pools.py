@@ -11,6 +11,8 @@ A pool sends ``federation.contract`` messages to hospitals and returns their rep
 
 Every message crosses as a ``codec`` envelope, in every pool, and every envelope is shown to the pool's
 ``observers`` on its way (``"to_hospital"`` / ``"from_hospital"``): the boundary audit test records them.
+``on_answer``, when set, is called with a client index as soon as that hospital has answered (in-process: one by
+one; worker processes: per worker), so the loop can report progress within a round (``federation.progress``).
 A hospital that fails, or that a transport cannot reach, comes back as a ``Failure``; the loop decides.
 """
 
@@ -39,6 +41,8 @@ Task = TrainTask | EvaluateTask
 
 class Pool:
     """The transport-independent part: envelopes in and out, shown to observers; subclasses carry them."""
+
+    on_answer: Callable[[int], None] | None = None
 
     def __init__(self, observers: Sequence[Observer] = ()) -> None:
         self.observers: list[Observer] = list(observers)
@@ -82,6 +86,10 @@ class Pool:
         raise NotImplementedError
 
     # ---------------------------------------------------------------------------------------------------------------
+    def _answered(self, client: int) -> None:
+        if self.on_answer is not None:
+            self.on_answer(client)
+
     def _observe(self, direction: str, envelope: Envelope) -> None:
         for observer in self.observers:
             observer(direction, envelope)
@@ -107,7 +115,12 @@ class InProcessPool(Pool):
         return {c: answer(h, envelope) for c, h in self.hospitals.items()}
 
     def _send(self, envelopes: Mapping[int, Envelope]) -> dict[int, Envelope]:
-        return {c: answer(self.hospitals[c], e) for c, e in envelopes.items() if c in self.hospitals}
+        out: dict[int, Envelope] = {}
+        for c, e in envelopes.items():
+            if c in self.hospitals:
+                out[c] = answer(self.hospitals[c], e)
+                self._answered(c)
+        return out
 
 
 # -- worker processes --------------------------------------------------------------------------------------------------
@@ -192,6 +205,8 @@ class WorkerPool(Pool):
             if not header.get("ok"):
                 raise RuntimeError(f"worker {w} failed: {header.get('error')}\n{header.get('traceback', '')}")
             out.update(replies)
+            for c in replies:
+                self._answered(c)
         return out
 
     def _broadcast(self, envelope: Envelope) -> dict[int, Envelope]:
