@@ -3,6 +3,9 @@
 Prints the run table and the per-hospital table, and writes ``report.md``, ``report.csv``, ``hospitals.csv`` and
 ``accuracy.png`` (averaged and std test accuracy over rounds, runs overlaid). ``--transmitted`` instead prints
 the values sent per client and round for each ``nhead`` of a model, computed from its ``state_dict``.
+``--html`` instead writes one self-contained HTML report per hospital (`app.report_html`: metrics at the model
+card's threshold, ROC curve, confusion matrix, example tiles, a slide heatmap, settings and dataset hash) to
+``<run>/reports/client_XX.html`` or ``--out``.
 Damaged lines of the run files and rounds missing hospitals are printed as one ``warning:`` line each (stderr)
 and listed in ``report.md``; the figures then come from the last complete round.
 """
@@ -29,6 +32,15 @@ def register(app: typer.Typer) -> None:
             help="Instead of a run report: values transmitted per client and round for MODEL at nhead 0/3/6/9/12.",
             metavar="MODEL",
         ),
+        html: bool = typer.Option(
+            False,
+            "--html",
+            help="Instead of the tables: one self-contained HTML report per hospital (metrics, ROC, confusion matrix, "
+            "example tiles, a slide heatmap, settings), in <run>/reports/ or --out.",
+        ),
+        hospital: list[int] = typer.Option(
+            None, "--hospital", help="With --html: only this hospital (repeatable; default: every hospital)."
+        ),
     ) -> None:
         """Summarise runs: averaged/std/best test ACC and AUC, per-hospital AUC, values sent, seconds per round."""
         from federation.errors import FederationError
@@ -44,8 +56,21 @@ def register(app: typer.Typer) -> None:
         )
 
         if transmitted is not None:
+            if html:
+                raise FederationError("--transmitted and --html are separate reports: give one of them")
             typer.echo(markdown_table(transmitted_values(transmitted)), nl=False)
             return
+        if html:
+            from app.report_html import write_html_reports
+
+            def warn(message: str) -> None:
+                typer.secho(f"warning: {message}", fg=typer.colors.YELLOW, err=True)
+
+            for path in write_html_reports(list(runs or ()), out, hospital or None, warn=warn):
+                typer.echo(f"wrote {path}")
+            return
+        if hospital:
+            raise FederationError("--hospital applies to --html reports; add --html")
         if not runs:
             raise FederationError("give at least one run directory, e.g. gastric-fl report data/runs/quickstart")
         results = [load_run(r) for r in runs]

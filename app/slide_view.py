@@ -1,0 +1,398 @@
+"""A hospital's model over one whole slide, kept on disk for the Slide page and the HTML report (issue 12, part 3).
+
+Scoring is ``gastric-fl predict`` (`inference.predict`: prepare's tiling, the bundle's preprocessing, softmax
+P(abnormal), FedSAF paper 001 Sec. 4.2 Step b for the grid) run on one slide into a cache entry inside the
+hospital's own folder, so a scored slide never leaves the hospital and a second visit reads files instead of
+running the network::
+
+    <run>/hospitals/client_XX/slides/<card key>/<slide key>/
+        slide/<file>            an uploaded slide (and its annotation); test slides stay where prepare read them
+        predict/                predict's output folder (its ownership marker, summary.csv, <slide>/tiles.csv,
+                                <slide>/overlay.png, <slide>/summary.json)
+        view/                   the layers the page draws: slide.png (the slide, downscaled to at most
+                                `DISPLAY_MAX` px), heat.png (RGBA: viridis colour of the mean P(abnormal) under the
+                                tiles, transparent elsewhere, as `inference.heatmap`), outline.png (RGBA: the
+                                annotation's outline, white on black) and view.json (sizes and scale)
+
+``<card key>`` is the bundle's round and a hash of its ``model.json``, so a bundle rewritten by a later round gets
+new entries instead of stale ones. Every file is written to a temporary name and renamed.
+
+This module imports no torch: only `score` imports the inference package, inside the function, so that a page
+showing a cached slide (or listing slides) never waits for torch. Test slides are found the way ``predict`` and
+``prepare`` find them: the dataset's ``prepare.json`` lists each slide's client and split, relative to the raw
+folder prepare read (``config.source.input``).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import numpy.typing as npt
+
+CARD_FILE = "model.json"
+PREPARE_FILE = "prepare.json"
+SLIDES_DIR = "slides"
+DISPLAY_MAX = 1280
+VIEW_FILES = ("slide.png", "heat.png", "view.json")
+SLIDE_SUFFIXES = (".png", ".tif", ".tiff")
+ANNOTATION_SUFFIXES = (".png", ".svg")
+
+
+class SlideViewError(ValueError):
+    """A run, bundle, dataset or slide the Slide page or the report cannot use; one line naming the file."""
+
+    user_facing = True
+
+
+@dataclass(frozen=True)
+class ListedSlide:
+    """A slide of a hospital's test split, as ``prepare.json`` lists it."""
+
+    source: str
+    path: Path
+    label: str
+    tiles: int
+
+    @property
+    def key(self) -> str:
+        """The cache entry's name for this slide."""
+        return "test-" + safe_name(self.source)
+
+
+@dataclass(frozen=True)
+class ScoredSlide:
+    """One scored slide read back from its cache entry (see the module docstring).
+
+    ``xs``, ``ys``: tiles' top-left corners in slide pixels; ``size``: the square's side in slide pixels;
+    ``truth``: per tile ``"abnormal"``, ``"normal"`` or ``""`` (unlabelled or no annotation), prepare's rule.
+    ``scale``: display layers' size over the slide's size.
+    """
+
+    entry: Path
+    result: Path
+    slide: Path
+    summary: dict[str, Any]
+    xs: npt.NDArray[np.int64]
+    ys: npt.NDArray[np.int64]
+    size: int
+    probability: npt.NDArray[np.float64]
+    truth: tuple[str, ...]
+    scale: float
+    width: int
+    height: int
+
+    @property
+    def overlay(self) -> Path:
+        """predict's overlay PNG (the heatmap blended half-and-half over the slide)."""
+        return self.result / "overlay.png"
+
+    def layer(self, name: str) -> Path | None:
+        """``view/<name>.png`` if it exists (``outline`` exists only for an annotated slide)."""
+        path = self.entry / "view" / f"{name}.png"
+        return path if path.is_file() else None
+
+    @property
+    def threshold(self) -> float:
+        """The decision threshold the summary was computed at (the card's)."""
+        return float(self.summary.get("threshold", 0.5))
+
+
+def safe_name(text: str) -> str:
+    """A file name for ``text``: path separators as ``__``, anything unusual as ``_``."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text.replace("/", "__").replace("\\", "__")).strip("._") or "slide"
+
+
+def write_atomic(path: Path, payload: bytes) -> None:
+    """Write ``payload`` to ``path`` through a temporary file beside it, so a reader sees all or nothing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(payload)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+# --- bundles and test slides -------------------------------------------------------------------------------------
+
+
+def bundle_folders(run: Path) -> dict[int, Path]:
+    """Hospital index -> its folder, for each hospital of ``run`` with a model card (``model.json``)."""
+    found: dict[int, Path] = {}
+    for card in sorted((run / "hospitals").glob(f"client_[0-9][0-9]/{CARD_FILE}")):
+        found[int(card.parent.name.removeprefix("client_"))] = card.parent
+    return found
+
+
+def read_card_json(folder: Path) -> dict[str, Any]:
+    """The hospital's ``model.json`` as a dict (without loading the weights: no torch); one-line error if unusable."""
+    path = folder / CARD_FILE
+    try:
+        card = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SlideViewError(f"{path} does not exist: this hospital has no exported model yet") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SlideViewError(
+            f"{path} is not readable JSON ({exc}); train the run again (or resume it) to export the model anew"
+        ) from None
+    if not isinstance(card, dict) or card.get("format") != "gastric-fl model card":
+        raise SlideViewError(f"{path} is not a gastric-fl model card; train the run again to export the model anew")
+    return card
+
+
+def card_key(folder: Path) -> str:
+    """``round_RRRR-<hash of model.json>``: cache entries belong to one version of the bundle."""
+    data = (folder / CARD_FILE).read_bytes()
+    card = json.loads(data)
+    return f"round_{int(card.get('round') or 0):04d}-{hashlib.sha256(data).hexdigest()[:10]}"
+
+
+def _resolve(value: str, bases: list[Path]) -> Path | None:
+    path = Path(value).expanduser()
+    if path.is_absolute():
+        return path if path.is_dir() else None
+    for base in bases:
+        if (base / path).is_dir():
+            return (base / path).resolve()
+    return None
+
+
+def card_dataset(card: dict[str, Any], fallback: Path | None = None) -> Path | None:
+    """The prepared dataset the bundle was trained on: the card's ``dataset.path``, else ``fallback``."""
+    value = (card.get("dataset") or {}).get("path") if isinstance(card.get("dataset"), dict) else None
+    if isinstance(value, str) and value and Path(value).expanduser().is_dir():
+        return Path(value).expanduser()
+    return fallback if fallback is not None and fallback.is_dir() else None
+
+
+def listed_slides(card: dict[str, Any], dataset: Path | None) -> list[ListedSlide]:
+    """The hospital's test slides that gave tiles, from ``<dataset>/prepare.json``, with their files on disk.
+
+    `SlideViewError` (one line) when the dataset, its ``prepare.json`` or the raw folder it names is missing.
+    """
+    client = int(card.get("client", 0))
+    if dataset is None:
+        named = (card.get("dataset") or {}).get("path") if isinstance(card.get("dataset"), dict) else None
+        raise SlideViewError(
+            f"the prepared dataset of this model ({named or 'not named in model.json'}) is not on this machine; "
+            "upload a slide instead, or copy the dataset back"
+        )
+    record_path = dataset / PREPARE_FILE
+    try:
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+        source_input = str(record["config"]["source"]["input"])
+        slides = [s for s in record["slides"] if int(s["client"]) == client and s["split"] == "test"]
+    except FileNotFoundError:
+        raise SlideViewError(
+            f"{record_path} does not exist, so the test slides are unknown; upload a slide instead"
+        ) from None
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        raise SlideViewError(
+            f"{record_path} is damaged ({type(exc).__name__}: {exc}); prepare the dataset again or upload a slide"
+        ) from None
+    raw = _resolve(source_input, [Path.cwd(), *dataset.resolve().parents])
+    if raw is None:
+        raise SlideViewError(
+            f"the raw slides prepare read ({source_input}, named in {record_path}) are not on this machine; "
+            "upload a slide instead"
+        )
+    found = []
+    for s in slides:
+        path = raw / str(s["source"])
+        if path.is_file() and int(s.get("tiles", 0)) > 0:
+            found.append(ListedSlide(str(s["source"]), path, str(s.get("label", "")), int(s.get("tiles", 0))))
+    if not found:
+        raise SlideViewError(
+            f"none of hospital {client}'s test slides listed in {record_path} is in {raw}; upload a slide instead"
+        )
+    return found
+
+
+# --- cache entries -----------------------------------------------------------------------------------------------
+
+
+def slide_entry(folder: Path, slide: ListedSlide) -> Path:
+    """The cache entry of a test slide scored with the bundle in ``folder``."""
+    return folder / SLIDES_DIR / card_key(folder) / slide.key
+
+
+def stage_upload(folder: Path, name: str, data: bytes, annotation: tuple[str, bytes] | None = None) -> Path:
+    """Keep an uploaded slide (and its annotation) in its cache entry; returns the slide's path there.
+
+    The entry is named by a hash of the bytes, so the same upload finds its earlier result. An annotation is
+    stored where predict looks for it: a PNG as ``<stem>_mask.png`` (SEED), an SVG as ``<stem>.svg`` (BOT).
+    """
+    suffix = Path(name).suffix.lower()
+    if suffix not in SLIDE_SUFFIXES:
+        raise SlideViewError(f"{name}: upload a PNG or TIFF slide (got {suffix or 'no suffix'})")
+    digest = hashlib.sha256(data)
+    if annotation is not None:
+        digest.update(b"\0" + annotation[1])
+    entry = folder / SLIDES_DIR / card_key(folder) / f"upload-{digest.hexdigest()[:16]}"
+    stem = safe_name(Path(name).stem)
+    slide = entry / "slide" / f"{stem}{suffix}"
+    if not slide.is_file():
+        write_atomic(slide, data)
+    if annotation is not None:
+        kind = Path(annotation[0]).suffix.lower()
+        if kind not in ANNOTATION_SUFFIXES:
+            raise SlideViewError(f"{annotation[0]}: an annotation is a SEED mask (PNG) or a BOT SVG")
+        target = slide.with_name(f"{stem}_mask.png" if kind == ".png" else f"{stem}.svg")
+        if not target.is_file():
+            write_atomic(target, annotation[1])
+    return slide
+
+
+def discard(entry: Path) -> None:
+    """Remove a cache entry (an upload that could not be scored), if it lies under a hospital's ``slides/``."""
+    if entry.parent.parent.name == SLIDES_DIR and entry.is_dir():
+        shutil.rmtree(entry, ignore_errors=True)
+
+
+def scored_entries(folder: Path) -> list[Path]:
+    """Cache entries of the hospital's current bundle that hold a complete result, newest first."""
+    try:
+        base = folder / SLIDES_DIR / card_key(folder)
+    except (OSError, ValueError):
+        return []
+    done = [e for e in base.glob("*") if load(e) is not None] if base.is_dir() else []
+    return sorted(done, key=lambda e: (e / "view" / "view.json").stat().st_mtime, reverse=True)
+
+
+def _result_folder(entry: Path) -> Path | None:
+    folders = [p.parent for p in (entry / "predict").glob("*/summary.json")]
+    return folders[0] if len(folders) == 1 else None
+
+
+def load(entry: Path) -> ScoredSlide | None:
+    """The scored slide of a complete cache entry; ``None`` when it is not (yet) complete or is damaged."""
+    result = _result_folder(entry)
+    if result is None or not all((entry / "view" / name).is_file() for name in VIEW_FILES):
+        return None
+    try:
+        summary = json.loads((result / "summary.json").read_text(encoding="utf-8"))
+        view = json.loads((entry / "view" / "view.json").read_text(encoding="utf-8"))
+        with (result / "tiles.csv").open(newline="", encoding="utf-8") as handle:
+            rows = list(csv.DictReader(handle))
+        xs = np.array([int(r["x"]) for r in rows], dtype=np.int64)
+        ys = np.array([int(r["y"]) for r in rows], dtype=np.int64)
+        probability = np.array([float(r["probability"]) for r in rows], dtype=np.float64)
+        size = int(summary["tile_size_px"])
+        return ScoredSlide(
+            entry=entry,
+            result=result,
+            slide=Path(str(view["slide"])),
+            summary=summary,
+            xs=xs,
+            ys=ys,
+            size=size,
+            probability=probability,
+            truth=tuple(r.get("truth", "") or "" for r in rows),
+            scale=float(view["scale"]),
+            width=int(view["width"]),
+            height=int(view["height"]),
+        )
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return None
+
+
+# --- scoring (the only place torch is imported) -----------------------------------------------------------------
+
+
+def _png(pixels: npt.NDArray[np.uint8]) -> bytes:
+    """RGB or RGBA ``uint8`` -> PNG bytes."""
+    code = cv2.COLOR_RGBA2BGRA if pixels.shape[2] == 4 else cv2.COLOR_RGB2BGR
+    ok, data = cv2.imencode(".png", cv2.cvtColor(pixels, code))
+    if not ok:
+        raise SlideViewError("could not encode a PNG (OpenCV)")
+    return data.tobytes()
+
+
+def _layers(
+    image: npt.NDArray[np.uint8],
+    cancer: npt.NDArray[np.bool_] | None,
+    mean: npt.NDArray[np.float64],
+    covered: npt.NDArray[np.bool_],
+    scale: float,
+) -> dict[str, bytes]:
+    """slide.png, heat.png and (with an annotation) outline.png at the display scale."""
+    height, width = image.shape[:2]
+    size_out = (max(1, round(width * scale)), max(1, round(height * scale)))
+    base = image if scale == 1.0 else cv2.resize(image, size_out, interpolation=cv2.INTER_AREA)
+    levels = np.clip(np.rint(mean * 255.0), 0, 255).astype(np.uint8)
+    colours = cv2.cvtColor(cv2.applyColorMap(levels, cv2.COLORMAP_VIRIDIS), cv2.COLOR_BGR2RGB)
+    heat = np.dstack([colours, np.where(covered, 255, 0).astype(np.uint8)])
+    layers = {"slide.png": _png(np.ascontiguousarray(base)), "heat.png": _png(np.ascontiguousarray(heat))}
+    if cancer is not None and cancer.any():
+        region: npt.NDArray[np.uint8] = cancer.astype(np.uint8)
+        if scale != 1.0:
+            region = np.asarray(cv2.resize(region, size_out, interpolation=cv2.INTER_NEAREST), dtype=np.uint8)
+        contours, _ = cv2.findContours(region, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+        outline = np.zeros((size_out[1], size_out[0], 4), dtype=np.uint8)
+        thickness = max(1, round(max(size_out) / 400))
+        cv2.drawContours(outline, contours, -1, (0, 0, 0, 255), 2 * thickness + 1)
+        cv2.drawContours(outline, contours, -1, (255, 255, 255, 255), thickness)
+        layers["outline.png"] = _png(outline)
+    return layers
+
+
+def score(folder: Path, slide: Path, entry: Path) -> ScoredSlide:
+    """Score ``slide`` with the bundle in ``folder`` into the cache ``entry`` (predict, then the display layers).
+
+    Raises what ``gastric-fl predict`` raises for a bundle that does not fit, an unreadable slide or a slide
+    without tissue (all one line, ``user_facing``), and `SlideViewError` if the result cannot be read back.
+    """
+    from inference.heatmap import probability_map
+    from inference.predict import predict
+    from inference.slides import find_slides, read_slide
+
+    predict(folder, slide, entry / "predict", progress=False)
+    scored_file = find_slides(slide)[0]
+    decoded = read_slide(scored_file)
+    result = _result_folder(entry)
+    if result is None:
+        raise SlideViewError(f"{entry / 'predict'}: predict wrote no result for {slide.name}; score it again")
+    with (result / "tiles.csv").open(newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    summary = json.loads((result / "summary.json").read_text(encoding="utf-8"))
+    height, width = decoded.image.shape[:2]
+    scale = min(1.0, DISPLAY_MAX / max(height, width))
+    xs = np.array([int(r["x"]) for r in rows], dtype=np.int64)
+    ys = np.array([int(r["y"]) for r in rows], dtype=np.int64)
+    probability = np.array([float(r["probability"]) for r in rows], dtype=np.float64)
+    mean, covered = probability_map(xs, ys, int(summary["tile_size_px"]), probability, (height, width), scale)
+    for name, payload in _layers(decoded.image, decoded.cancer, mean, covered, scale).items():
+        write_atomic(entry / "view" / name, payload)
+    view = {
+        "slide": str(slide.resolve()),
+        "annotation": None if scored_file.annotation is None else str(scored_file.annotation),
+        "width": width,
+        "height": height,
+        "scale": scale,
+        "colormap": "viridis",
+    }
+    write_atomic(entry / "view" / "view.json", (json.dumps(view, indent=2) + "\n").encode())
+    loaded = load(entry)
+    if loaded is None:
+        raise SlideViewError(f"{entry}: the scored slide could not be read back; score it again")
+    return loaded
+
+
+def problem_line(exc: BaseException, slide: Path) -> str:
+    """One line for a failure while scoring ``slide``: the error's own message when it is meant for the user."""
+    if getattr(exc, "user_facing", False):
+        return str(exc)
+    if isinstance(exc, OSError):
+        return f"{slide}: {exc.strerror or type(exc).__name__} ({exc.filename or slide}); check the file and the folder"
+    return f"{slide}: scoring failed ({type(exc).__name__}: {exc}); try `gastric-fl predict` on it for details"

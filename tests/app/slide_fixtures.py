@@ -1,0 +1,86 @@
+"""A data root with a tiny *trained* run, for the Slide page and the HTML report: real model bundles, real
+``prepare.json`` slides and raw files, so that scoring a slide is ``gastric-fl predict`` itself.
+
+8 synthetic SEED slides of 256 px, 2 hospitals (hospital 1 gray), 64 px tiles, one round of FedAvg at 32 px input:
+the same set-up as tests/inference (a few seconds on 2 CPU cores)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from federation.config import load_config
+from federation.engine import train
+from pipeline.config import build_config
+from pipeline.prepare import prepare_dataset
+from pipeline.synth import generate_dataset
+
+RUN_ID = "20260101-000000-fedavg"
+
+
+@dataclass(frozen=True)
+class TrainedRoot:
+    """A data root (``raw/``, ``prepared/``, ``runs/``) holding one finished run with exported bundles."""
+
+    root: Path
+    raw: Path
+    prepared: Path
+    run: Path
+
+    def hospital(self, client: int) -> Path:
+        return self.run / "hospitals" / f"client_{client:02d}"
+
+    def record(self) -> dict:
+        return json.loads((self.prepared / "prepare.json").read_text(encoding="utf-8"))
+
+    def test_slides(self, client: int, label: str) -> list[str]:
+        """Sources of the hospital's test slides of ``label`` that gave tiles, in prepare.json's order."""
+        return [
+            s["source"]
+            for s in self.record()["slides"]
+            if s["client"] == client and s["split"] == "test" and s["label"] == label and s["tiles"] > 0
+        ]
+
+    def evaluated(self, client: int, source: str) -> dict[tuple[int, int], float]:
+        """``(x, y) -> P(abnormal)`` of predictions.csv for the tiles the run evaluated from ``source``."""
+        with (self.prepared / "manifest.csv").open(newline="", encoding="utf-8") as handle:
+            manifest = {r["path"]: r for r in csv.DictReader(handle)}
+        with (self.hospital(client) / "predictions.csv").open(newline="", encoding="utf-8") as handle:
+            rows = list(csv.DictReader(handle))
+        return {
+            (int(manifest[r["path"]]["x"]), int(manifest[r["path"]]["y"])): float(r["prob_abnormal"])
+            for r in rows
+            if manifest[r["path"]]["source"] == source
+        }
+
+
+def build_trained_root(root: Path) -> TrainedRoot:
+    """synth -> prepare -> one round of training, laid out as a dashboard data root."""
+    raw, prepared, run = root / "raw" / "tiny", root / "prepared" / "tiny", root / "runs" / RUN_ID
+    generate_dataset(raw, "seed", images=8, seed=4, size=256)
+    prepare_dataset(
+        build_config(
+            None,
+            {
+                "source": {"format": "seed", "input": raw},
+                "split": {"clients": 2, "sizes": "equal", "test_fraction": 0.4},
+                "tiles": {"tile": 64, "white_max": 0.4},
+                "clients": {"grayscale": [1]},
+                "output": {"out": prepared, "progress": False},
+            },
+        )
+    )
+    settings = ["run.rounds=1", "run.threads=1", "data.input_size=32", "data.batch_size=8",
+                "data.eval_batch_size=64", "client.epochs=1"]  # fmt: skip
+    train(load_config(None, settings, data=prepared), run, progress=False)
+    return TrainedRoot(root, raw, prepared, run)
+
+
+def copy_root(source: TrainedRoot, root: Path) -> TrainedRoot:
+    """A fresh data root whose run is a copy of ``source``'s (the dataset and raw slides are shared, read-only)."""
+    run = root / "runs" / RUN_ID
+    shutil.copytree(source.run, run, ignore=shutil.ignore_patterns("checkpoints", "slides", "reports"))
+    return TrainedRoot(root, source.raw, source.prepared, run)

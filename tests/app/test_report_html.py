@@ -1,0 +1,194 @@
+"""`gastric-fl report --html`: one self-contained file per hospital whose figures are the run's own, written safely;
+bad input is one line and exit code 2 with nothing written."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cli_runner import run_cli
+from slide_fixtures import TrainedRoot, build_trained_root, copy_root
+
+from pipeline.outputs import MARKER_NAME, read_marker
+
+IMG = re.compile(r"<img\b[^>]*>")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> TrainedRoot:
+    return build_trained_root(tmp_path_factory.mktemp("report") / "data")
+
+
+@pytest.fixture
+def data(trained: TrainedRoot, tmp_path: Path) -> TrainedRoot:
+    return copy_root(trained, tmp_path / "data")
+
+
+def _metric(page: str, key: str) -> str:
+    found = re.search(rf'data-metric="{key}">([^<]*)<', page)
+    assert found, key
+    return found.group(1)
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str], *words: str) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: "), err
+    assert "\n" not in err, err
+    assert "Traceback" not in err, err
+    for word in words:
+        assert word in err, err
+    return err
+
+
+def _last_round(run: Path, client: int) -> dict:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return max((r for r in records if r["client"] == client), key=lambda r: r["round"])
+
+
+def test_report_html_is_self_contained_and_shows_the_runs_figures(
+    data: TrainedRoot, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_cli(monkeypatch, "report", str(data.run), "--html") == 0
+    out = capsys.readouterr().out
+    reports = data.run / "reports"
+    assert sorted(p.name for p in reports.glob("*.html")) == ["client_00.html", "client_01.html"]
+    assert str(reports / "client_00.html") in out
+    assert read_marker(reports)["command"] == "report"  # type: ignore[index]
+    summary = json.loads((data.run / "summary.json").read_text())
+    for client in (0, 1):
+        page = (reports / f"client_{client:02d}.html").read_text(encoding="utf-8")
+        # self-contained: nothing is fetched from anywhere, no script runs
+        assert not re.search(r"""(?:src|href|action)\s*=\s*["']?\s*(?:[a-z]+:)?//""", page, re.IGNORECASE)
+        assert "<script" not in page.lower()
+        assert "<link" not in page.lower()
+        assert "url(" not in page.lower()
+        images = IMG.findall(page)
+        assert len(images) >= 4  # ROC, confusion matrix, tiles, a heatmap
+        for tag in images:
+            assert 'src="data:image/png;base64,' in tag, tag[:80]
+            alt = re.search(r'alt="([^"]+)"', tag)
+            assert alt, tag[:80]
+            assert alt.group(1).strip()
+        roc = re.search(r'<figure id="roc-curve"><img src="data:image/png;base64,([^"]+)"', page)
+        assert roc
+        assert base64.b64decode(roc.group(1)).startswith(b"\x89PNG")
+        # the figures are the run's own: metrics.jsonl's last round, the model card, summary.json's dataset hash
+        engine = _last_round(data.run, client)
+        card = json.loads((data.hospital(client) / "model.json").read_text())
+        assert _metric(page, "auc") == f"{engine['test_auc']:.4f}" == f"{card['metrics']['auc']:.4f}"
+        assert _metric(page, "accuracy") == f"{engine['test_acc']:.4f}"
+        assert _metric(page, "engine_auc") == f"{engine['test_auc']:.4f}"
+        assert _metric(page, "sensitivity") == f"{card['metrics']['sensitivity']:.4f}"
+        assert _metric(page, "specificity") == f"{card['metrics']['specificity']:.4f}"
+        assert _metric(page, "tiles") == str(engine["num_test"]) == str(card["metrics"]["tiles"])
+        assert _metric(page, "dataset_sha256") == summary["dataset_sha256"]
+        assert "data-slide=" in page  # one test slide scored for the heatmap
+    # the heatmap came from predict, kept in the hospital's own folder
+    assert list((data.hospital(0) / "slides").rglob("overlay.png"))
+
+
+def test_report_html_out_one_hospital_and_a_second_call(
+    data: TrainedRoot, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    assert run_cli(monkeypatch, "report", str(data.run), "--html", "--hospital", "1", "--out", str(out)) == 0
+    assert sorted(p.name for p in out.iterdir()) == [MARKER_NAME, "client_01.html"]
+    first = (out / "client_01.html").read_text(encoding="utf-8")
+    assert "Hospital 1" in first
+    assert not (data.run / "reports").exists()
+    # a second call replaces its own file; a file it did not write stays and nothing half-written remains
+    (out / "notes.txt").write_text("mine", encoding="utf-8")
+    (out / MARKER_NAME).unlink()
+    capsys.readouterr()
+    assert run_cli(monkeypatch, "report", str(data.run), "--html", "--out", str(out)) == 2
+    _one_line_error(capsys, str(out), "did not write")
+    assert sorted(p.name for p in out.iterdir()) == ["client_01.html", "notes.txt"]
+
+
+def _damage(data: TrainedRoot, damage: str) -> None:
+    hospital = data.hospital(0)
+    if damage == "predictions":
+        rows = (hospital / "predictions.csv").read_text().splitlines()
+        rows[3] = rows[3].rsplit(",", 2)[0] + ",abnormal,high"
+        (hospital / "predictions.csv").write_text("\n".join(rows) + "\n")
+    elif damage == "card":
+        (hospital / "model.json").write_text("{ truncated")
+    elif damage == "config":
+        (data.run / "config.toml").write_text("[run\nrounds = ")
+    elif damage == "no_predictions":
+        for folder in (data.hospital(0), data.hospital(1)):
+            (folder / "predictions.csv").unlink()
+
+
+@pytest.mark.parametrize(
+    ("damage", "args", "words"),
+    [
+        ("predictions", (), ("predictions.csv", "line 4")),
+        ("card", (), ("model.json", "not readable JSON")),
+        ("config", (), ("config.toml", "not valid TOML")),
+        ("no_predictions", (), ("holds no hospital with a predictions.csv",)),
+        ("", ("--hospital", "7"), ("hospital 7 is not part of this run",)),
+        ("", ("--transmitted", "mobilenet_v3_small"), ("--transmitted and --html",)),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(
+    data: TrainedRoot,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    damage: str,
+    args: tuple[str, ...],
+    words: tuple[str, ...],
+) -> None:
+    _damage(data, damage)
+    assert run_cli(monkeypatch, "report", str(data.run), "--html", *args) == 2
+    _one_line_error(capsys, *words)
+    assert not (data.run / "reports").exists()
+
+
+def test_a_missing_run_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert run_cli(monkeypatch, "report", str(tmp_path / "nowhere"), "--html") == 2
+    _one_line_error(capsys, "nowhere", "does not exist")
+
+
+def test_the_report_reads_the_card_threshold_and_warns_about_the_operating_point(data: TrainedRoot) -> None:
+    from app.report_html import report_html
+
+    hospital = data.hospital(0)
+    with (hospital / "predictions.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    # Rank every abnormal tile above every normal one, but all below 0.5: AUC 1, sensitivity 0 at the card's 0.5.
+    for row in rows:
+        row["prob_abnormal"] = "0.45" if row["label"] == "abnormal" else "0.05"
+    with (hospital / "predictions.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    page = report_html(data.run, 0)
+    assert _metric(page, "auc") == "1.0000"
+    assert _metric(page, "sensitivity") == "0.0000"
+    assert "the threshold, not the ranking, is the problem" in page
+    card = json.loads((hospital / "model.json").read_text())
+    (hospital / "model.json").write_text(json.dumps(card | {"threshold": 0.4}))
+    page = report_html(data.run, "client_00")
+    assert _metric(page, "threshold") == "0.4"
+    assert _metric(page, "sensitivity") == "1.0000"
+    assert "the threshold, not the ranking" not in page
+
+
+def test_building_a_report_imports_no_torch(data: TrainedRoot) -> None:
+    script = (
+        "import sys\nfrom pathlib import Path\nfrom app.report_html import report_html\n"
+        f"page = report_html(Path({str(data.run)!r}), 0)\nassert 'data-metric=\"auc\"' in page\n"
+        "print('torch' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "False"
