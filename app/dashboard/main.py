@@ -29,6 +29,7 @@ navigation = st.navigation(
         st.Page(str(PAGES / "data.py"), title="Data", icon=":material/dataset:", default=True),
         st.Page(str(PAGES / "federation.py"), title="Federation", icon=":material/hub:"),
         st.Page(str(PAGES / "hospital.py"), title="Hospital", icon=":material/local_hospital:"),
+        st.Page(str(PAGES / "slide.py"), title="Slide", icon=":material/biotech:"),
         st.Page(str(PAGES / "compare.py"), title="Compare", icon=":material/compare_arrows:"),
     ]
 )

@@ -1,0 +1,351 @@
+"""Slide page: one hospital's model over a whole slide (issue 12, "a Slide page").
+
+Pick a run, a hospital and one of its test slides (the slides ``prepare.json`` put in that hospital's test split),
+or upload a slide. The hospital's exported model scores every tissue tile exactly as ``gastric-fl predict`` does
+(`app.slide_view.score`; FedSAF paper 001 Sec. 4.2 for the tiling), once: the result is kept in the hospital's
+folder, so a second visit draws it straight from disk. The page shows the probability heatmap (viridis) over the
+slide with an opacity slider and the annotation's outline, the slide-level summary (maximum, top-k mean, abnormal
+area at the card's threshold; tile sensitivity and specificity against the annotation when there is one), and one
+tile's image and probability, picked by clicking the heatmap or from the list. The hospital's HTML report
+(`app.report_html`, also ``gastric-fl report --html``) is one click away.
+
+Torch is imported only when a slide has to be scored, so the page's first content never waits for it. Every
+problem (damaged card, missing dataset, unreadable slide, no tissue, a bundle that does not fit) is one line.
+"""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import numpy.typing as npt
+import plotly.graph_objects as go
+import streamlit as st
+
+from app import slide_view
+from app.dashboard import ui
+from app.dashboard.datasets import hospital_label
+from app.dashboard.runs import RunInfo
+
+CHART_HEIGHT = 620
+TILE_DISPLAY_PX = 256
+TILE_KEY = "slide_tile"
+CHART_KEY = "slide_chart"
+
+st.title("Slide")
+st.caption(
+    "One hospital's model over a whole slide: where it sees abnormal tissue, tile by tile. Scored once, "
+    "kept in the hospital's folder."
+)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _data_uri(path: str, stamp: float) -> str:
+    """A PNG file as a data URI (cached per file version: ``stamp`` is its modification time)."""
+    return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode("ascii")
+
+
+@st.cache_resource(show_spinner=False, max_entries=2)
+def _slide_pixels(path: str, stamp: float) -> npt.NDArray[np.uint8]:
+    """The full-resolution slide, decoded once per file version (tiles are cut from it)."""
+    from pipeline.images import read_bytes, read_rgb
+
+    return read_rgb(read_bytes(Path(path)), path)
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _report(run: str, client: int, stamp: tuple[float, ...]) -> str:
+    """The hospital's HTML report, rebuilt when its files or its scored slides change (``stamp``)."""
+    from app.report_html import report_html
+
+    return report_html(Path(run), client)
+
+
+def _stamp(path: Path) -> float:
+    return path.stat().st_mtime if path.exists() else 0.0
+
+
+def _runs_with_models() -> list[RunInfo]:
+    return [r for r in ui.all_runs() if slide_view.bundle_folders(r.path)]
+
+
+def _figure(scored: slide_view.ScoredSlide, opacity: float, picked: int) -> go.Figure:
+    """Slide, heatmap (at ``opacity``) and outline as image layers in slide pixels, tiles as clickable points."""
+    step = 1.0 / scored.scale
+    fig = go.Figure()
+    for name in ("slide", "heat", "outline"):
+        layer = scored.layer(name)
+        if layer is None:
+            continue
+        fig.add_trace(
+            go.Image(
+                source=_data_uri(str(layer), _stamp(layer)),
+                x0=0,
+                y0=0,
+                dx=step,
+                dy=step,
+                opacity=opacity if name == "heat" else 1.0,
+                hoverinfo="skip",
+                name=name,
+            )
+        )
+    half = scored.size / 2
+    # Invisible squares over the tile centres carry the hover text, the colour bar and the click (Streamlit's
+    # point selection); the heatmap layer above is what the eye sees.
+    marker_px = max(6.0, min(48.0, scored.size * CHART_HEIGHT / max(scored.width, scored.height) * 0.9))
+    fig.add_trace(
+        go.Scatter(
+            x=scored.xs + half,
+            y=scored.ys + half,
+            mode="markers",
+            customdata=np.arange(len(scored.xs)),
+            marker={
+                "symbol": "square",
+                "size": marker_px,
+                "color": scored.probability,
+                "colorscale": "Viridis",
+                "cmin": 0.0,
+                "cmax": 1.0,
+                "opacity": 0.0,
+                "showscale": True,
+                "colorbar": {"title": {"text": "P(abnormal)"}, "thickness": 14},
+            },
+            selected={"marker": {"opacity": 0.0}},
+            unselected={"marker": {"opacity": 0.0}},
+            hovertemplate="%{text}<extra></extra>",
+            text=[
+                f"x {x}, y {y}: P(abnormal) {p:.3f}"
+                for x, y, p in zip(scored.xs, scored.ys, scored.probability, strict=True)
+            ],
+            name="tiles",
+        )
+    )
+    x, y = int(scored.xs[picked]), int(scored.ys[picked])
+    for colour, width in (("black", 5), ("white", 2)):
+        fig.add_shape(type="rect", x0=x, y0=y, x1=x + scored.size, y1=y + scored.size,
+                      line={"color": colour, "width": width})  # fmt: skip
+    fig.update_xaxes(range=[0, scored.width], visible=False, constrain="domain")
+    fig.update_yaxes(range=[scored.height, 0], visible=False, scaleanchor="x")
+    fig.update_layout(
+        height=CHART_HEIGHT,
+        margin={"l": 0, "r": 0, "t": 0, "b": 0},
+        clickmode="event+select",
+        dragmode="pan",
+        showlegend=False,
+    )
+    return fig
+
+
+def _on_click() -> None:
+    """A click on the heatmap picks the tile under it (the point's ``customdata`` is the tile's index)."""
+    state: Any = st.session_state.get(CHART_KEY)
+    points = state["selection"]["points"] if state and state.get("selection") else []
+    for point in points:
+        index = point.get("customdata", point.get("point_index"))
+        if isinstance(index, list):
+            index = index[0]
+        if isinstance(index, int | float):
+            st.session_state[TILE_KEY] = int(index)
+            return
+
+
+def _summary(scored: slide_view.ScoredSlide) -> None:
+    s = scored.summary
+    threshold = scored.threshold
+    cols = st.columns(4)
+    cols[0].metric("Tiles scored", f"{s['tiles']}", help="tissue squares of the tile grid, as prepare cuts them")
+    cols[1].metric("Max P(abnormal)", f"{s['max_probability']:.3f}", help="the most suspicious tile")
+    cols[2].metric(f"Top-{s['top_k']} mean", f"{s['top_k_mean']:.3f}", help=f"mean of the {s['top_k']} highest")
+    cols[3].metric(
+        "Abnormal area",
+        f"{100 * s['abnormal_area_fraction']:.1f} %",
+        help=f"share of the scored tissue under tiles with P(abnormal) ≥ {threshold:.2f} (the model's threshold)",
+    )
+    truth = s.get("ground_truth")
+    if truth:
+        cols = st.columns(4)
+
+        def show(value: float | None) -> str:
+            return "undefined" if value is None else f"{value:.3f}"
+
+        cols[0].metric("Tile sensitivity", show(truth["sensitivity"]), help="annotated abnormal tiles called abnormal")
+        cols[1].metric(
+            "Tile specificity", show(truth["specificity"]), help="tiles outside the annotation called normal"
+        )
+        cols[2].metric("Abnormal tiles (truth)", f"{truth['abnormal_tiles']}", help="prepare's rule for abnormal tiles")
+        cols[3].metric("Normal tiles (truth)", f"{truth['normal_tiles']}", help="no annotated pixel")
+        if truth["unlabelled_tiles"]:
+            st.caption(
+                f"{truth['unlabelled_tiles']} tile(s) cross the annotation's edge and count in neither class "
+                "(prepare keeps them in neither)."
+            )
+    else:
+        st.caption("No annotation (mask or SVG) for this slide, so no tile sensitivity or specificity.")
+
+
+def _tile_panel(scored: slide_view.ScoredSlide, picked: int) -> None:
+    x, y, size = int(scored.xs[picked]), int(scored.ys[picked]), scored.size
+    p = float(scored.probability[picked])
+    called = "abnormal" if p >= scored.threshold else "normal"
+    truth = scored.truth[picked] or "unknown"
+    st.metric("P(abnormal) of this tile", f"{p:.4f}", help=f"called {called} at threshold {scored.threshold:.2f}")
+    try:
+        pixels = _slide_pixels(str(scored.slide), _stamp(scored.slide))
+        square = pixels[y : y + size, x : x + size]
+        shown = cv2.resize(square, (TILE_DISPLAY_PX, TILE_DISPLAY_PX), interpolation=cv2.INTER_AREA)
+        st.image(
+            shown,
+            caption=f"Tile at x {x}, y {y} ({size} px square) · P(abnormal) {p:.4f} · called {called} · truth {truth}",
+            alt=f"The slide's {size} pixel square at x {x}, y {y}; the model gives it P(abnormal) {p:.3f}",
+        )
+    except Exception as exc:  # the figures above stay useful without the picture
+        st.error(slide_view.problem_line(exc, scored.slide))
+
+
+def _show(scored: slide_view.ScoredSlide, key: str) -> None:
+    """Everything about one scored slide: summary, heatmap with opacity, picked tile."""
+    _summary(scored)
+    order = [int(i) for i in np.argsort(-scored.probability, kind="stable")]
+    if st.session_state.get("_slide_shown") != key or st.session_state.get(TILE_KEY) not in order:
+        st.session_state[TILE_KEY] = order[0]  # a new slide starts at its most suspicious tile
+        st.session_state["_slide_shown"] = key
+    left, right = st.columns([3, 1])
+    with right:
+        opacity = st.slider("Heatmap opacity", 0.0, 1.0, 0.5, 0.05, key="slide_opacity", help="0 shows the slide alone")
+        picked = st.selectbox(
+            "Tile (most suspicious first; or click the heatmap)",
+            order,
+            format_func=lambda i: f"x {scored.xs[i]}, y {scored.ys[i]} · P {scored.probability[i]:.3f}",
+            key=TILE_KEY,
+        )
+        _tile_panel(scored, int(picked))
+    with left:
+        outline = " The annotation is outlined in white." if scored.layer("outline") is not None else ""
+        st.plotly_chart(
+            _figure(scored, opacity, int(picked)),
+            key=CHART_KEY,
+            on_select=_on_click,
+            selection_mode="points",
+            config={"displaylogo": False, "scrollZoom": True},
+            alt=(
+                f"Heatmap of P(abnormal) over {scored.summary['slide']} ({scored.width} x {scored.height} px), "
+                f"viridis: dark purple 0, yellow 1.{outline}"
+            ),
+        )
+        st.caption(
+            f"{scored.summary['slide']}, {scored.width} x {scored.height} px"
+            + ("" if scored.scale == 1.0 else f", drawn at {scored.scale:.0%}")
+            + ". Colour: mean P(abnormal) of the tiles covering each pixel (viridis: dark purple 0, yellow 1)."
+            + outline
+        )
+
+
+# --- the page ---------------------------------------------------------------------------------------------------
+
+if not ui.all_runs():
+    ui.no_runs_help()
+    st.stop()
+ready = _runs_with_models()
+if not ready:
+    st.info(
+        "No run has an exported model yet: each hospital writes model.json and model.safetensors into its folder "
+        "after every evaluated round. Start a run on the Federation page, or wait for its first round.",
+        icon=":material/hourglass_top:",
+    )
+    st.stop()
+
+left, right = st.columns([2, 1])
+with left:
+    info = ui.pick_run(ready, "Run", key="slide_run")
+if info is None:
+    st.stop()
+folders = slide_view.bundle_folders(info.path)
+with right:
+    client = int(st.selectbox("Hospital", list(folders), format_func=hospital_label, key="slide_hospital"))
+folder = folders[client]
+try:
+    card = slide_view.read_card_json(folder)
+except slide_view.SlideViewError as exc:
+    st.error(str(exc))
+    st.stop()
+
+source = st.radio("Slide", ["A test slide of this hospital", "Upload a slide"], horizontal=True, key="slide_source")
+slide_path: Path | None = None
+entry: Path | None = None
+upload = False
+if source.startswith("A test"):
+    try:
+        slides = slide_view.listed_slides(card, slide_view.card_dataset(card, info.dataset))
+    except slide_view.SlideViewError as exc:
+        st.error(str(exc))
+        slides = []
+    if slides:
+        chosen = st.selectbox(
+            "Test slide",
+            range(len(slides)),
+            format_func=lambda i: (
+                f"{slides[i].source} · {slides[i].label or '?'} · {slides[i].tiles} training-grid tiles"
+            ),
+            key="slide_pick",
+            help="The slides prepare put in this hospital's test split (prepare.json): the model never saw them.",
+        )
+        slide_path = slides[chosen].path
+        entry = slide_view.slide_entry(folder, slides[chosen])
+else:
+    upload = True
+    cols = st.columns(2)
+    picked_file = cols[0].file_uploader("Slide (PNG or TIFF)", type=["png", "tif", "tiff"], key="slide_upload")
+    picked_note = cols[1].file_uploader(
+        "Its annotation, if any: a SEED mask (PNG) or a BOT SVG", type=["png", "svg"], key="slide_annotation"
+    )
+    if picked_file is None:
+        st.info("Upload a slide to score it with this hospital's model.", icon=":material/upload:")
+    else:
+        try:
+            note = None if picked_note is None else (picked_note.name, picked_note.getvalue())
+            slide_path = slide_view.stage_upload(folder, picked_file.name, picked_file.getvalue(), note)
+            entry = slide_path.parent.parent
+        except (slide_view.SlideViewError, OSError) as exc:
+            st.error(slide_view.problem_line(exc, Path(picked_file.name)))
+
+if slide_path is not None and entry is not None:
+    scored = slide_view.load(entry)
+    if scored is None:
+        with st.spinner(f"Scoring every tile of {slide_path.name} with {hospital_label(client)}'s model…"):
+            try:
+                scored = slide_view.score(folder, slide_path, entry)
+            except Exception as exc:  # one line on the page, never a traceback
+                st.error(slide_view.problem_line(exc, slide_path))
+                if upload:
+                    slide_view.discard(entry)
+                scored = None
+    if scored is not None:
+        _show(scored, str(entry))
+
+st.divider()
+try:
+    files = (folder / "predictions.csv", folder / slide_view.CARD_FILE, info.path / "metrics.jsonl")
+    stamp = (
+        *(_stamp(f) for f in files),
+        *(_stamp(e / "view" / "view.json") for e in slide_view.scored_entries(folder)),
+    )
+    report = _report(str(info.path), client, stamp)
+except Exception as exc:  # the report is optional; its problem is one line
+    st.caption(f"No report: {slide_view.problem_line(exc, folder)}")
+else:
+    st.download_button(
+        f"Download {hospital_label(client)}'s report (HTML)",
+        data=report,
+        file_name=f"{info.run_id.replace('/', '_')}-client_{client:02d}.html",
+        mime="text/html",
+        icon=":material/download:",
+        key="slide_report",
+        on_click="ignore",
+    )
+    st.caption(
+        "One self-contained file: metrics at the model's threshold, ROC curve, confusion matrix, example tiles, the "
+        f"slides scored here, settings and dataset hash. The same as `gastric-fl report {info.path} --html`."
+    )

@@ -1,0 +1,291 @@
+"""The Slide page through Streamlit's AppTest on a tiny trained run: the heatmap has the slide's size, the opacity
+slider drives the heatmap layer, a picked tile shows the probability the run itself gave it (predictions.csv), a
+second visit reads the cache, the report download is the hospital's report, and damaged input is one line."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+from dashboard_fixtures import Fixture
+from slide_fixtures import TrainedRoot, build_trained_root, copy_root
+from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
+from streamlit.testing.v1 import AppTest
+
+from app import report_html, slide_view
+
+MAIN = str(Path(__file__).resolve().parents[2] / "app" / "dashboard" / "main.py")
+TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> TrainedRoot:
+    return build_trained_root(tmp_path_factory.mktemp("slide") / "data")
+
+
+@pytest.fixture
+def data(trained: TrainedRoot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> TrainedRoot:
+    """A fresh data root for each test (its own run folder, so its own slide cache)."""
+    fresh = copy_root(trained, tmp_path / "data")
+    monkeypatch.setenv("GASTRIC_FL_DATA", str(fresh.root))
+    return fresh
+
+
+def _slide_page(state: dict[str, Any] | None = None) -> AppTest:
+    at = AppTest.from_file(MAIN, default_timeout=TIMEOUT_S)
+    for key, value in (state or {}).items():
+        at.session_state[key] = value
+    at.run()
+    at.switch_page("views/slide.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def _pick_slide(at: AppTest, source: str) -> AppTest:
+    box = at.selectbox(key="slide_pick")
+    box.select_index(next(i for i, option in enumerate(box.options) if option.startswith(f"{source} ")))
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def _metric(at: AppTest, label: str) -> str:
+    return next(str(m.value) for m in at.metric if m.label == label)
+
+
+def _layers(at: AppTest) -> dict[str, dict[str, Any]]:
+    spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+    return {trace["name"]: trace for trace in spec["data"]}
+
+
+def _array(value: Any) -> np.ndarray:
+    """A Plotly array from the figure's JSON: a list, or a typed array (``{"dtype", "bdata"}``, base64)."""
+    if isinstance(value, dict):
+        return np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
+    return np.asarray(value)
+
+
+def _png_size(uri: str) -> tuple[int, int]:
+    assert uri.startswith("data:image/png;base64,")
+    image = cv2.imdecode(np.frombuffer(base64.b64decode(uri.split(",", 1)[1]), np.uint8), cv2.IMREAD_UNCHANGED)
+    return int(image.shape[1]), int(image.shape[0])
+
+
+def _one_line_error(at: AppTest, *words: str) -> str:
+    assert not at.exception, [e.value for e in at.exception]
+    assert len(at.error) == 1, [e.value for e in at.error]
+    message = str(at.error[0].value)
+    assert "\n" not in message, message
+    assert "Traceback" not in message, message
+    for word in words:
+        assert word in message, message
+    return message
+
+
+def test_the_heatmap_has_the_slides_size_and_the_slider_sets_its_opacity(data: TrainedRoot) -> None:
+    source = data.test_slides(0, "abnormal")[0]
+    at = _pick_slide(_slide_page(), source)
+    height, width = cv2.imread(str(data.raw / source), cv2.IMREAD_UNCHANGED).shape[:2]
+    layers = _layers(at)
+    assert {"slide", "heat", "outline", "tiles"} <= set(layers)  # the SEED mask beside it gives the outline
+    for name in ("slide", "heat", "outline"):
+        assert _png_size(layers[name]["source"]) == (width, height)  # 256 px: drawn at the slide's own size
+        assert layers[name]["dx"] == layers[name]["dy"] == 1.0
+    spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+    assert spec["layout"]["xaxis"]["range"] == [0, width]
+    assert spec["layout"]["yaxis"]["range"] == [height, 0]
+    assert at.get("plotly_chart")[0].proto.alt.startswith("Heatmap of P(abnormal)")
+
+    slider = at.slider(key="slide_opacity")
+    assert slider.label == "Heatmap opacity"
+    assert layers["heat"]["opacity"] == slider.value == 0.5
+    slider.set_value(0.2)
+    at.run()
+    layers = _layers(at)
+    assert layers["heat"]["opacity"] == 0.2
+    assert layers["slide"].get("opacity", 1.0) == 1.0  # only the heatmap fades
+
+    summary = json.loads(next((data.hospital(0) / "slides").rglob("summary.json")).read_text())
+    assert _metric(at, "Tiles scored") == str(summary["tiles"]) == str(len(_array(layers["tiles"]["x"])))
+    assert _metric(at, "Max P(abnormal)") == f"{summary['max_probability']:.3f}"
+    assert _metric(at, "Abnormal area") == f"{100 * summary['abnormal_area_fraction']:.1f} %"
+    assert _metric(at, "Tile specificity") == f"{summary['ground_truth']['specificity']:.3f}"
+
+
+@pytest.mark.parametrize("client", [0, 1])  # hospital 1 is gray
+def test_a_picked_tile_shows_the_probability_the_run_gave_it(data: TrainedRoot, client: int) -> None:
+    source = data.test_slides(client, "normal")[0]
+    at = _pick_slide(_slide_page({"slide_hospital": client}), source)
+    expected = data.evaluated(client, source)
+    assert expected
+    tiles = _layers(at)["tiles"]
+    xs, ys = _array(tiles["x"]), _array(tiles["y"])
+    centres = {(round(x - 32), round(y - 32)): i for i, (x, y) in enumerate(zip(xs, ys, strict=True))}
+    for (x, y), probability in list(expected.items())[:3]:
+        at.selectbox(key="slide_tile").set_value(centres[(x, y)])
+        at.run()
+        shown = float(_metric(at, "P(abnormal) of this tile"))
+        assert shown == pytest.approx(probability, abs=5e-5)  # 4 decimals of predictions.csv's value
+        image = at.get("image")[0]
+        assert f"x {x}, y {y}" in image.captions[0]
+        assert f"{probability:.4f}" in image.captions[0]
+        assert image.proto.imgs[0].alt  # alt text for screen readers
+        # the chart marks the picked tile
+        shapes = json.loads(at.get("plotly_chart")[0].proto.spec)["layout"]["shapes"]
+        assert {(s["x0"], s["y0"]) for s in shapes} == {(x, y)}
+
+
+def test_a_second_visit_reads_the_scored_slide_from_disk(data: TrainedRoot, monkeypatch: pytest.MonkeyPatch) -> None:
+    source = data.test_slides(0, "normal")[0]
+    first = _pick_slide(_slide_page(), source)
+    max_shown = _metric(first, "Max P(abnormal)")
+    assert list((data.hospital(0) / "slides").rglob("view.json"))
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("the slide was scored again")
+
+    monkeypatch.setattr(slide_view, "score", refuse)
+    again = _pick_slide(_slide_page(), source)
+    assert _metric(again, "Max P(abnormal)") == max_shown
+    assert not again.error
+
+
+def test_showing_a_scored_slide_imports_no_torch(data: TrainedRoot) -> None:
+    source = data.test_slides(0, "normal")[0]
+    _pick_slide(_slide_page(), source)  # scored and kept in the hospital's folder
+    script = f"""
+import sys
+from streamlit.testing.v1 import AppTest
+at = AppTest.from_file({MAIN!r}, default_timeout={TIMEOUT_S})
+at.run()
+at.switch_page("views/slide.py")
+at.run()
+assert not at.exception, [e.value for e in at.exception]
+assert any(m.label == "Max P(abnormal)" for m in at.metric)
+print("torch" in sys.modules)
+"""
+    env = {**os.environ, "GASTRIC_FL_DATA": str(data.root)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_an_uploaded_slide_with_its_mask_is_scored_and_outlined(data: TrainedRoot) -> None:
+    source = data.test_slides(0, "abnormal")[0]
+    stem = Path(source).stem
+    at = _slide_page()
+    at.radio(key="slide_source").set_value("Upload a slide")
+    at.run()
+    at.file_uploader(key="slide_upload").upload("biopsy.png", (data.raw / source).read_bytes(), "image/png")
+    at.file_uploader(key="slide_annotation").upload(
+        "biopsy_mask.png", (data.raw / f"{stem}_mask.png").read_bytes(), "image/png"
+    )
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    assert "outline" in _layers(at)
+    (entry,) = (data.hospital(0) / "slides").glob("*/upload-*")
+    summary = json.loads(next(entry.rglob("summary.json")).read_text())
+    assert summary["slide"] == "biopsy"
+    assert _metric(at, "Tiles scored") == str(summary["tiles"])
+    assert "ground_truth" in summary
+
+
+def test_the_report_download_is_the_hospitals_html_report(data: TrainedRoot, monkeypatch: pytest.MonkeyPatch) -> None:
+    served: dict[str, bytes] = {}
+    original = MemoryMediaFileStorage.load_and_get_id
+
+    def spy(self: MemoryMediaFileStorage, path_or_data: Any, mimetype: str, kind: Any, filename: Any = None) -> str:
+        if isinstance(filename, str) and filename.endswith(".html"):
+            served[filename] = path_or_data
+        return original(self, path_or_data, mimetype, kind, filename)
+
+    monkeypatch.setattr(MemoryMediaFileStorage, "load_and_get_id", spy)
+    source = data.test_slides(0, "normal")[0]
+    at = _pick_slide(_slide_page(), source)
+    button = at.get("download_button")[0]
+    assert "report (HTML)" in button.proto.label
+    name = f"{data.run.name}-client_00.html"
+    assert name in served
+    page = served[name].decode("utf-8")
+    direct = report_html.report_html(data.run, 0)
+
+    def stable(text: str) -> str:
+        return re.sub(r"Written \S+ by", "Written ... by", text)
+
+    assert stable(page) == stable(direct)
+    assert f'data-slide="{Path(source).stem}"' in page  # the slide scored on the page is in the report
+
+
+def test_a_run_without_exported_models_says_what_to_do(fixture_root: Fixture) -> None:
+    at = _slide_page()
+    assert "exported model" in " ".join(str(i.value) for i in at.info)
+    assert not at.error
+
+
+def test_the_page_explains_the_next_step_with_no_data(empty_root: Path) -> None:
+    at = _slide_page()
+    assert "gastric-fl" in " ".join(str(e.value) for e in (*at.info, *at.code))
+
+
+def _damage_card(data: TrainedRoot, change: dict[str, Any] | None) -> None:
+    path = data.hospital(0) / "model.json"
+    if change is None:
+        path.write_text("{ truncated", encoding="utf-8")
+    else:
+        path.write_text(json.dumps(json.loads(path.read_text(encoding="utf-8")) | change), encoding="utf-8")
+
+
+def test_a_damaged_model_card_is_one_line(data: TrainedRoot) -> None:
+    _damage_card(data, None)
+    _one_line_error(_slide_page(), "model.json", "not readable JSON")
+
+
+def test_a_bundle_that_does_not_fit_is_one_line(data: TrainedRoot) -> None:
+    _damage_card(data, {"architecture": "resnet18"})  # MobileNetV3 weights under a ResNet-18 card
+    _one_line_error(_slide_page(), "model.safetensors", "does not fit")
+
+
+def test_a_missing_dataset_is_one_line_and_upload_still_works(data: TrainedRoot) -> None:
+    _damage_card(data, {"dataset": {"path": str(data.root / "prepared" / "gone")}})
+    config = data.run / "config.toml"
+    config.write_text(config.read_text().replace(str(data.prepared), str(data.root / "gone")), encoding="utf-8")
+    at = _slide_page()
+    _one_line_error(at, "not on this machine", "upload a slide")
+    at.radio(key="slide_source").set_value("Upload a slide")
+    at.run()
+    assert not at.error
+    assert not at.exception
+    assert at.file_uploader(key="slide_upload")
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "words"),
+    [
+        ("notes.png", b"this is not an image", ("notes.png", "not a PNG")),
+        ("glass.png", cv2.imencode(".png", np.full((256, 256, 3), 245, np.uint8))[1].tobytes(), ("no tissue",)),
+        ("cut.png", None, ("cut.png",)),
+    ],
+)
+def test_a_bad_upload_is_one_line_and_leaves_nothing(
+    data: TrainedRoot, name: str, content: bytes | None, words: tuple[str, ...]
+) -> None:
+    if content is None:  # a truncated PNG
+        content = (data.raw / data.test_slides(0, "normal")[0]).read_bytes()[:300]
+    at = _slide_page()
+    at.radio(key="slide_source").set_value("Upload a slide")
+    at.run()
+    at.file_uploader(key="slide_upload").upload(name, content, "image/png")
+    at.run()
+    _one_line_error(at, *words)
+    assert not list((data.hospital(0) / "slides").glob("*/upload-*"))
