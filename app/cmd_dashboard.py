@@ -1,7 +1,8 @@
 """`gastric-fl dashboard`: open the Streamlit dashboard (data, federation, hospital and comparison pages).
 
 It runs ``streamlit run app/dashboard/main.py`` headless on 127.0.0.1 (loopback only unless ``--host`` says
-otherwise), with usage statistics off and no file watcher; the data root travels in ``GASTRIC_FL_DATA``.
+otherwise), with usage statistics off, no file watcher and no error details in the browser (tracebacks go to the
+terminal); the data root travels in ``GASTRIC_FL_DATA``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ MAIN_SCRIPT = Path(__file__).resolve().parent / "dashboard" / "main.py"
 
 
 def streamlit_command(host: str, port: int) -> list[str]:
-    """The ``streamlit run`` command line: headless, no telemetry, no file watcher, bound to ``host:port``."""
+    """The ``streamlit run`` command line: headless, no telemetry, no file watcher, no error details in the
+    browser, bound to ``host:port``."""
     return [
         sys.executable,
         "-m",
@@ -41,6 +43,10 @@ def streamlit_command(host: str, port: int) -> list[str]:
         str(port),
         "--client.toolbarMode",
         "viewer",
+        # An error that escapes a page's guard (app.dashboard.ui.page_guard) shows a generic line in the browser,
+        # never a traceback; the details go to this terminal.
+        "--client.showErrorDetails",
+        "none",
         "--theme.primaryColor",
         "#0f766e",
     ]

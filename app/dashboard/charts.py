@@ -2,10 +2,14 @@
 values transmitted, the AMP attention matrix xi (Eq. 16-18), ROC curves, confusion matrices and grid heatmaps.
 
 Each function takes already-shaped data (see ``runs`` and ``evaluation``) and returns a figure; no file access.
+
+Colours are the Okabe-Ito palette (Okabe & Ito, "Color Universal Design", 2008), which stays distinguishable with
+the common colour-vision deficiencies; a hospital keeps one colour on every page (`hospital_colour`).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -15,8 +19,23 @@ import plotly.graph_objects as go
 from app.dashboard.datasets import hospital_label
 from app.dashboard.evaluation import Roc
 
-PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f")
-ACCENT = "#0f766e"
+# Okabe-Ito: blue, orange, bluish green, reddish purple, sky blue, vermillion, yellow, black.
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
+ACCENT = "#0072B2"  # one-series figures: the averaged curves
+ACCENT_BAND = "rgba(0,114,178,0.15)"
+MUTED = "#6b7280"  # reference lines (chance diagonal, std)
+_HOSPITAL = re.compile(r"^Hospital (\d+)$")
+
+
+def hospital_colour(client: int) -> str:
+    """The colour of hospital ``client`` on every chart (Okabe-Ito, by client index, cycling after eight)."""
+    return PALETTE[int(client) % len(PALETTE)]
+
+
+def series_colour(name: str, position: int) -> str:
+    """A hospital's own colour for a series named like ``Hospital 2``; else the palette colour at ``position``."""
+    match = _HOSPITAL.match(name)
+    return hospital_colour(int(match.group(1))) if match else PALETTE[position % len(PALETTE)]
 
 
 def _layout(fig: go.Figure, title: str, y_title: str = "", height: int = 360, x_title: str = "round") -> go.Figure:
@@ -35,7 +54,8 @@ def _layout(fig: go.Figure, title: str, y_title: str = "", height: int = 360, x_
 
 
 def per_hospital(table: pd.DataFrame, title: str, y_title: str, unit_range: bool = True) -> go.Figure:
-    """One line per hospital (columns of ``table``) over rounds (its index)."""
+    """One line per hospital (columns of ``table``, e.g. ``Hospital 0``: each in its own colour) over rounds (its
+    index); other columns take the palette in order."""
     fig = go.Figure()
     for i, column in enumerate(table.columns):
         fig.add_trace(
@@ -44,7 +64,7 @@ def per_hospital(table: pd.DataFrame, title: str, y_title: str, unit_range: bool
                 y=table[column],
                 mode="lines+markers",
                 name=str(column),
-                line={"color": PALETTE[i % len(PALETTE)], "width": 2},
+                line={"color": series_colour(str(column), i), "width": 2},
                 connectgaps=False,
             )
         )
@@ -66,16 +86,14 @@ def mean_std(rounds: pd.DataFrame, prefix: str, title: str, y_title: str) -> go.
             y=np.concatenate([mean + std, (mean - std)[::-1]]),
             fill="toself",
             mode="lines",
-            fillcolor="rgba(15,118,110,0.15)",
+            fillcolor=ACCENT_BAND,
             line={"width": 0},
             hoverinfo="skip",
             name="± std over hospitals",
         )
     )
     fig.add_trace(go.Scatter(x=x, y=mean, mode="lines+markers", name="averaged", line={"color": ACCENT, "width": 3}))
-    fig.add_trace(
-        go.Scatter(x=x, y=std, mode="lines", name="std", line={"color": "#64748b", "width": 1.5, "dash": "dot"})
-    )
+    fig.add_trace(go.Scatter(x=x, y=std, mode="lines", name="std", line={"color": MUTED, "width": 1.5, "dash": "dot"}))
     fig.update_yaxes(range=[0, 1.02])
     fig.update_xaxes(dtick=1 if len(x) <= 20 else None)
     return _layout(fig, title, y_title)
@@ -84,8 +102,8 @@ def mean_std(rounds: pd.DataFrame, prefix: str, title: str, y_title: str) -> go.
 def transmitted(rounds: pd.DataFrame) -> go.Figure:
     """Values sent (server -> clients) and received (clients -> server) per round, and their running total."""
     fig = go.Figure()
-    fig.add_trace(go.Bar(x=rounds["round"], y=rounds["values_sent"], name="sent", marker_color="#93c5fd"))
-    fig.add_trace(go.Bar(x=rounds["round"], y=rounds["values_received"], name="received", marker_color="#fca5a5"))
+    fig.add_trace(go.Bar(x=rounds["round"], y=rounds["values_sent"], name="sent", marker_color=PALETTE[0]))
+    fig.add_trace(go.Bar(x=rounds["round"], y=rounds["values_received"], name="received", marker_color=PALETTE[1]))
     fig.add_trace(
         go.Scatter(
             x=rounds["round"],
@@ -93,7 +111,7 @@ def transmitted(rounds: pd.DataFrame) -> go.Figure:
             name="total so far",
             mode="lines+markers",
             yaxis="y2",
-            line={"color": ACCENT, "width": 2},
+            line={"color": PALETTE[7], "width": 2},
         )
     )
     fig.update_layout(
@@ -126,24 +144,31 @@ def xi_heatmap(matrix: np.ndarray, round_number: int) -> go.Figure:
     return _layout(fig, f"Who learns from whom: AMP matrix ξ, round {round_number}", "learns (row)", x_title="from")
 
 
-def roc_curve(curve: Roc, name: str) -> go.Figure:
-    """The ROC curve with its AUC in the legend and the chance diagonal."""
+def roc_curve(curve: Roc, name: str, colour: str = ACCENT, marker: tuple[float, float] | None = None) -> go.Figure:
+    """The ROC curve in ``colour`` with its AUC in the legend and the chance diagonal; ``marker`` (false positive
+    rate, sensitivity) marks where the threshold in use sits on the curve."""
     auc = "undefined (one class)" if curve.auc is None else f"{curve.auc:.3f}"
     fig = go.Figure()
-    fig.add_trace(
-        go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="chance", line={"color": "#94a3b8", "dash": "dash"})
-    )
+    fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="chance", line={"color": MUTED, "dash": "dash"}))
     fig.add_trace(
         go.Scatter(
             x=curve.fpr,
             y=curve.tpr,
             mode="lines",
             name=f"{name} (AUC {auc})",
-            line={"color": ACCENT, "width": 3},
-            fill="tozeroy",
-            fillcolor="rgba(15,118,110,0.08)",
+            line={"color": colour, "width": 3},
         )
     )
+    if marker is not None and all(np.isfinite(marker)):
+        fig.add_trace(
+            go.Scatter(
+                x=[marker[0]],
+                y=[marker[1]],
+                mode="markers",
+                name="threshold in use",
+                marker={"color": PALETTE[7], "size": 11, "symbol": "diamond"},
+            )
+        )
     fig.update_xaxes(range=[0, 1], title="false positive rate (1 - specificity)")
     fig.update_yaxes(range=[0, 1.02], title="true positive rate (sensitivity)", scaleanchor="x", scaleratio=1)
     return _layout(fig, f"ROC curve, AUC {auc}", "true positive rate", height=380, x_title="false positive rate")

@@ -72,8 +72,15 @@ def load_manifest(dataset: Path) -> pd.DataFrame:
     bad_label = sorted(set(frame["label"]) - set(LABELS))
     if bad_split or bad_label:
         raise DashboardError(f"{path}: unknown split {bad_split} or label {bad_label}; expected {SPLITS} and {LABELS}")
-    frame["client"] = frame["client"].astype(int)
-    frame["channels"] = frame["channels"].astype(int)
+    for column in ("client", "channels", "size"):
+        values = pd.to_numeric(frame[column], errors="coerce")
+        if values.isna().any() or (values % 1 != 0).any():
+            row = int(values.isna().idxmax() if values.isna().any() else (values % 1 != 0).idxmax())
+            raise DashboardError(
+                f"{path}: {column} must be a whole number (row {row + 2} is {frame[column].iloc[row]!r}); "
+                "re-run gastric-fl prepare"
+            )
+        frame[column] = values.astype(int)
     return frame
 
 

@@ -1,17 +1,32 @@
-"""One hospital's test predictions: ROC curve and AUC, confusion matrix at a threshold, ranked example tiles.
+"""Hospitals' test predictions: ROC curve and AUC, the operating point at a threshold, the threshold that reaches a
+target sensitivity, the scorecard's warning rule, and ranked example tiles.
 
 FedSAF paper (Miao et al., 2025), Sec. 5 reports accuracy per client; the dashboard adds what a clinician reads
 next: the ROC curve (scikit-learn's ``roc_curve``/``roc_auc_score`` on the softmax probability of "abnormal",
-the same probabilities the engine's ``test_auc`` uses) and the errors the model was most sure about.
+the same probabilities the engine's ``test_auc`` uses), sensitivity and specificity at the threshold the model
+decides with, and the errors the model was most sure about.
+
+A tile is called abnormal when its probability is *at least* the threshold (``models.bundle``'s decision rule),
+so tiles tied with the threshold count as abnormal everywhere here. A high AUC only says the tiles are ranked well;
+`auc_warning` says when the threshold in use still misses most abnormal tiles or flags most normal ones.
+scikit-learn is imported on first use (it takes about a second), so a page shows its first content before it.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
-from sklearn.metrics import roc_auc_score, roc_curve
+
+from app.dashboard.datasets import hospital_label
+
+# The scorecard's warning rule: a hospital whose AUC reaches WARN_AUC but whose sensitivity or specificity at the
+# threshold in use is below WARN_RATE gets a warning in words.
+WARN_AUC = 0.8
+WARN_RATE = 0.5
 
 
 @dataclass(frozen=True)
@@ -30,6 +45,8 @@ def roc(labels: np.ndarray, probs: np.ndarray) -> Roc:
     probs = np.asarray(probs, dtype=float)
     if len(np.unique(labels)) < 2:
         return Roc(np.array([0.0, 1.0]), np.array([0.0, 1.0]), np.array([np.inf, 0.0]), None)
+    from sklearn.metrics import roc_auc_score, roc_curve
+
     fpr, tpr, thresholds = roc_curve(labels, probs)
     return Roc(fpr, tpr, thresholds, float(roc_auc_score(labels, probs)))
 
@@ -72,3 +89,181 @@ def ranked_examples(predictions: pd.DataFrame, threshold: float) -> pd.DataFrame
     frame["confidence"] = np.where(frame["predicted"] == 1, frame["prob_abnormal"], 1.0 - frame["prob_abnormal"])
     ordered = frame.sort_values(["error", "confidence", "path"], ascending=[False, False, True], kind="stable")
     return ordered.reset_index(drop=True)
+
+
+# --- the operating point and the scorecard ---------------------------------------------------------------------
+
+
+def _ratio(num: int, den: int) -> float:
+    return num / den if den else float("nan")
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    """What a model does at one threshold: the four counts of the confusion matrix and the rates they give.
+
+    ``tp``/``fn``: abnormal tiles called abnormal / normal; ``tn``/``fp``: normal tiles called normal / abnormal.
+    A rate whose denominator is zero (no abnormal tile, say) is NaN, not 0 or 1.
+    """
+
+    threshold: float
+    tp: int
+    fn: int
+    tn: int
+    fp: int
+
+    @property
+    def abnormal(self) -> int:
+        """Abnormal tiles (true label)."""
+        return self.tp + self.fn
+
+    @property
+    def normal(self) -> int:
+        """Normal tiles (true label)."""
+        return self.tn + self.fp
+
+    @property
+    def sensitivity(self) -> float:
+        """Share of abnormal tiles called abnormal (true positive rate)."""
+        return _ratio(self.tp, self.abnormal)
+
+    @property
+    def specificity(self) -> float:
+        """Share of normal tiles called normal (true negative rate)."""
+        return _ratio(self.tn, self.normal)
+
+    @property
+    def accuracy(self) -> float:
+        """Share of all tiles called right."""
+        return _ratio(self.tp + self.tn, self.abnormal + self.normal)
+
+
+def operating_point(labels: npt.ArrayLike, probs: npt.ArrayLike, threshold: float) -> OperatingPoint:
+    """Counts and rates when a tile is called abnormal at ``probs >= threshold`` (label 1 = abnormal)."""
+    (tn, fp), (fn, tp) = confusion(np.asarray(labels), np.asarray(probs), threshold).tolist()
+    return OperatingPoint(float(threshold), tp=int(tp), fn=int(fn), tn=int(tn), fp=int(fp))
+
+
+@dataclass(frozen=True)
+class TargetThreshold:
+    """The highest threshold whose sensitivity reaches a target, and what the model does there."""
+
+    target: float
+    point: OperatingPoint
+
+    @property
+    def threshold(self) -> float:
+        """The threshold found (a tile is abnormal at ``p >= threshold``)."""
+        return self.point.threshold
+
+
+def threshold_for_sensitivity(labels: npt.ArrayLike, probs: npt.ArrayLike, target: float) -> TargetThreshold | None:
+    """The highest threshold at which at least ``target`` of the abnormal tiles are called abnormal.
+
+    Lowering the threshold can only raise sensitivity and lower specificity, so the highest threshold that reaches
+    the target is the one that keeps the most normal tiles normal. It is the k-th highest probability among the
+    abnormal tiles, k = ceil(target x abnormal tiles); tiles tied with it are called abnormal too, so the sensitivity
+    reached can exceed the target. ``None`` when there is no abnormal tile (sensitivity is undefined).
+    """
+    if not (math.isfinite(target) and 0.0 < target <= 1.0):
+        raise ValueError(f"target sensitivity must be in (0, 1], got {target}")
+    labels = np.asarray(labels, dtype=int)
+    probs = np.asarray(probs, dtype=float)
+    abnormal = np.sort(probs[labels == 1])[::-1]
+    if abnormal.size == 0:
+        return None
+    # The small tolerance keeps 0.28 x 25 = 7.000000000000001 from asking for an 8th tile.
+    needed = max(1, math.ceil(target * abnormal.size - 1e-9))
+    return TargetThreshold(float(target), operating_point(labels, probs, float(abnormal[needed - 1])))
+
+
+def auc_warning(
+    auc: float | None, point: OperatingPoint, min_auc: float = WARN_AUC, min_rate: float = WARN_RATE
+) -> str | None:
+    """A plain sentence when a good AUC hides a poor operating point, else ``None``.
+
+    The rule: AUC at least ``min_auc`` while sensitivity or specificity at ``point.threshold`` is below
+    ``min_rate``. AUC only says how well tiles are *ranked*; the threshold decides what the model *calls* them.
+    """
+    if auc is None or not math.isfinite(auc) or auc < min_auc:
+        return None
+    problems = []
+    if point.abnormal and point.sensitivity < min_rate:
+        problems.append(f"misses {point.fn} of {point.abnormal} abnormal tiles (sensitivity {point.sensitivity:.2f})")
+    if point.normal and point.specificity < min_rate:
+        problems.append(
+            f"calls {point.fp} of {point.normal} normal tiles abnormal (specificity {point.specificity:.2f})"
+        )
+    if not problems:
+        return None
+    return (
+        f"AUC {auc:.3f} looks good, but at threshold {point.threshold:.2f} the model {' and '.join(problems)}: "
+        "it ranks tiles well, but this threshold is in the wrong place for this hospital."
+    )
+
+
+@dataclass(frozen=True)
+class HospitalScore:
+    """One hospital's line of the scorecard."""
+
+    client: int
+    auc: float | None
+    point: OperatingPoint
+    target: TargetThreshold | None
+    warning: str | None
+
+
+def score_hospitals(predictions: pd.DataFrame, threshold: float, target_sensitivity: float) -> list[HospitalScore]:
+    """Every hospital of ``predictions`` (columns client, label 0/1, prob_abnormal) at ``threshold``, by client.
+
+    Each gets its AUC (``None`` with one class), its operating point, the threshold reaching
+    ``target_sensitivity`` (with the specificity there) and the warning of `auc_warning`.
+    """
+    scores = []
+    for client, rows in predictions.groupby("client", sort=True):
+        labels = rows["label"].to_numpy(dtype=int)
+        probs = rows["prob_abnormal"].to_numpy(dtype=float)
+        auc = roc(labels, probs).auc
+        point = operating_point(labels, probs, threshold)
+        target = threshold_for_sensitivity(labels, probs, target_sensitivity)
+        scores.append(HospitalScore(int(client), auc, point, target, auc_warning(auc, point)))
+    return scores
+
+
+SCORECARD_COLUMNS = (
+    "hospital",
+    "test tiles",
+    "AUC",
+    "accuracy",
+    "sensitivity",
+    "specificity",
+    "missed abnormal",
+    "false alarms",
+    "threshold for target",
+    "sensitivity there",
+    "specificity there",
+)
+
+
+def scorecard_table(scores: list[HospitalScore]) -> pd.DataFrame:
+    """The scorecard as a table, one row per hospital; undefined figures are NaN (shown empty)."""
+    nan = float("nan")
+    rows = []
+    for score in scores:
+        point, target = score.point, score.target
+        rows.append(
+            {
+                "hospital": hospital_label(score.client),
+                "test tiles": point.abnormal + point.normal,
+                "AUC": nan if score.auc is None else score.auc,
+                "accuracy": point.accuracy,
+                "sensitivity": point.sensitivity,
+                "specificity": point.specificity,
+                "missed abnormal": f"{point.fn} of {point.abnormal}",
+                "false alarms": f"{point.fp} of {point.normal}",
+                "threshold for target": nan if target is None else target.threshold,
+                "sensitivity there": nan if target is None else target.point.sensitivity,
+                "specificity there": nan if target is None else target.point.specificity,
+            }
+        )
+    return pd.DataFrame(rows, columns=list(SCORECARD_COLUMNS))

@@ -7,10 +7,15 @@ test split has one class reports AUC as ``null``: it is left out of that round's
 
 Everything here is plain Python/pandas so it is testable without Streamlit. Files are read as they are being
 written by a live run: a half-written last line of a ``.jsonl`` file is ignored until it is complete.
+
+A damaged run file never stops a page: the loaders read what they can (a damaged ``metrics.jsonl`` line is left
+out, as ``gastric-fl report`` leaves it out; an unreadable ``config.toml`` reads as empty), and `run_problem`
+names the damage in one line with what to do, which `RunInfo.problem` carries to the pickers and banners.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -35,7 +40,8 @@ STATUSES = ("running", "finished", "failed")
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Objects of a JSON-lines file; a missing file is empty, an incomplete *last* line (being written) is skipped.
 
-    A malformed line anywhere else means the file is damaged: a one-line ``DashboardError`` names it.
+    A malformed line anywhere else means the file is damaged: a one-line ``DashboardError`` names it. The page
+    loaders (`load_metrics`, `load_aggregation`) use `read_records` instead, which leaves such lines out.
     """
     try:
         return jsonl.read_jsonl(path, damaged="raise")
@@ -43,27 +49,115 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
         raise DashboardError(str(exc)) from exc
 
 
-def load_summary(run: Path) -> dict[str, Any]:
-    """``summary.json`` of a run, or ``{}`` while it does not exist yet (or is being replaced)."""
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The readable objects of a JSON-lines file, damaged lines left out (`run_problem` names them)."""
+    return jsonl.read_jsonl(path, damaged="skip")
+
+
+def _summary_or_error(run: Path) -> tuple[dict[str, Any], str | None]:
     path = run / "summary.json"
     if not path.is_file():
-        return {}
+        return {}, None
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return {}
-    return value if isinstance(value, dict) else {}
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return {}, f"is not valid JSON ({exc})"
+    except OSError as exc:
+        return {}, f"cannot be read ({exc.strerror or exc})"
+    if not isinstance(value, dict):
+        return {}, "is not a JSON object"
+    return value, None
+
+
+def load_summary(run: Path) -> dict[str, Any]:
+    """``summary.json`` of a run, or ``{}`` while it does not exist yet (or cannot be read: `run_problem` says)."""
+    return _summary_or_error(run)[0]
+
+
+def _config_or_error(run: Path) -> tuple[dict[str, Any], str | None]:
+    path = run / "config.toml"
+    if not path.is_file():
+        return {}, None
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8")), None
+    except tomllib.TOMLDecodeError as exc:
+        return {}, f"is not valid TOML ({exc})"
+    except UnicodeDecodeError:
+        return {}, "is not UTF-8 text"
+    except OSError as exc:
+        return {}, f"cannot be read ({exc.strerror or exc})"
 
 
 def load_config(run: Path) -> dict[str, Any]:
-    """The resolved ``config.toml`` of a run, or ``{}`` if it has none."""
-    path = run / "config.toml"
-    if not path.is_file():
-        return {}
+    """The resolved ``config.toml`` of a run, or ``{}`` if it has none or it cannot be read (`run_problem` says)."""
+    return _config_or_error(run)[0]
+
+
+def config_error(run: Path) -> str | None:
+    """One line naming a run's ``config.toml`` and what is wrong with it, or ``None`` when it reads (or is absent)."""
+    problem = _config_or_error(run)[1]
+    return None if problem is None else f"{run / 'config.toml'} {problem}"
+
+
+@functools.lru_cache(maxsize=256)
+def _damaged_lines(path: str, mtime_ns: int, size: int) -> tuple[jsonl.DamagedLine, ...]:
+    # Keyed on the file's time and size: the run list asks about every run on every page load.
+    return jsonl.scan_jsonl(Path(path)).damaged
+
+
+def damaged_lines(path: Path, finished: bool) -> list[jsonl.DamagedLine]:
+    """The damaged lines of a JSON-lines file. A cut-off *last* line counts only when the run has ``finished``
+    writing (finished, failed or stopped): until then it is a line being appended."""
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise DashboardError(f"{path} is not valid TOML ({exc})") from exc
+        stat = path.stat()
+    except OSError:
+        return []
+    found = _damaged_lines(str(path), stat.st_mtime_ns, stat.st_size)
+    return [bad for bad in found if finished or not bad.last]
+
+
+def _shown(path: Path, root: Path | None) -> str:
+    if root is not None:
+        try:
+            return str(path.relative_to(root))
+        except ValueError:
+            pass
+    return str(path)
+
+
+def run_problem(run: Path, root: Path | None = None) -> str | None:
+    """One line naming the first damaged file of a run and what to do about it, or ``None`` when all read.
+
+    Checked: ``config.toml`` (TOML), ``summary.json`` (a JSON object), ``metrics.jsonl`` and ``aggregation.jsonl``
+    (a JSON object per line). Files are named relative to ``root`` (the data root) when given. A damaged line of a
+    JSON-lines file is left out of the pages; ``gastric-fl train --resume`` redoes its round.
+    """
+    summary, summary_problem = _summary_or_error(run)
+    problems: list[str] = []
+    config_problem = _config_or_error(run)[1]
+    if config_problem:
+        problems.append(
+            f"{_shown(run / 'config.toml', root)} {config_problem}: this run's settings are unknown; "
+            "restore the file or delete the run folder"
+        )
+    if summary_problem:
+        problems.append(
+            f"{_shown(run / 'summary.json', root)} {summary_problem}: this run's status is unknown; "
+            "restore the file or delete the run folder"
+        )
+    finished = summary.get("status") in ("finished", "failed", "stopped")
+    for name in ("metrics.jsonl", "aggregation.jsonl"):
+        bad = damaged_lines(run / name, finished)
+        if bad:
+            more = f" (and {len(bad) - 1} more damaged lines)" if len(bad) > 1 else ""
+            problems.append(
+                f"{_shown(run / name, root)} line {bad[0].line} is {bad[0].reason}{more}; it is left out here. "
+                f"Re-run with `gastric-fl train --resume {run}` to redo its round, or delete the run folder"
+            )
+    if not problems:
+        return None
+    others = f" ({len(problems) - 1} more damaged files)" if len(problems) > 1 else ""
+    return problems[0] + others + "."
 
 
 def config_value(config: Mapping[str, Any], section: str, key: str) -> Any:
@@ -84,13 +178,19 @@ class RunInfo:
     run_id: str
     path: Path
     status: str
-    error: str | None
+    error: str | None  # summary.json's error, else the run's damaged file (`problem`)
     algorithm: str | None
     rounds_total: int | None
     dataset: Path | None
     modified: float
     pid: int | None = None
     pid_started: int | None = None  # the process's start time, so that a reused pid is not taken for the run
+    problem: str | None = None  # a damaged run file, in one line with what to do (`run_problem`)
+
+    @property
+    def damaged(self) -> bool:
+        """Whether one of the run's files cannot be read (``problem`` says which)."""
+        return self.problem is not None
 
 
 def _resolve_dataset(value: Any, run: Path) -> Path | None:
@@ -111,15 +211,16 @@ def run_dataset(config: Mapping[str, Any], run: Path) -> Path | None:
     return _resolve_dataset(config_value(config, "data", "path"), run)
 
 
-def run_info(run: Path, run_id: str | None = None) -> RunInfo:
-    """Summarise one run folder; a run with no summary yet is ``running`` (the engine writes it at the start)."""
+def run_info(run: Path, run_id: str | None = None, root: Path | None = None) -> RunInfo:
+    """Summarise one run folder; a run with no summary yet is ``running`` (the engine writes it at the start).
+
+    A damaged run is summarised from what reads and carries its `run_problem` (files named relative to ``root``).
+    """
     summary = load_summary(run)
-    try:
-        config = load_config(run)
-    except DashboardError:
-        config = {}
+    config = load_config(run)
     status = str(summary.get("status", "running"))
     error = summary.get("error")
+    problem = run_problem(run, root)
     algorithm = config_value(config, "strategy", "name") or summary.get("strategy") or summary.get("algorithm")
     rounds = config_value(config, "run", "rounds") or summary.get("total_rounds")
     stamps = [p.stat().st_mtime for p in (run / n for n in (*RUN_FILES, "aggregation.jsonl")) if p.is_file()]
@@ -127,29 +228,34 @@ def run_info(run: Path, run_id: str | None = None) -> RunInfo:
         run_id=run_id or run.name,
         path=run,
         status=status,
-        error=str(error) if error else None,
+        error=str(error) if error else problem,
         algorithm=str(algorithm) if algorithm else None,
         rounds_total=int(rounds) if isinstance(rounds, int | float) and not isinstance(rounds, bool) else None,
         dataset=run_dataset(config, run) or _resolve_dataset(summary.get("dataset"), run),
         modified=max(stamps, default=run.stat().st_mtime),
         pid=summary["pid"] if isinstance(summary.get("pid"), int) else None,
         pid_started=summary["pid_started"] if isinstance(summary.get("pid_started"), int) else None,
+        problem=problem,
     )
 
 
 def list_runs(runs: Path) -> list[RunInfo]:
-    """Runs directly under ``runs`` and one level down (the runs of an ablation grid), newest first."""
+    """Runs directly under ``runs`` and one level down (the runs of an ablation grid), newest first.
+
+    Damaged runs are listed too, with their ``problem``; files are named relative to the data root (``runs/..``).
+    """
     if not runs.is_dir():
         return []
+    root = runs.parent
     found: list[RunInfo] = []
     for child in sorted(runs.iterdir()):
         if child.name.startswith("."):
             continue
         if is_run_dir(child):
-            found.append(run_info(child))
+            found.append(run_info(child, root=root))
         elif child.is_dir():
             found.extend(
-                run_info(sub, f"{child.name}/{sub.name}") for sub in sorted(child.iterdir()) if is_run_dir(sub)
+                run_info(sub, f"{child.name}/{sub.name}", root) for sub in sorted(child.iterdir()) if is_run_dir(sub)
             )
     return sorted(found, key=lambda r: r.modified, reverse=True)
 
@@ -189,8 +295,11 @@ def metrics_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 def load_metrics(run: Path) -> pd.DataFrame:
-    """The run's ``metrics.jsonl`` as a frame (empty, with all columns, before the first round ends)."""
-    return metrics_frame(read_jsonl(run / "metrics.jsonl"))
+    """The run's ``metrics.jsonl`` as a frame (empty, with all columns, before the first round ends).
+
+    Damaged lines are left out, as ``gastric-fl report`` leaves them out; `run_problem` names them.
+    """
+    return metrics_frame(read_records(run / "metrics.jsonl"))
 
 
 def per_client(metrics: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -320,9 +429,15 @@ def format_seconds(seconds: float | None) -> str:
 
 
 def load_aggregation(run: Path) -> list[dict[str, Any]]:
-    """One record per round of what the strategy decided (``xi``, ``gamma``, ...), in round order."""
-    records = read_jsonl(run / "aggregation.jsonl")
-    return sorted(records, key=lambda r: int(r.get("round", 0)))
+    """One record per round of what the strategy decided (``xi``, ``gamma``, ...), in round order; damaged lines
+    and records without a whole-number round are left out."""
+    records = [r for r in read_records(run / "aggregation.jsonl") if _round_of(r) is not None]
+    return sorted(records, key=lambda r: _round_of(r) or 0)
+
+
+def _round_of(record: Mapping[str, Any]) -> int | None:
+    value = record.get("round")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def xi_matrices(records: list[dict[str, Any]]) -> dict[int, np.ndarray]:
@@ -376,6 +491,68 @@ def prediction_files(run: Path) -> list[Path]:
     return sorted((run / "hospitals").glob("client_*/predictions.csv"))
 
 
+_LABEL_VALUES = {"normal": 0, "abnormal": 1, "0": 0, "1": 1}
+_REDO = "the hospital rewrites it after each round; for a finished run, train the run again"
+
+
+def read_prediction_file(path: Path) -> pd.DataFrame:
+    """One hospital's ``predictions.csv`` with ``label`` as 0 / 1, ``client`` as int and ``prob_abnormal`` in [0, 1].
+
+    Anything else (unreadable, columns missing, a label or probability that is not one, several clients) is a
+    one-line ``DashboardError`` naming the file and what to do.
+    """
+    frame = read_checked_csv(
+        path, PREDICTION_COLUMNS[:3], not_found="predictions are written after each round", unreadable_hint=f"; {_REDO}"
+    )
+    if "prob_abnormal" not in frame.columns:
+        classes = [c.removeprefix("prob_") for c in frame.columns if c.startswith("prob_")]
+        if classes:
+            raise DashboardError(
+                f"{path} holds a {len(classes)}-class model's predictions ({', '.join(classes)}): this page reads "
+                "the normal / abnormal task only"
+            )
+        raise DashboardError(f"{path} lacks the column prob_abnormal; {_REDO}")
+    labels = frame["label"].map(lambda v: _LABEL_VALUES.get(str(v).strip(), v))
+    frame["label"] = pd.to_numeric(labels, errors="coerce")
+    frame["prob_abnormal"] = pd.to_numeric(frame["prob_abnormal"], errors="coerce")
+    frame["client"] = pd.to_numeric(frame["client"], errors="coerce")
+    if frame["label"].isna().any() or not frame["label"].isin([0, 1]).all():
+        raise DashboardError(f"{path}: label must be normal/abnormal or 0/1; {_REDO}")
+    if frame["prob_abnormal"].isna().any() or not frame["prob_abnormal"].between(0.0, 1.0).all():
+        raise DashboardError(f"{path}: prob_abnormal must be a number between 0 and 1; {_REDO}")
+    if frame["client"].isna().any() or frame["client"].nunique() > 1:
+        raise DashboardError(f"{path}: client must be one hospital number; {_REDO}")
+    frame["label"] = frame["label"].astype(int)
+    frame["client"] = frame["client"].astype(int)
+    return frame
+
+
+@dataclass(frozen=True)
+class Predictions:
+    """The hospitals' predictions that could be read, and one line per ``predictions.csv`` that could not."""
+
+    frame: pd.DataFrame
+    problems: tuple[str, ...]
+
+
+def read_predictions(run: Path) -> Predictions:
+    """Every hospital's ``predictions.csv`` that reads (columns client, path, label 0/1, prob_abnormal, ...); a
+    damaged file is left out and named in ``problems``, so that the other hospitals are still shown."""
+    frames: list[pd.DataFrame] = []
+    problems: list[str] = []
+    for path in prediction_files(run):
+        try:
+            frames.append(read_prediction_file(path))
+        except DashboardError as exc:
+            problems.append(str(exc))
+    if not frames:
+        empty = pd.DataFrame(
+            {c: pd.Series(dtype=int if c in ("client", "label") else object) for c in PREDICTION_COLUMNS}
+        )
+        return Predictions(empty, tuple(problems))
+    return Predictions(pd.concat(frames, ignore_index=True), tuple(problems))
+
+
 def load_predictions(run: Path) -> pd.DataFrame:
     """The hospitals' ``predictions.csv`` (client, path, label, prob_abnormal) with ``label`` as 0 / 1.
 
@@ -384,16 +561,20 @@ def load_predictions(run: Path) -> pd.DataFrame:
     files = prediction_files(run)
     if not files:
         raise DashboardError(f"{run / 'hospitals'} holds no predictions.csv yet: each is written after a round")
-    frames = []
-    for path in files:
-        frame = read_checked_csv(path, PREDICTION_COLUMNS, not_found="predictions are written after each round")
-        labels = frame["label"].map(lambda v: {"normal": 0, "abnormal": 1, "0": 0, "1": 1}.get(str(v).strip(), v))
-        frame["label"] = pd.to_numeric(labels, errors="coerce")
-        frame["prob_abnormal"] = pd.to_numeric(frame["prob_abnormal"], errors="coerce")
-        if frame["label"].isna().any() or not frame["label"].isin([0, 1]).all():
-            raise DashboardError(f"{path}: label must be normal/abnormal or 0/1")
-        frames.append(frame)
-    frame = pd.concat(frames, ignore_index=True)
-    frame["label"] = frame["label"].astype(int)
-    frame["client"] = frame["client"].astype(int)
-    return frame
+    return pd.concat([read_prediction_file(path) for path in files], ignore_index=True)
+
+
+def card_thresholds(run: Path) -> dict[int, float]:
+    """Each hospital's decision threshold from its model card (``hospitals/client_XX/model.json``, written by
+    ``models.bundle``), by client; hospitals without a readable card, or with no threshold in it, are left out."""
+    found: dict[int, float] = {}
+    for path in sorted((run / "hospitals").glob("client_*/model.json")):
+        try:
+            card = json.loads(path.read_text(encoding="utf-8"))
+            client = int(path.parent.name.removeprefix("client_"))
+        except (OSError, ValueError):  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+            continue
+        value = card.get("threshold") if isinstance(card, dict) else None
+        if isinstance(value, int | float) and not isinstance(value, bool) and 0.0 < value < 1.0:
+            found[client] = float(value)
+    return found

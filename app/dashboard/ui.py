@@ -1,4 +1,5 @@
-"""Streamlit pieces shared by the pages: the data root, dataset/run pickers kept across pages, status banners.
+"""Streamlit pieces shared by the pages: the data root, dataset/run pickers kept across pages, status banners,
+the guard that keeps tracebacks off a page, tile images with alt text, and the plain-words explanations.
 
 The pages stay thin: they call the plain modules (``datasets``, ``runs``, ``settings``, ``jobs``) and lay out
 what those return with the helpers below.
@@ -6,13 +7,19 @@ what those return with the helpers below.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import shlex
+import sys
+import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 import streamlit as st
 
 from app.dashboard import jobs, paths, settings
 from app.dashboard.datasets import PreparedDataset, list_datasets
+from app.dashboard.errors import DashboardError
 from app.dashboard.runs import RunInfo, list_runs
 
 # Keys in st.session_state shared between pages, so that a dataset or run picked on one page stays picked.
@@ -26,6 +33,50 @@ STATUS_ICONS = {
     "failed": ":material/error:",
     "stopped": ":material/stop_circle:",
 }
+DAMAGED_MARK = "⚠ damaged"
+
+# One sentence each, for help= tooltips and captions: what a clinician needs to read the figures.
+EXPLAIN = {
+    "AUC": "AUC (area under the ROC curve): the chance that the model gives a randomly chosen abnormal tile a higher "
+    "probability than a randomly chosen normal tile; 1 is a perfect ranking, 0.5 a coin toss, whatever the threshold.",
+    "ROC": "ROC curve: for every possible threshold, the share of abnormal tiles caught (sensitivity, up) against the "
+    "share of normal tiles wrongly flagged (1 - specificity, right); the closer to the top-left corner, the better.",
+    "confusion": "Confusion matrix: at the chosen threshold, how many tiles of each true class (rows) the model called "
+    "normal or abnormal (columns); the diagonal holds the right calls.",
+    "threshold": "Threshold: a tile is called abnormal when the model's probability of abnormal is at least this "
+    "value; lower it to catch more abnormal tiles at the cost of more false alarms.",
+    "sensitivity": "Sensitivity: the share of truly abnormal tiles that the model calls abnormal at the threshold.",
+    "specificity": "Specificity: the share of truly normal tiles that the model calls normal at the threshold.",
+    "accuracy": "Accuracy: the share of all test tiles called right at the threshold.",
+    "target": "The sensitivity you need: for each hospital, the highest threshold that reaches it, and the specificity "
+    "that threshold leaves.",
+}
+
+
+@contextlib.contextmanager
+def page_guard(page: str) -> Iterator[None]:
+    """Keep tracebacks off the page: an exception in the block (or in a function it decorates, e.g. a fragment)
+    becomes one ``st.error`` line and a hint, and the traceback goes to stderr (the terminal of ``gastric-fl
+    dashboard``). A ``DashboardError`` is already one line for the user and is shown as it is.
+
+    Streamlit's own control flow (``st.stop``, ``st.rerun``, ``st.switch_page``) raises ``BaseException``
+    subclasses, which pass through untouched. Use it as ``with ui.page_guard("Hospital"):`` or as a decorator,
+    ``@ui.page_guard("Federation")``.
+    """
+    try:
+        yield
+    except DashboardError as exc:
+        st.error(str(exc), icon=":material/error:")
+    except Exception as exc:
+        print(f"gastric-fl dashboard: the {page} page stopped on an error:", file=sys.stderr)
+        traceback.print_exception(exc, file=sys.stderr)
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        detail = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+        st.error(f"The {page} page could not be drawn ({detail}).", icon=":material/error:")
+        st.caption(
+            "Reload the page or pick another run or dataset; the details are in the terminal that runs "
+            "`gastric-fl dashboard`."
+        )
 
 
 def root() -> Path:
@@ -76,12 +127,20 @@ def pick_dataset(label: str = "Prepared dataset", key: str = "dataset_picker") -
 
 
 def run_label(info: RunInfo) -> str:
-    """How a run appears in pickers: its id and algorithm (its status, which changes, is shown beside it)."""
-    return f"{info.run_id} · {info.algorithm or '?'}"
+    """How a run appears in pickers: its id and algorithm (its status, which changes, is shown beside it), marked
+    when one of its files is damaged."""
+    label = f"{info.run_id} · {info.algorithm or '?'}"
+    return f"{label} · {DAMAGED_MARK}" if info.damaged else label
 
 
 def display_status(info: RunInfo) -> str:
-    """The run's status, corrected by what the dashboard knows of the process that writes it."""
+    """The run's status, corrected by what the dashboard knows of the process that writes it.
+
+    A damaged run (``info.problem``) shows as ``failed``: its files cannot be trusted until it is resumed or
+    deleted, and pages that report failed runs then name the damaged file (``info.error`` carries it).
+    """
+    if info.damaged:
+        return "failed"
     job = jobs.for_target(jobs_dir(), info.path)
     job_state = jobs.state(jobs_dir(), job) if job else None
     return jobs.run_status(info.status, job_state, jobs.pid_alive(info.pid, info.pid_started) if job is None else None)
@@ -122,7 +181,11 @@ def no_runs_help() -> None:
 
 
 def status_banner(info: RunInfo) -> str:
-    """Show a run's state (running, finished, failed with its error, stopped); returns the status shown."""
+    """Show a run's state (running, finished, failed with its error, stopped, or the one line naming its damaged
+    file); returns the status shown."""
+    if info.damaged:
+        st.error(f"Run **{info.run_id}** cannot be read completely: {info.problem}", icon=":material/error:")
+        return display_status(info)
     job = jobs.for_target(jobs_dir(), info.path)
     job_state = jobs.state(jobs_dir(), job) if job else None
     status = display_status(info)
@@ -140,3 +203,18 @@ def status_banner(info: RunInfo) -> str:
     elif status == "finished":
         st.success(f"Run **{info.run_id}** finished.", icon=":material/check_circle:")
     return status
+
+
+def tile_image(path: Path, caption: str, alt: str) -> None:
+    """One tile image with a visible ``caption`` (markdown) and ``alt`` text for screen readers; a missing or
+    unreadable file becomes a caption saying so instead of an error."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        data = path.read_bytes()
+        with Image.open(io.BytesIO(data)) as image:
+            image.verify()
+    except (OSError, UnidentifiedImageError, ValueError, SyntaxError):  # PIL raises SyntaxError for some bad files
+        st.caption(f":material/broken_image: cannot read {path.name}; {caption}")
+        return
+    st.image(data, caption=caption, alt=alt, width="stretch")

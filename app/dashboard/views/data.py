@@ -1,5 +1,5 @@
 """Data page: pick a prepared dataset (or generate and prepare the synthetic demo); per-hospital counts,
-grayscale and tile-size flags, and a grid of sample tiles (data/README.md section 2)."""
+grayscale and tile-size flags, and a grid of sample tiles with captions and alt text (data/README.md section 2)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,6 @@ import streamlit as st
 from app.dashboard import jobs, paths, settings, ui
 from app.dashboard.datasets import counts_table, hospital_label, load_manifest, load_prepare_json, sample_tiles
 from app.dashboard.errors import DashboardError
-
-st.title("Data")
-st.caption("Each hospital's tiles, as `gastric-fl prepare` wrote them. Raw slides are never modified.")
 
 root = ui.root()
 jobs_dir = ui.jobs_dir()
@@ -38,12 +35,7 @@ def _start_demo() -> None:
         st.error(str(exc))
 
 
-demo = _demo_job()
-demo_state = jobs.state(jobs_dir, demo) if demo else None
-
-
-@st.fragment(run_every=2.0 if demo_state is not None and demo_state.active else None)
-def demo_panel() -> None:
+def demo_panel(demo_state: jobs.JobState | None) -> None:
     """The one-button synthetic demo: start it, watch its log, and reload the page when it is ready."""
     job = _demo_job()
     current = jobs.state(jobs_dir, job) if job else None
@@ -70,60 +62,76 @@ def demo_panel() -> None:
             st.code(jobs.log_tail(job, 12), language="text")
 
 
-demo_panel()
+@ui.page_guard("Data")
+def page() -> None:
+    """The Data page: the demo panel, the dataset picker, counts per hospital and sample tiles."""
+    st.title("Data")
+    st.caption("Each hospital's tiles, as `gastric-fl prepare` wrote them. Raw slides are never modified.")
+    demo = _demo_job()
+    demo_state = jobs.state(jobs_dir, demo) if demo else None
+    refresh = 2.0 if demo_state is not None and demo_state.active else None
+    st.fragment(run_every=refresh)(ui.page_guard("Data")(demo_panel))(demo_state)
 
-dataset = ui.pick_dataset()
-if dataset is None:
-    st.info(
-        f"No prepared dataset under `{paths.prepared_root(root)}`. Press **Generate demo data** above, or prepare "
-        "your own slides from a terminal:",
-        icon=":material/info:",
+    dataset = ui.pick_dataset()
+    if dataset is None:
+        st.info(
+            f"No prepared dataset under `{paths.prepared_root(root)}`. Press **Generate demo data** above, or prepare "
+            "your own slides from a terminal:",
+            icon=":material/info:",
+        )
+        st.code(ui.quickstart_commands(root).split("\n", 2)[1], language="bash")
+        return
+
+    try:
+        manifest = load_manifest(dataset.path)
+        record = load_prepare_json(dataset.path)
+    except DashboardError as exc:
+        st.error(str(exc))
+        return
+
+    table = counts_table(manifest, dataset.path)
+    hospitals = sorted(int(c) for c in manifest["client"].unique())
+    cols = st.columns(4)
+    cols[0].metric("Hospitals", len(hospitals))
+    cols[1].metric("Tiles", f"{len(manifest):,}")
+    cols[2].metric("Train tiles", f"{int((manifest['split'] == 'train').sum()):,}")
+    cols[3].metric("Test tiles", f"{int((manifest['split'] == 'test').sum()):,}")
+
+    st.subheader("Tiles per hospital")
+    st.dataframe(
+        table,
+        hide_index=True,
+        width="stretch",
+        column_config={
+            "grayscale": st.column_config.CheckboxColumn("grayscale", help="every tile of this hospital has 1 channel"),
+            "source px": st.column_config.TextColumn("tile (slide px)", help="tile side in the source slide"),
+            "stored px": st.column_config.TextColumn("tile (stored px)", help="side of the PNG written"),
+        },
     )
-    st.code(ui.quickstart_commands(root).split("\n", 2)[1], language="bash")
-    st.stop()
+    gray = [h for h in hospitals if bool(table.loc[table["hospital"] == hospital_label(h), "grayscale"].iloc[0])]
+    if gray:
+        st.caption(f"Grayscale hospitals: {', '.join(hospital_label(h) for h in gray)} (their tiles have one channel).")
 
-try:
-    manifest = load_manifest(dataset.path)
-    record = load_prepare_json(dataset.path)
-except DashboardError as exc:
-    st.error(str(exc))
-    st.stop()
+    if record:
+        with st.expander("prepare.json (how this dataset was made)"):
+            st.json(record, expanded=1)
 
-table = counts_table(manifest, dataset.path)
-hospitals = sorted(int(c) for c in manifest["client"].unique())
-cols = st.columns(4)
-cols[0].metric("Hospitals", len(hospitals))
-cols[1].metric("Tiles", f"{len(manifest):,}")
-cols[2].metric("Train tiles", f"{int((manifest['split'] == 'train').sum()):,}")
-cols[3].metric("Test tiles", f"{int((manifest['split'] == 'test').sum()):,}")
+    st.subheader("Sample tiles")
+    tabs = st.tabs([hospital_label(h) for h in hospitals])
+    for tab, hospital in zip(tabs, hospitals, strict=True):
+        with tab:
+            sample = sample_tiles(manifest, hospital, per_label=4)
+            grid = st.columns(8)
+            for i, row in enumerate(sample.itertuples(index=False)):
+                # Orange / blue (not red / green) and the word itself, so the label does not rest on colour alone.
+                colour = "orange" if row.label == "abnormal" else "blue"
+                with grid[i % 8]:
+                    ui.tile_image(
+                        dataset.path / str(row.path),
+                        caption=f":{colour}[**{row.label}**] · {row.split}",
+                        alt=f"{hospital_label(hospital)} {row.split} tile from slide {row.source}, "
+                        f"labelled {row.label}",
+                    )
 
-st.subheader("Tiles per hospital")
-st.dataframe(
-    table,
-    hide_index=True,
-    width="stretch",
-    column_config={
-        "grayscale": st.column_config.CheckboxColumn("grayscale", help="every tile of this hospital has 1 channel"),
-        "source px": st.column_config.TextColumn("tile (slide px)", help="tile side in the source slide"),
-        "stored px": st.column_config.TextColumn("tile (stored px)", help="side of the PNG written"),
-    },
-)
-gray = [h for h in hospitals if bool(table.loc[table["hospital"] == hospital_label(h), "grayscale"].iloc[0])]
-if gray:
-    st.caption(f"Grayscale hospitals: {', '.join(hospital_label(h) for h in gray)} (their tiles have one channel).")
 
-if record:
-    with st.expander("prepare.json (how this dataset was made)"):
-        st.json(record, expanded=1)
-
-st.subheader("Sample tiles")
-tabs = st.tabs([hospital_label(h) for h in hospitals])
-for tab, hospital in zip(tabs, hospitals, strict=True):
-    with tab:
-        sample = sample_tiles(manifest, hospital, per_label=4)
-        grid = st.columns(8)
-        for i, row in enumerate(sample.itertuples(index=False)):
-            with grid[i % 8]:
-                st.image(str(dataset.path / str(row.path)), width="stretch")
-                colour = "red" if row.label == "abnormal" else "green"
-                st.caption(f":{colour}[**{row.label}**] · {row.split}")
+page()

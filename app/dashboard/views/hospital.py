@@ -1,124 +1,245 @@
-"""Hospital page: one hospital of a run (finished, or at its latest round), from the run's predictions.csv:
-ROC curve with AUC, confusion matrix at a chosen threshold, and example test tiles with their predicted
-probability, highest-confidence errors first (FedSAF paper, Sec. 5: each client evaluated on its own test
-split)."""
+"""Hospital page: the scorecard of a run (every hospital side by side: AUC, accuracy, sensitivity and specificity at
+the chosen threshold, a warning where a good AUC hides a poor operating point, and the threshold that reaches a
+target sensitivity), then one hospital in detail: ROC curve with AUC, confusion matrix at the threshold, its
+figures over rounds, and example test tiles with their predicted probability, highest-confidence errors first
+(FedSAF paper, Sec. 5: each client evaluated on its own test split). Everything comes from each hospital's own
+``predictions.csv`` and model card, in its folder of the run."""
 
 from __future__ import annotations
+
+import math
 
 import pandas as pd
 import streamlit as st
 
 from app.dashboard import charts, evaluation, ui
 from app.dashboard.datasets import LABELS, hospital_label
-from app.dashboard.errors import DashboardError
-from app.dashboard.runs import load_metrics, load_predictions, prediction_files
+from app.dashboard.runs import RunInfo, card_thresholds, load_metrics, prediction_files, read_predictions
 
 TILES_SHOWN = 12
+DEFAULT_THRESHOLD = 0.5  # models.bundle's default decision threshold, when a run has no model cards
+DEFAULT_TARGET = 0.9
+THRESHOLD_KEY = "threshold"
+TARGET_KEY = "target_sensitivity"
 
-st.title("Hospital")
-st.caption("How one hospital's own model does on that hospital's held-out test tiles.")
 
-runs = ui.all_runs()
-if not runs:
-    ui.no_runs_help()
-    st.stop()
-# Each hospital writes its predictions.csv after every round, in its own folder; runs without any are not listed.
-ready = [r for r in runs if prediction_files(r.path)]
-if not ready:
-    st.info(
-        "No run with per-tile predictions yet (predictions.csv is written after each round). "
-        "Watch the running ones on the Federation page.",
-        icon=":material/hourglass_top:",
+def _rate(value: float) -> str:
+    return "—" if math.isnan(value) else f"{value:.3f}"
+
+
+def _default_threshold(cards: dict[int, float]) -> float:
+    """The model cards' threshold when every hospital's card agrees on one, else the usual 0.5."""
+    values = set(cards.values())
+    return values.pop() if len(values) == 1 else DEFAULT_THRESHOLD
+
+
+def _threshold_controls(info: RunInfo, cards: dict[int, float]) -> tuple[float, float]:
+    """The threshold slider (starting at the run's model-card threshold) and the target sensitivity input."""
+    default = _default_threshold(cards)
+    if st.session_state.get("_threshold_run") != info.run_id:
+        st.session_state["_threshold_run"] = info.run_id  # a new run starts at its own cards' threshold
+        st.session_state[THRESHOLD_KEY] = default
+    left, right = st.columns([3, 1])
+    threshold = left.slider(
+        "Decision threshold (a tile is called abnormal when its probability is at least this)",
+        0.0,
+        1.0,
+        step=0.01,
+        key=THRESHOLD_KEY,
+        help=ui.EXPLAIN["threshold"],
     )
-    for info in runs:
-        if ui.display_status(info) == "failed":
-            ui.status_banner(info)
-    st.stop()
+    target = right.number_input(
+        "Target sensitivity",
+        min_value=0.01,
+        max_value=1.0,
+        value=DEFAULT_TARGET,
+        step=0.05,
+        format="%.2f",
+        key=TARGET_KEY,
+        help=ui.EXPLAIN["target"],
+    )
+    source = "the hospitals' model cards" if cards and len(set(cards.values())) == 1 else "the usual default"
+    distinct = sorted(set(cards.values()))
+    if len(distinct) > 1:
+        source = f"the usual default (the model cards differ: {', '.join(f'{t:.2f}' for t in distinct)})"
+    st.caption(f"The slider starts at {default:.2f}, from {source}.")
+    return float(threshold), float(target)
 
-left, right = st.columns([2, 1])
-with left:
-    picked = ui.pick_run(ready, "Run", key="hospital_run")
-if picked is None:
-    st.stop()
-info = picked
-try:
-    predictions = load_predictions(info.path)
-except DashboardError as exc:
-    st.error(str(exc))
-    st.stop()
 
-status = ui.display_status(info)
-if status != "finished":
-    latest = f"round {int(predictions['round'].max())}" if "round" in predictions.columns else "the latest round"
-    st.info(f"Run **{info.run_id}** is {status}: these are the predictions of {latest}.", icon=":material/info:")
-hospitals = sorted(int(c) for c in predictions["client"].unique())
-with right:
+def _scorecard(predictions: pd.DataFrame, threshold: float, target: float) -> None:
+    """Every hospital side by side at ``threshold``, with warnings in words and the threshold for ``target``."""
+    scores = evaluation.score_hospitals(predictions, threshold, target)
+    for score in scores:
+        if score.warning:
+            st.warning(f"**{hospital_label(score.client)}**: {score.warning}", icon=":material/warning:")
+    table = evaluation.scorecard_table(scores)
+    number = st.column_config.NumberColumn
+    st.dataframe(
+        table,
+        hide_index=True,
+        width="stretch",
+        key="scorecard",
+        column_config={
+            "hospital": st.column_config.TextColumn("hospital", pinned=True),
+            "test tiles": number("test tiles", help="the hospital's own held-out test tiles"),
+            "AUC": number("AUC", format="%.3f", help=ui.EXPLAIN["AUC"]),
+            "accuracy": number("accuracy", format="%.3f", help=ui.EXPLAIN["accuracy"]),
+            "sensitivity": number("sensitivity", format="%.3f", help=ui.EXPLAIN["sensitivity"]),
+            "specificity": number("specificity", format="%.3f", help=ui.EXPLAIN["specificity"]),
+            "missed abnormal": st.column_config.TextColumn(
+                "missed abnormal", help="abnormal tiles called normal at the threshold, of all abnormal tiles"
+            ),
+            "false alarms": st.column_config.TextColumn(
+                "false alarms", help="normal tiles called abnormal at the threshold, of all normal tiles"
+            ),
+            "threshold for target": number(
+                f"threshold for sensitivity {target:.2f}",
+                format="%.3f",
+                help="the highest threshold at which the hospital reaches the target sensitivity",
+            ),
+            "sensitivity there": number("sensitivity there", format="%.3f"),
+            "specificity there": number(
+                "specificity there", format="%.3f", help="what that threshold leaves of the specificity"
+            ),
+        },
+    )
+    st.caption(
+        f"{ui.EXPLAIN['AUC']} A high AUC with a low sensitivity or specificity means the tiles are ranked well "
+        "but the threshold sits in the wrong place for that hospital."
+    )
+
+
+def _hospital_detail(info: RunInfo, predictions: pd.DataFrame, threshold: float, cards: dict[int, float]) -> None:
+    """One hospital: figures at the threshold, ROC curve, confusion matrix, history and example tiles."""
+    hospitals = sorted(int(c) for c in predictions["client"].unique())
     hospital = st.selectbox("Hospital", hospitals, format_func=hospital_label, key="hospital")
-rows = predictions[predictions["client"] == hospital]
-labels = rows["label"].to_numpy()
-probs = rows["prob_abnormal"].to_numpy()
+    rows = predictions[predictions["client"] == hospital]
+    labels = rows["label"].to_numpy(dtype=int)
+    probs = rows["prob_abnormal"].to_numpy(dtype=float)
+    curve = evaluation.roc(labels, probs)
+    point = evaluation.operating_point(labels, probs, threshold)
+    metrics = load_metrics(info.path)
+    mine = metrics[metrics["client"] == hospital]
 
-threshold = st.slider(
-    "Decision threshold (a tile is called abnormal when its probability is at least this)",
-    0.0,
-    1.0,
-    0.5,
-    0.01,
-    key="threshold",
-)
-curve = evaluation.roc(labels, probs)
-matrix = evaluation.confusion(labels, probs, threshold)
-scores = evaluation.rates(matrix)
-metrics = load_metrics(info.path)
-mine = metrics[metrics["client"] == hospital]
-last_auc = float(mine["test_auc"].iloc[-1]) if not mine.empty else float("nan")
-
-cols = st.columns(5)
-cols[0].metric("AUC", "undefined" if curve.auc is None else f"{curve.auc:.3f}", help="from predictions.csv")
-cols[1].metric("Accuracy", f"{scores['accuracy']:.3f}", help=f"at threshold {threshold:.2f}")
-cols[2].metric("Sensitivity", f"{scores['sensitivity']:.3f}", help="abnormal tiles called abnormal")
-cols[3].metric("Specificity", f"{scores['specificity']:.3f}", help="normal tiles called normal")
-cols[4].metric(
-    "Test tiles", f"{len(rows)}", help=f"{int(labels.sum())} abnormal, {int(len(labels) - labels.sum())} normal"
-)
-if curve.auc is None:
-    st.warning(f"{hospital_label(hospital)}'s test split holds only one class, so its AUC is undefined.")
-
-left, right = st.columns(2)
-left.plotly_chart(charts.roc_curve(curve, hospital_label(hospital)), key="roc_chart")
-right.plotly_chart(charts.confusion(matrix, threshold), key="confusion_chart")
-
-if not mine.empty:
-    history = pd.DataFrame(
-        {"test AUC": mine.set_index("round")["test_auc"], "test accuracy": mine.set_index("round")["test_acc"]}
+    cols = st.columns(5)
+    cols[0].metric("AUC", "undefined" if curve.auc is None else f"{curve.auc:.3f}", help=ui.EXPLAIN["AUC"])
+    cols[1].metric("Accuracy", _rate(point.accuracy), help=f"{ui.EXPLAIN['accuracy']} ({threshold:.2f})")
+    cols[2].metric(
+        "Sensitivity", _rate(point.sensitivity), help=f"{ui.EXPLAIN['sensitivity']} {point.tp} of {point.abnormal}."
     )
-    st.plotly_chart(
-        charts.per_hospital(history, f"{hospital_label(hospital)} over rounds", "value"), key="history_chart"
+    cols[3].metric(
+        "Specificity", _rate(point.specificity), help=f"{ui.EXPLAIN['specificity']} {point.tn} of {point.normal}."
     )
-    note = f"Last round's test AUC in metrics.jsonl: {last_auc:.4f}."
-    if curve.auc is not None and abs(curve.auc - last_auc) > 0.005:
-        # predictions.csv holds the probabilities at full precision, so the two agree unless they come from
-        # different rounds (a run still writing, or a run directory written by an older version).
-        note += (
-            " The AUC above differs: predictions.csv and metrics.jsonl do not come from the same evaluation"
-            " (the run may still be writing its latest round)."
+    cols[4].metric("Test tiles", f"{len(rows)}", help=f"{point.abnormal} abnormal, {point.normal} normal")
+    if curve.auc is None:
+        st.warning(f"{hospital_label(hospital)}'s test split holds only one class, so its AUC is undefined.")
+    if hospital in cards:
+        st.caption(f"{hospital_label(hospital)}'s model card decides at threshold {cards[hospital]:.2f}.")
+
+    left, right = st.columns(2)
+    with left:
+        marker = (1.0 - point.specificity, point.sensitivity)
+        colour = charts.hospital_colour(hospital)
+        st.plotly_chart(charts.roc_curve(curve, hospital_label(hospital), colour, marker), key="roc_chart")
+        st.caption(ui.EXPLAIN["ROC"] + " The diamond is the threshold in use.")
+    with right:
+        st.plotly_chart(charts.confusion(evaluation.confusion(labels, probs, threshold), threshold), key="confusion")
+        st.caption(ui.EXPLAIN["confusion"])
+
+    if not mine.empty:
+        history = pd.DataFrame(
+            {"test AUC": mine.set_index("round")["test_auc"], "test accuracy": mine.set_index("round")["test_acc"]}
         )
-    st.caption(note)
+        st.plotly_chart(
+            charts.per_hospital(history, f"{hospital_label(hospital)} over rounds", "value"), key="history_chart"
+        )
+        last_auc = float(mine["test_auc"].iloc[-1])
+        note = f"Last round's test AUC recorded by the run: {last_auc:.4f}."
+        if curve.auc is not None and abs(curve.auc - last_auc) > 0.005:
+            # predictions.csv holds the probabilities at full precision, so the two agree unless they come from
+            # different rounds (a run still writing, or a run directory written by an older version).
+            note += (
+                " The AUC above differs: the tile predictions and the run's metrics come from different rounds"
+                " (the run may still be writing its latest round)."
+            )
+        st.caption(note)
 
-st.subheader("Example test tiles")
-st.caption("Errors first, the ones the model was most sure about at the top; then correct calls.")
-examples = evaluation.ranked_examples(rows, threshold).head(TILES_SHOWN)
-dataset = info.dataset
-if dataset is None or not dataset.is_dir():
-    st.warning(f"The prepared dataset of this run ({dataset}) is not available, so its tiles cannot be shown.")
-else:
+    _example_tiles(info, rows, hospital, threshold)
+
+
+def _example_tiles(info: RunInfo, rows: pd.DataFrame, hospital: int, threshold: float) -> None:
+    st.subheader("Example test tiles")
+    st.caption("Errors first, the ones the model was most sure about at the top; then correct calls.")
+    examples = evaluation.ranked_examples(rows, threshold).head(TILES_SHOWN)
+    dataset = info.dataset
+    if dataset is None or not dataset.is_dir():
+        st.warning(f"The prepared dataset of this run ({dataset}) is not available, so its tiles cannot be shown.")
+        return
     grid = st.columns(6)
     for i, row in enumerate(examples.itertuples(index=False)):
+        truth = LABELS[int(row.label)]
+        called = LABELS[int(row.predicted)]
+        prob = float(row.prob_abnormal)
+        verdict = "wrong" if row.error else "right"
+        mark = ":orange[:material/close: wrong]" if row.error else ":blue[:material/check: right]"
         with grid[i % 6]:
-            tile = dataset / str(row.path)
-            if tile.is_file():
-                st.image(str(tile), width="stretch")
-            else:
-                st.caption(f"missing: {row.path}")
-            mark = ":red[:material/close: wrong]" if row.error else ":green[:material/check: right]"
-            st.caption(f"{mark} true **{LABELS[int(row.label)]}** · p(abnormal) = {float(row.prob_abnormal):.2f}")
+            ui.tile_image(
+                dataset / str(row.path),
+                caption=f"{mark} true **{truth}** · p(abnormal) = {prob:.2f}",
+                alt=f"{hospital_label(hospital)} test tile, truly {truth}; the model gives it a probability of "
+                f"{prob:.2f} of abnormal and calls it {called} ({verdict}).",
+            )
+
+
+@ui.page_guard("Hospital")
+def page() -> None:
+    """The Hospital page."""
+    st.title("Hospital")
+    st.caption("How each hospital's own model does on that hospital's held-out test tiles.")
+
+    runs = ui.all_runs()
+    if not runs:
+        ui.no_runs_help()
+        return
+    # Each hospital writes its predictions.csv after every round, in its own folder; runs without any are not listed.
+    ready = [r for r in runs if prediction_files(r.path)]
+    if not ready:
+        st.info(
+            "No run has tile predictions yet (each hospital writes them after every round). "
+            "Watch the running ones on the Federation page.",
+            icon=":material/hourglass_top:",
+        )
+        for listed in runs:
+            if ui.display_status(listed) == "failed":
+                ui.status_banner(listed)
+        return
+
+    info = ui.pick_run(ready, "Run", key="hospital_run")
+    if info is None:
+        return
+    found = read_predictions(info.path)
+    for problem in found.problems:
+        st.error(problem, icon=":material/error:")
+    predictions = found.frame
+    if predictions.empty:
+        return
+    status = ui.display_status(info)
+    if info.damaged:
+        ui.status_banner(info)
+    elif status != "finished":
+        latest = "the latest round"
+        if "round" in predictions.columns:
+            rounds = pd.to_numeric(predictions["round"], errors="coerce")
+            latest = f"round {int(rounds.max())}" if rounds.notna().any() else latest
+        st.info(f"Run **{info.run_id}** is {status}: these are the predictions of {latest}.", icon=":material/info:")
+
+    cards = card_thresholds(info.path)
+    st.subheader("Scorecard: every hospital at one threshold")
+    threshold, target = _threshold_controls(info, cards)
+    _scorecard(predictions, threshold, target)
+
+    st.subheader("One hospital")
+    _hospital_detail(info, predictions, threshold, cards)
+
+
+page()

@@ -1,0 +1,230 @@
+"""The Hospital page's scorecard: the operating-point maths with hand-checked numbers on unequal hospitals (ties
+included), and the page itself through AppTest on a run where a high AUC hides a poor sensitivity."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from dashboard_fixtures import write_config, write_metrics, write_prepared, write_summary
+from streamlit.testing.v1 import AppTest
+
+from app.dashboard import evaluation
+
+MAIN = str(Path(__file__).resolve().parents[2] / "app" / "dashboard" / "main.py")
+
+# Hospital 0 is fine; hospital 1 ranks its tiles well (AUC 0.925) but calls 3 of its 4 abnormal tiles normal at
+# 0.5. Hospital 1's abnormal 0.30 ties with a normal 0.30 (half a pair in the AUC; both called abnormal at 0.30).
+PROBS = {
+    0: {"abnormal": [0.9, 0.8, 0.7, 0.6, 0.55], "normal": [0.1, 0.2, 0.3, 0.65, 0.4]},
+    1: {"abnormal": [0.45, 0.40, 0.30, 0.60], "normal": [0.10, 0.20, 0.35, 0.05, 0.30]},
+}
+
+
+def _arrays(client: int) -> tuple[list[int], list[float]]:
+    probs = PROBS[client]
+    return [1] * len(probs["abnormal"]) + [0] * len(probs["normal"]), probs["abnormal"] + probs["normal"]
+
+
+# --- the maths ---------------------------------------------------------------------------------------------------
+
+
+def test_operating_point_counts_a_tie_with_the_threshold_as_abnormal() -> None:
+    point = evaluation.operating_point([1, 1, 1, 0, 0], [0.9, 0.5, 0.2, 0.5, 0.1], 0.5)
+    assert (point.tp, point.fn, point.tn, point.fp) == (2, 1, 1, 1)
+    assert point.sensitivity == 2 / 3
+    assert point.specificity == 1 / 2
+    assert point.accuracy == 3 / 5
+    assert (point.abnormal, point.normal) == (3, 2)
+
+
+def test_operating_point_rates_without_a_class_are_nan() -> None:
+    point = evaluation.operating_point([0, 0, 0], [0.7, 0.2, 0.1], 0.5)
+    assert math.isnan(point.sensitivity)
+    assert point.specificity == 2 / 3
+    assert point.accuracy == 2 / 3
+
+
+def test_threshold_for_sensitivity_on_unequal_hospitals() -> None:
+    labels, probs = _arrays(1)
+    found = evaluation.threshold_for_sensitivity(labels, probs, 0.9)
+    assert found is not None
+    # ceil(0.9 x 4) = 4 abnormal tiles needed: the 4th highest abnormal probability, 0.30.
+    assert found.threshold == 0.30
+    assert found.point.sensitivity == 1.0
+    assert found.point.specificity == 3 / 5  # the normal tile at 0.30 ties and is called abnormal, as is 0.35
+    labels, probs = _arrays(0)
+    found = evaluation.threshold_for_sensitivity(labels, probs, 0.9)
+    assert found is not None
+    assert found.threshold == 0.55  # ceil(0.9 x 5) = 5
+    assert (found.point.sensitivity, found.point.specificity) == (1.0, 4 / 5)
+    found = evaluation.threshold_for_sensitivity(labels, probs, 0.5)
+    assert found is not None
+    assert found.threshold == 0.7  # ceil(2.5) = 3: the 3rd highest
+    assert (found.point.sensitivity, found.point.specificity) == (3 / 5, 1.0)
+
+
+def test_threshold_for_sensitivity_with_tied_abnormal_tiles_overshoots_the_target() -> None:
+    labels = [1, 1, 1, 1, 1, 0, 0, 0, 0]
+    probs = [0.9, 0.8, 0.8, 0.3, 0.1, 0.85, 0.4, 0.2, 0.05]
+    found = evaluation.threshold_for_sensitivity(labels, probs, 0.4)  # 2 of 5 needed; 0.8 brings in both ties
+    assert found is not None
+    assert found.threshold == 0.8
+    assert (found.point.tp, found.point.sensitivity) == (3, 3 / 5)
+    assert found.point.specificity == 3 / 4  # only the normal 0.85 is above
+
+
+def test_threshold_for_sensitivity_does_not_ask_for_one_tile_too_many() -> None:
+    labels = [1] * 25 + [0] * 3
+    probs = [round(1.0 - i / 25, 2) for i in range(25)] + [0.5, 0.6, 0.7]
+    found = evaluation.threshold_for_sensitivity(labels, probs, 0.28)  # 0.28 x 25 = 7.000000000000001 in floats
+    assert found is not None
+    assert found.point.tp == 7
+    assert found.threshold == 0.76
+
+
+def test_threshold_for_sensitivity_edge_cases() -> None:
+    assert evaluation.threshold_for_sensitivity([0, 0], [0.2, 0.3], 0.9) is None  # no abnormal tile
+    with pytest.raises(ValueError, match="target sensitivity"):
+        evaluation.threshold_for_sensitivity([1, 0], [0.2, 0.3], 0.0)
+    found = evaluation.threshold_for_sensitivity([1, 0], [0.2, 0.3], 1.0)
+    assert found is not None
+    assert (found.threshold, found.point.specificity) == (0.2, 0.0)
+
+
+def test_auc_warning_rule() -> None:
+    missed = evaluation.OperatingPoint(0.5, tp=1, fn=16, tn=15, fp=0)
+    text = evaluation.auc_warning(0.937, missed)
+    assert text is not None
+    assert "AUC 0.937" in text
+    assert "at threshold 0.50" in text
+    assert "misses 16 of 17 abnormal tiles (sensitivity 0.06)" in text
+    assert "normal tiles abnormal" not in text
+    assert evaluation.auc_warning(0.79, missed) is None  # below the AUC that makes the number reassuring
+    assert evaluation.auc_warning(None, missed) is None
+    flagged = evaluation.OperatingPoint(0.3, tp=9, fn=1, tn=2, fp=8)
+    text = evaluation.auc_warning(0.8, flagged)
+    assert text is not None
+    assert "calls 8 of 10 normal tiles abnormal (specificity 0.20)" in text
+    assert "misses" not in text
+    both = evaluation.OperatingPoint(0.5, tp=1, fn=2, tn=1, fp=3)
+    text = evaluation.auc_warning(0.9, both)
+    assert text is not None
+    assert "misses 2 of 3" in text
+    assert "calls 3 of 4" in text
+    fine = evaluation.OperatingPoint(0.5, tp=1, fn=1, tn=1, fp=1)  # exactly 0.5 is not below 0.5
+    assert evaluation.auc_warning(0.95, fine) is None
+
+
+def _predictions() -> pd.DataFrame:
+    rows = []
+    for client in PROBS:
+        labels, probs = _arrays(client)
+        rows += [{"client": client, "label": y, "prob_abnormal": p} for y, p in zip(labels, probs, strict=True)]
+    return pd.DataFrame(rows)
+
+
+def test_score_hospitals_and_table() -> None:
+    scores = evaluation.score_hospitals(_predictions(), 0.5, 0.9)
+    assert [s.client for s in scores] == [0, 1]
+    fine, hidden = scores
+    assert fine.auc == pytest.approx(23 / 25)
+    assert fine.warning is None
+    assert hidden.auc == pytest.approx(18.5 / 20)  # the tied pair counts one half
+    assert (hidden.point.tp, hidden.point.fn, hidden.point.tn, hidden.point.fp) == (1, 3, 5, 0)
+    assert hidden.warning is not None
+    assert "misses 3 of 4 abnormal tiles (sensitivity 0.25)" in hidden.warning
+    table = evaluation.scorecard_table(scores).set_index("hospital")
+    assert table.loc["Hospital 1", "sensitivity"] == 0.25
+    assert table.loc["Hospital 1", "specificity"] == 1.0
+    assert table.loc["Hospital 1", "accuracy"] == 6 / 9
+    assert table.loc["Hospital 1", "missed abnormal"] == "3 of 4"
+    assert table.loc["Hospital 0", "false alarms"] == "1 of 5"
+    assert table.loc["Hospital 1", "threshold for target"] == 0.30
+    assert table.loc["Hospital 1", "specificity there"] == 3 / 5
+    assert table.loc["Hospital 0", "specificity there"] == 4 / 5
+
+
+# --- the page ----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def hidden_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A data root with one finished run of two hospitals (PROBS) whose model cards decide at 0.55."""
+    root = tmp_path / "data"
+    dataset = root / "prepared" / "five"
+    write_prepared(dataset, clients=2, per_class=5)
+    run = root / "runs" / "20250301-000000-fedavg"
+    write_config(run, dataset, strategy="fedavg")
+    write_metrics(run)
+    write_summary(run, "finished")
+    for client, probs in PROBS.items():
+        folder = run / "hospitals" / f"client_{client:02d}"
+        folder.mkdir(parents=True)
+        lines = ["client,path,label,prob_abnormal,round"]
+        for label in ("abnormal", "normal"):
+            for i, p in enumerate(probs[label]):
+                lines.append(f"{client},client_{client:02d}/test/{label}/s{client}te{label[:2]}{i}.png,{label},{p},2")
+        (folder / "predictions.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        (folder / "model.json").write_text(json.dumps({"threshold": 0.55, "client": client}), encoding="utf-8")
+    monkeypatch.setenv("GASTRIC_FL_DATA", str(root))
+    return root
+
+
+def _hospital_page() -> AppTest:
+    at = AppTest.from_file(MAIN, default_timeout=90)
+    at.run()
+    at.switch_page("views/hospital.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def _scorecard(at: AppTest) -> pd.DataFrame:
+    (frame,) = [d.value for d in at.dataframe if "specificity there" in d.value.columns]
+    return frame.set_index("hospital")
+
+
+def test_scorecard_warns_where_a_high_auc_hides_a_poor_sensitivity(hidden_root: Path) -> None:
+    at = _hospital_page()
+    assert at.slider(key="threshold").value == 0.55  # the model cards' threshold
+    warnings = [str(w.value) for w in at.warning]
+    assert len(warnings) == 1
+    assert "Hospital 1" in warnings[0]
+    assert "AUC 0.925" in warnings[0]
+    assert "at threshold 0.55 the model misses 3 of 4 abnormal tiles (sensitivity 0.25)" in warnings[0]
+    table = _scorecard(at)
+    assert table["AUC"].tolist() == pytest.approx([0.92, 0.925])
+    assert table["sensitivity"].tolist() == [1.0, 0.25]
+    assert table["specificity"].tolist() == [0.8, 1.0]
+    assert table["threshold for target"].tolist() == [0.55, 0.30]
+    assert table["specificity there"].tolist() == [0.8, 0.6]
+    # Lowering the threshold to 0.30 catches all four: the warning goes, the figures follow.
+    at.slider(key="threshold").set_value(0.3)
+    at.run()
+    assert not [w for w in at.warning if "Hospital 1" in str(w.value)]
+    table = _scorecard(at)
+    assert table.loc["Hospital 1", "sensitivity"] == 1.0
+    assert table.loc["Hospital 1", "specificity"] == 0.6
+    # A looser target allows higher thresholds: the ceil(0.5 n)-th highest abnormal probability of each hospital.
+    at.number_input(key="target_sensitivity").set_value(0.5)
+    at.run()
+    table = _scorecard(at)
+    assert table["threshold for target"].tolist() == [0.7, 0.45]
+    assert table["sensitivity there"].tolist() == [0.6, 0.5]
+
+
+def test_hospital_page_explains_auc_roc_and_the_confusion_matrix(hidden_root: Path) -> None:
+    at = _hospital_page()
+    captions = " ".join(str(c.value) for c in at.caption)
+    assert "randomly chosen abnormal tile" in captions  # AUC
+    assert "ROC curve: for every possible threshold" in captions
+    assert "Confusion matrix: at the chosen threshold" in captions
+    helps = {m.label: m.help for m in at.metric}
+    assert "predictions.csv" not in " ".join(str(h) for h in helps.values())
+    assert "coin toss" in str(helps["AUC"])
+    assert "3 of 4" not in str(helps["Sensitivity"])  # hospital 0 is the one shown first
+    assert "5 of 5" in str(helps["Sensitivity"])
