@@ -228,3 +228,15 @@ def test_hospital_page_explains_auc_roc_and_the_confusion_matrix(hidden_root: Pa
     assert "coin toss" in str(helps["AUC"])
     assert "3 of 4" not in str(helps["Sensitivity"])  # hospital 0 is the one shown first
     assert "5 of 5" in str(helps["Sensitivity"])
+
+
+def test_the_threshold_starts_at_the_cards_again_after_leaving_the_page(hidden_root: Path) -> None:
+    at = _hospital_page()
+    at.slider(key="threshold").set_value(0.3)
+    at.run()
+    at.switch_page("views/data.py")
+    at.run()
+    at.switch_page("views/hospital.py")
+    at.run()
+    assert not at.exception
+    assert at.slider(key="threshold").value == 0.55

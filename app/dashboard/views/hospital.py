@@ -36,8 +36,10 @@ def _default_threshold(cards: dict[int, float]) -> float:
 def _threshold_controls(info: RunInfo, cards: dict[int, float]) -> tuple[float, float]:
     """The threshold slider (starting at the run's model-card threshold) and the target sensitivity input."""
     default = _default_threshold(cards)
-    if st.session_state.get("_threshold_run") != info.run_id:
-        st.session_state["_threshold_run"] = info.run_id  # a new run starts at its own cards' threshold
+    # A new run starts at its own cards' threshold; so does a return to this page (Streamlit forgets the state of
+    # widgets a page did not draw).
+    if st.session_state.get("_threshold_run") != info.run_id or THRESHOLD_KEY not in st.session_state:
+        st.session_state["_threshold_run"] = info.run_id
         st.session_state[THRESHOLD_KEY] = default
     left, right = st.columns([3, 1])
     threshold = left.slider(
@@ -81,25 +83,29 @@ def _scorecard(predictions: pd.DataFrame, threshold: float, target: float) -> No
         key="scorecard",
         column_config={
             "hospital": st.column_config.TextColumn("hospital", pinned=True),
-            "test tiles": number("test tiles", help="the hospital's own held-out test tiles"),
+            "test tiles": number("tiles", help="the hospital's own held-out test tiles"),
             "AUC": number("AUC", format="%.3f", help=ui.EXPLAIN["AUC"]),
             "accuracy": number("accuracy", format="%.3f", help=ui.EXPLAIN["accuracy"]),
             "sensitivity": number("sensitivity", format="%.3f", help=ui.EXPLAIN["sensitivity"]),
             "specificity": number("specificity", format="%.3f", help=ui.EXPLAIN["specificity"]),
             "missed abnormal": st.column_config.TextColumn(
-                "missed abnormal", help="abnormal tiles called normal at the threshold, of all abnormal tiles"
+                "missed", help="abnormal tiles called normal at the threshold, of all abnormal tiles"
             ),
             "false alarms": st.column_config.TextColumn(
                 "false alarms", help="normal tiles called abnormal at the threshold, of all normal tiles"
             ),
             "threshold for target": number(
-                f"threshold for sensitivity {target:.2f}",
+                f"threshold for {target:.2f}",
                 format="%.3f",
-                help="the highest threshold at which the hospital reaches the target sensitivity",
+                help=f"the highest threshold at which the hospital reaches the target sensitivity {target:.2f}",
             ),
-            "sensitivity there": number("sensitivity there", format="%.3f"),
+            "sensitivity there": number(
+                "its sensitivity",
+                format="%.3f",
+                help="sensitivity at that threshold (ties may lift it past the target)",
+            ),
             "specificity there": number(
-                "specificity there", format="%.3f", help="what that threshold leaves of the specificity"
+                "its specificity", format="%.3f", help="specificity at that threshold: what reaching the target costs"
             ),
         },
     )
