@@ -57,10 +57,10 @@ class TrainedRoot:
         }
 
 
-def build_trained_root(root: Path) -> TrainedRoot:
-    """synth -> prepare -> one round of training, laid out as a dashboard data root."""
+def build_trained_root(root: Path, size: int = 256, rounds: int = 1) -> TrainedRoot:
+    """synth -> prepare -> ``rounds`` rounds of training, laid out as a dashboard data root (``size``: slide side)."""
     raw, prepared, run = root / "raw" / "tiny", root / "prepared" / "tiny", root / "runs" / RUN_ID
-    generate_dataset(raw, "seed", images=8, seed=4, size=256)
+    generate_dataset(raw, "seed", images=8, seed=4, size=size)
     prepare_dataset(
         build_config(
             None,
@@ -73,7 +73,7 @@ def build_trained_root(root: Path) -> TrainedRoot:
             },
         )
     )
-    settings = ["run.rounds=1", "run.threads=1", "data.input_size=32", "data.batch_size=8",
+    settings = [f"run.rounds={rounds}", "run.threads=1", "data.input_size=32", "data.batch_size=8",
                 "data.eval_batch_size=64", "client.epochs=1"]  # fmt: skip
     train(load_config(None, settings, data=prepared), run, progress=False)
     return TrainedRoot(root, raw, prepared, run)

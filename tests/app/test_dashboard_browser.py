@@ -3,10 +3,12 @@ port, a one-round federation started from the Federation page, until each hospit
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 from dashboard_fixtures import write_prepared
+from slide_fixtures import build_trained_root
 
 from app.dashboard import browser, jobs, paths
 
@@ -42,3 +44,50 @@ def test_start_a_federation_from_the_browser(tmp_path: Path) -> None:
         for job in jobs.list_jobs(paths.jobs_root(root)):
             if jobs.state(paths.jobs_root(root), job).active:
                 jobs.stop(paths.jobs_root(root), job)
+
+
+SLIDE_SHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "dashboard-slide.png"
+
+
+@pytest.mark.timeout(420)
+def test_the_slide_page_in_the_browser(tmp_path: Path) -> None:
+    """The Slide page on a trained run: pick a hospital and an annotated test slide, click a tile on the heatmap to
+    see it, and save the page as docs/img/dashboard-slide.png (1440 x 900)."""
+    if not browser.CHROMIUM.is_file():
+        pytest.fail(f"{browser.CHROMIUM} is missing: run scripts/install_browser.sh (apt-get install chromium)")
+    trained = build_trained_root(tmp_path / "data", size=512, rounds=4)
+    source = trained.test_slides(1, "abnormal")[0]
+    with browser.dashboard(trained.root, tmp_path / "dashboard.log") as url, browser.chromium() as page:
+        page.set_viewport_size({"width": 1440, "height": 900})
+        page.goto(f"{url}/slide")
+        browser.wait_idle(page)
+        page.get_by_text("Max P(abnormal)").first.wait_for(timeout=120_000)
+        for label, option in (("Hospital", "Hospital 1"), ("Test slide", f"{source} ")):
+            page.get_by_role("combobox", name=re.compile(label)).click()
+            page.get_by_role("option", name=re.compile(re.escape(option))).first.click()
+            browser.wait_idle(page)
+        page.get_by_text("Tile sensitivity").first.wait_for(timeout=120_000)
+        browser.wait_idle(page)
+        assert page.locator(".js-plotly-plot image").count() == 3  # the slide, its heatmap and the annotation
+
+        # Click the centre of the least suspicious tile: the page picks it (the picker starts at the most suspicious).
+        (tiles,) = (trained.hospital(1) / "slides").glob(f"*/test-{Path(source).stem}*/predict/*/tiles.csv")
+        rows = [r.split(",") for r in tiles.read_text().splitlines()[1:]]
+        x, y, size, probability = min((r[:4] for r in rows), key=lambda r: float(r[3]))
+        where = page.evaluate(
+            """([cx, cy]) => {
+                const gd = document.querySelector('.js-plotly-plot');
+                const box = gd.getBoundingClientRect(), xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
+                return [box.left + xa._offset + xa.l2p(cx), box.top + ya._offset + ya.l2p(cy)];
+            }""",
+            [int(x) + int(size) / 2, int(y) + int(size) / 2],
+        )
+        page.mouse.click(*where)
+        page.get_by_text(f"Tile at x {x}, y {y} ").first.wait_for(timeout=60_000)
+        browser.wait_idle(page)
+        assert page.get_by_text(f"{float(probability):.4f}").count() >= 1
+        page.mouse.move(5, 5)  # no hover label in the picture
+        page.wait_for_timeout(500)
+        SLIDE_SHOT.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SLIDE_SHOT))
+    assert SLIDE_SHOT.stat().st_size > 50_000

@@ -30,8 +30,8 @@ from app.dashboard import ui
 from app.dashboard.datasets import hospital_label
 from app.dashboard.runs import RunInfo
 
-CHART_HEIGHT = 620
-TILE_DISPLAY_PX = 256
+CHART_HEIGHT = 490
+TILE_DISPLAY_PX = 224
 TILE_KEY = "slide_tile"
 CHART_KEY = "slide_chart"
 
@@ -111,7 +111,14 @@ def _figure(scored: slide_view.ScoredSlide, opacity: float, picked: int) -> go.F
                 "cmax": 1.0,
                 "opacity": 0.0,
                 "showscale": True,
-                "colorbar": {"title": {"text": "P(abnormal)"}, "thickness": 14},
+                "colorbar": {
+                    "title": {"text": "P(abnormal)", "side": "right"},
+                    "orientation": "h",
+                    "thickness": 12,
+                    "y": -0.02,
+                    "yanchor": "top",
+                    "len": 0.9,
+                },
             },
             selected={"marker": {"opacity": 0.0}},
             unselected={"marker": {"opacity": 0.0}},
@@ -131,7 +138,7 @@ def _figure(scored: slide_view.ScoredSlide, opacity: float, picked: int) -> go.F
     fig.update_yaxes(range=[scored.height, 0], visible=False, scaleanchor="x")
     fig.update_layout(
         height=CHART_HEIGHT,
-        margin={"l": 0, "r": 0, "t": 0, "b": 0},
+        margin={"l": 0, "r": 0, "t": 28, "b": 48},
         clickmode="event+select",
         dragmode="pan",
         showlegend=False,
@@ -152,45 +159,61 @@ def _on_click() -> None:
             return
 
 
+def _rate(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
 def _summary(scored: slide_view.ScoredSlide) -> None:
+    """The slide-level figures of predict's summary.json, two per row (a narrow column beside the heatmap)."""
     s = scored.summary
     threshold = scored.threshold
-    cols = st.columns(4)
-    cols[0].metric("Tiles scored", f"{s['tiles']}", help="tissue squares of the tile grid, as prepare cuts them")
-    cols[1].metric("Max P(abnormal)", f"{s['max_probability']:.3f}", help="the most suspicious tile")
-    cols[2].metric(f"Top-{s['top_k']} mean", f"{s['top_k_mean']:.3f}", help=f"mean of the {s['top_k']} highest")
-    cols[3].metric(
-        "Abnormal area",
-        f"{100 * s['abnormal_area_fraction']:.1f} %",
-        help=f"share of the scored tissue under tiles with P(abnormal) ≥ {threshold:.2f} (the model's threshold)",
-    )
     truth = s.get("ground_truth")
+    figures = [
+        ("Tiles scored", f"{s['tiles']}", "tissue squares of the tile grid, cut as prepare cuts them"),
+        ("Max P(abnormal)", f"{s['max_probability']:.3f}", "the probability of the most suspicious tile"),
+        (f"Top-{s['top_k']} mean", f"{s['top_k_mean']:.3f}", f"mean probability of the {s['top_k']} highest tiles"),
+        (
+            "Abnormal area",
+            f"{100 * s['abnormal_area_fraction']:.1f} %",
+            f"share of the scored tissue under tiles with P(abnormal) ≥ {threshold:.2f} (the model's threshold)",
+        ),
+    ]
     if truth:
-        cols = st.columns(4)
-
-        def show(value: float | None) -> str:
-            return "undefined" if value is None else f"{value:.3f}"
-
-        cols[0].metric("Tile sensitivity", show(truth["sensitivity"]), help="annotated abnormal tiles called abnormal")
-        cols[1].metric(
-            "Tile specificity", show(truth["specificity"]), help="tiles outside the annotation called normal"
-        )
-        cols[2].metric("Abnormal tiles (truth)", f"{truth['abnormal_tiles']}", help="prepare's rule for abnormal tiles")
-        cols[3].metric("Normal tiles (truth)", f"{truth['normal_tiles']}", help="no annotated pixel")
-        if truth["unlabelled_tiles"]:
-            st.caption(
-                f"{truth['unlabelled_tiles']} tile(s) cross the annotation's edge and count in neither class "
-                "(prepare keeps them in neither)."
+        figures += [
+            (
+                "Tile sensitivity",
+                _rate(truth["sensitivity"]),
+                "annotated abnormal tiles the model calls abnormal (n/a: no abnormal tile on this slide)",
+            ),
+            (
+                "Tile specificity",
+                _rate(truth["specificity"]),
+                "tiles outside the annotation the model calls normal (n/a: no normal tile on this slide)",
+            ),
+        ]
+    for row in range(0, len(figures), 2):
+        cols = st.columns(2)
+        for col, (label, value, meaning) in zip(cols, figures[row : row + 2], strict=False):
+            col.metric(label, value, help=meaning)
+    if truth:
+        st.caption(
+            f"Against the annotation: {truth['abnormal_tiles']} abnormal and {truth['normal_tiles']} normal tiles"
+            + (
+                f"; {truth['unlabelled_tiles']} cross its edge and count in neither class (as in prepare)."
+                if truth["unlabelled_tiles"]
+                else "."
             )
+        )
     else:
         st.caption("No annotation (mask or SVG) for this slide, so no tile sensitivity or specificity.")
 
 
 def _tile_panel(scored: slide_view.ScoredSlide, picked: int) -> None:
+    """The picked tile: its probability, the call at the threshold, and its pixels (with alt text)."""
     x, y, size = int(scored.xs[picked]), int(scored.ys[picked]), scored.size
     p = float(scored.probability[picked])
     called = "abnormal" if p >= scored.threshold else "normal"
-    truth = scored.truth[picked] or "unknown"
+    truth = scored.truth[picked] or ("on the annotation's edge" if scored.summary.get("ground_truth") else "unknown")
     st.metric("P(abnormal) of this tile", f"{p:.4f}", help=f"called {called} at threshold {scored.threshold:.2f}")
     try:
         pixels = _slide_pixels(str(scored.slide), _stamp(scored.slide))
@@ -198,31 +221,33 @@ def _tile_panel(scored: slide_view.ScoredSlide, picked: int) -> None:
         shown = cv2.resize(square, (TILE_DISPLAY_PX, TILE_DISPLAY_PX), interpolation=cv2.INTER_AREA)
         st.image(
             shown,
-            caption=f"Tile at x {x}, y {y} ({size} px square) · P(abnormal) {p:.4f} · called {called} · truth {truth}",
+            caption=f"Tile at x {x}, y {y} ({size} px square) · P(abnormal) {p:.4f} · called {called} · truth: {truth}",
             alt=f"The slide's {size} pixel square at x {x}, y {y}; the model gives it P(abnormal) {p:.3f}",
+            width="stretch",
         )
     except Exception as exc:  # the figures above stay useful without the picture
         st.error(slide_view.problem_line(exc, scored.slide))
 
 
 def _show(scored: slide_view.ScoredSlide, key: str) -> None:
-    """Everything about one scored slide: summary, heatmap with opacity, picked tile."""
-    _summary(scored)
+    """Everything about one scored slide: heatmap with opacity, slide summary, picked tile."""
     order = [int(i) for i in np.argsort(-scored.probability, kind="stable")]
     if st.session_state.get("_slide_shown") != key or st.session_state.get(TILE_KEY) not in order:
         st.session_state[TILE_KEY] = order[0]  # a new slide starts at its most suspicious tile
         st.session_state["_slide_shown"] = key
-    left, right = st.columns([3, 1])
-    with right:
+    chart, figures, tile = st.columns([2.3, 1.4, 1.1], gap="medium")
+    with figures:
+        _summary(scored)
         opacity = st.slider("Heatmap opacity", 0.0, 1.0, 0.5, 0.05, key="slide_opacity", help="0 shows the slide alone")
+    with tile:
         picked = st.selectbox(
-            "Tile (most suspicious first; or click the heatmap)",
+            "Tile (most suspicious first), or click one on the heatmap",
             order,
             format_func=lambda i: f"x {scored.xs[i]}, y {scored.ys[i]} · P {scored.probability[i]:.3f}",
             key=TILE_KEY,
         )
         _tile_panel(scored, int(picked))
-    with left:
+    with chart:
         outline = " The annotation is outlined in white." if scored.layer("outline") is not None else ""
         st.plotly_chart(
             _figure(scored, opacity, int(picked)),
@@ -257,14 +282,16 @@ if not ready:
     )
     st.stop()
 
-left, right = st.columns([2, 1])
-with left:
+run_col, hospital_col, source_col = st.columns([1.6, 0.8, 1.3])
+with run_col:
     info = ui.pick_run(ready, "Run", key="slide_run")
 if info is None:
     st.stop()
 folders = slide_view.bundle_folders(info.path)
-with right:
+with hospital_col:
     client = int(st.selectbox("Hospital", list(folders), format_func=hospital_label, key="slide_hospital"))
+with source_col:
+    source = st.radio("Slide", ["A test slide of this hospital", "Upload a slide"], horizontal=True, key="slide_source")
 folder = folders[client]
 try:
     card = slide_view.read_card_json(folder)
@@ -272,7 +299,6 @@ except slide_view.SlideViewError as exc:
     st.error(str(exc))
     st.stop()
 
-source = st.radio("Slide", ["A test slide of this hospital", "Upload a slide"], horizontal=True, key="slide_source")
 slide_path: Path | None = None
 entry: Path | None = None
 upload = False
