@@ -40,12 +40,20 @@ from federation.errors import FederationError
 
 @dataclass(frozen=True)
 class EvalResult:
-    """A client's model on its own test split: mean loss, accuracy, AUC (``None`` for a single-class split)."""
+    """A client's model on its own test split: mean loss, accuracy, AUC (``None`` when undefined: a single-class
+    split) and the softmax probabilities ``probs`` (N, K) in float64, one column per class."""
 
     loss: float
     acc: float
     auc: float | None
-    prob_abnormal: np.ndarray
+    probs: np.ndarray
+
+    @property
+    def prob_abnormal(self) -> np.ndarray:
+        """``P(class 1)`` per tile: the binary task's probability of ``abnormal``."""
+        if self.probs.shape[1] != 2:
+            raise FederationError(f"prob_abnormal is defined for two classes, this model has {self.probs.shape[1]}")
+        return self.probs[:, 1]
 
 
 def proximal_term(params: Mapping[str, torch.Tensor], centre: Mapping[str, torch.Tensor], mu: float) -> torch.Tensor:
@@ -61,6 +69,33 @@ def auc_or_none(labels: np.ndarray, prob_abnormal: np.ndarray) -> float | None:
     if np.unique(labels).size < 2:
         return None
     return float(roc_auc_score(labels, prob_abnormal))
+
+
+def multiclass_auc(labels: np.ndarray, probs: np.ndarray) -> float | None:
+    """Macro one-vs-rest ROC AUC of ``probs`` (N, K) against ``labels`` (class indices), over the classes present.
+
+    For each class ``c`` that occurs in ``labels``: the AUC of ``probs[:, c]`` separating class ``c`` from every
+    other tile; the mean of these, unweighted. When every class occurs this is scikit-learn's
+    ``roc_auc_score(labels, probs, multi_class="ovr", average="macro")``; a class absent from ``labels`` (a
+    hospital's test split without it) has no one-vs-rest AUC and is left out, where scikit-learn would stop.
+    ``None`` when fewer than two classes occur or a probability is not finite (diverged weights).
+    """
+    y = np.asarray(labels, dtype=np.int64)
+    p = np.asarray(probs, dtype=np.float64)
+    present = np.unique(y)
+    if present.size < 2 or not bool(np.isfinite(p).all()):
+        return None
+    return float(np.mean([roc_auc_score(y == c, p[:, c]) for c in present]))
+
+
+def auc_of(labels: np.ndarray, probs: np.ndarray) -> float | None:
+    """The evaluation's AUC from softmax ``probs`` (N, K): two classes, the AUC of class 1's probability (as
+    ever); more, `multiclass_auc`. ``None`` when undefined (one class in ``labels``, non-finite probabilities)."""
+    if not bool(np.isfinite(probs).all()):
+        return None
+    if probs.shape[1] == 2:
+        return auc_or_none(labels, probs[:, 1])
+    return multiclass_auc(labels, probs)
 
 
 def _batches(order: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
@@ -294,7 +329,8 @@ class Client:
     # -- evaluation --------------------------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self) -> EvalResult:
-        """Base + own head on the client's own test split: mean cross-entropy, accuracy, AUC (softmax)."""
+        """Base + own head on the client's own test split: mean cross-entropy, accuracy (argmax), AUC from the
+        softmax (`auc_of`: class 1's probability for two classes, macro one-vs-rest for more)."""
         self.model.eval()
         total_loss, correct = 0.0, 0
         probs: list[np.ndarray] = []
@@ -305,9 +341,8 @@ class Client:
             logits = self.model(x)
             total_loss += float(F.cross_entropy(logits, y, reduction="sum"))
             correct += int((logits.argmax(dim=1) == y).sum())
-            probs.append(torch.softmax(logits.double(), dim=1)[:, 1].cpu().numpy())
+            probs.append(torch.softmax(logits.double(), dim=1).cpu().numpy())
         prob = np.concatenate(probs)
         n = self.data.num_test
         # Diverged weights give NaN probabilities: their AUC is undefined, not a crash inside scikit-learn.
-        auc = auc_or_none(labels, prob) if bool(np.isfinite(prob).all()) else None
-        return EvalResult(loss=total_loss / n, acc=correct / n, auc=auc, prob_abnormal=prob)
+        return EvalResult(loss=total_loss / n, acc=correct / n, auc=auc_of(labels, prob), probs=prob)

@@ -168,11 +168,19 @@ class Hello:
 
 @dataclass(frozen=True)
 class HelloReply:
-    """A hospital -> server: who it is (its client index) and how many tiles it trains and tests on."""
+    """A hospital -> server: who it is (its client index), how many tiles it trains and tests on, and the class
+    names of its dataset in class-index order.
+
+    ``classes`` is how the server learns the number of outputs the model needs without reading a manifest: it is
+    dataset metadata (short plain names, as ``prepare`` requires of class folders; the audit's ``check_message``
+    accepts nothing else in it), the same for every hospital of a federation, and says nothing about any tile
+    (which classes a hospital's own tiles hold stays at the hospital). The server refuses hospitals that disagree.
+    """
 
     client: int
     num_train: int
     num_test: int
+    classes: tuple[str, ...] = ("normal", "abnormal")
 
 
 @dataclass

@@ -5,6 +5,12 @@ FedSAF paper 001, Sec. 4.2): one row per tile with ``client, split, label, path,
 train and test tiles are decoded once, resized to ``input_size`` and kept as ``uint8`` arrays (N, S, S, C);
 batches are augmented on ``uint8`` and normalised on the fly.
 
+The class list (class index order) is the dataset's, the same for every hospital of it: ``prepare.json``'s
+``classes`` when present; otherwise the manifest's labels, ``normal``, ``abnormal`` when no other label is there
+(the binary task: index 1 = abnormal), else in natural order (``2`` before ``10``), as ``gastric-fl prepare``
+orders class folders. It is the dataset's, not the hospital's own: a hospital whose tiles lack a class (label
+skew) still has a model with one output per class of the dataset.
+
 Grayscale hospitals (``channels == 1``): with ``in_chans == 3`` (the default) their tiles are replicated to three
 identical channels, so every hospital uses the same architecture and every layer can be shared; with
 ``in_chans == 1`` every tile of every hospital is converted to gray instead. The decoding, channel handling,
@@ -15,7 +21,9 @@ files and checks them.
 from __future__ import annotations
 
 import csv
+import json
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +37,11 @@ from federation.errors import FederationError
 from models.preprocess import default_stats, fit_tile, normalise, tile_from_decoded
 from pipeline.outputs import FolderPaths, PathOutsideError
 
-LABELS: tuple[str, ...] = ("normal", "abnormal")  # class index 0 and 1
+LABELS: tuple[str, ...] = ("normal", "abnormal")  # the binary task: class index 0 and 1
+# A class name is a plain label (prepare's class-folder rule): it is the one piece of text about its data that a
+# hospital tells the server (``HelloReply.classes``), so it can hold nothing but a short name.
+CLASS_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+PREPARE_FILE = "prepare.json"
 SPLITS: tuple[str, ...] = ("train", "test")
 REQUIRED_COLUMNS: tuple[str, ...] = ("client", "split", "label", "path", "channels")
 MIN_TRAIN_TILES = 2  # BatchNorm needs two samples in a training batch
@@ -58,6 +70,7 @@ class ClientData:
     test_y: np.ndarray
     test_paths: list[str]
     grayscale: bool
+    classes: tuple[str, ...] = LABELS
 
     @property
     def num_train(self) -> int:
@@ -68,21 +81,69 @@ class ClientData:
         return int(self.test_y.shape[0])
 
 
+def _natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key ordering digit runs by value (``2`` before ``10``), as prepare orders class folders."""
+    parts = [part for part in re.split(r"(\d+)", name) if part]
+    return tuple((0, int(part)) if part.isdigit() else (1, part.casefold()) for part in parts)
+
+
+def prepared_classes(dataset: str | Path) -> tuple[str, ...] | None:
+    """``classes`` of ``<dataset>/prepare.json`` (class-index order), checked; ``None`` when the file is absent,
+    unreadable or older than class lists (then the manifest's labels decide, `classes_of_labels`)."""
+    path = Path(dataset) / PREPARE_FILE
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    classes = record.get("classes") if isinstance(record, dict) else None
+    if classes is None:
+        return None
+    if (
+        not isinstance(classes, list)
+        or len(classes) < 2
+        or len(set(classes)) != len(classes)
+        or not all(isinstance(c, str) and CLASS_NAME.match(c) for c in classes)
+    ):
+        raise FederationError(
+            f"{path}: classes must list at least two distinct plain names (letters, digits, '.', '_', '-'), "
+            f"got {classes!r}; re-run gastric-fl prepare"
+        )
+    return tuple(classes)
+
+
+def classes_of_labels(labels: set[str], where: str = "manifest.csv") -> tuple[str, ...]:
+    """The class list a manifest without ``prepare.json`` implies: ``LABELS`` when its labels are among them,
+    else the labels in natural order (at least two)."""
+    if labels <= set(LABELS):
+        return LABELS
+    if len(labels) < 2:
+        raise FederationError(
+            f"{where} names one class ({sorted(labels)[0]!r}); a classifier needs at least two: re-run gastric-fl "
+            "prepare with at least two class folders"
+        )
+    return tuple(sorted(labels, key=_natural_key))
+
+
 def read_manifest(dataset: str | Path) -> list[ManifestRow]:
     """Parse and check ``<dataset>/manifest.csv``; raises ``FederationError`` naming the file and line.
 
-    Checked once here, for every reader: the columns, each row's values, that each tile path stays inside the
-    dataset folder (no absolute path, no ``..``, no symlink out of it: `pipeline.outputs.FolderPaths`) and that
-    no tile is listed twice (it would weigh double, or sit in both splits). A UTF-8 byte-order mark, as some
-    spreadsheet programs save it, is accepted.
+    Checked once here, for every reader: the columns, each row's values (its label one of the dataset's classes,
+    `read_dataset`), that each tile path stays inside the dataset folder (no absolute path, no ``..``, no
+    symlink out of it: `pipeline.outputs.FolderPaths`) and that no tile is listed twice (it would weigh double,
+    or sit in both splits). A UTF-8 byte-order mark, as some spreadsheet programs save it, is accepted.
     """
+    return read_dataset(dataset)[0]
+
+
+def read_dataset(dataset: str | Path) -> tuple[list[ManifestRow], tuple[str, ...]]:
+    """``read_manifest``'s rows (``label`` as the class index) and the dataset's class list (module docstring)."""
     folder = Path(dataset)
     manifest = folder / "manifest.csv"
     if not manifest.is_file():
         raise FederationError(
             f"{manifest} not found: point data.path (or --data) at a folder made by gastric-fl prepare"
         )
-    rows: list[ManifestRow] = []
+    records: list[tuple[int, int, str, str, str, int]] = []
     inside = FolderPaths(folder)
     seen: dict[Path, int] = {}
     with manifest.open(newline="", encoding="utf-8-sig") as handle:
@@ -97,9 +158,9 @@ def read_manifest(dataset: str | Path) -> list[ManifestRow]:
             except (TypeError, ValueError) as exc:
                 raise FederationError(f"{manifest} line {line}: client and channels must be integers") from exc
             split, label, path = record["split"], record["label"], record["path"]
-            if client < 0 or split not in SPLITS or label not in LABELS or channels not in (1, 3) or not path:
+            if client < 0 or split not in SPLITS or not label or channels not in (1, 3) or not path:
                 raise FederationError(
-                    f"{manifest} line {line}: expected client >= 0, split in {SPLITS}, label in {LABELS}, "
+                    f"{manifest} line {line}: expected client >= 0, split in {SPLITS}, a label, "
                     f"channels 1 or 3 and a path; got {client}, {split!r}, {label!r}, {channels}, {path!r}"
                 )
             try:
@@ -113,10 +174,30 @@ def read_manifest(dataset: str | Path) -> list[ManifestRow]:
                     "counts twice (or sits in both splits): remove the duplicate row or re-run gastric-fl prepare"
                 )
             seen[key] = line
-            rows.append(ManifestRow(client, split, LABELS.index(label), path, channels))
-    if not rows:
+            records.append((line, client, split, label, path, channels))
+    if not records:
         raise FederationError(f"{manifest} lists no tiles: re-run gastric-fl prepare on a non-empty raw folder")
-    return rows
+    labels = {r[3] for r in records}
+    classes = prepared_classes(folder)
+    if classes is None:
+        bad = sorted(label for label in labels if not CLASS_NAME.match(label))
+        if bad:
+            line = next(r[0] for r in records if r[3] == bad[0])
+            raise FederationError(
+                f"{manifest} line {line}: label {bad[0]!r} is not a plain class name (letters, digits, '.', '_', "
+                "'-'); re-run gastric-fl prepare"
+            )
+        classes = classes_of_labels(labels, str(manifest))
+    index = {name: i for i, name in enumerate(classes)}
+    rows: list[ManifestRow] = []
+    for line, client, split, label, path, channels in records:
+        if label not in index:
+            raise FederationError(
+                f"{manifest} line {line}: label {label!r} is not one of the dataset's classes {list(classes)} "
+                f"({folder / PREPARE_FILE}); re-run gastric-fl prepare"
+            )
+        rows.append(ManifestRow(client, split, index[label], path, channels))
+    return rows, classes
 
 
 def manifest_clients(rows: Sequence[ManifestRow]) -> list[int]:
@@ -185,7 +266,7 @@ def load_clients(
     without training tiles (fewer than two) or without test tiles.
     """
     folder = Path(dataset)
-    rows = read_manifest(folder)
+    rows, classes = read_dataset(folder)
     chosen = check_clients(folder, rows, clients)
     out: dict[int, ClientData] = {}
     for c in chosen:
@@ -200,6 +281,7 @@ def load_clients(
             test_y=np.array([r.label for r in test], dtype=np.int64),
             test_paths=[r.path for r in test],
             grayscale=all(r.channels == 1 for r in mine),
+            classes=classes,
         )
     return out
 

@@ -151,11 +151,20 @@ def keep_rounds(path: Path, last_round: int) -> tuple[DamagedLine, ...]:
     return scan.damaged
 
 
-def write_predictions(path: Path, rows: Iterable[Sequence[Any]]) -> None:
-    """Atomically write ``predictions.csv`` (``PREDICTION_COLUMNS``)."""
+def prediction_columns(classes: Sequence[str]) -> tuple[str, ...]:
+    """``predictions.csv``'s columns for a dataset's ``classes``: ``PREDICTION_COLUMNS`` for the binary task
+    (``normal``, ``abnormal``); otherwise ``client, path, label``, ``prob_<class>`` per class in class-index
+    order, ``round``."""
+    if tuple(classes) == ("normal", "abnormal"):
+        return PREDICTION_COLUMNS
+    return ("client", "path", "label", *(f"prob_{c}" for c in classes), "round")
+
+
+def write_predictions(path: Path, rows: Iterable[Sequence[Any]], columns: Sequence[str] = PREDICTION_COLUMNS) -> None:
+    """Atomically write ``predictions.csv`` with the header ``columns`` (`prediction_columns`)."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(PREDICTION_COLUMNS)
+    writer.writerow(columns)
     writer.writerows(rows)
     atomic_write_text(path, buffer.getvalue())
 

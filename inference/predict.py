@@ -42,7 +42,7 @@ from tqdm import tqdm
 
 from inference.heatmap import COLORMAP, coverage_maps, render_overlay
 from inference.slides import Slide, SlideFile, find_slides, read_slide
-from models.bundle import Bundle, BundleError, ModelCard, decision_counts, load_bundle, write_atomic
+from models.bundle import Bundle, BundleError, ModelCard, decision_counts, load_bundle, read_card, write_atomic
 from pipeline.errors import PipelineError
 from pipeline.images import RGBImage, encode_png
 from pipeline.outputs import OutputError, claim_output, os_error_message, owned_by, write_marker
@@ -91,6 +91,17 @@ class SlideResult:
     summary: dict[str, Any] = field(default_factory=dict)
     folder: Path | None = None
     problem: str | None = None
+
+
+def check_binary(card: ModelCard, where: Path | str = "the bundle") -> None:
+    """`BundleError` (one line) unless ``card`` is a binary model with a positive class (``abnormal``): predict
+    maps ``P(abnormal)`` over a slide, which a multi-class model (e.g. trained on digits) does not have."""
+    if card.num_classes != 2 or card.positive_class is None:
+        names = ", ".join(card.class_names[:5]) + (", ..." if card.num_classes > 5 else "")
+        raise BundleError(
+            f"{where} is a {card.num_classes}-class model ({names}) that decides by argmax; gastric-fl predict maps "
+            "P(abnormal) over slides and needs a normal/abnormal model: export one from a run on a gastric dataset"
+        )
 
 
 def plan_of(card: ModelCard) -> ClientPlan:
@@ -354,9 +365,10 @@ def predict(
 ) -> list[SlideResult]:
     """``gastric-fl predict``: score every slide ``slide`` names with the bundle at ``model`` into ``out``.
 
-    A bundle that does not fit raises `BundleError`; a single slide that cannot be read or holds no tissue raises
-    `PipelineError`. With a folder of slides, a bad slide is reported through ``warn`` and skipped, the others are
-    written, and a `PredictError` naming the first problem is raised at the end. All are one line.
+    A bundle that does not fit, or is not a binary normal/abnormal model (`check_binary`), raises `BundleError`;
+    a single slide that cannot be read or holds no tissue raises `PipelineError`. With a folder of slides, a bad
+    slide is reported through ``warn`` and skipped, the others are written, and a `PredictError` naming the first
+    problem is raised at the end. All are one line.
     """
     if threshold is not None and not 0.0 < threshold < 1.0:
         raise PredictError(f"--threshold must be strictly between 0 and 1, got {threshold}")
@@ -365,6 +377,7 @@ def predict(
     torch_device = torch.device(
         "cuda" if device == "auto" and torch.cuda.is_available() else device.replace("auto", "cpu")
     )
+    check_binary(read_card(model), model)  # before the weights are read: the card alone decides
     bundle = load_bundle(model, torch_device)
     plan_of(bundle.card)
     files = find_slides(slide, exclude=out)

@@ -9,6 +9,10 @@ model.json          the card (`ModelCard`): architecture, classes, nhead, the pr
                     threshold, and the provenance (run id, round, client, dataset and its manifest sha256, metrics)
 ```
 
+The binary task (classes ``normal``, ``abnormal``) decides by ``P(abnormal) >= threshold``. Any other class list
+(a multi-class dataset such as scikit-learn's digits) has no positive class (``positive_class`` null): the card
+says ``"decision": "argmax"`` (the class with the largest softmax output) and its threshold is not used.
+
 A card is the model's data config in timm's sense plus a model card's provenance: everything ``gastric-fl
 predict`` needs to turn a slide into the tensors the weights were trained on, and to say where they came from.
 It lives in ``models`` because the federation writes it (``federation -> models``) and inference reads it
@@ -111,7 +115,7 @@ class ModelCard:
     preprocess: Preprocess
     tiling: TileGrid | None
     threshold: float = DEFAULT_THRESHOLD
-    positive_class: str = "abnormal"
+    positive_class: str | None = "abnormal"
     run_id: str = ""
     round: int = 0
     client: int = 0
@@ -127,7 +131,7 @@ class ModelCard:
                 f"num_classes is {self.num_classes} but class_names lists {len(self.class_names)} "
                 f"({list(self.class_names)}); they must agree and be at least 2"
             )
-        if self.positive_class not in self.class_names:
+        if self.positive_class is not None and self.positive_class not in self.class_names:
             raise ModelError(f"positive_class {self.positive_class!r} is not one of {list(self.class_names)}")
         if not (math.isfinite(self.threshold) and 0.0 < self.threshold < 1.0):
             raise ModelError(f"threshold must be strictly between 0 and 1, got {self.threshold}")
@@ -136,8 +140,17 @@ class ModelCard:
 
     @property
     def positive_index(self) -> int:
-        """Index of the positive class (``abnormal``) in the model's outputs."""
+        """Index of the positive class (``abnormal``) in the model's outputs; `BundleError` for a card without one."""
+        if self.positive_class is None:
+            raise BundleError(
+                f"the model's classes {list(self.class_names)} have no positive class: it decides by argmax"
+            )
         return self.class_names.index(self.positive_class)
+
+    @property
+    def decision(self) -> str:
+        """How the model calls a tile: ``threshold`` (``P(positive class) >= threshold``) or ``argmax``."""
+        return "argmax" if self.positive_class is None else "threshold"
 
     def to_json(self) -> dict[str, Any]:
         """The card as written to ``model.json`` (strict JSON: no NaN)."""
@@ -154,6 +167,7 @@ class ModelCard:
             "preprocess": self.preprocess.to_json(),
             "tiling": None if self.tiling is None else asdict(self.tiling),
             "threshold": self.threshold,
+            **({"decision": self.decision} if self.positive_class is None else {}),
             "run_id": self.run_id,
             "round": self.round,
             "client": self.client,
@@ -178,6 +192,7 @@ class ModelCard:
         missing = [k for k in required if k not in data]
         if missing:
             raise BundleError(f"{where}: the card lacks {missing}; export the model again")
+        positive = data.get("positive_class", "abnormal")  # cards before multi-class runs: the binary task
         try:
             tiling = data.get("tiling")
             return cls(
@@ -189,7 +204,7 @@ class ModelCard:
                 preprocess=Preprocess.from_json(dict(data["preprocess"])),
                 tiling=None if tiling is None else TileGrid(**tiling),
                 threshold=float(data["threshold"]),
-                positive_class=str(data.get("positive_class", "abnormal")),
+                positive_class=None if positive is None else str(positive),
                 run_id=str(data.get("run_id", "")),
                 round=int(data.get("round", 0)),
                 client=int(data.get("client", 0)),

@@ -18,12 +18,26 @@ from typing import Any
 
 import torch
 
+from federation.data import CLASS_NAME
 from federation.engine.codec import Envelope
 
 AUDIT_FILE = "messages.jsonl"
-# Header fields a hospital may send: identity, counts, scalar metrics, timing, and a failure's one-line reason.
+# Header fields a hospital may send: identity, counts, scalar metrics, timing, a failure's one-line reason, and
+# its dataset's class names (``HelloReply.classes``: plain names only, `CLASS_NAME`).
 REPLY_FIELDS = frozenset(
-    {"kind", "client", "num_train", "num_test", "num_examples", "metrics", "seconds", "reason", "silent", "evaluation"}
+    {
+        "kind",
+        "client",
+        "num_train",
+        "num_test",
+        "num_examples",
+        "metrics",
+        "seconds",
+        "reason",
+        "silent",
+        "evaluation",
+        "classes",
+    }
 )
 
 
@@ -75,7 +89,8 @@ def check_message(line: Mapping[str, Any], shared_keys: Sequence[str]) -> list[s
 
     Tensors: only ``shared/<key>`` (and ``second_moment/<key>``, paper 004) for a shared key, all finite.
     Header: only ``REPLY_FIELDS``, whose values are integers, finite floats, ``null`` (an undefined metric) or,
-    for ``kind`` and a failure's ``reason``, text (``silent``: a boolean).
+    for ``kind`` and a failure's ``reason``, text (``silent``: a boolean); ``classes`` only in a hello reply, as
+    a list of plain class names (``CLASS_NAME``: letters, digits, ``.``, ``_``, ``-``; at most 64 characters).
     """
     problems: list[str] = []
     shared = set(shared_keys)
@@ -93,6 +108,14 @@ def check_message(line: Mapping[str, Any], shared_keys: Sequence[str]) -> list[s
         if key == "silent":
             if not isinstance(value, bool):
                 problems.append("silent is not true or false")
+            continue
+        if key == "classes":
+            if (
+                header.get("kind") != "hello_reply"
+                or not isinstance(value, list)
+                or not all(isinstance(c, str) and CLASS_NAME.match(c) for c in value)
+            ):
+                problems.append("classes is not a hello reply's list of plain class names")
             continue
         if key in ("kind", "reason"):
             if not isinstance(value, str) or (key == "reason" and ("\n" in value or len(value) > 500)):

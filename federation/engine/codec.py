@@ -65,7 +65,7 @@ def encode(message: Message) -> Envelope:
     if isinstance(message, Hello):
         return {"kind": "hello", **asdict(message)}, {}
     if isinstance(message, HelloReply):
-        return {"kind": "hello_reply", **asdict(message)}, {}
+        return {"kind": "hello_reply", **asdict(message), "classes": list(message.classes)}, {}
     if isinstance(message, TrainTask):
         instruction = message.instruction
         centre = instruction.prox_centre
@@ -140,7 +140,12 @@ def decode(envelope: Envelope) -> Message:
         if kind == "hello":
             return Hello(str(header["run_id"]), str(header["config_toml"]), bool(header["resume"]))
         if kind == "hello_reply":
-            return HelloReply(int(header["client"]), int(header["num_train"]), int(header["num_test"]))
+            classes = header.get("classes", list(HelloReply.classes))  # a hospital of an older version: binary
+            if not isinstance(classes, list):
+                raise TypeError(f"classes is {type(classes).__name__}, not a list")
+            return HelloReply(
+                int(header["client"]), int(header["num_train"]), int(header["num_test"]), tuple(map(str, classes))
+            )
         if kind == "train":
             shared = _unprefixed(SHARED, tensors) if header["has_shared"] else None
             centre: TensorDict | None = None

@@ -21,7 +21,7 @@ from federation.errors import FederationError
 from federation.strategies import default_nhead
 from models import Unit, create_model, split_units
 
-NUM_CLASSES = len(LABELS)
+NUM_CLASSES = len(LABELS)  # the binary task's; a run's own count comes from its dataset (``HelloReply.classes``)
 
 
 def derive_seed(*parts: int | str) -> int:
@@ -57,8 +57,9 @@ def config_from_text(text: str, source: str = "run configuration") -> RunConfig:
     return config_from_dict(raw, source)
 
 
-def initial_state(config: RunConfig) -> tuple[TensorDict, list[Unit]]:
-    """The common initial weights (from ``model.weights`` or seeded random init) and the model's layer units."""
+def initial_state(config: RunConfig, num_classes: int = NUM_CLASSES) -> tuple[TensorDict, list[Unit]]:
+    """The common initial weights (from ``model.weights`` or seeded random init) of a model with ``num_classes``
+    outputs (the dataset's classes), and the model's layer units."""
     torch.manual_seed(derive_seed(config.run.seed, "init"))
-    model = create_model(config.model.name, NUM_CLASSES, config.model.in_chans, config.model.weights or None)
+    model = create_model(config.model.name, num_classes, config.model.in_chans, config.model.weights or None)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, split_units(model)

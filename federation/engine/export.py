@@ -2,7 +2,8 @@
 
 `export_card` gathers, from what the hospital owns, everything ``model.json`` says about ``model.safetensors``:
 
-* the architecture, classes and ``nhead`` from the run's configuration, and the head's layer units
+* the architecture and ``nhead`` from the run's configuration, the classes from the hospital's dataset (as
+  its ``Hello`` reply told the server), and the head's layer units
   (`models.split_units`, FedSAF paper 001, Eq. 1: the last ``nhead`` units stay at the hospital);
 * the preprocessing from tile to tensor (`models.preprocess.Preprocess`): ``data.input_size`` and
   ``model.in_chans`` from the configuration, the hospital's tile size, scale and colour from the dataset's
@@ -11,6 +12,10 @@
   ``hospital.json`` when the run started;
 * the hospital's test metrics of that round, recomputed from the ``predictions.csv`` it has just written (the
   evaluation's own probabilities): tiles, accuracy (argmax), AUC, and sensitivity/specificity at the threshold.
+
+The binary task (classes ``normal``, ``abnormal``) is a threshold on ``P(abnormal)``. Any other class list has no
+positive class: the card's decision is ``argmax`` (its threshold unused), its metrics are the tiles per class,
+accuracy (argmax) and the macro one-vs-rest AUC over the classes present (`federation.client.multiclass_auc`).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from federation.client import auc_or_none
+from federation.client import auc_of, auc_or_none
 from federation.config import RunConfig
 from federation.data import LABELS
 from federation.runs import now_iso
@@ -46,12 +51,17 @@ def _prepare_record(dataset: Path, client: int) -> tuple[dict[str, Any], dict[st
         return None
 
 
-def card_metrics(predictions: Path, threshold: float = DEFAULT_THRESHOLD) -> dict[str, Any]:
+def card_metrics(
+    predictions: Path, threshold: float = DEFAULT_THRESHOLD, classes: tuple[str, ...] = LABELS
+) -> dict[str, Any]:
     """Metrics of the latest evaluation from ``predictions.csv``: counts, accuracy, AUC, sensitivity, specificity.
 
     Accuracy is the evaluation's own rule (the larger softmax output, ``prob > 0.5``); sensitivity and
     specificity use ``prob >= threshold`` (the card's decision rule). Undefined values are ``None``.
+    ``classes`` other than the binary task's: `multiclass_card_metrics`.
     """
+    if classes != LABELS:
+        return multiclass_card_metrics(predictions, classes)
     labels: list[int] = []
     probs: list[float] = []
     with predictions.open(newline="", encoding="utf-8") as handle:
@@ -79,6 +89,30 @@ def card_metrics(predictions: Path, threshold: float = DEFAULT_THRESHOLD) -> dic
     }
 
 
+def multiclass_card_metrics(predictions: Path, classes: tuple[str, ...]) -> dict[str, Any]:
+    """Metrics of the latest evaluation of a model with the class list ``classes`` (not the binary task) from its
+    ``predictions.csv`` (one ``prob_<class>`` column per class): tiles, tiles per class, accuracy (argmax) and
+    AUC (two classes: of the second class's probability; more: macro one-vs-rest over the classes present).
+    Undefined values are ``None``."""
+    labels: list[int] = []
+    rows: list[list[float]] = []
+    with predictions.open(newline="", encoding="utf-8") as handle:
+        for row in csv.DictReader(handle):
+            labels.append(classes.index(row["label"]))
+            rows.append([float(row[f"prob_{c}"]) for c in classes])
+    y = np.asarray(labels, dtype=np.int64)
+    p = np.asarray(rows, dtype=np.float64).reshape(len(rows), len(classes))
+    finite = bool(np.isfinite(p).all()) and len(p) > 0
+    auc = auc_of(y, p) if finite else None
+    return {
+        "source": "predictions.csv of the round",
+        "tiles": len(y),
+        "per_class": {c: int((y == i).sum()) for i, c in enumerate(classes)},
+        "acc": float((p.argmax(axis=1) == y).mean()) if finite else None,
+        "auc": None if auc is None or not math.isfinite(auc) else auc,
+    }
+
+
 def export_card(
     *,
     config: RunConfig,
@@ -86,12 +120,14 @@ def export_card(
     dataset: Path,
     client: int,
     grayscale: bool,
+    classes: tuple[str, ...] = LABELS,
     run_id: str,
     server_round: int,
     hospital_record: dict[str, Any],
     predictions: Path,
 ) -> ModelCard:
-    """The card of the model a hospital deploys after ``server_round`` (see the module docstring)."""
+    """The card of the model a hospital deploys after ``server_round`` (see the module docstring); ``classes``:
+    its dataset's class names in class-index order."""
     nhead = config.strategy.nhead if config.strategy.nhead is not None else default_nhead(config.strategy.name)
     units = split_units(model)
     head = tuple(name for name, _ in units[len(units) - nhead :]) if nhead else ()
@@ -122,8 +158,9 @@ def export_card(
     )
     return ModelCard(
         architecture=config.model.name,
-        num_classes=len(LABELS),
-        class_names=LABELS,
+        num_classes=len(classes),
+        class_names=classes,
+        positive_class="abnormal" if classes == LABELS else None,
         nhead=nhead,
         head_units=head,
         preprocess=preprocess,
@@ -138,6 +175,6 @@ def export_card(
             "manifest_sha256": hospital_record.get("manifest_sha256"),
             "prepare_json": prepared is not None,
         },
-        metrics=card_metrics(predictions),
+        metrics=card_metrics(predictions, classes=classes),
         written_at=now_iso(),
     )

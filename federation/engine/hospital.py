@@ -1,15 +1,15 @@
 """A hospital's side of the federation: it owns its tiles, labels, head, checkpoints and predictions.
 
 DESIGN.md, "The hospital boundary": a hospital answers three messages (``federation.contract``) and nothing else
-leaves it. ``Hello`` -> its client index and tile counts; ``TrainTask`` -> its shared tensors after local training
-(the recipes of ``federation.client``: FedSAF paper 001, Eq. 23-25) and scalar metrics; ``EvaluateTask`` -> its
-test loss, accuracy and AUC. Everything else stays in the hospital's own folder:
+leaves it. ``Hello`` -> its client index, tile counts and its dataset's class names; ``TrainTask`` -> its shared
+tensors after local training (the recipes of ``federation.client``: FedSAF paper 001, Eq. 23-25) and scalar
+metrics; ``EvaluateTask`` -> its test loss, accuracy and AUC. Everything else stays in the hospital's own folder:
 
 ```
 <hospital folder>/
   hospital.json            the run it takes part in, its settings and the sha256 of its manifest.csv
   checkpoints/round_XXXX.safetensors   its whole model (head included) after each round, for resume
-  predictions.csv          per-tile probabilities of its latest evaluation (client, path, label, prob, round)
+  predictions.csv          per-tile probabilities of its latest evaluation (client, path, label, prob(s), round)
   model.safetensors        the model it would deploy: base as of the latest round + its own head
   model.json               that model's card (architecture, preprocessing, threshold, metrics: docs/inference.md)
 ```
@@ -51,11 +51,11 @@ from federation.contract import (
     TrainReply,
     TrainTask,
 )
-from federation.data import LABELS, ClientData, check_clients, load_clients, read_manifest
+from federation.data import LABELS, ClientData, check_clients, load_clients, read_dataset
 from federation.engine.codec import Message
 from federation.engine.common import config_from_text, initial_state, resolve_device
 from federation.errors import FederationError
-from federation.runs import PREDICTIONS_FILE, now_iso, read_json, write_json, write_predictions
+from federation.runs import PREDICTIONS_FILE, now_iso, prediction_columns, read_json, write_json, write_predictions
 from models import ModelError, create_model
 
 HOSPITAL_FILE = "hospital.json"
@@ -142,7 +142,7 @@ class Hospital:
         # parsed only to refuse, before round 1, a configuration this installation cannot run
         config_from_text(message.config_toml, f"run {message.run_id} configuration")
         dataset, client = self.site.dataset, self.site.client
-        rows = read_manifest(dataset)
+        rows, classes = read_dataset(dataset)
         check_clients(dataset, rows, [client])
         digest = manifest_sha256(dataset)
         folder = self.site.folder(message.run_id)
@@ -177,7 +177,8 @@ class Hospital:
         )
         self._loaded = None
         mine = [r for r in rows if r.client == client]
-        return HelloReply(client, sum(1 for r in mine if r.split == "train"), sum(1 for r in mine if r.split == "test"))
+        num_train = sum(1 for r in mine if r.split == "train")
+        return HelloReply(client, num_train, sum(1 for r in mine if r.split == "test"), classes)
 
     @staticmethod
     def _remove_temp_files(folder: Path) -> None:
@@ -235,12 +236,15 @@ class Hospital:
         seconds = time.perf_counter() - start
         folder = self.site.folder(loaded.run_id)
         data = loaded.data
+        # the binary task keeps its one column, P(abnormal); other class lists get one column per class
+        probs = result.prob_abnormal[:, None] if data.classes == LABELS else result.probs
         write_predictions(
             folder / PREDICTIONS_FILE,
             (
-                [data.client, path, LABELS[int(label)], f"{prob:.17g}", server_round]
-                for path, label, prob in zip(data.test_paths, data.test_y, result.prob_abnormal, strict=True)
+                [data.client, path, data.classes[int(label)], *(f"{p:.17g}" for p in prob), server_round]
+                for path, label, prob in zip(data.test_paths, data.test_y, probs, strict=True)
             ),
+            prediction_columns(data.classes),
         )
         self._save(loaded, server_round, EVALUATED)
         self._export(loaded, server_round)
@@ -260,7 +264,7 @@ class Hospital:
         if config.run.threads > 0:
             torch.set_num_threads(config.run.threads)
         data = load_clients(self.site.dataset, config.data.input_size, config.model.in_chans, [self.site.client])
-        model = create_model(config.model.name, len(LABELS), config.model.in_chans)
+        model = create_model(config.model.name, len(data[self.site.client].classes), config.model.in_chans)
         self._loaded = _Loaded(run_id, config, data[self.site.client], model)
         return self._loaded
 
@@ -291,7 +295,7 @@ class Hospital:
         usable = [r for r in saved if r < server_round or (inclusive and r == server_round)]
         if not usable:
             if loaded.at != (0, EVALUATED):
-                initial, _ = initial_state(loaded.config)
+                initial, _ = initial_state(loaded.config, len(loaded.data.classes))
                 loaded.model.load_state_dict(initial)
                 loaded.at = (0, EVALUATED)
             return
@@ -347,6 +351,7 @@ class Hospital:
             dataset=self.site.dataset,
             client=self.site.client,
             grayscale=loaded.data.grayscale,
+            classes=loaded.data.classes,
             run_id=loaded.run_id,
             server_round=server_round,
             hospital_record=read_json(folder / HOSPITAL_FILE),

@@ -1,10 +1,13 @@
 """The server: the only round loop, for every strategy and every transport (FedSAF paper 001, Algorithm 1).
 
-Before round 1 the server says ``Hello`` to every hospital the pool reaches; each answers with its client index
-and tile counts (the server never reads a hospital's manifest). Every round: ``configure_train`` -> each hospital
-trains on what it was sent -> ``aggregate_train`` over the usable replies -> ``configure_evaluate`` -> each
-hospital evaluates its model (shared part as sent + its own head) on its own test split. Values sent and
-received per hospital are counted from the messages (``federation.contract``).
+Before round 1 the server says ``Hello`` to every hospital the pool reaches; each answers with its client index,
+tile counts and its dataset's class names (the server never reads a hospital's manifest). The class names fix the
+model's number of outputs: every hospital must report the same list (else the run stops with one line before
+the first round); ``summary.json`` records it as ``classes`` and a resume must find the same list again.
+Every round: ``configure_train`` -> each hospital trains on what it was sent -> ``aggregate_train`` over the
+usable replies -> ``configure_evaluate`` -> each hospital evaluates its model (shared part as sent + its own
+head) on its own test split. Values sent and received per hospital are counted from the messages
+(``federation.contract``).
 
 Faults: a hospital that fails, does not answer within the transport's timeout, or sends tensors that are not
 finite or not exactly the shared keys is left out of that round's aggregation (``left_out`` in
@@ -35,7 +38,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import FrameType
@@ -152,14 +155,29 @@ def usable_update(reply: TrainReply, shared_keys: list[str]) -> str | None:
     return None
 
 
-def local_keys(config: RunConfig) -> frozenset[str]:
+def local_keys(config: RunConfig, num_classes: int = NUM_CLASSES) -> frozenset[str]:
     """What stays at every hospital whatever ``nhead``: BatchNorm keys under ``strategy.bn`` (or the method's own
     choice, e.g. FedBN's), the same for every method."""
     mode = bn_mode(config.strategy.name, config.strategy.bn)
     if mode == "shared":
         return frozenset()
-    model = create_model(config.model.name, NUM_CLASSES, config.model.in_chans)
+    model = create_model(config.model.name, num_classes, config.model.in_chans)
     return frozenset(batchnorm_keys(model, affine=mode == "local"))
+
+
+def agreed_classes(hellos: Mapping[int, HelloReply]) -> tuple[str, ...]:
+    """The class list every hospital of ``hellos`` reported (its dataset's, in class-index order); a
+    ``FederationError`` of one line naming two hospitals that disagree."""
+    first = min(hellos)
+    classes = hellos[first].classes
+    for c in sorted(hellos):
+        if hellos[c].classes != classes:
+            raise FederationError(
+                f"the hospitals disagree on the classes: hospital {first} has {list(classes)}, hospital {c} has "
+                f"{list(hellos[c].classes)}; prepare every hospital's data with the same class list "
+                "(gastric-fl prepare --classes A,B,...)"
+            )
+    return classes
 
 
 class Engine:
@@ -323,10 +341,21 @@ class Engine:
                 f"{self.run_dir} was run with hospitals {self.summary['clients']}, but {list(clients)} answered now: "
                 "resume with the same hospitals, or start a new run"
             )
+        self.classes = agreed_classes({c: hellos[c] for c in clients})
+        recorded = self.summary.get("classes")
+        if resume and recorded is not None and list(recorded) != list(self.classes):
+            raise FederationError(
+                f"{self.run_dir} was run with the classes {list(recorded)}, but the hospitals now report "
+                f"{list(self.classes)}: resume with the same datasets, or start a new run"
+            )
         self.counts = {c: hellos[c].num_train for c in clients}
         self.num_test = {c: hellos[c].num_test for c in clients}
+        if len(self.classes) != NUM_CLASSES:  # the early checks used the binary model; the outputs differ
+            self._initial = initial_state(config, len(self.classes))
         initial, units = self._initial
-        ctx = StrategyContext(clients, self.counts, tuple(initial), tuple(units), initial, local_keys(config))
+        ctx = StrategyContext(
+            clients, self.counts, tuple(initial), tuple(units), initial, local_keys(config, len(self.classes))
+        )
         self.strategy: Strategy = build_strategy(config, ctx)
         self.shared_keys = self.strategy.shared_keys(list(initial), [keys for _, keys in units])
         self.clients = clients
@@ -351,6 +380,7 @@ class Engine:
             for name in (METRICS_FILE, AGGREGATION_FILE):
                 (self.run_dir / name).write_text("", encoding="utf-8")
         self.summary["clients"] = list(clients)
+        self.summary["classes"] = list(self.classes)
 
     def _resume_checkpoint(self) -> Checkpoint | None:
         """The newest readable checkpoint to continue from (``None``: start again at round 1), with a warning per
