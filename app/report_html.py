@@ -218,6 +218,12 @@ def load_hospital(run: Path, hospital: int | str) -> HospitalReport:
     card = _json_file(folder / slide_view.CARD_FILE, "train the run again (or resume it) to export the model anew")
     notes: list[str] = []
     threshold = 0.5
+    classes = card.get("class_names") or list(LABELS)
+    if card and (len(classes) != 2 or card.get("positive_class", "abnormal") not in classes):
+        raise ReportError(
+            f"{folder / slide_view.CARD_FILE}: the model tells {len(classes)} classes; the HTML report reads "
+            "sensitivity and specificity of a normal/abnormal model"
+        )
     if card:
         value = card.get("threshold")
         if not isinstance(value, int | float) or not 0.0 < float(value) < 1.0:

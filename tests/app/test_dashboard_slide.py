@@ -289,3 +289,11 @@ def test_a_bad_upload_is_one_line_and_leaves_nothing(
     at.run()
     _one_line_error(at, *words)
     assert not list((data.hospital(0) / "slides").glob("*/upload-*"))
+
+
+def test_a_model_that_is_not_normal_abnormal_is_explained(data: TrainedRoot) -> None:
+    _damage_card(data, {"class_names": list("0123456789"), "num_classes": 10, "positive_class": "9"})
+    at = _slide_page()
+    assert "10 classes" in " ".join(str(i.value) for i in at.info)
+    assert not at.error
+    assert not at.get("plotly_chart")

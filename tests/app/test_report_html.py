@@ -119,6 +119,9 @@ def _damage(data: TrainedRoot, damage: str) -> None:
         (hospital / "predictions.csv").write_text("\n".join(rows) + "\n")
     elif damage == "card":
         (hospital / "model.json").write_text("{ truncated")
+    elif damage == "multiclass":
+        card = json.loads((hospital / "model.json").read_text())
+        (hospital / "model.json").write_text(json.dumps(card | {"class_names": list("0123456789")}))
     elif damage == "config":
         (data.run / "config.toml").write_text("[run\nrounds = ")
     elif damage == "no_predictions":
@@ -132,6 +135,7 @@ def _damage(data: TrainedRoot, damage: str) -> None:
         ("predictions", (), ("predictions.csv", "line 4")),
         ("card", (), ("model.json", "not readable JSON")),
         ("config", (), ("config.toml", "not valid TOML")),
+        ("multiclass", (), ("model.json", "10 classes")),
         ("no_predictions", (), ("holds no hospital with a predictions.csv",)),
         ("", ("--hospital", "7"), ("hospital 7 is not part of this run",)),
         ("", ("--transmitted", "mobilenet_v3_small"), ("--transmitted and --html",)),

@@ -270,108 +270,126 @@ def _show(scored: slide_view.ScoredSlide, key: str) -> None:
 
 # --- the page ---------------------------------------------------------------------------------------------------
 
-if not ui.all_runs():
-    ui.no_runs_help()
-    st.stop()
-ready = _runs_with_models()
-if not ready:
-    st.info(
-        "No run has an exported model yet: each hospital writes model.json and model.safetensors into its folder "
-        "after every evaluated round. Start a run on the Federation page, or wait for its first round.",
-        icon=":material/hourglass_top:",
-    )
-    st.stop()
 
-run_col, hospital_col, source_col = st.columns([1.6, 0.8, 1.3])
-with run_col:
-    info = ui.pick_run(ready, "Run", key="slide_run")
-if info is None:
-    st.stop()
-folders = slide_view.bundle_folders(info.path)
-with hospital_col:
-    client = int(st.selectbox("Hospital", list(folders), format_func=hospital_label, key="slide_hospital"))
-with source_col:
-    source = st.radio("Slide", ["A test slide of this hospital", "Upload a slide"], horizontal=True, key="slide_source")
-folder = folders[client]
-try:
-    card = slide_view.read_card_json(folder)
-except slide_view.SlideViewError as exc:
-    st.error(str(exc))
-    st.stop()
+@ui.page_guard("Slide")
+def _page() -> None:
+    """Pickers, scoring (or the cached result), the slide view and the report download."""
+    if not ui.all_runs():
+        ui.no_runs_help()
+        st.stop()
+    ready = _runs_with_models()
+    if not ready:
+        st.info(
+            "No run has an exported model yet: each hospital writes model.json and model.safetensors into its folder "
+            "after every evaluated round. Start a run on the Federation page, or wait for its first round.",
+            icon=":material/hourglass_top:",
+        )
+        st.stop()
 
-slide_path: Path | None = None
-entry: Path | None = None
-upload = False
-if source.startswith("A test"):
+    run_col, hospital_col, source_col = st.columns([1.6, 0.8, 1.3])
+    with run_col:
+        info = ui.pick_run(ready, "Run", key="slide_run")
+    if info is None:
+        st.stop()
+    folders = slide_view.bundle_folders(info.path)
+    with hospital_col:
+        client = int(st.selectbox("Hospital", list(folders), format_func=hospital_label, key="slide_hospital"))
+    with source_col:
+        source = st.radio(
+            "Slide", ["A test slide of this hospital", "Upload a slide"], horizontal=True, key="slide_source"
+        )
+    folder = folders[client]
     try:
-        slides = slide_view.listed_slides(card, slide_view.card_dataset(card, info.dataset))
+        card = slide_view.read_card_json(folder)
     except slide_view.SlideViewError as exc:
         st.error(str(exc))
-        slides = []
-    if slides:
-        chosen = st.selectbox(
-            "Test slide",
-            range(len(slides)),
-            format_func=lambda i: (
-                f"{slides[i].source} · {slides[i].label or '?'} · {slides[i].tiles} training-grid tiles"
-            ),
-            key="slide_pick",
-            help="The slides prepare put in this hospital's test split (prepare.json): the model never saw them.",
+        st.stop()
+    classes = card.get("class_names") or []
+    if len(classes) != 2 or card.get("positive_class", "abnormal") not in classes:
+        st.info(
+            f"{hospital_label(client)}'s model tells {len(classes)} classes ({', '.join(map(str, classes[:5]))}"
+            f"{', ...' if len(classes) > 5 else ''}): the Slide page maps the probability of *abnormal*, so it needs a "
+            "normal/abnormal model.",
+            icon=":material/info:",
         )
-        slide_path = slides[chosen].path
-        entry = slide_view.slide_entry(folder, slides[chosen])
-else:
-    upload = True
-    cols = st.columns(2)
-    picked_file = cols[0].file_uploader("Slide (PNG or TIFF)", type=["png", "tif", "tiff"], key="slide_upload")
-    picked_note = cols[1].file_uploader(
-        "Its annotation, if any: a SEED mask (PNG) or a BOT SVG", type=["png", "svg"], key="slide_annotation"
-    )
-    if picked_file is None:
-        st.info("Upload a slide to score it with this hospital's model.", icon=":material/upload:")
-    else:
+        st.stop()
+
+    slide_path: Path | None = None
+    entry: Path | None = None
+    upload = False
+    if source.startswith("A test"):
         try:
-            note = None if picked_note is None else (picked_note.name, picked_note.getvalue())
-            slide_path = slide_view.stage_upload(folder, picked_file.name, picked_file.getvalue(), note)
-            entry = slide_path.parent.parent
-        except (slide_view.SlideViewError, OSError) as exc:
-            st.error(slide_view.problem_line(exc, Path(picked_file.name)))
-
-if slide_path is not None and entry is not None:
-    scored = slide_view.load(entry)
-    if scored is None:
-        with st.spinner(f"Scoring every tile of {slide_path.name} with {hospital_label(client)}'s model…"):
+            slides = slide_view.listed_slides(card, slide_view.card_dataset(card, info.dataset))
+        except slide_view.SlideViewError as exc:
+            st.error(str(exc))
+            slides = []
+        if slides:
+            chosen = st.selectbox(
+                "Test slide",
+                range(len(slides)),
+                format_func=lambda i: (
+                    f"{slides[i].source} · {slides[i].label or '?'} · {slides[i].tiles} training-grid tiles"
+                ),
+                key="slide_pick",
+                help="The slides prepare put in this hospital's test split (prepare.json): the model never saw them.",
+            )
+            slide_path = slides[chosen].path
+            entry = slide_view.slide_entry(folder, slides[chosen])
+    else:
+        upload = True
+        cols = st.columns(2)
+        picked_file = cols[0].file_uploader("Slide (PNG or TIFF)", type=["png", "tif", "tiff"], key="slide_upload")
+        picked_note = cols[1].file_uploader(
+            "Its annotation, if any: a SEED mask (PNG) or a BOT SVG", type=["png", "svg"], key="slide_annotation"
+        )
+        if picked_file is None:
+            st.info("Upload a slide to score it with this hospital's model.", icon=":material/upload:")
+        else:
             try:
-                scored = slide_view.score(folder, slide_path, entry)
-            except Exception as exc:  # one line on the page, never a traceback
-                st.error(slide_view.problem_line(exc, slide_path))
-                if upload:
-                    slide_view.discard(entry)
-                scored = None
-    if scored is not None:
-        _show(scored, str(entry))
+                note = None if picked_note is None else (picked_note.name, picked_note.getvalue())
+                slide_path = slide_view.stage_upload(folder, picked_file.name, picked_file.getvalue(), note)
+                entry = slide_path.parent.parent
+            except (slide_view.SlideViewError, OSError) as exc:
+                st.error(slide_view.problem_line(exc, Path(picked_file.name)))
 
-st.divider()
-try:
-    files = (folder / "predictions.csv", folder / slide_view.CARD_FILE, info.path / "metrics.jsonl")
-    stamp = (
-        *(_stamp(f) for f in files),
-        *(_stamp(e / "view" / "view.json") for e in slide_view.scored_entries(folder)),
-    )
-    report = _report(str(info.path), client, stamp)
-except Exception as exc:  # the report is optional; its problem is one line
-    st.caption(f"No report: {slide_view.problem_line(exc, folder)}")
-else:
-    st.download_button(
-        f"Download {hospital_label(client)}'s report (HTML)",
-        data=report,
-        file_name=f"{info.run_id.replace('/', '_')}-client_{client:02d}.html",
-        mime="text/html",
-        icon=":material/download:",
-        key="slide_report",
-        on_click="ignore",
-    )
-    st.caption(
-        "One self-contained file: metrics at the model's threshold, ROC curve, confusion matrix, example tiles, the "
-        f"slides scored here, settings and dataset hash. The same as `gastric-fl report {info.path} --html`."
-    )
+    if slide_path is not None and entry is not None:
+        scored = slide_view.load(entry)
+        if scored is None:
+            with st.spinner(f"Scoring every tile of {slide_path.name} with {hospital_label(client)}'s model…"):
+                try:
+                    scored = slide_view.score(folder, slide_path, entry)
+                except Exception as exc:  # one line on the page, never a traceback
+                    st.error(slide_view.problem_line(exc, slide_path))
+                    if upload:
+                        slide_view.discard(entry)
+                    scored = None
+        if scored is not None:
+            _show(scored, str(entry))
+
+    st.divider()
+    try:
+        files = (folder / "predictions.csv", folder / slide_view.CARD_FILE, info.path / "metrics.jsonl")
+        stamp = (
+            *(_stamp(f) for f in files),
+            *(_stamp(e / "view" / "view.json") for e in slide_view.scored_entries(folder)),
+        )
+        report = _report(str(info.path), client, stamp)
+    except Exception as exc:  # the report is optional; its problem is one line
+        st.caption(f"No report: {slide_view.problem_line(exc, folder)}")
+    else:
+        st.download_button(
+            f"Download {hospital_label(client)}'s report (HTML)",
+            data=report,
+            file_name=f"{info.run_id.replace('/', '_')}-client_{client:02d}.html",
+            mime="text/html",
+            icon=":material/download:",
+            key="slide_report",
+            on_click="ignore",
+        )
+        st.caption(
+            "One self-contained file: metrics at the model's threshold, ROC curve, confusion matrix, example tiles, "
+            f"the slides scored here, settings and dataset hash. The same as `gastric-fl report {info.path} --html`."
+        )
+
+
+_page()
