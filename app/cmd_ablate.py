@@ -8,6 +8,8 @@ Every cell is an ordinary run directory made by the same engine as ``gastric-fl 
 
 from __future__ import annotations
 
+import shlex
+import sys
 from pathlib import Path
 
 import typer
@@ -53,13 +55,19 @@ def register(app: typer.Typer) -> None:
             False, "--tables-only", help="Only rebuild the tables and figures from the cells already finished."
         ),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-round progress bars."),
+        publish_to: Path | None = typer.Option(
+            None,
+            "--publish",
+            help="Also copy the tables, each run's config and per-round records (no weights), the package versions "
+            "and this command to this folder (e.g. docs/results/NAME), so the tables can be checked and rebuilt.",
+        ),
     ) -> None:
         """Run an ablation grid (resumable) and write Table 4-7 style Markdown/CSV tables and accuracy curves.
 
         With Separate or FedAvg in the grid, also each method's paired difference to them over the same seeds
         (paired.md / paired.csv, printed).
         """
-        from federation.ablation import load_plan, run_plan, write_tables
+        from federation.ablation import load_plan, publish, run_plan, write_tables
         from federation.engine import RunStopped
         from federation.errors import FederationError
 
@@ -72,11 +80,16 @@ def register(app: typer.Typer) -> None:
             except (KeyboardInterrupt, RunStopped) as exc:
                 typer.echo(f"stopped; run the same command again to continue ({exc})", err=True)
                 raise typer.Exit(130) from exc
-        paths = write_tables(plan, folder)
+        # --tables-only rebuilds tables, also in a published copy that holds no weights: no per-run reports then.
+        paths = write_tables(plan, folder, per_run_reports=not tables_only)
         if "paired" in paths:  # each method minus Separate / FedAvg, seed by seed (docs/ablations.md)
             typer.echo(paths["paired"].read_text(encoding="utf-8"))
             typer.echo(f"paired differences: {paths['paired']} (and paired.csv)")
         typer.echo(f"tables: {paths['results']}")
+        if publish_to is not None:
+            command = shlex.join(["gastric-fl", *sys.argv[1:]])
+            files = publish(plan, folder, publish_to, command)
+            typer.echo(f"published {len(files)} files to {publish_to} (rebuild: see {publish_to / 'COMMAND.md'})")
         if state is not None:
             cells = state["cells"]
             assert isinstance(cells, list)

@@ -35,7 +35,7 @@ from typing import Any
 from federation.config import RunConfig, config_to_toml, load_config, read_toml
 from federation.errors import FederationError
 from federation.runs import SUMMARY_FILE, atomic_write_text, now_iso, read_json, write_json
-from pipeline.outputs import OutputError, claim_output, os_error_message
+from pipeline.outputs import OutputError, check_replaceable, claim_output, os_error_message, write_marker
 
 ABLATION_FILE = "ablation.json"
 CELLS_DIR = "cells"
@@ -821,3 +821,91 @@ def write_tables(plan: Plan, out: Path, *, per_run_reports: bool = True) -> dict
     atomic_write_text(results, "\n".join(sections))
     paths["results"] = results
     return paths
+
+
+# -- publishing ----------------------------------------------------------------------------------------------------
+# What recomputes every table of an ablation: per run, its configuration and per-round records (no weights).
+PUBLISHED_RUN_FILES = ("config.toml", "summary.json", "metrics.jsonl", "aggregation.jsonl")
+VERSIONS_FILE = "versions.txt"
+COMMAND_FILE = "COMMAND.md"
+
+
+def installed_versions() -> str:
+    """Python, the platform and every installed distribution as ``name==version``, one per line, sorted."""
+    import platform
+    import sys
+    from importlib import metadata
+
+    names = {f"{dist.metadata['Name']}=={dist.version}" for dist in metadata.distributions() if dist.metadata["Name"]}
+    head = [f"python {sys.version.split()[0]}", f"platform {platform.platform()}"]
+    return "\n".join([*head, *sorted(names, key=str.lower)]) + "\n"
+
+
+def publish(plan: Plan, out: Path, dest: Path, command: str) -> list[Path]:
+    """Copy an ablation's tables and the small raw files behind them to ``dest`` (e.g. ``docs/results/NAME``).
+
+    Per finished run: ``PUBLISHED_RUN_FILES`` (no checkpoints, weights or predictions); per ablation:
+    ``ablation.json``, ``base_config.toml`` and every table, figure and ``paired`` file ``write_tables`` wrote; plus
+    ``versions.txt`` (``installed_versions``) and ``COMMAND.md`` (the command, and how to rebuild the tables
+    from the copy alone: ``gastric-fl ablate --config PRESET --out DEST --tables-only``). ``dest`` is claimed like
+    any output folder (``pipeline.outputs.claim_output``), so only a folder this command wrote is replaced.
+    Returns the files written.
+    """
+    import shutil
+
+    if not (out / "base_config.toml").is_file():
+        raise FederationError(f"{out} holds no ablation (no base_config.toml): run gastric-fl ablate first")
+    command_name = "ablate --publish"
+    written: list[Path] = []
+    try:
+        with claim_output(dest, command_name, flag="--publish"):
+            check_replaceable(dest, command_name, flag="--publish")
+            staging = dest.with_name(f".{dest.name}.publishing")
+            if staging.exists():
+                shutil.rmtree(staging)  # our own leftover from an interrupted publish (the lock is ours)
+            staging.mkdir(parents=True)
+            for path in sorted(out.iterdir()):
+                if path.is_file() and path.suffix in (".md", ".csv", ".png", ".json", ".toml"):
+                    shutil.copy2(path, staging / path.name)
+                    written.append(dest / path.name)
+            owners = plan.owners(plan.cells())
+            for run_id in sorted(set(owners.values())):
+                run_dir = out / CELLS_DIR / run_id
+                if cell_status(run_dir) != "finished":
+                    continue
+                (staging / CELLS_DIR / run_id).mkdir(parents=True)
+                for name in PUBLISHED_RUN_FILES:
+                    if (run_dir / name).is_file():
+                        shutil.copy2(run_dir / name, staging / CELLS_DIR / run_id / name)
+                        written.append(dest / CELLS_DIR / run_id / name)
+            (staging / VERSIONS_FILE).write_text(installed_versions(), encoding="utf-8")
+            rebuild = f"gastric-fl ablate --config {_shown(plan.config_path)} --out {dest} --tables-only"
+            (staging / COMMAND_FILE).write_text(
+                "# How these tables were made\n\n"
+                f"```bash\n{command}\n```\n\n"
+                f"Package versions: [{VERSIONS_FILE}]({VERSIONS_FILE}). Each run's `config.toml`, `summary.json`, "
+                f"`metrics.jsonl` and `aggregation.jsonl` are under `{CELLS_DIR}/`; the tables are rebuilt from them "
+                f"alone (no training) by\n\n```bash\n{rebuild}\n```\n",
+                encoding="utf-8",
+            )
+            written += [dest / VERSIONS_FILE, dest / COMMAND_FILE]
+            write_marker(staging, command_name)
+            old = dest.with_name(f".{dest.name}.replaced")
+            if dest.exists():
+                dest.rename(old)
+            staging.rename(dest)
+            if old.exists():
+                shutil.rmtree(old)
+    except OutputError as exc:
+        raise FederationError(str(exc)) from None
+    except OSError as exc:
+        raise FederationError(os_error_message(exc, dest, "--publish")) from None
+    return written
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the working folder when it lies inside it (a command others can paste), else as is."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)

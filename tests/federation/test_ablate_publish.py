@@ -1,0 +1,73 @@
+"""`gastric-fl ablate --publish`: the tables plus the small raw files behind them, rebuildable without training."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from test_ablate_paired import PairedFakeTrain, _ablation
+from typer.testing import CliRunner
+
+from federation.ablation import PUBLISHED_RUN_FILES, load_plan, publish, run_plan, write_tables
+from federation.errors import FederationError
+
+
+def _trained(tmp_path: Path) -> tuple[Path, Path]:
+    ablation = _ablation(tmp_path)
+    out = tmp_path / "abl"
+    run_plan(load_plan(ablation), out, train_fn=PairedFakeTrain(), progress=False, echo=lambda _: None)
+    write_tables(load_plan(ablation), out, per_run_reports=False)
+    # weights and predictions a real run leaves: never published
+    (out / "cells" / "strategy-fedavg_seed-0" / "checkpoints").mkdir()
+    (out / "cells" / "strategy-fedavg_seed-0" / "checkpoints" / "round_0001.safetensors").write_bytes(b"w")
+    return ablation, out
+
+
+def test_publish_copies_records_versions_and_command_and_rebuilds_the_same_tables(tmp_path: Path) -> None:
+    from app.cli import app
+
+    ablation, out = _trained(tmp_path)
+    dest = tmp_path / "docs" / "results" / "p"
+    files = publish(load_plan(ablation), out, dest, "gastric-fl ablate --config x.toml")
+    # 11 finished runs (12 cells; separate seed 2 failed), each with its four record files; no checkpoint
+    runs = sorted(p.name for p in (dest / "cells").iterdir())
+    assert len(runs) == 11
+    assert "strategy-separate_seed-2" not in runs
+    for run in runs:
+        assert sorted(p.name for p in (dest / "cells" / run).iterdir()) == sorted(PUBLISHED_RUN_FILES)
+    assert not list(dest.rglob("*.safetensors"))
+    assert all(path.is_file() for path in files)
+    versions = (dest / "versions.txt").read_text(encoding="utf-8").splitlines()
+    assert versions[0].startswith("python 3.")
+    assert any(line.startswith("torch==") for line in versions)
+    command = (dest / "COMMAND.md").read_text(encoding="utf-8")
+    assert "gastric-fl ablate --config x.toml" in command
+    assert "--tables-only" in command
+
+    # the published copy alone rebuilds byte-identical tables (no training, no reports written into it)
+    before = {p.name: p.read_bytes() for p in dest.glob("*.md") if p.name != "COMMAND.md"}
+    before["paired.csv"] = (dest / "paired.csv").read_bytes()
+    for name in before:
+        (dest / name).unlink()
+    result = CliRunner().invoke(app, ["ablate", "--config", str(ablation), "--out", str(dest), "--tables-only"])
+    assert result.exit_code == 0, result.output
+    assert {name: (dest / name).read_bytes() for name in before} == before
+    assert not list(dest.rglob("report"))
+
+
+def test_publish_replaces_only_its_own_folder(tmp_path: Path) -> None:
+    ablation, out = _trained(tmp_path)
+    dest = tmp_path / "pub"
+    publish(load_plan(ablation), out, dest, "cmd 1")
+    publish(load_plan(ablation), out, dest, "cmd 2")  # its own folder: replaced
+    assert "cmd 2" in (dest / "COMMAND.md").read_text(encoding="utf-8")
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".pub.") and not p.name.endswith(".lock")]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep", encoding="utf-8")
+    with pytest.raises(FederationError, match=r"--publish .*mine.* was not made by gastric-fl ablate --publish"):
+        publish(load_plan(ablation), out, mine, "cmd")
+    assert os.listdir(mine) == ["notes.txt"]
+    with pytest.raises(FederationError, match="holds no ablation"):
+        publish(load_plan(ablation), tmp_path / "nothing", tmp_path / "p2", "cmd")
