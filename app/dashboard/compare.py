@@ -11,7 +11,9 @@ dashboard adds the best averaged AUC over rounds, the total values transmitted a
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+import shlex
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,7 @@ from typing import Any
 import pandas as pd
 
 from app.dashboard.errors import DashboardError
-from app.dashboard.runs import config_value, load_config, load_metrics, run_seconds
+from app.dashboard.runs import config_value, load_metrics, load_summary, run_seconds
 
 ABLATION_FILE = "ablation.json"
 
@@ -66,10 +68,11 @@ def _resolved_nhead(config: dict[str, Any]) -> int | None:
 
 
 def compare_table(runs: Iterable[tuple[str, Path]]) -> pd.DataFrame:
-    """The paper-style table, one row per ``(label, run folder)``; a run without results keeps empty figures."""
+    """The paper-style table, one row per ``(label, run folder)``; a run without results (or with a damaged
+    ``config.toml``: `read_config` names it) keeps empty figures."""
     rows = []
     for label, path in runs:
-        config = load_config(path)
+        config = read_config(path)[0]
         row: dict[str, Any] = {
             "run": label,
             "algorithm": config_value(config, "strategy", "name"),
@@ -194,12 +197,214 @@ def grid_heatmap(table: pd.DataFrame, figure: str) -> pd.DataFrame:
 
 
 def curves(runs: Sequence[tuple[str, Path]], column: str = "acc_mean") -> dict[str, pd.Series]:
-    """Averaged curve (``runs.per_round`` column) of each run, by label, for the overlaid chart."""
+    """Averaged curve (``runs.per_round`` column) of each run, by label, for the overlaid chart; a run whose
+    ``metrics.jsonl`` cannot be read is left out (the page names the file)."""
     from app.dashboard.runs import per_round
 
     found: dict[str, pd.Series] = {}
     for label, path in runs:
-        rounds = per_round(load_metrics(path)).set_index("round")
+        try:
+            rounds = per_round(load_metrics(path)).set_index("round")
+        except DashboardError:
+            continue
         if not rounds.empty:
             found[label] = rounds[column]
     return found
+
+
+# --- what differs between runs ------------------------------------------------------------------------------------
+
+MISSING = "—"  # a setting one run's config.toml does not have
+
+
+def read_config(run: Path) -> tuple[dict[str, Any], str | None]:
+    """A run's ``config.toml`` and, when it cannot be used, one line naming it and what to do (then ``{}``).
+
+    A run that has not started yet has no ``config.toml``: ``{}`` and no problem.
+    """
+    path = run / "config.toml"
+    if not path.is_file():
+        return {}, None
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return {}, (
+            f"{path} is not valid TOML ({reason}): this run's settings are unknown and it is left out of the "
+            "settings diff; restore the file or delete the run folder"
+        )
+    return data, None
+
+
+def flatten(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``{section: {key: value}}`` as ``{"section.key": value}`` (federation/config.py's ``--set`` names)."""
+    flat: dict[str, Any] = {}
+    for section, values in config.items():
+        if isinstance(values, Mapping):
+            flat.update({f"{section}.{key}": value for key, value in values.items()})
+        else:
+            flat[section] = values
+    return flat
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return MISSING
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_cell(v) for v in value) + "]"
+    return str(value)
+
+
+@dataclass(frozen=True)
+class SettingsDiff:
+    """Every setting whose value differs between the runs that could be read (rows: ``section.key``; columns: the
+    runs' labels; ``—``: the run's config.toml lacks the setting), and one line per run left out."""
+
+    table: pd.DataFrame
+    problems: list[str]
+    compared: list[str]
+
+
+def settings_diff(runs: Sequence[tuple[str, Path]]) -> SettingsDiff:
+    """The settings diff of ``(label, run folder)`` pairs, from each run's resolved ``config.toml``."""
+    configs: dict[str, dict[str, Any]] = {}
+    problems: list[str] = []
+    for label, path in runs:
+        config, problem = read_config(path)
+        if problem:
+            problems.append(problem)
+        elif not config:
+            problems.append(f"{path / 'config.toml'} does not exist yet: run {label} has not started")
+        else:
+            configs[label] = flatten(config)
+    keys = sorted({key for flat in configs.values() for key in flat})
+    rows = []
+    for key in keys:
+        shown = {label: _cell(flat.get(key)) for label, flat in configs.items()}
+        if len(set(shown.values())) > 1:
+            rows.append({"setting": key, **shown})
+    table = pd.DataFrame(rows, columns=["setting", *configs])
+    return SettingsDiff(table, problems, list(configs))
+
+
+def _rounds_done(run: Path, summary: Mapping[str, Any]) -> int | None:
+    done = summary.get("rounds_done")
+    if isinstance(done, int) and not isinstance(done, bool):
+        return done
+    try:
+        metrics = load_metrics(run)
+    except DashboardError:
+        return None
+    return int(metrics["round"].max()) if not metrics.empty else 0
+
+
+def _listing(values: Mapping[str, Any]) -> str:
+    return ", ".join(f"{label}: {value}" for label, value in values.items())
+
+
+def mismatches(runs: Sequence[tuple[str, Path]]) -> list[str]:
+    """Why the figures of these runs may not be comparable, one sentence each: different numbers of rounds
+    (planned in ``run.rounds`` or done so far) and different data (``data.path``, or the sha256 of the dataset's
+    ``manifest.csv`` recorded in ``summary.json`` as ``dataset_sha256``)."""
+    planned: dict[str, Any] = {}
+    done: dict[str, Any] = {}
+    paths: dict[str, str] = {}
+    hashes: dict[str, str] = {}
+    for label, path in runs:
+        config = read_config(path)[0]
+        summary = load_summary(path)
+        rounds = config_value(config, "run", "rounds") or summary.get("total_rounds")
+        if isinstance(rounds, int) and not isinstance(rounds, bool):
+            planned[label] = rounds
+        finished = _rounds_done(path, summary)
+        if finished is not None:
+            done[label] = finished
+        data = config_value(config, "data", "path") or summary.get("dataset")
+        if isinstance(data, str) and data:
+            paths[label] = data
+        digest = summary.get("dataset_sha256")
+        if isinstance(digest, str) and digest:
+            hashes[label] = digest
+    found: list[str] = []
+    if len(set(planned.values())) > 1:
+        found.append(
+            f"These runs were set up for different numbers of rounds ({_listing(planned)}): their last-round and "
+            "best figures are not comparable; compare runs of the same length, or read the curves round by round."
+        )
+    elif len(set(done.values())) > 1:
+        found.append(
+            f"These runs completed different numbers of rounds ({_listing(done)}): their last-round figures come "
+            "from different rounds; compare runs that completed the same number, or read the curves round by round."
+        )
+    known = len(hashes) == len(runs) and len(runs) > 1
+    if known and len(set(hashes.values())) > 1:
+        short = {label: f"{digest[:12]}…" for label, digest in hashes.items()}
+        found.append(
+            f"These runs trained on different data: the sha256 of the dataset's manifest.csv differs "
+            f"({_listing(short)}). Each hospital's figures come from other tiles, so the comparison says little "
+            "about the methods."
+        )
+    elif not known and len(set(paths.values())) > 1:
+        found.append(
+            f"These runs trained on different datasets ({_listing(paths)}). Each hospital's figures come from "
+            "other tiles, so the comparison says little about the methods."
+        )
+    return found
+
+
+# --- the example command and the launcher's grids -----------------------------------------------------------------
+
+
+def _shown_path(path: Path) -> str:
+    """``path`` relative to the current folder when it is inside it (as the README's commands are written)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def example_ablate(root: Path, datasets: Sequence[Path], run_datasets: Sequence[Path | None]) -> str:
+    """A ``gastric-fl ablate`` command that runs as shown: on the dataset of the newest run that still exists,
+    else on the first prepared dataset, else on the demo dataset, preceded by the commands that make it."""
+    from app.dashboard.settings import DEMO_NAME, PRESETS_DIR, demo_commands
+
+    existing = [d for d in (*run_datasets, *datasets) if d is not None and (d / "manifest.csv").is_file()]
+    lines: list[str] = []
+    if existing:
+        dataset = existing[0]
+    else:
+        lines += [shlex.join(command) for command in demo_commands(root, ["gastric-fl"])]
+        dataset = root / "prepared" / DEMO_NAME
+    command = ["gastric-fl", "ablate", "--config", _shown_path(PRESETS_DIR / "demo.toml")]
+    command += ["--grid", "nhead=0,3,6", "--grid", "dm=manhattan,euclidean", "--set", "strategy.name=fedsaf"]
+    command += ["--data", str(dataset), "--out", str(root / "ablations" / f"{dataset.name}-nhead-dm")]
+    lines.append(shlex.join(command))
+    return "\n".join(lines)
+
+
+def queue_grids(entries: Sequence[Any], runs_root: Path) -> list[Grid]:
+    """The ablation launcher's batches (``jobs.QueueEntry`` with ``params`` such as nhead, dm, seed) as grids, so
+    the grid view lays them out like a ``gastric-fl ablate`` folder; a cell's status is its run's."""
+    batches: dict[str, list[GridCell]] = {}
+    for entry in entries:
+        if entry.cancelled:
+            continue
+        params = {k: v for k, v in entry.params.items() if k != "seed"}
+        seed = entry.params.get("seed")
+        run_dir = Path(entry.target)
+        summary = load_summary(run_dir)
+        status = str(summary.get("status") or ("pending" if not entry.started else "running"))
+        error = summary.get("error")
+        batches.setdefault(entry.batch, []).append(
+            GridCell(
+                entry.entry_id,
+                params,
+                int(seed) if isinstance(seed, int) else None,
+                run_dir,
+                status,
+                str(error) if error else None,
+            )
+        )
+    return [Grid(name, runs_root / name, cells) for name, cells in batches.items()]

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from dashboard_fixtures import Fixture
 
-from app.dashboard import compare, evaluation, runs, settings
+from app.dashboard import compare, evaluation, runs
 from app.dashboard.datasets import counts_table, list_datasets, load_manifest, sample_tiles
 from app.dashboard.errors import DashboardError
 
@@ -181,38 +181,3 @@ def test_roc_confusion_and_ranking_by_hand() -> None:
     # Errors first by how sure the model was of the wrong class (0.60 > 0.55), then correct calls (0.9, 0.8, 0.7).
     assert ranked["path"].tolist() == ["b", "e", "a", "d", "c"]
     assert evaluation.roc(np.array([1, 1]), np.array([0.2, 0.9])).auc is None
-
-
-def test_validation_refuses_what_the_engine_would() -> None:
-    ok = settings.FederationSettings(algorithm="fedsaf", alpha_k=0.05, sigma=0.1)
-    assert settings.validate(ok, num_clients=3) == []  # 0.05 x 2 = 0.1 = sigma: allowed
-    too_big = settings.validate(settings.FederationSettings(alpha_k=0.06, sigma=0.1), num_clients=3)
-    assert len(too_big) == 1
-    assert "lower alpha_k to at most 0.05" in too_big[0]
-    assert any("nhead = 16" in p for p in settings.validate(settings.FederationSettings(nhead=16), 3, num_units=15))
-    assert settings.validate(settings.FederationSettings(nhead=15, alpha_k=0.01), 3, num_units=15) == []
-    assert any("learning rate" in p for p in settings.validate(settings.FederationSettings(lr=0.0), 3))
-    assert any("at least 2" in p for p in settings.validate(settings.FederationSettings(alpha_k=0.01), 1))
-    # FedAvg does not read alpha_k: the AMP bound does not apply to it.
-    assert settings.validate(settings.FederationSettings(algorithm="fedavg", alpha_k=5.0), 3) == []
-
-
-def test_overrides_carry_only_what_the_algorithm_reads(tmp_path: Path) -> None:
-    saf = settings.overrides(settings.FederationSettings(algorithm="fedsaf", rounds=3, fim=False, dm="cosine"))
-    assert 'strategy.name="fedsaf"' in saf
-    assert {"run.rounds=3", "fedsaf.fim=false", 'amp.dm="cosine"', "strategy.nhead=6"} <= set(saf)
-    avg = settings.overrides(settings.FederationSettings(algorithm="fedavg"))
-    assert not any(item.startswith(("amp.", "fedsaf.", "strategy.nhead")) for item in avg)
-    command = settings.train_command(None, tmp_path / "ds", tmp_path / "run", settings.FederationSettings())
-    assert command[3:] == ["train", "--data", str(tmp_path / "ds"), "--out", str(tmp_path / "run"), *_sets(command)]
-
-
-def _sets(command: list[str]) -> list[str]:
-    start = command.index("--set")
-    return command[start:]
-
-
-def test_new_run_id_never_reuses_a_folder() -> None:
-    first = settings.new_run_id("fedsaf", set(), now=0.0)
-    assert first.endswith("-fedsaf")
-    assert settings.new_run_id("fedsaf", {first}, now=0.0) == f"{first}-2"

@@ -1,19 +1,28 @@
 """Compare page: runs side by side or one ablation grid; the paper-style table (averaged/std/best ACC and AUC,
-values transmitted, seconds: FedSAF paper Tables 4-7), overlaid averaged curves (Fig. 4-5) and, for a grid,
-an nhead x dm heatmap (Tables 5-6)."""
+values transmitted, seconds: FedSAF paper Tables 4-7), overlaid averaged curves (Fig. 4-5), the settings that
+differ between the runs and a warning when they differ in rounds or data; for a grid, an nhead x dm heatmap
+(Tables 5-6). The ablation launcher queues a grid of FedSAF runs (nhead x dm x seeds) that train one at a time
+(``jobs``: the queue file and its runner)."""
 
 from __future__ import annotations
 
-import shlex
+import itertools
+import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import streamlit as st
 
-from app.dashboard import charts, compare, paths, ui
+from app.dashboard import charts, compare, jobs, paths, settings, ui
+from app.dashboard.datasets import list_datasets, load_manifest
 from app.dashboard.errors import DashboardError
 
 HEATMAP_FIGURES = ("Best ACC", "Averaged ACC", "Best AUC", "Averaged AUC", "Std ACC", "Values transmitted")
+REFRESH_S = 2.0
+QUALITY = list(compare.FIGURES.values())[:6]
+COST = list(compare.FIGURES.values())[6:]
+LAUNCH_METHOD = "fedsaf"  # nhead and dm are FedSAF's (paper 001, Eq. 1 and 3-8)
 
 st.title("Compare")
 st.caption(
@@ -22,22 +31,25 @@ st.caption(
 )
 
 root = ui.root()
-runs = ui.all_runs()
-try:
-    grids = compare.list_grids(paths.ablations_root(root))
-except DashboardError as exc:
-    st.error(str(exc))
-    grids = []
-if not runs and not grids:
-    ui.no_runs_help()
-    st.stop()
-
-start_mode = "Ablation grid" if st.query_params.get("compare") == "grid" else "Runs"  # ?compare=grid links
-mode = st.segmented_control("Compare", ["Runs", "Ablation grid"], default=start_mode, key="compare_mode")
+jobs_dir = ui.jobs_dir()
 
 
-QUALITY = list(compare.FIGURES.values())[:6]
-COST = list(compare.FIGURES.values())[6:]
+def terminal_busy() -> str | None:
+    """A run started from a terminal that is still training (its ``summary.json`` pid is alive), if any."""
+    for info in ui.all_runs():
+        started_here = jobs.for_target(jobs_dir, info.path) is not None
+        if info.status == "running" and not started_here and jobs.pid_alive(info.pid, info.pid_started):
+            return f"run {info.run_id} (started from a terminal) is still training"
+    return None
+
+
+def read_queue() -> list[jobs.QueueEntry]:
+    """The queue, or nothing (with one line naming the damaged file)."""
+    try:
+        return jobs.read_queue(jobs_dir)
+    except DashboardError as exc:
+        st.error(str(exc), icon=":material/error:")
+        return []
 
 
 def _table(table: pd.DataFrame) -> None:
@@ -66,19 +78,202 @@ def _curves(selected: list[tuple[str, Path]]) -> None:
     )
 
 
-if mode == "Ablation grid":
+def _mismatches(selected: list[tuple[str, Path]]) -> None:
+    for sentence in compare.mismatches(selected):
+        st.warning(sentence, icon=":material/warning:")
+
+
+def _settings_diff(selected: list[tuple[str, Path]]) -> None:
+    st.markdown("**Settings that differ** (from each run's `config.toml`)")
+    diff = compare.settings_diff(selected)
+    if len(diff.compared) < 2:
+        st.caption("Select two or more runs whose config.toml can be read to see what differs between them.")
+    elif diff.table.empty:
+        st.caption(f"The {len(diff.compared)} runs have the same settings: they differ only in what was measured.")
+    else:
+        st.dataframe(diff.table, hide_index=True, width="stretch", key="settings_diff")
+    for problem in diff.problems:
+        st.caption(f"Left out: {problem}")
+
+
+# --- the ablation launcher and its queue --------------------------------------------------------------------------
+
+
+def _cell_id(nhead: int, dm: str, seed: int) -> str:
+    return f"nhead-{nhead}_dm-{dm}_seed-{seed}"
+
+
+@ui.page_guard("Compare")
+def launcher() -> None:
+    """Choose nhead values x dm values x seeds for a dataset and queue the FedSAF runs (one at a time)."""
+    entries = read_queue()
+    with st.expander(
+        "Launch an ablation grid: FedSAF over nhead x dm x seeds, one run at a time",
+        expanded=not entries,
+        icon=":material/grid_on:",
+    ):
+        top = st.columns(3)
+        with top[0]:
+            dataset = ui.pick_dataset("Dataset", key="grid_dataset")
+        if dataset is None:
+            ui.no_dataset_help()
+            return
+        engine_defaults = "(engine defaults)"
+        preset_choice = top[1].selectbox(
+            "Preset",
+            [*(str(p) for p in settings.presets()), engine_defaults],
+            format_func=lambda p: p if p == engine_defaults else Path(p).name,
+            key="grid_preset",
+            help="Every run starts from this preset; the grid changes nhead, dm and the seed.",
+        )
+        preset = None if preset_choice == engine_defaults else Path(preset_choice)
+        resolved, problem = settings.resolve_preset(preset)
+        if problem:
+            st.warning(problem, icon=":material/warning:")
+        units = settings.model_units(settings.model_of(resolved))
+        base = settings.initial_values(resolved, LAUNCH_METHOD)
+        rounds = int(top[2].number_input("Rounds per run", 1, 1000, int(base["run.rounds"]), 1, key="grid_rounds"))
+        row = st.columns(4)
+        nheads = row[0].multiselect(
+            "nhead values", list(range(units + 1)), default=[0, min(6, units)], key="grid_nhead"
+        )
+        dms = row[1].multiselect("dm values", list(settings.DISTANCES), default=["manhattan"], key="grid_dm")
+        seeds = int(row[2].number_input("Seeds", 1, 20, 1, 1, key="grid_seeds", help="Runs per setting."))
+        first = int(row[3].number_input("First seed", 0, 10**6, int(base["run.seed"]), 1, key="grid_first_seed"))
+        cells = list(itertools.product(sorted(set(nheads)), dms, range(first, first + seeds)))
+        st.caption(
+            f"{settings.plural(len(cells), 'run')} of {settings.plural(rounds, 'round')} each, on {dataset.name}; "
+            "every other setting is the preset's. They train one after another, after any run already going."
+        )
+        try:
+            hospitals: int | None = int(load_manifest(dataset.path)["client"].nunique())
+        except DashboardError as exc:
+            st.error(str(exc), icon=":material/error:")
+            hospitals = None
+        problems: list[str] = []
+        for nhead, dm in sorted({(n, d) for n, d, _ in cells}):
+            values = {**base, "run.rounds": rounds, "strategy.nhead": nhead, "amp.dm": dm, "run.seed": first}
+            for message in settings.check(preset, dataset.path, values, hospitals).messages():
+                if message not in problems:
+                    problems.append(message)
+        for message in problems:
+            st.error(message, icon=":material/block:")
+        clicked = st.button(
+            f"Queue {settings.plural(len(cells), 'run')}",
+            type="primary",
+            icon=":material/queue:",
+            key="queue_button",
+            disabled=not cells or bool(problems),
+            help="Choose at least one nhead and one dm." if not cells else None,
+        )
+        if clicked:
+            batch = time.strftime(f"{dataset.name}-grid-%Y%m%d-%H%M%S")
+            entries = []
+            for nhead, dm, seed in cells:
+                values = {**base, "run.rounds": rounds, "strategy.nhead": nhead, "amp.dm": dm, "run.seed": seed}
+                cell = _cell_id(nhead, dm, seed)
+                target = paths.runs_root(root) / batch / cell
+                command = settings.train_command(preset, dataset.path, target, settings.overrides(values, resolved))
+                title = f"{settings.describe_run(values, dataset.name)} (nhead {nhead}, dm {dm}, seed {seed})"
+                params: dict[str, Any] = {"nhead": nhead, "dm": dm, "seed": seed}
+                entries.append(
+                    jobs.QueueEntry(f"{batch}_{cell}", batch, title, str(target), command, params, time.time())
+                )
+            try:
+                jobs.enqueue(jobs_dir, entries)
+            except DashboardError as exc:
+                st.error(str(exc), icon=":material/block:")
+            else:
+                jobs.ensure_runner(jobs_dir, settings.PROJECT_ROOT, terminal_busy)
+                st.rerun()
+
+
+STATUS_TEXT = {
+    jobs.QUEUED: ":material/schedule: queued",
+    jobs.CANCELLED: ":material/block: cancelled",
+    "running": ":material/progress_activity: running",
+    "succeeded": ":material/check_circle: done",
+    "failed": ":material/error: failed",
+    "stopped": ":material/stop_circle: stopped",
+    "lost": ":material/help: ended (no exit code)",
+}
+
+
+@ui.page_guard("Compare")
+def queue_panel() -> None:
+    """The queue: each entry's status (queued, running, done...), Cancel for a waiting one, Stop for the running
+    one; refreshed every ``REFRESH_S`` while there is work."""
+    jobs.ensure_runner(jobs_dir, settings.PROJECT_ROOT, terminal_busy)
+    entries = read_queue()
+    if not entries:
+        return
+    statuses = [jobs.entry_status(jobs_dir, e) for e in entries]
+    counts = {s: statuses.count(s) for s in dict.fromkeys(statuses)}
+    st.markdown("**Run queue** · " + " · ".join(f"{n} {STATUS_TEXT[s].split(' ', 1)[1]}" for s, n in counts.items()))
+    for entry, status in zip(entries, statuses, strict=True):
+        left, middle, right = st.columns([6, 2, 1], vertical_alignment="center")
+        left.markdown(entry.title)
+        middle.markdown(STATUS_TEXT.get(status, status))
+        if status == jobs.QUEUED and right.button("Cancel", key=f"cancel_{entry.entry_id}", icon=":material/close:"):
+            jobs.cancel(jobs_dir, entry.entry_id)
+            st.rerun()
+        if status == "running" and right.button("Stop", key=f"stop_{entry.entry_id}", icon=":material/stop:"):
+            job = jobs.load(jobs_dir, entry.entry_id)
+            if job is not None:
+                jobs.stop(jobs_dir, job)
+            st.rerun()
+    left, right, _ = st.columns([2, 2, 3])
+    if jobs.QUEUED in statuses and left.button("Cancel all waiting", key="cancel_all", icon=":material/clear_all:"):
+        for entry, status in zip(entries, statuses, strict=True):
+            if status == jobs.QUEUED:
+                jobs.cancel(jobs_dir, entry.entry_id)
+        st.rerun()
+    done = [s for s in statuses if s not in (jobs.QUEUED, "running")]
+    if done and right.button("Clear finished from the list", key="clear_queue", icon=":material/playlist_remove:"):
+        jobs.clear_finished(jobs_dir)
+        st.rerun()
+    st.caption(
+        "The queue lives in the data folder and survives a page reload. It is worked through by the dashboard: "
+        "if `gastric-fl dashboard` stops, the run in progress finishes on its own and the waiting ones start when "
+        "the dashboard is next opened on this page or the Federation page."
+    )
+
+
+# --- the comparisons ------------------------------------------------------------------------------------------
+
+
+@ui.page_guard("Compare")
+def comparisons() -> None:
+    """Runs side by side, or one ablation grid (``gastric-fl ablate`` or the launcher's)."""
+    runs = ui.all_runs()
+    try:
+        grids = compare.list_grids(paths.ablations_root(root))
+    except DashboardError as exc:
+        st.error(str(exc), icon=":material/error:")
+        grids = []
+    grids += compare.queue_grids(read_queue(), paths.runs_root(root))
+    if not runs and not grids:
+        ui.no_runs_help()
+        return
+    start_mode = "Ablation grid" if st.query_params.get("compare") == "grid" else "Runs"  # ?compare=grid links
+    mode = st.segmented_control("Compare", ["Runs", "Ablation grid"], default=start_mode, key="compare_mode")
+    if mode == "Ablation grid":
+        grid_view(grids, runs)
+    else:
+        runs_view(runs)
+
+
+def grid_view(grids: list[compare.Grid], runs: list[Any]) -> None:
+    """One ablation grid: its cells' table, failed cells, the nhead x dm heatmap and the curves."""
     if not grids:
-        example = ["gastric-fl", "ablate", "--config", "configs/demo.toml", "--grid", "nhead=0,3,6"]
-        example += ["--grid", "dm=manhattan,euclidean", "--set", "strategy.name=fedsaf"]
-        example += [
-            "--data",
-            str(paths.prepared_root(root) / "demo"),
-            "--out",
-            str(paths.ablations_root(root) / "demo"),
-        ]
-        st.info("No ablation grid yet. Run one from a terminal, for example:", icon=":material/info:")
-        st.code(shlex.join(example), language="bash", wrap_lines=True)
-        st.stop()
+        st.info(
+            "No ablation grid yet. Launch one above, or run one from a terminal (it runs as shown):",
+            icon=":material/info:",
+        )
+        datasets = [d.path for d in list_datasets(paths.prepared_root(root))]
+        example = compare.example_ablate(root, datasets, [r.dataset for r in runs])
+        st.code(example, language="bash", wrap_lines=True)
+        return
     grid = st.selectbox("Grid", grids, format_func=lambda g: f"{g.name} ({len(g.cells)} cells)", key="grid")
     for cell in grid.cells:
         if cell.status == "failed":
@@ -92,10 +287,14 @@ if mode == "Ablation grid":
     else:
         st.plotly_chart(charts.grid_heatmap(heat, f"{figure} by nhead and distance dm"), key="grid_heatmap")
     _curves(grid.runs())
-else:
+    _mismatches(grid.runs())
+
+
+def runs_view(runs: list[Any]) -> None:
+    """Selected runs side by side: warnings, the tables, the curves and the settings that differ."""
     if not runs:
         st.info("No single runs yet: start one on the Federation page.", icon=":material/info:")
-        st.stop()
+        return
     by_id = {r.run_id: r for r in runs}
     default = [r.run_id for r in runs if r.status == "finished"][:4] or [runs[0].run_id]
     ids = st.multiselect(
@@ -103,10 +302,26 @@ else:
     )
     if not ids:
         st.info("Select at least one run.")
-        st.stop()
+        return
     for run_id in ids:
         if ui.display_status(by_id[run_id]) == "failed":
             st.error(f"Run **{run_id}** failed: {by_id[run_id].error or 'see the Federation page for its log'}")
     selected = [(run_id, by_id[run_id].path) for run_id in ids]
+    _mismatches(selected)
     _table(compare.compare_table(selected))
     _curves(selected)
+    _settings_diff(selected)
+
+
+# The launcher and the queue sit at the top but are drawn last: the launcher's checks import the engine (torch)
+# the first time, and the comparisons must not wait for that.
+launch_box = st.container()
+queue_box = st.container()
+comparisons()
+with queue_box:
+    if jobs.has_work(jobs_dir):
+        st.fragment(run_every=REFRESH_S)(queue_panel)()
+    else:
+        queue_panel()
+with launch_box:
+    launcher()

@@ -1,14 +1,23 @@
-"""Federation page: choose the algorithm (FedSAF by default) and its settings, start a run in the background,
-stop it, and watch it live: round k of K, time left, each hospital's test AUC and accuracy, the averaged and std
-curves, values transmitted and the AMP matrix xi (FedSAF paper, Algorithm 1; Eq. 1, 3-8, 16-20, 23-25)."""
+"""Federation page: choose the method (FedSAF by default) and its settings, start a run in the background, stop
+it, and watch it live: round k of K and the step within the round, time left, each hospital's test AUC and
+accuracy, the averaged and std curves, values transmitted and the AMP matrix xi (FedSAF paper, Algorithm 1;
+Eq. 1, 3-8, 16-20, 23-25).
+
+The form leads with the plain settings (dataset, method, rounds, seed, local epochs, learning rate); the method's
+hyper-parameters and the settings every method shares sit under "Advanced". Each field has the limits of
+``federation/config.py``, and every invalid field gets its own message from the engine's own checks
+(``settings.check``), drawn after the form so that the form never waits for torch. *Start federation* stays
+disabled while a setting is invalid or while a training runs (``jobs.start_training``).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import streamlit as st
 
-from app.dashboard import charts, jobs, paths, settings, ui
+from app.dashboard import charts, jobs, live, paths, settings, ui
 from app.dashboard.datasets import load_manifest
 from app.dashboard.errors import DashboardError
 from app.dashboard.runs import (
@@ -23,9 +32,11 @@ from app.dashboard.runs import (
     run_info,
     xi_matrices,
 )
+from federation.progress import read_progress
 
-SETTING_KEYS = ("algorithm", "rounds", "local_epochs", "lr", "nhead", "dm", "fim", "split", "lam", "sigma", "alpha_k")
 REFRESH_S = 2.0
+FORM_PREFIX = "cfg:"
+COLUMNS = 3
 
 st.title("Federation")
 st.caption(
@@ -37,149 +48,178 @@ root = ui.root()
 jobs_dir = ui.jobs_dir()
 
 
-@st.cache_resource(show_spinner=False)
-def _units(model_name: str) -> int:
-    return settings.model_units(model_name)
+def terminal_busy() -> str | None:
+    """A run started from a terminal that is still training (its ``summary.json`` pid is alive), if any."""
+    for info in ui.all_runs():
+        started_here = jobs.for_target(jobs_dir, info.path) is not None
+        if info.status == "running" and not started_here and jobs.pid_alive(info.pid, info.pid_started):
+            return f"run {info.run_id} (started from a terminal) is still training"
+    return None
 
 
-@st.cache_data(show_spinner=False)
-def _preset(path: str | None) -> dict[str, object]:
-    return settings.load_preset(Path(path) if path else None)
+def busy_reason() -> str | None:
+    """Why no new training may start now: one is running (from this page, the queue or a terminal)."""
+    job = jobs.active_train(jobs_dir)
+    if job is not None:
+        return f"{job.title or job.job_id} is still training"
+    return terminal_busy()
 
 
-def _reset_settings() -> None:
+jobs.ensure_runner(jobs_dir, settings.PROJECT_ROOT, terminal_busy)  # the Compare page's queue keeps moving
+
+
+def _reset_form() -> None:
     # A new preset brings new defaults: forget the values typed for the old one.
-    for key in SETTING_KEYS:
-        st.session_state.pop(key, None)
+    for key in [k for k in st.session_state if str(k).startswith(FORM_PREFIX)]:
+        del st.session_state[key]
 
 
-def _fmt_algorithm(name: str) -> str:
-    return settings.ALGORITHM_NAMES.get(name, name)
+def widget_key(item: settings.Field, method: str) -> str:
+    """The form key of a field; the method's own hyper-parameters are kept per method (``cfg:fedsaf:amp.sigma``),
+    so switching methods brings each method's defaults (e.g. its own ``nhead``)."""
+    if item.group == "method":
+        return f"{FORM_PREFIX}{method}:{item.key}"
+    return f"{FORM_PREFIX}{item.key}"
 
 
-# --- start a run ----------------------------------------------------------------------------------------------
+def _widget(item: settings.Field, value: Any, method: str, units: int) -> Any:
+    """Draw one field with its limits; returns its value."""
+    key = widget_key(item, method)
+    if item.kind == "bool":
+        return st.toggle(item.label, value=bool(value), key=key, help=item.help)
+    if item.kind == "choice":
+        index = item.options.index(value) if value in item.options else 0
+        names = settings.ALGORITHM_NAMES if item.key == "strategy.name" else {}
+        options: list[str] = list(item.options)
+        return st.selectbox(
+            item.label, options, index=index, key=key, help=item.help, format_func=lambda o: names.get(o, o)
+        )
+    if item.kind == "list":
+        chosen = [v for v in (value or []) if v in item.options]
+        return st.multiselect(item.label, item.options, default=chosen, key=key, help=item.help)
+    low, high = settings.limits(item, units)
+    if item.kind == "int":
+        number = int(value) if isinstance(value, int | float) else int(low or 0)
+        low_i = None if low is None else min(int(low), number)
+        high_i = None if high is None else max(int(high), number)
+        return st.number_input(
+            item.label, low_i, high_i, number, int(item.step or 1), key=key, help=item.help, format="%d"
+        )
+    number_f = float(value) if isinstance(value, int | float) else float(low or 0.0)
+    low_f = None if low is None else min(float(low), number_f)
+    high_f = None if high is None else max(float(high), number_f)
+    return st.number_input(
+        item.label, low_f, high_f, number_f, float(item.step or 0.01), format=item.fmt, key=key, help=item.help
+    )
 
-with st.expander("Start a new federation", expanded=True, icon=":material/play_circle:"):
-    top = st.columns(3)
-    with top[0]:
-        dataset = ui.pick_dataset("Dataset")
-    if dataset is None:
-        ui.no_dataset_help()
-    else:
-        try:
-            num_clients: int | None = int(load_manifest(dataset.path)["client"].nunique())
-        except DashboardError as exc:
-            st.error(str(exc))
-            num_clients = None
+
+def _fields(group: str, values: dict[str, Any], initial: dict[str, Any], method: str, units: int) -> None:
+    """Draw the fields of ``group`` that the method reads, ``COLUMNS`` per row, writing into ``values``."""
+    shown = [f for f in settings.FIELDS if f.group == group and f.key != "strategy.name" and f.applies(values)]
+    per_row = len(shown) if group == "plain" else COLUMNS
+    for start in range(0, len(shown), per_row):
+        columns = st.columns(per_row)
+        for column, item in zip(columns, shown[start : start + per_row], strict=False):
+            with column:
+                values[item.key] = _widget(item, initial.get(item.key), method, units)
+                if item.key == "strategy.wrap":  # the wrappers' own settings appear once a step is chosen
+                    values[item.key] = list(values[item.key])
+
+
+def _num_clients(dataset: Path) -> int | None:
+    try:
+        return int(load_manifest(dataset)["client"].nunique())
+    except DashboardError as exc:
+        st.error(str(exc), icon=":material/error:")
+        return None
+
+
+@ui.page_guard("Federation")
+def start_form() -> None:
+    """The settings form, its checks and the Start button."""
+    with st.expander("Start a new federation", expanded=True, icon=":material/play_circle:"):
+        top = st.columns(3)
+        with top[0]:
+            dataset = ui.pick_dataset("Dataset")
+        if dataset is None:
+            ui.no_dataset_help()
+            return
         engine_defaults = "(engine defaults)"
         preset_choice = top[1].selectbox(
             "Preset",
             [*(str(p) for p in settings.presets()), engine_defaults],
             format_func=lambda p: p if p == engine_defaults else Path(p).name,
-            on_change=_reset_settings,
+            on_change=_reset_form,
             key="preset",
             help="A training preset in configs/; the settings below override it.",
         )
         preset_path = None if preset_choice == engine_defaults else Path(preset_choice)
-        resolved = _preset(str(preset_path) if preset_path else None)
-        defaults = settings.defaults_from(resolved)
-        model_table = resolved.get("model")
-        model_name = str(model_table.get("name")) if isinstance(model_table, dict) else "mobilenet_v3_small"
-        units = _units(model_name)
+        resolved, preset_problem = settings.resolve_preset(preset_path)
+        if preset_problem:
+            st.warning(preset_problem, icon=":material/warning:")
+        units = settings.model_units(settings.model_of(resolved))
+        method_field = settings.FIELDS_BY_KEY["strategy.name"]
+        with top[2]:
+            method = str(_widget(method_field, settings.initial_values(resolved)["strategy.name"], "", units))
+        initial = settings.initial_values(resolved, method)
+        values: dict[str, Any] = {"strategy.name": method}
+        _fields("plain", values, initial, method, units)
+        with st.expander(f"Advanced: {settings.SHORT_NAMES[method]}'s hyper-parameters and shared settings"):
+            for group in ("method", "shared", "training"):
+                if any(f.group == group and f.applies(values) for f in settings.FIELDS):
+                    st.markdown(f"**{settings.GROUPS[group]}**")
+                    _fields(group, values, initial, method, units)
 
-        algorithm = top[2].selectbox(
-            "Algorithm",
-            settings.ALGORITHMS,
-            index=settings.ALGORITHMS.index("fedsaf"),
-            format_func=_fmt_algorithm,
-            key="algorithm",
-        )
-        c1, c2, c3 = st.columns(3)
-        rounds = int(c1.number_input("Rounds", value=defaults.rounds, step=1, key="rounds"))
-        local_epochs = int(c2.number_input("Local epochs", value=defaults.local_epochs, step=1, key="local_epochs"))
-        lr = float(c3.number_input("Learning rate", value=defaults.lr, step=0.001, format="%.4f", key="lr"))
+        # The checks import the engine (torch) the first time: the form above is already on screen.
+        num_clients = _num_clients(dataset.path)
+        checked = settings.check(preset_path, dataset.path, values, num_clients)
+        for message in checked.messages():
+            st.error(message, icon=":material/block:")
+        busy = busy_reason()
+        if busy:
+            st.info(f"{busy}: Start is available again when it ends.", icon=":material/hourglass_top:")
+        waiting = sum(jobs.entry_status(jobs_dir, e) == jobs.QUEUED for e in _queue())
+        if waiting:
+            st.caption(
+                f"{settings.plural(waiting, 'run')} wait in the Compare page's queue; a run started here goes first."
+            )
 
-        values = {"algorithm": algorithm, "rounds": rounds, "local_epochs": local_epochs, "lr": lr}
-        if algorithm in settings.NHEAD_ALGORITHMS or algorithm in settings.AMP_ALGORITHMS:
-            st.markdown("**FedSAF settings**" if algorithm == "fedsaf" else f"**{_fmt_algorithm(algorithm)} settings**")
-            c1, c2, c3, c4 = st.columns(4)
-            if algorithm in settings.NHEAD_ALGORITHMS:
-                values["nhead"] = int(
-                    c1.number_input(
-                        "nhead (local layers)",
-                        value=settings.default_nhead(algorithm) if algorithm != defaults.algorithm else defaults.nhead,
-                        step=1,
-                        key="nhead",
-                        help=f"Layer units kept in the hospital, counted from the output (0-{units}; paper Eq. 1).",
-                    )
-                )
-            if algorithm in settings.AMP_ALGORITHMS:
-                values["dm"] = c2.selectbox(
-                    "Distance dm",
-                    settings.DISTANCES,
-                    index=settings.DISTANCES.index(defaults.dm) if defaults.dm in settings.DISTANCES else 0,
-                    key="dm",
-                    help="How similar two hospitals' shared layers are (paper Eq. 3-8). cosine uses the "
-                    "similarity as the paper writes it; cosine_distance uses 1 - similarity.",
-                )
-                values["sigma"] = float(
-                    c3.number_input("sigma", value=defaults.sigma, step=0.01, format="%.4f", key="sigma")
-                )
-                values["alpha_k"] = float(
-                    c4.number_input(
-                        "alpha_k",
-                        value=defaults.alpha_k,
-                        step=0.005,
-                        format="%.4f",
-                        key="alpha_k",
-                        help="Message-passing step; alpha_k x (hospitals - 1) must not exceed sigma.",
-                    )
-                )
-                c1, c2, c3, _ = st.columns(4)
-                values["lam"] = float(
-                    c1.number_input(
-                        "lambda",
-                        value=defaults.lam,
-                        step=0.1,
-                        format="%.3f",
-                        key="lam",
-                        help="Pull of each hospital's shared layers towards its message (paper Eq. 25).",
-                    )
-                )
-            if algorithm in settings.FEDSAF_ONLY:
-                values["fim"] = c2.toggle("Fisher reweighting (FIM)", value=defaults.fim, key="fim")
-                values["split"] = c3.toggle("Model splitting", value=defaults.split, key="split")
-        chosen = settings.FederationSettings(**{**defaults.__dict__, **values})
-
-        problems = settings.validate(chosen, num_clients, units)
-        run_id = settings.new_run_id(algorithm, {r.run_id for r in ui.all_runs()})
+        run_id = settings.new_run_id(method, {r.run_id for r in ui.all_runs()})
         run_dir = paths.runs_root(root) / run_id
-        command = settings.train_command(preset_path, dataset.path, run_dir, chosen)
-        with st.popover("Same run from a terminal", icon=":material/terminal:"):
-            st.code(" ".join(["gastric-fl", *command[3:]]), language="bash", wrap_lines=True)
-        if st.button("Start federation", type="primary", icon=":material/play_arrow:", key="start"):
-            if not problems:
-                engine_problem = settings.engine_check(preset_path, dataset.path, chosen)
-                if engine_problem:
-                    problems = [engine_problem]
-            if problems:
-                st.error("Not started. " + " ".join(problems), icon=":material/block:")
+        command = settings.train_command(preset_path, dataset.path, run_dir, settings.overrides(values, resolved))
+        title = settings.describe_run(values, dataset.name)
+        left, right = st.columns([1, 3], vertical_alignment="center")
+        with right.popover("Same run from a terminal", icon=":material/terminal:"):
+            st.code(settings.as_typed(command), language="bash", wrap_lines=True)
+        start = left.button(
+            "Start federation",
+            type="primary",
+            icon=":material/play_arrow:",
+            key="start",
+            disabled=not checked.ok or busy is not None,
+            help="Fix the settings above first." if not checked.ok else busy,
+        )
+        if start:
+            try:
+                jobs.start_training(jobs_dir, run_id, run_dir, command, settings.PROJECT_ROOT, title, terminal_busy)
+            except DashboardError as exc:
+                st.error(str(exc), icon=":material/block:")
             else:
-                try:
-                    jobs.start(jobs_dir, run_id, "train", run_dir, [command], cwd=settings.PROJECT_ROOT)
-                except DashboardError as exc:
-                    st.error(str(exc))
-                else:
-                    st.session_state[ui.RUN_KEY] = run_id
-                    st.session_state["pending_run"] = run_id
-                    st.rerun()
-        elif problems:
-            st.warning(" ".join(problems), icon=":material/warning:")
-
-# --- a run that is starting (no folder yet) or failed before writing one ------------------------------------
+                st.session_state[ui.RUN_KEY] = run_id
+                st.session_state["pending_run"] = run_id
+                st.rerun()
 
 
-def _pending(run_id: str) -> None:
+def _queue() -> list[jobs.QueueEntry]:
+    try:
+        return jobs.read_queue(jobs_dir)
+    except DashboardError as exc:
+        st.warning(str(exc), icon=":material/warning:")
+        return []
+
+
+@ui.page_guard("Federation")
+def pending_banner(run_id: str) -> None:
     """Between "Start" and the run's folder appearing (the engine imports torch and loads the data first)."""
     job = jobs.load(jobs_dir, run_id)
     if job is None:
@@ -188,31 +228,21 @@ def _pending(run_id: str) -> None:
     if (paths.runs_root(root) / run_id / "config.toml").is_file():
         st.session_state.pop("pending_run", None)
         st.rerun()  # the folder exists now: show the run below, with its live refresh
+    title = job.title or f"Run {run_id}"
     if not job_state.active:
-        st.error(f"Run **{run_id}** did not start (exit code {job_state.exit_code}):", icon="🚨")
+        st.error(f"{title} did not start (exit code {job_state.exit_code}). Its last output:", icon="🚨")
         st.code(jobs.log_tail(job, 12) or "no output", language="text")
         return
-    st.info(f"Starting run **{run_id}**: loading the model and the hospitals' tiles…", icon=":material/hourglass_top:")
-    st.code(jobs.log_tail(job, 4) or jobs.describe(job), language="text")
+    st.info(f"{title}; follow it below. Loading the model and the hospitals' tiles…", icon=":material/hourglass_top:")
 
-
-pending = st.session_state.get("pending_run")
-if pending:
-    st.fragment(run_every=REFRESH_S)(_pending)(pending)
 
 # --- watch a run ----------------------------------------------------------------------------------------------
 
-st.subheader("Runs")
-runs = ui.all_runs()
-if not runs:
-    ui.no_runs_help()
-    st.stop()
-selected = ui.pick_run(runs, "Run to watch")
-assert selected is not None  # runs is not empty
-initial_status = ui.display_status(selected)
 
-
-def _monitor(info: RunInfo) -> None:
+@ui.page_guard("Federation")
+def monitor(info: RunInfo, initial_status: str) -> None:
+    """Round k of K (and the step within the round), figures and charts of one run; redrawn every
+    ``REFRESH_S`` while it runs."""
     info = run_info(info.path, info.run_id)  # re-read: the run moves on between refreshes
     status = ui.status_banner(info)
     job = jobs.for_target(jobs_dir, info.path)
@@ -221,10 +251,8 @@ def _monitor(info: RunInfo) -> None:
     rounds = per_round(metrics)
 
     top = st.columns([4, 1], vertical_alignment="bottom")
-    text = f"Round {state.rounds_done} of {state.rounds_total or '?'}"
-    if status == "running":
-        text += f" · about {format_seconds(state.seconds_left)} left" if state.seconds_left is not None else ""
-    top[0].progress(state.fraction, text=text)
+    fraction, text = live.bar(state, read_progress(info.path), status == "running")
+    top[0].progress(fraction, text=text)
     stoppable = status == "running" and (job is not None or info.pid is not None)
     if stoppable and top[1].button("Stop", icon=":material/stop:", key="stop", help="SIGTERM: the run stops cleanly"):
         if job is not None:
@@ -290,7 +318,26 @@ def _monitor(info: RunInfo) -> None:
         st.rerun()  # finished, failed or stopped: redraw the page once, without the timer
 
 
-if initial_status == "running":
-    st.fragment(run_every=REFRESH_S)(_monitor)(selected)
-else:
-    _monitor(selected)
+@ui.page_guard("Federation")
+def runs_section() -> None:
+    """The run picker and the live view of the chosen run."""
+    st.subheader("Runs")
+    runs = ui.all_runs()
+    if not runs:
+        ui.no_runs_help()
+        return
+    selected = ui.pick_run(runs, "Run to watch")
+    if selected is None:
+        return
+    initial_status = ui.display_status(selected)
+    if initial_status == "running":
+        st.fragment(run_every=REFRESH_S)(monitor)(selected, initial_status)
+    else:
+        monitor(selected, initial_status)
+
+
+start_form()
+pending = st.session_state.get("pending_run")
+if pending:
+    st.fragment(run_every=REFRESH_S)(pending_banner)(pending)
+runs_section()

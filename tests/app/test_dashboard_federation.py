@@ -1,0 +1,153 @@
+"""The Federation page's form through Streamlit's AppTest: plain settings first and the method's hyper-parameters
+under "Advanced", one message per invalid field with Start disabled, Start disabled while a training runs, a
+plain-sentence start banner, and the step within a round on the progress bar."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from dashboard_fixtures import Fixture
+from streamlit.testing.v1 import AppTest
+
+from app.dashboard import jobs, paths, settings
+from federation.progress import RoundProgress, write_progress
+
+MAIN = str(Path(__file__).resolve().parents[2] / "app" / "dashboard" / "main.py")
+SLEEP = [sys.executable, "-c", "import time; time.sleep(30)"]  # stands in for gastric-fl: it ignores the arguments
+
+
+def _page(state: dict[str, object] | None = None) -> AppTest:
+    at = AppTest.from_file(MAIN, default_timeout=90)
+    for key, value in (state or {}).items():
+        at.session_state[key] = value
+    at.run()
+    at.switch_page("views/federation.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def _advanced(at: AppTest) -> object:
+    return next(e for e in at.expander if str(e.label).startswith("Advanced"))
+
+
+def _keys(block: object) -> set[str]:
+    found = set()
+    for kind in ("number_input", "selectbox", "toggle", "multiselect"):
+        found |= {str(w.key) for w in getattr(block, kind)}
+    return found
+
+
+def _texts(elements: object) -> list[str]:
+    return [str(e.value) for e in elements]  # type: ignore[attr-defined]
+
+
+def test_plain_settings_first_and_the_methods_hyper_parameters_under_advanced(fixture_root: Fixture) -> None:
+    at = _page()
+    advanced = _keys(_advanced(at))
+    assert {
+        "cfg:fedsaf:strategy.nhead",
+        "cfg:fedsaf:amp.dm",
+        "cfg:fedsaf:amp.sigma",
+        "cfg:fedsaf:amp.alpha_k",
+    } <= advanced
+    assert {"cfg:fedsaf:amp.lam", "cfg:fedsaf:fedsaf.fim", "cfg:fedsaf:fedsaf.split"} <= advanced
+    assert {"cfg:strategy.bn", "cfg:client.start", "cfg:fedsaf.fisher_estimator"} <= advanced  # the shared settings
+    plain = {"cfg:strategy.name", "cfg:run.rounds", "cfg:run.seed", "cfg:client.epochs", "cfg:client.lr"}
+    assert not plain & advanced
+    assert plain <= _keys(at)
+    # The limits of federation/config.py: no negative rounds, seed or learning rate; nhead up to the model's units.
+    assert at.number_input(key="cfg:run.rounds").min == 1
+    assert at.number_input(key="cfg:client.lr").min == 0.0
+    assert at.number_input(key="cfg:fedsaf:strategy.nhead").max == 15
+    assert at.number_input(key="cfg:fedsaf:amp.sigma").min == 0.0
+    # Another method brings its own hyper-parameters (and its own default nhead).
+    at.selectbox(key="cfg:strategy.name").set_value("fedavg")
+    at.run()
+    advanced = _keys(_advanced(at))
+    assert "cfg:fedavg:strategy.nhead" in advanced
+    assert at.number_input(key="cfg:fedavg:strategy.nhead").value == 0
+    assert not [k for k in advanced if "amp." in k or "fedsaf." in k or k == "cfg:client.start"]
+    assert "cfg:strategy.wrap" in advanced  # FedAvg's result can be post-processed (FedLWS, FedTLU)
+    at.selectbox(key="cfg:strategy.name").set_value("fedamp")
+    at.run()
+    assert "cfg:fedamp:fedamp.dm" in _keys(_advanced(at))
+    assert "cfg:fedamp:strategy.nhead" not in _keys(_advanced(at))  # FedAMP shares everything
+
+
+def test_each_invalid_field_has_its_own_message_and_start_is_disabled(fixture_root: Fixture) -> None:
+    at = _page({"selected_run": fixture_root.finished.name})
+    assert not at.button(key="start").disabled
+    at.number_input(key="cfg:client.lr").set_value(0.0)
+    at.number_input(key="cfg:fedsaf:amp.alpha_k").set_value(0.6)  # 3 hospitals: at most sigma / 2 = 0.5
+    at.run()
+    errors = _texts(at.error)
+    assert errors == [
+        "Learning rate = 0: use a finite value > 0.",
+        "alpha_k x (hospitals - 1) = 0.6 x 2 = 1.2 exceeds sigma = 1, so a hospital's weight on its own model could "
+        "turn negative: lower alpha_k to at most 0.5 or raise sigma.",
+    ]
+    assert at.button(key="start").disabled
+    at.number_input(key="cfg:client.lr").set_value(0.01)
+    at.run()
+    assert len(at.error) == 1  # the learning rate's message is gone, alpha_k's stays
+    assert at.button(key="start").disabled
+    at.number_input(key="cfg:fedsaf:amp.alpha_k").set_value(0.5)
+    at.run()
+    assert not at.error
+    assert not at.button(key="start").disabled
+    assert jobs.list_jobs(paths.jobs_root(fixture_root.root)) == []
+
+
+def test_start_shows_a_plain_sentence_and_is_disabled_while_the_run_trains(
+    fixture_root: Fixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(settings, "cli_prefix", lambda: list(SLEEP))
+    folder = paths.jobs_root(fixture_root.root)
+    at = _page()
+    at.number_input(key="cfg:run.rounds").set_value(3)
+    at.run()
+    at.button(key="start").click()
+    at.run()
+    try:
+        (job,) = jobs.list_jobs(folder, kind="train")
+        assert jobs.state(folder, job).active
+        assert job.title == "Training FedSAF on tiny, 3 rounds"
+        assert job.commands[0][: len(SLEEP)] == SLEEP
+        assert job.commands[0][len(SLEEP) :][:1] == ["train"]
+        banner = _texts(at.info)
+        assert "Training FedSAF on tiny, 3 rounds; follow it below." in " ".join(banner)
+        shown = " ".join(_texts(at.info) + _texts(at.markdown) + _texts(at.error) + _texts(at.caption))
+        assert "python -m" not in shown
+        assert sys.executable not in shown
+        # While it trains, Start is disabled and says why.
+        assert at.button(key="start").disabled
+        assert any("Training FedSAF on tiny, 3 rounds is still training" in text for text in banner)
+        reloaded = _page()  # a reloaded page knows too (jobs.py's records)
+        assert reloaded.button(key="start").disabled
+    finally:
+        for record in jobs.list_jobs(folder):
+            jobs.stop(folder, record)
+    at.run()
+    assert not at.button(key="start").disabled  # stopped: Start is back
+
+
+def test_the_progress_bar_shows_the_step_within_the_round(fixture_root: Fixture) -> None:
+    run = fixture_root.root / "runs" / "20250101-000200-fedsaf"
+    run.mkdir()
+    for name in ("config.toml", "metrics.jsonl", "aggregation.jsonl"):
+        (run / name).write_text((fixture_root.finished / name).read_text())
+    (run / "config.toml").write_text((run / "config.toml").read_text().replace("rounds = 2", "rounds = 5"))
+    (run / "summary.json").write_text(json.dumps({"status": "running", "total_rounds": 5, "eta_seconds": 95}))
+    write_progress(run, RoundProgress(3, 5, "training", 2, 3, 0.0))
+    at = _page({"selected_run": run.name})
+    bar = at.get("progress")[0].proto
+    assert bar.text == "Round 2 of 5 · round 3: training, 2 of 3 hospitals done · about 1 min 35 s left"
+    assert bar.value == int(100 * (2 + 0.8 * 2 / 3) / 5)
+    (run / "progress.json").write_text("{damaged")
+    at.run()
+    assert at.get("progress")[0].proto.text == "Round 2 of 5 · about 1 min 35 s left"  # damaged: rounds only
+    assert not at.exception
