@@ -6,13 +6,17 @@ The per-run figures come from ``federation.report`` (the code behind ``gastric-f
 the CLI print the same numbers: averaged and std (population, over clients) test accuracy and AUC at the last
 round, the best averaged accuracy over rounds, values per round in each direction and seconds per round. The
 dashboard adds the best averaged AUC over rounds, the total values transmitted and the run's wall seconds.
+
+Before comparing, the page says what could make the comparison say little: the settings that differ between the
+runs (`settings_diff`, from each run's resolved ``config.toml``) and runs of other lengths or on other data
+(`mismatches`). The ablation launcher's batches (``jobs.QueueEntry``) are laid out as grids too (`queue_grids`),
+and `example_ablate` writes a ``gastric-fl ablate`` command that runs as shown on the data at hand.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
-import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +25,7 @@ from typing import Any
 import pandas as pd
 
 from app.dashboard.errors import DashboardError
-from app.dashboard.runs import config_value, load_metrics, load_summary, run_seconds
+from app.dashboard.runs import config_error, config_value, load_config, load_metrics, load_summary, run_seconds
 
 ABLATION_FILE = "ablation.json"
 
@@ -222,18 +226,11 @@ def read_config(run: Path) -> tuple[dict[str, Any], str | None]:
 
     A run that has not started yet has no ``config.toml``: ``{}`` and no problem.
     """
-    path = run / "config.toml"
-    if not path.is_file():
-        return {}, None
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return {}, (
-            f"{path} is not valid TOML ({reason}): this run's settings are unknown and it is left out of the "
-            "settings diff; restore the file or delete the run folder"
-        )
-    return data, None
+    problem = config_error(run)
+    if problem is not None:
+        first = problem.splitlines()[0]
+        return {}, f"{first}: left out of the settings diff; restore the file or delete the run folder"
+    return load_config(run), None
 
 
 def flatten(config: Mapping[str, Any]) -> dict[str, Any]:

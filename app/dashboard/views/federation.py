@@ -6,19 +6,21 @@ Eq. 1, 3-8, 16-20, 23-25).
 The form leads with the plain settings (dataset, method, rounds, seed, local epochs, learning rate); the method's
 hyper-parameters and the settings every method shares sit under "Advanced". Each field has the limits of
 ``federation/config.py``, and every invalid field gets its own message from the engine's own checks
-(``settings.check``), drawn after the form so that the form never waits for torch. *Start federation* stays
-disabled while a setting is invalid or while a training runs (``jobs.start_training``).
+(``settings.check``). The checks and the Start button are drawn last, into their place below the form, so that
+neither the form nor the runs below it wait for the engine's torch import. *Start federation* stays disabled
+while a setting is invalid or while a training runs (``jobs.start_training``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import streamlit as st
 
 from app.dashboard import charts, jobs, live, paths, settings, ui
-from app.dashboard.datasets import load_manifest
+from app.dashboard.datasets import PreparedDataset, load_manifest
 from app.dashboard.errors import DashboardError
 from app.dashboard.runs import (
     RunInfo,
@@ -134,16 +136,27 @@ def _num_clients(dataset: Path) -> int | None:
         return None
 
 
+@dataclass(frozen=True)
+class Form:
+    """What the form was filled with, and the place below it where its checks and the Start button go."""
+
+    slot: Any  # a Streamlit container
+    preset: Path | None
+    resolved: dict[str, Any]
+    dataset: PreparedDataset
+    values: dict[str, Any]
+
+
 @ui.page_guard("Federation")
-def start_form() -> None:
-    """The settings form, its checks and the Start button."""
+def start_form() -> Form | None:
+    """The settings form; its checks and the Start button are drawn by `finish_form` into the returned slot."""
     with st.expander("Start a new federation", expanded=True, icon=":material/play_circle:"):
         top = st.columns(3)
         with top[0]:
             dataset = ui.pick_dataset("Dataset")
         if dataset is None:
             ui.no_dataset_help()
-            return
+            return None
         engine_defaults = "(engine defaults)"
         preset_choice = top[1].selectbox(
             "Preset",
@@ -170,9 +183,18 @@ def start_form() -> None:
                     st.markdown(f"**{settings.GROUPS[group]}**")
                     _fields(group, values, initial, method, units)
 
-        # The checks import the engine (torch) the first time: the form above is already on screen.
-        num_clients = _num_clients(dataset.path)
-        checked = settings.check(preset_path, dataset.path, values, num_clients)
+        return Form(st.container(), preset_path, resolved, dataset, values)
+
+
+@ui.page_guard("Federation")
+def finish_form(form: Form) -> None:
+    """The checks of the form's settings, one message per problem, and the Start button (disabled while a setting
+    is invalid or a training runs). Drawn last: the checks import the engine (torch) the first time, and the rest
+    of the page must not wait for that."""
+    values, dataset = form.values, form.dataset
+    method = str(values["strategy.name"])
+    with form.slot:
+        checked = settings.check(form.preset, dataset.path, values, _num_clients(dataset.path))
         for message in checked.messages():
             st.error(message, icon=":material/block:")
         busy = busy_reason()
@@ -183,10 +205,10 @@ def start_form() -> None:
             st.caption(
                 f"{settings.plural(waiting, 'run')} wait in the Compare page's queue; a run started here goes first."
             )
-
         run_id = settings.new_run_id(method, {r.run_id for r in ui.all_runs()})
         run_dir = paths.runs_root(root) / run_id
-        command = settings.train_command(preset_path, dataset.path, run_dir, settings.overrides(values, resolved))
+        sets = settings.overrides(values, form.resolved)
+        command = settings.train_command(form.preset, dataset.path, run_dir, sets)
         title = settings.describe_run(values, dataset.name)
         left, right = st.columns([1, 3], vertical_alignment="center")
         with right.popover("Same run from a terminal", icon=":material/terminal:"):
@@ -336,8 +358,10 @@ def runs_section() -> None:
         monitor(selected, initial_status)
 
 
-start_form()
+form = start_form()
 pending = st.session_state.get("pending_run")
 if pending:
     st.fragment(run_every=REFRESH_S)(pending_banner)(pending)
 runs_section()
+if form is not None:
+    finish_form(form)
