@@ -68,6 +68,12 @@ RUN_PATTERNS: tuple[str, ...] = (
     "report/",
     *(f"report/{name}" for name in _REPORT_FILES),
     *(f"report/.{name}.*" for name in _REPORT_FILES),
+    # gastric-fl report --html (app.report_html): one page per hospital, its temp files and the folder's marker
+    "reports/",
+    "reports/client_[0-9][0-9].html",
+    "reports/.client_[0-9][0-9].html.*",
+    "reports/.gastric-fl-owner.json",
+    ".reports.lock",
     f"{CHECKPOINT_DIR}/",
     f"{CHECKPOINT_DIR}/round_[0-9][0-9][0-9][0-9].safetensors",
     f"{CHECKPOINT_DIR}/round_[0-9][0-9][0-9][0-9].json",
@@ -79,6 +85,9 @@ RUN_PATTERNS: tuple[str, ...] = (
     f"{_HOSPITAL}/{CHECKPOINT_DIR}/",
     f"{_HOSPITAL}/{CHECKPOINT_DIR}/round_[0-9][0-9][0-9][0-9].safetensors",
     f"{_HOSPITAL}/{CHECKPOINT_DIR}/.round_*",
+    # slides scored with the hospital's model for the dashboard's Slide page and the HTML report (app.slide_view)
+    f"{_HOSPITAL}/slides/",
+    f"{_HOSPITAL}/slides/*",
 )
 
 _STRATEGY = "strategy"

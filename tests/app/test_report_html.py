@@ -15,7 +15,8 @@ import pytest
 from cli_runner import run_cli
 from slide_fixtures import TrainedRoot, build_trained_root, copy_root
 
-from pipeline.outputs import MARKER_NAME, read_marker
+from federation.runs import RUN_PATTERNS
+from pipeline.outputs import MARKER_NAME, foreign_entries, read_marker
 
 IMG = re.compile(r"<img\b[^>]*>")
 
@@ -91,6 +92,8 @@ def test_report_html_is_self_contained_and_shows_the_runs_figures(
         assert "data-slide=" in page  # one test slide scored for the heatmap
     # the heatmap came from predict, kept in the hospital's own folder
     assert list((data.hospital(0) / "slides").rglob("overlay.png"))
+    # the reports and the scored slides are files a run may hold: train --overwrite still replaces the run
+    assert foreign_entries(data.run, "train", RUN_PATTERNS) == []
 
 
 def test_report_html_out_one_hospital_and_a_second_call(
