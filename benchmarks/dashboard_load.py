@@ -215,8 +215,10 @@ page by page, interleaved. Headless Chromium ({browser.VIEWPORT["width"]}x{brows
 Seconds from the start of the navigation. *Cold*: a fresh `gastric-fl dashboard` process, the page opened
 directly (it pays for everything its first visit imports); *warm*: the same page reloaded. *First content*: the
 first heading or text of the page's main area is visible; *settled*: Streamlit's "Running..." widget has gone and
-stays gone for 1 s. Data root: the quick-start data (60 synthetic slides, 3 hospitals, the 4-round FedSAF run of
-`configs/demo.toml`); each page shows that run. A page missing from a checkout is "—".
+stays gone for 1 s (Streamlit shows that widget once a run has lasted 0.5 s, so a page whose run ends sooner is
+settled within 0.5 s of its first content). Data root: the quick-start data (60 synthetic slides, 3 hospitals, the
+4-round FedSAF run of `configs/demo.toml`: what the script makes without `--data`); each page shows that run. A page
+missing from a checkout is "—".
 
 {table}
 """
