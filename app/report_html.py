@@ -59,6 +59,7 @@ from pipeline.outputs import (
 COMMAND = "report"
 REPORTS_DIR = "reports"
 EXAMPLES_PER_GROUP = 4
+TARGET_SENSITIVITY = 0.9  # the Hospital page's default target
 HEATMAPS_SHOWN = 3
 HEATMAP_MAX_SIDE = 720
 LABELS = ("normal", "abnormal")
@@ -341,51 +342,50 @@ def _img(png: bytes, alt: str, width: int | None = None) -> str:
     return f'<img src="{_data_uri(png)}" alt="{_e(alt)}"{size}>'
 
 
-def _ratio(num: int, den: int) -> float | None:
-    return num / den if den else None
-
-
 def _metrics(rep: HospitalReport) -> dict[str, Any]:
+    """Counts and rates at the card's threshold, the ROC curve, and the threshold reaching `TARGET_SENSITIVITY`.
+
+    The operating point, the target threshold and the warning are the Hospital page scorecard's own functions
+    (`app.dashboard.evaluation`), so the report and the page agree word for word.
+    """
     from app.dashboard import evaluation
 
     labels, probs = rep.predictions.labels, rep.predictions.probs
     matrix = evaluation.confusion(labels, probs, rep.threshold)
-    (tn, fp), (fn, tp) = (int(v) for v in matrix[0]), (int(v) for v in matrix[1])
+    point = evaluation.operating_point(labels, probs, rep.threshold)
     curve = evaluation.roc(labels, probs)
+    target = evaluation.threshold_for_sensitivity(labels, probs, TARGET_SENSITIVITY)
+
+    def rate(value: float) -> float | None:
+        return None if math.isnan(value) else value
+
     return {
         "matrix": matrix,
         "curve": curve,
         "tiles": len(labels),
-        "abnormal": int(labels.sum()),
-        "normal": int(len(labels) - labels.sum()),
+        "abnormal": point.abnormal,
+        "normal": point.normal,
         "auc": curve.auc,
-        "accuracy": _ratio(tn + tp, len(labels)),
-        "sensitivity": _ratio(tp, tp + fn),
-        "specificity": _ratio(tn, tn + fp),
-        "tp": tp,
-        "fn": fn,
-        "tn": tn,
-        "fp": fp,
+        "accuracy": rate(point.accuracy),
+        "sensitivity": rate(point.sensitivity),
+        "specificity": rate(point.specificity),
+        "tp": point.tp,
+        "fn": point.fn,
+        "tn": point.tn,
+        "fp": point.fp,
+        "target": target,
+        "warning": evaluation.auc_warning(curve.auc, point),
     }
 
 
-def _warning(m: dict[str, Any], threshold: float) -> str | None:
-    """A high AUC over a poor operating point (the threshold, not the ranking, is the problem), or a poor AUC."""
-    auc, sens, spec = m["auc"], m["sensitivity"], m["specificity"]
+def _warning(m: dict[str, Any]) -> str | None:
+    """The scorecard's warning (a high AUC over a poor operating point), else a note on a one-class split or an AUC
+    near chance."""
+    auc = m["auc"]
+    if m["warning"]:
+        return str(m["warning"])
     if auc is None:
         return "The test split holds only one class, so AUC and one of sensitivity/specificity are undefined."
-    if auc >= 0.8 and sens is not None and sens < 0.5:
-        return (
-            f"AUC {auc:.3f} says the model ranks tiles well, but at threshold {threshold:.2f} it misses "
-            f"{m['fn']} of {m['abnormal']} abnormal tiles (sensitivity {sens:.3f}): the threshold, not the "
-            "ranking, is the problem."
-        )
-    if auc >= 0.8 and spec is not None and spec < 0.5:
-        return (
-            f"AUC {auc:.3f} says the model ranks tiles well, but at threshold {threshold:.2f} it flags "
-            f"{m['fp']} of {m['normal']} normal tiles (specificity {spec:.3f}): the threshold, not the ranking, "
-            "is the problem."
-        )
     if auc < 0.6:
         return f"AUC {auc:.3f} is close to chance (0.5) or below: this model does not separate the classes."
     return None
@@ -401,6 +401,17 @@ def _metric_rows(rep: HospitalReport, m: dict[str, Any]) -> str:
         ("Specificity", "specificity", _fmt(m["specificity"]), EXPLAIN["specificity"]),
         ("Threshold", "threshold", f"{rep.threshold:.4g}", "P(abnormal) at or above it calls a tile abnormal"),
     ]
+    target = m["target"]
+    if target is not None:
+        rows.append(
+            (
+                f"Threshold for sensitivity {TARGET_SENSITIVITY:.2f}",
+                "target_threshold",
+                f"{target.threshold:.4f}",
+                f"the highest threshold that finds at least {TARGET_SENSITIVITY:.0%} of the abnormal tiles; "
+                f"specificity there {_fmt(target.point.specificity, 3)}",
+            )
+        )
     if engine:
         auc = engine.get("test_auc")
         acc = engine.get("test_acc")
@@ -552,7 +563,7 @@ def render(rep: HospitalReport) -> str:
     m = _metrics(rep)
     dataset = slide_view.card_dataset(rep.card, _config_dataset(rep))
     title = f"Hospital {rep.client} · run {rep.run.name}"
-    warning = _warning(m, rep.threshold)
+    warning = _warning(m)
     parts = [
         '<!doctype html><html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',

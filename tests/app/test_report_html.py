@@ -181,13 +181,16 @@ def test_the_report_reads_the_card_threshold_and_warns_about_the_operating_point
     page = report_html(data.run, 0)
     assert _metric(page, "auc") == "1.0000"
     assert _metric(page, "sensitivity") == "0.0000"
-    assert "the threshold, not the ranking, is the problem" in page
+    abnormal = sum(row["label"] == "abnormal" for row in rows)
+    assert f"misses {abnormal} of {abnormal} abnormal tiles" in page  # the scorecard's own warning sentence
+    assert "this threshold is in the wrong place" in page
+    assert _metric(page, "target_threshold") == "0.4500"
     card = json.loads((hospital / "model.json").read_text())
     (hospital / "model.json").write_text(json.dumps(card | {"threshold": 0.4}))
     page = report_html(data.run, "client_00")
     assert _metric(page, "threshold") == "0.4"
     assert _metric(page, "sensitivity") == "1.0000"
-    assert "the threshold, not the ranking" not in page
+    assert "this threshold is in the wrong place" not in page
 
 
 def test_building_a_report_imports_no_torch(data: TrainedRoot) -> None:
