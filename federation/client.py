@@ -5,7 +5,9 @@
 * ``head_epochs == 0``: one phase over all parameters (Eq. 23, FedAvg/FedProx/FedAMP/Separate).
 * ``head_epochs > 0``: the head (the last ``nhead`` units) trains with the shared base frozen (Eq. 24), then the
   base trains with the head frozen (Eq. 25), as in FedRep and FedSAF. A frozen part is frozen entirely: its
-  BatchNorm layers run in eval mode, so their running statistics do not move either.
+  BatchNorm layers run in eval mode, so their running statistics do not move either. The base is every unit
+  before the head, including what of it stays at the hospital (BatchNorm under ``strategy.bn = "local"``): its
+  BatchNorm layers train with it, in train mode, and stay frozen while the head trains.
 * ``prox_mu > 0``: ``prox_mu / 2 * ||rho - centre||^2`` over the shared *parameters* is added to the loss while
   the shared part trains, so the optimiser sees its gradient ``prox_mu * (rho - centre)`` (FedProx's mu;
   FedAMP/FedSAF's ``lambda / alpha_K``). It is built from the live parameters, not from ``.data``: a known
@@ -120,7 +122,12 @@ class Client:
         eval_batch_size: int,
         augment: bool,
         device: torch.device | str = "cpu",
+        head_keys: Sequence[str] | None = None,
     ) -> None:
+        """``shared_keys``: the ``state_dict`` keys the client loads and uploads. ``head_keys``: the keys of the
+        personal head (the last ``nhead`` units), which the head phase trains; the base phase trains every other
+        parameter, shared or kept at the hospital. ``None``: the head is every parameter that is not shared (right
+        only when no part of the base stays local). Head keys that are shared count as base."""
         self.cid = data.client
         self.data = data
         self.device = torch.device(device)
@@ -129,14 +136,17 @@ class Client:
         self.eval_batch_size = eval_batch_size
         self.augment = augment
         state_keys = set(self.model.state_dict().keys())
-        unknown = [k for k in shared_keys if k not in state_keys]
+        unknown = [k for k in [*shared_keys, *(head_keys or ())] if k not in state_keys]
         if unknown:
-            raise FederationError(f"client {self.cid}: shared keys {unknown[:3]} are not in the model")
+            raise FederationError(f"client {self.cid}: shared or head keys {unknown[:3]} are not in the model")
         self.shared_keys = list(shared_keys)
         shared = set(self.shared_keys)
         self.params = dict(self.model.named_parameters())
         self.shared_params = [k for k in self.params if k in shared]
-        self.head_params = [k for k in self.params if k not in shared]
+        head = set(self.params) - shared if head_keys is None else set(head_keys) - shared
+        self.head_params = [k for k in self.params if k in head]
+        # the base phase's parameters: the shared ones and the base's local ones (BatchNorm under bn = "local")
+        self.base_params = [k for k in self.params if k not in head]
 
     # -- the shared part ---------------------------------------------------------------------------------------
     def load_shared(self, tensors: Mapping[str, torch.Tensor] | None) -> None:
@@ -190,7 +200,7 @@ class Client:
             self._phase(
                 self.head_params, recipe.head_epochs, head_lr, recipe, None, generator, augmenter, losses, server_round
             )
-            base = self.shared_params
+            base = self.base_params
         else:
             base = list(self.params)
         if recipe.epochs > 0 and base:

@@ -56,7 +56,8 @@ from federation.engine.codec import Message
 from federation.engine.common import config_from_text, initial_state, resolve_device
 from federation.errors import FederationError
 from federation.runs import PREDICTIONS_FILE, now_iso, prediction_columns, read_json, write_json, write_predictions
-from models import ModelError, create_model
+from federation.strategies.common import resolved_nhead
+from models import ModelError, create_model, head_keys, split_units
 
 HOSPITAL_FILE = "hospital.json"
 CHECKPOINT_DIR = "checkpoints"
@@ -269,6 +270,8 @@ class Hospital:
         return self._loaded
 
     def _client(self, loaded: _Loaded, shared_keys: list[str]) -> Client:
+        """A ``Client`` over the loaded model; its head is the last ``strategy.nhead`` units (the units a recipe's
+        head phase trains; the base phase trains the rest, BatchNorm the hospital keeps local included)."""
         config = loaded.config
         return Client(
             loaded.data,
@@ -278,6 +281,7 @@ class Hospital:
             eval_batch_size=config.data.eval_batch_size,
             augment=config.data.augment,
             device=resolve_device(config.run.device),
+            head_keys=head_keys(split_units(loaded.model), resolved_nhead(config)),
         )
 
     def _checkpoints(self, run_id: str) -> dict[int, Path]:

@@ -1,0 +1,100 @@
+"""BatchNorm kept at the hospital (``strategy.bn = "local"``) in two-phase recipes (FedRep, FedSAF Eq. 24-25).
+
+A local BatchNorm layer of the base belongs to its layer unit: it stays frozen (eval mode, affine parameters and
+statistics untouched) while the head trains, and trains with the base (train mode: batch statistics, affine
+parameters updated) while the base trains. Frozen in the base phase, the base's convolutions trained without any
+normalisation and diverged (weights ~1e22 after one round, NaN Fisher traces) on the stain-shift regime.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from fl_tiny_dataset import TINY_SETTINGS, make_dataset
+from safetensors.torch import load_file
+from torch import nn
+
+from federation.client import Client
+from federation.config import load_config
+from federation.contract import Recipe, TrainInstruction
+from federation.data import ClientData, load_clients
+from federation.engine import train
+from federation.engine.common import initial_state
+from models import base_keys, batchnorm_keys, create_model, head_keys, split_units
+
+NHEAD = 3  # features.12 (convolution + BatchNorm), classifier.0 and classifier.3; the base has BatchNorm too
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_dataset(tmp_path_factory.mktemp("localbn"))
+
+
+@pytest.fixture(scope="module")
+def tiles(dataset: Path) -> dict[int, ClientData]:
+    return load_clients(dataset, input_size=32)
+
+
+def _local_bn_client(data: ClientData) -> Client:
+    torch.manual_seed(0)
+    model = create_model("mobilenet_v3_small")
+    units = split_units(model)
+    local = set(batchnorm_keys(model, affine=True))
+    shared = [k for k in base_keys(units, NHEAD) if k not in local]
+    return Client(
+        data, model, shared, batch_size=4, eval_batch_size=8, augment=False, head_keys=head_keys(units, NHEAD)
+    )
+
+
+def test_base_batchnorm_is_frozen_in_the_head_phase_and_trains_in_the_base_phase(
+    tiles: dict[int, ClientData],
+) -> None:
+    client = _local_bn_client(tiles[0])
+    base_bn = client.model.get_submodule("features.3.block.0.1")  # a local BatchNorm of the base
+    head_bn = client.model.get_submodule("features.12.1")  # a BatchNorm of the head
+    head_weight = client.model.get_parameter("classifier.3.weight")  # trainable only in the head phase
+    assert isinstance(base_bn, nn.BatchNorm2d)
+    assert isinstance(head_bn, nn.BatchNorm2d)
+    seen: dict[str, set[tuple[bool, bool, bool]]] = {"head": set(), "base": set()}
+
+    def record(_module: nn.Module, _inputs: object) -> None:
+        if torch.is_grad_enabled():  # a training step, not precise BN or the Fisher pass
+            phase = "head" if head_weight.requires_grad else "base"
+            seen[phase].add((base_bn.training, base_bn.weight.requires_grad, head_bn.training))
+
+    base_bn.register_forward_pre_hook(record)
+    recipe = Recipe(epochs=1, head_epochs=1, lr=0.01, momentum=0.9, precise_bn=False)
+    client.train(TrainInstruction(0, recipe), server_round=1, seed=0)
+    # (base BatchNorm in train mode, its affine parameters trained, head BatchNorm in train mode)
+    assert seen == {"head": {(False, False, True)}, "base": {(True, True, False)}}
+
+
+def test_head_phase_leaves_every_base_tensor_alone(tiles: dict[int, ClientData]) -> None:
+    client = _local_bn_client(tiles[0])
+    units = split_units(client.model)
+    before = client.state()
+    recipe = Recipe(epochs=0, head_epochs=1, lr=0.05, momentum=0.9, precise_bn=False)
+    client.train(TrainInstruction(0, recipe), server_round=1, seed=0)
+    after = client.state()
+    changed = [k for k in base_keys(units, NHEAD) if not torch.equal(before[k], after[k])]
+    assert changed == []
+    assert any(not torch.equal(before[k], after[k]) for k in head_keys(units, NHEAD))
+
+
+def test_a_hospital_keeps_its_local_base_batchnorm_frozen_while_the_head_trains(dataset: Path, tmp_path: Path) -> None:
+    """The engine's hospitals know their head: with base epochs off, FedRep with bn = local changes no base tensor."""
+    settings = [*TINY_SETTINGS, "run.rounds=1", "strategy.name=fedrep", "strategy.bn=local", "client.epochs=0"]
+    config = load_config(None, [*settings, "client.precise_bn=false", "client.head_epochs=1"], data=dataset)
+    train(config, tmp_path / "run", progress=False)
+    initial, units = initial_state(config)
+    local = set(batchnorm_keys(create_model("mobilenet_v3_small"), affine=True))
+    for c in (0, 1):
+        state = load_file(str(tmp_path / "run" / "hospitals" / f"client_{c:02d}" / "model.safetensors"))
+        base = base_keys(units, 1)
+        # BatchNorm never travels: bit for bit the initial one; the rest is the average of unchanged uploads
+        assert [k for k in base if k in local and not torch.equal(state[k], initial[k])] == []
+        for key in base:
+            torch.testing.assert_close(state[key], initial[key], rtol=0, atol=1e-6)
+        assert not torch.equal(state["classifier.3.weight"], initial["classifier.3.weight"])
