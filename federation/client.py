@@ -25,7 +25,7 @@ that the engine derives from (run seed, round, client), so a resumed run repeats
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import albumentations as A
@@ -298,11 +298,16 @@ class Client:
         self._moment_steps += 1
 
     @torch.no_grad()
-    def recompute_batchnorm(self) -> None:
+    def recompute_batchnorm(self, keep: Collection[str] = ()) -> None:
         """Precise BN: every BatchNorm's running statistics become the average of its batch statistics over
         one pass of the unaugmented training tiles (cumulative average, ``momentum=None``), for the current weights.
+
+        A layer whose ``running_mean`` key is in ``keep`` (statistics that came with the shared weights) keeps its
+        statistics and normalises with them during the pass (eval mode), as it will in evaluation.
         """
-        norms = [m for m in self.model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        named = [(n, m) for n, m in self.model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        kept = [m for n, m in named if f"{n}.running_mean" in keep]
+        norms = [m for n, m in named if f"{n}.running_mean" not in keep]
         if not norms or self.data.num_train == 0:
             return
         momenta = [m.momentum for m in norms]
@@ -310,6 +315,8 @@ class Client:
             module.reset_running_stats()
             module.momentum = None
         self.model.train()
+        for module in kept:
+            module.eval()
         images = self.data.train_x
         for start in range(0, self.data.num_train, self.eval_batch_size):
             self.model(to_tensor(images[start : start + self.eval_batch_size], self.device))

@@ -229,10 +229,17 @@ class Hospital:
     def _evaluate(
         self, loaded: _Loaded, client: Client, server_round: int, shared: Mapping[str, torch.Tensor] | None
     ) -> EvaluateReply:
-        """Load ``shared`` (``None``: keep the model), evaluate, keep the predictions, checkpoint and export."""
+        """Load ``shared`` (``None``: keep the model), evaluate, keep the predictions, checkpoint and export.
+
+        With ``client.precise_bn``, BatchNorm statistics the hospital keeps (``strategy.bn``, a head's) are
+        recomputed for the weights just loaded: they were computed for the hospital's weights before the server's
+        arrived, and would normalise the evaluated model with another model's statistics.
+        """
         start = time.perf_counter()
         loaded.at = None
         client.load_shared(shared)
+        if shared is not None and loaded.config.client.precise_bn:
+            client.recompute_batchnorm(keep=shared.keys())
         result = client.evaluate()
         seconds = time.perf_counter() - start
         folder = self.site.folder(loaded.run_id)

@@ -4,6 +4,7 @@ round, the Fisher estimator, head-phase BatchNorm, FedAMP's own distance; and th
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -129,9 +130,10 @@ def test_head_phase_normalises_with_the_hospitals_own_statistics(
         calls.append("head" if set(names) == set(self.head_params) else "base")
         original_phase(self, names, *args, **kwargs)
 
-    def recompute(self: Client) -> None:
-        calls.append("bn")
-        original_recompute(self)
+    def recompute(self: Client, keep: Collection[str] = ()) -> None:
+        if not keep:  # the recipe's; evaluating received weights keeps the statistics that came with them
+            calls.append("bn")
+        original_recompute(self, keep)
 
     monkeypatch.setattr(Client, "_phase", phase)
     monkeypatch.setattr(Client, "recompute_batchnorm", recompute)

@@ -1,9 +1,13 @@
-"""BatchNorm kept at the hospital (``strategy.bn = "local"``) in two-phase recipes (FedRep, FedSAF Eq. 24-25).
+"""BatchNorm kept at the hospital (``strategy.bn = "local"`` or ``"local_stats"``).
 
-A local BatchNorm layer of the base belongs to its layer unit: it stays frozen (eval mode, affine parameters and
-statistics untouched) while the head trains, and trains with the base (train mode: batch statistics, affine
-parameters updated) while the base trains. Frozen in the base phase, the base's convolutions trained without any
-normalisation and diverged (weights ~1e22 after one round, NaN Fisher traces) on the stain-shift regime.
+Two-phase recipes (FedRep, FedSAF Eq. 24-25): a local BatchNorm layer of the base belongs to its layer unit: it
+stays frozen (eval mode, affine parameters and statistics untouched) while the head trains, and trains with the
+base (train mode: batch statistics, affine parameters updated) while the base trains. Frozen in the base phase,
+the base's convolutions trained without any normalisation and diverged (weights ~1e22 after one round, NaN Fisher
+traces) on the stain-shift regime.
+
+Evaluation of received weights (FedAvg and the other averaging methods): the statistics a hospital keeps are
+recomputed (precise BN) for the weights it evaluates, not left as those of its weights before averaging.
 """
 
 from __future__ import annotations
@@ -98,3 +102,36 @@ def test_a_hospital_keeps_its_local_base_batchnorm_frozen_while_the_head_trains(
         for key in base:
             torch.testing.assert_close(state[key], initial[key], rtol=0, atol=1e-6)
         assert not torch.equal(state["classifier.3.weight"], initial["classifier.3.weight"])
+
+
+def test_recompute_batchnorm_keeps_the_statistics_it_is_told_to(tiles: dict[int, ClientData]) -> None:
+    client = _local_bn_client(tiles[0])
+    stats = [k for k in client.model.state_dict() if k.endswith(("running_mean", "running_var"))]
+    first = {k for k in stats if k.startswith("features.0.")}
+    before = client.state()
+    client.recompute_batchnorm(keep=first)
+    after = client.state()
+    assert all(torch.equal(before[k], after[k]) for k in first)
+    assert all(not torch.equal(before[k], after[k]) for k in stats if k not in first)
+    client.recompute_batchnorm(keep=stats)  # every statistic kept: nothing to recompute
+    assert all(torch.equal(after[k], v) for k, v in client.state().items())
+
+
+@pytest.mark.parametrize("bn", ["local_stats", "local"])
+def test_a_hospital_evaluates_received_weights_with_its_statistics_for_those_weights(
+    dataset: Path, tmp_path: Path, tiles: dict[int, ClientData], bn: str
+) -> None:
+    """FedAvg: a hospital evaluates (and exports) the averaged weights with its own BatchNorm statistics, recomputed
+    for those weights, not the ones it computed for its own weights before averaging."""
+    config = load_config(
+        None, [*TINY_SETTINGS, "run.rounds=1", "strategy.name=fedavg", f"strategy.bn={bn}"], data=dataset
+    )
+    train(config, tmp_path / "run", progress=False)
+    for c in (0, 1):
+        exported = load_file(str(tmp_path / "run" / "hospitals" / f"client_{c:02d}" / "model.safetensors"))
+        model = create_model("mobilenet_v3_small")
+        model.load_state_dict(exported)
+        client = Client(tiles[c], model, [], batch_size=4, eval_batch_size=config.data.eval_batch_size, augment=False)
+        client.recompute_batchnorm()
+        for key, value in client.state().items():
+            torch.testing.assert_close(value, exported[key], rtol=1e-4, atol=1e-5, msg=f"hospital {c}: {key}")
