@@ -4,8 +4,9 @@ Prints the run table and the per-hospital table, and writes ``report.md``, ``rep
 ``accuracy.png`` (averaged and std test accuracy over rounds, runs overlaid). ``--transmitted`` instead prints
 the values sent per client and round for each ``nhead`` of a model, computed from its ``state_dict``.
 ``--html`` instead writes one self-contained HTML report per hospital (`app.report_html`: metrics at the model
-card's threshold, ROC curve, confusion matrix, example tiles, a slide heatmap, settings and dataset hash) to
-``<run>/reports/client_XX.html`` or ``--out``.
+card's threshold, ROC curve, confusion matrix, example tiles, a slide heatmap, settings and dataset hash) into
+the hospital's own folder, ``<run>/hospitals/client_XX/report.html`` (it holds the hospital's tiles and per-tile
+probabilities, which the run's server part never holds), or as ``client_XX.html`` into ``--out``.
 Damaged lines of the run files and rounds missing hospitals are printed as one ``warning:`` line each (stderr)
 and listed in ``report.md``; the figures then come from the last complete round.
 """
@@ -36,7 +37,8 @@ def register(app: typer.Typer) -> None:
             False,
             "--html",
             help="Instead of the tables: one self-contained HTML report per hospital (metrics, ROC, confusion matrix, "
-            "example tiles, a slide heatmap, settings), in <run>/reports/ or --out.",
+            "example tiles, a slide heatmap, settings), as <run>/hospitals/client_XX/report.html (the hospital's own "
+            "folder) or as client_XX.html in --out.",
         ),
         hospital: list[int] = typer.Option(
             None, "--hospital", help="With --html: only this hospital (repeatable; default: every hospital)."

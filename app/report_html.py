@@ -19,10 +19,13 @@ the file. Colours are colour-blind safe: Okabe-Ito for lines and markers, cividi
 heatmaps. The report module imports no torch (scoring a missing heatmap, `write_html_reports` with
 ``score_missing``, does).
 
-Output safety follows `pipeline.outputs`: the report folder (``<run>/reports/`` by default) is locked while it is
-written (`claim_output`), carries the ``report`` ownership marker, a folder holding files the command did not write
-is refused, and each file is written to a temporary name and renamed. Everything is built before anything is
-written, so bad input leaves no partial output.
+A report holds the hospital's tile images and per-tile probabilities, so by default it goes where the hospital's
+predictions already are, its own folder: ``<run>/hospitals/client_XX/report.html`` (data/README.md section 3; the
+run's server part never holds such data). ``--out DIR`` writes ``client_XX.html`` files to a folder of the user's
+choosing instead; output safety then follows `pipeline.outputs`: the folder is locked while it is written
+(`claim_output`), carries the ``report`` ownership marker, and a folder holding files the command did not write is
+refused. Each file is written to a temporary name and renamed, and everything is built before anything is written,
+so bad input leaves no partial output.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ from pipeline.outputs import (
 )
 
 COMMAND = "report"
-REPORTS_DIR = "reports"
+HOSPITAL_REPORT = "report.html"  # in the hospital's own folder, beside its predictions.csv
 EXAMPLES_PER_GROUP = 4
 TARGET_SENSITIVITY = 0.9  # the Hospital page's default target
 HEATMAPS_SHOWN = 3
@@ -660,14 +663,17 @@ def write_html_reports(
     score_missing: bool = True,
     warn: Callable[[str], None] | None = None,
 ) -> list[Path]:
-    """``gastric-fl report --html``: ``client_XX.html`` per hospital of each run, in ``<run>/reports/`` or ``out``.
+    """``gastric-fl report --html``: one report per hospital of each run; returns the paths written.
 
-    With several runs and ``out``, each run's reports go to ``out/<run name>/``. ``score_missing`` scores one test
-    slide per hospital that has none scored yet (imports torch). All reports are built before any is written.
+    By default each report is ``<run>/hospitals/client_XX/report.html``, in the hospital's own folder. With ``out``
+    the reports are ``out/client_XX.html`` (several runs: ``out/<run name>/client_XX.html``) in a folder carrying
+    the ``report`` marker. ``score_missing`` scores one test slide per hospital that has none scored yet (imports
+    torch). All reports are built before any is written.
     """
     if not runs:
         raise ReportError("give at least one run directory, e.g. gastric-fl report data/runs/quickstart --html")
-    plans: list[tuple[Path, dict[str, str]]] = []
+    own_folders: list[tuple[Path, str]] = []  # (file in a hospital's folder, page)
+    out_folders: list[tuple[Path, dict[str, str]]] = []  # (--out folder, file name -> page)
     for run in runs:
         if not run.is_dir():
             raise ReportError(f"run directory {run} does not exist: give a folder made by gastric-fl train")
@@ -686,11 +692,25 @@ def write_html_reports(
                     rep.notes.append(problem)
                     if warn is not None:
                         warn(f"{rep.folder}: {problem}")
-            pages[f"client_{client:02d}.html"] = render(rep)
-        dest = out if out is not None and len(runs) == 1 else (out / run.name if out is not None else run / REPORTS_DIR)
-        plans.append((dest, pages))
+            page = render(rep)
+            pages[f"client_{client:02d}.html"] = page
+            own_folders.append((rep.folder / HOSPITAL_REPORT, page))
+        if out is not None:
+            out_folders.append((out if len(runs) == 1 else out / run.name, pages))
     written: list[Path] = []
-    for dest, pages in plans:
+    if out is None:
+        for path, page in own_folders:
+            try:
+                slide_view.write_atomic(path, page.encode("utf-8"))
+            except OSError as exc:
+                reason = exc.strerror or type(exc).__name__
+                raise OutputError(
+                    f"cannot write {path}: {reason}; make the hospital's folder writable, or write the reports "
+                    "elsewhere with --out DIR"
+                ) from None
+            written.append(path)
+        return written
+    for dest, pages in out_folders:
         _check_dest(dest)
         try:
             with claim_output(dest, COMMAND):

@@ -59,7 +59,8 @@ OWNER = "train"  # the command named in a run directory's ownership marker
 _SERVER_FILES = (CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, AGGREGATION_FILE, "messages.jsonl", "progress.json")
 _REPORT_FILES = ("report.md", "report.csv", "hospitals.csv", "accuracy.png")
 _HOSPITAL = "hospitals/client_[0-9][0-9]"
-_HOSPITAL_FILES = ("hospital.json", PREDICTIONS_FILE, "model.safetensors", "model.json")  # model.*: models.bundle
+# model.*: models.bundle; report.html: gastric-fl report --html (app.report_html), hospital data like predictions.csv
+_HOSPITAL_FILES = ("hospital.json", PREDICTIONS_FILE, "model.safetensors", "model.json", "report.html")
 RUN_PATTERNS: tuple[str, ...] = (
     *_SERVER_FILES,
     *(f".{name}.*" for name in _SERVER_FILES),
@@ -68,12 +69,6 @@ RUN_PATTERNS: tuple[str, ...] = (
     "report/",
     *(f"report/{name}" for name in _REPORT_FILES),
     *(f"report/.{name}.*" for name in _REPORT_FILES),
-    # gastric-fl report --html (app.report_html): one page per hospital, its temp files and the folder's marker
-    "reports/",
-    "reports/client_[0-9][0-9].html",
-    "reports/.client_[0-9][0-9].html.*",
-    "reports/.gastric-fl-owner.json",
-    ".reports.lock",
     f"{CHECKPOINT_DIR}/",
     f"{CHECKPOINT_DIR}/round_[0-9][0-9][0-9][0-9].safetensors",
     f"{CHECKPOINT_DIR}/round_[0-9][0-9][0-9][0-9].json",

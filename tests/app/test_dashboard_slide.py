@@ -225,6 +225,11 @@ def test_the_report_download_is_the_hospitals_html_report(data: TrainedRoot, mon
 
     assert stable(page) == stable(direct)
     assert f'data-slide="{Path(source).stem}"' in page  # the slide scored on the page is in the report
+    assert not list(data.run.rglob("*.html"))  # served from memory: the page writes no report anywhere
+    # the same document as the file gastric-fl report --html writes, which goes into the hospital's own folder
+    (written,) = report_html.write_html_reports([data.run], hospitals=[0], score_missing=False)
+    assert written == data.hospital(0) / "report.html"
+    assert stable(written.read_text(encoding="utf-8")) == stable(page)
 
 
 def test_a_run_without_exported_models_says_what_to_do(fixture_root: Fixture) -> None:

@@ -47,6 +47,15 @@ def _one_line_error(capsys: pytest.CaptureFixture[str], *words: str) -> str:
     return err
 
 
+def _server_part(run: Path) -> dict[str, int]:
+    """Every file of the run outside ``hospitals/`` with its size: what the server's part holds."""
+    return {
+        p.relative_to(run).as_posix(): p.stat().st_size
+        for p in run.rglob("*")
+        if p.is_file() and p.relative_to(run).parts[0] != "hospitals"
+    }
+
+
 def _last_round(run: Path, client: int) -> dict:
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return max((r for r in records if r["client"] == client), key=lambda r: r["round"])
@@ -55,15 +64,21 @@ def _last_round(run: Path, client: int) -> dict:
 def test_report_html_is_self_contained_and_shows_the_runs_figures(
     data: TrainedRoot, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    server_part_before = _server_part(data.run)
     assert run_cli(monkeypatch, "report", str(data.run), "--html") == 0
     out = capsys.readouterr().out
-    reports = data.run / "reports"
-    assert sorted(p.name for p in reports.glob("*.html")) == ["client_00.html", "client_01.html"]
-    assert str(reports / "client_00.html") in out
-    assert read_marker(reports)["command"] == "report"  # type: ignore[index]
+    # each report is hospital data (its tiles, per-tile probabilities): it goes into the hospital's own folder
+    reports = [data.hospital(client) / "report.html" for client in (0, 1)]
+    assert [str(path) in out for path in reports] == [True, True]
+    assert sorted(p.relative_to(data.run).as_posix() for p in data.run.rglob("*.html")) == [
+        "hospitals/client_00/report.html",
+        "hospitals/client_01/report.html",
+    ]
+    # the run's server part is left exactly as it was: no report, no marker, no lock file
+    assert _server_part(data.run) == server_part_before
     summary = json.loads((data.run / "summary.json").read_text())
     for client in (0, 1):
-        page = (reports / f"client_{client:02d}.html").read_text(encoding="utf-8")
+        page = reports[client].read_text(encoding="utf-8")
         # self-contained: nothing is fetched from anywhere, no script runs
         assert not re.search(r"""(?:src|href|action)\s*=\s*["']?\s*(?:[a-z]+:)?//""", page, re.IGNORECASE)
         assert "<script" not in page.lower()
@@ -102,9 +117,10 @@ def test_report_html_out_one_hospital_and_a_second_call(
     out = tmp_path / "out"
     assert run_cli(monkeypatch, "report", str(data.run), "--html", "--hospital", "1", "--out", str(out)) == 0
     assert sorted(p.name for p in out.iterdir()) == [MARKER_NAME, "client_01.html"]
+    assert read_marker(out)["command"] == "report"  # type: ignore[index]
     first = (out / "client_01.html").read_text(encoding="utf-8")
     assert "Hospital 1" in first
-    assert not (data.run / "reports").exists()
+    assert not list(data.run.rglob("*.html"))  # --out replaces the default place, it does not add to it
     # a second call replaces its own file; a file it did not write stays and nothing half-written remains
     (out / "notes.txt").write_text("mine", encoding="utf-8")
     (out / MARKER_NAME).unlink()
@@ -155,7 +171,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(
     _damage(data, damage)
     assert run_cli(monkeypatch, "report", str(data.run), "--html", *args) == 2
     _one_line_error(capsys, *words)
-    assert not (data.run / "reports").exists()
+    assert not list(data.run.rglob("*.html"))
 
 
 def test_a_missing_run_is_one_line(
