@@ -9,6 +9,9 @@ Eq. 3-8 and 16-18, ``[fedsaf]`` toggles the Fisher reweighting (Eq. 12-15, 19-20
 Loading is strict: an unknown section or key, a value of the wrong type, or a value out of range is rejected
 with a ``FederationError`` that names it and says what is allowed. The defaults live in ``DEFAULTS_TOML`` below;
 a preset in ``configs/`` only lists what it changes.
+
+Checking a configuration imports no torch: the names it checks against come from the torch-free leaves
+`models.names` and `federation.strategies.registry`, so the dashboard's form can check settings at once.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from federation.errors import FederationError
+from federation.strategies.registry import OWN_START, STRATEGY_NAMES, wrap_problem
+from models.names import MODEL_NAMES
 
 # The single source of default values. A field missing here has a Python default of None, meaning
 # "decided later" (``strategy.nhead``: the chosen strategy's own default; ``client.head_lr``: same as lr).
@@ -152,6 +157,7 @@ BN_MODES = ("shared", "local_stats", "local")
 STARTS = ("centre", "own")
 FISHER_ESTIMATORS = ("per_sample", "full_pass")
 AMP_METRICS = ("euclidean", "manhattan", "cosine", "cosine_distance")
+AMP_SCALES = ("raw", "per_value", "relative")  # federation.aggregation.SCALES
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -229,8 +235,6 @@ class ModelSection:
     in_chans: int
 
     def __post_init__(self) -> None:
-        from models import MODEL_NAMES
-
         if self.name not in MODEL_NAMES:
             _fail("model.name", self.name, f"use one of {', '.join(MODEL_NAMES)}")
         if self.in_chans not in (1, 3):
@@ -248,8 +252,6 @@ class StrategySection:
     nhead: int | None = None
 
     def __post_init__(self) -> None:
-        from federation.strategies import STRATEGY_NAMES, wrap_problem
-
         if self.bn not in BN_MODES:
             _fail("strategy.bn", self.bn, f"use one of {', '.join(BN_MODES)}")
         if self.name not in STRATEGY_NAMES:
@@ -348,9 +350,27 @@ class AmpSection:
         _at_least("amp.lam", self.lam, 0.0)
         if self.dm not in AMP_METRICS:
             _fail("amp.dm", self.dm, f"use one of {', '.join(AMP_METRICS)}")
-        scales = ("raw", "per_value", "relative")
-        if self.scale not in scales:
-            _fail("amp.scale", self.scale, f"use one of {', '.join(scales)}")
+        if self.scale not in AMP_SCALES:
+            _fail("amp.scale", self.scale, f"use one of {', '.join(AMP_SCALES)}")
+
+
+def amp_bound_problem(num_clients: int, alpha_k: float, sigma: float) -> str | None:
+    """Why AMP with ``alpha_k`` and ``sigma`` could give one of ``num_clients`` hospitals a negative self-weight
+    (Eq. 16), or ``None`` when it cannot.
+
+    For a distance ``d >= 0``, ``A'(d) = exp(-d/sigma)/sigma <= 1/sigma``, so ``xi_ii >= 1 - alpha_k (m - 1) /
+    sigma``: non-negative exactly when ``alpha_k (m - 1) <= sigma`` (DESIGN.md). The boundary itself is allowed
+    (a relative tolerance of 1e-12). The same rule as `federation.aggregation.check_amp_settings`, which the
+    engine applies when a run starts; this one needs no torch, for checking settings before a run.
+    """
+    peers = num_clients - 1
+    if peers < 1 or alpha_k * peers <= sigma * (1.0 + 1e-12):
+        return None
+    return (
+        f"amp.alpha_k={alpha_k} with amp.sigma={sigma} and {num_clients} clients could make a client's "
+        f"self-weight xi_ii negative (needs alpha_k * (m-1) <= sigma): set amp.alpha_k <= {sigma / peers:.6g} "
+        "or raise amp.sigma"
+    )
 
 
 @dataclass(frozen=True)
@@ -544,8 +564,6 @@ def config_from_dict(raw: Mapping[str, Any], source: str = "config") -> RunConfi
     if config.client.epochs + config.client.head_epochs == 0:
         _fail("client.epochs", 0, "train for at least one epoch (client.epochs or client.head_epochs > 0)")
     _check_unused(config, "adam", config.client.optimizer == "adam", 'they apply only with client.optimizer = "adam"')
-    from federation.strategies import OWN_START
-
     if config.strategy.name == "precision_weighted" and config.client.optimizer != "adam":
         _fail(
             "client.optimizer",

@@ -5,6 +5,8 @@ torchvision, always built with random weights (nothing is downloaded); a local s
 them. Grayscale hospitals are handled in the data loader by replicating the gray channel three times, so every
 hospital runs the *same* 3-channel architecture and every layer can be shared; ``in_chans=1`` is offered for a
 federation where every tile is converted to gray (the first convolution is then rebuilt for one channel).
+
+The architectures' names, smallest inputs and layer-unit counts are in `models.names`, which needs no torch.
 """
 
 from __future__ import annotations
@@ -17,8 +19,7 @@ from torch import nn
 from torchvision import models as tvm
 
 from models.errors import ModelError
-
-DEFAULT_MODEL = "mobilenet_v3_small"
+from models.names import DEFAULT_MODEL, MODEL_NAMES, check_input_size, check_model_name, min_input_size
 
 _BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "mobilenet_v3_small": tvm.mobilenet_v3_small,
@@ -26,35 +27,7 @@ _BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "efficientnet_b0": tvm.efficientnet_b0,
     "alexnet": tvm.alexnet,
 }
-
-MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
 BATCHNORM_MOMENTUM = 0.1
-
-# AlexNet's stride-4 stem and three 3x3/2 max-pools need a 63-pixel input to leave a 1x1 map before its
-# adaptive pooling; the others downsample 32x, so 32 pixels leave one spatial position.
-_MIN_INPUT: dict[str, int] = {"mobilenet_v3_small": 32, "resnet18": 32, "efficientnet_b0": 32, "alexnet": 63}
-
-
-def check_model_name(name: str) -> None:
-    """Raise ``ModelError`` unless ``name`` is a registered architecture."""
-    if name not in _BUILDERS:
-        raise ModelError(f"unknown model {name!r}: choose one of {', '.join(MODEL_NAMES)}")
-
-
-def min_input_size(name: str) -> int:
-    """Smallest square input side (pixels) the architecture accepts."""
-    check_model_name(name)
-    return _MIN_INPUT[name]
-
-
-def check_input_size(name: str, input_size: int) -> None:
-    """Raise ``ModelError`` if tiles of side ``input_size`` are too small for ``name``."""
-    smallest = min_input_size(name)
-    if input_size < smallest:
-        raise ModelError(
-            f"input_size {input_size} is too small for {name}: it needs at least {smallest} pixels "
-            f"(set data.input_size >= {smallest})"
-        )
 
 
 def create_model(
@@ -137,3 +110,15 @@ def load_weights(model: nn.Module, name: str, path: Path) -> None:
                 f"the model needs {tuple(own[key].shape)}"
             )
     model.load_state_dict(loadable, strict=False)
+
+
+__all__ = [
+    "BATCHNORM_MOMENTUM",
+    "DEFAULT_MODEL",
+    "MODEL_NAMES",
+    "check_input_size",
+    "check_model_name",
+    "create_model",
+    "load_weights",
+    "min_input_size",
+]

@@ -7,12 +7,14 @@ preset with that one value changed, so each invalid field gets its own message, 
 ``gastric-fl train`` would use; then the whole configuration is loaded exactly as the CLI loads it
 (``federation.config.load_config``: the preset, the ``--set`` overrides, ``--data``) for the rules between
 fields; then the checks the engine makes when a run starts, before its first round: the AMP bound
-``alpha_k x (hospitals - 1) <= sigma`` (``federation.aggregation.check_amp_settings``; FedSAF paper Eq. 3-8,
+``alpha_k x (hospitals - 1) <= sigma`` (``federation.config.amp_bound_problem``; FedSAF paper Eq. 3-8,
 16-18: ``A'(x) = exp(-x/sigma)/sigma <= 1/sigma`` keeps ``xi_ii >= 0``), ``nhead`` within the model's layer
 units (Eq. 1), the input size the model needs, and the head-first rules of FedRep and FedSAF (Eq. 24).
 
-Resolving a preset and drawing the form import no torch (the strategy registry's names and defaults are mirrored
-here and a test keeps them equal to ``federation.strategies``); only the checks do, after the form is on screen.
+Nothing here imports torch, the checks included: the strategies' names and defaults come from the registry
+(``federation.strategies.registry``), the models' names, input sizes and layer units from ``models.names``, and
+the AMP bound from ``federation.config.amp_bound_problem``, all torch-free, so the page settles without waiting
+on torch.
 """
 
 from __future__ import annotations
@@ -29,53 +31,31 @@ from typing import Any
 
 from federation.config import (
     AMP_METRICS,
+    AMP_SCALES,
     BN_MODES,
     DEFAULTS_TOML,
     FISHER_ESTIMATORS,
     OPTIMIZERS,
     STARTS,
     TLU_GROUPINGS,
+    amp_bound_problem,
 )
+from federation.strategies.registry import (
+    AVERAGING,
+    FORCED_BN,
+    OWN_START,
+    STRATEGY_NAMES,
+    WRAPPER_NAMES,
+    default_nhead,
+)
+from models.errors import ModelError
+from models.names import DEFAULT_MODEL, LAYER_UNITS, check_input_size
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PRESETS_DIR = PROJECT_ROOT / "configs"
 DEFAULT_PRESET = PRESETS_DIR / "demo.toml"
 
-# Mirrors of the strategy registry (federation/strategies/__init__.py), which imports torch; tests keep them equal.
-STRATEGY_NAMES: tuple[str, ...] = (
-    "separate",
-    "fedavg",
-    "fedprox",
-    "fedrep",
-    "fedamp",
-    "fedsaf",
-    "depthwise_fim",
-    "precision_weighted",
-    "fedbn",
-    "fedas",
-)
-DEFAULT_NHEAD: dict[str, int] = {
-    "separate": 0,
-    "fedavg": 0,
-    "fedprox": 0,
-    "fedrep": 1,
-    "fedamp": 0,
-    "fedsaf": 6,
-    "depthwise_fim": 1,
-    "precision_weighted": 0,
-    "fedbn": 0,
-    "fedas": 1,
-}
-OWN_START: frozenset[str] = frozenset({"fedamp", "fedsaf"})
-AVERAGING: frozenset[str] = frozenset(
-    {"fedavg", "fedprox", "fedrep", "depthwise_fim", "precision_weighted", "fedbn", "fedas"}
-)
-FORCED_BN: dict[str, str] = {"fedbn": "local"}
-WRAPPER_NAMES: tuple[str, ...] = ("fedlws", "fedtlu")
-# Layer units per architecture (models.split_units; nhead's upper bound). A test checks them against the models.
-MODEL_UNITS: dict[str, int] = {"mobilenet_v3_small": 15, "resnet18": 11, "efficientnet_b0": 10, "alexnet": 8}
-DEFAULT_UNITS = MODEL_UNITS["mobilenet_v3_small"]
-AMP_SCALES = ("raw", "per_value", "relative")  # federation.config.AmpSection.scale
+DEFAULT_UNITS = LAYER_UNITS[DEFAULT_MODEL]
 
 # The methods offered, FedSAF first; the short name is used in sentences, the long one in the picker.
 ALGORITHMS: tuple[str, ...] = (
@@ -528,20 +508,16 @@ def resolve_preset(path: Path | None) -> tuple[dict[str, dict[str, Any]], str | 
     return resolved, None
 
 
-def default_nhead(algorithm: str) -> int:
-    """The strategy's own ``nhead`` when the configuration leaves it unset (the engine's registry)."""
-    return DEFAULT_NHEAD.get(algorithm, 0)
-
-
 def model_units(model_name: str) -> int:
-    """How many layer units the model has (``models.split_units``), the upper bound of ``nhead``."""
-    return MODEL_UNITS.get(model_name, DEFAULT_UNITS)
+    """How many layer units the model has (``models.names.LAYER_UNITS``), the upper bound of ``nhead``; the
+    default model's for a name the registry does not know (the configuration check names that problem)."""
+    return LAYER_UNITS.get(model_name, DEFAULT_UNITS)
 
 
 def model_of(resolved: Mapping[str, Any]) -> str:
     """The architecture a resolved preset trains."""
     table = resolved.get("model")
-    return str(table.get("name")) if isinstance(table, Mapping) and table.get("name") else "mobilenet_v3_small"
+    return str(table.get("name")) if isinstance(table, Mapping) and table.get("name") else DEFAULT_MODEL
 
 
 def baseline(resolved: Mapping[str, Any], key: str, method: str) -> Any:
@@ -701,10 +677,6 @@ def _named_field(message: str, values: Mapping[str, Any]) -> Field | None:
 def _start_problems(config: Any, num_clients: int | None) -> list[tuple[str | None, str]]:
     """What the engine refuses when a run starts, before round 1 (federation/engine/loop.py, the strategies), as
     (the field it is about or ``None``, sentence)."""
-    from federation.aggregation import check_amp_settings
-    from federation.errors import FederationError
-    from models import ModelError, check_input_size
-
     problems: list[tuple[str | None, str]] = []
     name = config.strategy.name
     nhead = config.strategy.nhead if config.strategy.nhead is not None else default_nhead(name)
@@ -728,20 +700,22 @@ def _start_problems(config: Any, num_clients: int | None) -> list[tuple[str | No
         problems.append(("client.head_epochs", f"{sentence}, so use 1 or more."))
     if num_clients is not None and num_clients < 2 and name != "separate":
         problems.append((None, f"The dataset has {num_clients} hospital(s): a federation needs at least 2."))
-    if name in OWN_START and num_clients is not None and num_clients >= 2:
-        metric = config.fedamp.dm if name == "fedamp" else config.amp.dm
-        try:
-            check_amp_settings(num_clients, metric, config.amp.alpha_k, config.amp.sigma)
-        except FederationError:
-            peers = num_clients - 1
-            problems.append(
-                (
-                    "amp.alpha_k",
-                    f"alpha_k x (hospitals - 1) = {config.amp.alpha_k:g} x {peers} = {config.amp.alpha_k * peers:g} "
-                    f"exceeds sigma = {config.amp.sigma:g}, so a hospital's weight on its own model could turn "
-                    f"negative: lower alpha_k to at most {config.amp.sigma / peers:g} or raise sigma.",
-                )
+    # (the distance itself, amp.dm or fedamp.dm, was checked with its section)
+    if (
+        name in OWN_START
+        and num_clients is not None
+        and num_clients >= 2
+        and amp_bound_problem(num_clients, config.amp.alpha_k, config.amp.sigma) is not None
+    ):
+        peers = num_clients - 1
+        problems.append(
+            (
+                "amp.alpha_k",
+                f"alpha_k x (hospitals - 1) = {config.amp.alpha_k:g} x {peers} = {config.amp.alpha_k * peers:g} "
+                f"exceeds sigma = {config.amp.sigma:g}, so a hospital's weight on its own model could turn "
+                f"negative: lower alpha_k to at most {config.amp.sigma / peers:g} or raise sigma.",
             )
+        )
     return problems
 
 
@@ -753,7 +727,7 @@ def check(
 ) -> Checked:
     """Every reason these settings cannot run, as ``gastric-fl train`` would refuse them (module docstring).
 
-    Imports the engine (torch) on first use: call it after the form is drawn.
+    Reads the preset and ``dataset``'s files; imports no torch.
     """
     from federation.config import load_config
 

@@ -1,5 +1,7 @@
-"""No dashboard page waits on torch to show its first content: the modules the pages import at the top, the readers
-of run files behind the Compare page, and the Data and Hospital pages themselves never import torch."""
+"""No dashboard page waits on torch, neither for its first content nor to settle: the modules the pages import at
+the top, the readers of run files behind the Compare page, the run configuration and the Federation form's checks
+(the strategy registry, the models' names), and the Data, Federation, Hospital and Compare pages themselves never
+import torch."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ MODULES = (
     "app.dashboard.errors",
     "app.dashboard.paths",
     "federation.report",  # what the Compare page reads runs with
+    "app.dashboard.settings",  # the Federation form and its checks, the Compare page's launcher
+    "federation.config",  # what the checks load the configuration with
 )
 
 
@@ -44,6 +48,32 @@ def test_the_dashboard_modules_do_not_import_torch() -> None:
     assert "sklearn" not in loaded  # imported when the first ROC is computed, after the page's first content
 
 
+def test_checking_the_form_and_loading_a_configuration_import_no_torch() -> None:
+    """The whole check the Federation form runs (every field, the configuration as train loads it, the start-time
+    rules: AMP's bound, nhead within the model's layer units, the input size), with a FedSAF whose alpha_k breaks the
+    bound so that every rule is reached; the old import paths still give the same names."""
+    code = f"""
+from pathlib import Path
+from app.dashboard import settings
+from federation.config import load_config
+load_config({str(ROOT / "configs" / "demo.toml")!r})
+resolved = settings.resolve_preset(settings.DEFAULT_PRESET)[0]
+values = settings.initial_values(resolved, "fedsaf")
+values["amp.alpha_k"] = 100.0
+values["strategy.nhead"] = 99
+checked = settings.check(settings.DEFAULT_PRESET, None, values, 3)
+assert set(checked.fields) == {{"amp.alpha_k", "strategy.nhead"}}, checked
+import models, federation.strategies, models.names, federation.strategies.registry as registry
+assert models.MODEL_NAMES is models.names.MODEL_NAMES
+assert federation.strategies.STRATEGY_NAMES is registry.STRATEGY_NAMES
+assert federation.strategies.default_nhead is registry.default_nhead
+"""
+    loaded = _loaded(code)
+    assert {"app", "federation", "models"} <= loaded  # the check sees what was imported
+    assert "torch" not in loaded
+    assert "torchvision" not in loaded
+
+
 def test_the_data_and_hospital_pages_do_not_import_torch(fixture_root: Fixture) -> None:
     code = f"""
 from streamlit.testing.v1 import AppTest
@@ -57,4 +87,21 @@ assert at.get("plotly_chart"), "the Hospital page drew its charts"
     loaded = _loaded(code, {"GASTRIC_FL_DATA": str(fixture_root.root)})
     assert "streamlit" in loaded
     assert "sklearn" in loaded  # the ROC curve was computed
+    assert "torch" not in loaded
+
+
+def test_the_federation_and_compare_pages_do_not_import_torch(fixture_root: Fixture) -> None:
+    """Both pages run the form's checks (the Federation form, the Compare page's ablation launcher) to settle."""
+    code = f"""
+from streamlit.testing.v1 import AppTest
+at = AppTest.from_file({str(ROOT / "app" / "dashboard" / "main.py")!r}, default_timeout=90)
+at.run()
+for page, button in (("views/federation.py", "Start federation"), ("views/compare.py", "Queue ")):
+    at.switch_page(page)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any(b.label.startswith(button) for b in at.button), [b.label for b in at.button]  # drawn after the checks
+"""
+    loaded = _loaded(code, {"GASTRIC_FL_DATA": str(fixture_root.root)})
+    assert {"streamlit", "plotly"} <= loaded
     assert "torch" not in loaded

@@ -40,22 +40,6 @@ def _values(resolved: dict[str, Any], method: str = "fedsaf", **changes: Any) ->
     return values
 
 
-def test_the_mirrors_of_the_registry_and_the_models_agree() -> None:
-    from federation import strategies
-    from models import MODEL_NAMES, create_model, split_units
-
-    assert settings.STRATEGY_NAMES == strategies.STRATEGY_NAMES
-    assert set(settings.ALGORITHMS) == set(strategies.STRATEGY_NAMES)
-    assert settings.DEFAULT_NHEAD == strategies.DEFAULT_NHEAD
-    assert settings.OWN_START == strategies.OWN_START
-    assert settings.AVERAGING == strategies.AVERAGING
-    assert settings.FORCED_BN == strategies.FORCED_BN
-    assert settings.WRAPPER_NAMES == strategies.WRAPPER_NAMES
-    assert set(settings.MODEL_UNITS) == set(MODEL_NAMES)
-    for name, units in settings.MODEL_UNITS.items():
-        assert len(split_units(create_model(name, 2))) == units, name
-
-
 def test_every_field_is_a_setting_of_the_run_configuration() -> None:
     for item in settings.FIELDS:
         assert item.section in SECTIONS, item.key

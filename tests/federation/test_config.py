@@ -87,3 +87,24 @@ def test_override_values_are_read_as_toml_or_bare_words() -> None:
 def test_no_training_at_all_is_rejected() -> None:
     with pytest.raises(FederationError, match="at least one epoch"):
         load_config(None, ["client.epochs=0", "client.head_epochs=0"])
+
+
+@pytest.mark.parametrize(
+    ("clients", "alpha_k", "sigma"),
+    [(3, 5.0, 10.0), (3, 5.000001, 10.0), (3, 6.0, 10.0), (2, 10.0, 10.0), (2, 10.1, 10.0), (5, 0.5, 2.0),
+     (5, 0.51, 2.0), (11, 0.1, 1.0), (12, 0.1, 1.0)],
+)  # fmt: skip
+def test_the_torch_free_amp_bound_is_the_engines(clients: int, alpha_k: float, sigma: float) -> None:
+    """federation.config.amp_bound_problem (the dashboard's check, no torch) refuses exactly what the engine's
+    check_amp_settings refuses when a run starts, with the same words; alpha_k (m - 1) = sigma is allowed."""
+    from federation.aggregation import check_amp_settings
+    from federation.config import amp_bound_problem
+
+    problem = amp_bound_problem(clients, alpha_k, sigma)
+    assert (problem is None) == (alpha_k * (clients - 1) <= sigma * (1 + 1e-12))
+    if problem is None:
+        check_amp_settings(clients, "euclidean", alpha_k, sigma)
+    else:
+        with pytest.raises(FederationError) as refused:
+            check_amp_settings(clients, "euclidean", alpha_k, sigma)
+        assert str(refused.value) == problem

@@ -85,6 +85,23 @@ def test_unknown_model_and_too_small_input_give_clear_errors() -> None:
     assert set(MODEL_NAMES) == {"mobilenet_v3_small", "resnet18", "efficientnet_b0", "alexnet"}
 
 
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_the_torch_free_names_describe_the_built_models(name: str) -> None:
+    """models.names (read by configuration checks without torch) says what the registry builds: the layer units
+    nhead ranges over (Eq. 1), and the smallest input the network still turns into a prediction."""
+    from models.names import LAYER_UNITS, layer_units
+    from models.registry import _BUILDERS
+
+    assert set(_BUILDERS) == set(MODEL_NAMES) == set(LAYER_UNITS)
+    model = create_model(name).eval()
+    assert layer_units(name) == len(split_units(model))
+    side = min_input_size(name)
+    with torch.no_grad():
+        assert model(torch.zeros(1, 3, side, side)).shape == (1, 2)
+    with pytest.raises(ModelError, match="choose one of"):
+        layer_units("vgg16")
+
+
 def test_one_channel_model_accepts_gray_input() -> None:
     model = create_model("mobilenet_v3_small", in_chans=1).eval()
     assert model.state_dict()["features.0.0.weight"].shape[1] == 1

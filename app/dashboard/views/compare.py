@@ -313,8 +313,7 @@ def runs_view(runs: list[Any]) -> None:
     _settings_diff(selected)
 
 
-# The launcher and the queue sit at the top but are drawn last: the launcher's checks import the engine (torch)
-# the first time, and the comparisons must not wait for that.
+# The launcher and the queue sit at the top but are drawn last, so that the comparisons come first.
 launch_box = st.container()
 queue_box = st.container()
 comparisons()

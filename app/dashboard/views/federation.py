@@ -6,9 +6,9 @@ Eq. 1, 3-8, 16-20, 23-25).
 The form leads with the plain settings (dataset, method, rounds, seed, local epochs, learning rate); the method's
 hyper-parameters and the settings every method shares sit under "Advanced". Each field has the limits of
 ``federation/config.py``, and every invalid field gets its own message from the engine's own checks
-(``settings.check``). The checks and the Start button are drawn last, into their place below the form, so that
-neither the form nor the runs below it wait for the engine's torch import. *Start federation* stays disabled
-while a setting is invalid or while a training runs (``jobs.start_training``).
+(``settings.check``, which imports no torch: the page neither shows its content nor settles after a torch
+import). The checks and the Start button are drawn last, into their place below the form. *Start federation*
+stays disabled while a setting is invalid or while a training runs (``jobs.start_training``).
 """
 
 from __future__ import annotations
@@ -189,8 +189,7 @@ def start_form() -> Form | None:
 @ui.page_guard("Federation")
 def finish_form(form: Form) -> None:
     """The checks of the form's settings, one message per problem, and the Start button (disabled while a setting
-    is invalid or a training runs). Drawn last: the checks import the engine (torch) the first time, and the rest
-    of the page must not wait for that."""
+    is invalid or a training runs), drawn into their place below the form after the rest of the page."""
     values, dataset = form.values, form.dataset
     method = str(values["strategy.name"])
     with form.slot:
