@@ -8,7 +8,8 @@ decides with, and the errors the model was most sure about.
 
 A tile is called abnormal when its probability is *at least* the threshold (``models.bundle``'s decision rule),
 so tiles tied with the threshold count as abnormal everywhere here. A high AUC only says the tiles are ranked well;
-`auc_warning` says when the threshold in use still misses most abnormal tiles or flags most normal ones.
+`auc_warning` says when the threshold in use still misses most abnormal tiles or flags most normal ones, and
+`accuracy_warning` (the Federation page, which has only the run's AUC and accuracy) points to where to look.
 scikit-learn is imported on first use (it takes about a second), so a page shows its first content before it.
 """
 
@@ -27,6 +28,10 @@ from app.dashboard.datasets import hospital_label
 # threshold in use is below WARN_RATE gets a warning in words.
 WARN_AUC = 0.8
 WARN_RATE = 0.5
+# The Federation page has only metrics.jsonl's figures (AUC, accuracy at threshold 0.5), no sensitivity or
+# specificity: there a hospital whose AUC reaches WARN_AUC while its accuracy is below WARN_ACC is pointed to
+# the scorecard.
+WARN_ACC = 0.7
 
 
 @dataclass(frozen=True)
@@ -200,6 +205,43 @@ def auc_warning(
         f"AUC {auc:.3f} looks good, but at threshold {point.threshold:.2f} the model {' and '.join(problems)}: "
         "it ranks tiles well, but this threshold is in the wrong place for this hospital."
     )
+
+
+def accuracy_warning(
+    client: int, auc: float | None, accuracy: float | None, min_auc: float = WARN_AUC, min_acc: float = WARN_ACC
+) -> str | None:
+    """One plain sentence sending a hospital to the Hospital page's scorecard when its AUC is at least ``min_auc``
+    but its accuracy (the engine's, at threshold 0.5) is below ``min_acc``; else ``None``.
+
+    The Federation page's form of `auc_warning`: from ``metrics.jsonl``'s figures alone it cannot tell whether
+    abnormal tiles are missed or normal ones flagged, so it says where to look. A hospital without an AUC (one
+    class in its test split) or accuracy gets none.
+    """
+    if auc is None or accuracy is None or not (math.isfinite(auc) and math.isfinite(accuracy)):
+        return None
+    if auc < min_auc or accuracy >= min_acc:
+        return None
+    return (
+        f"{hospital_label(client)} ranks tiles well (AUC {auc:.2f}) but at threshold 0.5 classifies only "
+        f"{accuracy:.0%} of its test tiles correctly (accuracy {accuracy:.2f}): see its operating point on the "
+        "Hospital page."
+    )
+
+
+def latest_accuracy_warnings(metrics: pd.DataFrame) -> list[str]:
+    """`accuracy_warning` for each hospital's latest round in ``metrics`` (``metrics.jsonl``'s rows: client, round,
+    test_auc, test_acc), by hospital."""
+    if metrics.empty:
+        return []
+    last = metrics.sort_values("round").groupby("client", sort=True).tail(1).sort_values("client")
+    found = []
+    for row in last.itertuples(index=False):
+        auc = None if pd.isna(row.test_auc) else float(row.test_auc)
+        acc = None if pd.isna(row.test_acc) else float(row.test_acc)
+        warning = accuracy_warning(int(row.client), auc, acc)
+        if warning is not None:
+            found.append(warning)
+    return found
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """The Federation page's form through Streamlit's AppTest: plain settings first and the method's hyper-parameters
 under "Advanced", one message per invalid field with Start disabled, Start disabled while a training runs, a
-plain-sentence start banner, and the step within a round on the progress bar."""
+plain-sentence start banner, the step within a round on the progress bar, and a sentence sending a hospital whose
+high AUC sits next to a low accuracy to the Hospital page's scorecard."""
 
 from __future__ import annotations
 
@@ -151,3 +152,37 @@ def test_the_progress_bar_shows_the_step_within_the_round(fixture_root: Fixture)
     at.run()
     assert at.get("progress")[0].proto.text == "Round 2 of 5 · about 1 min 35 s left"  # damaged: rounds only
     assert not at.exception
+
+
+def _scorecard_links(at: AppTest) -> list[str]:
+    return [str(link.proto.label) for link in at.get("page_link") if "scorecard" in str(link.proto.label)]
+
+
+def test_a_high_auc_next_to_a_low_accuracy_points_to_the_scorecard(fixture_root: Fixture) -> None:
+    run = fixture_root.finished
+    at = _page({"selected_run": run.name})
+    assert not [w for w in _texts(at.warning) if "ranks tiles well" in w]  # the fixture's hospitals are fine
+    assert _scorecard_links(at) == []
+    # Hospital 2 ranks its tiles well but classifies half of them wrongly; hospital 0 sits just inside both limits
+    # (AUC 0.8, accuracy just below 0.7); hospital 1's accuracy is exactly 0.7, which is not low.
+    changed = {0: (0.8, 0.69), 1: (0.95, 0.7), 2: (0.9375, 0.5)}
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for record in records:
+        if record["round"] == 2:
+            record["test_auc"], record["test_acc"] = changed[record["client"]]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    at = _page({"selected_run": run.name})
+    warned = [w for w in _texts(at.warning) if "ranks tiles well" in w]
+    assert warned == [
+        "Hospital 0 ranks tiles well (AUC 0.80) but at threshold 0.5 classifies only 69% of its test tiles correctly "
+        "(accuracy 0.69): see its operating point on the Hospital page.",
+        "Hospital 2 ranks tiles well (AUC 0.94) but at threshold 0.5 classifies only 50% of its test tiles correctly "
+        "(accuracy 0.50): see its operating point on the Hospital page.",
+    ]
+    assert _scorecard_links(at) == ["Open the Hospital page's scorecard"]
+    # a multi-class run has no scorecard to point to: no sentence
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps(summary | {"classes": list("0123456789")}), encoding="utf-8")
+    at = _page({"selected_run": run.name})
+    assert not [w for w in _texts(at.warning) if "ranks tiles well" in w]
+    assert _scorecard_links(at) == []

@@ -119,6 +119,31 @@ def test_auc_warning_rule() -> None:
     assert evaluation.auc_warning(0.95, fine) is None
 
 
+def test_accuracy_warning_rule_of_the_federation_page() -> None:
+    text = evaluation.accuracy_warning(2, 0.937, 0.5)
+    assert text == (
+        "Hospital 2 ranks tiles well (AUC 0.94) but at threshold 0.5 classifies only 50% of its test tiles "
+        "correctly (accuracy 0.50): see its operating point on the Hospital page."
+    )
+    assert evaluation.accuracy_warning(0, 0.8, 0.6999) is not None  # AUC exactly 0.8 counts as high
+    assert evaluation.accuracy_warning(0, 0.7999, 0.2) is None
+    assert evaluation.accuracy_warning(0, 0.95, 0.7) is None  # accuracy exactly 0.7 is not low
+    assert evaluation.accuracy_warning(0, None, 0.2) is None  # one class in the test split: no AUC
+    assert evaluation.accuracy_warning(0, math.nan, 0.2) is None
+    metrics = pd.DataFrame(
+        [
+            # round 1 of hospital 0 would warn, but only the latest round counts
+            {"round": 1, "client": 0, "test_auc": 0.90, "test_acc": 0.40},
+            {"round": 2, "client": 0, "test_auc": 0.90, "test_acc": 0.80},
+            {"round": 2, "client": 1, "test_auc": 0.85, "test_acc": 0.65},
+            {"round": 2, "client": 2, "test_auc": None, "test_acc": 0.10},
+        ]
+    )
+    (only,) = evaluation.latest_accuracy_warnings(metrics)
+    assert only.startswith("Hospital 1 ranks tiles well (AUC 0.85)")
+    assert evaluation.latest_accuracy_warnings(metrics.iloc[:0]) == []
+
+
 def _predictions() -> pd.DataFrame:
     rows = []
     for client in PROBS:

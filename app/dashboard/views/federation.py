@@ -1,7 +1,8 @@
 """Federation page: choose the method (FedSAF by default) and its settings, start a run in the background, stop
 it, and watch it live: round k of K and the step within the round, time left, each hospital's test AUC and
 accuracy, the averaged and std curves, values transmitted and the AMP matrix xi (FedSAF paper, Algorithm 1;
-Eq. 1, 3-8, 16-20, 23-25).
+Eq. 1, 3-8, 16-20, 23-25). A hospital whose last-round AUC is high while its accuracy is low gets one sentence
+sending it to the Hospital page's scorecard (``evaluation.accuracy_warning``).
 
 The form leads with the plain settings (dataset, method, rounds, seed, local epochs, learning rate); the method's
 hyper-parameters and the settings every method shares sit under "Advanced". Each field has the limits of
@@ -22,12 +23,14 @@ import streamlit as st
 from app.dashboard import charts, jobs, live, paths, settings, ui
 from app.dashboard.datasets import PreparedDataset, load_manifest
 from app.dashboard.errors import DashboardError
+from app.dashboard.evaluation import latest_accuracy_warnings
 from app.dashboard.runs import (
     RunInfo,
     format_seconds,
     latest_per_client,
     load_aggregation,
     load_metrics,
+    load_summary,
     per_client,
     per_round,
     progress,
@@ -294,6 +297,19 @@ def monitor(info: RunInfo, initial_status: str) -> None:
     cols[2].metric("Averaged ACC", f"{last['acc_mean']:.3f}")
     cols[3].metric("Values transmitted", f"{last['values_total']:,.0f}", help="both directions, all rounds so far")
     cols[4].metric("Elapsed", format_seconds(state.seconds_elapsed) if status == "running" else "—")
+
+    # A high AUC next to a low accuracy is not left without a word (binary runs: the scorecard is for them).
+    classes = load_summary(info.path).get("classes")
+    if not isinstance(classes, list) or len(classes) == 2:
+        warnings = latest_accuracy_warnings(metrics)
+        for warning in warnings:
+            st.warning(warning, icon=":material/warning:")
+        if warnings:
+            st.page_link(
+                str(ui.VIEWS / "hospital.py"),
+                label="Open the Hospital page's scorecard",
+                icon=":material/arrow_forward:",
+            )
 
     st.markdown("**Each hospital, latest round**")
     st.dataframe(
