@@ -1,6 +1,7 @@
 """Entry script of the dashboard (``gastric-fl dashboard`` runs ``streamlit run`` on it).
 
-Four pages on Streamlit's multipage API (``st.navigation``): Data, Federation, Hospital, Compare. FedSAF paper
+Five pages on Streamlit's multipage API (``st.navigation``): Data, Federation, Hospital, Slide, Compare, each run
+under ``ui.page_guard``. FedSAF paper
 (Miao et al., 2025): the Federation page runs Algorithm 1; the Hospital and Compare pages show the figures of
 Sec. 5 (per-client accuracy and AUC, averaged/std/best over rounds, values transmitted).
 """
@@ -42,4 +43,7 @@ with st.sidebar:
     )
     st.caption(f"Data folder: `{paths.data_root()}`")
 
-navigation.run()
+# The catch-all: whatever a page raises outside its own guards becomes one line, never a traceback (the pages'
+# fragments are guarded where they are made, `ui.fragment`, since their reruns do not pass through here).
+with ui.page_guard(navigation.title):
+    navigation.run()

@@ -1,5 +1,6 @@
 """Streamlit pieces shared by the pages: the data root, dataset/run pickers kept across pages, status banners,
-the guard that keeps tracebacks off a page, tile images with alt text, and the plain-words explanations.
+the guard that keeps tracebacks off a page and the fragments made under it, tile images with alt text, and the
+plain-words explanations.
 
 The pages stay thin: they call the plain modules (``datasets``, ``runs``, ``settings``, ``jobs``) and lay out
 what those return with the helpers below.
@@ -12,8 +13,9 @@ import io
 import shlex
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import ParamSpec
 
 import streamlit as st
 
@@ -21,6 +23,8 @@ from app.dashboard import jobs, paths, settings
 from app.dashboard.datasets import PreparedDataset, list_datasets
 from app.dashboard.errors import DashboardError
 from app.dashboard.runs import RunInfo, list_runs
+
+P = ParamSpec("P")
 
 # Keys in st.session_state shared between pages, so that a dataset or run picked on one page stays picked.
 VIEWS = Path(__file__).parent / "views"
@@ -77,6 +81,16 @@ def page_guard(page: str) -> Iterator[None]:
             "Reload the page or pick another run or dataset; the details are in the terminal that runs "
             "`gastric-fl dashboard`."
         )
+
+
+def fragment(page: str, body: Callable[P, None], run_every: float | None = None) -> Callable[P, None]:
+    """``st.fragment`` of ``body`` (refreshed every ``run_every`` seconds when given) under `page_guard`.
+
+    A fragment's own reruns (its timer, its widgets) run only the fragment, not the page around it, so the page's
+    guard does not cover them; every page makes its fragments here, so none of them can put a traceback on screen.
+    """
+    guarded: Callable[P, None] = page_guard(page)(body)
+    return st.fragment(run_every=run_every)(guarded)
 
 
 def root() -> Path:

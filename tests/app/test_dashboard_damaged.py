@@ -237,6 +237,59 @@ def test_page_guard_shows_dashboard_errors_as_they_are_and_lets_st_stop_through(
     assert captions == ["before stop"]
 
 
+def _failing_fragment_page() -> None:
+    import streamlit as st
+
+    from app.dashboard import ui
+
+    def panel() -> None:
+        st.caption("in the fragment")
+        raise ValueError("queue.json vanished while it was read")
+
+    ui.fragment("Test", panel)()  # no guard around it: the fragment carries its own, for its own reruns
+    st.caption("after the fragment")
+
+
+def test_a_fragment_made_by_the_pages_carries_its_own_guard(capfd: pytest.CaptureFixture[str]) -> None:
+    at = AppTest.from_function(_failing_fragment_page, default_timeout=30)
+    at.run()
+    assert not at.exception
+    assert _errors(at) == ["The Test page could not be drawn (ValueError: queue.json vanished while it was read)."]
+    assert [str(c.value) for c in at.caption][::2] == ["in the fragment", "after the fragment"]  # hint between
+    assert "Traceback (most recent call last)" in capfd.readouterr().err
+
+
+def test_every_fragment_of_every_page_is_made_under_the_guard() -> None:
+    """A fragment's rerun runs only the fragment, bypassing the page's guard: pages make them with ui.fragment."""
+    views = Path(MAIN).parent / "views"
+    pages = sorted(views.glob("*.py"))
+    assert len(pages) == 5
+    made = {page.name: page.read_text(encoding="utf-8").count("ui.fragment(") for page in pages}
+    assert made == {"compare.py": 1, "data.py": 1, "federation.py": 2, "hospital.py": 0, "slide.py": 0}
+    for page in (*pages, Path(MAIN)):
+        assert "st.fragment" not in page.read_text(encoding="utf-8"), page.name
+
+
+def test_an_error_outside_any_guard_of_a_page_is_one_line(
+    fixture_root: Fixture, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The catch-all around ``navigation.run()``: the Federation page's top-level code (not inside any guarded
+    function) meets an unexpected error; the page shows one line and a hint, no traceback, no exception."""
+    from app.dashboard import jobs
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(jobs, "ensure_runner", broken)
+    at = _page("federation")  # asserts that no exception reached the page
+    assert _errors(at) == ["The Federation page could not be drawn (OSError: [Errno 28] No space left on device)."]
+    assert "details are in the terminal" in " ".join(str(c.value) for c in at.caption)
+    assert not at.get("exception")
+    stderr = capfd.readouterr().err
+    assert "the Federation page stopped on an error" in stderr
+    assert "Traceback (most recent call last)" in stderr
+
+
 def test_the_dashboard_command_hides_error_details_from_the_browser() -> None:
     command = cmd_dashboard.streamlit_command("127.0.0.1", 8501)
     assert command[command.index("--client.showErrorDetails") + 1] == "none"

@@ -319,7 +319,7 @@ queue_box = st.container()
 comparisons()
 with queue_box:
     if jobs.has_work(jobs_dir):
-        st.fragment(run_every=REFRESH_S)(queue_panel)()
+        ui.fragment("Compare", queue_panel, REFRESH_S)()
     else:
         queue_panel()
 with launch_box:

@@ -70,7 +70,7 @@ def page() -> None:
     demo = _demo_job()
     demo_state = jobs.state(jobs_dir, demo) if demo else None
     refresh = 2.0 if demo_state is not None and demo_state.active else None
-    st.fragment(run_every=refresh)(ui.page_guard("Data")(demo_panel))(demo_state)
+    ui.fragment("Data", demo_panel, refresh)(demo_state)
 
     dataset = ui.pick_dataset()
     if dataset is None:

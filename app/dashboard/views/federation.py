@@ -368,7 +368,7 @@ def runs_section() -> None:
         return
     initial_status = ui.display_status(selected)
     if initial_status == "running":
-        st.fragment(run_every=REFRESH_S)(monitor)(selected, initial_status)
+        ui.fragment("Federation", monitor, REFRESH_S)(selected, initial_status)
     else:
         monitor(selected, initial_status)
 
@@ -376,7 +376,7 @@ def runs_section() -> None:
 form = start_form()
 pending = st.session_state.get("pending_run")
 if pending:
-    st.fragment(run_every=REFRESH_S)(pending_banner)(pending)
+    ui.fragment("Federation", pending_banner, REFRESH_S)(pending)
 runs_section()
 if form is not None:
     finish_form(form)
