@@ -82,5 +82,5 @@ def build_trained_root(root: Path, size: int = 256, rounds: int = 1) -> TrainedR
 def copy_root(source: TrainedRoot, root: Path) -> TrainedRoot:
     """A fresh data root whose run is a copy of ``source``'s (the dataset and raw slides are shared, read-only)."""
     run = root / "runs" / RUN_ID
-    shutil.copytree(source.run, run, ignore=shutil.ignore_patterns("checkpoints", "slides", "reports"))
+    shutil.copytree(source.run, run, ignore=shutil.ignore_patterns("checkpoints", "slides", "report.html"))
     return TrainedRoot(root, source.raw, source.prepared, run)

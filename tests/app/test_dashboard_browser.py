@@ -1,9 +1,16 @@
 """End to end in a real headless Chromium (Debian's, via Playwright): `gastric-fl dashboard` on a free loopback
-port, a one-round federation started from the Federation page, until each hospital's AUC chart is drawn."""
+port, a one-round federation started from the Federation page, until each hospital's AUC chart is drawn, and the
+Slide page on a trained run.
+
+The Slide page's screenshot goes to the test's temporary folder, so a test run leaves the tree as it was; with
+``GASTRIC_FL_SCREENSHOTS=1`` it replaces docs/img/dashboard-slide.png instead (docs/dashboard.md, "Screenshots and
+tests")."""
 
 from __future__ import annotations
 
+import os
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -46,15 +53,33 @@ def test_start_a_federation_from_the_browser(tmp_path: Path) -> None:
                 jobs.stop(paths.jobs_root(root), job)
 
 
-SLIDE_SHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "dashboard-slide.png"
+DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
+SCREENSHOTS_ENV = "GASTRIC_FL_SCREENSHOTS"  # set to 1 to refresh the screenshots in docs/img
+
+
+def screenshot_path(name: str, tmp_path: Path) -> Path:
+    """Where a screenshot the docs show goes: docs/img when ``GASTRIC_FL_SCREENSHOTS`` is set (not 0), else the
+    test's temporary folder."""
+    return (DOCS_IMG if os.environ.get(SCREENSHOTS_ENV, "") not in ("", "0") else tmp_path) / name
+
+
+def test_screenshots_go_to_docs_only_on_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(SCREENSHOTS_ENV, raising=False)
+    assert screenshot_path("dashboard-slide.png", tmp_path) == tmp_path / "dashboard-slide.png"
+    monkeypatch.setenv(SCREENSHOTS_ENV, "0")
+    assert screenshot_path("dashboard-slide.png", tmp_path) == tmp_path / "dashboard-slide.png"
+    monkeypatch.setenv(SCREENSHOTS_ENV, "1")
+    assert screenshot_path("dashboard-slide.png", tmp_path) == DOCS_IMG / "dashboard-slide.png"
 
 
 @pytest.mark.timeout(420)
 def test_the_slide_page_in_the_browser(tmp_path: Path) -> None:
     """The Slide page on a trained run: pick a hospital and an annotated test slide, click a tile on the heatmap to
-    see it, and save the page as docs/img/dashboard-slide.png (1440 x 900)."""
+    see it, and take a screenshot of the page (1440 x 900; docs/img/dashboard-slide.png on request)."""
     if not browser.CHROMIUM.is_file():
         pytest.fail(f"{browser.CHROMIUM} is missing: run scripts/install_browser.sh (apt-get install chromium)")
+    shot = screenshot_path("dashboard-slide.png", tmp_path)
+    started_ns = time.time_ns()
     trained = build_trained_root(tmp_path / "data", size=512, rounds=4)
     source = trained.test_slides(1, "abnormal")[0]
     with browser.dashboard(trained.root, tmp_path / "dashboard.log") as url, browser.chromium() as page:
@@ -88,6 +113,7 @@ def test_the_slide_page_in_the_browser(tmp_path: Path) -> None:
         assert page.get_by_text(f"{float(probability):.4f}").count() >= 1
         page.mouse.move(5, 5)  # no hover label in the picture
         page.wait_for_timeout(500)
-        SLIDE_SHOT.parent.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(SLIDE_SHOT))
-    assert SLIDE_SHOT.stat().st_size > 50_000
+        shot.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(shot))
+    assert shot.stat().st_mtime_ns >= started_ns  # written by this run, not left from an earlier one
+    assert shot.stat().st_size > 50_000
