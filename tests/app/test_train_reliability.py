@@ -11,12 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import safetensors.torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "federation"))  # the shared tiny-dataset fixture
 from cli_runner import run_cli
 from fl_tiny_dataset import TINY_SETTINGS, make_dataset
 
-from federation import runs
 from pipeline.outputs import MARKER_NAME, claim_output
 
 TINY = [arg for setting in TINY_SETTINGS for arg in ("--set", setting)]
@@ -194,7 +194,7 @@ def test_a_full_disk_or_read_only_out_is_one_line(
     def full(tensors: object, filename: str, *args: object, **kwargs: object) -> None:
         raise OSError(code, "injected", filename)
 
-    monkeypatch.setattr(runs, "save_file", full)
+    monkeypatch.setattr(safetensors.torch, "save_file", full)  # federation.runs imports it where it writes
     run_dir = tmp_path / "run"
     assert run_cli(monkeypatch, "train", "--data", str(dataset), "--out", str(run_dir), "-q", *ONE_ROUND) == 2
     line = _error_line(capsys)
