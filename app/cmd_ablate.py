@@ -87,7 +87,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"paired differences: {paths['paired']} (and paired.csv)")
         typer.echo(f"tables: {paths['results']}")
         if publish_to is not None:
-            command = shlex.join(["gastric-fl", *sys.argv[1:]])
+            command = shlex.join(["gastric-fl", *training_arguments(sys.argv[1:])])
             files = publish(plan, folder, publish_to, command)
             typer.echo(f"published {len(files)} files to {publish_to} (rebuild: see {publish_to / 'COMMAND.md'})")
         if state is not None:
@@ -99,3 +99,17 @@ def register(app: typer.Typer) -> None:
                     f"{len(failed)} of {len(cells)} cells failed (first: {failed[0]['id']}: {failed[0]['error']}); "
                     f"see {folder / 'ablation.json'}"
                 )
+
+
+def training_arguments(argv: list[str]) -> list[str]:
+    """``argv`` without ``--tables-only`` and ``--publish DIR``: the command that trains (and resumes) the grid."""
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--publish":
+            skip = True
+        elif arg != "--tables-only" and not arg.startswith("--publish="):
+            kept.append(arg)
+    return kept

@@ -837,8 +837,28 @@ def installed_versions() -> str:
     from importlib import metadata
 
     names = {f"{dist.metadata['Name']}=={dist.version}" for dist in metadata.distributions() if dist.metadata["Name"]}
-    head = [f"python {sys.version.split()[0]}", f"platform {platform.platform()}"]
+    head = [f"python {sys.version.split()[0]}", f"platform {platform.platform()}", f"code {code_version()}"]
     return "\n".join([*head, *sorted(names, key=str.lower)]) + "\n"
+
+
+def code_version() -> str:
+    """The git commit of the working folder's checkout (the code that ran), ``+ changes`` when its code differs.
+
+    ``unknown`` outside a git checkout (e.g. an installed package).
+    """
+    import subprocess
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", *args], capture_output=True, text=True, timeout=30, check=False)
+
+    try:
+        head = git("rev-parse", "HEAD")
+        if head.returncode != 0:
+            return "unknown"
+        changed = git("diff", "--quiet", "HEAD", "--", "app", "federation", "models", "pipeline", "inference")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head.stdout.strip() + (" + changes" if changed.returncode != 0 else "")
 
 
 def publish(plan: Plan, out: Path, dest: Path, command: str) -> list[Path]:
@@ -883,7 +903,8 @@ def publish(plan: Plan, out: Path, dest: Path, command: str) -> list[Path]:
             (staging / COMMAND_FILE).write_text(
                 "# How these tables were made\n\n"
                 f"```bash\n{command}\n```\n\n"
-                f"Package versions: [{VERSIONS_FILE}]({VERSIONS_FILE}). Each run's `config.toml`, `summary.json`, "
+                f"Code: git commit `{code_version()}`. Package versions: [{VERSIONS_FILE}]({VERSIONS_FILE}). "
+                "Each run's `config.toml`, `summary.json`, "
                 f"`metrics.jsonl` and `aggregation.jsonl` are under `{CELLS_DIR}/`; the tables are rebuilt from them "
                 f"alone (no training) by\n\n```bash\n{rebuild}\n```\n",
                 encoding="utf-8",

@@ -71,3 +71,13 @@ def test_publish_replaces_only_its_own_folder(tmp_path: Path) -> None:
     assert os.listdir(mine) == ["notes.txt"]
     with pytest.raises(FederationError, match="holds no ablation"):
         publish(load_plan(ablation), tmp_path / "nothing", tmp_path / "p2", "cmd")
+
+
+def test_the_published_command_is_the_one_that_trains_and_the_code_is_named() -> None:
+    from app.cmd_ablate import training_arguments
+    from federation.ablation import code_version
+
+    argv = ["ablate", "--config", "c.toml", "--out", "o", "--tables-only", "--publish", "docs/x", "--publish=d"]
+    assert training_arguments(argv) == ["ablate", "--config", "c.toml", "--out", "o"]
+    version = code_version()
+    assert version == "unknown" or len(version.split()[0]) == 40
