@@ -87,8 +87,10 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"paired differences: {paths['paired']} (and paired.csv)")
         typer.echo(f"tables: {paths['results']}")
         if publish_to is not None:
-            command = shlex.join(["gastric-fl", *training_arguments(sys.argv[1:])])
-            files = publish(plan, folder, publish_to, command)
+            trains = training_arguments(sys.argv[1:])
+            command = shlex.join(["gastric-fl", *trains])
+            rebuild = shlex.join(["gastric-fl", *_with_out(trains, _relative(publish_to)), "--tables-only"])
+            files = publish(plan, folder, publish_to, command, rebuild)
             typer.echo(f"published {len(files)} files to {publish_to} (rebuild: see {publish_to / 'COMMAND.md'})")
         if state is not None:
             cells = state["cells"]
@@ -113,3 +115,17 @@ def training_arguments(argv: list[str]) -> list[str]:
         elif arg != "--tables-only" and not arg.startswith("--publish="):
             kept.append(arg)
     return kept
+
+
+def _with_out(argv: list[str], out: str) -> list[str]:
+    """``argv`` with its ``--out`` value (if any) replaced by ``out``, or ``--out out`` appended."""
+    kept = [a for i, a in enumerate(argv) if a != "--out" and (i == 0 or argv[i - 1] != "--out")]
+    return [a for a in kept if not a.startswith("--out=")] + ["--out", out]
+
+
+def _relative(path: Path) -> str:
+    """``path`` relative to the working folder when inside it (a command others can paste), else as given."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)

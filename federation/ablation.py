@@ -861,7 +861,7 @@ def code_version() -> str:
     return head.stdout.strip() + (" + changes" if changed.returncode != 0 else "")
 
 
-def publish(plan: Plan, out: Path, dest: Path, command: str) -> list[Path]:
+def publish(plan: Plan, out: Path, dest: Path, command: str, rebuild: str | None = None) -> list[Path]:
     """Copy an ablation's tables and the small raw files behind them to ``dest`` (e.g. ``docs/results/NAME``).
 
     Per finished run: ``PUBLISHED_RUN_FILES`` (no checkpoints, weights or predictions); per ablation:
@@ -899,7 +899,8 @@ def publish(plan: Plan, out: Path, dest: Path, command: str) -> list[Path]:
                         shutil.copy2(run_dir / name, staging / CELLS_DIR / run_id / name)
                         written.append(dest / CELLS_DIR / run_id / name)
             (staging / VERSIONS_FILE).write_text(installed_versions(), encoding="utf-8")
-            rebuild = f"gastric-fl ablate --config {_shown(plan.config_path)} --out {dest} --tables-only"
+            if rebuild is None:
+                rebuild = f"gastric-fl ablate --config {_shown(plan.config_path)} --out {_shown(dest)} --tables-only"
             (staging / COMMAND_FILE).write_text(
                 "# How these tables were made\n\n"
                 f"```bash\n{command}\n```\n\n"

@@ -81,3 +81,17 @@ def test_the_published_command_is_the_one_that_trains_and_the_code_is_named() ->
     assert training_arguments(argv) == ["ablate", "--config", "c.toml", "--out", "o"]
     version = code_version()
     assert version == "unknown" or len(version.split()[0]) == 40
+
+
+def test_the_rebuild_command_points_at_the_published_copy() -> None:
+    from app.cmd_ablate import _with_out
+
+    assert _with_out(["ablate", "--config", "m.toml", "--out", "data/x", "-q"], "docs/r") == [
+        "ablate",
+        "--config",
+        "m.toml",
+        "-q",
+        "--out",
+        "docs/r",
+    ]
+    assert _with_out(["ablate", "--config", "m.toml"], "docs/r")[-2:] == ["--out", "docs/r"]
