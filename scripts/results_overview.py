@@ -33,7 +33,7 @@ def _label(row: dict[str, str], keys: list[str]) -> str:
 
 
 def _interval(row: dict[str, str] | None) -> str:
-    if row is None:
+    if row is None or row["avg_test_acc_diff_mean"] in ("", "None"):
         return "n/a"
     mean, low, high = row["avg_test_acc_diff_mean"], row["avg_test_acc_diff_low"], row["avg_test_acc_diff_high"]
     if low in ("", "None"):
@@ -69,6 +69,8 @@ def overview(root: Path) -> str:
             "|---|---|---|---|---|---|",
         ]
         for row in rows:
+            if row["seeds"] == "0":  # not run yet
+                continue
             label = _label(row, keys)
             # rows with settings of their own (e.g. Adam, reverse) have no reference run with the same settings
             versus = {ref: _interval(paired.get((label, ref))) for ref in ("separate", "fedavg")}
