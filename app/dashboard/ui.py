@@ -15,12 +15,12 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import ParamSpec
+from typing import Any, ParamSpec
 
 import streamlit as st
 
 from app.dashboard import jobs, paths, settings
-from app.dashboard.datasets import PreparedDataset, list_datasets
+from app.dashboard.datasets import PreparedDataset, list_datasets, load_manifest
 from app.dashboard.errors import DashboardError
 from app.dashboard.runs import RunInfo, list_runs
 
@@ -172,6 +172,49 @@ def pick_run(runs: list[RunInfo], label: str = "Run", key: str = "run_picker") -
 def all_runs() -> list[RunInfo]:
     """Every run under the data root's ``runs/``, newest first."""
     return list_runs(paths.runs_root(root()))
+
+
+def terminal_busy() -> str | None:
+    """A run started from a terminal that is still training (its ``summary.json`` pid is alive), if any."""
+    records = jobs_dir()
+    for info in all_runs():
+        started_here = jobs.for_target(records, info.path) is not None
+        if info.status == "running" and not started_here and jobs.pid_alive(info.pid, info.pid_started):
+            return f"run {info.run_id} (started from a terminal) is still training"
+    return None
+
+
+def num_hospitals(dataset: Path) -> int | None:
+    """How many hospitals a prepared dataset has, or None (with one line naming its damaged manifest)."""
+    try:
+        return int(load_manifest(dataset)["client"].nunique())
+    except DashboardError as exc:
+        st.error(str(exc), icon=":material/error:")
+        return None
+
+
+ENGINE_DEFAULTS = "(engine defaults)"
+
+
+def pick_preset(
+    column: Any, key: str, help: str, on_change: Callable[[], None] | None = None
+) -> tuple[Path | None, dict[str, Any], int]:
+    """A preset picker in ``column`` (a Streamlit container; the engine's defaults are the last choice): the
+    preset chosen (None for the defaults), its resolved settings (with a warning if it cannot be read) and the
+    number of units of its model."""
+    choice = column.selectbox(
+        "Preset",
+        [*(str(p) for p in settings.presets()), ENGINE_DEFAULTS],
+        format_func=lambda p: p if p == ENGINE_DEFAULTS else Path(p).name,
+        on_change=on_change,
+        key=key,
+        help=help,
+    )
+    preset = None if choice == ENGINE_DEFAULTS else Path(choice)
+    resolved, problem = settings.resolve_preset(preset)
+    if problem:
+        st.warning(problem, icon=":material/warning:")
+    return preset, resolved, settings.model_units(settings.model_of(resolved))
 
 
 def no_dataset_help() -> None:

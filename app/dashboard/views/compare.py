@@ -15,7 +15,7 @@ import pandas as pd
 import streamlit as st
 
 from app.dashboard import charts, compare, jobs, paths, settings, ui
-from app.dashboard.datasets import list_datasets, load_manifest
+from app.dashboard.datasets import list_datasets
 from app.dashboard.errors import DashboardError
 
 HEATMAP_FIGURES = ("Best ACC", "Averaged ACC", "Best AUC", "Averaged AUC", "Std ACC", "Values transmitted")
@@ -32,15 +32,6 @@ st.caption(
 
 root = ui.root()
 jobs_dir = ui.jobs_dir()
-
-
-def terminal_busy() -> str | None:
-    """A run started from a terminal that is still training (its ``summary.json`` pid is alive), if any."""
-    for info in ui.all_runs():
-        started_here = jobs.for_target(jobs_dir, info.path) is not None
-        if info.status == "running" and not started_here and jobs.pid_alive(info.pid, info.pid_started):
-            return f"run {info.run_id} (started from a terminal) is still training"
-    return None
 
 
 def read_queue() -> list[jobs.QueueEntry]:
@@ -118,19 +109,9 @@ def launcher() -> None:
         if dataset is None:
             ui.no_dataset_help()
             return
-        engine_defaults = "(engine defaults)"
-        preset_choice = top[1].selectbox(
-            "Preset",
-            [*(str(p) for p in settings.presets()), engine_defaults],
-            format_func=lambda p: p if p == engine_defaults else Path(p).name,
-            key="grid_preset",
-            help="Every run starts from this preset; the grid changes nhead, dm and the seed.",
+        preset, resolved, units = ui.pick_preset(
+            top[1], "grid_preset", "Every run starts from this preset; the grid changes nhead, dm and the seed."
         )
-        preset = None if preset_choice == engine_defaults else Path(preset_choice)
-        resolved, problem = settings.resolve_preset(preset)
-        if problem:
-            st.warning(problem, icon=":material/warning:")
-        units = settings.model_units(settings.model_of(resolved))
         base = settings.initial_values(resolved, LAUNCH_METHOD)
         rounds = int(top[2].number_input("Rounds per run", 1, 1000, int(base["run.rounds"]), 1, key="grid_rounds"))
         row = st.columns(4)
@@ -145,11 +126,7 @@ def launcher() -> None:
             f"{settings.plural(len(cells), 'run')} of {settings.plural(rounds, 'round')} each, on {dataset.name}; "
             "every other setting is the preset's. They train one after another, after any run already going."
         )
-        try:
-            hospitals: int | None = int(load_manifest(dataset.path)["client"].nunique())
-        except DashboardError as exc:
-            st.error(str(exc), icon=":material/error:")
-            hospitals = None
+        hospitals = ui.num_hospitals(dataset.path)
         problems: list[str] = []
         for nhead, dm in sorted({(n, d) for n, d, _ in cells}):
             values = {**base, "run.rounds": rounds, "strategy.nhead": nhead, "amp.dm": dm, "run.seed": first}
@@ -184,7 +161,7 @@ def launcher() -> None:
             except DashboardError as exc:
                 st.error(str(exc), icon=":material/block:")
             else:
-                jobs.ensure_runner(jobs_dir, settings.PROJECT_ROOT, terminal_busy)
+                jobs.ensure_runner(jobs_dir, settings.PROJECT_ROOT, ui.terminal_busy)
                 st.rerun()
 
 
@@ -203,7 +180,7 @@ STATUS_TEXT = {
 def queue_panel() -> None:
     """The queue: each entry's status (queued, running, done...), Cancel for a waiting one, Stop for the running
     one; refreshed every ``REFRESH_S`` while there is work."""
-    jobs.ensure_runner(jobs_dir, settings.PROJECT_ROOT, terminal_busy)
+    jobs.ensure_runner(jobs_dir, settings.PROJECT_ROOT, ui.terminal_busy)
     entries = read_queue()
     if not entries:
         return

@@ -21,7 +21,7 @@ from typing import Any
 import streamlit as st
 
 from app.dashboard import charts, jobs, live, paths, settings, ui
-from app.dashboard.datasets import PreparedDataset, load_manifest
+from app.dashboard.datasets import PreparedDataset
 from app.dashboard.errors import DashboardError
 from app.dashboard.evaluation import latest_accuracy_warnings
 from app.dashboard.runs import (
@@ -53,24 +53,15 @@ root = ui.root()
 jobs_dir = ui.jobs_dir()
 
 
-def terminal_busy() -> str | None:
-    """A run started from a terminal that is still training (its ``summary.json`` pid is alive), if any."""
-    for info in ui.all_runs():
-        started_here = jobs.for_target(jobs_dir, info.path) is not None
-        if info.status == "running" and not started_here and jobs.pid_alive(info.pid, info.pid_started):
-            return f"run {info.run_id} (started from a terminal) is still training"
-    return None
-
-
 def busy_reason() -> str | None:
     """Why no new training may start now: one is running (from this page, the queue or a terminal)."""
     job = jobs.active_train(jobs_dir)
     if job is not None:
         return f"{job.title or job.job_id} is still training"
-    return terminal_busy()
+    return ui.terminal_busy()
 
 
-jobs.ensure_runner(jobs_dir, settings.PROJECT_ROOT, terminal_busy)  # the Compare page's queue keeps moving
+jobs.ensure_runner(jobs_dir, settings.PROJECT_ROOT, ui.terminal_busy)  # the Compare page's queue keeps moving
 
 
 def _reset_form() -> None:
@@ -131,14 +122,6 @@ def _fields(group: str, values: dict[str, Any], initial: dict[str, Any], method:
                     values[item.key] = list(values[item.key])
 
 
-def _num_clients(dataset: Path) -> int | None:
-    try:
-        return int(load_manifest(dataset)["client"].nunique())
-    except DashboardError as exc:
-        st.error(str(exc), icon=":material/error:")
-        return None
-
-
 @dataclass(frozen=True)
 class Form:
     """What the form was filled with, and the place below it where its checks and the Start button go."""
@@ -160,20 +143,9 @@ def start_form() -> Form | None:
         if dataset is None:
             ui.no_dataset_help()
             return None
-        engine_defaults = "(engine defaults)"
-        preset_choice = top[1].selectbox(
-            "Preset",
-            [*(str(p) for p in settings.presets()), engine_defaults],
-            format_func=lambda p: p if p == engine_defaults else Path(p).name,
-            on_change=_reset_form,
-            key="preset",
-            help="A training preset in configs/; the settings below override it.",
+        preset_path, resolved, units = ui.pick_preset(
+            top[1], "preset", "A training preset in configs/; the settings below override it.", _reset_form
         )
-        preset_path = None if preset_choice == engine_defaults else Path(preset_choice)
-        resolved, preset_problem = settings.resolve_preset(preset_path)
-        if preset_problem:
-            st.warning(preset_problem, icon=":material/warning:")
-        units = settings.model_units(settings.model_of(resolved))
         method_field = settings.FIELDS_BY_KEY["strategy.name"]
         with top[2]:
             method = str(_widget(method_field, settings.initial_values(resolved)["strategy.name"], "", units))
@@ -196,7 +168,7 @@ def finish_form(form: Form) -> None:
     values, dataset = form.values, form.dataset
     method = str(values["strategy.name"])
     with form.slot:
-        checked = settings.check(form.preset, dataset.path, values, _num_clients(dataset.path))
+        checked = settings.check(form.preset, dataset.path, values, ui.num_hospitals(dataset.path))
         for message in checked.messages():
             st.error(message, icon=":material/block:")
         busy = busy_reason()
@@ -225,7 +197,7 @@ def finish_form(form: Form) -> None:
         )
         if start:
             try:
-                jobs.start_training(jobs_dir, run_id, run_dir, command, settings.PROJECT_ROOT, title, terminal_busy)
+                jobs.start_training(jobs_dir, run_id, run_dir, command, settings.PROJECT_ROOT, title, ui.terminal_busy)
             except DashboardError as exc:
                 st.error(str(exc), icon=":material/block:")
             else:
