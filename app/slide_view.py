@@ -28,7 +28,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -38,6 +37,8 @@ from typing import Any
 import cv2
 import numpy as np
 import numpy.typing as npt
+
+from pipeline import outputs
 
 CARD_FILE = "model.json"
 PREPARE_FILE = "prepare.json"
@@ -115,13 +116,7 @@ def safe_name(text: str) -> str:
 def write_atomic(path: Path, payload: bytes) -> None:
     """Write ``payload`` to ``path`` through a temporary file beside it, so a reader sees all or nothing."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(payload)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    outputs.write_atomic(path, payload)
 
 
 # --- bundles and test slides -------------------------------------------------------------------------------------

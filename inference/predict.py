@@ -42,10 +42,10 @@ from tqdm import tqdm
 
 from inference.heatmap import COLORMAP, coverage_maps, render_overlay
 from inference.slides import Slide, SlideFile, find_slides, read_slide
-from models.bundle import Bundle, BundleError, ModelCard, decision_counts, load_bundle, read_card, write_atomic
+from models.bundle import Bundle, BundleError, ModelCard, decision_counts, load_bundle, read_card
 from pipeline.errors import PipelineError
 from pipeline.images import RGBImage, encode_png
-from pipeline.outputs import OutputError, claim_output, os_error_message, owned_by, write_marker
+from pipeline.outputs import OutputError, claim_output, os_error_message, owned_by, write_atomic, write_marker
 from pipeline.tiling import ClientPlan, cut_square, kept_positions, near_white, white_ratios
 
 COMMAND = "predict"

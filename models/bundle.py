@@ -39,6 +39,7 @@ from torch import nn
 from models.errors import ModelError
 from models.preprocess import Preprocess
 from models.registry import MODEL_NAMES, create_model
+from pipeline.outputs import write_atomic
 
 CARD_FILE = "model.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -227,17 +228,6 @@ class Bundle:
     folder: Path
     card: ModelCard
     model: nn.Module
-
-
-def write_atomic(path: Path, payload: bytes) -> None:
-    """Write ``payload`` to ``path`` through a temporary file in the same folder, so a reader sees all or nothing."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(payload)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def write_bundle(folder: Path, card: ModelCard, state: dict[str, torch.Tensor] | None = None) -> Path:

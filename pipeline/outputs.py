@@ -18,9 +18,10 @@ mechanism for each of these questions instead of answering them case by case (is
   path read from a file (a manifest row) and refuses absolute paths, ``..`` components and symlinks that lead
   out of ``root``.
 
-Also `os_error_message`: an ``OSError`` met while writing an output (a file where a folder should be, a
-read-only file system, a full disk) as one line saying what to do, and `terminate_as_interrupt`, which makes
-SIGTERM/SIGHUP unwind the stack like Ctrl-C so that ``finally`` blocks remove half-written outputs.
+Also `write_atomic`, which replaces a file so that a reader sees the old or the new one, never half of one;
+`os_error_message`: an ``OSError`` met while writing an output (a file where a folder should be, a read-only file
+system, a full disk) as one line saying what to do; and `terminate_as_interrupt`, which makes SIGTERM/SIGHUP
+unwind the stack like Ctrl-C so that ``finally`` blocks remove half-written outputs.
 
 Errors meant for the user are `OutputError` (``user_facing = True``: the CLI prints one line and exits 2).
 """
@@ -289,6 +290,17 @@ _HINTS = {
     errno.EEXIST: "a part of the path is a file, not a folder: choose another {flag}",
     errno.ENAMETOOLONG: "the path is too long: choose a shorter {flag}",
 }
+
+
+def write_atomic(path: Path, payload: bytes) -> None:
+    """Write ``payload`` to ``path`` through a temporary file in the same folder, so a reader sees all or nothing."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(payload)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def os_error_message(exc: OSError, folder: Path, flag: str = "--out") -> str:
