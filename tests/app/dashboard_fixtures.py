@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import csv
 import json
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
+from streamlit.testing.v1 import AppTest
+
+MAIN = str(Path(__file__).resolve().parents[2] / "app" / "dashboard" / "main.py")
 
 # Hospital 2 is the grayscale one; its test split in round 1 holds one class, so its AUC is null there.
 METRICS = [
@@ -28,6 +33,20 @@ XI = [
 ]
 
 
+def open_page(name: str, state: dict[str, object] | None = None, timeout: float = 90) -> AppTest:
+    """The dashboard run through AppTest with ``state`` in its session, switched to ``views/<name>.py`` (the Data
+    page is the one it opens on), with no exception raised on the way."""
+    at = AppTest.from_file(MAIN, default_timeout=timeout)
+    for key, value in (state or {}).items():
+        at.session_state[key] = value
+    at.run()
+    if name != "data":
+        at.switch_page(f"views/{name}.py")
+        at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
 @dataclass(frozen=True)
 class Fixture:
     """Paths of the fixture data root and what is inside it."""
@@ -37,6 +56,16 @@ class Fixture:
     finished: Path
     failed: Path
     grid: Path
+
+
+def wait_until(predicate: Callable[[], object], timeout_s: float = 30.0) -> None:
+    """Poll ``predicate`` every 50 ms until it holds; fail after ``timeout_s`` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
 
 
 def write_prepared(dataset: Path, clients: int = 3, per_class: int = 2) -> None:
@@ -126,6 +155,17 @@ def write_summary(run: Path, status: str, error: str | None = None) -> None:
     if error:
         summary["error"] = error
     (run / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+
+
+def write_running(fx: Fixture) -> Path:
+    """A run of 5 rounds still training at round 2 (about 95 s left): the finished run's first 2 rounds, copied."""
+    run = fx.root / "runs" / "20250101-000200-fedsaf"
+    run.mkdir()
+    for name in ("config.toml", "metrics.jsonl", "aggregation.jsonl"):
+        (run / name).write_text((fx.finished / name).read_text())
+    (run / "config.toml").write_text((run / "config.toml").read_text().replace("rounds = 2", "rounds = 5"))
+    (run / "summary.json").write_text(json.dumps({"status": "running", "total_rounds": 5, "eta_seconds": 95}))
+    return run
 
 
 def build(root: Path) -> Fixture:

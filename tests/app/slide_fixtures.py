@@ -38,11 +38,7 @@ class TrainedRoot:
 
     def test_slides(self, client: int, label: str) -> list[str]:
         """Sources of the hospital's test slides of ``label`` that gave tiles, in prepare.json's order."""
-        return [
-            s["source"]
-            for s in self.record()["slides"]
-            if s["client"] == client and s["split"] == "test" and s["label"] == label and s["tiles"] > 0
-        ]
+        return slide_sources(self.record(), client, "test", label)
 
     def evaluated(self, client: int, source: str) -> dict[tuple[int, int], float]:
         """``(x, y) -> P(abnormal)`` of predictions.csv for the tiles the run evaluated from ``source``."""
@@ -57,9 +53,18 @@ class TrainedRoot:
         }
 
 
-def build_trained_root(root: Path, size: int = 256, rounds: int = 1) -> TrainedRoot:
-    """synth -> prepare -> ``rounds`` rounds of training, laid out as a dashboard data root (``size``: slide side)."""
-    raw, prepared, run = root / "raw" / "tiny", root / "prepared" / "tiny", root / "runs" / RUN_ID
+def slide_sources(record: dict, client: int, split: str, label: str) -> list[str]:
+    """Sources of the hospital's ``split`` slides of ``label`` that gave tiles, in the prepare record's order."""
+    return [
+        s["source"]
+        for s in record["slides"]
+        if s["client"] == client and s["split"] == split and s["label"] == label and s["tiles"] > 0
+    ]
+
+
+def train_tiny(raw: Path, prepared: Path, run: Path, size: int = 256, rounds: int = 1) -> None:
+    """synth (8 SEED slides of ``size`` px) -> prepare (2 hospitals, hospital 1 gray, 64 px tiles) -> ``rounds``
+    rounds of FedAvg at 32 px input into ``run``."""
     generate_dataset(raw, "seed", images=8, seed=4, size=size)
     prepare_dataset(
         build_config(
@@ -76,6 +81,12 @@ def build_trained_root(root: Path, size: int = 256, rounds: int = 1) -> TrainedR
     settings = [f"run.rounds={rounds}", "run.threads=1", "data.input_size=32", "data.batch_size=8",
                 "data.eval_batch_size=64", "client.epochs=1"]  # fmt: skip
     train(load_config(None, settings, data=prepared), run, progress=False)
+
+
+def build_trained_root(root: Path, size: int = 256, rounds: int = 1) -> TrainedRoot:
+    """synth -> prepare -> ``rounds`` rounds of training, laid out as a dashboard data root (``size``: slide side)."""
+    raw, prepared, run = root / "raw" / "tiny", root / "prepared" / "tiny", root / "runs" / RUN_ID
+    train_tiny(raw, prepared, run, size, rounds)
     return TrainedRoot(root, raw, prepared, run)
 
 

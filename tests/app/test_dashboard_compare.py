@@ -7,12 +7,9 @@ import json
 import shlex
 from pathlib import Path
 
-from dashboard_fixtures import Fixture, write_config, write_metrics, write_summary
-from streamlit.testing.v1 import AppTest
+from dashboard_fixtures import Fixture, open_page, write_config, write_metrics, write_summary
 
 from app.dashboard import compare, settings
-
-MAIN = str(Path(__file__).resolve().parents[2] / "app" / "dashboard" / "main.py")
 
 
 def _run(root: Path, name: str, dataset: Path, *changes: tuple[str, str]) -> Path:
@@ -107,18 +104,9 @@ def test_the_example_ablate_command_points_at_a_dataset_that_exists(fixture_root
     assert ablate[ablate.index("--data") + 1] == made == str(empty / "prepared" / settings.DEMO_NAME)
 
 
-def _page() -> AppTest:
-    at = AppTest.from_file(MAIN, default_timeout=90)
-    at.run()
-    at.switch_page("views/compare.py")
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
-
-
 def test_the_compare_page_shows_the_diff_and_the_warning(fixture_root: Fixture) -> None:
     longer = _run(fixture_root.root, "z-longer", fixture_root.dataset, ("rounds = 2", "rounds = 4"))
-    at = _page()
+    at = open_page("compare")
     at.multiselect(key="compare_runs").set_value([fixture_root.finished.name, longer.name])
     at.run()
     assert not at.exception
@@ -135,7 +123,7 @@ def test_the_grid_view_with_no_grid_shows_a_runnable_command(fixture_root: Fixtu
     for path in sorted(fixture_root.grid.rglob("*"), reverse=True):
         path.unlink() if path.is_file() else path.rmdir()
     fixture_root.grid.rmdir()
-    at = _page()
+    at = open_page("compare")
     at.segmented_control(key="compare_mode").set_value("Ablation grid")
     at.run()
     code = " ".join(str(c.value) for c in at.code)

@@ -6,13 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from dashboard_fixtures import Fixture, write_config, write_metrics, write_summary
+from dashboard_fixtures import MAIN, Fixture, open_page, write_config, write_metrics, write_summary
 from streamlit.testing.v1 import AppTest
 
 from app import cmd_dashboard
 from app.dashboard import runs
 
-MAIN = str(Path(__file__).resolve().parents[2] / "app" / "dashboard" / "main.py")
 DAMAGED_METRICS = "20250102-000000-fedavg"  # newer than the fixture's runs: the pickers' default
 DAMAGED_CONFIG = "20250102-000100-fedsaf"
 
@@ -43,18 +42,6 @@ def damaged_config(fixture_root: Fixture) -> Path:
     write_summary(run, "finished")
     (run / "config.toml").write_text('[run\nrounds = = 2\n[data]\npath = "x"\n', encoding="utf-8")
     return run
-
-
-def _page(name: str, state: dict[str, object] | None = None) -> AppTest:
-    at = AppTest.from_file(MAIN, default_timeout=90)
-    for key, value in (state or {}).items():
-        at.session_state[key] = value
-    at.run()
-    if name != "data":
-        at.switch_page(f"views/{name}.py")
-        at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
 
 
 def _errors(at: AppTest) -> list[str]:
@@ -127,7 +114,7 @@ def test_a_damaged_predictions_file_leaves_the_other_hospitals(fixture_root: Fix
 
 
 def test_federation_page_with_a_damaged_metrics_jsonl(fixture_root: Fixture, damaged_metrics: Path) -> None:
-    at = _page("federation")  # the damaged run is the newest, so the page opens on it
+    at = open_page("federation")  # the damaged run is the newest, so the page opens on it
     errors = _errors(at)
     assert len(errors) == 1, errors
     assert f"runs/{DAMAGED_METRICS}/metrics.jsonl line 3" in errors[0]
@@ -148,7 +135,7 @@ def test_federation_page_with_a_damaged_metrics_jsonl(fixture_root: Fixture, dam
 
 
 def test_compare_page_with_a_damaged_config_toml(fixture_root: Fixture, damaged_config: Path) -> None:
-    at = _page("compare")
+    at = open_page("compare")
     chosen = at.multiselect(key="compare_runs")
     assert DAMAGED_CONFIG in chosen.value  # finished runs are selected by default
     errors = _errors(at)
@@ -168,7 +155,7 @@ def test_compare_page_with_a_damaged_config_toml(fixture_root: Fixture, damaged_
 def test_hospital_page_with_one_damaged_predictions_csv(fixture_root: Fixture) -> None:
     path = fixture_root.finished / "hospitals" / "client_02" / "predictions.csv"
     path.write_text("client,path,label\n2,a.png,normal\n")
-    at = _page("hospital", {"selected_run": fixture_root.finished.name})
+    at = open_page("hospital", {"selected_run": fixture_root.finished.name})
     errors = _errors(at)
     assert len(errors) == 1, errors
     assert str(path) in errors[0]
@@ -179,7 +166,7 @@ def test_hospital_page_with_one_damaged_predictions_csv(fixture_root: Fixture) -
 def test_hospital_page_with_an_unreadable_tile(fixture_root: Fixture) -> None:
     tile = fixture_root.dataset / "client_00" / "test" / "normal" / "s0teno1.png"
     tile.write_bytes(b"not a png")
-    at = _page("hospital", {"selected_run": fixture_root.finished.name})
+    at = open_page("hospital", {"selected_run": fixture_root.finished.name})
     assert "cannot read s0teno1.png" in " ".join(str(c.value) for c in at.caption)
     images = [img for element in at.get("image") for img in element.proto.imgs]
     assert len(images) == 3  # the other three test tiles of hospital 0
@@ -281,7 +268,7 @@ def test_an_error_outside_any_guard_of_a_page_is_one_line(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(jobs, "ensure_runner", broken)
-    at = _page("federation")  # asserts that no exception reached the page
+    at = open_page("federation")  # asserts that no exception reached the page
     assert _errors(at) == ["The Federation page could not be drawn (OSError: [Errno 28] No space left on device)."]
     assert "details are in the terminal" in " ".join(str(c.value) for c in at.caption)
     assert not at.get("exception")
@@ -307,7 +294,7 @@ def test_the_run_list_survives_a_damaged_summary(fixture_root: Fixture) -> None:
 
 @pytest.mark.parametrize("page", ["data", "hospital"])
 def test_every_tile_image_has_a_caption_and_alt_text(fixture_root: Fixture, page: str) -> None:
-    at = _page(page, {"selected_run": fixture_root.finished.name})
+    at = open_page(page, {"selected_run": fixture_root.finished.name})
     images = [img for element in at.get("image") for img in element.proto.imgs]
     assert len(images) == (24 if page == "data" else 4)  # 8 per hospital (one tab each); hospital 0's test tiles
     for img in images:

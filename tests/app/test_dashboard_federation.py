@@ -7,28 +7,15 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
-from dashboard_fixtures import Fixture
+from dashboard_fixtures import Fixture, open_page, write_running
 from streamlit.testing.v1 import AppTest
 
 from app.dashboard import jobs, paths, settings
 from federation.progress import RoundProgress, write_progress
 
-MAIN = str(Path(__file__).resolve().parents[2] / "app" / "dashboard" / "main.py")
 SLEEP = [sys.executable, "-c", "import time; time.sleep(30)"]  # stands in for gastric-fl: it ignores the arguments
-
-
-def _page(state: dict[str, object] | None = None) -> AppTest:
-    at = AppTest.from_file(MAIN, default_timeout=90)
-    for key, value in (state or {}).items():
-        at.session_state[key] = value
-    at.run()
-    at.switch_page("views/federation.py")
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
 
 
 def _advanced(at: AppTest) -> object:
@@ -47,7 +34,7 @@ def _texts(elements: object) -> list[str]:
 
 
 def test_plain_settings_first_and_the_methods_hyper_parameters_under_advanced(fixture_root: Fixture) -> None:
-    at = _page()
+    at = open_page("federation")
     advanced = _keys(_advanced(at))
     assert {
         "cfg:fedsaf:strategy.nhead",
@@ -80,7 +67,7 @@ def test_plain_settings_first_and_the_methods_hyper_parameters_under_advanced(fi
 
 
 def test_each_invalid_field_has_its_own_message_and_start_is_disabled(fixture_root: Fixture) -> None:
-    at = _page({"selected_run": fixture_root.finished.name})
+    at = open_page("federation", {"selected_run": fixture_root.finished.name})
     assert not at.button(key="start").disabled
     at.number_input(key="cfg:client.lr").set_value(0.0)
     at.number_input(key="cfg:fedsaf:amp.alpha_k").set_value(0.6)  # 3 hospitals: at most sigma / 2 = 0.5
@@ -108,7 +95,7 @@ def test_start_shows_a_plain_sentence_and_is_disabled_while_the_run_trains(
 ) -> None:
     monkeypatch.setattr(settings, "cli_prefix", lambda: list(SLEEP))
     folder = paths.jobs_root(fixture_root.root)
-    at = _page()
+    at = open_page("federation")
     at.number_input(key="cfg:run.rounds").set_value(3)
     at.run()
     at.button(key="start").click()
@@ -127,7 +114,7 @@ def test_start_shows_a_plain_sentence_and_is_disabled_while_the_run_trains(
         # While it trains, Start is disabled and says why.
         assert at.button(key="start").disabled
         assert any("Training FedSAF on tiny, 3 rounds is still training" in text for text in banner)
-        reloaded = _page()  # a reloaded page knows too (jobs.py's records)
+        reloaded = open_page("federation")  # a reloaded page knows too (jobs.py's records)
         assert reloaded.button(key="start").disabled
     finally:
         for record in jobs.list_jobs(folder):
@@ -137,14 +124,9 @@ def test_start_shows_a_plain_sentence_and_is_disabled_while_the_run_trains(
 
 
 def test_the_progress_bar_shows_the_step_within_the_round(fixture_root: Fixture) -> None:
-    run = fixture_root.root / "runs" / "20250101-000200-fedsaf"
-    run.mkdir()
-    for name in ("config.toml", "metrics.jsonl", "aggregation.jsonl"):
-        (run / name).write_text((fixture_root.finished / name).read_text())
-    (run / "config.toml").write_text((run / "config.toml").read_text().replace("rounds = 2", "rounds = 5"))
-    (run / "summary.json").write_text(json.dumps({"status": "running", "total_rounds": 5, "eta_seconds": 95}))
+    run = write_running(fixture_root)
     write_progress(run, RoundProgress(3, 5, "training", 2, 3, 0.0))
-    at = _page({"selected_run": run.name})
+    at = open_page("federation", {"selected_run": run.name})
     bar = at.get("progress")[0].proto
     assert bar.text == "Round 2 of 5 · round 3: training, 2 of 3 hospitals done · about 1 min 35 s left"
     assert bar.value == int(100 * (2 + 0.8 * 2 / 3) / 5)
@@ -160,7 +142,7 @@ def _scorecard_links(at: AppTest) -> list[str]:
 
 def test_a_high_auc_next_to_a_low_accuracy_points_to_the_scorecard(fixture_root: Fixture) -> None:
     run = fixture_root.finished
-    at = _page({"selected_run": run.name})
+    at = open_page("federation", {"selected_run": run.name})
     assert not [w for w in _texts(at.warning) if "ranks tiles well" in w]  # the fixture's hospitals are fine
     assert _scorecard_links(at) == []
     # Hospital 2 ranks its tiles well but classifies half of them wrongly; hospital 0 sits just inside both limits
@@ -171,7 +153,7 @@ def test_a_high_auc_next_to_a_low_accuracy_points_to_the_scorecard(fixture_root:
         if record["round"] == 2:
             record["test_auc"], record["test_acc"] = changed[record["client"]]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    at = _page({"selected_run": run.name})
+    at = open_page("federation", {"selected_run": run.name})
     warned = [w for w in _texts(at.warning) if "ranks tiles well" in w]
     assert warned == [
         "Hospital 0 ranks tiles well (AUC 0.80) but at threshold 0.5 classifies only 69% of its test tiles correctly "
@@ -183,6 +165,6 @@ def test_a_high_auc_next_to_a_low_accuracy_points_to_the_scorecard(fixture_root:
     # a multi-class run has no scorecard to point to: no sentence
     summary = json.loads((run / "summary.json").read_text())
     (run / "summary.json").write_text(json.dumps(summary | {"classes": list("0123456789")}), encoding="utf-8")
-    at = _page({"selected_run": run.name})
+    at = open_page("federation", {"selected_run": run.name})
     assert not [w for w in _texts(at.warning) if "ranks tiles well" in w]
     assert _scorecard_links(at) == []

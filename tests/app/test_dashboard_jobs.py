@@ -5,23 +5,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from dashboard_fixtures import wait_until
 
 from app.cmd_dashboard import streamlit_command
 from app.dashboard import jobs
 from app.dashboard.errors import DashboardError
 
-
-def _wait(predicate: object, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
+WAIT_S = 20.0
 
 
 def test_job_records_exit_code_and_log(tmp_path: Path) -> None:
@@ -35,7 +28,7 @@ def test_job_records_exit_code_and_log(tmp_path: Path) -> None:
         [[sys.executable, "-c", "print('first')"], [sys.executable, "-c", "import sys; sys.exit(3)"]],
         tmp_path,
     )
-    _wait(lambda: not jobs.state(folder, ok).active and not jobs.state(folder, bad).active)
+    wait_until(lambda: not jobs.state(folder, ok).active and not jobs.state(folder, bad).active, WAIT_S)
     assert jobs.state(folder, ok) == jobs.JobState("succeeded", 0)
     assert jobs.state(folder, bad) == jobs.JobState("failed", 3)
     assert jobs.log_tail(ok) == "tiles ready"
@@ -52,14 +45,14 @@ def test_stop_ends_the_whole_process_group(tmp_path: Path) -> None:
     child = "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])"
     child += "; print(p.pid, flush=True); time.sleep(60)"
     job = jobs.start(folder, "long", "train", tmp_path / "run", [[sys.executable, "-c", child]], tmp_path)
-    _wait(lambda: jobs.log_tail(job).strip().isdigit())
+    wait_until(lambda: jobs.log_tail(job).strip().isdigit(), WAIT_S)
     grandchild = int(jobs.log_tail(job).strip())
     assert jobs.state(folder, job).status == "running"
     stopped = jobs.stop(folder, job)
-    _wait(lambda: not jobs.state(folder, stopped).active)
+    wait_until(lambda: not jobs.state(folder, stopped).active, WAIT_S)
     # The shell outlives the stopped command and records its exit code (143: killed by SIGTERM).
     assert jobs.state(folder, stopped) == jobs.JobState("stopped", 143)
-    _wait(lambda: not _alive(grandchild))
+    wait_until(lambda: not _alive(grandchild), WAIT_S)
 
 
 def _alive(pid: int) -> bool:

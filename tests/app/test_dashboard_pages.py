@@ -8,25 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
-from dashboard_fixtures import Fixture
+from dashboard_fixtures import Fixture, open_page, write_running
 from streamlit.testing.v1 import AppTest
 
 from app.dashboard import jobs, paths
-
-MAIN = str(Path(__file__).resolve().parents[2] / "app" / "dashboard" / "main.py")
-TIMEOUT_S = 90
-
-
-def _page(name: str, state: dict[str, object] | None = None) -> AppTest:
-    at = AppTest.from_file(MAIN, default_timeout=TIMEOUT_S)
-    for key, value in (state or {}).items():
-        at.session_state[key] = value
-    at.run()
-    if name != "data":
-        at.switch_page(f"views/{name}.py")
-        at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
 
 
 def _metric(at: AppTest, label: str) -> str:
@@ -38,7 +23,7 @@ def _texts(elements: object) -> str:
 
 
 def test_data_page_shows_each_hospitals_counts(fixture_root: Fixture) -> None:
-    at = _page("data")
+    at = open_page("data")
     assert _metric(at, "Hospitals") == "3"
     assert _metric(at, "Tiles") == "24"
     table = at.dataframe[0].value.set_index("hospital")
@@ -53,7 +38,7 @@ def test_data_page_shows_each_hospitals_counts(fixture_root: Fixture) -> None:
 
 
 def test_federation_page_shows_the_aucs_of_metrics_jsonl(fixture_root: Fixture) -> None:
-    at = _page("federation", {"selected_run": fixture_root.finished.name})
+    at = open_page("federation", {"selected_run": fixture_root.finished.name})
     last = {}
     for line in (fixture_root.finished / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
@@ -66,12 +51,12 @@ def test_federation_page_shows_the_aucs_of_metrics_jsonl(fixture_root: Fixture) 
 
 
 def test_federation_page_shows_a_failed_runs_error(fixture_root: Fixture) -> None:
-    at = _page("federation", {"selected_run": fixture_root.failed.name})
+    at = open_page("federation", {"selected_run": fixture_root.failed.name})
     assert "CUDA is not available" in _texts(at.error)
 
 
 def test_starting_a_run_creates_its_run_directory_and_stop_ends_it(fixture_root: Fixture) -> None:
-    at = _page("federation")
+    at = open_page("federation")
     at.number_input(key="cfg:run.rounds").set_value(50)  # long enough that Stop always lands before the end
     at.button(key="start").click()
     at.run()
@@ -103,7 +88,7 @@ def test_starting_a_run_creates_its_run_directory_and_stop_ends_it(fixture_root:
 
 
 def test_hospital_page_roc_and_threshold(fixture_root: Fixture) -> None:
-    at = _page("hospital", {"selected_run": fixture_root.finished.name})
+    at = open_page("hospital", {"selected_run": fixture_root.finished.name})
     # Hospital 0's test tiles: normal 0.2, 0.7; abnormal 0.9, 0.4 -> 3 of 4 pairs ranked right.
     assert _metric(at, "AUC") == "0.750"
     assert _metric(at, "Accuracy") == "0.500"
@@ -116,7 +101,7 @@ def test_hospital_page_roc_and_threshold(fixture_root: Fixture) -> None:
 
 
 def test_compare_page_table_and_grid(fixture_root: Fixture) -> None:
-    at = _page("compare")
+    at = open_page("compare")
     at.multiselect(key="compare_runs").set_value([fixture_root.finished.name])
     at.run()
     assert at.dataframe[0].value.iloc[0]["Averaged ACC"] == pytest.approx(0.75)
@@ -132,13 +117,13 @@ def test_compare_page_table_and_grid(fixture_root: Fixture) -> None:
 
 @pytest.mark.parametrize("page", ["data", "federation", "hospital", "compare"])
 def test_every_page_explains_the_next_step_with_no_data(empty_root: Path, page: str) -> None:
-    at = _page(page)
+    at = open_page(page)
     shown = _texts(at.info) + _texts(at.code)
     assert "gastric-fl" in shown or "Generate demo data" in shown
 
 
 def test_demo_button_generates_and_prepares_a_dataset(empty_root: Path) -> None:
-    at = _page("data")
+    at = open_page("data")
     at.button(key="demo_button").click()
     at.run()
     folder = paths.jobs_root(empty_root)
@@ -156,13 +141,8 @@ def test_demo_button_generates_and_prepares_a_dataset(empty_root: Path) -> None:
 
 
 def test_a_running_run_shows_round_k_of_k_and_time_left(fixture_root: Fixture) -> None:
-    run = fixture_root.root / "runs" / "20250101-000200-fedsaf"
-    run.mkdir()
-    for name in ("config.toml", "metrics.jsonl", "aggregation.jsonl"):
-        (run / name).write_text((fixture_root.finished / name).read_text())
-    (run / "config.toml").write_text((run / "config.toml").read_text().replace("rounds = 2", "rounds = 5"))
-    (run / "summary.json").write_text(json.dumps({"status": "running", "total_rounds": 5, "eta_seconds": 95}))
-    at = _page("federation", {"selected_run": run.name})
+    run = write_running(fixture_root)
+    at = open_page("federation", {"selected_run": run.name})
     progress = at.get("progress")[0].proto
     assert progress.text == "Round 2 of 5 · about 1 min 35 s left"
     assert progress.value == 40  # percent

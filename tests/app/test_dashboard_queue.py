@@ -11,13 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-from dashboard_fixtures import Fixture, write_prepared
-from streamlit.testing.v1 import AppTest
+from dashboard_fixtures import Fixture, open_page, wait_until, write_prepared
 
 from app.dashboard import jobs, paths
 from app.dashboard.errors import DashboardError
 
-MAIN = str(Path(__file__).resolve().parents[2] / "app" / "dashboard" / "main.py")
 # A fake training: records when it starts and ends in a shared log, then exits.
 FAKE = (
     "import sys, time, json; log = sys.argv[1]; name = sys.argv[2]\n"
@@ -25,15 +23,6 @@ FAKE = (
     "time.sleep(float(sys.argv[3]))\n"
     "open(log, 'a').write(json.dumps(['end', name, time.time()]) + '\\n')\n"
 )
-
-
-def _wait(predicate: object, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def _entry(tmp_path: Path, name: str, seconds: float = 0.3) -> jobs.QueueEntry:
@@ -59,7 +48,7 @@ def test_the_queue_runs_one_job_at_a_time_and_cancel_takes_one_out(tmp_path: Pat
     ]
     assert jobs.ensure_runner(folder, tmp_path, interval_s=0.05)
     assert jobs.ensure_runner(folder, tmp_path, interval_s=0.05)  # the same runner, not a second one
-    _wait(lambda: not jobs.has_work(folder))
+    wait_until(lambda: not jobs.has_work(folder))
     events = _events(tmp_path)
     assert [(kind, name) for kind, name, _ in events] == [
         ("start", "a"),
@@ -77,7 +66,7 @@ def test_the_queue_runs_one_job_at_a_time_and_cancel_takes_one_out(tmp_path: Pat
     ]
     assert not jobs.cancel(folder, "a")  # a started entry cannot be cancelled
     runner = f"gastric-fl queue {folder.resolve()}"
-    _wait(lambda: runner not in {t.name for t in threading.enumerate()})  # the runner left once the work was done
+    wait_until(lambda: runner not in {t.name for t in threading.enumerate()})  # the runner left once the work was done
     assert not jobs.ensure_runner(folder, tmp_path)  # nothing to do: no runner
     assert jobs.clear_finished(folder) == 4
     assert jobs.read_queue(folder) == []
@@ -92,13 +81,13 @@ def test_the_queue_waits_for_a_training_started_elsewhere(tmp_path: Path) -> Non
     with pytest.raises(DashboardError, match="Training page is still training"):
         jobs.start_training(folder, "second", tmp_path / "runs" / "second", first.command, tmp_path, "second")
     # A run from a terminal counts too (the page passes that check as `busy`).
-    _wait(lambda: not jobs.state(folder, running).active)
+    wait_until(lambda: not jobs.state(folder, running).active)
     assert jobs.advance(folder, tmp_path, busy=lambda: "run x is still training") is None
     started = jobs.advance(folder, tmp_path)
     assert started is not None
     assert started.job_id == "queued"
     assert started.title == "Training queued"
-    _wait(lambda: not jobs.state(folder, started).active)
+    wait_until(lambda: not jobs.state(folder, started).active)
     assert [name for kind, name, _ in _events(tmp_path) if kind == "start"] == ["page", "queued"]
 
 
@@ -119,17 +108,6 @@ def test_the_queue_is_a_file_that_survives_and_refuses_a_taken_name(tmp_path: Pa
     assert not jobs.has_work(folder)
 
 
-def _page(state: dict[str, object] | None = None) -> AppTest:
-    at = AppTest.from_file(MAIN, default_timeout=90)
-    for key, value in (state or {}).items():
-        at.session_state[key] = value
-    at.run()
-    at.switch_page("views/compare.py")
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
-
-
 def test_the_launcher_queues_a_grid_and_cancels_a_waiting_run(
     fixture_root: Fixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -139,7 +117,7 @@ def test_the_launcher_queues_a_grid_and_cancels_a_waiting_run(
         folder, "blocker", fixture_root.root / "runs" / "blocker", ["sleep", "30"], fixture_root.root, "Blocker"
     )
     try:
-        at = _page()
+        at = open_page("compare")
         at.multiselect(key="grid_nhead").set_value([0, 3])
         at.multiselect(key="grid_dm").set_value(["manhattan", "euclidean"])
         at.number_input(key="grid_seeds").set_value(2)
@@ -181,7 +159,7 @@ def test_the_launcher_queues_a_grid_and_cancels_a_waiting_run(
 
 def test_invalid_launcher_settings_disable_the_queue_button(fixture_root: Fixture) -> None:
     write_prepared(fixture_root.root / "prepared" / "solo", clients=1)
-    at = _page()
+    at = open_page("compare")
     at.selectbox(key="grid_dataset").set_value("solo")
     at.run()
     assert "a federation needs at least 2" in " ".join(str(e.value) for e in at.error)

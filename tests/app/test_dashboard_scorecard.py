@@ -9,12 +9,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from dashboard_fixtures import write_config, write_metrics, write_prepared, write_summary
+from dashboard_fixtures import open_page, write_config, write_metrics, write_prepared, write_summary
 from streamlit.testing.v1 import AppTest
 
 from app.dashboard import evaluation
-
-MAIN = str(Path(__file__).resolve().parents[2] / "app" / "dashboard" / "main.py")
 
 # Hospital 0 is fine; hospital 1 ranks its tiles well (AUC 0.925) but calls 3 of its 4 abnormal tiles normal at
 # 0.5. Hospital 1's abnormal 0.30 ties with a normal 0.30 (half a pair in the AUC; both called abnormal at 0.30).
@@ -199,22 +197,13 @@ def hidden_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return root
 
 
-def _hospital_page() -> AppTest:
-    at = AppTest.from_file(MAIN, default_timeout=90)
-    at.run()
-    at.switch_page("views/hospital.py")
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
-
-
 def _scorecard(at: AppTest) -> pd.DataFrame:
     (frame,) = [d.value for d in at.dataframe if "specificity there" in d.value.columns]
     return frame.set_index("hospital")
 
 
 def test_scorecard_warns_where_a_high_auc_hides_a_poor_sensitivity(hidden_root: Path) -> None:
-    at = _hospital_page()
+    at = open_page("hospital")
     assert at.slider(key="threshold").value == 0.55  # the model cards' threshold
     warnings = [str(w.value) for w in at.warning]
     assert len(warnings) == 1
@@ -243,7 +232,7 @@ def test_scorecard_warns_where_a_high_auc_hides_a_poor_sensitivity(hidden_root: 
 
 
 def test_hospital_page_explains_auc_roc_and_the_confusion_matrix(hidden_root: Path) -> None:
-    at = _hospital_page()
+    at = open_page("hospital")
     captions = " ".join(str(c.value) for c in at.caption)
     assert "randomly chosen abnormal tile" in captions  # AUC
     assert "ROC curve: for every possible threshold" in captions
@@ -256,7 +245,7 @@ def test_hospital_page_explains_auc_roc_and_the_confusion_matrix(hidden_root: Pa
 
 
 def test_the_threshold_starts_at_the_cards_again_after_leaving_the_page(hidden_root: Path) -> None:
-    at = _hospital_page()
+    at = open_page("hospital")
     at.slider(key="threshold").set_value(0.3)
     at.run()
     at.switch_page("views/data.py")

@@ -16,14 +16,13 @@ from typing import Any
 import cv2
 import numpy as np
 import pytest
-from dashboard_fixtures import Fixture
+from dashboard_fixtures import MAIN, Fixture, open_page
 from slide_fixtures import TrainedRoot, build_trained_root, copy_root
 from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
 from streamlit.testing.v1 import AppTest
 
 from app import report_html, slide_view
 
-MAIN = str(Path(__file__).resolve().parents[2] / "app" / "dashboard" / "main.py")
 TIMEOUT_S = 120
 
 
@@ -38,17 +37,6 @@ def data(trained: TrainedRoot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     fresh = copy_root(trained, tmp_path / "data")
     monkeypatch.setenv("GASTRIC_FL_DATA", str(fresh.root))
     return fresh
-
-
-def _slide_page(state: dict[str, Any] | None = None) -> AppTest:
-    at = AppTest.from_file(MAIN, default_timeout=TIMEOUT_S)
-    for key, value in (state or {}).items():
-        at.session_state[key] = value
-    at.run()
-    at.switch_page("views/slide.py")
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
 
 
 def _pick_slide(at: AppTest, source: str) -> AppTest:
@@ -94,7 +82,7 @@ def _one_line_error(at: AppTest, *words: str) -> str:
 
 def test_the_heatmap_has_the_slides_size_and_the_slider_sets_its_opacity(data: TrainedRoot) -> None:
     source = data.test_slides(0, "abnormal")[0]
-    at = _pick_slide(_slide_page(), source)
+    at = _pick_slide(open_page("slide", timeout=TIMEOUT_S), source)
     height, width = cv2.imread(str(data.raw / source), cv2.IMREAD_UNCHANGED).shape[:2]
     layers = _layers(at)
     assert {"slide", "heat", "outline", "tiles"} <= set(layers)  # the SEED mask beside it gives the outline
@@ -125,7 +113,7 @@ def test_the_heatmap_has_the_slides_size_and_the_slider_sets_its_opacity(data: T
 @pytest.mark.parametrize("client", [0, 1])  # hospital 1 is gray
 def test_a_picked_tile_shows_the_probability_the_run_gave_it(data: TrainedRoot, client: int) -> None:
     source = data.test_slides(client, "normal")[0]
-    at = _pick_slide(_slide_page({"slide_hospital": client}), source)
+    at = _pick_slide(open_page("slide", {"slide_hospital": client}, TIMEOUT_S), source)
     expected = data.evaluated(client, source)
     assert expected
     tiles = _layers(at)["tiles"]
@@ -147,7 +135,7 @@ def test_a_picked_tile_shows_the_probability_the_run_gave_it(data: TrainedRoot, 
 
 def test_a_second_visit_reads_the_scored_slide_from_disk(data: TrainedRoot, monkeypatch: pytest.MonkeyPatch) -> None:
     source = data.test_slides(0, "normal")[0]
-    first = _pick_slide(_slide_page(), source)
+    first = _pick_slide(open_page("slide", timeout=TIMEOUT_S), source)
     max_shown = _metric(first, "Max P(abnormal)")
     assert list((data.hospital(0) / "slides").rglob("view.json"))
 
@@ -155,14 +143,14 @@ def test_a_second_visit_reads_the_scored_slide_from_disk(data: TrainedRoot, monk
         raise AssertionError("the slide was scored again")
 
     monkeypatch.setattr(slide_view, "score", refuse)
-    again = _pick_slide(_slide_page(), source)
+    again = _pick_slide(open_page("slide", timeout=TIMEOUT_S), source)
     assert _metric(again, "Max P(abnormal)") == max_shown
     assert not again.error
 
 
 def test_showing_a_scored_slide_imports_no_torch(data: TrainedRoot) -> None:
     source = data.test_slides(0, "normal")[0]
-    _pick_slide(_slide_page(), source)  # scored and kept in the hospital's folder
+    _pick_slide(open_page("slide", timeout=TIMEOUT_S), source)  # scored and kept in the hospital's folder
     script = f"""
 import sys
 from streamlit.testing.v1 import AppTest
@@ -183,7 +171,7 @@ print("torch" in sys.modules)
 def test_an_uploaded_slide_with_its_mask_is_scored_and_outlined(data: TrainedRoot) -> None:
     source = data.test_slides(0, "abnormal")[0]
     stem = Path(source).stem
-    at = _slide_page()
+    at = open_page("slide", timeout=TIMEOUT_S)
     at.radio(key="slide_source").set_value("Upload a slide")
     at.run()
     at.file_uploader(key="slide_upload").upload("biopsy.png", (data.raw / source).read_bytes(), "image/png")
@@ -212,7 +200,7 @@ def test_the_report_download_is_the_hospitals_html_report(data: TrainedRoot, mon
 
     monkeypatch.setattr(MemoryMediaFileStorage, "load_and_get_id", spy)
     source = data.test_slides(0, "normal")[0]
-    at = _pick_slide(_slide_page(), source)
+    at = _pick_slide(open_page("slide", timeout=TIMEOUT_S), source)
     button = at.get("download_button")[0]
     assert "report (HTML)" in button.proto.label
     name = f"{data.run.name}-client_00.html"
@@ -233,13 +221,13 @@ def test_the_report_download_is_the_hospitals_html_report(data: TrainedRoot, mon
 
 
 def test_a_run_without_exported_models_says_what_to_do(fixture_root: Fixture) -> None:
-    at = _slide_page()
+    at = open_page("slide", timeout=TIMEOUT_S)
     assert "exported model" in " ".join(str(i.value) for i in at.info)
     assert not at.error
 
 
 def test_the_page_explains_the_next_step_with_no_data(empty_root: Path) -> None:
-    at = _slide_page()
+    at = open_page("slide", timeout=TIMEOUT_S)
     assert "gastric-fl" in " ".join(str(e.value) for e in (*at.info, *at.code))
 
 
@@ -253,19 +241,19 @@ def _damage_card(data: TrainedRoot, change: dict[str, Any] | None) -> None:
 
 def test_a_damaged_model_card_is_one_line(data: TrainedRoot) -> None:
     _damage_card(data, None)
-    _one_line_error(_slide_page(), "model.json", "not readable JSON")
+    _one_line_error(open_page("slide", timeout=TIMEOUT_S), "model.json", "not readable JSON")
 
 
 def test_a_bundle_that_does_not_fit_is_one_line(data: TrainedRoot) -> None:
     _damage_card(data, {"architecture": "resnet18"})  # MobileNetV3 weights under a ResNet-18 card
-    _one_line_error(_slide_page(), "model.safetensors", "does not fit")
+    _one_line_error(open_page("slide", timeout=TIMEOUT_S), "model.safetensors", "does not fit")
 
 
 def test_a_missing_dataset_is_one_line_and_upload_still_works(data: TrainedRoot) -> None:
     _damage_card(data, {"dataset": {"path": str(data.root / "prepared" / "gone")}})
     config = data.run / "config.toml"
     config.write_text(config.read_text().replace(str(data.prepared), str(data.root / "gone")), encoding="utf-8")
-    at = _slide_page()
+    at = open_page("slide", timeout=TIMEOUT_S)
     _one_line_error(at, "not on this machine", "upload a slide")
     at.radio(key="slide_source").set_value("Upload a slide")
     at.run()
@@ -287,7 +275,7 @@ def test_a_bad_upload_is_one_line_and_leaves_nothing(
 ) -> None:
     if content is None:  # a truncated PNG
         content = (data.raw / data.test_slides(0, "normal")[0]).read_bytes()[:300]
-    at = _slide_page()
+    at = open_page("slide", timeout=TIMEOUT_S)
     at.radio(key="slide_source").set_value("Upload a slide")
     at.run()
     at.file_uploader(key="slide_upload").upload(name, content, "image/png")
@@ -298,7 +286,7 @@ def test_a_bad_upload_is_one_line_and_leaves_nothing(
 
 def test_a_model_that_is_not_normal_abnormal_is_explained(data: TrainedRoot) -> None:
     _damage_card(data, {"class_names": list("0123456789"), "num_classes": 10, "positive_class": "9"})
-    at = _slide_page()
+    at = open_page("slide", timeout=TIMEOUT_S)
     assert "10 classes" in " ".join(str(i.value) for i in at.info)
     assert not at.error
     assert not at.get("plotly_chart")
