@@ -39,15 +39,13 @@ from typing import Any
 import torch
 
 from federation.aggregation import (
+    AmpAggregate,
     FlatSpec,
-    amp_coefficients,
+    StackBuffer,
+    amp_aggregate,
     check_amp_settings,
-    fisher_intermediate,
     fisher_weights,
-    flatten,
-    mix,
     off_diagonal_mass,
-    pairwise_distances,
     unflatten,
 )
 from federation.config import RunConfig
@@ -122,12 +120,18 @@ class AttentiveStrategy:
         if not self.keys:
             raise FederationError(f"{name} with nhead={nhead} shares no layer: use a smaller strategy.nhead")
         initial = ctx.initial(self.keys)
-        self.spec = FlatSpec.of(initial, self.keys)
+        # Parameters (which the distances compare) and buffers (mixed only) are stacked into one matrix each, kept
+        # from round to round (one row per client).
         self.param_spec = FlatSpec.of(initial, [k for k in self.keys if k in param_keys])
+        self.buffer_spec = FlatSpec.of(initial, [k for k in self.keys if k not in param_keys])
         if self.param_spec.numel == 0:
             raise FederationError(f"{name} with nhead={nhead} shares no trainable parameter: use a smaller nhead")
+        self._param_stack = StackBuffer(self.param_spec, len(self.clients))
+        self._buffer_stack = StackBuffer(self.buffer_spec, len(self.clients)) if self.buffer_spec.keys else None
         # One dict for all clients in round 1 (the common initial model, z_i = p_i = rho^0).
         self.centres: dict[int, TensorDict] = dict.fromkeys(self.clients, initial)
+        # Clients whose centres are rows of the last round's mixed matrix (views, not copies: see _centre).
+        self._rows_of_block: frozenset[int] = frozenset()
 
     def shared_keys(self, state_keys: Sequence[str], units: Sequence[Sequence[str]]) -> list[str]:
         return list(self.keys)  # the base units less what strategy.bn keeps local (StrategyContext.shared_keys)
@@ -150,19 +154,8 @@ class AttentiveStrategy:
         clients = sorted(replies)
         if not clients:
             raise FederationError(f"round {server_round}: no client replied")
-        states = [replies[c].shared for c in clients]
-        rho_params = flatten(states, self.param_spec)
-        xi = amp_coefficients(rho_params, self.amp.dm, self.amp.alpha_k, self.amp.sigma, scale=self.amp.scale)
-        distances = pairwise_distances(rho_params, self.amp.dm, scale=self.amp.scale)
-        z = mix(flatten(states, self.spec), xi)  # Eq. 18, every client at once
-        record: dict[str, Any] = {
-            "clients": clients,
-            "dm": self.amp.dm,
-            "scale": self.amp.scale,
-            "distances": _matrix(distances),
-            "xi": _matrix(xi),
-            "off_diagonal_mass": off_diagonal_mass(xi),
-        }
+        traces: list[float] | None = None
+        gamma: torch.Tensor | None = None
         if self.fim:
             traces = fisher_traces(
                 server_round,
@@ -170,17 +163,49 @@ class AttentiveStrategy:
                 clients,
                 " although fedsaf.fim is on (the client recipe must have fisher_batch > 0)",
             )
-            gamma = fisher_weights(traces)
-            p = fisher_intermediate(z, gamma)  # Eq. 20: identical rows
+            gamma = fisher_weights(traces)  # Eq. 14
+        unknown = [c for c in clients if c not in self.centres]
+        if unknown:
+            raise FederationError(
+                f"{self.name}: client(s) {unknown} are not among this run's clients {list(self.clients)}"
+            )
+        states = [replies[c].shared for c in clients]
+        # Each reply is copied once, into these matrices (kept from round to round).
+        params = self._param_stack.stack(states)
+        buffers = None if self._buffer_stack is None else self._buffer_stack.stack(states)
+        step = amp_aggregate(
+            params,
+            self.amp.dm,
+            self.amp.alpha_k,
+            self.amp.sigma,
+            scale=self.amp.scale,
+            extra=buffers,
+            gamma=gamma,
+        )
+        record: dict[str, Any] = {
+            "clients": clients,
+            "dm": self.amp.dm,
+            "scale": self.amp.scale,
+            "distances": _matrix(step.distances),
+            "xi": _matrix(step.xi),
+            "off_diagonal_mass": off_diagonal_mass(step.xi),
+        }
+        if gamma is not None:
             record["fisher_traces"] = traces
-            record["gamma"] = [float(g) for g in gamma]
-            shared_p = unflatten(p[0], self.spec)
-            for row, c in enumerate(clients):
-                # Eq. 20 gives every client the same p; keep one copy when that holds exactly.
-                self.centres[c] = shared_p if torch.equal(p[row], p[0]) else unflatten(p[row], self.spec)
+            record["gamma"] = gamma.tolist()
+            # Eq. 20 gives every client the same p: one row was mixed, and every client holds the same dict.
+            shared_p = self._centre(step, 0)
+            for c in clients:
+                self.centres[c] = shared_p
+            self._rows_of_block = frozenset()
         else:
+            # A client left out of this round keeps last round's centre; as a view it would keep that round's
+            # whole (m, d) matrix alive, so it gets its own copy.
+            for c in self._rows_of_block.difference(clients):
+                self.centres[c] = {k: v.clone() for k, v in self.centres[c].items()}
             for row, c in enumerate(clients):
-                self.centres[c] = unflatten(z[row], self.spec)
+                self.centres[c] = self._centre(step, row)  # z_i, Eq. 18
+            self._rows_of_block = frozenset(clients)
         mass = record["off_diagonal_mass"]
         if len(clients) > 1 and mass < COLLABORATION_WARNING_THRESHOLD:
             warnings.warn(
@@ -192,6 +217,17 @@ class AttentiveStrategy:
                 stacklevel=2,
             )
         return record
+
+    def _centre(self, step: AmpAggregate, row: int) -> TensorDict:
+        """Row ``row`` of the mixed matrices as a state dict in ``self.keys`` order, its tensors views of the row.
+
+        Views, not copies: whoever uses a centre copies it anyway (the hospital's ``load_state_dict``, the message
+        codec, a checkpoint), and copying here would cost as much as the mix itself when the clients are few.
+        """
+        parts = unflatten(step.mixed[row], self.param_spec, copy=False)
+        if step.mixed_extra is not None:
+            parts.update(unflatten(step.mixed_extra[row], self.buffer_spec, copy=False))
+        return {k: parts[k] for k in self.keys}
 
     def configure_evaluate(self, server_round: int, clients: Sequence[int]) -> dict[int, TensorDict | None]:
         # A hospital deploys its own trained model (base + head): nothing to load.
@@ -231,8 +267,10 @@ class AttentiveStrategy:
 
 def _matrix(t: torch.Tensor) -> list[list[float | None]]:
     """A float matrix as nested lists for ``aggregation.jsonl`` (JSON has no inf/nan: those become null)."""
-    rows: list[list[float]] = t.tolist()
-    return [[v if math.isfinite(v) else None for v in row] for row in rows]
+    rows: list[list[float | None]] = t.tolist()
+    if bool(torch.isfinite(t).all()):
+        return rows
+    return [[v if v is not None and math.isfinite(v) else None for v in row] for row in rows]
 
 
 def build(config: RunConfig, ctx: StrategyContext) -> AttentiveStrategy:
