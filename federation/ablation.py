@@ -34,6 +34,7 @@ from typing import Any
 
 from federation.config import RunConfig, config_to_toml, load_config, read_toml
 from federation.errors import FederationError
+from federation.provenance import code_version, describe_code_versions
 from federation.runs import SUMMARY_FILE, atomic_write_text, now_iso, read_json, write_json
 from pipeline.outputs import OutputError, check_replaceable, claim_output, os_error_message, write_marker
 
@@ -841,26 +842,6 @@ def installed_versions() -> str:
     return "\n".join([*head, *sorted(names, key=str.lower)]) + "\n"
 
 
-def code_version() -> str:
-    """The git commit of the working folder's checkout (the code that ran), ``+ changes`` when its code differs.
-
-    ``unknown`` outside a git checkout (e.g. an installed package).
-    """
-    import subprocess
-
-    def git(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["git", *args], capture_output=True, text=True, timeout=30, check=False)
-
-    try:
-        head = git("rev-parse", "HEAD")
-        if head.returncode != 0:
-            return "unknown"
-        changed = git("diff", "--quiet", "HEAD", "--", "app", "federation", "models", "pipeline", "inference")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return head.stdout.strip() + (" + changes" if changed.returncode != 0 else "")
-
-
 def publish(plan: Plan, out: Path, dest: Path, command: str, rebuild: str | None = None) -> list[Path]:
     """Copy an ablation's tables and the small raw files behind them to ``dest`` (e.g. ``docs/results/NAME``).
 
@@ -898,13 +879,20 @@ def publish(plan: Plan, out: Path, dest: Path, command: str, rebuild: str | None
                     if (run_dir / name).is_file():
                         shutil.copy2(run_dir / name, staging / CELLS_DIR / run_id / name)
                         written.append(dest / CELLS_DIR / run_id / name)
+            trained_at: dict[str, list[str]] = {}
+            for run_id in sorted(set(owners.values())):
+                summary_path = out / CELLS_DIR / run_id / SUMMARY_FILE
+                if cell_status(out / CELLS_DIR / run_id) == "finished":
+                    versions = read_json(summary_path).get("code_versions") or ["not recorded"]
+                    trained_at.setdefault(" then ".join(f"`{v}`" for v in versions), []).append(run_id)
             (staging / VERSIONS_FILE).write_text(installed_versions(), encoding="utf-8")
             if rebuild is None:
                 rebuild = f"gastric-fl ablate --config {_shown(plan.config_path)} --out {_shown(dest)} --tables-only"
             (staging / COMMAND_FILE).write_text(
                 "# How these tables were made\n\n"
                 f"```bash\n{command}\n```\n\n"
-                f"Code: git commit `{code_version()}`. Package versions: [{VERSIONS_FILE}]({VERSIONS_FILE}). "
+                f"Published at git commit `{code_version()}`. {describe_code_versions(trained_at)} "
+                f"Package versions: [{VERSIONS_FILE}]({VERSIONS_FILE}). "
                 "Each run's `config.toml`, `summary.json`, "
                 f"`metrics.jsonl` and `aggregation.jsonl` are under `{CELLS_DIR}/`; the tables are rebuilt from them "
                 f"alone (no training) by\n\n```bash\n{rebuild}\n```\n",

@@ -68,6 +68,7 @@ from federation.errors import FederationError
 from federation.jsonl import DamagedLine, read_jsonl, scan_jsonl
 from federation.processes import process_start_time
 from federation.progress import RoundProgress, now, write_progress
+from federation.provenance import add_code_version, code_version
 from federation.report import round_stats, run_figures
 from federation.runs import (
     AGGREGATION_FILE,
@@ -261,6 +262,9 @@ class Engine:
         )
         if self.dataset_sha256 is not None:
             self.summary["dataset_sha256"] = self.dataset_sha256
+        # The commit(s) of the code that trained this run (a resume on other code adds its own).
+        recorded = None if self.restart else self.summary.get("code_versions")
+        self.summary["code_versions"] = add_code_version(recorded, code_version())
         self.summary.setdefault("started_at", now_iso())
         if resume:
             self.summary["resumed_at"] = now_iso()

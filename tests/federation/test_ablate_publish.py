@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from typer.testing import CliRunner
 
 from federation.ablation import PUBLISHED_RUN_FILES, load_plan, publish, run_plan, write_tables
 from federation.errors import FederationError
+from federation.provenance import add_code_version, code_version, describe_code_versions
 
 
 def _trained(tmp_path: Path) -> tuple[Path, Path]:
@@ -73,9 +75,33 @@ def test_publish_replaces_only_its_own_folder(tmp_path: Path) -> None:
         publish(load_plan(ablation), tmp_path / "nothing", tmp_path / "p2", "cmd")
 
 
+def test_publish_names_the_commit_each_run_was_trained_at(tmp_path: Path) -> None:
+    ablation, out = _trained(tmp_path)
+    for run_id, versions in [("strategy-fedavg_seed-0", ["a" * 40]), ("strategy-fedavg_seed-1", ["a" * 40, "b" * 40])]:
+        path = out / "cells" / run_id / "summary.json"
+        summary = json.loads(path.read_text(encoding="utf-8"))
+        path.write_text(json.dumps({**summary, "code_versions": versions}), encoding="utf-8")
+    publish(load_plan(ablation), out, tmp_path / "pub", "cmd")
+    command = (tmp_path / "pub" / "COMMAND.md").read_text(encoding="utf-8")
+    assert "Runs were trained at different commits: " in command
+    assert f"`{'a' * 40}`: 1 run(s) (strategy-fedavg_seed-0)" in command
+    assert f"`{'a' * 40}` then `{'b' * 40}`: 1 run(s) (strategy-fedavg_seed-1)" in command
+    assert "`not recorded`: 9 run(s)" in command  # the fake runs record none
+
+
+def test_code_versions_of_a_run_and_their_sentence() -> None:
+    assert add_code_version(None, "abc") == ["abc"]
+    assert add_code_version(["abc"], "abc") == ["abc"]  # a resume on the same code adds nothing
+    assert add_code_version(["abc"], "def") == ["abc", "def"]
+    assert describe_code_versions({}) == "No finished run."
+    assert describe_code_versions({"`abc`": ["r1", "r2"]}) == "Every run was trained at `abc`."
+    assert describe_code_versions({"`b`": ["r2"], "`a`": ["r1", "r3"]}) == (
+        "Runs were trained at different commits: `a`: 2 run(s) (r1, r3); `b`: 1 run(s) (r2)."
+    )
+
+
 def test_the_published_command_is_the_one_that_trains_and_the_code_is_named() -> None:
     from app.cmd_ablate import training_arguments
-    from federation.ablation import code_version
 
     argv = ["ablate", "--config", "c.toml", "--out", "o", "--tables-only", "--publish", "docs/x", "--publish=d"]
     assert training_arguments(argv) == ["ablate", "--config", "c.toml", "--out", "o"]

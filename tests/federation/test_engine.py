@@ -18,6 +18,7 @@ from federation.client import Client
 from federation.config import RunConfig, load_config
 from federation.engine import RunStopped, load_run_config, loop, train
 from federation.errors import FederationError
+from federation.provenance import code_version
 from federation.runs import complete_checkpoints
 from models import ModelError, base_keys, create_model, head_keys, split_units
 
@@ -80,6 +81,7 @@ def test_run_directory_contents(reference: Path) -> None:
     assert summary["clients"] == [0, 1, 2]
     assert summary["final"]["round"] == 3
     assert summary["best"]["round"] in (1, 2, 3)
+    assert summary["code_versions"] == [code_version()]  # the commit that trained it, for published tables
     metrics = _metrics(reference)
     assert len(metrics) == 3 * 3
     # the default strategy.bn = "local_stats" keeps BatchNorm running statistics at the hospital: parameters travel
