@@ -65,15 +65,9 @@ def _work_dtype(vectors: torch.Tensor) -> torch.dtype:
     return vectors.dtype if vectors.dtype in (torch.float32, torch.float64) else torch.float32
 
 
-# Columns per block of the centred Gram product: m x block float32 values stay in a core's cache between
-# centring the block and multiplying it (about 1 MB), and no block is so small that Python's per-block cost shows.
-_GRAM_BLOCK_VALUES = 262_144
-_GRAM_MIN_BLOCK = 4_096
-
-
 @dataclass(frozen=True)
 class _CentredGram:
-    """``G = W W^T`` (float64) of the rows centred on one of them, ``w_i = v_i - mu`` with ``mu = v_0`` (so
+    """``G = W W^T`` (float64) of the rows centred on the first one, ``w_i = v_i - mu`` with ``mu = v_0`` (so
     ``w_0 = 0``), ``mu`` itself and ``W mu`` (float64, only when asked for)."""
 
     gram: torch.Tensor
@@ -81,15 +75,13 @@ class _CentredGram:
     mu_dot: torch.Tensor | None
 
 
-def _centred_gram(v: torch.Tensor, with_mu_dot: bool) -> _CentredGram:
-    """The Gram matrix of the vectors centred on the first one, a block of columns at a time; ``v`` is not changed.
+def _centred_gram(v: torch.Tensor, with_mu_dot: bool, in_place: bool) -> _CentredGram:
+    """The Gram matrix of the vectors centred on the first one; ``in_place`` centres rows 1.. of ``v`` itself.
 
     Squared distances are translation-invariant: centring every vector on a point among them first keeps the
     identity ``||a-b||^2 = |a|^2 + |b|^2 - 2 a.b`` well conditioned when the clients are close to each other
     (uncentred, float32 rounding of |a|^2 would swamp their small differences). The point is client 0's vector
-    rather than the mean, which would cost one more read of every value. Each block of columns is centred into
-    a small scratch matrix that stays in cache for its Gram product, so the ``(m, d)`` values are read from memory
-    once and no centred ``(m, d)`` copy is ever written; the blocks' products are summed in float64.
+    rather than the mean, which would cost one more read of every value, and row 0 (``mu``) stays as it is.
     """
     m, d = v.shape
     f64 = torch.float64
@@ -98,16 +90,10 @@ def _centred_gram(v: torch.Tensor, with_mu_dot: bool) -> _CentredGram:
     mu_dot = torch.zeros(m, dtype=f64, device=v.device) if with_mu_dot else None
     if d == 0 or m == 1:
         return _CentredGram(gram, mu, mu_dot)
-    block = min(d, max(_GRAM_MIN_BLOCK, _GRAM_BLOCK_VALUES // m))
-    scratch = torch.empty(m - 1, block, dtype=v.dtype, device=v.device)
-    rest = gram[1:, 1:]  # row and column 0 stay 0: w_0 = 0
-    for start in range(0, d, block):
-        stop = min(start + block, d)
-        w = scratch[:, : stop - start]
-        torch.sub(v[1:, start:stop], v[0, start:stop], out=w)
-        rest += (w @ w.T).to(f64)
-        if mu_dot is not None:
-            mu_dot[1:] += (w @ v[0, start:stop]).to(f64)
+    w = v[1:].sub_(mu) if in_place else v[1:] - mu
+    gram[1:, 1:] = (w @ w.T).to(f64)  # row and column 0 stay 0: w_0 = 0
+    if mu_dot is not None:
+        mu_dot[1:] = (w @ mu).to(f64)
     return _CentredGram(gram, mu, mu_dot)
 
 
@@ -131,8 +117,9 @@ def _cosine_from_gram(v: torch.Tensor, centred: _CentredGram) -> torch.Tensor:
     ``n_i n_j / (n_i n_j + 1e-8)`` to keep the paper's epsilon exactly. Models grown from one initialisation have
     similarities within 1e-4 of 1, below float32's resolution of a direct dot product over 10^6 values; here every
     term that carries the difference comes from the centred vectors, and the rest is float64 on ``(m, m)``
-    values. Where ``||rho_i||^2`` is small against ``s`` the sum for ``n_i^2`` would cancel, so those rows' norms
-    are taken directly (an all-zero vector, which has similarity 0 with everything, is one of them).
+    values. Where ``||rho_i||^2`` is small against ``s`` these sums would cancel, so those rows' norms and
+    similarities are taken directly from their float64 vectors (an all-zero vector, which has similarity 0 with
+    everything, is one of them). ``v`` holds the vectors themselves (never centred in place).
     """
     f64 = torch.float64
     gram, mu, mu_dot = centred.gram, centred.mu, centred.mu_dot
@@ -141,8 +128,14 @@ def _cosine_from_gram(v: torch.Tensor, centred: _CentredGram) -> torch.Tensor:
     extra = 2.0 * mu_dot + gram.diagonal()  # n_i^2 - s, from the small centred quantities only
     weak = s + extra <= 1e-2 * s
     if bool(weak.any()):
-        extra[weak] = torch.linalg.vector_norm(v[weak], dim=1, dtype=f64).square() - s
+        # The weak clients' similarities from their own vectors, in float64 (rare: a near-zero shared part).
+        originals = v.to(f64)
+        index = weak.nonzero().flatten()
+        own = originals[index].square().sum(dim=1)
+        extra[weak] = own - s
     n2 = (s + extra).clamp_min(0.0)
+    if bool(weak.any()):
+        n2[weak] = own  # not s + (own - s): that would round own away
     norms = n2.sqrt()
     zero = norms == 0
     safe = torch.where(zero, torch.ones_like(norms), norms)
@@ -156,6 +149,10 @@ def _cosine_from_gram(v: torch.Tensor, centred: _CentredGram) -> torch.Tensor:
     usq.fill_diagonal_(0.0)
     product = norms.unsqueeze(1) * norms.unsqueeze(0)
     sim = (1.0 - 0.5 * usq) * product / (product + COSINE_EPS)
+    if bool(weak.any()):
+        direct = (originals[index] @ originals.T) / (norms[index].unsqueeze(1) * norms.unsqueeze(0) + COSINE_EPS)
+        sim[index, :] = direct
+        sim[:, index] = direct.T
     sim[zero, :] = 0.0  # a zero vector has similarity 0 with everything (Eq. 7's epsilon)
     sim[:, zero] = 0.0
     return sim
@@ -174,15 +171,17 @@ def _l1_distances(v: torch.Tensor) -> torch.Tensor:
     return dist
 
 
-def _raw_distances(v: torch.Tensor, metric: str) -> torch.Tensor:
-    """The metric on ``v`` (already in its work dtype) before ``scale``, float64 ``(m, m)``; ``v`` is not changed.
+def _raw_distances(v: torch.Tensor, metric: str, in_place: bool = False) -> torch.Tensor:
+    """The metric on ``v`` (already in its work dtype) before ``scale``, float64 ``(m, m)``; with ``in_place`` the
+    euclidean metric leaves ``v`` centred on its first row (``_centred_gram``), else ``v`` is not changed (the
+    cosine metrics need the vectors themselves for near-zero ones).
 
     Every metric but manhattan comes from one Gram matrix ``W W^T`` of the centred vectors (``_centred_gram``);
     the cosine metrics add ``W mu`` for the norms.
     """
     if metric == "manhattan":
         return _l1_distances(v)
-    centred = _centred_gram(v, with_mu_dot=metric != "euclidean")
+    centred = _centred_gram(v, with_mu_dot=metric != "euclidean", in_place=in_place and metric == "euclidean")
     if metric == "euclidean":
         return _squared_from_gram(centred.gram)
     sim = _cosine_from_gram(v, centred)
@@ -328,6 +327,7 @@ def amp_aggregate(
     *,
     extra: torch.Tensor | None = None,
     gamma: torch.Tensor | None = None,
+    overwrite: bool = False,
 ) -> AmpAggregate:
     """The server's AMP step in one pass: ``d_ij`` once, ``xi`` from them, and every mixed model in one product.
 
@@ -339,9 +339,12 @@ def amp_aggregate(
     same ``p = (gamma^T xi) @ rho``: that one row is mixed (``k = 1``), one product instead of two.
 
     Equal to ``amp_coefficients`` + ``mix`` (+ ``fisher_intermediate``) up to float rounding, with less work:
-    the distances come from one Gram matrix of the centred vectors, centred a cache-sized block at a time (L1 from
-    ``pdist``), and the mix is one product ``coefficients @ rho``: the ``(m, d)`` values are read twice and never
-    copied. ``vectors`` is not changed.
+    the distances come from one Gram matrix of the vectors centred on client 0's (L1 from ``pdist``), and the mix
+    is one product. With ``overwrite=True`` and the euclidean metric the vectors are centred in place (``vectors``
+    then holds ``rho_0`` and ``w_j = rho_j - rho_0``: pass a matrix you own, e.g. from ``StackBuffer``); since
+    every row of the coefficients sums to 1 (Eq. 16), ``sum_j c_ij rho_j = rho_0 + sum_{j>0} c_ij w_j``: the mix
+    is one product of the centred matrix with the coefficients whose column 0 is set to 1, and no ``(m, d)`` copy
+    is made at all.
     """
     _check_matrix(vectors)
     m, d = vectors.shape
@@ -350,8 +353,9 @@ def amp_aggregate(
     if extra is not None and (extra.dim() != 2 or extra.shape[0] != m):
         raise ValueError(f"extra values of shape {tuple(extra.shape)} do not match {m} clients")
     work = _work_dtype(vectors)
+    in_place = overwrite and metric == "euclidean" and vectors.dtype == work
     v = vectors.detach().to(work)
-    distances = _rescale(_raw_distances(v, metric), metric, scale, d)
+    distances = _rescale(_raw_distances(v, metric, in_place=in_place), metric, scale, d)
     xi = amp_weights(distances, metric, alpha_k, sigma)
     if gamma is None:
         coefficients = xi
@@ -360,7 +364,11 @@ def amp_aggregate(
         if g.numel() != m:
             raise ValueError(f"gamma has {g.numel()} entries for {m} clients")
         coefficients = g.unsqueeze(0) @ xi
-    mixed = coefficients.to(device=v.device, dtype=work) @ v
+    c = coefficients.to(device=v.device, dtype=work)
+    if in_place:
+        c = c.clone()
+        c[:, 0] = 1.0  # rho_0 + sum_{j>0} c_ij w_j: v holds rho_0 in row 0 and w_j below
+    mixed = c @ v
     mixed_extra = None if extra is None else mix(extra, coefficients)
     return AmpAggregate(distances, xi, coefficients, mixed.to(vectors.dtype), mixed_extra)
 

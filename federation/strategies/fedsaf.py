@@ -170,7 +170,7 @@ class AttentiveStrategy:
                 f"{self.name}: client(s) {unknown} are not among this run's clients {list(self.clients)}"
             )
         states = [replies[c].shared for c in clients]
-        # Each reply is copied once, into these matrices (kept from round to round).
+        # Each reply is copied once, into these matrices (kept from round to round); amp_aggregate centres them.
         params = self._param_stack.stack(states)
         buffers = None if self._buffer_stack is None else self._buffer_stack.stack(states)
         step = amp_aggregate(
@@ -181,6 +181,7 @@ class AttentiveStrategy:
             scale=self.amp.scale,
             extra=buffers,
             gamma=gamma,
+            overwrite=True,
         )
         record: dict[str, Any] = {
             "clients": clients,

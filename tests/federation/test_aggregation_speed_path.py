@@ -14,7 +14,6 @@ import math
 import pytest
 import torch
 
-from federation import aggregation
 from federation.aggregation import (
     FlatSpec,
     StackBuffer,
@@ -158,26 +157,36 @@ def test_amp_aggregate_equals_the_public_functions_on_float32_models(metric: str
     assert torch.allclose(kept.mixed[0], p[0], rtol=1e-5, atol=1e-6)
 
 
-def test_the_blocked_gram_equals_one_product_and_leaves_the_vectors_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Blocks of 4,096 columns with 3 clients over 10,000 values: two full blocks and a short last one.
-    g = torch.Generator().manual_seed(4)
-    rho = torch.randn(1, 10_000, generator=g, dtype=torch.float64) + torch.tensor(
-        [[0.1], [0.4], [1.3]], dtype=torch.float64
-    ) * torch.randn(3, 10_000, generator=g, dtype=torch.float64)
+@pytest.mark.parametrize("metric", METRICS)
+@pytest.mark.parametrize("fim", [False, True])
+def test_overwrite_centres_the_vectors_on_client_0_and_gives_the_same_result(metric: str, fim: bool) -> None:
+    rho = _clients(m=5, d=9, seed=4)
     before = rho.clone()
-    monkeypatch.setattr(aggregation, "_GRAM_BLOCK_VALUES", 3 * 4_096)
-    blocked = aggregation._centred_gram(rho, with_mu_dot=True)
-    assert torch.equal(rho, before)
-    mu = rho[0]  # centred on client 0's vector
-    w = rho - mu
-    assert torch.equal(blocked.mu, mu)
-    assert torch.allclose(blocked.gram, w @ w.T, rtol=1e-12, atol=1e-12)
-    assert blocked.mu_dot is not None
-    assert torch.allclose(blocked.mu_dot, w @ mu, rtol=1e-10, atol=1e-10)
-    for metric in METRICS:
-        out = amp_aggregate(rho, metric, 0.2, 1.0, "relative")
-        assert torch.equal(rho, before)
-        assert torch.allclose(out.distances, pairwise_distances(rho, metric, scale="relative"), rtol=1e-12)
+    gamma = torch.tensor([0.4, 0.1, 0.2, 0.25, 0.05], dtype=torch.float64) if fim else None
+    alpha_k = 0.2 if metric != "cosine" else 0.05
+    kept = amp_aggregate(rho, metric, alpha_k, 1.0, "relative", gamma=gamma)
+    assert torch.equal(rho, before)  # overwrite=False leaves the vectors as they were
+    scratch = rho.clone()
+    used = amp_aggregate(scratch, metric, alpha_k, 1.0, "relative", gamma=gamma, overwrite=True)
+    if metric != "euclidean":
+        assert torch.equal(scratch, before)  # L1 needs no centring; cosine needs the vectors themselves
+    else:
+        assert torch.equal(scratch[0], before[0])  # rho_0 stays, the others become rho_j - rho_0
+        assert torch.allclose(scratch[1:], before[1:] - before[0], rtol=0, atol=1e-15)
+    assert torch.allclose(used.distances, kept.distances, rtol=1e-12, atol=1e-14)
+    assert torch.allclose(used.xi, kept.xi, rtol=1e-12, atol=1e-14)
+    assert torch.allclose(used.mixed, kept.mixed, rtol=1e-12, atol=1e-12)
+
+
+def test_a_near_zero_vector_gets_its_cosine_similarities_from_its_own_values() -> None:
+    # Client 2 is nearly the zero vector: its norm comes from the vector itself, not from the centred sums.
+    rho = _clients(m=4, d=6, seed=8)
+    rho[2] = 1e-6 * rho[1]
+    out = amp_aggregate(rho.clone(), "cosine_distance", 0.2, 1.0, overwrite=True)
+    assert torch.equal(out.distances, pairwise_distances(rho, "cosine_distance"))
+    for j in (0, 1, 3):
+        reference = 1.0 - _reference_distance(rho[2], rho[j], "cosine")
+        assert float(out.distances[2, j]) == pytest.approx(reference, rel=1e-9)
 
 
 def test_a_zero_vector_has_cosine_similarity_zero_with_everything() -> None:
@@ -188,7 +197,7 @@ def test_a_zero_vector_has_cosine_similarity_zero_with_everything() -> None:
     assert sim[:, 1].tolist() == [0.0, 0.0, 0.0]
     expected = _reference_distance(rho[0], rho[2], "cosine")
     assert float(sim[0, 2]) == pytest.approx(expected, rel=1e-12)
-    out = amp_aggregate(rho, "cosine", 0.5, 1.0)
+    out = amp_aggregate(rho.clone(), "cosine", 0.5, 1.0, overwrite=True)
     assert torch.equal(out.distances, sim)
 
 
