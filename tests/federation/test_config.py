@@ -38,6 +38,24 @@ def test_shipped_presets_load(preset: str) -> None:
     assert config.run.rounds >= 1
 
 
+ABLATION_PRESETS = sorted(
+    p.name for p in (REPO / "configs").glob("*.toml") if "[ablation]" in p.read_text(encoding="utf-8")
+)
+
+
+@pytest.mark.parametrize("preset", ABLATION_PRESETS)
+def test_every_cell_of_a_shipped_ablation_preset_is_a_valid_run(preset: str) -> None:
+    from federation.ablation import load_plan
+
+    plan = load_plan(REPO / "configs" / preset)
+    cells = plan.cells()
+    assert cells
+    for cell in cells:
+        config = plan.cell_config(cell)  # raises on a setting the engine would refuse
+        assert config.run.rounds >= 1
+    assert len(ABLATION_PRESETS) >= 10
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
