@@ -42,6 +42,7 @@ from typing import Literal
 
 import torch
 
+from federation.config import amp_bound_problem
 from federation.errors import FederationError
 
 Metric = Literal["euclidean", "manhattan", "cosine", "cosine_distance"]
@@ -252,14 +253,9 @@ def check_amp_settings(num_clients: int, metric: str, alpha_k: float, sigma: flo
         raise FederationError(f"amp.sigma must be a positive number, got {sigma}")
     if not (math.isfinite(alpha_k) and alpha_k > 0):
         raise FederationError(f"amp.alpha_k must be a positive number, got {alpha_k}")
-    peers = num_clients - 1
-    # A relative tolerance so that the documented boundary case alpha_k (m - 1) == sigma is accepted.
-    if alpha_k * peers > sigma * (1.0 + 1e-12):
-        raise FederationError(
-            f"amp.alpha_k={alpha_k} with amp.sigma={sigma} and {num_clients} clients could make a client's "
-            f"self-weight xi_ii negative (needs alpha_k * (m-1) <= sigma): set amp.alpha_k <= {sigma / peers:.6g} "
-            "or raise amp.sigma"
-        )
+    problem = amp_bound_problem(num_clients, alpha_k, sigma)  # the same rule as the dashboard's, torch-free
+    if problem is not None:
+        raise FederationError(problem)
 
 
 def amp_weights(distances: torch.Tensor, metric: str, alpha_k: float, sigma: float) -> torch.Tensor:
