@@ -645,12 +645,43 @@ def paired_differences(method: Mapping[int, float | None], reference: Mapping[in
     ]
 
 
-def method_label(config: RunConfig) -> str:
-    """``fedavg``, or ``fedavg+fedlws`` for a wrapped strategy: what a paired row compares."""
-    return "+".join([config.strategy.name, *config.strategy.wrap])
+def method_label(config: RunConfig, variant: Sequence[tuple[str, Any]] = ()) -> str:
+    """What a paired row compares: ``fedavg``, ``fedavg+fedlws`` for a wrapped strategy, and a variant's own
+    settings after it, e.g. ``depthwise_fim (reverse=true)`` or ``precision_weighted (client.optimizer=adam,
+    client.lr=0.001)`` (``method_variant``)."""
+    label = "+".join([config.strategy.name, *config.strategy.wrap])
+    if not variant:
+        return label
+    shown = [
+        f"{k.removeprefix(config.strategy.name + '.')}={str(v).lower() if isinstance(v, bool) else v}"
+        for k, v in variant
+    ]
+    return f"{label} ({', '.join(shown)})"
 
 
 _METHOD_KEYS = ("strategy.name", "strategy.wrap")
+# The optimiser a method's paper prescribes (e.g. Adam for precision-weighted FL, paper 004).
+_OPTIMIZER_KEYS = frozenset({"client.optimizer", "client.lr", "client.momentum", "client.weight_decay"})
+
+
+def method_variant(plan: Plan, cell: Cell) -> tuple[tuple[str, Any], ...]:
+    """The grid settings that make ``cell`` a variant of its method rather than a setting every method shares.
+
+    A setting of the method's own section (``depthwise_fim.reverse``, ``fedsaf.fim``, a wrapper's ``fedlws.beta``)
+    always is; the optimiser settings (``client.optimizer``, ``client.lr``, ...) are when a block of a single
+    strategy changes the optimiser (the method's prescribed recipe, e.g. Adam for ``precision_weighted``), and
+    otherwise context like any other setting (a learning-rate sweep). Paired differences compare a variant with
+    the references in the context of the remaining settings.
+    """
+    config = plan.cell_config(cell)
+    sections = {config.strategy.name, *config.strategy.wrap}
+    grid = plan.blocks[cell.block].grid
+    recipe = len(grid.get("strategy.name", [None])) == 1 and "client.optimizer" in grid
+    return tuple(
+        (k, v)
+        for k, v in cell.params
+        if k not in _METHOD_KEYS and (k.split(".")[0] in sections or (recipe and k in _OPTIMIZER_KEYS))
+    )
 
 
 def paired_rows(
@@ -659,19 +690,24 @@ def paired_rows(
     methods: Mapping[str, str],
     fields: Sequence[str] = PAIRED_FIELDS,
     references: Sequence[str] = PAIRED_REFERENCES,
+    variants: Mapping[str, Sequence[tuple[str, Any]]] | None = None,
 ) -> list[dict[str, Any]]:
     """Paired differences of each method to each reference method of the grid.
 
     ``methods`` maps a cell id to its method (``method_label``); ``figures`` holds the figures of finished cells.
-    Cells are paired when every other grid setting (all but ``strategy.name`` / ``strategy.wrap``) is the same and
-    the seed is the same; a seed finished on one side only is left out. One row per setting context, reference
-    present in that context and method other than the reference, with ``n`` (seeds paired) and per field
+    Cells are paired when every other grid setting (all but ``strategy.name`` / ``strategy.wrap`` and the cell's
+    ``variants``, the settings its method label carries: ``method_variant``) is the same and the seed is the same;
+    a seed finished on one side only is left out. One row per setting context, reference present in that context
+    and method other than the reference, with ``n`` (seeds paired) and per field
     ``<field>_diff_mean`` / ``_diff_sd`` / ``_diff_low`` / ``_diff_high`` / ``_n`` (seeds where both have the field).
     """
     # context (the other settings) -> method -> seed -> figures; the first cell of a (context, method, seed) counts
     table: dict[tuple[tuple[str, Any], ...], dict[str, dict[int, Mapping[str, Any] | None]]] = {}
     for cell in cells:
-        context = tuple((k, v) for k, v in sorted(cell.params, key=lambda kv: kv[0]) if k not in _METHOD_KEYS)
+        own = {k for k, _ in (variants or {}).get(cell.id, ())}
+        context = tuple(
+            (k, v) for k, v in sorted(cell.params, key=lambda kv: kv[0]) if k not in _METHOD_KEYS and k not in own
+        )
         seeds = table.setdefault(context, {}).setdefault(methods[cell.id], {})
         if cell.seed not in seeds:
             seeds[cell.seed] = figures.get(cell.id)
@@ -809,8 +845,9 @@ def write_tables(plan: Plan, out: Path, *, per_run_reports: bool = True) -> dict
         missing = len(table_cells) - sum(1 for c in table_cells if c.id in figures)
         note = f" ({missing} of {len(table_cells)} runs not finished: left out)" if missing else ""
         sections += [f"\n## {TABLE_TITLES[kind]}{note}\n", table, f"\n![curves]({png.name})\n"]
-    methods = {cell.id: method_label(plan.cell_config(cell)) for cell in cells}
-    paired = paired_rows(cells, figures, methods)
+    variants = {cell.id: method_variant(plan, cell) for cell in cells}
+    methods = {cell.id: method_label(plan.cell_config(cell), variants[cell.id]) for cell in cells}
+    paired = paired_rows(cells, figures, methods, variants=variants)
     if paired:
         table = paired_markdown(paired)
         title = "Paired differences to Separate and FedAvg (same seeds)"

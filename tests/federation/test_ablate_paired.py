@@ -182,6 +182,29 @@ def test_pairs_match_every_other_setting(tmp_path: Path) -> None:
     assert text.count("| fedamp |") == 2
 
 
+def test_a_method_variant_is_paired_with_the_references_under_its_own_label(tmp_path: Path) -> None:
+    # A setting of the method's own section, and a single-strategy block that changes the optimiser (a method's
+    # prescribed recipe), make variants: compared with Separate and FedAvg at the shared settings.
+    ablation = _ablation(tmp_path)
+    ablation.write_text(
+        ablation.read_text(encoding="utf-8").split("[[ablation.block]]")[0]
+        + '[[ablation.block]]\nstrategy = ["separate", "fedavg"]\n'
+        + '[[ablation.block]]\nstrategy = "fedamp"\n"fedamp.dm" = "manhattan"\n'
+        + '[[ablation.block]]\nstrategy = "fedsaf"\n"client.optimizer" = "adam"\n"client.lr" = 0.001\n',
+        encoding="utf-8",
+    )
+    plan = load_plan(ablation)
+    out = tmp_path / "abl"
+    run_plan(plan, out, train_fn=PairedFakeTrain(), progress=False, echo=lambda _: None)
+    text = write_tables(plan, out, per_run_reports=False)["paired"].read_text(encoding="utf-8")
+    # fedamp - fedavg over seeds 0-2: as in the first test; fedsaf - fedavg: d = [0.15, 0.05, 0.2]: mean 0.1333333,
+    # sd = sqrt((0.0166667^2 + 0.0833333^2 + 0.0666667^2) / 2) = 0.0763763, half = 4.302653 * 0.0763763 / sqrt(3)
+    # = 0.1897277 -> [-0.0563944, +0.3230610]
+    assert "| fedamp (dm=manhattan) | fedavg | 3 | -0.0167 [-0.2752, +0.2419] |" in text
+    assert "| fedsaf (client.optimizer=adam, client.lr=0.001) | fedavg | 3 | +0.1333 [-0.0564, +0.3231] |" in text
+    assert "| fedamp (dm=manhattan) | separate | 2 |" in text
+
+
 def test_no_reference_no_paired_table(tmp_path: Path) -> None:
     ablation = _ablation(tmp_path)
     ablation.write_text(
