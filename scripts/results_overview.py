@@ -18,7 +18,8 @@ REGIMES = ("data_poor", "site_shift", "label_skew", "seed_like")
 
 
 def _label(row: dict[str, str], keys: list[str]) -> str:
-    """``fedavg``, ``fedavg+fedlws``, or the strategy with its other grid settings, e.g. ``depthwise_fim (reverse)``."""
+    """The method label ``federation.ablation.method_label`` gives the row's runs (the one ``paired.csv`` uses):
+    ``fedavg``, ``fedavg+fedlws``, or the strategy with its own settings, e.g. ``depthwise_fim (reverse=true)``."""
     name = row["strategy"]
     extras = []
     for key in keys:
@@ -27,8 +28,9 @@ def _label(row: dict[str, str], keys: list[str]) -> str:
             continue
         if key == "strategy.wrap":
             name = "+".join([name, *value.strip("[]").replace("'", "").replace('"', "").split(", ")])
-        elif key != "client.lr":
-            extras.append(f"{key.split('.')[-1]}={value}")
+        else:
+            shown = value.lower() if value in ("True", "False") else value
+            extras.append(f"{key.removeprefix(row['strategy'] + '.')}={shown}")
     return f"{name} ({', '.join(extras)})" if extras else name
 
 
@@ -72,7 +74,6 @@ def overview(root: Path) -> str:
             if row["seeds"] == "0":  # not run yet
                 continue
             label = _label(row, keys)
-            # rows with settings of their own (e.g. Adam, reverse) have no reference run with the same settings
             versus = {ref: _interval(paired.get((label, ref))) for ref in ("separate", "fedavg")}
             versus[label] = "—" if label in versus else ""
             lines.append(
