@@ -664,16 +664,15 @@ _METHOD_KEYS = ("strategy.name", "strategy.wrap")
 _OPTIMIZER_KEYS = frozenset({"client.optimizer", "client.lr", "client.momentum", "client.weight_decay"})
 
 
-def method_variant(plan: Plan, cell: Cell) -> tuple[tuple[str, Any], ...]:
+def method_variant(plan: Plan, cell: Cell, config: RunConfig) -> tuple[tuple[str, Any], ...]:
     """The grid settings that make ``cell`` a variant of its method rather than a setting every method shares.
 
     A setting of the method's own section (``depthwise_fim.reverse``, ``fedsaf.fim``, a wrapper's ``fedlws.beta``)
     always is; the optimiser settings (``client.optimizer``, ``client.lr``, ...) are when a block of a single
     strategy changes the optimiser (the method's prescribed recipe, e.g. Adam for ``precision_weighted``), and
     otherwise context like any other setting (a learning-rate sweep). Paired differences compare a variant with
-    the references in the context of the remaining settings.
+    the references in the context of the remaining settings. ``config``: the cell's (``plan.cell_config``).
     """
-    config = plan.cell_config(cell)
     sections = {config.strategy.name, *config.strategy.wrap}
     grid = plan.blocks[cell.block].grid
     recipe = len(grid.get("strategy.name", [None])) == 1 and "client.optimizer" in grid
@@ -845,8 +844,9 @@ def write_tables(plan: Plan, out: Path, *, per_run_reports: bool = True) -> dict
         missing = len(table_cells) - sum(1 for c in table_cells if c.id in figures)
         note = f" ({missing} of {len(table_cells)} runs not finished: left out)" if missing else ""
         sections += [f"\n## {TABLE_TITLES[kind]}{note}\n", table, f"\n![curves]({png.name})\n"]
-    variants = {cell.id: method_variant(plan, cell) for cell in cells}
-    methods = {cell.id: method_label(plan.cell_config(cell), variants[cell.id]) for cell in cells}
+    configs = {cell.id: plan.cell_config(cell) for cell in cells}
+    variants = {cell.id: method_variant(plan, cell, configs[cell.id]) for cell in cells}
+    methods = {cell.id: method_label(configs[cell.id], variants[cell.id]) for cell in cells}
     paired = paired_rows(cells, figures, methods, variants=variants)
     if paired:
         table = paired_markdown(paired)
@@ -868,14 +868,15 @@ VERSIONS_FILE = "versions.txt"
 COMMAND_FILE = "COMMAND.md"
 
 
-def installed_versions() -> str:
-    """Python, the platform and every installed distribution as ``name==version``, one per line, sorted."""
+def installed_versions(code: str) -> str:
+    """Python, the platform, the code (``code_version()``) and every installed distribution as ``name==version``,
+    one per line, sorted."""
     import platform
     import sys
     from importlib import metadata
 
     names = {f"{dist.metadata['Name']}=={dist.version}" for dist in metadata.distributions() if dist.metadata["Name"]}
-    head = [f"python {sys.version.split()[0]}", f"platform {platform.platform()}", f"code {code_version()}"]
+    head = [f"python {sys.version.split()[0]}", f"platform {platform.platform()}", f"code {code}"]
     return "\n".join([*head, *sorted(names, key=str.lower)]) + "\n"
 
 
@@ -907,6 +908,7 @@ def publish(plan: Plan, out: Path, dest: Path, command: str, rebuild: str | None
                     shutil.copy2(path, staging / path.name)
                     written.append(dest / path.name)
             owners = plan.owners(plan.cells())
+            trained_at: dict[str, list[str]] = {}  # the commits that trained each run (summary.json)
             for run_id in sorted(set(owners.values())):
                 run_dir = out / CELLS_DIR / run_id
                 if cell_status(run_dir) != "finished":
@@ -916,19 +918,16 @@ def publish(plan: Plan, out: Path, dest: Path, command: str, rebuild: str | None
                     if (run_dir / name).is_file():
                         shutil.copy2(run_dir / name, staging / CELLS_DIR / run_id / name)
                         written.append(dest / CELLS_DIR / run_id / name)
-            trained_at: dict[str, list[str]] = {}
-            for run_id in sorted(set(owners.values())):
-                summary_path = out / CELLS_DIR / run_id / SUMMARY_FILE
-                if cell_status(out / CELLS_DIR / run_id) == "finished":
-                    versions = read_json(summary_path).get("code_versions") or ["not recorded"]
-                    trained_at.setdefault(" then ".join(f"`{v}`" for v in versions), []).append(run_id)
-            (staging / VERSIONS_FILE).write_text(installed_versions(), encoding="utf-8")
+                versions = read_json(run_dir / SUMMARY_FILE).get("code_versions") or ["not recorded"]
+                trained_at.setdefault(" then ".join(f"`{v}`" for v in versions), []).append(run_id)
+            published_at = code_version()
+            (staging / VERSIONS_FILE).write_text(installed_versions(published_at), encoding="utf-8")
             if rebuild is None:
                 rebuild = f"gastric-fl ablate --config {_shown(plan.config_path)} --out {_shown(dest)} --tables-only"
             (staging / COMMAND_FILE).write_text(
                 "# How these tables were made\n\n"
                 f"```bash\n{command}\n```\n\n"
-                f"Published at git commit `{code_version()}`. {describe_code_versions(trained_at)} "
+                f"Published at git commit `{published_at}`. {describe_code_versions(trained_at)} "
                 f"Package versions: [{VERSIONS_FILE}]({VERSIONS_FILE}). "
                 "Each run's `config.toml`, `summary.json`, "
                 f"`metrics.jsonl` and `aggregation.jsonl` are under `{CELLS_DIR}/`; the tables are rebuilt from them "

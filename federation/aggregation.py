@@ -26,7 +26,8 @@ Everything is vectorised: pairwise distances come from one Gram matrix of the ce
 precision of the vectors (float32 for model weights, where the centred Gram matrix keeps distances to ~1e-4
 relative; float64 in the hand-checked tests); the small coefficient matrices are float64. A server round uses
 ``amp_aggregate``: the distances once, ``xi`` from them and every mixed model in one matrix product, on a matrix
-stacked once (``StackBuffer``) and centred in place; ``unflatten(copy=False)`` hands the rows back as views.
+stacked once (``StackBuffer``; for the euclidean metric centred in place); ``unflatten(copy=False)`` hands the
+rows back as views.
 """
 
 from __future__ import annotations
@@ -127,15 +128,14 @@ def _cosine_from_gram(v: torch.Tensor, centred: _CentredGram) -> torch.Tensor:
     assert mu_dot is not None
     s = torch.linalg.vector_norm(mu, dtype=f64).square()
     extra = 2.0 * mu_dot + gram.diagonal()  # n_i^2 - s, from the small centred quantities only
-    weak = s + extra <= 1e-2 * s
-    if bool(weak.any()):
-        # The weak clients' similarities from their own vectors, in float64 (rare: a near-zero shared part).
-        originals = v.to(f64)
-        index = weak.nonzero().flatten()
-        own = originals[index].square().sum(dim=1)
+    # Weak clients (rare: a near-zero shared part) get their norms and similarities from their own float64 values.
+    weak = (s + extra <= 1e-2 * s).nonzero().flatten()
+    originals = v[weak].to(f64) if weak.numel() else None
+    if originals is not None:
+        own = originals.square().sum(dim=1)
         extra[weak] = own - s
     n2 = (s + extra).clamp_min(0.0)
-    if bool(weak.any()):
+    if originals is not None:
         n2[weak] = own  # not s + (own - s): that would round own away
     norms = n2.sqrt()
     zero = norms == 0
@@ -150,10 +150,10 @@ def _cosine_from_gram(v: torch.Tensor, centred: _CentredGram) -> torch.Tensor:
     usq.fill_diagonal_(0.0)
     product = norms.unsqueeze(1) * norms.unsqueeze(0)
     sim = (1.0 - 0.5 * usq) * product / (product + COSINE_EPS)
-    if bool(weak.any()):
-        direct = (originals[index] @ originals.T) / (norms[index].unsqueeze(1) * norms.unsqueeze(0) + COSINE_EPS)
-        sim[index, :] = direct
-        sim[:, index] = direct.T
+    if originals is not None:
+        direct = (originals @ v.to(f64).T) / (norms[weak].unsqueeze(1) * norms.unsqueeze(0) + COSINE_EPS)
+        sim[weak, :] = direct
+        sim[:, weak] = direct.T
     sim[zero, :] = 0.0  # a zero vector has similarity 0 with everything (Eq. 7's epsilon)
     sim[:, zero] = 0.0
     return sim
@@ -173,16 +173,18 @@ def _l1_distances(v: torch.Tensor) -> torch.Tensor:
 
 
 def _raw_distances(v: torch.Tensor, metric: str, in_place: bool = False) -> torch.Tensor:
-    """The metric on ``v`` (already in its work dtype) before ``scale``, float64 ``(m, m)``; with ``in_place`` the
-    euclidean metric leaves ``v`` centred on its first row (``_centred_gram``), else ``v`` is not changed (the
-    cosine metrics need the vectors themselves for near-zero ones).
+    """The metric on ``v`` (already in its work dtype) before ``scale``, float64 ``(m, m)``; ``in_place`` (for the
+    euclidean metric only: the cosine metrics need the vectors themselves for near-zero ones) leaves ``v`` centred
+    on its first row (``_centred_gram``), else ``v`` is not changed.
 
     Every metric but manhattan comes from one Gram matrix ``W W^T`` of the centred vectors (``_centred_gram``);
     the cosine metrics add ``W mu`` for the norms.
     """
     if metric == "manhattan":
         return _l1_distances(v)
-    centred = _centred_gram(v, with_mu_dot=metric != "euclidean", in_place=in_place and metric == "euclidean")
+    if in_place and metric != "euclidean":
+        raise ValueError(f"dm={metric} needs the vectors themselves: only euclidean distances centre them in place")
+    centred = _centred_gram(v, with_mu_dot=metric != "euclidean", in_place=in_place)
     if metric == "euclidean":
         return _squared_from_gram(centred.gram)
     sim = _cosine_from_gram(v, centred)
@@ -530,6 +532,15 @@ class FlatSpec:
         )
 
 
+def _entries(states: Sequence[Mapping[str, torch.Tensor]], keys: Sequence[str]) -> list[torch.Tensor]:
+    """The ``keys`` entries of every state dict, state after state; ``KeyError`` naming the first one's missing keys."""
+    try:
+        return [state[k] for state in states for k in keys]
+    except KeyError:
+        missing = next(gone for state in states if (gone := [k for k in keys if k not in state]))
+        raise KeyError(f"state dict lacks shared entries {missing[:5]}") from None
+
+
 def flatten(states: Sequence[Mapping[str, torch.Tensor]], spec: FlatSpec) -> torch.Tensor:
     """Stack the ``spec.keys`` entries of each state dict into one float32 ``(m, d)`` matrix, in key order.
 
@@ -540,11 +551,7 @@ def flatten(states: Sequence[Mapping[str, torch.Tensor]], spec: FlatSpec) -> tor
     if not states:
         raise ValueError("flatten needs at least one state dict")
     m = len(states)
-    try:
-        tensors = [state[k] for state in states for k in spec.keys]
-    except KeyError:
-        missing = next(gone for state in states if (gone := [k for k in spec.keys if k not in state]))
-        raise KeyError(f"state dict lacks shared entries {missing[:5]}") from None
+    tensors = _entries(states, spec.keys)
     if not tensors:
         return torch.empty(m, 0, dtype=torch.float32)
     if not spec.stackable:
@@ -586,11 +593,7 @@ class StackBuffer:
             self._views = [
                 view for row in self._matrix for view in torch._utils._unflatten_dense_tensors(row, self.spec.templates)
             ]
-        try:
-            sources = [state[k] for state in states for k in self.spec.keys]
-        except KeyError:
-            missing = next(gone for state in states if (gone := [k for k in self.spec.keys if k not in state]))
-            raise KeyError(f"state dict lacks shared entries {missing[:5]}") from None
+        sources = _entries(states, self.spec.keys)
         if sources:
             with torch.no_grad(), _one_thread():
                 torch._foreach_copy_(self._views[: len(sources)], sources)
