@@ -14,7 +14,7 @@ import csv
 import sys
 from pathlib import Path
 
-REGIMES = ("data_poor", "site_shift", "label_skew", "seed_like")
+REGIMES = ("data_poor", "site_shift", "label_skew", "seed_like", "digits")
 
 
 def _label(row: dict[str, str], keys: list[str]) -> str:
