@@ -1,0 +1,78 @@
+"""Paired difference of two methods of a published ablation folder over the seeds both finished.
+
+``gastric-fl ablate`` pairs every method with Separate and FedAvg (``paired.md``); this pairs any two methods run
+with their plain settings in one grid, e.g. FedSAF against FedAMP over 5 seeds, from the published run files alone
+(each run's figures as ``federation.ablation.run_figures`` reads them, the interval of ``paired_interval``):
+
+    .venv/bin/python scripts/paired_difference.py docs/results/methods_site_shift fedsaf fedamp
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from federation.ablation import PairedStats, paired_differences, paired_interval, run_figures
+
+FIELDS = ("avg_test_acc", "avg_test_auc")
+
+
+def plain_runs(folder: Path, method: str) -> dict[int, Path]:
+    """Seed -> run folder of the finished cells of ``folder`` that set nothing but ``strategy = method``."""
+    cells = json.loads((folder / "ablation.json").read_text(encoding="utf-8"))["cells"]
+    runs: dict[int, Path] = {}
+    for cell in cells:
+        if cell["params"] == {"strategy": method} and cell["status"] == "finished":
+            runs.setdefault(int(cell["seed"]), folder / cell["run_dir"])
+    return runs
+
+
+def pair(
+    folder: Path, method: str, reference: str, figures: Callable[[Path], Mapping[str, Any]] = run_figures
+) -> dict[str, PairedStats]:
+    """Per field, ``method - reference`` over the seeds both finished (``paired_interval``)."""
+    runs = {name: plain_runs(folder, name) for name in (method, reference)}
+    for name, found in runs.items():
+        if not found:
+            raise SystemExit(f"{folder}: no finished run of {name!r} with plain settings: check the method name")
+    values = {name: {seed: figures(path) for seed, path in found.items()} for name, found in runs.items()}
+    return {
+        field: paired_interval(
+            paired_differences(
+                {s: f.get(field) for s, f in values[method].items()},
+                {s: f.get(field) for s, f in values[reference].items()},
+            )
+        )
+        for field in FIELDS
+    }
+
+
+def describe(stats: PairedStats) -> str:
+    if stats.mean is None:
+        return "n/a"
+    if stats.low is None or stats.high is None:
+        return f"{stats.mean:+.3f} (n={stats.n})"
+    mark = " *" if stats.low > 0 or stats.high < 0 else ""
+    return f"{stats.mean:+.3f} [{stats.low:+.3f}, {stats.high:+.3f}]{mark} (n={stats.n})"
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print("usage: paired_difference.py FOLDER METHOD REFERENCE", file=sys.stderr)
+        return 2
+    folder, method, reference = Path(argv[0]), argv[1], argv[2]
+    if not (folder / "ablation.json").is_file():
+        print(f"{folder} holds no ablation.json: give a published ablation folder", file=sys.stderr)
+        return 2
+    for field, stats in pair(folder, method, reference).items():
+        print(f"{folder.name}: {method} - {reference}, {field}: {describe(stats)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,75 @@
+"""scripts/paired_difference.py: any two plain methods of a published folder, paired over common seeds."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("paired_difference", ROOT / "scripts" / "paired_difference.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _cell(params: dict[str, Any], seed: int, status: str = "finished") -> dict[str, Any]:
+    name = "_".join(f"{k}-{v}" for k, v in params.items())
+    return {"params": params, "seed": seed, "status": status, "run_dir": f"cells/{name}_seed-{seed}"}
+
+
+def test_pairs_plain_cells_by_seed_and_skips_variants_and_unfinished(tmp_path: Path) -> None:
+    cells = [
+        *(_cell({"strategy": "fedsaf"}, s) for s in range(5)),
+        *(_cell({"strategy": "fedamp"}, s) for s in range(4)),  # seed 4 missing: left out
+        _cell({"strategy": "fedamp"}, 4, status="partial"),
+        _cell({"strategy": "fedsaf", "fim": "off"}, 0),  # a variant, not the plain method
+    ]
+    (tmp_path / "ablation.json").write_text(json.dumps({"cells": cells}), encoding="utf-8")
+    acc: dict[str, list[float]] = {"fedsaf": [0.9, 0.8, 0.95, 0.7, 0.99], "fedamp": [0.85, 0.82, 0.9, 0.6]}
+    auc: dict[str, list[float | None]] = {"fedsaf": [0.9, None, 0.9, 0.9, 0.9], "fedamp": [0.8, 0.8, 0.8, 0.8]}
+
+    def figures(path: Path) -> dict[str, Any]:
+        name, seed = path.name.rsplit("_seed-", 1)
+        method = name.removeprefix("strategy-")
+        assert method in acc, f"a variant's run was read: {path.name}"
+        return {"avg_test_acc": acc[method][int(seed)], "avg_test_auc": auc[method][int(seed)]}
+
+    stats = _module().pair(tmp_path, "fedsaf", "fedamp", figures)
+
+    diffs = [0.9 - 0.85, 0.8 - 0.82, 0.95 - 0.9, 0.7 - 0.6]
+    mean = sum(diffs) / 4
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 3)
+    half = 3.182446 * sd / 2  # t_{0.975, 3} as the ablation tables give it (6 digits)
+    assert stats["avg_test_acc"].n == 4
+    assert stats["avg_test_acc"].mean == pytest.approx(mean, abs=1e-12)
+    assert stats["avg_test_acc"].low == pytest.approx(mean - half, abs=1e-12)
+    assert stats["avg_test_acc"].high == pytest.approx(mean + half, abs=1e-12)
+    assert stats["avg_test_auc"].n == 3  # seed 1 of fedsaf has no AUC
+    assert stats["avg_test_auc"].mean == pytest.approx(0.1, abs=1e-12)
+
+
+def test_an_unknown_method_is_named(tmp_path: Path) -> None:
+    (tmp_path / "ablation.json").write_text(json.dumps({"cells": [_cell({"strategy": "fedsaf"}, 0)]}), "utf-8")
+    with pytest.raises(SystemExit, match="no finished run of 'fedamq'"):
+        _module().pair(tmp_path, "fedsaf", "fedamq", lambda path: {})
+
+
+def test_the_published_site_shift_folder_gives_fedsaf_against_fedamp_over_five_seeds(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    folder = ROOT / "docs" / "results" / "methods_site_shift"
+    assert _module().main([str(folder), "fedsaf", "fedamp"]) == 0
+    out = capsys.readouterr().out
+    assert "methods_site_shift: fedsaf - fedamp, avg_test_acc:" in out
+    assert "(n=5)" in out
