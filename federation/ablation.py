@@ -318,7 +318,7 @@ def _state(
 ) -> dict[str, Any]:
     return {
         "version": 1,
-        "config": str(plan.config_path),
+        "config": _shown(plan.config_path),
         "overrides": plan.overrides,
         "first_seed": plan.first_seed,
         "blocks": [{"table": b.resolved_table(), "grid": b.grid, "seeds": plan.block_seeds(b)} for b in plan.blocks],
@@ -814,7 +814,7 @@ def write_tables(plan: Plan, out: Path, *, per_run_reports: bool = True) -> dict
     paths: dict[str, Path] = {}
     sections = [
         "# Ablation results\n",
-        f"Base preset `{plan.config_path}`"
+        f"Base preset `{_shown(plan.config_path)}`"
         + (f" with {' '.join('--set ' + o for o in plan.overrides)}" if plan.overrides else "")
         + f"; seeds from {plan.first_seed}. Each figure: mean ± sample std (ddof=1) over the seeds that finished, "
         "of the run's last round (averaged/std = mean/std over hospitals of each hospital's own test split); best = "
@@ -907,6 +907,12 @@ def publish(plan: Plan, out: Path, dest: Path, command: str, rebuild: str | None
                 if path.is_file() and path.suffix in (".md", ".csv", ".png", ".json", ".toml"):
                     shutil.copy2(path, staging / path.name)
                     written.append(dest / path.name)
+            # the preset as the publishing command names it (relative to the working folder), not the path of the
+            # folder the runs were trained from
+            if (staging / ABLATION_FILE).is_file():
+                state = read_json(staging / ABLATION_FILE)
+                state["config"] = _shown(plan.config_path)
+                write_json(staging / ABLATION_FILE, state)
             owners = plan.owners(plan.cells())
             trained_at: dict[str, list[str]] = {}  # the commits that trained each run (summary.json)
             for run_id in sorted(set(owners.values())):

@@ -121,3 +121,24 @@ def test_the_rebuild_command_points_at_the_published_copy() -> None:
         "docs/r",
     ]
     assert _with_out(["ablate", "--config", "m.toml"], "docs/r")[-2:] == ["--out", "docs/r"]
+
+
+def test_published_files_name_the_preset_relative_to_the_working_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ablation, out = _trained(tmp_path)
+    elsewhere = tmp_path / "trained_from"  # the runs' own ablation.json names the preset where they were trained
+    state = json.loads((out / "ablation.json").read_text(encoding="utf-8"))
+    state["config"] = str(elsewhere / "configs" / "run.toml")
+    (out / "ablation.json").write_text(json.dumps(state), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    plan = load_plan(ablation)
+    write_tables(plan, out, per_run_reports=False)
+    publish(plan, out, tmp_path / "pub", "gastric-fl ablate --config x.toml")
+
+    shown = str(plan.config_path.resolve().relative_to(tmp_path.resolve()))
+    assert not Path(shown).is_absolute()
+    assert json.loads((tmp_path / "pub" / "ablation.json").read_text(encoding="utf-8"))["config"] == shown
+    results = (tmp_path / "pub" / "results.md").read_text(encoding="utf-8")
+    assert f"Base preset `{shown}`" in results
+    assert str(tmp_path) not in results
