@@ -1,10 +1,13 @@
-"""Paired difference of two methods of a published ablation folder over the seeds both finished.
+"""Paired difference of two methods or cells of a published ablation folder over the seeds both finished.
 
 ``gastric-fl ablate`` pairs every method with Separate and FedAvg (``paired.md``); this pairs any two methods run
-with their plain settings in one grid, e.g. FedSAF against FedAMP over 5 seeds, from the published run files alone
-(each run's figures as ``federation.ablation.run_figures`` reads them, the interval of ``paired_interval``):
+with their plain settings in one grid, e.g. FedSAF against FedAMP over 5 seeds, or any two cells named by their id
+without the seed (e.g. a Table 6 ``nhead`` against FedSAF's defaults), from the published run files alone (each
+run's figures as ``federation.ablation.run_figures`` reads them, the interval of ``paired_interval``):
 
     .venv/bin/python scripts/paired_difference.py docs/results/methods_site_shift fedsaf fedamp
+    .venv/bin/python scripts/paired_difference.py docs/results/tables456_seed_like \
+        strategy-fedsaf_nhead-12 strategy-fedsaf_fim-on_split-on
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ FIELDS = ("avg_test_acc", "avg_test_auc")
 
 
 def plain_runs(folder: Path, method: str) -> dict[int, Path]:
-    """Seed -> run folder of the finished cells of ``folder`` that set nothing but ``strategy = method``."""
+    """Seed -> run folder of the finished cells of ``folder`` that set nothing but ``strategy = method``, or whose
+    id without its ``_seed-N`` is ``method``."""
     cells = json.loads((folder / "ablation.json").read_text(encoding="utf-8"))["cells"]
     runs: dict[int, Path] = {}
     for cell in cells:
-        if cell["params"] == {"strategy": method} and cell["status"] == "finished":
+        chosen = cell["params"] == {"strategy": method} or cell.get("id", "").rsplit("_seed-", 1)[0] == method
+        if chosen and cell["status"] == "finished":
             runs.setdefault(int(cell["seed"]), folder / cell["run_dir"])
     return runs
 
@@ -39,7 +44,9 @@ def pair(
     runs = {name: plain_runs(folder, name) for name in (method, reference)}
     for name, found in runs.items():
         if not found:
-            raise SystemExit(f"{folder}: no finished run of {name!r} with plain settings: check the method name")
+            raise SystemExit(
+                f"{folder}: no finished run of {name!r} (a method with plain settings, or a cell id without its seed)"
+            )
     values = {name: {seed: figures(path) for seed, path in found.items()} for name, found in runs.items()}
     return {
         field: paired_interval(
@@ -63,7 +70,10 @@ def describe(stats: PairedStats) -> str:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 3:
-        print("usage: paired_difference.py FOLDER METHOD REFERENCE", file=sys.stderr)
+        print(
+            "usage: paired_difference.py FOLDER METHOD REFERENCE (methods, or cell ids without _seed-N)",
+            file=sys.stderr,
+        )
         return 2
     folder, method, reference = Path(argv[0]), argv[1], argv[2]
     if not (folder / "ablation.json").is_file():

@@ -25,7 +25,13 @@ def _module() -> ModuleType:
 
 def _cell(params: dict[str, Any], seed: int, status: str = "finished") -> dict[str, Any]:
     name = "_".join(f"{k}-{v}" for k, v in params.items())
-    return {"params": params, "seed": seed, "status": status, "run_dir": f"cells/{name}_seed-{seed}"}
+    return {
+        "id": f"{name}_seed-{seed}",
+        "params": params,
+        "seed": seed,
+        "status": status,
+        "run_dir": f"cells/{name}_seed-{seed}",
+    }
 
 
 def test_pairs_plain_cells_by_seed_and_skips_variants_and_unfinished(tmp_path: Path) -> None:
@@ -57,6 +63,22 @@ def test_pairs_plain_cells_by_seed_and_skips_variants_and_unfinished(tmp_path: P
     assert stats["avg_test_acc"].high == pytest.approx(mean + half, abs=1e-12)
     assert stats["avg_test_auc"].n == 3  # seed 1 of fedsaf has no AUC
     assert stats["avg_test_auc"].mean == pytest.approx(0.1, abs=1e-12)
+
+
+def test_cells_are_named_by_their_id_without_the_seed(tmp_path: Path) -> None:
+    cells = [_cell({"strategy": "fedsaf", "nhead": 3}, s) for s in range(3)]
+    cells += [_cell({"strategy": "fedsaf"}, s) for s in range(3)]
+    (tmp_path / "ablation.json").write_text(json.dumps({"cells": cells}), encoding="utf-8")
+    acc = {"strategy-fedsaf_nhead-3": [0.5, 0.75, 1.0], "strategy-fedsaf": [0.25, 0.5, 1.0]}
+
+    def figures(path: Path) -> dict[str, Any]:
+        name, seed = path.name.rsplit("_seed-", 1)
+        return {"avg_test_acc": acc[name][int(seed)], "avg_test_auc": None}
+
+    stats = _module().pair(tmp_path, "strategy-fedsaf_nhead-3", "fedsaf", figures)
+    assert stats["avg_test_acc"].n == 3
+    assert stats["avg_test_acc"].mean == pytest.approx(0.5 / 3, abs=1e-12)  # (0.25 + 0.25 + 0) / 3
+    assert stats["avg_test_auc"].n == 0
 
 
 def test_an_unknown_method_is_named(tmp_path: Path) -> None:
