@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -10,17 +9,11 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from script_module import ROOT, load_script
 
 
 def _module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("paired_difference", ROOT / "scripts" / "paired_difference.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("paired_difference")
 
 
 def _cell(params: dict[str, Any], seed: int, status: str = "finished") -> dict[str, Any]:

@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
-ROOT = Path(__file__).resolve().parents[2]
+from script_module import load_script
 
 
 def _module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("results_overview", ROOT / "scripts" / "results_overview.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("results_overview")
 
 
 def _write(path: Path, rows: list[dict[str, str]]) -> None:
