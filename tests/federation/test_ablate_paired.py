@@ -121,6 +121,17 @@ def _ablation(tmp_path: Path) -> Path:
     return path
 
 
+def _tables_with_blocks(tmp_path: Path, blocks: str) -> tuple[dict[str, Path], Path]:
+    """``_ablation`` with its blocks replaced by ``blocks``, run with ``PairedFakeTrain``: the tables written and
+    the ablation folder."""
+    ablation = _ablation(tmp_path)
+    ablation.write_text(ablation.read_text(encoding="utf-8").split("[[ablation.block]]")[0] + blocks, encoding="utf-8")
+    plan = load_plan(ablation)
+    out = tmp_path / "abl"
+    run_plan(plan, out, train_fn=PairedFakeTrain(), progress=False, echo=lambda _: None)
+    return write_tables(plan, out, per_run_reports=False), out
+
+
 def test_ablate_writes_and_prints_the_paired_table(tmp_path: Path) -> None:
     from app.cli import app
 
@@ -163,17 +174,12 @@ def test_ablate_writes_and_prints_the_paired_table(tmp_path: Path) -> None:
 
 
 def test_pairs_match_every_other_setting(tmp_path: Path) -> None:
-    ablation = _ablation(tmp_path)
-    ablation.write_text(
-        ablation.read_text(encoding="utf-8").split("[[ablation.block]]")[0]
-        + '[[ablation.block]]\nstrategy = ["fedavg", "fedamp"]\n"client.lr" = [0.01, 0.05]\n'
-        + '[[ablation.block]]\nstrategy = "fedsaf"\n"client.lr" = 0.1\n',
-        encoding="utf-8",
+    tables, _ = _tables_with_blocks(
+        tmp_path,
+        '[[ablation.block]]\nstrategy = ["fedavg", "fedamp"]\n"client.lr" = [0.01, 0.05]\n'
+        '[[ablation.block]]\nstrategy = "fedsaf"\n"client.lr" = 0.1\n',
     )
-    plan = load_plan(ablation)
-    out = tmp_path / "abl"
-    run_plan(plan, out, train_fn=PairedFakeTrain(), progress=False, echo=lambda _: None)
-    text = write_tables(plan, out, per_run_reports=False)["paired"].read_text(encoding="utf-8")
+    text = tables["paired"].read_text(encoding="utf-8")
     # one fedamp - fedavg row per learning rate, no row for fedsaf (no fedavg at lr 0.1)
     assert "| client.lr | method | minus | n |" in text
     assert "| 0.01 | fedamp | fedavg | 3 | -0.0167 [-0.2752, +0.2419] |" in text
@@ -185,18 +191,13 @@ def test_pairs_match_every_other_setting(tmp_path: Path) -> None:
 def test_a_method_variant_is_paired_with_the_references_under_its_own_label(tmp_path: Path) -> None:
     # A setting of the method's own section, and a single-strategy block that changes the optimiser (a method's
     # prescribed recipe), make variants: compared with Separate and FedAvg at the shared settings.
-    ablation = _ablation(tmp_path)
-    ablation.write_text(
-        ablation.read_text(encoding="utf-8").split("[[ablation.block]]")[0]
-        + '[[ablation.block]]\nstrategy = ["separate", "fedavg"]\n'
-        + '[[ablation.block]]\nstrategy = "fedamp"\n"fedamp.dm" = "manhattan"\n'
-        + '[[ablation.block]]\nstrategy = "fedsaf"\n"client.optimizer" = "adam"\n"client.lr" = 0.001\n',
-        encoding="utf-8",
+    tables, _ = _tables_with_blocks(
+        tmp_path,
+        '[[ablation.block]]\nstrategy = ["separate", "fedavg"]\n'
+        '[[ablation.block]]\nstrategy = "fedamp"\n"fedamp.dm" = "manhattan"\n'
+        '[[ablation.block]]\nstrategy = "fedsaf"\n"client.optimizer" = "adam"\n"client.lr" = 0.001\n',
     )
-    plan = load_plan(ablation)
-    out = tmp_path / "abl"
-    run_plan(plan, out, train_fn=PairedFakeTrain(), progress=False, echo=lambda _: None)
-    text = write_tables(plan, out, per_run_reports=False)["paired"].read_text(encoding="utf-8")
+    text = tables["paired"].read_text(encoding="utf-8")
     # fedamp - fedavg over seeds 0-2: as in the first test; fedsaf - fedavg: d = [0.15, 0.05, 0.2]: mean 0.1333333,
     # sd = sqrt((0.0166667^2 + 0.0833333^2 + 0.0666667^2) / 2) = 0.0763763, half = 4.302653 * 0.0763763 / sqrt(3)
     # = 0.1897277 -> [-0.0563944, +0.3230610]
@@ -206,14 +207,6 @@ def test_a_method_variant_is_paired_with_the_references_under_its_own_label(tmp_
 
 
 def test_no_reference_no_paired_table(tmp_path: Path) -> None:
-    ablation = _ablation(tmp_path)
-    ablation.write_text(
-        ablation.read_text(encoding="utf-8").split("[[ablation.block]]")[0]
-        + '[[ablation.block]]\nstrategy = ["fedamp", "fedsaf"]\n',
-        encoding="utf-8",
-    )
-    plan = load_plan(ablation)
-    out = tmp_path / "abl"
-    run_plan(plan, out, train_fn=PairedFakeTrain(), progress=False, echo=lambda _: None)
-    assert "paired" not in write_tables(plan, out, per_run_reports=False)
+    tables, out = _tables_with_blocks(tmp_path, '[[ablation.block]]\nstrategy = ["fedamp", "fedsaf"]\n')
+    assert "paired" not in tables
     assert not (out / "paired.md").exists()
