@@ -114,12 +114,21 @@ def hospital(
         Path("data/federation/hospital"), "--state", help="Where this hospital keeps one folder per run."
     ),
     superlink: str | None = typer.Option(None, "--superlink", help="HOST:PORT (default: the bundle's)."),
+    policy: Path | None = typer.Option(
+        None,
+        "--policy",
+        help="This hospital's policy (TOML, configs/hospital_policy.toml): what it accepts and what may leave. "
+        "Default: the safe defaults (a head of at least 1 unit stays, BatchNorm statistics stay, bounded training).",
+    ),
 ) -> None:
-    """Run this hospital's SuperNode until Ctrl-C: its tiles, labels and head never leave this machine."""
+    """Run this hospital's SuperNode until Ctrl-C: its tiles, labels and head never leave this machine, and it
+    answers only what its policy allows (docs/deployment.md, "Hospital policy")."""
     from federation.data import check_clients, manifest_clients, read_manifest
+    from federation.engine.policy import load_policy
     from federation.flower.kit import load_bundle
     from federation.flower.processes import SuperNode
 
+    rules = load_policy(policy)  # a bad policy file is one line before anything starts
     loaded = load_bundle(bundle)
     rows = read_manifest(data)
     present = manifest_clients(rows)
@@ -131,14 +140,36 @@ def hospital(
         "client": chosen,
         "data-path": str(data.resolve()),
         "hospital-dir": str(state / "runs"),
+        **({"policy": str(policy.resolve())} if policy is not None else {}),
     }
     node = SuperNode.from_bundle(loaded, node_config, state / "supernode", superlink=superlink)
     with node:
         typer.echo(
             f"{loaded.name}: SuperNode for client {chosen} of {data}, dialing {superlink or loaded.superlink}; "
-            f"runs kept in {state / 'runs'}; log {node.log_path}"
+            f"runs kept in {state / 'runs'}; log {node.log_path}; {rules.source}: methods "
+            f"{', '.join(rules.methods)}, at least {rules.min_nhead} head unit(s) stay; what left is recorded in "
+            f"{state / 'runs' / 'outbound.jsonl'} (gastric-fl federation audit --state {state})"
         )
         _wait_while_alive(node, "SuperNode")
+
+
+@federation_app.command("audit")
+def audit(
+    state: Path = typer.Option(
+        ...,
+        "--state",
+        help="A hospital's state folder (as given to gastric-fl federation hospital --state), or a run's "
+        "hospitals/client_XX folder.",
+    ),
+) -> None:
+    """What left this hospital: the runs, the tensors and values sent, every refused request, and whether the
+    outbound log is intact (exit 1 if it is not)."""
+    from federation.engine.outbound import audit_report, find_outbound
+
+    text, intact = audit_report(find_outbound(state))
+    typer.echo(text)
+    if not intact:
+        raise typer.Exit(1)
 
 
 @federation_app.command("demo")

@@ -60,7 +60,15 @@ _SERVER_FILES = (CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, AGGREGATION_FILE, "mes
 _REPORT_FILES = ("report.md", "report.csv", "hospitals.csv", "accuracy.png")
 _HOSPITAL = "hospitals/client_[0-9][0-9]"
 # model.*: models.bundle; report.html: gastric-fl report --html (app.report_html), hospital data like predictions.csv
-_HOSPITAL_FILES = ("hospital.json", PREDICTIONS_FILE, "model.safetensors", "model.json", "report.html")
+# outbound.jsonl: the hospital's record of what left it (federation.engine.outbound)
+_HOSPITAL_FILES = (
+    "hospital.json",
+    PREDICTIONS_FILE,
+    "model.safetensors",
+    "model.json",
+    "report.html",
+    "outbound.jsonl",
+)
 RUN_PATTERNS: tuple[str, ...] = (
     *_SERVER_FILES,
     *(f".{name}.*" for name in _SERVER_FILES),

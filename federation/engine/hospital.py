@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import math
 import os
 import shutil
 import time
@@ -37,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from federation.client import Client
@@ -52,8 +53,17 @@ from federation.contract import (
     TrainTask,
 )
 from federation.data import LABELS, ClientData, check_clients, load_clients, read_dataset
-from federation.engine.codec import Message
+from federation.engine.codec import Envelope, Message, decode, encode
 from federation.engine.common import config_from_text, initial_state, resolve_device
+from federation.engine.outbound import OUTBOUND_FILE, append_outbound, describe_reply
+from federation.engine.policy import (
+    HospitalPolicy,
+    PolicyRefusal,
+    agreed_shared_keys,
+    check_config,
+    check_recipe,
+    check_tensors,
+)
 from federation.errors import FederationError
 from federation.runs import PREDICTIONS_FILE, now_iso, prediction_columns, read_json, write_json, write_predictions
 from federation.strategies.common import resolved_nhead
@@ -88,19 +98,39 @@ class Site:
 
     ``per_run``: the folder of run ``R`` is ``root / R`` (a deployed hospital keeps one folder per run);
     otherwise ``root`` itself (the in-process engines give each run's hospitals their own folder).
+    ``policy``: the hospital's own rules (``federation.engine.policy``); ``None`` where one operator runs the
+    server and every hospital (the in-process engines): ``HospitalPolicy.operator`` of the run's configuration.
+    The hospital's outbound log (``federation.engine.outbound``) is ``root / outbound.jsonl``.
     """
 
     dataset: Path
     client: int
     root: Path
     per_run: bool = False
+    policy: HospitalPolicy | None = None
 
     def folder(self, run_id: str) -> Path:
+        check_run_id(run_id)
         if not self.per_run:
             return self.root
-        if not run_id or "/" in run_id or run_id in (".", ".."):
-            raise FederationError(f"run id {run_id!r} cannot name a hospital folder")
         return self.root / run_id
+
+    @property
+    def outbound_log(self) -> Path:
+        return self.root / OUTBOUND_FILE
+
+
+def check_run_id(run_id: str) -> None:
+    """A run id a hospital accepts: 1-200 printable characters, no path separator, not ``.`` or ``..``."""
+    if (
+        not isinstance(run_id, str)
+        or not 0 < len(run_id) <= 200
+        or not run_id.isprintable()
+        or "/" in run_id
+        or "\\" in run_id
+        or run_id in (".", "..")
+    ):
+        raise FederationError(f"run id {run_id[:80]!r} cannot name a hospital folder: use printable characters, no /")
 
 
 @dataclass
@@ -111,18 +141,51 @@ class _Loaded:
     config: RunConfig
     data: ClientData
     model: torch.nn.Module
+    policy: HospitalPolicy
+    keys: list[str]  # what this hospital sends and loads: agreed_shared_keys under its policy
     at: tuple[int, int] | None = None  # (round, stage) the model's weights equal; None: unknown
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class Hospital:
-    """Answers the server's messages for one ``Site``; never raises for a hospital-side problem (it replies
-    ``Failure`` with one line), so one hospital's trouble does not stop the others."""
+    """Answers the server's messages for one ``Site`` under its policy; never raises (a problem or a refusal is a
+    ``Failure`` with one line), so one hospital's trouble does not stop the others, and records every reply in its
+    outbound log before the reply leaves (``answer``)."""
 
     def __init__(self, site: Site) -> None:
         self.site = site
         self._loaded: _Loaded | None = None
 
     # -- dispatch ------------------------------------------------------------------------------------------------
+    def answer(self, envelope: Envelope) -> Envelope:
+        """One exchange as it crosses the boundary: decode, handle, encode, record in the outbound log, return.
+        A reply whose record cannot be written is replaced by a ``Failure`` that carries no data."""
+        header = envelope[0] if isinstance(envelope, tuple) and envelope and isinstance(envelope[0], dict) else {}
+        try:
+            message = decode(envelope)
+        except Exception as exc:  # a malformed message from the other side: say so, never crash
+            reply: Message = Failure(
+                self.site.client, f"hospital {self.site.client} cannot read the message: {_first_line(exc)}"
+            )
+        else:
+            reply = self.handle(message)
+        out = encode(reply)
+        try:
+            append_outbound(self.site.outbound_log, describe_reply(header, out))
+        except OSError as exc:
+            out = encode(
+                Failure(
+                    self.site.client,
+                    f"hospital {self.site.client} cannot write its outbound log "
+                    f"{self.site.outbound_log} ({exc.strerror or exc}): nothing was sent",
+                )
+            )
+        return out
+
     def handle(self, message: Message) -> Message:
         try:
             if isinstance(message, Hello):
@@ -133,15 +196,30 @@ class Hospital:
                 return self.evaluate(message)
             raise FederationError(f"a hospital does not answer {type(message).__name__} messages")
         except (FederationError, ModelError) as exc:
-            return Failure(self.site.client, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            return Failure(self.site.client, _first_line(exc))
         except OSError as exc:  # its folder is full, read-only, gone: this hospital cannot take part now
             where = exc.filename if exc.filename is not None else self.site.root
             return Failure(self.site.client, f"hospital {self.site.client} cannot write {where}: {exc.strerror or exc}")
+        except SafetensorError as exc:  # safetensors' own error for a failed write (a full disk, for one)
+            self._loaded = None
+            return Failure(
+                self.site.client,
+                f"hospital {self.site.client} cannot write its checkpoint in {self.site.root}: {_first_line(exc)}",
+            )
+        except Exception as exc:  # anything else: one line to the server, the hospital stays up
+            self._loaded = None
+            return Failure(
+                self.site.client, f"hospital {self.site.client} failed: {type(exc).__name__}: {_first_line(exc)}"
+            )
+
+    def _policy(self, config: RunConfig) -> HospitalPolicy:
+        return self.site.policy if self.site.policy is not None else HospitalPolicy.operator(config)
 
     # -- hello ---------------------------------------------------------------------------------------------------
     def hello(self, message: Hello) -> HelloReply:
-        # parsed only to refuse, before round 1, a configuration this installation cannot run
-        config_from_text(message.config_toml, f"run {message.run_id} configuration")
+        # parsed to refuse, before round 1, a configuration this installation cannot run or its policy refuses
+        config = config_from_text(message.config_toml, f"run {message.run_id} configuration")
+        check_config(self._policy(config), config)
         dataset, client = self.site.dataset, self.site.client
         rows, classes = read_dataset(dataset)
         check_clients(dataset, rows, [client])
@@ -163,6 +241,11 @@ class Hospital:
                     "(gastric-fl train --out NEW_RUN ...) or restore the original dataset"
                 )
         else:
+            if self.site.per_run and record_path.is_file():
+                raise PolicyRefusal(
+                    f"refused by hospital {client}: it already holds run {message.run_id} (in {folder}); a new run "
+                    "needs a new run id, and a run is continued with --resume"
+                )
             self._clear(folder)
         folder.mkdir(parents=True, exist_ok=True)
         write_json(
@@ -204,26 +287,66 @@ class Hospital:
                 path.unlink(missing_ok=True)
 
     # -- train and evaluate --------------------------------------------------------------------------------------
+    def _check_keys(self, loaded: _Loaded, asked: list[str]) -> None:
+        """The server's list of shared keys must be the one this hospital computed; the hospital sends its own."""
+        if set(asked) == set(loaded.keys):
+            return
+        extra = sorted(set(asked) - set(loaded.keys))
+        if extra:
+            raise PolicyRefusal(
+                f"refused by {loaded.policy.source}: the server asked for {len(extra)} tensor(s) this hospital keeps "
+                f"({', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''})"
+            )
+        missing = sorted(set(loaded.keys) - set(asked))
+        raise PolicyRefusal(
+            f"refused by {loaded.policy.source}: the server's shared part differs from the agreed one "
+            f"(it lacks {', '.join(missing[:3])})"
+        )
+
+    def _check_finite_model(self, loaded: _Loaded, what: str) -> None:
+        """Never checkpoint or deploy a model with a value that is not finite (a diverged training)."""
+        for key, value in loaded.model.state_dict().items():
+            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                loaded.at = None  # restored from the last good checkpoint by the next message
+                raise FederationError(
+                    f"hospital {self.site.client}: its model became not finite {what} ({key}); it was not kept, "
+                    "its last good model stays"
+                )
+
     def train(self, task: TrainTask) -> TrainReply:
         if task.instruction.client != self.site.client:
-            raise FederationError(f"hospital {self.site.client} was sent client {task.instruction.client}'s task")
+            raise PolicyRefusal(
+                f"refused by hospital {self.site.client}: it was sent client {task.instruction.client}'s task"
+            )
         loaded = self._load(task.run_id)
+        self._check_keys(loaded, task.shared_keys)
+        check_recipe(loaded.policy, task.instruction.recipe)
+        state = loaded.model.state_dict()
+        check_tensors(loaded.policy, "the shared part sent", task.instruction.shared, state, loaded.keys)
+        check_tensors(loaded.policy, "the proximal centre sent", task.instruction.prox_centre, state, loaded.keys)
         self._restore(loaded, task.server_round, inclusive=False)
-        client = self._client(loaded, task.shared_keys)
+        client = self._client(loaded)
         start = time.perf_counter()
         loaded.at = None  # the weights change from here on
         reply = client.train(task.instruction, task.server_round, task.seed)
         seconds = time.perf_counter() - start
+        self._check_finite_model(loaded, "after training")
+        if set(reply.shared) != set(loaded.keys) or not set(reply.second_moments) <= set(loaded.keys):
+            raise FederationError(f"hospital {self.site.client}: its reply would carry other tensors than agreed")
         self._save(loaded, task.server_round, TRAINED)
         evaluation = self._evaluate(loaded, client, task.server_round, None) if task.evaluate else None
         return dataclasses.replace(reply, seconds=seconds, evaluation=evaluation)
 
     def evaluate(self, task: EvaluateTask) -> EvaluateReply:
         if task.client != self.site.client:
-            raise FederationError(f"hospital {self.site.client} was sent client {task.client}'s evaluation")
+            raise PolicyRefusal(
+                f"refused by hospital {self.site.client}: it was sent client {task.client}'s evaluation"
+            )
         loaded = self._load(task.run_id)
+        self._check_keys(loaded, task.shared_keys)
+        check_tensors(loaded.policy, "the shared part sent", task.shared, loaded.model.state_dict(), loaded.keys)
         self._restore(loaded, task.server_round, inclusive=True)
-        client = self._client(loaded, task.shared_keys)
+        client = self._client(loaded)
         return self._evaluate(loaded, client, task.server_round, task.shared)
 
     def _evaluate(
@@ -242,6 +365,13 @@ class Hospital:
             client.recompute_batchnorm(keep=shared.keys())
         result = client.evaluate()
         seconds = time.perf_counter() - start
+        self._check_finite_model(loaded, "with what it was sent")
+        if not math.isfinite(result.loss):
+            loaded.at = None
+            raise FederationError(
+                f"hospital {self.site.client}: the evaluation of round {server_round}'s model is not finite "
+                f"(loss {result.loss}); it was not kept or deployed, its last good model stays"
+            )
         folder = self.site.folder(loaded.run_id)
         data = loaded.data
         # the binary task keeps its one column, P(abnormal); other class lists get one column per class
@@ -269,21 +399,24 @@ class Hospital:
             raise FederationError(f"hospital {self.site.client} was not told about run {run_id} (no Hello)")
         record = read_json(record_path)
         config = config_from_text(str(record["config_toml"]), f"{record_path} configuration")
+        policy = self._policy(config)
+        check_config(policy, config)  # the policy may have changed since the Hello
         if config.run.threads > 0:
             torch.set_num_threads(config.run.threads)
         data = load_clients(self.site.dataset, config.data.input_size, config.model.in_chans, [self.site.client])
         model = create_model(config.model.name, len(data[self.site.client].classes), config.model.in_chans)
-        self._loaded = _Loaded(run_id, config, data[self.site.client], model)
+        keys = agreed_shared_keys(config, model)
+        self._loaded = _Loaded(run_id, config, data[self.site.client], model, policy, keys)
         return self._loaded
 
-    def _client(self, loaded: _Loaded, shared_keys: list[str]) -> Client:
+    def _client(self, loaded: _Loaded) -> Client:
         """A ``Client`` over the loaded model; its head is the last ``strategy.nhead`` units (the units a recipe's
         head phase trains; the base phase trains the rest, BatchNorm the hospital keeps local included)."""
         config = loaded.config
         return Client(
             loaded.data,
             loaded.model,
-            shared_keys,
+            loaded.keys,
             batch_size=config.data.batch_size,
             eval_batch_size=config.data.eval_batch_size,
             augment=config.data.augment,

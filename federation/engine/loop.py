@@ -32,6 +32,7 @@ checkpoint (with a warning) when the latest cannot be read; a resume refused bef
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -139,20 +140,83 @@ def _damaged_round(damaged: DamagedLine, before: int) -> int:
     return int(found.group(1)) if found else before
 
 
-def usable_update(reply: TrainReply, shared_keys: list[str]) -> str | None:
-    """Why ``reply`` cannot be aggregated (``None`` if it can): wrong keys, or values that are not finite."""
+Spec = Mapping[str, tuple[tuple[int, ...], torch.dtype]]
+
+
+def _tensor_problem(what: str, key: str, value: torch.Tensor, spec: Spec) -> str | None:
+    shape, dtype = spec[key]
+    if tuple(value.shape) != shape or value.dtype != dtype:
+        return (
+            f"{what} {key} is {tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}, expected {shape} "
+            + str(dtype).removeprefix("torch.")
+        )
+    if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+        return f"its update is not finite ({key})" if what == "tensor" else f"its {what} {key} is not finite"
+    return None
+
+
+def _in_range(value: Any, low: float, high: float) -> bool:
+    return (
+        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and low <= value <= high
+    )
+
+
+def evaluation_problem(reply: EvaluateReply, declared_test: int | None) -> str | None:
+    """Why an evaluation reply cannot be recorded (``None`` if it can): a test count other than the one the hospital
+    declared in its Hello, or metrics out of range (loss finite and >= 0, accuracy and AUC in [0, 1]; AUC may be
+    undefined, ``None``, for a one-class test split)."""
+    if declared_test is not None and reply.num_examples != declared_test:
+        return f"its evaluation reports {reply.num_examples} test examples, its hello declared {declared_test}"
+    metrics = reply.metrics
+    if not _in_range(metrics.get("loss"), 0.0, math.inf):
+        return f"its test loss {metrics.get('loss')!r} is not a finite number >= 0"
+    if not _in_range(metrics.get("acc"), 0.0, 1.0):
+        return f"its test accuracy {metrics.get('acc')!r} is not in [0, 1]"
+    auc = metrics.get("auc")
+    if auc is not None and not _in_range(auc, 0.0, 1.0):
+        return f"its test AUC {auc!r} is not in [0, 1]"
+    return None
+
+
+def usable_update(
+    reply: TrainReply,
+    shared_keys: list[str],
+    spec: Spec | None = None,
+    declared: int | None = None,
+    fisher: bool = False,
+) -> str | None:
+    """Why ``reply`` cannot be aggregated (``None`` if it can; DESIGN.md, "Trust model": the server believes nothing
+    blindly): tensors other than exactly the shared keys with the agreed shapes and dtypes (``spec``), values that
+    are not finite, an example count other than the one declared in its Hello, a training loss that is not a finite
+    number >= 0, a Fisher trace (when the recipe asked for one: ``fisher``) that is not finite and positive, or a
+    fused evaluation out of range."""
     if set(reply.shared) != set(shared_keys):
         extra = sorted(set(reply.shared) - set(shared_keys))[:3]
         missing = sorted(set(shared_keys) - set(reply.shared))[:3]
         return f"sent other tensors than the shared part (extra {extra}, missing {missing})"
     for key, value in reply.shared.items():
-        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+        if spec is not None:
+            problem = _tensor_problem("tensor", key, value, spec)
+            if problem:
+                return problem
+        elif value.is_floating_point() and not bool(torch.isfinite(value).all()):
             return f"its update is not finite ({key})"
     for key, value in reply.second_moments.items():
         if key not in shared_keys or not bool(torch.isfinite(value).all()):
             return f"its second moment {key} is not finite or not of a shared tensor"
+        if spec is not None and (_tensor_problem("second moment", key, value, spec) or bool((value < 0).any())):
+            return f"its second moment {key} has another shape or a negative value"
     if reply.num_examples <= 0:
         return "it reported no training examples"
+    if declared is not None and reply.num_examples != declared:
+        return f"it reports {reply.num_examples} training examples, its hello declared {declared}"
+    loss = reply.metrics.get("train_loss")
+    if loss is not None and not _in_range(loss, 0.0, math.inf):
+        return f"its training loss {loss!r} is not a finite number >= 0"
+    if fisher:
+        trace = reply.metrics.get("fisher_trace")
+        if not _in_range(trace, 0.0, math.inf) or not trace:
+            return f"its Fisher trace {trace!r} is not a finite positive number"
     return None
 
 
@@ -357,6 +421,7 @@ class Engine:
         if len(self.classes) != NUM_CLASSES:  # the early checks used the binary model; the outputs differ
             self._initial = initial_state(config, len(self.classes))
         initial, units = self._initial
+        self.spec = {k: (tuple(v.shape), v.dtype) for k, v in initial.items()}
         ctx = StrategyContext(
             clients, self.counts, tuple(initial), tuple(units), initial, local_keys(config, len(self.classes))
         )
@@ -473,7 +538,7 @@ class Engine:
         trained: dict[int, TrainReply] = {}
         silent: set[int] = set()  # no answer at all: probably down, not asked again this round
         for c, reply in pool.exchange(tasks).items():
-            reason = self._train_problem(reply)
+            reason = self._train_problem(c, reply, tasks[c].instruction.recipe.fisher_batch > 0)
             if reason is None and isinstance(reply, TrainReply):
                 trained[c] = reply
             else:
@@ -500,16 +565,22 @@ class Engine:
         evaluated: dict[int, EvaluateReply] = {
             c: t.evaluation for c, t in trained.items() if fused and t.evaluation is not None
         }
+        for c in list(evaluated):
+            problem = evaluation_problem(evaluated[c], self.num_test.get(c))
+            if problem is not None:  # its training was usable; its evaluation is not recorded
+                del evaluated[c]
+                left_out[str(c)] = f"evaluation: {problem}"
         pending = [c for c in self.clients if c not in evaluated and c not in silent]
         shared = self.strategy.configure_evaluate(server_round, pending) if pending else {}
         eval_tasks = {c: EvaluateTask(self.run_id, server_round, c, self.shared_keys, shared.get(c)) for c in pending}
         if eval_tasks:
             self._progress(server_round, "evaluating", len(eval_tasks))
         for c, reply in (pool.exchange(eval_tasks) if eval_tasks else {}).items():
-            if isinstance(reply, EvaluateReply):
+            problem = evaluation_problem(reply, self.num_test.get(c)) if isinstance(reply, EvaluateReply) else None
+            if isinstance(reply, EvaluateReply) and problem is None:
                 evaluated[c] = reply
             else:
-                reason = reply.reason if isinstance(reply, Failure) else "unexpected reply"
+                reason = reply.reason if isinstance(reply, Failure) else problem or "unexpected reply"
                 left_out[str(c)] = f"{left_out[str(c)]}; " if str(c) in left_out else ""
                 left_out[str(c)] += f"evaluation: {reason}"
         if not evaluated:
@@ -567,9 +638,11 @@ class Engine:
             **figures,
         )
 
-    def _train_problem(self, reply: Message) -> str | None:
+    def _train_problem(self, client: int, reply: Message, fisher: bool) -> str | None:
         if isinstance(reply, Failure):
             return reply.reason
         if not isinstance(reply, TrainReply):
             return f"answered a training task with {type(reply).__name__}"
-        return usable_update(reply, self.shared_keys)
+        if reply.client != client:
+            return f"its reply names hospital {reply.client}"
+        return usable_update(reply, self.shared_keys, self.spec, self.counts.get(client), fisher)

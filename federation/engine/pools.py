@@ -56,7 +56,7 @@ class Pool:
         self._observe(TO_HOSPITAL, envelope)
         replies: dict[int, Message] = {}
         for key, reply in self._broadcast(envelope).items():
-            decoded = self._receive(reply)
+            decoded = self._receive_or_fail(key, reply)
             client = getattr(decoded, "client", key)
             if client in replies:
                 raise FederationError(f"two hospitals answered as client {client}: give each its own index")
@@ -72,7 +72,7 @@ class Pool:
         out: dict[int, Message] = {}
         for c in tasks:
             if c in raw:
-                out[c] = self._receive(raw[c])
+                out[c] = self._receive_or_fail(c, raw[c])
             else:
                 out[c] = Failure(c, "no answer", silent=True)
         return out
@@ -96,14 +96,23 @@ class Pool:
         for observer in self.observers:
             observer(direction, envelope)
 
+    def _receive_or_fail(self, client: int, envelope: Envelope) -> Message:
+        """A reply decoded, or a ``Failure`` naming why it cannot be read (the server never crashes on a reply)."""
+        try:
+            return self._receive(envelope)
+        except Exception as exc:
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            return Failure(client, f"its reply cannot be read ({type(exc).__name__}: {text})")
+
     def _receive(self, envelope: Envelope) -> Message:
         self._observe(FROM_HOSPITAL, envelope)
         return decode(envelope)
 
 
 def answer(hospital: Hospital, envelope: Envelope) -> Envelope:
-    """A hospital's side of one exchange, in whatever process it lives."""
-    return encode(hospital.handle(decode(envelope)))
+    """A hospital's side of one exchange, in whatever process it lives (recorded in its outbound log before it
+    leaves: ``Hospital.answer``)."""
+    return hospital.answer(envelope)
 
 
 class InProcessPool(Pool):

@@ -35,6 +35,7 @@ from federation.engine.codec import Envelope, encode
 from federation.engine.common import config_from_text
 from federation.engine.hospital import Hospital, Site
 from federation.engine.loop import Engine
+from federation.engine.policy import load_policy
 from federation.engine.pools import Observer, Pool, answer
 from federation.errors import FederationError
 
@@ -168,7 +169,11 @@ def hospital_site(node_config: Mapping[str, Any], run_config: Mapping[str, Any])
     # per-run (default): one folder per run under hospital-dir; false: hospital-dir is this run's folder (the demo,
     # which keeps each hospital's folder inside the run as the local engine does)
     per_run = str(node_config.get("per-run", "true")).lower() not in ("false", "0", "no")
-    return Site(dataset, client, root, per_run=per_run)
+    # the hospital's own policy (federation.engine.policy): the file its operator named, else the safe defaults;
+    # never anything the run carries
+    policy_file = str(node_config.get("policy", ""))
+    policy = load_policy(Path(policy_file) if policy_file else None)
+    return Site(dataset, client, root, per_run=per_run, policy=policy)
 
 
 def client_app() -> ClientApp:
@@ -176,7 +181,11 @@ def client_app() -> ClientApp:
     app = ClientApp()
 
     def handle(message: Message, context: Context) -> Message:
-        site = hospital_site(context.node_config, context.run_config)
+        try:
+            site = hospital_site(context.node_config, context.run_config)
+        except FederationError as exc:  # a SuperNode started by hand with a bad --node-config or policy
+            failure = encode(Failure(int(context.node_config.get("client", -1)), str(exc).splitlines()[0]))
+            return Message(to_record(failure), reply_to=message)
         reply = answer(Hospital(site), from_record(message.content))
         return Message(to_record(reply), reply_to=message)
 

@@ -61,6 +61,14 @@ def resolved_nhead(config: RunConfig) -> int:
     return default_nhead(config.strategy.name) if nhead is None else nhead
 
 
+def shared_nhead(config: RunConfig) -> int:
+    """How many output-side layer units a run keeps at each hospital (FedSAF paper 001, Eq. 1): ``strategy.nhead``
+    as resolved, except FedSAF with ``fedsaf.split = false``, which shares everything (0)."""
+    if config.strategy.name == "fedsaf" and not config.fedsaf.split:
+        return 0
+    return resolved_nhead(config)
+
+
 def recipe_from_config(
     config: RunConfig,
     *,

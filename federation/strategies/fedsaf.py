@@ -51,7 +51,7 @@ from federation.aggregation import (
 from federation.config import RunConfig
 from federation.contract import Recipe, TensorDict, TrainInstruction, TrainReply
 from federation.errors import FederationError
-from federation.strategies.common import StrategyContext, fisher_traces, recipe_from_config, resolved_nhead
+from federation.strategies.common import StrategyContext, fisher_traces, recipe_from_config, shared_nhead
 from models import create_model
 
 # Below this mean off-diagonal weight AMP has, in effect, turned into local training (issue 5, item 4).
@@ -277,7 +277,7 @@ def _matrix(t: torch.Tensor) -> list[list[float | None]]:
 def build(config: RunConfig, ctx: StrategyContext) -> AttentiveStrategy:
     """FedSAF with the ``[amp]`` and ``[fedsaf]`` settings; ``fedsaf.split = false`` shares everything (nhead 0)."""
     amp = AmpSettings.from_config(config)
-    nhead = resolved_nhead(config) if config.fedsaf.split else 0
+    nhead = shared_nhead(config)
     split = nhead > 0
     if split and config.client.head_epochs < 1:
         raise FederationError(

@@ -1,0 +1,237 @@
+"""A hospital's own policy: what it agrees to run and what it lets leave (DESIGN.md, "Trust model").
+
+The server proposes; the hospital decides. Every check here runs at the hospital, on the hospital's own copy of
+the rules, before anything is trained, loaded, written or sent:
+
+- **What may leave.** The hospital computes the keys it sends from the agreed model and its policy
+  (``agreed_shared_keys``: every layer unit but the last ``nhead`` of FedSAF paper 001 Eq. 1, less the BatchNorm
+  entries the hospital keeps), never from the server's list. ``min_nhead`` units on the output side always stay
+  (its personal head); BatchNorm running statistics stay unless ``share_batchnorm_statistics``.
+- **What it accepts.** Methods, rounds, epochs, learning rates, input size and batch sizes within bounds; a
+  recipe (``federation.contract.Recipe``) within the same bounds, with finite numbers.
+- **No path the server names.** ``model.weights`` in a run's configuration must be empty or the file the
+  hospital's policy names itself (``weights``): a hospital never opens a file because the server asked.
+- **What it loads.** Received tensors must be exactly named, shaped and typed as the agreed model's and finite.
+
+The policy file is TOML (``gastric-fl federation hospital --policy FILE``; documented in docs/deployment.md,
+"Hospital policy"); every key is optional and a missing file means the safe defaults of ``HospitalPolicy()``.
+The in-process engines, where one operator is the server and every hospital, use ``HospitalPolicy.operator``:
+the same tensor, key and finiteness checks, with the operator's own configuration accepted as it is.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from federation.config import RunConfig
+from federation.contract import Recipe
+from federation.errors import FederationError
+from federation.strategies.common import shared_nhead
+from federation.strategies.registry import STRATEGY_NAMES, bn_mode
+from models import base_keys, batchnorm_keys, split_units
+
+POLICY_EXAMPLE = "configs/hospital_policy.toml"
+
+
+class PolicyRefusal(FederationError):
+    """The server asked for something this hospital's policy does not allow (the reason names the rule)."""
+
+
+@dataclass(frozen=True)
+class HospitalPolicy:
+    """One hospital's rules. Defaults are safe: a personal head of at least one unit, BatchNorm statistics kept,
+    every method that keeps a head, bounded training, no weights file."""
+
+    min_nhead: int = 1
+    share_batchnorm_statistics: bool = False
+    methods: tuple[str, ...] = STRATEGY_NAMES
+    max_rounds: int = 1000
+    max_epochs: int = 50
+    min_lr: float = 1e-7
+    max_lr: float = 1.0
+    max_prox_mu: float = 1e4
+    max_input_size: int = 1024
+    max_batch_size: int = 1024
+    max_fisher_batch: int = 4096
+    weights: str = ""
+    source: str = "the default hospital policy"
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.methods if m not in STRATEGY_NAMES]
+        if unknown:
+            raise FederationError(
+                f"{self.source}: methods names unknown {unknown}; use any of {', '.join(STRATEGY_NAMES)}"
+            )
+        for name in ("min_nhead", "max_rounds", "max_epochs", "max_input_size", "max_batch_size", "max_fisher_batch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise FederationError(f"{self.source}: {name} = {value!r}; use a whole number >= 0")
+        for name in ("min_lr", "max_lr", "max_prox_mu"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise FederationError(f"{self.source}: {name} = {value!r}; use a finite number >= 0")
+        if self.min_lr > self.max_lr:
+            raise FederationError(f"{self.source}: min_lr {self.min_lr} is above max_lr {self.max_lr}")
+
+    @classmethod
+    def operator(cls, config: RunConfig) -> HospitalPolicy:
+        """The in-process engines' policy: the operator is every party, so its configuration is the policy (its
+        head size, BatchNorm choice and weights file); the tensor and finiteness checks still apply."""
+        return cls(
+            min_nhead=0,
+            share_batchnorm_statistics=True,
+            max_rounds=max(config.run.rounds, cls.max_rounds),
+            max_epochs=max(config.client.epochs, config.client.head_epochs, cls.max_epochs),
+            min_lr=0.0,
+            max_lr=max(config.client.lr, config.client.head_lr or 0.0, cls.max_lr),
+            max_prox_mu=sys.float_info.max,
+            max_input_size=max(config.data.input_size, cls.max_input_size),
+            max_batch_size=max(config.data.batch_size, config.data.eval_batch_size, cls.max_batch_size),
+            max_fisher_batch=max(config.fedsaf.fisher_batch, cls.max_fisher_batch),
+            weights=config.model.weights,
+            source="the operator's configuration",
+        )
+
+
+def load_policy(path: Path | None) -> HospitalPolicy:
+    """The policy in TOML file ``path`` (``None``: the defaults); one line naming the file and key on error."""
+    if path is None:
+        return HospitalPolicy()
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise FederationError(f"hospital policy {path} cannot be read ({exc.strerror or exc}): check the path") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise FederationError(f"hospital policy {path} is not valid TOML ({exc}); see {POLICY_EXAMPLE}") from exc
+    known = {f.name for f in fields(HospitalPolicy)} - {"source"}
+    flat: dict[str, Any] = {}
+    for section, values in raw.items():
+        items = values.items() if isinstance(values, dict) else [(section, values)]
+        for key, value in items:
+            if key not in known:
+                raise FederationError(
+                    f"hospital policy {path}: unknown key {key!r}; use any of {', '.join(sorted(known))} "
+                    f"(see {POLICY_EXAMPLE})"
+                )
+            flat[key] = value
+    if "methods" in flat:
+        if not isinstance(flat["methods"], list) or not all(isinstance(m, str) for m in flat["methods"]):
+            raise FederationError(f"hospital policy {path}: methods must be a list of method names")
+        flat["methods"] = tuple(flat["methods"])
+    if "weights" in flat and not isinstance(flat["weights"], str):
+        raise FederationError(f'hospital policy {path}: weights must be a file path (a string) or ""')
+    for key in ("share_batchnorm_statistics",):
+        if key in flat and not isinstance(flat[key], bool):
+            raise FederationError(f"hospital policy {path}: {key} must be true or false")
+    return HospitalPolicy(**flat, source=f"hospital policy {path}")
+
+
+def _refuse(policy: HospitalPolicy, text: str) -> PolicyRefusal:
+    return PolicyRefusal(f"refused by {policy.source}: {text}")
+
+
+def check_config(policy: HospitalPolicy, config: RunConfig) -> None:
+    """Refuse (``PolicyRefusal``, one line) a run whose configuration ``policy`` does not accept."""
+    name = config.strategy.name
+    if name not in policy.methods:
+        raise _refuse(policy, f"method {name!r} is not one of the accepted methods {list(policy.methods)}")
+    nhead = shared_nhead(config)
+    if name != "separate" and nhead < policy.min_nhead:
+        raise _refuse(
+            policy,
+            f"{name} with nhead {nhead} would send layer units this hospital keeps (at least {policy.min_nhead} "
+            "output-side units stay here)",
+        )
+    if name != "separate" and bn_mode(name, config.strategy.bn) == "shared" and not policy.share_batchnorm_statistics:
+        raise _refuse(policy, "strategy.bn = shared would send the BatchNorm statistics this hospital keeps")
+    if config.model.weights and config.model.weights != policy.weights:
+        raise _refuse(
+            policy,
+            "the run names a weights file (model.weights); a hospital opens no path the server names: name it in "
+            "the hospital policy (weights = ...) to start from it",
+        )
+    bounds = [
+        ("run.rounds", config.run.rounds, policy.max_rounds),
+        ("client.epochs", config.client.epochs, policy.max_epochs),
+        ("client.head_epochs", config.client.head_epochs, policy.max_epochs),
+        ("data.input_size", config.data.input_size, policy.max_input_size),
+        ("data.batch_size", config.data.batch_size, policy.max_batch_size),
+        ("data.eval_batch_size", config.data.eval_batch_size, policy.max_batch_size),
+        ("fedsaf.fisher_batch", config.fedsaf.fisher_batch, policy.max_fisher_batch),
+    ]
+    for key, value, most in bounds:
+        if value > most:
+            raise _refuse(policy, f"{key} = {value} is above this hospital's limit {most}")
+    for key, lr in (("client.lr", config.client.lr), ("client.head_lr", config.client.head_lr)):
+        if lr is not None and not policy.min_lr <= lr <= policy.max_lr:
+            raise _refuse(policy, f"{key} = {lr} is outside this hospital's range [{policy.min_lr}, {policy.max_lr}]")
+
+
+def check_recipe(policy: HospitalPolicy, recipe: Recipe) -> None:
+    """Refuse a training recipe with numbers that are not finite, negative, or outside ``policy``'s bounds."""
+    for f in fields(Recipe):
+        value = getattr(recipe, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise _refuse(policy, f"recipe {f.name} = {value} is not a finite number")
+    lrs = [("lr", recipe.lr)] + ([("head_lr", recipe.head_lr)] if recipe.head_lr is not None else [])
+    for key, lr in lrs:
+        if not (lr > 0 and policy.min_lr <= lr <= policy.max_lr):
+            raise _refuse(policy, f"recipe {key} = {lr} is outside this hospital's range (0, {policy.max_lr}]")
+    for key in ("epochs", "head_epochs"):
+        value = getattr(recipe, key)
+        if not 0 <= value <= policy.max_epochs:
+            raise _refuse(policy, f"recipe {key} = {value} is outside [0, {policy.max_epochs}]")
+    if not 0 <= recipe.fisher_batch <= policy.max_fisher_batch:
+        raise _refuse(policy, f"recipe fisher_batch = {recipe.fisher_batch} is outside [0, {policy.max_fisher_batch}]")
+    if not 0 <= recipe.prox_mu <= policy.max_prox_mu:
+        raise _refuse(policy, f"recipe prox_mu = {recipe.prox_mu} is outside [0, {policy.max_prox_mu:g}]")
+    for key in ("momentum", "weight_decay"):
+        if getattr(recipe, key) < 0:
+            raise _refuse(policy, f"recipe {key} = {getattr(recipe, key)} is negative")
+
+
+def agreed_shared_keys(config: RunConfig, model: torch.nn.Module) -> list[str]:
+    """The keys this hospital sends and loads under ``config`` (accepted by its policy): every layer unit but the
+    last ``nhead`` (FedSAF paper 001, Eq. 1), less the BatchNorm entries the method keeps at the hospital. The same
+    rule the server's strategies follow (``StrategyContext.shared_keys``), computed here from the hospital's own
+    copy of the model."""
+    if config.strategy.name == "separate":
+        return []
+    mode = bn_mode(config.strategy.name, config.strategy.bn)
+    local = set() if mode == "shared" else set(batchnorm_keys(model, affine=mode == "local"))
+    return [k for k in base_keys(split_units(model), shared_nhead(config)) if k not in local]
+
+
+def check_tensors(
+    policy: HospitalPolicy,
+    what: str,
+    tensors: Mapping[str, torch.Tensor] | None,
+    state: Mapping[str, torch.Tensor],
+    allowed: Iterable[str],
+) -> None:
+    """Refuse received ``tensors`` unless each is one of the ``allowed`` keys, with the agreed model's shape and
+    dtype (``state``), and finite."""
+    if tensors is None:
+        return
+    allowed = set(allowed)
+    foreign = sorted(k for k in tensors if k not in allowed)
+    if foreign:
+        raise _refuse(policy, f"{what} names tensors outside the shared part ({', '.join(foreign[:3])})")
+    for key, value in tensors.items():
+        expected = state[key]
+        if tuple(value.shape) != tuple(expected.shape) or value.dtype != expected.dtype:
+            raise _refuse(
+                policy,
+                f"{what} tensor {key} is {tuple(value.shape)} {value.dtype}, the agreed model's is "
+                f"{tuple(expected.shape)} {expected.dtype}",
+            )
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise _refuse(policy, f"{what} tensor {key} is not finite")

@@ -1,0 +1,319 @@
+"""A malicious server against one hospital (DESIGN.md, "Trust model"; docs/deployment.md, "Trust model").
+
+The hospital is driven as a deployed one (its own folder per run, the default policy) through
+``Hospital.answer``, i.e. through the wire codec and its outbound log, exactly as Flower's ClientApp drives it.
+Each test plays the server: it asks for the head, for everything, names a path, sends NaN, wrong-shaped or
+foreign tensors, addresses another client. It asserts what left (the reply), what was refused, what the outbound
+log holds and that the hospital's exported model is unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from fl_tiny_dataset import TINY_SETTINGS, make_dataset
+from typer.testing import CliRunner
+
+from app.cli import app
+from federation.config import RunConfig, config_to_toml, load_config
+from federation.contract import (
+    EvaluateReply,
+    EvaluateTask,
+    Failure,
+    Hello,
+    HelloReply,
+    Recipe,
+    TrainInstruction,
+    TrainReply,
+    TrainTask,
+)
+from federation.engine.codec import Message, decode, encode, to_bytes
+from federation.engine.common import initial_state, resolve_config
+from federation.engine.hospital import MODEL_FILE, Hospital, Site
+from federation.engine.outbound import read_outbound
+from federation.engine.policy import HospitalPolicy, agreed_shared_keys, load_policy
+from federation.errors import FederationError
+from models import create_model, head_keys, split_units
+
+RUN = "run-a"
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_dataset(tmp_path_factory.mktemp("tiny"))
+
+
+def config_of(dataset: Path, *extra: str) -> RunConfig:
+    return resolve_config(
+        load_config(None, [*TINY_SETTINGS, "strategy.name=fedsaf", "strategy.nhead=6", *extra], data=dataset)
+    )
+
+
+def send(hospital: Hospital, message: Message) -> Message:
+    return decode(hospital.answer(encode(message)))
+
+
+def deployed(tmp_path: Path, dataset: Path, policy: HospitalPolicy | None = None) -> Hospital:
+    return Hospital(Site(dataset, 0, tmp_path / "state", per_run=True, policy=policy or HospitalPolicy()))
+
+
+def honest_keys(config: RunConfig) -> list[str]:
+    return agreed_shared_keys(config, create_model(config.model.name, 2, config.model.in_chans))
+
+
+def honest_task(config: RunConfig, server_round: int = 1, **changes: object) -> TrainTask:
+    initial, _ = initial_state(config)
+    keys = honest_keys(config)
+    shared = {k: initial[k].clone() for k in keys}
+    recipe = Recipe(epochs=1, lr=0.01, head_epochs=1)
+    instruction = TrainInstruction(0, recipe, shared=shared)
+    task = TrainTask(RUN, server_round, 7, keys, instruction)
+    for key, value in changes.items():
+        setattr(task, key, value)
+    return task
+
+
+def after_round_one(tmp_path: Path, dataset: Path) -> tuple[Hospital, RunConfig, bytes]:
+    """A hospital that took part honestly in round 1 (trained, evaluated, exported); its exported model's bytes."""
+    config = config_of(dataset)
+    hospital = deployed(tmp_path, dataset)
+    assert isinstance(send(hospital, Hello(RUN, config_to_toml(config))), HelloReply)
+    assert isinstance(send(hospital, honest_task(config, evaluate=True)), TrainReply)
+    exported = (tmp_path / "state" / RUN / MODEL_FILE).read_bytes()
+    return hospital, config, exported
+
+
+def log_of(tmp_path: Path) -> list[dict[str, object]]:
+    log = read_outbound(tmp_path / "state" / "outbound.jsonl")
+    assert log.problems == []
+    return log.records
+
+
+def refused(reply: Message, *words: str) -> None:
+    assert isinstance(reply, Failure), reply
+    assert reply.reason.startswith("refused by"), reply.reason
+    for word in words:
+        assert word in reply.reason, reply.reason
+
+
+def test_an_honest_round_sends_exactly_the_agreed_keys_and_logs_them_before_they_leave(
+    dataset: Path, tmp_path: Path
+) -> None:
+    config = config_of(dataset)
+    hospital = deployed(tmp_path, dataset)
+    send(hospital, Hello(RUN, config_to_toml(config)))
+    envelope = hospital.answer(encode(honest_task(config)))
+    reply = decode(envelope)
+    assert isinstance(reply, TrainReply)
+    model = create_model("mobilenet_v3_small")
+    head = set(head_keys(split_units(model), 6))
+    assert set(reply.shared) == set(honest_keys(config))
+    assert not set(reply.shared) & head
+    assert not [k for k in reply.shared if k.endswith(("running_mean", "running_var", "num_batches_tracked"))]
+    records = log_of(tmp_path)
+    assert [r["kind"] for r in records] == ["hello_reply", "train_reply"]
+    last = records[-1]
+    assert last["sha256"] == hashlib.sha256(to_bytes(envelope)).hexdigest()
+    assert last["run"] == RUN
+    assert last["round"] == 1
+    assert last["asked"] == "train"
+    assert last["values"] == sum(t.numel() for t in reply.shared.values())
+    assert set(last["tensors"]) == {f"shared/{k}" for k in reply.shared}  # type: ignore[arg-type]
+
+
+def test_asking_for_every_key_or_one_head_key_is_refused_and_nothing_leaves(dataset: Path, tmp_path: Path) -> None:
+    hospital, config, exported = after_round_one(tmp_path, dataset)
+    everything = list(create_model("mobilenet_v3_small").state_dict())
+    task = honest_task(config, 2, shared_keys=everything)
+    task.instruction = TrainInstruction(0, Recipe(epochs=0), shared=None)
+    refused(send(hospital, task), "tensor(s) this hospital keeps")
+    one_head = honest_task(config, 2)
+    one_head.shared_keys = [*one_head.shared_keys, "classifier.3.weight"]
+    refused(send(hospital, one_head), "classifier.3.weight")
+    records = log_of(tmp_path)
+    assert [r["refused"] for r in records[-2:]] == [True, True]
+    assert all(r["values"] == 0 and r["tensors"] == {} for r in records[-2:])
+    assert (tmp_path / "state" / RUN / MODEL_FILE).read_bytes() == exported
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["strategy.name=fedavg", "strategy.nhead=0"], ["nhead 0", "at least 1"]),
+        (["strategy.bn=shared"], ["BatchNorm statistics"]),
+        (["client.lr=5.0"], ["client.lr = 5.0"]),
+        (["run.rounds=5000"], ["run.rounds = 5000"]),
+        (["strategy.name=fedavg", "strategy.nhead=1"], []),  # allowed: fedavg keeping a head of one unit
+    ],
+)
+def test_a_hello_outside_the_policy_is_refused(
+    dataset: Path, tmp_path: Path, extra: list[str], words: list[str]
+) -> None:
+    config = config_of(dataset, *extra)
+    reply = send(deployed(tmp_path, dataset), Hello(RUN, config_to_toml(config)))
+    if not words:
+        assert isinstance(reply, HelloReply)
+        return
+    refused(reply, *words)
+    assert not (tmp_path / "state" / RUN / "hospital.json").exists()
+
+
+def test_the_policy_file_decides_not_the_server(dataset: Path, tmp_path: Path) -> None:
+    policy_file = tmp_path / "policy.toml"
+    policy_file.write_text("[share]\nmin_nhead = 0\n[accept]\nmethods = ['fedavg']\n")
+    policy = load_policy(policy_file)
+    fedavg = config_of(dataset, "strategy.name=fedavg", "strategy.nhead=0")
+    assert isinstance(send(deployed(tmp_path / "a", dataset, policy), Hello(RUN, config_to_toml(fedavg))), HelloReply)
+    refused(send(deployed(tmp_path / "b", dataset, policy), Hello(RUN, config_to_toml(config_of(dataset)))), "fedsaf")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[share]\nmin_head = 0\n")
+    with pytest.raises(FederationError, match="unknown key 'min_head'"):
+        load_policy(bad)
+
+
+def test_a_server_named_path_is_never_opened_and_existence_is_not_revealed(dataset: Path, tmp_path: Path) -> None:
+    existing = tmp_path / "secret.safetensors"
+    existing.write_bytes(b"not even a model")
+    replies = []
+    for path in (existing, tmp_path / "missing.safetensors"):
+        config = config_of(dataset, f"model.weights={json.dumps(str(path))}")
+        replies.append(send(deployed(tmp_path / path.stem, dataset), Hello(RUN, config_to_toml(config))))
+    for reply in replies:
+        refused(reply, "opens no path the server names")
+    assert isinstance(replies[0], Failure)
+    assert isinstance(replies[1], Failure)
+    assert replies[0].reason == replies[1].reason
+
+
+@pytest.mark.parametrize("bad", ["nan", "shape", "foreign", "centre"])
+def test_bad_tensors_are_refused_and_the_exported_model_stays(dataset: Path, tmp_path: Path, bad: str) -> None:
+    hospital, config, exported = after_round_one(tmp_path, dataset)
+    task = honest_task(config, 2, evaluate=True)
+    shared = task.instruction.shared
+    assert shared is not None
+    key = next(k for k in shared if k.endswith("weight"))
+    if bad == "nan":
+        shared[key] = torch.full_like(shared[key], float("nan"))
+    elif bad == "shape":
+        shared[key] = shared[key].flatten()[:-1]
+    elif bad == "foreign":
+        shared["classifier.3.bias"] = torch.zeros(2)
+    else:
+        task.instruction = TrainInstruction(
+            0, Recipe(epochs=1, prox_mu=1.0), shared=shared, prox_centre={key: shared[key] * float("inf")}
+        )
+    reply = send(hospital, task)
+    refused(
+        reply,
+        {"nan": "not finite", "shape": "agreed model's is", "foreign": "classifier.3.bias", "centre": "not finite"}[
+            bad
+        ],
+    )
+    assert (tmp_path / "state" / RUN / MODEL_FILE).read_bytes() == exported
+    assert not (tmp_path / "state" / RUN / "checkpoints" / "round_0002.safetensors").exists()
+    # an evaluation with NaN weights is refused too, and a later honest round still works from the good state
+    fresh = honest_task(config, 2).instruction.shared
+    assert fresh is not None
+    nan = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in fresh.items()}
+    refused(send(hospital, EvaluateTask(RUN, 1, 0, task.shared_keys, nan)), "not finite")
+    assert (tmp_path / "state" / RUN / MODEL_FILE).read_bytes() == exported
+    assert isinstance(send(hospital, honest_task(config, 2)), TrainReply)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "words"),
+    [
+        (Recipe(lr=-1.0), "lr = -1.0"),
+        (Recipe(lr=float("nan")), "not a finite number"),
+        (Recipe(epochs=10_000), "epochs = 10000"),
+        (Recipe(prox_mu=1e9), "prox_mu"),
+    ],
+)
+def test_a_recipe_outside_the_policy_is_refused(dataset: Path, tmp_path: Path, recipe: Recipe, words: str) -> None:
+    hospital, config, _ = after_round_one(tmp_path, dataset)
+    task = honest_task(config, 2)
+    task.instruction = TrainInstruction(0, recipe, shared=task.instruction.shared)
+    refused(send(hospital, task), words)
+
+
+def test_another_clients_task_and_a_bad_run_id_are_one_line_failures(dataset: Path, tmp_path: Path) -> None:
+    hospital, config, _ = after_round_one(tmp_path, dataset)
+    task = honest_task(config, 2)
+    task.instruction = TrainInstruction(1, task.instruction.recipe, shared=task.instruction.shared)
+    refused(send(hospital, task), "client 1's task")
+    for run_id in ("a\x00b", "../escape", "x" * 500):
+        reply = send(hospital, Hello(run_id, config_to_toml(config)))
+        assert isinstance(reply, Failure)
+        assert "cannot name a hospital folder" in reply.reason
+    garbage = ({"kind": "train", "run_id": RUN}, {})
+    reply = decode(hospital.answer(garbage))
+    assert isinstance(reply, Failure)
+    assert "cannot read the message" in reply.reason
+
+
+def test_a_new_hello_never_replaces_a_run_the_hospital_holds(dataset: Path, tmp_path: Path) -> None:
+    hospital, config, exported = after_round_one(tmp_path, dataset)
+    refused(send(hospital, Hello(RUN, config_to_toml(config))), "already holds run")
+    assert (tmp_path / "state" / RUN / MODEL_FILE).read_bytes() == exported
+    assert isinstance(send(hospital, Hello(RUN, config_to_toml(config), resume=True)), HelloReply)
+
+
+def test_a_failed_write_or_a_non_finite_evaluation_is_a_failure_and_nothing_is_deployed(
+    dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from safetensors import SafetensorError
+
+    import federation.engine.hospital as hospital_module
+    from federation.client import Client, EvalResult
+
+    hospital, config, exported = after_round_one(tmp_path, dataset)
+
+    def full_disk(*args: object, **kwargs: object) -> None:
+        raise SafetensorError("Error while serializing: IoError(No space left on device)")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(hospital_module, "save_file", full_disk)
+        reply = send(hospital, honest_task(config, 2))
+    assert isinstance(reply, Failure)
+    assert "cannot write its checkpoint" in reply.reason
+    original = Client.evaluate
+
+    def diverged(self: Client) -> EvalResult:
+        return dataclasses.replace(original(self), loss=float("nan"))
+
+    monkeypatch.setattr(Client, "evaluate", diverged)
+    reply = send(hospital, honest_task(config, 2, evaluate=True))
+    assert isinstance(reply, Failure)
+    assert "not kept or deployed" in reply.reason
+    assert (tmp_path / "state" / RUN / MODEL_FILE).read_bytes() == exported
+    monkeypatch.setattr(Client, "evaluate", original)
+    ok = send(hospital, EvaluateTask(RUN, 2, 0, honest_keys(config), None))
+    assert isinstance(ok, EvaluateReply)
+
+
+def test_audit_reports_runs_values_and_refusals_and_detects_an_edited_log(dataset: Path, tmp_path: Path) -> None:
+    hospital, config, _ = after_round_one(tmp_path, dataset)
+    task = honest_task(config, 2)
+    task.shared_keys = [*task.shared_keys, "classifier.3.weight"]
+    send(hospital, task)
+    runner = CliRunner()
+    result = runner.invoke(app, ["federation", "audit", "--state", str(tmp_path / "state")])
+    assert result.exit_code == 0, result.output
+    assert "integrity: intact" in result.output
+    assert f"run {RUN}: 3 replies" in result.output
+    assert "refused requests: 1" in result.output
+    assert "classifier.3.weight" in result.output
+    sent = sum(int(r["values"]) for r in log_of(tmp_path))  # type: ignore[call-overload]
+    assert f"{sent:,} values left" in result.output
+    assert sent > 0
+    log = tmp_path / "state" / "outbound.jsonl"
+    lines = log.read_text().splitlines()
+    log.write_text("\n".join([lines[0], lines[2]]) + "\n")  # a reply removed from the record
+    result = runner.invoke(app, ["federation", "audit", "--state", str(tmp_path / "state")])
+    assert result.exit_code == 1
+    assert "outbound.jsonl:2: the chain is broken" in result.output
