@@ -12,6 +12,7 @@ import sys
 
 import typer
 
+import federation  # noqa: F401  (importing it turns off every library's update check and telemetry: OFFLINE_ENV)
 from app import (
     cmd_ablate,
     cmd_dashboard,

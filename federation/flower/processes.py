@@ -41,6 +41,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, NamedTuple, Self
 
+from federation import OFFLINE_ENV
 from federation.errors import FederationError
 from federation.flower.kit import HospitalBundle, Kit, join_address
 from pipeline.outputs import Terminated as Terminated
@@ -80,8 +81,7 @@ def flower_env(flwr_home: Path, base: Mapping[str, str] | None = None) -> dict[s
     env = dict(os.environ if base is None else base)
     env["FLWR_HOME"] = str(flwr_home)
     env["PATH"] = os.pathsep.join([str(venv_bin()), env.get("PATH", "")]).rstrip(os.pathsep)
-    env["FLWR_DISABLE_UPDATE_CHECK"] = "1"
-    env["FLWR_TELEMETRY_ENABLED"] = "0"
+    env.update(OFFLINE_ENV)  # no update check, no telemetry (federation.OFFLINE_ENV)
     env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
     env["PYTHONUNBUFFERED"] = "1"  # the log files show a crash's last lines
     return env
