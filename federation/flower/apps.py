@@ -153,7 +153,8 @@ def hospital_site(node_config: Mapping[str, Any], run_config: Mapping[str, Any])
     Simulated (``run.engine = "flower-sim"``, all on one machine): the run configuration names the dataset, its
     clients in partition order and the run's ``hospitals/`` folder, as in the local engine.
     """
-    if str(run_config.get("sim-data-path", "")):
+    if "data-path" not in node_config and str(run_config.get("sim-data-path", "")):
+        # only where the node names no dataset of its own: a deployed hospital never takes paths from a run
         clients = [int(c) for c in str(run_config["sim-clients"]).split(",")]
         client = clients[int(node_config["partition-id"])]
         root = Path(str(run_config["sim-hospitals-dir"])) / f"client_{client:02d}"

@@ -364,12 +364,14 @@ def _build(root: Path, names: list[str], superlink: str, sans: list[x509.General
     ca_pem = ca_cert.public_bytes(serialization.Encoding.PEM)
     for folder in (root / "ca", root / "server" / "hospitals", root / "hospitals"):
         folder.mkdir(parents=True)
-    os.chmod(root / "ca", 0o700)
-    _write_secret(root / "ca" / "ca.key", pem_private(ca_key))
+    # private folders whatever the umask: the CA key, the server key, every hospital's key live below them
+    for folder in (root, root / "ca", root / "server", root / "server" / "hospitals", root / "hospitals"):
+        os.chmod(folder, 0o700)
+    write_secret(root / "ca" / "ca.key", pem_private(ca_key))
     _write_public(root / "ca" / "ca.crt", ca_pem)
     _write_public(root / "server" / "ca.crt", ca_pem)
     _write_public(root / "server" / "server.crt", server_cert.public_bytes(serialization.Encoding.PEM))
-    _write_secret(root / "server" / "server.key", pem_private(server_key))
+    write_secret(root / "server" / "server.key", pem_private(server_key))
     for index, name in enumerate(names):
         _write_hospital(root, name, index, superlink, ca_pem)
     _write_public(root / "kit.toml", _kit_toml(superlink, list(zip(names, range(len(names)), strict=True))))
@@ -382,7 +384,7 @@ def _write_hospital(root: Path, name: str, index: int, superlink: str, ca_pem: b
     os.chmod(folder, 0o700)
     key = new_key()
     public = openssh_public(key, comment=name)
-    _write_secret(folder / "supernode.key", openssh_private(key))
+    write_secret(folder / "supernode.key", openssh_private(key))
     _write_public(folder / "supernode.pub", public)
     _write_public(folder / "ca.crt", ca_pem)
     text = (
@@ -409,8 +411,11 @@ def _toml_str(value: str) -> str:
     return json.dumps(value)  # a JSON string is a valid TOML basic string
 
 
-def _write_secret(path: Path, data: bytes) -> None:
-    """Create ``path`` with mode 0600 from the start (never briefly world-readable)."""
+def write_secret(path: Path, data: bytes, *, replace: bool = False) -> None:
+    """Create ``path`` with mode 0600 from the start (never briefly world-readable); ``replace``: remove an older
+    file of that name first."""
+    if replace:
+        path.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, SECRET_MODE)
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)

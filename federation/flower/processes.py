@@ -27,6 +27,7 @@ import atexit
 import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import ssl
@@ -43,7 +44,7 @@ from typing import IO, Any, NamedTuple, Self
 
 from federation import OFFLINE_ENV
 from federation.errors import FederationError
-from federation.flower.kit import HospitalBundle, Kit, join_address
+from federation.flower.kit import HospitalBundle, Kit, join_address, write_secret
 from pipeline.outputs import Terminated as Terminated
 from pipeline.outputs import terminate_as_interrupt
 
@@ -486,6 +487,10 @@ class SuperNode(ManagedProcess):
 
     ``node_config`` becomes ``context.node_config`` in the ClientApp (e.g. ``partition-id``, ``data-path``,
     ``hospital-dir``). ``insecure=True`` connects without TLS (for the test that such a SuperNode is refused).
+    ``executor=True`` (every hospital): the SuperNode runs in ``--isolation process`` under the hospital's own
+    executor (``federation.flower.executor``), which answers with the installed hospital code and never installs
+    or imports the run's app; ``False`` runs Flower's own ``flwr-clientapp`` per message (only for tests that need
+    Flower's behaviour itself).
     """
 
     def __init__(
@@ -500,6 +505,7 @@ class SuperNode(ManagedProcess):
         insecure: bool = False,
         port: int | None = None,
         max_retries: int | None = None,
+        executor: bool = True,
     ) -> None:
         workdir = Path(workdir).resolve()
         self.node_name = name
@@ -517,7 +523,26 @@ class SuperNode(ManagedProcess):
         argv += ["--host", "127.0.0.1", "--port", str(self.port), "--node-config", str(config_file)]
         if max_retries is not None:
             argv += ["--max-retries", str(max_retries)]
-        argv += ["--isolation", "subprocess"]  # runtime dependency installation is off unless --allow-... is given
+        if executor:
+            # the hospital's own executor answers the tasks with the installed code (federation.flower.executor);
+            # the run's app bundle is never installed or imported. Its runtime API takes a shared secret.
+            secret = workdir / "superexec.secret"
+            workdir.mkdir(parents=True, exist_ok=True)
+            write_secret(secret, secrets.token_bytes(32), replace=True)
+            argv += ["--isolation", "process", "--superexec-auth-secret-file", str(secret)]
+            argv = [
+                sys.executable,
+                "-m",
+                "federation.flower.executor",
+                "--runtime",
+                f"127.0.0.1:{self.port}",
+                "--secret-file",
+                str(secret),
+                "--",
+                *argv,
+            ]
+        else:
+            argv += ["--isolation", "subprocess"]  # runtime dependency installation is off unless --allow-...
         home = workdir / "flwr-home"
         super().__init__(f"SuperNode {name}", argv, log_path=workdir / "supernode.log", env=flower_env(home), cwd=home)
 

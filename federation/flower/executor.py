@@ -1,0 +1,209 @@
+"""The hospital's own executor: only the installed gastric-fl hospital code answers a run's messages.
+
+DESIGN.md, "Trust model": a hospital runs only the gastric-fl code installed on its machine, never code a run
+carries. A Flower 1.41 SuperNode in its default ``--isolation subprocess`` mode starts ``flwr-clientapp`` for every
+message, which installs the run's app bundle (FAB) and imports its ClientApp: whoever can submit a run can run code
+at every hospital (../shared/reference/flower-1.41.md, "Trust, isolation and speed"). Here the SuperNode runs with
+``--isolation process`` and this module is the process that executes its tasks, talking to the SuperNode's runtime
+API on 127.0.0.1 as Flower's own ``flwr-clientapp`` does (``flwr.supernode.runtime.run_clientapp``: acquire a task,
+pull its message and context, push the reply and the task's status), but it never installs or imports the FAB:
+
+- a run whose app is not ``APP_ID`` (the FAB of ``federation/flower/fab``) is answered with an error that says
+  so, and nothing of it is installed, imported or run;
+- every other message is answered by ``federation.engine.hospital.Hospital`` from the node's own configuration
+  (``--node-config``: dataset, folder, policy); the run's configuration is never read, so a run cannot point the
+  hospital at another folder or dataset;
+- the hospital stays loaded between messages (its code, torch, its tiles and its model: ``Hospital`` keeps them),
+  while its state is still checkpointed after every round, so resume and a killed hospital behave as before.
+
+The runtime API is protected with Flower's SuperExec shared secret (``--superexec-auth-secret-file``, a file of
+random bytes, 0600, in the hospital's state), so another local user cannot take the hospital's tasks.
+
+Run as ``python -m federation.flower.executor --runtime 127.0.0.1:PORT --secret-file FILE -- flower-supernode ...``:
+it starts the SuperNode as its child in its own process group (stopped together), serves its tasks until the
+SuperNode exits, and exits with the SuperNode's code. The runtime API is internal to Flower: pinned by
+``flwr>=1.41,<1.42`` and exercised by the deployment tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import TYPE_CHECKING
+
+import federation  # noqa: F401  (no update checks, no telemetry: federation.OFFLINE_ENV)
+
+if TYPE_CHECKING:
+    from flwr.app import Context, Message
+
+APP_ID = "gastric-fl/gastric-fl-federation"  # publisher/name of federation/flower/fab/pyproject.toml
+AUTH_METHODS = frozenset({"/flwr.proto.Runtime/AcquireTask"})  # what Flower's own SuperExec authenticates
+POLL_SECONDS = 0.05  # between two empty task requests to the SuperNode on 127.0.0.1 (Flower's SuperExec: 1 s)
+REFUSED = "refused by the hospital"
+
+
+def _log(text: str) -> None:
+    print(f"[gastric-fl executor] {text}", file=sys.stderr, flush=True)
+
+
+class HospitalExecutor:
+    """Acquires the SuperNode's ClientApp tasks and answers each with the installed hospital code."""
+
+    def __init__(self, address: str, secret: bytes) -> None:
+        from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor, SuperExecAuthHttpInterceptor
+        from flwr.supercore.retry import make_simple_http_retry_invoker
+        from flwr.supercore.runtime import RuntimeHttpClient
+
+        from federation.engine.hospital import Hospital, Site
+
+        self.address = address
+        self.client = RuntimeHttpClient.from_server_address(
+            server_address=address,
+            insecure=True,  # 127.0.0.1 only; the shared secret authenticates the executor
+            root_certificates=None,
+            interceptors=[
+                RuntimeVersionHttpInterceptor(component_name="SuperExec"),
+                SuperExecAuthHttpInterceptor(master_secret=secret, protected_methods=AUTH_METHODS),
+            ],
+            retry_invoker=make_simple_http_retry_invoker(),
+        )
+        self.hospitals: dict[Site, Hospital] = {}  # warm: one per site, kept between messages
+        self.tasks = 0
+
+    def serve(self, alive: Callable[[], bool]) -> None:
+        """Acquire and run tasks while ``alive()``."""
+        import httpx
+        from flwr.proto.runtime_pb2 import AcquireTaskRequest
+        from flwr.supercore.constant import TaskType
+
+        request = AcquireTaskRequest(supported_task_types=[str(TaskType.CLIENT_APP)], agentapp_fab_hashes=[])
+        while alive():
+            try:
+                response = self.client.AcquireTask(request)
+            except (httpx.TransportError, httpx.HTTPStatusError):
+                time.sleep(0.5)  # the SuperNode is not serving yet, or restarting
+                continue
+            if response.HasField("task") and response.token:
+                self.run_task(response.token)
+            else:
+                time.sleep(POLL_SECONDS)
+
+    def run_task(self, token: str) -> None:
+        """One task: pull its message, answer it, push the reply and the task's final status."""
+        from flwr.common.constant import SubStatus
+        from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
+        from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
+        from flwr.supercore.retry import make_simple_http_retry_invoker
+        from flwr.supercore.runtime import RuntimeHttpClient
+        from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
+
+        client = RuntimeHttpClient.from_server_address(
+            server_address=self.address,
+            insecure=True,
+            root_certificates=None,
+            interceptors=[
+                RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
+                RuntimeTokenHttpInterceptor(token),
+            ],
+            retry_invoker=make_simple_http_retry_invoker(),
+        )
+        heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
+        heartbeat.start()
+        context = None
+        status, details = SubStatus.FAILED, "the hospital executor failed"
+        try:
+            message, context, run, _fab = pull_task_input(client)  # the FAB is received, never installed
+            reply = self.reply(message, context, run.fab_id)
+            push_message(client, reply, context)
+            status, details = SubStatus.COMPLETED, ""
+            self.tasks += 1
+        except Exception as exc:  # one task's trouble never stops the hospital
+            details = f"{type(exc).__name__}: {exc}"
+            _log(f"task failed: {details}")
+        finally:
+            try:
+                push_task_output(client=client, context=context, sub_status=status, details=details)
+            finally:
+                if heartbeat.is_running:
+                    heartbeat.stop()
+                client.close()
+
+    def reply(self, message: Message, context: Context, fab_id: str) -> Message:
+        """The reply to one message: a refusal for another app, else the hospital's own answer."""
+        from flwr.app import Message
+        from flwr.app.error import Error
+        from flwr.common.constant import ErrorCode
+
+        from federation.engine.hospital import Hospital
+        from federation.flower.apps import from_record, hospital_site, to_record
+
+        if fab_id != APP_ID:
+            reason = (
+                f"{REFUSED}: the run carries the app {fab_id!r}; this hospital answers only with its installed "
+                f"gastric-fl hospital ({APP_ID}); nothing of the run's app was installed or run"
+            )
+            _log(reason)
+            return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message)
+        try:
+            site = hospital_site(context.node_config, {})  # the node's own settings; the run's are never read
+        except Exception as exc:
+            reason = f"{REFUSED}: its node configuration is unusable ({exc})"
+            return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message)
+        hospital = self.hospitals.get(site)
+        if hospital is None:
+            hospital = self.hospitals[site] = Hospital(site)
+        envelope = hospital.answer(from_record(message.content))
+        return Message(to_record(envelope), reply_to=message)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Start the SuperNode given after ``--`` as a child, serve its tasks, exit with its code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in args:
+        print(
+            "usage: python -m federation.flower.executor --runtime HOST:PORT --secret-file FILE -- "
+            "flower-supernode ...",
+            file=sys.stderr,
+        )
+        return 2
+    split = args.index("--")
+    parser = argparse.ArgumentParser(prog="python -m federation.flower.executor")
+    parser.add_argument("--runtime", required=True)
+    parser.add_argument("--secret-file", required=True)
+    options = parser.parse_args(args[:split])
+    supernode = args[split + 1 :]
+    try:
+        with open(options.secret_file, "rb") as handle:
+            secret = handle.read()
+    except OSError as exc:
+        print(f"cannot read {options.secret_file}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    child = subprocess.Popen(supernode, stdin=subprocess.DEVNULL)  # same process group: stopped with us
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        HospitalExecutor(options.runtime, secret).serve(lambda: child.poll() is None)
+    except (SystemExit, KeyboardInterrupt):
+        pass
+    finally:
+        if child.poll() is None:
+            child.terminate()
+            try:
+                child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+    return child.wait() if child.returncode is None else child.returncode
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
