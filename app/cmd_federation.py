@@ -28,13 +28,16 @@ federation_app = typer.Typer(
 )
 
 
-def _wait_while_alive(process: ManagedProcess, what: str) -> NoReturn:
-    """Serve until Ctrl-C or SIGTERM; a ``process`` that stops on its own is an error showing its log's last lines."""
+def _wait_while_alive(process: ManagedProcess, what: str, also: ManagedProcess | None = None) -> NoReturn:
+    """Serve until Ctrl-C or SIGTERM; a ``process`` (or ``also``) that stops on its own is an error showing its
+    log's last lines."""
     from federation.errors import FederationError
 
-    while process.alive():
+    while process.alive() and (also is None or also.alive()):
         time.sleep(1.0)
-    raise FederationError(f"the {what} stopped; last lines of {process.log_path}:\n{process.log_tail()}")
+    stopped = process if not process.alive() or also is None else also
+    name = what if stopped is process else stopped.name
+    raise FederationError(f"the {name} stopped; last lines of {stopped.log_path}:\n{stopped.log_tail()}")
 
 
 @federation_app.command("init")
@@ -76,31 +79,42 @@ def init(
 
 @federation_app.command("server")
 def server(
-    kit: Path = typer.Option(..., "--kit", help="Kit folder (gastric-fl federation init)."),
+    kit: Path = typer.Option(..., "--kit", help="Kit folder (gastric-fl federation init), or its server/ folder."),
     state: Path = typer.Option(
         Path("data/federation/server"), "--state", help="Where the SuperLink keeps its database and logs."
     ),
-    host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on (0.0.0.0: every interface)."),
-    port: int | None = typer.Option(None, "--port", help="Port (default: the kit's)."),
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="Interface the hospitals' gate listens on (0.0.0.0: every interface)."
+    ),
+    port: int | None = typer.Option(None, "--port", help="The hospitals' port (default: the kit's)."),
+    control_port: int | None = typer.Option(
+        None, "--control-port", help="The SuperLink's own port on 127.0.0.1, for the operator (default: port + 1)."
+    ),
 ) -> None:
-    """Run the SuperLink with TLS and SuperNode authentication until Ctrl-C; the kit's hospitals are registered."""
+    """Run the SuperLink with TLS and SuperNode authentication until Ctrl-C, behind the gate: hospitals reach only
+    the Fleet API; runs are submitted, listed and stopped on this machine. The kit's hospitals are registered."""
     from federation.flower.kit import Kit
-    from federation.flower.processes import FlwrCli, SuperLink, register_hospitals
+    from federation.flower.processes import FleetGate, FlwrCli, SuperLink, register_hospitals
 
     loaded = Kit.load(kit)
     state = state.resolve()
-    link = SuperLink.from_kit(loaded, state, host=host, port=port or loaded.port)
-    with link:
+    public = port or loaded.port
+    link = SuperLink.from_kit(loaded, state, host="127.0.0.1", port=control_port or public + 1)
+    gate = FleetGate(loaded, state, upstream_port=link.port, host=host, port=public)
+    with link, gate:
         cli = FlwrCli(state / "flwr-cli", link.address, loaded.ca_cert)
         ids = register_hospitals(cli, loaded, state / "registered.json")
-        typer.echo(f"SuperLink on {host}:{link.port} (TLS; only registered hospitals admitted); log {link.log_path}")
+        typer.echo(
+            f"hospitals' gate on {host}:{gate.port} (TLS; the Fleet API only; only registered hospitals admitted); "
+            f"SuperLink on {link.address} (this machine only); logs in {state}"
+        )
         for name, node_id in ids.items():
             typer.echo(f"  registered {name} as node {node_id}")
         typer.echo(
-            f"submit a run: gastric-fl train --engine flower --superlink {link.address} --kit {kit} "
+            f"submit a run on this machine: gastric-fl train --engine flower --superlink {link.address} --kit {kit} "
             f"--set flower.hospitals={len(ids)} ..."
         )
-        _wait_while_alive(link, "SuperLink")
+        _wait_while_alive(link, "SuperLink", also=gate)
 
 
 @federation_app.command("hospital")

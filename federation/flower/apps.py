@@ -94,8 +94,10 @@ class FlowerPool(Pool):
                 return nodes
             if time.monotonic() > deadline:
                 raise FederationError(
-                    f"only {len(nodes)} of {self.hospitals} hospitals connected within {self.connect_timeout:g} s: "
-                    "start their SuperNodes (gastric-fl federation hospital) or lower flower.hospitals"
+                    f"only {len(nodes)} of {self.hospitals} hospitals connected within {self.connect_timeout:g} s "
+                    f"(connected node ids: {', '.join(map(str, nodes)) or 'none'}; which kit hospital each is: "
+                    "registered.json in the server's state): start the others' SuperNodes (gastric-fl federation "
+                    "hospital) or lower flower.hospitals"
                 )
             time.sleep(1.0)
 
@@ -132,12 +134,20 @@ class FlowerPool(Pool):
     def _send(self, envelopes: Mapping[int, Envelope]) -> dict[int, Envelope]:
         by_node = {self.node_of[c]: e for c, e in envelopes.items() if c in self.node_of}
         client_of = {node: c for c, node in self.node_of.items()}
+        began = time.monotonic()
         replies = self._exchange_nodes(by_node, self.round_timeout)
+        waited = time.monotonic() - began
+        missing = [c for c in envelopes if self.node_of.get(c) not in replies]
+        connected = set(self.grid.get_node_ids()) if missing else set()
         out: dict[int, Envelope] = {}
         for c in envelopes:
             node = self.node_of.get(c)
             if node is None or node not in replies:
-                out[c] = encode(Failure(c, f"no answer within {self.round_timeout:g} s", silent=True))
+                if node is not None and node not in connected:
+                    reason = f"its SuperNode lost its connection to the server (offline after {waited:.0f} s)"
+                else:
+                    reason = f"no answer within {self.round_timeout:g} s (flower.round_timeout)"
+                out[c] = encode(Failure(c, reason, silent=True))
             else:
                 out[client_of[node]] = self._reply_envelope(c, replies[node])
         return out

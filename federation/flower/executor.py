@@ -35,7 +35,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import federation  # noqa: F401  (no update checks, no telemetry: federation.OFFLINE_ENV)
 
@@ -52,12 +52,30 @@ def _log(text: str) -> None:
     print(f"[gastric-fl executor] {text}", file=sys.stderr, flush=True)
 
 
+def bounded_retry(max_time: float) -> Any:
+    """Retries of calls to the SuperNode's local runtime API for at most ``max_time`` seconds, giving up at once on
+    a refusal (4xx). Not Flower's ``make_simple_http_retry_invoker``: it retries forever, and on a 401 it sends
+    SIGINT to its own process, which would stop the whole hospital over one stale task."""
+    import httpx
+    from flwr.supercore.retry import RetryInvoker, exponential
+
+    def give_up(exc: Exception) -> bool:
+        return isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code < 500
+
+    return RetryInvoker(
+        wait_gen_factory=lambda: exponential(max_delay=2),
+        recoverable_exceptions=(httpx.TransportError, httpx.HTTPStatusError),
+        max_tries=None,
+        max_time=max_time,
+        should_giveup=give_up,
+    )
+
+
 class HospitalExecutor:
     """Acquires the SuperNode's ClientApp tasks and answers each with the installed hospital code."""
 
     def __init__(self, address: str, secret: bytes) -> None:
         from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor, SuperExecAuthHttpInterceptor
-        from flwr.supercore.retry import make_simple_http_retry_invoker
         from flwr.supercore.runtime import RuntimeHttpClient
 
         from federation.engine.hospital import Hospital, Site
@@ -71,7 +89,7 @@ class HospitalExecutor:
                 RuntimeVersionHttpInterceptor(component_name="SuperExec"),
                 SuperExecAuthHttpInterceptor(master_secret=secret, protected_methods=AUTH_METHODS),
             ],
-            retry_invoker=make_simple_http_retry_invoker(),
+            retry_invoker=bounded_retry(5.0),
         )
         self.hospitals: dict[Site, Hospital] = {}  # warm: one per site, kept between messages
         self.tasks = 0
@@ -86,8 +104,14 @@ class HospitalExecutor:
         while alive():
             try:
                 response = self.client.AcquireTask(request)
-            except (httpx.TransportError, httpx.HTTPStatusError):
+            except (httpx.TransportError, httpx.HTTPStatusError) as exc:
+                if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code in (401, 403):
+                    _log(f"the SuperNode refused this executor ({exc.response.status_code}): check its secret file")
                 time.sleep(0.5)  # the SuperNode is not serving yet, or restarting
+                continue
+            except Exception as exc:  # anything else from the runtime API: say so, keep serving
+                _log(f"could not ask the SuperNode for a task: {type(exc).__name__}: {exc}")
+                time.sleep(1.0)
                 continue
             if response.HasField("task") and response.token:
                 self.run_task(response.token)
@@ -99,7 +123,6 @@ class HospitalExecutor:
         from flwr.common.constant import SubStatus
         from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
         from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
-        from flwr.supercore.retry import make_simple_http_retry_invoker
         from flwr.supercore.runtime import RuntimeHttpClient
         from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
 
@@ -111,7 +134,7 @@ class HospitalExecutor:
                 RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
                 RuntimeTokenHttpInterceptor(token),
             ],
-            retry_invoker=make_simple_http_retry_invoker(),
+            retry_invoker=bounded_retry(120.0),
         )
         heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
         heartbeat.start()
@@ -129,6 +152,8 @@ class HospitalExecutor:
         finally:
             try:
                 push_task_output(client=client, context=context, sub_status=status, details=details)
+            except Exception as exc:  # the task is gone (its run finished, the SuperNode restarted): move on
+                _log(f"could not report the task's end: {type(exc).__name__}: {exc}")
             finally:
                 if heartbeat.is_running:
                     heartbeat.stop()

@@ -105,11 +105,12 @@ class Kit:
     root: Path
     superlink: str
     hospitals: tuple[HospitalBundle, ...]
+    server_only: bool = False  # loaded from the server/ hand-over folder alone
 
     @property
     def server_dir(self) -> Path:
         """What the SuperLink machine keeps."""
-        return self.root / "server"
+        return self.root if self.server_only else self.root / "server"
 
     @property
     def ca_cert(self) -> Path:
@@ -153,8 +154,14 @@ class Kit:
     def load(cls, root: Path) -> Kit:
         """Read a kit folder made by ``init_kit``; one-line errors for a folder that is not one."""
         root = Path(root)
-        if not (root / MARKER).is_file():
-            raise FederationError(f"{root} is not a kit made by `gastric-fl federation init` (no {MARKER} in it)")
+        server_only = (
+            not (root / MARKER).is_file() and (root / "server.crt").is_file() and (root / "kit.toml").is_file()
+        )
+        if not (root / MARKER).is_file() and not server_only:
+            raise FederationError(
+                f"{root} is not a kit made by `gastric-fl federation init` (no {MARKER} in it) nor its server/ "
+                "folder (no server.crt and kit.toml in it)"
+            )
         data = _read_toml(root / "kit.toml")
         try:
             superlink = str(data["superlink"])
@@ -162,7 +169,7 @@ class Kit:
         except (KeyError, TypeError, ValueError) as exc:
             raise FederationError(f"{root / 'kit.toml'} is damaged ({exc}); run `federation init` again") from exc
         bundles = tuple(HospitalBundle(n, i, superlink, root / "hospitals" / n) for n, i in entries)
-        return cls(root=root, superlink=superlink, hospitals=bundles)
+        return cls(root=root, superlink=superlink, hospitals=bundles, server_only=server_only)
 
 
 # -- public entry points ---------------------------------------------------------------------------------------------
@@ -209,9 +216,19 @@ def init_kit(
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         _build(staging, names, superlink, sans, valid_days)
-        if out.exists():
-            shutil.rmtree(out) if any(out.iterdir()) else out.rmdir()
-        staging.rename(out)
+        if not out.exists():
+            staging.rename(out)
+        else:
+            # replace only what init made (checked by _check_target); anything else in the folder stays
+            for name in KIT_ENTRIES:
+                old = out / name
+                if old.is_dir() and not old.is_symlink():
+                    shutil.rmtree(old)
+                else:
+                    old.unlink(missing_ok=True)
+            for name in KIT_ENTRIES[1:] + KIT_ENTRIES[:1]:  # the marker last: a kit is complete once it is there
+                (staging / name).rename(out / name)
+            os.chmod(out, 0o700)
     except OSError as exc:
         raise FederationError(f"cannot write the kit {out}: {exc.strerror or exc}") from exc
     finally:
@@ -235,6 +252,7 @@ def add_hospital(kit_root: Path, name: str) -> HospitalBundle:
     _write_hospital(kit.root, name, index, kit.superlink, ca_cert)
     entries = [(b.name, b.index) for b in kit.hospitals] + [(name, index)]
     _write_public(kit.root / "kit.toml", _kit_toml(kit.superlink, entries))
+    _write_public(kit.server_dir / "kit.toml", _kit_toml(kit.superlink, entries))
     return Kit.load(kit.root).hospital(name)
 
 
@@ -374,7 +392,9 @@ def _build(root: Path, names: list[str], superlink: str, sans: list[x509.General
     write_secret(root / "server" / "server.key", pem_private(server_key))
     for index, name in enumerate(names):
         _write_hospital(root, name, index, superlink, ca_pem)
-    _write_public(root / "kit.toml", _kit_toml(superlink, list(zip(names, range(len(names)), strict=True))))
+    kit_toml = _kit_toml(superlink, list(zip(names, range(len(names)), strict=True)))
+    _write_public(root / "kit.toml", kit_toml)
+    _write_public(root / "server" / "kit.toml", kit_toml)  # the server/ hand-over starts a server on its own
     _write_public(root / MARKER, f"# made by `gastric-fl federation init`; format {KIT_FORMAT}\n".encode())
 
 
@@ -490,3 +510,27 @@ def _check_target(out: Path, overwrite: bool) -> None:
         raise FederationError(f"{out} is not empty and was not made by `federation init`; choose another folder")
     if not overwrite:
         raise FederationError(f"{out} already holds a kit; pass --overwrite to replace it (all its keys change)")
+    foreign = [p for p in _kit_files(out) if not _made_by_kit(out, p)]
+    if foreign:
+        raise FederationError(
+            f"{foreign[0]} inside the kit {out} was not made by `federation init`: move it out first "
+            "(--overwrite replaces only what init made)"
+        )
+
+
+KIT_ENTRIES = (MARKER, "kit.toml", "ca", "server", "hospitals")  # what init makes at the top of a kit
+_KIT_FILE_NAMES = frozenset(
+    {"ca.key", "ca.crt", "server.crt", "server.key", "supernode.key", "supernode.pub", "bundle.toml", "kit.toml"}
+)
+
+
+def _kit_files(out: Path) -> list[Path]:
+    """Every file below the kit's own folders (``ca/``, ``server/``, ``hospitals/``)."""
+    return sorted(
+        p for name in KIT_ENTRIES[2:] if (out / name).is_dir() for p in (out / name).rglob("*") if not p.is_dir()
+    )
+
+
+def _made_by_kit(out: Path, path: Path) -> bool:
+    """Whether ``path`` (below ``out``) is one of the files ``init``/``--add`` write."""
+    return path.name in _KIT_FILE_NAMES or (path.parent == out / "server" / "hospitals" and path.suffix == ".pub")

@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import json
 import os
+import pwd
 import secrets
 import signal
 import socket
@@ -44,6 +46,7 @@ from typing import IO, Any, NamedTuple, Self
 
 from federation import OFFLINE_ENV
 from federation.errors import FederationError
+from federation.flower.gate import gate_config, nginx_executable
 from federation.flower.kit import HospitalBundle, Kit, join_address, write_secret
 from pipeline.outputs import Terminated as Terminated
 from pipeline.outputs import terminate_as_interrupt
@@ -479,6 +482,76 @@ class SuperLink(ManagedProcess):
             time.sleep(0.25)
 
 
+# -- the gate in front of the SuperLink (federation.flower.gate) -----------------------------------------------
+class FleetGate(ManagedProcess):
+    """nginx in front of a SuperLink on 127.0.0.1:``upstream_port``, listening on ``host:port`` with TLS."""
+
+    def __init__(
+        self, kit: Kit, workdir: Path, *, upstream_port: int, host: str = "127.0.0.1", port: int | None = None
+    ):
+        workdir = Path(workdir).resolve()
+        self.host = host
+        self.port = free_port(host if host not in ("0.0.0.0", "::") else "127.0.0.1") if port is None else port
+        self.ca_cert = kit.ca_cert
+        self.ready_timeout = 30.0
+        workdir.mkdir(parents=True, exist_ok=True)
+        conf = workdir / "gate.conf"
+        conf.write_text(
+            gate_config(kit=kit, workdir=workdir, host=host, port=self.port, upstream_port=upstream_port),
+            encoding="utf-8",
+        )
+        temp = workdir / "gate-temp"
+        temp.mkdir(exist_ok=True)
+        if os.geteuid() == 0:
+            nobody = pwd.getpwnam("nobody")
+            os.chown(temp, nobody.pw_uid, nobody.pw_gid)
+        argv = [nginx_executable(), "-c", str(conf), "-p", str(workdir), "-e", str(workdir / "gate-error.log")]
+        super().__init__(
+            "gate (nginx)", argv, log_path=workdir / "gate.log", env=flower_env(workdir / "gate-home"), cwd=workdir
+        )
+
+    @property
+    def address(self) -> str:
+        """``HOST:PORT`` the SuperNodes dial (loopback when listening on every interface)."""
+        probe = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)
+        return join_address(probe, self.port)
+
+    def start(self) -> None:
+        """Start nginx and wait until ``/health`` answers through it (i.e. the SuperLink behind it is up)."""
+        if self.alive():
+            return
+        super().start()
+        deadline = time.monotonic() + self.ready_timeout
+        context = ssl.create_default_context(cafile=str(self.ca_cert))
+        while True:
+            if not self.alive():
+                code = self.popen.returncode if self.popen else None
+                raise FederationError(
+                    f"the gate (nginx) exited (code {code}); last lines of its log:\n{self.log_tail()}\n"
+                    + _tail_file(Path(self.cwd) / "gate-error.log")
+                )
+            try:
+                with urllib.request.urlopen(f"https://{self.address}/health", context=context, timeout=2.0) as r:
+                    if int(r.status) == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                self.stop(grace=1.0)
+                raise FederationError(
+                    f"the gate at https://{self.address}/health did not answer within {self.ready_timeout:.0f} s; "
+                    + _tail_file(Path(self.cwd) / "gate-error.log")
+                )
+            time.sleep(0.2)
+
+
+def _tail_file(path: Path, lines: int = 10) -> str:
+    try:
+        return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
 # -- SuperNodes ------------------------------------------------------------------------------------------------------
 class SuperNode(ManagedProcess):
     """``flower-supernode`` for one hospital: it dials the SuperLink over TLS (``--root-certificates``), signs its
@@ -631,19 +704,26 @@ class FlwrCli:
                 raise
         result = subprocess.CompletedProcess(argv, proc.returncode, out, err)
         if check and result.returncode != 0:
-            raise FederationError(
-                f"`flwr {' '.join(args[:2])}` failed (exit {result.returncode}): {_cli_error(result)}"
-            )
+            raise FederationError(f"`flwr {' '.join(args[:2])}` failed (exit {result.returncode}): {self._why(result)}")
         return result
+
+    def _why(self, result: subprocess.CompletedProcess[str]) -> str:
+        """The CLI's error, with what to do when the address is the hospitals' gate (which refuses control)."""
+        text = _cli_error(result)
+        if "403 Forbidden" in text and "/v1/control/" in text:
+            return (
+                f"{self.superlink} is the hospitals' gate, which serves no control: submit, list and stop runs on "
+                "the server machine, through the SuperLink's own address that gastric-fl federation server prints "
+                "(127.0.0.1:<control port>)"
+            )
+        return text
 
     def json(self, *args: str, timeout: float | None = None) -> dict[str, Any]:
         """Run ``flwr ARGS --format json`` and return the JSON object; ``success: false`` raises."""
         result = self.run(*args, "--format", "json", timeout=timeout, check=False)
         data = _last_json(result.stdout)
         if data is None or not data.get("success", False):
-            raise FederationError(
-                f"`flwr {' '.join(args[:2])}` failed (exit {result.returncode}): {_cli_error(result)}"
-            )
+            raise FederationError(f"`flwr {' '.join(args[:2])}` failed (exit {result.returncode}): {self._why(result)}")
         return data
 
     # SuperNodes
@@ -748,23 +828,49 @@ def register_hospitals(cli: FlwrCli, kit: Kit, record: Path, names: Iterable[str
     """Register the kit's hospitals (all, or ``names``) with the SuperLink; ``name -> node id``.
 
     The SuperLink keeps registrations in its database and refuses a key twice ("Public key already in use"),
-    and ``flwr supernode list`` shows neither names nor keys; so the ids are kept in ``record`` (a JSON file
-    next to the SuperLink's database) and a hospital found there is not registered again. Safe to call after
-    every start of the same SuperLink database.
+    and ``flwr supernode list`` shows neither names nor keys; so the ids, with the sha256 of each registered
+    public key, are kept in ``record`` (a JSON file next to the SuperLink's database) and a hospital found there
+    with the same key is not registered again. Called for the whole kit (``names=None``: every start of
+    ``gastric-fl federation server``), it also reconciles: a registered key that the kit no longer holds (a
+    hospital removed, or its key rotated by ``init --overwrite`` or by hand) is unregistered, so the old key is
+    refused from then on, and the kit's new key is registered. Safe to call after every start.
     """
-    known: dict[str, int] = {}
+    known: dict[str, dict[str, Any]] = {}
     if record.is_file():
-        with contextlib.suppress(OSError, ValueError, TypeError):
-            known = {str(k): int(v) for k, v in json.loads(record.read_text(encoding="utf-8")).items()}
-    wanted = [b.name for b in kit.hospitals] if names is None else list(names)
-    status = cli.node_status() if any(n in known for n in wanted) else {}
-    for name in wanted:
-        if name in known and status.get(known[name], "unregistered") != "unregistered":
-            continue
-        known[name] = cli.register_supernode(kit.public_key(name), name)
+        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+            for name, value in json.loads(record.read_text(encoding="utf-8")).items():
+                entry = value if isinstance(value, dict) else {"node_id": value}  # the older format: id only
+                known[str(name)] = {"node_id": int(entry["node_id"]), "key_sha256": entry.get("key_sha256")}
+    in_kit = {b.name for b in kit.hospitals}
+    wanted = sorted(in_kit) if names is None else list(names)
+    keys = {n: hashlib.sha256(kit.public_key(n).read_bytes()).hexdigest() for n in wanted}
+    status = cli.node_status() if known else {}
+
+    def save() -> None:
         record.parent.mkdir(parents=True, exist_ok=True)
         record.write_text(json.dumps(known, indent=1, sort_keys=True), encoding="utf-8")
-    return {n: known[n] for n in wanted}
+
+    stale = [
+        n
+        for n, entry in known.items()
+        if (names is None and n not in in_kit)
+        or (n in keys and entry["key_sha256"] is not None and entry["key_sha256"] != keys[n])
+    ]
+    for name in stale:
+        if status.get(known[name]["node_id"], "unregistered") != "unregistered":
+            cli.unregister_supernode(known[name]["node_id"])
+        del known[name]
+        save()
+    for name in wanted:
+        mine = known.get(name)
+        if mine is not None and status.get(mine["node_id"], "unregistered") != "unregistered":
+            if mine["key_sha256"] is None:  # recorded before keys were: remember the key it was registered with
+                mine["key_sha256"] = keys[name]
+                save()
+            continue
+        known[name] = {"node_id": cli.register_supernode(kit.public_key(name), name), "key_sha256": keys[name]}
+        save()
+    return {n: int(known[n]["node_id"]) for n in wanted}
 
 
 # -- a whole deployment on one machine -------------------------------------------------------------------------------
@@ -777,8 +883,10 @@ class NodeSpec:
 
 
 class LocalDeployment:
-    """A whole TLS + SuperNode-authenticated deployment on this machine: the kit's SuperLink, and one SuperNode per
-    entry of ``nodes`` (registered with its public key from the kit, then started), ready once all are online.
+    """A whole TLS + SuperNode-authenticated deployment on this machine: the kit's SuperLink on loopback behind the
+    gate (``FleetGate``: the hospitals' only way in, the Fleet API alone; ``gate=False``: the SuperLink itself on
+    ``host:port``), and one SuperNode per entry of ``nodes`` (registered with its public key from the kit, then
+    started), ready once all are online.
 
     ::
 
@@ -800,6 +908,7 @@ class LocalDeployment:
         port: int | None = None,
         online_timeout: float = 120.0,
         ready_timeout: float = 90.0,
+        gate: bool = True,
     ) -> None:
         self.kit = kit if isinstance(kit, Kit) else Kit.load(kit)
         self.nodes = [n if isinstance(n, NodeSpec) else NodeSpec(n[0], dict(n[1])) for n in nodes]
@@ -807,8 +916,15 @@ class LocalDeployment:
             self.kit.hospital(spec.name)
         self.workdir = Path(workdir).resolve()
         self.online_timeout = online_timeout
-        self.superlink = SuperLink.from_kit(self.kit, self.workdir, host=host, port=port)
+        self.gate: FleetGate | None = None
+        if gate:
+            # the SuperLink on loopback; hospitals reach only the gate, which passes the Fleet API alone
+            self.superlink = SuperLink.from_kit(self.kit, self.workdir, host="127.0.0.1")
+            self.gate = FleetGate(self.kit, self.workdir, upstream_port=self.superlink.port, host=host, port=port)
+        else:
+            self.superlink = SuperLink.from_kit(self.kit, self.workdir, host=host, port=port)
         self.superlink.ready_timeout = ready_timeout
+        # the operator's CLI talks to the SuperLink itself (Control API), on this machine
         self.cli = FlwrCli(self.workdir / "flwr-cli", self.superlink.address, self.kit.ca_cert)
         self.supernodes: dict[str, SuperNode] = {}
         self.node_ids: dict[str, int] = {}
@@ -818,14 +934,16 @@ class LocalDeployment:
 
     @property
     def address(self) -> str:
-        """The SuperLink's ``HOST:PORT``."""
-        return self.superlink.address
+        """``HOST:PORT`` the SuperNodes dial: the gate's (or, without one, the SuperLink's)."""
+        return self.gate.address if self.gate is not None else self.superlink.address
 
     # lifecycle
     def start(self) -> Self:
         """Start the SuperLink, register and start every SuperNode, wait until all are online."""
         began = time.monotonic()
         self.superlink.start()
+        if self.gate is not None:
+            self.gate.start()
         self.timings["superlink_healthy"] = float(self.superlink.started_in or 0.0)
         online_began = time.monotonic()
         for spec in self.nodes:
@@ -841,7 +959,11 @@ class LocalDeployment:
             for node in list(self.supernodes.values()):
                 node.stop(grace=2.0)
         finally:
-            self.superlink.stop()
+            try:
+                if self.gate is not None:
+                    self.gate.stop()
+            finally:
+                self.superlink.stop()
 
     def __enter__(self) -> Self:
         self._signals = terminate_as_interrupt()
@@ -978,7 +1100,7 @@ class LocalDeployment:
 
     def process_groups(self) -> set[int]:
         """Every process group started here (SuperLink, SuperNodes and their helpers' groups)."""
-        groups = self.superlink.groups
+        groups = self.superlink.groups | (self.gate.groups if self.gate is not None else set())
         for node in self.supernodes.values():
             groups |= node.groups
         return groups

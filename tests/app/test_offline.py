@@ -19,9 +19,9 @@ import pytest
 from federation import OFFLINE_ENV
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "federation"))
-from fl_tiny_dataset import TINY_SETTINGS, make_dataset  # noqa: E402
+from fl_tiny_dataset import TINY_SETTINGS, make_dataset
 
-TRAP = '''
+TRAP = """
 import os, socket
 _LOG = os.environ["OUTBOUND_TRAP_LOG"]
 _LOOPBACK = {"127.0.0.1", "::1", "localhost", "0.0.0.0", ""}
@@ -44,10 +44,12 @@ def connect(self, address):
         _note(address[0])
     return _connect(self, address)
 socket.socket.connect = connect
-'''
+"""
 
 
-def trapped_run(tmp_path: Path, argv: list[str], *, keep_env: bool = False) -> tuple[subprocess.CompletedProcess[str], str]:
+def trapped_run(
+    tmp_path: Path, argv: list[str], *, keep_env: bool = False
+) -> tuple[subprocess.CompletedProcess[str], str]:
     trap = tmp_path / "trap"
     trap.mkdir(exist_ok=True)
     (trap / "sitecustomize.py").write_text(TRAP)
@@ -73,7 +75,18 @@ def test_no_entry_point_contacts_anything_but_loopback(tmp_path: Path, entry: st
     if entry == "train":
         data = make_dataset(tmp_path / "tiny")
         sets = [a for s in (*TINY_SETTINGS, "run.rounds=1") for a in ("--set", s)]
-        argv = [sys.executable, "-m", "app.cli", "train", "--data", str(data), "--out", str(tmp_path / "run"), "-q", *sets]
+        argv = [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "train",
+            "--data",
+            str(data),
+            "--out",
+            str(tmp_path / "run"),
+            "-q",
+            *sets,
+        ]
     else:
         builder = "client_app" if entry == "clientapp" else "server_app"
         code = f"import federation.client, federation.flower.apps as a; a.{builder}()"

@@ -154,7 +154,10 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
         dep.start()
         out_file = root / "echo.json"
         submitted_at = time.monotonic()
-        run_id = dep.submit_run(ECHO_APP, {"out-file": str(out_file), "num-nodes": 2, "connect-timeout": 60.0})
+        run_id = dep.submit_run(
+            ECHO_APP,
+            {"out-file": str(out_file), "num-nodes": 2, "connect-timeout": 60.0, "canary": str(root / "canary")},
+        )
         rogue = dep.add_supernode("rogue", {"partition-id": 7}, register=False, wait=False)
         plain = dep.add_supernode(
             "plain", {"partition-id": 8}, register=False, insecure=True, authenticate=False, max_retries=1, wait=False
@@ -198,18 +201,21 @@ def test_supernode_without_tls_is_refused(deployed: Deployed) -> None:
 
 
 @pytest.mark.slow
-def test_echo_run_over_tls_with_authenticated_supernodes(deployed: Deployed) -> None:
+def test_a_run_carrying_foreign_code_is_refused_at_every_hospital(deployed: Deployed) -> None:
+    """The echo app reaches both authenticated hospitals over TLS, and both refuse it: their executor never installs
+    or imports a run's app (federation.flower.executor), so its canary file is never written."""
     dep = deployed.dep
     status = dep.wait_run(deployed.run_id, timeout=180, poll=0.5)
     round_trip = time.monotonic() - deployed.submitted_at
     assert status == "finished:completed", dep.cli.run_log(deployed.run_id)
     result = json.loads(deployed.out_file.read_text())
-    assert result["errors"] == []
     assert result["connected"] == 2  # neither the unregistered nor the plain-HTTP SuperNode got in
-    configs = sorted((r["node-config"] for r in result["replies"]), key=lambda c: c["partition-id"])
-    assert [c["partition-id"] for c in configs] == [0, 1]
-    assert {r["node-id"] for r in result["replies"]} == set(dep.node_ids.values())
-    assert configs[1]["hospital-dir"].endswith("h 1")  # node config values with spaces survive
+    assert result["replies"] == []
+    assert len(result["errors"]) == 2
+    for error in result["errors"]:
+        assert "refused by the hospital: the run carries the app 'gastric-fl/gastric-fl-echo'" in error
+    assert {int(e.split(":", 1)[0]) for e in result["errors"]} == set(dep.node_ids.values())
+    assert not (deployed.out_file.parent / "canary").exists()
     print(f"\ntimings: {dep.timings}, echo round trip {round_trip:.1f} s")  # shown with -s
 
 

@@ -1,5 +1,7 @@
 """Echo app for the deployment tests: one QUERY to every SuperNode, whose reply is its ``node_config``.
 
+To a hospital it is foreign code: its ClientApp writes a canary file first, so a test can show it never ran there.
+
 Flower 1.41 Message API (``flwr.app``, ``flwr.serverapp``, ``flwr.clientapp``). The ServerApp waits until
 ``num-nodes`` SuperNodes are connected, sends each one QUERY through ``grid.send_and_receive`` with a timeout
 (Flower's default message TTL is 12 h), and writes ``{"replies": [...], "errors": [...]}`` as JSON to ``out-file``.
@@ -46,5 +48,9 @@ def main(grid: Grid, context: Context) -> None:
 
 @client.query()
 def query(msg: Message, context: Context) -> Message:
-    """Answer with this SuperNode's ``node_config`` (``flower-supernode --node-config``)."""
+    """Answer with this SuperNode's ``node_config`` (``flower-supernode --node-config``); first write the canary
+    file the run names: if this code ever runs at a hospital, the file exists."""
+    canary = str(context.run_config.get("canary", ""))
+    if canary:
+        Path(canary).write_text(f"foreign code ran at node {context.node_id}", encoding="utf-8")
     return Message(RecordDict({"node": ConfigRecord(dict(context.node_config))}), reply_to=msg)
