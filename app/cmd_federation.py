@@ -122,7 +122,10 @@ def hospital(
     data: Path = typer.Option(..., "--data", help="This hospital's prepared dataset (gastric-fl prepare)."),
     bundle: Path = typer.Option(..., "--bundle", help="This hospital's hand-over folder from the kit."),
     client: int | None = typer.Option(
-        None, "--client", help="Which client of --data is this hospital (default: the only one, or its kit index)."
+        None,
+        "--client",
+        help="Which client of --data holds this hospital's tiles (default: the only one, or its kit index); "
+        "its index in the federation is always its bundle's.",
     ),
     state: Path = typer.Option(
         Path("data/federation/hospital"), "--state", help="Where this hospital keeps one folder per run."
@@ -146,12 +149,15 @@ def hospital(
     loaded = load_bundle(bundle)
     rows = read_manifest(data)
     present = manifest_clients(rows)
-    chosen = client if client is not None else present[0] if len(present) == 1 else loaded.index
-    check_clients(data, rows, [chosen])
+    # its identity in the federation is its bundle's index; its tiles are its own dataset's only client (prepare
+    # --clients 1), or, in a dataset of several hospitals (a simulation's), --client (default: that same index)
+    own = client if client is not None else present[0] if len(present) == 1 else loaded.index
+    check_clients(data, rows, [own])
     state = state.resolve()
     node_config: dict[str, str | int] = {
         "partition-id": loaded.index,
-        "client": chosen,
+        "client": loaded.index,
+        "data-client": own,
         "data-path": str(data.resolve()),
         "hospital-dir": str(state / "runs"),
         **({"policy": str(policy.resolve())} if policy is not None else {}),
@@ -159,7 +165,8 @@ def hospital(
     node = SuperNode.from_bundle(loaded, node_config, state / "supernode", superlink=superlink)
     with node:
         typer.echo(
-            f"{loaded.name}: SuperNode for client {chosen} of {data}, dialing {superlink or loaded.superlink}; "
+            f"{loaded.name}: SuperNode of hospital {loaded.index} (tiles: client {own} of {data}), dialing "
+            f"{superlink or loaded.superlink}; "
             f"runs kept in {state / 'runs'}; log {node.log_path}; {rules.source}: methods "
             f"{', '.join(rules.methods)}, at least {rules.min_nhead} head unit(s) stay; what left is recorded in "
             f"{state / 'runs' / 'outbound.jsonl'} (gastric-fl federation audit --state {state})"
@@ -195,6 +202,11 @@ def demo(
     overrides: list[str] = typer.Option([], "--set", help="Override one setting (repeatable), as in train."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it holds a run."),
     keep: bool = typer.Option(False, "--keep", help="Keep the kit and the logs beside the run (<out>.deployment)."),
+    policy: Path | None = typer.Option(
+        None,
+        "--policy",
+        help="Every hospital's policy file (default: the safe defaults; configs/hospital_policy.toml).",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """The whole deployment on 127.0.0.1 (TLS, SuperNode authentication), one run, then everything torn down."""
@@ -206,7 +218,7 @@ def demo(
     cfg = load_config(config, extra, data)
     typer.echo(f"run directory: {out}", err=True)
     try:
-        summary = run_demo(cfg, out, overwrite=overwrite, progress=not quiet, keep=keep)
+        summary = run_demo(cfg, out, overwrite=overwrite, progress=not quiet, keep=keep, policy=policy)
     except RunStopped as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(130) from exc

@@ -315,3 +315,47 @@ def to_tensor(images: np.ndarray, device: torch.device | str = "cpu") -> torch.T
     """``uint8`` (B, S, S, C) -> normalised ``float32`` (B, C, S, S) on ``device`` (`models.preprocess.normalise`
     with the default statistics for C channels, the ones every model card records)."""
     return normalise(images, *default_stats(images.shape[3]), device)
+
+
+def extract_hospital(dataset: str | Path, client: int, out: Path) -> Path:
+    """Hospital ``client``'s part of a prepared dataset of several hospitals, as a dataset of its own: its rows only
+    (renumbered client 0), its tiles (hard links where the file system allows, else copies) and ``prepare.json``
+    with only its own entry. What a hospital holds when it prepared only its own slides (``prepare --clients 1``);
+    the loopback deployment (``federation demo``) gives each hospital such a dataset, so that none holds another's
+    tile paths, slide names or labels. ``out`` must not exist."""
+    source = Path(dataset)
+    rows, classes = read_dataset(source)
+    check_clients(source, rows, [client])
+    with (source / "manifest.csv").open(newline="", encoding="utf-8-sig") as handle:
+        reader = csv.DictReader(handle)
+        fields = list(reader.fieldnames or [])
+        records = [r for r in reader if int(r["client"]) == client]
+    out.mkdir(parents=True)
+    for record in records:
+        target = out / record["path"]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(source / record["path"], target)
+        except OSError:
+            target.write_bytes((source / record["path"]).read_bytes())
+        record["client"] = "0"
+    with (out / "manifest.csv").open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(records)
+    # prepare.json as prepare wrote it (settings, tile grid, versions), its per-client entries cut to this one
+    try:
+        record = json.loads((source / PREPARE_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        record = {}
+    if not isinstance(record, dict):
+        record = {}
+    entries = record.get("clients")
+    if isinstance(entries, list):
+        record["clients"] = [
+            {**e, "client": 0} for e in entries if isinstance(e, dict) and str(e.get("client")) == str(client)
+        ]
+    record["classes"] = list(classes)
+    record["extracted_from"] = {"dataset": str(source.resolve()), "client": client}
+    (out / PREPARE_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return out

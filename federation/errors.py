@@ -5,3 +5,7 @@ class FederationError(ValueError):
     """Bad configuration, data or run state; the CLI prints it as one line and exits 2."""
 
     user_facing = True
+
+
+class Interrupted(Exception):
+    """The process was asked to stop (SIGTERM): never turned into one hospital's failure, always unwinds the run."""

@@ -7,4 +7,6 @@ bash scripts/setup.sh
 .venv/bin/ruff format --check .
 .venv/bin/mypy
 bash scripts/install_browser.sh  # Debian chromium for the dashboard browser test (tests/app, -m browser)
+# Debian nginx-light: the server gate that the deployment tests start (federation.flower.gate)
+bash scripts/apt_install.sh nginx-light nginx "the deployment tests and gastric-fl federation server"
 .venv/bin/python -m pytest "$@"

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from federation.data import CLASS_NAME
-from federation.engine.codec import Envelope
+from federation.engine.codec import Envelope, envelope_digest
 
 AUDIT_FILE = "messages.jsonl"
 # Header fields a hospital may send: identity, counts, scalar metrics, timing, a failure's one-line reason, and
@@ -48,6 +48,7 @@ def describe(direction: str, envelope: Envelope) -> dict[str, Any]:
         "direction": direction,
         "kind": header.get("kind"),
         "client": header.get("client"),
+        "sha256": envelope_digest(envelope),
         "header": {k: v for k, v in header.items() if k != "config_toml"},
         "tensors": {
             name: {

@@ -13,6 +13,7 @@ header says so and it travels once) and ``second_moment/<key>`` (Adam's ``v_hat`
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Mapping
@@ -196,6 +197,17 @@ def to_bytes(envelope: Envelope) -> bytes:
     head = json.dumps(header, allow_nan=False).encode("utf-8")
     body = st_save(_unshared(tensors)) if tensors else b""
     return len(head).to_bytes(8, "little") + head + body
+
+
+def envelope_digest(envelope: Envelope) -> str:
+    """sha256 of one envelope in a canonical form (header keys sorted, then the safetensors body): the same on both
+    sides of any transport, so a hospital's record of what it sent (``federation.engine.outbound``) can be matched
+    with what the server received (``run.audit``'s ``messages.jsonl``)."""
+    header, tensors = envelope
+    digest = hashlib.sha256(json.dumps(header, allow_nan=False, sort_keys=True).encode("utf-8"))
+    if tensors:
+        digest.update(st_save(_unshared(dict(sorted(tensors.items())))))
+    return digest.hexdigest()
 
 
 def _unshared(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -64,7 +64,7 @@ from federation.engine.policy import (
     check_recipe,
     check_tensors,
 )
-from federation.errors import FederationError
+from federation.errors import FederationError, Interrupted
 from federation.runs import PREDICTIONS_FILE, now_iso, prediction_columns, read_json, write_json, write_predictions
 from federation.strategies.common import resolved_nhead
 from models import ModelError, create_model, head_keys, split_units
@@ -98,6 +98,8 @@ class Site:
 
     ``per_run``: the folder of run ``R`` is ``root / R`` (a deployed hospital keeps one folder per run);
     otherwise ``root`` itself (the in-process engines give each run's hospitals their own folder).
+    ``rows``: the client of ``dataset`` whose tiles are this hospital's, when it differs from its index in the
+    federation (``client``); a deployed hospital with a dataset of its own slides only reads client 0.
     ``policy``: the hospital's own rules (``federation.engine.policy``); ``None`` where one operator runs the
     server and every hospital (the in-process engines): ``HospitalPolicy.operator`` of the run's configuration.
     The hospital's outbound log (``federation.engine.outbound``) is ``root / outbound.jsonl``.
@@ -108,6 +110,14 @@ class Site:
     root: Path
     per_run: bool = False
     policy: HospitalPolicy | None = None
+    rows: int | None = None
+
+    @property
+    def data_client(self) -> int:
+        """Which client's rows of ``dataset`` are this hospital's tiles: ``rows``, else ``client``. A hospital that
+        prepared only its own slides (``prepare --clients 1``) reads client 0's rows while its identity in the
+        federation (``client``) comes from its kit bundle."""
+        return self.client if self.rows is None else self.rows
 
     def folder(self, run_id: str) -> Path:
         check_run_id(run_id)
@@ -167,6 +177,8 @@ class Hospital:
         header = envelope[0] if isinstance(envelope, tuple) and envelope and isinstance(envelope[0], dict) else {}
         try:
             message = decode(envelope)
+        except Interrupted:
+            raise
         except Exception as exc:  # a malformed message from the other side: say so, never crash
             reply: Message = Failure(
                 self.site.client, f"hospital {self.site.client} cannot read the message: {_first_line(exc)}"
@@ -200,6 +212,8 @@ class Hospital:
         except OSError as exc:  # its folder is full, read-only, gone: this hospital cannot take part now
             where = exc.filename if exc.filename is not None else self.site.root
             return Failure(self.site.client, f"hospital {self.site.client} cannot write {where}: {exc.strerror or exc}")
+        except Interrupted:  # the whole process was asked to stop: not this hospital's failure
+            raise
         except SafetensorError as exc:  # safetensors' own error for a failed write (a full disk, for one)
             self._loaded = None
             return Failure(
@@ -220,9 +234,9 @@ class Hospital:
         # parsed to refuse, before round 1, a configuration this installation cannot run or its policy refuses
         config = config_from_text(message.config_toml, f"run {message.run_id} configuration")
         check_config(self._policy(config), config)
-        dataset, client = self.site.dataset, self.site.client
+        dataset, client, own = self.site.dataset, self.site.client, self.site.data_client
         rows, classes = read_dataset(dataset)
-        check_clients(dataset, rows, [client])
+        check_clients(dataset, rows, [own])
         digest = manifest_sha256(dataset)
         folder = self.site.folder(message.run_id)
         self._remove_temp_files(folder)
@@ -260,7 +274,7 @@ class Hospital:
             },
         )
         self._loaded = None
-        mine = [r for r in rows if r.client == client]
+        mine = [r for r in rows if r.client == own]
         num_train = sum(1 for r in mine if r.split == "train")
         return HelloReply(client, num_train, sum(1 for r in mine if r.split == "test"), classes)
 
@@ -335,7 +349,8 @@ class Hospital:
             raise FederationError(f"hospital {self.site.client}: its reply would carry other tensors than agreed")
         self._save(loaded, task.server_round, TRAINED)
         evaluation = self._evaluate(loaded, client, task.server_round, None) if task.evaluate else None
-        return dataclasses.replace(reply, seconds=seconds, evaluation=evaluation)
+        # the reply names the hospital by its federation index (its tiles may be client 0 of its own dataset)
+        return dataclasses.replace(reply, client=self.site.client, seconds=seconds, evaluation=evaluation)
 
     def evaluate(self, task: EvaluateTask) -> EvaluateReply:
         if task.client != self.site.client:
@@ -387,7 +402,7 @@ class Hospital:
         self._save(loaded, server_round, EVALUATED)
         self._export(loaded, server_round)
         metrics: dict[str, float | None] = {"loss": result.loss, "acc": result.acc, "auc": result.auc}
-        return EvaluateReply(data.client, data.num_test, metrics, seconds)
+        return EvaluateReply(self.site.client, data.num_test, metrics, seconds)
 
     # -- state -----------------------------------------------------------------------------------------------------
     def _load(self, run_id: str) -> _Loaded:
@@ -403,10 +418,11 @@ class Hospital:
         check_config(policy, config)  # the policy may have changed since the Hello
         if config.run.threads > 0:
             torch.set_num_threads(config.run.threads)
-        data = load_clients(self.site.dataset, config.data.input_size, config.model.in_chans, [self.site.client])
-        model = create_model(config.model.name, len(data[self.site.client].classes), config.model.in_chans)
+        own = self.site.data_client
+        data = load_clients(self.site.dataset, config.data.input_size, config.model.in_chans, [own])
+        model = create_model(config.model.name, len(data[own].classes), config.model.in_chans)
         keys = agreed_shared_keys(config, model)
-        self._loaded = _Loaded(run_id, config, data[self.site.client], model, policy, keys)
+        self._loaded = _Loaded(run_id, config, data[own], model, policy, keys)
         return self._loaded
 
     def _client(self, loaded: _Loaded) -> Client:
@@ -493,7 +509,7 @@ class Hospital:
             config=loaded.config,
             model=loaded.model,
             dataset=self.site.dataset,
-            client=self.site.client,
+            client=self.site.data_client,
             grayscale=loaded.data.grayscale,
             classes=loaded.data.classes,
             run_id=loaded.run_id,

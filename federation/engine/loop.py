@@ -65,7 +65,7 @@ from federation.engine.audit import AUDIT_FILE, AuditLog
 from federation.engine.codec import Message
 from federation.engine.common import NUM_CLASSES, derive_seed, initial_state, resolve_config
 from federation.engine.pools import Pool
-from federation.errors import FederationError
+from federation.errors import FederationError, Interrupted
 from federation.jsonl import DamagedLine, read_jsonl, scan_jsonl
 from federation.processes import process_start_time
 from federation.progress import RoundProgress, now, write_progress
@@ -99,7 +99,7 @@ from pipeline.outputs import OutputError, claim_output, os_error_message, owned_
 PoolFactory = Callable[[], Pool]
 
 
-class RunStopped(Exception):
+class RunStopped(Interrupted):
     """The run was interrupted (Ctrl-C or SIGTERM); ``summary.json`` says ``stopped``."""
 
 
@@ -546,19 +546,7 @@ class Engine:
                 if isinstance(reply, Failure) and reply.silent:
                     silent.add(c)
         if instructions and not trained:
-            reasons = "; ".join(f"hospital {c}: {r}" for c, r in left_out.items())
-            if all(_diverged(r) for r in left_out.values()):
-                # a resumed run keeps client.lr, so --resume cannot fix a divergence: say what does
-                raise FederationError(
-                    f"round {server_round}: no hospital sent a usable update ({reasons}); the training diverged "
-                    f"(client.lr is {config.client.lr}): start a new run with a lower client.lr, e.g. gastric-fl "
-                    f"train --config {self.run_dir / CONFIG_FILE} --set client.lr={config.client.lr / 100:g} "
-                    "--out NEW_RUN"
-                )
-            raise FederationError(
-                f"round {server_round}: no hospital sent a usable update ({reasons}); "
-                f"fix the cause, then continue with gastric-fl train --resume {self.run_dir}"
-            )
+            raise self._no_round(server_round, "sent a usable update", left_out)
         received = {c: count_reply_values(t) for c, t in trained.items()}
         self._progress(server_round, "aggregating", len(trained))
         record = self.strategy.aggregate_train(server_round, trained)
@@ -584,8 +572,7 @@ class Engine:
                 left_out[str(c)] = f"{left_out[str(c)]}; " if str(c) in left_out else ""
                 left_out[str(c)] += f"evaluation: {reason}"
         if not evaluated:
-            reasons = "; ".join(f"hospital {c}: {r}" for c, r in left_out.items())
-            raise FederationError(f"round {server_round}: no hospital could evaluate ({reasons})")
+            raise self._no_round(server_round, "could evaluate", left_out)
         for who, why in left_out.items():
             self._note(f"round {server_round}: hospital {who} left out ({why})")
         seconds = time.perf_counter() - start
@@ -636,6 +623,23 @@ class Engine:
             seconds_per_round=per_round,
             eta_seconds=per_round * (config.run.rounds - server_round),
             **figures,
+        )
+
+    def _no_round(self, server_round: int, what: str, left_out: Mapping[str, str]) -> FederationError:
+        """The one line that stops a run when no hospital ``what`` in ``server_round``, with what to do."""
+        config = self.config
+        reasons = "; ".join(f"hospital {c}: {r}" for c, r in left_out.items())
+        if left_out and all(_diverged(r) for r in left_out.values()):
+            # a resumed run keeps client.lr, so --resume cannot fix a divergence: say what does
+            return FederationError(
+                f"round {server_round}: no hospital {what} ({reasons}); the training diverged "
+                f"(client.lr is {config.client.lr}): start a new run with a lower client.lr, e.g. gastric-fl "
+                f"train --config {self.run_dir / CONFIG_FILE} --set client.lr={config.client.lr / 100:g} "
+                "--out NEW_RUN"
+            )
+        return FederationError(
+            f"round {server_round}: no hospital {what} ({reasons}); "
+            f"fix the cause, then continue with gastric-fl train --resume {self.run_dir}"
         )
 
     def _train_problem(self, client: int, reply: Message, fisher: bool) -> str | None:

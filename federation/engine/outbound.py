@@ -3,9 +3,10 @@
 Every reply a hospital sends is described in ``outbound.jsonl`` in the hospital's state folder *before* it
 leaves (``Hospital.answer``): the time, the run, the round, what was asked and what was answered, every tensor's
 name, shape and dtype, how many values left, the scalars (example counts, metrics, a refusal's reason) and the
-sha256 of the reply's canonical bytes (``federation.engine.codec.to_bytes``, the same bytes whatever the
-transport: the server can hash what it received and compare). A reply whose record cannot be written does not
-leave: the hospital answers with a data-free ``Failure`` instead.
+sha256 of the reply in a canonical form (``federation.engine.codec.envelope_digest``, the same whatever the
+transport: the server's ``messages.jsonl`` (``run.audit``) records the same digest of each reply it received, so
+the two records can be matched). A reply whose record cannot be written does not leave: the hospital answers with
+a data-free ``Failure`` instead.
 
 Each line carries ``prev``, the sha256 of the line before it (the first line: 64 zeros), so that a line edited,
 removed or inserted later breaks the chain at a named line; ``read_outbound`` finds it and
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from federation.engine.codec import Envelope, to_bytes
+from federation.engine.codec import Envelope, envelope_digest
 from federation.errors import FederationError
 
 OUTBOUND_FILE = "outbound.jsonl"
@@ -68,7 +69,7 @@ def describe_reply(request: Mapping[str, Any], reply: Envelope) -> dict[str, Any
         "scalars": _finite({k: v for k, v in header.items() if k not in ("kind", "client", "reason")}),
         **({"reason": reason} if reason is not None else {}),
         "refused": isinstance(reason, str) and reason.startswith(REFUSED_PREFIX),
-        "sha256": hashlib.sha256(to_bytes(reply)).hexdigest(),
+        "sha256": envelope_digest(reply),
     }
 
 

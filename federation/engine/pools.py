@@ -34,7 +34,7 @@ import torch
 from federation.contract import EvaluateTask, Failure, Hello, TrainTask
 from federation.engine.codec import Envelope, Message, decode, encode, from_bytes, to_bytes
 from federation.engine.hospital import Hospital, Site
-from federation.errors import FederationError
+from federation.errors import FederationError, Interrupted
 
 Observer = Callable[[str, Envelope], None]
 TO_HOSPITAL, FROM_HOSPITAL = "to_hospital", "from_hospital"
@@ -100,6 +100,8 @@ class Pool:
         """A reply decoded, or a ``Failure`` naming why it cannot be read (the server never crashes on a reply)."""
         try:
             return self._receive(envelope)
+        except Interrupted:
+            raise
         except Exception as exc:
             text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             return Failure(client, f"its reply cannot be read ({type(exc).__name__}: {text})")

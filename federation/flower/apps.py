@@ -177,6 +177,7 @@ def hospital_site(node_config: Mapping[str, Any], run_config: Mapping[str, Any])
             f"the SuperNode's --node-config lacks {exc.args[0]!r}: start it with gastric-fl federation hospital"
         ) from exc
     client = int(node_config.get("client", node_config.get("partition-id", 0)))
+    rows = node_config.get("data-client")  # its tiles' client in its own dataset, when not its federation index
     # per-run (default): one folder per run under hospital-dir; false: hospital-dir is this run's folder (the demo,
     # which keeps each hospital's folder inside the run as the local engine does)
     per_run = str(node_config.get("per-run", "true")).lower() not in ("false", "0", "no")
@@ -184,7 +185,9 @@ def hospital_site(node_config: Mapping[str, Any], run_config: Mapping[str, Any])
     # never anything the run carries
     policy_file = str(node_config.get("policy", ""))
     policy = load_policy(Path(policy_file) if policy_file else None)
-    return Site(dataset, client, root, per_run=per_run, policy=policy)
+    return Site(
+        dataset, client, root, per_run=per_run, policy=policy, rows=None if rows in (None, "") else int(str(rows))
+    )
 
 
 def client_app() -> ClientApp:

@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from federation.config import RunConfig
+from federation.data import extract_hospital
 from federation.engine import local_sites, resolve_config
 from federation.engine.hospital import hospital_folder
+from federation.engine.policy import load_policy
 from federation.flower.kit import hospital_name, init_kit
 from federation.flower.processes import LocalDeployment, NodeSpec
 from federation.flower.runner import run_config, submit_and_follow
@@ -37,26 +39,34 @@ def run_demo(
     progress: bool = True,
     keep: bool = False,
     during: Callable[[LocalDeployment], Any] | None = None,
+    policy: Path | None = None,
 ) -> dict[str, Any]:
     """Deploy on loopback, run ``config`` into ``run_dir`` and tear down; returns the run's summary plus the
     deployment's start-up ``timings`` (seconds). ``during`` is called with the live deployment right after the run
-    is submitted (the tests use it to kill a SuperNode or stop the SuperLink mid-run)."""
+    is submitted (the tests use it to kill a SuperNode or stop the SuperLink mid-run). ``policy``: every hospital's
+    policy file (``federation.engine.policy``; default: the safe defaults)."""
     config = resolve_config(config)
+    if policy is not None:
+        load_policy(policy)  # a bad file is one line before anything starts
     check_input_size(config.model.name, config.data.input_size)
     sites = local_sites(config, run_dir)
     names = [hospital_name(s.client) for s in sites]
     work = run_dir.parent / f"{run_dir.name}.deployment" if keep else Path(tempfile.mkdtemp(prefix="gastric-fl-demo-"))
     try:
         kit = init_kit(work / "kit", names, host="127.0.0.1", overwrite=True)
+        shutil.rmtree(work / "data", ignore_errors=True)  # this command's own copies of an earlier demo
         nodes = [
             NodeSpec(
                 hospital_name(s.client),
                 {
                     "partition-id": i,
                     "client": s.client,
-                    "data-path": str(Path(s.dataset).resolve()),
+                    "data-client": 0,
+                    # each hospital holds only its own slides: its part of the dataset, as a dataset of its own
+                    "data-path": str(extract_hospital(s.dataset, s.client, work / "data" / hospital_name(s.client))),
                     "hospital-dir": str(hospital_folder(run_dir, s.client).resolve()),
                     "per-run": False,
+                    **({"policy": str(Path(policy).resolve())} if policy is not None else {}),
                 },
             )
             for i, s in enumerate(sites)

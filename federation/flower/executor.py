@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 APP_ID = "gastric-fl/gastric-fl-federation"  # publisher/name of federation/flower/fab/pyproject.toml
 AUTH_METHODS = frozenset({"/flwr.proto.Runtime/AcquireTask"})  # what Flower's own SuperExec authenticates
 POLL_SECONDS = 0.05  # between two empty task requests to the SuperNode on 127.0.0.1 (Flower's SuperExec: 1 s)
+PULL_SECONDS = 120.0  # at most, to pull one message's content: a stale task (its run ended) must not hold the hospital
 REFUSED = "refused by the hospital"
 
 
@@ -124,7 +125,7 @@ class HospitalExecutor:
         from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
         from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
         from flwr.supercore.runtime import RuntimeHttpClient
-        from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
+        from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
         client = RuntimeHttpClient.from_server_address(
             server_address=self.address,
@@ -141,7 +142,7 @@ class HospitalExecutor:
         context = None
         status, details = SubStatus.FAILED, "the hospital executor failed"
         try:
-            message, context, run, _fab = pull_task_input(client)  # the FAB is received, never installed
+            message, context, run = self.pull_task_input(client)  # the FAB is never read, let alone installed
             reply = self.reply(message, context, run.fab_id)
             push_message(client, reply, context)
             status, details = SubStatus.COMPLETED, ""
@@ -158,6 +159,44 @@ class HospitalExecutor:
                 if heartbeat.is_running:
                     heartbeat.stop()
                 client.close()
+
+    @staticmethod
+    def pull_task_input(client: Any) -> tuple[Message, Context, Any]:
+        """The task's message, context and run, as Flower's ``run_clientapp.pull_task_input`` pulls them, but with
+        the message's content pulled for at most ``PULL_SECONDS`` (Flower's own waits for hours, and a task whose
+        run ended while the server was down would hold this one executor, and so the hospital, all that time);
+        the FAB that comes with the task is not even read."""
+        from flwr.app import Message
+        from flwr.common.serde import context_from_proto, run_from_proto
+        from flwr.proto.node_pb2 import Node
+        from flwr.proto.runtime_pb2 import PullAppMessagesRequest, PullTaskInputRequest
+        from flwr.supercore.inflatable.inflatable_protobuf_utils import (
+            make_confirm_message_received_fn_protobuf,
+            make_pull_object_fn_protobuf,
+        )
+        from flwr.supercore.inflatable.inflatable_utils import pull_and_inflate_object_from_tree
+        from flwr.supercore.task_identity import TaskIdentity
+
+        res = client.PullTaskInput(PullTaskInputRequest())
+        TaskIdentity.task_id = res.task_id
+        TaskIdentity.run_id = res.run.run_id
+        TaskIdentity.node_id = res.context.node_id
+        context = context_from_proto(res.context)
+        run = run_from_proto(res.run)
+        pulled = client.PullMessages(PullAppMessagesRequest())
+        if not pulled.messages_list:
+            raise RuntimeError("no message came with the task")
+        node = Node(node_id=context.node_id)
+        tree = pulled.message_object_trees[0]
+        message = pull_and_inflate_object_from_tree(
+            tree,
+            make_pull_object_fn_protobuf(client.PullObject, node, context.run_id),
+            make_confirm_message_received_fn_protobuf(client.ConfirmMessageReceived, node, context.run_id),
+            return_type=Message,
+            max_time=PULL_SECONDS,
+        )
+        message.metadata.__dict__["_message_id"] = tree.object_id  # as Flower's own ClientApp process sets it
+        return message, context, run
 
     def reply(self, message: Message, context: Context, fab_id: str) -> Message:
         """The reply to one message: a refusal for another app, else the hospital's own answer."""

@@ -155,9 +155,10 @@ def test_fedavg_with_a_huge_learning_rate_ends_with_one_line(
     args = ["train", "--data", str(dataset), "--out", str(run_dir), "-q", *TINY]
     assert run_cli(monkeypatch, *args, "--set", "strategy.name=fedavg", "--set", "client.lr=1e6") == 2
     line = _error_line(capsys)
-    assert "no hospital sent a usable update" in line
-    assert "client.lr" in line
-    assert "--resume" not in line
+    # the hospitals refuse to keep or deploy the non-finite model, so no round completes: round 1 says why
+    assert line.startswith("error: round 1: no hospital could evaluate")
+    assert "the training diverged (client.lr is 1000000.0)" in line
+    assert "not kept or deployed" in line
     assert f"--config {run_dir / 'config.toml'}" in line
     assert _summary(run_dir)["status"] == "failed"
 

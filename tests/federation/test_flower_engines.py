@@ -105,6 +105,21 @@ def test_the_same_federation_gives_the_same_metrics_in_every_engine(dataset: Pat
     for run in (sim, demo):
         assert_boundary_held(run, dataset, nhead=6)
         assert (run / "hospitals" / "client_02" / "predictions.csv").is_file()
+    # each deployed hospital's own record of what left it matches, reply for reply, what the server received
+    received = sorted(
+        line["sha256"]
+        for line in map(json.loads, (demo / AUDIT_FILE).read_text().splitlines())
+        if line["direction"] == "from_hospital"
+    )
+    sent = sorted(
+        record["sha256"]
+        for c in range(3)
+        for record in map(
+            json.loads, (demo / "hospitals" / f"client_{c:02d}" / "outbound.jsonl").read_text().splitlines()
+        )
+    )
+    assert len(received) == 3 + 3 * 2  # a hello and two fused train replies per hospital
+    assert sent == received
     assert not _flower_processes()
 
 

@@ -10,13 +10,12 @@ log holds and that the hospital's exported model is unchanged.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from pathlib import Path
 
 import pytest
 import torch
-from fl_tiny_dataset import TINY_SETTINGS, make_dataset
+from fl_tiny_dataset import LAYOUT, TINY_SETTINGS, make_dataset
 from typer.testing import CliRunner
 
 from app.cli import app
@@ -32,7 +31,8 @@ from federation.contract import (
     TrainReply,
     TrainTask,
 )
-from federation.engine.codec import Message, decode, encode, to_bytes
+from federation.data import extract_hospital
+from federation.engine.codec import Message, decode, encode, envelope_digest
 from federation.engine.common import initial_state, resolve_config
 from federation.engine.hospital import MODEL_FILE, Hospital, Site
 from federation.engine.outbound import read_outbound
@@ -118,7 +118,7 @@ def test_an_honest_round_sends_exactly_the_agreed_keys_and_logs_them_before_they
     records = log_of(tmp_path)
     assert [r["kind"] for r in records] == ["hello_reply", "train_reply"]
     last = records[-1]
-    assert last["sha256"] == hashlib.sha256(to_bytes(envelope)).hexdigest()
+    assert last["sha256"] == envelope_digest(envelope)
     assert last["run"] == RUN
     assert last["round"] == 1
     assert last["asked"] == "train"
@@ -317,3 +317,23 @@ def test_audit_reports_runs_values_and_refusals_and_detects_an_edited_log(datase
     result = runner.invoke(app, ["federation", "audit", "--state", str(tmp_path / "state")])
     assert result.exit_code == 1
     assert "outbound.jsonl:2: the chain is broken" in result.output
+
+
+def test_a_hospital_with_only_its_own_slides_takes_part_under_its_bundles_index(dataset: Path, tmp_path: Path) -> None:
+    """A hospital that prepared only its own slides (its dataset's only client is 0) answers as the federation's
+    hospital 2, with its own counts, and holds nothing of another hospital."""
+    own = extract_hospital(dataset, 2, tmp_path / "mine")
+    assert {line.split(",")[0] for line in (own / "manifest.csv").read_text().splitlines()[1:]} == {"0"}
+    config = config_of(dataset)
+    hospital = Hospital(Site(own, 2, tmp_path / "state", per_run=True, policy=HospitalPolicy(), rows=0))
+    hello = send(hospital, Hello(RUN, config_to_toml(config)))
+    assert isinstance(hello, HelloReply)
+    assert (hello.client, hello.num_train, hello.num_test) == (2, sum(LAYOUT[2]["train"]), sum(LAYOUT[2]["test"]))
+    task = honest_task(config, 1, evaluate=True)
+    task.instruction = TrainInstruction(2, task.instruction.recipe, shared=task.instruction.shared)
+    reply = send(hospital, task)
+    assert isinstance(reply, TrainReply)
+    assert reply.client == 2
+    assert reply.evaluation is not None
+    assert reply.evaluation.client == 2
+    assert reply.num_examples == sum(LAYOUT[2]["train"])
