@@ -301,6 +301,31 @@ def _block_from_toml(raw: Mapping[str, Any], source: Path) -> Block:
 
 
 # -- running -------------------------------------------------------------------------------------------------------
+def _check_same_datasets(plan: Any, out: Path, runs: Sequence[Any], todo: Sequence[Any]) -> None:
+    """Refuse to add cells to ``out`` when its finished cells were trained on another version of the dataset the new
+    cells would use (their ``summary.json`` records the manifest's sha256): a table mixing them compares runs on
+    different tiles."""
+    from federation.engine.hospital import manifest_sha256
+
+    wanted = {str(plan.cell_config(c).data.path) for c in todo}
+    now = {path: manifest_sha256(Path(path)) for path in wanted}
+    pending = {c.id for c in todo}
+    for cell in runs:
+        if cell.id in pending:
+            continue
+        path = str(plan.cell_config(cell).data.path)
+        summary_path = out / CELLS_DIR / cell.id / SUMMARY_FILE
+        if path not in now or not summary_path.is_file():
+            continue
+        recorded = read_json(summary_path).get("dataset_sha256")
+        if recorded and recorded != now[path]:
+            raise FederationError(
+                f"{out}: cell {cell.id} was trained on {path} with manifest sha256 {str(recorded)[:12]}..., but that "
+                f"dataset is now {now[path][:12]}...: new cells would be compared with runs on other tiles; use "
+                "another --out, or restore the dataset the folder was made with"
+            )
+
+
 def cell_status(run_dir: Path) -> str:
     """``finished``, ``partial`` (a run directory to resume) or ``pending`` (nothing there yet)."""
     summary = run_dir / SUMMARY_FILE
@@ -391,6 +416,7 @@ def _run_cells(plan: Plan, out: Path, train_fn: TrainFn, progress: bool, echo: C
                 f"dataset {path} has no manifest.csv: make it with gastric-fl prepare (the preset's comments give "
                 "the commands) or point --data at a prepared dataset"
             )
+    _check_same_datasets(plan, out, runs, todo)
     shared = len(cells) - len(runs)
     echo(
         f"ablation: {len(cells)} cells ({len(runs)} runs{f', {shared} cells reuse an identical run' if shared else ''}"

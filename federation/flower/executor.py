@@ -47,6 +47,7 @@ AUTH_METHODS = frozenset({"/flwr.proto.Runtime/AcquireTask"})  # what Flower's o
 POLL_SECONDS = 0.05  # between two empty task requests to the SuperNode on 127.0.0.1 (Flower's SuperExec: 1 s)
 PULL_SECONDS = 120.0  # at most, to pull one message's content: a stale task (its run ended) must not hold the hospital
 REFUSED = "refused by the hospital"
+REFUSED_EXIT = 305  # flower-supernode: "Failed to activate SuperNode" (an unknown key) or no connection at all
 
 
 def _log(text: str) -> None:
@@ -265,7 +266,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 child.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 child.kill()
-    return child.wait() if child.returncode is None else child.returncode
+    code = child.wait() if child.returncode is None else child.returncode
+    if code == REFUSED_EXIT:
+        _log(
+            "the SuperLink refused this hospital (Flower exit code 305): its key is not registered there, or was "
+            "replaced (a rotated kit), or TLS failed; ask the server's operator to register this hospital's "
+            "supernode.pub (gastric-fl federation server does it for every kit hospital at start), and check the "
+            "bundle's ca.crt and address"
+        )
+    return code
 
 
 if __name__ == "__main__":

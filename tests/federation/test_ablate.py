@@ -217,6 +217,28 @@ def test_another_base_configuration_is_refused_in_the_same_folder(tmp_path: Path
         run_plan(changed, out, train_fn=FakeTrain(), progress=False, echo=lambda _: None)
 
 
+def test_cells_are_not_added_to_a_folder_trained_on_another_version_of_the_dataset(tmp_path: Path) -> None:
+    from federation.engine.hospital import manifest_sha256
+
+    preset = _preset(tmp_path)
+    manifest = tmp_path / "ds" / "manifest.csv"
+    out = tmp_path / "abl"
+    run_plan(load_plan(preset, ["strategy=fedavg"]), out, train_fn=FakeTrain(), progress=False, echo=lambda _: None)
+    summary = out / "cells" / "strategy-fedavg_seed-0" / "summary.json"
+    recorded = {**json.loads(summary.read_text()), "dataset_sha256": manifest_sha256(manifest.parent)}
+    summary.write_text(json.dumps(recorded))  # as the engine records it
+    wider = load_plan(preset, ["strategy=fedavg,fedprox"])
+    same = FakeTrain()
+    run_plan(wider, out, train_fn=same, progress=False, echo=lambda _: None)  # same tiles: the new cell is added
+    assert same.calls == [("strategy-fedprox_seed-0", False)]
+    manifest.write_text(manifest.read_text() + "0,train,normal,x.png,3\n", encoding="utf-8")  # other tiles now
+    widest = load_plan(preset, ["strategy=fedavg,fedprox,fedrep"])
+    refused = FakeTrain()
+    with pytest.raises(FederationError, match=r"cell strategy-fedavg_seed-0 was trained on .* manifest sha256"):
+        run_plan(widest, out, train_fn=refused, progress=False, echo=lambda _: None)
+    assert refused.calls == []
+
+
 def test_tables_give_mean_and_std_over_seeds(tmp_path: Path) -> None:
     plan = load_plan(_preset(tmp_path), ["strategy=fedavg,fedamp"], seeds=2)
     out = tmp_path / "abl"

@@ -185,6 +185,9 @@ def test_unregistered_supernode_is_refused(deployed: Deployed) -> None:
     code = _wait_exit(deployed.rogue)
     assert code != 0
     assert "Failed to activate SuperNode" in deployed.rogue.log_text()
+    # said in words at the hospital, by its executor: what happened and what to do
+    assert "the SuperLink refused this hospital" in deployed.rogue.log_text()
+    assert "register this hospital's supernode.pub" in deployed.rogue.log_text()
     assert "No SuperNode found with the given public key" in deployed.dep.superlink.log_text()
     online = {n for n, s in deployed.dep.cli.node_status().items() if s == "online"}
     assert online == set(deployed.dep.node_ids.values())  # the two registered ones only

@@ -127,3 +127,28 @@ def test_a_null_accuracy_is_left_out_of_the_mean_not_a_crash(tmp_path: Path) -> 
     row = summarise([load_run(run_dir)])[0]
     assert row["rounds"] == 2
     assert row["avg_test_acc"] == pytest.approx(0.57)  # mean of 0.52 and 0.62
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("round", "two", "round is 'two', not a whole number"),
+        ("client", None, "client is None, not a whole number"),
+        ("test_acc", "high", "test_acc is 'high', not a number or null"),
+        ("values_sent", 1.5, "values_sent is 1.5, not a whole number"),
+    ],
+)
+def test_a_malformed_metrics_record_is_named_and_left_out_not_a_traceback(
+    tmp_path: Path, field: str, value: Any, words: str
+) -> None:
+    run = _run(tmp_path / "run")
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    record = json.loads(lines[4])  # round 2, client 1: line 5 of the file
+    record[field] = value
+    lines[4] = json.dumps(record)
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    result = load_run(run)
+    assert f"{run / 'metrics.jsonl'}, line 5: {words}; the record is left out" in result.problems
+    assert len(result.metrics) == 8
+    # round 3 stays complete and is the one the figures use
+    assert summarise([result])[0]["avg_test_acc"] == pytest.approx((0.53 + 0.63 + 0.73) / 3)
