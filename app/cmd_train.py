@@ -47,7 +47,7 @@ def register(app: typer.Typer) -> None:
         kit: Path | None = typer.Option(
             None,
             "--kit",
-            help="Folder made by gastric-fl federation init (its server/ca.crt verifies the SuperLink).",
+            help="Kit folder (gastric-fl federation init) or its server/ folder: its ca.crt verifies the SuperLink.",
         ),
         print_config: bool = typer.Option(
             False, "--print-config", help="Print the fully resolved configuration as TOML and exit."
@@ -66,7 +66,9 @@ def register(app: typer.Typer) -> None:
         if superlink is not None:
             overrides = [*overrides, f"flower.superlink={superlink}"]
         if kit is not None:
-            overrides = [*overrides, f"flower.root_certificates={(kit / 'server' / 'ca.crt').resolve()}"]
+            from federation.flower.kit import Kit
+
+            overrides = [*overrides, f"flower.root_certificates={Kit.load(kit).ca_cert.resolve()}"]
         if resume is not None:
             if config is not None or data is not None or out is not None or overwrite:
                 raise FederationError(

@@ -47,7 +47,9 @@ AUTH_METHODS = frozenset({"/flwr.proto.Runtime/AcquireTask"})  # what Flower's o
 POLL_SECONDS = 0.05  # between two empty task requests to the SuperNode on 127.0.0.1 (Flower's SuperExec: 1 s)
 PULL_SECONDS = 120.0  # at most, to pull one message's content: a stale task (its run ended) must not hold the hospital
 REFUSED = "refused by the hospital"
-REFUSED_EXIT = 305  # flower-supernode: "Failed to activate SuperNode" (an unknown key) or no connection at all
+# flower-supernode exits 305 ("Failed to activate SuperNode": an unknown key; or no connection at all), which a
+# process exit status carries modulo 256
+REFUSED_EXIT = 305 % 256
 
 
 def _log(text: str) -> None:

@@ -25,6 +25,7 @@ from fl_tiny_dataset import TINY_SETTINGS, make_dataset
 from test_boundary import assert_boundary_held
 
 from federation.config import load_config
+from federation.data import extract_hospital
 from federation.engine import train
 from federation.engine.audit import AUDIT_FILE
 from federation.flower.demo import run_demo
@@ -234,7 +235,7 @@ def test_deployment_commands_and_a_server_stopped_mid_run_resumed(dataset: Path,
             "federation",
             "server",
             "--kit",
-            str(kit),
+            str(kit / "server"),  # the server's hand-over folder alone
             "--state",
             str(tmp_path / "s"),
             "--control-port",
@@ -243,14 +244,14 @@ def test_deployment_commands_and_a_server_stopped_mid_run_resumed(dataset: Path,
         server = commands.start("server", *serve)
         _wait_for(lambda: "registered client_01" in (tmp_path / "server.log").read_text(), timeout=120)
         for c in (0, 1):
+            # each hospital holds only its own slides (a dataset whose only client is 0); its bundle makes it c
+            own = extract_hospital(dataset, c, tmp_path / f"own{c}")
             commands.start(
                 f"hospital{c}",
                 "federation",
                 "hospital",
                 "--data",
-                str(dataset),
-                "--client",
-                str(c),
+                str(own),
                 "--bundle",
                 str(kit / "hospitals" / f"client_{c:02d}"),
                 "--state",
@@ -263,7 +264,7 @@ def test_deployment_commands_and_a_server_stopped_mid_run_resumed(dataset: Path,
             "--superlink",
             f"127.0.0.1:{control}",  # the operator, on the server machine: the SuperLink itself
             "--kit",
-            str(kit),
+            str(kit / "server"),
             "--data",
             str(dataset),
             "--out",
