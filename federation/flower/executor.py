@@ -32,6 +32,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from types import FrameType
@@ -47,9 +48,8 @@ AUTH_METHODS = frozenset({"/flwr.proto.Runtime/AcquireTask"})  # what Flower's o
 POLL_SECONDS = 0.05  # between two empty task requests to the SuperNode on 127.0.0.1 (Flower's SuperExec: 1 s)
 PULL_SECONDS = 120.0  # at most, to pull one message's content: a stale task (its run ended) must not hold the hospital
 REFUSED = "refused by the hospital"
-# flower-supernode exits 305 ("Failed to activate SuperNode": an unknown key; or no connection at all), which a
-# process exit status carries modulo 256
-REFUSED_EXIT = 305 % 256
+# what flower-supernode prints when the SuperLink refuses its key (Flower exit code 305; its process exits 1)
+REFUSED_LINE = "Failed to activate SuperNode"
 
 
 def _log(text: str) -> None:
@@ -251,7 +251,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"cannot read {options.secret_file}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    child = subprocess.Popen(supernode, stdin=subprocess.DEVNULL)  # same process group: stopped with us
+    # same process group: stopped with us. Its output passes through here, so that a refusal can be explained.
+    child = subprocess.Popen(supernode, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    seen: list[str] = []
+
+    def relay() -> None:
+        if child.stdout is None:
+            return
+        for raw in iter(child.stdout.readline, b""):
+            line = raw.decode("utf-8", errors="replace")
+            if REFUSED_LINE in line:
+                seen.append(line)
+            sys.stderr.write(line)
+            sys.stderr.flush()
+
+    relaying = threading.Thread(target=relay, daemon=True)
+    relaying.start()
 
     def stop(signum: int, frame: FrameType | None) -> None:
         raise SystemExit(128 + signum)
@@ -269,7 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             except subprocess.TimeoutExpired:
                 child.kill()
     code = child.wait() if child.returncode is None else child.returncode
-    if code == REFUSED_EXIT:
+    relaying.join(timeout=5)
+    if seen:
         _log(
             "the SuperLink refused this hospital (Flower exit code 305): its key is not registered there, or was "
             "replaced (a rotated kit), or TLS failed; ask the server's operator to register this hospital's "
