@@ -125,9 +125,10 @@ def main() -> None:
             "Values are tensor values (float32 weights and BatchNorm buffers, 4 bytes each); the reply also "
             "carries a few scalars (loss, accuracy, AUC, Fisher trace, counts). A round is train + aggregate + "
             "evaluate as the server measures it; a hospital reads its tiles at its first task, so round 1 "
-            "includes that. A deployed SuperNode starts one ClientApp process per message (Flower 1.41), which "
-            "imports torch and reads the hospital's tiles and model state again: that, and Flower's 3-second "
-            "polls, make most of a deployed round on this 2-core machine.",
+            "includes that. A deployed hospital answers through its own executor (federation.flower.executor), "
+            "which keeps its code, tiles and model loaded between messages; what remains of a deployed round "
+            "beyond the training is mostly Flower's fixed 3-second polls (the SuperNode's and the ServerApp "
+            "grid's) and the gate and TLS hops.",
             "",
         ]
     )
