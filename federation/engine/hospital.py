@@ -454,6 +454,15 @@ class Hospital:
         saved = self._checkpoints(loaded.run_id)
         usable = [r for r in saved if r < server_round or (inclusive and r == server_round)]
         if not usable:
+            first = read_json(self.site.folder(loaded.run_id) / HOSPITAL_FILE).get("first_checkpoint")
+            if isinstance(first, int) and first < server_round:
+                # it has trained in this run, yet no checkpoint before this round is left: starting again from the
+                # initial model would give other numbers without a word
+                raise FederationError(
+                    f"hospital {self.site.client} has no checkpoint before round {server_round} of run "
+                    f"{loaded.run_id}, although it saved one for round {first}: its checkpoints in "
+                    f"{self.site.folder(loaded.run_id) / CHECKPOINT_DIR} were removed; restore them, or start a new run"
+                )
             if loaded.at != (0, EVALUATED):
                 initial, _ = initial_state(loaded.config, len(loaded.data.classes))
                 loaded.model.load_state_dict(initial)
@@ -481,6 +490,10 @@ class Hospital:
         state = {k: v.detach().cpu().contiguous() for k, v in loaded.model.state_dict().items()}
         _atomic_save(state, path, {"round": str(server_round), "stage": str(stage)})
         loaded.at = (server_round, stage)
+        record_path = self.site.folder(loaded.run_id) / HOSPITAL_FILE
+        record = read_json(record_path)
+        if "first_checkpoint" not in record:  # once per run: what tells a lost checkpoint from a missed round
+            write_json(record_path, {**record, "first_checkpoint": server_round})
         keep = loaded.config.run.keep_checkpoints + 1  # one more than the server: it may be a round ahead
         saved = self._checkpoints(loaded.run_id)
         for r, old in saved.items():

@@ -337,3 +337,20 @@ def test_a_hospital_with_only_its_own_slides_takes_part_under_its_bundles_index(
     assert reply.evaluation is not None
     assert reply.evaluation.client == 2
     assert reply.num_examples == sum(LAYOUT[2]["train"])
+
+
+def test_a_hospital_that_lost_its_checkpoints_says_so_instead_of_training_on(dataset: Path, tmp_path: Path) -> None:
+    import shutil
+
+    _, config, exported = after_round_one(tmp_path, dataset)
+    shutil.rmtree(tmp_path / "state" / RUN / "checkpoints")
+    fresh = deployed(tmp_path, dataset)  # a restarted hospital process: nothing in memory
+    reply = send(fresh, honest_task(config, 2))
+    assert isinstance(reply, Failure)
+    assert "no checkpoint before round 2" in reply.reason
+    assert "although it saved one for round 1" in reply.reason
+    assert (tmp_path / "state" / RUN / MODEL_FILE).read_bytes() == exported
+    # a hospital that missed round 1 altogether (never trained) starts round 2 from the initial model, as before
+    other = deployed(tmp_path / "late", dataset)
+    assert isinstance(send(other, Hello(RUN, config_to_toml(config))), HelloReply)
+    assert isinstance(send(other, honest_task(config, 2)), TrainReply)
