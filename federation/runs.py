@@ -139,6 +139,11 @@ def read_json(path: Path) -> dict[str, Any]:
         raise FederationError(f"{path} does not exist: is this a run directory made by gastric-fl train?") from exc
     except json.JSONDecodeError as exc:
         raise FederationError(f"{path} is not valid JSON ({exc})") from exc
+    except PermissionError as exc:  # e.g. a deployed run written by the server's user, read by another
+        raise FederationError(
+            f"{path} cannot be read by this user ({exc.strerror}): run the command as the user that wrote it "
+            "(for a deployed run: the server's user, on the server machine), or let this user read the folder"
+        ) from exc
     if not isinstance(data, dict):
         raise FederationError(f"{path} should hold a JSON object")
     return data

@@ -152,3 +152,25 @@ def test_a_malformed_metrics_record_is_named_and_left_out_not_a_traceback(
     assert len(result.metrics) == 8
     # round 3 stays complete and is the one the figures use
     assert summarise([result])[0]["avg_test_acc"] == pytest.approx((0.53 + 0.63 + 0.73) / 3)
+
+
+def test_a_summary_another_user_wrote_is_one_line_not_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deployed run's folder is written by the server's user; read by another user, it is one line saying who can
+    read it (the refusal is played by the file system call itself: root reads any file)."""
+    from federation.errors import FederationError
+    from federation.runs import read_json
+
+    path = tmp_path / "summary.json"
+    path.write_text("{}")
+
+    def refuse(self: Path, *args: Any, **kwargs: Any) -> str:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_text", refuse)
+    with pytest.raises(FederationError) as info:
+        read_json(path)
+    message = str(info.value)
+    assert message.startswith(f"{path} cannot be read by this user (Permission denied)")
+    assert "run the command as the user that wrote it" in message
