@@ -9,3 +9,9 @@ class FederationError(ValueError):
 
 class Interrupted(Exception):
     """The process was asked to stop (SIGTERM): never turned into one hospital's failure, always unwinds the run."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (its type's name when it has none): what a one-line report shows."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

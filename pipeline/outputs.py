@@ -33,6 +33,7 @@ import fcntl
 import fnmatch
 import json
 import os
+import shutil
 import signal
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -130,6 +131,18 @@ def foreign_entries(folder: Path, command: str, patterns: Sequence[str] = ()) ->
             continue
         foreign.append(entry)
     return foreign
+
+
+def remove_entries(folder: Path, names: Iterable[str]) -> None:
+    """Remove ``folder / name`` for each of ``names``, the entries a command owns there: a folder with what it
+    holds, a file or a link itself (never what a link points to); absent ones are skipped. Nothing else in
+    ``folder`` is touched."""
+    for name in names:
+        path = folder / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def check_replaceable(folder: Path, command: str, *, patterns: Sequence[str] = (), flag: str = "--out") -> None:

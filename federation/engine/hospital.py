@@ -64,10 +64,11 @@ from federation.engine.policy import (
     check_recipe,
     check_tensors,
 )
-from federation.errors import FederationError, Interrupted
+from federation.errors import FederationError, Interrupted, first_line
 from federation.runs import PREDICTIONS_FILE, now_iso, prediction_columns, read_json, write_json, write_predictions
 from federation.strategies.common import resolved_nhead
 from models import ModelError, create_model, head_keys, split_units
+from pipeline.outputs import remove_entries
 
 HOSPITAL_FILE = "hospital.json"
 CHECKPOINT_DIR = "checkpoints"
@@ -153,12 +154,9 @@ class _Loaded:
     model: torch.nn.Module
     policy: HospitalPolicy
     keys: list[str]  # what this hospital sends and loads: agreed_shared_keys under its policy
+    # the first round it checkpointed in this run (hospital.json): what tells a lost checkpoint from a missed round
+    first_checkpoint: int | None = None
     at: tuple[int, int] | None = None  # (round, stage) the model's weights equal; None: unknown
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class Hospital:
@@ -181,7 +179,7 @@ class Hospital:
             raise
         except Exception as exc:  # a malformed message from the other side: say so, never crash
             reply: Message = Failure(
-                self.site.client, f"hospital {self.site.client} cannot read the message: {_first_line(exc)}"
+                self.site.client, f"hospital {self.site.client} cannot read the message: {first_line(exc)}"
             )
         else:
             reply = self.handle(message)
@@ -208,7 +206,7 @@ class Hospital:
                 return self.evaluate(message)
             raise FederationError(f"a hospital does not answer {type(message).__name__} messages")
         except (FederationError, ModelError) as exc:
-            return Failure(self.site.client, _first_line(exc))
+            return Failure(self.site.client, first_line(exc))
         except OSError as exc:  # its folder is full, read-only, gone: this hospital cannot take part now
             where = exc.filename if exc.filename is not None else self.site.root
             return Failure(self.site.client, f"hospital {self.site.client} cannot write {where}: {exc.strerror or exc}")
@@ -218,12 +216,12 @@ class Hospital:
             self._loaded = None
             return Failure(
                 self.site.client,
-                f"hospital {self.site.client} cannot write its checkpoint in {self.site.root}: {_first_line(exc)}",
+                f"hospital {self.site.client} cannot write its checkpoint in {self.site.root}: {first_line(exc)}",
             )
         except Exception as exc:  # anything else: one line to the server, the hospital stays up
             self._loaded = None
             return Failure(
-                self.site.client, f"hospital {self.site.client} failed: {type(exc).__name__}: {_first_line(exc)}"
+                self.site.client, f"hospital {self.site.client} failed: {type(exc).__name__}: {first_line(exc)}"
             )
 
     def _policy(self, config: RunConfig) -> HospitalPolicy:
@@ -293,12 +291,7 @@ class Hospital:
     @staticmethod
     def _clear(folder: Path) -> None:
         """Start a run afresh: remove what a hospital writes (``OWN_ENTRIES``) and nothing else."""
-        for name in OWN_ENTRIES:
-            path = folder / name
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink(missing_ok=True)
+        remove_entries(folder, OWN_ENTRIES)
 
     # -- train and evaluate --------------------------------------------------------------------------------------
     def _check_keys(self, loaded: _Loaded, asked: list[str]) -> None:
@@ -380,7 +373,8 @@ class Hospital:
             client.recompute_batchnorm(keep=shared.keys())
         result = client.evaluate()
         seconds = time.perf_counter() - start
-        self._check_finite_model(loaded, "with what it was sent")
+        if shared is not None:  # otherwise the model is one already checked: just trained, or a checkpoint
+            self._check_finite_model(loaded, "with what it was sent")
         if not math.isfinite(result.loss):
             loaded.at = None
             raise FederationError(
@@ -422,7 +416,10 @@ class Hospital:
         data = load_clients(self.site.dataset, config.data.input_size, config.model.in_chans, [own])
         model = create_model(config.model.name, len(data[own].classes), config.model.in_chans)
         keys = agreed_shared_keys(config, model)
-        self._loaded = _Loaded(run_id, config, data[own], model, policy, keys)
+        first = record.get("first_checkpoint")
+        self._loaded = _Loaded(
+            run_id, config, data[own], model, policy, keys, first if isinstance(first, int) else None
+        )
         return self._loaded
 
     def _client(self, loaded: _Loaded) -> Client:
@@ -454,8 +451,8 @@ class Hospital:
         saved = self._checkpoints(loaded.run_id)
         usable = [r for r in saved if r < server_round or (inclusive and r == server_round)]
         if not usable:
-            first = read_json(self.site.folder(loaded.run_id) / HOSPITAL_FILE).get("first_checkpoint")
-            if isinstance(first, int) and first < server_round:
+            first = loaded.first_checkpoint
+            if first is not None and first < server_round:
                 # it has trained in this run, yet no checkpoint before this round is left: starting again from the
                 # initial model would give other numbers without a word
                 raise FederationError(
@@ -490,10 +487,10 @@ class Hospital:
         state = {k: v.detach().cpu().contiguous() for k, v in loaded.model.state_dict().items()}
         _atomic_save(state, path, {"round": str(server_round), "stage": str(stage)})
         loaded.at = (server_round, stage)
-        record_path = self.site.folder(loaded.run_id) / HOSPITAL_FILE
-        record = read_json(record_path)
-        if "first_checkpoint" not in record:  # once per run: what tells a lost checkpoint from a missed round
-            write_json(record_path, {**record, "first_checkpoint": server_round})
+        if loaded.first_checkpoint is None:  # once per run, kept in hospital.json for a later process
+            record_path = self.site.folder(loaded.run_id) / HOSPITAL_FILE
+            write_json(record_path, {**read_json(record_path), "first_checkpoint": server_round})
+            loaded.first_checkpoint = server_round
         keep = loaded.config.run.keep_checkpoints + 1  # one more than the server: it may be a round ahead
         saved = self._checkpoints(loaded.run_id)
         for r, old in saved.items():

@@ -65,7 +65,7 @@ from federation.engine.audit import AUDIT_FILE, AuditLog
 from federation.engine.codec import Message
 from federation.engine.common import NUM_CLASSES, derive_seed, initial_state, resolve_config
 from federation.engine.pools import Pool
-from federation.errors import FederationError, Interrupted
+from federation.errors import FederationError, Interrupted, first_line
 from federation.jsonl import DamagedLine, read_jsonl, scan_jsonl
 from federation.processes import process_start_time
 from federation.progress import RoundProgress, now, write_progress
@@ -178,37 +178,31 @@ def evaluation_problem(reply: EvaluateReply, declared_test: int | None) -> str |
     return None
 
 
-def usable_update(
-    reply: TrainReply,
-    shared_keys: list[str],
-    spec: Spec | None = None,
-    declared: int | None = None,
-    fisher: bool = False,
-) -> str | None:
+def usable_update(reply: TrainReply, shared_keys: list[str], spec: Spec, declared: int, fisher: bool) -> str | None:
     """Why ``reply`` cannot be aggregated (``None`` if it can; DESIGN.md, "Trust model": the server believes nothing
     blindly): tensors other than exactly the shared keys with the agreed shapes and dtypes (``spec``), values that
     are not finite, an example count other than the one declared in its Hello, a training loss that is not a finite
-    number >= 0, a Fisher trace (when the recipe asked for one: ``fisher``) that is not finite and positive, or a
-    fused evaluation out of range."""
+    number >= 0, or a Fisher trace (when the recipe asked for one: ``fisher``) that is not finite and positive. A fused
+    evaluation is judged apart (``evaluation_problem``)."""
     if set(reply.shared) != set(shared_keys):
         extra = sorted(set(reply.shared) - set(shared_keys))[:3]
         missing = sorted(set(shared_keys) - set(reply.shared))[:3]
         return f"sent other tensors than the shared part (extra {extra}, missing {missing})"
     for key, value in reply.shared.items():
-        if spec is not None:
-            problem = _tensor_problem("tensor", key, value, spec)
-            if problem:
-                return problem
-        elif value.is_floating_point() and not bool(torch.isfinite(value).all()):
-            return f"its update is not finite ({key})"
+        problem = _tensor_problem("tensor", key, value, spec)
+        if problem:
+            return problem
     for key, value in reply.second_moments.items():
-        if key not in shared_keys or not bool(torch.isfinite(value).all()):
-            return f"its second moment {key} is not finite or not of a shared tensor"
-        if spec is not None and (_tensor_problem("second moment", key, value, spec) or bool((value < 0).any())):
-            return f"its second moment {key} has another shape or a negative value"
+        if key not in shared_keys:
+            return f"its second moment {key} is not of a shared tensor"
+        problem = _tensor_problem("second moment", key, value, spec)
+        if problem:
+            return problem
+        if bool((value < 0).any()):
+            return f"its second moment {key} has a negative value"
     if reply.num_examples <= 0:
         return "it reported no training examples"
-    if declared is not None and reply.num_examples != declared:
+    if reply.num_examples != declared:
         return f"it reports {reply.num_examples} training examples, its hello declared {declared}"
     loss = reply.metrics.get("train_loss")
     if loss is not None and not _in_range(loss, 0.0, math.inf):
@@ -352,7 +346,7 @@ class Engine:
                 f"continue with: gastric-fl train --resume {self.run_dir}"
             ) from exc
         except Exception as exc:
-            message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            message = first_line(exc)
             if resume and not self.restart and self.rounds_run == 0:
                 # A resume refused before its first round (another dataset, a damaged hospital...) changed
                 # nothing: the run keeps the status it had (a finished run stays finished).
@@ -649,4 +643,4 @@ class Engine:
             return f"answered a training task with {type(reply).__name__}"
         if reply.client != client:
             return f"its reply names hospital {reply.client}"
-        return usable_update(reply, self.shared_keys, self.spec, self.counts.get(client), fisher)
+        return usable_update(reply, self.shared_keys, self.spec, self.counts[client], fisher)

@@ -34,7 +34,7 @@ import torch
 from federation.contract import EvaluateTask, Failure, Hello, TrainTask
 from federation.engine.codec import Envelope, Message, decode, encode, from_bytes, to_bytes
 from federation.engine.hospital import Hospital, Site
-from federation.errors import FederationError, Interrupted
+from federation.errors import FederationError, Interrupted, first_line
 
 Observer = Callable[[str, Envelope], None]
 TO_HOSPITAL, FROM_HOSPITAL = "to_hospital", "from_hospital"
@@ -103,8 +103,7 @@ class Pool:
         except Interrupted:
             raise
         except Exception as exc:
-            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            return Failure(client, f"its reply cannot be read ({type(exc).__name__}: {text})")
+            return Failure(client, f"its reply cannot be read ({type(exc).__name__}: {first_line(exc)})")
 
     def _receive(self, envelope: Envelope) -> Message:
         self._observe(FROM_HOSPITAL, envelope)

@@ -37,7 +37,7 @@ from federation.engine.hospital import Hospital, Site
 from federation.engine.loop import Engine
 from federation.engine.policy import load_policy
 from federation.engine.pools import Observer, Pool, answer
-from federation.errors import FederationError
+from federation.errors import FederationError, first_line
 
 HEADER, TENSORS, JSON = "header", "tensors", "json"
 MESSAGE_TYPES = {"hello": "query", "train": "train", "evaluate": "evaluate"}
@@ -198,7 +198,7 @@ def client_app() -> ClientApp:
         try:
             site = hospital_site(context.node_config, context.run_config)
         except FederationError as exc:  # a SuperNode started by hand with a bad --node-config or policy
-            failure = encode(Failure(int(context.node_config.get("client", -1)), str(exc).splitlines()[0]))
+            failure = encode(Failure(int(context.node_config.get("client", -1)), first_line(exc)))
             return Message(to_record(failure), reply_to=message)
         reply = answer(Hospital(site), from_record(message.content))
         return Message(to_record(reply), reply_to=message)

@@ -75,28 +75,38 @@ def bounded_retry(max_time: float) -> Any:
     )
 
 
+def runtime_client(address: str, interceptors: list[Any], *, max_time: float) -> Any:
+    """A client of the SuperNode's runtime API on 127.0.0.1 (plain HTTP: it never leaves the machine; the shared
+    secret or the task's token authenticates the caller), its calls retried for at most ``max_time`` seconds."""
+    from flwr.supercore.runtime import RuntimeHttpClient
+
+    return RuntimeHttpClient.from_server_address(
+        server_address=address,
+        insecure=True,
+        root_certificates=None,
+        interceptors=interceptors,
+        retry_invoker=bounded_retry(max_time),
+    )
+
+
 class HospitalExecutor:
     """Acquires the SuperNode's ClientApp tasks and answers each with the installed hospital code."""
 
     def __init__(self, address: str, secret: bytes) -> None:
         from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor, SuperExecAuthHttpInterceptor
-        from flwr.supercore.runtime import RuntimeHttpClient
 
         from federation.engine.hospital import Hospital, Site
 
         self.address = address
-        self.client = RuntimeHttpClient.from_server_address(
-            server_address=address,
-            insecure=True,  # 127.0.0.1 only; the shared secret authenticates the executor
-            root_certificates=None,
-            interceptors=[
+        self.client = runtime_client(
+            address,
+            [
                 RuntimeVersionHttpInterceptor(component_name="SuperExec"),
                 SuperExecAuthHttpInterceptor(master_secret=secret, protected_methods=AUTH_METHODS),
             ],
-            retry_invoker=bounded_retry(5.0),
+            max_time=5.0,
         )
         self.hospitals: dict[Site, Hospital] = {}  # warm: one per site, kept between messages
-        self.tasks = 0
 
     def serve(self, alive: Callable[[], bool]) -> None:
         """Acquire and run tasks while ``alive()``."""
@@ -127,18 +137,12 @@ class HospitalExecutor:
         from flwr.common.constant import SubStatus
         from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
         from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
-        from flwr.supercore.runtime import RuntimeHttpClient
         from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
-        client = RuntimeHttpClient.from_server_address(
-            server_address=self.address,
-            insecure=True,
-            root_certificates=None,
-            interceptors=[
-                RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
-                RuntimeTokenHttpInterceptor(token),
-            ],
-            retry_invoker=bounded_retry(120.0),
+        client = runtime_client(
+            self.address,
+            [RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"), RuntimeTokenHttpInterceptor(token)],
+            max_time=120.0,
         )
         heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
         heartbeat.start()
@@ -149,7 +153,6 @@ class HospitalExecutor:
             reply = self.reply(message, context, run.fab_id)
             push_message(client, reply, context)
             status, details = SubStatus.COMPLETED, ""
-            self.tasks += 1
         except Exception as exc:  # one task's trouble never stops the hospital
             details = f"{type(exc).__name__}: {exc}"
             _log(f"task failed: {details}")

@@ -55,6 +55,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from federation.errors import FederationError
+from pipeline.outputs import foreign_entries
 
 MARKER = ".gastric-fl-kit"
 KIT_FORMAT = 1
@@ -510,27 +511,33 @@ def _check_target(out: Path, overwrite: bool) -> None:
         raise FederationError(f"{out} is not empty and was not made by `federation init`; choose another folder")
     if not overwrite:
         raise FederationError(f"{out} already holds a kit; pass --overwrite to replace it (all its keys change)")
-    foreign = [p for p in _kit_files(out) if not _made_by_kit(out, p)]
+    # the project's ownership check (pipeline.outputs.foreign_entries) over what init and --add write; entries
+    # beside the kit's own folders are not the kit's and are kept
+    foreign = [e for e in foreign_entries(out, "federation init", KIT_PATTERNS) if e.split("/", 1)[0] in KIT_DIRS]
     if foreign:
         raise FederationError(
-            f"{foreign[0]} inside the kit {out} was not made by `federation init`: move it out first "
-            "(--overwrite replaces only what init made)"
+            f"{out / foreign[0].rstrip('/')} inside the kit {out} was not made by `federation init`: move it out "
+            "first (--overwrite replaces only what init made)"
         )
 
 
-KIT_ENTRIES = (MARKER, "kit.toml", "ca", "server", "hospitals")  # what init makes at the top of a kit
-_KIT_FILE_NAMES = frozenset(
-    {"ca.key", "ca.crt", "server.crt", "server.key", "supernode.key", "supernode.pub", "bundle.toml", "kit.toml"}
+KIT_DIRS = ("ca", "server", "hospitals")
+KIT_ENTRIES = (MARKER, "kit.toml", *KIT_DIRS)  # what init makes at the top of a kit
+KIT_PATTERNS = (  # what init and --add write below them (fnmatch patterns, folders end with /)
+    "ca/",
+    "ca/ca.key",
+    "ca/ca.crt",
+    "server/",
+    "server/ca.crt",
+    "server/server.crt",
+    "server/server.key",
+    "server/kit.toml",
+    "server/hospitals/",
+    "server/hospitals/*.pub",
+    "hospitals/",
+    "hospitals/*/",
+    "hospitals/*/supernode.key",
+    "hospitals/*/supernode.pub",
+    "hospitals/*/ca.crt",
+    "hospitals/*/bundle.toml",
 )
-
-
-def _kit_files(out: Path) -> list[Path]:
-    """Every file below the kit's own folders (``ca/``, ``server/``, ``hospitals/``)."""
-    return sorted(
-        p for name in KIT_ENTRIES[2:] if (out / name).is_dir() for p in (out / name).rglob("*") if not p.is_dir()
-    )
-
-
-def _made_by_kit(out: Path, path: Path) -> bool:
-    """Whether ``path`` (below ``out``) is one of the files ``init``/``--add`` write."""
-    return path.name in _KIT_FILE_NAMES or (path.parent == out / "server" / "hospitals" and path.suffix == ".pub")
