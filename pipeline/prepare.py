@@ -5,11 +5,15 @@ call:
 
 1. find the slides of the raw layout (`pipeline.sources`) and check each one: header and integrity, mask or
    SVG annotation, label (all-black mask = normal); a bad slide is skipped and reported (or stops the run
-   with ``strict``). Pixels are decoded only once, in step 3 (decoding dominates on large TIFFs);
+   with ``strict``). Pixels are decoded only once, in step 3 (decoding dominates on large TIFFs). A copy of
+   another slide with the same bytes is left out here;
 2. share the usable slides out over hospitals of varying sizes and split each hospital's slides into
    train/test (`pipeline.partition`);
 3. per slide: abnormal-region extraction (Step a.1), tiles with the white-area filter (Step b), grayscale
-   and per-hospital resolution (`pipeline.tiling`), written as PNGs;
+   and per-hospital resolution (`pipeline.tiling`), written as PNGs. A copy with other bytes but the same
+   decoded pixels (another format or compression) is found here, from the pixels tiling decodes anyway; it is
+   then left out and steps 2-3 are run again without it, so the split is the one the byte rule would give and
+   no picture contributes tiles to both train and test (a clean input is decoded once);
 4. ``manifest.csv``, ``prepare.json``, ``report.md`` and ``contact_sheet.png``.
 
 Everything is written into a hidden temporary folder beside ``--out`` and renamed into place at the end, so
@@ -63,7 +67,16 @@ from pipeline.report import (
     markdown_report,
     text_table,
 )
-from pipeline.sources import SlideError, SlideInfo, dataset_classes, discover, inspect_slide, label_of, load_slide
+from pipeline.sources import (
+    SlideError,
+    SlideInfo,
+    dataset_classes,
+    discover,
+    inspect_slide,
+    label_of,
+    load_slide,
+    pixel_sha256,
+)
 from pipeline.tiling import ClientPlan, client_plans, cut_tiles, tile_name
 
 MANIFEST_COLUMNS: tuple[str, ...] = (
@@ -183,9 +196,12 @@ def _parallel(func: Callable[[T], R], items: list[T], workers: int, desc: str, p
 
 @dataclass(frozen=True)
 class _Outcome:
+    """One slide's tiling: its manifest rows, or why it was skipped; warnings; the digest of its decoded pixels."""
+
     rows: list[list[str]]
     skipped: Skipped | None = None
     warnings: tuple[str, ...] = ()
+    pixels_sha256: str | None = None
 
 
 def _tile_job(job: _Job, config: PrepareConfig, staging: Path) -> _Outcome:
@@ -199,6 +215,7 @@ def _tile_job(job: _Job, config: PrepareConfig, staging: Path) -> _Outcome:
         return _Outcome(rows=[], skipped=Skipped(ref.source, reason))
     if slide.hashes != job.info.hashes:
         raise PipelineError(f"{ref.source} (or its mask) changed while prepare was running; re-run prepare")
+    pixels = pixel_sha256(slide.image)
     label = job.info.label or label_of(ref, slide.mask)
     height, width = slide.image.shape[:2]
     too_small = None
@@ -245,7 +262,7 @@ def _tile_job(job: _Job, config: PrepareConfig, staging: Path) -> _Outcome:
                 str(job.plan.channels),
             ]
         )
-    return _Outcome(rows=rows, warnings=tuple(notes))
+    return _Outcome(rows=rows, warnings=tuple(notes), pixels_sha256=pixels)
 
 
 def _recover_interrupted(out: Path) -> None:
@@ -351,6 +368,7 @@ def _unique(infos: list[SlideInfo]) -> tuple[list[SlideInfo], list[Skipped]]:
 
     Two copies of one slide could land in different splits (defect 5 of issue 10): the same pixels in train and
     test. The slide's own SHA-256 (``hashes[0]``) decides; a copy with another mask is still the same image.
+    Copies with other bytes but the same decoded pixels are found by `_pixel_copies` once tiling has decoded them.
     """
     first: dict[str, str] = {}
     kept: list[SlideInfo] = []
@@ -369,6 +387,46 @@ def _unique(infos: list[SlideInfo]) -> tuple[list[SlideInfo], list[Skipped]]:
         first[digest] = source
         kept.append(info)
     return kept, copies
+
+
+def _pixel_copies(jobs: list[_Job], outcomes: list[_Outcome]) -> list[Skipped]:
+    """The tiled slides whose decoded pixels repeat an earlier slide's, each with the line that reports it.
+
+    The rule of `_unique`, applied to the decoded pixels (`pipeline.sources.pixel_sha256`): a slide saved again
+    as another format or at another compression level has other bytes but is the same image, and must not give
+    tiles to both train and test. The first slide in sorted order is kept, whatever its mask or annotation (a
+    slide is its image, so a copy with another mask is still a copy).
+    """
+    first: dict[str, str] = {}
+    copies: list[Skipped] = []
+    for job, outcome in zip(jobs, outcomes, strict=True):
+        digest = outcome.pixels_sha256
+        if outcome.skipped is not None or digest is None:
+            continue
+        source = job.info.ref.source
+        if digest not in first:
+            first[digest] = source
+            continue
+        copies.append(
+            Skipped(
+                source,
+                f"{source}: same pixels as {first[digest]} although the files differ (SHA-256 of the decoded pixels "
+                f"{digest[:12]}...); left out so that one image cannot be in both train and test (remove one of the "
+                "two files from the input)",
+            )
+        )
+    return copies
+
+
+def _assign(
+    config: PrepareConfig, usable: list[SlideInfo], plans: list[ClientPlan], classes: tuple[str, ...]
+) -> tuple[list[_Job], list[float]]:
+    """Share ``usable`` out over the hospitals and split each hospital's slides into train/test (from the seed)."""
+    rng = np.random.default_rng(config.split.seed)
+    labels = [str(i.label) for i in usable]
+    owners, ratios = assign_clients(labels, config.split, rng, classes)
+    splits = split_train_test(labels, owners, config.split.clients, config.split.test_fraction, rng, classes)
+    return [_Job(i, c, s, plans[c]) for i, c, s in zip(usable, owners, splits, strict=True)], ratios
 
 
 def _prepare_claimed(config: PrepareConfig, started: float) -> PrepareResult:
@@ -398,33 +456,47 @@ def _prepare_claimed(config: PrepareConfig, started: float) -> PrepareResult:
         raise PipelineError(
             f"none of the {len(infos)} slide(s) in {config.source.input} is usable; first problem: {skipped[0].reason}"
         )
-    warnings = tuple(i.warning for i in usable if i.warning is not None)
-
-    rng = np.random.default_rng(config.split.seed)
-    labels = [str(i.label) for i in usable]
-    owners, ratios = assign_clients(labels, config.split, rng, classes)
-    splits = split_train_test(labels, owners, config.split.clients, config.split.test_fraction, rng, classes)
     plans = client_plans(config)
-    jobs = [_Job(i, c, s, plans[c]) for i, c, s in zip(usable, owners, splits, strict=True)]
-
     try:
         staging = Path(tempfile.mkdtemp(prefix=f".{out.out.name}.partial-", dir=out.out.parent))
     except OSError as exc:
         raise PipelineError(os_error_message(exc, out.out)) from None
     try:
         write_marker(staging, COMMAND, complete=False, record_contents=False)
-        for plan in plans:
-            for split in SPLITS:
-                for label in classes:
-                    (staging / f"client_{plan.client:02d}" / split / label).mkdir(parents=True)
-        outcomes = list(
-            _parallel(lambda job: _tile_job(job, config, staging), jobs, out.workers, "tiling", out.progress)
-        )
+        while True:
+            jobs, ratios = _assign(config, usable, plans, classes)
+            for plan in plans:
+                for split in SPLITS:
+                    for label in classes:
+                        (staging / f"client_{plan.client:02d}" / split / label).mkdir(parents=True)
+            outcomes = list(
+                _parallel(lambda job: _tile_job(job, config, staging), jobs, out.workers, "tiling", out.progress)
+            )
+            pixel_copies = _pixel_copies(jobs, outcomes)
+            if not pixel_copies:
+                break
+            if out.strict:
+                raise SlideError(f"{pixel_copies[0].reason} (stopped by --strict)")
+            # Pixels are decoded only here, so a copy is recognised only after it was given a hospital and split.
+            # Share the slides out again without the copies, as if they had been left out with the byte-identical
+            # ones: the split then does not depend on them. Tiling twice costs a second decode, but only when the
+            # input holds such copies; a clean input is decoded once.
+            left_out = {c.source for c in pixel_copies}
+            usable = [i for i in usable if i.ref.source not in left_out]
+            skipped = tuple(sorted([*skipped, *pixel_copies], key=lambda s: s.source))
+            for plan in plans:
+                shutil.rmtree(staging / f"client_{plan.client:02d}")
+        warnings = tuple(i.warning for i in usable if i.warning is not None)
         late = [o.skipped for o in outcomes if o.skipped is not None]
         if late and out.strict:
             raise SlideError(f"{late[0].reason} (stopped by --strict)")
         skipped = tuple(sorted([*skipped, *late], key=lambda s: s.source))
         warnings = (*warnings, *(w for o in outcomes for w in o.warnings))
+        pixel_digests = {
+            j.info.ref.source: o.pixels_sha256
+            for j, o in zip(jobs, outcomes, strict=True)
+            if o.skipped is None and o.pixels_sha256 is not None
+        }
         jobs = [j for j, o in zip(jobs, outcomes, strict=True) if o.skipped is None]
         per_slide = [o.rows for o in outcomes if o.skipped is None]
         rows = [row for slide_rows in per_slide for row in slide_rows]
@@ -444,7 +516,7 @@ def _prepare_claimed(config: PrepareConfig, started: float) -> PrepareResult:
         (staging / "manifest.csv").write_text(buffer.getvalue(), encoding="utf-8")
 
         slides_per_client = {p.client: sum(1 for j in jobs if j.client == p.client) for p in plans}
-        record = _provenance(config, plans, jobs, per_slide, ratios, counts, skipped, warnings, rows)
+        record = _provenance(config, plans, jobs, per_slide, ratios, counts, skipped, warnings, rows, pixel_digests)
         (staging / "prepare.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
         settings = {
@@ -509,8 +581,14 @@ def _provenance(
     skipped: tuple[Skipped, ...],
     warnings: tuple[str, ...],
     rows: list[list[str]],
+    pixel_digests: dict[str, str],
 ) -> dict[str, Any]:
-    """``prepare.json``: enough to trace every tile to a source file version and to redo the run."""
+    """``prepare.json``: enough to trace every tile to a source file version and to redo the run.
+
+    ``source_sha256`` hashes the bytes of every file read (slides, masks, annotations); ``source_pixels_sha256``
+    the decoded pixels of every used slide (`pipeline.sources.pixel_sha256`), which identify a slide whatever
+    its encoding.
+    """
     hashes: dict[str, str] = {}
     for job in jobs:
         hashes.update(dict(job.info.hashes))
@@ -567,5 +645,6 @@ def _provenance(
         "skipped": [{"source": s.source, "reason": s.reason} for s in skipped],
         "warnings": list(warnings),
         "source_sha256": dict(sorted(hashes.items())),
+        "source_pixels_sha256": dict(sorted(pixel_digests.items())),
         "manifest_rows_sha256": manifest_digest.hexdigest(),
     }

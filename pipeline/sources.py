@@ -11,7 +11,8 @@ Layouts (data/README.md, "Raw layouts"):
 `inspect_slide` is the per-slide check run before the client split (so that only usable slides are shared
 out): headers, masks, annotations and labels, without decoding the slide's pixels. `load_slide` decodes the
 slide during tiling; the caller compares the file hashes of both reads, so a file changed in between is
-caught instead of silently mixed in.
+caught instead of silently mixed in. `pixel_sha256` identifies a slide by its decoded pixels (the same picture
+saved as PNG and as TIFF has other bytes but the same pixels); prepare applies it to the array it tiles.
 """
 
 from __future__ import annotations
@@ -182,6 +183,20 @@ def discover(config: SourceConfig) -> list[SlideRef]:
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def pixel_sha256(image: npt.NDArray[np.generic]) -> str:
+    """SHA-256 of a decoded image: a header with its dtype and shape, then its samples in C order.
+
+    Files with the same picture in other encodings (PNG and TIFF, or a PNG re-compressed) give the same digest;
+    one changed sample changes it. The header keeps apart arrays whose bytes are equal but whose shape is not
+    (96x32 against 32x96, RGB against gray).
+    """
+    shape = "x".join(str(n) for n in image.shape)
+    digest = hashlib.sha256(f"{image.dtype.str} {shape}\n".encode())
+    # hashlib releases the GIL on large buffers, so tiling threads hash in parallel.
+    digest.update(np.ascontiguousarray(image).data)
+    return digest.hexdigest()
 
 
 def _binary_mask(raw: npt.NDArray[np.generic], name: str, threshold: int | None) -> npt.NDArray[np.bool_]:

@@ -22,9 +22,10 @@ import tifffile
 from test_prepare import config_for, file_hashes, make_seed, read_manifest
 
 from pipeline.errors import PipelineError
-from pipeline.images import ImageReadError, decode_raw, probe_size
+from pipeline.images import ImageReadError, decode_raw, probe_size, read_rgb
 from pipeline.outputs import MARKER_NAME, claim_output, lock_path
 from pipeline.prepare import prepare_dataset
+from pipeline.sources import pixel_sha256
 from pipeline.svgmask import rasterise_svg
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,6 +158,116 @@ def test_byte_identical_slides_are_kept_once(raw: Path, tmp_path: Path) -> None:
         splits.setdefault(digest[row["source"]], set()).add(row["split"])
     assert all(len(s) == 1 for s in splits.values())
     assert file_hashes(raw) == before
+
+
+# The same slide saved again with other bytes (PNG and TIFF, another PNG compression): the same decoded pixels.
+
+
+def _pixels(path: Path) -> np.ndarray:
+    """A slide's pixels as prepare tiles them (RGB uint8)."""
+    return np.asarray(read_rgb(path.read_bytes(), path.name))
+
+
+def _save_png(pixels: np.ndarray, path: Path, level: int) -> None:
+    import cv2
+
+    assert cv2.imwrite(str(path), cv2.cvtColor(pixels, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_PNG_COMPRESSION, level])
+
+
+def test_pixel_identical_slides_with_other_bytes_are_kept_once(raw: Path, tmp_path: Path) -> None:
+    for k in range(8):
+        tifffile.imwrite(raw / f"s{k:02d}.tif", _pixels(raw / f"s{k:02d}.png"), photometric="rgb")  # s{k}_mask.png
+    # A re-compressed PNG under another name, with another mask: a slide is its image, whatever its mask says.
+    _save_png(_pixels(raw / "s05.png"), raw / "u05.png", level=9)
+    shutil.copy(raw / "s00_mask.png", raw / "u05_mask.png")  # all black: u05 would be normal, s05 is abnormal
+    for copy, original in (("s00.tif", "s00.png"), ("s07.tif", "s07.png"), ("u05.png", "s05.png")):
+        assert (raw / copy).read_bytes() != (raw / original).read_bytes()
+        assert np.array_equal(_pixels(raw / copy), _pixels(raw / original))
+    before = file_hashes(raw)
+    out = tmp_path / "prepared"
+    result = prepare_dataset(config_for(raw, out))
+
+    skipped = {s.source: s.reason for s in result.skipped}
+    assert set(skipped) == {f"s{k:02d}.tif" for k in range(8)} | {"u05.png"}
+    assert skipped["s03.tif"].startswith("s03.tif: same pixels as s03.png although the files differ")
+    assert skipped["u05.png"].startswith("u05.png: same pixels as s05.png")
+    assert "remove one of the two files from the input" in skipped["u05.png"]
+    rows = read_manifest(out)
+    assert {row["source"] for row in rows} <= {f"s{k:02d}.png" for k in range(8)}
+    # The copies were tiled before they were recognised: their tiles are gone, nothing else is left.
+    tiles = {p.relative_to(out).as_posix() for p in out.glob("client_*/*/*/*.png")}
+    assert tiles == {row["path"] for row in rows}
+    by_pixels: dict[str, set[str]] = {}
+    for row in rows:
+        by_pixels.setdefault(pixel_sha256(_pixels(raw / row["source"])), set()).add(row["split"])
+    assert len(by_pixels) == len({row["source"] for row in rows})
+    assert all(len(splits) == 1 for splits in by_pixels.values())
+
+    info = json.loads((out / "prepare.json").read_text())
+    assert {s["source"] for s in info["skipped"]} == set(skipped)
+    assert set(info["source_pixels_sha256"]) == {s["source"] for s in info["slides"]}
+    assert info["source_pixels_sha256"]["s02.png"] == pixel_sha256(_pixels(raw / "s02.png"))
+    assert info["source_sha256"]["s02.png"] == hashlib.sha256((raw / "s02.png").read_bytes()).hexdigest()
+    assert next(s for s in info["slides"] if s["source"] == "s05.png")["label"] == "abnormal"
+    assert file_hashes(raw) == before
+
+    # Hospitals and splits are those of the input without the copies: the copies took no share of the split.
+    make_seed(tmp_path / "clean", n=8)
+    prepare_dataset(config_for(tmp_path / "clean", tmp_path / "clean_prepared"))
+    clean = json.loads((tmp_path / "clean_prepared" / "prepare.json").read_text())
+
+    def placed(record: dict[str, list[dict[str, object]]]) -> list[tuple[object, ...]]:
+        return [(s["source"], s["label"], s["client"], s["split"], s["tiles"]) for s in record["slides"]]
+
+    assert placed(info) == placed(clean)
+    assert info["source_pixels_sha256"] == clean["source_pixels_sha256"]
+
+
+def test_one_changed_pixel_makes_another_slide(raw: Path, tmp_path: Path) -> None:
+    pixels = _pixels(raw / "s00.png")
+    pixels[50, 60, 1] ^= 1
+    tifffile.imwrite(raw / "s00.tif", pixels, photometric="rgb")
+    _save_png(pixels, raw / "u00.png", level=9)
+    shutil.copy(raw / "s00_mask.png", raw / "u00_mask.png")
+    assert int((_pixels(raw / "s00.tif") != _pixels(raw / "s00.png")).sum()) == 1
+    out = tmp_path / "prepared"
+    result = prepare_dataset(config_for(raw, out))
+    # s00.tif and u00.png hold the same changed picture: one of them is a copy, s00.png is not.
+    assert [(s.source, s.reason.split(" (")[0]) for s in result.skipped] == [
+        ("u00.png", "u00.png: same pixels as s00.tif although the files differ")
+    ]
+    info = json.loads((out / "prepare.json").read_text())
+    assert {"s00.png", "s00.tif"} <= {s["source"] for s in info["slides"]}
+    digests = info["source_pixels_sha256"]
+    assert digests["s00.tif"] != digests["s00.png"]
+    assert digests["s00.tif"] == pixel_sha256(pixels)
+
+
+def test_pixel_sha256_covers_shape_and_dtype_not_memory_layout() -> None:
+    pixels = np.random.default_rng(0).integers(0, 256, (4, 6, 3), dtype=np.uint8)
+    digest = pixel_sha256(pixels)
+    assert pixel_sha256(np.asfortranarray(pixels)) == digest
+    assert pixel_sha256(np.ascontiguousarray(pixels[::-1])[::-1]) == digest
+    assert pixel_sha256(pixels.reshape(6, 4, 3)) != digest
+    assert pixel_sha256(pixels.view(np.int8)) != digest
+    changed = pixels.copy()
+    changed[3, 5, 2] ^= 1
+    assert pixel_sha256(changed) != digest
+
+
+def test_strict_prepare_stops_on_a_pixel_identical_copy_naming_both_files(
+    raw: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tifffile.imwrite(raw / "s03.tif", _pixels(raw / "s03.png"), photometric="rgb")
+    assert (raw / "s03.tif").read_bytes() != (raw / "s03.png").read_bytes()
+    code, lines = _main(monkeypatch, capsys, "--input", str(raw), "--out", str(tmp_path / "o"), "--strict")
+    assert code == 2
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: s03.tif: same pixels as s03.png although the files differ")
+    assert "remove one of the two files from the input" in lines[0]
+    assert lines[0].endswith("(stopped by --strict)")
+    assert not (tmp_path / "o").exists()
+    assert _hidden(tmp_path) == []
 
 
 # --- defect 6: a vertex far outside the slide does not move the edges inside it --------------------------------
