@@ -15,7 +15,8 @@ Implements FedSAF (Miao et al., 2025; paper 001) server-side aggregation, as fix
 - Fisher reweighting, Eq. 14 and 19-20: ``gamma_i = tFIM_i / sum_n tFIM_n`` and
   ``p_i = gamma_i z_i + sum_{j != i} gamma_j z_j``. Written out, Eq. 20 gives every client the *same* ``p``
   (``sum_j gamma_j z_j``); it is implemented as written (see ``fisher_intermediate``) and documented so.
-- Weighted sums (FedAvg's ``sum_i n_i / n * w_i`` and the batched ``coefficients @ vectors``).
+- Weighted sums (FedAvg's ``sum_i n_i / n * w_i`` and the batched ``coefficients @ vectors``), and the cap on any
+  one client's weight ``n_i / n`` (``server.max_weight``, ``cap_weights``: water-filling, not from the papers).
 - The seed methods (``../shared/reference/seed-methods.md``; docs/methods.md): depth-wise Fisher weights
   (paper 000, Eq. 1-3, ``depthwise_fisher_weights``), FedLWS shrinking factors (paper 002, Eq. 4, 7-9,
   ``lws_factors``), FedTLU layer scores (paper 003, Sec. 3, ``tlu_scores``) and precision-weighted averaging
@@ -43,7 +44,7 @@ from typing import Literal
 
 import torch
 
-from federation.config import amp_bound_problem
+from federation.config import amp_bound_problem, max_weight_problem
 from federation.errors import FederationError
 
 Metric = Literal["euclidean", "manhattan", "cosine", "cosine_distance"]
@@ -431,6 +432,47 @@ def weighted_sum(vectors: torch.Tensor, weights: Sequence[float] | torch.Tensor)
     if w.numel() != vectors.shape[0]:
         raise ValueError(f"{w.numel()} weights for {vectors.shape[0]} vectors")
     return mix(vectors, w.unsqueeze(0))[0]
+
+
+def cap_weights(weights: Sequence[float] | torch.Tensor, max_weight: float) -> torch.Tensor:
+    """The weights ``w`` (non-negative, summing to 1, e.g. FedAvg's ``n_i / n``) with none above ``max_weight``:
+    a float64 vector summing to 1 (``server.max_weight``; docs/federation.md, "Capping a hospital's weight").
+
+    Water-filling: every weight above the cap is set to the cap, and what they lose is spread over the others in
+    proportion to their weights, ``w'_i = w_i (1 - c k) / sum_{j uncapped} w_j`` for ``k`` clients capped at
+    ``c``; that can lift another weight over the cap, so it repeats until none is (at most ``m`` times). The
+    uncapped clients keep their ratios. Weights already under the cap come back exactly as given (``max_weight = 1``
+    changes nothing). Should every uncapped weight be 0, their share is spread evenly (proportions are undefined
+    there). A cap below ``1/m`` cannot hold for ``m`` weights summing to 1: a ``FederationError``
+    (`federation.config.max_weight_problem`); malformed weights are a ``ValueError``.
+
+    Example: counts ``[1e9, 10, 30]`` give ``w ~ [1, 1e-8, 3e-8]``; with ``max_weight = 0.5`` the first is capped
+    and the others share ``0.5`` as ``1 : 3``, so ``[0.5, 0.125, 0.375]``.
+    """
+    w = torch.as_tensor(weights, dtype=torch.float64).flatten().clone()
+    m = w.numel()
+    if m == 0:
+        raise ValueError("cap_weights needs at least one client's weight")
+    if not bool(torch.isfinite(w).all()) or bool((w < 0).any()) or abs(float(w.sum()) - 1.0) > 1e-9:
+        raise ValueError(f"cap_weights needs finite non-negative weights summing to 1, got {w.tolist()}")
+    problem = max_weight_problem(m, max_weight)
+    if problem is not None:
+        raise FederationError(problem)
+    capped = torch.zeros(m, dtype=torch.bool)
+    out = w
+    while True:
+        over = ~capped & (out > max_weight)
+        if not bool(over.any()):
+            return out
+        capped |= over
+        free = ~capped
+        remaining = max(1.0 - max_weight * int(capped.sum()), 0.0)
+        mass = float(w[free].sum())
+        out = torch.full_like(w, max_weight)
+        if mass > 0.0:
+            out[free] = w[free] * (remaining / mass)
+        elif bool(free.any()):
+            out[free] = remaining / int(free.sum())
 
 
 def mix(vectors: torch.Tensor, coefficients: torch.Tensor) -> torch.Tensor:

@@ -5,6 +5,7 @@ number of layer units kept local (Eq. 1), ``[amp]`` holds alpha_k, sigma, lambda
 Eq. 3-8 and 16-18, ``[fedsaf]`` toggles the Fisher reweighting (Eq. 12-15, 19-20) and the model splitting.
 ``[depthwise_fim]``, ``[fedlws]`` and ``[fedtlu]`` set the seed methods of papers 000, 002 and 003
 (docs/methods.md); ``strategy.wrap`` lists the post-processing steps (FedLWS, FedTLU) applied to a strategy.
+``[server]`` holds the server's own safeguards: ``max_weight`` caps any one hospital's FedAvg weight ``n_i / n``.
 
 Loading is strict: an unknown section or key, a value of the wrong type, or a value out of range is rejected
 with a ``FederationError`` that names it and says what is allowed. The defaults live in ``DEFAULTS_TOML`` below;
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from federation.errors import FederationError
-from federation.strategies.registry import OWN_START, STRATEGY_NAMES, wrap_problem
+from federation.strategies.registry import EXAMPLE_WEIGHTED, OWN_START, STRATEGY_NAMES, wrap_problem
 from models.names import MODEL_NAMES
 
 # The single source of default values. A field missing here has a Python default of None, meaning
@@ -148,6 +149,14 @@ hospitals = 0
 # answered by then is left out of that round.
 connect_timeout = 300
 round_timeout = 600
+
+[server]
+# The largest aggregation weight any one hospital may get in the example-weighted averages (fedavg, fedprox,
+# fedrep, fedbn): the weights n_i / n are capped at max_weight and the excess is spread over the other hospitals
+# in proportion to their weights (federation.aggregation.cap_weights). Unset (the default): no cap. A hospital's
+# example count is the one it declared in its Hello; the cap bounds what an inflated declaration can buy.
+# Must be >= 1/m for m hospitals (weights sum to 1). Example:
+# max_weight = 0.5
 """
 
 DEVICES = ("cpu", "cuda", "auto")
@@ -451,6 +460,42 @@ class FlowerSection:
         _positive("flower.round_timeout", self.round_timeout)
 
 
+def max_weight_problem(num_clients: int, max_weight: float) -> str | None:
+    """Why ``server.max_weight`` cannot cap the weights of ``num_clients`` hospitals, or ``None`` when it can.
+
+    The weights sum to 1, so some hospital has at least ``1/m``: a cap below ``1/m`` cannot hold (a relative
+    tolerance of 1e-12 lets ``1/m`` itself through); ``num_clients = 0`` (not known yet) checks only ``(0, 1]``.
+    The one rule: the configuration applies it when ``strategy.clients`` lists the hospitals, the averaging
+    strategies when a run starts (``federation.strategies.fedavg.Averaging``), and
+    `federation.aggregation.cap_weights` on every call; it needs no torch.
+    """
+    if not (math.isfinite(max_weight) and 0.0 < max_weight <= 1.0):
+        return f"config server.max_weight = {max_weight!r} is out of range: use a share in (0, 1], e.g. 0.5"
+    if num_clients < 1 or max_weight * num_clients >= 1.0 - 1e-12:
+        return None
+    least = math.ceil(1e6 / num_clients) / 1e6  # 1/m rounded up, so that the suggested value is accepted
+    return (
+        f"config server.max_weight = {max_weight!r} is out of range: with {num_clients} "
+        f"{'hospital' if num_clients == 1 else 'hospitals'} the weights sum to 1, so a cap below 1/{num_clients} "
+        f"cannot hold: use server.max_weight >= {least:g} (or leave it unset: no cap)"
+    )
+
+
+@dataclass(frozen=True)
+class ServerSection:
+    """``[server]``: the server's own safeguards. ``max_weight``: the largest aggregation weight one hospital may get
+    in the example-weighted averages (``n_i / n``, FedAvg family; `federation.aggregation.cap_weights`); ``None``
+    (the default) caps nothing."""
+
+    max_weight: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_weight is not None:
+            problem = max_weight_problem(0, self.max_weight)  # against 1/m once the hospitals are known
+            if problem is not None:
+                raise FederationError(problem)
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """The whole configuration of one run; ``config_to_toml`` writes it back exactly."""
@@ -470,6 +515,7 @@ class RunConfig:
     adam: AdamSection
     precision_weighted: PrecisionWeightedSection
     fedamp: FedAMPSection
+    server: ServerSection
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Plain nested dict (tuples as lists, ``None`` fields left out: TOML has no null)."""
@@ -584,7 +630,28 @@ def config_from_dict(raw: Mapping[str, Any], source: str = "config") -> RunConfi
         config.strategy.name == "precision_weighted",
         "they apply only with strategy.name = precision_weighted",
     )
+    _check_max_weight(config)
     return config
+
+
+def _check_max_weight(config: RunConfig) -> None:
+    """Refuse ``server.max_weight`` for a strategy whose weights are not example counts (it would cap nothing and
+    mislead), and a cap below ``1/m`` when ``strategy.clients`` names the ``m`` hospitals (else: at run start)."""
+    cap = config.server.max_weight
+    if cap is None:
+        return
+    if config.strategy.name not in EXAMPLE_WEIGHTED:
+        name = config.strategy.name
+        capped = ", ".join(n for n in STRATEGY_NAMES if n in EXAMPLE_WEIGHTED)
+        raise FederationError(
+            f"config server.max_weight = {cap!r} does not apply to strategy {name}: it caps the example-count "
+            f"weights n_i / n of {capped}, and {name} does not weight hospitals by their example counts: "
+            "leave server.max_weight unset"
+        )
+    if not isinstance(config.strategy.clients, str):
+        problem = max_weight_problem(len(config.strategy.clients), cap)
+        if problem is not None:
+            raise FederationError(problem)
 
 
 def _check_unused(config: RunConfig, section: str, applies: bool, why: str) -> None:
@@ -651,6 +718,8 @@ def config_to_toml(config: RunConfig) -> str:
     """The configuration as TOML text that ``load_config`` reads back to an equal ``RunConfig``."""
     lines: list[str] = []
     for section, values in config.to_dict().items():
+        if not values:  # [server] with nothing set: left out, so a run without it writes what it always wrote
+            continue
         lines.append(f"[{section}]")
         lines.extend(f"{key} = {_toml_value(value)}" for key, value in values.items())
         lines.append("")

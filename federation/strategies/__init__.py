@@ -3,11 +3,12 @@
 The names, defaults and capabilities are in the torch-free leaf `federation.strategies.registry` (re-exported
 here): ``STRATEGIES`` maps a strategy name to its module, ``DEFAULT_NHEAD`` its local layer units when
 ``strategy.nhead`` is unset, ``WRAPPERS`` the ``strategy.wrap`` steps, ``AVERAGING`` the strategies a wrapper can
-post-process. Modules are imported lazily by name, so a strategy that is missing or broken only fails when it is
-chosen. Each module exposes ``build(config: RunConfig, ctx: StrategyContext) -> Strategy`` (the ``Strategy``
-protocol of ``federation.contract``); each wrapper ``wrap(inner: Strategy, config: RunConfig, ctx:
-StrategyContext) -> Strategy``, applied in the listed order. ``StrategyContext`` (``common``, which imports torch)
-is imported on first use, so that importing the registry through this package does not import torch.
+post-process, ``EXAMPLE_WEIGHTED`` those whose weights ``server.max_weight`` caps. Modules are imported lazily by
+name, so a strategy that is missing or broken only fails when it is chosen. Each module exposes ``build(config:
+RunConfig, ctx: StrategyContext) -> Strategy`` (the ``Strategy`` protocol of ``federation.contract``); each wrapper
+``wrap(inner: Strategy, config: RunConfig, ctx: StrategyContext) -> Strategy``, applied in the listed order.
+``StrategyContext`` (``common``, which imports torch) is imported on first use, so that importing the registry
+through this package does not import torch.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from federation.errors import FederationError
 from federation.strategies.registry import (
     AVERAGING,
     DEFAULT_NHEAD,
+    EXAMPLE_WEIGHTED,
     FORCED_BN,
     OWN_START,
     STRATEGIES,
@@ -73,6 +75,7 @@ def build_strategy(config: RunConfig, ctx: StrategyContext) -> Strategy:
 __all__ = [
     "AVERAGING",
     "DEFAULT_NHEAD",
+    "EXAMPLE_WEIGHTED",
     "FORCED_BN",
     "OWN_START",
     "STRATEGIES",

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from federation.aggregation import cap_weights
+from federation.config import max_weight_problem
 from federation.contract import Recipe, TensorDict, TrainReply
 from federation.errors import FederationError
 from models import Unit, base_keys
@@ -112,6 +114,24 @@ def example_weights(server_round: int, replies: Mapping[int, TrainReply], client
     if total <= 0:
         raise FederationError(f"round {server_round}: the clients reported no training examples")
     return [n / total for n in counts]
+
+
+def cap_example_weights(
+    weights: Sequence[float], clients: Sequence[int], max_weight: float
+) -> tuple[list[float], dict[str, Any]]:
+    """FedAvg's weights ``n_i / n`` of ``clients`` capped at ``server.max_weight`` (`federation.aggregation.
+    cap_weights`), and what ``aggregation.jsonl`` records of it as ``weight_cap``: the cap, the clients whose weight
+    it lowered, and ``uniform``.
+
+    The cap was checked against the run's ``m`` hospitals when the run started; a round in which some were left out
+    has ``m' < m`` weights, and a cap below ``1/m'`` cannot hold: that round every replying hospital gets ``1/m'``
+    (the most even weights there are) and ``uniform`` is true.
+    """
+    m = len(weights)
+    uniform = max_weight_problem(m, max_weight) is not None
+    used = [1.0 / m] * m if uniform else cap_weights(weights, max_weight).tolist()
+    lowered = [str(c) for c, before, after in zip(clients, weights, used, strict=True) if after < before]
+    return used, {"max_weight": max_weight, "capped": lowered, "uniform": uniform}
 
 
 def fisher_traces(

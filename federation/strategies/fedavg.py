@@ -7,6 +7,10 @@ The average runs over the whole shared ``state_dict``, BatchNorm running means a
 deployed model's normalisation matches its weights; ``num_batches_tracked`` (an integer counter) is averaged
 the same way and rounded back to an integer (``federation.aggregation.unflatten``). With ``nhead > 0`` the last
 ``nhead`` layer units stay on each client (FedPer-style); FedAvg proper is ``nhead = 0``.
+
+With ``server.max_weight`` set, the weights ``n_i / n`` are capped at it before averaging (not part of FedAvg: a
+safeguard against a hospital that declares an inflated count; `federation.aggregation.cap_weights`), for FedAvg,
+FedProx, FedRep and FedBN; the weights used are the ones recorded.
 """
 
 from __future__ import annotations
@@ -17,23 +21,37 @@ from typing import Any
 import torch
 
 from federation.aggregation import FlatSpec, flatten, unflatten, weighted_sum
-from federation.config import RunConfig
+from federation.config import RunConfig, max_weight_problem
 from federation.contract import Recipe, TensorDict, TrainInstruction, TrainReply
 from federation.errors import FederationError
-from federation.strategies.common import StrategyContext, example_weights, recipe_from_config, resolved_nhead
+from federation.strategies.common import (
+    StrategyContext,
+    cap_example_weights,
+    example_weights,
+    recipe_from_config,
+    resolved_nhead,
+)
 
 
 class Averaging:
     """Example-weighted averaging of the shared part; the recipe decides FedAvg, FedProx or FedRep.
 
     ``recipe.prox_mu > 0`` sends the global weights as the proximal centre too (FedProx). ``recipe.head_epochs``
-    > 0 trains each client's head before its base (FedRep). The only cross-round state is the global weights.
+    > 0 trains each client's head before its base (FedRep). ``max_weight`` (``server.max_weight``) caps each
+    client's weight ``n_i / n``; ``None`` caps nothing. The only cross-round state is the global weights.
     """
 
-    def __init__(self, name: str, recipe: Recipe, nhead: int, ctx: StrategyContext) -> None:
+    def __init__(
+        self, name: str, recipe: Recipe, nhead: int, ctx: StrategyContext, *, max_weight: float | None = None
+    ) -> None:
         self.name = name
         self.recipe = recipe
         self.nhead = nhead
+        if max_weight is not None:
+            problem = max_weight_problem(ctx.num_clients, max_weight)
+            if problem is not None:
+                raise FederationError(problem)
+        self.max_weight = max_weight
         self.keys = ctx.shared_keys(nhead)
         if not self.keys:
             raise FederationError(f"{name} with nhead={nhead} shares no layer: use a smaller strategy.nhead")
@@ -55,9 +73,12 @@ class Averaging:
     def aggregate_train(self, server_round: int, replies: Mapping[int, TrainReply]) -> dict[str, Any]:
         clients = sorted(replies)
         weights = example_weights(server_round, replies, clients)
+        capping: dict[str, Any] = {}
+        if self.max_weight is not None:
+            weights, capping["weight_cap"] = cap_example_weights(weights, clients, self.max_weight)
         stacked = flatten([replies[c].shared for c in clients], self.spec)
         self.global_state = unflatten(weighted_sum(stacked, weights), self.spec)
-        return {"weights": {str(c): w for c, w in zip(clients, weights, strict=True)}}
+        return {"weights": {str(c): w for c, w in zip(clients, weights, strict=True)}, **capping}
 
     def configure_evaluate(self, server_round: int, clients: Sequence[int]) -> dict[int, TensorDict | None]:
         return dict.fromkeys(clients, self.global_state)
@@ -81,4 +102,6 @@ class Averaging:
 
 def build(config: RunConfig, ctx: StrategyContext) -> Averaging:
     """FedAvg: one phase over all parameters, no proximal term."""
-    return Averaging("fedavg", recipe_from_config(config), resolved_nhead(config), ctx)
+    return Averaging(
+        "fedavg", recipe_from_config(config), resolved_nhead(config), ctx, max_weight=config.server.max_weight
+    )

@@ -9,7 +9,9 @@ gives each strategy's number of local layer units when ``strategy.nhead`` is uns
 (paper 000, FedPer/FedAS-style) keep the last unit (the classifier) local, FedSAF the last six units (paper 001,
 Sec. 4.3.3, Table 6), the others share everything. ``WRAPPERS`` maps ``strategy.wrap`` names to the modules in
 ``wrappers/`` that post-process an averaging strategy's new global model (FedLWS, paper 002; FedTLU, paper 003);
-only strategies in ``AVERAGING`` keep one global model for a wrapper to rescale or revert.
+only strategies in ``AVERAGING`` keep one global model for a wrapper to rescale or revert. ``EXAMPLE_WEIGHTED``:
+the strategies whose aggregation weights are the example-count weights ``n_i / n``, the only ones
+``server.max_weight`` caps.
 """
 
 from __future__ import annotations
@@ -58,6 +60,11 @@ WRAPPER_NAMES: tuple[str, ...] = tuple(WRAPPERS)
 AVERAGING: frozenset[str] = frozenset(
     {"fedavg", "fedprox", "fedrep", "depthwise_fim", "precision_weighted", "fedbn", "fedas"}
 )
+
+# Strategies that aggregate with FedAvg's weights n_i / n (federation.strategies.fedavg.Averaging), so that
+# server.max_weight caps them. Not the others: fedas and depthwise_fim weight by Fisher traces, precision_weighted by
+# Adam's second moments (n_i / n only for buffers and as a fallback), fedamp and fedsaf by AMP's xi and Fisher's gamma.
+EXAMPLE_WEIGHTED: frozenset[str] = frozenset({"fedavg", "fedprox", "fedrep", "fedbn"})
 
 
 def bn_mode(name: str, configured: str) -> str:
