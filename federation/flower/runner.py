@@ -29,6 +29,7 @@ from federation.config import RunConfig, config_to_toml
 from federation.engine.hospital import HOSPITALS_DIR, Site, manifest_sha256
 from federation.engine.loop import RunStopped
 from federation.errors import FederationError
+from federation.flower.operator import operator_problem
 from federation.flower.processes import COMPLETED, FINISHED, ConfigValue, FlwrCli, SuperLink
 from federation.runs import SUMMARY_FILE, now_iso, read_json, write_json
 
@@ -135,6 +136,9 @@ def run_with_flower(
             raise FederationError("run.engine = flower needs the SuperLink: pass --superlink HOST:PORT")
         if config.flower.hospitals < 1:
             raise FederationError("run.engine = flower needs flower.hospitals: how many hospitals take part")
+        elsewhere = operator_problem(config.flower.superlink)
+        if elsewhere is not None:
+            raise FederationError(elsewhere)  # before anything is submitted
         ca = Path(config.flower.root_certificates) if config.flower.root_certificates else None
         if ca is None or not ca.is_file():
             raise FederationError(
