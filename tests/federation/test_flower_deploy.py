@@ -26,8 +26,24 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from federation.errors import FederationError
-from federation.flower.kit import Kit, add_hospital, init_kit, load_bundle
-from federation.flower.processes import LocalDeployment, NodeSpec, SuperLink, SuperNode, group_members
+from federation.flower.kit import (
+    Kit,
+    add_hospital,
+    init_kit,
+    load_bundle,
+    new_key,
+    openssh_private,
+    openssh_public,
+    write_secret,
+)
+from federation.flower.processes import (
+    LocalDeployment,
+    NodeSpec,
+    SuperLink,
+    SuperNode,
+    group_members,
+    register_hospitals,
+)
 
 ECHO_APP = Path(__file__).parent / "flower_echo_app"
 REGISTERED = ["client_00", "client_01"]
@@ -238,6 +254,38 @@ def test_superlink_restart_keeps_registrations_then_kill_a_supernode(deployed: D
     dep.kill_supernode("client_01")  # as a crash: SIGKILL to its group, its SuperExec included
     assert not node.alive()
     assert not _alive(groups)
+
+
+@pytest.mark.slow
+def test_a_rotated_key_revokes_the_old_one_on_the_real_superlink(deployed: Deployed, tmp_path: Path) -> None:
+    """Rotation reaches the real SuperLink: client_01's key is replaced in the kit (as ``init --overwrite`` or an
+    administrator would), the SuperLink restarts and the server reconciles its registrations with the kit (what
+    every start of ``federation server`` does); the old key is refused from then on, the new one joins."""
+    dep = deployed.dep
+    bundle = dep.kit.hospital("client_01")
+    old_key = tmp_path / "old_supernode.key"
+    old_key.write_bytes(bundle.private_key.read_bytes())
+    old_key.chmod(0o600)
+    old_id = dep.node_ids["client_01"]
+    key = new_key()
+    write_secret(bundle.private_key, openssh_private(key), replace=True)
+    public = openssh_public(key, comment="client_01")
+    for path in (bundle.public_key, dep.kit.public_key("client_01")):
+        path.unlink()
+        path.write_bytes(public)
+    dep.restart_superlink(wait=False)
+    ids = register_hospitals(dep.cli, dep.kit, dep.workdir / "registered.json")
+    assert ids["client_00"] == dep.node_ids["client_00"]  # unchanged key: the same registration
+    assert ids["client_01"] != old_id
+    assert dep.cli.node_status()[old_id] == "unregistered"
+    dep.node_ids.update(ids)
+    config = {"partition-id": 1, "hospital-dir": str(tmp_path / "h1")}
+    stale = dep.add_supernode("client_01", config, register=False, private_key=old_key, max_retries=1, wait=False)
+    assert _wait_exit(stale) != 0
+    assert "the SuperLink refused this hospital" in stale.log_text()
+    dep.add_supernode("client_01", config, register=False, wait=False)
+    dep.wait_online([ids["client_01"]])
+    assert dep.cli.node_status()[ids["client_01"]] == "online"
 
 
 # -- failure and teardown --------------------------------------------------------------------------------------------
