@@ -26,7 +26,8 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import Any
 
 import albumentations as A
 import cv2
@@ -319,10 +320,11 @@ def to_tensor(images: np.ndarray, device: torch.device | str = "cpu") -> torch.T
 
 def extract_hospital(dataset: str | Path, client: int, out: Path) -> Path:
     """Hospital ``client``'s part of a prepared dataset of several hospitals, as a dataset of its own: its rows only
-    (renumbered client 0), its tiles (hard links where the file system allows, else copies) and ``prepare.json``
-    with only its own entry. What a hospital holds when it prepared only its own slides (``prepare --clients 1``);
-    the loopback deployment (``federation demo``) gives each hospital such a dataset, so that none holds another's
-    tile paths, slide names or labels. ``out`` must not exist."""
+    (renumbered client 0), its tiles (hard links where the file system allows, else copies) and a ``prepare.json``
+    that concerns it alone (`_own_record`). What a hospital holds when it prepared only its own slides (``prepare
+    --clients 1``); the loopback deployment (``federation demo``) gives each hospital such a dataset, so that none
+    holds another's tile paths, slide names, file hashes or labels. ``report.md`` and ``contact_sheet.png``, which
+    show every hospital, are not copied. ``out`` must not exist."""
     source = Path(dataset)
     rows, classes = read_dataset(source)
     check_clients(source, rows, [client])
@@ -343,19 +345,116 @@ def extract_hospital(dataset: str | Path, client: int, out: Path) -> Path:
         writer = csv.DictWriter(handle, fieldnames=fields)
         writer.writeheader()
         writer.writerows(records)
-    # prepare.json as prepare wrote it (settings, tile grid, versions), its per-client entries cut to this one
     try:
-        record = json.loads((source / PREPARE_FILE).read_text(encoding="utf-8"))
+        prepared = json.loads((source / PREPARE_FILE).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
-        record = {}
-    if not isinstance(record, dict):
-        record = {}
+        prepared = {}
+    own = _own_record(prepared if isinstance(prepared, dict) else {}, client, records, classes)
+    own["extracted_from"] = {"dataset": str(source.resolve()), "client": client}
+    (out / PREPARE_FILE).write_text(json.dumps(own, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+# Fields of prepare.json (docs/pipeline.md) that describe the preparation as a whole and name no slide: copied as they
+# are. The record of an extracted hospital is built from an allow-list: a field prepare gains later is left out
+# here until it is known to name none of another hospital's slides.
+_SETTINGS_FIELDS: tuple[str, ...] = ("format_version", "versions", "white_definition")
+_SETTINGS_SECTIONS: tuple[str, ...] = ("source", "split", "tiles")  # config sections without per-hospital values
+
+
+def _is_client(entry: object, client: int) -> bool:
+    """Whether a per-client or per-slide entry of ``prepare.json`` is client ``client``'s."""
+    return isinstance(entry, dict) and str(entry.get("client")) == str(client)
+
+
+def _own_config(config: dict[str, Any], client: int) -> dict[str, Any]:
+    """``prepare.json``'s ``config`` with its per-hospital settings cut to ``client``'s, renumbered client 0: the
+    settings of the preparation this hospital's slides come from (``split`` still says how many hospitals shared
+    them out); ``clients[0]`` of the record holds the hospital's resolved values."""
+    own = {name: config[name] for name in _SETTINGS_SECTIONS if isinstance(config.get(name), dict)}
+    hospitals = config.get("clients")
+    if isinstance(hospitals, dict):
+        grayscale, scale, tile = (hospitals.get(key) for key in ("grayscale", "scale", "tile"))
+        own["clients"] = {
+            "grayscale": [0] if isinstance(grayscale, list) and client in grayscale else [],
+            "scale": [scale[client]] if isinstance(scale, list) and client < len(scale) else [],
+            "tile": [tile[client]] if isinstance(tile, list) and client < len(tile) else [],
+        }
+    sites = config.get("sites")
+    if isinstance(sites, dict):
+        listed = sites.get("profile")
+        own["sites"] = {
+            "shift": sites.get("shift"),
+            "strength": sites.get("strength"),
+            "profile": [{**p, "client": 0} for p in listed if _is_client(p, client)]
+            if isinstance(listed, list)
+            else [],
+        }
+    return own
+
+
+def _slide_files(sources: set[str], config: dict[str, Any]) -> set[str]:
+    """The raw files prepare read for the slides ``sources`` (as named in ``source_sha256``): each slide and, by
+    prepare's layout rules (`pipeline.sources.discover`), its SEED mask (``<id><mask_suffix>.png`` or
+    ``<id><mask_suffix><ext>`` beside it, ``<mask_dir>/<id>.png``) or BOT annotation (``<id>.svg`` beside it).
+    Only names derived from these slides: a file of another slide is never among them."""
+    source = config.get("source")
+    settings = source if isinstance(source, dict) else {}
+    layout, suffix, mask_dir = settings.get("format"), settings.get("mask_suffix"), settings.get("mask_dir")
+    files = set(sources)
+    for name in sources:
+        path = PurePosixPath(name)
+        if not path.stem:
+            continue
+        if layout == "seed":
+            if isinstance(suffix, str) and suffix:
+                files |= {(path.parent / f"{path.stem}{suffix}{ext}").as_posix() for ext in (".png", path.suffix)}
+            if isinstance(mask_dir, str) and mask_dir:
+                files.add((PurePosixPath(mask_dir) / f"{path.stem}.png").as_posix())
+        elif layout == "bot":
+            files.add(path.with_suffix(".svg").as_posix())
+    return files
+
+
+def _own_record(
+    record: dict[str, Any], client: int, rows: list[dict[str, str]], classes: tuple[str, ...]
+) -> dict[str, Any]:
+    """The ``prepare.json`` of hospital ``client``'s extracted dataset (manifest ``rows``, already client 0), made
+    from the multi-hospital ``record`` by an allow-list: what describes the preparation as a whole (format, versions,
+    white definition, settings: `_own_config`), this client's ``clients`` entry and this hospital's ``slides``
+    (renumbered client 0), ``source_sha256`` / ``source_pixels_sha256`` / ``warnings`` of its slides' files only
+    (`_slide_files`), and ``totals`` recounted over its own rows and slides.
+
+    Left out: ``skipped`` (slides no hospital got tiles from, named in their reasons), ``manifest_rows_sha256``
+    (a hash over every hospital's rows; ``hospital.json`` records the sha256 of this dataset's own manifest.csv),
+    and any field not listed here.
+    """
+    config = record.get("config") if isinstance(record.get("config"), dict) else None
+    sources = {r["source"] for r in rows if r.get("source")}
+    listed = record.get("slides")
+    slides = [{**s, "client": 0} for s in listed if _is_client(s, client)] if isinstance(listed, list) else None
+    sources |= {s["source"] for s in slides or [] if isinstance(s.get("source"), str)}
+    files = _slide_files(sources, config or {})
+    own: dict[str, Any] = {name: record[name] for name in _SETTINGS_FIELDS if name in record}
+    if config is not None:
+        own["config"] = _own_config(config, client)
+    own["classes"] = list(classes)
     entries = record.get("clients")
     if isinstance(entries, list):
-        record["clients"] = [
-            {**e, "client": 0} for e in entries if isinstance(e, dict) and str(e.get("client")) == str(client)
-        ]
-    record["classes"] = list(classes)
-    record["extracted_from"] = {"dataset": str(source.resolve()), "client": client}
-    (out / PREPARE_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    return out
+        own["clients"] = [{**e, "client": 0} for e in entries if _is_client(e, client)]
+    own["totals"] = {
+        "tiles": len(rows),
+        "by_label": {label: sum(1 for r in rows if r["label"] == label) for label in classes},
+    }
+    if slides is not None:
+        own["totals"] |= {"slides": len(slides), "slides_without_tiles": sum(1 for s in slides if not s.get("tiles"))}
+        own["slides"] = slides
+    warnings = record.get("warnings")
+    if isinstance(warnings, list):
+        # each warning starts with the file it is about ("<file>: ..."), as prepare writes them
+        own["warnings"] = [w for w in warnings if isinstance(w, str) and w.split(": ", 1)[0] in files]
+    for name, keep in (("source_sha256", files), ("source_pixels_sha256", sources)):
+        digests = record.get(name)
+        if isinstance(digests, dict):
+            own[name] = {k: v for k, v in digests.items() if k in keep}
+    return own

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import csv
+import json
 import shutil
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 import torch
 from fl_tiny_dataset import LAYOUT, make_dataset
 
-from federation.data import augment_batch, load_clients, make_augmenter, read_manifest, to_tensor
+from federation.data import (
+    augment_batch,
+    extract_hospital,
+    load_clients,
+    make_augmenter,
+    read_dataset,
+    read_manifest,
+    to_tensor,
+)
 from federation.errors import FederationError
 
 
@@ -112,3 +122,83 @@ def test_to_tensor_normalises_with_imagenet_statistics() -> None:
     expected = (1.0 - torch.tensor([0.485, 0.456, 0.406])) / torch.tensor([0.229, 0.224, 0.225])
     assert out.shape == (1, 3, 2, 2)
     assert torch.allclose(out[0, :, 0, 0], expected)
+
+
+def _raw_hospitals(root: Path, slides: int = 12) -> None:
+    """A SEED raw folder of ``slides`` 96 px slides ``patientNN.png`` (every other one abnormal; masks beside the
+    even ones, in ``masks/`` for the odd ones) plus ``patient99.png`` without a mask (prepare skips it). Every slide
+    is near-black noise, so prepare warns about each one by name; the noise keeps their pixels distinct."""
+    (root / "masks").mkdir(parents=True)
+    rng = np.random.default_rng(5)
+    for k in range(slides):
+        image = rng.integers(0, 11, size=(96, 96, 3), dtype=np.uint8)
+        mask = np.zeros((96, 96), np.uint8)
+        if k % 2:
+            mask[8 * (k % 3) : 8 * (k % 3) + 70, 20:90] = 255
+        cv2.imwrite(str(root / f"patient{k:02d}.png"), image)
+        cv2.imwrite(str(root / (f"patient{k:02d}_mask.png" if k % 2 == 0 else f"masks/patient{k:02d}.png")), mask)
+    cv2.imwrite(str(root / "patient99.png"), rng.integers(0, 11, size=(96, 96, 3), dtype=np.uint8))
+
+
+def test_an_extracted_hospital_holds_no_name_of_another_hospitals_slides(tmp_path: Path) -> None:
+    """`extract_hospital` on a dataset made by the real prepare: hospital 1's folder names none of hospitals 0 and
+    2's slides or their files (in any file, nor in a path), still records its own slides, and loads as client 0."""
+    from pipeline.config import build_config
+    from pipeline.prepare import prepare_dataset
+
+    raw, prepared = tmp_path / "raw", tmp_path / "prepared"
+    _raw_hospitals(raw)
+    settings: dict[str, dict[str, object]] = {
+        "source": {"format": "seed", "input": raw},
+        "split": {"clients": 3, "sizes": "equal", "test_fraction": 0.25, "seed": 0},
+        "tiles": {"tile": 32},
+        "clients": {"grayscale": [2], "scale": [1.0, 0.75, 0.5]},  # per-hospital settings: cut to hospital 1's
+        "output": {"out": prepared, "workers": 1},
+    }
+    prepare_dataset(build_config(None, settings))
+    original = json.loads((prepared / "prepare.json").read_text(encoding="utf-8"))
+    with (prepared / "manifest.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    mine = {r["source"] for r in rows if r["client"] == "1"}
+    others = {r["source"] for r in rows if r["client"] != "1"}
+    others |= {s["source"] for s in original["slides"] if s["client"] != 1}
+    others |= {s["source"] for s in original["skipped"]}
+    assert mine
+    assert others
+    assert not mine & others
+    assert any(s in json.dumps(original) for s in others)  # the multi-hospital record names them all
+
+    own = extract_hospital(prepared, 1, tmp_path / "hospital1")
+
+    foreign = sorted({*others, *(Path(s).stem for s in others)})  # "patient03.png" and "patient03" (masks/, tiles)
+    for file in own.rglob("*"):
+        name = file.relative_to(own).as_posix()
+        assert not [f for f in foreign if f in name], name
+        if file.is_file():
+            data = file.read_bytes()
+            assert not [f for f in foreign if f.encode() in data], (name, [f for f in foreign if f.encode() in data])
+    record = json.loads((own / "prepare.json").read_text(encoding="utf-8"))
+    assert {s["source"] for s in record["slides"]} >= mine
+    assert {s["client"] for s in record["slides"]} == {0}
+    assert [c["client"] for c in record["clients"]] == [0]
+    assert set(record["source_pixels_sha256"]) == {s["source"] for s in record["slides"]}
+    # each slide's own mask, as _raw_hospitals placed it (beside the even slides, in masks/ for the odd ones)
+    masks = {
+        f"masks/{s}" if int(Path(s).stem.removeprefix("patient")) % 2 else f"{Path(s).stem}_mask.png"
+        for s in record["source_pixels_sha256"]
+    }
+    assert set(record["source_sha256"]) == set(record["source_pixels_sha256"]) | masks
+    assert all(record["source_sha256"][k] == original["source_sha256"][k] for k in record["source_sha256"])
+    assert record["warnings"]
+    assert all(w.split(":")[0] in mine for w in record["warnings"])
+    assert record["totals"]["tiles"] == sum(1 for r in rows if r["client"] == "1")
+    assert record["config"]["tiles"] == original["config"]["tiles"]
+    assert record["config"]["clients"] == {"grayscale": [], "scale": [0.75], "tile": []}
+    assert record["clients"][0]["scale"] == 0.75
+    assert record["classes"] == original["classes"]
+    assert not {"report.md", "contact_sheet.png"} & {p.name for p in own.iterdir()}
+    loaded, classes = read_dataset(own)
+    assert {r.client for r in loaded} == {0}
+    assert len(loaded) == sum(1 for r in rows if r["client"] == "1")
+    assert classes == tuple(original["classes"])
+    assert sorted(load_clients(own, input_size=32)) == [0]
