@@ -2,8 +2,8 @@
 
 ``encode`` turns a ``federation.contract`` message into an ``Envelope`` (header, tensors) and ``decode`` turns it
 back. Every transport carries envelopes: the in-process pool hands them over as they are, worker processes send
-``to_bytes`` (8-byte header length, JSON header, safetensors body; never a pickle) and the Flower apps put the
-header in a ``ConfigRecord`` and the tensors in an ``ArrayRecord`` (``federation.flower.apps``). Because every
+``to_bytes`` (8-byte header length, JSON header, safetensors body; never a pickle) and the Flower apps put those
+same bytes in one ``ConfigRecord`` (``federation.flower.apps``). Because every
 message passes through ``encode``, a test that records envelopes sees exactly what a hospital sends and receives.
 
 Tensor names say what they are: ``shared/<state_dict key>`` (weights the hospital loads or uploads) and

@@ -80,6 +80,9 @@ def executable(name: str) -> str:
     return str(path)
 
 
+SUPEREXEC_POLL_SECONDS = "0.2"
+
+
 def flower_env(flwr_home: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """Environment for a Flower process: its own ``FLWR_HOME``, this venv first on ``PATH``, nothing downloaded."""
     env = dict(os.environ if base is None else base)
@@ -87,6 +90,8 @@ def flower_env(flwr_home: Path, base: Mapping[str, str] | None = None) -> dict[s
     env["PATH"] = os.pathsep.join([str(venv_bin()), env.get("PATH", "")]).rstrip(os.pathsep)
     env.update(OFFLINE_ENV)  # no update check, no telemetry (federation.OFFLINE_ENV)
     env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
+    # the server's SuperExec looks for a submitted run's ServerApp to start every second by default (0.01-60 s)
+    env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = SUPEREXEC_POLL_SECONDS
     env["PYTHONUNBUFFERED"] = "1"  # the log files show a crash's last lines
     return env
 

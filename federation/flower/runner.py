@@ -56,30 +56,57 @@ def run_config(
     return values
 
 
+def _summary(run_dir: Path) -> dict[str, Any]:
+    try:
+        summary = json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
+
+
 def _rounds_done(run_dir: Path) -> int:
     try:
-        return int(json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8")).get("rounds_done", 0))
-    except (OSError, ValueError):
+        return int(_summary(run_dir).get("rounds_done", 0))
+    except (TypeError, ValueError):
         return 0
+
+
+ASK_FLOWER_EVERY = 30.0  # seconds between two `flwr ls` while the run directory shows the run going on
+ENDED = ("finished", "failed", "stopped")  # summary.json statuses after which the ServerApp exits
 
 
 def follow(cli: FlwrCli, run_id: int, run_dir: Path, config: RunConfig, *, progress: bool) -> str:
     """Wait for Flower run ``run_id`` to finish, showing the rounds done; Ctrl-C/SIGTERM stop it and mark the run
-    ``stopped``. Returns Flower's final status (``finished:completed`` ...)."""
+    ``stopped``. Returns Flower's final status (``finished:completed`` ...).
+
+    The run is followed through its run directory, which the ServerApp writes on this machine (the operator is
+    where the server is: `federation.flower.operator`): its ``summary.json`` says how many rounds are done and
+    when the run has ended (a summary left by an earlier attempt, on resume, counts only once rewritten). Flower
+    itself is asked (``flwr ls``, a process each time) only every
+    ``ASK_FLOWER_EVERY`` seconds while the run goes on (a ServerApp that died without a word is noticed there),
+    and then each second once the run directory says the run ended, until Flower reports it finished.
+    """
     limit = config.flower.connect_timeout + config.run.rounds * 2 * config.flower.round_timeout + 120.0
     began = time.monotonic()
+    asked = -ASK_FLOWER_EVERY
+    status = ""
+    before = _summary(run_dir).get("updated_at")  # an earlier attempt's summary (resume) says nothing of this one
     bar = tqdm(total=config.run.rounds, desc=run_dir.name, unit="round", disable=not progress, dynamic_ncols=True)
     try:
         while True:
-            status = cli.run_status(run_id)
+            summary = _summary(run_dir)
+            ended = summary.get("status") in ENDED and summary.get("updated_at") != before
+            now = time.monotonic()
+            if ended or now - asked >= ASK_FLOWER_EVERY:
+                status, asked = cli.run_status(run_id), now
             done = _rounds_done(run_dir)
             if done > bar.n:
                 bar.update(done - bar.n)
             if status.startswith(FINISHED):
                 return status
-            if time.monotonic() - began > limit:
+            if now - began > limit:
                 raise FederationError(f"the Flower run {run_id} is still {status} after {limit:.0f} s")
-            time.sleep(1.0)
+            time.sleep(1.0 if ended else 0.5)
     except KeyboardInterrupt as exc:
         cli.stop_run(run_id)
         if (run_dir / SUMMARY_FILE).is_file():

@@ -1,0 +1,134 @@
+"""The waits a deployed round pays that are ours to set (issue: a deployed round costs about what its training
+costs): the ServerApp pulls replies with a short, growing interval instead of Flower's fixed 3 s, and the operator
+follows the run through its run directory, asking Flower (a ``flwr ls`` process each time) only now and then.
+
+Both run here against fakes on a fake clock, so that the number of pulls and of ``flwr ls`` calls is exact."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from federation.config import load_config
+from federation.flower import apps, runner
+from federation.flower.processes import COMPLETED, FlwrCli
+
+
+class Clock:
+    """``time.monotonic`` and ``time.sleep`` of a module, on a clock that moves only when slept on."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+@dataclass
+class Meta:
+    reply_to_message_id: str
+
+
+@dataclass
+class Reply:
+    metadata: Meta
+
+
+@dataclass
+class FakeGrid:
+    """Replies to message ``i`` become available ``answer_at[i]`` seconds after the push."""
+
+    clock: Clock
+    answer_at: list[float]
+    pulls: int = 0
+    delivered: set[str] = field(default_factory=set)
+
+    def push_messages(self, messages: Iterable[object]) -> list[str]:
+        return [f"m{i}" for i, _ in enumerate(messages)]
+
+    def pull_messages(self, ids: Iterable[str]) -> list[Reply]:
+        self.pulls += 1
+        ready = [i for i in ids if self.clock.now >= self.answer_at[int(i[1:])] and i not in self.delivered]
+        self.delivered.update(ready)
+        return [Reply(Meta(i)) for i in ready]
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    fake = Clock()
+    monkeypatch.setattr(apps, "time", fake)
+    monkeypatch.setattr(runner, "time", fake)
+    return fake
+
+
+def test_replies_are_pulled_soon_after_they_arrive(clock: Clock) -> None:
+    grid = FakeGrid(clock, answer_at=[2.0, 5.0, 5.2])
+    replies = apps.exchange(cast(Any, grid), [object(), object(), object()], timeout=60.0)
+    assert sorted(r.metadata.reply_to_message_id for r in cast(list[Reply], replies)) == ["m0", "m1", "m2"]
+    # the last reply came at 5.2 s: seen within the longest wait, not at Flower's next 3 s pull (6 s)
+    assert 5.2 <= clock.now <= 5.2 + apps.LAST_PULL_WAIT
+    assert clock.sleeps[0] == apps.FIRST_PULL_WAIT
+    assert max(clock.sleeps) <= apps.LAST_PULL_WAIT
+    # the wait grows while nothing comes: a 5 s round costs about a dozen pulls, not one every 0.05 s
+    assert grid.pulls < 25
+
+
+def test_a_silent_hospital_is_waited_for_until_the_timeout_only(clock: Clock) -> None:
+    grid = FakeGrid(clock, answer_at=[1.0, 1e9])
+    replies = apps.exchange(cast(Any, grid), [object(), object()], timeout=30.0)
+    assert [r.metadata.reply_to_message_id for r in cast(list[Reply], replies)] == ["m0"]
+    assert clock.now == pytest.approx(30.0)
+    assert grid.pulls <= 30.0 / apps.LAST_PULL_WAIT + 12
+
+
+@dataclass
+class FakeCli:
+    """``run_status`` as ``flwr ls`` would answer, counted; the ServerApp writes the run directory on the clock."""
+
+    clock: Clock
+    run_dir: Path
+    rounds_at: list[float]  # when each round's summary is written
+    exit_at: float  # when the ServerApp process has exited after writing "finished"
+    calls: list[float] = field(default_factory=list)
+
+    def run_status(self, run_id: int) -> str:
+        self.calls.append(self.clock.now)
+        return COMPLETED if self.clock.now >= self.exit_at else "running"
+
+    def write(self) -> None:
+        done = sum(1 for t in self.rounds_at if self.clock.now >= t)
+        status = "finished" if done == len(self.rounds_at) else "running"
+        text = json.dumps({"rounds_done": done, "status": status, "updated_at": f"t{done}"})
+        (self.run_dir / "summary.json").write_text(text)
+
+
+def test_the_operator_follows_the_run_directory_and_asks_flower_rarely(clock: Clock, tmp_path: Path) -> None:
+    config = load_config(None, ["run.rounds=3"])
+    cli = FakeCli(clock, tmp_path, rounds_at=[20.0, 45.0, 70.0], exit_at=71.5)
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "failed", "updated_at": "earlier attempt"}))
+    sleep = clock.sleep
+
+    def sleep_and_write(seconds: float) -> None:
+        sleep(seconds)
+        cli.write()
+
+    clock.sleep = sleep_and_write  # type: ignore[method-assign]
+    status = runner.follow(cast(FlwrCli, cli), 7, tmp_path, config, progress=False)
+    assert status == COMPLETED
+    # the old run's "failed" summary is not taken for this run's end; Flower is asked at the start, every
+    # ASK_FLOWER_EVERY seconds while the run goes on, then each second after the summary says finished
+    assert cli.calls[0] == 0.0
+    assert cli.calls[1] == pytest.approx(runner.ASK_FLOWER_EVERY)
+    assert cli.calls[2] == pytest.approx(2 * runner.ASK_FLOWER_EVERY)
+    assert len(cli.calls) <= 3 + 3
+    assert 71.5 <= clock.now <= 73.0
