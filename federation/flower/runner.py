@@ -82,14 +82,14 @@ def follow(cli: FlwrCli, run_id: int, run_dir: Path, config: RunConfig, *, progr
     The run is followed through its run directory, which the ServerApp writes on this machine (the operator is
     where the server is: `federation.flower.operator`): its ``summary.json`` says how many rounds are done and
     when the run has ended (a summary left by an earlier attempt, on resume, counts only once rewritten). Flower
-    itself is asked (``flwr ls``, a process each time) only every
-    ``ASK_FLOWER_EVERY`` seconds while the run goes on (a ServerApp that died without a word is noticed there),
-    and then each second once the run directory says the run ended, until Flower reports it finished.
+    itself is asked (``flwr ls``, a process each time) only every ``ASK_FLOWER_EVERY`` seconds while the run goes
+    on (a ServerApp that died without a word is noticed there), and then each second once the run directory says
+    the run ended, until Flower reports it finished.
     """
     limit = config.flower.connect_timeout + config.run.rounds * 2 * config.flower.round_timeout + 120.0
     began = time.monotonic()
-    asked = -ASK_FLOWER_EVERY
-    status = ""
+    asked = began  # just submitted: Flower is first asked after ASK_FLOWER_EVERY (or when the run directory ends)
+    status = "submitted"
     before = _summary(run_dir).get("updated_at")  # an earlier attempt's summary (resume) says nothing of this one
     bar = tqdm(total=config.run.rounds, desc=run_dir.name, unit="round", disable=not progress, dynamic_ncols=True)
     try:

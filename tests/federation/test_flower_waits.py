@@ -125,10 +125,10 @@ def test_the_operator_follows_the_run_directory_and_asks_flower_rarely(clock: Cl
     clock.sleep = sleep_and_write  # type: ignore[method-assign]
     status = runner.follow(cast(FlwrCli, cli), 7, tmp_path, config, progress=False)
     assert status == COMPLETED
-    # the old run's "failed" summary is not taken for this run's end; Flower is asked at the start, every
-    # ASK_FLOWER_EVERY seconds while the run goes on, then each second after the summary says finished
-    assert cli.calls[0] == 0.0
-    assert cli.calls[1] == pytest.approx(runner.ASK_FLOWER_EVERY)
-    assert cli.calls[2] == pytest.approx(2 * runner.ASK_FLOWER_EVERY)
-    assert len(cli.calls) <= 3 + 3
+    # the old run's "failed" summary is not taken for this run's end; Flower is asked every ASK_FLOWER_EVERY
+    # seconds while the run goes on, then each second after the summary says finished
+    assert cli.calls[0] == pytest.approx(runner.ASK_FLOWER_EVERY)
+    assert cli.calls[1] == pytest.approx(2 * runner.ASK_FLOWER_EVERY)
+    assert all(t >= 70.0 for t in cli.calls[2:])
+    assert len(cli.calls) <= 2 + 3
     assert 71.5 <= clock.now <= 73.0
