@@ -44,7 +44,8 @@ from federation.strategies.registry import (
     AVERAGING,
     FORCED_BN,
     OWN_START,
-    STRATEGY_NAMES,
+    SPEC,
+    SPECS,
     WRAPPER_NAMES,
     default_nhead,
 )
@@ -57,51 +58,17 @@ DEFAULT_PRESET = PRESETS_DIR / "demo.toml"
 
 DEFAULT_UNITS = LAYER_UNITS[DEFAULT_MODEL]
 
-# The methods offered, FedSAF first; the short name is used in sentences, the long one in the picker.
-ALGORITHMS: tuple[str, ...] = (
-    "fedsaf",
-    "fedamp",
-    "fedavg",
-    "fedprox",
-    "fedrep",
-    "separate",
-    "fedbn",
-    "fedas",
-    "depthwise_fim",
-    "precision_weighted",
-)
-SHORT_NAMES: dict[str, str] = {
-    "fedsaf": "FedSAF",
-    "fedamp": "FedAMP",
-    "fedavg": "FedAvg",
-    "fedprox": "FedProx",
-    "fedrep": "FedRep",
-    "separate": "Separate (local training only)",
-    "fedbn": "FedBN",
-    "fedas": "FedAS",
-    "depthwise_fim": "depth-wise FIM",
-    "precision_weighted": "precision-weighted FL",
-}
-ALGORITHM_NAMES: dict[str, str] = {
-    "fedsaf": "FedSAF (split + AMP + Fisher)",
-    "fedamp": "FedAMP (attentive message passing)",
-    "fedavg": "FedAvg",
-    "fedprox": "FedProx",
-    "fedrep": "FedRep (shared base, local head)",
-    "separate": "Separate (local training only)",
-    "fedbn": "FedBN (BatchNorm stays local)",
-    "fedas": "FedAS (Fisher-weighted averaging)",
-    "depthwise_fim": "Depth-wise FIM (paper 000)",
-    "precision_weighted": "Precision-weighted (paper 004, Adam)",
-}
+# The methods offered, FedSAF first (the registry's menu order); the short name is used in sentences, the long
+# one in the picker. Which settings a method reads comes from its spec (federation.strategies.registry).
+ALGORITHMS: tuple[str, ...] = tuple(s.name for s in sorted(SPECS, key=lambda s: s.menu_rank))
+SHORT_NAMES: dict[str, str] = {name: SPEC[name].short_name for name in ALGORITHMS}
+ALGORITHM_NAMES: dict[str, str] = {name: SPEC[name].display_name for name in ALGORITHMS}
 DISTANCES = AMP_METRICS
 
-NHEAD_METHODS = frozenset(
-    {"fedavg", "fedprox", "fedrep", "fedsaf", "depthwise_fim", "fedas", "fedbn", "precision_weighted"}
-)
-FISHER_METHODS = frozenset({"fedsaf", "fedas", "depthwise_fim"})
-HEAD_METHODS = frozenset({"fedrep", "fedsaf"})  # train a personal head first (client.head_epochs)
-SHARING_METHODS = frozenset(STRATEGY_NAMES) - {"separate"}
+NHEAD_METHODS = frozenset(s.name for s in SPECS if s.splits)
+FISHER_METHODS = frozenset(s.name for s in SPECS if s.fisher)
+HEAD_METHODS = frozenset(s.name for s in SPECS if s.head_first)  # train a personal head first (client.head_epochs)
+SHARING_METHODS = frozenset(s.name for s in SPECS if s.shares)
 
 GROUPS = {
     "plain": "Settings",

@@ -1,7 +1,8 @@
 """One file per federated algorithm; each holds only its cross-round state (DESIGN.md).
 
 The names, defaults and capabilities are in the torch-free leaf `federation.strategies.registry` (re-exported
-here): ``STRATEGIES`` maps a strategy name to its module, ``DEFAULT_NHEAD`` its local layer units when
+here): one ``StrategySpec`` per strategy in ``SPECS`` (``SPEC`` by name), and the tables derived from them:
+``STRATEGIES`` maps a strategy name to its module, ``DEFAULT_NHEAD`` its local layer units when
 ``strategy.nhead`` is unset, ``WRAPPERS`` the ``strategy.wrap`` steps, ``AVERAGING`` the strategies a wrapper can
 post-process, ``EXAMPLE_WEIGHTED`` those whose weights ``server.max_weight`` caps. Modules are imported lazily by
 name, so a strategy that is missing or broken only fails when it is chosen. Each module exposes ``build(config:
@@ -24,10 +25,13 @@ from federation.strategies.registry import (
     EXAMPLE_WEIGHTED,
     FORCED_BN,
     OWN_START,
+    SPEC,
+    SPECS,
     STRATEGIES,
     STRATEGY_NAMES,
     WRAPPER_NAMES,
     WRAPPERS,
+    StrategySpec,
     bn_mode,
     default_nhead,
     wrap_problem,
@@ -78,11 +82,14 @@ __all__ = [
     "EXAMPLE_WEIGHTED",
     "FORCED_BN",
     "OWN_START",
+    "SPEC",
+    "SPECS",
     "STRATEGIES",
     "STRATEGY_NAMES",
     "WRAPPERS",
     "WRAPPER_NAMES",
     "StrategyContext",
+    "StrategySpec",
     "bn_mode",
     "build_strategy",
     "default_nhead",

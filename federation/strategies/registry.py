@@ -4,51 +4,148 @@ A leaf module (it imports nothing of this project), read by the run configuratio
 (`federation.config`), by `federation.strategies` (which imports a strategy's module when it is built) and by
 the dashboard's form, so that checking settings never waits on torch.
 
-``STRATEGIES`` maps a name to the module that builds it (``build(config, ctx) -> Strategy``). ``DEFAULT_NHEAD``
-gives each strategy's number of local layer units when ``strategy.nhead`` is unset: FedRep and depth-wise FIM
-(paper 000, FedPer/FedAS-style) keep the last unit (the classifier) local, FedSAF the last six units (paper 001,
-Sec. 4.3.3, Table 6), the others share everything. ``WRAPPERS`` maps ``strategy.wrap`` names to the modules in
-``wrappers/`` that post-process an averaging strategy's new global model (FedLWS, paper 002; FedTLU, paper 003);
-only strategies in ``AVERAGING`` keep one global model for a wrapper to rescale or revert. ``EXAMPLE_WEIGHTED``:
-the strategies whose aggregation weights are the example-count weights ``n_i / n``, the only ones
-``server.max_weight`` caps.
+Each strategy is one `StrategySpec` in ``SPECS``; every other table here is derived from them. Adding a strategy
+is its module (``build(config, ctx) -> Strategy``) plus one spec. ``WRAPPERS`` maps ``strategy.wrap`` names to
+the modules in ``wrappers/`` that post-process an averaging strategy's new global model (FedLWS, paper 002;
+FedTLU, paper 003).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-STRATEGIES: dict[str, str] = {
-    "separate": "federation.strategies.separate",
-    "fedavg": "federation.strategies.fedavg",
-    "fedprox": "federation.strategies.fedprox",
-    "fedrep": "federation.strategies.fedrep",
-    "fedamp": "federation.strategies.fedamp",
-    "fedsaf": "federation.strategies.fedsaf",
-    "depthwise_fim": "federation.strategies.depthwise_fim",
-    "precision_weighted": "federation.strategies.precision_weighted",
-    "fedbn": "federation.strategies.fedbn",
-    "fedas": "federation.strategies.fedas",
-}
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """One federated algorithm's facts, in one place.
+
+    ``default_nhead``: its local layer units when ``strategy.nhead`` is unset (FedRep, depth-wise FIM and FedAS
+    keep the classifier local, FedSAF the last six units: paper 001, Sec. 4.3.3, Table 6; the others share
+    everything). ``splits``: it reads ``strategy.nhead``. ``head_first``: it trains a personal head before the
+    shared part (``client.head_epochs``). ``fisher``: it asks the hospitals for a Fisher trace. ``own_start``: it
+    gives each hospital a centre of its own to be pulled toward (``client.start = "own"`` applies). ``forced_bn``:
+    where BatchNorm lives when the method fixes it (FedBN: ``"local"``). ``averaging``: its server state is one global
+    model averaged from the hospitals' (a ``strategy.wrap`` step can post-process it). ``example_weighted``: it
+    aggregates with FedAvg's weights ``n_i / n`` (``federation.strategies.fedavg.Averaging``), the only weights
+    ``server.max_weight`` caps. ``shares``: anything leaves the hospital at all. ``menu_rank``: its place in the
+    dashboard's picker; ``short_name`` is used in sentences, ``display_name`` in the picker.
+    """
+
+    name: str
+    module: str
+    short_name: str
+    display_name: str
+    menu_rank: int
+    default_nhead: int = 0
+    splits: bool = True
+    head_first: bool = False
+    fisher: bool = False
+    own_start: bool = False
+    forced_bn: str | None = None
+    averaging: bool = False
+    example_weighted: bool = False
+    shares: bool = True
+
+
+SPECS: tuple[StrategySpec, ...] = (
+    StrategySpec(
+        "separate",
+        "federation.strategies.separate",
+        "Separate (local training only)",
+        "Separate (local training only)",
+        5,
+        splits=False,
+        shares=False,
+    ),
+    StrategySpec(
+        "fedavg", "federation.strategies.fedavg", "FedAvg", "FedAvg", 2, averaging=True, example_weighted=True
+    ),
+    StrategySpec(
+        "fedprox", "federation.strategies.fedprox", "FedProx", "FedProx", 3, averaging=True, example_weighted=True
+    ),
+    StrategySpec(
+        "fedrep",
+        "federation.strategies.fedrep",
+        "FedRep",
+        "FedRep (shared base, local head)",
+        4,
+        default_nhead=1,
+        head_first=True,
+        averaging=True,
+        example_weighted=True,
+    ),
+    StrategySpec(
+        "fedamp",
+        "federation.strategies.fedamp",
+        "FedAMP",
+        "FedAMP (attentive message passing)",
+        1,
+        splits=False,
+        own_start=True,
+    ),
+    StrategySpec(
+        "fedsaf",
+        "federation.strategies.fedsaf",
+        "FedSAF",
+        "FedSAF (split + AMP + Fisher)",
+        0,
+        default_nhead=6,
+        head_first=True,
+        fisher=True,
+        own_start=True,
+    ),
+    StrategySpec(
+        "depthwise_fim",
+        "federation.strategies.depthwise_fim",
+        "depth-wise FIM",
+        "Depth-wise FIM (paper 000)",
+        8,
+        default_nhead=1,
+        fisher=True,
+        averaging=True,
+    ),
+    StrategySpec(
+        "precision_weighted",
+        "federation.strategies.precision_weighted",
+        "precision-weighted FL",
+        "Precision-weighted (paper 004, Adam)",
+        9,
+        averaging=True,
+    ),
+    StrategySpec(
+        "fedbn",
+        "federation.strategies.fedbn",
+        "FedBN",
+        "FedBN (BatchNorm stays local)",
+        6,
+        forced_bn="local",
+        averaging=True,
+        example_weighted=True,
+    ),
+    StrategySpec(
+        "fedas",
+        "federation.strategies.fedas",
+        "FedAS",
+        "FedAS (Fisher-weighted averaging)",
+        7,
+        default_nhead=1,
+        fisher=True,
+        averaging=True,
+    ),
+)
+SPEC: dict[str, StrategySpec] = {s.name: s for s in SPECS}
+
+# Derived tables (public names other modules and tools use)
+STRATEGIES: dict[str, str] = {s.name: s.module for s in SPECS}
 STRATEGY_NAMES: tuple[str, ...] = tuple(STRATEGIES)
-
-DEFAULT_NHEAD: dict[str, int] = {
-    "separate": 0,
-    "fedavg": 0,
-    "fedprox": 0,
-    "fedrep": 1,
-    "fedamp": 0,
-    "fedsaf": 6,
-    "depthwise_fim": 1,
-    "precision_weighted": 0,
-    "fedbn": 0,
-    "fedas": 1,
-}
-
-# Strategies that give each hospital a centre of its own to be pulled toward: client.start = "own" applies.
-OWN_START: frozenset[str] = frozenset({"fedamp", "fedsaf"})
-# Where BatchNorm lives when a method fixes it (FedBN keeps statistics and affine parameters at each hospital).
-FORCED_BN: dict[str, str] = {"fedbn": "local"}
+DEFAULT_NHEAD: dict[str, int] = {s.name: s.default_nhead for s in SPECS}
+OWN_START: frozenset[str] = frozenset(s.name for s in SPECS if s.own_start)
+FORCED_BN: dict[str, str] = {s.name: s.forced_bn for s in SPECS if s.forced_bn is not None}
+AVERAGING: frozenset[str] = frozenset(s.name for s in SPECS if s.averaging)
+# Not the other averaging ones: fedas and depthwise_fim weight by Fisher traces, precision_weighted by Adam's second
+# moments (n_i / n only for buffers and as a fallback); nor fedamp and fedsaf (AMP's xi, Fisher's gamma).
+EXAMPLE_WEIGHTED: frozenset[str] = frozenset(s.name for s in SPECS if s.example_weighted)
 
 WRAPPERS: dict[str, str] = {
     "fedlws": "federation.strategies.wrappers.fedlws",
@@ -56,15 +153,10 @@ WRAPPERS: dict[str, str] = {
 }
 WRAPPER_NAMES: tuple[str, ...] = tuple(WRAPPERS)
 
-# Strategies whose server state is one global model averaged from the clients' models.
-AVERAGING: frozenset[str] = frozenset(
-    {"fedavg", "fedprox", "fedrep", "depthwise_fim", "precision_weighted", "fedbn", "fedas"}
-)
 
-# Strategies that aggregate with FedAvg's weights n_i / n (federation.strategies.fedavg.Averaging), so that
-# server.max_weight caps them. Not the others: fedas and depthwise_fim weight by Fisher traces, precision_weighted by
-# Adam's second moments (n_i / n only for buffers and as a fallback), fedamp and fedsaf by AMP's xi and Fisher's gamma.
-EXAMPLE_WEIGHTED: frozenset[str] = frozenset({"fedavg", "fedprox", "fedrep", "fedbn"})
+def averaging_names() -> str:
+    """The strategies a ``strategy.wrap`` step can post-process, for messages (``fedavg, fedprox, ...``)."""
+    return ", ".join(n for n in STRATEGY_NAMES if n in AVERAGING)
 
 
 def bn_mode(name: str, configured: str) -> str:
@@ -85,9 +177,8 @@ def wrap_problem(name: str, wrap: Sequence[str]) -> str | None:
     if len(set(wrap)) != len(wrap):
         return "list each step once"
     if wrap and name not in AVERAGING:
-        averaging = ", ".join(n for n in STRATEGY_NAMES if n in AVERAGING)
         return (
             f"strategy {name} keeps no averaged global model for {' and '.join(wrap)} to post-process "
-            f"(it shares nothing, or gives each client its own centre): wrap one of {averaging}"
+            f"(it shares nothing, or gives each client its own centre): wrap one of {averaging_names()}"
         )
     return None
