@@ -505,3 +505,23 @@ def test_layers_and_blocks_are_the_shared_part_of_each_unit_when_batchnorm_stays
 
 def _recipe_with_fisher() -> Recipe:
     return recipe_from_config(_config(), fisher_batch=8)
+
+
+def test_a_wrapper_over_a_model_it_cannot_post_process_names_every_strategy_it_can() -> None:
+    """The refusal lists exactly the averaging strategies of the registry (it once listed 4 of 7)."""
+    from federation.strategies.registry import AVERAGING
+    from federation.strategies.wrappers.base import GlobalModelWrapper
+
+    class Elsewhere:
+        name = "toy"
+
+        def state_tensors(self) -> dict[str, torch.Tensor]:
+            return {"not/a/state_dict/key": torch.zeros(1)}
+
+    initial = {"w": torch.zeros(1)}
+    ctx = StrategyContext(clients=(0,), num_examples={0: 1}, state_keys=tuple(initial), units=(), initial_state=initial)
+    with pytest.raises(FederationError, match="keeps no such model") as info:
+        GlobalModelWrapper(Elsewhere(), ctx, {"w"})  # type: ignore[arg-type]
+    named = str(info.value).rsplit("wrap one of ", 1)[1].split(", ")
+    assert sorted(named) == sorted(AVERAGING)
+    assert len(named) == 7

@@ -7,7 +7,8 @@ so that the next ``configure_train``/``configure_evaluate`` and the checkpoint c
 reports is added to the inner record under the wrapper's name (``aggregation.jsonl``).
 
 This needs an inner strategy whose state *is* its global model, keyed by ``state_dict`` names (FedAvg, FedProx,
-FedRep, depth-wise FIM: ``federation.strategies.AVERAGING``); anything else is refused when wrapping.
+FedRep, FedBN, FedAS, depth-wise FIM, precision-weighted: ``federation.strategies.AVERAGING``); anything else is
+refused when wrapping, naming those.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from federation.contract import Strategy, TensorDict, TrainInstruction, TrainReply
 from federation.errors import FederationError
 from federation.strategies.common import StrategyContext
+from federation.strategies.registry import averaging_names
 
 
 def finite_or_none(values: Sequence[float]) -> list[float | None]:
@@ -42,7 +44,7 @@ class GlobalModelWrapper:
         if not self.keys or any(k not in known for k in self.keys):
             raise FederationError(
                 f"{self.label} post-processes one global model keyed by the model's state_dict, and strategy "
-                f"{inner.name} keeps no such model: wrap fedavg, fedprox, fedrep or depthwise_fim"
+                f"{inner.name} keeps no such model: wrap one of {averaging_names()}"
             )
         self.param_keys = [k for k in self.keys if k in param_keys]
         if not self.param_keys:
