@@ -42,24 +42,6 @@ RESULTS = ROOT / "benchmarks" / "results" / "engines.md"
 CLI = [sys.executable, "-m", "app.cli"]
 
 
-def data_poor_dataset() -> Path:
-    """The data-poor regime's dataset (configs/regime_data_poor.toml: 10 hospitals), made under data/ when missing."""
-    raw, prepared = ROOT / "data" / "raw" / "data_poor", ROOT / "data" / "prepared" / "data_poor"
-    if not (prepared / "manifest.csv").is_file():
-        subprocess.run(
-            [*CLI, "synth", "--format", "seed", "--images", "60", "--seed", "7", "--difficulty", "0.6",
-             "--out", str(raw), "--overwrite"],
-            check=True, cwd=ROOT,
-        )  # fmt: skip
-        subprocess.run(
-            [*CLI, "prepare", "--format", "seed", "--input", str(raw), "--out", str(prepared), "--clients", "10",
-             "--sizes", "equal", "--partition", "iid", "--test-fraction", "0.34", "--tile", "128",
-             "--max-tiles-per-slide", "6", "--seed", "0", "--overwrite", "--no-progress"],
-            check=True, cwd=ROOT,
-        )  # fmt: skip
-    return prepared
-
-
 # --regime: (its dataset, its configuration, its words in the report, where the report goes)
 REGIMES = {
     "quickstart": (
@@ -76,21 +58,37 @@ REGIMES = {
 }
 
 
-def quickstart_dataset() -> Path:
-    """The quick start's prepared dataset (scripts/quickstart.sh), made under data/ when missing."""
-    raw, prepared = ROOT / "data" / "raw" / "bench_engines", ROOT / "data" / "prepared" / "bench_engines"
+def prepared_dataset(name: str, synth: list[str], prepare: list[str]) -> Path:
+    """``data/prepared/<name>``, made when missing from ``synth`` slides (``data/raw/<name>``) and ``prepare``."""
+    raw, prepared = ROOT / "data" / "raw" / name, ROOT / "data" / "prepared" / name
     if not (prepared / "manifest.csv").is_file():
+        synth_command = [*CLI, "synth", "--format", "seed", *synth, "--out", str(raw), "--overwrite"]
+        subprocess.run(synth_command, check=True, cwd=ROOT)
         subprocess.run(
-            [*CLI, "synth", "--format", "seed", "--images", "60", "--seed", "0", "--difficulty", "0.3",
-             "--out", str(raw), "--overwrite"],
-            check=True, cwd=ROOT,
-        )  # fmt: skip
-        subprocess.run(
-            [*CLI, "prepare", "--format", "seed", "--input", str(raw), "--out", str(prepared), "--clients", "3",
-             "--tile", "128", "--seed", "0", "--grayscale-clients", "2", "--overwrite", "--no-progress"],
+            [*CLI, "prepare", "--format", "seed", "--input", str(raw), "--out", str(prepared), *prepare,
+             "--overwrite", "--no-progress"],
             check=True, cwd=ROOT,
         )  # fmt: skip
     return prepared
+
+
+def quickstart_dataset() -> Path:
+    """The quick start's prepared dataset (scripts/quickstart.sh)."""
+    return prepared_dataset(
+        "bench_engines",
+        ["--images", "60", "--seed", "0", "--difficulty", "0.3"],
+        ["--clients", "3", "--tile", "128", "--seed", "0", "--grayscale-clients", "2"],
+    )
+
+
+def data_poor_dataset() -> Path:
+    """The data-poor regime's dataset (configs/regime_data_poor.toml: 10 hospitals)."""
+    return prepared_dataset(
+        "data_poor",
+        ["--images", "60", "--seed", "7", "--difficulty", "0.6"],
+        ["--clients", "10", "--sizes", "equal", "--partition", "iid", "--test-fraction", "0.34", "--tile", "128",
+         "--max-tiles-per-slide", "6", "--seed", "0"],
+    )  # fmt: skip
 
 
 def lines(path: Path) -> list[dict[str, Any]]:
