@@ -1,6 +1,6 @@
 """End to end in a real headless Chromium (Debian's, via Playwright): `gastric-fl dashboard` on a free loopback
-port, a one-round federation started from the Federation page, until each hospital's AUC chart is drawn, and the
-Slide page on a trained run.
+port, a one-round federation started from the Federation page, until each hospital's AUC chart is drawn and Start
+is available again (without a reload) once it ended, and the Slide page on a trained run.
 
 The Slide page's screenshot goes to the test's temporary folder, so a test run leaves the tree as it was; with
 ``GASTRIC_FL_SCREENSHOTS=1`` it replaces docs/img/dashboard-slide.png instead (docs/dashboard.md, "Screenshots and
@@ -47,6 +47,14 @@ def test_start_a_federation_from_the_browser(tmp_path: Path) -> None:
             started = jobs.list_jobs(paths.jobs_root(root), kind="train")
             assert len(started) == 1
             assert (Path(started[0].target) / "metrics.jsonl").is_file()
+            # When the run ends, Start is available again on the same page, without a reload.
+            start = page.get_by_role("button", name="Start federation")
+            deadline = time.monotonic() + 180
+            while not start.is_enabled():
+                assert time.monotonic() < deadline, "Start stayed disabled after the run ended"
+                time.sleep(1)
+            assert not jobs.state(paths.jobs_root(root), started[0]).active
+            assert page.get_by_text("Start is available again when it ends").count() == 0
     finally:
         for job in jobs.list_jobs(paths.jobs_root(root)):
             if jobs.state(paths.jobs_root(root), job).active:

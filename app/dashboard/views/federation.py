@@ -173,7 +173,7 @@ def finish_form(form: Form) -> None:
             st.error(message, icon=":material/block:")
         busy = busy_reason()
         if busy:
-            st.info(f"{busy}: Start is available again when it ends.", icon=":material/hourglass_top:")
+            ui.fragment("Federation", watch_busy, REFRESH_S)()
         waiting = sum(jobs.entry_status(jobs_dir, e) == jobs.QUEUED for e in _queue())
         if waiting:
             st.caption(
@@ -204,6 +204,16 @@ def finish_form(form: Form) -> None:
                 st.session_state[ui.RUN_KEY] = run_id
                 st.session_state["pending_run"] = run_id
                 st.rerun()
+
+
+def watch_busy() -> None:
+    """While a training runs, say so, checked again every ``REFRESH_S``; the moment it has ended (or was stopped),
+    redraw the whole page, so that Start is available again without a reload (the run's own view stops refreshing
+    when its status changes, which can come a moment before its process has exited)."""
+    busy = busy_reason()
+    if busy is None:
+        st.rerun()
+    st.info(f"{busy}: Start is available again when it ends.", icon=":material/hourglass_top:")
 
 
 def _queue() -> list[jobs.QueueEntry]:
