@@ -114,17 +114,27 @@ def quickstart_commands(data: Path) -> str:
     return "\n".join(lines)
 
 
-def _sticky_select(label: str, options: list[str], shared: str, key: str, **kwargs: object) -> str:
+def chosen_by_app(shared: str) -> str:
+    """The session key that marks ``st.session_state[shared]`` as set by the app (a run it just started), not by
+    the user's own choice in a picker."""
+    return f"{shared}:by_app"
+
+
+def _sticky_select(
+    label: str, options: list[str], shared: str, key: str, *, follow: bool = True, **kwargs: object
+) -> str:
     """A selectbox whose choice is shared across pages (``st.session_state[shared]``) and follows the app when it
-    sets that value (e.g. to a run it just started), while the user's own choice wins when they change it."""
+    sets that value (e.g. to a run it just started; not with ``follow=False``), while the user's own choice wins
+    when they change it."""
     wanted = st.session_state.get(shared)
-    if wanted in options:
+    if follow and wanted in options:
         st.session_state[key] = wanted
     elif st.session_state.get(key) not in options:
         st.session_state[key] = options[0]
 
     def remember() -> None:
         st.session_state[shared] = st.session_state[key]
+        st.session_state.pop(chosen_by_app(shared), None)  # the user's choice now
 
     choice = st.selectbox(label, options, key=key, on_change=remember, **kwargs)  # type: ignore[call-overload]
     return str(choice)
@@ -160,12 +170,28 @@ def display_status(info: RunInfo) -> str:
     return jobs.run_status(info.status, job_state, jobs.pid_alive(info.pid, info.pid_started) if job is None else None)
 
 
-def pick_run(runs: list[RunInfo], label: str = "Run", key: str = "run_picker") -> RunInfo | None:
-    """A run picker remembered across pages (newest first)."""
+def pick_run(
+    runs: list[RunInfo], label: str = "Run", key: str = "run_picker", *, finished_first: bool = False
+) -> RunInfo | None:
+    """A run picker remembered across pages (newest first).
+
+    ``finished_first`` (the pages that judge a run's models): finished runs lead the list, so the default is the
+    newest finished run, and a run the app chose because it was just started from the Federation page (stopped or
+    still partial) does not replace it; a run the user picked stays picked.
+    """
     if not runs:
         return None
+    follow = True
+    if finished_first:
+        finished = [r for r in runs if display_status(r) == "finished"]
+        runs = finished + [r for r in runs if display_status(r) != "finished"]
+        wanted = st.session_state.get(RUN_KEY)
+        if finished and st.session_state.get(chosen_by_app(RUN_KEY)) and wanted not in {r.run_id for r in finished}:
+            follow = False
     ids = [r.run_id for r in runs]
-    chosen = _sticky_select(label, ids, RUN_KEY, key, format_func=lambda i: run_label(runs[ids.index(i)]))
+    chosen = _sticky_select(
+        label, ids, RUN_KEY, key, follow=follow, format_func=lambda i: run_label(runs[ids.index(i)])
+    )
     return runs[ids.index(chosen)]
 
 

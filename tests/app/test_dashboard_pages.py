@@ -8,7 +8,15 @@ import time
 from pathlib import Path
 
 import pytest
-from dashboard_fixtures import Fixture, open_page, write_running
+from dashboard_fixtures import (
+    Fixture,
+    open_page,
+    write_config,
+    write_metrics,
+    write_predictions,
+    write_running,
+    write_summary,
+)
 from streamlit.testing.v1 import AppTest
 
 from app.dashboard import jobs, paths
@@ -148,3 +156,31 @@ def test_a_running_run_shows_round_k_of_k_and_time_left(fixture_root: Fixture) -
     assert progress.value == 40  # percent
     assert _metric(at, "Round") == "2 / 5"
     assert not at.error
+
+
+def _run_shown(at: AppTest) -> str:
+    """The run id the Hospital page's picker shows (its label is ``<run id> · <method>``)."""
+    return str(at.selectbox(key="hospital_run").value).split(" · ")[0]
+
+
+def _stopped_partial_run(fx: Fixture) -> Path:
+    """A newer run, stopped after round 1 (started from the Federation page), with its hospitals' predictions."""
+    run = fx.root / "runs" / "20250101-000300-fedsaf"
+    write_config(run, fx.dataset)
+    write_metrics(run)
+    write_predictions(run, fx.dataset)
+    write_summary(run, "stopped")
+    return run
+
+
+def test_the_hospital_page_defaults_to_a_finished_run_over_one_the_app_just_started(fixture_root: Fixture) -> None:
+    stopped = _stopped_partial_run(fixture_root)
+    finished = fixture_root.finished.name
+    # the app chose the stopped run (it was started and stopped from the Federation page): the finished one leads
+    at = open_page("hospital", {"selected_run": stopped.name, "selected_run:by_app": True})
+    assert _run_shown(at) == finished
+    assert str(at.selectbox(key="hospital_run").options[0]).startswith(f"{finished} ")
+    # no choice at all: the newest finished run, not the newer stopped one
+    assert _run_shown(open_page("hospital")) == finished
+    # the user's own choice of the stopped run is kept
+    assert _run_shown(open_page("hospital", {"selected_run": stopped.name})) == stopped.name

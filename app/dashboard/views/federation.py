@@ -202,6 +202,7 @@ def finish_form(form: Form) -> None:
                 st.error(str(exc), icon=":material/block:")
             else:
                 st.session_state[ui.RUN_KEY] = run_id
+                st.session_state[ui.chosen_by_app(ui.RUN_KEY)] = True
                 st.session_state["pending_run"] = run_id
                 st.rerun()
 

@@ -220,7 +220,7 @@ def page() -> None:
                 ui.status_banner(listed)
         return
 
-    info = ui.pick_run(ready, "Run", key="hospital_run")
+    info = ui.pick_run(ready, "Run", key="hospital_run", finished_first=True)
     if info is None:
         return
     found = read_predictions(info.path)
