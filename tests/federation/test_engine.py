@@ -136,12 +136,15 @@ def test_fedrep_head_of_a_client_is_never_changed_by_the_others(dataset: Path, t
     assert not any(k.endswith(tuple(head)) for k in server)
     metrics = _metrics(together)
     shared = sum(v.numel() for k, v in create_model("mobilenet_v3_small").state_dict().items() if k in travelling)
+    assert [(r["round"], r["client"]) for r in metrics] == [(1, 0), (1, 1), (1, 2)]
     assert all(r["values_sent"] == r["values_received"] == shared for r in metrics)
 
 
 def test_separate_sends_nothing_in_a_run(dataset: Path, tmp_path: Path) -> None:
     train(_config(dataset, "run.rounds=1", "strategy.name=separate"), tmp_path / "sep", progress=False)
-    assert all(r["values_sent"] == r["values_received"] == 0 for r in _metrics(tmp_path / "sep"))
+    metrics = _metrics(tmp_path / "sep")
+    assert [(r["round"], r["client"]) for r in metrics] == [(1, 0), (1, 1), (1, 2)]
+    assert all(r["values_sent"] == r["values_received"] == 0 for r in metrics)
 
 
 def test_failure_is_recorded_in_the_summary(dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -140,5 +142,9 @@ def test_registry_imports_lazily_and_explains_a_missing_module(monkeypatch: pyte
     monkeypatch.setitem(strategies.STRATEGIES, "fedavg", "federation.strategies.not_written_yet")
     with pytest.raises(FederationError, match="not available"):
         _build("strategy.name=fedavg")
-    monkeypatch.setitem(strategies.STRATEGIES, "separate", "federation.strategies.separate")
+    assert "federation.strategies.not_written_yet" not in sys.modules
+    # a strategy's module is imported when it is built, not when the registry is read
+    monkeypatch.delitem(sys.modules, "federation.strategies.separate", raising=False)
+    assert "federation.strategies.separate" not in sys.modules
     assert _build("strategy.name=separate").name == "separate"
+    assert "federation.strategies.separate" in sys.modules

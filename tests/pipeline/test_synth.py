@@ -70,6 +70,7 @@ def test_seed_layout_masks_match_images(seed_data: synth.SynthSummary) -> None:
     expected = {f"{s['id']}.png" for s in info["slides"]} | {f"{s['id']}_mask.png" for s in info["slides"]}
     assert names == expected | {"synth.json"}
     assert seed_data.n_normal == seed_data.n_abnormal == 3  # SEED default: balanced
+    assert len(info["slides"]) == 6
     for slide in info["slides"]:
         image = Image.open(out / f"{slide['id']}.png")
         mask = Image.open(out / f"{slide['id']}_mask.png")
@@ -86,9 +87,9 @@ def test_seed_layout_masks_match_images(seed_data: synth.SynthSummary) -> None:
 
 def test_carcinoma_is_painted_inside_the_mask(seed_data: synth.SynthSummary) -> None:
     """Abnormal tissue is darker (crowded hyperchromatic nuclei) inside its mask than outside it."""
-    for slide in json.loads((seed_data.out / "synth.json").read_text())["slides"]:
-        if slide["label"] != "abnormal":
-            continue
+    abnormal = [s for s in json.loads((seed_data.out / "synth.json").read_text())["slides"] if s["label"] == "abnormal"]
+    assert len(abnormal) == 3
+    for slide in abnormal:
         gray = np.asarray(Image.open(seed_data.out / f"{slide['id']}.png").convert("L"), dtype=np.float64)
         inside = np.asarray(Image.open(seed_data.out / f"{slide['id']}_mask.png")) > 0
         tissue = gray < 230  # compare tissue with tissue: background and empty lumina are left out
@@ -113,7 +114,9 @@ def test_bot_layout(bot_data: synth.SynthSummary) -> None:
 
 def test_bot_svg_parses_and_encloses_the_rendered_carcinoma(bot_data: synth.SynthSummary) -> None:
     plans = {p.slide_id: p for p in plan_dataset("bot", 4, seed=5, abnormal_fraction=0.75)}
-    for svg_path in sorted((bot_data.out / "abnormal").glob("*.svg")):
+    annotations = sorted((bot_data.out / "abnormal").glob("*.svg"))
+    assert len(annotations) == 3
+    for svg_path in annotations:
         text = svg_path.read_text()
         svg = se.SVG.parse(str(svg_path))
         assert (svg.width, svg.height) == (BOT_SIZE, BOT_SIZE)
@@ -156,7 +159,9 @@ def test_same_seed_same_bytes_different_seed_different(tmp_path: Path) -> None:
     c = generate_dataset(tmp_path / "c", "seed", images=3, seed=8, size=128, difficulty=0.4)
     assert _digest(a.out) == _digest(b.out)
     da, dc = _digest(a.out), _digest(c.out)
-    assert all(da[name] != dc[name] for name in da if name.endswith(".png") and not name.endswith("_mask.png"))
+    images = [name for name in da if name.endswith(".png") and not name.endswith("_mask.png")]
+    assert len(images) == 3
+    assert all(da[name] != dc[name] for name in images)
     t1 = generate_dataset(tmp_path / "t1", "bot", images=2, seed=1, size=128, abnormal_fraction=0.5)
     t2 = generate_dataset(tmp_path / "t2", "bot", images=2, seed=1, size=128, abnormal_fraction=0.5)
     assert _digest(t1.out) == _digest(t2.out)
