@@ -72,14 +72,13 @@ class TrainInstruction:
 
     ``prox_centre`` (if given) is the proximal centre; when it *is* ``shared`` (the same object, as in
     FedAMP/FedSAF where the client starts from and is pulled towards ``u_i`` / ``p_i``) it is counted once.
-    ``train=False`` asks only for evaluation (no reply tensors).
+    (Evaluation alone is an ``EvaluateTask``.)
     """
 
     client: int
     recipe: Recipe
     shared: TensorDict | None = None
     prox_centre: TensorDict | None = None
-    train: bool = True
 
 
 @dataclass
