@@ -37,7 +37,7 @@ from torch import nn
 
 from federation.contract import Recipe, TensorDict, TrainInstruction, TrainReply
 from federation.data import ClientData, augment_batch, make_augmenter, to_tensor
-from federation.errors import FederationError
+from federation.errors import Diverged, FederationError
 
 
 @dataclass(frozen=True)
@@ -275,7 +275,7 @@ class Client:
                 loss = F.cross_entropy(self.model(x), y)
                 value = float(loss.detach())
                 if not math.isfinite(value):
-                    raise FederationError(
+                    raise Diverged(
                         f"client {self.cid}, round {server_round}: the training loss became {value}; "
                         f"lower client.lr (now {lr}) and run again"
                     )

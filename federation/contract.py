@@ -226,9 +226,11 @@ class Failure:
     """A hospital could not do what it was asked (or did not answer): the reason, in one line, no data.
 
     ``silent``: no answer came at all (the transport timed out), so the hospital is probably down: the engine
-    does not wait for it again in the same round.
+    does not wait for it again in the same round. ``diverged``: its training or evaluation became non-finite
+    (``federation.errors.Diverged``), not a refusal or a fault.
     """
 
     client: int
     reason: str
     silent: bool = False
+    diverged: bool = False

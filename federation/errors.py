@@ -7,6 +7,11 @@ class FederationError(ValueError):
     user_facing = True
 
 
+class Diverged(FederationError):
+    """A training or evaluation became non-finite (NaN or inf): a ``Failure`` with ``diverged = True``, which the
+    server answers with advice to lower the learning rate (a resumed run keeps it, so --resume cannot help)."""
+
+
 class Interrupted(Exception):
     """The process was asked to stop (SIGTERM): never turned into one hospital's failure, always unwinds the run."""
 

@@ -111,7 +111,10 @@ def encode(message: Message) -> Envelope:
     if isinstance(message, EvaluateReply):
         return {"kind": "evaluate_reply", **_evaluation_header(message)}, {}
     if isinstance(message, Failure):
-        return {"kind": "failure", "client": message.client, "reason": message.reason, "silent": message.silent}, {}
+        header = {"kind": "failure", "client": message.client, "reason": message.reason, "silent": message.silent}
+        if message.diverged:  # written only when set: other failures' envelopes are as they always were
+            header["diverged"] = True
+        return header, {}
     raise TypeError(f"not a boundary message: {type(message).__name__}")
 
 
@@ -185,7 +188,12 @@ def decode(envelope: Envelope) -> Message:
         if kind == "evaluate_reply":
             return _evaluation(header)
         if kind == "failure":
-            return Failure(int(header["client"]), str(header["reason"]), bool(header.get("silent", False)))
+            return Failure(
+                int(header["client"]),
+                str(header["reason"]),
+                bool(header.get("silent", False)),
+                header.get("diverged", False) is True,
+            )
     except (KeyError, TypeError, ValueError) as exc:
         raise FederationError(f"malformed {kind!r} message: {exc!r}") from exc
     raise FederationError(f"unknown message kind {kind!r}")

@@ -64,7 +64,7 @@ from federation.engine.policy import (
     check_recipe,
     check_tensors,
 )
-from federation.errors import FederationError, Interrupted, first_line
+from federation.errors import Diverged, FederationError, Interrupted, first_line
 from federation.runs import PREDICTIONS_FILE, now_iso, prediction_columns, read_json, write_json, write_predictions
 from federation.strategies.common import resolved_nhead
 from models import ModelError, create_model, head_keys, split_units
@@ -206,7 +206,7 @@ class Hospital:
                 return self.evaluate(message)
             raise FederationError(f"a hospital does not answer {type(message).__name__} messages")
         except (FederationError, ModelError) as exc:
-            return Failure(self.site.client, first_line(exc))
+            return Failure(self.site.client, first_line(exc), diverged=isinstance(exc, Diverged))
         except OSError as exc:  # its folder is full, read-only, gone: this hospital cannot take part now
             where = exc.filename if exc.filename is not None else self.site.root
             return Failure(self.site.client, f"hospital {self.site.client} cannot write {where}: {exc.strerror or exc}")
@@ -315,7 +315,7 @@ class Hospital:
         for key, value in loaded.model.state_dict().items():
             if value.is_floating_point() and not bool(torch.isfinite(value).all()):
                 loaded.at = None  # restored from the last good checkpoint by the next message
-                raise FederationError(
+                raise Diverged(
                     f"hospital {self.site.client}: its model became not finite {what} ({key}); it was not kept, "
                     "its last good model stays"
                 )
@@ -377,7 +377,7 @@ class Hospital:
             self._check_finite_model(loaded, "with what it was sent")
         if not math.isfinite(result.loss):
             loaded.at = None
-            raise FederationError(
+            raise Diverged(
                 f"hospital {self.site.client}: the evaluation of round {server_round}'s model is not finite "
                 f"(loss {result.loss}); it was not kept or deployed, its last good model stays"
             )

@@ -124,11 +124,6 @@ def _warn(text: str) -> None:
     print(f"warning: {text}", file=sys.stderr, flush=True)
 
 
-def _diverged(reason: str) -> bool:
-    """Whether a hospital's reason for sending no usable update is a diverged training (NaN/inf)."""
-    return "not finite" in reason or "became nan" in reason or "became inf" in reason
-
-
 def _damaged_round(damaged: DamagedLine, before: int) -> int:
     """The round a damaged line belongs to: its ``"round"`` field if still legible, else ``before`` (the round of the
     last intact record ahead of it: records are appended in round order)."""
@@ -529,6 +524,7 @@ class Engine:
         }
         self._progress(server_round, "training", len(tasks))
         left_out: dict[str, str] = {}
+        diverged: set[str] = set()  # left out because their training or evaluation became non-finite
         trained: dict[int, TrainReply] = {}
         silent: set[int] = set()  # no answer at all: probably down, not asked again this round
         for c, reply in pool.exchange(tasks).items():
@@ -539,8 +535,10 @@ class Engine:
                 left_out[str(c)] = reason or "unexpected reply"
                 if isinstance(reply, Failure) and reply.silent:
                     silent.add(c)
+                if isinstance(reply, Failure) and reply.diverged:
+                    diverged.add(str(c))
         if instructions and not trained:
-            raise self._no_round(server_round, "sent a usable update", left_out)
+            raise self._no_round(server_round, "sent a usable update", left_out, diverged)
         received = {c: count_reply_values(t) for c, t in trained.items()}
         self._progress(server_round, "aggregating", len(trained))
         record = self.strategy.aggregate_train(server_round, trained)
@@ -565,8 +563,10 @@ class Engine:
                 reason = reply.reason if isinstance(reply, Failure) else problem or "unexpected reply"
                 left_out[str(c)] = f"{left_out[str(c)]}; " if str(c) in left_out else ""
                 left_out[str(c)] += f"evaluation: {reason}"
+                if isinstance(reply, Failure) and reply.diverged:
+                    diverged.add(str(c))
         if not evaluated:
-            raise self._no_round(server_round, "could evaluate", left_out)
+            raise self._no_round(server_round, "could evaluate", left_out, diverged)
         for who, why in left_out.items():
             self._note(f"round {server_round}: hospital {who} left out ({why})")
         seconds = time.perf_counter() - start
@@ -619,11 +619,14 @@ class Engine:
             **figures,
         )
 
-    def _no_round(self, server_round: int, what: str, left_out: Mapping[str, str]) -> FederationError:
-        """The one line that stops a run when no hospital ``what`` in ``server_round``, with what to do."""
+    def _no_round(
+        self, server_round: int, what: str, left_out: Mapping[str, str], diverged: set[str]
+    ) -> FederationError:
+        """The one line that stops a run when no hospital ``what`` in ``server_round``, with what to do: when every
+        hospital left out diverged (its ``Failure`` says so), the advice is a lower learning rate."""
         config = self.config
         reasons = "; ".join(f"hospital {c}: {r}" for c, r in left_out.items())
-        if left_out and all(_diverged(r) for r in left_out.values()):
+        if left_out and set(left_out) <= diverged:
             # a resumed run keeps client.lr, so --resume cannot fix a divergence: say what does
             return FederationError(
                 f"round {server_round}: no hospital {what} ({reasons}); the training diverged "
