@@ -2,7 +2,8 @@
 
 It runs ``streamlit run app/dashboard/main.py`` headless on 127.0.0.1 (loopback only unless ``--host`` says
 otherwise), with usage statistics off, no file watcher and no error details in the browser (tracebacks go to the
-terminal); the data root travels in ``GASTRIC_FL_DATA``.
+terminal); the data root travels in ``GASTRIC_FL_DATA`` and the Slide page's pixel limit (``--max-pixels``) in
+``GASTRIC_FL_MAX_PIXELS``.
 """
 
 from __future__ import annotations
@@ -62,13 +63,23 @@ def register(app: typer.Typer) -> None:
         data: Path = typer.Option(
             Path("data"), help="Data root holding raw/, prepared/ and runs/ (created on first use)."
         ),
+        max_pixels: int | None = typer.Option(
+            None,
+            "--max-pixels",
+            help="Slide page: refuse an uploaded or picked slide whose header declares more pixels than this "
+            "(default 67108864 = 8192 x 8192; at most 1073741824).",
+        ),
     ) -> None:
         """Open the dashboard: prepare demo data, start and watch a federation, read each hospital's results."""
         from app.dashboard.errors import DashboardError
+        from app.slide_view import MAX_PIXELS_ENV
+        from pipeline.images import check_max_pixels
 
         if data.exists() and not data.is_dir():
             raise DashboardError(f"--data {data} is a file: pass the folder that holds prepared/ and runs/")
         env = {**os.environ, "GASTRIC_FL_DATA": str(data.expanduser().resolve())}
+        if max_pixels is not None:
+            env[MAX_PIXELS_ENV] = str(check_max_pixels(max_pixels))
         command = streamlit_command(host, port)
         typer.echo(f"gastric-fl dashboard on http://{host}:{port} (data: {env['GASTRIC_FL_DATA']}); Ctrl+C stops it")
         sys.stdout.flush()

@@ -1,8 +1,10 @@
 """`gastric-fl predict`: a hospital's exported model on whole slides (issue 12; `inference.predict`).
 
 Tiles every slide as ``prepare`` does, scores each tile with the bundle's model and preprocessing, and writes per
-slide a heatmap overlay, a tile CSV and a summary (docs/inference.md). A bundle that does not fit, a slide that
-cannot be read and a slide without tissue are one ``error:`` line and exit code 2.
+slide a heatmap overlay, a tile CSV and a summary (docs/inference.md). A bundle that does not fit or holds non-finite
+weights, a slide that cannot be read, a slide whose header declares more than ``--max-pixels`` pixels (refused before
+decoding) and a slide without tissue are one ``error:`` line and exit code 2; a black slide is scored with a
+``warning:`` line.
 """
 
 from __future__ import annotations
@@ -36,11 +38,18 @@ def register(app: typer.Typer) -> None:
         max_side: int = typer.Option(
             4096, "--max-side", help="Overlays of slides whose longer side exceeds this are downscaled to it."
         ),
+        max_pixels: int | None = typer.Option(
+            None,
+            "--max-pixels",
+            help="Refuse, before decoding, a slide whose header declares more pixels than this "
+            "(default 67108864 = 8192 x 8192; at most 1073741824).",
+        ),
         device: str = typer.Option("cpu", "--device", help="cpu, cuda or auto."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
     ) -> None:
         """Score whole slides with one hospital's model: heatmap overlay, tile CSV and summary per slide."""
         from inference.predict import predict as run_predict
+        from pipeline.images import DEFAULT_MAX_PIXELS
 
         def warn(message: str) -> None:
             typer.secho(f"warning: {message}", fg=typer.colors.YELLOW, err=True)
@@ -56,12 +65,13 @@ def register(app: typer.Typer) -> None:
             device=device,
             progress=progress,
             warn=warn,
+            max_pixels=DEFAULT_MAX_PIXELS if max_pixels is None else max_pixels,
         )
         for result in results:
             s = result.summary
             truth = s.get("ground_truth")
             line = (
-                f"{result.file.name}: {s['tiles']} tiles, max {s['max_probability']:.3f}, "
+                f"{s['folder']}: {s['tiles']} tiles, max {s['max_probability']:.3f}, "
                 f"top-{s['top_k']} mean {s['top_k_mean']:.3f}, abnormal area {s['abnormal_area_fraction']:.1%}"
             )
             if truth is not None:

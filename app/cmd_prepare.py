@@ -84,6 +84,12 @@ def register(app: typer.Typer) -> None:
         max_tiles_per_slide: int | None = typer.Option(
             None, "--max-tiles-per-slide", help="Keep at most N tiles per slide (random, seeded)."
         ),
+        max_pixels: int | None = typer.Option(
+            None,
+            "--max-pixels",
+            help="Skip (or, with --strict, stop at) a slide or mask whose header declares more pixels than this, "
+            "before decoding it. (default: 67108864 = 8192 x 8192)",
+        ),
         workers: int | None = typer.Option(None, "--workers", help="Threads for decoding/tiling. (default: 2)"),
         config: Path | None = typer.Option(
             None, "--config", help="TOML preset (sections as in configs/prepare_*.toml)."
@@ -115,6 +121,7 @@ def register(app: typer.Typer) -> None:
                 "mask_dir": mask_dir,
                 "mask_threshold": mask_threshold,
                 "classes": classes,
+                "max_pixels": max_pixels,
             },
             "split": {
                 "clients": clients,

@@ -17,6 +17,12 @@ running the network::
 ``<card key>`` is the bundle's round and a hash of its ``model.json``, so a bundle rewritten by a later round gets
 new entries instead of stale ones. Every file is written to a temporary name and renamed.
 
+An upload is checked before anything of it is kept (`check_upload`): its type by name and content, and its size from
+its header against the page's pixel limit (`max_pixels`: ``gastric-fl dashboard --max-pixels``, passed in
+``GASTRIC_FL_MAX_PIXELS``; default `pipeline.images.DEFAULT_MAX_PIXELS`), so an image too large to decode is refused
+in one sentence naming the uploaded file. `problem_line` words every failure for the page with the names the user
+gave, never the cache entry's paths.
+
 This module imports no torch: only `score` imports the inference package, inside the function, so that a page
 showing a cached slide (or listing slides) never waits for torch. Test slides are found the way ``predict`` and
 ``prepare`` find them: the dataset's ``prepare.json`` lists each slide's client and split, relative to the raw
@@ -28,8 +34,10 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import os
 import re
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +47,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pipeline import outputs
+from pipeline.images import DEFAULT_MAX_PIXELS, check_max_pixels, check_pixels
 
 CARD_FILE = "model.json"
 PREPARE_FILE = "prepare.json"
@@ -47,6 +56,8 @@ DISPLAY_MAX = 1280
 VIEW_FILES = ("slide.png", "heat.png", "view.json")
 SLIDE_SUFFIXES = (".png", ".tif", ".tiff")
 ANNOTATION_SUFFIXES = (".png", ".svg")
+MAX_PIXELS_ENV = "GASTRIC_FL_MAX_PIXELS"
+LIMIT_HINT = "downscale it, or start the dashboard with a larger --max-pixels"
 
 
 class SlideViewError(ValueError):
@@ -222,15 +233,56 @@ def slide_entry(folder: Path, slide: ListedSlide) -> Path:
     return folder / SLIDES_DIR / card_key(folder) / slide.key
 
 
+def max_pixels() -> int:
+    """The Slide page's pixel limit: ``GASTRIC_FL_MAX_PIXELS`` (``gastric-fl dashboard --max-pixels``), else
+    `pipeline.images.DEFAULT_MAX_PIXELS`; `SlideViewError` or `PipelineError` (one line) for a value that is not a
+    usable limit."""
+    text = os.environ.get(MAX_PIXELS_ENV, "").strip()
+    if not text:
+        return DEFAULT_MAX_PIXELS
+    try:
+        value = int(text)
+    except ValueError:
+        raise SlideViewError(
+            f"{MAX_PIXELS_ENV}={text!r} is not a whole number of pixels; restart the dashboard with e.g. "
+            f"--max-pixels {DEFAULT_MAX_PIXELS}"
+        ) from None
+    return check_max_pixels(value, MAX_PIXELS_ENV)
+
+
+def _check_suffixes(name: str, annotation: str | None) -> None:
+    suffix = Path(name).suffix.lower()
+    if suffix not in SLIDE_SUFFIXES:
+        raise SlideViewError(
+            f"{name} is not a slide the page can score: upload a PNG or TIFF image (.png, .tif, .tiff), "
+            f"not {suffix + ' files' if suffix else 'a file without a suffix'}"
+        )
+    if annotation is not None and Path(annotation).suffix.lower() not in ANNOTATION_SUFFIXES:
+        raise SlideViewError(
+            f"{annotation} is not an annotation the page can read: upload a SEED mask (PNG) or a BOT SVG, "
+            "or no annotation"
+        )
+
+
+def check_upload(name: str, data: bytes, limit: int, annotation: str | None = None) -> tuple[int, int]:
+    """Check an upload before anything of it is kept: the slide's and annotation's types by name, the slide's type
+    by content and its size from its header (at most ``limit`` pixels); ``(width, height)``.
+
+    `SlideViewError` or `pipeline.images.ImageReadError`, one sentence naming the uploaded file (``name``).
+    """
+    _check_suffixes(name, annotation)
+    return check_pixels(data, name, limit, LIMIT_HINT)
+
+
 def stage_upload(folder: Path, name: str, data: bytes, annotation: tuple[str, bytes] | None = None) -> Path:
     """Keep an uploaded slide (and its annotation) in its cache entry; returns the slide's path there.
 
     The entry is named by a hash of the bytes, so the same upload finds its earlier result. An annotation is
     stored where predict looks for it: a PNG as ``<stem>_mask.png`` (SEED), an SVG as ``<stem>.svg`` (BOT).
+    Names of the wrong type are refused before anything is written.
     """
+    _check_suffixes(name, None if annotation is None else annotation[0])
     suffix = Path(name).suffix.lower()
-    if suffix not in SLIDE_SUFFIXES:
-        raise SlideViewError(f"{name}: upload a PNG or TIFF slide (got {suffix or 'no suffix'})")
     digest = hashlib.sha256(data)
     if annotation is not None:
         digest.update(b"\0" + annotation[1])
@@ -241,12 +293,28 @@ def stage_upload(folder: Path, name: str, data: bytes, annotation: tuple[str, by
         write_atomic(slide, data)
     if annotation is not None:
         kind = Path(annotation[0]).suffix.lower()
-        if kind not in ANNOTATION_SUFFIXES:
-            raise SlideViewError(f"{annotation[0]}: an annotation is a SEED mask (PNG) or a BOT SVG")
         target = slide.with_name(f"{stem}_mask.png" if kind == ".png" else f"{stem}.svg")
         if not target.is_file():
             write_atomic(target, annotation[1])
     return slide
+
+
+def kept_names(entry: Path, slide: str | None = None, annotation: str | None = None) -> dict[Path, str]:
+    """The files an upload's cache ``entry`` keeps, each mapped to the name to show for it: ``slide`` and
+    ``annotation`` (the names as uploaded) when given, else the kept file's own name. Empty for any other entry (a
+    test slide's path is the user's own). For `problem_line` and `shown_text`."""
+    if not entry.name.startswith("upload-"):
+        return {}
+    names: dict[Path, str] = {}
+    kept = sorted((entry / "slide").glob("*"))
+    stems = {p.stem for p in kept}
+    for path in kept:
+        is_annotation = path.suffix.lower() == ".svg" or (
+            path.stem.endswith("_mask") and path.stem.removesuffix("_mask") in stems
+        )
+        given = annotation if is_annotation else slide
+        names[path] = given or path.name
+    return names
 
 
 def discard(entry: Path) -> None:
@@ -342,19 +410,20 @@ def _layers(
     return layers
 
 
-def score(folder: Path, slide: Path, entry: Path) -> ScoredSlide:
+def score(folder: Path, slide: Path, entry: Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> ScoredSlide:
     """Score ``slide`` with the bundle in ``folder`` into the cache ``entry`` (predict, then the display layers).
 
-    Raises what ``gastric-fl predict`` raises for a bundle that does not fit, an unreadable slide or a slide
-    without tissue (all one line, ``user_facing``), and `SlideViewError` if the result cannot be read back.
+    Raises what ``gastric-fl predict`` raises for a bundle that does not fit, an unreadable slide, a slide over
+    ``max_pixels`` or a slide without tissue (all one line, ``user_facing``), and `SlideViewError` if the result
+    cannot be read back.
     """
     from inference.heatmap import probability_map
     from inference.predict import predict
     from inference.slides import find_slides, read_slide
 
-    predict(folder, slide, entry / "predict", progress=False)
+    predict(folder, slide, entry / "predict", progress=False, max_pixels=max_pixels)
     scored_file = find_slides(slide)[0]
-    decoded = read_slide(scored_file)
+    decoded = read_slide(scored_file, max_pixels)
     result = _result_folder(entry)
     if result is None:
         raise SlideViewError(f"{entry / 'predict'}: predict wrote no result for {slide.name}; score it again")
@@ -384,10 +453,27 @@ def score(folder: Path, slide: Path, entry: Path) -> ScoredSlide:
     return loaded
 
 
-def problem_line(exc: BaseException, slide: Path) -> str:
-    """One line for a failure while scoring ``slide``: the error's own message when it is meant for the user."""
+def problem_line(exc: BaseException, slide: Path, names: Mapping[Path, str] | None = None) -> str:
+    """One line for a failure while scoring ``slide``: the error's own message when it is meant for the user.
+
+    ``names`` maps files the page keeps (an upload's copy in its cache entry) to the names the user gave them: the
+    line names those, never the cache's paths.
+    """
     if getattr(exc, "user_facing", False):
-        return str(exc)
-    if isinstance(exc, OSError):
-        return f"{slide}: {exc.strerror or type(exc).__name__} ({exc.filename or slide}); check the file and the folder"
-    return f"{slide}: scoring failed ({type(exc).__name__}: {exc}); try `gastric-fl predict` on it for details"
+        text = str(exc)
+    elif isinstance(exc, OSError):
+        text = f"{slide}: {exc.strerror or type(exc).__name__} ({exc.filename or slide}); check the file and the folder"
+    else:
+        text = f"{slide}: scoring failed ({type(exc).__name__}: {exc}); try `gastric-fl predict` on it for details"
+    return shown_text(text, names)
+
+
+def shown_text(text: str, names: Mapping[Path, str] | None) -> str:
+    """``text`` (one line) with each path of ``names`` (absolute or as given, then its bare file name, each as a
+    whole word: ``a.png`` stays in ``data.png``) replaced by the name the user knows it by."""
+    shown = {form: name for path, name in (names or {}).items() for form in (path.name, str(path), str(path.resolve()))}
+    if shown:
+        # One pass, longest form first, so that a name put in is never replaced again.
+        forms = "|".join(re.escape(form) for form in sorted(shown, key=len, reverse=True))
+        text = re.sub(rf"(?<![\w./-])(?:{forms})(?![\w])", lambda match: shown[match.group(0)], text)
+    return " ".join(text.split())

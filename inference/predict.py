@@ -10,10 +10,17 @@ For each slide, with the bundle's card (`models.bundle`):
 2. **Scores**: `models.preprocess.Preprocess` (channels, resize to ``input_size``, normalisation) then the
    network in eval mode; ``P(abnormal)`` is the softmax (in float64, as the evaluation computes it) of the
    positive class.
-3. **Outputs** per slide, in ``<out>/<slide>/``: ``tiles.csv`` (x, y, size, probability, and the ground-truth
-   label when known), ``overlay.png`` (the probability over the slide, `inference.heatmap`) and ``summary.json``
-   (maximum probability, top-k mean, abnormal area fraction at the threshold, tile count, and tile-level
-   sensitivity/specificity when an annotation is at hand); ``<out>/summary.csv`` has one row per slide.
+3. **Outputs** per slide, in ``<out>/<slide>-<path digest>/`` (`inference.slides.SlideFile.output_name`: one folder
+   per file, so slides whose names differ only in spaces, suffix or folder never overwrite each other):
+   ``tiles.csv`` (x, y, size, probability, and the ground-truth label when known), ``overlay.png`` (the probability
+   over the slide, `inference.heatmap`) and ``summary.json`` (maximum probability, top-k mean, abnormal area
+   fraction at the threshold, tile count, and tile-level sensitivity/specificity when an annotation is at hand);
+   ``<out>/summary.csv`` has one row per slide.
+
+Bounded and checked input: a slide whose header declares more than ``max_pixels`` pixels is refused before it is
+decoded (`pipeline.images.check_pixels`), a bundle with non-finite weights is refused when it is loaded
+(`models.bundle.load_bundle`), and a black slide (prepare's rule, `pipeline.tiling.is_black`), whose squares pass
+the white-area filter although they hold no tissue, is scored with a warning.
 
 Ground truth (`tile_truth`) follows prepare's labelling: a tile is *abnormal* when prepare would keep it as an
 abnormal tile (its white share, counting pixels outside the annotation as white, is at most ``tiling.white_max``),
@@ -44,14 +51,15 @@ from inference.heatmap import COLORMAP, coverage_maps, render_overlay
 from inference.slides import Slide, SlideFile, find_slides, read_slide
 from models.bundle import Bundle, BundleError, ModelCard, decision_counts, load_bundle, read_card
 from pipeline.errors import PipelineError
-from pipeline.images import RGBImage, encode_png
+from pipeline.images import DEFAULT_MAX_PIXELS, RGBImage, check_max_pixels, encode_png
 from pipeline.outputs import OutputError, claim_output, os_error_message, owned_by, write_atomic, write_marker
-from pipeline.tiling import ClientPlan, cut_square, kept_positions, near_white, white_ratios
+from pipeline.tiling import BLACK_LEVEL, ClientPlan, cut_square, is_black, kept_positions, near_white, white_ratios
 
 COMMAND = "predict"
 TILE_COLUMNS = ("x", "y", "size", "probability", "truth")
 SUMMARY_COLUMNS = (
     "slide",
+    "folder",
     "file",
     "tiles",
     "max_probability",
@@ -85,12 +93,14 @@ class SlideTiles:
 
 @dataclass
 class SlideResult:
-    """What predict wrote for one slide (``summary`` is ``summary.json``), or why it was skipped."""
+    """What predict wrote for one slide (``summary`` is ``summary.json``), or why it was skipped; ``warnings``: what
+    the user should know about a scored slide (a black slide, an SVG clipped to the slide)."""
 
     file: SlideFile
     summary: dict[str, Any] = field(default_factory=dict)
     folder: Path | None = None
     problem: str | None = None
+    warnings: tuple[str, ...] = ()
 
 
 def check_binary(card: ModelCard, where: Path | str = "the bundle") -> None:
@@ -261,7 +271,7 @@ def predict_slide(
     device: torch.device | str = "cpu",
     progress: bool = True,
 ) -> SlideResult:
-    """Tile, score and map one decoded slide; writes ``<out>/<slide name>/`` and returns its summary."""
+    """Tile, score and map one decoded slide; writes ``<out>/<slide output name>/`` and returns its summary."""
     started = time.perf_counter()
     card = bundle.card
     chosen = card.threshold if threshold is None else threshold
@@ -279,6 +289,12 @@ def predict_slide(
         )
     finally:
         bar.close()
+    warnings = [] if slide.warning is None else [slide.warning]
+    if is_black(slide.image):
+        warnings.append(
+            f"{name}: the slide is black (every pixel <= {BLACK_LEVEL}), so its {len(positions)} tile(s) show no "
+            "tissue and their probabilities mean nothing; check the scan"
+        )
     truth = None if slide.cancer is None else tile_truth(slide.image, slide.cancer, positions, card)
     tiles = SlideTiles(
         xs=np.array([x for x, _ in positions], dtype=np.int64),
@@ -290,6 +306,7 @@ def predict_slide(
     height, width = slide.image.shape[:2]
     summary = {
         "slide": slide.file.name,
+        "folder": slide.file.output_name,
         "file": str(slide.file.path),
         "annotation": None if slide.file.annotation is None else str(slide.file.annotation),
         "width": width,
@@ -312,15 +329,15 @@ def predict_slide(
         "colormap": COLORMAP,
         "outline": "ground-truth annotation (white on black)" if slide.cancer is not None else None,
     }
-    if slide.warning:
-        summary["warning"] = slide.warning
+    if warnings:
+        summary["warning"] = "; ".join(warnings)
     summary["seconds"] = round(time.perf_counter() - started, 3)
-    folder = out / slide.file.name
+    folder = out / slide.file.output_name
     folder.mkdir(parents=True, exist_ok=True)
     write_atomic(folder / "tiles.csv", _tiles_csv(tiles))
     write_atomic(folder / "overlay.png", encode_png(overlay))
     write_atomic(folder / "summary.json", (json.dumps(summary, indent=2, allow_nan=False) + "\n").encode())
-    return SlideResult(file=slide.file, summary=summary, folder=folder)
+    return SlideResult(file=slide.file, summary=summary, folder=folder, warnings=tuple(warnings))
 
 
 def _summary_csv(results: Sequence[SlideResult]) -> bytes:
@@ -337,6 +354,7 @@ def _summary_csv(results: Sequence[SlideResult]) -> bytes:
         writer.writerow(
             [
                 r.file.name,
+                r.file.output_name if r.folder is not None else "",
                 str(r.file.path),
                 s.get("tiles", ""),
                 fmt(s.get("max_probability")),
@@ -362,18 +380,21 @@ def predict(
     device: str = "cpu",
     progress: bool = True,
     warn: Callable[[str], None] | None = None,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> list[SlideResult]:
     """``gastric-fl predict``: score every slide ``slide`` names with the bundle at ``model`` into ``out``.
 
-    A bundle that does not fit, or is not a binary normal/abnormal model (`check_binary`), raises `BundleError`;
-    a single slide that cannot be read or holds no tissue raises `PipelineError`. With a folder of slides, a bad
-    slide is reported through ``warn`` and skipped, the others are written, and a `PredictError` naming the first
-    problem is raised at the end. All are one line.
+    A bundle that does not fit, holds non-finite weights or is not a binary normal/abnormal model (`check_binary`)
+    raises `BundleError`; a single slide that cannot be read, declares more than ``max_pixels`` pixels or holds no
+    tissue raises `PipelineError`. With a folder of slides, a bad slide is reported through ``warn`` and skipped,
+    the others are written, and a `PredictError` naming the first problem is raised at the end. All are one line.
+    A scored slide's warnings (e.g. a black slide) go to ``warn`` too, and into its ``summary.json``.
     """
     if threshold is not None and not 0.0 < threshold < 1.0:
         raise PredictError(f"--threshold must be strictly between 0 and 1, got {threshold}")
     if top_k < 1 or batch_size < 1 or max_side < 16:
         raise PredictError("--top-k and --batch-size must be at least 1 and --max-side at least 16")
+    check_max_pixels(max_pixels)
     torch_device = torch.device(
         "cuda" if device == "auto" and torch.cuda.is_available() else device.replace("auto", "cpu")
     )
@@ -390,20 +411,23 @@ def predict(
             write_marker(out, COMMAND, record_contents=False)
             for file in tqdm(files, desc="slides", unit="slide", disable=not progress or len(files) == 1):
                 try:
-                    decoded = read_slide(file)
-                    results.append(
-                        predict_slide(
-                            bundle,
-                            decoded,
-                            out,
-                            threshold=threshold,
-                            top_k=top_k,
-                            batch_size=batch_size,
-                            max_side=max_side,
-                            device=torch_device,
-                            progress=progress,
-                        )
+                    decoded = read_slide(file, max_pixels)
+                    result = predict_slide(
+                        bundle,
+                        decoded,
+                        out,
+                        threshold=threshold,
+                        top_k=top_k,
+                        batch_size=batch_size,
+                        max_side=max_side,
+                        device=torch_device,
+                        progress=progress,
                     )
+                    del decoded  # free this slide's pixels before the next slide is decoded
+                    results.append(result)
+                    if warn is not None:
+                        for message in result.warnings:
+                            warn(message)
                 except PipelineError as exc:
                     if len(files) == 1:
                         raise

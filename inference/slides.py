@@ -8,11 +8,19 @@ A slide is any PNG, JPEG or TIFF file (decoded by content, `pipeline.images`). I
 * a slide in a folder named ``normal`` without an annotation is normal throughout (BOT's and class folders' rule).
 
 Slide and annotation are decoded by `pipeline.sources.load_slide`, with prepare's checks (mask size and values,
-SVG geometry), so a slide ``predict`` reads is the image ``prepare`` read.
+SVG geometry) and its pixel limit (`pipeline.images.check_pixels`, read from the header before any decoding), so a
+slide ``predict`` reads is the image ``prepare`` read.
+
+Each slide's outputs go to a folder of its own, `SlideFile.output_name`: its readable name (`slide_name`) and 12 hex
+digits of the SHA-256 of its absolute path. Files whose names differ only in characters the readable name cannot
+hold (``a b.png``, ``a_b.png``), in their suffix (``x.png``, ``x.tif``) or in their folder (``d1/s.png``,
+``d2/s.png``, scored in one call or in two) get different folders; the same file scored again gets the same folder
+and replaces its own outputs.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,11 +30,14 @@ import numpy.typing as npt
 
 from pipeline.config import SourceConfig
 from pipeline.errors import PipelineError
-from pipeline.images import IMAGE_SUFFIXES, RGBImage, read_bytes, read_rgb
+from pipeline.images import DEFAULT_MAX_PIXELS, IMAGE_SUFFIXES, RGBImage, read_bytes, read_rgb
 from pipeline.sources import SlideRef, load_slide
 
 MASK_SUFFIX = "_mask"
 MASK_DIR = "masks"
+# Longest readable part of an output folder's name: the path digest keeps names unique, so long paths are cut
+# here rather than exceed the file system's 255-byte name limit.
+NAME_MAX = 100
 
 
 class SlideInputError(PipelineError):
@@ -47,6 +58,14 @@ class SlideFile:
     def annotation(self) -> Path | None:
         """The SEED mask or BOT SVG beside the slide, if any."""
         return self.mask or self.svg
+
+    @property
+    def output_name(self) -> str:
+        """The folder of this slide's outputs under ``--out``: ``<name>-<12 hex digits>``, the digits being the start
+        of the SHA-256 of the slide's absolute path (symbolic links resolved). Unique per file, and the same for the
+        same file in every call (see the module docstring)."""
+        digest = hashlib.sha256(self.path.resolve().as_posix().encode("utf-8")).hexdigest()[:12]
+        return f"{self.name[:NAME_MAX]}-{digest}"
 
 
 @dataclass(frozen=True)
@@ -105,26 +124,27 @@ def find_slides(path: Path, exclude: Path | None = None) -> list[SlideFile]:
     return found
 
 
-def read_slide(file: SlideFile) -> Slide:
+def read_slide(file: SlideFile, max_pixels: int = DEFAULT_MAX_PIXELS) -> Slide:
     """Decode a slide and its annotation with prepare's readers; `PipelineError` (one line) if either is unusable.
 
-    Ground truth: the mask's or SVG's cancer pixels; all normal for a slide in a ``normal`` folder without an
-    annotation; ``None`` otherwise.
+    A slide (or mask) whose header declares more than ``max_pixels`` pixels is refused before it is decoded
+    (`pipeline.images.ImageTooLargeError`). Ground truth: the mask's or SVG's cancer pixels; all normal for a slide
+    in a ``normal`` folder without an annotation; ``None`` otherwise.
     """
     root = file.path.parent
     if file.mask is not None or file.svg is not None:
         ref = SlideRef(
             index=0,
             path=file.path,
-            source=file.path.name,
+            source=str(file.path),  # errors name the slide as the user gave it (its mask: beside it, by file name)
             mask=file.mask,
             annotation=file.svg,
             folder_label="abnormal" if file.svg is not None else None,
         )
-        config = SourceConfig(format="seed" if file.mask is not None else "bot", input=root)
+        config = SourceConfig(format="seed" if file.mask is not None else "bot", input=root, max_pixels=max_pixels)
         loaded = load_slide(ref, config, root)
         region = loaded.mask if loaded.mask is not None else np.zeros(loaded.image.shape[:2], dtype=bool)
         return Slide(file=file, image=loaded.image, cancer=region, warning=loaded.warning)
-    image = read_rgb(read_bytes(file.path), str(file.path))
+    image = read_rgb(read_bytes(file.path), str(file.path), max_pixels)
     cancer = np.zeros(image.shape[:2], dtype=bool) if file.folder_label == "normal" else None
     return Slide(file=file, image=image, cancer=cancer)

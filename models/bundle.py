@@ -277,12 +277,31 @@ def read_card(path: Path) -> ModelCard:
     return ModelCard.from_json(data, str(card_path))
 
 
+def _check_finite(tensors: dict[str, torch.Tensor], keys: list[str], weights_path: Path) -> None:
+    """`BundleError` naming the first tensor (in ``keys`` order: the model's) with NaN or infinite values, and how
+    many tensors have them."""
+    bad = [
+        (key, int((~torch.isfinite(tensors[key])).sum()))
+        for key in keys
+        if tensors[key].is_floating_point() and not bool(torch.isfinite(tensors[key]).all())
+    ]
+    if bad:
+        key, count = bad[0]
+        more = f" ({len(bad)} tensors in all)" if len(bad) > 1 else ""
+        raise BundleError(
+            f"{weights_path}: {key} holds {count} NaN or infinite value(s){more}, so the model cannot score a slide; "
+            "the training diverged or the file is damaged: export the model from a run that trained normally "
+            "(e.g. with a lower learning rate)"
+        )
+
+
 def load_bundle(path: Path, device: torch.device | str = "cpu") -> Bundle:
     """Read and check the bundle at ``path``: the card, then weights that fit its architecture key for key.
 
     `BundleError` (one line) for a missing folder or file, a damaged or unknown card, an architecture this version
-    does not know, weights missing keys, holding extra keys or tensors of another shape, or weights from another
-    round than the card.
+    does not know, weights missing keys, holding extra keys or tensors of another shape, weights holding NaN or
+    infinite values (a model that diverged, or a damaged file: it would score every tile NaN or at random), or
+    weights from another round than the card.
     """
     folder = bundle_folder(path)
     card = read_card(path)
@@ -319,6 +338,7 @@ def load_bundle(path: Path, device: torch.device | str = "cpu") -> Bundle:
             f"{weights_path} does not fit {card.architecture}: {key} has shape {tuple(tensors[key].shape)}, "
             f"the card's architecture needs {tuple(own[key].shape)} ({len(wrong)} tensor(s) differ)"
         )
+    _check_finite(tensors, list(own), weights_path)
     model.load_state_dict(tensors)
     model.to(device).eval()
     return Bundle(folder=folder, card=card, model=model)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pipeline.errors import PipelineError
+from pipeline.images import DEFAULT_MAX_PIXELS, check_max_pixels
 from pipeline.sites import MAX_STRENGTH, SHIFTS, ListedProfile, parse_listed
 
 Format = Literal["seed", "bot", "class-folders"]
@@ -59,6 +60,8 @@ class SourceConfig:
     mask_threshold: int | None = None
     # class-folders only: the class folders to read, in class-index order; () = every folder with images.
     classes: tuple[str, ...] = ()
+    # A slide or mask whose header declares more pixels is skipped undecoded (`pipeline.images.check_pixels`).
+    max_pixels: int = DEFAULT_MAX_PIXELS
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,7 @@ class PrepareConfig:
                 "mask_dir": self.source.mask_dir,
                 "mask_threshold": self.source.mask_threshold,
                 "classes": list(self.source.classes),
+                "max_pixels": self.source.max_pixels,
             },
             "split": {
                 "clients": self.split.clients,
@@ -273,7 +277,7 @@ def _coerce(section: str, name: str, value: Any, default: Any) -> Any:
             raise PipelineError(f"{where} must be true or false, not {value!r}")
         return value
     optional = ("stride", "abnormal_stride", "max_tiles_per_slide", "mask_threshold")
-    if name in (*optional, "tile", "clients", "seed", "white_level", "workers"):
+    if name in (*optional, "tile", "clients", "seed", "white_level", "workers", "max_pixels"):
         if value is None and name in optional:
             return None
         if isinstance(value, bool) or not isinstance(value, int):
@@ -343,6 +347,7 @@ def validate_config(config: PrepareConfig) -> None:
         raise PipelineError("mask_suffix and mask_dir are both empty: give at least one so masks can be found")
     if src.mask_threshold is not None and not 0 <= src.mask_threshold < 65535:
         raise PipelineError(f"--mask-threshold {src.mask_threshold} must be in 0..65534 (pixel > T is cancer)")
+    check_max_pixels(src.max_pixels)
     if src.classes:
         if src.format != "class-folders":
             raise PipelineError(

@@ -7,6 +7,14 @@ memory instead and write only PNG tiles. Variants a scanner or annotation tool m
 imagecodecs. The decoder is chosen by the file's content (its magic bytes, `image_format`), not by its name:
 a TIFF saved as ``.png`` and a PNG saved as ``.tiff`` both decode, and an empty or text file gets one line
 naming it. Anything that cannot be decoded raises `ImageReadError`.
+
+Pixel limit: every decoder here first reads the file's header alone (`header_size`: PIL's PNG and JPEG
+parsers stop before the pixel data, tifffile reads the first page's tags) and `check_pixels` refuses an image
+declaring more than ``max_pixels`` pixels (`DEFAULT_MAX_PIXELS` unless the caller says otherwise) with
+`ImageTooLargeError`, before a byte of pixel memory is allocated: a few hundred bytes can declare a
+60000 x 60000 image (a decompression bomb). The limit is never above `LIMIT_CEILING`, OpenCV's own decoder cap.
+PIL is used for headers only, through its format plugins, so its global decompression-bomb check
+(``Image.MAX_IMAGE_PIXELS``) never runs and the user's ``--max-pixels`` is the one limit.
 """
 
 from __future__ import annotations
@@ -19,13 +27,21 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 import tifffile
-from PIL import Image
+from PIL import JpegImagePlugin, PngImagePlugin
 
 from pipeline.errors import PipelineError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
 
 RGBImage = npt.NDArray[np.uint8]
+
+# The largest slide `gastric-fl synth` writes is 8192 x 8192 (`pipeline.synth.MAX_SIZE`), 16 times the 2048 x 2048
+# SEED and BOT slides; 2**26 pixels accepts exactly that and nothing larger. Measured on 2 CPU cores: predict on an
+# 8192 x 8192 PNG takes 14 s and 1.55 GB peak RSS (0.9 GB for a 256 px slide); a 24000 x 24000 upload took 66 s and
+# the dashboard from 1.1 to 7.6 GB (issue 23). docs/inference.md, "Pixel limit".
+DEFAULT_MAX_PIXELS = 8192 * 8192
+# OpenCV's decoders refuse more than 2**30 pixels (CV_IO_MAX_IMAGE_PIXELS) with an assertion: no limit goes above.
+LIMIT_CEILING = 1 << 30
 
 # Leading bytes of each accepted format (TIFF: classic and BigTIFF, little- and big-endian).
 _MAGIC: tuple[tuple[bytes, str], ...] = (
@@ -40,6 +56,10 @@ _MAGIC: tuple[tuple[bytes, str], ...] = (
 
 class ImageReadError(PipelineError):
     """A slide or mask file that cannot be decoded (corrupt, truncated, unsupported encoding)."""
+
+
+class ImageTooLargeError(ImageReadError):
+    """An image whose header declares more pixels than the limit (``--max-pixels``); nothing of it was decoded."""
 
 
 def _decode_tiff(data: bytes) -> npt.NDArray[np.generic]:
@@ -88,12 +108,70 @@ def _format_of(data: bytes, name: str) -> str:
 
 
 def _reason(exc: Exception) -> str:
-    """A decoder's complaint without the repr of the in-memory stream (PIL names "<_io.BytesIO object ...>")."""
-    return re.sub(r"\s*<_io\.BytesIO object at 0x[0-9a-fA-F]+>", "", str(exc)) or type(exc).__name__
+    """A decoder's complaint in one line, without the repr of the in-memory stream (PIL names "<_io.BytesIO object
+    ...>") and without OpenCV's assertion text (source file, line and condition mean nothing to the user)."""
+    if isinstance(exc, cv2.error):
+        return "OpenCV's decoder refused the data"
+    text = re.sub(r"\s*<_io\.BytesIO object at 0x[0-9a-fA-F]+>", "", str(exc))
+    return " ".join(text.split()) or type(exc).__name__
 
 
-def decode_raw(data: bytes, name: str) -> npt.NDArray[np.generic]:
-    """Decode bytes into an array exactly as stored (any dtype, 2-D or H x W x C, RGB order)."""
+def check_max_pixels(max_pixels: int, flag: str = "--max-pixels") -> int:
+    """``max_pixels`` if it is a whole number in ``1..LIMIT_CEILING``; else `PipelineError` naming ``flag``."""
+    if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or not 1 <= max_pixels <= LIMIT_CEILING:
+        raise PipelineError(
+            f"{flag} {max_pixels!r} must be a whole number of pixels from 1 to {LIMIT_CEILING} (2**30, the most "
+            f"OpenCV decodes); the default is {DEFAULT_MAX_PIXELS} (8192 x 8192)"
+        )
+    return max_pixels
+
+
+def header_size(data: bytes, name: str) -> tuple[int, int]:
+    """``(width, height)`` as the file's header declares them, without decoding or allocating any pixel.
+
+    PNG and JPEG: PIL's format plugins, which parse the chunks or markers before the pixel data and stop there
+    (called directly rather than through ``Image.open``, whose decompression-bomb check would raise or warn on its
+    own fixed limit). TIFF: tifffile's first page, whose tags are all it reads.
+    """
+    kind = _format_of(data, name)
+    try:
+        if kind == "tiff":
+            with tifffile.TiffFile(io.BytesIO(data)) as tif:
+                page = tif.pages.first
+                return int(page.imagewidth), int(page.imagelength)
+        plugin = PngImagePlugin.PngImageFile if kind == "png" else JpegImagePlugin.JpegImageFile
+        with plugin(io.BytesIO(data)) as image:
+            width, height = image.size
+            return int(width), int(height)
+    except Exception as exc:
+        raise ImageReadError(
+            f"{name}: cannot decode image ({_reason(exc)}); re-export it or remove it from the input"
+        ) from None
+
+
+def check_pixels(
+    data: bytes, name: str, max_pixels: int = DEFAULT_MAX_PIXELS, hint: str = "downscale it or raise --max-pixels"
+) -> tuple[int, int]:
+    """The pixel limit, from the header alone (`header_size`): ``(width, height)``, or `ImageTooLargeError`
+    naming ``name``, its size, the limit and ``hint`` (what to do) when ``width x height`` exceeds ``max_pixels``.
+
+    Every decoder of this module calls it first; the dashboard calls it on an upload before keeping it.
+    """
+    width, height = header_size(data, name)
+    if width * height > max_pixels:
+        raise ImageTooLargeError(
+            f"{name}: {width}x{height} is {width * height:,} pixels, more than the limit of {max_pixels:,} pixels; "
+            f"{hint}"
+        )
+    return width, height
+
+
+def decode_raw(data: bytes, name: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> npt.NDArray[np.generic]:
+    """Decode bytes into an array exactly as stored (any dtype, 2-D or H x W x C, RGB order).
+
+    The header is checked against ``max_pixels`` first (`check_pixels`): a larger image is refused undecoded.
+    """
+    check_pixels(data, name, max_pixels)
     decode = _decode_tiff if _format_of(data, name) == "tiff" else _decode_other
     try:
         array = decode(data)
@@ -124,19 +202,22 @@ def _probe_tiff(data: bytes) -> tuple[int, int]:
 
 
 def _probe_other(data: bytes) -> tuple[int, int]:
-    with Image.open(io.BytesIO(data)) as image:
+    plugin = PngImagePlugin.PngImageFile if image_format(data) == "png" else JpegImagePlugin.JpegImageFile
+    with plugin(io.BytesIO(data)) as image:
         width, height = image.size
         # For PNG this checks every chunk's CRC (truncation, bit rot) without inflating the pixels.
         image.verify()
     return int(width), int(height)
 
 
-def probe_size(data: bytes, name: str) -> tuple[int, int]:
+def probe_size(data: bytes, name: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[int, int]:
     """``(width, height)`` from the header, with cheap integrity checks; pixels are decoded later, once.
 
     A large TIFF takes far longer to decode than to tile (benchmarks/prepare_speed.md), so the first pass
-    over the slides (before the client split) reads headers only.
+    over the slides (before the client split) reads headers only. An image over ``max_pixels`` raises
+    `ImageTooLargeError` (`check_pixels`) before the integrity checks.
     """
+    check_pixels(data, name, max_pixels)
     probe = _probe_tiff if _format_of(data, name) == "tiff" else _probe_other
     try:
         width, height = probe(data)
@@ -178,18 +259,18 @@ def to_rgb(array: npt.NDArray[np.generic], name: str) -> RGBImage:
     return np.ascontiguousarray(pixels)
 
 
-def read_rgb(data: bytes, name: str) -> RGBImage:
-    """Decode a slide's bytes into RGB ``uint8``."""
-    return to_rgb(decode_raw(data, name), name)
+def read_rgb(data: bytes, name: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> RGBImage:
+    """Decode a slide's bytes into RGB ``uint8`` (refused undecoded above ``max_pixels``, `check_pixels`)."""
+    return to_rgb(decode_raw(data, name, max_pixels), name)
 
 
-def read_mask(data: bytes, name: str) -> npt.NDArray[np.generic]:
+def read_mask(data: bytes, name: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> npt.NDArray[np.generic]:
     """Decode a mask's bytes into a 2-D array with its stored values (8- or 16-bit kept as is).
 
     A colour mask is accepted only if its channels are equal (a gray image saved as RGB); otherwise the
     colours would need an interpretation we cannot guess.
     """
-    array = decode_raw(data, name)
+    array = decode_raw(data, name, max_pixels)
     if array.ndim == 3:
         channels = array[:, :, :3]
         if not (

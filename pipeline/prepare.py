@@ -77,7 +77,7 @@ from pipeline.sources import (
     load_slide,
     pixel_sha256,
 )
-from pipeline.tiling import ClientPlan, client_plans, cut_tiles, tile_name
+from pipeline.tiling import BLACK_LEVEL, ClientPlan, client_plans, cut_tiles, is_black, tile_name
 
 MANIFEST_COLUMNS: tuple[str, ...] = (
     "client",
@@ -93,8 +93,6 @@ MANIFEST_COLUMNS: tuple[str, ...] = (
 )
 FORMAT_VERSION = 1
 COMMAND = "prepare"  # the name in the ownership marker of the folders prepare writes (pipeline.outputs)
-# A slide whose every sample is at most this dark holds no tissue (a failed scan or a blank export).
-BLACK_LEVEL = 10
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -238,7 +236,7 @@ def _tile_job(job: _Job, config: PrepareConfig, staging: Path) -> _Outcome:
         rng=rng,
     )
     notes = [] if too_small is None else [too_small]
-    if tiles and int(slide.image.max()) <= BLACK_LEVEL:
+    if tiles and is_black(slide.image):
         notes.append(
             f"{ref.source}: the slide is black (every pixel <= {BLACK_LEVEL}), so its {len(tiles)} {label} tile(s) "
             "show no tissue; check the scan or remove the slide from the input"

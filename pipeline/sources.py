@@ -230,7 +230,7 @@ def _annotation(ref: SlideRef, config: SourceConfig, root: Path, width: int, hei
             raise SlideError(f"{ref.source}: no mask found (expected {expected} beside it{where})")
         mask_name = _relative(ref.mask, root)
         mask_data = read_bytes(ref.mask)
-        raw = read_mask(mask_data, mask_name)
+        raw = read_mask(mask_data, mask_name, config.max_pixels)
         if raw.shape[:2] != (height, width):
             raise SlideError(
                 f"{mask_name}: mask is {raw.shape[1]}x{raw.shape[0]} but its slide {ref.source} is {width}x{height}; "
@@ -253,7 +253,7 @@ def _annotation(ref: SlideRef, config: SourceConfig, root: Path, width: int, hei
 def load_slide(ref: SlideRef, config: SourceConfig, root: Path) -> LoadedSlide:
     """Decode a slide and its mask; any problem raises `SlideError` (or `ImageReadError`) naming the file."""
     data = read_bytes(ref.path)
-    image = read_rgb(data, ref.source)
+    image = read_rgb(data, ref.source, config.max_pixels)
     height, width = image.shape[:2]
     annotation = _annotation(ref, config, root, width, height)
     return LoadedSlide(
@@ -275,11 +275,12 @@ def inspect_slide(ref: SlideRef, config: SourceConfig, root: Path) -> SlideInfo:
     """First pass over a slide: header, file hashes, mask or annotation and label; a problem is recorded, not raised.
 
     The slide's pixels are not decoded here (that happens once, while tiling): the header gives the size the
-    mask must match, and `probe_size` catches truncated or corrupt files cheaply.
+    mask must match, and `probe_size` catches truncated or corrupt files cheaply and slides over
+    ``config.max_pixels`` (a problem like any other: the slide is skipped, or stops a ``--strict`` run).
     """
     try:
         data = read_bytes(ref.path)
-        width, height = probe_size(data, ref.source)
+        width, height = probe_size(data, ref.source, config.max_pixels)
         annotation = _annotation(ref, config, root, width, height)
     except PipelineError as exc:
         return SlideInfo(ref=ref, label=None, width=0, height=0, hashes=(), problem=str(exc))

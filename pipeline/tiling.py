@@ -33,6 +33,9 @@ from pipeline.images import RGBImage
 from pipeline.sites import SiteProfile, apply_site, site_profiles
 
 WHITE = 255
+# A slide whose every sample is at most this dark holds no tissue (a failed scan or a blank export); its squares pass
+# the white-area filter all the same, so prepare and predict say so instead of tiling it silently.
+BLACK_LEVEL = 10
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,11 @@ def near_white(image: RGBImage, white_level: int) -> npt.NDArray[np.bool_]:
     # cv2.inRange is ~25x faster than image.min(axis=2) on a 2048x2048 slide (a strided 3-element reduction).
     level = (white_level, white_level, white_level)
     return np.asarray(cv2.inRange(image, level, (255, 255, 255)) > 0)
+
+
+def is_black(image: RGBImage) -> bool:
+    """Whether every sample of ``image`` is at most `BLACK_LEVEL` (a black slide: no tissue, yet not near-white)."""
+    return image.size > 0 and int(image.max()) <= BLACK_LEVEL
 
 
 def white_ratios(

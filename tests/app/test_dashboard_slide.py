@@ -23,6 +23,9 @@ from streamlit.testing.v1 import AppTest
 
 from app import report_html, slide_view
 
+sys.path.append(str(Path(__file__).resolve().parents[1] / "pipeline"))  # the bomb files
+from pipeline_helpers import bomb_png, bomb_tiff
+
 TIMEOUT_S = 120
 
 
@@ -262,12 +265,33 @@ def test_a_missing_dataset_is_one_line_and_upload_still_works(data: TrainedRoot)
     assert at.file_uploader(key="slide_upload")
 
 
+def _upload(at: AppTest, name: str, content: bytes, annotation: tuple[str, bytes] | None = None) -> AppTest:
+    at.radio(key="slide_source").set_value("Upload a slide")
+    at.run()
+    at.file_uploader(key="slide_upload").upload(name, content, "application/octet-stream")
+    if annotation is not None:
+        at.file_uploader(key="slide_annotation").upload(*annotation, "application/octet-stream")
+    at.run()
+    return at
+
+
+def _no_cache_path(message: str, data: TrainedRoot) -> None:
+    """A message about an upload names the uploaded file, never the copy the page keeps in the hospital's folder."""
+    assert str(data.root) not in message, message
+    assert "upload-" not in message, message
+    assert "/slide/" not in message, message
+
+
 @pytest.mark.parametrize(
     ("name", "content", "words"),
     [
         ("notes.png", b"this is not an image", ("notes.png", "not a PNG")),
         ("glass.png", cv2.imencode(".png", np.full((256, 256, 3), 245, np.uint8))[1].tobytes(), ("no tissue",)),
         ("cut.png", None, ("cut.png",)),
+        ("huge scan.png", bomb_png(60000, 60000), ("huge scan.png: 60000x60000", "limit of 67,108,864 pixels")),
+        ("huge.tiff", bomb_tiff(60000, 60000), ("huge.tiff: 60000x60000", "start the dashboard with a larger")),
+        ("report.pdf", b"%PDF-1.7", ("report.pdf is not a slide", "upload a PNG or TIFF image", "not .pdf files")),
+        ("scan", b"\x89PNG", ("scan is not a slide", "not a file without a suffix")),
     ],
 )
 def test_a_bad_upload_is_one_line_and_leaves_nothing(
@@ -275,13 +299,53 @@ def test_a_bad_upload_is_one_line_and_leaves_nothing(
 ) -> None:
     if content is None:  # a truncated PNG
         content = (data.raw / data.test_slides(0, "normal")[0]).read_bytes()[:300]
+    at = _upload(open_page("slide", timeout=TIMEOUT_S), name, content)
+    _no_cache_path(_one_line_error(at, *words), data)
+    assert not list((data.hospital(0) / "slides").glob("*/upload-*"))
+
+
+def test_a_too_large_upload_is_refused_in_words_with_the_limit_and_what_to_do(data: TrainedRoot) -> None:
+    at = _upload(open_page("slide", timeout=TIMEOUT_S), "big scan.png", bomb_png(24000, 24000))
+    message = _one_line_error(at)
+    assert message == (
+        "big scan.png: 24000x24000 is 576,000,000 pixels, more than the limit of 67,108,864 pixels; downscale it, "
+        "or start the dashboard with a larger --max-pixels"
+    )
+    assert any("at most 67,108,864 pixels" in str(c.value) for c in at.caption)  # the limit is said before, too
+    assert not list((data.hospital(0) / "slides").glob("*/upload-*"))
+
+
+def test_the_dashboards_pixel_limit_is_a_setting(data: TrainedRoot, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gastric-fl dashboard --max-pixels N`` passes N in GASTRIC_FL_MAX_PIXELS: a 256 x 256 slide is over 65535."""
+    monkeypatch.setenv(slide_view.MAX_PIXELS_ENV, "65535")
+    content = (data.raw / data.test_slides(0, "normal")[0]).read_bytes()
+    at = _upload(open_page("slide", timeout=TIMEOUT_S), "biopsy.png", content)
+    message = _one_line_error(at, "biopsy.png: 256x256 is 65,536 pixels, more than the limit of 65,535 pixels")
+    assert message.endswith("start the dashboard with a larger --max-pixels")
+    monkeypatch.setenv(slide_view.MAX_PIXELS_ENV, "many")
     at = open_page("slide", timeout=TIMEOUT_S)
     at.radio(key="slide_source").set_value("Upload a slide")
     at.run()
-    at.file_uploader(key="slide_upload").upload(name, content, "image/png")
-    at.run()
-    _one_line_error(at, *words)
+    _one_line_error(at, "GASTRIC_FL_MAX_PIXELS='many' is not a whole number of pixels", "--max-pixels")
     assert not list((data.hospital(0) / "slides").glob("*/upload-*"))
+
+
+def test_an_annotation_of_the_wrong_type_is_refused_before_anything_is_kept(data: TrainedRoot) -> None:
+    content = (data.raw / data.test_slides(0, "normal")[0]).read_bytes()
+    at = _upload(open_page("slide", timeout=TIMEOUT_S), "biopsy.png", content, ("outline.jpg", b"\xff\xd8\xff"))
+    _one_line_error(at, "outline.jpg is not an annotation the page can read", "SEED mask (PNG) or a BOT SVG")
+    assert not list((data.hospital(0) / "slides").glob("*/upload-*"))
+
+
+def test_a_black_upload_is_scored_with_a_warning_naming_it(data: TrainedRoot) -> None:
+    black = cv2.imencode(".png", np.zeros((256, 256, 3), np.uint8))[1].tobytes()
+    at = _upload(open_page("slide", timeout=TIMEOUT_S), "night scan.png", black)
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    (warning,) = [str(w.value) for w in at.warning]
+    assert warning.startswith("night scan.png: the slide is black (every pixel <= 10)"), warning
+    _no_cache_path(warning, data)
+    assert _metric(at, "Tiles scored") == "16"
 
 
 def test_a_model_that_is_not_normal_abnormal_is_explained(data: TrainedRoot) -> None:
@@ -290,3 +354,26 @@ def test_a_model_that_is_not_normal_abnormal_is_explained(data: TrainedRoot) -> 
     assert "10 classes" in " ".join(str(i.value) for i in at.info)
     assert not at.error
     assert not at.get("plotly_chart")
+
+
+def test_a_bad_mask_upload_is_named_as_uploaded(data: TrainedRoot) -> None:
+    content = (data.raw / data.test_slides(0, "normal")[0]).read_bytes()
+    small = cv2.imencode(".png", np.zeros((128, 128), np.uint8))[1].tobytes()
+    at = _upload(open_page("slide", timeout=TIMEOUT_S), "biopsy 7.png", content, ("outline of 7.png", small))
+    message = _one_line_error(at)
+    assert message == (
+        "outline of 7.png: mask is 128x128 but its slide biopsy 7.png is 256x256; the mask must have the slide's size"
+    )
+    assert not list((data.hospital(0) / "slides").glob("*/upload-*"))
+
+
+def test_page_messages_name_kept_files_as_uploaded(tmp_path: Path) -> None:
+    entry = tmp_path / "slides" / "round_0001-abc" / "upload-0123"
+    (entry / "slide").mkdir(parents=True)
+    for name in ("a_b.png", "a_b_mask.png"):
+        (entry / "slide" / name).write_bytes(b"")
+    names = slide_view.kept_names(entry, "a b.png", "a b mask.png")
+    assert names == {entry / "slide" / "a_b.png": "a b.png", entry / "slide" / "a_b_mask.png": "a b mask.png"}
+    text = f"{entry / 'slide' / 'a_b.png'}: cannot decode image; a_b_mask.png is 3x3; data_a_b.png stays"
+    assert slide_view.shown_text(text, names) == "a b.png: cannot decode image; a b mask.png is 3x3; data_a_b.png stays"
+    assert slide_view.kept_names(tmp_path / "slides" / "round_0001-abc" / "test-s01.png") == {}

@@ -96,3 +96,17 @@ def test_each_hospital_of_a_run_leaves_a_card_that_matches_its_run(tiny_run: Tin
         assert card.class_names == ("normal", "abnormal")
         assert card.metrics["tiles"] == sum(entry["tiles"]["test"].values())
         load_bundle(folder)  # weights fit the card
+
+
+def test_weights_with_nan_or_infinity_are_refused_in_one_line(tmp_path: Path) -> None:
+    state = create_model("mobilenet_v3_small").state_dict()
+    state["features.0.0.weight"][0, 0, 0, 0] = float("nan")
+    state["classifier.3.bias"][:] = float("-inf")
+    write_bundle(tmp_path, _card(), state)
+    with pytest.raises(BundleError) as info:
+        load_bundle(tmp_path)
+    assert str(info.value) == (
+        f"{tmp_path / 'model.safetensors'}: features.0.0.weight holds 1 NaN or infinite value(s) (2 tensors in all), "
+        "so the model cannot score a slide; the training diverged or the file is damaged: export the model from a run "
+        "that trained normally (e.g. with a lower learning rate)"
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -69,9 +70,13 @@ def test_predict_a_folder_outlines_annotations_and_reports_sensitivity(
                    "--out", str(out), "--no-progress")  # fmt: skip
     assert code == 0
     names = sorted(p.stem for p in tiny_run.raw.glob("*.png") if not p.stem.endswith("_mask"))
-    assert sorted(r["slide"] for r in _rows(out / "summary.csv")) == names
+    rows = _rows(out / "summary.csv")
+    assert sorted(r["slide"] for r in rows) == names
+    folders = {r["slide"]: r["folder"] for r in rows}
+    assert all(re.fullmatch(rf"{name}-[0-9a-f]{{12}}", folders[name]) for name in names)
     abnormal = [s["source"].removesuffix(".png") for s in tiny_run.record["slides"] if s["label"] == "abnormal"]
-    summary = json.loads((out / abnormal[0] / "summary.json").read_text(encoding="utf-8"))
+    summary = json.loads((out / folders[abnormal[0]] / "summary.json").read_text(encoding="utf-8"))
+    assert summary["folder"] == folders[abnormal[0]]
     truth = summary["ground_truth"]
     assert truth["abnormal_tiles"] + truth["normal_tiles"] + truth["unlabelled_tiles"] == summary["tiles"]
     assert summary["overlay"]["outline"] is not None

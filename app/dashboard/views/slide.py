@@ -10,7 +10,11 @@ tile's image and probability, picked by clicking the heatmap or from the list. T
 (`app.report_html`, also ``gastric-fl report --html``) is one click away.
 
 Torch is imported only when a slide has to be scored, so the page's first content never waits for it. Every
-problem (damaged card, missing dataset, unreadable slide, no tissue, a bundle that does not fit) is one line.
+problem (damaged card, missing dataset, unreadable slide, no tissue, a bundle that does not fit) is one line. An
+upload is checked before it is kept (`app.slide_view.check_upload`): a file that is not a PNG or TIFF slide, or whose
+header declares more pixels than the page's limit (``gastric-fl dashboard --max-pixels``), is refused in a sentence
+on the page naming the uploaded file. The uploaders take any file, so that this sentence, not only the browser's
+own mark on the file, says why a file is refused.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from app import slide_view
 from app.dashboard import ui
 from app.dashboard.datasets import hospital_label
 from app.dashboard.runs import RunInfo
+from pipeline.errors import PipelineError
 
 CHART_HEIGHT = 490
 TILE_DISPLAY_PX = 224
@@ -49,11 +54,11 @@ def _data_uri(path: str, stamp: float) -> str:
 
 
 @st.cache_resource(show_spinner=False, max_entries=2)
-def _slide_pixels(path: str, stamp: float) -> npt.NDArray[np.uint8]:
-    """The full-resolution slide, decoded once per file version (tiles are cut from it)."""
+def _slide_pixels(path: str, stamp: float, limit: int) -> npt.NDArray[np.uint8]:
+    """The full-resolution slide, decoded once per file version (tiles are cut from it), within the pixel limit."""
     from pipeline.images import read_bytes, read_rgb
 
-    return read_rgb(read_bytes(Path(path)), path)
+    return read_rgb(read_bytes(Path(path)), path, limit)
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
@@ -208,7 +213,7 @@ def _summary(scored: slide_view.ScoredSlide) -> None:
         st.caption("No annotation (mask or SVG) for this slide, so no tile sensitivity or specificity.")
 
 
-def _tile_panel(scored: slide_view.ScoredSlide, picked: int) -> None:
+def _tile_panel(scored: slide_view.ScoredSlide, picked: int, names: dict[Path, str]) -> None:
     """The picked tile: its probability, the call at the threshold, and its pixels (with alt text)."""
     x, y, size = int(scored.xs[picked]), int(scored.ys[picked]), scored.size
     p = float(scored.probability[picked])
@@ -216,7 +221,7 @@ def _tile_panel(scored: slide_view.ScoredSlide, picked: int) -> None:
     truth = scored.truth[picked] or ("on the annotation's edge" if scored.summary.get("ground_truth") else "unknown")
     st.metric("P(abnormal) of this tile", f"{p:.4f}", help=f"called {called} at threshold {scored.threshold:.2f}")
     try:
-        pixels = _slide_pixels(str(scored.slide), _stamp(scored.slide))
+        pixels = _slide_pixels(str(scored.slide), _stamp(scored.slide), slide_view.max_pixels())
         square = pixels[y : y + size, x : x + size]
         shown = cv2.resize(square, (TILE_DISPLAY_PX, TILE_DISPLAY_PX), interpolation=cv2.INTER_AREA)
         st.image(
@@ -226,11 +231,15 @@ def _tile_panel(scored: slide_view.ScoredSlide, picked: int) -> None:
             width="stretch",
         )
     except Exception as exc:  # the figures above stay useful without the picture
-        st.error(slide_view.problem_line(exc, scored.slide))
+        st.error(slide_view.problem_line(exc, scored.slide, names))
 
 
-def _show(scored: slide_view.ScoredSlide, key: str) -> None:
-    """Everything about one scored slide: heatmap with opacity, slide summary, picked tile."""
+def _show(scored: slide_view.ScoredSlide, key: str, names: dict[Path, str]) -> None:
+    """Everything about one scored slide: heatmap with opacity, slide summary, picked tile. ``names``: how to name
+    the files of an upload's cache entry in messages (`app.slide_view.kept_names`)."""
+    warning = scored.summary.get("warning")
+    if warning:
+        st.warning(slide_view.shown_text(str(warning), names), icon=":material/warning:")
     order = [int(i) for i in np.argsort(-scored.probability, kind="stable")]
     if st.session_state.get("_slide_shown") != key or st.session_state.get(TILE_KEY) not in order:
         st.session_state[TILE_KEY] = order[0]  # a new slide starts at its most suspicious tile
@@ -246,7 +255,7 @@ def _show(scored: slide_view.ScoredSlide, key: str) -> None:
             format_func=lambda i: f"x {scored.xs[i]}, y {scored.ys[i]} · P {scored.probability[i]:.3f}",
             key=TILE_KEY,
         )
-        _tile_panel(scored, int(picked))
+        _tile_panel(scored, int(picked), names)
     with chart:
         outline = " The annotation is outlined in white." if scored.layer("outline") is not None else ""
         st.plotly_chart(
@@ -266,6 +275,40 @@ def _show(scored: slide_view.ScoredSlide, key: str) -> None:
             + ". Colour: mean P(abnormal) of the tiles covering each pixel (viridis: dark purple 0, yellow 1)."
             + outline
         )
+
+
+def _upload(folder: Path) -> tuple[Path | None, dict[Path, str]]:
+    """The uploaders, and the uploaded slide once checked and kept in its cache entry under ``folder`` (else
+    ``None``), with the names of the kept files as uploaded. A refusal is one sentence naming the uploaded file."""
+    try:
+        limit = slide_view.max_pixels()
+    except (slide_view.SlideViewError, PipelineError) as exc:
+        st.error(str(exc), icon=":material/error:")
+        return None, {}
+    cols = st.columns(2)
+    # No type= filter: the browser's refusal of a filtered type is a mark on the file, not a sentence; the page
+    # checks the type itself (check_upload) and says in words what it takes.
+    picked_file = cols[0].file_uploader("Slide (PNG or TIFF)", key="slide_upload")
+    picked_note = cols[1].file_uploader(
+        "Its annotation, if any: a SEED mask (PNG) or a BOT SVG", key="slide_annotation"
+    )
+    st.caption(
+        f"A slide is a PNG or TIFF image of at most {limit:,} pixels (`gastric-fl dashboard --max-pixels` sets the "
+        f"limit; the default is 8192 x 8192) and {st.get_option('server.maxUploadSize')} MB."
+    )
+    if picked_file is None:
+        st.info("Upload a slide to score it with this hospital's model.", icon=":material/upload:")
+        return None, {}
+    note_name = None if picked_note is None else picked_note.name
+    try:
+        data = picked_file.getvalue()
+        slide_view.check_upload(picked_file.name, data, limit, note_name)
+        note = None if picked_note is None else (picked_note.name, picked_note.getvalue())
+        slide_path = slide_view.stage_upload(folder, picked_file.name, data, note)
+    except (slide_view.SlideViewError, PipelineError, OSError) as exc:
+        st.error(slide_view.problem_line(exc, Path(picked_file.name)), icon=":material/error:")
+        return None, {}
+    return slide_path, slide_view.kept_names(slide_path.parent.parent, picked_file.name, note_name)
 
 
 # --- the page ---------------------------------------------------------------------------------------------------
@@ -317,6 +360,7 @@ def _page() -> None:
     slide_path: Path | None = None
     entry: Path | None = None
     upload = False
+    uploaded_names: dict[Path, str] = {}
     if source.startswith("A test"):
         try:
             slides = slide_view.listed_slides(card, slide_view.card_dataset(card, info.dataset))
@@ -337,34 +381,22 @@ def _page() -> None:
             entry = slide_view.slide_entry(folder, slides[chosen])
     else:
         upload = True
-        cols = st.columns(2)
-        picked_file = cols[0].file_uploader("Slide (PNG or TIFF)", type=["png", "tif", "tiff"], key="slide_upload")
-        picked_note = cols[1].file_uploader(
-            "Its annotation, if any: a SEED mask (PNG) or a BOT SVG", type=["png", "svg"], key="slide_annotation"
-        )
-        if picked_file is None:
-            st.info("Upload a slide to score it with this hospital's model.", icon=":material/upload:")
-        else:
-            try:
-                note = None if picked_note is None else (picked_note.name, picked_note.getvalue())
-                slide_path = slide_view.stage_upload(folder, picked_file.name, picked_file.getvalue(), note)
-                entry = slide_path.parent.parent
-            except (slide_view.SlideViewError, OSError) as exc:
-                st.error(slide_view.problem_line(exc, Path(picked_file.name)))
+        slide_path, uploaded_names = _upload(folder)
+        entry = None if slide_path is None else slide_path.parent.parent
 
     if slide_path is not None and entry is not None:
         scored = slide_view.load(entry)
         if scored is None:
             with st.spinner(f"Scoring every tile of {slide_path.name} with {hospital_label(client)}'s model…"):
                 try:
-                    scored = slide_view.score(folder, slide_path, entry)
+                    scored = slide_view.score(folder, slide_path, entry, slide_view.max_pixels())
                 except Exception as exc:  # one line on the page, never a traceback
-                    st.error(slide_view.problem_line(exc, slide_path))
+                    st.error(slide_view.problem_line(exc, slide_path, uploaded_names), icon=":material/error:")
                     if upload:
                         slide_view.discard(entry)
                     scored = None
         if scored is not None:
-            _show(scored, str(entry))
+            _show(scored, str(entry), uploaded_names or slide_view.kept_names(entry))
 
     st.divider()
     try:
