@@ -331,7 +331,7 @@ def _page() -> None:
 
     run_col, hospital_col, source_col = st.columns([1.6, 0.8, 1.3])
     with run_col:
-        info = ui.pick_run(ready, "Run", key="slide_run")
+        info = ui.pick_run(ready, "Run", key="slide_run", finished_first=True)
     if info is None:
         st.stop()
     folders = slide_view.bundle_folders(info.path)
