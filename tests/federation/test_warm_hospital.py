@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 from fl_tiny_dataset import make_dataset
+from safetensors import safe_open
+from safetensors.torch import load_file
 from test_trust_hospital import RUN, config_of, deployed, honest_task, send
 
 from federation.config import config_to_toml
@@ -53,8 +55,17 @@ def test_a_restarted_hospital_answers_round_two_as_the_warm_one(dataset: Path, t
     assert dataclasses.replace(from_warm.evaluation, seconds=0.0) == dataclasses.replace(
         from_restarted.evaluation, seconds=0.0
     )  # everything but the time it took
-    warm_model = (tmp_path / "warm" / "state" / RUN / MODEL_FILE).read_bytes()
-    assert warm_model == (tmp_path / "restarted" / "state" / RUN / MODEL_FILE).read_bytes()
+    # the exported models: the same tensors and the same metadata (whose order in the file safetensors does not fix)
+    exported = [tmp_path / side / "state" / RUN / MODEL_FILE for side in ("warm", "restarted")]
+    warm_model, restarted_model = (load_file(str(path)) for path in exported)
+    assert list(warm_model) == list(restarted_model)
+    assert all(torch.equal(warm_model[k], restarted_model[k]) for k in warm_model)
+    metadata = []
+    for path in exported:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata.append(handle.metadata())
+    assert metadata[0] == metadata[1]
+    assert metadata[0]  # round and stage are recorded
     # and each folder's own record of what left lists the same tensors for round 2
     records = [read_outbound(tmp_path / s / "state" / "outbound.jsonl").records[-1] for s in ("warm", "restarted")]
     assert records[0]["round"] == records[1]["round"] == 2
