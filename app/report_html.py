@@ -58,6 +58,7 @@ from pipeline.outputs import (
     owned_by,
     write_marker,
 )
+from pipeline.provenance import intended_use
 
 COMMAND = "report"
 HOSPITAL_REPORT = "report.html"  # in the hospital's own folder, beside its predictions.csv
@@ -326,6 +327,7 @@ h1{margin-bottom:.2rem}h2{margin-top:2rem;border-bottom:1px solid #d9dee3;paddin
 text-align:left;vertical-align:top}th{background:#f5f7fa}.num{text-align:right;font-variant-numeric:tabular-nums}
 .warn{background:#fff4e5;border-left:4px solid #E69F00;padding:.5rem .8rem}.note{color:#52606d;font-size:.9rem}
 .figs{display:flex;flex-wrap:wrap;gap:1.5rem}.tiles{display:flex;flex-wrap:wrap;gap:.6rem}
+.use{font-weight:600;border:1px solid #1f2933;padding:.3rem .6rem;display:inline-block}
 figure{margin:0}figcaption{font-size:.85rem;color:#52606d;max-width:28rem}
 .tile img{width:112px;height:112px;image-rendering:pixelated;border:1px solid #d9dee3}.tile figcaption{width:112px}
 pre{background:#f5f7fa;padding:.8rem;overflow-x:auto;font-size:.8rem}code{font-size:.9em}
@@ -572,6 +574,7 @@ def render(rep: HospitalReport) -> str:
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{_e(title)} · gastric-fl report</title><style>{STYLE}</style></head><body>",
         f"<h1>{_e(title)}</h1>",
+        f'<p class="use" data-metric="intended_use">{_e(intended_use(dataset))}</p>',
         '<p class="lead">How this hospital\'s own model (the shared layers as deployed plus its own head) does on '
         "the hospital's held-out test tiles, which it never trained on.</p>",
         f'<h2 id="metrics">Metrics at threshold {rep.threshold:.2f}</h2>',

@@ -358,7 +358,7 @@ def extract_hospital(dataset: str | Path, client: int, out: Path) -> Path:
 # Fields of prepare.json (docs/pipeline.md) that describe the preparation as a whole and name no slide: copied as they
 # are. The record of an extracted hospital is built from an allow-list: a field prepare gains later is left out
 # here until it is known to name none of another hospital's slides.
-_SETTINGS_FIELDS: tuple[str, ...] = ("format_version", "versions", "white_definition")
+_SETTINGS_FIELDS: tuple[str, ...] = ("format_version", "versions", "white_definition", "synthetic")
 _SETTINGS_SECTIONS: tuple[str, ...] = ("source", "split", "tiles")  # config sections without per-hospital values
 
 

@@ -38,6 +38,7 @@ from federation.runs import (
     atomic_write_text,
     read_json,
 )
+from pipeline.provenance import INTENDED_USE, dataset_is_synthetic, intended_use
 
 SUMMARY_COLUMNS: tuple[str, ...] = (
     "run",
@@ -398,7 +399,11 @@ def write_report(runs: Sequence[RunResult], out_dir: Path) -> dict[str, Path]:
         "curves": out_dir / "accuracy.png",
     }
     problems = [problem for run in runs for problem in run.problems]
-    text = render_markdown(rows, hospitals, curves=paths["curves"].name, problems=problems)
+    datasets = [(run.config.get("data") or {}).get("path") for run in runs]
+    synthetic = any(dataset_is_synthetic(Path(d)) for d in datasets if isinstance(d, str) and d)
+    text = render_markdown(
+        rows, hospitals, curves=paths["curves"].name, problems=problems, intended=intended_use(synthetic=synthetic)
+    )
     atomic_write_text(paths["markdown"], text)
     atomic_write_text(paths["csv"], csv_text(rows, SUMMARY_COLUMNS))
     atomic_write_text(paths["hospitals"], csv_text(hospitals, HOSPITAL_COLUMNS))
@@ -411,11 +416,12 @@ def render_markdown(
     hospitals: Sequence[Mapping[str, Any]],
     curves: str | None = None,
     problems: Sequence[str] = (),
+    intended: str = INTENDED_USE,
 ) -> str:
-    """The report as Markdown: problems found in the run files (if any), the run table, the per-hospital table and
-    (optionally) the curves image."""
+    """The report as Markdown: its intended use (`pipeline.provenance`), problems found in the run files (if any),
+    the run table, the per-hospital table and (optionally) the curves image."""
     parts = [
-        "# Federation report\n",
+        f"# Federation report\n\n**{intended}**\n",
         "Figures of the last completed round: avg/std = mean/std over clients of each hospital's own test split; "
         "best = highest averaged accuracy over rounds; sent/received = values per round, all clients together.\n",
         markdown_table(rows, SUMMARY_COLUMNS),

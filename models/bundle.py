@@ -40,6 +40,7 @@ from models.errors import ModelError
 from models.preprocess import Preprocess
 from models.registry import MODEL_NAMES, create_model
 from pipeline.outputs import write_atomic
+from pipeline.provenance import INTENDED_USE
 
 CARD_FILE = "model.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -123,6 +124,7 @@ class ModelCard:
     dataset: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
     written_at: str = ""
+    intended_use: str = INTENDED_USE  # what the model may be used for (pipeline.provenance), on every card
 
     def __post_init__(self) -> None:
         if self.architecture not in MODEL_NAMES:
@@ -158,6 +160,7 @@ class ModelCard:
         return {
             "format": CARD_FORMAT,
             "format_version": CARD_VERSION,
+            "intended_use": self.intended_use,
             "weights": WEIGHTS_FILE,
             "architecture": self.architecture,
             "num_classes": self.num_classes,
@@ -212,6 +215,7 @@ class ModelCard:
                 dataset=dict(data.get("dataset") or {}),
                 metrics=dict(data.get("metrics") or {}),
                 written_at=str(data.get("written_at", "")),
+                intended_use=str(data.get("intended_use") or INTENDED_USE),
             )
         except ModelError as exc:
             raise BundleError(f"{where}: {exc}") from None

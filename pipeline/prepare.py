@@ -57,6 +57,7 @@ from pipeline.outputs import (
     write_marker,
 )
 from pipeline.partition import assign_clients, split_train_test
+from pipeline.provenance import synthetic_source
 from pipeline.report import (
     SPLITS,
     Counts,
@@ -597,6 +598,8 @@ def _provenance(
     return {
         "format_version": FORMAT_VERSION,
         "config": config.to_json(),
+        # slides made by `gastric-fl synth`: every result trained on them says so (pipeline.provenance)
+        "synthetic": synthetic_source(config.source.input),
         # Class index order: the manifest's label i is classes[i] (binary datasets: normal 0, abnormal 1).
         "classes": list(classes),
         "versions": _versions(),

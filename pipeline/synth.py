@@ -32,12 +32,13 @@ from tqdm import tqdm
 
 from pipeline.errors import PipelineError
 from pipeline.outputs import OutputError, claim_output
+from pipeline.provenance import SYNTH_MARKER
 from pipeline.synth_render import Palette, Zone, render_tissue
 from pipeline.synth_shapes import Region, make_regions, rasterize, svg_document
 
 GENERATOR = "gastric-fl synth"
 SCHEMA_VERSION = 1
-MARKER = "synth.json"
+MARKER = SYNTH_MARKER
 MIN_SIZE = 128
 MAX_SIZE = 8192
 MAX_IMAGES = 100_000

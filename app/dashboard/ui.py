@@ -23,6 +23,7 @@ from app.dashboard import jobs, paths, settings
 from app.dashboard.datasets import PreparedDataset, list_datasets, load_manifest
 from app.dashboard.errors import DashboardError
 from app.dashboard.runs import RunInfo, list_runs
+from pipeline import provenance
 
 P = ParamSpec("P")
 
@@ -148,6 +149,12 @@ def pick_dataset(label: str = "Prepared dataset", key: str = "dataset_picker") -
     names = [d.name for d in datasets]
     name = _sticky_select(label, names, DATASET_KEY, key, help=f"Folders under {paths.prepared_root(root())}")
     return datasets[names.index(name)]
+
+
+def intended_use(dataset: Path | None) -> None:
+    """The line every result page carries: research use only, and synthetic slides when they are
+    (`pipeline.provenance`)."""
+    st.caption(f":material/info: {provenance.intended_use(dataset)}")
 
 
 def run_label(info: RunInfo) -> str:

@@ -37,6 +37,7 @@ from federation.strategies import default_nhead
 from models import split_units
 from models.bundle import DEFAULT_THRESHOLD, ModelCard, TileGrid, decision_counts
 from models.preprocess import Preprocess
+from pipeline.provenance import dataset_is_synthetic, intended_use
 
 PREPARE_FILE = "prepare.json"
 
@@ -174,7 +175,9 @@ def export_card(
             "format": source_format or None,
             "manifest_sha256": hospital_record.get("manifest_sha256"),
             "prepare_json": prepared is not None,
+            "synthetic": dataset_is_synthetic(dataset),
         },
+        intended_use=intended_use(dataset),
         metrics=card_metrics(predictions, classes=classes),
         written_at=now_iso(),
     )

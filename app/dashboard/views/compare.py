@@ -25,6 +25,7 @@ COST = list(compare.FIGURES.values())[6:]
 LAUNCH_METHOD = "fedsaf"  # nhead and dm are FedSAF's (paper 001, Eq. 1 and 3-8)
 
 st.title("Compare")
+ui.intended_use(None)  # runs on several datasets: the research-use line; each run's own page says more
 st.caption(
     "Averaged / Std = mean / standard deviation over hospitals at the last round; Best = best round of the "
     "averaged curve. Values transmitted: both directions, all rounds. The same figures as `gastric-fl report`."

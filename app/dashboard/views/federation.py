@@ -251,6 +251,7 @@ def monitor(info: RunInfo, initial_status: str) -> None:
     """Round k of K (and the step within the round), figures and charts of one run; redrawn every
     ``REFRESH_S`` while it runs."""
     info = run_info(info.path, info.run_id)  # re-read: the run moves on between refreshes
+    ui.intended_use(info.dataset)
     status = ui.status_banner(info)
     job = jobs.for_target(jobs_dir, info.path)
     metrics = load_metrics(info.path)

@@ -223,6 +223,7 @@ def page() -> None:
     info = ui.pick_run(ready, "Run", key="hospital_run", finished_first=True)
     if info is None:
         return
+    ui.intended_use(info.dataset)
     found = read_predictions(info.path)
     for problem in found.problems:
         st.error(problem, icon=":material/error:")

@@ -334,6 +334,7 @@ def _page() -> None:
         info = ui.pick_run(ready, "Run", key="slide_run", finished_first=True)
     if info is None:
         st.stop()
+    ui.intended_use(info.dataset)
     folders = slide_view.bundle_folders(info.path)
     with hospital_col:
         client = int(st.selectbox("Hospital", list(folders), format_func=hospital_label, key="slide_hospital"))

@@ -1,0 +1,48 @@
+"""What a result may be used for, and whether its slides are real: said on every result (the dashboard's result
+pages, the HTML report, the model card, ``report``).
+
+Every model this product trains is a research artefact: ``INTENDED_USE``. A prepared dataset whose slides were made
+by ``gastric-fl synth`` (its input folder holds synth's marker, ``synth.json``) is recorded as such by ``prepare``
+(``prepare.json``: ``"synthetic": true``), and everything trained on it says so (``SYNTHETIC_NOTE``). Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+INTENDED_USE = "Research use only, not for diagnosis."
+SYNTHETIC_NOTE = "Trained and tested on synthetic slides (made by gastric-fl synth), not on patients' slides."
+SYNTH_MARKER = "synth.json"  # what `gastric-fl synth` writes beside its slides (pipeline.synth.MARKER)
+PREPARE_RECORD = "prepare.json"
+
+
+def synthetic_source(input_folder: Path) -> bool:
+    """Whether a raw input folder holds slides made by ``gastric-fl synth`` (its marker file is there)."""
+    return (Path(input_folder) / SYNTH_MARKER).is_file()
+
+
+def dataset_is_synthetic(dataset: Path | None) -> bool:
+    """Whether a prepared dataset's slides were made by ``gastric-fl synth``: ``prepare.json``'s ``synthetic``
+    flag, or, for a dataset prepared before the flag existed, synth's marker in the input folder it names."""
+    if dataset is None:
+        return False
+    try:
+        record = json.loads((Path(dataset) / PREPARE_RECORD).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    if not isinstance(record, dict):
+        return False
+    if isinstance(record.get("synthetic"), bool):
+        return bool(record["synthetic"])
+    config = record.get("config")
+    source = config.get("source") if isinstance(config, dict) else None
+    folder = source.get("input") if isinstance(source, dict) else None
+    return isinstance(folder, str) and bool(folder) and synthetic_source(Path(folder))
+
+
+def intended_use(dataset: Path | None = None, *, synthetic: bool | None = None) -> str:
+    """The sentence every result carries: ``INTENDED_USE``, plus ``SYNTHETIC_NOTE`` when the dataset (or
+    ``synthetic``, when the caller knows) is synthetic."""
+    made_up = dataset_is_synthetic(dataset) if synthetic is None else synthetic
+    return f"{INTENDED_USE} {SYNTHETIC_NOTE}" if made_up else INTENDED_USE
