@@ -254,3 +254,37 @@ def test_the_threshold_starts_at_the_cards_again_after_leaving_the_page(hidden_r
     at.run()
     assert not at.exception
     assert at.slider(key="threshold").value == 0.55
+
+
+def test_wilson_intervals_on_small_counts() -> None:
+    # hand-computed from Wilson's formula, z = 1.959964: centre (p + z^2/2n) / (1 + z^2/n), half-width
+    # z sqrt(p(1-p)/n + z^2/4n^2) / (1 + z^2/n)
+    low, high = evaluation.wilson_interval(3, 4)  # type: ignore[misc]
+    assert (low, high) == pytest.approx((0.300642, 0.954413), abs=1e-6)
+    low, high = evaluation.wilson_interval(17, 34)  # type: ignore[misc]
+    assert (low, high) == pytest.approx((0.340693, 0.659307), abs=1e-6)
+    low, high = evaluation.wilson_interval(0, 10)  # type: ignore[misc]
+    assert low == pytest.approx(0.0, abs=1e-12)
+    assert high == pytest.approx(0.277533, abs=1e-6)
+    assert evaluation.wilson_interval(0, 0) is None
+    assert evaluation.interval_text((0.300642, 0.954413)) == "0.30\u20130.95"
+    assert evaluation.interval_text(None) == ""
+
+
+def test_a_sensitivity_below_the_target_is_said_whatever_the_auc() -> None:
+    labels = [1] * 4 + [0] * 5
+    probs = [0.9, 0.4, 0.35, 0.3, 0.1, 0.2, 0.25, 0.05, 0.15]
+    point = evaluation.operating_point(labels, probs, 0.5)
+    target = evaluation.threshold_for_sensitivity(labels, probs, 0.9)
+    text = evaluation.target_warning(point, target)
+    assert text == (
+        "below the target sensitivity 0.90: at threshold 0.50 it misses 3 of 4 abnormal tiles (sensitivity 0.25, "
+        "95% CI 0.05\u20130.70); it reaches 0.90 at threshold 0.30, with specificity 1.00."
+    )
+    assert evaluation.target_warning(evaluation.operating_point(labels, probs, 0.3), target) is None  # reached
+    scores = evaluation.score_hospitals(pd.DataFrame({"client": 0, "label": labels, "prob_abnormal": probs}), 0.5, 0.9)
+    assert scores[0].warning is not None
+    assert "below the target sensitivity 0.90" in scores[0].warning
+    table = evaluation.scorecard_table(scores)
+    assert table.loc[0, "sensitivity 95% CI"] == "0.05\u20130.70"
+    assert table.loc[0, "specificity 95% CI"] == "0.57\u20131.00"

@@ -87,7 +87,13 @@ def _scorecard(predictions: pd.DataFrame, threshold: float, target: float) -> No
             "AUC": number("AUC", format="%.3f", help=ui.EXPLAIN["AUC"]),
             "accuracy": number("accuracy", format="%.3f", help=ui.EXPLAIN["accuracy"]),
             "sensitivity": number("sensitivity", format="%.3f", help=ui.EXPLAIN["sensitivity"]),
+            "sensitivity 95% CI": st.column_config.TextColumn(
+                "95% CI", help="Wilson interval of the sensitivity over the hospital's abnormal test tiles"
+            ),
             "specificity": number("specificity", format="%.3f", help=ui.EXPLAIN["specificity"]),
+            "specificity 95% CI": st.column_config.TextColumn(
+                "95% CI ", help="Wilson interval of the specificity over the hospital's normal test tiles"
+            ),
             "missed abnormal": st.column_config.TextColumn(
                 "missed", help="abnormal tiles called normal at the threshold, of all abnormal tiles"
             ),
