@@ -379,8 +379,19 @@ def _metrics(rep: HospitalReport) -> dict[str, Any]:
         "tn": point.tn,
         "fp": point.fp,
         "target": target,
-        "warning": evaluation.auc_warning(curve.auc, point),
+        "sensitivity_ci": evaluation.interval_text(point.sensitivity_interval),
+        "specificity_ci": evaluation.interval_text(point.specificity_interval),
+        "warning": " ".join(
+            w for w in (evaluation.auc_warning(curve.auc, point), evaluation.target_warning(point, target)) if w
+        )
+        or None,
     }
+
+
+WILSON = (
+    "Wilson score interval over this hospital's test tiles; tiles of one slide are not independent, so the true "
+    "uncertainty is wider"
+)
 
 
 def _warning(m: dict[str, Any]) -> str | None:
@@ -403,7 +414,9 @@ def _metric_rows(rep: HospitalReport, m: dict[str, Any]) -> str:
         ("AUC", "auc", _fmt(m["auc"]), EXPLAIN["auc"]),
         ("Accuracy", "accuracy", _fmt(m["accuracy"]), "share of tiles called right at the threshold"),
         ("Sensitivity", "sensitivity", _fmt(m["sensitivity"]), EXPLAIN["sensitivity"]),
+        ("Sensitivity, 95% interval", "sensitivity_ci", m["sensitivity_ci"] or "undefined", WILSON),
         ("Specificity", "specificity", _fmt(m["specificity"]), EXPLAIN["specificity"]),
+        ("Specificity, 95% interval", "specificity_ci", m["specificity_ci"] or "undefined", WILSON),
         ("Threshold", "threshold", f"{rep.threshold:.4g}", "P(abnormal) at or above it calls a tile abnormal"),
     ]
     target = m["target"]

@@ -200,13 +200,18 @@ def test_the_report_reads_the_card_threshold_and_warns_about_the_operating_point
     abnormal = sum(row["label"] == "abnormal" for row in rows)
     assert f"misses {abnormal} of {abnormal} abnormal tiles" in page  # the scorecard's own warning sentence
     assert "this threshold is in the wrong place" in page
+    assert "below the target sensitivity 0.90" in page
     assert _metric(page, "target_threshold") == "0.4500"
+    # 0 of n abnormal tiles found: the Wilson interval starts at 0 (exact numbers in test_dashboard_scorecard.py)
+    assert _metric(page, "sensitivity_ci").startswith("0.00\u2013")
     card = json.loads((hospital / "model.json").read_text())
     (hospital / "model.json").write_text(json.dumps(card | {"threshold": 0.4}))
     page = report_html(data.run, "client_00")
     assert _metric(page, "threshold") == "0.4"
     assert _metric(page, "sensitivity") == "1.0000"
     assert "this threshold is in the wrong place" not in page
+    assert "below the target sensitivity" not in page
+    assert _metric(page, "sensitivity_ci").endswith("\u20131.00")
 
 
 def test_building_a_report_imports_no_torch(data: TrainedRoot) -> None:
