@@ -16,6 +16,7 @@ scikit-learn is imported on first use (it takes about a second), so a page shows
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +33,37 @@ WARN_RATE = 0.5
 # specificity: there a hospital whose AUC reaches WARN_AUC while its accuracy is below WARN_ACC is pointed to
 # the scorecard.
 WARN_ACC = 0.7
+# Below this many test slides a hospital's figures are too few to judge (the Hospital page lets the user change it).
+MIN_TEST_SLIDES = 5
+# prepare's tile names: <slide index, 5 digits>_<slide stem>_x<x>_y<y>.png (pipeline.tiling.tile_name)
+TILE_NAME = re.compile(r"^(\d{5})_.*_x\d+_y\d+\.png$")
+
+
+def slide_key(path: str) -> str | None:
+    """The slide a tile comes from (its slide index in the prepared dataset), from the tile's file name as
+    ``prepare`` writes it (`pipeline.tiling.tile_name`); ``None`` for a name of another form."""
+    match = TILE_NAME.match(str(path).replace("\\", "/").rsplit("/", 1)[-1])
+    return match.group(1) if match else None
+
+
+def count_slides(paths: npt.ArrayLike) -> int | None:
+    """How many slides ``paths`` (tile paths) come from; ``None`` when a name does not say (tiles of unknown
+    origin are not counted as slides of their own)."""
+    keys = [slide_key(str(p)) for p in np.asarray(paths, dtype=object).ravel()]
+    if not keys or any(k is None for k in keys):
+        return None
+    return len(set(keys))
+
+
+def slides_warning(slides: int | None, minimum: int) -> str | None:
+    """A plain sentence when a hospital's test split comes from fewer than ``minimum`` slides (its rates and AUC
+    are then too uncertain to judge it by), else ``None`` (also when the slide count is unknown)."""
+    if slides is None or slides >= minimum:
+        return None
+    return (
+        f"too few slides to judge: its test tiles come from {slides} slide{'s' if slides != 1 else ''} (at least "
+        f"{minimum} wanted), and tiles of one slide are not independent."
+    )
 
 
 @dataclass(frozen=True)
@@ -303,9 +335,12 @@ class HospitalScore:
     point: OperatingPoint
     target: TargetThreshold | None
     warning: str | None
+    slides: int | None = None  # test slides (`count_slides`), None when the tile names do not say
 
 
-def score_hospitals(predictions: pd.DataFrame, threshold: float, target_sensitivity: float) -> list[HospitalScore]:
+def score_hospitals(
+    predictions: pd.DataFrame, threshold: float, target_sensitivity: float, min_slides: int = MIN_TEST_SLIDES
+) -> list[HospitalScore]:
     """Every hospital of ``predictions`` (columns client, label 0/1, prob_abnormal) at ``threshold``, by client.
 
     Each gets its AUC (``None`` with one class), its operating point, the threshold reaching
@@ -318,13 +353,16 @@ def score_hospitals(predictions: pd.DataFrame, threshold: float, target_sensitiv
         auc = roc(labels, probs).auc
         point = operating_point(labels, probs, threshold)
         target = threshold_for_sensitivity(labels, probs, target_sensitivity)
-        warnings = [w for w in (auc_warning(auc, point), target_warning(point, target)) if w]
-        scores.append(HospitalScore(int(client), auc, point, target, " ".join(warnings) or None))
+        slides = count_slides(rows["path"].to_numpy()) if "path" in rows.columns else None
+        found = (slides_warning(slides, min_slides), auc_warning(auc, point), target_warning(point, target))
+        warnings = [w for w in found if w]
+        scores.append(HospitalScore(int(client), auc, point, target, " ".join(warnings) or None, slides))
     return scores
 
 
 SCORECARD_COLUMNS = (
     "hospital",
+    "test slides",
     "test tiles",
     "AUC",
     "accuracy",
@@ -349,6 +387,7 @@ def scorecard_table(scores: list[HospitalScore]) -> pd.DataFrame:
         rows.append(
             {
                 "hospital": hospital_label(score.client),
+                "test slides": nan if score.slides is None else score.slides,
                 "test tiles": point.abnormal + point.normal,
                 "AUC": nan if score.auc is None else score.auc,
                 "accuracy": point.accuracy,

@@ -288,3 +288,36 @@ def test_a_sensitivity_below_the_target_is_said_whatever_the_auc() -> None:
     table = evaluation.scorecard_table(scores)
     assert table.loc[0, "sensitivity 95% CI"] == "0.05\u20130.70"
     assert table.loc[0, "specificity 95% CI"] == "0.57\u20131.00"
+
+
+def test_slides_are_counted_from_prepares_tile_names_and_too_few_are_said() -> None:
+    assert evaluation.slide_key("client_01/test/abnormal/00005_patient05_x00192_y00128.png") == "00005"
+    assert evaluation.slide_key("00012_a_b_x00000_y00064.png") == "00012"
+    assert evaluation.slide_key("client_00/test/abnormal/s0teab0.png") is None  # not a name prepare writes
+    paths = [f"c/test/abnormal/{i:05d}_s_x{x:05d}_y00000.png" for i, x in ((3, 0), (3, 64), (8, 0), (11, 0))]
+    assert evaluation.count_slides(paths) == 3
+    assert evaluation.count_slides([*paths, "other.png"]) is None
+    assert evaluation.count_slides([]) is None
+    assert evaluation.slides_warning(3, 5) == (
+        "too few slides to judge: its test tiles come from 3 slides (at least 5 wanted), and tiles of one slide "
+        "are not independent."
+    )
+    assert evaluation.slides_warning(1, 5) is not None
+    assert "1 slide (" in str(evaluation.slides_warning(1, 5))
+    assert evaluation.slides_warning(5, 5) is None
+    assert evaluation.slides_warning(None, 5) is None
+    # on the scorecard: hospital 0's nine tiles from 3 slides, hospital 1's from 6
+    frame = _predictions()
+    frame["path"] = [
+        f"x/{(i % 3) if c == 0 else (10 + i % 6):05d}_s_x{i:05d}_y00000.png"
+        for c, i in zip(frame["client"], frame.index, strict=True)
+    ]
+    scores = evaluation.score_hospitals(frame, 0.5, 0.9, min_slides=5)
+    assert [s.slides for s in scores] == [3, 6]
+    assert scores[0].warning is not None
+    assert scores[0].warning.startswith("too few slides to judge: its test tiles come from 3 slides")
+    assert scores[1].warning is not None
+    assert "too few slides" not in scores[1].warning  # its warning is the sensitivity one
+    table = evaluation.scorecard_table(scores).set_index("hospital")
+    assert table["test slides"].tolist() == [3, 6]
+    assert evaluation.score_hospitals(frame, 0.5, 0.9, min_slides=3)[0].warning is None

@@ -21,6 +21,7 @@ DEFAULT_THRESHOLD = 0.5  # models.bundle's default decision threshold, when a ru
 DEFAULT_TARGET = 0.9
 THRESHOLD_KEY = "threshold"
 TARGET_KEY = "target_sensitivity"
+MIN_SLIDES_KEY = "min_test_slides"
 
 
 def _rate(value: float) -> str:
@@ -33,15 +34,16 @@ def _default_threshold(cards: dict[int, float]) -> float:
     return values.pop() if len(values) == 1 else DEFAULT_THRESHOLD
 
 
-def _threshold_controls(info: RunInfo, cards: dict[int, float]) -> tuple[float, float]:
-    """The threshold slider (starting at the run's model-card threshold) and the target sensitivity input."""
+def _threshold_controls(info: RunInfo, cards: dict[int, float]) -> tuple[float, float, int]:
+    """The threshold slider (starting at the run's model-card threshold), the target sensitivity input and the
+    minimum number of test slides to judge a hospital by."""
     default = _default_threshold(cards)
     # A new run starts at its own cards' threshold; so does a return to this page (Streamlit forgets the state of
     # widgets a page did not draw).
     if st.session_state.get("_threshold_run") != info.run_id or THRESHOLD_KEY not in st.session_state:
         st.session_state["_threshold_run"] = info.run_id
         st.session_state[THRESHOLD_KEY] = default
-    left, right = st.columns([3, 1])
+    left, right, third = st.columns([3, 1, 1])
     threshold = left.slider(
         "Decision threshold (a tile is called abnormal when its probability is at least this)",
         0.0,
@@ -64,13 +66,22 @@ def _threshold_controls(info: RunInfo, cards: dict[int, float]) -> tuple[float, 
     distinct = sorted(set(cards.values()))
     if len(distinct) > 1:
         source = f"the usual default (the model cards differ: {', '.join(f'{t:.2f}' for t in distinct)})"
+    minimum = third.number_input(
+        "Minimum test slides",
+        min_value=1,
+        max_value=1000,
+        value=evaluation.MIN_TEST_SLIDES,
+        step=1,
+        key=MIN_SLIDES_KEY,
+        help="Below this many test slides a hospital's figures are called too few to judge.",
+    )
     st.caption(f"The slider starts at {default:.2f}, from {source}.")
-    return float(threshold), float(target)
+    return float(threshold), float(target), int(minimum)
 
 
-def _scorecard(predictions: pd.DataFrame, threshold: float, target: float) -> None:
+def _scorecard(predictions: pd.DataFrame, threshold: float, target: float, min_slides: int) -> None:
     """Every hospital side by side at ``threshold``, with warnings in words and the threshold for ``target``."""
-    scores = evaluation.score_hospitals(predictions, threshold, target)
+    scores = evaluation.score_hospitals(predictions, threshold, target, min_slides)
     for score in scores:
         if score.warning:
             st.warning(f"**{hospital_label(score.client)}**: {score.warning}", icon=":material/warning:")
@@ -83,6 +94,7 @@ def _scorecard(predictions: pd.DataFrame, threshold: float, target: float) -> No
         key="scorecard",
         column_config={
             "hospital": st.column_config.TextColumn("hospital", pinned=True),
+            "test slides": number("slides", help="the slides the hospital's held-out test tiles come from"),
             "test tiles": number("tiles", help="the hospital's own held-out test tiles"),
             "AUC": number("AUC", format="%.3f", help=ui.EXPLAIN["AUC"]),
             "accuracy": number("accuracy", format="%.3f", help=ui.EXPLAIN["accuracy"]),
@@ -248,8 +260,8 @@ def page() -> None:
 
     cards = card_thresholds(info.path)
     st.subheader("Scorecard: every hospital at one threshold")
-    threshold, target = _threshold_controls(info, cards)
-    _scorecard(predictions, threshold, target)
+    threshold, target, min_slides = _threshold_controls(info, cards)
+    _scorecard(predictions, threshold, target, min_slides)
 
     st.subheader("One hospital")
     _hospital_detail(info, predictions, threshold, cards)
