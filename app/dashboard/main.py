@@ -17,7 +17,7 @@ from app.dashboard import paths, ui
 # Not "pages/": Streamlit would add its own menu of that folder next to st.navigation's.
 PAGES = Path(__file__).parent / "views"
 
-st.set_page_config(page_title="gastric-fl · FedSAF", page_icon="🔬", layout="wide")
+st.set_page_config(page_icon="🔬", layout="wide")
 
 # Links may name a run or a dataset (``?run=<id>``, ``?dataset=<name>``): applied once, then the pickers rule.
 for _param, _key in (("run", ui.RUN_KEY), ("dataset", ui.DATASET_KEY)):
@@ -34,6 +34,9 @@ navigation = st.navigation(
         st.Page(str(PAGES / "compare.py"), title="Compare", icon=":material/compare_arrows:"),
     ]
 )
+
+# Each page its own browser title (a tab or a bookmark says which page it is); set once the page is known.
+st.set_page_config(page_title=f"{navigation.title} · gastric-fl")
 
 with st.sidebar:
     st.markdown("### :material/biotech: gastric-fl")

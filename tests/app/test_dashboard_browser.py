@@ -33,6 +33,7 @@ def test_start_a_federation_from_the_browser(tmp_path: Path) -> None:
             assert url.startswith("http://127.0.0.1:")
             page.goto(f"{url}/federation")
             browser.wait_idle(page)
+            assert page.title() == "Federation · gastric-fl"  # each page its own browser title
             rounds = page.get_by_label("Rounds", exact=True)  # not its "Help for Rounds" button
             rounds.fill("1")
             rounds.press("Tab")
