@@ -55,7 +55,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from federation.errors import FederationError
-from pipeline.outputs import foreign_entries
+from pipeline.outputs import foreign_entries, remove_entries
 
 MARKER = ".gastric-fl-kit"
 KIT_FORMAT = 1
@@ -221,12 +221,7 @@ def init_kit(
             staging.rename(out)
         else:
             # replace only what init made (checked by _check_target); anything else in the folder stays
-            for name in KIT_ENTRIES:
-                old = out / name
-                if old.is_dir() and not old.is_symlink():
-                    shutil.rmtree(old)
-                else:
-                    old.unlink(missing_ok=True)
+            remove_entries(out, KIT_ENTRIES)
             for name in KIT_ENTRIES[1:] + KIT_ENTRIES[:1]:  # the marker last: a kit is complete once it is there
                 (staging / name).rename(out / name)
             os.chmod(out, 0o700)
