@@ -37,6 +37,7 @@ from federation.engine.loop import Engine
 from federation.engine.policy import load_policy
 from federation.engine.pools import Observer, Pool, answer
 from federation.errors import FederationError, first_line
+from federation.flower.waits import waits
 
 ENVELOPE, WIRE, ORDER = "envelope", "bytes", "order"
 MESSAGE_TYPES = {"hello": "query", "train": "train", "evaluate": "evaluate"}
@@ -73,23 +74,20 @@ def from_record(record: RecordDict) -> Envelope:
 
 
 # -- the server side -------------------------------------------------------------------------------------------------
-FIRST_PULL_WAIT = 0.05  # seconds before the second pull of a round's replies; then x1.5 per empty pull ...
-LAST_PULL_WAIT = 0.5  # ... up to this (Flower's Grid.send_and_receive sleeps a fixed 3 s between pulls)
-
-
 def exchange(grid: Grid, messages: Sequence[Message], timeout: float) -> list[Message]:
     """Push ``messages`` and pull their replies until every one has answered or ``timeout`` seconds have passed.
 
     What Flower 1.41's ``Grid.send_and_receive`` does (``flwr/superlink/grid/http_grid.py``), through the same
     public ``Grid.push_messages`` / ``pull_messages``, but with a short pull interval that grows while nothing comes
-    (``FIRST_PULL_WAIT`` x1.5 up to ``LAST_PULL_WAIT``) instead of a fixed 3 s: a reply is seen within a fraction of
-    a second of its arrival, and a long round costs at most two pulls a second. A message whose node went away
-    comes back as an error reply, as in ``send_and_receive``.
+    (`federation.flower.waits`) instead of a fixed 3 s: a reply is seen within a fraction of a second of its
+    arrival, and a long round costs at most two pulls a second. A message whose node went away comes back as an
+    error reply, as in ``send_and_receive``.
     """
     waiting = set(grid.push_messages(messages))
     deadline = time.monotonic() + timeout
     replies: list[Message] = []
-    wait = FIRST_PULL_WAIT
+    delays = waits()
+    wait = next(delays)
     while waiting:
         pulled = list(grid.pull_messages(waiting))
         replies.extend(pulled)
@@ -98,7 +96,8 @@ def exchange(grid: Grid, messages: Sequence[Message], timeout: float) -> list[Me
         if not waiting or left <= 0:
             break
         time.sleep(min(wait, left))
-        wait = wait if pulled else min(wait * 1.5, LAST_PULL_WAIT)
+        if not pulled:  # the wait grows only while nothing comes
+            wait = next(delays)
     return replies
 
 

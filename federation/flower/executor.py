@@ -39,16 +39,13 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import federation  # noqa: F401  (no update checks, no telemetry: federation.OFFLINE_ENV)
+from federation.flower.waits import waits
 
 if TYPE_CHECKING:
     from flwr.app import Context, Message
 
 APP_ID = "gastric-fl/gastric-fl-federation"  # publisher/name of federation/flower/fab/pyproject.toml
 AUTH_METHODS = frozenset({"/flwr.proto.Runtime/AcquireTask"})  # what Flower's own SuperExec authenticates
-# Between two empty task requests to the SuperNode on 127.0.0.1 (Flower's SuperExec: a fixed 1 s): FIRST after a
-# task, growing x1.5 per empty answer up to LAST. The SuperNode itself fetches messages every 3 s when idle, so
-# asking it much more often only costs both processes CPU while the hospital waits for the next round.
-FIRST_POLL_SECONDS, LAST_POLL_SECONDS = 0.05, 0.5
 PULL_SECONDS = 120.0  # at most, to pull one message's content: a stale task (its run ended) must not hold the hospital
 REFUSED = "refused by the hospital"
 # what flower-supernode prints when the SuperLink refuses its key (Flower exit code 305; its process exits 1)
@@ -118,7 +115,9 @@ class HospitalExecutor:
         from flwr.supercore.constant import TaskType
 
         request = AcquireTaskRequest(supported_task_types=[str(TaskType.CLIENT_APP)], agentapp_fab_hashes=[])
-        wait = FIRST_POLL_SECONDS
+        # between two empty task requests: short after a task, growing while none comes (federation.flower.waits);
+        # the SuperNode itself fetches messages only every 3 s when idle, so asking it more often only costs CPU
+        delays = waits()
         while alive():
             try:
                 response = self.client.AcquireTask(request)
@@ -133,10 +132,9 @@ class HospitalExecutor:
                 continue
             if response.HasField("task") and response.token:
                 self.run_task(response.token)
-                wait = FIRST_POLL_SECONDS  # a round's next message (e.g. its evaluation) may follow at once
+                delays = waits()  # a round's next message (e.g. its evaluation) may follow at once
             else:
-                time.sleep(wait)
-                wait = min(wait * 1.5, LAST_POLL_SECONDS)
+                time.sleep(next(delays))
 
     def run_task(self, token: str) -> None:
         """One task: pull its message, answer it, push the reply and the task's final status."""

@@ -15,7 +15,7 @@ from typing import Any, cast
 import pytest
 
 from federation.config import load_config
-from federation.flower import apps, runner
+from federation.flower import apps, runner, waits
 from federation.flower.processes import COMPLETED, FlwrCli
 
 
@@ -76,9 +76,9 @@ def test_replies_are_pulled_soon_after_they_arrive(clock: Clock) -> None:
     replies = apps.exchange(cast(Any, grid), [object(), object(), object()], timeout=60.0)
     assert sorted(r.metadata.reply_to_message_id for r in cast(list[Reply], replies)) == ["m0", "m1", "m2"]
     # the last reply came at 5.2 s: seen within the longest wait, not at Flower's next 3 s pull (6 s)
-    assert 5.2 <= clock.now <= 5.2 + apps.LAST_PULL_WAIT
-    assert clock.sleeps[0] == apps.FIRST_PULL_WAIT
-    assert max(clock.sleeps) <= apps.LAST_PULL_WAIT
+    assert 5.2 <= clock.now <= 5.2 + waits.LAST_WAIT
+    assert clock.sleeps[0] == waits.FIRST_WAIT
+    assert max(clock.sleeps) <= waits.LAST_WAIT
     # the wait grows while nothing comes: a 5 s round costs about a dozen pulls, not one every 0.05 s
     assert grid.pulls < 25
 
@@ -88,7 +88,7 @@ def test_a_silent_hospital_is_waited_for_until_the_timeout_only(clock: Clock) ->
     replies = apps.exchange(cast(Any, grid), [object(), object()], timeout=30.0)
     assert [r.metadata.reply_to_message_id for r in cast(list[Reply], replies)] == ["m0"]
     assert clock.now == pytest.approx(30.0)
-    assert grid.pulls <= 30.0 / apps.LAST_PULL_WAIT + 12
+    assert grid.pulls <= 30.0 / waits.LAST_WAIT + 12
 
 
 @dataclass
