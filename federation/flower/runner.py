@@ -64,9 +64,9 @@ def _summary(run_dir: Path) -> dict[str, Any]:
     return summary if isinstance(summary, dict) else {}
 
 
-def _rounds_done(run_dir: Path) -> int:
+def _rounds_done(summary: dict[str, Any]) -> int:
     try:
-        return int(_summary(run_dir).get("rounds_done", 0))
+        return int(summary.get("rounds_done", 0))
     except (TypeError, ValueError):
         return 0
 
@@ -99,7 +99,7 @@ def follow(cli: FlwrCli, run_id: int, run_dir: Path, config: RunConfig, *, progr
             now = time.monotonic()
             if ended or now - asked >= ASK_FLOWER_EVERY:
                 status, asked = cli.run_status(run_id), now
-            done = _rounds_done(run_dir)
+            done = _rounds_done(summary)  # the summary just read, not the file again
             if done > bar.n:
                 bar.update(done - bar.n)
             if status.startswith(FINISHED):
@@ -114,7 +114,7 @@ def follow(cli: FlwrCli, run_id: int, run_dir: Path, config: RunConfig, *, progr
             summary.update(status="stopped", error="interrupted", eta_seconds=None, updated_at=now_iso())
             write_json(run_dir / SUMMARY_FILE, summary)
         raise RunStopped(
-            f"stopped after round {_rounds_done(run_dir)}; continue with: gastric-fl train --resume {run_dir}"
+            f"stopped after round {_rounds_done(_summary(run_dir))}; continue with: gastric-fl train --resume {run_dir}"
         ) from exc
     finally:
         bar.close()
