@@ -52,11 +52,11 @@ def register(app: typer.Typer) -> None:
             load_run,
             markdown_table,
             per_hospital,
+            runs_intended_use,
             summarise,
             transmitted_values,
             write_report,
         )
-        from pipeline.provenance import dataset_is_synthetic, intended_use
 
         if transmitted is not None:
             if html:
@@ -87,6 +87,4 @@ def register(app: typer.Typer) -> None:
         typer.echo(markdown_table(per_hospital(results), HOSPITAL_COLUMNS))
         paths = write_report(results, out)
         typer.echo(f"wrote {', '.join(str(p) for p in paths.values())}", err=True)
-        datasets = [(r.config.get("data") or {}).get("path") for r in results]
-        synthetic = any(dataset_is_synthetic(Path(d)) for d in datasets if isinstance(d, str) and d)
-        typer.echo(f"note: {intended_use(synthetic=synthetic)}", err=True)
+        typer.echo(f"note: {runs_intended_use(results)}", err=True)

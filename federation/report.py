@@ -399,16 +399,21 @@ def write_report(runs: Sequence[RunResult], out_dir: Path) -> dict[str, Path]:
         "curves": out_dir / "accuracy.png",
     }
     problems = [problem for run in runs for problem in run.problems]
-    datasets = [(run.config.get("data") or {}).get("path") for run in runs]
-    synthetic = any(dataset_is_synthetic(Path(d)) for d in datasets if isinstance(d, str) and d)
     text = render_markdown(
-        rows, hospitals, curves=paths["curves"].name, problems=problems, intended=intended_use(synthetic=synthetic)
+        rows, hospitals, curves=paths["curves"].name, problems=problems, intended=runs_intended_use(runs)
     )
     atomic_write_text(paths["markdown"], text)
     atomic_write_text(paths["csv"], csv_text(rows, SUMMARY_COLUMNS))
     atomic_write_text(paths["hospitals"], csv_text(hospitals, HOSPITAL_COLUMNS))
     plot_accuracy(runs, paths["curves"])
     return paths
+
+
+def runs_intended_use(runs: Sequence[RunResult]) -> str:
+    """The intended-use sentence of a report on ``runs`` (`pipeline.provenance.intended_use`): with the synthetic
+    note when any run was trained on a dataset made by ``gastric-fl synth``."""
+    datasets = [(run.config.get("data") or {}).get("path") for run in runs]
+    return intended_use(synthetic=any(dataset_is_synthetic(Path(d)) for d in datasets if isinstance(d, str) and d))
 
 
 def render_markdown(
