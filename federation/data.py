@@ -26,7 +26,7 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import albumentations as A
@@ -393,37 +393,16 @@ def _own_config(config: dict[str, Any], client: int) -> dict[str, Any]:
     return own
 
 
-def _slide_files(sources: set[str], config: dict[str, Any]) -> set[str]:
-    """The raw files prepare read for the slides ``sources`` (as named in ``source_sha256``): each slide and, by
-    prepare's layout rules (`pipeline.sources.discover`), its SEED mask (``<id><mask_suffix>.png`` or
-    ``<id><mask_suffix><ext>`` beside it, ``<mask_dir>/<id>.png``) or BOT annotation (``<id>.svg`` beside it).
-    Only names derived from these slides: a file of another slide is never among them."""
-    source = config.get("source")
-    settings = source if isinstance(source, dict) else {}
-    layout, suffix, mask_dir = settings.get("format"), settings.get("mask_suffix"), settings.get("mask_dir")
-    files = set(sources)
-    for name in sources:
-        path = PurePosixPath(name)
-        if not path.stem:
-            continue
-        if layout == "seed":
-            if isinstance(suffix, str) and suffix:
-                files |= {(path.parent / f"{path.stem}{suffix}{ext}").as_posix() for ext in (".png", path.suffix)}
-            if isinstance(mask_dir, str) and mask_dir:
-                files.add((PurePosixPath(mask_dir) / f"{path.stem}.png").as_posix())
-        elif layout == "bot":
-            files.add(path.with_suffix(".svg").as_posix())
-    return files
-
-
 def _own_record(
     record: dict[str, Any], client: int, rows: list[dict[str, str]], classes: tuple[str, ...]
 ) -> dict[str, Any]:
     """The ``prepare.json`` of hospital ``client``'s extracted dataset (manifest ``rows``, already client 0), made
     from the multi-hospital ``record`` by an allow-list: what describes the preparation as a whole (format, versions,
     white definition, settings: `_own_config`), this client's ``clients`` entry and this hospital's ``slides``
-    (renumbered client 0), ``source_sha256`` / ``source_pixels_sha256`` / ``warnings`` of its slides' files only
-    (`_slide_files`), and ``totals`` recounted over its own rows and slides.
+    (renumbered client 0), ``source_sha256`` / ``source_pixels_sha256`` / ``warnings`` of its slides' files only (each
+    slide and the mask or annotation prepare read for it, as its ``slides`` entry lists them in ``files``; a record
+    from before that field keeps the slides' own entries only), and ``totals`` recounted over its own rows and
+    slides.
 
     Left out: ``skipped`` (slides no hospital got tiles from, named in their reasons), ``manifest_rows_sha256``
     (a hash over every hospital's rows; ``hospital.json`` records the sha256 of this dataset's own manifest.csv),
@@ -434,7 +413,9 @@ def _own_record(
     listed = record.get("slides")
     slides = [{**s, "client": 0} for s in listed if _is_client(s, client)] if isinstance(listed, list) else None
     sources |= {s["source"] for s in slides or [] if isinstance(s.get("source"), str)}
-    files = _slide_files(sources, config or {})
+    files = sources | {
+        f for s in slides or [] if isinstance(s.get("files"), list) for f in s["files"] if isinstance(f, str)
+    }
     own: dict[str, Any] = {name: record[name] for name in _SETTINGS_FIELDS if name in record}
     if config is not None:
         own["config"] = _own_config(config, client)

@@ -634,6 +634,8 @@ def _provenance(
         "slides": [
             {
                 "source": j.info.ref.source,
+                # the raw files read for it (the slide, its mask or annotation), as source_sha256 names them
+                "files": [name for name, _ in j.info.hashes],
                 "label": j.info.label,
                 "client": j.client,
                 "split": j.split,
