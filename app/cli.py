@@ -1,4 +1,4 @@
-"""The ``gastric-fl`` command line: synth, prepare, train, ablate, report, predict, dashboard.
+"""The ``gastric-fl`` command line: synth, prepare, train, ablate, report, predict, threshold, dashboard.
 
 Each subcommand lives in its own module (``app/cmd_<name>.py``) exposing ``register(app)``; heavy imports
 (torch, streamlit) happen inside the commands so that ``--help`` stays instant.
@@ -21,6 +21,7 @@ from app import (
     cmd_prepare,
     cmd_report,
     cmd_synth,
+    cmd_threshold,
     cmd_train,
 )
 
@@ -36,7 +37,18 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for _module in (cmd_synth, cmd_prepare, cmd_train, cmd_ablate, cmd_report, cmd_predict, cmd_dashboard, cmd_federation):
+_COMMANDS = (
+    cmd_synth,
+    cmd_prepare,
+    cmd_train,
+    cmd_ablate,
+    cmd_report,
+    cmd_predict,
+    cmd_threshold,
+    cmd_dashboard,
+    cmd_federation,
+)
+for _module in _COMMANDS:
     _module.register(app)
 
 

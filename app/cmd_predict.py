@@ -49,6 +49,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Score whole slides with one hospital's model: heatmap overlay, tile CSV and summary per slide."""
         from inference.predict import predict as run_predict
+        from inference.predict import slide_calls_line
         from pipeline.images import DEFAULT_MAX_PIXELS
 
         def warn(message: str) -> None:
@@ -72,7 +73,8 @@ def register(app: typer.Typer) -> None:
             truth = s.get("ground_truth")
             line = (
                 f"{s['folder']}: {s['tiles']} tiles, max {s['max_probability']:.3f}, "
-                f"top-{s['top_k']} mean {s['top_k_mean']:.3f}, abnormal area {s['abnormal_area_fraction']:.1%}"
+                f"top-{s['top_k']} mean {s['top_k_mean']:.3f}, abnormal area {s['abnormal_area_fraction']:.1%}, "
+                f"called {s['call']} at threshold {s['threshold']:.2f} ({s['threshold_source']})"
             )
             if truth is not None:
 
@@ -81,4 +83,7 @@ def register(app: typer.Typer) -> None:
 
                 line += f", sensitivity {show(truth['sensitivity'])}, specificity {show(truth['specificity'])}"
             typer.echo(line)
+        calls = slide_calls_line(results)
+        if calls is not None:
+            typer.echo(calls)
         typer.echo(f"wrote {out}", err=True)

@@ -50,6 +50,7 @@ from tqdm import tqdm
 from inference.heatmap import COLORMAP, coverage_maps, render_overlay
 from inference.slides import Slide, SlideFile, find_slides, read_slide
 from models.bundle import Bundle, BundleError, ModelCard, decision_counts, load_bundle, read_card
+from models.decision import SLIDE_TOP_K, slide_is_abnormal, top_k_mean
 from pipeline.errors import PipelineError
 from pipeline.images import DEFAULT_MAX_PIXELS, RGBImage, check_max_pixels, encode_png
 from pipeline.outputs import OutputError, claim_output, os_error_message, owned_by, write_atomic, write_marker
@@ -64,12 +65,15 @@ SUMMARY_COLUMNS = (
     "tiles",
     "max_probability",
     "top_k_mean",
+    "call",
+    "truth",
+    "threshold",
     "abnormal_area_fraction",
     "sensitivity",
     "specificity",
 )
 DEFAULT_BATCH = 64
-DEFAULT_TOP_K = 5
+DEFAULT_TOP_K = SLIDE_TOP_K
 DEFAULT_MAX_SIDE = 4096
 
 
@@ -204,20 +208,30 @@ def tile_truth(
 
 
 def summarise(
-    tiles: SlideTiles, card: ModelCard, threshold: float, top_k: int, shape: tuple[int, int]
+    tiles: SlideTiles,
+    card: ModelCard,
+    threshold: float,
+    top_k: int,
+    shape: tuple[int, int],
+    threshold_source: str | None = None,
 ) -> dict[str, Any]:
-    """The slide-level figures of ``summary.json`` (see docs/inference.md)."""
+    """The slide-level figures of ``summary.json`` (see docs/inference.md), with the slide's call: abnormal when
+    its top-k mean reaches the threshold (`models.decision.slide_is_abnormal`), and which threshold made it."""
     prob = tiles.probability
     k = min(top_k, len(prob))
+    score = top_k_mean(prob, k)
     covered, called = coverage_maps(tiles.xs, tiles.ys, tiles.size, prob >= threshold, shape, 1.0)
     out: dict[str, Any] = {
         "tiles": len(prob),
         "tile_size_px": tiles.size,
         "stride_px": card.tiling.stride_px if card.tiling else None,
         "threshold": threshold,
+        "threshold_source": card.threshold_source if threshold_source is None else threshold_source,
+        "call": "abnormal" if slide_is_abnormal(score, threshold) else "normal",
+        "call_rule": f"abnormal when the mean of the {k} highest tile probabilities is at least {threshold:.4g}",
         "max_probability": float(prob.max()),
         "top_k": k,
-        "top_k_mean": float(np.sort(prob)[-k:].mean()),
+        "top_k_mean": score,
         "mean_probability": float(prob.mean()),
         "abnormal_tiles": int((prob >= threshold).sum()),
         "abnormal_area_fraction": float(called.sum() / covered.sum()),
@@ -309,6 +323,7 @@ def predict_slide(
         "folder": slide.file.output_name,
         "file": str(slide.file.path),
         "annotation": None if slide.file.annotation is None else str(slide.file.annotation),
+        "truth": None if slide.cancer is None else "abnormal" if bool(slide.cancer.any()) else "normal",
         "width": width,
         "height": height,
         "model": {
@@ -318,7 +333,7 @@ def predict_slide(
             "round": card.round,
             "client": card.client,
         },
-        **summarise(tiles, card, chosen, top_k, (height, width)),
+        **summarise(tiles, card, chosen, top_k, (height, width), None if threshold is None else "--threshold"),
     }
     overlay, scale = render_overlay(slide.image, tiles.xs, tiles.ys, tiles.size, prob, slide.cancer, max_side)
     summary["overlay"] = {
@@ -359,6 +374,9 @@ def _summary_csv(results: Sequence[SlideResult]) -> bytes:
                 s.get("tiles", ""),
                 fmt(s.get("max_probability")),
                 fmt(s.get("top_k_mean")),
+                s.get("call", ""),
+                s.get("truth") or "",
+                fmt(s.get("threshold")),
                 fmt(s.get("abnormal_area_fraction")),
                 fmt(truth.get("sensitivity")),
                 fmt(truth.get("specificity")),
@@ -366,6 +384,23 @@ def _summary_csv(results: Sequence[SlideResult]) -> bytes:
             ]
         )
     return buffer.getvalue().encode("utf-8")
+
+
+def slide_calls_line(results: Sequence[SlideResult]) -> str | None:
+    """One line on the slide calls against the slides' truth (those with an annotation or a ``normal`` folder):
+    abnormal slides called abnormal and normal slides called normal, with the threshold; ``None`` without truth."""
+    judged = [r.summary for r in results if r.problem is None and r.summary.get("truth") in ("abnormal", "normal")]
+    if not judged:
+        return None
+    abnormal = [s for s in judged if s["truth"] == "abnormal"]
+    normal = [s for s in judged if s["truth"] == "normal"]
+    found = sum(s["call"] == "abnormal" for s in abnormal)
+    cleared = sum(s["call"] == "normal" for s in normal)
+    thresholds = sorted({f"{float(s['threshold']):.2f}" for s in judged})
+    return (
+        f"slide calls at threshold {', '.join(thresholds)}: {found} of {len(abnormal)} abnormal slides called "
+        f"abnormal, {cleared} of {len(normal)} normal slides called normal"
+    )
 
 
 def predict(

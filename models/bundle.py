@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ WEIGHTS_FILE = "model.safetensors"
 CARD_FORMAT = "gastric-fl model card"
 CARD_VERSION = 1
 DEFAULT_THRESHOLD = 0.5
+THRESHOLD_DEFAULT_SOURCE = "the default 0.5"
 
 
 def decision_counts(
@@ -117,6 +118,7 @@ class ModelCard:
     preprocess: Preprocess
     tiling: TileGrid | None
     threshold: float = DEFAULT_THRESHOLD
+    threshold_source: str = THRESHOLD_DEFAULT_SOURCE  # where the threshold came from (`set_threshold`)
     positive_class: str | None = "abnormal"
     run_id: str = ""
     round: int = 0
@@ -171,6 +173,7 @@ class ModelCard:
             "preprocess": self.preprocess.to_json(),
             "tiling": None if self.tiling is None else asdict(self.tiling),
             "threshold": self.threshold,
+            "threshold_source": self.threshold_source,
             **({"decision": self.decision} if self.positive_class is None else {}),
             "run_id": self.run_id,
             "round": self.round,
@@ -208,6 +211,7 @@ class ModelCard:
                 preprocess=Preprocess.from_json(dict(data["preprocess"])),
                 tiling=None if tiling is None else TileGrid(**tiling),
                 threshold=float(data["threshold"]),
+                threshold_source=str(data.get("threshold_source") or THRESHOLD_DEFAULT_SOURCE),
                 positive_class=None if positive is None else str(positive),
                 run_id=str(data.get("run_id", "")),
                 round=int(data.get("round", 0)),
@@ -254,6 +258,32 @@ def write_bundle(folder: Path, card: ModelCard, state: dict[str, torch.Tensor] |
     path = folder / CARD_FILE
     write_atomic(path, (json.dumps(card.to_json(), indent=2, allow_nan=False) + "\n").encode("utf-8"))
     return path
+
+
+def set_threshold(path: Path, threshold: float, source: str, metrics: dict[str, Any] | None = None) -> ModelCard:
+    """Save ``threshold`` as the bundle's operating threshold: ``model.json`` is rewritten atomically with it, with
+    ``threshold_source`` (where it came from, in words: "set by hand", "reaches sensitivity 0.90 on the test
+    split") and, when given, the card's ``metrics`` at the new threshold; the weights are not touched. Every place
+    that calls tiles or slides with this bundle (``predict``, the Slide page, the HTML report) then uses it.
+    `BundleError` for a card that cannot be read, or a threshold not strictly between 0 and 1; a model that
+    decides by argmax has no threshold to set."""
+    folder = bundle_folder(path)
+    card = read_card(folder)
+    if card.positive_class is None:
+        raise BundleError(f"{folder / CARD_FILE}: the model decides by argmax, it has no threshold to set")
+    if not source.strip():
+        raise BundleError("say where the threshold comes from (for example: set by hand)")
+    try:
+        updated = replace(
+            card,
+            threshold=float(threshold),
+            threshold_source=source.strip(),
+            metrics=card.metrics if metrics is None else dict(metrics),
+        )
+    except ModelError as exc:
+        raise BundleError(f"{folder / CARD_FILE}: {exc}") from None
+    write_bundle(folder, updated)
+    return updated
 
 
 def bundle_folder(path: Path) -> Path:

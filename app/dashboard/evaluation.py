@@ -16,7 +16,6 @@ scikit-learn is imported on first use (it takes about a second), so a page shows
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +23,16 @@ import numpy.typing as npt
 import pandas as pd
 
 from app.dashboard.datasets import hospital_label
+from models.decision import (
+    AucInterval,
+    Slides,
+    interval_text,
+    slide_bootstrap_auc,
+    slide_of_tile,
+    slide_scores,
+    slides_of_tiles,
+    wilson_interval,
+)
 
 # The scorecard's warning rule: a hospital whose AUC reaches WARN_AUC but whose sensitivity or specificity at the
 # threshold in use is below WARN_RATE gets a warning in words.
@@ -35,24 +44,18 @@ WARN_RATE = 0.5
 WARN_ACC = 0.7
 # Below this many test slides a hospital's figures are too few to judge (the Hospital page lets the user change it).
 MIN_TEST_SLIDES = 5
-# prepare's tile names: <slide index, 5 digits>_<slide stem>_x<x>_y<y>.png (pipeline.tiling.tile_name)
-TILE_NAME = re.compile(r"^(\d{5})_.*_x\d+_y\d+\.png$")
 
 
 def slide_key(path: str) -> str | None:
-    """The slide a tile comes from (its slide index in the prepared dataset), from the tile's file name as
-    ``prepare`` writes it (`pipeline.tiling.tile_name`); ``None`` for a name of another form."""
-    match = TILE_NAME.match(str(path).replace("\\", "/").rsplit("/", 1)[-1])
-    return match.group(1) if match else None
+    """The slide a tile comes from (`models.decision.slide_of_tile`)."""
+    return slide_of_tile(path)
 
 
 def count_slides(paths: npt.ArrayLike) -> int | None:
     """How many slides ``paths`` (tile paths) come from; ``None`` when a name does not say (tiles of unknown
     origin are not counted as slides of their own)."""
-    keys = [slide_key(str(p)) for p in np.asarray(paths, dtype=object).ravel()]
-    if not keys or any(k is None for k in keys):
-        return None
-    return len(set(keys))
+    keys = slides_of_tiles(paths)
+    return None if keys is None else len(set(keys))
 
 
 def slides_warning(slides: int | None, minimum: int) -> str | None:
@@ -133,27 +136,6 @@ def ranked_examples(predictions: pd.DataFrame, threshold: float) -> pd.DataFrame
 
 def _ratio(num: int, den: int) -> float:
     return num / den if den else float("nan")
-
-
-def wilson_interval(successes: int, trials: int, confidence: float = 0.95) -> tuple[float, float] | None:
-    """The Wilson score interval of a proportion ``successes / trials`` (``None`` when ``trials`` is 0).
-
-    Wilson (1927), as SciPy computes it (``scipy.stats.binomtest(...).proportion_ci(method="wilson")``): unlike the
-    normal approximation it stays inside [0, 1] and is sensible for the small counts of one hospital's test split
-    (3 of 4 abnormal tiles: 0.30 to 0.95). Tiles of one slide are not independent, so the interval is, if anything,
-    too narrow: it is a floor on the uncertainty, not a bound.
-    """
-    if trials <= 0:
-        return None
-    from scipy.stats import binomtest  # a second of import: only when a page needs it
-
-    interval = binomtest(int(successes), int(trials)).proportion_ci(confidence_level=confidence, method="wilson")
-    return float(interval.low), float(interval.high)
-
-
-def interval_text(interval: tuple[float, float] | None) -> str:
-    """``"0.30-0.95"`` (two decimals, an en dash), or empty for an undefined interval."""
-    return "" if interval is None else f"{interval[0]:.2f}\u2013{interval[1]:.2f}"
 
 
 @dataclass(frozen=True)
@@ -328,36 +310,183 @@ def latest_accuracy_warnings(metrics: pd.DataFrame) -> list[str]:
 
 @dataclass(frozen=True)
 class HospitalScore:
-    """One hospital's line of the scorecard."""
+    """One hospital's line of the scorecard: tile figures at the threshold, and the slide-level ones.
+
+    ``slides``: its test slides (`count_slides`), ``None`` when the tile names do not say; ``slide_set``: those
+    slides with their truth and top-k score (`models.decision.slide_scores`); ``slide_point``: the slide calls at
+    the threshold against the slides' truth; ``auc_interval``: the tile AUC's 95% interval resampled by slide.
+    """
 
     client: int
     auc: float | None
     point: OperatingPoint
     target: TargetThreshold | None
     warning: str | None
-    slides: int | None = None  # test slides (`count_slides`), None when the tile names do not say
+    slides: int | None = None
+    slide_set: Slides | None = None
+    slide_point: OperatingPoint | None = None
+    slide_auc: float | None = None
+    auc_interval: AucInterval | None = None
+
+
+def score_hospital(
+    client: int, rows: pd.DataFrame, threshold: float, target_sensitivity: float, min_slides: int = MIN_TEST_SLIDES
+) -> HospitalScore:
+    """One hospital's `HospitalScore` from its predictions (columns label 0/1, prob_abnormal, and path for the
+    slide-level figures)."""
+    labels = rows["label"].to_numpy(dtype=int)
+    probs = rows["prob_abnormal"].to_numpy(dtype=float)
+    auc = roc(labels, probs).auc
+    point = operating_point(labels, probs, threshold)
+    target = threshold_for_sensitivity(labels, probs, target_sensitivity)
+    keys = slides_of_tiles(rows["path"].to_numpy()) if "path" in rows.columns else None
+    slide_set = slide_point = slide_auc = interval = None
+    if keys is not None:
+        slide_set = slide_scores(keys, labels, probs)
+        slide_point = operating_point(slide_set.labels, slide_set.scores, threshold)
+        slide_auc = roc(slide_set.labels, slide_set.scores).auc
+        interval = slide_bootstrap_auc(keys, labels, probs)
+    slides = None if slide_set is None else len(slide_set.keys)
+    found = (slides_warning(slides, min_slides), auc_warning(auc, point), target_warning(point, target))
+    warnings = [w for w in found if w]
+    return HospitalScore(
+        int(client), auc, point, target, " ".join(warnings) or None, slides, slide_set, slide_point, slide_auc, interval
+    )
 
 
 def score_hospitals(
     predictions: pd.DataFrame, threshold: float, target_sensitivity: float, min_slides: int = MIN_TEST_SLIDES
 ) -> list[HospitalScore]:
-    """Every hospital of ``predictions`` (columns client, label 0/1, prob_abnormal) at ``threshold``, by client.
+    """Every hospital of ``predictions`` (columns client, label 0/1, prob_abnormal, path) at ``threshold``, by
+    client (`score_hospital`).
 
     Each gets its AUC (``None`` with one class), its operating point, the threshold reaching
-    ``target_sensitivity`` (with the specificity there) and the warning of `auc_warning`.
+    ``target_sensitivity`` (with the specificity there), the warning of `auc_warning`, and its slide-level figures.
     """
-    scores = []
-    for client, rows in predictions.groupby("client", sort=True):
-        labels = rows["label"].to_numpy(dtype=int)
-        probs = rows["prob_abnormal"].to_numpy(dtype=float)
-        auc = roc(labels, probs).auc
-        point = operating_point(labels, probs, threshold)
-        target = threshold_for_sensitivity(labels, probs, target_sensitivity)
-        slides = count_slides(rows["path"].to_numpy()) if "path" in rows.columns else None
-        found = (slides_warning(slides, min_slides), auc_warning(auc, point), target_warning(point, target))
-        warnings = [w for w in found if w]
-        scores.append(HospitalScore(int(client), auc, point, target, " ".join(warnings) or None, slides))
-    return scores
+    return [
+        score_hospital(int(client), rows, threshold, target_sensitivity, min_slides)
+        for client, rows in predictions.groupby("client", sort=True)
+    ]
+
+
+# --- the verdict -------------------------------------------------------------------------------------------------
+
+PASS, REVIEW, FAIL, CANNOT_JUDGE = "pass", "review", "fail", "cannot judge"
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The clinical floor a hospital's model is judged against: the sensitivity it must reach at its operating
+    threshold (tiles, and abnormal slides called abnormal), the test slides needed to judge at all, and the
+    specificity below which a passing model still goes to review (it would flag most normal tissue)."""
+
+    sensitivity: float = 0.90
+    min_slides: int = MIN_TEST_SLIDES
+    specificity: float = WARN_RATE
+
+    def __post_init__(self) -> None:
+        if not (0.0 < self.sensitivity <= 1.0 and 0.0 <= self.specificity <= 1.0):
+            raise ValueError(
+                f"the floor's sensitivity must be in (0, 1] and specificity in [0, 1], got {self.sensitivity} and "
+                f"{self.specificity}"
+            )
+        if self.min_slides < 1:
+            raise ValueError(f"the floor's minimum number of test slides must be at least 1, got {self.min_slides}")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A hospital's verdict (``kind``: pass, review, fail or cannot judge) and its reason in one sentence."""
+
+    client: int
+    kind: str
+    reason: str
+    threshold: float
+
+
+def _reach(score: HospitalScore) -> str:
+    target = score.target
+    if target is None:
+        return ""
+    spec = target.point.specificity
+    there = f" with specificity {spec:.2f}" if math.isfinite(spec) else ""
+    return f"; reaches {target.target:.2f} sensitivity at {target.threshold:.2f}{there}"
+
+
+def verdict(score: HospitalScore, floor: Floor) -> Verdict:
+    """Judge one hospital (its `score_hospital` at its operating threshold, the target being the floor's
+    sensitivity) against ``floor``. The rule, in order:
+
+    1. **cannot judge**: fewer test slides than ``floor.min_slides`` (or the tile names do not say which slides),
+       or no abnormal test tile;
+    2. **fail**: tile sensitivity below the floor, or an abnormal test slide called normal often enough that the
+       slide sensitivity is below the floor;
+    3. **review**: the floor is met, but the lower end of the sensitivity's 95% Wilson interval is below it (too few
+       abnormal tiles to be sure), or the specificity is below ``floor.specificity``;
+    4. **pass** otherwise.
+    """
+    point, slides = score.point, score.slides
+    threshold = point.threshold
+    at = f"at {threshold:.2f}"
+    if slides is None:
+        return Verdict(
+            score.client,
+            CANNOT_JUDGE,
+            "cannot judge: its tile names do not say which slide they come from, so the slides cannot be counted.",
+            threshold,
+        )
+    if slides < floor.min_slides:
+        return Verdict(
+            score.client,
+            CANNOT_JUDGE,
+            f"too few slides to judge: {slides} test slide{'s' if slides != 1 else ''} ({point.abnormal + point.normal}"
+            f" tiles), at least {floor.min_slides} wanted.",
+            threshold,
+        )
+    if point.abnormal == 0:
+        return Verdict(score.client, CANNOT_JUDGE, "cannot judge: its test split holds no abnormal tile.", threshold)
+    ci = interval_text(point.sensitivity_interval)
+    sp = point.specificity
+    spec = f", specificity {sp:.2f}" if math.isfinite(sp) else ""
+    sp_slide = score.slide_point
+    missed_slides = 0 if sp_slide is None else sp_slide.fn
+    slide_ok = sp_slide is None or not sp_slide.abnormal or sp_slide.sensitivity >= floor.sensitivity
+    if point.sensitivity < floor.sensitivity or not slide_ok:
+        if point.sensitivity < floor.sensitivity:
+            what = f"misses {point.fn} of {point.abnormal} abnormal tiles {at} (sensitivity {point.sensitivity:.2f})"
+        else:
+            assert sp_slide is not None
+            what = (
+                f"misses {missed_slides} of {sp_slide.abnormal} abnormal slides {at} (slide sensitivity "
+                f"{sp_slide.sensitivity:.2f})"
+            )
+        return Verdict(score.client, FAIL, f"{what}{_reach(score)}.", threshold)
+    low = point.sensitivity_interval
+    found = (
+        f"finds {point.tp} of {point.abnormal} abnormal tiles {at} (sensitivity {point.sensitivity:.2f}, 95% CI {ci})"
+    )
+    if low is not None and low[0] < floor.sensitivity:
+        return Verdict(
+            score.client,
+            REVIEW,
+            f"{found}{spec}, but with {point.abnormal} abnormal tiles the interval reaches below the floor "
+            f"{floor.sensitivity:.2f}.",
+            threshold,
+        )
+    if math.isfinite(sp) and sp < floor.specificity:
+        return Verdict(
+            score.client,
+            REVIEW,
+            f"{found}, but calls {point.fp} of {point.normal} normal tiles abnormal (specificity {sp:.2f}, below "
+            f"{floor.specificity:.2f}).",
+            threshold,
+        )
+    slides_found = (
+        f" and {sp_slide.tp} of {sp_slide.abnormal} abnormal slides"
+        if sp_slide is not None and sp_slide.abnormal
+        else ""
+    )
+    return Verdict(score.client, PASS, f"{found}{slides_found}{spec}.", threshold)
 
 
 SCORECARD_COLUMNS = (
@@ -365,6 +494,7 @@ SCORECARD_COLUMNS = (
     "test slides",
     "test tiles",
     "AUC",
+    "AUC 95% CI",
     "accuracy",
     "sensitivity",
     "sensitivity 95% CI",
@@ -375,6 +505,9 @@ SCORECARD_COLUMNS = (
     "threshold for target",
     "sensitivity there",
     "specificity there",
+    "slide sensitivity",
+    "slide specificity",
+    "missed slides",
 )
 
 
@@ -383,13 +516,14 @@ def scorecard_table(scores: list[HospitalScore]) -> pd.DataFrame:
     nan = float("nan")
     rows = []
     for score in scores:
-        point, target = score.point, score.target
+        point, target, slide = score.point, score.target, score.slide_point
         rows.append(
             {
                 "hospital": hospital_label(score.client),
                 "test slides": nan if score.slides is None else score.slides,
                 "test tiles": point.abnormal + point.normal,
                 "AUC": nan if score.auc is None else score.auc,
+                "AUC 95% CI": interval_text(score.auc_interval),
                 "accuracy": point.accuracy,
                 "sensitivity": point.sensitivity,
                 "sensitivity 95% CI": interval_text(point.sensitivity_interval),
@@ -400,6 +534,9 @@ def scorecard_table(scores: list[HospitalScore]) -> pd.DataFrame:
                 "threshold for target": nan if target is None else target.threshold,
                 "sensitivity there": nan if target is None else target.point.sensitivity,
                 "specificity there": nan if target is None else target.point.specificity,
+                "slide sensitivity": nan if slide is None else slide.sensitivity,
+                "slide specificity": nan if slide is None else slide.specificity,
+                "missed slides": "" if slide is None else f"{slide.fn} of {slide.abnormal}",
             }
         )
     return pd.DataFrame(rows, columns=list(SCORECARD_COLUMNS))

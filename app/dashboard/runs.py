@@ -564,17 +564,33 @@ def load_predictions(run: Path) -> pd.DataFrame:
     return pd.concat([read_prediction_file(path) for path in files], ignore_index=True)
 
 
-def card_thresholds(run: Path) -> dict[int, float]:
-    """Each hospital's decision threshold from its model card (``hospitals/client_XX/model.json``, written by
-    ``models.bundle``), by client; hospitals without a readable card, or with no threshold in it, are left out."""
-    found: dict[int, float] = {}
+def _cards(run: Path) -> dict[int, dict[str, Any]]:
+    """Each hospital's model card (``hospitals/client_XX/model.json``) that reads as a JSON object, by client."""
+    found: dict[int, dict[str, Any]] = {}
     for path in sorted((run / "hospitals").glob("client_*/model.json")):
         try:
             card = json.loads(path.read_text(encoding="utf-8"))
             client = int(path.parent.name.removeprefix("client_"))
         except (OSError, ValueError):  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
             continue
-        value = card.get("threshold") if isinstance(card, dict) else None
+        if isinstance(card, dict):
+            found[client] = card
+    return found
+
+
+def card_thresholds(run: Path) -> dict[int, float]:
+    """Each hospital's decision threshold from its model card (``hospitals/client_XX/model.json``, written by
+    ``models.bundle``), by client; hospitals without a readable card, or with no threshold in it, are left out."""
+    found: dict[int, float] = {}
+    for client, card in _cards(run).items():
+        value = card.get("threshold")
         if isinstance(value, int | float) and not isinstance(value, bool) and 0.0 < value < 1.0:
             found[client] = float(value)
     return found
+
+
+def card_threshold_sources(run: Path) -> dict[int, str]:
+    """Where each hospital's card threshold came from (``threshold_source``: the default, set by hand, from the
+    floor; `models.bundle.set_threshold`), for the hospitals of `card_thresholds`."""
+    cards = _cards(run)
+    return {client: str(cards[client].get("threshold_source") or "the default 0.5") for client in card_thresholds(run)}

@@ -36,6 +36,7 @@ from federation.runs import now_iso
 from federation.strategies import default_nhead
 from models import split_units
 from models.bundle import DEFAULT_THRESHOLD, ModelCard, TileGrid, decision_counts
+from models.decision import slides_of_tiles, uncertainty
 from models.preprocess import Preprocess
 from pipeline.provenance import dataset_is_synthetic, intended_use
 
@@ -58,17 +59,21 @@ def card_metrics(
     """Metrics of the latest evaluation from ``predictions.csv``: counts, accuracy, AUC, sensitivity, specificity.
 
     Accuracy is the evaluation's own rule (the larger softmax output, ``prob > 0.5``); sensitivity and
-    specificity use ``prob >= threshold`` (the card's decision rule). Undefined values are ``None``.
+    specificity use ``prob >= threshold`` (the card's decision rule), with their 95% Wilson intervals; when the tile
+    names say their slides, the test slide count, the AUC's interval resampled by slide and the slide-level results
+    (`models.decision.uncertainty`, issue 23). Undefined values are ``None``.
     ``classes`` other than the binary task's: `multiclass_card_metrics`.
     """
     if classes != LABELS:
         return multiclass_card_metrics(predictions, classes)
     labels: list[int] = []
     probs: list[float] = []
+    paths: list[str] = []
     with predictions.open(newline="", encoding="utf-8") as handle:
         for row in csv.DictReader(handle):
             labels.append(LABELS.index(row["label"]))
             probs.append(float(row["prob_abnormal"]))
+            paths.append(str(row.get("path") or ""))
     y, p = np.asarray(labels, dtype=np.int64), np.asarray(probs, dtype=np.float64)
     finite = bool(np.isfinite(p).all()) and len(p) > 0
     positive, negative = y == 1, y == 0
@@ -87,6 +92,8 @@ def card_metrics(
         "auc": None if auc is None or not math.isfinite(auc) else auc,
         "sensitivity": rule["sensitivity"] if finite else None,
         "specificity": rule["specificity"] if finite else None,
+        "threshold": threshold,
+        **(uncertainty(y, p, threshold, slides_of_tiles(paths)) if finite else {}),
     }
 
 

@@ -1,0 +1,47 @@
+"""`gastric-fl threshold`: save a hospital's operating threshold into its model bundle (`app.operating`).
+
+``--value T`` sets it by hand; ``--sensitivity S`` picks the highest threshold that reaches sensitivity ``S`` on the
+hospital's test split. Afterwards ``predict``, the dashboard's Slide page and the HTML report call tiles and slides
+at it, and say where it came from.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `threshold` subcommand to `app`."""
+
+    @app.command("threshold")
+    def threshold(
+        run: Path = typer.Argument(..., help="The run directory (gastric-fl train output)."),
+        hospital: int = typer.Option(..., "--hospital", help="The hospital whose bundle gets the threshold."),
+        value: float | None = typer.Option(None, "--value", help="The threshold, strictly between 0 and 1."),
+        sensitivity: float | None = typer.Option(
+            None, "--sensitivity", help="Instead: the highest threshold reaching this sensitivity on the test split."
+        ),
+    ) -> None:
+        """Save a hospital's operating threshold (by hand, or from a sensitivity floor) into its model card."""
+        from app import operating
+        from app.dashboard.errors import DashboardError
+
+        if (value is None) == (sensitivity is None):
+            raise DashboardError("give exactly one of --value T (by hand) or --sensitivity S (from the floor)")
+        folder = operating.hospital_folder(run, hospital)
+        if value is not None:
+            chosen, source = value, "set by hand"
+        else:
+            assert sensitivity is not None
+            chosen, source = operating.from_floor(folder, sensitivity)
+        card = operating.save(folder, chosen, source)
+        metrics = card.metrics
+        sens, spec = metrics.get("sensitivity"), metrics.get("specificity")
+        figures = ", ".join(
+            f"{name} {float(v):.2f}" for name, v in (("sensitivity", sens), ("specificity", spec)) if v is not None
+        )
+        typer.echo(f"hospital {hospital}: threshold {card.threshold:.4g} saved in {folder / 'model.json'} ({source})")
+        if figures:
+            typer.echo(f"on its test split at that threshold: {figures}")

@@ -1,0 +1,65 @@
+"""A hospital's operating threshold, chosen once and saved into its model bundle (issue 23, item 4).
+
+The threshold is chosen either by hand or from the clinical floor: the highest threshold at which the hospital's
+test split reaches the floor's sensitivity (`app.dashboard.evaluation.threshold_for_sensitivity`). `save` writes it
+into the hospital's ``model.json`` (`models.bundle.set_threshold`) with where it came from and the card's metrics
+recomputed at it (`federation.engine.export.card_metrics`), so ``predict``, the Slide page, the HTML report and
+their slide calls all use the same threshold and say which.
+
+A threshold chosen on the test split is judged on the same split: its sensitivity there is optimistic. The card
+says so in ``threshold_source``; confirm it on slides the model has not seen. A later round of the same run
+writes a new card at the default 0.5 (a new model needs its threshold chosen again).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.dashboard.errors import DashboardError
+from app.dashboard.evaluation import threshold_for_sensitivity
+from app.dashboard.runs import read_prediction_file
+from models.bundle import CARD_FILE, ModelCard, set_threshold
+
+PREDICTIONS_FILE = "predictions.csv"
+
+
+def hospital_folder(run: Path, hospital: int) -> Path:
+    """``<run>/hospitals/client_XX``, the hospital's bundle; `DashboardError` (one line) when it has no card."""
+    folder = run / "hospitals" / f"client_{hospital:02d}"
+    if not (folder / CARD_FILE).is_file():
+        raise DashboardError(
+            f"{folder / CARD_FILE} does not exist: hospital {hospital} of {run} has no model card (a hospital writes "
+            "it after each round on its own machine)"
+        )
+    return folder
+
+
+def from_floor(folder: Path, sensitivity: float) -> tuple[float, str]:
+    """The highest threshold reaching ``sensitivity`` on the hospital's test split (``predictions.csv``) and its
+    source in words; `DashboardError` when the split has no abnormal tile or the result is 0 or 1 (a card threshold
+    lies strictly between them)."""
+    if not 0.0 < sensitivity <= 1.0:
+        raise DashboardError(f"--sensitivity {sensitivity} is not in (0, 1]: give the floor, for example 0.9")
+    frame = read_prediction_file(folder / PREDICTIONS_FILE)
+    found = threshold_for_sensitivity(frame["label"].to_numpy(), frame["prob_abnormal"].to_numpy(), sensitivity)
+    if found is None:
+        raise DashboardError(f"{folder / PREDICTIONS_FILE} holds no abnormal tile: no threshold reaches a sensitivity")
+    value = min(max(found.threshold, 1e-6), 1.0 - 1e-6)
+    rounds = frame["round"].max() if "round" in frame.columns else None
+    where = f"round {int(rounds)}'s test split" if rounds is not None else "the test split"
+    source = (
+        f"reaches sensitivity {sensitivity:.2f} on {where} ({found.point.tp} of {found.point.abnormal} abnormal "
+        "tiles; chosen on the split it is judged on, so optimistic)"
+    )
+    return value, source
+
+
+def save(folder: Path, threshold: float, source: str) -> ModelCard:
+    """Save ``threshold`` into the bundle at ``folder`` with ``source``, the card's metrics recomputed at it."""
+    from federation.engine.export import card_metrics
+
+    if not 0.0 < threshold < 1.0:
+        raise DashboardError(f"threshold {threshold} is not strictly between 0 and 1")
+    predictions = folder / PREDICTIONS_FILE
+    metrics = card_metrics(predictions, threshold) if predictions.is_file() else None
+    return set_threshold(folder, threshold, source, metrics)

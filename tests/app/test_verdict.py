@@ -1,0 +1,110 @@
+"""The verdict per hospital (app.dashboard.evaluation.verdict) on hand-made test splits: a high AUC with a low
+sensitivity fails, too few slides cannot be judged, a small sample meeting the floor goes to review, a large one
+passes; and the slide-level figures of the scorecard."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from app.dashboard import evaluation
+
+
+def _split(abnormal: list[list[float]], normal: list[list[float]], client: int = 0) -> pd.DataFrame:
+    """Predictions of one hospital: one list of tile probabilities per abnormal slide, then per normal slide."""
+    rows = []
+    slides = [(1, probs) for probs in abnormal] + [(0, probs) for probs in normal]
+    for index, (label, probs) in enumerate(slides):
+        kind = "abnormal" if label else "normal"
+        for k, p in enumerate(probs):
+            path = f"client_{client:02d}/test/{kind}/{index:05d}_s{index}_x{k * 64:05d}_y00000.png"
+            rows.append({"client": client, "label": label, "prob_abnormal": p, "path": path})
+    return pd.DataFrame(rows)
+
+
+def _judge(frame: pd.DataFrame, floor: evaluation.Floor, threshold: float = 0.5) -> evaluation.Verdict:
+    score = evaluation.score_hospital(0, frame, threshold, floor.sensitivity, floor.min_slides)
+    return evaluation.verdict(score, floor)
+
+
+def test_high_auc_low_sensitivity_fails() -> None:
+    # 3 abnormal slides whose tiles sit at 0.30-0.45, 3 normal ones at 0.05-0.20: ranked perfectly (AUC 1) but
+    # all 12 abnormal tiles are below 0.5.
+    frame = _split([[0.30, 0.35, 0.40, 0.45]] * 3, [[0.05, 0.10, 0.15, 0.20]] * 3)
+    score = evaluation.score_hospital(0, frame, 0.5, 0.9)
+    assert score.auc == 1.0
+    result = evaluation.verdict(score, evaluation.Floor())
+    assert result.kind == evaluation.FAIL
+    # 0.9 x 12 -> the 11th highest abnormal probability, 0.30 (ties lift it to 12 of 12), no normal tile above it
+    assert result.reason == (
+        "misses 12 of 12 abnormal tiles at 0.50 (sensitivity 0.00); reaches 0.90 sensitivity at 0.30 with "
+        "specificity 1.00."
+    )
+
+
+def test_missed_slide_fails_although_tiles_meet_the_floor() -> None:
+    # 60 of 61 abnormal tiles found (0.98), but the missed one is a whole slide: 3 of 4 abnormal slides (0.75)
+    frame = _split([[0.9] * 20] * 3 + [[0.2]], [[0.1] * 5] * 2)
+    result = _judge(frame, evaluation.Floor(sensitivity=0.9))
+    assert result.kind == evaluation.FAIL
+    assert result.reason == (
+        "misses 1 of 4 abnormal slides at 0.50 (slide sensitivity 0.75); reaches 0.90 sensitivity at 0.90 with "
+        "specificity 1.00."
+    )
+    assert _judge(frame, evaluation.Floor(sensitivity=0.75)).kind != evaluation.FAIL
+
+
+def test_too_few_slides_cannot_be_judged() -> None:
+    frame = _split([[0.9, 0.8]] * 2, [[0.1]])
+    result = _judge(frame, evaluation.Floor(min_slides=5))
+    assert result.kind == evaluation.CANNOT_JUDGE
+    assert result.reason == "too few slides to judge: 3 test slides (5 tiles), at least 5 wanted."
+
+
+def test_small_sample_meeting_the_floor_goes_to_review() -> None:
+    frame = _split([[0.9, 0.8]] * 5, [[0.1, 0.2]] * 5)  # 10 of 10 abnormal tiles: Wilson 0.72-1.00
+    result = _judge(frame, evaluation.Floor())
+    assert result.kind == evaluation.REVIEW
+    assert result.reason == (
+        "finds 10 of 10 abnormal tiles at 0.50 (sensitivity 1.00, 95% CI 0.72\u20131.00), specificity 1.00, but with "
+        "10 abnormal tiles the interval reaches below the floor 0.90."
+    )
+
+
+def test_low_specificity_goes_to_review() -> None:
+    frame = _split([[0.9] * 12] * 5, [[0.6] * 12] * 4 + [[0.1] * 12])
+    result = _judge(frame, evaluation.Floor())
+    assert result.kind == evaluation.REVIEW
+    assert "calls 48 of 60 normal tiles abnormal (specificity 0.20, below 0.50)" in result.reason
+
+
+def test_large_sample_passes() -> None:
+    frame = _split([[0.95] * 12] * 5, [[0.05] * 12] * 5)  # 60 of 60: Wilson lower end 0.94
+    result = _judge(frame, evaluation.Floor())
+    assert result.kind == evaluation.PASS
+    assert result.reason == (
+        "finds 60 of 60 abnormal tiles at 0.50 (sensitivity 1.00, 95% CI 0.94\u20131.00) and 5 of 5 abnormal "
+        "slides, specificity 1.00."
+    )
+    assert result.threshold == 0.5
+
+
+def test_slide_level_scorecard_columns() -> None:
+    frame = _split([[0.9, 0.6], [0.4]], [[0.5, 0.1]])
+    score = evaluation.score_hospital(0, frame, 0.5, 0.9, min_slides=1)
+    assert score.slides == 3
+    assert score.slide_point is not None
+    assert (score.slide_point.tp, score.slide_point.fn, score.slide_point.tn, score.slide_point.fp) == (1, 1, 1, 0)
+    assert score.slide_auc == 1.0  # slide scores 0.75, 0.4 against 0.3
+    assert score.auc_interval is not None and score.auc_interval.slides == 3
+    row = evaluation.scorecard_table([score]).iloc[0]
+    assert row["missed slides"] == "1 of 2"
+    assert row["slide sensitivity"] == 0.5 and row["slide specificity"] == 1.0
+    assert row["AUC 95% CI"] == evaluation.interval_text(score.auc_interval) != ""
+
+
+def test_floor_refuses_nonsense() -> None:
+    with pytest.raises(ValueError, match="sensitivity must be in"):
+        evaluation.Floor(sensitivity=0.0)
+    with pytest.raises(ValueError, match="at least 1"):
+        evaluation.Floor(min_slides=0)

@@ -1,0 +1,125 @@
+"""One operating threshold (issue 23, item 4): `gastric-fl threshold` saves it into the hospital's bundle, and
+`predict` then calls tiles and slides at it and says where it came from; the slide call rule in predict's outputs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import TinyRun
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))  # the shared CLI runner
+from cli_runner import run_cli
+
+from app.dashboard.evaluation import threshold_for_sensitivity
+from app.dashboard.runs import read_prediction_file
+from inference.predict import slide_calls_line
+from models.bundle import BundleError, read_card, set_threshold
+from models.decision import top_k_mean
+
+
+def _copy_bundle(tiny_run: TinyRun, tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run.run, run, ignore=shutil.ignore_patterns("slides", "checkpoints"))
+    return run
+
+
+def test_threshold_from_the_floor_is_saved_and_used_by_predict(
+    tiny_run: TinyRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = _copy_bundle(tiny_run, tmp_path)
+    folder = run / "hospitals" / "client_00"
+    before = read_card(folder)
+    assert before.threshold == 0.5 and before.threshold_source == "the default 0.5"
+    weights = (folder / "model.safetensors").read_bytes()
+
+    assert run_cli(monkeypatch, "threshold", str(run), "--hospital", "0", "--sensitivity", "0.9") == 0
+    frame = read_prediction_file(folder / "predictions.csv")
+    expected = threshold_for_sensitivity(frame["label"].to_numpy(), frame["prob_abnormal"].to_numpy(), 0.9)
+    assert expected is not None
+    card = read_card(folder)
+    assert card.threshold == pytest.approx(min(max(expected.threshold, 1e-6), 1 - 1e-6))
+    assert card.threshold_source.startswith("reaches sensitivity 0.90 on round 1's test split")
+    assert card.metrics["threshold"] == card.threshold
+    assert card.metrics["sensitivity"] >= 0.9
+    assert (folder / "model.safetensors").read_bytes() == weights  # only the card changed
+    assert f"threshold {card.threshold:.4g} saved" in capsys.readouterr().out
+
+    out = tmp_path / "out"
+    slide = tiny_run.raw / "slide_0000.png"
+    args = ("predict", "--model", str(folder), "--slide", str(slide), "--out", str(out), "--no-progress")
+    assert run_cli(monkeypatch, *args) == 0
+    printed = capsys.readouterr().out
+    rows = list(csv.DictReader((out / "summary.csv").open(encoding="utf-8")))
+    summary = json.loads((out / rows[0]["folder"] / "summary.json").read_text(encoding="utf-8"))
+    assert summary["threshold"] == card.threshold
+    assert summary["threshold_source"] == card.threshold_source
+    probs = [float(r["probability"]) for r in csv.DictReader((out / rows[0]["folder"] / "tiles.csv").open())]
+    called = "abnormal" if top_k_mean(probs, summary["top_k"]) >= card.threshold else "normal"
+    assert summary["call"] == rows[0]["call"] == called
+    assert f"called {called} at threshold {card.threshold:.2f} ({card.threshold_source})" in printed
+    assert "slide calls at threshold" in printed  # the slide has a mask: its truth is known
+
+    # set by hand; --threshold on predict overrides and says so
+    assert run_cli(monkeypatch, "threshold", str(run), "--hospital", "0", "--value", "0.3") == 0
+    assert read_card(folder).threshold_source == "set by hand"
+    assert run_cli(monkeypatch, *args, "--threshold", "0.7") == 0
+    summary = json.loads((out / rows[0]["folder"] / "summary.json").read_text(encoding="utf-8"))
+    assert (summary["threshold"], summary["threshold_source"]) == (0.7, "--threshold")
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (("--value", "1.0"), "not strictly between 0 and 1"),
+        (("--value", "0.3", "--sensitivity", "0.9"), "exactly one of"),
+        ((), "exactly one of"),
+        (("--sensitivity", "1.5"), "not in (0, 1]"),
+    ],
+)
+def test_threshold_refusals_are_one_line(
+    tiny_run: TinyRun,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    extra: tuple[str, ...],
+    words: str,
+) -> None:
+    run = _copy_bundle(tiny_run, tmp_path)
+    card = (run / "hospitals" / "client_00" / "model.json").read_bytes()
+    assert run_cli(monkeypatch, "threshold", str(run), "--hospital", "0", *extra) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and words in err, err
+    assert (run / "hospitals" / "client_00" / "model.json").read_bytes() == card
+    assert run_cli(monkeypatch, "threshold", str(run), "--hospital", "7", "--value", "0.3") == 2
+    assert "client_07" in capsys.readouterr().err
+
+
+def test_set_threshold_keeps_everything_else(tiny_run: TinyRun, tmp_path: Path) -> None:
+    run = _copy_bundle(tiny_run, tmp_path)
+    folder = run / "hospitals" / "client_01"
+    before = read_card(folder)
+    after = set_threshold(folder, 0.25, "set by hand")
+    assert (after.threshold, after.threshold_source) == (0.25, "set by hand")
+    assert read_card(folder) == after
+    assert after.metrics == before.metrics and after.round == before.round
+    with pytest.raises(BundleError, match="say where"):
+        set_threshold(folder, 0.25, " ")
+
+
+def test_slide_calls_line_counts_against_truth() -> None:
+    class Result:
+        def __init__(self, truth: str | None, call: str) -> None:
+            self.problem = None
+            self.summary = {"truth": truth, "call": call, "threshold": 0.4}
+
+    results = [Result("abnormal", "abnormal"), Result("abnormal", "normal"), Result("normal", "normal"),
+               Result(None, "abnormal")]  # fmt: skip
+    assert slide_calls_line(results) == (  # type: ignore[arg-type]
+        "slide calls at threshold 0.40: 1 of 2 abnormal slides called abnormal, 1 of 1 normal slides called normal"
+    )
+    assert slide_calls_line([Result(None, "normal")]) is None  # type: ignore[list-item]
