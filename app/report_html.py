@@ -46,9 +46,11 @@ from typing import Any
 import cv2
 import numpy as np
 import numpy.typing as npt
+import pandas as pd
 
 from app import slide_view
 from federation.jsonl import scan_jsonl
+from models.decision import interval_text, slide_of_tile, slide_stem
 from pipeline.outputs import (
     OutputError,
     PathOutsideError,
@@ -331,6 +333,9 @@ text-align:left;vertical-align:top}th{background:#f5f7fa}.num{text-align:right;f
 figure{margin:0}figcaption{font-size:.85rem;color:#52606d;max-width:28rem}
 .tile img{width:112px;height:112px;image-rendering:pixelated;border:1px solid #d9dee3}.tile figcaption{width:112px}
 pre{background:#f5f7fa;padding:.8rem;overflow-x:auto;font-size:.8rem}code{font-size:.9em}
+.verdict{padding:.5rem .8rem;border-left:6px solid}.verdict.pass{background:#e6f4ef;border-color:#007a5a}
+.verdict.review{background:#fff4e5;border-color:#b35c00}.verdict.fail{background:#fde8e4;border-color:#b3261e}
+.verdict.cannot-judge{background:#eef1f4;border-color:#52606d}
 """
 
 
@@ -356,6 +361,9 @@ def _metrics(rep: HospitalReport) -> dict[str, Any]:
     from app.dashboard import evaluation
 
     labels, probs = rep.predictions.labels, rep.predictions.probs
+    frame = pd.DataFrame({"label": labels, "prob_abnormal": probs, "path": rep.predictions.paths})
+    floor = evaluation.Floor(sensitivity=TARGET_SENSITIVITY)
+    score = evaluation.score_hospital(rep.client, frame, rep.threshold, floor.sensitivity, floor.min_slides)
     matrix = evaluation.confusion(labels, probs, rep.threshold)
     point = evaluation.operating_point(labels, probs, rep.threshold)
     curve = evaluation.roc(labels, probs)
@@ -381,6 +389,9 @@ def _metrics(rep: HospitalReport) -> dict[str, Any]:
         "target": target,
         "sensitivity_ci": evaluation.interval_text(point.sensitivity_interval),
         "specificity_ci": evaluation.interval_text(point.specificity_interval),
+        "score": score,
+        "floor": floor,
+        "verdict": evaluation.verdict(score, floor),
         "warning": " ".join(
             w for w in (evaluation.auc_warning(curve.auc, point), evaluation.target_warning(point, target)) if w
         )
@@ -388,6 +399,8 @@ def _metrics(rep: HospitalReport) -> dict[str, Any]:
     }
 
 
+SLIDES_MEANING = "the slides the test tiles come from; tiles of one slide are not independent"
+AUC_CI = "percentile bootstrap resampling whole slides (2000 resamples, fixed seed), since tiles of a slide go together"
 WILSON = (
     "Wilson score interval over this hospital's test tiles; tiles of one slide are not independent, so the true "
     "uncertainty is wider"
@@ -407,18 +420,91 @@ def _warning(m: dict[str, Any]) -> str | None:
     return None
 
 
+VERDICT_MARK = {"pass": "✔ PASS", "review": "◆ REVIEW", "fail": "✖ FAIL", "cannot judge": "? CANNOT JUDGE"}
+
+
+def _threshold_source(rep: HospitalReport) -> str:
+    return str(rep.card.get("threshold_source") or "the default 0.5") if rep.card else "the default 0.5"
+
+
+def _verdict(m: dict[str, Any]) -> str:
+    """The verdict against the default floor (`app.dashboard.evaluation.verdict`: sensitivity `TARGET_SENSITIVITY`
+    at the card's threshold, at least `MIN_TEST_SLIDES` test slides), icon + word + colour + the reason."""
+    verdict, floor = m["verdict"], m["floor"]
+    kind = verdict.kind.replace(" ", "-")
+    return (
+        f'<p class="verdict {kind}" data-metric="verdict" data-verdict="{_e(verdict.kind)}">'
+        f"<strong>{_e(VERDICT_MARK[verdict.kind])}</strong> {_e(verdict.reason)} "
+        f'<span class="note">(floor: sensitivity {floor.sensitivity:.2f} at the threshold, at least '
+        f"{floor.min_slides} test slides; the dashboard's Verdict page lets you set it)</span></p>"
+    )
+
+
+def _slide_table(rep: HospitalReport, m: dict[str, Any]) -> str:
+    """Every test slide: its name (from prepare's tile names), truth, top-k score and call at the threshold."""
+    slides = m["score"].slide_set
+    if slides is None:
+        return '<p class="note">The tile names do not say which slide they come from: no slide-level results.</p>'
+    names = {}
+    for path in rep.predictions.paths:
+        key = slide_of_tile(path)
+        if key is not None and key not in names:
+            names[key] = slide_stem(path)
+    called = slides.called(rep.threshold)
+    rows = "".join(
+        f'<tr><td>{_e(names.get(key, key))}</td><td>{LABELS[int(label)]}</td><td class="num">{int(tiles)}</td>'
+        f'<td class="num">{score:.3f}</td><td>{"abnormal" if call else "normal"}</td>'
+        f"<td>{'right' if bool(call) == bool(label) else 'WRONG'}</td></tr>"
+        for key, label, tiles, score, call in zip(
+            slides.keys, slides.labels, slides.tiles, slides.scores, called, strict=True
+        )
+    )
+    return (
+        f'<p class="note">Slide calls at threshold {rep.threshold:.2f} ({_e(_threshold_source(rep))}): '
+        f"{_e(slides.rule)}.</p>"
+        '<table data-metric="slide_calls"><tr><th>test slide</th><th>truth</th><th>tiles</th>'
+        f"<th>top-{slides.k} mean</th><th>call</th><th></th></tr>{rows}</table>"
+    )
+
+
 def _metric_rows(rep: HospitalReport, m: dict[str, Any]) -> str:
     engine = rep.engine
+    score = m["score"]
+    slides = score.slide_point
     rows = [
+        ("Test slides", "slides", "unknown" if score.slides is None else str(score.slides), SLIDES_MEANING),
         ("Test tiles", "tiles", str(m["tiles"]), f"{m['abnormal']} abnormal, {m['normal']} normal"),
         ("AUC", "auc", _fmt(m["auc"]), EXPLAIN["auc"]),
+        ("AUC, 95% interval", "auc_ci", interval_text(score.auc_interval) or "undefined", AUC_CI),
         ("Accuracy", "accuracy", _fmt(m["accuracy"]), "share of tiles called right at the threshold"),
         ("Sensitivity", "sensitivity", _fmt(m["sensitivity"]), EXPLAIN["sensitivity"]),
         ("Sensitivity, 95% interval", "sensitivity_ci", m["sensitivity_ci"] or "undefined", WILSON),
         ("Specificity", "specificity", _fmt(m["specificity"]), EXPLAIN["specificity"]),
         ("Specificity, 95% interval", "specificity_ci", m["specificity_ci"] or "undefined", WILSON),
-        ("Threshold", "threshold", f"{rep.threshold:.4g}", "P(abnormal) at or above it calls a tile abnormal"),
+        (
+            "Threshold",
+            "threshold",
+            f"{rep.threshold:.4g}",
+            f"P(abnormal) at or above it calls a tile abnormal; from {_threshold_source(rep)}",
+        ),
     ]
+    if slides is not None and score.slide_set is not None:
+        rule = score.slide_set.rule
+        rows += [
+            (
+                "Slide sensitivity",
+                "slide_sensitivity",
+                _fmt(None if math.isnan(slides.sensitivity) else slides.sensitivity, 3),
+                f"{slides.tp} of {slides.abnormal} abnormal slides called abnormal ({rule})",
+            ),
+            (
+                "Slide specificity",
+                "slide_specificity",
+                _fmt(None if math.isnan(slides.specificity) else slides.specificity, 3),
+                f"{slides.tn} of {slides.normal} normal slides called normal",
+            ),
+            ("Slide AUC", "slide_auc", _fmt(score.slide_auc, 3), "AUC of the slides' top-k scores"),
+        ]
     target = m["target"]
     if target is not None:
         rows.append(
@@ -500,8 +586,34 @@ def _examples(rep: HospitalReport, dataset: Path | None) -> str:
     return "".join(parts)
 
 
+def colour_bar_png(threshold: float) -> bytes:
+    """The heatmaps' colour bar: viridis from the threshold to 1, light grey below it (left uncoloured on the
+    slide), the threshold marked."""
+
+    def draw(ax: Any) -> None:
+        from matplotlib import colormaps
+
+        t = min(max(threshold, 0.0), 1.0)
+        ax.axvspan(0.0, t, color="#e1e1e1")
+        xs = np.linspace(t, 1.0, 128)
+        ax.imshow(xs[None, :], extent=(t, 1.0, 0.0, 1.0), aspect="auto", cmap=colormaps["viridis"], vmin=t, vmax=1.0)
+        ax.axvline(t, color="black", linewidth=2)
+        ax.set_xlim(0.0, 1.0)
+        ax.set_yticks([])
+        ticks = sorted({0.0, 0.5, 1.0, round(t, 2)})
+        ax.set_xticks(ticks, [f"{v:.2f}" if v == round(t, 2) else f"{v:g}" for v in ticks])
+        ax.set_xlabel(f"P(abnormal); grey: below the threshold {t:.2f}, left uncoloured", fontsize=8)
+
+    return _figure_png(draw, size=(4.6, 0.9))
+
+
+def _test_first(entries: list[Path]) -> list[Path]:
+    """Cache entries of test slides first (newest first within each kind), uploads after them."""
+    return sorted(entries, key=lambda e: not e.name.startswith(slide_view.TEST_PREFIX))
+
+
 def _heatmaps(rep: HospitalReport) -> str:
-    entries = slide_view.scored_entries(rep.folder)[:HEATMAPS_SHOWN]
+    entries = _test_first(slide_view.scored_entries(rep.folder))[:HEATMAPS_SHOWN]
     if not entries:
         return (
             '<p class="note">No slide has been scored with this model yet: open the Slide page of the dashboard, '
@@ -518,12 +630,16 @@ def _heatmaps(rep: HospitalReport) -> str:
             continue
         s = scored.summary
         truth = s.get("ground_truth") or {}
+        test = entry.name.startswith(slide_view.TEST_PREFIX)
+        name = Path(str(s.get("file") or s.get("slide"))).name
+        kind = "test slide" if test else "UPLOADED, not one of the hospital's test slides"
+        threshold = float(s.get("threshold", rep.threshold))
         figures = [
+            f"called {s.get('call', 'unknown')} at threshold {threshold:.2f} ({s.get('threshold_source') or 'card'})",
             f"{s.get('tiles')} tiles",
             f"max P(abnormal) {_fmt(s.get('max_probability'), 3)}",
             f"top-{s.get('top_k')} mean {_fmt(s.get('top_k_mean'), 3)}",
-            f"abnormal area {100 * float(s.get('abnormal_area_fraction', 0.0)):.1f}% at threshold "
-            f"{float(s.get('threshold', rep.threshold)):.2f}",
+            f"abnormal area {100 * float(s.get('abnormal_area_fraction', 0.0)):.1f}%",
         ]
         if truth:
             figures.append(
@@ -531,12 +647,15 @@ def _heatmaps(rep: HospitalReport) -> str:
             )
         outline = " The annotation is outlined in white." if (s.get("overlay") or {}).get("outline") else ""
         alt = (
-            f"Heatmap of P(abnormal) over slide {s.get('slide')} (viridis: dark purple 0, yellow 1), blended over "
-            f"the slide.{outline}"
+            f"Heatmap of P(abnormal) over {kind} {name}: tiles at or above the threshold {threshold:.2f} coloured "
+            f"(viridis), the rest of the slide uncoloured.{outline}"
         )
-        caption = f"{s.get('slide')} ({s.get('width')} x {s.get('height')} px): " + "; ".join(figures) + "."
+        caption = f"{name} ({kind}, {s.get('width')} x {s.get('height')} px): " + "; ".join(figures) + "."
+        bar = colour_bar_png(threshold)
+        bar_alt = f"Colour bar: grey below the threshold {threshold:.2f}, viridis from it (dark purple) to 1 (yellow)"
         parts.append(
-            f'<figure data-slide="{_e(s.get("slide"))}">{_img(png, alt, min(width, 520))}'
+            f'<figure data-slide="{_e(name)}" data-kind="{"test" if test else "upload"}">'
+            f"{_img(png, alt, min(width, 520))}<br>{_img(bar, bar_alt, 420)}"
             f"<figcaption>{_e(caption)}{_e(outline)}</figcaption></figure>"
         )
     return f'<div class="figs">{"".join(parts)}</div>' if parts else '<p class="note">No readable heatmap.</p>'
@@ -590,6 +709,7 @@ def render(rep: HospitalReport) -> str:
         f'<p class="use" data-metric="intended_use">{_e(intended_use(dataset))}</p>',
         '<p class="lead">How this hospital\'s own model (the shared layers as deployed plus its own head) does on '
         "the hospital's held-out test tiles, which it never trained on.</p>",
+        _verdict(m),
         f'<h2 id="metrics">Metrics at threshold {rep.threshold:.2f}</h2>',
     ]
     if warning:
@@ -620,6 +740,7 @@ def render(rep: HospitalReport) -> str:
     parts.append('<p class="note">The most confident calls of each kind first; errors are the ones to read.</p>')
     parts.append(_examples(rep, dataset))
     parts.append('<h2 id="slides">Slides</h2>')
+    parts.append(_slide_table(rep, m))
     parts.append(_heatmaps(rep))
     parts.append('<h2 id="settings">Settings and data</h2>')
     parts.append(_settings(rep, dataset))
@@ -649,7 +770,7 @@ def score_one_slide(rep: HospitalReport) -> str | None:
 
     Returns why not when it cannot (no bundle, no raw slides, a bundle that does not fit): the report then says so.
     """
-    if slide_view.scored_entries(rep.folder):
+    if any(e.name.startswith(slide_view.TEST_PREFIX) for e in slide_view.scored_entries(rep.folder)):
         return None
     if not rep.card:
         return "no model card, so no slide could be scored"

@@ -11,7 +11,8 @@ running the network::
                                 <slide>/overlay.png, <slide>/summary.json)
         view/                   the layers the page draws: slide.png (the slide, downscaled to at most
                                 `DISPLAY_MAX` px), heat.png (RGBA: viridis colour of the mean P(abnormal) under the
-                                tiles, transparent elsewhere, as `inference.heatmap`), outline.png (RGBA: the
+                                tiles where it reaches the card's threshold, transparent elsewhere, as
+                                `inference.heatmap`), outline.png (RGBA: the
                                 annotation's outline, white on black) and view.json (sizes and scale)
 
 ``<card key>`` is the bundle's round and a hash of its ``model.json``, so a bundle rewritten by a later round gets
@@ -57,6 +58,7 @@ VIEW_FILES = ("slide.png", "heat.png", "view.json")
 SLIDE_SUFFIXES = (".png", ".tif", ".tiff")
 ANNOTATION_SUFFIXES = (".png", ".svg")
 MAX_PIXELS_ENV = "GASTRIC_FL_MAX_PIXELS"
+TEST_PREFIX = "test-"  # cache entries of the hospital's test slides; uploads' entries are named otherwise
 LIMIT_HINT = "downscale it, or start the dashboard with a larger --max-pixels"
 
 
@@ -78,7 +80,7 @@ class ListedSlide:
     @property
     def key(self) -> str:
         """The cache entry's name for this slide."""
-        return "test-" + safe_name(self.source)
+        return TEST_PREFIX + safe_name(self.source)
 
 
 @dataclass(frozen=True)
@@ -388,14 +390,18 @@ def _layers(
     mean: npt.NDArray[np.float64],
     covered: npt.NDArray[np.bool_],
     scale: float,
+    threshold: float | None = None,
 ) -> dict[str, bytes]:
-    """slide.png, heat.png and (with an annotation) outline.png at the display scale."""
+    """slide.png, heat.png and (with an annotation) outline.png at the display scale; heat.png is opaque only where
+    the mean probability reaches ``threshold`` (`inference.heatmap.visible`)."""
+    from inference.heatmap import visible
+
     height, width = image.shape[:2]
     size_out = (max(1, round(width * scale)), max(1, round(height * scale)))
     base = image if scale == 1.0 else cv2.resize(image, size_out, interpolation=cv2.INTER_AREA)
     levels = np.clip(np.rint(mean * 255.0), 0, 255).astype(np.uint8)
     colours = cv2.cvtColor(cv2.applyColorMap(levels, cv2.COLORMAP_VIRIDIS), cv2.COLOR_BGR2RGB)
-    heat = np.dstack([colours, np.where(covered, 255, 0).astype(np.uint8)])
+    heat = np.dstack([colours, np.where(visible(mean, covered, threshold), 255, 0).astype(np.uint8)])
     layers = {"slide.png": _png(np.ascontiguousarray(base)), "heat.png": _png(np.ascontiguousarray(heat))}
     if cancer is not None and cancer.any():
         region: npt.NDArray[np.uint8] = cancer.astype(np.uint8)
@@ -436,7 +442,8 @@ def score(folder: Path, slide: Path, entry: Path, max_pixels: int = DEFAULT_MAX_
     ys = np.array([int(r["y"]) for r in rows], dtype=np.int64)
     probability = np.array([float(r["probability"]) for r in rows], dtype=np.float64)
     mean, covered = probability_map(xs, ys, int(summary["tile_size_px"]), probability, (height, width), scale)
-    for name, payload in _layers(decoded.image, decoded.cancer, mean, covered, scale).items():
+    layers = _layers(decoded.image, decoded.cancer, mean, covered, scale, float(summary["threshold"]))
+    for name, payload in layers.items():
         write_atomic(entry / "view" / name, payload)
     view = {
         "slide": str(slide.resolve()),

@@ -2,9 +2,10 @@
 
 Each pixel covered by scored tiles shows the mean ``P(abnormal)`` of the tiles covering it (tiles overlap when the
 grid's stride is below the tile size), coloured with *viridis* (perceptually uniform and readable with red-green
-colour blindness: dark purple = 0, yellow = 1), blended half-and-half over the slide; pixels no tile covers
-(background, glass) show the slide unchanged. The annotation, when known, is outlined in white on black so that it
-stands out on both ends of the colormap.
+colour blindness: dark purple = 0, yellow = 1), blended half-and-half over the slide, where that mean is at least
+the decision threshold; below it (and where no tile covers the slide: background, glass) the slide shows unchanged,
+so the tissue stays readable and the colour marks only what the model calls abnormal (`visible`). The annotation,
+when known, is outlined in white on black so that it stands out on both ends of the colormap.
 
 The overlay has the slide's size, unless the slide's longer side exceeds ``max_side``: then slide, map and outline
 are downscaled by ``scale = max_side / longer side`` (recorded in ``summary.json``).
@@ -73,6 +74,14 @@ def probability_map(
     return mean, covered
 
 
+def visible(
+    mean: npt.NDArray[np.float64], covered: npt.NDArray[np.bool_], threshold: float | None
+) -> npt.NDArray[np.bool_]:
+    """Where the heatmap is drawn: pixels under a tile whose mean probability is at least ``threshold`` (every
+    covered pixel when ``threshold`` is ``None``)."""
+    return covered if threshold is None else covered & (mean >= threshold)
+
+
 def render_overlay(
     image: RGBImage,
     xs: npt.NDArray[np.int64],
@@ -81,8 +90,10 @@ def render_overlay(
     probability: npt.NDArray[np.float64],
     cancer: npt.NDArray[np.bool_] | None,
     max_side: int,
+    threshold: float | None = None,
 ) -> tuple[RGBImage, float]:
-    """The overlay (RGB ``uint8``) and the scale it was drawn at (1.0: the slide's own size)."""
+    """The overlay (RGB ``uint8``) and the scale it was drawn at (1.0: the slide's own size); colour only where
+    the mean probability reaches ``threshold`` (`visible`)."""
     height, width = image.shape[:2]
     scale = min(1.0, max_side / max(height, width))
     size_out = (max(1, round(width * scale)), max(1, round(height * scale)))
@@ -91,7 +102,7 @@ def render_overlay(
     levels = np.clip(np.rint(mean * 255.0), 0, 255).astype(np.uint8)
     colours = cv2.cvtColor(cv2.applyColorMap(levels, cv2.COLORMAP_VIRIDIS), cv2.COLOR_BGR2RGB)
     blended = cv2.addWeighted(base, 1.0 - ALPHA, colours, ALPHA, 0.0)
-    out = np.where(covered[:, :, None], blended, base).astype(np.uint8)
+    out = np.where(visible(mean, covered, threshold)[:, :, None], blended, base).astype(np.uint8)
     if cancer is not None and cancer.any():
         region: npt.NDArray[np.uint8] = cancer.astype(np.uint8)
         if scale != 1.0:

@@ -335,13 +335,14 @@ def predict_slide(
         },
         **summarise(tiles, card, chosen, top_k, (height, width), None if threshold is None else "--threshold"),
     }
-    overlay, scale = render_overlay(slide.image, tiles.xs, tiles.ys, tiles.size, prob, slide.cancer, max_side)
+    overlay, scale = render_overlay(slide.image, tiles.xs, tiles.ys, tiles.size, prob, slide.cancer, max_side, chosen)
     summary["overlay"] = {
         "file": "overlay.png",
         "width": int(overlay.shape[1]),
         "height": int(overlay.shape[0]),
         "scale": scale,
         "colormap": COLORMAP,
+        "shown_from": chosen,
         "outline": "ground-truth annotation (white on black)" if slide.cancer is not None else None,
     }
     if warnings:

@@ -36,7 +36,7 @@ SLIDE_RULE = "a slide is abnormal when the mean of its {k} highest tile probabil
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 20261124
 # prepare's tile names: <slide index, 5 digits>_<slide stem>_x<x>_y<y>.png (pipeline.tiling.tile_name)
-TILE_NAME = re.compile(r"^(\d{5})_.*_x\d+_y\d+\.png$")
+TILE_NAME = re.compile(r"^(\d{5})_(.*)_x\d+_y\d+\.png$")
 
 
 def slide_of_tile(path: str) -> str | None:
@@ -44,6 +44,14 @@ def slide_of_tile(path: str) -> str | None:
     ``prepare`` writes it (`pipeline.tiling.tile_name`); ``None`` for a name of another form."""
     match = TILE_NAME.match(str(path).replace("\\", "/").rsplit("/", 1)[-1])
     return match.group(1) if match else None
+
+
+def slide_stem(path: str) -> str:
+    """The slide's name as prepare put it into a tile's file name (its stem, odd characters as ``_``), or the tile's
+    own name when it is not of prepare's form."""
+    name = str(path).replace("\\", "/").rsplit("/", 1)[-1]
+    match = TILE_NAME.match(name)
+    return match.group(2) if match else name
 
 
 def slides_of_tiles(paths: Sequence[str] | npt.ArrayLike) -> list[str] | None:

@@ -223,3 +223,42 @@ def test_building_a_report_imports_no_torch(data: TrainedRoot) -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "False"
+
+
+def test_the_report_gives_the_verdict_slide_calls_and_test_slides_first(data: TrainedRoot) -> None:
+    """Issue 23: the verdict against the default floor, every test slide with its call, the AUC interval by slide,
+    the threshold's source, and heatmaps of test slides before uploads, captioned by file name, with a colour bar."""
+    from app import slide_view
+    from app.dashboard import evaluation
+    from app.report_html import load_hospital, report_html, score_one_slide
+    from models.bundle import set_threshold
+
+    set_threshold(data.hospital(0), 0.35, "set by hand")
+    assert score_one_slide(load_hospital(data.run, 0)) is None
+    page = report_html(data.run, 0)
+    rep = load_hospital(data.run, 0)
+    import pandas as pd
+
+    frame = pd.DataFrame({"label": rep.predictions.labels, "prob_abnormal": rep.predictions.probs,
+                          "path": rep.predictions.paths})  # fmt: skip
+    score = evaluation.score_hospital(0, frame, 0.35, 0.9)
+    expected = evaluation.verdict(score, evaluation.Floor())
+    assert f'data-verdict="{expected.kind}"' in page
+    assert expected.reason.replace("'", "&#x27;") in page
+    assert _metric(page, "threshold") == "0.35"
+    assert "from set by hand" in page
+    assert score.slides is not None and _metric(page, "slides") == str(score.slides)
+    assert _metric(page, "auc_ci") == evaluation.interval_text(score.auc_interval)
+    table = page.split('data-metric="slide_calls"')[1].split("</table>")[0]
+    assert table.count("<tr>") == 1 + score.slides  # header + one row per test slide
+    assert score.slide_point is not None
+    assert table.count("<td>abnormal</td><td>") >= 1
+    figure = re.search(r'<figure data-slide="([^"]+)" data-kind="(\w+)">', page)
+    assert figure and figure.group(2) == "test"
+    entries = slide_view.scored_entries(data.hospital(0))
+    assert entries and all(e.name.startswith(slide_view.TEST_PREFIX) for e in entries)
+    summary = slide_view.load(entries[0]).summary  # type: ignore[union-attr]
+    assert figure.group(1) == Path(summary["file"]).name
+    assert summary["threshold"] == 0.35 and summary["threshold_source"] == "set by hand"
+    assert f"called {summary['call']} at threshold 0.35 (set by hand)" in page
+    assert "Colour bar: grey below the threshold 0.35" in page

@@ -77,6 +77,19 @@ def _runs_with_models() -> list[RunInfo]:
     return [r for r in ui.all_runs() if slide_view.bundle_folders(r.path)]
 
 
+def _threshold_scale(threshold: float) -> list[list[Any]]:
+    """The colour bar's scale: light grey below ``threshold`` (the heatmap leaves those tiles uncoloured), viridis
+    from it up (plotly's own Viridis samples), so the bar shows where colouring starts."""
+    from plotly.colors import sample_colorscale
+
+    t = min(max(threshold, 0.0), 1.0)
+    stops = [t + (1.0 - t) * i / 8 for i in range(9)]
+    colours = sample_colorscale("Viridis", stops)
+    grey = "rgb(225,225,225)"
+    scale: list[list[Any]] = [[0.0, grey], [t, grey]] if t > 0 else []
+    return scale + [[stop, colour] for stop, colour in zip(stops, colours, strict=True)]
+
+
 def _figure(scored: slide_view.ScoredSlide, opacity: float, picked: int) -> go.Figure:
     """Slide, heatmap (at ``opacity``) and outline as image layers in slide pixels, tiles as clickable points."""
     step = 1.0 / scored.scale
@@ -111,13 +124,18 @@ def _figure(scored: slide_view.ScoredSlide, opacity: float, picked: int) -> go.F
                 "symbol": "square",
                 "size": marker_px,
                 "color": scored.probability,
-                "colorscale": "Viridis",
+                "colorscale": _threshold_scale(scored.threshold),
                 "cmin": 0.0,
                 "cmax": 1.0,
                 "opacity": 0.0,
                 "showscale": True,
                 "colorbar": {
-                    "title": {"text": "P(abnormal)", "side": "right"},
+                    "title": {"text": f"P(abnormal); grey: below the threshold {scored.threshold:.2f}"},
+                    "tickvals": sorted({0.0, 0.25, 0.5, 0.75, 1.0, round(scored.threshold, 2)}),
+                    "ticktext": [
+                        f"▲{v:.2f}" if v == round(scored.threshold, 2) else f"{v:g}"
+                        for v in sorted({0.0, 0.25, 0.5, 0.75, 1.0, round(scored.threshold, 2)})
+                    ],
                     "orientation": "h",
                     "thickness": 12,
                     "y": -0.02,
@@ -173,6 +191,14 @@ def _summary(scored: slide_view.ScoredSlide) -> None:
     s = scored.summary
     threshold = scored.threshold
     truth = s.get("ground_truth")
+    call = s.get("call")
+    if call is not None:
+        source = s.get("threshold_source") or "the model card"
+        rule = str(s.get("call_rule") or "")
+        mark = ":red-background[**abnormal**]" if call == "abnormal" else ":blue-background[**normal**]"
+        icon = ":material/report:" if call == "abnormal" else ":material/check_circle:"
+        st.markdown(f"{icon} Slide call: {mark} at threshold {threshold:.2f} ({source}).")
+        st.caption(f"The rule: {rule}.")
     figures = [
         ("Tiles scored", f"{s['tiles']}", "tissue squares of the tile grid, cut as prepare cuts them"),
         ("Max P(abnormal)", f"{s['max_probability']:.3f}", "the probability of the most suspicious tile"),
@@ -265,15 +291,17 @@ def _show(scored: slide_view.ScoredSlide, key: str, names: dict[Path, str]) -> N
             selection_mode="points",
             config={"displaylogo": False, "scrollZoom": True},
             alt=(
-                f"Heatmap of P(abnormal) over {scored.summary['slide']} ({scored.width} x {scored.height} px), "
-                f"viridis: dark purple 0, yellow 1.{outline}"
+                f"Heatmap of P(abnormal) over {scored.summary['slide']} ({scored.width} x {scored.height} px): tiles "
+                f"at or above the threshold {scored.threshold:.2f} coloured (viridis: dark purple low, yellow 1), the "
+                f"rest of the slide uncoloured.{outline}"
             ),
         )
         st.caption(
             f"{scored.summary['slide']}, {scored.width} x {scored.height} px"
             + ("" if scored.scale == 1.0 else f", drawn at {scored.scale:.0%}")
-            + ". Colour: mean P(abnormal) of the tiles covering each pixel (viridis: dark purple 0, yellow 1)."
-            + outline
+            + f". Colour: mean P(abnormal) of the tiles covering each pixel, where it is at least the threshold "
+            f"{scored.threshold:.2f} (viridis: dark purple at the threshold, yellow 1); below it the tissue is left "
+            "uncoloured." + outline
         )
 
 
