@@ -48,9 +48,11 @@ def register(app: typer.Typer) -> None:
         from federation.errors import FederationError
         from federation.report import (
             HOSPITAL_COLUMNS,
+            OPERATING_COLUMNS,
             SUMMARY_COLUMNS,
             load_run,
             markdown_table,
+            operating_points,
             per_hospital,
             runs_intended_use,
             summarise,
@@ -85,6 +87,9 @@ def register(app: typer.Typer) -> None:
             out = results[0].run_dir
         typer.echo(markdown_table(summarise(results), SUMMARY_COLUMNS))
         typer.echo(markdown_table(per_hospital(results), HOSPITAL_COLUMNS))
+        operating = operating_points(results)
+        if operating:
+            typer.echo(markdown_table(operating, OPERATING_COLUMNS))
         paths = write_report(results, out)
         typer.echo(f"wrote {', '.join(str(p) for p in paths.values())}", err=True)
         typer.echo(f"note: {runs_intended_use(results)}", err=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import statistics
 import tomllib
@@ -326,6 +327,67 @@ def per_hospital(runs: Sequence[RunResult]) -> list[dict[str, Any]]:
     return rows
 
 
+OPERATING_COLUMNS: tuple[str, ...] = (
+    "run",
+    "client",
+    "threshold",
+    "threshold from",
+    "test slides",
+    "sensitivity (95% CI)",
+    "specificity (95% CI)",
+    "AUC 95% CI (slides)",
+    "slide sensitivity",
+    "slide specificity",
+)
+
+
+def _with_interval(value: Any, interval: Any) -> str | None:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    if isinstance(interval, list) and len(interval) == 2:
+        return f"{value:.3f} ({interval[0]:.2f}\u2013{interval[1]:.2f})"
+    return f"{value:.3f}"
+
+
+def operating_points(runs: Sequence[RunResult]) -> list[dict[str, Any]]:
+    """One row per run x hospital whose model card is on this machine (``hospitals/client_XX/model.json``, written
+    by the hospital after each round; `federation.engine.export.card_metrics`): its operating threshold and where it
+    came from, test slides, sensitivity and specificity with their 95% Wilson intervals, the AUC's interval
+    resampled by slide, and the slide calls' sensitivity and specificity (`models.decision`, issue 23). A deployed
+    run's server holds no card: the section is then empty."""
+    rows: list[dict[str, Any]] = []
+    for run in runs:
+        for path in sorted((run.run_dir / "hospitals").glob("client_[0-9][0-9]/model.json")):
+            try:
+                card = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            metrics = card.get("metrics") if isinstance(card, dict) else None
+            if not isinstance(metrics, dict) or "sensitivity" not in metrics:
+                continue
+            found = metrics.get("slide_level")
+            slide: dict[str, Any] = found if isinstance(found, dict) else {}
+            auc_ci = metrics.get("auc_ci_by_slide")
+            auc_text = (
+                f"{auc_ci[0]:.2f}\u2013{auc_ci[1]:.2f}" if isinstance(auc_ci, list) and len(auc_ci) == 2 else None
+            )
+            rows.append(
+                {
+                    "run": run.name,
+                    "client": int(card.get("client", path.parent.name.removeprefix("client_"))),
+                    "threshold": card.get("threshold"),
+                    "threshold from": card.get("threshold_source") or "the default 0.5",
+                    "test slides": metrics.get("slides"),
+                    "sensitivity (95% CI)": _with_interval(metrics.get("sensitivity"), metrics.get("sensitivity_ci")),
+                    "specificity (95% CI)": _with_interval(metrics.get("specificity"), metrics.get("specificity_ci")),
+                    "AUC 95% CI (slides)": auc_text,
+                    "slide sensitivity": slide.get("sensitivity"),
+                    "slide specificity": slide.get("specificity"),
+                }
+            )
+    return rows
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return "-"
@@ -400,7 +462,12 @@ def write_report(runs: Sequence[RunResult], out_dir: Path) -> dict[str, Path]:
     }
     problems = [problem for run in runs for problem in run.problems]
     text = render_markdown(
-        rows, hospitals, curves=paths["curves"].name, problems=problems, intended=runs_intended_use(runs)
+        rows,
+        hospitals,
+        curves=paths["curves"].name,
+        problems=problems,
+        intended=runs_intended_use(runs),
+        operating=operating_points(runs),
     )
     atomic_write_text(paths["markdown"], text)
     atomic_write_text(paths["csv"], csv_text(rows, SUMMARY_COLUMNS))
@@ -422,6 +489,7 @@ def render_markdown(
     curves: str | None = None,
     problems: Sequence[str] = (),
     intended: str = INTENDED_USE,
+    operating: Sequence[Mapping[str, Any]] = (),
 ) -> str:
     """The report as Markdown: its intended use (`pipeline.provenance`), problems found in the run files (if any),
     the run table, the per-hospital table and (optionally) the curves image."""
@@ -433,6 +501,15 @@ def render_markdown(
         "\n## Per hospital (last complete round)\n",
         markdown_table(hospitals, HOSPITAL_COLUMNS),
     ]
+    if operating:
+        parts += [
+            "\n## Operating point (each hospital's model card)\n",
+            "At each hospital's own threshold: sensitivity and specificity with 95% Wilson intervals over its test "
+            "tiles (too narrow: tiles of a slide go together), the AUC's 95% interval resampled by slide, and the "
+            "slide calls (a slide is abnormal when the mean of its 5 highest tile probabilities reaches the "
+            "threshold).\n",
+            markdown_table(operating, OPERATING_COLUMNS),
+        ]
     if problems:
         listed = "\n".join(f"- {problem}" for problem in problems)
         parts[1:1] = [

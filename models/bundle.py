@@ -36,6 +36,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from models.decision import DEFAULT_THRESHOLD
 from models.errors import ModelError
 from models.preprocess import Preprocess
 from models.registry import MODEL_NAMES, create_model
@@ -46,7 +47,6 @@ CARD_FILE = "model.json"
 WEIGHTS_FILE = "model.safetensors"
 CARD_FORMAT = "gastric-fl model card"
 CARD_VERSION = 1
-DEFAULT_THRESHOLD = 0.5
 THRESHOLD_DEFAULT_SOURCE = "the default 0.5"
 
 

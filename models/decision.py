@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+DEFAULT_THRESHOLD = 0.5  # a new model card's decision threshold (models.bundle), until one is chosen
 SLIDE_TOP_K = 5
 SLIDE_RULE = "a slide is abnormal when the mean of its {k} highest tile probabilities is at least the threshold"
 BOOTSTRAP_RESAMPLES = 2000

@@ -25,9 +25,12 @@ for _param, _key in (("run", ui.RUN_KEY), ("dataset", ui.DATASET_KEY)):
         st.session_state[_key] = st.query_params[_param]
         st.session_state[f"_query_{_param}"] = True
 
+# A clinician lands on the verdict once a finished run with predictions exists; before that, on the data.
+verdict_first = ui.finished_run_exists()
 navigation = st.navigation(
     [
-        st.Page(str(PAGES / "data.py"), title="Data", icon=":material/dataset:", default=True),
+        st.Page(str(PAGES / "verdict.py"), title="Verdict", icon=":material/gavel:", default=verdict_first),
+        st.Page(str(PAGES / "data.py"), title="Data", icon=":material/dataset:", default=not verdict_first),
         st.Page(str(PAGES / "federation.py"), title="Federation", icon=":material/hub:"),
         st.Page(str(PAGES / "hospital.py"), title="Hospital", icon=":material/local_hospital:"),
         st.Page(str(PAGES / "slide.py"), title="Slide", icon=":material/biotech:"),

@@ -19,8 +19,8 @@ from typing import Any, ParamSpec
 
 import streamlit as st
 
-from app.dashboard import jobs, paths, settings
-from app.dashboard.datasets import PreparedDataset, list_datasets, load_manifest
+from app.dashboard import evaluation, jobs, paths, settings
+from app.dashboard.datasets import PreparedDataset, hospital_label, list_datasets, load_manifest
 from app.dashboard.errors import DashboardError
 from app.dashboard.runs import RunInfo, list_runs
 from pipeline import provenance
@@ -207,6 +207,13 @@ def all_runs() -> list[RunInfo]:
     return list_runs(paths.runs_root(root()))
 
 
+def finished_run_exists() -> bool:
+    """Whether a finished run with hospital predictions exists (the dashboard then opens on the Verdict page)."""
+    from app.dashboard.runs import prediction_files
+
+    return any(r.status == "finished" and not r.damaged and prediction_files(r.path) for r in all_runs())
+
+
 def terminal_busy() -> str | None:
     """A run started from a terminal that is still training (its ``summary.json`` pid is alive), if any."""
     records = jobs_dir()
@@ -308,3 +315,55 @@ def tile_image(path: Path, caption: str, alt: str) -> None:
         st.caption(f":material/broken_image: cannot read {path.name}; {caption}")
         return
     st.image(data, caption=caption, alt=alt, width="stretch")
+
+
+# --- the clinical floor and the operating threshold, shared by the Verdict and Hospital pages ---------------------
+
+FLOOR_KEYS = {"sensitivity": "floor_sensitivity", "min_slides": "floor_min_slides", "specificity": "floor_specificity"}
+
+
+def floor_controls(page: str) -> evaluation.Floor:
+    """The clinical floor's three inputs (sensitivity at the operating threshold, minimum test slides, specificity
+    below which a passing model goes to review), remembered across pages: each page's widgets start from the shared
+    values (plain session keys, which Streamlit keeps when a page is left) and write back to them."""
+    default = evaluation.Floor()
+    fields = (
+        ("sensitivity", "Floor: sensitivity", float(default.sensitivity), 0.01, 1.0, 0.05, "%.2f",
+         "The sensitivity a hospital's model must reach at its operating threshold, on tiles and on abnormal slides."),
+        ("min_slides", "Floor: minimum test slides", int(default.min_slides), 1, 1000, 1, None,
+         "Below this many test slides a hospital cannot be judged: tiles of one slide are not independent."),
+        ("specificity", "Review below specificity", float(default.specificity), 0.0, 1.0, 0.05, "%.2f",
+         "A model that meets the sensitivity floor but calls more normal tiles abnormal than this goes to review."),
+    )  # fmt: skip
+    values: dict[str, float | int] = {}
+    for column, (name, label, start, low, high, step, fmt, help_text) in zip(st.columns(3), fields, strict=True):
+        shared, widget = FLOOR_KEYS[name], f"{page}_{FLOOR_KEYS[name]}"
+        st.session_state[widget] = st.session_state.get(shared, start)
+
+        def remember(shared: str = shared, widget: str = widget) -> None:
+            st.session_state[shared] = st.session_state[widget]
+
+        kwargs: dict[str, Any] = {"format": fmt} if fmt else {}
+        values[name] = column.number_input(
+            label, min_value=low, max_value=high, step=step, key=widget, on_change=remember, help=help_text, **kwargs
+        )
+    return evaluation.Floor(float(values["sensitivity"]), int(values["min_slides"]), float(values["specificity"]))
+
+
+def save_threshold_button(run: Path, hospital: int, value: float, source: str, label: str, key: str) -> None:
+    """A button that saves ``value`` as the hospital's operating threshold into its model bundle
+    (`app.operating.save`): the Slide page, its calls, the HTML report and ``predict`` then use it."""
+    if not st.button(label, key=key, icon=":material/save:"):
+        return
+    from app import operating
+
+    try:
+        card = operating.save(operating.hospital_folder(run, hospital), value, source)
+    except (DashboardError, ValueError) as exc:
+        st.error(str(exc), icon=":material/error:")
+        return
+    st.success(
+        f"Saved: {hospital_label(hospital)} now decides at threshold {card.threshold:.2f} ({card.threshold_source}). "
+        "The Slide page, the HTML report and `gastric-fl predict` use it.",
+        icon=":material/check_circle:",
+    )

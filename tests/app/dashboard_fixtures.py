@@ -34,15 +34,14 @@ XI = [
 
 
 def open_page(name: str, state: dict[str, object] | None = None, timeout: float = 90) -> AppTest:
-    """The dashboard run through AppTest with ``state`` in its session, switched to ``views/<name>.py`` (the Data
-    page is the one it opens on), with no exception raised on the way."""
+    """The dashboard run through AppTest with ``state`` in its session, switched to ``views/<name>.py`` (it opens on
+    the Verdict page when a finished run exists, else on the Data page), with no exception raised on the way."""
     at = AppTest.from_file(MAIN, default_timeout=timeout)
     for key, value in (state or {}).items():
         at.session_state[key] = value
     at.run()
-    if name != "data":
-        at.switch_page(f"views/{name}.py")
-        at.run()
+    at.switch_page(f"views/{name}.py")
+    at.run()
     assert not at.exception, [e.value for e in at.exception]
     return at
 

@@ -224,7 +224,7 @@ def test_scorecard_warns_where_a_high_auc_hides_a_poor_sensitivity(hidden_root: 
     assert table.loc["Hospital 1", "sensitivity"] == 1.0
     assert table.loc["Hospital 1", "specificity"] == 0.6
     # A looser target allows higher thresholds: the ceil(0.5 n)-th highest abnormal probability of each hospital.
-    at.number_input(key="target_sensitivity").set_value(0.5)
+    at.number_input(key="hospital_floor_sensitivity").set_value(0.5)
     at.run()
     table = _scorecard(at)
     assert table["threshold for target"].tolist() == [0.7, 0.45]

@@ -215,7 +215,7 @@ def test_the_report_download_is_the_hospitals_html_report(data: TrainedRoot, mon
         return re.sub(r"Written \S+ by", "Written ... by", text)
 
     assert stable(page) == stable(direct)
-    assert f'data-slide="{Path(source).stem}"' in page  # the slide scored on the page is in the report
+    assert f'data-slide="{Path(source).name}"' in page  # the slide scored on the page is in the report, by file name
     assert not list(data.run.rglob("*.html"))  # served from memory: the page writes no report anywhere
     # the same document as the file gastric-fl report --html writes, which goes into the hospital's own folder
     (written,) = report_html.write_html_reports([data.run], hospitals=[0], score_missing=False)
@@ -377,3 +377,34 @@ def test_page_messages_name_kept_files_as_uploaded(tmp_path: Path) -> None:
     text = f"{entry / 'slide' / 'a_b.png'}: cannot decode image; a_b_mask.png is 3x3; data_a_b.png stays"
     assert slide_view.shown_text(text, names) == "a b.png: cannot decode image; a b mask.png is 3x3; data_a_b.png stays"
     assert slide_view.kept_names(tmp_path / "slides" / "round_0001-abc" / "test-s01.png") == {}
+
+
+def test_the_saved_threshold_makes_the_slide_call_and_colours_the_heatmap(data: TrainedRoot) -> None:
+    """Issue 23, items 4 and 6: the threshold saved into the bundle is the one the Slide page calls the slide at, and
+    says so; the heatmap layer is transparent where the probability is below it, and the colour bar marks it."""
+    from models.bundle import set_threshold
+
+    set_threshold(data.hospital(0), 0.49, "set by hand")
+    source = data.test_slides(0, "abnormal")[0]
+    at = _pick_slide(open_page("slide", timeout=TIMEOUT_S), source)
+    summary = json.loads(next((data.hospital(0) / "slides").rglob("summary.json")).read_text())
+    assert summary["threshold"] == 0.49
+    text = " ".join(str(m.value) for m in at.markdown)
+    assert f"Slide call: :{'red' if summary['call'] == 'abnormal' else 'blue'}-background[**{summary['call']}**]" in text
+    assert "at threshold 0.49 (set by hand)" in text
+    spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+    bar = next(t for t in spec["data"] if t.get("name") == "tiles")["marker"]
+    assert "▲0.49" in bar["colorbar"]["ticktext"]
+    assert bar["colorscale"][1] == [0.49, "rgb(225,225,225)"]  # grey up to the threshold
+    heat = next((data.hospital(0) / "slides").rglob("heat.png"))
+    rgba = cv2.imread(str(heat), cv2.IMREAD_UNCHANGED)
+    tiles = _layers(at)["tiles"]
+    probabilities = _array(tiles["marker"]["color"])
+    xs, ys = _array(tiles["x"]), _array(tiles["y"])
+    assert rgba.shape[:2] == (summary["height"], summary["width"])  # drawn at the slide's size: no scaling
+    assert summary["stride_px"] == summary["tile_size_px"]  # tiles do not overlap: each pixel has one tile's value
+    below = probabilities < 0.49
+    assert below.any()
+    assert (~below).any()
+    alpha = rgba[ys.round().astype(int), xs.round().astype(int), 3]  # at each tile's centre
+    assert (alpha == np.where(below, 0, 255)).all()

@@ -247,18 +247,44 @@ def test_the_report_gives_the_verdict_slide_calls_and_test_slides_first(data: Tr
     assert expected.reason.replace("'", "&#x27;") in page
     assert _metric(page, "threshold") == "0.35"
     assert "from set by hand" in page
-    assert score.slides is not None and _metric(page, "slides") == str(score.slides)
+    assert score.slides is not None
+    assert _metric(page, "slides") == str(score.slides)
     assert _metric(page, "auc_ci") == evaluation.interval_text(score.auc_interval)
     table = page.split('data-metric="slide_calls"')[1].split("</table>")[0]
     assert table.count("<tr>") == 1 + score.slides  # header + one row per test slide
     assert score.slide_point is not None
     assert table.count("<td>abnormal</td><td>") >= 1
     figure = re.search(r'<figure data-slide="([^"]+)" data-kind="(\w+)">', page)
-    assert figure and figure.group(2) == "test"
+    assert figure
+    assert figure.group(2) == "test"
     entries = slide_view.scored_entries(data.hospital(0))
-    assert entries and all(e.name.startswith(slide_view.TEST_PREFIX) for e in entries)
+    assert entries
+    assert all(e.name.startswith(slide_view.TEST_PREFIX) for e in entries)
     summary = slide_view.load(entries[0]).summary  # type: ignore[union-attr]
     assert figure.group(1) == Path(summary["file"]).name
-    assert summary["threshold"] == 0.35 and summary["threshold_source"] == "set by hand"
+    assert summary["threshold"] == 0.35
+    assert summary["threshold_source"] == "set by hand"
     assert f"called {summary['call']} at threshold 0.35 (set by hand)" in page
     assert "Colour bar: grey below the threshold 0.35" in page
+
+
+def test_report_md_gives_each_hospitals_operating_point_from_its_card(
+    data: TrainedRoot, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from models.bundle import read_card, set_threshold
+
+    set_threshold(data.hospital(1), 0.3, "set by hand")
+    assert run_cli(monkeypatch, "report", str(data.run)) == 0
+    printed = capsys.readouterr().out
+    text = (data.run / "report.md").read_text(encoding="utf-8")
+    assert "## Operating point (each hospital's model card)" in text
+    card = read_card(data.hospital(0)).metrics
+    low, high = card["sensitivity_ci"]
+    section = text.split("## Operating point")[1].splitlines()
+    row = next(line for line in section if line.startswith(f"| {data.run.name} | 0 |"))
+    assert f"{card['sensitivity']:.3f} ({low:.2f}\u2013{high:.2f})" in row
+    assert f"| {card['slides']} |" in row
+    assert "the default 0.5" in row
+    hand = next(line for line in section if line.startswith(f"| {data.run.name} | 1 |"))
+    assert "| 0.3000 | set by hand |" in hand
+    assert hand in printed  # the command prints the same table

@@ -96,10 +96,12 @@ def test_slide_level_scorecard_columns() -> None:
     assert score.slide_point is not None
     assert (score.slide_point.tp, score.slide_point.fn, score.slide_point.tn, score.slide_point.fp) == (1, 1, 1, 0)
     assert score.slide_auc == 1.0  # slide scores 0.75, 0.4 against 0.3
-    assert score.auc_interval is not None and score.auc_interval.slides == 3
+    assert score.auc_interval is not None
+    assert score.auc_interval.slides == 3
     row = evaluation.scorecard_table([score]).iloc[0]
     assert row["missed slides"] == "1 of 2"
-    assert row["slide sensitivity"] == 0.5 and row["slide specificity"] == 1.0
+    assert row["slide sensitivity"] == 0.5
+    assert row["slide specificity"] == 1.0
     assert row["AUC 95% CI"] == evaluation.interval_text(score.auc_interval) != ""
 
 

@@ -34,7 +34,8 @@ def test_threshold_from_the_floor_is_saved_and_used_by_predict(
     run = _copy_bundle(tiny_run, tmp_path)
     folder = run / "hospitals" / "client_00"
     before = read_card(folder)
-    assert before.threshold == 0.5 and before.threshold_source == "the default 0.5"
+    assert before.threshold == 0.5
+    assert before.threshold_source == "the default 0.5"
     weights = (folder / "model.safetensors").read_bytes()
 
     assert run_cli(monkeypatch, "threshold", str(run), "--hospital", "0", "--sensitivity", "0.9") == 0
@@ -93,7 +94,9 @@ def test_threshold_refusals_are_one_line(
     card = (run / "hospitals" / "client_00" / "model.json").read_bytes()
     assert run_cli(monkeypatch, "threshold", str(run), "--hospital", "0", *extra) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and "\n" not in err and words in err, err
+    assert err.startswith("error: "), err
+    assert "\n" not in err
+    assert words in err, err
     assert (run / "hospitals" / "client_00" / "model.json").read_bytes() == card
     assert run_cli(monkeypatch, "threshold", str(run), "--hospital", "7", "--value", "0.3") == 2
     assert "client_07" in capsys.readouterr().err
@@ -106,7 +109,8 @@ def test_set_threshold_keeps_everything_else(tiny_run: TinyRun, tmp_path: Path) 
     after = set_threshold(folder, 0.25, "set by hand")
     assert (after.threshold, after.threshold_source) == (0.25, "set by hand")
     assert read_card(folder) == after
-    assert after.metrics == before.metrics and after.round == before.round
+    assert after.metrics == before.metrics
+    assert after.round == before.round
     with pytest.raises(BundleError, match="say where"):
         set_threshold(folder, 0.25, " ")
 

@@ -53,7 +53,8 @@ def test_slide_bootstrap_auc_exact_on_given_resamples() -> None:
     )
     interval = decision.slide_bootstrap_auc(KEYS, LABELS, PROBS, resamples)
     assert interval is not None
-    assert interval.resamples == 3 and interval.slides == 3
+    assert interval.resamples == 3
+    assert interval.slides == 3
     # np.percentile (linear) of [0.5, 5/6, 1.0] at 2.5 and 97.5: 0.5 + 0.05 x (1/3) and 5/6 + 0.95 x (1/6)
     assert interval.low == pytest.approx(0.5 + 0.05 / 3)
     assert interval.high == pytest.approx(5 / 6 + 0.95 / 6)
@@ -83,7 +84,9 @@ def test_slide_bootstrap_auc_matches_sklearn_on_duplicated_tiles() -> None:
 def test_bootstrap_is_reproducible_and_undefined_cases() -> None:
     first = decision.slide_bootstrap_auc(KEYS, LABELS, PROBS)
     assert first == decision.slide_bootstrap_auc(KEYS, LABELS, PROBS)
-    assert first is not None and first.resamples > 0 and first.low <= first.high
+    assert first is not None
+    assert first.resamples > 0
+    assert first.low <= first.high
     assert decision.slide_bootstrap_auc(["a", "b"], [1, 1], [0.2, 0.3]) is None  # one class
     assert decision.slide_bootstrap_auc(["a", "a"], [1, 0], [0.9, 0.1], np.array([[0], [0]])) is not None
     assert decision.slide_bootstrap_auc(["a", "b"], [1, 0], [0.9, 0.1], np.array([[0, 0], [1, 1]])) is None

@@ -9,19 +9,24 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import streamlit as st
 
 from app.dashboard import charts, evaluation, ui
 from app.dashboard.datasets import LABELS, hospital_label
-from app.dashboard.runs import RunInfo, card_thresholds, load_metrics, prediction_files, read_predictions
+from app.dashboard.runs import (
+    RunInfo,
+    card_threshold_sources,
+    card_thresholds,
+    load_metrics,
+    prediction_files,
+    read_predictions,
+)
 
 TILES_SHOWN = 12
 DEFAULT_THRESHOLD = 0.5  # models.bundle's default decision threshold, when a run has no model cards
-DEFAULT_TARGET = 0.9
 THRESHOLD_KEY = "threshold"
-TARGET_KEY = "target_sensitivity"
-MIN_SLIDES_KEY = "min_test_slides"
 
 
 def _rate(value: float) -> str:
@@ -34,17 +39,16 @@ def _default_threshold(cards: dict[int, float]) -> float:
     return values.pop() if len(values) == 1 else DEFAULT_THRESHOLD
 
 
-def _threshold_controls(info: RunInfo, cards: dict[int, float]) -> tuple[float, float, int]:
-    """The threshold slider (starting at the run's model-card threshold), the target sensitivity input and the
-    minimum number of test slides to judge a hospital by."""
+def _threshold_controls(info: RunInfo, cards: dict[int, float]) -> tuple[float, evaluation.Floor]:
+    """The threshold slider (starting at the run's model-card threshold) and the clinical floor (shared with the
+    Verdict page, `ui.floor_controls`): its sensitivity is the scorecard's target, its minimum the slides needed."""
     default = _default_threshold(cards)
     # A new run starts at its own cards' threshold; so does a return to this page (Streamlit forgets the state of
     # widgets a page did not draw).
     if st.session_state.get("_threshold_run") != info.run_id or THRESHOLD_KEY not in st.session_state:
         st.session_state["_threshold_run"] = info.run_id
         st.session_state[THRESHOLD_KEY] = default
-    left, right, third = st.columns([3, 1, 1])
-    threshold = left.slider(
+    threshold = st.slider(
         "Decision threshold (a tile is called abnormal when its probability is at least this)",
         0.0,
         1.0,
@@ -52,31 +56,13 @@ def _threshold_controls(info: RunInfo, cards: dict[int, float]) -> tuple[float, 
         key=THRESHOLD_KEY,
         help=ui.EXPLAIN["threshold"],
     )
-    target = right.number_input(
-        "Target sensitivity",
-        min_value=0.01,
-        max_value=1.0,
-        value=DEFAULT_TARGET,
-        step=0.05,
-        format="%.2f",
-        key=TARGET_KEY,
-        help=ui.EXPLAIN["target"],
-    )
     source = "the hospitals' model cards" if cards and len(set(cards.values())) == 1 else "the usual default"
     distinct = sorted(set(cards.values()))
     if len(distinct) > 1:
         source = f"the usual default (the model cards differ: {', '.join(f'{t:.2f}' for t in distinct)})"
-    minimum = third.number_input(
-        "Minimum test slides",
-        min_value=1,
-        max_value=1000,
-        value=evaluation.MIN_TEST_SLIDES,
-        step=1,
-        key=MIN_SLIDES_KEY,
-        help="Below this many test slides a hospital's figures are called too few to judge.",
-    )
     st.caption(f"The slider starts at {default:.2f}, from {source}.")
-    return float(threshold), float(target), int(minimum)
+    floor = ui.floor_controls("hospital")
+    return float(threshold), floor
 
 
 def _scorecard(predictions: pd.DataFrame, threshold: float, target: float, min_slides: int) -> None:
@@ -133,7 +119,9 @@ def _scorecard(predictions: pd.DataFrame, threshold: float, target: float, min_s
     )
 
 
-def _hospital_detail(info: RunInfo, predictions: pd.DataFrame, threshold: float, cards: dict[int, float]) -> None:
+def _hospital_detail(
+    info: RunInfo, predictions: pd.DataFrame, threshold: float, cards: dict[int, float], floor: evaluation.Floor
+) -> None:
     """One hospital: figures at the threshold, ROC curve, confusion matrix, history and example tiles."""
     hospitals = sorted(int(c) for c in predictions["client"].unique())
     hospital = st.selectbox("Hospital", hospitals, format_func=hospital_label, key="hospital")
@@ -158,7 +146,9 @@ def _hospital_detail(info: RunInfo, predictions: pd.DataFrame, threshold: float,
     if curve.auc is None:
         st.warning(f"{hospital_label(hospital)}'s test split holds only one class, so its AUC is undefined.")
     if hospital in cards:
-        st.caption(f"{hospital_label(hospital)}'s model card decides at threshold {cards[hospital]:.2f}.")
+        source = card_threshold_sources(info.path).get(hospital, "")
+        st.caption(f"{hospital_label(hospital)}'s model card decides at threshold {cards[hospital]:.2f} ({source}).")
+        _save_buttons(info, hospital, labels, probs, threshold, floor, cards[hospital])
 
     left, right = st.columns(2)
     with left:
@@ -189,6 +179,40 @@ def _hospital_detail(info: RunInfo, predictions: pd.DataFrame, threshold: float,
         st.caption(note)
 
     _example_tiles(info, rows, hospital, threshold)
+
+
+def _save_buttons(
+    info: RunInfo,
+    hospital: int,
+    labels: np.ndarray,
+    probs: np.ndarray,
+    threshold: float,
+    floor: evaluation.Floor,
+    current: float,
+) -> None:
+    """Save the slider's threshold, or the one reaching the floor, as the hospital's operating threshold (its model
+    bundle): the Slide page, its calls, the HTML report and ``predict`` then use it."""
+    left, right = st.columns(2)
+    with left:
+        if 0.0 < threshold < 1.0 and abs(threshold - current) > 1e-9:
+            ui.save_threshold_button(
+                info.path, hospital, threshold, "set by hand", f"Save {threshold:.2f} as its threshold",
+                key=f"save_hand_{info.run_id}_{hospital}",
+            )  # fmt: skip
+    target = evaluation.threshold_for_sensitivity(labels, probs, floor.sensitivity)
+    with right:
+        if target is not None:
+            value = min(max(target.threshold, 1e-6), 1 - 1e-6)
+            if abs(value - current) > 1e-9:
+                ui.save_threshold_button(
+                    info.path,
+                    hospital,
+                    value,
+                    f"reaches sensitivity {floor.sensitivity:.2f} on the test split (the floor; chosen on the split "
+                    "it is judged on, so optimistic)",
+                    f"Save {value:.2f} as its threshold (reaches the floor {floor.sensitivity:.2f})",
+                    key=f"save_floor_{info.run_id}_{hospital}",
+                )
 
 
 def _example_tiles(info: RunInfo, rows: pd.DataFrame, hospital: int, threshold: float) -> None:
@@ -260,11 +284,11 @@ def page() -> None:
 
     cards = card_thresholds(info.path)
     st.subheader("Scorecard: every hospital at one threshold")
-    threshold, target, min_slides = _threshold_controls(info, cards)
-    _scorecard(predictions, threshold, target, min_slides)
+    threshold, floor = _threshold_controls(info, cards)
+    _scorecard(predictions, threshold, floor.sensitivity, floor.min_slides)
 
     st.subheader("One hospital")
-    _hospital_detail(info, predictions, threshold, cards)
+    _hospital_detail(info, predictions, threshold, cards, floor)
 
 
 page()

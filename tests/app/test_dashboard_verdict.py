@@ -1,0 +1,149 @@
+"""The Verdict page (issue 23, item 1) through AppTest: the dashboard lands on it once a finished run exists; each
+hospital gets pass / review / fail / cannot judge with its reason; the floor set on it carries to the Hospital page;
+the threshold saved from it (or from the scorecard) goes into the bundle and the HTML report uses it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from dashboard_fixtures import MAIN, open_page, write_config, write_metrics, write_prepared, write_summary
+from streamlit.testing.v1 import AppTest
+
+from models.bundle import ModelCard, read_card, write_bundle
+from models.preprocess import Preprocess
+
+# Per hospital: (abnormal slides, normal slides), each slide a list of tile probabilities.
+SPLITS = {
+    # ranked perfectly but every abnormal tile below 0.5: AUC 1, sensitivity 0 -> fail
+    0: ([[0.30, 0.35, 0.40, 0.45]] * 3, [[0.05, 0.10, 0.15, 0.20]] * 3),
+    # 3 slides only -> cannot judge
+    1: ([[0.9, 0.8]] * 2, [[0.1, 0.2]]),
+    # 60 of 60 abnormal tiles found, 5 and 5 slides -> pass
+    2: ([[0.95] * 12] * 5, [[0.05] * 12] * 5),
+}
+
+
+def _card(client: int) -> ModelCard:
+    return ModelCard(
+        architecture="mobilenet_v3_small",
+        num_classes=2,
+        class_names=("normal", "abnormal"),
+        nhead=1,
+        head_units=("classifier.3",),
+        preprocess=Preprocess(input_size=32),
+        tiling=None,
+        client=client,
+        round=2,
+    )
+
+
+@pytest.fixture
+def verdict_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A data root with one finished run of three hospitals (SPLITS) whose tile names are prepare's."""
+    root = tmp_path / "data"
+    dataset = root / "prepared" / "v"
+    write_prepared(dataset, clients=3, per_class=2)
+    run = root / "runs" / "20250401-000000-fedsaf"
+    write_config(run, dataset)
+    write_metrics(run)
+    write_summary(run, "finished")
+    for client, (abnormal, normal) in SPLITS.items():
+        folder = run / "hospitals" / f"client_{client:02d}"
+        folder.mkdir(parents=True)
+        lines = ["client,path,label,prob_abnormal,round"]
+        slides = [("abnormal", s) for s in abnormal] + [("normal", s) for s in normal]
+        for index, (label, probs) in enumerate(slides):
+            for k, p in enumerate(probs):
+                path = f"client_{client:02d}/test/{label}/{index:05d}_s{index}_x{k * 64:05d}_y00000.png"
+                lines.append(f"{client},{path},{label},{p},2")
+        (folder / "predictions.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        write_bundle(folder, _card(client))
+    monkeypatch.setenv("GASTRIC_FL_DATA", str(root))
+    return run
+
+
+def _markdown(at: AppTest) -> str:
+    return " ".join(str(m.value) for m in at.markdown)
+
+
+def test_the_dashboard_lands_on_the_verdict_once_a_finished_run_exists(verdict_root: Path) -> None:
+    at = AppTest.from_file(MAIN, default_timeout=90)
+    at.run()
+    assert not at.exception
+    assert at.title[0].value == "Verdict"
+    (verdict_root / "summary.json").write_text(json.dumps({"status": "running", "total_rounds": 2}))
+    at = AppTest.from_file(MAIN, default_timeout=90)
+    at.run()
+    assert at.title[0].value == "Data"  # no finished run: the data first
+
+
+def test_each_hospital_gets_its_verdict_and_reason(verdict_root: Path) -> None:
+    at = open_page("verdict")
+    text = _markdown(at)
+    assert "**FAIL**" in text
+    assert (
+        "Hospital 0: misses 12 of 12 abnormal tiles at 0.50 (sensitivity 0.00); reaches 0.90 sensitivity at 0.30 with "
+        "specificity 1.00." in text
+    )
+    assert "**CANNOT JUDGE**" in text
+    assert "Hospital 1: too few slides to judge: 3 test slides (6 tiles), at least 5 wanted." in text
+    assert "**PASS**" in text
+    assert "Hospital 2: finds 60 of 60 abnormal tiles at 0.50" in text
+    captions = " ".join(str(c.value) for c in at.caption)
+    assert "research use only" in captions.lower()
+    assert "3 hospitals: 1 pass, 1 fail, 1 cannot judge" in captions
+    assert "threshold 0.50 (the default 0.5)" in captions
+    assert "slides resampled" in captions  # the AUC's interval by slide
+
+
+def test_the_floor_carries_to_the_hospital_page(verdict_root: Path) -> None:
+    at = open_page("verdict")
+    at.number_input(key="verdict_floor_min_slides").set_value(3)
+    at.run()
+    assert "too few slides" not in _markdown(at)  # hospital 1 now judged: 4 of 4 found, 4 abnormal tiles -> review
+    assert "Hospital 1: finds 4 of 4 abnormal tiles" in _markdown(at)
+    at.number_input(key="verdict_floor_sensitivity").set_value(0.5)
+    at.run()
+    at.switch_page("views/hospital.py")
+    at.run()
+    assert not at.exception
+    assert at.number_input(key="hospital_floor_sensitivity").value == 0.5
+    assert at.number_input(key="hospital_floor_min_slides").value == 3
+    at.switch_page("views/verdict.py")
+    at.run()
+    assert at.number_input(key="verdict_floor_sensitivity").value == 0.5
+
+
+def test_saving_the_floors_threshold_goes_into_the_bundle_and_the_report(verdict_root: Path) -> None:
+    from app.report_html import report_html
+
+    at = open_page("verdict")
+    (button,) = [b for b in at.button if b.label.startswith("Save 0.30 as Hospital 0")]
+    button.click()
+    at.run()
+    assert not at.exception
+    card = read_card(verdict_root / "hospitals" / "client_00")
+    assert card.threshold == pytest.approx(0.30)
+    assert card.threshold_source.startswith("reaches sensitivity 0.90 on the test split")
+    assert card.metrics["sensitivity"] == 1.0  # recomputed at the new threshold
+    assert "Saved: Hospital 0 now decides at threshold 0.30" in " ".join(str(s.value) for s in at.success)
+    at.run()
+    text = _markdown(at)
+    assert "Hospital 0: misses" not in text  # judged at its saved threshold now
+    assert "Hospital 0: finds 12 of 12 abnormal tiles at 0.30" in text
+    page = report_html(verdict_root, 0)
+    assert 'data-metric="threshold">0.3<' in page
+    assert "reaches sensitivity 0.90 on the test split" in page
+
+
+def test_the_scorecard_saves_the_sliders_threshold(verdict_root: Path) -> None:
+    at = open_page("hospital")
+    at.slider(key="threshold").set_value(0.42)
+    at.run()
+    (button,) = [b for b in at.button if b.label == "Save 0.42 as its threshold"]
+    button.click()
+    at.run()
+    card = read_card(verdict_root / "hospitals" / "client_00")
+    assert (card.threshold, card.threshold_source) == (0.42, "set by hand")
