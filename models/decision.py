@@ -36,6 +36,7 @@ SLIDE_TOP_K = 5
 SLIDE_RULE = "a slide is abnormal when the mean of its {k} highest tile probabilities is at least the threshold"
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 20261124
+MIN_BOOTSTRAP_SLIDES = 3
 # prepare's tile names: <slide index, 5 digits>_<slide stem>_x<x>_y<y>.png (pipeline.tiling.tile_name)
 TILE_NAME = re.compile(r"^(\d{5})_(.*)_x\d+_y\d+\.png$")
 
@@ -188,13 +189,16 @@ def slide_bootstrap_auc(
     """The AUC's percentile bootstrap interval, resampling slides (see the module docstring).
 
     ``resamples``: rows of slide indices (into the sorted keys), `bootstrap_resamples` by default. Resamples with
-    no abnormal or no normal tile have no AUC and are left out. ``None`` when the tiles hold one class, or no
-    resample holds both (fewer than two slides, say)."""
+    no abnormal or no normal tile have no AUC and are left out. ``None`` when the tiles hold one class, come from
+    fewer than `MIN_BOOTSTRAP_SLIDES` slides (one abnormal and one normal slide give every usable resample the same
+    AUC: a zero-width interval that would look certain), or no resample holds both classes."""
     y = np.asarray(labels, dtype=np.int64).ravel()
     if y.size == 0 or len(np.unique(y)) < 2:
         return None
     wins, counts_p, counts_n = pair_wins(keys, y, probability)
     n = wins.shape[0]
+    if n < MIN_BOOTSTRAP_SLIDES:
+        return None
     draws = bootstrap_resamples(n) if resamples is None else np.asarray(resamples, dtype=np.int64)
     weights = np.stack([np.bincount(row, minlength=n) for row in draws]).astype(np.float64)
     pairs = (weights @ counts_p) * (weights @ counts_n)

@@ -233,3 +233,40 @@ def grid_heatmap(table: pd.DataFrame, title: str, labels: Sequence[str] = ()) ->
     fig.update_yaxes(title="nhead", type="category")
     fig.update_xaxes(title="distance metric dm", type="category")
     return _layout(fig, title, "nhead", height=360, x_title="distance metric dm")
+
+
+def _number(value: object) -> str:
+    return f"{value:.3g}" if isinstance(value, int | float | np.integer | np.floating) else str(value)
+
+
+def describe(fig: go.Figure) -> str:
+    """A text alternative for a figure, read from the figure itself (title, axes, each series' first and last
+    point, or a heatmap's range), so that a screen reader hears what the eye sees. Series without points and
+    unnamed reference lines (the chance diagonal) are left out."""
+    layout = fig.layout
+    title = layout.title.text or "Chart"
+    x_title = layout.xaxis.title.text or "x"
+    y_title = layout.yaxis.title.text or "y"
+    parts: list[str] = []
+    for trace in fig.data:
+        name = getattr(trace, "name", None)
+        if trace.type == "heatmap":
+            values = np.asarray(trace.z, dtype=float)
+            finite = values[np.isfinite(values)]
+            if finite.size:
+                parts.append(f"a {values.shape[0]} by {values.shape[1]} grid of values from "
+                             f"{_number(finite.min())} to {_number(finite.max())}")  # fmt: skip
+            continue
+        xs = [] if getattr(trace, "x", None) is None else list(trace.x)
+        ys = [] if getattr(trace, "y", None) is None else list(trace.y)
+        if not name or not xs or not ys:
+            continue
+        if len(xs) == 1:
+            parts.append(f"{name}: {_number(ys[0])} at {x_title} {_number(xs[0])}")
+        else:
+            parts.append(
+                f"{name}: {_number(ys[0])} at {x_title} {_number(xs[0])} to {_number(ys[-1])} at {x_title} "
+                f"{_number(xs[-1])}"
+            )
+    shown = "; ".join(parts) if parts else "no data yet"
+    return f"{title} ({y_title} against {x_title}): {shown}."

@@ -25,7 +25,16 @@ from typing import Any
 import pandas as pd
 
 from app.dashboard.errors import DashboardError
-from app.dashboard.runs import config_error, config_value, load_config, load_metrics, load_summary, run_seconds
+from app.dashboard.runs import (
+    config_error,
+    config_value,
+    load_config,
+    load_metrics,
+    load_summary,
+    run_dataset,
+    run_problem,
+    run_seconds,
+)
 
 ABLATION_FILE = "ablation.json"
 
@@ -43,6 +52,7 @@ FIGURES: dict[str, str] = {
     "seconds_total": "Seconds",
     "seconds_per_round": "Seconds / round",
 }
+DAMAGED = "damaged"  # the status of a run with a damaged file (`app.dashboard.runs.run_problem`)
 ID_COLUMNS = ("run", "algorithm", "nhead", "dm", "status", "rounds")
 
 
@@ -87,13 +97,18 @@ def compare_table(runs: Iterable[tuple[str, Path]]) -> pd.DataFrame:
             found = figures(path)
         except ValueError:  # FederationError: not a run folder (yet)
             found = {"status": "unknown", "rounds": 0}
-        row["status"] = found.get("status")
+        # A run with a damaged file is "damaged" (its readable lines are still compared), not "failed".
+        row["status"] = DAMAGED if run_problem(path) else found.get("status") or "unknown"
         row["rounds"] = found.get("rounds")
         row.update({name: found.get(key) for key, name in FIGURES.items()})
         rows.append(row)
     frame = pd.DataFrame(rows, columns=[*ID_COLUMNS, *FIGURES.values()])
     numeric = list(FIGURES.values())
     frame[numeric] = frame[numeric].apply(pd.to_numeric, errors="coerce")
+    # A setting a run does not have (dm without FedAMP, say) reads "—", never "None"; figures stay numeric (NaN
+    # shows as an empty cell).
+    for column in ("algorithm", "dm", "status"):
+        frame[column] = frame[column].map(lambda v: MISSING if v is None or v != v else v).astype(object)
     return frame
 
 
@@ -265,7 +280,9 @@ class SettingsDiff:
 
 
 def settings_diff(runs: Sequence[tuple[str, Path]]) -> SettingsDiff:
-    """The settings diff of ``(label, run folder)`` pairs, from each run's resolved ``config.toml``."""
+    """The settings diff of ``(label, run folder)`` pairs, from each run's resolved ``config.toml``; ``data.path``
+    compared as the folder it names (`app.dashboard.runs.run_dataset`), so a relative and an absolute path to the
+    same dataset do not differ."""
     configs: dict[str, dict[str, Any]] = {}
     problems: list[str] = []
     for label, path in runs:
@@ -275,7 +292,11 @@ def settings_diff(runs: Sequence[tuple[str, Path]]) -> SettingsDiff:
         elif not config:
             problems.append(f"{path / 'config.toml'} does not exist yet: run {label} has not started")
         else:
-            configs[label] = flatten(config)
+            flat = flatten(config)
+            if "data.path" in flat:  # one run's relative path and another's absolute one name the same folder
+                resolved = run_dataset(config, path)
+                flat["data.path"] = str(resolved) if resolved is not None else flat["data.path"]
+            configs[label] = flat
     keys = sorted({key for flat in configs.values() for key in flat})
     rows = []
     for key in keys:

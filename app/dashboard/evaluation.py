@@ -489,25 +489,26 @@ def verdict(score: HospitalScore, floor: Floor) -> Verdict:
     return Verdict(score.client, PASS, f"{found}{slides_found}{spec}.", threshold)
 
 
+# What decides a verdict comes first (a phone shows the first few columns beside the pinned hospital name).
 SCORECARD_COLUMNS = (
     "hospital",
-    "test slides",
-    "test tiles",
-    "AUC",
-    "AUC 95% CI",
-    "accuracy",
     "sensitivity",
     "sensitivity 95% CI",
+    "missed abnormal",
     "specificity",
     "specificity 95% CI",
-    "missed abnormal",
     "false alarms",
+    "test slides",
+    "missed slides",
+    "slide sensitivity",
+    "slide specificity",
+    "AUC",
+    "AUC 95% CI",
+    "test tiles",
+    "accuracy",
     "threshold for target",
     "sensitivity there",
     "specificity there",
-    "slide sensitivity",
-    "slide specificity",
-    "missed slides",
 )
 
 

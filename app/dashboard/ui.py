@@ -367,3 +367,12 @@ def save_threshold_button(run: Path, hospital: int, value: float, source: str, l
         "The Slide page, the HTML report and `gastric-fl predict` use it.",
         icon=":material/check_circle:",
     )
+
+
+def chart(where: Any, figure: Any, key: str, **kwargs: Any) -> Any:
+    """``where.plotly_chart(figure)`` (``where``: ``st`` or a column) with its text alternative: ``alt`` as given,
+    else `app.dashboard.charts.describe` of the figure, so that no chart is only a picture."""
+    from app.dashboard import charts
+
+    alt = kwargs.pop("alt", None) or charts.describe(figure)
+    return where.plotly_chart(figure, key=key, alt=alt, **kwargs)

@@ -129,3 +129,29 @@ def test_the_grid_view_with_no_grid_shows_a_runnable_command(fixture_root: Fixtu
     code = " ".join(str(c.value) for c in at.code)
     words = shlex.split(code)
     assert (Path(words[words.index("--data") + 1]) / "manifest.csv").is_file()
+
+
+def test_a_relative_and_an_absolute_path_to_one_dataset_do_not_differ(fixture_root: Fixture) -> None:
+    import os
+
+    relative = os.path.relpath(fixture_root.dataset, Path.cwd())
+    b = _run(fixture_root.root, "b", fixture_root.dataset, (f'path = "{fixture_root.dataset}"', f'path = "{relative}"'))
+    assert f'path = "{relative}"' in (b / "config.toml").read_text()
+    assert compare.settings_diff([("a", fixture_root.finished), ("b", b)]).table.empty
+    other = fixture_root.root / "prepared" / "other"
+    other.mkdir()
+    c = _run(fixture_root.root, "c", fixture_root.dataset, (f'path = "{fixture_root.dataset}"', f'path = "{other}"'))
+    table = compare.settings_diff([("a", fixture_root.finished), ("c", c)]).table.set_index("setting")
+    assert table.loc["data.path"].tolist() == [str(fixture_root.dataset), str(other)]
+
+
+def test_a_complete_run_with_a_damaged_line_is_damaged_not_failed(fixture_root: Fixture) -> None:
+    b = _run(fixture_root.root, "b", fixture_root.dataset)
+    with (b / "metrics.jsonl").open("a") as handle:
+        handle.write('{"round": 2, "client": \n')
+    table = compare.compare_table([("a", fixture_root.finished), ("b", b)]).set_index("run")
+    assert table.loc["b", "status"] == "damaged"
+    assert table.loc["a", "status"] == "finished"
+    assert table.loc["a", "dm"] == "manhattan"
+    text = table.astype(str).to_numpy().ravel().tolist()
+    assert "None" not in text

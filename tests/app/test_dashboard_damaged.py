@@ -138,11 +138,15 @@ def test_compare_page_with_a_damaged_config_toml(fixture_root: Fixture, damaged_
     at = open_page("compare")
     chosen = at.multiselect(key="compare_runs")
     assert DAMAGED_CONFIG in chosen.value  # finished runs are selected by default
-    errors = _errors(at)
-    assert len(errors) == 1, errors
-    assert f"runs/{DAMAGED_CONFIG}/config.toml is not valid TOML" in errors[0]
+    assert not _errors(at)  # a damaged run is called damaged, not failed
+    damaged = [str(w.value) for w in at.warning if "is damaged" in str(w.value)]
+    assert len(damaged) == 1, damaged
+    assert f"Run **{DAMAGED_CONFIG}** is damaged:" in damaged[0]
+    assert f"runs/{DAMAGED_CONFIG}/config.toml is not valid TOML" in damaged[0]
     table = at.dataframe[0].value.set_index("run")
     assert table.loc[fixture_root.finished.name, "Averaged ACC"] == pytest.approx(0.75)
+    assert table.loc[DAMAGED_CONFIG, "status"] == "damaged"
+    assert "None" not in table.astype(str).to_numpy().ravel().tolist()
     labels = {option.split(" · ")[0]: option for option in chosen.options}  # AppTest lists the shown labels
     assert labels[DAMAGED_CONFIG].endswith("⚠ damaged")
     assert not labels[fixture_root.failed.name].endswith("⚠ damaged")

@@ -390,7 +390,9 @@ def test_the_saved_threshold_makes_the_slide_call_and_colours_the_heatmap(data: 
     summary = json.loads(next((data.hospital(0) / "slides").rglob("summary.json")).read_text())
     assert summary["threshold"] == 0.49
     text = " ".join(str(m.value) for m in at.markdown)
-    assert f"Slide call: :{'red' if summary['call'] == 'abnormal' else 'blue'}-background[**{summary['call']}**]" in text
+    assert (
+        f"Slide call: :{'red' if summary['call'] == 'abnormal' else 'blue'}-background[**{summary['call']}**]" in text
+    )
     assert "at threshold 0.49 (set by hand)" in text
     spec = json.loads(at.get("plotly_chart")[0].proto.spec)
     bar = next(t for t in spec["data"] if t.get("name") == "tiles")["marker"]

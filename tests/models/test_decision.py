@@ -88,8 +88,11 @@ def test_bootstrap_is_reproducible_and_undefined_cases() -> None:
     assert first.resamples > 0
     assert first.low <= first.high
     assert decision.slide_bootstrap_auc(["a", "b"], [1, 1], [0.2, 0.3]) is None  # one class
-    assert decision.slide_bootstrap_auc(["a", "a"], [1, 0], [0.9, 0.1], np.array([[0], [0]])) is not None
-    assert decision.slide_bootstrap_auc(["a", "b"], [1, 0], [0.9, 0.1], np.array([[0, 0], [1, 1]])) is None
+    # one abnormal and one normal slide: every usable resample has the same AUC, so no interval is given
+    assert decision.slide_bootstrap_auc(["a", "b"], [1, 0], [0.9, 0.1]) is None
+    assert decision.slide_bootstrap_auc(["a", "a"], [1, 0], [0.9, 0.1]) is None
+    # three slides, but no given resample holds both classes
+    assert decision.slide_bootstrap_auc(KEYS, LABELS, PROBS, np.array([[0, 0, 1], [2, 2, 2]])) is None
 
 
 def test_wilson_interval_and_tile_names() -> None:

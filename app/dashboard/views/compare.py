@@ -62,12 +62,12 @@ def _table(table: pd.DataFrame) -> None:
 
 def _curves(selected: list[tuple[str, Path]]) -> None:
     left, right = st.columns(2)
-    left.plotly_chart(
-        charts.overlay(compare.curves(selected, "acc_mean"), "Averaged test accuracy", "accuracy"), key="overlay_acc"
+    ui.chart(
+        left,
+        charts.overlay(compare.curves(selected, "acc_mean"), "Averaged test accuracy", "accuracy"),
+        key="overlay_acc",
     )
-    right.plotly_chart(
-        charts.overlay(compare.curves(selected, "auc_mean"), "Averaged test AUC", "AUC"), key="overlay_auc"
-    )
+    ui.chart(right, charts.overlay(compare.curves(selected, "auc_mean"), "Averaged test AUC", "AUC"), key="overlay_auc")
 
 
 def _mismatches(selected: list[tuple[str, Path]]) -> None:
@@ -263,7 +263,7 @@ def grid_view(grids: list[compare.Grid], runs: list[Any]) -> None:
     if heat.empty:
         st.info("This grid does not vary nhead or the distance dm, so there is no nhead x dm heatmap.")
     else:
-        st.plotly_chart(charts.grid_heatmap(heat, f"{figure} by nhead and distance dm"), key="grid_heatmap")
+        ui.chart(st, charts.grid_heatmap(heat, f"{figure} by nhead and distance dm"), key="grid_heatmap")
     _curves(grid.runs())
     _mismatches(grid.runs())
 
@@ -282,8 +282,11 @@ def runs_view(runs: list[Any]) -> None:
         st.info("Select at least one run.")
         return
     for run_id in ids:
-        if ui.display_status(by_id[run_id]) == "failed":
-            st.error(f"Run **{run_id}** failed: {by_id[run_id].error or 'see the Federation page for its log'}")
+        info = by_id[run_id]
+        if info.damaged:  # its readable lines are compared; the damaged one is named, the run is not "failed"
+            st.warning(f"Run **{run_id}** is damaged: {info.problem}", icon=":material/warning:")
+        elif ui.display_status(info) == "failed":
+            st.error(f"Run **{run_id}** failed: {info.error or 'see the Federation page for its log'}")
     selected = [(run_id, by_id[run_id].path) for run_id in ids]
     _mismatches(selected)
     _table(compare.compare_table(selected))

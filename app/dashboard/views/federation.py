@@ -311,18 +311,19 @@ def monitor(info: RunInfo, initial_status: str) -> None:
     )
 
     left, right = st.columns(2)
-    left.plotly_chart(
-        charts.per_hospital(per_client(metrics, "test_auc"), "Test AUC per hospital", "AUC"), key="auc_chart"
+    ui.chart(
+        left, charts.per_hospital(per_client(metrics, "test_auc"), "Test AUC per hospital", "AUC"), key="auc_chart"
     )
-    right.plotly_chart(
+    ui.chart(
+        right,
         charts.per_hospital(per_client(metrics, "test_acc"), "Test accuracy per hospital", "accuracy"),
         key="acc_chart",
     )
     left, right = st.columns(2)
-    left.plotly_chart(charts.mean_std(rounds, "auc", "Averaged and std AUC", "AUC"), key="auc_mean_chart")
-    right.plotly_chart(charts.mean_std(rounds, "acc", "Averaged and std accuracy", "accuracy"), key="acc_mean_chart")
+    ui.chart(left, charts.mean_std(rounds, "auc", "Averaged and std AUC", "AUC"), key="auc_mean_chart")
+    ui.chart(right, charts.mean_std(rounds, "acc", "Averaged and std accuracy", "accuracy"), key="acc_mean_chart")
     left, right = st.columns(2)
-    left.plotly_chart(charts.transmitted(rounds), key="values_chart")
+    ui.chart(left, charts.transmitted(rounds), key="values_chart")
     matrices = xi_matrices(load_aggregation(info.path))
     with right:
         if matrices:
@@ -332,7 +333,7 @@ def monitor(info: RunInfo, initial_status: str) -> None:
                 chosen_round = st.select_slider(
                     "AMP round", numbers, value=numbers[-1], key=f"xi_round_{info.run_id}_{numbers[-1]}"
                 )
-            st.plotly_chart(charts.xi_heatmap(matrices[chosen_round], chosen_round), key="xi_chart")
+            ui.chart(st, charts.xi_heatmap(matrices[chosen_round], chosen_round), key="xi_chart")
         else:
             st.info("No AMP matrix ξ for this run: only FedSAF and FedAMP pass attentive messages.")
     if status != initial_status:

@@ -23,8 +23,10 @@ from app.dashboard.runs import (
     prediction_files,
     read_predictions,
 )
+from models.decision import SLIDE_RULE, SLIDE_TOP_K
 
 TILES_SHOWN = 12
+SLIDE_CALL = SLIDE_RULE.format(k=SLIDE_TOP_K)
 DEFAULT_THRESHOLD = 0.5  # models.bundle's default decision threshold, when a run has no model cards
 THRESHOLD_KEY = "threshold"
 
@@ -83,6 +85,16 @@ def _scorecard(predictions: pd.DataFrame, threshold: float, target: float, min_s
             "test slides": number("slides", help="the slides the hospital's held-out test tiles come from"),
             "test tiles": number("tiles", help="the hospital's own held-out test tiles"),
             "AUC": number("AUC", format="%.3f", help=ui.EXPLAIN["AUC"]),
+            "AUC 95% CI": st.column_config.TextColumn(
+                "AUC 95% CI", help="percentile bootstrap resampling whole test slides (tiles of a slide go together)"
+            ),
+            "slide sensitivity": number(
+                "slide sens.", format="%.3f", help=f"abnormal test slides called abnormal ({SLIDE_CALL})"
+            ),
+            "slide specificity": number("slide spec.", format="%.3f", help="normal test slides called normal"),
+            "missed slides": st.column_config.TextColumn(
+                "missed slides", help="abnormal test slides called normal at the threshold, of all abnormal slides"
+            ),
             "accuracy": number("accuracy", format="%.3f", help=ui.EXPLAIN["accuracy"]),
             "sensitivity": number("sensitivity", format="%.3f", help=ui.EXPLAIN["sensitivity"]),
             "sensitivity 95% CI": st.column_config.TextColumn(
@@ -154,18 +166,29 @@ def _hospital_detail(
     with left:
         marker = (1.0 - point.specificity, point.sensitivity)
         colour = charts.hospital_colour(hospital)
-        st.plotly_chart(charts.roc_curve(curve, hospital_label(hospital), colour, marker), key="roc_chart")
+        auc_text = "undefined (one class)" if curve.auc is None else f"{curve.auc:.3f}"
+        roc_alt = (
+            f"ROC curve of {hospital_label(hospital)}, AUC {auc_text}; at threshold {threshold:.2f} (the diamond) "
+            f"sensitivity {_rate(point.sensitivity)} and specificity {_rate(point.specificity)}."
+        )
+        ui.chart(st, charts.roc_curve(curve, hospital_label(hospital), colour, marker), key="roc_chart", alt=roc_alt)
         st.caption(ui.EXPLAIN["ROC"] + " The diamond is the threshold in use.")
     with right:
-        st.plotly_chart(charts.confusion(evaluation.confusion(labels, probs, threshold), threshold), key="confusion")
+        confusion_alt = (
+            f"Confusion matrix at threshold {threshold:.2f}: of {point.normal} normal tiles {point.tn} called normal "
+            f"and {point.fp} abnormal; of {point.abnormal} abnormal tiles {point.tp} called abnormal and {point.fn} "
+            "normal."
+        )
+        matrix = charts.confusion(evaluation.confusion(labels, probs, threshold), threshold)
+        ui.chart(st, matrix, key="confusion", alt=confusion_alt)
         st.caption(ui.EXPLAIN["confusion"])
 
     if not mine.empty:
         history = pd.DataFrame(
             {"test AUC": mine.set_index("round")["test_auc"], "test accuracy": mine.set_index("round")["test_acc"]}
         )
-        st.plotly_chart(
-            charts.per_hospital(history, f"{hospital_label(hospital)} over rounds", "value"), key="history_chart"
+        ui.chart(
+            st, charts.per_hospital(history, f"{hospital_label(hospital)} over rounds", "value"), key="history_chart"
         )
         last_auc = float(mine["test_auc"].iloc[-1])
         note = f"Last round's test AUC recorded by the run: {last_auc:.4f}."
