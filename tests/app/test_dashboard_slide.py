@@ -394,6 +394,10 @@ def test_the_saved_threshold_makes_the_slide_call_and_colours_the_heatmap(data: 
         f"Slide call: :{'red' if summary['call'] == 'abnormal' else 'blue'}-background[**{summary['call']}**]" in text
     )
     assert "at threshold 0.49 (set by hand)" in text
+    captions = " ".join(str(c.value) for c in at.caption)
+    assert re.search(
+        r"Hospital 0's \d+ test slides at threshold 0\.49 \(set by hand\): \d+ of \d+ abnormal slides", captions
+    )
     spec = json.loads(at.get("plotly_chart")[0].proto.spec)
     bar = next(t for t in spec["data"] if t.get("name") == "tiles")["marker"]
     assert "▲0.49" in bar["colorbar"]["ticktext"]

@@ -342,6 +342,31 @@ def _upload(folder: Path) -> tuple[Path | None, dict[Path, str]]:
 # --- the page ---------------------------------------------------------------------------------------------------
 
 
+def _test_slides_line(folder: Path, client: int, card: dict[str, Any]) -> None:
+    """One caption: the hospital's slide calls over all its test slides at the card's threshold (from its
+    predictions.csv, `models.decision`), so the slide on screen is seen against the rest."""
+    from app.dashboard import evaluation
+    from app.dashboard.errors import DashboardError
+    from app.dashboard.runs import read_prediction_file
+
+    try:
+        rows = read_prediction_file(folder / "predictions.csv")
+    except DashboardError:
+        return
+    threshold = float(card.get("threshold", 0.5))
+    score = evaluation.score_hospital(client, rows, threshold, 0.9)
+    point = score.slide_point
+    if point is None or score.slide_set is None:
+        return
+    auc = "" if score.slide_auc is None else f"; slide AUC {score.slide_auc:.3f}"
+    source = card.get("threshold_source") or "the default 0.5"
+    st.caption(
+        f"{hospital_label(client)}'s {len(score.slide_set.keys)} test slides at threshold {threshold:.2f} ({source}): "
+        f"{point.tp} of {point.abnormal} abnormal slides called abnormal, {point.tn} of {point.normal} normal slides "
+        f"called normal{auc}. {score.slide_set.rule.capitalize()}."
+    )
+
+
 @ui.page_guard("Slide")
 def _page() -> None:
     """Pickers, scoring (or the cached result), the slide view and the report download."""
@@ -408,6 +433,7 @@ def _page() -> None:
             )
             slide_path = slides[chosen].path
             entry = slide_view.slide_entry(folder, slides[chosen])
+            _test_slides_line(folder, client, card)
     else:
         upload = True
         slide_path, uploaded_names = _upload(folder)
