@@ -38,7 +38,8 @@ CHROMIUM_ARGS = [
 ]
 VIEWPORT = {"width": 1400, "height": 1000}
 PAGES = {
-    "data": "",
+    "verdict": "",  # where the dashboard lands once a finished run exists
+    "data": "data",
     "federation": "federation",
     "hospital": "hospital",
     "compare": "compare",
