@@ -40,7 +40,16 @@ from app.dashboard import browser  # noqa: E402
 from benchmarks._common import command_line, machine, write_result  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "dashboard_load.md"
-PAGES = {"Data": "", "Federation": "federation", "Hospital": "hospital", "Compare": "compare", "Slide": "slide"}
+# The dashboard lands on the Verdict page once a finished run exists (on the Data page before, and in checkouts
+# older than the Verdict page), so every page is opened by its own path.
+PAGES = {
+    "Verdict": "verdict",
+    "Data": "data",
+    "Federation": "federation",
+    "Hospital": "hospital",
+    "Compare": "compare",
+    "Slide": "slide",
+}
 QUIET_MS = 1000
 TIMEOUT_MS = 180_000
 
@@ -81,8 +90,8 @@ class Checkout:
     commit: str
 
     def has_page(self, page: str) -> bool:
-        """Whether this checkout has the page (the Slide page is newer than some)."""
-        return page == "Data" or (self.path / "app" / "dashboard" / "views" / f"{PAGES[page]}.py").is_file()
+        """Whether this checkout has the page (the Slide and Verdict pages are newer than some)."""
+        return (self.path / "app" / "dashboard" / "views" / f"{PAGES[page]}.py").is_file()
 
 
 def checkout(name: str, path: Path) -> Checkout:
