@@ -189,6 +189,7 @@ class Client:
         generator = torch.Generator().manual_seed(seed)
         augmenter = make_augmenter(seed) if self.augment else None
         losses: list[tuple[float, int]] = []
+        self.dp_steps = 0  # DP-SGD steps taken this round (federation.privacy), for the hospital's accountant
         self._moments: dict[str, torch.Tensor] = {}
         self._moment_steps = 0
         if recipe.head_epochs > 0 and self.head_params:
@@ -248,6 +249,9 @@ class Client:
         losses: list[tuple[float, int]],
         server_round: int,
     ) -> None:
+        if recipe.private:
+            self._dp_phase(names, epochs, lr, recipe, centre, generator, augmenter, losses, server_round)
+            return
         self._set_trainable(names)
         trained = [self.params[k] for k in names]
         optimizer: torch.optim.Optimizer
@@ -285,6 +289,86 @@ class Client:
                 losses.append((value, int(y.numel())))
                 if watch and epoch == epochs - 1 and step >= len(batches) // 2:
                     self._add_moments(optimizer, watch, recipe.adam_beta2)
+        for param in self.params.values():
+            param.requires_grad_(True)
+
+    def _units(self, recipe: Recipe) -> list[torch.Tensor]:
+        """The training tiles of each privacy unit: one slide's tiles each (``dp_unit = "slide"``, from prepare's
+        tile names), or one tile each."""
+        if recipe.dp_unit == "tile":
+            return [torch.tensor([i]) for i in range(self.data.num_train)]
+        keys = self.data.train_units
+        if keys is None:
+            raise FederationError(
+                f"client {self.cid}: differential privacy by slide needs to know each training tile's slide, and this "
+                "dataset's tile names do not say (prepare writes them): prepare the slides with gastric-fl prepare"
+            )
+        groups: dict[str, list[int]] = {}
+        for index, key in enumerate(keys):
+            groups.setdefault(key, []).append(index)
+        return [torch.tensor(groups[k]) for k in sorted(groups)]
+
+    def _dp_phase(
+        self,
+        names: Sequence[str],
+        epochs: int,
+        lr: float,
+        recipe: Recipe,
+        centre: Mapping[str, torch.Tensor] | None,
+        generator: torch.Generator,
+        augmenter: A.Compose | None,
+        losses: list[tuple[float, int]],
+        server_round: int,
+    ) -> None:
+        """DP-SGD over ``names`` (`federation.privacy`, Abadi et al. 2016, Algorithm 1): ``epochs x round(1/q)``
+        steps; each step Poisson-samples units, clips each sampled unit's gradient (mean loss over at most
+        ``dp_tiles_per_unit`` of its tiles) to ``C``, sums, adds ``N(0, (sigma C)^2)`` and divides by ``q x units``.
+        The proximal term's gradient depends on no tile, so it is added after the noise, at no privacy cost."""
+        from federation.privacy import clip_factor, gradient_norm, noised_mean, poisson_sample, steps_per_epoch
+
+        self._set_trainable(names)
+        trained = [self.params[k] for k in names]
+        optimizer: torch.optim.Optimizer
+        if recipe.optimizer == "adam":
+            optimizer = torch.optim.Adam(
+                trained, lr=lr, betas=(recipe.adam_beta1, recipe.adam_beta2), eps=recipe.adam_eps
+            )
+        else:
+            optimizer = torch.optim.SGD(trained, lr=lr, momentum=recipe.momentum, weight_decay=recipe.weight_decay)
+        prox = [(self.params[k], centre[k]) for k in names if centre is not None and k in centre]
+        units = self._units(recipe)
+        expected = recipe.dp_sample_rate * len(units)
+        images, labels = self.data.train_x, torch.from_numpy(self.data.train_y)
+        for _ in range(epochs * steps_per_epoch(recipe.dp_sample_rate)):
+            total = [torch.zeros_like(p) for p in trained]
+            for u in poisson_sample(len(units), recipe.dp_sample_rate, generator).tolist():
+                index = units[u]
+                if index.numel() > recipe.dp_tiles_per_unit:
+                    index = index[torch.randperm(index.numel(), generator=generator)[: recipe.dp_tiles_per_unit]]
+                batch = images[index.numpy()]
+                if augmenter is not None:
+                    batch = augment_batch(augmenter, batch)
+                loss = F.cross_entropy(self.model(to_tensor(batch, self.device)), labels[index].to(self.device))
+                value = float(loss.detach())
+                if not math.isfinite(value):
+                    raise Diverged(
+                        f"client {self.cid}, round {server_round}: the training loss became {value}; "
+                        f"lower client.lr (now {lr}) and run again"
+                    )
+                grads = torch.autograd.grad(loss, trained, allow_unused=True)
+                grads = tuple(torch.zeros_like(p) if g is None else g for g, p in zip(grads, trained, strict=True))
+                factor = clip_factor(gradient_norm(grads), recipe.dp_max_grad_norm)
+                for acc, g in zip(total, grads, strict=True):
+                    acc.add_(g, alpha=factor)
+                losses.append((value, int(index.numel())))
+            noised = noised_mean(total, recipe.dp_noise_multiplier, recipe.dp_max_grad_norm, expected, generator)
+            optimizer.zero_grad(set_to_none=True)
+            for p, g in zip(trained, noised, strict=True):
+                p.grad = g.to(p.dtype)
+            for p, c in prox:
+                p.grad = p.grad + recipe.prox_mu * (p.detach() - c)  # type: ignore[operator]
+            optimizer.step()
+            self.dp_steps += 1
         for param in self.params.values():
             param.requires_grad_(True)
 

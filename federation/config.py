@@ -157,6 +157,17 @@ round_timeout = 600
 # example count is the one it declared in its Hello; the cap bounds what an inflated declaration can buy.
 # Must be >= 1/m for m hospitals (weights sum to 1). Example:
 # max_weight = 0.5
+
+[privacy]
+# Differential privacy at every hospital (federation.privacy, docs/privacy.md): DP-SGD in every training phase,
+# a slide as the protected unit, accounted with Opacus's RDP accountant. Off unless noise_multiplier is set; it
+# needs model.norm = "group" (BatchNorm mixes the slides of a batch and keeps statistics of private data).
+# noise_multiplier = 1.0      # sigma: the noise's standard deviation over the clip norm
+# max_grad_norm = 1.0         # C: each slide's gradient is clipped to this L2 norm
+# sample_rate = 0.1           # q: each step takes every slide with this probability (Poisson sampling)
+# delta = 1e-5                # epsilon is reported at this delta (default 1e-5)
+# unit = "slide"              # "slide" (the default) or "tile" (for comparison only: protects a tile, not a patient)
+# tiles_per_unit = 8          # at most this many of a sampled slide's tiles (at random) per step (default 8)
 """
 
 DEVICES = ("cpu", "cuda", "auto")
@@ -165,6 +176,8 @@ OPTIMIZERS = ("sgd", "adam")
 BN_MODES = ("shared", "local_stats", "local")
 STARTS = ("centre", "own")
 FISHER_ESTIMATORS = ("per_sample", "full_pass")
+NORMS = ("batch", "group")
+DP_UNITS = ("slide", "tile")
 AMP_METRICS = ("euclidean", "manhattan", "cosine", "cosine_distance")
 AMP_SCALES = ("raw", "per_value", "relative")  # federation.aggregation.SCALES
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -242,10 +255,15 @@ class ModelSection:
     name: str
     weights: str
     in_chans: int
+    # "batch" (None, the default: the architecture's BatchNorm) or "group" (GroupNorm, no batch statistics: for
+    # differential privacy, models.registry.GROUPNORM_GROUPS); None is not written to config.toml.
+    norm: str | None = None
 
     def __post_init__(self) -> None:
         if self.name not in MODEL_NAMES:
             _fail("model.name", self.name, f"use one of {', '.join(MODEL_NAMES)}")
+        if self.norm not in (None, *NORMS):
+            _fail("model.norm", self.norm, f"use one of {', '.join(NORMS)}")
         if self.in_chans not in (1, 3):
             _fail("model.in_chans", self.in_chans, "use 3 (gray tiles replicated) or 1 (every tile made gray)")
 
@@ -497,6 +515,53 @@ class ServerSection:
 
 
 @dataclass(frozen=True)
+class PrivacySection:
+    """``[privacy]``: DP-SGD at every hospital (`federation.privacy`). Off while ``noise_multiplier`` is ``None``;
+    unset fields are not written to config.toml, so a run without DP writes what it always wrote."""
+
+    noise_multiplier: float | None = None
+    max_grad_norm: float | None = None
+    sample_rate: float | None = None
+    delta: float | None = None
+    unit: str | None = None
+    tiles_per_unit: int | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the run trains with DP-SGD."""
+        return self.noise_multiplier is not None
+
+    @property
+    def run_delta(self) -> float:
+        """The delta epsilon is reported at (1e-5 unless set)."""
+        return 1e-5 if self.delta is None else self.delta
+
+    def __post_init__(self) -> None:
+        given = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        if not self.enabled:
+            if given:
+                key, value = next(iter(given.items()))
+                _fail(f"privacy.{key}", value, "set privacy.noise_multiplier to turn DP on, or leave [privacy] empty")
+            return
+        for key in ("max_grad_norm", "sample_rate"):
+            if getattr(self, key) is None:
+                _fail(f"privacy.{key}", None, "set it: DP-SGD needs a clip norm and a sampling rate (docs/privacy.md)")
+        assert self.noise_multiplier is not None
+        assert self.max_grad_norm is not None
+        assert self.sample_rate is not None
+        _positive("privacy.noise_multiplier", self.noise_multiplier)
+        _positive("privacy.max_grad_norm", self.max_grad_norm)
+        if not 0.0 < self.sample_rate <= 1.0:
+            _fail("privacy.sample_rate", self.sample_rate, "use a probability in (0, 1]")
+        if not 0.0 < self.run_delta < 1.0:
+            _fail("privacy.delta", self.delta, "use a probability in (0, 1), far below 1 / (slides per hospital)")
+        if self.unit not in (None, *DP_UNITS):
+            _fail("privacy.unit", self.unit, f"use one of {', '.join(DP_UNITS)}")
+        if self.tiles_per_unit is not None and self.tiles_per_unit < 1:
+            _fail("privacy.tiles_per_unit", self.tiles_per_unit, "use a whole number >= 1")
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """The whole configuration of one run; ``config_to_toml`` writes it back exactly."""
 
@@ -516,6 +581,7 @@ class RunConfig:
     precision_weighted: PrecisionWeightedSection
     fedamp: FedAMPSection
     server: ServerSection
+    privacy: PrivacySection
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Plain nested dict (tuples as lists, ``None`` fields left out: TOML has no null)."""
@@ -631,6 +697,12 @@ def config_from_dict(raw: Mapping[str, Any], source: str = "config") -> RunConfi
         "they apply only with strategy.name = precision_weighted",
     )
     _check_max_weight(config)
+    if config.privacy.enabled and config.model.norm != "group":
+        _fail(
+            "model.norm",
+            config.model.norm or "batch",
+            "differential privacy needs a normalisation without batch statistics: set model.norm = group",
+        )
     return config
 
 

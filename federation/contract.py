@@ -46,7 +46,13 @@ class Recipe:
     centre); otherwise it loads the instruction's ``shared`` tensors first.
     ``second_moments`` (with Adam): report the bias-corrected second moments ``v_hat`` of the shared parameters,
     averaged over the second half of the last local epoch (paper 004, Sec. 4), in ``TrainReply.second_moments``.
+    ``dp_*``: differential privacy (`federation.privacy`): every training phase is DP-SGD over slides (or tiles).
     """
+
+    @property
+    def private(self) -> bool:
+        """Whether the recipe trains with DP-SGD."""
+        return self.dp_sample_rate > 0
 
     epochs: int = 1
     lr: float = 0.01
@@ -64,6 +70,14 @@ class Recipe:
     second_moments: bool = False
     fisher_estimator: str = "per_sample"
     start_own: bool = False
+    # DP-SGD in every phase when dp_sample_rate > 0 (federation.privacy; config [privacy]): noise multiplier sigma,
+    # clip norm C, Poisson rate q over the units (slides, or tiles), and at most dp_tiles_per_unit tiles per unit
+    dp_noise_multiplier: float = 0.0
+    dp_max_grad_norm: float = 0.0
+    dp_sample_rate: float = 0.0
+    dp_unit: str = "slide"
+    dp_tiles_per_unit: int = 8
+    dp_delta: float = 1e-5
 
 
 @dataclass

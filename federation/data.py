@@ -72,6 +72,9 @@ class ClientData:
     test_paths: list[str]
     grayscale: bool
     classes: tuple[str, ...] = LABELS
+    # the slide each training tile comes from (prepare's tile names, models.decision.slides_of_tiles): the unit
+    # differential privacy protects; None when the names do not say (a dataset not made by prepare)
+    train_units: tuple[str, ...] | None = None
 
     @property
     def num_train(self) -> int:
@@ -283,8 +286,16 @@ def load_clients(
             test_paths=[r.path for r in test],
             grayscale=all(r.channels == 1 for r in mine),
             classes=classes,
+            train_units=_units([r.path for r in train]),
         )
     return out
+
+
+def _units(paths: list[str]) -> tuple[str, ...] | None:
+    from models.decision import slides_of_tiles
+
+    keys = slides_of_tiles(paths)
+    return None if keys is None else tuple(keys)
 
 
 def make_augmenter(seed: int) -> A.Compose:

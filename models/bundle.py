@@ -127,6 +127,7 @@ class ModelCard:
     metrics: dict[str, Any] = field(default_factory=dict)
     written_at: str = ""
     intended_use: str = INTENDED_USE  # what the model may be used for (pipeline.provenance), on every card
+    norm: str = "batch"  # the network's normalisation: "batch" or "group" (models.registry.to_group_norm)
 
     def __post_init__(self) -> None:
         if self.architecture not in MODEL_NAMES:
@@ -174,6 +175,7 @@ class ModelCard:
             "tiling": None if self.tiling is None else asdict(self.tiling),
             "threshold": self.threshold,
             "threshold_source": self.threshold_source,
+            **({"norm": self.norm} if self.norm != "batch" else {}),
             **({"decision": self.decision} if self.positive_class is None else {}),
             "run_id": self.run_id,
             "round": self.round,
@@ -220,6 +222,7 @@ class ModelCard:
                 metrics=dict(data.get("metrics") or {}),
                 written_at=str(data.get("written_at", "")),
                 intended_use=str(data.get("intended_use") or INTENDED_USE),
+                norm=str(data.get("norm") or "batch"),
             )
         except ModelError as exc:
             raise BundleError(f"{where}: {exc}") from None
@@ -355,7 +358,7 @@ def load_bundle(path: Path, device: torch.device | str = "cpu") -> Bundle:
             f"{weights_path} is from round {metadata['round']} but {CARD_FILE} describes round {card.round}: the "
             "bundle is being rewritten (the run is still training) or was mixed by hand; try again when it is done"
         )
-    model = create_model(card.architecture, card.num_classes, card.preprocess.in_chans)
+    model = create_model(card.architecture, card.num_classes, card.preprocess.in_chans, norm=card.norm)
     own = model.state_dict()
     missing = sorted(set(own) - set(tensors))
     extra = sorted(set(tensors) - set(own))

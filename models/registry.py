@@ -11,6 +11,7 @@ The architectures' names, smallest inputs and layer-unit counts are in `models.n
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,12 +29,41 @@ _BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "alexnet": tvm.alexnet,
 }
 BATCHNORM_MOMENTUM = 0.1
+GROUPNORM_GROUPS = 8
+
+
+def group_norm_groups(channels: int) -> int:
+    """GroupNorm's group count for a layer of ``channels``: ``gcd(channels, GROUPNORM_GROUPS)``.
+
+    Opacus's ``ModuleValidator.fix`` swaps BatchNorm for ``GroupNorm(min(32, C), C)``, which MobileNetV3-Small's
+    widths of 40, 72, 88 and 120 channels do not divide; every width of the registry's models is a multiple of 8,
+    so each layer gets 8 groups (Wu & He, "Group Normalization", 2018, find 8-32 groups equally good)."""
+    return math.gcd(int(channels), GROUPNORM_GROUPS)
+
+
+def to_group_norm(model: nn.Module) -> nn.Module:
+    """Replace every BatchNorm of ``model`` by a GroupNorm over the same channels (`group_norm_groups`), in place;
+    a GroupNorm normalises each sample on its own and keeps no running statistics, so no batch mixes two slides
+    and no statistic of private data is stored (what differential privacy needs, docs/privacy.md)."""
+    for name, module in list(model.named_modules()):
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            channels = int(module.num_features)
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            setattr(parent, child, nn.GroupNorm(group_norm_groups(channels), channels, eps=module.eps))
+    return model
 
 
 def create_model(
-    name: str = DEFAULT_MODEL, num_classes: int = 2, in_chans: int = 3, weights: str | Path | None = None
+    name: str = DEFAULT_MODEL,
+    num_classes: int = 2,
+    in_chans: int = 3,
+    weights: str | Path | None = None,
+    norm: str | None = None,
 ) -> nn.Module:
     """Build ``name`` with random weights for ``num_classes`` outputs and ``in_chans`` input channels.
+
+    ``norm``: ``"batch"`` (``None``, the architecture's own BatchNorm) or ``"group"`` (`to_group_norm`).
 
     ``weights``: an optional local ``.safetensors`` file holding a ``state_dict`` for the same architecture.
     Every key must match; only the output layer may differ in shape (e.g. a 1000-class file used for 2
@@ -54,6 +84,10 @@ def create_model(
             module.momentum = BATCHNORM_MOMENTUM
     if in_chans != 3:
         _replace_first_conv(model, in_chans)
+    if norm == "group":
+        to_group_norm(model)
+    elif norm not in (None, "batch"):
+        raise ModelError(f"unknown normalisation {norm!r}: use batch or group")
     if weights:
         load_weights(model, name, Path(weights))
     return model

@@ -61,5 +61,7 @@ def initial_state(config: RunConfig, num_classes: int = NUM_CLASSES) -> tuple[Te
     """The common initial weights (from ``model.weights`` or seeded random init) of a model with ``num_classes``
     outputs (the dataset's classes), and the model's layer units."""
     torch.manual_seed(derive_seed(config.run.seed, "init"))
-    model = create_model(config.model.name, num_classes, config.model.in_chans, config.model.weights or None)
+    model = create_model(
+        config.model.name, num_classes, config.model.in_chans, config.model.weights or None, norm=config.model.norm
+    )
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, split_units(model)

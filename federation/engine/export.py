@@ -185,6 +185,7 @@ def export_card(
             "synthetic": dataset_is_synthetic(dataset),
         },
         intended_use=intended_use(dataset),
+        norm=config.model.norm or "batch",
         metrics=card_metrics(predictions, classes=classes),
         written_at=now_iso(),
     )

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import json
 import math
 import os
 import shutil
@@ -60,22 +61,24 @@ from federation.engine.policy import (
     HospitalPolicy,
     PolicyRefusal,
     agreed_shared_keys,
+    check_budget,
     check_config,
     check_recipe,
     check_tensors,
 )
 from federation.errors import Diverged, FederationError, Interrupted, first_line
+from federation.privacy import ACCOUNTANT_FILE, Accountant, load_accountant, planned_dp_steps
 from federation.runs import PREDICTIONS_FILE, now_iso, prediction_columns, read_json, write_json, write_predictions
 from federation.strategies.common import resolved_nhead
 from models import ModelError, create_model, head_keys, split_units
-from pipeline.outputs import remove_entries
+from pipeline.outputs import remove_entries, write_atomic
 
 HOSPITAL_FILE = "hospital.json"
 CHECKPOINT_DIR = "checkpoints"
 MODEL_FILE = "model.safetensors"
 HOSPITALS_DIR = "hospitals"
 # Files and folders a hospital writes into its folder: the only ones it ever replaces or removes.
-OWN_ENTRIES = (HOSPITAL_FILE, CHECKPOINT_DIR, PREDICTIONS_FILE, MODEL_FILE, "model.json")
+OWN_ENTRIES = (HOSPITAL_FILE, CHECKPOINT_DIR, PREDICTIONS_FILE, MODEL_FILE, "model.json", ACCOUNTANT_FILE)
 TRAINED, EVALUATED = 1, 2  # stages of a round's checkpoint
 
 
@@ -327,7 +330,19 @@ class Hospital:
             )
         loaded = self._load(task.run_id)
         self._check_keys(loaded, task.shared_keys)
-        check_recipe(loaded.policy, task.instruction.recipe)
+        recipe = task.instruction.recipe
+        check_recipe(loaded.policy, recipe)
+        ledger = self._ledger(loaded) if recipe.private or loaded.policy.max_epsilon is not None else None
+        if ledger is not None:
+            spent = ledger.epsilon(recipe.dp_delta) if recipe.private else 0.0
+            after = (
+                ledger.epsilon_after(
+                    recipe.dp_noise_multiplier, recipe.dp_sample_rate, planned_dp_steps(recipe), recipe.dp_delta
+                )
+                if recipe.private
+                else None
+            )
+            check_budget(loaded.policy, recipe, spent, after)
         state = loaded.model.state_dict()
         check_tensors(loaded.policy, "the shared part sent", task.instruction.shared, state, loaded.keys)
         check_tensors(loaded.policy, "the proximal centre sent", task.instruction.prox_centre, state, loaded.keys)
@@ -338,6 +353,13 @@ class Hospital:
         reply = client.train(task.instruction, task.server_round, task.seed)
         seconds = time.perf_counter() - start
         self._check_finite_model(loaded, "after training")
+        if ledger is not None and recipe.private:
+            # recorded before anything leaves: a round whose reply is lost still spent its budget
+            ledger.step(recipe.dp_noise_multiplier, recipe.dp_sample_rate, client.dp_steps)
+            self._save_ledger(loaded, ledger)
+            reply.metrics.update(
+                dp_epsilon=ledger.epsilon(recipe.dp_delta), dp_delta=recipe.dp_delta, dp_steps=float(ledger.steps)
+            )
         if set(reply.shared) != set(loaded.keys) or not set(reply.second_moments) <= set(loaded.keys):
             raise FederationError(f"hospital {self.site.client}: its reply would carry other tensors than agreed")
         self._save(loaded, task.server_round, TRAINED)
@@ -414,13 +436,24 @@ class Hospital:
             torch.set_num_threads(config.run.threads)
         own = self.site.data_client
         data = load_clients(self.site.dataset, config.data.input_size, config.model.in_chans, [own])
-        model = create_model(config.model.name, len(data[own].classes), config.model.in_chans)
+        model = create_model(config.model.name, len(data[own].classes), config.model.in_chans, norm=config.model.norm)
         keys = agreed_shared_keys(config, model)
         first = record.get("first_checkpoint")
         self._loaded = _Loaded(
             run_id, config, data[own], model, policy, keys, first if isinstance(first, int) else None
         )
         return self._loaded
+
+    def _ledger(self, loaded: _Loaded) -> Accountant:
+        """The hospital's privacy ledger for the run (`federation.privacy`), from its own folder."""
+        try:
+            return load_accountant(self.site.folder(loaded.run_id))
+        except ValueError as exc:
+            raise FederationError(f"hospital {self.site.client}: {exc}") from None
+
+    def _save_ledger(self, loaded: _Loaded, ledger: Accountant) -> None:
+        path = self.site.folder(loaded.run_id) / ACCOUNTANT_FILE
+        write_atomic(path, (json.dumps(ledger.to_json(), indent=2) + "\n").encode("utf-8"))
 
     def _client(self, loaded: _Loaded) -> Client:
         """A ``Client`` over the loaded model; its head is the last ``strategy.nhead`` units (the units a recipe's

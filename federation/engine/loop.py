@@ -97,6 +97,7 @@ from models import batchnorm_keys, check_input_size, check_nhead, create_model
 from pipeline.outputs import OutputError, claim_output, os_error_message, owned_by, write_marker
 
 PoolFactory = Callable[[], Pool]
+DP_METRICS = ("dp_epsilon", "dp_delta", "dp_steps")  # what a DP hospital reports (federation.privacy)
 
 
 class RunStopped(Interrupted):
@@ -202,6 +203,9 @@ def usable_update(reply: TrainReply, shared_keys: list[str], spec: Spec, declare
     loss = reply.metrics.get("train_loss")
     if loss is not None and not _in_range(loss, 0.0, math.inf):
         return f"its training loss {loss!r} is not a finite number >= 0"
+    for key in DP_METRICS:
+        if key in reply.metrics and not _in_range(reply.metrics[key], 0.0, math.inf):
+            return f"its {key} {reply.metrics[key]!r} is not a finite number >= 0"
     if fisher:
         trace = reply.metrics.get("fisher_trace")
         if not _in_range(trace, 0.0, math.inf) or not trace:
@@ -215,7 +219,7 @@ def local_keys(config: RunConfig, num_classes: int = NUM_CLASSES) -> frozenset[s
     mode = bn_mode(config.strategy.name, config.strategy.bn)
     if mode == "shared":
         return frozenset()
-    model = create_model(config.model.name, num_classes, config.model.in_chans)
+    model = create_model(config.model.name, num_classes, config.model.in_chans, norm=config.model.norm)
     return frozenset(batchnorm_keys(model, affine=mode == "local"))
 
 
@@ -592,6 +596,9 @@ class Engine:
                     "num_train": self.counts[c],
                     "num_test": e.num_examples,
                     "trained": t is not None,
+                    # differential privacy (federation.privacy): the hospital's epsilon so far, its delta and the
+                    # DP-SGD steps its ledger holds; only in runs with [privacy], so other runs' lines are unchanged
+                    **{k: finite_or_none(metrics.get(k)) for k in DP_METRICS if k in metrics},
                 }
             )
         append_jsonl(self.run_dir / METRICS_FILE, lines)

@@ -62,6 +62,11 @@ class HospitalPolicy:
     max_batch_size: int = 1024
     max_fisher_batch: int = 4096
     weights: str = ""
+    # Differential privacy (federation.privacy, docs/privacy.md): with max_epsilon set, every training round must be
+    # DP-SGD at a delta of at most max_delta, and a round that would take the hospital's epsilon past max_epsilon is
+    # refused. None: DP is not required (a run may still ask for it).
+    max_epsilon: float | None = None
+    max_delta: float = 1e-5
     source: str = "the default hospital policy"
 
     def __post_init__(self) -> None:
@@ -78,6 +83,19 @@ class HospitalPolicy:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
                 raise FederationError(f"{self.source}: {name} = {value!r}; use a finite number >= 0")
+        if self.max_epsilon is not None and (
+            isinstance(self.max_epsilon, bool)
+            or not isinstance(self.max_epsilon, int | float)
+            or not math.isfinite(self.max_epsilon)
+            or self.max_epsilon <= 0
+        ):
+            raise FederationError(f"{self.source}: max_epsilon = {self.max_epsilon!r}; use a finite number > 0")
+        if (
+            isinstance(self.max_delta, bool)
+            or not isinstance(self.max_delta, int | float)
+            or not 0 < self.max_delta < 1
+        ):
+            raise FederationError(f"{self.source}: max_delta = {self.max_delta!r}; use a probability in (0, 1)")
         if self.min_lr > self.max_lr:
             raise FederationError(f"{self.source}: min_lr {self.min_lr} is above max_lr {self.max_lr}")
 
@@ -196,6 +214,29 @@ def check_recipe(policy: HospitalPolicy, recipe: Recipe) -> None:
     for key in ("momentum", "weight_decay"):
         if getattr(recipe, key) < 0:
             raise _refuse(policy, f"recipe {key} = {getattr(recipe, key)} is negative")
+
+
+def check_budget(policy: HospitalPolicy, recipe: Recipe, spent: float, after: float | None) -> None:
+    """Refuse, under a policy with ``max_epsilon``, a round that is not DP-SGD, whose delta is above ``max_delta``,
+    or after which the hospital's epsilon (``after``, at the recipe's delta, from its own ledger) would pass
+    ``max_epsilon``; ``spent``: its epsilon so far."""
+    if policy.max_epsilon is None:
+        return
+    if not recipe.private:
+        raise _refuse(
+            policy, f"this hospital trains only with differential privacy (max_epsilon {policy.max_epsilon:g}), and "
+            "the round asks for none: set [privacy] in the run's configuration"
+        )  # fmt: skip
+    if recipe.dp_delta > policy.max_delta:
+        raise _refuse(
+            policy, f"the round's delta {recipe.dp_delta:g} is above this hospital's max_delta {policy.max_delta:g}"
+        )
+    if after is not None and after > policy.max_epsilon:
+        raise _refuse(
+            policy,
+            f"its privacy budget is spent: epsilon {spent:.3f} so far, {after:.3f} after this round, more than "
+            f"max_epsilon {policy.max_epsilon:g} at delta {recipe.dp_delta:g}",
+        )
 
 
 def agreed_shared_keys(config: RunConfig, model: torch.nn.Module) -> list[str]:

@@ -9,7 +9,7 @@ cross-round state; nothing here is mutable.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -82,7 +82,7 @@ def recipe_from_config(
     """The ``[client]`` (and ``[adam]``) sections as a ``Recipe``, with the strategy's own head/proximal/Fisher
     and second-moment choices."""
     client = config.client
-    return Recipe(
+    recipe = Recipe(
         epochs=client.epochs,
         lr=client.lr,
         head_epochs=head_epochs,
@@ -99,6 +99,27 @@ def recipe_from_config(
         second_moments=second_moments,
         fisher_estimator=config.fedsaf.fisher_estimator,
         start_own=client.start == "own",
+    )
+    return with_privacy(recipe, config)
+
+
+def with_privacy(recipe: Recipe, config: RunConfig) -> Recipe:
+    """``recipe`` with its ``dp_*`` fields from ``[privacy]`` (unchanged when it is off, so a run without DP sends
+    the recipe it always sent)."""
+    privacy = config.privacy
+    if not privacy.enabled:
+        return recipe
+    assert privacy.noise_multiplier is not None
+    assert privacy.max_grad_norm is not None
+    assert privacy.sample_rate is not None
+    return replace(
+        recipe,
+        dp_noise_multiplier=privacy.noise_multiplier,
+        dp_max_grad_norm=privacy.max_grad_norm,
+        dp_sample_rate=privacy.sample_rate,
+        dp_unit=privacy.unit or "slide",
+        dp_tiles_per_unit=privacy.tiles_per_unit or 8,
+        dp_delta=privacy.run_delta,
     )
 
 

@@ -85,7 +85,7 @@ class AmpSettings:
 
 def trainable_keys(config: RunConfig) -> set[str]:
     """Names of the model's trainable parameters (its ``state_dict`` minus buffers such as BatchNorm statistics)."""
-    model = create_model(config.model.name, num_classes=2, in_chans=config.model.in_chans)
+    model = create_model(config.model.name, num_classes=2, in_chans=config.model.in_chans, norm=config.model.norm)
     return {name for name, _ in model.named_parameters()}
 
 

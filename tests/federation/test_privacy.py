@@ -1,0 +1,251 @@
+"""Differential privacy at a hospital (issue 22, federation.privacy): the DP-SGD pieces with exact numbers, the
+accountant against Opacus's own analysis, the GroupNorm model, the configuration, and a DP federation in-process:
+epsilon recorded per round at the hospital and on the server, resume continuing the ledger, a spent budget
+refused by the hospital's policy."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from fl_tiny_dataset import TINY_SETTINGS, make_dataset
+from torch import nn
+
+from federation.client import Client
+from federation.config import config_to_toml, load_config
+from federation.contract import Recipe, TrainInstruction
+from federation.data import ClientData, to_tensor
+from federation.engine import load_run_config, train
+from federation.engine.policy import HospitalPolicy, PolicyRefusal, check_budget
+from federation.errors import FederationError
+from federation.privacy import (
+    ACCOUNTANT_FILE,
+    Accountant,
+    clip_factor,
+    gradient_norm,
+    noised_mean,
+    planned_dp_steps,
+    poisson_sample,
+    steps_per_epoch,
+)
+from models import create_model
+from models.registry import group_norm_groups
+
+DP = ("model.norm=group", "privacy.noise_multiplier=1.0", "privacy.max_grad_norm=1.0", "privacy.sample_rate=0.5")
+
+
+# --- the pieces --------------------------------------------------------------------------------------------------
+
+
+def test_poisson_sampling_takes_each_unit_with_its_own_draw() -> None:
+    draws = torch.rand(10, generator=torch.Generator().manual_seed(3))
+    taken = poisson_sample(10, 0.3, torch.Generator().manual_seed(3))
+    assert taken.tolist() == [i for i in range(10) if draws[i] < 0.3]
+    assert poisson_sample(10, 1.0, torch.Generator().manual_seed(0)).tolist() == list(range(10))
+    rate = poisson_sample(100_000, 0.1, torch.Generator().manual_seed(1)).numel() / 100_000
+    assert abs(rate - 0.1) < 0.005
+    with pytest.raises(ValueError, match="sample rate"):
+        poisson_sample(3, 0.0, torch.Generator())
+
+
+def test_clipping_bounds_the_norm_and_leaves_small_gradients_alone() -> None:
+    big = [torch.tensor([3.0, 4.0]), torch.tensor([[12.0]])]  # norm 13
+    assert gradient_norm(big) == 13.0
+    factor = clip_factor(13.0, 1.0)
+    assert factor == 1.0 / (13.0 + 1e-6)
+    assert gradient_norm([g * factor for g in big]) <= 1.0
+    small = [torch.tensor([0.3, 0.4])]  # norm 0.5 < C
+    assert clip_factor(gradient_norm(small), 1.0) == 1.0
+
+
+def test_noise_has_the_scale_sigma_c_and_the_mean_divides_by_the_expected_batch() -> None:
+    total = [torch.tensor([2.0, 4.0])]
+    assert noised_mean(total, 0.0, 1.0, 4.0, torch.Generator())[0].tolist() == [0.5, 1.0]
+    out = noised_mean([torch.zeros(200_000)], 2.0, 0.5, 10.0, torch.Generator().manual_seed(5))[0]
+    expected = torch.normal(0.0, 1.0, size=(200_000,), generator=torch.Generator().manual_seed(5)) / 10.0
+    assert torch.equal(out, expected)  # sigma C = 1.0, then / (q N) = 10
+    assert abs(float(out.std()) - 0.1) < 0.001
+    assert steps_per_epoch(0.25) == 4
+    assert steps_per_epoch(0.3) == 3
+    assert planned_dp_steps(Recipe(epochs=2, head_epochs=1, dp_sample_rate=0.25)) == 12
+
+
+def test_the_accountant_is_opacus_rdp() -> None:
+    from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
+    from opacus.accountants.rdp import RDPAccountant
+
+    ledger = Accountant()
+    ledger.step(1.0, 0.01, 60)
+    ledger.step(1.0, 0.01, 40)  # merged: the same parameters
+    assert ledger.history == [(1.0, 0.01, 100)]
+    orders = RDPAccountant.DEFAULT_ALPHAS
+    rdp = compute_rdp(q=0.01, noise_multiplier=1.0, steps=100, orders=orders)
+    eps, _ = get_privacy_spent(orders=orders, rdp=rdp, delta=1e-5)
+    assert ledger.epsilon(1e-5) == pytest.approx(float(eps), rel=1e-12)
+    assert ledger.epsilon(1e-5) == pytest.approx(1.2141452107864754, rel=1e-9)
+    ledger.step(2.0, 0.05, 10)
+    assert ledger.steps == 110
+    assert ledger.epsilon_after(2.0, 0.05, 5, 1e-5) > ledger.epsilon(1e-5)
+    again = Accountant.from_json(json.loads(json.dumps(ledger.to_json())), "ledger")
+    assert again == ledger
+    assert Accountant().epsilon(1e-5) == 0.0
+    with pytest.raises(ValueError, match="not a privacy ledger"):
+        Accountant.from_json({"history": [{"steps": 1}]}, "x.json")
+
+
+def test_the_group_norm_model_has_no_batch_statistics() -> None:
+    from opacus.validators import ModuleValidator
+
+    model = create_model("mobilenet_v3_small", 2, 3, norm="group")
+    assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    norms = [m for m in model.modules() if isinstance(m, nn.GroupNorm)]
+    assert norms
+    assert {m.num_groups for m in norms} == {8}
+    assert not [k for k in model.state_dict() if "running" in k or "num_batches" in k]
+    assert ModuleValidator.validate(model, strict=False) == []  # Opacus finds nothing DP-SGD cannot train
+    assert [group_norm_groups(c) for c in (16, 40, 88, 12)] == [8, 8, 8, 4]
+
+
+# --- per-slide clipping inside a training step --------------------------------------------------------------------
+
+
+def _tiny_client(units: tuple[str, ...]) -> Client:
+    torch.manual_seed(0)
+    x = np.random.default_rng(0).integers(0, 255, size=(len(units), 4, 4, 3), dtype=np.uint8)
+    y = np.array([i % 2 for i in range(len(units))], dtype=np.int64)
+    data = ClientData(0, x, y, x[:2], y[:2], ["a.png", "b.png"], False, train_units=units)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(48, 2))
+    return Client(data, model, ["1.weight", "1.bias"], batch_size=4, eval_batch_size=4, augment=False)
+
+
+def test_a_dp_step_is_the_mean_of_each_slides_clipped_gradient() -> None:
+    """q = 1 (every slide every step), no noise, SGD lr 1: the step is minus the sum of the slides' clipped
+    gradients over the number of slides; slides have unequal tile counts, C small enough to clip some."""
+    units = ("s0", "s0", "s0", "s1", "s2", "s2")
+    client = _tiny_client(units)
+    before = {k: v.detach().clone() for k, v in client.model.named_parameters()}
+    expected = {k: torch.zeros_like(v) for k, v in before.items()}
+    norms = []
+    for slide in ("s0", "s1", "s2"):
+        index = [i for i, u in enumerate(units) if u == slide]
+        loss = nn.functional.cross_entropy(
+            client.model(to_tensor(client.data.train_x[index], "cpu")), torch.from_numpy(client.data.train_y[index])
+        )
+        grads = torch.autograd.grad(loss, list(client.model.parameters()))
+        norm = gradient_norm(grads)
+        norms.append(norm)
+        for (k, _), g in zip(client.model.named_parameters(), grads, strict=True):
+            expected[k] += g * min(1.0, 0.5 / (norm + 1e-6))
+    assert max(norms) > 0.5  # at least one slide is clipped
+    recipe = Recipe(epochs=1, lr=1.0, dp_noise_multiplier=0.0, dp_max_grad_norm=0.5, dp_sample_rate=1.0)
+    client.train(TrainInstruction(client=0, recipe=recipe), server_round=1, seed=0)
+    assert client.dp_steps == 1
+    for k, v in client.model.named_parameters():
+        assert torch.allclose(v.detach(), before[k] - expected[k] / 3.0, atol=1e-6), k
+
+
+def test_slide_level_dp_needs_slide_names() -> None:
+    client = _tiny_client(("s0", "s1"))
+    client.data.train_units = None
+    recipe = Recipe(epochs=1, lr=0.1, dp_noise_multiplier=1.0, dp_max_grad_norm=1.0, dp_sample_rate=1.0)
+    with pytest.raises(FederationError, match="tile names do not say"):
+        client.train(TrainInstruction(client=0, recipe=recipe), server_round=1, seed=0)
+
+
+# --- configuration and policy --------------------------------------------------------------------------------------
+
+
+def test_privacy_configuration() -> None:
+    plain = load_config(None, [])
+    assert "[privacy]" not in config_to_toml(plain)  # a run without DP writes what it always wrote
+    config = load_config(None, list(DP))
+    text = config_to_toml(config)
+    assert "[privacy]\nnoise_multiplier = 1.0\nmax_grad_norm = 1.0\nsample_rate = 0.5\n" in text
+    assert config.privacy.run_delta == 1e-5
+    with pytest.raises(FederationError, match=r"model.norm.*set model.norm = group"):
+        load_config(None, list(DP[1:]))
+    with pytest.raises(FederationError, match=r"privacy.sample_rate.*DP-SGD needs a clip norm and a sampling rate"):
+        load_config(None, ["model.norm=group", "privacy.noise_multiplier=1.0", "privacy.max_grad_norm=1.0"])
+    with pytest.raises(FederationError, match=r"privacy.max_grad_norm.*set privacy.noise_multiplier"):
+        load_config(None, ["privacy.max_grad_norm=1.0"])
+    with pytest.raises(FederationError, match=r"privacy.unit"):
+        load_config(None, [*DP, "privacy.unit=patient"])
+
+
+def test_the_policy_refuses_a_round_past_its_budget() -> None:
+    policy = HospitalPolicy(max_epsilon=3.0)
+    private = Recipe(epochs=1, dp_noise_multiplier=1.0, dp_max_grad_norm=1.0, dp_sample_rate=0.25)
+    check_budget(policy, private, 1.0, 2.9)  # within
+    with pytest.raises(PolicyRefusal, match=r"budget is spent: epsilon 2\.500 so far, 3\.100 after this round"):
+        check_budget(policy, private, 2.5, 3.1)
+    with pytest.raises(PolicyRefusal, match="trains only with differential privacy"):
+        check_budget(policy, Recipe(), 0.0, None)
+    with pytest.raises(PolicyRefusal, match=r"delta 0.01 is above"):
+        check_budget(policy, Recipe(dp_sample_rate=0.25, dp_noise_multiplier=1.0, dp_delta=0.01), 0.0, 0.1)
+    check_budget(HospitalPolicy(), Recipe(), 0.0, None)  # no budget: nothing required
+    with pytest.raises(FederationError, match="max_epsilon"):
+        HospitalPolicy(max_epsilon=-1.0)
+
+
+# --- a DP federation in-process -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def slides_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny dataset with prepare's tile names: two tiles per slide (``<slide>_s<slide>_x.._y...png``)."""
+    folder = make_dataset(tmp_path_factory.mktemp("dp"))
+    with (folder / "manifest.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    for i, row in enumerate(rows):
+        old = folder / row["path"]
+        new_name = f"{i // 2:05d}_s{i // 2}_x{(i % 2) * 40:05d}_y00000.png"
+        row["path"] = str(Path(row["path"]).with_name(new_name).as_posix())
+        old.rename(folder / row["path"])
+    with (folder / "manifest.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return folder
+
+
+def _metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_dp_federation_records_epsilon_and_resume_continues_the_ledger(slides_dataset: Path, tmp_path: Path) -> None:
+    settings = [*TINY_SETTINGS, *DP, "strategy.name=fedrep", "client.head_epochs=1", "client.epochs=1"]
+    straight = tmp_path / "straight"
+    train(load_config(None, settings, data=slides_dataset), straight, progress=False)
+    lines = _metrics(straight)
+    assert {line["round"] for line in lines} == {1, 2}
+    for client in (0, 1, 2):
+        ledger = json.loads((straight / "hospitals" / f"client_{client:02d}" / ACCOUNTANT_FILE).read_text())
+        # 2 rounds x (1 head + 1 base epoch) x round(1 / 0.5) steps, all at sigma 1, q 0.5
+        assert ledger == {
+            "accountant": "opacus RDPAccountant",
+            "history": [{"noise_multiplier": 1.0, "sample_rate": 0.5, "steps": 8}],
+        }
+        mine = [line for line in lines if line["client"] == client]
+        first, second = sorted(mine, key=lambda line: line["round"])
+        assert first["dp_steps"] == 4.0
+        assert second["dp_steps"] == 8.0
+        assert first["dp_epsilon"] == pytest.approx(Accountant([(1.0, 0.5, 4)]).epsilon(1e-5))
+        assert second["dp_epsilon"] == pytest.approx(Accountant([(1.0, 0.5, 8)]).epsilon(1e-5))
+        assert second["dp_epsilon"] > first["dp_epsilon"] > 0
+        assert first["dp_delta"] == 1e-5
+    # stop after round 1, resume to 2: the ledger continues exactly
+    resumed = tmp_path / "resumed"
+    train(load_config(None, [*settings, "run.rounds=1"], data=slides_dataset), resumed, progress=False)
+    train(load_run_config(resumed, ["run.rounds=2"]), resumed, resume=True, progress=False)
+    for client in (0, 1, 2):
+        name = f"client_{client:02d}"
+        assert (resumed / "hospitals" / name / ACCOUNTANT_FILE).read_text() == (
+            straight / "hospitals" / name / ACCOUNTANT_FILE
+        ).read_text()
+    assert [line["dp_epsilon"] for line in _metrics(resumed)] == [line["dp_epsilon"] for line in lines]
+    assert math.isfinite(lines[0]["test_acc"])
