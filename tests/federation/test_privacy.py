@@ -249,3 +249,74 @@ def test_a_dp_federation_records_epsilon_and_resume_continues_the_ledger(slides_
         ).read_text()
     assert [line["dp_epsilon"] for line in _metrics(resumed)] == [line["dp_epsilon"] for line in lines]
     assert math.isfinite(lines[0]["test_acc"])
+
+
+# --- the hospital's side: its ledger, its budget, what leaves ------------------------------------------------------
+
+RUN = "dp-run"
+
+
+def test_a_hospital_spends_its_budget_then_refuses_and_only_accounted_scalars_leave(
+    slides_dataset: Path, tmp_path: Path
+) -> None:
+    from federation.contract import Failure, Hello, HelloReply, TrainReply, TrainTask
+    from federation.engine.codec import decode, encode
+    from federation.engine.common import initial_state, resolve_config
+    from federation.engine.hospital import Hospital, Site
+    from federation.engine.outbound import read_outbound
+    from federation.engine.policy import agreed_shared_keys
+    from federation.strategies.common import recipe_from_config
+
+    config = resolve_config(
+        load_config(None, [*TINY_SETTINGS, *DP, "strategy.name=fedrep", "strategy.nhead=1"], data=slides_dataset)
+    )
+    recipe = recipe_from_config(config)
+    assert recipe.private
+    first = Accountant()
+    first.step(1.0, 0.5, planned_dp_steps(recipe))
+    second = Accountant()
+    second.step(1.0, 0.5, 2 * planned_dp_steps(recipe))
+    budget = (first.epsilon(1e-5) + second.epsilon(1e-5)) / 2  # enough for one round, not for two
+    hospital = Hospital(
+        Site(slides_dataset, 0, tmp_path / "state", per_run=True, policy=HospitalPolicy(max_epsilon=budget))
+    )
+
+    def send(message: object) -> object:
+        return decode(hospital.answer(encode(message)))  # type: ignore[arg-type]
+
+    assert isinstance(send(Hello(RUN, config_to_toml(config))), HelloReply)
+    model = create_model(config.model.name, 2, config.model.in_chans, norm="group")
+    keys = agreed_shared_keys(config, model)
+    initial, _ = initial_state(config)
+
+    def task(server_round: int, the_recipe: Recipe) -> TrainTask:
+        shared = {k: initial[k].clone() for k in keys}
+        return TrainTask(RUN, server_round, 7, keys, TrainInstruction(0, the_recipe, shared=shared))
+
+    # a server that drops DP from the recipe is refused: this hospital trains only privately
+    plain = Recipe(epochs=1, lr=0.01)
+    refusal = send(task(1, plain))
+    assert isinstance(refusal, Failure)
+    assert "trains only with differential privacy" in refusal.reason
+    reply = send(task(1, recipe))
+    assert isinstance(reply, TrainReply)
+    assert reply.metrics["dp_epsilon"] == pytest.approx(first.epsilon(1e-5))
+    assert set(reply.metrics) == {"train_loss", "dp_epsilon", "dp_delta", "dp_steps"}
+    ledger = json.loads((tmp_path / "state" / RUN / ACCOUNTANT_FILE).read_text())
+    assert ledger["history"] == [{"noise_multiplier": 1.0, "sample_rate": 0.5, "steps": planned_dp_steps(recipe)}]
+    # round 2 would pass the budget: refused, and the ledger is unchanged
+    refusal = send(task(2, recipe))
+    assert isinstance(refusal, Failure)
+    assert "privacy budget is spent" in refusal.reason
+    assert f"max_epsilon {budget:g}" in refusal.reason
+    assert json.loads((tmp_path / "state" / RUN / ACCOUNTANT_FILE).read_text()) == ledger
+    # what left the hospital: the hello, one train reply (the shared tensors and the accounted scalars), refusals
+    records = read_outbound(tmp_path / "state" / "outbound.jsonl").records
+    assert [r["kind"] for r in records] == ["hello_reply", "failure", "train_reply", "failure"]
+    sent = records[2]
+    assert set(sent["tensors"]) == {f"shared/{k}" for k in keys}  # type: ignore[arg-type]
+    # beside the tensors: counts, seconds, and the metrics: the training loss (not covered by the guarantee,
+    # docs/privacy.md) and the accounted scalars
+    assert set(sent["scalars"]) == {"num_examples", "metrics", "seconds", "evaluation"}  # type: ignore[arg-type]
+    assert sent["scalars"]["evaluation"] is None  # type: ignore[index]  (no evaluation was asked for)
+    assert set(sent["scalars"]["metrics"]) == {"train_loss", "dp_epsilon", "dp_delta", "dp_steps"}  # type: ignore[index]
