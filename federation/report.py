@@ -388,6 +388,58 @@ def operating_points(runs: Sequence[RunResult]) -> list[dict[str, Any]]:
     return rows
 
 
+PRIVACY_COLUMNS: tuple[str, ...] = (
+    "run",
+    "client",
+    "round",
+    "epsilon",
+    "delta",
+    "unit",
+    "noise multiplier",
+    "sample rate",
+    "clip norm",
+    "DP-SGD steps",
+    "accountant",
+)
+
+
+def privacy_rows(runs: Sequence[RunResult]) -> list[dict[str, Any]]:
+    """One row per run x hospital of a run trained with differential privacy (``[privacy]``, `federation.privacy`):
+    its epsilon at the run's delta after its last recorded round (what it reported in ``metrics.jsonl``), and what
+    recomputes it independently: the noise multiplier, sampling rate and DP-SGD steps with Opacus's RDP accountant
+    (plus the clip norm and the unit protected)."""
+    rows: list[dict[str, Any]] = []
+    for run in runs:
+        privacy = run.config.get("privacy") or {}
+        if "noise_multiplier" not in privacy:
+            continue
+        last: dict[int, Mapping[str, Any]] = {}
+        for record in run.metrics:
+            if "dp_epsilon" in record and isinstance(record.get("round"), int):
+                client = int(record["client"])
+                if client not in last or int(record["round"]) >= int(last[client]["round"]):
+                    last[client] = record
+        for client in sorted(last):
+            chosen = last[client]
+            steps = chosen.get("dp_steps")
+            rows.append(
+                {
+                    "run": run.name,
+                    "client": client,
+                    "round": chosen["round"],
+                    "epsilon": chosen.get("dp_epsilon"),
+                    "delta": f"{chosen.get('dp_delta', privacy.get('delta', 1e-5)):g}",
+                    "unit": privacy.get("unit", "slide"),
+                    "noise multiplier": privacy.get("noise_multiplier"),
+                    "sample rate": privacy.get("sample_rate"),
+                    "clip norm": privacy.get("max_grad_norm"),
+                    "DP-SGD steps": int(steps) if isinstance(steps, int | float) else None,
+                    "accountant": "opacus RDP",
+                }
+            )
+    return rows
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return "-"
@@ -468,6 +520,7 @@ def write_report(runs: Sequence[RunResult], out_dir: Path) -> dict[str, Path]:
         problems=problems,
         intended=runs_intended_use(runs),
         operating=operating_points(runs),
+        privacy=privacy_rows(runs),
     )
     atomic_write_text(paths["markdown"], text)
     atomic_write_text(paths["csv"], csv_text(rows, SUMMARY_COLUMNS))
@@ -490,6 +543,7 @@ def render_markdown(
     problems: Sequence[str] = (),
     intended: str = INTENDED_USE,
     operating: Sequence[Mapping[str, Any]] = (),
+    privacy: Sequence[Mapping[str, Any]] = (),
 ) -> str:
     """The report as Markdown: its intended use (`pipeline.provenance`), problems found in the run files (if any),
     the run table, the per-hospital table and (optionally) the curves image."""
@@ -509,6 +563,15 @@ def render_markdown(
             "slide calls (a slide is abnormal when the mean of its 5 highest tile probabilities reaches the "
             "threshold).\n",
             markdown_table(operating, OPERATING_COLUMNS),
+        ]
+    if privacy:
+        parts += [
+            "\n## Differential privacy (each hospital's ledger)\n",
+            "Each hospital trained with DP-SGD, a slide (or, where the unit says so, a tile) as the protected unit; "
+            "epsilon at delta after its last round, accounted by Opacus's RDP accountant from the noise multiplier, "
+            "sampling rate and steps listed (what recomputes it). Not covered: the test metrics, training loss and "
+            "Fisher trace the hospitals reported (docs/privacy.md).\n",
+            markdown_table(privacy, PRIVACY_COLUMNS),
         ]
     if problems:
         listed = "\n".join(f"- {problem}" for problem in problems)

@@ -128,6 +128,7 @@ class ModelCard:
     written_at: str = ""
     intended_use: str = INTENDED_USE  # what the model may be used for (pipeline.provenance), on every card
     norm: str = "batch"  # the network's normalisation: "batch" or "group" (models.registry.to_group_norm)
+    privacy: dict[str, Any] = field(default_factory=dict)  # DP training: epsilon, delta, parameters (issue 22)
 
     def __post_init__(self) -> None:
         if self.architecture not in MODEL_NAMES:
@@ -176,6 +177,7 @@ class ModelCard:
             "threshold": self.threshold,
             "threshold_source": self.threshold_source,
             **({"norm": self.norm} if self.norm != "batch" else {}),
+            **({"privacy": self.privacy} if self.privacy else {}),
             **({"decision": self.decision} if self.positive_class is None else {}),
             "run_id": self.run_id,
             "round": self.round,
@@ -223,6 +225,7 @@ class ModelCard:
                 written_at=str(data.get("written_at", "")),
                 intended_use=str(data.get("intended_use") or INTENDED_USE),
                 norm=str(data.get("norm") or "batch"),
+                privacy=dict(data.get("privacy") or {}),
             )
         except ModelError as exc:
             raise BundleError(f"{where}: {exc}") from None

@@ -294,6 +294,18 @@ def metrics_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     return frame.sort_values(["round", "client"]).reset_index(drop=True)
 
 
+def privacy_spent(metrics: pd.DataFrame) -> dict[int, tuple[float, float]]:
+    """Each hospital's ``(epsilon, delta)`` after its last round in ``metrics`` (`metrics_frame`), for a run trained
+    with differential privacy (``dp_epsilon`` in ``metrics.jsonl``, `federation.privacy`); empty otherwise."""
+    if "dp_epsilon" not in metrics.columns:
+        return {}
+    found: dict[int, tuple[float, float]] = {}
+    for row in metrics.dropna(subset=["dp_epsilon"]).itertuples(index=False):
+        delta = float(getattr(row, "dp_delta", 1e-5))
+        found[int(row.client)] = (float(row.dp_epsilon), delta if delta == delta else 1e-5)
+    return found
+
+
 def load_metrics(run: Path) -> pd.DataFrame:
     """The run's ``metrics.jsonl`` as a frame (empty, with all columns, before the first round ends).
 

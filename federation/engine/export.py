@@ -10,6 +10,8 @@
   ``prepare.json``, ImageNet normalisation; and the tile grid prepare cut (`models.bundle.TileGrid`);
 * the provenance: run id, round, client, the dataset folder and the sha256 of its ``manifest.csv`` as recorded in
   ``hospital.json`` when the run started;
+* under differential privacy (`federation.privacy`), the guarantee of the weights: epsilon at delta from the
+  hospital's own ledger, the unit protected, the noise multiplier, sampling rate, clip norm and DP-SGD steps;
 * the hospital's test metrics of that round, recomputed from the ``predictions.csv`` it has just written (the
   evaluation's own probabilities): tiles, accuracy (argmax), AUC, and sensitivity/specificity at the threshold.
 
@@ -133,6 +135,7 @@ def export_card(
     server_round: int,
     hospital_record: dict[str, Any],
     predictions: Path,
+    privacy: dict[str, Any] | None = None,
 ) -> ModelCard:
     """The card of the model a hospital deploys after ``server_round`` (see the module docstring); ``classes``:
     its dataset's class names in class-index order."""
@@ -186,6 +189,7 @@ def export_card(
         },
         intended_use=intended_use(dataset),
         norm=config.model.norm or "batch",
+        privacy=privacy or {},
         metrics=card_metrics(predictions, classes=classes),
         written_at=now_iso(),
     )

@@ -67,7 +67,7 @@ from federation.engine.policy import (
     check_tensors,
 )
 from federation.errors import Diverged, FederationError, Interrupted, first_line
-from federation.privacy import ACCOUNTANT_FILE, Accountant, load_accountant, planned_dp_steps
+from federation.privacy import ACCOUNTANT_FILE, ACCOUNTANT_NAME, Accountant, load_accountant, planned_dp_steps
 from federation.runs import PREDICTIONS_FILE, now_iso, prediction_columns, read_json, write_json, write_predictions
 from federation.strategies.common import resolved_nhead
 from models import ModelError, create_model, head_keys, split_units
@@ -559,8 +559,28 @@ class Hospital:
             server_round=server_round,
             hospital_record=read_json(folder / HOSPITAL_FILE),
             predictions=folder / PREDICTIONS_FILE,
+            privacy=self._card_privacy(loaded),
         )
         write_bundle(folder, card)
+
+    def _card_privacy(self, loaded: _Loaded) -> dict[str, Any]:
+        """What the model card says of the weights' DP guarantee (empty without ``[privacy]``)."""
+        privacy = loaded.config.privacy
+        if not privacy.enabled:
+            return {}
+        ledger = self._ledger(loaded)
+        return {
+            "epsilon": ledger.epsilon(privacy.run_delta),
+            "delta": privacy.run_delta,
+            "unit": privacy.unit or "slide",
+            "noise_multiplier": privacy.noise_multiplier,
+            "sample_rate": privacy.sample_rate,
+            "max_grad_norm": privacy.max_grad_norm,
+            "steps": ledger.steps,
+            "accountant": ACCOUNTANT_NAME,
+            "ledger": ACCOUNTANT_FILE,
+            "not_covered": "the test metrics, training loss and Fisher trace the hospital reported (docs/privacy.md)",
+        }
 
 
 def _atomic_save(state: dict[str, torch.Tensor], path: Path, metadata: dict[str, Any]) -> None:

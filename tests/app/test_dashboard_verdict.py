@@ -147,3 +147,15 @@ def test_the_scorecard_saves_the_sliders_threshold(verdict_root: Path) -> None:
     at.run()
     card = read_card(verdict_root / "hospitals" / "client_00")
     assert (card.threshold, card.threshold_source) == (0.42, "set by hand")
+
+
+def test_a_dp_runs_epsilon_is_beside_each_verdict(verdict_root: Path) -> None:
+    lines = [json.loads(line) for line in (verdict_root / "metrics.jsonl").read_text().splitlines()]
+    for line in lines:
+        line.update(dp_epsilon=1.5 * line["round"] + line["client"], dp_delta=1e-5, dp_steps=4.0 * line["round"])
+    (verdict_root / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    last = max(line["round"] for line in lines)
+    at = open_page("verdict")
+    captions = " ".join(str(c.value) for c in at.caption)
+    for client in SPLITS:
+        assert f"differential privacy: epsilon {1.5 * last + client:.2f} at delta 1e-05 so far, per slide" in captions

@@ -238,6 +238,20 @@ def test_a_dp_federation_records_epsilon_and_resume_continues_the_ledger(slides_
         assert second["dp_epsilon"] == pytest.approx(Accountant([(1.0, 0.5, 8)]).epsilon(1e-5))
         assert second["dp_epsilon"] > first["dp_epsilon"] > 0
         assert first["dp_delta"] == 1e-5
+    # the model card states the guarantee of the weights; report.md what recomputes each hospital's epsilon
+    from federation.report import load_run, privacy_rows
+    from models.bundle import read_card
+
+    card = read_card(straight / "hospitals" / "client_00").privacy
+    assert card["epsilon"] == pytest.approx(Accountant([(1.0, 0.5, 8)]).epsilon(1e-5))
+    assert (card["delta"], card["unit"], card["steps"], card["noise_multiplier"]) == (1e-5, "slide", 8, 1.0)
+    rows = privacy_rows([load_run(straight)])
+    assert [(r["client"], r["round"], r["DP-SGD steps"], r["sample rate"]) for r in rows] == [
+        (0, 2, 8, 0.5),
+        (1, 2, 8, 0.5),
+        (2, 2, 8, 0.5),
+    ]
+    assert rows[0]["epsilon"] == pytest.approx(card["epsilon"])
     # stop after round 1, resume to 2: the ledger continues exactly
     resumed = tmp_path / "resumed"
     train(load_config(None, [*settings, "run.rounds=1"], data=slides_dataset), resumed, progress=False)

@@ -18,7 +18,16 @@ import streamlit as st
 
 from app.dashboard import evaluation, ui
 from app.dashboard.datasets import hospital_label
-from app.dashboard.runs import RunInfo, card_threshold_sources, card_thresholds, prediction_files, read_predictions
+from app.dashboard.runs import (
+    RunInfo,
+    card_threshold_sources,
+    card_thresholds,
+    load_config,
+    load_metrics,
+    prediction_files,
+    privacy_spent,
+    read_predictions,
+)
 from models.decision import DEFAULT_THRESHOLD, interval_text
 
 # icon + word + colour (Streamlit's background colours; the word alone carries the meaning)
@@ -65,7 +74,14 @@ def _figures(score: evaluation.HospitalScore) -> str:
     return " · ".join(parts)
 
 
-def _hospital(info: RunInfo, client: int, rows: pd.DataFrame, floor: evaluation.Floor) -> evaluation.Verdict:
+def _hospital(
+    info: RunInfo,
+    client: int,
+    rows: pd.DataFrame,
+    floor: evaluation.Floor,
+    privacy: dict[int, tuple[float, float]],
+    unit: str = "slide",
+) -> evaluation.Verdict:
     thresholds, sources = card_thresholds(info.path), card_threshold_sources(info.path)
     threshold = thresholds.get(client, DEFAULT_THRESHOLD)
     source = sources.get(client, "the default 0.5 (no model card)")
@@ -75,7 +91,11 @@ def _hospital(info: RunInfo, client: int, rows: pd.DataFrame, floor: evaluation.
     with st.container(border=True):
         st.markdown(f"#### {hospital_label(client)} &nbsp; :{colour}-background[{icon} **{word}**]")
         st.markdown(f"{hospital_label(client)}: {result.reason}")
-        st.caption(f"{_figures(score)} · threshold {threshold:.2f} ({source})")
+        dp = ""
+        if client in privacy:
+            epsilon, delta = privacy[client]
+            dp = f" · differential privacy: epsilon {epsilon:.2f} at delta {delta:g} so far, per {unit}"
+        st.caption(f"{_figures(score)} · threshold {threshold:.2f} ({source}){dp}")
         target = score.target
         if result.kind in (evaluation.FAIL, evaluation.REVIEW) and target is not None:
             value = min(max(target.threshold, 1e-6), 1 - 1e-6)
@@ -114,7 +134,10 @@ def page() -> None:
     if found.frame.empty:
         return
     floor = ui.floor_controls("verdict")
-    verdicts = [_hospital(info, int(client), rows, floor) for client, rows in found.frame.groupby("client", sort=True)]
+    privacy = privacy_spent(load_metrics(info.path))
+    unit = str((load_config(info.path).get("privacy") or {}).get("unit") or "slide")
+    groups = found.frame.groupby("client", sort=True)
+    verdicts = [_hospital(info, int(client), rows, floor, privacy, unit) for client, rows in groups]
     counts = {kind: sum(v.kind == kind for v in verdicts) for kind in LOOK}
     st.caption(
         f"{len(verdicts)} hospitals: "
