@@ -89,8 +89,8 @@ def build(folder: Path) -> str:
         by[(cell["method"], _level(cell["epsilon"]))][cell["seed"]] = cell
     separate = by.get(("separate", None), {})
     lines = [
-        "| method | epsilon (target) | epsilon reported (max over hospitals) | seeds | accuracy | AUC | accuracy − same "
-        "method without DP | accuracy − Separate without DP |",
+        "| method | epsilon (target) | epsilon reported (max over hospitals) | seeds | accuracy | AUC "
+        "| accuracy − same method without DP | accuracy − Separate without DP |",
         "|---|---|---|---|---|---|---|---|",
     ]
     rows = []
@@ -139,12 +139,13 @@ def build(folder: Path) -> str:
 
 
 def main() -> None:
-    folder = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "results" / "privacy"
+    folder = (Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "results" / "privacy").resolve()
     table = build(folder)
+    shown = folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder
     text = (
         "# Accuracy against epsilon\n\n"
         "Made by `bash scripts/privacy_tradeoff.sh` (its header says what it runs); rebuilt from the published runs "
-        f"alone by `.venv/bin/python scripts/privacy_table.py {folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder}`. "
+        f"alone by `.venv/bin/python scripts/privacy_table.py {shown}`. "
         "Last round's averaged test accuracy and AUC over the 3 hospitals, mean over seeds; differences are paired "
         "over the same seeds, mean and 95% t interval (`*`: the interval excludes 0). Epsilon at delta 1e-5, one "
         "slide the protected unit.\n\n" + table
