@@ -334,3 +334,31 @@ def test_a_hospital_spends_its_budget_then_refuses_and_only_accounted_scalars_le
     assert set(sent["scalars"]) == {"num_examples", "metrics", "seconds", "evaluation"}  # type: ignore[arg-type]
     assert sent["scalars"]["evaluation"] is None  # type: ignore[index]  (no evaluation was asked for)
     assert set(sent["scalars"]["metrics"]) == {"train_loss", "dp_epsilon", "dp_delta", "dp_steps"}  # type: ignore[index]
+
+
+@pytest.mark.slow
+def test_a_dp_federation_gives_the_same_figures_in_every_engine(slides_dataset: Path, tmp_path: Path) -> None:
+    """In-process, flower-sim and the loopback deployment (each hospital under a policy that requires DP): identical
+    per-round metrics, epsilons included, and each deployed hospital's ledger the in-process one."""
+    from federation.flower.demo import run_demo
+
+    settings = [*TINY_SETTINGS, *DP, "strategy.name=fedrep", "client.head_epochs=1", "client.epochs=1"]
+    local, sim, demo = tmp_path / "local", tmp_path / "sim", tmp_path / "demo"
+    policy = tmp_path / "policy.toml"
+    policy.write_text("min_nhead = 1\nmax_epsilon = 1000.0\n", encoding="utf-8")
+    train(load_config(None, settings, data=slides_dataset), local, progress=False)
+    train(load_config(None, [*settings, "run.engine=flower-sim"], data=slides_dataset), sim, progress=False)
+    run_demo(
+        load_config(None, [*settings, "run.engine=flower"], data=slides_dataset), demo, progress=False, policy=policy
+    )
+
+    def figures(run: Path) -> list[dict]:
+        return [{k: v for k, v in line.items() if k != "seconds"} for line in _metrics(run)]
+
+    assert figures(sim) == figures(local)
+    assert figures(demo) == figures(local)
+    assert all(line["dp_epsilon"] > 0 for line in figures(local))
+    for run in (sim, demo):
+        for client in (0, 1, 2):
+            name = f"client_{client:02d}/{ACCOUNTANT_FILE}"
+            assert (run / "hospitals" / name).read_text() == (local / "hospitals" / name).read_text()
