@@ -12,7 +12,8 @@ gfl=.venv/bin/gastric-fl
 $gfl synth --format seed --images 300 --seed 1 --difficulty 0.3 --out data/raw/privacy --overwrite
 $gfl prepare --format seed --input data/raw/privacy --out data/prepared/privacy --clients 3 --tile 128 --seed 0 \
     --overwrite
-DP=(--set privacy.max_grad_norm=1.0 --set privacy.sample_rate=0.3)
+# (the grid's noise multiplier replaces the one set here, which only makes the base configuration a DP one)
+DP=(--set privacy.noise_multiplier=1.3538 --set privacy.max_grad_norm=1.0 --set privacy.sample_rate=0.3)
 SIGMAS=6.9531,2.7539,1.3538   # epsilon 1, 3, 8 at delta 1e-5 after 30 steps of rate 0.3 (Opacus RDP)
 TWO_EPOCHS=(--set client.epochs=2 --set client.head_epochs=0)
 $gfl ablate --config configs/privacy_tradeoff.toml --grid strategy.name=fedrep,fedsaf --seeds 3 \
