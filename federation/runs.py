@@ -60,7 +60,8 @@ _SERVER_FILES = (CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, AGGREGATION_FILE, "mes
 _REPORT_FILES = ("report.md", "report.csv", "hospitals.csv", "accuracy.png")
 _HOSPITAL = "hospitals/client_[0-9][0-9]"
 # model.*: models.bundle; report.html: gastric-fl report --html (app.report_html), hospital data like predictions.csv
-# outbound.jsonl: the hospital's record of what left it (federation.engine.outbound)
+# outbound.jsonl: the hospital's record of what left it (federation.engine.outbound); privacy.json: its privacy ledger
+# (federation.privacy.ACCOUNTANT_FILE, named here without importing torch)
 _HOSPITAL_FILES = (
     "hospital.json",
     PREDICTIONS_FILE,
@@ -68,6 +69,7 @@ _HOSPITAL_FILES = (
     "model.json",
     "report.html",
     "outbound.jsonl",
+    "privacy.json",
 )
 RUN_PATTERNS: tuple[str, ...] = (
     *_SERVER_FILES,

@@ -238,6 +238,11 @@ def test_a_dp_federation_records_epsilon_and_resume_continues_the_ledger(slides_
         assert second["dp_epsilon"] == pytest.approx(Accountant([(1.0, 0.5, 8)]).epsilon(1e-5))
         assert second["dp_epsilon"] > first["dp_epsilon"] > 0
         assert first["dp_delta"] == 1e-5
+    # the ledger is a file a run may hold: train --overwrite replaces a DP run like any other
+    from federation.runs import RUN_PATTERNS
+    from pipeline.outputs import foreign_entries
+
+    assert foreign_entries(straight, "train", RUN_PATTERNS) == []
     # the model card states the guarantee of the weights; report.md what recomputes each hospital's epsilon
     from federation.report import load_run, privacy_rows
     from models.bundle import read_card
