@@ -18,6 +18,7 @@ from pathlib import Path
 from app.dashboard.errors import DashboardError
 from app.dashboard.evaluation import threshold_for_sensitivity
 from app.dashboard.runs import read_prediction_file
+from federation.runfiles import hospital_dir
 from models.bundle import CARD_FILE, ModelCard, set_threshold
 
 PREDICTIONS_FILE = "predictions.csv"
@@ -25,7 +26,7 @@ PREDICTIONS_FILE = "predictions.csv"
 
 def hospital_folder(run: Path, hospital: int) -> Path:
     """``<run>/hospitals/client_XX``, the hospital's bundle; `DashboardError` (one line) when it has no card."""
-    folder = run / "hospitals" / f"client_{hospital:02d}"
+    folder = hospital_dir(run, hospital)
     if not (folder / CARD_FILE).is_file():
         raise DashboardError(
             f"{folder / CARD_FILE} does not exist: hospital {hospital} of {run} has no model card (a hospital writes "

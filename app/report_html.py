@@ -50,6 +50,7 @@ import pandas as pd
 
 from app import slide_view
 from federation.jsonl import scan_jsonl
+from federation.runfiles import hospital_dir, hospital_files, hospital_index, hospital_name
 from models.decision import interval_text, slide_of_tile, slide_stem
 from pipeline.outputs import (
     OutputError,
@@ -102,10 +103,7 @@ class ReportError(ValueError):
 
 def hospital_folders(run: Path) -> dict[int, Path]:
     """Hospital index -> folder, for each hospital of ``run`` with a ``predictions.csv``."""
-    return {
-        int(p.parent.name.removeprefix("client_")): p.parent
-        for p in sorted((run / "hospitals").glob("client_[0-9][0-9]/predictions.csv"))
-    }
+    return {hospital_index(p.parent.name): p.parent for p in hospital_files(run, "predictions.csv")}
 
 
 def _client(hospital: int | str) -> int:
@@ -216,7 +214,7 @@ def load_hospital(run: Path, hospital: int | str) -> HospitalReport:
         raise ReportError(
             f"{config_path} is not valid TOML ({exc}); restore it (each hospital.json keeps a copy as config_toml)"
         ) from None
-    folder = run / "hospitals" / f"client_{client:02d}"
+    folder = hospital_dir(run, client)
     if not folder.is_dir():
         known = ", ".join(str(c) for c in hospital_folders(run)) or "none"
         raise ReportError(f"{folder} does not exist: hospital {client} is not part of this run (hospitals: {known})")
@@ -830,7 +828,7 @@ def write_html_reports(
                     if warn is not None:
                         warn(f"{rep.folder}: {problem}")
             page = render(rep)
-            pages[f"client_{client:02d}.html"] = page
+            pages[f"{hospital_name(client)}.html"] = page
             own_folders.append((rep.folder / HOSPITAL_REPORT, page))
         if out is not None:
             out_folders.append((out if len(runs) == 1 else out / run.name, pages))

@@ -47,6 +47,7 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
+from federation.runfiles import hospital_files, hospital_index
 from pipeline import outputs
 from pipeline.images import DEFAULT_MAX_PIXELS, check_max_pixels, check_pixels
 
@@ -138,8 +139,8 @@ def write_atomic(path: Path, payload: bytes) -> None:
 def bundle_folders(run: Path) -> dict[int, Path]:
     """Hospital index -> its folder, for each hospital of ``run`` with a model card (``model.json``)."""
     found: dict[int, Path] = {}
-    for card in sorted((run / "hospitals").glob(f"client_[0-9][0-9]/{CARD_FILE}")):
-        found[int(card.parent.name.removeprefix("client_"))] = card.parent
+    for card in hospital_files(run, CARD_FILE):
+        found[hospital_index(card.parent.name)] = card.parent
     return found
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from federation.errors import FederationError
 from federation.jsonl import scan_jsonl
+from federation.runfiles import hospital_files, hospital_index
 from federation.runs import (
     AGGREGATION_FILE,
     CONFIG_FILE,
@@ -357,7 +358,7 @@ def operating_points(runs: Sequence[RunResult]) -> list[dict[str, Any]]:
     run's server holds no card: the section is then empty."""
     rows: list[dict[str, Any]] = []
     for run in runs:
-        for path in sorted((run.run_dir / "hospitals").glob("client_[0-9][0-9]/model.json")):
+        for path in hospital_files(run.run_dir, "model.json"):
             try:
                 card = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError):
@@ -374,7 +375,7 @@ def operating_points(runs: Sequence[RunResult]) -> list[dict[str, Any]]:
             rows.append(
                 {
                     "run": run.name,
-                    "client": int(card.get("client", path.parent.name.removeprefix("client_"))),
+                    "client": int(card.get("client", hospital_index(path.parent.name))),
                     "threshold": card.get("threshold"),
                     "threshold from": card.get("threshold_source") or "the default 0.5",
                     "test slides": metrics.get("slides"),

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from federation.errors import FederationError
 from federation.jsonl import DamagedLine, scan_jsonl
 from federation.processes import same_process
+from federation.runfiles import HOSPITAL_GLOB, HOSPITALS_DIR
 from pipeline.outputs import OutputError, check_replaceable, owned_by, write_marker
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ OWNER = "train"  # the command named in a run directory's ownership marker
 # `gastric-fl report` and `gastric-fl ablate` write into a run, and the hidden temp files of atomic writes.
 _SERVER_FILES = (CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, AGGREGATION_FILE, "messages.jsonl", "progress.json")
 _REPORT_FILES = ("report.md", "report.csv", "hospitals.csv", "accuracy.png")
-_HOSPITAL = "hospitals/client_[0-9][0-9]"
+_HOSPITAL = f"{HOSPITALS_DIR}/{HOSPITAL_GLOB}"
 # model.*: models.bundle; report.html: gastric-fl report --html (app.report_html), hospital data like predictions.csv
 # outbound.jsonl: the hospital's record of what left it (federation.engine.outbound); privacy.json: its privacy ledger
 # (federation.privacy.ACCOUNTANT_FILE, named here without importing torch)

@@ -32,6 +32,7 @@ from app.dashboard.datasets import hospital_label, read_checked_csv
 from app.dashboard.errors import DashboardError
 from federation import jsonl
 from federation.errors import FederationError
+from federation.runfiles import hospital_files, hospital_index
 
 RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json")
 STATUSES = ("running", "finished", "failed")
@@ -500,7 +501,7 @@ def prediction_files(run: Path) -> list[Path]:
     Per-tile probabilities never reach the server's part of a run; in a deployment they stay on each hospital's
     machine, and this page shows the hospitals whose folders are here.
     """
-    return sorted((run / "hospitals").glob("client_*/predictions.csv"))
+    return hospital_files(run, "predictions.csv")
 
 
 _LABEL_VALUES = {"normal": 0, "abnormal": 1, "0": 0, "1": 1}
@@ -579,10 +580,10 @@ def load_predictions(run: Path) -> pd.DataFrame:
 def _cards(run: Path) -> dict[int, dict[str, Any]]:
     """Each hospital's model card (``hospitals/client_XX/model.json``) that reads as a JSON object, by client."""
     found: dict[int, dict[str, Any]] = {}
-    for path in sorted((run / "hospitals").glob("client_*/model.json")):
+    for path in hospital_files(run, "model.json"):
         try:
             card = json.loads(path.read_text(encoding="utf-8"))
-            client = int(path.parent.name.removeprefix("client_"))
+            client = hospital_index(path.parent.name)
         except (OSError, ValueError):  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
             continue
         if isinstance(card, dict):

@@ -68,6 +68,8 @@ from federation.engine.policy import (
 )
 from federation.errors import Diverged, FederationError, Interrupted, first_line
 from federation.privacy import ACCOUNTANT_FILE, ACCOUNTANT_NAME, Accountant, load_accountant, planned_dp_steps
+from federation.runfiles import HOSPITALS_DIR as HOSPITALS_DIR  # re-exported: the old name
+from federation.runfiles import hospital_dir
 from federation.runs import PREDICTIONS_FILE, now_iso, prediction_columns, read_json, write_json, write_predictions
 from federation.strategies.common import resolved_nhead
 from models import ModelError, create_model, head_keys, split_units
@@ -76,7 +78,6 @@ from pipeline.outputs import remove_entries, write_atomic
 HOSPITAL_FILE = "hospital.json"
 CHECKPOINT_DIR = "checkpoints"
 MODEL_FILE = "model.safetensors"
-HOSPITALS_DIR = "hospitals"
 # Files and folders a hospital writes into its folder: the only ones it ever replaces or removes.
 OWN_ENTRIES = (HOSPITAL_FILE, CHECKPOINT_DIR, PREDICTIONS_FILE, MODEL_FILE, "model.json", ACCOUNTANT_FILE)
 TRAINED, EVALUATED = 1, 2  # stages of a round's checkpoint
@@ -84,7 +85,7 @@ TRAINED, EVALUATED = 1, 2  # stages of a round's checkpoint
 
 def hospital_folder(run_dir: Path, client: int) -> Path:
     """Where the in-process engines keep hospital ``client``'s folder: ``<run>/hospitals/client_XX``."""
-    return run_dir / HOSPITALS_DIR / f"client_{client:02d}"
+    return hospital_dir(run_dir, client)
 
 
 def manifest_sha256(dataset: Path) -> str:

@@ -38,6 +38,7 @@ from federation.engine.policy import load_policy
 from federation.engine.pools import Observer, Pool, answer
 from federation.errors import FederationError, first_line
 from federation.flower.waits import waits
+from federation.runfiles import hospital_name
 
 ENVELOPE, WIRE, ORDER = "envelope", "bytes", "order"
 MESSAGE_TYPES = {"hello": "query", "train": "train", "evaluate": "evaluate"}
@@ -201,7 +202,7 @@ def hospital_site(node_config: Mapping[str, Any], run_config: Mapping[str, Any])
         # only where the node names no dataset of its own: a deployed hospital never takes paths from a run
         clients = [int(c) for c in str(run_config["sim-clients"]).split(",")]
         client = clients[int(node_config["partition-id"])]
-        root = Path(str(run_config["sim-hospitals-dir"])) / f"client_{client:02d}"
+        root = Path(str(run_config["sim-hospitals-dir"])) / hospital_name(client)
         return Site(Path(str(run_config["sim-data-path"])), client, root)
     try:
         dataset = Path(str(node_config["data-path"]))

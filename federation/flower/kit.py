@@ -54,6 +54,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from federation import runfiles
 from federation.errors import FederationError
 from pipeline.outputs import foreign_entries, remove_entries
 
@@ -176,7 +177,7 @@ class Kit:
 # -- public entry points ---------------------------------------------------------------------------------------------
 def hospital_name(client: int) -> str:
     """``client_XX``: the kit's name of a dataset's hospital ``client``, as its folder is named in a run."""
-    return f"client_{client:02d}"
+    return runfiles.hospital_name(client)
 
 
 def default_hospital_names(count: int) -> list[str]:

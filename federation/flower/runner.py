@@ -26,11 +26,12 @@ from typing import Any
 from tqdm import tqdm
 
 from federation.config import RunConfig, config_to_toml
-from federation.engine.hospital import HOSPITALS_DIR, Site, manifest_sha256
+from federation.engine.hospital import Site, manifest_sha256
 from federation.engine.loop import RunStopped
 from federation.errors import FederationError
 from federation.flower.operator import operator_problem
 from federation.flower.processes import COMPLETED, FINISHED, ConfigValue, FlwrCli, SuperLink
+from federation.runfiles import HOSPITALS_DIR
 from federation.runs import SUMMARY_FILE, now_iso, read_json, write_json
 
 FAB_DIR = Path(__file__).resolve().parent / "fab"
