@@ -109,6 +109,14 @@ def _batches(order: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
     return chunks
 
 
+def _optimizer(trained: list[nn.Parameter], lr: float, recipe: Recipe) -> torch.optim.Optimizer:
+    """The recipe's optimiser over ``trained``: Adam (``adam_*``) or SGD (``momentum``, ``weight_decay``), fresh each
+    phase."""
+    if recipe.optimizer == "adam":
+        return torch.optim.Adam(trained, lr=lr, betas=(recipe.adam_beta1, recipe.adam_beta2), eps=recipe.adam_eps)
+    return torch.optim.SGD(trained, lr=lr, momentum=recipe.momentum, weight_decay=recipe.weight_decay)
+
+
 class Client:
     """One hospital: its tiles, its model (shared base + personal head) and its training recipes."""
 
@@ -227,6 +235,16 @@ class Client:
             second_moments=moments,
         )
 
+    def _finite(self, loss: torch.Tensor, server_round: int, lr: float) -> float:
+        """The loss's value; `Diverged` (one line, what to do) when it is not finite."""
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise Diverged(
+                f"client {self.cid}, round {server_round}: the training loss became {value}; "
+                f"lower client.lr (now {lr}) and run again"
+            )
+        return value
+
     def _set_trainable(self, names: Iterable[str]) -> None:
         trainable = set(names)
         for key, param in self.params.items():
@@ -254,13 +272,7 @@ class Client:
             return
         self._set_trainable(names)
         trained = [self.params[k] for k in names]
-        optimizer: torch.optim.Optimizer
-        if recipe.optimizer == "adam":
-            optimizer = torch.optim.Adam(
-                trained, lr=lr, betas=(recipe.adam_beta1, recipe.adam_beta2), eps=recipe.adam_eps
-            )
-        else:
-            optimizer = torch.optim.SGD(trained, lr=lr, momentum=recipe.momentum, weight_decay=recipe.weight_decay)
+        optimizer = _optimizer(trained, lr, recipe)
         prox_params = {k: self.params[k] for k in self.shared_params if k in set(names)}
         use_prox = centre is not None and bool(prox_params)
         # paper 004: v_hat of the shared parameters, over the second half of the last epoch of the base phase
@@ -277,12 +289,7 @@ class Client:
                 y = labels[index].to(self.device)
                 optimizer.zero_grad(set_to_none=True)
                 loss = F.cross_entropy(self.model(x), y)
-                value = float(loss.detach())
-                if not math.isfinite(value):
-                    raise Diverged(
-                        f"client {self.cid}, round {server_round}: the training loss became {value}; "
-                        f"lower client.lr (now {lr}) and run again"
-                    )
+                value = self._finite(loss, server_round, lr)
                 total = loss + proximal_term(prox_params, centre, recipe.prox_mu) if use_prox else loss  # type: ignore[arg-type]
                 total.backward()
                 optimizer.step()
@@ -328,13 +335,7 @@ class Client:
 
         self._set_trainable(names)
         trained = [self.params[k] for k in names]
-        optimizer: torch.optim.Optimizer
-        if recipe.optimizer == "adam":
-            optimizer = torch.optim.Adam(
-                trained, lr=lr, betas=(recipe.adam_beta1, recipe.adam_beta2), eps=recipe.adam_eps
-            )
-        else:
-            optimizer = torch.optim.SGD(trained, lr=lr, momentum=recipe.momentum, weight_decay=recipe.weight_decay)
+        optimizer = _optimizer(trained, lr, recipe)
         prox = [(self.params[k], centre[k]) for k in names if centre is not None and k in centre]
         units = self._units(recipe)
         expected = recipe.dp_sample_rate * len(units)
@@ -349,12 +350,7 @@ class Client:
                 if augmenter is not None:
                     batch = augment_batch(augmenter, batch)
                 loss = F.cross_entropy(self.model(to_tensor(batch, self.device)), labels[index].to(self.device))
-                value = float(loss.detach())
-                if not math.isfinite(value):
-                    raise Diverged(
-                        f"client {self.cid}, round {server_round}: the training loss became {value}; "
-                        f"lower client.lr (now {lr}) and run again"
-                    )
+                value = self._finite(loss, server_round, lr)
                 grads = torch.autograd.grad(loss, trained, allow_unused=True)
                 grads = tuple(torch.zeros_like(p) if g is None else g for g, p in zip(grads, trained, strict=True))
                 factor = clip_factor(gradient_norm(grads), recipe.dp_max_grad_norm)
