@@ -662,6 +662,17 @@ def paired_interval(differences: Sequence[float]) -> PairedStats:
     return PairedStats(n, mean, sd, mean - half, mean + half)
 
 
+def paired_text(stats: PairedStats) -> str | None:
+    """``+0.100 [-0.050, +0.250]`` (three decimals; `` *`` when the interval excludes 0), the mean alone when there
+    is no interval (one seed), ``None`` when there is no difference at all."""
+    if stats.mean is None:
+        return None
+    if stats.low is None or stats.high is None:
+        return f"{stats.mean:+.3f}"
+    mark = " *" if stats.low > 0 or stats.high < 0 else ""
+    return f"{stats.mean:+.3f} [{stats.low:+.3f}, {stats.high:+.3f}]{mark}"
+
+
 def paired_differences(method: Mapping[int, float | None], reference: Mapping[int, float | None]) -> list[float]:
     """``method[s] - reference[s]`` for each seed ``s`` (ascending) where both have a value."""
     return [

@@ -20,7 +20,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from federation.ablation import PairedStats, paired_differences, paired_interval, run_figures
+from federation.ablation import PairedStats, paired_differences, paired_interval, paired_text, run_figures
 
 FIELDS = ("avg_test_acc", "avg_test_auc")
 
@@ -60,12 +60,8 @@ def pair(
 
 
 def describe(stats: PairedStats) -> str:
-    if stats.mean is None:
-        return "n/a"
-    if stats.low is None or stats.high is None:
-        return f"{stats.mean:+.3f} (n={stats.n})"
-    mark = " *" if stats.low > 0 or stats.high < 0 else ""
-    return f"{stats.mean:+.3f} [{stats.low:+.3f}, {stats.high:+.3f}]{mark} (n={stats.n})"
+    text = paired_text(stats)
+    return "n/a" if text is None else f"{text} (n={stats.n})"
 
 
 def main(argv: list[str]) -> int:

@@ -25,7 +25,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from federation.ablation import PairedStats, paired_differences, paired_interval  # noqa: E402
+from federation.ablation import PairedStats, paired_differences, paired_interval, paired_text  # noqa: E402
 from federation.report import load_run, summarise  # noqa: E402
 
 METHODS = ("fedsaf", "fedrep", "fedavg")
@@ -73,12 +73,7 @@ def _fmt(value: float | None, digits: int = 3) -> str:
 
 
 def _diff(stats: PairedStats) -> str:
-    if stats.mean is None:
-        return "—"
-    if stats.low is None or stats.high is None:
-        return f"{stats.mean:+.3f}"
-    star = " *" if stats.low > 0 or stats.high < 0 else ""
-    return f"{stats.mean:+.3f} [{stats.low:+.3f}, {stats.high:+.3f}]{star}"
+    return paired_text(stats) or "—"
 
 
 def build(folder: Path) -> str:

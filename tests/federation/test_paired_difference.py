@@ -88,3 +88,12 @@ def test_the_published_site_shift_folder_gives_fedsaf_against_fedamp_over_five_s
     out = capsys.readouterr().out
     assert "methods_site_shift: fedsaf - fedamp, avg_test_acc:" in out
     assert "(n=5)" in out
+
+
+def test_paired_text_words_a_difference() -> None:
+    from federation.ablation import PairedStats, paired_text
+
+    assert paired_text(PairedStats(3, 0.1, 0.02, 0.05, 0.15)) == "+0.100 [+0.050, +0.150] *"
+    assert paired_text(PairedStats(3, -0.1, 0.2, -0.6, 0.4)) == "-0.100 [-0.600, +0.400]"
+    assert paired_text(PairedStats(1, 0.25, None, None, None)) == "+0.250"
+    assert paired_text(PairedStats(0, None, None, None, None)) is None
