@@ -6,20 +6,25 @@ into the hospital's ``model.json`` (`models.bundle.set_threshold`) with where it
 recomputed at it (`federation.engine.export.card_metrics`), so ``predict``, the Slide page, the HTML report and
 their slide calls all use the same threshold and say which.
 
-A threshold chosen on the test split is judged on the same split: its sensitivity there is optimistic. The card
-says so in ``threshold_source``; confirm it on slides the model has not seen. A later round of the same run
-writes a new card at the default 0.5 (a new model needs its threshold chosen again).
+Importing this module imports no torch (the dashboard's pages use `card_threshold` and `floor_source`); `save` does,
+when a threshold is saved. A threshold chosen on the test split is judged on the same split: its sensitivity there
+is optimistic. The card says so in ``threshold_source``; confirm it on slides the model has not seen. A later round
+of the same run writes a new card at the default 0.5 (a new model needs its threshold chosen again).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from app.dashboard.errors import DashboardError
 from app.dashboard.evaluation import threshold_for_sensitivity
 from app.dashboard.runs import read_prediction_file
+from app.slide_view import CARD_FILE
 from federation.runfiles import hospital_dir
-from models.bundle import CARD_FILE, ModelCard, set_threshold
+
+if TYPE_CHECKING:
+    from models.bundle import ModelCard
 
 PREDICTIONS_FILE = "predictions.csv"
 
@@ -35,6 +40,20 @@ def hospital_folder(run: Path, hospital: int) -> Path:
     return folder
 
 
+def card_threshold(value: float) -> float:
+    """``value`` brought strictly between 0 and 1, as a model card's threshold must be (a threshold reaching the
+    floor can be a probability of exactly 0 or 1)."""
+    return min(max(value, 1e-6), 1.0 - 1e-6)
+
+
+def floor_source(sensitivity: float, where: str, how: str) -> str:
+    """The ``threshold_source`` of a threshold chosen to reach ``sensitivity`` on ``where`` (``how``: which floor,
+    or how many tiles it finds), saying that a threshold chosen on the split it is judged on is optimistic there."""
+    return (
+        f"reaches sensitivity {sensitivity:.2f} on {where} ({how}; chosen on the split it is judged on, so optimistic)"
+    )
+
+
 def from_floor(folder: Path, sensitivity: float) -> tuple[float, str]:
     """The highest threshold reaching ``sensitivity`` on the hospital's test split (``predictions.csv``) and its
     source in words; `DashboardError` when the split has no abnormal tile or the result is 0 or 1 (a card threshold
@@ -45,19 +64,16 @@ def from_floor(folder: Path, sensitivity: float) -> tuple[float, str]:
     found = threshold_for_sensitivity(frame["label"].to_numpy(), frame["prob_abnormal"].to_numpy(), sensitivity)
     if found is None:
         raise DashboardError(f"{folder / PREDICTIONS_FILE} holds no abnormal tile: no threshold reaches a sensitivity")
-    value = min(max(found.threshold, 1e-6), 1.0 - 1e-6)
     rounds = frame["round"].max() if "round" in frame.columns else None
     where = f"round {int(rounds)}'s test split" if rounds is not None else "the test split"
-    source = (
-        f"reaches sensitivity {sensitivity:.2f} on {where} ({found.point.tp} of {found.point.abnormal} abnormal "
-        "tiles; chosen on the split it is judged on, so optimistic)"
-    )
-    return value, source
+    how = f"{found.point.tp} of {found.point.abnormal} abnormal tiles"
+    return card_threshold(found.threshold), floor_source(sensitivity, where, how)
 
 
 def save(folder: Path, threshold: float, source: str) -> ModelCard:
     """Save ``threshold`` into the bundle at ``folder`` with ``source``, the card's metrics recomputed at it."""
     from federation.engine.export import card_metrics
+    from models.bundle import set_threshold
 
     if not 0.0 < threshold < 1.0:
         raise DashboardError(f"threshold {threshold} is not strictly between 0 and 1")

@@ -591,19 +591,24 @@ def _cards(run: Path) -> dict[int, dict[str, Any]]:
     return found
 
 
+def _card_threshold(card: Mapping[str, Any]) -> float | None:
+    value = card.get("threshold")
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0.0 < value < 1.0:
+        return float(value)
+    return None
+
+
 def card_thresholds(run: Path) -> dict[int, float]:
     """Each hospital's decision threshold from its model card (``hospitals/client_XX/model.json``, written by
     ``models.bundle``), by client; hospitals without a readable card, or with no threshold in it, are left out."""
-    found: dict[int, float] = {}
-    for client, card in _cards(run).items():
-        value = card.get("threshold")
-        if isinstance(value, int | float) and not isinstance(value, bool) and 0.0 < value < 1.0:
-            found[client] = float(value)
-    return found
+    return {c: t for c, card in _cards(run).items() if (t := _card_threshold(card)) is not None}
 
 
 def card_threshold_sources(run: Path) -> dict[int, str]:
     """Where each hospital's card threshold came from (``threshold_source``: the default, set by hand, from the
-    floor; `models.bundle.set_threshold`), for the hospitals of `card_thresholds`."""
-    cards = _cards(run)
-    return {client: str(cards[client].get("threshold_source") or "the default 0.5") for client in card_thresholds(run)}
+    floor; `models.bundle.set_threshold`), for the hospitals of `card_thresholds` (each card read once)."""
+    return {
+        c: str(card.get("threshold_source") or "the default 0.5")
+        for c, card in _cards(run).items()
+        if _card_threshold(card) is not None
+    }

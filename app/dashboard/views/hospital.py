@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from app import operating
 from app.dashboard import charts, evaluation, ui
 from app.dashboard.datasets import LABELS, hospital_label
 from app.dashboard.runs import (
@@ -225,14 +226,13 @@ def _save_buttons(
     target = evaluation.threshold_for_sensitivity(labels, probs, floor.sensitivity)
     with right:
         if target is not None:
-            value = min(max(target.threshold, 1e-6), 1 - 1e-6)
+            value = operating.card_threshold(target.threshold)
             if abs(value - current) > 1e-9:
                 ui.save_threshold_button(
                     info.path,
                     hospital,
                     value,
-                    f"reaches sensitivity {floor.sensitivity:.2f} on the test split (the floor; chosen on the split "
-                    "it is judged on, so optimistic)",
+                    operating.floor_source(floor.sensitivity, "the test split", "the floor"),
                     f"Save {value:.2f} as its threshold (reaches the floor {floor.sensitivity:.2f})",
                     key=f"save_floor_{info.run_id}_{hospital}",
                 )

@@ -16,6 +16,7 @@ import math
 import pandas as pd
 import streamlit as st
 
+from app import operating
 from app.dashboard import evaluation, ui
 from app.dashboard.datasets import hospital_label
 from app.dashboard.runs import (
@@ -80,9 +81,10 @@ def _hospital(
     rows: pd.DataFrame,
     floor: evaluation.Floor,
     privacy: dict[int, tuple[float, float]],
-    unit: str = "slide",
+    unit: str,
+    thresholds: dict[int, float],
+    sources: dict[int, str],
 ) -> evaluation.Verdict:
-    thresholds, sources = card_thresholds(info.path), card_threshold_sources(info.path)
     threshold = thresholds.get(client, DEFAULT_THRESHOLD)
     source = sources.get(client, "the default 0.5 (no model card)")
     score = evaluation.score_hospital(client, rows, threshold, floor.sensitivity, floor.min_slides)
@@ -98,14 +100,13 @@ def _hospital(
         st.caption(f"{_figures(score)} · threshold {threshold:.2f} ({source}){dp}")
         target = score.target
         if result.kind in (evaluation.FAIL, evaluation.REVIEW) and target is not None:
-            value = min(max(target.threshold, 1e-6), 1 - 1e-6)
+            value = operating.card_threshold(target.threshold)
             if abs(value - threshold) > 1e-9:
                 ui.save_threshold_button(
                     info.path,
                     client,
                     value,
-                    f"reaches sensitivity {floor.sensitivity:.2f} on the test split (the Verdict page's floor; "
-                    "chosen on the split it is judged on, so optimistic)",
+                    operating.floor_source(floor.sensitivity, "the test split", "the Verdict page's floor"),
                     f"Save {value:.2f} as {hospital_label(client)}'s threshold (reaches the floor)",
                     key=f"save_floor_{info.run_id}_{client}",
                 )
@@ -137,7 +138,13 @@ def page() -> None:
     privacy = privacy_spent(load_metrics(info.path))
     unit = str((load_config(info.path).get("privacy") or {}).get("unit") or "slide")
     groups = found.frame.groupby("client", sort=True)
-    verdicts = [_hospital(info, int(client), rows, floor, privacy, unit) for client, rows in groups]
+    thresholds, sources = (
+        card_thresholds(info.path),
+        card_threshold_sources(info.path),
+    )  # once per page, not per hospital
+    verdicts = [
+        _hospital(info, int(client), rows, floor, privacy, unit, thresholds, sources) for client, rows in groups
+    ]
     counts = {kind: sum(v.kind == kind for v in verdicts) for kind in LOOK}
     st.caption(
         f"{len(verdicts)} hospitals: "
