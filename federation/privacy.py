@@ -28,9 +28,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from federation.contract import Recipe
 
 ACCOUNTANT_FILE = "privacy.json"
 ACCOUNTANT_NAME = "opacus RDPAccountant"
@@ -79,8 +82,8 @@ def steps_per_epoch(sample_rate: float) -> int:
     return max(1, round(1.0 / sample_rate))
 
 
-def planned_dp_steps(recipe: Any) -> int:
-    """The most DP-SGD steps a round of ``recipe`` (a `federation.contract.Recipe`) takes: ``round(1 / q)`` per
+def planned_dp_steps(recipe: Recipe) -> int:
+    """The most DP-SGD steps a round of ``recipe`` takes: ``round(1 / q)`` per
     epoch of its phases (head and base); the budget check uses it before training (the head phase is skipped when
     a model keeps no head, so the steps taken can be fewer, never more)."""
     return (recipe.head_epochs + recipe.epochs) * steps_per_epoch(recipe.dp_sample_rate)

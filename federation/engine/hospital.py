@@ -333,16 +333,13 @@ class Hospital:
         self._check_keys(loaded, task.shared_keys)
         recipe = task.instruction.recipe
         check_recipe(loaded.policy, recipe)
-        ledger = self._ledger(loaded) if recipe.private or loaded.policy.max_epsilon is not None else None
-        if ledger is not None:
-            spent = ledger.epsilon(recipe.dp_delta) if recipe.private else 0.0
-            after = (
-                ledger.epsilon_after(
-                    recipe.dp_noise_multiplier, recipe.dp_sample_rate, planned_dp_steps(recipe), recipe.dp_delta
-                )
-                if recipe.private
-                else None
-            )
+        ledger = self._ledger(loaded) if recipe.private else None
+        if loaded.policy.max_epsilon is not None:  # the budget is computed only where a policy sets one
+            spent, after = 0.0, None
+            if ledger is not None:
+                spent = ledger.epsilon(recipe.dp_delta)
+                steps = planned_dp_steps(recipe)
+                after = ledger.epsilon_after(recipe.dp_noise_multiplier, recipe.dp_sample_rate, steps, recipe.dp_delta)
             check_budget(loaded.policy, recipe, spent, after)
         state = loaded.model.state_dict()
         check_tensors(loaded.policy, "the shared part sent", task.instruction.shared, state, loaded.keys)
@@ -354,7 +351,7 @@ class Hospital:
         reply = client.train(task.instruction, task.server_round, task.seed)
         seconds = time.perf_counter() - start
         self._check_finite_model(loaded, "after training")
-        if ledger is not None and recipe.private:
+        if ledger is not None:  # a DP round: its steps go into the ledger
             # recorded before anything leaves: a round whose reply is lost still spent its budget
             ledger.step(recipe.dp_noise_multiplier, recipe.dp_sample_rate, client.dp_steps)
             self._save_ledger(loaded, ledger)
