@@ -363,9 +363,8 @@ def _metrics(rep: HospitalReport) -> dict[str, Any]:
     floor = evaluation.Floor(sensitivity=TARGET_SENSITIVITY)
     score = evaluation.score_hospital(rep.client, frame, rep.threshold, floor.sensitivity, floor.min_slides)
     matrix = evaluation.confusion(labels, probs, rep.threshold)
-    point = evaluation.operating_point(labels, probs, rep.threshold)
-    curve = evaluation.roc(labels, probs)
-    target = evaluation.threshold_for_sensitivity(labels, probs, TARGET_SENSITIVITY)
+    point, target = score.point, score.target  # the scorecard's own operating point and target threshold
+    curve = evaluation.roc(labels, probs)  # the curve itself, for its figure (the score keeps only its AUC)
 
     def rate(value: float) -> float | None:
         return None if math.isnan(value) else value
