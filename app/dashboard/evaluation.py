@@ -329,6 +329,15 @@ class HospitalScore:
     auc_interval: AucInterval | None = None
 
 
+def slide_results(
+    keys: list[str], labels: np.ndarray, probs: np.ndarray, threshold: float
+) -> tuple[Slides, OperatingPoint, float | None]:
+    """The slides of tiles named by ``keys`` (`models.decision.slide_scores`), their calls at ``threshold`` against
+    their truth, and the AUC of their scores (``None`` with one class)."""
+    slides = slide_scores(keys, labels, probs)
+    return slides, operating_point(slides.labels, slides.scores, threshold), roc(slides.labels, slides.scores).auc
+
+
 def score_hospital(
     client: int, rows: pd.DataFrame, threshold: float, target_sensitivity: float, min_slides: int = MIN_TEST_SLIDES
 ) -> HospitalScore:
@@ -342,9 +351,7 @@ def score_hospital(
     keys = slides_of_tiles(rows["path"].to_numpy()) if "path" in rows.columns else None
     slide_set = slide_point = slide_auc = interval = None
     if keys is not None:
-        slide_set = slide_scores(keys, labels, probs)
-        slide_point = operating_point(slide_set.labels, slide_set.scores, threshold)
-        slide_auc = roc(slide_set.labels, slide_set.scores).auc
+        slide_set, slide_point, slide_auc = slide_results(keys, labels, probs, threshold)
         interval = slide_bootstrap_auc(keys, labels, probs)
     slides = None if slide_set is None else len(slide_set.keys)
     found = (slides_warning(slides, min_slides), auc_warning(auc, point), target_warning(point, target))

@@ -348,22 +348,24 @@ def _test_slides_line(folder: Path, client: int, card: dict[str, Any]) -> None:
     from app.dashboard import evaluation
     from app.dashboard.errors import DashboardError
     from app.dashboard.runs import read_prediction_file
+    from models.decision import slides_of_tiles
 
     try:
         rows = read_prediction_file(folder / "predictions.csv")
     except DashboardError:
         return
     threshold = float(card.get("threshold", 0.5))
-    score = evaluation.score_hospital(client, rows, threshold, 0.9)
-    point = score.slide_point
-    if point is None or score.slide_set is None:
+    keys = slides_of_tiles(rows["path"].to_numpy())
+    if keys is None:
         return
-    auc = "" if score.slide_auc is None else f"; slide AUC {score.slide_auc:.3f}"
+    labels, probs = rows["label"].to_numpy(dtype=int), rows["prob_abnormal"].to_numpy(dtype=float)
+    slides, point, slide_auc = evaluation.slide_results(keys, labels, probs, threshold)  # no bootstrap needed here
+    auc = "" if slide_auc is None else f"; slide AUC {slide_auc:.3f}"
     source = card.get("threshold_source") or "the default 0.5"
     st.caption(
-        f"{hospital_label(client)}'s {len(score.slide_set.keys)} test slides at threshold {threshold:.2f} ({source}): "
+        f"{hospital_label(client)}'s {len(slides.keys)} test slides at threshold {threshold:.2f} ({source}): "
         f"{point.tp} of {point.abnormal} abnormal slides called abnormal, {point.tn} of {point.normal} normal slides "
-        f"called normal{auc}. {score.slide_set.rule.capitalize()}."
+        f"called normal{auc}. {slides.rule.capitalize()}."
     )
 
 
