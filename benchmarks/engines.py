@@ -12,8 +12,12 @@ the deployment is held against the targets of a deployed round (in-process + 8 s
 
     .venv/bin/python benchmarks/engines.py --rounds 4
     .venv/bin/python benchmarks/engines.py --rounds 4 --regime data_poor
+    .venv/bin/python benchmarks/engines.py --rounds 4 --strategy fedrep
 
-Prints the table and writes it, with the command, to benchmarks/results/engines.md (engines_data_poor.md).
+Prints the table and writes it, with the command, to benchmarks/results/engines.md (engines_data_poor.md; with
+``--strategy S``, ``engines_S.md`` / ``engines_data_poor_S.md``). ``--strategy fedrep`` measures the averaging
+family, whose round's evaluation rides with the next round's training (one message per round, one more after the
+last); FedRep keeps a head at each hospital (nhead 1), as a deployed hospital's default policy requires.
 """
 
 from __future__ import annotations
@@ -179,10 +183,15 @@ class Sampler(threading.Thread):
 
 
 def measure(
-    engine: str, data: Path, rounds: int, run_dir: Path, config_file: str = "configs/demo.toml"
+    engine: str,
+    data: Path,
+    rounds: int,
+    run_dir: Path,
+    config_file: str = "configs/demo.toml",
+    extra: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """One run with ``engine``; its timings, CPU seconds and traffic."""
-    settings = [f"run.rounds={rounds}", f"run.engine={'flower' if engine == 'deployment' else engine}"]
+    """One run with ``engine`` (and ``extra`` settings); its timings, CPU seconds and traffic."""
+    settings = [f"run.rounds={rounds}", f"run.engine={'flower' if engine == 'deployment' else engine}", *extra]
     config = load_config(ROOT / config_file, settings, data)
     sampler = Sampler(run_dir)
     sampler.start()
@@ -212,13 +221,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--regime", choices=sorted(REGIMES), default="quickstart")
+    parser.add_argument("--strategy", default=None, help="another strategy than the configuration's (e.g. fedrep)")
     args = parser.parse_args()
     config_file, job, report = REGIMES[args.regime]
+    extra: tuple[str, ...] = ()
+    if args.strategy:
+        extra = (f"strategy.name={args.strategy}",)
+        job = job.replace("(FedSAF, nhead 6)", "").replace("(FedSAF)", "") + f" with strategy.name = {args.strategy}"
+        report = report.replace(".md", f"_{args.strategy}.md")
     data = quickstart_dataset() if args.regime == "quickstart" else data_poor_dataset()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for engine in ("local", "flower-sim", "deployment"):
-            results.append(measure(engine, data, args.rounds, Path(tmp) / engine, config_file))
+            results.append(measure(engine, data, args.rounds, Path(tmp) / engine, config_file, extra))
             print(f"{engine}: {results[-1]['total']:.1f} s", flush=True)
     base = results[0]
     same = all(r["metrics"] == base["metrics"] for r in results)

@@ -103,6 +103,8 @@ class TrainReply:
     ``second_moments``: per shared *parameter*, Adam's bias-corrected ``v_hat`` when the recipe asked for it
     (paper 004); a per-tensor statistic a method needs by design, counted as traffic.
     ``evaluation``: the test metrics of the model as trained, when the task asked for them (``TrainTask.evaluate``).
+    ``previous``: the test metrics of the previous round's model (its own model of that round with the shared part
+    it was sent now), when the task asked for them (``TrainTask.evaluate_previous``).
     """
 
     client: int
@@ -112,6 +114,7 @@ class TrainReply:
     seconds: float = 0.0
     second_moments: TensorDict = field(default_factory=dict)
     evaluation: EvaluateReply | None = None
+    previous: EvaluateReply | None = None
 
 
 class Strategy(Protocol):
@@ -125,6 +128,11 @@ class Strategy(Protocol):
     A strategy whose ``configure_evaluate`` always keeps each hospital's own model may say so with a class
     attribute ``evaluates_own = True``: the engine then asks for the evaluation with the training (one message
     per round instead of two) and calls ``configure_evaluate`` only for hospitals whose training failed.
+    A strategy whose ``configure_evaluate(r)`` gives each hospital exactly the shared part its next
+    ``configure_train(r + 1)`` sends it (the averaging family: the global model, both times) may say so with
+    ``evaluates_next_start = True``: the engine then asks for round ``r``'s evaluation with round ``r + 1``'s
+    training (``TrainTask.evaluate_previous``), so a round costs one message, and sends an ``EvaluateTask`` only
+    after the last round and to a hospital whose combined message failed.
     ``state_tensors``/``load_state_tensors`` and ``state_json``/``load_state_json`` make the strategy's
     cross-round state checkpointable as safetensors + JSON (never pickle).
     """
@@ -204,6 +212,9 @@ class TrainTask:
     ``evaluate``: right after training, also evaluate the model as trained (what the strategy deploys when it
     keeps each hospital's own model, ``Strategy.evaluates_own``) and put the result in ``TrainReply.evaluation``;
     it saves a second message per round, which on a deployment costs as much as the training.
+    ``evaluate_previous``: before training, evaluate round ``server_round - 1``'s model with the shared part sent
+    (``instruction.shared``: for ``Strategy.evaluates_next_start`` it is what that round's ``EvaluateTask`` would
+    carry) exactly as that ``EvaluateTask`` would, and put the result in ``TrainReply.previous``.
     """
 
     run_id: str
@@ -212,6 +223,7 @@ class TrainTask:
     shared_keys: list[str]
     instruction: TrainInstruction
     evaluate: bool = False
+    evaluate_previous: bool = False
 
 
 @dataclass

@@ -268,12 +268,14 @@ def prepare_run_dir(run_dir: Path, overwrite: bool) -> None:
 # -- checkpoints ---------------------------------------------------------------------------------------------------
 @dataclass
 class Checkpoint:
-    """Everything the server needs to continue after round ``round``: which hospitals, the strategy's state."""
+    """Everything the server needs to continue after round ``round``: which hospitals, the strategy's state, and
+    (``pending``) the round's record while its evaluation is still to come (`federation.engine.rounds`)."""
 
     round: int
     clients: list[int]
     strategy_tensors: TensorDict
     strategy_json: dict[str, Any]
+    pending: dict[str, Any] | None = None
 
 
 def _checkpoint_paths(run_dir: Path, server_round: int) -> tuple[Path, Path]:
@@ -306,6 +308,7 @@ def write_checkpoint(run_dir: Path, checkpoint: Checkpoint, keep: int) -> None:
             "round": checkpoint.round,
             "clients": sorted(checkpoint.clients),
             "strategy": checkpoint.strategy_json,
+            **({} if checkpoint.pending is None else {"pending": checkpoint.pending}),
             "written_at": now_iso(),
         },
     )
@@ -352,4 +355,11 @@ def read_checkpoint(run_dir: Path, server_round: int) -> Checkpoint:
         kind, _, rest = name.partition("/")
         if kind == _STRATEGY:
             strategy[rest] = value
-    return Checkpoint(server_round, clients, strategy, dict(sidecar.get("strategy", {})))
+    pending = sidecar.get("pending")
+    return Checkpoint(
+        server_round,
+        clients,
+        strategy,
+        dict(sidecar.get("strategy", {})),
+        pending if isinstance(pending, dict) else None,
+    )

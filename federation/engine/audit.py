@@ -36,6 +36,7 @@ REPLY_FIELDS = frozenset(
         "reason",
         "silent",
         "evaluation",
+        "previous",
         "classes",
     }
 )

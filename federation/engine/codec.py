@@ -84,6 +84,8 @@ def encode(message: Message) -> Envelope:
             "centre_is_shared": centre_is_shared,
             "evaluate": message.evaluate,
         }
+        if message.evaluate_previous:  # written only when set: other envelopes are as they always were
+            header["evaluate_previous"] = True
         tensors = _prefixed(SHARED, instruction.shared)
         if centre is not None and not centre_is_shared:
             tensors.update(_prefixed(CENTRE, centre))
@@ -97,6 +99,8 @@ def encode(message: Message) -> Envelope:
             "seconds": message.seconds,
             "evaluation": None if message.evaluation is None else _evaluation_header(message.evaluation),
         }
+        if message.previous is not None:
+            header["previous"] = _evaluation_header(message.previous)
         return header, {**_prefixed(SHARED, message.shared), **_prefixed(SECOND_MOMENT, message.second_moments)}
     if isinstance(message, EvaluateTask):
         header = {
@@ -165,6 +169,7 @@ def decode(envelope: Envelope) -> Message:
                 list(header["shared_keys"]),
                 instruction,
                 bool(header.get("evaluate", False)),
+                header.get("evaluate_previous", False) is True,
             )
         if kind == "train_reply":
             metrics = {k: float("nan") if v is None else float(v) for k, v in header["metrics"].items()}
@@ -176,6 +181,7 @@ def decode(envelope: Envelope) -> Message:
                 float(header["seconds"]),
                 _unprefixed(SECOND_MOMENT, tensors),
                 None if header.get("evaluation") is None else _evaluation(header["evaluation"]),
+                None if header.get("previous") is None else _evaluation(header["previous"]),
             )
         if kind == "evaluate":
             return EvaluateTask(

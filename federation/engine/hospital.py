@@ -18,8 +18,10 @@ In the in-process engine the folder is ``<run>/hospitals/client_XX/``; in a depl
 machine (``<hospital dir>/<run id>/``). Every message may reach a fresh process (Flower starts one per message on a
 deployed SuperNode), so the hospital's state between messages lives in that folder, never in memory only: a
 ``TrainTask`` for round ``r`` starts from the newest checkpoint of a round before ``r`` (or the common initial
-model), an ``EvaluateTask`` for round ``r`` from the newest of round ``r`` or before. A hospital that missed a
-round therefore takes part again in the next one, and a resumed run repeats an uninterrupted one bit for bit.
+model), an ``EvaluateTask`` for round ``r`` from the newest of round ``r`` or before; a ``TrainTask`` that asks for
+round ``r - 1``'s evaluation first (``evaluate_previous``) does exactly that ``EvaluateTask``, then trains. A
+hospital that missed a round therefore takes part again in the next one, and a resumed run repeats an uninterrupted
+one bit for bit.
 Within one process the model is kept between messages when it already holds that state (no reload).
 """
 
@@ -344,6 +346,15 @@ class Hospital:
         state = loaded.model.state_dict()
         check_tensors(loaded.policy, "the shared part sent", task.instruction.shared, state, loaded.keys)
         check_tensors(loaded.policy, "the proximal centre sent", task.instruction.prox_centre, state, loaded.keys)
+        previous = None
+        if task.evaluate_previous:  # what round r-1's EvaluateTask would have done, in the same order
+            if task.instruction.shared is None:
+                raise FederationError(
+                    f"hospital {self.site.client}: asked to evaluate round {task.server_round - 1}'s model with the "
+                    "shared part sent, but no shared part came"
+                )
+            self._restore(loaded, task.server_round - 1, inclusive=True)
+            previous = self._evaluate(loaded, self._client(loaded), task.server_round - 1, task.instruction.shared)
         self._restore(loaded, task.server_round, inclusive=False)
         client = self._client(loaded)
         start = time.perf_counter()
@@ -363,7 +374,9 @@ class Hospital:
         self._save(loaded, task.server_round, TRAINED)
         evaluation = self._evaluate(loaded, client, task.server_round, None) if task.evaluate else None
         # the reply names the hospital by its federation index (its tiles may be client 0 of its own dataset)
-        return dataclasses.replace(reply, client=self.site.client, seconds=seconds, evaluation=evaluation)
+        return dataclasses.replace(
+            reply, client=self.site.client, seconds=seconds, evaluation=evaluation, previous=previous
+        )
 
     def evaluate(self, task: EvaluateTask) -> EvaluateReply:
         if task.client != self.site.client:

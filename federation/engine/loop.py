@@ -7,7 +7,11 @@ the first round); ``summary.json`` records it as ``classes`` and a resume must f
 Every round: ``configure_train`` -> each hospital trains on what it was sent -> ``aggregate_train`` over the
 usable replies -> ``configure_evaluate`` -> each hospital evaluates its model (shared part as sent + its own
 head) on its own test split. Values sent and received per hospital are counted from the messages
-(``federation.contract``).
+(``federation.contract``). A round costs one message per hospital: a strategy that deploys each hospital's own model
+(``evaluates_own``) gets the evaluation in the training reply; one that deploys what it sends next
+(``evaluates_next_start``: the averaging family) gets round r's evaluation with round r+1's training, and after the
+last round asks for it on its own. Round r's record (``federation.engine.rounds.RoundRecord``) then waits in round
+r's checkpoint until its evaluation comes, and is written as an uninterrupted run with separate messages would.
 
 Faults: a hospital that fails, does not answer within the transport's timeout, or sends tensors that are not
 finite or not exactly the shared keys is left out of that round's aggregation (``left_out`` in
@@ -65,6 +69,7 @@ from federation.engine.audit import AUDIT_FILE, AuditLog
 from federation.engine.codec import Message
 from federation.engine.common import NUM_CLASSES, derive_seed, initial_state, resolve_config
 from federation.engine.pools import Pool
+from federation.engine.rounds import DP_METRICS, RoundRecord
 from federation.errors import FederationError, Interrupted, first_line
 from federation.jsonl import DamagedLine, read_jsonl, scan_jsonl
 from federation.processes import process_start_time
@@ -82,7 +87,6 @@ from federation.runs import (
     clean_temp_files,
     complete_checkpoints,
     drop_checkpoint,
-    finite_or_none,
     is_live_run,
     keep_rounds,
     now_iso,
@@ -97,7 +101,6 @@ from models import batchnorm_keys, check_input_size, check_nhead, create_model
 from pipeline.outputs import OutputError, claim_output, os_error_message, owned_by, write_marker
 
 PoolFactory = Callable[[], Pool]
-DP_METRICS = ("dp_epsilon", "dp_delta", "dp_steps")  # what a DP hospital reports (federation.privacy)
 
 
 class RunStopped(Interrupted):
@@ -423,6 +426,7 @@ class Engine:
         self.clients = clients
         self.start_round = 1
         self.round_seconds: list[float] = []
+        self.pending: RoundRecord | None = None  # a round whose evaluation is still to come
         if resume:
             checkpoint = self._resume_checkpoint()
             if checkpoint is not None:
@@ -437,6 +441,10 @@ class Engine:
             last = self.start_round - 1
             for name in (METRICS_FILE, AGGREGATION_FILE):
                 keep_rounds(self.run_dir / name, last)
+            if checkpoint is not None and checkpoint.pending is not None:
+                recorded = {int(r.get("round", 0)) for r in read_jsonl(self.run_dir / AGGREGATION_FILE)}
+                if checkpoint.round not in recorded:  # its evaluation had not come back: ask for it again
+                    self.pending = RoundRecord.from_json(checkpoint.pending)
             self.summary["rounds_done"] = last
         else:
             for name in (METRICS_FILE, AGGREGATION_FILE):
@@ -496,6 +504,7 @@ class Engine:
                 bar.update(1)
                 final = self.summary.get("final") or {}
                 bar.set_postfix(acc=f"{final.get('avg_test_acc', 0):.3f}")
+            self._finish(pool)
         finally:
             bar.close()
 
@@ -516,115 +525,150 @@ class Engine:
     def _round(self, pool: Pool, server_round: int) -> None:
         config = self.config
         start = time.perf_counter()
+        previous = self.pending  # the last round, when its evaluation rides with this round's training
         instructions = self.strategy.configure_train(server_round, self.clients)
-        sent = {c: count_values(i) for c, i in instructions.items()}
+        record = RoundRecord(server_round, sent={c: count_values(i) for c, i in instructions.items()}, started=start)
         # a strategy that deploys each hospital's own model gets the evaluation with the training: one message
         fused = bool(getattr(self.strategy, "evaluates_own", False))
+        ask_previous = set(previous.to_evaluate(self.clients)) if previous is not None else set()
         tasks = {
             c: TrainTask(
-                self.run_id, server_round, derive_seed(config.run.seed, server_round, c), self.shared_keys, i, fused
+                self.run_id,
+                server_round,
+                derive_seed(config.run.seed, server_round, c),
+                self.shared_keys,
+                i,
+                fused,
+                c in ask_previous,
             )
             for c, i in instructions.items()
         }
         self._progress(server_round, "training", len(tasks))
-        left_out: dict[str, str] = {}
-        diverged: set[str] = set()  # left out because their training or evaluation became non-finite
+        replies = pool.exchange(tasks)
+        if previous is not None:
+            self._previous_evaluations(pool, previous, {c: replies[c] for c in ask_previous if c in replies})
+            self._write_record(previous, until=start)
+            self.pending = None
         trained: dict[int, TrainReply] = {}
-        silent: set[int] = set()  # no answer at all: probably down, not asked again this round
-        for c, reply in pool.exchange(tasks).items():
+        for c, reply in replies.items():
             reason = self._train_problem(c, reply, tasks[c].instruction.recipe.fisher_batch > 0)
             if reason is None and isinstance(reply, TrainReply):
                 trained[c] = reply
+                record.add_trained(c, reply)
             else:
-                left_out[str(c)] = reason or "unexpected reply"
+                record.leave_out(
+                    c, reason or "unexpected reply", diverged=isinstance(reply, Failure) and reply.diverged
+                )
                 if isinstance(reply, Failure) and reply.silent:
-                    silent.add(c)
-                if isinstance(reply, Failure) and reply.diverged:
-                    diverged.add(str(c))
+                    record.silent.add(c)
         if instructions and not trained:
-            raise self._no_round(server_round, "sent a usable update", left_out, diverged)
-        received = {c: count_reply_values(t) for c, t in trained.items()}
+            raise self._no_round(server_round, "sent a usable update", record.left_out, record.diverged)
+        record.received = {c: count_reply_values(t) for c, t in trained.items()}
         self._progress(server_round, "aggregating", len(trained))
-        record = self.strategy.aggregate_train(server_round, trained)
-        evaluated: dict[int, EvaluateReply] = {
-            c: t.evaluation for c, t in trained.items() if fused and t.evaluation is not None
-        }
-        for c in list(evaluated):
-            problem = evaluation_problem(evaluated[c], self.num_test.get(c))
-            if problem is not None:  # its training was usable; its evaluation is not recorded
-                del evaluated[c]
-                left_out[str(c)] = f"evaluation: {problem}"
-        pending = [c for c in self.clients if c not in evaluated and c not in silent]
-        shared = self.strategy.configure_evaluate(server_round, pending) if pending else {}
-        eval_tasks = {c: EvaluateTask(self.run_id, server_round, c, self.shared_keys, shared.get(c)) for c in pending}
-        if eval_tasks:
-            self._progress(server_round, "evaluating", len(eval_tasks))
-        for c, reply in (pool.exchange(eval_tasks) if eval_tasks else {}).items():
+        record.aggregation = self.strategy.aggregate_train(server_round, trained)
+        for c, t in trained.items():
+            if fused and t.evaluation is not None:
+                problem = evaluation_problem(t.evaluation, self.num_test.get(c))
+                if problem is None:
+                    record.evaluated[c] = t.evaluation
+                else:  # its training was usable; its evaluation is not recorded
+                    record.leave_out(c, f"evaluation: {problem}")
+        if getattr(self.strategy, "evaluates_next_start", False) and not fused:
+            # the evaluation comes with the next round's training (or, after the last round, on its own): the
+            # record waits in the checkpoint
+            record.seconds = time.perf_counter() - start
+            self._checkpoint(record, pending=True)
+            self.pending = record
+            self._round_done(record)
+            return
+        self._evaluate(pool, record, record.to_evaluate(self.clients))
+        self._write_record(record, until=None)
+        self._checkpoint(record, pending=False)
+        self._round_done(record)
+
+    def _previous_evaluations(self, pool: Pool, record: RoundRecord, replies: Mapping[int, Message]) -> None:
+        """Take ``record``'s evaluations from the combined replies (``TrainReply.previous``); a hospital whose
+        combined message failed (other than by silence) or came back without one is asked on its own, so that a
+        refused or failed training does not lose the evaluation of the round before."""
+        again: list[int] = []
+        for c, reply in sorted(replies.items()):
+            if isinstance(reply, TrainReply) and reply.previous is not None:
+                problem = evaluation_problem(reply.previous, self.num_test.get(c))
+                if problem is None:
+                    record.evaluated[c] = reply.previous
+                else:
+                    record.leave_out(c, problem, evaluation=True)
+            elif isinstance(reply, Failure) and reply.silent:
+                record.leave_out(c, reply.reason, evaluation=True)
+            else:
+                again.append(c)
+        self._evaluate(pool, record, again)
+
+    def _evaluate(self, pool: Pool, record: RoundRecord, clients: list[int]) -> None:
+        """Ask ``clients`` for ``record``'s evaluation, each an ``EvaluateTask`` with what the strategy deploys."""
+        if not clients:
+            return
+        shared = self.strategy.configure_evaluate(record.round, clients)
+        tasks = {c: EvaluateTask(self.run_id, record.round, c, self.shared_keys, shared.get(c)) for c in clients}
+        self._progress(record.round, "evaluating", len(tasks))
+        for c, reply in pool.exchange(tasks).items():
             problem = evaluation_problem(reply, self.num_test.get(c)) if isinstance(reply, EvaluateReply) else None
             if isinstance(reply, EvaluateReply) and problem is None:
-                evaluated[c] = reply
+                record.evaluated[c] = reply
             else:
                 reason = reply.reason if isinstance(reply, Failure) else problem or "unexpected reply"
-                left_out[str(c)] = f"{left_out[str(c)]}; " if str(c) in left_out else ""
-                left_out[str(c)] += f"evaluation: {reason}"
-                if isinstance(reply, Failure) and reply.diverged:
-                    diverged.add(str(c))
-        if not evaluated:
-            raise self._no_round(server_round, "could evaluate", left_out, diverged)
-        for who, why in left_out.items():
-            self._note(f"round {server_round}: hospital {who} left out ({why})")
-        seconds = time.perf_counter() - start
-        lines = []
-        for c in self.clients:
-            e = evaluated.get(c)
-            if e is None:
-                continue
-            t = trained.get(c)
-            metrics = t.metrics if t else {}
-            lines.append(
-                {
-                    "round": server_round,
-                    "client": c,
-                    "train_loss": finite_or_none(metrics.get("train_loss")),
-                    "test_loss": finite_or_none(e.metrics.get("loss")),
-                    "test_acc": finite_or_none(e.metrics.get("acc")),
-                    "test_auc": finite_or_none(e.metrics.get("auc")),
-                    "fisher_trace": finite_or_none(metrics.get("fisher_trace")),
-                    "values_sent": sent.get(c, 0),
-                    "values_received": received.get(c, 0),
-                    "seconds": (t.seconds if t else 0.0) + e.seconds,
-                    "num_train": self.counts[c],
-                    "num_test": e.num_examples,
-                    "trained": t is not None,
-                    # differential privacy (federation.privacy): the hospital's epsilon so far, its delta and the
-                    # DP-SGD steps its ledger holds; only in runs with [privacy], so other runs' lines are unchanged
-                    **{k: finite_or_none(metrics.get(k)) for k in DP_METRICS if k in metrics},
-                }
-            )
-        append_jsonl(self.run_dir / METRICS_FILE, lines)
-        aggregation = {
-            "round": server_round,
-            "seconds": seconds,
-            "values_sent": sum(sent.values()),
-            "values_received": sum(received.values()),
-            **({"left_out": left_out} if left_out else {}),
-            **record,
-        }
-        append_jsonl(self.run_dir / AGGREGATION_FILE, [aggregation])
+                record.leave_out(c, reason, evaluation=True, diverged=isinstance(reply, Failure) and reply.diverged)
+
+    def _write_record(self, record: RoundRecord, until: float | None) -> None:
+        """Append the round's lines to ``metrics.jsonl`` and ``aggregation.jsonl`` and update the summary's figures;
+        a round no hospital could evaluate stops the run. Its ``seconds``: from its start until ``until`` (the next
+        round's start) or now, or, after a resume, its time up to its checkpoint."""
+        if not record.evaluated:
+            raise self._no_round(record.round, "could evaluate", record.left_out, record.diverged)
+        for who, why in record.left_out.items():
+            self._note(f"round {record.round}: hospital {who} left out ({why})")
+        if record.started is None:
+            seconds = record.seconds
+        else:
+            seconds = (until if until is not None else time.perf_counter()) - record.started
+        append_jsonl(self.run_dir / METRICS_FILE, record.metrics_lines(self.clients, self.counts))
+        append_jsonl(self.run_dir / AGGREGATION_FILE, [record.aggregation_line(seconds)])
+        # in memory: the next summary write carries them (the round's, the final one's, or a failure's)
+        self.summary.setdefault("seconds_per_round", None)
+        self.summary.update(run_figures(round_stats(read_jsonl(self.run_dir / METRICS_FILE))))
+
+    def _checkpoint(self, record: RoundRecord, *, pending: bool) -> None:
         write_checkpoint(
             self.run_dir,
-            Checkpoint(server_round, list(self.clients), self.strategy.state_tensors(), self.strategy.state_json()),
-            keep=config.run.keep_checkpoints,
+            Checkpoint(
+                record.round,
+                list(self.clients),
+                self.strategy.state_tensors(),
+                self.strategy.state_json(),
+                record.to_json() if pending else None,
+            ),
+            keep=self.config.run.keep_checkpoints,
         )
+
+    def _round_done(self, record: RoundRecord) -> None:
+        seconds = time.perf_counter() - record.started if record.started is not None else record.seconds
         self.round_seconds.append(seconds)
         per_round = sum(self.round_seconds) / len(self.round_seconds)
-        figures = run_figures(round_stats(read_jsonl(self.run_dir / METRICS_FILE)))
         self._write_summary(
-            rounds_done=server_round,
+            rounds_done=record.round,
             seconds_per_round=per_round,
-            eta_seconds=per_round * (config.run.rounds - server_round),
-            **figures,
+            eta_seconds=per_round * (self.config.run.rounds - record.round),
         )
+
+    def _finish(self, pool: Pool) -> None:
+        """After the last round: the evaluation still to come (``evaluates_next_start``) on its own."""
+        record = self.pending
+        if record is None:
+            return
+        self._evaluate(pool, record, record.to_evaluate(self.clients))
+        self._write_record(record, until=None)
+        self.pending = None
+        self._write_summary()
 
     def _no_round(
         self, server_round: int, what: str, left_out: Mapping[str, str], diverged: set[str]

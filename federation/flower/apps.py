@@ -27,6 +27,7 @@ from typing import Any
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid, ServerApp
 
 from federation.contract import Failure
@@ -144,12 +145,21 @@ class FlowerPool(Pool):
             for node, e in envelopes.items()
         ]
         replies = exchange(self.grid, messages, timeout)
-        return {int(r.metadata.src_node_id): r for r in replies}
+        # by the message each reply answers, not by its sender: the SuperLink answers for a node it holds
+        # unavailable with an error reply of its own (sender: the SuperLink)
+        node_of = {m.metadata.message_id: node for m, node in zip(messages, envelopes, strict=True)}
+        return {
+            node_of[r.metadata.reply_to_message_id]: r for r in replies if r.metadata.reply_to_message_id in node_of
+        }
 
     def _reply_envelope(self, client: int, reply: Message) -> Envelope:
         if reply.has_error():
             reason = (reply.error.reason or "no reason given").strip().splitlines()
-            return encode(Failure(client, f"the hospital's ClientApp failed: {reason[-1] if reason else ''}"))
+            last = reason[-1] if reason else ""
+            if reply.metadata.src_node_id == SUPERLINK_NODE_ID:
+                # the hospital never got the message (e.g. its SuperNode missed its heartbeats): probably down
+                return encode(Failure(client, f"the SuperLink could not deliver to it: {last}", silent=True))
+            return encode(Failure(client, f"the hospital's ClientApp failed: {last}"))
         return from_record(reply.content)
 
     def _broadcast(self, envelope: Envelope) -> dict[int, Envelope]:

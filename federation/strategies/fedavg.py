@@ -39,7 +39,12 @@ class Averaging:
     ``recipe.prox_mu > 0`` sends the global weights as the proximal centre too (FedProx). ``recipe.head_epochs``
     > 0 trains each client's head before its base (FedRep). ``max_weight`` (``server.max_weight``) caps each
     client's weight ``n_i / n``; ``None`` caps nothing. The only cross-round state is the global weights.
+
+    What a hospital deploys after round ``r`` (``configure_evaluate``) is the global model, which is also what round
+    ``r + 1`` sends it to train from: its evaluation rides with that training (``evaluates_next_start``).
     """
+
+    evaluates_next_start = True
 
     def __init__(
         self, name: str, recipe: Recipe, nhead: int, ctx: StrategyContext, *, max_weight: float | None = None

@@ -128,8 +128,12 @@ def test_a_hospital_killed_during_a_round_is_left_out_and_rejoins(dataset: Path,
     run = tmp_path / "killed"
     settings = [
         *TINY_SETTINGS,
-        "run.rounds=3",
-        "strategy.name=fedrep",
+        # one message a round (FedAvg's evaluation rides with the next training): rounds are short and a restarting
+        # SuperNode may miss two; FedAvg keeping a one-unit head, as FedRep does (FedRep itself diverges on the tiny
+        # dataset by round 5 when a hospital missed rounds 1-2, whatever the engine)
+        "run.rounds=5",
+        "strategy.name=fedavg",
+        "strategy.nhead=1",
         "strategy.clients=[0, 1]",
         "flower.round_timeout=60",
         "run.audit=true",
@@ -152,15 +156,16 @@ def test_a_hospital_killed_during_a_round_is_left_out_and_rejoins(dataset: Path,
     assert events == ["killed", "restarted"]
     assert summary["status"] == "finished"
     first, *_, last = _aggregation(run)
-    # left out in round 1, with the real reason: its connection was lost, or (if the server had not noticed yet)
-    # it did not answer in time
-    assert any(why in first["left_out"]["1"] for why in ("lost its connection", "no answer within 60 s"))
+    # left out in round 1, with the real reason: its connection was lost, the SuperLink could not deliver the task
+    # to it (it missed its heartbeats), or (if the server had not noticed yet) it did not answer in time
+    reasons = ("lost its connection", "the SuperLink could not deliver to it", "no answer within 60 s")
+    assert any(why in first["left_out"]["1"] for why in reasons)
     assert list(first["weights"]) == ["0"]  # aggregated without the silent hospital
     assert "left_out" not in last  # back by the last round (a round started while it restarted may miss it)
     assert sorted(last["weights"]) == ["0", "1"]
     metrics = _metrics(run)
     assert [(m["round"], m["client"], m["trained"]) for m in metrics if m["round"] == 1] == [(1, 0, True)]
-    assert (3, 1, True) in [(m["round"], m["client"], m["trained"]) for m in metrics]
+    assert (5, 1, True) in [(m["round"], m["client"], m["trained"]) for m in metrics]
     assert_boundary_held(run, dataset, nhead=1)
     assert not _flower_processes()
 
@@ -199,8 +204,10 @@ class Commands:
 
 def test_deployment_commands_and_a_server_stopped_mid_run_resumed(dataset: Path, tmp_path: Path) -> None:
     """federation init / server / hospital and train --engine flower, as three sites would run them; the
-    server is stopped during the run and restarted, and train --resume ends with the uninterrupted numbers."""
-    settings = ["run.rounds=2", "strategy.name=fedsaf", "flower.round_timeout=120"]
+    server is stopped during the run and restarted, and train --resume ends with the uninterrupted numbers.
+    FedAvg: round 1's evaluation rides with round 2's training, so the stop leaves a round whose evaluation is still
+    to come (kept in the server's checkpoint)."""
+    settings = ["run.rounds=2", "strategy.name=fedavg", "strategy.nhead=1", "flower.round_timeout=120"]
     reference, run, kit = tmp_path / "reference", tmp_path / "run", tmp_path / "kit"
     train(
         load_config(None, [*TINY_SETTINGS, *settings, "strategy.clients=[0, 1]"], data=dataset),

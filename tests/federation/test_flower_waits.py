@@ -6,16 +6,23 @@ Both run here against fakes on a fake clock, so that the number of pulls and of 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
+from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.supercore.task_identity import TaskIdentity
 
 from federation.config import load_config
+from federation.contract import EvaluateReply, EvaluateTask, Failure
+from federation.engine.codec import encode
 from federation.flower import apps, runner, waits
+from federation.flower.apps import to_record
 from federation.flower.processes import COMPLETED, FlwrCli
 
 
@@ -132,3 +139,70 @@ def test_the_operator_follows_the_run_directory_and_asks_flower_rarely(clock: Cl
     assert all(t >= 70.0 for t in cli.calls[2:])
     assert len(cli.calls) <= 2 + 3
     assert 71.5 <= clock.now <= 73.0
+
+
+@dataclass
+class ErrorInfo:
+    reason: str
+
+
+@dataclass
+class Answer:
+    """A reply as Flower's grid gives it: the message it answers, its sender, and content or an error."""
+
+    metadata: Any
+    content: Any = None
+    error: ErrorInfo | None = None
+
+    def has_error(self) -> bool:
+        return self.error is not None
+
+
+@dataclass
+class AnsweringGrid:
+    """Node 11 answers; node 22 is held unavailable, so the SuperLink answers for it (sender: the SuperLink)."""
+
+    replies: list[Answer] = field(default_factory=list)
+
+    def push_messages(self, messages: Iterable[Any]) -> list[str]:
+        ids = []
+        for i, message in enumerate(messages):
+            message.metadata.__dict__["_message_id"] = f"m{i}"  # as Flower's grid does on push
+            ids.append(f"m{i}")
+            if message.metadata.dst_node_id == 11:
+                reply = encode(EvaluateReply(0, 4, {"loss": 0.5, "acc": 1.0, "auc": None}))
+                self.replies.append(
+                    Answer(SimpleNamespace(reply_to_message_id=f"m{i}", src_node_id=11), to_record(reply))
+                )
+            else:
+                unavailable = "Error: Node Unavailable - The destination node failed to report a heartbeat"
+                meta = SimpleNamespace(reply_to_message_id=f"m{i}", src_node_id=SUPERLINK_NODE_ID)
+                self.replies.append(Answer(meta, error=ErrorInfo(unavailable)))
+        return ids
+
+    def pull_messages(self, ids: Iterable[str]) -> list[Answer]:
+        wanted = set(ids)
+        out = [r for r in self.replies if r.metadata.reply_to_message_id in wanted]
+        self.replies = [r for r in self.replies if r not in out]
+        return out
+
+    def get_node_ids(self) -> list[int]:
+        return [11, 22]
+
+
+def test_a_reply_the_superlink_gives_for_an_unavailable_hospital_is_that_hospitals(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # replies are matched to hospitals by the message they answer: the SuperLink's error reply for hospital 1 is
+    # hospital 1's (silent: it never got the task), not "no answer within the round timeout"
+    for name in ("_run_id", "_task_id", "_node_id"):  # what a ServerApp process has set when it makes messages
+        monkeypatch.setattr(TaskIdentity, name, 7)
+    pool = apps.FlowerPool(cast(Any, AnsweringGrid()), hospitals=2, connect_timeout=5, round_timeout=60)
+    pool.node_of = {0: 11, 1: 22}
+    task = EvaluateTask("run", 1, 0, [], None)
+    out = pool.exchange({0: task, 1: dataclasses.replace(task, client=1)})
+    assert isinstance(out[0], EvaluateReply)
+    assert isinstance(out[1], Failure)
+    assert out[1].silent
+    assert out[1].reason.startswith("the SuperLink could not deliver to it: Error: Node Unavailable")
+    assert clock.now < 1.0  # nobody was waited for until the timeout

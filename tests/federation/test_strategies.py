@@ -12,6 +12,7 @@ from federation.config import load_config
 from federation.contract import Strategy, TrainReply, count_values
 from federation.errors import FederationError
 from federation.strategies import StrategyContext, build_strategy
+from federation.strategies.registry import AVERAGING
 
 # A two-unit "model": unit a (a weight, a BatchNorm running mean and its integer counter) and unit b (the head).
 KEYS = ("a.weight", "a.running_mean", "a.num_batches_tracked", "b.weight")
@@ -148,3 +149,34 @@ def test_registry_imports_lazily_and_explains_a_missing_module(monkeypatch: pyte
     assert "federation.strategies.separate" not in sys.modules
     assert _build("strategy.name=separate").name == "separate"
     assert "federation.strategies.separate" in sys.modules
+
+
+@pytest.mark.parametrize("name", sorted(AVERAGING))
+def test_an_averaging_strategy_deploys_what_it_sends_next(name: str) -> None:
+    # evaluates_next_start lets the engine evaluate round r with round r+1's training message (issue 21): only
+    # right if what round r deploys at each hospital is exactly the shared part round r+1 sends it
+    extra = ["client.optimizer=adam"] if name == "precision_weighted" else []
+    strategy = _build(f"strategy.name={name}", "strategy.nhead=1", *extra)
+    assert getattr(strategy, "evaluates_next_start", False) is True
+    keys = strategy.shared_keys(KEYS, [u for _, u in UNITS])
+    replies = {
+        c: TrainReply(
+            c,
+            {k: s[k] for k in keys},
+            CTX.num_examples[c],
+            {"train_loss": 0.5, "fisher_trace": float(c + 1)},
+            second_moments={k: s[k].abs() + 1.0 for k in keys if s[k].is_floating_point()},
+        )
+        for c, s in STATES.items()
+    }
+    strategy.aggregate_train(1, replies)
+    deployed = strategy.configure_evaluate(1, [0, 1, 2])
+    sent = strategy.configure_train(2, [0, 1, 2])
+    for c in (0, 1, 2):
+        shared = sent[c].shared
+        evaluated = deployed[c]
+        assert shared is not None
+        assert evaluated is not None
+        assert shared.keys() == evaluated.keys() == set(keys)
+        assert all(torch.equal(shared[k], evaluated[k]) for k in keys)
+    assert not all(torch.equal(sent[0].shared[k], INITIAL[k]) for k in keys)  # the round did move the model

@@ -1,0 +1,147 @@
+"""A round's record as the server assembles it: what the training brought back, then each hospital's evaluation.
+
+The round loop (`federation.engine.loop`) fills one ``RoundRecord`` per round and writes it as one line per
+evaluated hospital in ``metrics.jsonl`` and one line in ``aggregation.jsonl`` once every hospital asked has answered
+its evaluation. For a strategy that evaluates in the next round's message (``Strategy.evaluates_next_start``: the
+averaging family) that is one round later, so the record waits in the round's checkpoint (``Checkpoint.pending``,
+as JSON: floats round-trip exactly) and a resumed run writes the same lines an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from federation.contract import EvaluateReply, TrainReply
+from federation.runs import finite_or_none
+
+DP_METRICS = ("dp_epsilon", "dp_delta", "dp_steps")  # what a DP hospital reports (federation.privacy)
+
+
+@dataclass
+class RoundRecord:
+    """Round ``round``: values sent and received per hospital, what each trained hospital reported (``trained``:
+    its scalar metrics and seconds), who was left out and why, the strategy's aggregation record, and the
+    evaluations received so far. ``seconds``: the round's time up to its checkpoint; ``started``: when it began
+    (``time.perf_counter``; ``None`` after a resume)."""
+
+    round: int
+    sent: dict[int, int] = field(default_factory=dict)
+    received: dict[int, int] = field(default_factory=dict)
+    trained: dict[int, dict[str, Any]] = field(default_factory=dict)
+    left_out: dict[str, str] = field(default_factory=dict)
+    diverged: set[str] = field(default_factory=set)
+    silent: set[int] = field(default_factory=set)
+    aggregation: dict[str, Any] = field(default_factory=dict)
+    evaluated: dict[int, EvaluateReply] = field(default_factory=dict)
+    seconds: float = 0.0
+    started: float | None = None
+
+    def add_trained(self, client: int, reply: TrainReply) -> None:
+        self.trained[client] = {"metrics": dict(reply.metrics), "seconds": reply.seconds}
+
+    def leave_out(self, client: int, reason: str, *, diverged: bool = False, evaluation: bool = False) -> None:
+        """Record why ``client`` is left out; an evaluation's reason is added to its training's, if any."""
+        key = str(client)
+        if evaluation:
+            reason = (f"{self.left_out[key]}; " if key in self.left_out else "") + f"evaluation: {reason}"
+        self.left_out[key] = reason
+        if diverged:
+            self.diverged.add(key)
+
+    def to_evaluate(self, clients: Iterable[int]) -> list[int]:
+        """The hospitals still to be asked for this round's evaluation: not evaluated yet, and not silent (a
+        hospital that did not answer its training is probably down: it is not waited for again)."""
+        return [c for c in clients if c not in self.evaluated and c not in self.silent]
+
+    def metrics_lines(self, clients: Iterable[int], counts: Mapping[int, int]) -> list[dict[str, Any]]:
+        """``metrics.jsonl``'s lines: one per evaluated hospital, in client order."""
+        lines = []
+        for c in clients:
+            e = self.evaluated.get(c)
+            if e is None:
+                continue
+            t = self.trained.get(c)
+            metrics: dict[str, Any] = t["metrics"] if t else {}
+            lines.append(
+                {
+                    "round": self.round,
+                    "client": c,
+                    "train_loss": finite_or_none(metrics.get("train_loss")),
+                    "test_loss": finite_or_none(e.metrics.get("loss")),
+                    "test_acc": finite_or_none(e.metrics.get("acc")),
+                    "test_auc": finite_or_none(e.metrics.get("auc")),
+                    "fisher_trace": finite_or_none(metrics.get("fisher_trace")),
+                    "values_sent": self.sent.get(c, 0),
+                    "values_received": self.received.get(c, 0),
+                    "seconds": (t["seconds"] if t else 0.0) + e.seconds,
+                    "num_train": counts[c],
+                    "num_test": e.num_examples,
+                    "trained": t is not None,
+                    # differential privacy (federation.privacy): the hospital's epsilon so far, its delta and the
+                    # DP-SGD steps its ledger holds; only in runs with [privacy], so other runs' lines are unchanged
+                    **{k: finite_or_none(metrics.get(k)) for k in DP_METRICS if k in metrics},
+                }
+            )
+        return lines
+
+    def aggregation_line(self, seconds: float) -> dict[str, Any]:
+        """``aggregation.jsonl``'s line for the round."""
+        return {
+            "round": self.round,
+            "seconds": seconds,
+            "values_sent": sum(self.sent.values()),
+            "values_received": sum(self.received.values()),
+            **({"left_out": self.left_out} if self.left_out else {}),
+            **self.aggregation,
+        }
+
+    # -- kept in the checkpoint while the evaluation is to come -------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        def scalars(metrics: Mapping[str, Any]) -> dict[str, Any]:
+            return {k: v if not isinstance(v, float) or math.isfinite(v) else None for k, v in metrics.items()}
+
+        return {
+            "round": self.round,
+            "sent": {str(c): n for c, n in self.sent.items()},
+            "received": {str(c): n for c, n in self.received.items()},
+            "trained": {
+                str(c): {"metrics": scalars(t["metrics"]), "seconds": t["seconds"]} for c, t in self.trained.items()
+            },
+            "left_out": dict(self.left_out),
+            "diverged": sorted(self.diverged),
+            "silent": sorted(self.silent),
+            "aggregation": self.aggregation,
+            "evaluated": {
+                str(c): {"num_examples": e.num_examples, "metrics": e.metrics, "seconds": e.seconds}
+                for c, e in self.evaluated.items()
+            },
+            "seconds": self.seconds,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RoundRecord:
+        """Inverse of ``to_json`` (a checkpoint's ``pending``)."""
+        return cls(
+            round=int(data["round"]),
+            sent={int(c): int(n) for c, n in data["sent"].items()},
+            received={int(c): int(n) for c, n in data["received"].items()},
+            trained={
+                int(c): {
+                    "metrics": {k: float("nan") if v is None else v for k, v in t["metrics"].items()},
+                    "seconds": float(t["seconds"]),
+                }
+                for c, t in data["trained"].items()
+            },
+            left_out={str(k): str(v) for k, v in data["left_out"].items()},
+            diverged=set(map(str, data["diverged"])),
+            silent=set(map(int, data["silent"])),
+            aggregation=dict(data["aggregation"]),
+            evaluated={
+                int(c): EvaluateReply(int(c), int(e["num_examples"]), dict(e["metrics"]), float(e["seconds"]))
+                for c, e in data["evaluated"].items()
+            },
+            seconds=float(data["seconds"]),
+        )
