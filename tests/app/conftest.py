@@ -1,11 +1,11 @@
-"""Fixtures for the dashboard tests (builders in dashboard_fixtures.py)."""
+"""Fixtures for the dashboard tests (builders in tests/support/dashboard.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from dashboard_fixtures import Fixture, build
+from support.dashboard import Fixture, build
 
 
 @pytest.fixture

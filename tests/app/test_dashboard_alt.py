@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import plotly.graph_objects as go
-from dashboard_fixtures import Fixture, open_page
+from support.dashboard import Fixture, open_page
 
 from app.dashboard import charts
 

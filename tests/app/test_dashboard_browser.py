@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from dashboard_fixtures import write_prepared
-from slide_fixtures import build_trained_root
+from support.dashboard import write_prepared
+from support.slides import build_trained_root
 
 from app.dashboard import browser, jobs, paths
 

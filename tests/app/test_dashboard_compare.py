@@ -7,7 +7,7 @@ import json
 import shlex
 from pathlib import Path
 
-from dashboard_fixtures import Fixture, open_page, write_config, write_metrics, write_summary
+from support.dashboard import Fixture, open_page, write_config, write_metrics, write_summary
 
 from app.dashboard import compare, settings
 

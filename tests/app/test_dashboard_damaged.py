@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from dashboard_fixtures import MAIN, Fixture, open_page, write_config, write_metrics, write_summary
 from streamlit.testing.v1 import AppTest
+from support.dashboard import MAIN, Fixture, open_page, write_config, write_metrics, write_summary
 
 from app import cmd_dashboard
 from app.dashboard import runs

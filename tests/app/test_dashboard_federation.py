@@ -9,8 +9,8 @@ import json
 import sys
 
 import pytest
-from dashboard_fixtures import Fixture, open_page, write_running
 from streamlit.testing.v1 import AppTest
+from support.dashboard import Fixture, open_page, write_running
 
 from app.dashboard import jobs, paths, settings
 from federation.progress import RoundProgress, write_progress

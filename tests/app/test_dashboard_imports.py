@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dashboard_fixtures import Fixture
+from support.dashboard import Fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = (

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from dashboard_fixtures import wait_until
+from support.dashboard import wait_until
 
 from app.cmd_dashboard import streamlit_command
 from app.dashboard import jobs

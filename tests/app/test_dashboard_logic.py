@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from dashboard_fixtures import Fixture
+from support.dashboard import Fixture
 
 from app.dashboard import compare, evaluation, runs
 from app.dashboard.datasets import counts_table, list_datasets, load_manifest, sample_tiles

@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
-from dashboard_fixtures import (
+from streamlit.testing.v1 import AppTest
+from support.dashboard import (
     Fixture,
     open_page,
     write_config,
@@ -17,7 +18,6 @@ from dashboard_fixtures import (
     write_running,
     write_summary,
 )
-from streamlit.testing.v1 import AppTest
 
 from app.dashboard import jobs, paths
 

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from dashboard_fixtures import Fixture, open_page, wait_until, write_prepared
+from support.dashboard import Fixture, open_page, wait_until, write_prepared
 
 from app.dashboard import jobs, paths
 from app.dashboard.errors import DashboardError

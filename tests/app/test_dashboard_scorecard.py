@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from dashboard_fixtures import open_page, write_config, write_metrics, write_prepared, write_summary
 from streamlit.testing.v1 import AppTest
+from support.dashboard import open_page, write_config, write_metrics, write_prepared, write_summary
 
 from app.dashboard import evaluation
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dashboard_fixtures import write_prepared
+from support.dashboard import write_prepared
 
 from app.dashboard import live, settings
 from app.dashboard.runs import Progress

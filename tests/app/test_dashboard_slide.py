@@ -16,15 +16,13 @@ from typing import Any
 import cv2
 import numpy as np
 import pytest
-from dashboard_fixtures import MAIN, Fixture, open_page
-from slide_fixtures import TrainedRoot, build_trained_root, copy_root
 from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
 from streamlit.testing.v1 import AppTest
+from support.dashboard import MAIN, Fixture, open_page
+from support.images import bomb_png, bomb_tiff
+from support.slides import TrainedRoot, build_trained_root, copy_root
 
 from app import report_html, slide_view
-
-sys.path.append(str(Path(__file__).resolve().parents[1] / "pipeline"))  # the bomb files
-from pipeline_helpers import bomb_png, bomb_tiff
 
 TIMEOUT_S = 120
 

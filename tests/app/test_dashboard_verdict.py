@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from dashboard_fixtures import MAIN, open_page, write_config, write_metrics, write_prepared, write_summary
 from streamlit.testing.v1 import AppTest
+from support.dashboard import MAIN, open_page, write_config, write_metrics, write_prepared, write_summary
 
 from models.bundle import ModelCard, read_card, write_bundle
 from models.preprocess import Preprocess

@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 
 import pytest
-from cli_runner import run_cli
-from dashboard_fixtures import Fixture, open_page
-from slide_fixtures import TrainedRoot, build_trained_root, copy_root
+from support.cli import run_cli
+from support.dashboard import Fixture, open_page
+from support.slides import TrainedRoot, build_trained_root, copy_root
 
 from models.bundle import ModelCard, read_card
 from pipeline.provenance import INTENDED_USE, SYNTHETIC_NOTE, dataset_is_synthetic, intended_use

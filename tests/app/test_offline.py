@@ -15,11 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.tiny_dataset import TINY_SETTINGS, make_dataset
 
 from federation import OFFLINE_ENV
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "federation"))
-from fl_tiny_dataset import TINY_SETTINGS, make_dataset
 
 TRAP = """
 import os, socket

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_runner import run_cli
-from slide_fixtures import TrainedRoot, build_trained_root, copy_root
+from support.cli import run_cli
+from support.slides import TrainedRoot, build_trained_root, copy_root
 
 from federation.runs import RUN_PATTERNS
 from pipeline.outputs import MARKER_NAME, foreign_entries, read_marker

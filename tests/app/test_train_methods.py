@@ -4,14 +4,11 @@ work stop with one line (exit 2) before a run directory exists."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "federation"))  # the shared tiny-dataset fixture
-from cli_runner import run_cli
-from fl_tiny_dataset import TINY_SETTINGS, make_dataset
+from support.cli import run_cli
+from support.tiny_dataset import TINY_SETTINGS, make_dataset
 
 
 @pytest.fixture(scope="module")

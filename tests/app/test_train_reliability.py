@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import errno
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import safetensors.torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "federation"))  # the shared tiny-dataset fixture
-from cli_runner import run_cli
-from fl_tiny_dataset import TINY_SETTINGS, make_dataset
+from support.cli import run_cli
+from support.tiny_dataset import TINY_SETTINGS, make_dataset
 
 from pipeline.outputs import MARKER_NAME, claim_output
 

@@ -269,7 +269,7 @@ def test_tables_give_mean_and_std_over_seeds(tmp_path: Path) -> None:
 
 
 def test_cli_runs_a_real_grid_and_skips_it_the_second_time(tmp_path: Path) -> None:
-    from fl_tiny_dataset import TINY_SETTINGS, make_dataset
+    from support.tiny_dataset import TINY_SETTINGS, make_dataset
 
     from app.cli import app
 

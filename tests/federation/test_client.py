@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
-from fl_tiny_dataset import make_dataset
+from support.tiny_dataset import make_dataset
 
 from federation.client import Client, auc_or_none, proximal_term
 from federation.contract import Recipe, TrainInstruction

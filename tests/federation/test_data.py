@@ -11,7 +11,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from fl_tiny_dataset import LAYOUT, make_dataset
+from support.tiny_dataset import LAYOUT, make_dataset
 
 from federation.data import (
     augment_batch,

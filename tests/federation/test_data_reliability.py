@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fl_tiny_dataset import make_dataset
+from support.tiny_dataset import make_dataset
 
 from federation.data import load_clients, read_manifest
 from federation.errors import FederationError

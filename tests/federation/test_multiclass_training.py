@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import json
-import sys
 from pathlib import Path
 
 import cv2
@@ -19,6 +18,7 @@ import pytest
 import torch
 from safetensors import safe_open
 from sklearn.metrics import roc_auc_score
+from support.cli import run_cli
 
 from federation.client import auc_of, auc_or_none, multiclass_auc
 from federation.config import load_config
@@ -32,9 +32,6 @@ from federation.errors import FederationError
 from federation.runs import SUMMARY_FILE, prediction_columns
 from models import create_model, head_keys, split_units
 from models.bundle import BundleError, load_bundle
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))  # the in-process CLI runner
-from cli_runner import run_cli
 
 CLASSES = ("alpha", "beta", "gamma")
 COLOURS = {"alpha": (200, 60, 60), "beta": (60, 180, 60), "gamma": (60, 60, 200)}

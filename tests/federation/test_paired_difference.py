@@ -9,7 +9,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from script_module import ROOT, load_script
+from support.scripts import ROOT, load_script
 
 
 def _module() -> ModuleType:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fl_tiny_dataset import make_dataset
+from support.tiny_dataset import make_dataset
 from torch import nn
 
 from federation.client import Client

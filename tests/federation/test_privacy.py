@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from fl_tiny_dataset import TINY_SETTINGS, make_dataset
+from support.runs import records, stable
+from support.tiny_dataset import TINY_SETTINGS, make_dataset
 from torch import nn
 
 from federation.client import Client
@@ -213,15 +214,11 @@ def slides_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def _metrics(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-
-
 def test_a_dp_federation_records_epsilon_and_resume_continues_the_ledger(slides_dataset: Path, tmp_path: Path) -> None:
     settings = [*TINY_SETTINGS, *DP, "strategy.name=fedrep", "client.head_epochs=1", "client.epochs=1"]
     straight = tmp_path / "straight"
     train(load_config(None, settings, data=slides_dataset), straight, progress=False)
-    lines = _metrics(straight)
+    lines = records(straight)
     assert {line["round"] for line in lines} == {1, 2}
     for client in (0, 1, 2):
         ledger = json.loads((straight / "hospitals" / f"client_{client:02d}" / ACCOUNTANT_FILE).read_text())
@@ -266,7 +263,7 @@ def test_a_dp_federation_records_epsilon_and_resume_continues_the_ledger(slides_
         assert (resumed / "hospitals" / name / ACCOUNTANT_FILE).read_text() == (
             straight / "hospitals" / name / ACCOUNTANT_FILE
         ).read_text()
-    assert [line["dp_epsilon"] for line in _metrics(resumed)] == [line["dp_epsilon"] for line in lines]
+    assert [line["dp_epsilon"] for line in records(resumed)] == [line["dp_epsilon"] for line in lines]
     assert math.isfinite(lines[0]["test_acc"])
 
 
@@ -358,7 +355,7 @@ def test_a_dp_federation_gives_the_same_figures_in_every_engine(slides_dataset: 
     )
 
     def figures(run: Path) -> list[dict]:
-        return [{k: v for k, v in line.items() if k != "seconds"} for line in _metrics(run)]
+        return stable(run)
 
     assert figures(sim) == figures(local)
     assert figures(demo) == figures(local)

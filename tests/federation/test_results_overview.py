@@ -6,7 +6,7 @@ import csv
 from pathlib import Path
 from types import ModuleType
 
-from script_module import load_script
+from support.scripts import load_script
 
 
 def _module() -> ModuleType:

@@ -3,30 +3,9 @@
 from __future__ import annotations
 
 import json
-import sys
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
-
-sys.path.append(str(Path(__file__).resolve().parents[1] / "app"))  # the shared tiny run (last: `conftest` stays ours)
-from slide_fixtures import slide_sources, train_tiny
-
-
-@dataclass(frozen=True)
-class TinyRun:
-    """Where the fixture's raw slides, prepared dataset and run are, and prepare's record."""
-
-    raw: Path
-    prepared: Path
-    run: Path
-    record: dict
-
-    def bundle(self, client: int) -> Path:
-        return self.run / "hospitals" / f"client_{client:02d}"
-
-    def slides(self, client: int, split: str, label: str) -> list[str]:
-        return slide_sources(self.record, client, split, label)
+from support.slides import TinyRun, train_tiny
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TinyRun
+from support.slides import TinyRun
 
 from models import create_model
 from models.bundle import BundleError, ModelCard, TileGrid, load_bundle, read_card, write_bundle

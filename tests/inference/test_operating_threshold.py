@@ -6,14 +6,11 @@ from __future__ import annotations
 import csv
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import TinyRun
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))  # the shared CLI runner
-from cli_runner import run_cli
+from support.cli import run_cli
+from support.slides import TinyRun
 
 from app.dashboard.evaluation import threshold_for_sensitivity
 from app.dashboard.runs import read_prediction_file

@@ -6,16 +6,13 @@ import csv
 import json
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
-from conftest import TinyRun
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))  # the shared CLI runner
-from cli_runner import run_cli
+from support.cli import run_cli
+from support.slides import TinyRun
 
 from inference import predict
 

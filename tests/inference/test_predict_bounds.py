@@ -17,14 +17,11 @@ import numpy as np
 import pytest
 import tifffile
 import torch
-from conftest import TinyRun
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))  # the shared CLI runner
-sys.path.append(str(Path(__file__).resolve().parents[1] / "pipeline"))  # the bomb files
-from cli_runner import run_cli
-from pipeline_helpers import bomb_png, bomb_tiff
+from support.cli import run_cli
+from support.images import bomb_png, bomb_tiff
+from support.slides import TinyRun
 
 ROOT = Path(__file__).resolve().parents[2]
 # Importing torch alone maps about 3.5 GiB of address space (3 GiB is too little for it); 5 GiB leaves room for a

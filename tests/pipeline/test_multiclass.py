@@ -9,8 +9,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from pipeline_helpers import file_hashes
 from sklearn.datasets import load_digits
+from support.images import file_hashes
 
 from pipeline.config import build_config
 from pipeline.digits import digit_pixels, export_digits

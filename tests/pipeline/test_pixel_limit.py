@@ -14,7 +14,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from pipeline_helpers import bomb_png, bomb_tiff
+from support.images import bomb_png, bomb_tiff
 from test_prepare import config_for, make_seed
 
 from pipeline import images

@@ -9,7 +9,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from pipeline_helpers import file_hashes
+from support.images import file_hashes
 
 from pipeline.config import PrepareConfig, build_config
 from pipeline.prepare import prepare_dataset

@@ -11,7 +11,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from pipeline_helpers import file_hashes
+from support.images import file_hashes
 
 from pipeline.config import build_config
 from pipeline.errors import PipelineError

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fl_tiny_dataset import TINY_SETTINGS, make_dataset
+from support.tiny_dataset import TINY_SETTINGS, make_dataset
 
 from app.dashboard import jobs
 from federation import processes

@@ -24,6 +24,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from support.paths import REPO
 
 from federation.errors import FederationError
 from federation.flower.kit import (
@@ -318,7 +319,7 @@ def test_sigterm_tears_down_the_superlink(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        cwd=Path(__file__).parents[2],
+        cwd=REPO,
         start_new_session=True,
     )
     try:

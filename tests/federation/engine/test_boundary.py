@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fl_tiny_dataset import TINY_SETTINGS, make_dataset
 from safetensors import safe_open
+from support.tiny_dataset import TINY_SETTINGS, make_dataset
 
 from federation.config import load_config
 from federation.engine import train

@@ -6,8 +6,8 @@ import csv
 import json
 from pathlib import Path
 
-from fl_tiny_dataset import TINY_SETTINGS, make_dataset
 from sklearn.metrics import roc_auc_score
+from support.tiny_dataset import TINY_SETTINGS, make_dataset
 
 from federation.config import load_config
 from federation.engine import train

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 import torch
-from fl_tiny_dataset import TINY_SETTINGS, make_dataset
+from support.runs import stable
+from support.tiny_dataset import TINY_SETTINGS, make_dataset
 
 from federation.client import Client
 from federation.config import RunConfig, config_to_toml, load_config
@@ -40,8 +41,6 @@ from federation.runs import read_checkpoint
 from federation.strategies.fedavg import Averaging
 from models import create_model
 
-VOLATILE = {"seconds"}
-
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -52,14 +51,9 @@ def _config(dataset: Path, *extra: str) -> RunConfig:
     return load_config(None, [*TINY_SETTINGS, *extra], data=dataset)
 
 
-def _lines(run_dir: Path, name: str) -> list[dict[str, Any]]:
-    text = (run_dir / name).read_text().splitlines()
-    return [{k: v for k, v in json.loads(line).items() if k not in VOLATILE} for line in text]
-
-
 def _same_files(a: Path, b: Path) -> None:
     for name in ("metrics.jsonl", "aggregation.jsonl"):
-        assert _lines(a, name) == _lines(b, name), name
+        assert stable(a, name) == stable(b, name), name
 
 
 def _separate(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -134,10 +128,10 @@ def test_a_failed_training_keeps_the_previous_rounds_evaluation(
     _separate(monkeypatch)
     train(config, tmp_path / "separate", progress=False)
     _same_files(tmp_path / "combined", tmp_path / "separate")
-    metrics = _lines(tmp_path / "combined", "metrics.jsonl")
+    metrics = stable(tmp_path / "combined", "metrics.jsonl")
     assert [(r["round"], r["client"]) for r in metrics] == [(r, c) for r in (1, 2, 3) for c in (0, 1, 2)]
     assert [r["trained"] for r in metrics if r["client"] == 1] == [True, False, True]
-    aggregation = _lines(tmp_path / "combined", "aggregation.jsonl")
+    aggregation = stable(tmp_path / "combined", "aggregation.jsonl")
     assert [a.get("left_out") for a in aggregation] == [None, {"1": "hospital 1: its scanner is offline"}, None]
 
 
@@ -167,14 +161,14 @@ def test_a_run_stopped_before_a_rounds_evaluation_resumes_to_the_same_files(
     with pytest.raises(RunStopped, match="stopped after round 2"):
         train(config, run_dir, progress=False)
     # round 2 is trained and checkpointed; its evaluation had not come: its record waits in the checkpoint
-    assert [r["round"] for r in _lines(run_dir, "aggregation.jsonl")] == [1]
+    assert [r["round"] for r in stable(run_dir, "aggregation.jsonl")] == [1]
     pending = read_checkpoint(run_dir, 2).pending
     assert pending is not None
     assert pending["round"] == 2
     assert sorted(pending["trained"]) == ["0", "1", "2"]
     with pytest.raises(RunStopped, match="stopped after round 3"):  # now stopped before round 3's evaluation
         train(load_run_config(run_dir), run_dir, resume=True, progress=False)
-    assert [r["round"] for r in _lines(run_dir, "aggregation.jsonl")] == [1, 2]
+    assert [r["round"] for r in stable(run_dir, "aggregation.jsonl")] == [1, 2]
     summary = train(load_run_config(run_dir), run_dir, resume=True, progress=False)
     assert summary["status"] == "finished"
     assert summary["rounds_done"] == 3

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fl_tiny_dataset import TINY_SETTINGS, make_dataset
+from support.tiny_dataset import TINY_SETTINGS, make_dataset
 
 from federation.config import load_config
 from federation.contract import Failure

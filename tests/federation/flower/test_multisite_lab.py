@@ -5,17 +5,16 @@ namespaces and users)."""
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
-from fl_tiny_dataset import TINY_SETTINGS, make_dataset
+from support.paths import REPO
+from support.runs import stable
+from support.tiny_dataset import TINY_SETTINGS, make_dataset
 
-REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "multisite_lab.sh"
 pytestmark = pytest.mark.slow
 
@@ -24,10 +23,6 @@ def _can_make_namespaces() -> bool:
     if os.geteuid() != 0:
         return False
     return subprocess.run(["unshare", "--net", "true"], capture_output=True, check=False).returncode == 0
-
-
-def _metrics(path: Path) -> list[dict[str, Any]]:
-    return [{k: v for k, v in json.loads(x).items() if k != "seconds"} for x in path.read_text().splitlines()]
 
 
 def _lab_namespaces() -> list[str]:
@@ -61,7 +56,7 @@ def test_separate_sites_give_the_in_process_metrics_and_leave_nothing(tmp_path: 
         "ok: h2's outbound log is intact",
     ):
         assert expected in checks
-    deployed, reference = _metrics(out / "deployed" / "metrics.jsonl"), _metrics(out / "in-process" / "metrics.jsonl")
+    deployed, reference = stable(out / "deployed"), stable(out / "in-process")
     assert deployed == reference
     assert sorted({(m["round"], m["client"]) for m in deployed}) == [(r, c) for r in (1, 2) for c in range(3)]
     # every hospital's audit: replies of the run, nothing refused, the chain intact

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from fl_tiny_dataset import TINY_SETTINGS, make_dataset
 from safetensors.torch import load_file
+from support.tiny_dataset import TINY_SETTINGS, make_dataset
 from torch import nn
 
 from federation.client import Client

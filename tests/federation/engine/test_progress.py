@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fl_tiny_dataset import TINY_SETTINGS, make_dataset
+from support.tiny_dataset import TINY_SETTINGS, make_dataset
 
 from federation.config import load_config
 from federation.engine import loop, train
@@ -33,7 +33,10 @@ def test_progress_round_trips_and_a_damaged_file_reads_as_none(tmp_path: Path) -
 
 
 def test_write_progress_never_raises(tmp_path: Path) -> None:
-    write_progress(tmp_path / "no such folder", RoundProgress(1, 1, "training", 0, 3, 0.0))  # skipped, no error
+    missing = tmp_path / "no such folder"
+    write_progress(missing, RoundProgress(1, 1, "training", 0, 3, 0.0))  # skipped, no error
+    assert not missing.exists()  # nothing made either: progress never creates a run directory
+    assert read_progress(missing) is None
 
 
 def test_reading_progress_does_not_import_torch() -> None:

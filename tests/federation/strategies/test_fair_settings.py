@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 import torch
-from fl_tiny_dataset import TINY_SETTINGS, make_dataset
 from safetensors.torch import load_file
+from support.tiny_dataset import TINY_SETTINGS, make_dataset
 from torch import nn
 
 from federation.client import Client

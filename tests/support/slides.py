@@ -95,3 +95,19 @@ def copy_root(source: TrainedRoot, root: Path) -> TrainedRoot:
     run = root / "runs" / RUN_ID
     shutil.copytree(source.run, run, ignore=shutil.ignore_patterns("checkpoints", "slides", "report.html"))
     return TrainedRoot(root, source.raw, source.prepared, run)
+
+
+@dataclass(frozen=True)
+class TinyRun:
+    """Where the fixture's raw slides, prepared dataset and run are, and prepare's record."""
+
+    raw: Path
+    prepared: Path
+    run: Path
+    record: dict
+
+    def bundle(self, client: int) -> Path:
+        return self.run / "hospitals" / f"client_{client:02d}"
+
+    def slides(self, client: int, split: str, label: str) -> list[str]:
+        return slide_sources(self.record, client, split, label)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fl_tiny_dataset import TINY_SETTINGS, make_dataset
+from support.tiny_dataset import TINY_SETTINGS, make_dataset
 
 from federation.config import load_config
 from federation.contract import TrainReply

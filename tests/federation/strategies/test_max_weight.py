@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from fl_tiny_dataset import LAYOUT, TINY_SETTINGS, make_dataset
+from support.tiny_dataset import LAYOUT, TINY_SETTINGS, make_dataset
 
 from federation.aggregation import cap_weights, weighted_sum
 from federation.config import config_to_toml, load_config, max_weight_problem

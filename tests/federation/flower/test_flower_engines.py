@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fl_tiny_dataset import TINY_SETTINGS, make_dataset
+from support.runs import records, stable
+from support.tiny_dataset import TINY_SETTINGS, make_dataset
 from test_boundary import assert_boundary_held
 
 from federation.config import load_config
@@ -32,22 +33,12 @@ from federation.flower.demo import run_demo
 from federation.flower.processes import FlwrCli, LocalDeployment, free_port
 
 pytestmark = pytest.mark.slow
-VOLATILE = {"seconds"}
 GASTRIC_FL = Path(sys.executable).parent / "gastric-fl"
 
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_dataset(tmp_path_factory.mktemp("tiny"))
-
-
-def _metrics(run: Path) -> list[dict[str, Any]]:
-    lines = (run / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(x).items() if k not in VOLATILE} for x in lines]
-
-
-def _aggregation(run: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in (run / "aggregation.jsonl").read_text().splitlines()]
 
 
 def _flower_processes() -> list[str]:
@@ -97,9 +88,9 @@ def test_the_same_federation_gives_the_same_metrics_in_every_engine(dataset: Pat
     train(load_config(None, [*settings, "run.engine=flower-sim"], data=dataset), sim, progress=False)
     summary = run_demo(load_config(None, [*settings, "run.engine=flower"], data=dataset), demo, progress=False)
     # identical, not merely close: the hospitals run the same code on the same seeds with the same thread count
-    assert _metrics(sim) == _metrics(local)
-    assert _metrics(demo) == _metrics(local)
-    assert len(_metrics(local)) == 6
+    assert stable(sim) == stable(local)
+    assert stable(demo) == stable(local)
+    assert len(stable(local)) == 6
     assert summary["status"] == "finished"
     assert summary["engine"] == "flower"
     assert summary["deployment_timings"]["superlink_healthy"] > 0
@@ -155,7 +146,7 @@ def test_a_hospital_killed_during_a_round_is_left_out_and_rejoins(dataset: Path,
     summary = run_demo(load_config(None, settings, data=dataset), run, progress=False, during=fault)
     assert events == ["killed", "restarted"]
     assert summary["status"] == "finished"
-    first, *_, last = _aggregation(run)
+    first, *_, last = records(run, "aggregation.jsonl")
     # left out in round 1, with the real reason: its connection was lost, the SuperLink could not deliver the task
     # to it (it missed its heartbeats), or (if the server had not noticed yet) it did not answer in time
     reasons = ("lost its connection", "the SuperLink could not deliver to it", "no answer within 60 s")
@@ -163,7 +154,7 @@ def test_a_hospital_killed_during_a_round_is_left_out_and_rejoins(dataset: Path,
     assert list(first["weights"]) == ["0"]  # aggregated without the silent hospital
     assert "left_out" not in last  # back by the last round (a round started while it restarted may miss it)
     assert sorted(last["weights"]) == ["0", "1"]
-    metrics = _metrics(run)
+    metrics = stable(run)
     assert [(m["round"], m["client"], m["trained"]) for m in metrics if m["round"] == 1] == [(1, 0, True)]
     assert (5, 1, True) in [(m["round"], m["client"], m["trained"]) for m in metrics]
     assert_boundary_held(run, dataset, nhead=1)
@@ -309,7 +300,7 @@ def test_deployment_commands_and_a_server_stopped_mid_run_resumed(dataset: Path,
         assert resumed.returncode == 0, resumed.stderr
     finally:
         commands.close()
-    assert _metrics(run) == _metrics(reference)
+    assert stable(run) == stable(reference)
     # each hospital kept its folder on its own "machine", the server kept none
     assert (tmp_path / "h1" / "runs" / run.name / "predictions.csv").is_file()
     assert not (run / "hospitals").exists()

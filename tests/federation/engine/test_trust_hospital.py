@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fl_tiny_dataset import LAYOUT, TINY_SETTINGS, make_dataset
+from support.tiny_dataset import LAYOUT, TINY_SETTINGS, make_dataset
 from typer.testing import CliRunner
 
 from app.cli import app

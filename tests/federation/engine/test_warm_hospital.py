@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from fl_tiny_dataset import make_dataset
 from safetensors import safe_open
 from safetensors.torch import load_file
+from support.tiny_dataset import make_dataset
 from test_trust_hospital import RUN, config_of, deployed, honest_task, send
 
 from federation.config import config_to_toml

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from fl_tiny_dataset import LAYOUT, TINY_SETTINGS, make_dataset
+from support.tiny_dataset import LAYOUT, TINY_SETTINGS, make_dataset
 
 from federation.config import load_config
 from federation.engine import Engine, local_sites, resolve_config
