@@ -138,8 +138,9 @@ def _processes(since_ticks: int) -> dict[int, tuple[str, float]]:
 
 class Sampler(threading.Thread):
     """Every 0.2 s: the machine's busy CPU seconds, this process's, every process started since (by kind), and
-    when each round of ``run_dir`` was recorded (its ``aggregation.jsonl`` lines). A process that starts and ends
-    between two samples is not seen by kind (it still counts in the machine's total)."""
+    when each round of ``run_dir`` was checkpointed (``rounds_done`` in its ``summary.json``: the same point of a
+    round whether its evaluation came in a message of its own or rides with the next round's training). A process
+    that starts and ends between two samples is not seen by kind (it still counts in the machine's total)."""
 
     def __init__(self, run_dir: Path) -> None:
         super().__init__(daemon=True)
@@ -148,20 +149,26 @@ class Sampler(threading.Thread):
         self.since = int(float(Path("/proc/uptime").read_text().split()[0]) * TICK)
         self.start_cpu, self.start_self = machine_cpu(), sum(os.times()[:2])
         self.per_pid: dict[int, tuple[str, float]] = {}
-        self.rounds: list[tuple[float, float]] = []  # (wall time, machine CPU) when each round was recorded
+        self.rounds: list[tuple[float, float]] = []  # (wall time, machine CPU) when each round was checkpointed
+        self.began = time.perf_counter()
+        # when the server's round loop started (its summary.json) and the first hospital answered Hello (its folder)
+        self.marks: dict[str, float] = {}
 
     def run(self) -> None:
         while not self.halt.wait(0.2):
             self.sample()
 
     def sample(self) -> None:
+        for mark, path in (("server", self.run_dir / "summary.json"), ("hello", self.run_dir / "hospitals")):
+            if mark not in self.marks and path.exists():
+                self.marks[mark] = time.perf_counter() - self.began
         for pid, (kind, cpu) in _processes(self.since).items():
             # an exited process not yet reaped has an empty command line: it keeps the kind it was first seen as
             known = self.per_pid.get(pid, (kind, 0.0))[0]
             self.per_pid[pid] = (known if kind == "other" else kind, cpu)
-        try:
-            done = len((self.run_dir / "aggregation.jsonl").read_text().splitlines())
-        except OSError:
+        try:  # rounds trained and aggregated: the server's summary says so when it checkpoints a round
+            done = int(json.loads((self.run_dir / "summary.json").read_text()).get("rounds_done") or 0)
+        except (OSError, ValueError):
             done = 0
         while len(self.rounds) < done:
             self.rounds.append((time.perf_counter(), machine_cpu()))
@@ -175,6 +182,8 @@ class Sampler(threading.Thread):
             kinds[kind] = kinds.get(kind, 0.0) + cpu
         steady = len(self.rounds) - 1  # rounds after the first (which also reads every hospital's tiles)
         return {
+            "marks": dict(self.marks),
+            "last_record": self.rounds[-1][0] - self.began if self.rounds else float("nan"),
             "cpu_total": machine_cpu() - self.start_cpu,
             "cpu_kinds": kinds,
             "steady_round": (self.rounds[-1][0] - self.rounds[0][0]) / steady if steady > 0 else float("nan"),
@@ -227,7 +236,7 @@ def main() -> None:
     extra: tuple[str, ...] = ()
     if args.strategy:
         extra = (f"strategy.name={args.strategy}",)
-        job = job.replace("(FedSAF, nhead 6)", "").replace("(FedSAF)", "") + f" with strategy.name = {args.strategy}"
+        job = job.replace(" (FedSAF, nhead 6)", "").replace(" (FedSAF)", "") + f" with strategy.name = {args.strategy}"
         report = report.replace(".md", f"_{args.strategy}.md")
     data = quickstart_dataset() if args.regime == "quickstart" else data_poor_dataset()
     results = []
@@ -264,6 +273,16 @@ def main() -> None:
     wall_met = "met" if deployed["steady_round"] <= target_wall else "NOT met"
     cpu_met = "met" if deployed["steady_cpu"] <= target_cpu else "NOT met"
     deploy = results[-1]["timings"]
+    stages = [
+        "| engine | server's round loop running | first hospital answered Hello | last round checkpointed | run over |",
+        "|---|---|---|---|---|",
+    ]
+    for r in results:
+        marks = r["marks"]
+        stages.append(
+            f"| {r['engine']} | {marks.get('server', float('nan')):.1f} | {marks.get('hello', float('nan')):.1f} | "
+            f"{r['last_record']:.1f} | {r['total']:.1f} |"
+        )
     text = "\n".join(
         [
             "# Engines side by side: in-process, Flower simulation, loopback deployment",
@@ -276,8 +295,9 @@ def main() -> None:
             "",
             f"Per-round metrics identical across the three engines: {'yes' if same else 'NO'}.",
             "",
-            "A round's seconds and CPU seconds are those between the first and the last round's record "
-            "(`aggregation.jsonl`), divided by the rounds between them: everything a steady round costs (training, "
+            "A round's seconds and CPU seconds are those between the first and the last round's checkpoint "
+            "(`rounds_done` in `summary.json`), divided by the rounds between them: everything a steady round costs "
+            "(training, evaluation, "
             "messages, polls, the operator following the run), without the start-up and the first round (which "
             "also reads every hospital's tiles). CPU seconds are the whole machine's busy time (`/proc/stat`), so "
             "the machine should be otherwise idle (see the load average above).",
@@ -292,6 +312,13 @@ def main() -> None:
             "that lives less than 0.2 s is not seen by kind):",
             "",
             *breakdown,
+            "",
+            "Where the start-up and the end go (seconds after the engine was asked to run; sampled every 0.2 s): "
+            "the server's round loop running (its `summary.json` written), the first hospital answering Hello (its "
+            "folder made), the last round checkpointed, the run over (its last evaluation recorded, everything "
+            "stopped):",
+            "",
+            *stages,
             "",
             f"Deployment start-up: SuperLink healthy {deploy.get('superlink_healthy', 0):.1f} s, SuperNodes "
             f"registered and online {deploy.get('supernodes_online', 0):.1f} s; the rest of its start-up is "
