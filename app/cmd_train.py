@@ -57,8 +57,8 @@ def register(app: typer.Typer) -> None:
         """Train hospitals on a prepared dataset with one method (strategy.name; docs/methods.md lists them all)."""
         from federation.config import config_to_toml, load_config
         from federation.engine import RunStopped, load_run_config, resolve_config
-        from federation.engine import train as run_training
         from federation.errors import FederationError
+        from federation.launch import train as run_training
         from federation.runs import default_run_dir
 
         if engine is not None:

@@ -22,7 +22,7 @@ heatmaps. The report module imports no torch (scoring a missing heatmap, `write_
 A report holds the hospital's tile images and per-tile probabilities, so by default it goes where the hospital's
 predictions already are, its own folder: ``<run>/hospitals/client_XX/report.html`` (data/README.md section 3; the
 run's server part never holds such data). ``--out DIR`` writes ``client_XX.html`` files to a folder of the user's
-choosing instead; output safety then follows `pipeline.outputs`: the folder is locked while it is written
+choosing instead; output safety then follows `infra.outputs`: the folder is locked while it is written
 (`claim_output`), carries the ``report`` ownership marker, and a folder holding files the command did not write is
 refused. Each file is written to a temporary name and renamed, and everything is built before anything is written,
 so bad input leaves no partial output.
@@ -51,8 +51,7 @@ import pandas as pd
 from app import slide_view
 from federation.jsonl import scan_jsonl
 from federation.runfiles import hospital_dir, hospital_files, hospital_index, hospital_name
-from models.decision import interval_text, slide_of_tile, slide_stem
-from pipeline.outputs import (
+from infra.outputs import (
     OutputError,
     PathOutsideError,
     claim_output,
@@ -61,7 +60,8 @@ from pipeline.outputs import (
     owned_by,
     write_marker,
 )
-from pipeline.provenance import intended_use
+from infra.provenance import intended_use
+from models.decision import interval_text, slide_of_tile, slide_stem
 
 COMMAND = "report"
 HOSPITAL_REPORT = "report.html"  # in the hospital's own folder, beside its predictions.csv

@@ -11,12 +11,12 @@ import typer
 
 @contextmanager
 def exit_when_terminated(command: str, target: Path) -> Iterator[None]:
-    """Run the block with SIGTERM/SIGHUP unwinding it like Ctrl-C (`pipeline.outputs.terminate_as_interrupt`).
+    """Run the block with SIGTERM/SIGHUP unwinding it like Ctrl-C (`infra.outputs.terminate_as_interrupt`).
 
     A terminated block left nothing at ``target`` (its writers clean up on the way out): say so and exit with
     ``128 + signal number``, as a shell reports a process ended by that signal.
     """
-    from pipeline.outputs import Terminated, terminate_as_interrupt
+    from infra.outputs import Terminated, terminate_as_interrupt
 
     try:
         with terminate_as_interrupt():

@@ -48,7 +48,7 @@ import numpy as np
 import numpy.typing as npt
 
 from federation.runfiles import hospital_files, hospital_index
-from pipeline import outputs
+from infra import outputs
 from pipeline.images import DEFAULT_MAX_PIXELS, check_max_pixels, check_pixels
 
 CARD_FILE = "model.json"

@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks._common import command_line, machine, write_result  # noqa: E402
 from federation.config import load_config  # noqa: E402
-from federation.engine import train  # noqa: E402
 from federation.flower.demo import run_demo  # noqa: E402
+from federation.launch import train  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "engines.md"
 CLI = [sys.executable, "-m", "app.cli"]

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._common import machine, write_result  # noqa: E402
 from federation.config import load_config  # noqa: E402
 from federation.data import read_manifest  # noqa: E402
-from federation.engine import train  # noqa: E402
+from federation.launch import train  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "round_time.md"
 CLI = [sys.executable, "-m", "app.cli"]

@@ -3,7 +3,7 @@
 A grid is one or more *blocks*; each block is a product of setting values (``nhead=0,3,6``, ``dm=...``,
 ``fim=on,off``, ``split=on,off``, ``strategy=fedavg,...``, or any ``section.key``). Every combination, run once per
 seed, is a *cell*: an ordinary run directory made by the same engine ``gastric-fl train`` uses
-(``federation.engine.train``) under ``<out>/cells/<cell id>/``. ``<out>/ablation.json`` lists every cell with
+(``federation.launch.train``) under ``<out>/cells/<cell id>/``. ``<out>/ablation.json`` lists every cell with
 its settings, seed, run directory and status (``data/README.md``, section 4).
 
 Resumable: a cell whose ``summary.json`` says ``finished`` is skipped; a cell with a run directory but no finished
@@ -36,7 +36,7 @@ from federation.config import RunConfig, config_to_toml, load_config, read_toml
 from federation.errors import FederationError
 from federation.provenance import code_version, describe_code_versions
 from federation.runs import SUMMARY_FILE, atomic_write_text, now_iso, read_json, write_json
-from pipeline.outputs import OutputError, check_replaceable, claim_output, os_error_message, write_marker
+from infra.outputs import OutputError, check_replaceable, claim_output, os_error_message, write_marker
 
 ABLATION_FILE = "ablation.json"
 CELLS_DIR = "cells"
@@ -375,10 +375,10 @@ def run_plan(
 
     Cells with identical resolved configurations share one run (``same_as`` in ``ablation.json``). A cell that
     fails with a ``FederationError`` is recorded as ``failed`` (with the error) and the grid goes on; an
-    interruption is recorded and re-raised. ``train_fn`` defaults to ``federation.engine.train``.
+    interruption is recorded and re-raised. ``train_fn`` defaults to ``federation.launch.train``.
     """
     if train_fn is None:
-        from federation.engine import train
+        from federation.launch import train
 
         train_fn = train
     # One ablation per folder at a time (two would run the same cells into the same run directories).
@@ -924,7 +924,7 @@ def publish(plan: Plan, out: Path, dest: Path, command: str, rebuild: str | None
     ``ablation.json``, ``base_config.toml`` and every table, figure and ``paired`` file ``write_tables`` wrote; plus
     ``versions.txt`` (``installed_versions``) and ``COMMAND.md`` (the command, and how to rebuild the tables
     from the copy alone: ``gastric-fl ablate --config PRESET --out DEST --tables-only``). ``dest`` is claimed like
-    any output folder (``pipeline.outputs.claim_output``), so only a folder this command wrote is replaced.
+    any output folder (``infra.outputs.claim_output``), so only a folder this command wrote is replaced.
     Returns the files written.
     """
     import shutil

@@ -35,8 +35,8 @@ import numpy as np
 import torch
 
 from federation.errors import FederationError
+from infra.outputs import FolderPaths, PathOutsideError
 from models.preprocess import default_stats, fit_tile, normalise, tile_from_decoded
-from pipeline.outputs import FolderPaths, PathOutsideError
 
 LABELS: tuple[str, ...] = ("normal", "abnormal")  # the binary task: class index 0 and 1
 # A class name is a plain label (prepare's class-folder rule): it is the one piece of text about its data that a
@@ -133,7 +133,7 @@ def read_manifest(dataset: str | Path) -> list[ManifestRow]:
 
     Checked once here, for every reader: the columns, each row's values (its label one of the dataset's classes,
     `read_dataset`), that each tile path stays inside the dataset folder (no absolute path, no ``..``, no
-    symlink out of it: `pipeline.outputs.FolderPaths`) and that no tile is listed twice (it would weigh double,
+    symlink out of it: `infra.outputs.FolderPaths`) and that no tile is listed twice (it would weigh double,
     or sit in both splits). A UTF-8 byte-order mark, as some spreadsheet programs save it, is accepted.
     """
     return read_dataset(dataset)[0]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Mapping, Sequence
 
-CODE_FOLDERS = ("app", "federation", "models", "pipeline", "inference")
+CODE_FOLDERS = ("app", "federation", "models", "pipeline", "inference", "infra")
 
 
 def code_version() -> str:

@@ -40,7 +40,7 @@ from federation.runs import (
     atomic_write_text,
     read_json,
 )
-from pipeline.provenance import INTENDED_USE, dataset_is_synthetic, intended_use
+from infra.provenance import INTENDED_USE, dataset_is_synthetic, intended_use
 
 SUMMARY_COLUMNS: tuple[str, ...] = (
     "run",
@@ -531,7 +531,7 @@ def write_report(runs: Sequence[RunResult], out_dir: Path) -> dict[str, Path]:
 
 
 def runs_intended_use(runs: Sequence[RunResult]) -> str:
-    """The intended-use sentence of a report on ``runs`` (`pipeline.provenance.intended_use`): with the synthetic
+    """The intended-use sentence of a report on ``runs`` (`infra.provenance.intended_use`): with the synthetic
     note when any run was trained on a dataset made by ``gastric-fl synth``."""
     datasets = [(run.config.get("data") or {}).get("path") for run in runs]
     return intended_use(synthetic=any(dataset_is_synthetic(Path(d)) for d in datasets if isinstance(d, str) and d))
@@ -546,7 +546,7 @@ def render_markdown(
     operating: Sequence[Mapping[str, Any]] = (),
     privacy: Sequence[Mapping[str, Any]] = (),
 ) -> str:
-    """The report as Markdown: its intended use (`pipeline.provenance`), problems found in the run files (if any),
+    """The report as Markdown: its intended use (`infra.provenance`), problems found in the run files (if any),
     the run table, the per-hospital table and (optionally) the curves image."""
     parts = [
         f"# Federation report\n\n**{intended}**\n",

@@ -8,7 +8,7 @@ state (shared tensors only: a hospital's head and its own checkpoints stay in it
 only once its sidecar exists, and the sidecar is written last. Nothing is pickled.
 
 A run directory is ``gastric-fl train``'s output (issue 10): it carries train's ownership marker from the moment it
-is created (``pipeline.outputs.write_marker``), and ``--overwrite`` replaces only a folder with that marker holding
+is created (``infra.outputs.write_marker``), and ``--overwrite`` replaces only a folder with that marker holding
 nothing but what a run writes (`RUN_PATTERNS`; `prepare_run_dir`). Temp files of a write killed by ``kill -9``
 (hidden ``.<name>.*`` beside the file) are never read as checkpoints and are removed at the next start
 (`clean_temp_files`). The process that writes a run is named by its pid *and* start time (``pid_started``), so a
@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any
 
 from federation.errors import FederationError
 from federation.jsonl import DamagedLine, scan_jsonl
-from federation.processes import same_process
 from federation.runfiles import HOSPITAL_GLOB, HOSPITALS_DIR
-from pipeline.outputs import OutputError, check_replaceable, owned_by, write_marker
+from infra.outputs import OutputError, check_replaceable, owned_by, write_marker
+from infra.pids import same_process
 
 if TYPE_CHECKING:
     import torch

@@ -27,7 +27,7 @@ abnormal tile (its white share, counting pixels outside the annotation as white,
 *normal* when it holds no annotated pixel, and unlabelled otherwise (prepare would keep it in neither class).
 
 Outputs are written atomically (a temporary file renamed into place); ``--out`` is locked for the call and carries
-predict's ownership marker (`pipeline.outputs`). Predict replaces only files it writes and deletes nothing.
+predict's ownership marker (`infra.outputs`). Predict replaces only files it writes and deletes nothing.
 """
 
 from __future__ import annotations
@@ -49,11 +49,11 @@ from tqdm import tqdm
 
 from inference.heatmap import COLORMAP, coverage_maps, render_overlay
 from inference.slides import Slide, SlideFile, find_slides, read_slide
+from infra.outputs import OutputError, claim_output, os_error_message, owned_by, write_atomic, write_marker
 from models.bundle import Bundle, BundleError, ModelCard, decision_counts, load_bundle, read_card
 from models.decision import SLIDE_TOP_K, slide_is_abnormal, top_k_mean
 from pipeline.errors import PipelineError
 from pipeline.images import DEFAULT_MAX_PIXELS, RGBImage, check_max_pixels, encode_png
-from pipeline.outputs import OutputError, claim_output, os_error_message, owned_by, write_atomic, write_marker
 from pipeline.tiling import BLACK_LEVEL, ClientPlan, cut_square, is_black, kept_positions, near_white, white_ratios
 
 COMMAND = "predict"

@@ -36,12 +36,12 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from infra.outputs import write_atomic
+from infra.provenance import INTENDED_USE
 from models.decision import DEFAULT_THRESHOLD
 from models.errors import ModelError
 from models.preprocess import Preprocess
 from models.registry import MODEL_NAMES, create_model
-from pipeline.outputs import write_atomic
-from pipeline.provenance import INTENDED_USE
 
 CARD_FILE = "model.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -126,7 +126,7 @@ class ModelCard:
     dataset: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
     written_at: str = ""
-    intended_use: str = INTENDED_USE  # what the model may be used for (pipeline.provenance), on every card
+    intended_use: str = INTENDED_USE  # what the model may be used for (infra.provenance), on every card
     norm: str = "batch"  # the network's normalisation: "batch" or "group" (models.registry.to_group_norm)
     privacy: dict[str, Any] = field(default_factory=dict)  # DP training: epsilon, delta, parameters (issue 22)
 

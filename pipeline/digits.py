@@ -22,8 +22,8 @@ import cv2
 import numpy as np
 from tqdm import tqdm
 
+from infra.outputs import OutputError, claim_output
 from pipeline.errors import PipelineError
-from pipeline.outputs import OutputError, claim_output
 from pipeline.synth import GENERATOR, SCHEMA_VERSION, publish, staging_folder
 
 DEFAULT_SIZE = 64

@@ -19,7 +19,7 @@ call:
 Everything is written into a hidden temporary folder beside ``--out`` and renamed into place at the end, so
 an interrupted run never leaves a dataset that looks complete. ``--out`` is locked for the whole run (a second
 prepare to it is refused) and carries prepare's ownership marker; ``--overwrite`` replaces only a folder that
-prepare wrote entirely (`pipeline.outputs`, docs/reliability.md). Slides are processed by a thread pool:
+prepare wrote entirely (`infra.outputs`, docs/reliability.md). Slides are processed by a thread pool:
 OpenCV and the PNG codec release the GIL, so two threads use both cores without copying slides between
 processes (measured in benchmarks/prepare_speed.py). Output bytes depend only on inputs and settings.
 """
@@ -45,10 +45,7 @@ import cv2
 import numpy as np
 from tqdm import tqdm
 
-from pipeline.config import PrepareConfig, validate_config
-from pipeline.errors import PipelineError
-from pipeline.images import encode_png
-from pipeline.outputs import (
+from infra.outputs import (
     OutputError,
     check_replaceable,
     claim_output,
@@ -56,8 +53,11 @@ from pipeline.outputs import (
     read_marker,
     write_marker,
 )
+from infra.provenance import synthetic_source
+from pipeline.config import PrepareConfig, validate_config
+from pipeline.errors import PipelineError
+from pipeline.images import encode_png
 from pipeline.partition import assign_clients, split_train_test
-from pipeline.provenance import synthetic_source
 from pipeline.report import (
     SPLITS,
     Counts,
@@ -93,7 +93,7 @@ MANIFEST_COLUMNS: tuple[str, ...] = (
     "channels",
 )
 FORMAT_VERSION = 1
-COMMAND = "prepare"  # the name in the ownership marker of the folders prepare writes (pipeline.outputs)
+COMMAND = "prepare"  # the name in the ownership marker of the folders prepare writes (infra.outputs)
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -154,7 +154,7 @@ def _check_overlap(config: PrepareConfig) -> None:
 def _check_replaceable(config: PrepareConfig) -> None:
     """An existing ``--out`` is replaced only with ``overwrite`` and only if prepare wrote all of it.
 
-    Ownership is decided by `pipeline.outputs.check_replaceable`: the folder must carry prepare's marker and hold
+    Ownership is decided by `infra.outputs.check_replaceable`: the folder must carry prepare's marker and hold
     nothing the marker does not list, so ``--overwrite`` never deletes a file prepare did not write.
     """
     out = config.output.out
@@ -598,7 +598,7 @@ def _provenance(
     return {
         "format_version": FORMAT_VERSION,
         "config": config.to_json(),
-        # slides made by `gastric-fl synth`: every result trained on them says so (pipeline.provenance)
+        # slides made by `gastric-fl synth`: every result trained on them says so (infra.provenance)
         "synthetic": synthetic_source(config.source.input),
         # Class index order: the manifest's label i is classes[i] (binary datasets: normal 0, abnormal 1).
         "classes": list(classes),

@@ -30,9 +30,9 @@ import tifffile
 from numpy.typing import NDArray
 from tqdm import tqdm
 
+from infra.outputs import OutputError, claim_output
+from infra.provenance import SYNTH_MARKER
 from pipeline.errors import PipelineError
-from pipeline.outputs import OutputError, claim_output
-from pipeline.provenance import SYNTH_MARKER
 from pipeline.synth_render import Palette, Zone, render_tissue
 from pipeline.synth_shapes import Region, make_regions, rasterize, svg_document
 
@@ -286,7 +286,7 @@ def generate_dataset(
     ``abnormal_fraction`` None means 0.5 for SEED and 0.8 for BOT (see the module docstring).
     Everything is written to a temporary folder beside ``out`` and renamed at the end, so an interrupted run
     leaves no half-written dataset; ``overwrite`` replaces only a previous synth output, never foreign files.
-    ``out`` is locked while the run lasts (`pipeline.outputs.claim_output`): a second synth to it is refused.
+    ``out`` is locked while the run lasts (`infra.outputs.claim_output`): a second synth to it is refused.
     """
     spec = _check_args(fmt, images, difficulty, abnormal_fraction, size)
     # Resolved, so that "." or "../x" still have a real name and parent for the temporary folder beside them.

@@ -138,7 +138,7 @@ if ! (cd / && runuser -u nobody -- "$py" -c "import ssl, torch, federation") >/d
         fi
     done
     mkdir -p "$lab/runtime/src"
-    for package in app pipeline federation models inference; do cp -a "$repo/$package" "$lab/runtime/src/"; done
+    for package in app pipeline federation models inference infra; do cp -a "$repo/$package" "$lab/runtime/src/"; done
     export PYTHONPATH="$lab/runtime/src"  # before the editable install's finder, which names this checkout
     export LD_LIBRARY_PATH="$lab/runtime/python/lib"  # a shared libpython is found where it was built, else here
     (cd / && runuser -u nobody -- env PYTHONPATH="$PYTHONPATH" LD_LIBRARY_PATH="$LD_LIBRARY_PATH" \

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from app.dashboard.errors import DashboardError
-from federation import processes
+from infra import pids
 
 # Popen objects of jobs this dashboard process started: polling them reaps the finished child (no zombie).
 _PROCESSES: dict[int, subprocess.Popen[bytes]] = {}
@@ -56,7 +56,7 @@ class Job:
     started: float
     log: str
     stop_requested: bool = False
-    pid_started: int | None = None  # the process's start time (federation.processes); None in older records
+    pid_started: int | None = None  # the process's start time (infra.pids); None in older records
     title: str = ""  # what the job does, in a plain sentence ("Training FedSAF on demo, 4 rounds")
 
 
@@ -117,7 +117,7 @@ def start(
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
     _PROCESSES[process.pid] = process
-    started = processes.process_start_time(process.pid)
+    started = pids.process_start_time(process.pid)
     job = Job(job_id, kind, str(target), commands, process.pid, time.time(), str(log), pid_started=started, title=title)
     _write_record(jobs_dir, job)
     return job
@@ -158,7 +158,7 @@ def _alive(pid: int, started: int | None = None) -> bool:
     process = _PROCESSES.get(pid)
     if process is not None:
         return process.poll() is None
-    return processes.same_process(pid, started)
+    return pids.same_process(pid, started)
 
 
 def state(jobs_dir: Path, job: Job) -> JobState:
@@ -235,7 +235,7 @@ def pid_alive(pid: int | None, started: int | None = None) -> bool | None:
 def stop_pid(pid: int, started: int | None = None) -> bool:
     """SIGTERM to a run started outside the dashboard (``summary.json``'s ``pid`` and ``pid_started``); the engine
     stops cleanly. Returns whether a signal was sent: not when the pid now belongs to another process."""
-    if not processes.same_process(pid, started):
+    if not pids.same_process(pid, started):
         return False
     try:
         os.kill(pid, signal.SIGTERM)

@@ -23,7 +23,7 @@ from app.dashboard import evaluation, jobs, paths, settings
 from app.dashboard.datasets import PreparedDataset, hospital_label, list_datasets, load_manifest
 from app.dashboard.errors import DashboardError
 from app.dashboard.runs import RunInfo, list_runs
-from pipeline import provenance
+from infra import provenance
 
 P = ParamSpec("P")
 
@@ -153,7 +153,7 @@ def pick_dataset(label: str = "Prepared dataset", key: str = "dataset_picker") -
 
 def intended_use(dataset: Path | None) -> None:
     """The line every result page carries: research use only, and synthetic slides when they are
-    (`pipeline.provenance`)."""
+    (`infra.provenance`)."""
     st.caption(f":material/info: {provenance.intended_use(dataset)}")
 
 

@@ -74,8 +74,8 @@ from federation.runfiles import HOSPITALS_DIR as HOSPITALS_DIR  # re-exported: t
 from federation.runfiles import hospital_dir
 from federation.runs import PREDICTIONS_FILE, now_iso, prediction_columns, read_json, write_json, write_predictions
 from federation.strategies.common import resolved_nhead
+from infra.outputs import remove_entries, write_atomic
 from models import ModelError, create_model, head_keys, split_units
-from pipeline.outputs import remove_entries, write_atomic
 
 HOSPITAL_FILE = "hospital.json"
 CHECKPOINT_DIR = "checkpoints"

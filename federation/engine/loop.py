@@ -25,7 +25,7 @@ phase and how many hospitals have answered: ``federation.progress``) and checkpo
 reads them.
 
 The run directory's lifecycle (issue 10, docs/reliability.md): the whole run holds the folder's lock
-(``pipeline.outputs.claim_output``), so two ``train`` into one folder cannot interleave; the folder carries train's
+(``infra.outputs.claim_output``), so two ``train`` into one folder cannot interleave; the folder carries train's
 ownership marker (``federation.runs.prepare_run_dir``). Settings that cannot work are refused before the folder
 exists; an error before the first checkpoint leaves a run that ``--resume`` may restart with any corrected setting.
 A resume checks the dataset's manifest hash (``dataset_sha256``, given by the launcher), removes temp files of a
@@ -72,7 +72,6 @@ from federation.engine.pools import Pool
 from federation.engine.rounds import DP_METRICS, RoundRecord
 from federation.errors import FederationError, Interrupted, first_line
 from federation.jsonl import DamagedLine, read_jsonl, scan_jsonl
-from federation.processes import process_start_time
 from federation.progress import RoundProgress, now, write_progress
 from federation.provenance import add_code_version, code_version
 from federation.report import round_stats, run_figures
@@ -97,8 +96,9 @@ from federation.runs import (
     write_json,
 )
 from federation.strategies import StrategyContext, bn_mode, build_strategy
+from infra.outputs import OutputError, claim_output, os_error_message, owned_by, write_marker
+from infra.pids import process_start_time
 from models import batchnorm_keys, check_input_size, check_nhead, create_model
-from pipeline.outputs import OutputError, claim_output, os_error_message, owned_by, write_marker
 
 PoolFactory = Callable[[], Pool]
 

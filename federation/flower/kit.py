@@ -56,7 +56,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from federation import runfiles
 from federation.errors import FederationError
-from pipeline.outputs import foreign_entries, remove_entries
+from infra.outputs import foreign_entries, remove_entries
 
 MARKER = ".gastric-fl-kit"
 KIT_FORMAT = 1
@@ -507,7 +507,7 @@ def _check_target(out: Path, overwrite: bool) -> None:
         raise FederationError(f"{out} is not empty and was not made by `federation init`; choose another folder")
     if not overwrite:
         raise FederationError(f"{out} already holds a kit; pass --overwrite to replace it (all its keys change)")
-    # the project's ownership check (pipeline.outputs.foreign_entries) over what init and --add write; entries
+    # the project's ownership check (infra.outputs.foreign_entries) over what init and --add write; entries
     # beside the kit's own folders are not the kit's and are kept
     foreign = [e for e in foreign_entries(out, "federation init", KIT_PATTERNS) if e.split("/", 1)[0] in KIT_DIRS]
     if foreign:

@@ -48,8 +48,8 @@ from federation import OFFLINE_ENV
 from federation.errors import FederationError
 from federation.flower.gate import gate_config, nginx_executable
 from federation.flower.kit import HospitalBundle, Kit, join_address, write_secret
-from pipeline.outputs import Terminated as Terminated
-from pipeline.outputs import terminate_as_interrupt
+from infra.outputs import Terminated as Terminated
+from infra.outputs import terminate_as_interrupt
 
 ConfigValue = str | int | float | bool | Path
 CONNECTION = "gastric-fl"  # the connection name written into $FLWR_HOME/config.toml

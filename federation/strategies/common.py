@@ -18,6 +18,7 @@ from federation.aggregation import cap_weights
 from federation.config import max_weight_problem
 from federation.contract import Recipe, TensorDict, TrainReply
 from federation.errors import FederationError
+from federation.strategies.registry import default_nhead
 from models import Unit, base_keys
 
 if TYPE_CHECKING:
@@ -57,8 +58,6 @@ class StrategyContext:
 
 def resolved_nhead(config: RunConfig) -> int:
     """``strategy.nhead`` after the engine resolved it (it is never ``None`` once a run starts)."""
-    from federation.strategies import default_nhead
-
     nhead = config.strategy.nhead
     return default_nhead(config.strategy.name) if nhead is None else nhead
 

@@ -1,7 +1,7 @@
 """Intended use on every result (issue: a verdict a clinician can trust, item 5): "research use only, not for
 diagnosis" on the dashboard's result pages, the HTML report, `report`'s files and the model card, and "synthetic
 slides" wherever the dataset was made by `gastric-fl synth` (``prepare.json``'s ``synthetic``,
-``pipeline.provenance``)."""
+``infra.provenance``)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from support.cli import run_cli
 from support.dashboard import Fixture, open_page
 from support.slides import TrainedRoot, build_trained_root, copy_root
 
+from infra.provenance import INTENDED_USE, SYNTHETIC_NOTE, dataset_is_synthetic, intended_use
 from models.bundle import ModelCard, read_card
-from pipeline.provenance import INTENDED_USE, SYNTHETIC_NOTE, dataset_is_synthetic, intended_use
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from support.cli import run_cli
 from support.slides import TrainedRoot, build_trained_root, copy_root
 
 from federation.runs import RUN_PATTERNS
-from pipeline.outputs import MARKER_NAME, foreign_entries, read_marker
+from infra.outputs import MARKER_NAME, foreign_entries, read_marker
 
 IMG = re.compile(r"<img\b[^>]*>")
 

@@ -14,7 +14,7 @@ import safetensors.torch
 from support.cli import run_cli
 from support.tiny_dataset import TINY_SETTINGS, make_dataset
 
-from pipeline.outputs import MARKER_NAME, claim_output
+from infra.outputs import MARKER_NAME, claim_output
 
 TINY = [arg for setting in TINY_SETTINGS for arg in ("--set", setting)]
 ONE_ROUND = [*TINY, "--set", "run.rounds=1"]

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from federation.config import load_config
-from federation.engine import train
 from federation.errors import FederationError
+from federation.launch import train
 
 
 def test_missing_manifest_is_refused_before_the_run_directory_is_created(tmp_path: Path) -> None:

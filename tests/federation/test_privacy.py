@@ -21,9 +21,10 @@ from federation.client import Client
 from federation.config import config_to_toml, load_config
 from federation.contract import Recipe, TrainInstruction
 from federation.data import ClientData, to_tensor
-from federation.engine import load_run_config, train
+from federation.engine import load_run_config
 from federation.engine.policy import HospitalPolicy, PolicyRefusal, check_budget
 from federation.errors import FederationError
+from federation.launch import train
 from federation.privacy import (
     ACCOUNTANT_FILE,
     Accountant,
@@ -237,7 +238,7 @@ def test_a_dp_federation_records_epsilon_and_resume_continues_the_ledger(slides_
         assert first["dp_delta"] == 1e-5
     # the ledger is a file a run may hold: train --overwrite replaces a DP run like any other
     from federation.runs import RUN_PATTERNS
-    from pipeline.outputs import foreign_entries
+    from infra.outputs import foreign_entries
 
     assert foreign_entries(straight, "train", RUN_PATTERNS) == []
     # the model card states the guarantee of the weights; report.md what recomputes each hospital's epsilon

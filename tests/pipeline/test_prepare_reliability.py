@@ -21,9 +21,9 @@ import pytest
 import tifffile
 from test_prepare import config_for, file_hashes, make_seed, read_manifest
 
+from infra.outputs import MARKER_NAME, claim_output, lock_path
 from pipeline.errors import PipelineError
 from pipeline.images import ImageReadError, decode_raw, probe_size, read_rgb
-from pipeline.outputs import MARKER_NAME, claim_output, lock_path
 from pipeline.prepare import prepare_dataset
 from pipeline.sources import pixel_sha256
 from pipeline.svgmask import rasterise_svg

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from federation.config import load_config
-from federation.engine import train
+from federation.launch import train
 from pipeline.config import build_config
 from pipeline.prepare import prepare_dataset
 from pipeline.synth import generate_dataset

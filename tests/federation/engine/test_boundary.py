@@ -17,9 +17,9 @@ from safetensors import safe_open
 from support.tiny_dataset import TINY_SETTINGS, make_dataset
 
 from federation.config import load_config
-from federation.engine import train
 from federation.engine.audit import AUDIT_FILE, check_message
 from federation.engine.hospital import HOSPITALS_DIR
+from federation.launch import train
 from models import create_model, head_keys, split_units
 
 

@@ -17,8 +17,9 @@ from support.tiny_dataset import LAYOUT, TINY_SETTINGS, make_dataset
 
 from federation.client import Client
 from federation.config import RunConfig, load_config
-from federation.engine import RunStopped, load_run_config, loop, train
+from federation.engine import RunStopped, load_run_config, loop
 from federation.errors import FederationError
+from federation.launch import train
 from federation.provenance import code_version
 from federation.runs import complete_checkpoints
 from models import ModelError, base_keys, create_model, head_keys, split_units

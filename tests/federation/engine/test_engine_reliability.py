@@ -14,12 +14,11 @@ import pytest
 from support.tiny_dataset import TINY_SETTINGS, make_dataset
 
 from app.dashboard import jobs
-from federation import processes
 from federation.config import RunConfig, config_to_toml, load_config
 from federation.contract import Failure, Hello
-from federation.engine import train
 from federation.engine.hospital import Hospital, Site
 from federation.errors import FederationError
+from federation.launch import train
 from federation.runs import (
     RUN_PATTERNS,
     clean_temp_files,
@@ -27,7 +26,8 @@ from federation.runs import (
     is_live_run,
     keep_rounds,
 )
-from pipeline.outputs import MARKER_NAME, foreign_entries
+from infra import pids
+from infra.outputs import MARKER_NAME, foreign_entries
 
 
 @pytest.fixture(scope="module")
@@ -66,22 +66,22 @@ def test_overwrite_of_a_folder_without_the_marker_is_refused(dataset: Path, tmp_
 def test_process_start_time_tells_a_reused_pid_apart() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        started = processes.process_start_time(child.pid)
+        started = pids.process_start_time(child.pid)
         assert isinstance(started, int)
-        assert processes.same_process(child.pid, started)
-        assert not processes.same_process(child.pid, started + 1)  # the pid now belongs to another process
-        assert processes.same_process(child.pid, None)  # records written before start times: the pid decides
+        assert pids.same_process(child.pid, started)
+        assert not pids.same_process(child.pid, started + 1)  # the pid now belongs to another process
+        assert pids.same_process(child.pid, None)  # records written before start times: the pid decides
     finally:
         child.kill()
         child.wait()
-    assert processes.process_start_time(child.pid) is None
-    assert not processes.same_process(child.pid, started)
+    assert pids.process_start_time(child.pid) is None
+    assert not pids.same_process(child.pid, started)
 
 
 def test_is_live_run_compares_the_process_start_time(tmp_path: Path) -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        started = processes.process_start_time(child.pid)
+        started = pids.process_start_time(child.pid)
         summary = {"status": "running", "pid": child.pid, "pid_started": started}
         (tmp_path / "summary.json").write_text(json.dumps(summary))
         assert is_live_run(tmp_path)
@@ -179,7 +179,7 @@ def test_a_second_ablate_into_the_same_folder_is_refused(
     dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from app.cli import main
-    from pipeline.outputs import claim_output
+    from infra.outputs import claim_output
 
     out = tmp_path / "abl"
     args = ["gastric-fl", "ablate", "--config", "configs/demo.toml", "--grid", "nhead=0", "--data", str(dataset)]

@@ -30,13 +30,14 @@ from federation.contract import (
     TrainReply,
     TrainTask,
 )
-from federation.engine import RunStopped, load_run_config, loop, train
+from federation.engine import RunStopped, load_run_config, loop
 from federation.engine.audit import check_message, describe
 from federation.engine.codec import decode, encode
 from federation.engine.hospital import Hospital, Site
 from federation.engine.policy import agreed_shared_keys
 from federation.engine.pools import Pool
 from federation.errors import FederationError
+from federation.launch import train
 from federation.runs import read_checkpoint
 from federation.strategies.fedavg import Averaging
 from models import create_model

@@ -10,7 +10,7 @@ from sklearn.metrics import roc_auc_score
 from support.tiny_dataset import TINY_SETTINGS, make_dataset
 
 from federation.config import load_config
-from federation.engine import train
+from federation.launch import train
 
 
 def test_auc_from_predictions_csv_equals_test_auc_in_metrics(tmp_path: Path) -> None:

@@ -12,7 +12,8 @@ import pytest
 from support.tiny_dataset import TINY_SETTINGS, make_dataset
 
 from federation.config import load_config
-from federation.engine import loop, train
+from federation.engine import loop
+from federation.launch import train
 from federation.progress import PROGRESS_FILE, RoundProgress, read_progress, write_progress
 
 

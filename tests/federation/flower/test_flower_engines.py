@@ -27,10 +27,10 @@ from test_boundary import assert_boundary_held
 
 from federation.config import load_config
 from federation.data import extract_hospital
-from federation.engine import train
 from federation.engine.audit import AUDIT_FILE
 from federation.flower.demo import run_demo
 from federation.flower.processes import FlwrCli, LocalDeployment, free_port
+from federation.launch import train
 
 pytestmark = pytest.mark.slow
 GASTRIC_FL = Path(sys.executable).parent / "gastric-fl"

@@ -16,10 +16,10 @@ from torch import nn
 
 from federation.client import Client
 from federation.config import load_config
-from federation.engine import train
 from federation.engine.audit import AUDIT_FILE
 from federation.errors import FederationError
 from federation.fisher import batch_gradient_trace
+from federation.launch import train
 from models import batchnorm_keys, create_model
 
 MODEL = create_model("mobilenet_v3_small")

@@ -12,9 +12,9 @@ from support.tiny_dataset import TINY_SETTINGS, make_dataset
 
 from federation.config import load_config
 from federation.contract import TrainReply
-from federation.engine import train
 from federation.engine.audit import AUDIT_FILE, check_message
 from federation.errors import FederationError
+from federation.launch import train
 from federation.strategies import StrategyContext
 from federation.strategies.common import recipe_from_config
 from federation.strategies.precision_weighted import PrecisionWeighted

@@ -1,4 +1,4 @@
-"""pipeline.outputs: the ownership marker, the one-writer lock and path confinement that commands share (issue 10)."""
+"""infra.outputs: the ownership marker, the one-writer lock and path confinement that commands share (issue 10)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.outputs import (
+from infra.outputs import (
     MARKER_NAME,
     OutputError,
     PathOutsideError,
@@ -98,7 +98,7 @@ def test_a_lock_held_by_another_process_is_refused_and_freed_when_it_dies(tmp_pa
     script = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from pipeline.outputs import claim_output\n"
+        "from infra.outputs import claim_output\n"
         f"with claim_output(Path({str(out)!r}), 'prepare'):\n"
         "    print('held', flush=True)\n"
         "    time.sleep(60)\n"

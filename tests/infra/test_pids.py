@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from federation.processes import pid_alive
+from infra.pids import pid_alive
 
 
 def test_running_process_is_alive() -> None:

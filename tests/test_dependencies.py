@@ -1,0 +1,185 @@
+"""The dependency rules of DESIGN.md ("The layout"), checked on every import of every module: at module level and
+inside functions (a deferred import is still a dependency).
+
+- The top-level folders depend one way: ``app -> inference -> models, pipeline``, ``app -> federation -> models``,
+  ``app -> pipeline``, and every folder may use the neutral ``infra`` package, which uses none of them; nothing
+  imports ``app``; ``federation`` does not import ``pipeline``.
+- No import cycle between modules.
+- Within ``federation``, its folders and modules form no cycle either (``engine`` and ``flower`` do not import each
+  other both ways); the strategy registry is a leaf that imports nothing of this project.
+- ``pipeline``, ``infra`` and the torch-free readers never import torch.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+
+import pytest
+from support.paths import REPO
+
+PACKAGES = ("app", "pipeline", "federation", "models", "inference", "infra")
+MAY_IMPORT = {
+    "app": {"inference", "federation", "pipeline", "models", "infra"},
+    "inference": {"models", "pipeline", "infra"},
+    "federation": {"models", "infra"},
+    "models": {"infra"},
+    "pipeline": {"infra"},
+    "infra": set(),
+}
+TORCH_FREE = (
+    "pipeline",
+    "infra",
+    "federation.runfiles",
+    "federation.progress",
+    "federation.jsonl",
+    "federation.strategies.registry",
+)
+LEAVES = ("federation.strategies.registry",)  # import nothing of this project
+
+
+@cache
+def modules() -> dict[str, Path]:
+    """Every module of the project by dotted name (a package by its ``__init__``)."""
+    found: dict[str, Path] = {}
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join(parts)] = path
+    return found
+
+
+def _named(module: str, node: ast.Import | ast.ImportFrom) -> Iterator[str]:
+    """The dotted names ``node`` imports, relative imports resolved."""
+    if isinstance(node, ast.Import):
+        yield from (alias.name for alias in node.names)
+        return
+    base = node.module or ""
+    if node.level:
+        parts = module.split(".")
+        if modules()[module].name != "__init__.py":
+            parts = parts[:-1]
+        parts = parts[: len(parts) - (node.level - 1)]
+        base = ".".join([*parts, base] if base else parts)
+    for alias in node.names:
+        yield f"{base}.{alias.name}"  # a submodule, or a name in ``base``: resolved by ``imports``
+
+
+@cache
+def imports(module: str) -> frozenset[str]:
+    """What ``module`` imports anywhere in its file: the project's modules (the longest known prefix of each
+    name) and ``torch`` for any torch or torchvision import."""
+    known = modules()
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(known[module].read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.Import | ast.ImportFrom):
+            continue
+        for name in _named(module, node):
+            parts = name.split(".")
+            if parts[0] in ("torch", "torchvision", "timm", "opacus"):
+                found.add("torch")
+                continue
+            while parts and ".".join(parts) not in known:
+                parts.pop()
+            if parts:
+                found.add(".".join(parts))
+    return frozenset(found - {module})
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in edges.get(node, ()):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                other = stack.pop()
+                on_stack.discard(other)
+                component.append(other)
+                if other == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_walk_sees_deferred_imports_and_every_folder() -> None:
+    # the walk itself: it finds the modules of every folder, and an import inside a function
+    assert {name.split(".")[0] for name in modules()} == set(PACKAGES)
+    assert len(modules()) > 100
+    deferred = "federation.engine.hospital"  # imports federation.engine.export inside a method
+    assert "federation.engine.export" in imports(deferred)
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_top_level_folders_depend_one_way() -> None:
+    wrong = [
+        f"{module} imports {other}"
+        for module in sorted(modules())
+        for other in sorted(imports(module))
+        if other != "torch"
+        and other.split(".")[0] != module.split(".")[0]
+        and other.split(".")[0] not in MAY_IMPORT[module.split(".")[0]]
+    ]
+    assert wrong == []
+
+
+def test_no_module_imports_back_what_imports_it() -> None:
+    edges = {m: {o for o in imports(m) if o != "torch"} for m in modules()}
+    assert _cycles(edges) == []
+
+
+def _federation_unit(module: str) -> str:
+    """A module's folder within ``federation`` (``federation.engine``), or the module itself at the top; the
+    registry counts on its own (a leaf by design)."""
+    if module in LEAVES:
+        return module
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def test_federations_folders_form_no_cycle() -> None:
+    edges: dict[str, set[str]] = {}
+    for module in modules():
+        if not module.startswith("federation."):
+            continue
+        unit = _federation_unit(module)
+        edges.setdefault(unit, set()).update(
+            _federation_unit(o) for o in imports(module) if o.startswith("federation.") and _federation_unit(o) != unit
+        )
+    assert "federation.engine" in edges
+    assert "federation.flower" in edges
+    assert _cycles(edges) == []
+
+
+@pytest.mark.parametrize("module", LEAVES)
+def test_a_leaf_imports_nothing_of_the_project(module: str) -> None:
+    assert imports(module) == frozenset()
+
+
+def test_torch_free_modules_never_import_torch() -> None:
+    chosen = [m for m in modules() if any(m == t or m.startswith(f"{t}.") for t in TORCH_FREE)]
+    assert len(chosen) > 20
+    assert [m for m in chosen if "torch" in imports(m)] == []
