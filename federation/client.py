@@ -190,9 +190,10 @@ class Client:
             self.load_shared(instruction.shared)
         centre: dict[str, torch.Tensor] | None = None
         if recipe.prox_mu > 0:
-            if instruction.prox_centre is None:
+            given = instruction.centre
+            if given is None:
                 raise FederationError(f"client {self.cid}, round {server_round}: prox_mu > 0 needs a proximal centre")
-            centre = {k: instruction.prox_centre[k].to(self.device) for k in self.shared_params}
+            centre = {k: given[k].to(self.device) for k in self.shared_params}
         torch.manual_seed(seed)  # dropout draws from the global generator
         generator = torch.Generator().manual_seed(seed)
         augmenter = make_augmenter(seed) if self.augment else None

@@ -84,15 +84,27 @@ class Recipe:
 class TrainInstruction:
     """Server -> one client. ``shared`` (if given) is loaded into the client's shared part before training.
 
-    ``prox_centre`` (if given) is the proximal centre; when it *is* ``shared`` (the same object, as in
-    FedAMP/FedSAF where the client starts from and is pulled towards ``u_i`` / ``p_i``) it is counted once.
-    (Evaluation alone is an ``EvaluateTask``.)
+    The proximal centre (``Recipe.prox_mu > 0``) is ``shared`` itself when ``centre_is_shared`` (FedProx's global
+    weights, FedAMP/FedSAF's ``u_i`` / ``p_i`` that the client starts from and is pulled towards: sent and counted
+    once), else ``prox_centre`` (a centre of its own, e.g. with ``client.start = "own"``). Said in a field, not by
+    object identity, so that a strategy that copies its tensors still sends them once. (Evaluation alone is an
+    ``EvaluateTask``.)
     """
 
     client: int
     recipe: Recipe
     shared: TensorDict | None = None
     prox_centre: TensorDict | None = None
+    centre_is_shared: bool = False
+
+    def __post_init__(self) -> None:
+        if self.centre_is_shared and (self.shared is None or self.prox_centre is not None):
+            raise ValueError("centre_is_shared needs the shared tensors and no prox_centre of its own")
+
+    @property
+    def centre(self) -> TensorDict | None:
+        """The proximal centre, wherever it travels (``None``: none)."""
+        return self.shared if self.centre_is_shared else self.prox_centre
 
 
 @dataclass
@@ -163,7 +175,7 @@ def count_values(instruction: TrainInstruction) -> int:
     total = 0
     if instruction.shared is not None:
         total += sum(t.numel() for t in instruction.shared.values())
-    if instruction.prox_centre is not None and instruction.prox_centre is not instruction.shared:
+    if instruction.prox_centre is not None:  # a centre of its own (one that is ``shared`` travels once)
         total += sum(t.numel() for t in instruction.prox_centre.values())
     return total
 

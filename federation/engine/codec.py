@@ -69,8 +69,8 @@ def encode(message: Message) -> Envelope:
         return {"kind": "hello_reply", **asdict(message), "classes": list(message.classes)}, {}
     if isinstance(message, TrainTask):
         instruction = message.instruction
-        centre = instruction.prox_centre
-        centre_is_shared = centre is not None and centre is instruction.shared
+        centre = instruction.centre
+        centre_is_shared = instruction.centre_is_shared
         header = {
             "kind": "train",
             "run_id": message.run_id,
@@ -156,11 +156,16 @@ def decode(envelope: Envelope) -> Message:
             )
         if kind == "train":
             shared = _unprefixed(SHARED, tensors) if header["has_shared"] else None
+            centre_is_shared = bool(header["has_centre"]) and bool(header["centre_is_shared"])
             centre: TensorDict | None = None
-            if header["has_centre"]:
-                centre = shared if header["centre_is_shared"] else _unprefixed(CENTRE, tensors)
+            if header["has_centre"] and not centre_is_shared:
+                centre = _unprefixed(CENTRE, tensors)
             instruction = TrainInstruction(
-                client=int(header["client"]), recipe=Recipe(**header["recipe"]), shared=shared, prox_centre=centre
+                client=int(header["client"]),
+                recipe=Recipe(**header["recipe"]),
+                shared=shared,
+                prox_centre=centre,
+                centre_is_shared=centre_is_shared,
             )
             return TrainTask(
                 str(header["run_id"]),

@@ -67,11 +67,11 @@ class Averaging:
         return list(self.keys)  # the base units less what strategy.bn keeps local (StrategyContext.shared_keys)
 
     def configure_train(self, server_round: int, clients: Sequence[int]) -> dict[int, TrainInstruction]:
-        # One dict for every client: the engine never mutates what it is sent, and the proximal centre *is*
-        # the shared weights, so count_values counts it once.
-        centre = self.global_state if self.recipe.prox_mu > 0 else None
+        # One dict for every client (the engine never mutates what it is sent); FedProx's proximal centre is the
+        # global weights themselves: sent and counted once
+        pulled = self.recipe.prox_mu > 0
         return {
-            c: TrainInstruction(client=c, recipe=self.recipe, shared=self.global_state, prox_centre=centre)
+            c: TrainInstruction(client=c, recipe=self.recipe, shared=self.global_state, centre_is_shared=pulled)
             for c in clients
         }
 

@@ -146,8 +146,8 @@ class AttentiveStrategy:
                 # client.start = own: the hospital keeps its own model; only the centre it is pulled to travels.
                 out[c] = TrainInstruction(client=c, recipe=self.recipe, shared=None, prox_centre=centre)
             else:
-                # The client starts from p_i and is pulled towards it: the same dict, so it is counted once.
-                out[c] = TrainInstruction(client=c, recipe=self.recipe, shared=centre, prox_centre=centre)
+                # The client starts from p_i and is pulled towards it: sent and counted once.
+                out[c] = TrainInstruction(client=c, recipe=self.recipe, shared=centre, centre_is_shared=True)
         return out
 
     def aggregate_train(self, server_round: int, replies: Mapping[int, TrainReply]) -> dict[str, Any]:

@@ -146,7 +146,7 @@ def test_the_head_never_leaves_a_client() -> None:
         plan = strategy.configure_train(server_round, [0, 1, 2])
         replies = {}
         for c, instruction in plan.items():
-            for message in (instruction.shared, instruction.prox_centre):
+            for message in (instruction.shared, instruction.centre):
                 assert message is not None
                 assert set(message) == set(shared)
             replies[c] = clients[c].train(instruction, server_round, seed=server_round * 10 + c)

@@ -71,7 +71,8 @@ def test_fedamp_gives_each_client_its_own_u_equal_to_z() -> None:
     assert moved[0] == pytest.approx(0.4552491, abs=1e-5)
     assert moved[1] == pytest.approx(0.5493106, abs=1e-5)
     assert moved[0] != pytest.approx(moved[2], abs=1e-3)  # personalised: not one global model
-    assert plan[0].prox_centre is plan[0].shared
+    assert plan[0].centre_is_shared  # the start is the centre: sent once
+    assert plan[0].centre is plan[0].shared
 
 
 def test_fedamp_rejects_a_local_head_and_unsafe_alpha() -> None:

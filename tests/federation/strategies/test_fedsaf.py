@@ -70,7 +70,8 @@ def test_round_one_sends_the_common_initial_model_as_start_and_centre() -> None:
     plan = strategy.configure_train(1, [0, 1, 2])
     for c in range(3):
         shared = plan[c].shared
-        assert shared is plan[c].prox_centre  # counted once
+        assert plan[c].centre_is_shared  # the start is the centre: sent and counted once
+        assert plan[c].prox_centre is None
         assert shared is not None
         assert torch.equal(shared["0.weight"], torch.zeros(2, 2))
         assert plan[c].recipe.prox_mu == pytest.approx(0.5 / 2.0)  # lambda / alpha_k
@@ -97,7 +98,7 @@ def test_fim_on_gives_every_client_the_same_hand_computed_p() -> None:
     expected = torch.tensor([1.4012806, 1.3004817, 0.8654918, 1.3319469])
     plan = strategy.configure_train(2, [0, 1, 2])
     for c in range(3):
-        centre = plan[c].prox_centre
+        centre = plan[c].centre
         assert centre is not None
         assert torch.allclose(centre["0.weight"].flatten(), expected, atol=1e-6)
         assert torch.equal(centre["0.weight"], plan[0].shared["0.weight"])  # type: ignore[index]

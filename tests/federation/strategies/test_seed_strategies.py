@@ -330,7 +330,7 @@ def test_wrappers_send_exactly_what_the_inner_strategy_sends(inner: str, wrap: s
     for c in (0, 1, 2):
         assert a[c].recipe == b[c].recipe
         assert count_values(a[c]) == count_values(b[c]) == sum(INITIAL[k].numel() for k in SHARED)
-        assert (a[c].prox_centre is None) == (b[c].prox_centre is None)
+        assert (a[c].centre is None) == (b[c].centre is None)
         sent_plain, sent_wrapped = a[c].shared, b[c].shared
         assert sent_plain is not None
         assert sent_wrapped is not None

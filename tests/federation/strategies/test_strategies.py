@@ -9,7 +9,8 @@ import torch
 
 from federation import strategies
 from federation.config import load_config
-from federation.contract import Strategy, TrainReply, count_values
+from federation.contract import Recipe, Strategy, TrainInstruction, TrainReply, TrainTask, count_values
+from federation.engine.codec import decode, encode
 from federation.errors import FederationError
 from federation.strategies import StrategyContext, build_strategy
 from federation.strategies.registry import AVERAGING
@@ -86,8 +87,30 @@ def test_fedprox_sends_the_global_weights_as_centre_counted_once() -> None:
     sent = fedprox.configure_train(1, [0, 1, 2])
     for instruction in sent.values():
         assert instruction.recipe.prox_mu == 0.3
-        assert instruction.prox_centre is instruction.shared
+        assert instruction.centre_is_shared
+        assert instruction.centre is instruction.shared
         assert count_values(instruction) == 6
+
+
+def test_a_centre_is_counted_and_sent_by_what_the_instruction_says_not_by_identity() -> None:
+    shared = {"a.weight": torch.ones(2), "b.weight": torch.ones(3)}
+    copy = {k: v.clone() for k, v in shared.items()}
+    once = TrainInstruction(0, Recipe(prox_mu=0.1), shared=shared, centre_is_shared=True)
+    twice = TrainInstruction(0, Recipe(prox_mu=0.1), shared=shared, prox_centre=copy)
+    # the same object given as a centre of its own is still a centre of its own: sent and counted again
+    same_object = TrainInstruction(0, Recipe(prox_mu=0.1), shared=shared, prox_centre=shared)
+    assert count_values(once) == 5
+    assert count_values(twice) == count_values(same_object) == 10
+    header, tensors = encode(TrainTask("r", 1, 0, list(shared), once))
+    assert header["centre_is_shared"] is True
+    assert sorted(tensors) == ["shared/a.weight", "shared/b.weight"]
+    back = decode((header, tensors))
+    assert isinstance(back, TrainTask)
+    assert back.instruction.centre_is_shared
+    assert back.instruction.centre is back.instruction.shared
+    assert len(encode(TrainTask("r", 1, 0, list(shared), twice))[1]) == 4
+    with pytest.raises(ValueError, match="centre_is_shared needs"):
+        TrainInstruction(0, Recipe(), shared=None, centre_is_shared=True)
 
 
 def test_fedrep_never_sends_the_head() -> None:
