@@ -16,12 +16,12 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from infra.outputs import write_atomic
 
 PROGRESS_FILE = "progress.json"
 PHASES = ("training", "aggregating", "evaluating")
@@ -41,15 +41,10 @@ class RoundProgress:
 
 def write_progress(run_dir: Path, progress: RoundProgress) -> None:
     """Replace ``<run_dir>/progress.json`` atomically; an ``OSError`` is swallowed (progress is only a hint)."""
+    if not run_dir.is_dir():  # progress never makes a run directory
+        return
     with contextlib.suppress(OSError):
-        handle, tmp = tempfile.mkstemp(prefix=f".{PROGRESS_FILE}.", dir=run_dir)
-        try:
-            with os.fdopen(handle, "w", encoding="utf-8") as out:
-                json.dump(asdict(progress), out)
-            os.replace(tmp, run_dir / PROGRESS_FILE)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+        write_atomic(run_dir / PROGRESS_FILE, json.dumps(asdict(progress)).encode("utf-8"))
 
 
 def _count(data: dict[str, Any], key: str) -> int | None:

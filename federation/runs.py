@@ -20,14 +20,12 @@ report`, the dashboard) do not wait for it.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import json
 import math
 import os
 import shutil
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -37,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from federation.errors import FederationError
 from federation.jsonl import DamagedLine, scan_jsonl
 from federation.runfiles import HOSPITAL_GLOB, HOSPITALS_DIR
-from infra.outputs import OutputError, check_replaceable, owned_by, write_marker
+from infra.outputs import OutputError, atomic_target, check_replaceable, owned_by, write_atomic, write_marker
 from infra.pids import same_process
 
 if TYPE_CHECKING:
@@ -111,22 +109,10 @@ def finite_or_none(value: float | None) -> float | None:
     return float(value)
 
 
-def _atomic_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
 def atomic_write_text(path: Path, text: str) -> None:
     """Replace ``path`` with ``text`` so that readers see the old or the new file, never half of one."""
-    _atomic_bytes(path, text.encode("utf-8"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, text.encode("utf-8"))
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -293,15 +279,8 @@ def write_checkpoint(run_dir: Path, checkpoint: Checkpoint, keep: int) -> None:
     for key, value in checkpoint.strategy_tensors.items():
         tensors[f"{_STRATEGY}/{key}"] = value.detach().cpu().contiguous()
     tensors_path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{tensors_path.name}.", dir=tensors_path.parent)
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata={"round": str(checkpoint.round)})
-        os.replace(tmp, tensors_path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with atomic_target(tensors_path) as tmp:
+        save_file(tensors, str(tmp), metadata={"round": str(checkpoint.round)})
     write_json(
         sidecar_path,
         {

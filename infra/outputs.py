@@ -35,6 +35,7 @@ import json
 import os
 import shutil
 import signal
+import tempfile
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -84,9 +85,7 @@ def write_marker(folder: Path, command: str, *, complete: bool = True, record_co
     if record_contents:
         record["paths"] = [p for p in _entries(folder) if p != MARKER_NAME]
     path = folder / MARKER_NAME
-    temp = folder / f"{MARKER_NAME}.tmp"
-    temp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    os.replace(temp, path)
+    write_atomic(path, (json.dumps(record, indent=1) + "\n").encode("utf-8"))
     return path
 
 
@@ -305,15 +304,27 @@ _HINTS = {
 }
 
 
-def write_atomic(path: Path, payload: bytes) -> None:
-    """Write ``payload`` to ``path`` through a temporary file in the same folder, so a reader sees all or nothing."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+@contextmanager
+def atomic_target(path: Path) -> Iterator[Path]:
+    """The one way this project replaces a file: the block writes a new, empty temporary file beside ``path``
+    (``.<name>.<random>.tmp``, hidden, so a run's ``.<name>.*`` patterns and temp-file clean-up know it) and
+    ``path`` is replaced by it when the block ends; on any error (or interruption) the temporary file is removed
+    and ``path`` is untouched, so a reader sees the old file or the new one, never half of one."""
+    handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(handle)
+    tmp = Path(name)
     try:
-        tmp.write_bytes(payload)
+        yield tmp
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_atomic(path: Path, payload: bytes) -> None:
+    """Replace ``path`` with ``payload`` (`atomic_target`)."""
+    with atomic_target(path) as tmp:
+        tmp.write_bytes(payload)
 
 
 def os_error_message(exc: OSError, folder: Path, flag: str = "--out") -> str:

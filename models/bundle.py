@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from infra.outputs import write_atomic
+from infra.outputs import atomic_target, write_atomic
 from infra.provenance import INTENDED_USE
 from models.decision import DEFAULT_THRESHOLD
 from models.errors import ModelError
@@ -252,15 +251,9 @@ def write_bundle(folder: Path, card: ModelCard, state: dict[str, torch.Tensor] |
     """
     folder.mkdir(parents=True, exist_ok=True)
     if state is not None:
-        weights = folder / WEIGHTS_FILE
-        tmp = weights.with_name(f".{weights.name}.{os.getpid()}.tmp")
-        try:
-            tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+        tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+        with atomic_target(folder / WEIGHTS_FILE) as tmp:
             save_file(tensors, str(tmp), metadata={"round": str(card.round)})
-            os.replace(tmp, weights)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
     path = folder / CARD_FILE
     write_atomic(path, (json.dumps(card.to_json(), indent=2, allow_nan=False) + "\n").encode("utf-8"))
     return path

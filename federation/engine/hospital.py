@@ -74,7 +74,7 @@ from federation.runfiles import HOSPITALS_DIR as HOSPITALS_DIR  # re-exported: t
 from federation.runfiles import hospital_dir
 from federation.runs import PREDICTIONS_FILE, now_iso, prediction_columns, read_json, write_json, write_predictions
 from federation.strategies.common import resolved_nhead
-from infra.outputs import remove_entries, write_atomic
+from infra.outputs import atomic_target, remove_entries, write_atomic
 from models import ModelError, create_model, head_keys, split_units
 
 HOSPITAL_FILE = "hospital.json"
@@ -551,14 +551,12 @@ class Hospital:
 
         folder = self.site.folder(loaded.run_id)
         source = folder / CHECKPOINT_DIR / f"round_{server_round:04d}.safetensors"
-        target = folder / MODEL_FILE
-        tmp = folder / f".{MODEL_FILE}.{os.getpid()}"
-        tmp.unlink(missing_ok=True)
-        try:
-            os.link(source, tmp)
-        except OSError:
-            shutil.copyfile(source, tmp)
-        os.replace(tmp, target)
+        with atomic_target(folder / MODEL_FILE) as tmp:
+            tmp.unlink()  # a link needs a free name
+            try:
+                os.link(source, tmp)
+            except OSError:
+                shutil.copyfile(source, tmp)
         card = export_card(
             config=loaded.config,
             model=loaded.model,
@@ -595,10 +593,5 @@ class Hospital:
 
 
 def _atomic_save(state: dict[str, torch.Tensor], path: Path, metadata: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    try:
+    with atomic_target(path) as tmp:
         save_file(state, str(tmp), metadata=metadata)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
