@@ -114,10 +114,25 @@ def _replace_first_conv(model: nn.Module, in_chans: int) -> None:
     raise ModelError("model has no convolution to adapt to the requested input channels")
 
 
+def _stem_key(model: nn.Module) -> str:
+    """The ``state_dict`` key of the first convolution's weight (the one ``in_chans`` changes)."""
+    for module_name, module in model.named_modules():
+        if isinstance(module, nn.Conv2d):
+            return f"{module_name}.weight"
+    raise ModelError("model has no convolution")
+
+
 def load_weights(model: nn.Module, name: str, path: Path) -> None:
-    """Load a local safetensors ``state_dict`` into ``model`` with a clear error on any mismatch."""
+    """Load a local safetensors ``state_dict`` into ``model`` with a clear error on any mismatch.
+
+    A file made for another number of input channels (an RGB ImageNet file for a one-channel model, or the other way
+    round) still loads: its stem convolution is adapted with timm's ``adapt_input_conv`` (one channel: the sum of the
+    RGB filters, so a gray tile equal in every channel gives the same response; three from one: the filter repeated
+    and scaled by 1/3), as ``timm.create_model(..., pretrained=True, in_chans=1)`` does for timm's own weights.
+    """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
+    from timm.models import adapt_input_conv
 
     from models.split import split_units
 
@@ -134,10 +149,18 @@ def load_weights(model: nn.Module, name: str, path: Path) -> None:
         detail = f"{len(missing)} missing (e.g. {missing[:2]}), {len(unexpected)} unexpected (e.g. {unexpected[:2]})"
         raise ModelError(f"weights file {path} does not fit {name}: {detail}; export the state_dict of {name}")
     output_keys = set(split_units(model)[-1][1])
+    stem = _stem_key(model)
     loadable: dict[str, torch.Tensor] = {}
     for key, value in tensors.items():
         if value.shape == own[key].shape:
             loadable[key] = value
+        elif (
+            key == stem
+            and value.ndim == 4
+            and value.shape[0] == own[key].shape[0]
+            and value.shape[2:] == own[key].shape[2:]
+        ):
+            loadable[key] = adapt_input_conv(own[key].shape[1], value, base_chans=value.shape[1]).to(own[key].dtype)
         elif key not in output_keys:
             raise ModelError(
                 f"weights file {path} does not fit {name}: {key} has shape {tuple(value.shape)}, "

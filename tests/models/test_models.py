@@ -110,6 +110,30 @@ def test_one_channel_model_accepts_gray_input() -> None:
         create_model("mobilenet_v3_small", in_chans=4)
 
 
+def test_an_rgb_weights_file_loads_into_a_one_channel_model_through_timms_stem_adaptation(tmp_path: Path) -> None:
+    torch.manual_seed(2)
+    rgb = create_model("mobilenet_v3_small")
+    path = tmp_path / "rgb.safetensors"
+    save_file({k: v.contiguous() for k, v in rgb.state_dict().items()}, str(path))
+    gray = create_model("mobilenet_v3_small", in_chans=1, weights=path).eval()
+    stem = rgb.state_dict()["features.0.0.weight"]
+    assert gray.state_dict()["features.0.0.weight"].shape == (16, 1, 3, 3)
+    # one channel: the RGB filters summed, so a gray tile (equal channels) meets the same first layer
+    assert torch.allclose(gray.state_dict()["features.0.0.weight"], stem.sum(dim=1, keepdim=True))
+    assert torch.equal(
+        gray.state_dict()["features.1.block.0.0.weight"], rgb.state_dict()["features.1.block.0.0.weight"]
+    )
+    tile = torch.rand(2, 1, 64, 64)
+    assert torch.allclose(gray(tile), rgb.eval()(tile.expand(-1, 3, -1, -1)), atol=1e-5)
+    # and back: a one-channel file into the RGB model, the filter repeated and scaled by 1/3
+    one = tmp_path / "gray.safetensors"
+    save_file({k: v.contiguous() for k, v in gray.state_dict().items()}, str(one))
+    back = create_model("mobilenet_v3_small", weights=one)
+    assert torch.allclose(
+        back.state_dict()["features.0.0.weight"], stem.sum(dim=1, keepdim=True).repeat(1, 3, 1, 1) / 3
+    )
+
+
 def test_local_weights_file_is_loaded_and_mismatches_are_explained(tmp_path: Path) -> None:
     torch.manual_seed(1)
     source = create_model("mobilenet_v3_small")
