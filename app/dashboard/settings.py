@@ -655,17 +655,21 @@ def _start_problems(config: Any, num_clients: int | None) -> list[tuple[str | No
     if not 0 <= nhead <= units:
         sentence = f"nhead = {nhead}: {config.model.name} has {units} layer units, so use 0 to {units}."
         problems.append(("strategy.nhead", sentence))
-    if name == "fedamp" and nhead != 0:
-        problems.append(
-            (None, f"FedAMP shares the whole model, so strategy.nhead must be 0 (the preset sets {nhead}).")
+    spec = SPEC[name]  # the method's rules (federation.strategies.registry), as its own build() checks them
+    if spec.fixed_nhead is not None and nhead != spec.fixed_nhead:
+        sentence = f"{spec.short_name} shares the whole model, so strategy.nhead must be {spec.fixed_nhead}"
+        problems.append((None, f"{sentence} (the preset sets {nhead})."))
+    if nhead < spec.min_nhead:
+        sentence = (
+            f"nhead = {nhead}: {spec.short_name} needs a local head, so use {spec.min_nhead} or more (or FedAvg)."
         )
-    if name == "fedrep" and nhead < 1:
-        problems.append(("strategy.nhead", "nhead = 0: FedRep needs a local head, so use 1 or more (or FedAvg)."))
-    split = name == "fedrep" or (name == "fedsaf" and config.fedsaf.split and nhead > 0)
+        problems.append(("strategy.nhead", sentence))
+    # FedSAF trains a head first only where it splits (its own fedsaf.split, and a head of at least one unit)
+    split = spec.head_first and (name != "fedsaf" or (config.fedsaf.split and nhead > 0))
     if split and config.client.head_epochs < 1:
         sentence = f"Head epochs = {config.client.head_epochs}: {SHORT_NAMES[name]} trains the head first (Eq. 24)"
         problems.append(("client.head_epochs", f"{sentence}, so use 1 or more."))
-    if num_clients is not None and num_clients < 2 and name != "separate":
+    if num_clients is not None and num_clients < 2 and spec.shares:
         problems.append((None, f"The dataset has {num_clients} hospital(s): a federation needs at least 2."))
     # (the distance itself, amp.dm or fedamp.dm, was checked with its section)
     if (

@@ -19,15 +19,17 @@ from federation.config import RunConfig
 from federation.errors import FederationError
 from federation.strategies.common import StrategyContext, recipe_from_config, resolved_nhead
 from federation.strategies.fedsaf import AmpSettings, AttentiveStrategy, trainable_keys
+from federation.strategies.registry import SPEC
 
 
 def build(config: RunConfig, ctx: StrategyContext) -> AttentiveStrategy:
     """FedAMP with the ``[amp]`` settings; ``strategy.nhead`` must be 0 (FedAMP shares the whole model)."""
     nhead = resolved_nhead(config)
-    if nhead != 0:
+    fixed = SPEC["fedamp"].fixed_nhead
+    if nhead != fixed:
         raise FederationError(
-            f"fedamp shares the whole model, so strategy.nhead must be 0 (got {nhead}); for AMP with a local head "
-            "use strategy.name = fedsaf with fedsaf.fim = false"
+            f"fedamp shares the whole model, so strategy.nhead must be {fixed} (got {nhead}); for AMP with a local "
+            "head use strategy.name = fedsaf with fedsaf.fim = false"
         )
     # FedAMP's own distance (fedamp.dm, squared L2 by default), not FedSAF's amp.dm
     amp = dataclasses.replace(AmpSettings.from_config(config), dm=config.fedamp.dm)

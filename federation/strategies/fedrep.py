@@ -13,13 +13,15 @@ from federation.config import RunConfig
 from federation.errors import FederationError
 from federation.strategies.common import StrategyContext, recipe_from_config, resolved_nhead
 from federation.strategies.fedavg import Averaging
+from federation.strategies.registry import SPEC
 
 
 def build(config: RunConfig, ctx: StrategyContext) -> Averaging:
     """FedRep: head epochs, then base epochs; only the base is averaged."""
     nhead = resolved_nhead(config)
-    if nhead < 1:
-        raise FederationError("fedrep needs a local head: set strategy.nhead >= 1 (or use fedavg for nhead 0)")
+    least = SPEC["fedrep"].min_nhead
+    if nhead < least:
+        raise FederationError(f"fedrep needs a local head: set strategy.nhead >= {least} (or use fedavg for nhead 0)")
     if config.client.head_epochs < 1:
         raise FederationError("fedrep trains the head first: set client.head_epochs >= 1")
     recipe = recipe_from_config(config, head_epochs=config.client.head_epochs)

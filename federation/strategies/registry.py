@@ -28,8 +28,11 @@ class StrategySpec:
     where BatchNorm lives when the method fixes it (FedBN: ``"local"``). ``averaging``: its server state is one global
     model averaged from the hospitals' (a ``strategy.wrap`` step can post-process it). ``example_weighted``: it
     aggregates with FedAvg's weights ``n_i / n`` (``federation.strategies.fedavg.Averaging``), the only weights
-    ``server.max_weight`` caps. ``shares``: anything leaves the hospital at all. ``menu_rank``: its place in the
-    dashboard's picker; ``short_name`` is used in sentences, ``display_name`` in the picker.
+    ``server.max_weight`` caps. ``shares``: anything leaves the hospital at all. ``min_nhead``: the fewest local
+    units it works with (FedRep needs a head of its own: 1); ``fixed_nhead``: the only ``nhead`` it accepts (FedAMP
+    shares the whole model: 0). ``menu_rank``: its place in the dashboard's picker; ``short_name`` is used in
+    sentences, ``display_name`` in the picker. The strategies' own checks and the dashboard's read these, so a rule
+    is written once.
     """
 
     name: str
@@ -46,6 +49,8 @@ class StrategySpec:
     averaging: bool = False
     example_weighted: bool = False
     shares: bool = True
+    min_nhead: int = 0
+    fixed_nhead: int | None = None
 
 
 SPECS: tuple[StrategySpec, ...] = (
@@ -74,6 +79,7 @@ SPECS: tuple[StrategySpec, ...] = (
         head_first=True,
         averaging=True,
         example_weighted=True,
+        min_nhead=1,
     ),
     StrategySpec(
         "fedamp",
@@ -83,6 +89,7 @@ SPECS: tuple[StrategySpec, ...] = (
         1,
         splits=False,
         own_start=True,
+        fixed_nhead=0,
     ),
     StrategySpec(
         "fedsaf",

@@ -225,3 +225,28 @@ def test_drawing_the_form_imports_no_torch() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert done.stdout.strip() == "False"
+
+
+def test_a_methods_nhead_rule_is_read_from_its_spec_by_the_form_and_the_strategy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # one place: change FedRep's least head in its StrategySpec and both the dashboard's check and FedRep's own
+    # build() follow, with the same number
+    import dataclasses
+
+    from federation.strategies import registry
+    from federation.strategies.fedrep import build
+
+    monkeypatch.setitem(registry.SPEC, "fedrep", dataclasses.replace(registry.SPEC["fedrep"], min_nhead=2))
+    config = load_config(None, ["strategy.name=fedrep", "strategy.nhead=1"])
+    problems = settings._start_problems(config, 3)
+    assert ("strategy.nhead", "nhead = 1: FedRep needs a local head, so use 2 or more (or FedAvg).") in problems
+    with pytest.raises(FederationError, match=r"strategy.nhead >= 2"):
+        build(config, None)  # type: ignore[arg-type]  # refused before the context is read
+    fixed = load_config(None, ["strategy.name=fedamp", "strategy.nhead=1"])
+    assert (None, "FedAMP shares the whole model, so strategy.nhead must be 0 (the preset sets 1).") in (
+        settings._start_problems(fixed, 3)
+    )
+    assert not [
+        p for p in settings._start_problems(load_config(None, ["strategy.name=separate"]), 1) if "federation" in p[1]
+    ]
