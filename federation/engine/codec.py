@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
@@ -37,6 +36,7 @@ from federation.contract import (
     TrainTask,
 )
 from federation.errors import FederationError
+from federation.runs import finite_or_none
 
 Envelope = tuple[dict[str, Any], dict[str, torch.Tensor]]
 Message = Hello | HelloReply | TrainTask | TrainReply | EvaluateTask | EvaluateReply | Failure
@@ -52,13 +52,6 @@ def _prefixed(prefix: str, tensors: Mapping[str, torch.Tensor] | None) -> dict[s
 
 def _unprefixed(prefix: str, tensors: Mapping[str, torch.Tensor]) -> TensorDict:
     return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
-
-
-def _scalar(value: float | None) -> float | None:
-    """JSON has no NaN/inf: a non-finite metric travels as ``null``."""
-    if value is None or not math.isfinite(value):
-        return None
-    return float(value)
 
 
 def encode(message: Message) -> Envelope:
@@ -95,7 +88,7 @@ def encode(message: Message) -> Envelope:
             "kind": "train_reply",
             "client": message.client,
             "num_examples": message.num_examples,
-            "metrics": {k: _scalar(v) for k, v in message.metrics.items()},
+            "metrics": {k: finite_or_none(v) for k, v in message.metrics.items()},  # JSON: no NaN
             "seconds": message.seconds,
             "evaluation": None if message.evaluation is None else _evaluation_header(message.evaluation),
         }
@@ -126,7 +119,7 @@ def _evaluation_header(reply: EvaluateReply) -> dict[str, Any]:
     return {
         "client": reply.client,
         "num_examples": reply.num_examples,
-        "metrics": {k: _scalar(v) for k, v in reply.metrics.items()},
+        "metrics": {k: finite_or_none(v) for k, v in reply.metrics.items()},
         "seconds": reply.seconds,
     }
 

@@ -9,7 +9,6 @@ as JSON: floats round-trip exactly) and a resumed run writes the same lines an u
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,15 +99,13 @@ class RoundRecord:
 
     # -- kept in the checkpoint while the evaluation is to come -------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        def scalars(metrics: Mapping[str, Any]) -> dict[str, Any]:
-            return {k: v if not isinstance(v, float) or math.isfinite(v) else None for k, v in metrics.items()}
-
         return {
             "round": self.round,
             "sent": {str(c): n for c, n in self.sent.items()},
             "received": {str(c): n for c, n in self.received.items()},
             "trained": {
-                str(c): {"metrics": scalars(t["metrics"]), "seconds": t["seconds"]} for c, t in self.trained.items()
+                str(c): {"metrics": {k: finite_or_none(v) for k, v in t["metrics"].items()}, "seconds": t["seconds"]}
+                for c, t in self.trained.items()
             },
             "left_out": dict(self.left_out),
             "diverged": sorted(self.diverged),

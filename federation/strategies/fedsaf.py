@@ -30,7 +30,6 @@ FedAMP (Huang et al., AAAI 2021) is the same server without splitting or FIM (``
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -51,6 +50,7 @@ from federation.aggregation import (
 from federation.config import RunConfig
 from federation.contract import Recipe, TensorDict, TrainInstruction, TrainReply
 from federation.errors import FederationError
+from federation.runs import finite_or_none
 from federation.strategies.common import StrategyContext, fisher_traces, recipe_from_config, shared_nhead
 from models import create_model
 
@@ -271,7 +271,7 @@ def _matrix(t: torch.Tensor) -> list[list[float | None]]:
     rows: list[list[float | None]] = t.tolist()
     if bool(torch.isfinite(t).all()):
         return rows
-    return [[v if v is not None and math.isfinite(v) else None for v in row] for row in rows]
+    return [[finite_or_none(v) for v in row] for row in rows]
 
 
 def build(config: RunConfig, ctx: StrategyContext) -> AttentiveStrategy:

@@ -13,7 +13,6 @@ refused when wrapping, naming those.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,13 +20,14 @@ import torch
 
 from federation.contract import Strategy, TensorDict, TrainInstruction, TrainReply
 from federation.errors import FederationError
+from federation.runs import finite_or_none as finite_value
 from federation.strategies.common import StrategyContext
 from federation.strategies.registry import averaging_names
 
 
 def finite_or_none(values: Sequence[float]) -> list[float | None]:
-    """Floats for ``aggregation.jsonl`` (JSON has no inf/nan: those become null)."""
-    return [v if math.isfinite(v) else None for v in values]
+    """Floats for ``aggregation.jsonl`` (JSON has no inf/nan: those become null; `federation.runs.finite_or_none`)."""
+    return [finite_value(v) for v in values]
 
 
 class GlobalModelWrapper:
