@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -24,6 +22,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from infra.pids import stop_groups
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -82,15 +82,9 @@ def wait_until_up(url: str, process: subprocess.Popen[bytes], timeout_s: float =
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the dashboard's process group, SIGKILL if it lingers."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
+    """Stop the dashboard's process group (`infra.pids.stop_groups`: SIGTERM, SIGKILL if it lingers) and reap it."""
+    stop_groups([process.pid], grace=10.0)
+    process.wait(timeout=10)
 
 
 @contextlib.contextmanager

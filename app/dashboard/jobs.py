@@ -189,8 +189,7 @@ def stop(jobs_dir: Path, job: Job) -> Job:
     job = Job(**{**asdict(job), "stop_requested": True})
     _write_record(jobs_dir, job)
     if _alive(job.pid, job.pid_started):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(job.pid, signal.SIGTERM)
+        pids.signal_group(job.pid, signal.SIGTERM)  # a request: the job's own handler ends it
     return job
 
 

@@ -30,7 +30,6 @@ import json
 import os
 import pwd
 import secrets
-import signal
 import socket
 import ssl
 import subprocess
@@ -42,7 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, NamedTuple, Self
+from typing import IO, Any, Self
 
 from federation import OFFLINE_ENV
 from federation.errors import FederationError
@@ -50,11 +49,11 @@ from federation.flower.gate import gate_config, nginx_executable
 from federation.flower.kit import HospitalBundle, Kit, join_address, write_secret
 from infra.outputs import Terminated as Terminated
 from infra.outputs import terminate_as_interrupt
+from infra.pids import STOP_GRACE, descendant_groups, still_ours, stop_groups
 
 ConfigValue = str | int | float | bool | Path
 CONNECTION = "gastric-fl"  # the connection name written into $FLWR_HOME/config.toml
 LOG_TAIL_LINES = 30
-STOP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL
 FINISHED = "finished"
 COMPLETED = "finished:completed"
 
@@ -133,93 +132,6 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     except OSError:
         return "(no log)"
     return "\n".join(text.rstrip().splitlines()[-lines:])
-
-
-# -- process groups --------------------------------------------------------------------------------------------------
-class _Proc(NamedTuple):
-    ppid: int
-    pgid: int
-    state: str
-    start: int  # clock ticks after boot: tells a recycled pid from the process first seen
-
-
-def _proc_table() -> dict[int, _Proc]:
-    """``pid -> (ppid, pgid, state, start time)`` for every process readable in ``/proc``."""
-    table: dict[int, _Proc] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", encoding="utf-8", errors="replace") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-            table[int(entry.name)] = _Proc(int(fields[1]), int(fields[2]), fields[0], int(fields[19]))
-        except (OSError, IndexError, ValueError):
-            continue
-    return table
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes in process group ``pgid``."""
-    return [pid for pid, proc in _proc_table().items() if proc.pgid == pgid and proc.state not in "ZX"]
-
-
-def descendant_groups(pid: int) -> dict[int, int | None]:
-    """Process groups of ``pid`` and its descendants (found by parent id, not by name): ``pgid -> start time of
-    the group's leader`` (None when the leader is gone), so that a group id recycled later is not signalled."""
-    table = _proc_table()
-    children: dict[int, list[int]] = {}
-    for child, proc in table.items():
-        children.setdefault(proc.ppid, []).append(child)
-    groups: dict[int, int | None] = {}
-    todo = [pid]
-    while todo:
-        current = todo.pop()
-        if current in table:
-            pgid = table[current].pgid
-            groups[pgid] = table[pgid].start if pgid in table else None
-        todo.extend(children.get(current, []))
-    return groups
-
-
-def _still_ours(groups: Mapping[int, int | None]) -> set[int]:
-    """The recorded groups that still exist and were not recycled: a pid is not reused while a group of that id
-    has members, so a group is ours unless its id now leads a process that started at another time."""
-    table = _proc_table()
-    live = {proc.pgid for proc in table.values() if proc.state not in "ZX"}
-    return {
-        g for g, start in groups.items() if g in live and (start is None or g not in table or table[g].start == start)
-    }
-
-
-def _signal_group(pgid: int, sig: int) -> bool:
-    """``killpg``; False when the group no longer exists."""
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def stop_groups(groups: Iterable[int], grace: float = STOP_GRACE) -> None:
-    """SIGTERM every group, wait up to ``grace`` seconds for them to empty, SIGKILL what is left
-    (``grace <= 0``: SIGKILL at once)."""
-    pending = {g for g in groups if g > 1 and g != os.getpgrp()}
-    for group in pending if grace > 0 else ():
-        _signal_group(group, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while pending and time.monotonic() < deadline:
-        pending = {g for g in pending if group_members(g)}
-        if pending:
-            time.sleep(0.1)
-    for group in pending:
-        _signal_group(group, signal.SIGKILL)
-    deadline = time.monotonic() + 5.0
-    while pending and time.monotonic() < deadline:
-        pending = {g for g in pending if group_members(g)}
-        if pending:
-            time.sleep(0.05)
 
 
 _LIVE: set[ManagedProcess] = set()  # strong references: a dropped deployment is still stopped at exit
@@ -302,7 +214,7 @@ class ManagedProcess:
         if self.popen is None:
             return
         self.track()
-        stop_groups(_still_ours(self._groups), grace=grace)
+        stop_groups(still_ours(self._groups), grace=grace)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout=5.0)
         self._groups = {}  # stopped: never signal these ids again (they may be recycled)

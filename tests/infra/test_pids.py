@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.pids import pid_alive
+from infra.pids import group_members, pid_alive, stop_groups
 
 
 def test_running_process_is_alive() -> None:
@@ -28,3 +28,24 @@ def test_zombie_and_reaped_process_are_not_alive() -> None:
     assert pid_alive(child.pid) is False
     child.wait()
     assert pid_alive(child.pid) is False
+
+
+def test_a_process_group_is_stopped_by_group_with_sigkill_after_the_grace() -> None:
+    # a shell that ignores SIGTERM and a child of it: both in the group, both gone after SIGKILL
+    stubborn = subprocess.Popen(
+        [sys.executable, "-c", "import signal, subprocess, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+         "subprocess.Popen(['sleep', '60']); time.sleep(60)"],
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while len(group_members(stubborn.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(group_members(stubborn.pid)) == 2
+        stop_groups([stubborn.pid], grace=0.5)
+        assert group_members(stubborn.pid) == []
+        assert stubborn.wait(timeout=5) == -9  # SIGTERM was ignored: the group got SIGKILL after the grace
+    finally:
+        if stubborn.poll() is None:
+            stubborn.kill()
+            stubborn.wait()
