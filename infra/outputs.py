@@ -345,15 +345,18 @@ class Terminated(KeyboardInterrupt):
 
 
 @contextmanager
-def terminate_as_interrupt(signals: Iterable[int] = (signal.SIGTERM, signal.SIGHUP)) -> Iterator[None]:
+def terminate_as_interrupt(
+    signals: Iterable[int] = (signal.SIGTERM, signal.SIGHUP), *, take_over: bool = False
+) -> Iterator[None]:
     """While the block runs, SIGTERM/SIGHUP raise `Terminated` (a ``KeyboardInterrupt``) instead of killing.
 
     The default action of SIGTERM ends the process without running ``finally`` blocks, which left hidden
     half-written folders (and, in a deployment, running Flower processes) behind. The first signal raises;
     further ones are ignored while cleanup runs (a ``kill -9`` still works). Only signals still at their default
     action are taken over: a caller's own handler (e.g. the training engine's) or an ignored SIGHUP (``nohup``)
-    keeps working, and nested blocks leave the outer one in charge. Only possible in the main thread; elsewhere
-    this does nothing. The previous handlers are restored afterwards.
+    keeps working, and nested blocks leave the outer one in charge; ``take_over`` takes the signals whatever their
+    handler (the round loop, which must mark its run stopped even inside a host that handles SIGTERM itself). Only
+    possible in the main thread; elsewhere this does nothing. The previous handlers are restored afterwards.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -367,7 +370,7 @@ def terminate_as_interrupt(signals: Iterable[int] = (signal.SIGTERM, signal.SIGH
         raise Terminated(signum)
 
     previous = {s: signal.getsignal(s) for s in signals}
-    taken = [s for s, old in previous.items() if old == signal.SIG_DFL]
+    taken = [s for s, old in previous.items() if take_over or old == signal.SIG_DFL]
     for s in taken:
         signal.signal(s, handler)
     try:

@@ -41,12 +41,10 @@ import os
 import re
 import signal
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Mapping
+from contextlib import suppress
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import torch
@@ -96,7 +94,7 @@ from federation.runs import (
     write_json,
 )
 from federation.strategies import StrategyContext, bn_mode, build_strategy
-from infra.outputs import OutputError, claim_output, os_error_message, owned_by, write_marker
+from infra.outputs import OutputError, claim_output, os_error_message, owned_by, terminate_as_interrupt, write_marker
 from infra.pids import process_start_time
 from models import batchnorm_keys, check_input_size, check_nhead, create_model
 
@@ -105,23 +103,6 @@ PoolFactory = Callable[[], Pool]
 
 class RunStopped(Interrupted):
     """The run was interrupted (Ctrl-C or SIGTERM); ``summary.json`` says ``stopped``."""
-
-
-@contextmanager
-def _stop_on_sigterm() -> Iterator[None]:
-    """Turn SIGTERM into ``RunStopped`` (as Ctrl-C is ``KeyboardInterrupt``) so the run is marked ``stopped``."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise RunStopped("stopped by SIGTERM")
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _warn(text: str) -> None:
@@ -335,7 +316,8 @@ class Engine:
         if config.run.threads > 0:
             torch.set_num_threads(config.run.threads)
         try:
-            with _stop_on_sigterm():
+            # SIGTERM unwinds the run like Ctrl-C (infra.outputs.Terminated, "stopped by SIGTERM"): marked stopped
+            with terminate_as_interrupt((signal.SIGTERM,), take_over=True):
                 pool = make_pool()
                 if config.run.audit:
                     pool.observers.append(AuditLog(self.run_dir / AUDIT_FILE))
