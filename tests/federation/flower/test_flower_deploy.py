@@ -42,9 +42,9 @@ from federation.flower.processes import (
     NodeSpec,
     SuperLink,
     SuperNode,
-    group_members,
     register_hospitals,
 )
+from infra.pids import group_members
 
 ECHO_APP = Path(__file__).parent / "flower_echo_app"
 REGISTERED = ["client_00", "client_01"]
