@@ -30,6 +30,7 @@ from typing import Any
 
 from federation.errors import FederationError
 from federation.strategies.registry import EXAMPLE_WEIGHTED, OWN_START, STRATEGY_NAMES, wrap_problem
+from infra.toml import toml_value
 from models.names import MODEL_NAMES
 
 # The single source of default values. A field missing here has a Python default of None, meaning
@@ -773,19 +774,6 @@ def with_values(config: RunConfig, section: str, **values: Any) -> RunConfig:
     return dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **values)})
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
-        return f'"{escaped}"'
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"cannot write {type(value).__name__} to TOML")
-
-
 def config_to_toml(config: RunConfig) -> str:
     """The configuration as TOML text that ``load_config`` reads back to an equal ``RunConfig``."""
     lines: list[str] = []
@@ -793,6 +781,6 @@ def config_to_toml(config: RunConfig) -> str:
         if not values:  # [server] with nothing set: left out, so a run without it writes what it always wrote
             continue
         lines.append(f"[{section}]")
-        lines.extend(f"{key} = {_toml_value(value)}" for key, value in values.items())
+        lines.extend(f"{key} = {toml_value(value)}" for key, value in values.items())
         lines.append("")
     return "\n".join(lines)

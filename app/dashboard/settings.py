@@ -20,7 +20,6 @@ on torch.
 from __future__ import annotations
 
 import math
-import re
 import sys
 import time
 import tomllib
@@ -49,6 +48,7 @@ from federation.strategies.registry import (
     WRAPPER_NAMES,
     default_nhead,
 )
+from infra.toml import toml_value
 from models.errors import ModelError
 from models.names import DEFAULT_MODEL, LAYER_UNITS, check_input_size
 
@@ -596,20 +596,6 @@ def field_problem(
     return None
 
 
-def _toml_value(value: Any, bare: bool = True) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(v, bare=False) for v in value) + "]"
-    text = str(value)
-    if bare and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", text) and text not in ("true", "false", "inf", "nan"):
-        return text  # a bare word: `--set strategy.name=fedsaf` reads it as a string (parse_override)
-    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{escaped}"'
-
-
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, list | tuple) or isinstance(b, list | tuple):
         return list(a or ()) == list(b or ())
@@ -630,7 +616,7 @@ def overrides(values: Mapping[str, Any], resolved: Mapping[str, Any] | None = No
         always = item.key in ("strategy.name", "run.rounds")
         if resolved is not None and not always and _same(value, baseline(resolved, item.key, method)):
             continue
-        result.append(f"{item.key}={_toml_value(value)}")
+        result.append(f"{item.key}={toml_value(value, bare_words=True)}")
     return result
 
 

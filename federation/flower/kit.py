@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import json
 import os
 import re
 import shutil
@@ -57,6 +56,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from federation import runfiles
 from federation.errors import FederationError
 from infra.outputs import foreign_entries, remove_entries
+from infra.toml import toml_value
 
 MARKER = ".gastric-fl-kit"
 KIT_FORMAT = 1
@@ -406,9 +406,9 @@ def _write_hospital(root: Path, name: str, index: int, superlink: str, ca_pem: b
     _write_public(folder / "ca.crt", ca_pem)
     text = (
         "# Hand-over bundle of one hospital (gastric-fl federation init). Keep supernode.key secret.\n"
-        f"name = {_toml_str(name)}\n"
+        f"name = {toml_value(name)}\n"
         f"index = {index}\n"
-        f"superlink = {_toml_str(superlink)}\n"
+        f"superlink = {toml_value(superlink)}\n"
     )
     _write_public(folder / "bundle.toml", text.encode())
     _write_public(root / "server" / "hospitals" / f"{name}.pub", public)
@@ -417,15 +417,11 @@ def _write_hospital(root: Path, name: str, index: int, superlink: str, ca_pem: b
 def _kit_toml(superlink: str, entries: Sequence[tuple[str, int]]) -> bytes:
     lines = [
         "# A deployment kit made by `gastric-fl federation init` (see docs/deployment.md).",
-        f"superlink = {_toml_str(superlink)}",
+        f"superlink = {toml_value(superlink)}",
     ]
     for name, index in entries:
-        lines += ["", "[[hospital]]", f"name = {_toml_str(name)}", f"index = {index}"]
+        lines += ["", "[[hospital]]", f"name = {toml_value(name)}", f"index = {index}"]
     return ("\n".join(lines) + "\n").encode()
-
-
-def _toml_str(value: str) -> str:
-    return json.dumps(value)  # a JSON string is a valid TOML basic string
 
 
 def write_secret(path: Path, data: bytes, *, replace: bool = False) -> None:

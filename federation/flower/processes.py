@@ -27,6 +27,7 @@ import atexit
 import contextlib
 import hashlib
 import json
+import math
 import os
 import pwd
 import secrets
@@ -50,6 +51,7 @@ from federation.flower.kit import HospitalBundle, Kit, join_address, write_secre
 from infra.outputs import Terminated as Terminated
 from infra.outputs import terminate_as_interrupt
 from infra.pids import STOP_GRACE, descendant_groups, still_ours, stop_groups
+from infra.toml import toml_value
 
 ConfigValue = str | int | float | bool | Path
 CONNECTION = "gastric-fl"  # the connection name written into $FLWR_HOME/config.toml
@@ -106,17 +108,11 @@ def config_toml(values: Mapping[str, ConfigValue]) -> str:
     for key, value in values.items():
         if not key or not all(c.isalnum() or c in "-_" for c in key):
             raise FederationError(f"config key {key!r} must be letters, digits, '-' or '_'")
-        if isinstance(value, bool):
-            text = "true" if value else "false"
-        elif isinstance(value, int | float):
-            if value != value or value in (float("inf"), float("-inf")):
-                raise FederationError(f"config value {key} = {value} is not finite")
-            text = repr(value)
-        elif isinstance(value, str | Path):
-            text = json.dumps(str(value))  # a JSON string is a valid TOML basic string
-        else:
+        if not isinstance(value, bool | int | float | str | Path):
             raise FederationError(f"config value {key} must be str, int, float or bool, got {type(value).__name__}")
-        lines.append(f"{key} = {text}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise FederationError(f"config value {key} = {value} is not finite")
+        lines.append(f"{key} = {toml_value(value)}")
     return "\n".join(lines) + "\n"
 
 
