@@ -6,16 +6,11 @@ from pathlib import Path
 
 import pytest
 from support.cli import run_cli
-from support.tiny_dataset import TINY_SETTINGS, make_dataset
+from support.tiny_dataset import TINY_SETTINGS
 
 from federation.engine import loop
 
 TINY = [arg for setting in TINY_SETTINGS for arg in ("--set", setting)]
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("tiny"))
 
 
 def test_train_then_report(

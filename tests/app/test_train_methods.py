@@ -8,12 +8,7 @@ from pathlib import Path
 
 import pytest
 from support.cli import run_cli
-from support.tiny_dataset import TINY_SETTINGS, make_dataset
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("tiny"))
+from support.tiny_dataset import TINY_SETTINGS
 
 
 def _sets(*settings: str) -> list[str]:

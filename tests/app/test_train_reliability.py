@@ -31,11 +31,6 @@ def _error_line(capsys: pytest.CaptureFixture[str]) -> str:
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture(scope="module")
 def finished(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished two-round FedAvg run (keep_checkpoints = 2), never modified: tests copy it."""
     run_dir = tmp_path_factory.mktemp("runs") / "finished"

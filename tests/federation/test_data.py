@@ -11,7 +11,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from support.tiny_dataset import LAYOUT, make_dataset
+from support.tiny_dataset import LAYOUT
 
 from federation.data import (
     augment_batch,
@@ -23,11 +23,6 @@ from federation.data import (
     to_tensor,
 )
 from federation.errors import FederationError
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("tiny"))
 
 
 def _rewrite_manifest(src: Path, dst: Path, keep: object = None, drop_column: str | None = None) -> Path:

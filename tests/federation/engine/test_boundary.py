@@ -14,18 +14,13 @@ from typing import Any
 
 import pytest
 from safetensors import safe_open
-from support.tiny_dataset import TINY_SETTINGS, make_dataset
+from support.tiny_dataset import TINY_SETTINGS
 
 from federation.config import load_config
 from federation.engine.audit import AUDIT_FILE, check_message
 from federation.engine.hospital import HOSPITALS_DIR
 from federation.launch import train
 from models import create_model, head_keys, split_units
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("tiny"))
 
 
 def tile_paths_and_names(dataset: Path) -> list[str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.tiny_dataset import TINY_SETTINGS, make_dataset
+from support.tiny_dataset import TINY_SETTINGS
 
 from federation.config import load_config
 from federation.contract import Failure
@@ -17,11 +17,6 @@ from federation.engine import Engine, local_sites, resolve_config
 from federation.engine.codec import Envelope, decode, encode
 from federation.engine.pools import InProcessPool, Pool
 from federation.errors import FederationError
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("tiny"))
 
 
 def test_the_failure_says_whether_it_diverged_and_other_failures_travel_as_before() -> None:

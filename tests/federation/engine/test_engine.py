@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from support.runs import stable
-from support.tiny_dataset import LAYOUT, TINY_SETTINGS, make_dataset
+from support.tiny_dataset import LAYOUT, TINY_SETTINGS
 
 from federation.client import Client
 from federation.config import RunConfig, load_config
@@ -23,11 +23,6 @@ from federation.launch import train
 from federation.provenance import code_version
 from federation.runs import complete_checkpoints
 from models import ModelError, base_keys, create_model, head_keys, split_units
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("tiny"))
 
 
 def _config(dataset: Path, *extra: str) -> RunConfig:

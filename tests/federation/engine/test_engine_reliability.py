@@ -30,11 +30,6 @@ from infra import pids
 from infra.outputs import MARKER_NAME, foreign_entries
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("tiny"))
-
-
 def _config(dataset: Path, *extra: str) -> RunConfig:
     return load_config(None, [*TINY_SETTINGS, "run.rounds=1", *extra], data=dataset)
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 from support.runs import stable
-from support.tiny_dataset import TINY_SETTINGS, make_dataset
+from support.tiny_dataset import TINY_SETTINGS
 
 from federation.client import Client
 from federation.config import RunConfig, config_to_toml, load_config
@@ -41,11 +41,6 @@ from federation.launch import train
 from federation.runs import read_checkpoint
 from federation.strategies.fedavg import Averaging
 from models import create_model
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("tiny"))
 
 
 def _config(dataset: Path, *extra: str) -> RunConfig:

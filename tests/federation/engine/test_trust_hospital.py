@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.tiny_dataset import LAYOUT, TINY_SETTINGS, make_dataset
+from support.tiny_dataset import LAYOUT, TINY_SETTINGS
 from typer.testing import CliRunner
 
 from app.cli import app
@@ -41,11 +41,6 @@ from federation.errors import FederationError
 from models import create_model, head_keys, split_units
 
 RUN = "run-a"
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("tiny"))
 
 
 def config_of(dataset: Path, *extra: str) -> RunConfig:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from support.tiny_dataset import LAYOUT, TINY_SETTINGS, make_dataset
+from support.tiny_dataset import LAYOUT, TINY_SETTINGS
 
 from federation.config import load_config
 from federation.engine import Engine, local_sites, resolve_config
@@ -26,11 +26,6 @@ from federation.runs import AGGREGATION_FILE, METRICS_FILE, SUMMARY_FILE
 
 Edit = Callable[[dict[str, Any], dict[str, torch.Tensor]], None]
 HOSTILE = 2
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("tiny"))
 
 
 class EditingPool(InProcessPool):

@@ -10,11 +10,9 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
-from support.tiny_dataset import make_dataset
 from test_trust_hospital import RUN, config_of, deployed, honest_task, send
 
 from federation.config import config_to_toml
@@ -22,11 +20,6 @@ from federation.contract import Hello, HelloReply, TrainReply
 from federation.engine.hospital import MODEL_FILE, Hospital, Site
 from federation.engine.outbound import read_outbound
 from federation.engine.policy import HospitalPolicy
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("tiny"))
 
 
 def test_a_restarted_hospital_answers_round_two_as_the_warm_one(dataset: Path, tmp_path: Path) -> None:

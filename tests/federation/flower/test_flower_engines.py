@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from support.runs import records, stable
-from support.tiny_dataset import TINY_SETTINGS, make_dataset
+from support.tiny_dataset import TINY_SETTINGS
 from test_boundary import assert_boundary_held
 
 from federation.config import load_config
@@ -34,11 +34,6 @@ from federation.launch import train
 
 pytestmark = pytest.mark.slow
 GASTRIC_FL = Path(sys.executable).parent / "gastric-fl"
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("tiny"))
 
 
 def _flower_processes() -> list[str]:

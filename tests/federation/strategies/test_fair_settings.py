@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file
-from support.tiny_dataset import TINY_SETTINGS, make_dataset
+from support.tiny_dataset import TINY_SETTINGS
 from torch import nn
 
 from federation.client import Client
@@ -25,11 +25,6 @@ from models import batchnorm_keys, create_model
 MODEL = create_model("mobilenet_v3_small")
 BN_STATS = set(batchnorm_keys(MODEL, affine=False))
 BN_ALL = set(batchnorm_keys(MODEL, affine=True))
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("tiny"))
 
 
 def _run(dataset: Path, run: Path, *settings: str) -> list[dict[str, Any]]:

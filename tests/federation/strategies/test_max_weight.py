@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from support.tiny_dataset import LAYOUT, TINY_SETTINGS, make_dataset
+from support.tiny_dataset import LAYOUT, TINY_SETTINGS
 
 from federation.aggregation import cap_weights, weighted_sum
 from federation.config import config_to_toml, load_config, max_weight_problem
@@ -228,11 +228,6 @@ def test_a_round_with_too_few_hospitals_for_the_cap_falls_back_to_uniform_weight
 
 HOSTILE = 2
 INFLATED = 10**9
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("tiny"))
 
 
 class InflatingPool(InProcessPool):
