@@ -85,9 +85,7 @@ OWN_ENTRIES = (HOSPITAL_FILE, CHECKPOINT_DIR, PREDICTIONS_FILE, MODEL_FILE, "mod
 TRAINED, EVALUATED = 1, 2  # stages of a round's checkpoint
 
 
-def hospital_folder(run_dir: Path, client: int) -> Path:
-    """Where the in-process engines keep hospital ``client``'s folder: ``<run>/hospitals/client_XX``."""
-    return hospital_dir(run_dir, client)
+hospital_folder = hospital_dir  # where the in-process engines keep a hospital's folder (the older name)
 
 
 def manifest_sha256(dataset: Path) -> str:

@@ -554,19 +554,19 @@ class Engine:
                 if problem is None:
                     record.evaluated[c] = t.evaluation
                 else:  # its training was usable; its evaluation is not recorded
-                    record.leave_out(c, f"evaluation: {problem}")
+                    record.leave_out(c, problem, evaluation=True)
         if getattr(self.strategy, "evaluates_next_start", False) and not fused:
             # the evaluation comes with the next round's training (or, after the last round, on its own): the
             # record waits in the checkpoint
             record.seconds = time.perf_counter() - start
             self._checkpoint(record, pending=True)
             self.pending = record
-            self._round_done(record)
+            self._round_done(record.round, record.seconds)
             return
         self._evaluate(pool, record, record.to_evaluate(self.clients))
         self._write_record(record, until=None)
         self._checkpoint(record, pending=False)
-        self._round_done(record)
+        self._round_done(record.round, time.perf_counter() - start)
 
     def _previous_evaluations(self, pool: Pool, record: RoundRecord, replies: Mapping[int, Message]) -> None:
         """Take ``record``'s evaluations from the combined replies (``TrainReply.previous``); a hospital whose
@@ -632,14 +632,14 @@ class Engine:
             keep=self.config.run.keep_checkpoints,
         )
 
-    def _round_done(self, record: RoundRecord) -> None:
-        seconds = time.perf_counter() - record.started if record.started is not None else record.seconds
+    def _round_done(self, server_round: int, seconds: float) -> None:
+        """Round ``server_round`` is checkpointed after ``seconds``: the summary's progress and ETA."""
         self.round_seconds.append(seconds)
         per_round = sum(self.round_seconds) / len(self.round_seconds)
         self._write_summary(
-            rounds_done=record.round,
+            rounds_done=server_round,
             seconds_per_round=per_round,
-            eta_seconds=per_round * (self.config.run.rounds - record.round),
+            eta_seconds=per_round * (self.config.run.rounds - server_round),
         )
 
     def _finish(self, pool: Pool) -> None:

@@ -175,9 +175,7 @@ class Kit:
 
 
 # -- public entry points ---------------------------------------------------------------------------------------------
-def hospital_name(client: int) -> str:
-    """``client_XX``: the kit's name of a dataset's hospital ``client``, as its folder is named in a run."""
-    return runfiles.hospital_name(client)
+hospital_name = runfiles.hospital_name  # a kit names hospital ``client`` as its folder is named in a run
 
 
 def default_hospital_names(count: int) -> list[str]:
