@@ -14,6 +14,7 @@ from pathlib import Path
 
 from federation.config import load_config
 from federation.launch import train
+from federation.runfiles import hospital_dir
 from pipeline.config import build_config
 from pipeline.prepare import prepare_dataset
 from pipeline.synth import generate_dataset
@@ -31,7 +32,7 @@ class TrainedRoot:
     run: Path
 
     def hospital(self, client: int) -> Path:
-        return self.run / "hospitals" / f"client_{client:02d}"
+        return hospital_dir(self.run, client)
 
     def record(self) -> dict:
         return json.loads((self.prepared / "prepare.json").read_text(encoding="utf-8"))
@@ -107,7 +108,7 @@ class TinyRun:
     record: dict
 
     def bundle(self, client: int) -> Path:
-        return self.run / "hospitals" / f"client_{client:02d}"
+        return hospital_dir(self.run, client)
 
     def slides(self, client: int, split: str, label: str) -> list[str]:
         return slide_sources(self.record, client, split, label)
