@@ -25,10 +25,11 @@ from typing import Any
 
 import torch
 
-from federation.aggregation import depthwise_fisher_weights, depthwise_top_counts, flatten, unflatten, weighted_sum
+from federation.aggregation import depthwise_fisher_weights, depthwise_top_counts, weighted_sum
 from federation.config import RunConfig
 from federation.contract import Recipe, TrainReply
 from federation.errors import FederationError
+from federation.flat import flatten, unflatten
 from federation.strategies.common import StrategyContext, fisher_traces, recipe_from_config, resolved_nhead
 from federation.strategies.fedavg import Averaging
 

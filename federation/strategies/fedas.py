@@ -16,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from federation.aggregation import fisher_weights, flatten, unflatten, weighted_sum
+from federation.aggregation import fisher_weights, weighted_sum
 from federation.config import RunConfig
 from federation.contract import TrainReply
+from federation.flat import flatten, unflatten
 from federation.strategies.common import StrategyContext, fisher_traces, recipe_from_config, resolved_nhead
 from federation.strategies.fedavg import Averaging
 

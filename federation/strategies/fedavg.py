@@ -20,10 +20,11 @@ from typing import Any
 
 import torch
 
-from federation.aggregation import FlatSpec, flatten, unflatten, weighted_sum
+from federation.aggregation import weighted_sum
 from federation.config import RunConfig, max_weight_problem
 from federation.contract import Recipe, TensorDict, TrainInstruction, TrainReply
 from federation.errors import FederationError
+from federation.flat import FlatSpec, flatten, unflatten
 from federation.strategies.common import (
     StrategyContext,
     cap_example_weights,

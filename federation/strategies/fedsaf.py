@@ -37,19 +37,11 @@ from typing import Any
 
 import torch
 
-from federation.aggregation import (
-    AmpAggregate,
-    FlatSpec,
-    StackBuffer,
-    amp_aggregate,
-    check_amp_settings,
-    fisher_weights,
-    off_diagonal_mass,
-    unflatten,
-)
+from federation.aggregation import AmpAggregate, amp_aggregate, check_amp_settings, fisher_weights, off_diagonal_mass
 from federation.config import RunConfig
 from federation.contract import Recipe, TensorDict, TrainInstruction, TrainReply
 from federation.errors import FederationError
+from federation.flat import FlatSpec, StackBuffer, unflatten
 from federation.runs import finite_or_none
 from federation.strategies.common import StrategyContext, fisher_traces, recipe_from_config, shared_nhead
 from models import create_model

@@ -20,10 +20,11 @@ from typing import Any
 
 import torch
 
-from federation.aggregation import FlatSpec, flatten, precision_weighted_sum, unflatten, weighted_sum
+from federation.aggregation import precision_weighted_sum, weighted_sum
 from federation.config import RunConfig
 from federation.contract import Recipe, TrainReply
 from federation.errors import FederationError
+from federation.flat import FlatSpec, flatten, unflatten
 from federation.strategies.common import StrategyContext, example_weights, recipe_from_config, resolved_nhead
 from federation.strategies.fedavg import Averaging
 from federation.strategies.fedsaf import trainable_keys

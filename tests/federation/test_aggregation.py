@@ -11,19 +11,17 @@ import pytest
 import torch
 
 from federation.aggregation import (
-    FlatSpec,
     amp_coefficients,
     check_amp_settings,
     fisher_intermediate,
     fisher_weights,
-    flatten,
     mix,
     off_diagonal_mass,
     pairwise_distances,
-    unflatten,
     weighted_sum,
 )
 from federation.errors import FederationError
+from federation.flat import FlatSpec, flatten, unflatten
 
 # rho_1, rho_2, rho_3: the three clients' shared vectors from the previous round.
 RHO = torch.tensor(

@@ -14,18 +14,9 @@ import math
 import pytest
 import torch
 
-from federation.aggregation import (
-    FlatSpec,
-    StackBuffer,
-    amp_aggregate,
-    amp_coefficients,
-    fisher_intermediate,
-    flatten,
-    mix,
-    pairwise_distances,
-    unflatten,
-)
+from federation.aggregation import amp_aggregate, amp_coefficients, fisher_intermediate, mix, pairwise_distances
 from federation.contract import Recipe, TrainReply
+from federation.flat import FlatSpec, StackBuffer, flatten, unflatten
 from federation.strategies.common import StrategyContext
 from federation.strategies.fedsaf import AmpSettings, AttentiveStrategy
 
