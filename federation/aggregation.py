@@ -385,21 +385,31 @@ def off_diagonal_mass(xi: torch.Tensor) -> float:
     return float((xi.sum() - xi.diagonal().sum()) / m)
 
 
+def _check_traces(traces: Sequence[float] | torch.Tensor, caller: str, remedy: str = "") -> torch.Tensor:
+    """The clients' Fisher traces (``tFIM_i`` of Eq. 12-15; paper 000's ``alpha_i``) as a flat float64 tensor.
+
+    Refuses an empty list (a ``ValueError`` naming ``caller``) and a negative or non-finite trace (a
+    ``FederationError`` naming the clients, then ``remedy``: what else the caller's user can do about it).
+    """
+    t = torch.as_tensor(traces, dtype=torch.float64).flatten()
+    if t.numel() == 0:
+        raise ValueError(f"{caller} needs at least one client's Fisher trace")
+    bad = [i for i, v in enumerate(t.tolist()) if not (math.isfinite(v) and v >= 0.0)]
+    if bad:
+        raise FederationError(
+            f"Fisher traces must be finite and >= 0; client(s) {bad} reported {[t[i].item() for i in bad]} "
+            f"(check that the client computes fisher_trace on finite logits{remedy})"
+        )
+    return t
+
+
 def fisher_weights(traces: Sequence[float] | torch.Tensor) -> torch.Tensor:
     """``gamma_i = tFIM_i / sum_n tFIM_n`` (Eq. 14) as a float64 vector summing to 1.
 
     Traces must be finite and non-negative. If every trace is 0 (no client has any gradient signal) the
     weights fall back to uniform, since Eq. 14 is then undefined.
     """
-    t = torch.as_tensor(traces, dtype=torch.float64).flatten()
-    if t.numel() == 0:
-        raise ValueError("fisher_weights needs at least one client's Fisher trace")
-    bad = [i for i, v in enumerate(t.tolist()) if not (math.isfinite(v) and v >= 0.0)]
-    if bad:
-        raise FederationError(
-            f"Fisher traces must be finite and >= 0; client(s) {bad} reported {[t[i].item() for i in bad]} "
-            "(check that the client computes fisher_trace on finite logits, or switch fedsaf.fim off)"
-        )
+    t = _check_traces(traces, "fisher_weights", remedy=", or switch fedsaf.fim off")
     total = t.sum()
     if total <= 0:
         return torch.full_like(t, 1.0 / t.numel())
@@ -494,19 +504,6 @@ def mix(vectors: torch.Tensor, coefficients: torch.Tensor) -> torch.Tensor:
 # --- Seed methods (papers 000, 002, 003, 004; ../shared/reference/seed-methods.md) -------------------------------
 
 
-def _check_traces(traces: Sequence[float] | torch.Tensor) -> torch.Tensor:
-    t = torch.as_tensor(traces, dtype=torch.float64).flatten()
-    if t.numel() == 0:
-        raise ValueError("needs at least one client's Fisher trace")
-    bad = [i for i, v in enumerate(t.tolist()) if not (math.isfinite(v) and v >= 0.0)]
-    if bad:
-        raise FederationError(
-            f"Fisher traces must be finite and >= 0; client(s) {bad} reported {[t[i].item() for i in bad]} "
-            "(check that the client computes fisher_trace on finite logits)"
-        )
-    return t
-
-
 def depthwise_top_counts(num_layers: int, num_clients: int, reverse: bool = False) -> list[int]:
     """``M_j`` for ``j = 1 .. N`` (input side first): paper 000, Eq. 1, ``M_j = ceil(j / N * M)``.
 
@@ -538,7 +535,7 @@ def depthwise_fisher_weights(
     Raises ``FederationError`` for a negative or non-finite trace, and when a layer's selected clients all
     have trace 0 (Eq. 2 is then undefined: no selected client carries any gradient signal).
     """
-    t = _check_traces(traces)
+    t = _check_traces(traces, "depthwise_fisher_weights")
     m = t.numel()
     counts = depthwise_top_counts(num_layers, m, reverse)
     # Descending trace, ties by ascending client index: a stable sort of the negated traces.
