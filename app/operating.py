@@ -21,12 +21,10 @@ from app.dashboard.errors import DashboardError
 from app.dashboard.evaluation import threshold_for_sensitivity
 from app.dashboard.runs import read_prediction_file
 from app.slide_view import CARD_FILE
-from federation.runfiles import hospital_dir
+from federation.runfiles import PREDICTIONS_FILE, hospital_dir
 
 if TYPE_CHECKING:
     from models.bundle import ModelCard
-
-PREDICTIONS_FILE = "predictions.csv"
 
 
 def hospital_folder(run: Path, hospital: int) -> Path:

@@ -31,7 +31,6 @@ so bad input leaves no partial output.
 from __future__ import annotations
 
 import base64
-import csv
 import html
 import io
 import json
@@ -49,8 +48,19 @@ import numpy.typing as npt
 import pandas as pd
 
 from app import slide_view
+from federation import runfiles
 from federation.jsonl import scan_jsonl
-from federation.runfiles import hospital_dir, hospital_files, hospital_index, hospital_name
+from federation.runfiles import (
+    CONFIG_FILE,
+    METRICS_FILE,
+    PREDICTIONS_FILE,
+    REPORT_HTML,
+    SUMMARY_FILE,
+    hospital_dir,
+    hospital_files,
+    hospital_index,
+    hospital_name,
+)
 from infra.outputs import (
     OutputError,
     PathOutsideError,
@@ -64,12 +74,12 @@ from infra.provenance import intended_use
 from models.decision import interval_text, slide_of_tile, slide_stem
 
 COMMAND = "report"
-HOSPITAL_REPORT = "report.html"  # in the hospital's own folder, beside its predictions.csv
+HOSPITAL_REPORT = REPORT_HTML  # in the hospital's own folder, beside its predictions.csv
 EXAMPLES_PER_GROUP = 4
 TARGET_SENSITIVITY = 0.9  # the Hospital page's default target
 HEATMAPS_SHOWN = 3
 HEATMAP_MAX_SIDE = 720
-LABELS = ("normal", "abnormal")
+CLASS_NAMES = runfiles.BINARY_CLASSES
 # Okabe & Ito (2008), "Color Universal Design": distinguishable with every common colour-vision deficiency.
 OKABE_ITO = {"blue": "#0072B2", "vermillion": "#D55E00", "grey": "#999999", "green": "#009E73", "orange": "#E69F00"}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -103,7 +113,7 @@ class ReportError(ValueError):
 
 def hospital_folders(run: Path) -> dict[int, Path]:
     """Hospital index -> folder, for each hospital of ``run`` with a ``predictions.csv``."""
-    return {hospital_index(p.parent.name): p.parent for p in hospital_files(run, "predictions.csv")}
+    return {hospital_index(p.parent.name): p.parent for p in hospital_files(run, PREDICTIONS_FILE)}
 
 
 def _client(hospital: int | str) -> int:
@@ -126,45 +136,18 @@ class Predictions:
 
 
 def read_predictions(path: Path) -> Predictions:
-    """``predictions.csv`` (client, path, label, prob_abnormal[, round]); `ReportError` naming the line if damaged."""
+    """A hospital's ``predictions.csv`` read by `federation.runfiles.read_predictions`, as arrays; `ReportError`
+    naming the file (and line) and what to do if it is missing, damaged, made for another task or empty."""
     try:
-        with path.open(newline="", encoding="utf-8") as handle:
-            reader = csv.DictReader(handle)
-            missing = {"path", "label", "prob_abnormal"} - set(reader.fieldnames or ())
-            if missing:
-                raise ReportError(
-                    f"{path} lacks the column(s) {sorted(missing)}; it is written by gastric-fl train after each "
-                    "round: resume or rerun the run"
-                )
-            paths, labels, probs, rounds = [], [], [], []
-            for number, row in enumerate(reader, start=2):
-                label = str(row.get("label", "")).strip()
-                try:
-                    value = float(row["prob_abnormal"])
-                    index = LABELS.index(label) if label in LABELS else int(label)
-                except (TypeError, ValueError):
-                    raise ReportError(
-                        f"{path}, line {number}: label {label!r} / prob_abnormal {row.get('prob_abnormal')!r} "
-                        "is not readable; rerun the run to write the file anew"
-                    ) from None
-                if index not in (0, 1) or not (math.isfinite(value) and 0.0 <= value <= 1.0):
-                    raise ReportError(
-                        f"{path}, line {number}: label must be normal/abnormal and prob_abnormal in [0, 1]; "
-                        "rerun the run to write the file anew"
-                    )
-                paths.append(str(row["path"]))
-                labels.append(index)
-                probs.append(value)
-                if row.get("round"):
-                    rounds.append(int(float(row["round"])))
-    except FileNotFoundError:
-        raise ReportError(f"{path} does not exist: the hospital has no test predictions yet") from None
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise ReportError(f"{path} is not a readable CSV file ({exc}); rerun the run to write it anew") from None
-    if not paths:
+        found = runfiles.read_predictions(path)
+    except runfiles.PredictionsError as exc:
+        if not exc.damaged and not path.is_file():
+            raise ReportError(f"{path} does not exist: the hospital has no test predictions yet") from None
+        raise ReportError(f"{exc}; rerun the run to write the file anew") from None
+    if not found.paths:
         raise ReportError(f"{path} holds no test tiles; the hospital's test split is empty")
     return Predictions(
-        tuple(paths), np.asarray(labels, dtype=np.int64), np.asarray(probs, np.float64), max(rounds, default=None)
+        found.paths, np.asarray(found.labels, dtype=np.int64), np.asarray(found.probs, np.float64), found.round
     )
 
 
@@ -200,7 +183,7 @@ class HospitalReport:
 def load_hospital(run: Path, hospital: int | str) -> HospitalReport:
     """Read what the report of ``hospital`` in ``run`` needs; `ReportError` (one line) for anything unusable."""
     client = _client(hospital)
-    config_path = run / "config.toml"
+    config_path = run / CONFIG_FILE
     if not run.is_dir():
         raise ReportError(f"run directory {run} does not exist: give a folder made by gastric-fl train")
     try:
@@ -218,12 +201,12 @@ def load_hospital(run: Path, hospital: int | str) -> HospitalReport:
     if not folder.is_dir():
         known = ", ".join(str(c) for c in hospital_folders(run)) or "none"
         raise ReportError(f"{folder} does not exist: hospital {client} is not part of this run (hospitals: {known})")
-    predictions = read_predictions(folder / "predictions.csv")
-    summary = _json_file(run / "summary.json", "the run rewrites it at the next round; rerun or resume the run")
+    predictions = read_predictions(folder / PREDICTIONS_FILE)
+    summary = _json_file(run / SUMMARY_FILE, "the run rewrites it at the next round; rerun or resume the run")
     card = _json_file(folder / slide_view.CARD_FILE, "train the run again (or resume it) to export the model anew")
     notes: list[str] = []
     threshold = 0.5
-    classes = card.get("class_names") or list(LABELS)
+    classes = card.get("class_names") or list(CLASS_NAMES)
     if card and (len(classes) != 2 or card.get("positive_class", "abnormal") not in classes):
         raise ReportError(
             f"{folder / slide_view.CARD_FILE}: the model tells {len(classes)} classes; the HTML report reads "
@@ -236,7 +219,7 @@ def load_hospital(run: Path, hospital: int | str) -> HospitalReport:
         threshold = float(value)
     else:
         notes.append(f"{folder / slide_view.CARD_FILE} is missing (a run made before model export): threshold 0.5.")
-    scan = scan_jsonl(run / "metrics.jsonl")
+    scan = scan_jsonl(run / METRICS_FILE)
     notes += [f"{bad}; the record is left out." for bad in scan.damaged]
     mine = [r for r in scan.records if r.get("client") == client and isinstance(r.get("round"), int)]
     engine = max(mine, key=lambda r: int(r["round"])) if mine else {}
@@ -449,7 +432,7 @@ def _slide_table(rep: HospitalReport, m: dict[str, Any]) -> str:
             names[key] = slide_stem(path)
     called = slides.called(rep.threshold)
     rows = "".join(
-        f'<tr><td>{_e(names.get(key, key))}</td><td>{LABELS[int(label)]}</td><td class="num">{int(tiles)}</td>'
+        f'<tr><td>{_e(names.get(key, key))}</td><td>{CLASS_NAMES[int(label)]}</td><td class="num">{int(tiles)}</td>'
         f'<td class="num">{score:.3f}</td><td>{"abnormal" if call else "normal"}</td>'
         f"<td>{'right' if bool(call) == bool(label) else 'WRONG'}</td></tr>"
         for key, label, tiles, score, call in zip(
@@ -571,7 +554,7 @@ def _examples(rep: HospitalReport, dataset: Path | None) -> str:
         figures = []
         for k in index:
             png = _tile_png(dataset, paths[k])
-            truth = LABELS[int(labels[k])]
+            truth = CLASS_NAMES[int(labels[k])]
             caption = f"P(abnormal) {probs[k]:.3f} · truly {truth}"
             if png is None:
                 figures.append(f'<p class="note">{_e(paths[k])} is missing</p>')

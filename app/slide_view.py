@@ -47,12 +47,12 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
+from federation.runfiles import MODEL_CARD_FILE as CARD_FILE
 from federation.runfiles import hospital_files, hospital_index
 from infra import outputs
+from infra.provenance import PREPARE_RECORD as PREPARE_FILE
 from pipeline.images import DEFAULT_MAX_PIXELS, check_max_pixels, check_pixels
 
-CARD_FILE = "model.json"
-PREPARE_FILE = "prepare.json"
 SLIDES_DIR = "slides"
 DISPLAY_MAX = 1280
 VIEW_FILES = ("slide.png", "heat.png", "view.json")

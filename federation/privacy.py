@@ -32,10 +32,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from federation.runfiles import ACCOUNTANT_FILE as ACCOUNTANT_FILE  # named with the run's other files
+
 if TYPE_CHECKING:
     from federation.contract import Recipe
 
-ACCOUNTANT_FILE = "privacy.json"
 ACCOUNTANT_NAME = "opacus RDPAccountant"
 CLIP_EPSILON = 1e-6  # Opacus adds it to the norm before dividing
 

@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from federation.runfiles import PROGRESS_FILE as PROGRESS_FILE  # named with the run's other files
 from infra.outputs import write_atomic
 
-PROGRESS_FILE = "progress.json"
 PHASES = ("training", "aggregating", "evaluating")
 
 

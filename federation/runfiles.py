@@ -1,18 +1,88 @@
-"""The names of a run directory's hospital folders, in one place (data/README.md section 3; torch-free).
+"""A run directory's layout and the torch-free readers of its files, in one place (data/README.md section 3).
 
-A run keeps each in-process hospital's files in ``<run>/hospitals/client_XX/`` (two digits: the hospital's index in
-the federation); a deployed hospital's kit and folder carry the same name. Everything that builds, lists or parses
-such a folder uses these: `hospital_dir`, `HOSPITAL_GLOB` (``client_[0-9][0-9]``), `hospital_name`,
-`hospital_index`.
+Every name a run directory holds is defined here, and everything that writes, lists or reads a run (the engine,
+the hospitals, ``gastric-fl report``, the ablation, the HTML report, the dashboard) takes it from here:
+
+- the server's files: `CONFIG_FILE`, `METRICS_FILE` (one `MetricsLine` per round and hospital), `AGGREGATION_FILE`,
+  `SUMMARY_FILE`, `AUDIT_FILE` (``run.audit``), `PROGRESS_FILE`, `CHECKPOINT_DIR`;
+- what ``gastric-fl report`` writes into a run (`REPORT_DIR`, `REPORT_FILES`);
+- each in-process hospital's folder ``<run>/hospitals/client_XX/`` (two digits: the hospital's index in the
+  federation; a deployed hospital's kit and folder carry the same name): `hospital_dir`, `HOSPITAL_GLOB`
+  (``client_[0-9][0-9]``), `hospital_name`, `hospital_index`, `hospital_files`; and what a hospital keeps there
+  (`HOSPITAL_FILE`, `PREDICTIONS_FILE` with `PREDICTION_COLUMNS`, `OUTBOUND_FILE`, `ACCOUNTANT_FILE`,
+  `MODEL_WEIGHTS_FILE` and `MODEL_CARD_FILE`, the exported model's files, and `SLIDES_DIR`);
+- one reader of a hospital's ``predictions.csv`` (`read_predictions`), whose errors name the file and line.
+
+Standard library only, so that the readers of run files (the dashboard polls a live run) do not wait for torch.
 """
 
 from __future__ import annotations
 
+import csv
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NotRequired, TypedDict
 
+# -- the server's files ---------------------------------------------------------------------------------------------
+CONFIG_FILE = "config.toml"  # the resolved configuration (federation.config)
+METRICS_FILE = "metrics.jsonl"  # one MetricsLine per round x evaluated hospital
+AGGREGATION_FILE = "aggregation.jsonl"  # one line per round: what the strategy decided (xi, gamma, ...)
+SUMMARY_FILE = "summary.json"  # running / finished / failed / stopped, and the run's figures
+AUDIT_FILE = "messages.jsonl"  # what crossed the hospital boundary (run.audit; federation.engine.audit)
+PROGRESS_FILE = "progress.json"  # the round under way, for the dashboard's progress bar (federation.progress)
+CHECKPOINT_DIR = "checkpoints"  # the server's per-round checkpoints; a hospital's own, in its folder
+
+# -- what `gastric-fl report` writes (into the run, or into REPORT_DIR beside it) -----------------------------------
+REPORT_DIR = "report"
+REPORT_MD = "report.md"
+REPORT_CSV = "report.csv"
+HOSPITALS_CSV = "hospitals.csv"
+ACCURACY_PNG = "accuracy.png"
+REPORT_FILES = (REPORT_MD, REPORT_CSV, HOSPITALS_CSV, ACCURACY_PNG)
+
+# -- a hospital's folder ---------------------------------------------------------------------------------------------
 HOSPITALS_DIR = "hospitals"
 HOSPITAL_PREFIX = "client_"
 HOSPITAL_GLOB = "client_[0-9][0-9]"
+HOSPITAL_FILE = "hospital.json"  # the hospital's own record of the run (federation.engine.hospital)
+PREDICTIONS_FILE = "predictions.csv"  # its test tiles' probabilities, rewritten after each round
+OUTBOUND_FILE = "outbound.jsonl"  # what left the hospital (federation.engine.outbound)
+ACCOUNTANT_FILE = "privacy.json"  # its differential-privacy ledger (federation.privacy)
+MODEL_WEIGHTS_FILE = "model.safetensors"  # the exported model (models.bundle)
+MODEL_CARD_FILE = "model.json"  # its model card (models.bundle)
+REPORT_HTML = "report.html"  # gastric-fl report --html (app.report_html)
+SLIDES_DIR = "slides"  # slides scored with the hospital's model (app.slide_view)
+PREDICTION_COLUMNS = ("client", "path", "label", "prob_abnormal", "round")
+BINARY_CLASSES = ("normal", "abnormal")
+
+
+class MetricsLine(TypedDict):
+    """One line of ``metrics.jsonl``: one hospital's round (``federation.engine.rounds.RoundRecord.metrics_lines``).
+
+    Losses, accuracy, AUC and the Fisher trace are ``None`` where not finite or not measured (JSON has no NaN);
+    ``values_sent`` / ``values_received`` count the tensor values that crossed the boundary for this hospital;
+    ``trained``: whether its training reply was used this round (else it was only evaluated). The
+    differential-privacy fields appear only in runs with ``[privacy]`` (federation.privacy).
+    """
+
+    round: int
+    client: int
+    train_loss: float | None
+    test_loss: float | None
+    test_acc: float | None
+    test_auc: float | None
+    fisher_trace: float | None
+    values_sent: int
+    values_received: int
+    seconds: float
+    num_train: int
+    num_test: int
+    trained: bool
+    dp_epsilon: NotRequired[float | None]
+    dp_delta: NotRequired[float | None]
+    dp_steps: NotRequired[float | None]
 
 
 def hospital_name(client: int) -> str:
@@ -35,3 +105,106 @@ def hospital_index(name: str) -> int:
 def hospital_files(run: Path, name: str) -> list[Path]:
     """``<run>/hospitals/client_XX/<name>`` for every hospital folder of ``run`` that holds it, by index."""
     return sorted((run / HOSPITALS_DIR).glob(f"{HOSPITAL_GLOB}/{name}"))
+
+
+def prediction_columns(classes: Sequence[str]) -> tuple[str, ...]:
+    """``predictions.csv``'s columns for a dataset's ``classes``: ``PREDICTION_COLUMNS`` for the binary task
+    (``normal``, ``abnormal``); otherwise ``client, path, label``, ``prob_<class>`` per class in class-index
+    order, ``round``."""
+    if tuple(classes) == BINARY_CLASSES:
+        return PREDICTION_COLUMNS
+    return ("client", "path", "label", *(f"prob_{c}" for c in classes), "round")
+
+
+class PredictionsError(ValueError):
+    """A ``predictions.csv`` that cannot be read as a binary task's predictions: the message names the file (and
+    line) and what is wrong; ``damaged`` is false for a missing file or one made for another task, true for a file
+    whose content is unreadable. Readers add what to do (`read_predictions`)."""
+
+    def __init__(self, message: str, *, damaged: bool) -> None:
+        super().__init__(message)
+        self.damaged = damaged
+
+
+@dataclass(frozen=True)
+class HospitalPredictions:
+    """One hospital's ``predictions.csv`` (binary task): per test tile its dataset-relative path, label (1 =
+    abnormal) and P(abnormal), the hospital index and the round the file was written after (``None``: not said)."""
+
+    client: int | None
+    paths: tuple[str, ...]
+    labels: tuple[int, ...]
+    probs: tuple[float, ...]
+    round: int | None
+
+
+_LABEL_VALUES = {"normal": 0, "abnormal": 1, "0": 0, "1": 1}
+
+
+def _number(text: str | None) -> float:
+    value = float(str(text).strip())
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return value
+
+
+def read_predictions(path: Path) -> HospitalPredictions:
+    """A hospital's ``predictions.csv`` (``client, path, label, prob_abnormal[, round]``; label ``normal`` /
+    ``abnormal`` or 0 / 1) as `HospitalPredictions`; `PredictionsError` naming the file (and line) for a missing,
+    multi-class or damaged file, or one holding several hospitals."""
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            reader = csv.DictReader(handle)
+            columns = list(reader.fieldnames or ())
+            if "prob_abnormal" not in columns:
+                classes = [c.removeprefix("prob_") for c in columns if c.startswith("prob_")]
+                if classes:
+                    raise PredictionsError(
+                        f"{path} holds a {len(classes)}-class model's predictions ({', '.join(classes)}), not the "
+                        "normal / abnormal task",
+                        damaged=False,
+                    )
+            missing = [c for c in ("client", "path", "label", "prob_abnormal") if c not in columns]
+            if missing:
+                raise PredictionsError(f"{path} lacks the column(s) {', '.join(missing)}", damaged=True)
+            clients: set[int] = set()
+            paths: list[str] = []
+            labels: list[int] = []
+            probs: list[float] = []
+            rounds: list[int] = []
+            for number, row in enumerate(reader, start=2):
+                where = f"{path}, line {number}"
+                label = _LABEL_VALUES.get(str(row.get("label", "")).strip())
+                if label is None:
+                    raise PredictionsError(f"{where}: label must be normal/abnormal or 0/1", damaged=True)
+                try:
+                    prob = _number(row.get("prob_abnormal"))
+                    client = _number(row.get("client"))
+                except (TypeError, ValueError):
+                    raise PredictionsError(f"{where}: client and prob_abnormal must be numbers", damaged=True) from None
+                if not 0.0 <= prob <= 1.0 or client != int(client):
+                    raise PredictionsError(
+                        f"{where}: prob_abnormal must be between 0 and 1 and client a hospital number", damaged=True
+                    )
+                clients.add(int(client))
+                paths.append(str(row.get("path") or ""))
+                labels.append(label)
+                probs.append(prob)
+                if row.get("round"):
+                    try:
+                        rounds.append(int(_number(row["round"])))
+                    except ValueError:
+                        raise PredictionsError(f"{where}: round must be a number", damaged=True) from None
+    except FileNotFoundError:
+        raise PredictionsError(f"{path} does not exist", damaged=False) from None
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise PredictionsError(f"{path} cannot be read ({exc})", damaged=True) from None
+    if len(clients) > 1:
+        raise PredictionsError(f"{path}: client must be one hospital number, found {sorted(clients)}", damaged=True)
+    return HospitalPredictions(
+        client=next(iter(clients), None),
+        paths=tuple(paths),
+        labels=tuple(labels),
+        probs=tuple(probs),
+        round=max(rounds) if rounds else None,
+    )

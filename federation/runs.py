@@ -34,7 +34,45 @@ from typing import TYPE_CHECKING, Any
 
 from federation.errors import FederationError
 from federation.jsonl import DamagedLine, scan_jsonl
-from federation.runfiles import HOSPITAL_GLOB, HOSPITALS_DIR
+from federation.runfiles import (  # re-exported: the run files' names live in federation.runfiles
+    ACCOUNTANT_FILE,
+    AUDIT_FILE,
+    HOSPITAL_FILE,
+    HOSPITAL_GLOB,
+    HOSPITALS_DIR,
+    MODEL_CARD_FILE,
+    MODEL_WEIGHTS_FILE,
+    OUTBOUND_FILE,
+    PROGRESS_FILE,
+    REPORT_DIR,
+    REPORT_FILES,
+    REPORT_HTML,
+    SLIDES_DIR,
+)
+from federation.runfiles import (
+    AGGREGATION_FILE as AGGREGATION_FILE,
+)
+from federation.runfiles import (
+    CHECKPOINT_DIR as CHECKPOINT_DIR,
+)
+from federation.runfiles import (
+    CONFIG_FILE as CONFIG_FILE,
+)
+from federation.runfiles import (
+    METRICS_FILE as METRICS_FILE,
+)
+from federation.runfiles import (
+    PREDICTION_COLUMNS as PREDICTION_COLUMNS,
+)
+from federation.runfiles import (
+    PREDICTIONS_FILE as PREDICTIONS_FILE,
+)
+from federation.runfiles import (
+    SUMMARY_FILE as SUMMARY_FILE,
+)
+from federation.runfiles import (
+    prediction_columns as prediction_columns,
+)
 from infra.outputs import OutputError, atomic_target, check_replaceable, owned_by, write_atomic, write_marker
 from infra.pids import same_process
 
@@ -43,46 +81,36 @@ if TYPE_CHECKING:
 
     from federation.contract import TensorDict
 
-CONFIG_FILE = "config.toml"
-METRICS_FILE = "metrics.jsonl"
-AGGREGATION_FILE = "aggregation.jsonl"
-SUMMARY_FILE = "summary.json"
-PREDICTIONS_FILE = "predictions.csv"  # in each hospital's folder (federation.engine.hospital)
-CHECKPOINT_DIR = "checkpoints"
-PREDICTION_COLUMNS = ("client", "path", "label", "prob_abnormal", "round")
 OWNER = "train"  # the command named in a run directory's ownership marker
 
 # Everything a run directory may hold (fnmatch over relative paths, folders end with "/"): the server's files, the
-# audit log (federation.engine.audit), the in-process hospitals' folders (federation.engine.hospital), what
-# `gastric-fl report` and `gastric-fl ablate` write into a run, and the hidden temp files of atomic writes.
-_SERVER_FILES = (CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, AGGREGATION_FILE, "messages.jsonl", "progress.json")
-_REPORT_FILES = ("report.md", "report.csv", "hospitals.csv", "accuracy.png")
+# audit log, the in-process hospitals' folders, what `gastric-fl report` and `gastric-fl ablate` write into a run,
+# and the hidden temp files of atomic writes (names: federation.runfiles).
+_SERVER_FILES = (CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, AGGREGATION_FILE, AUDIT_FILE, PROGRESS_FILE)
+_REPORT_FILES = REPORT_FILES
 _HOSPITAL = f"{HOSPITALS_DIR}/{HOSPITAL_GLOB}"
-# model.*: models.bundle; report.html: gastric-fl report --html (app.report_html), hospital data like predictions.csv
-# outbound.jsonl: the hospital's record of what left it (federation.engine.outbound); privacy.json: its privacy ledger
-# (federation.privacy.ACCOUNTANT_FILE, named here without importing torch)
 _HOSPITAL_FILES = (
-    "hospital.json",
+    HOSPITAL_FILE,
     PREDICTIONS_FILE,
-    "model.safetensors",
-    "model.json",
-    "report.html",
-    "outbound.jsonl",
-    "privacy.json",
+    MODEL_WEIGHTS_FILE,
+    MODEL_CARD_FILE,
+    REPORT_HTML,
+    OUTBOUND_FILE,
+    ACCOUNTANT_FILE,
 )
 RUN_PATTERNS: tuple[str, ...] = (
     *_SERVER_FILES,
     *(f".{name}.*" for name in _SERVER_FILES),
     *_REPORT_FILES,
     *(f".{name}.*" for name in _REPORT_FILES),
-    "report/",
-    *(f"report/{name}" for name in _REPORT_FILES),
-    *(f"report/.{name}.*" for name in _REPORT_FILES),
+    f"{REPORT_DIR}/",
+    *(f"{REPORT_DIR}/{name}" for name in _REPORT_FILES),
+    *(f"{REPORT_DIR}/.{name}.*" for name in _REPORT_FILES),
     f"{CHECKPOINT_DIR}/",
     f"{CHECKPOINT_DIR}/round_[0-9][0-9][0-9][0-9].safetensors",
     f"{CHECKPOINT_DIR}/round_[0-9][0-9][0-9][0-9].json",
     f"{CHECKPOINT_DIR}/.round_*",
-    "hospitals/",
+    f"{HOSPITALS_DIR}/",
     f"{_HOSPITAL}/",
     *(f"{_HOSPITAL}/{name}" for name in _HOSPITAL_FILES),
     *(f"{_HOSPITAL}/.{name}.*" for name in _HOSPITAL_FILES),
@@ -90,8 +118,8 @@ RUN_PATTERNS: tuple[str, ...] = (
     f"{_HOSPITAL}/{CHECKPOINT_DIR}/round_[0-9][0-9][0-9][0-9].safetensors",
     f"{_HOSPITAL}/{CHECKPOINT_DIR}/.round_*",
     # slides scored with the hospital's model for the dashboard's Slide page and the HTML report (app.slide_view)
-    f"{_HOSPITAL}/slides/",
-    f"{_HOSPITAL}/slides/*",
+    f"{_HOSPITAL}/{SLIDES_DIR}/",
+    f"{_HOSPITAL}/{SLIDES_DIR}/*",
 )
 
 _STRATEGY = "strategy"
@@ -155,15 +183,6 @@ def keep_rounds(path: Path, last_round: int) -> tuple[DamagedLine, ...]:
     kept = [r for r in scan.records if int(r.get("round", 0)) <= last_round]
     atomic_write_text(path, "".join(json.dumps(r, allow_nan=False) + "\n" for r in kept))
     return scan.damaged
-
-
-def prediction_columns(classes: Sequence[str]) -> tuple[str, ...]:
-    """``predictions.csv``'s columns for a dataset's ``classes``: ``PREDICTION_COLUMNS`` for the binary task
-    (``normal``, ``abnormal``); otherwise ``client, path, label``, ``prob_<class>`` per class in class-index
-    order, ``round``."""
-    if tuple(classes) == ("normal", "abnormal"):
-        return PREDICTION_COLUMNS
-    return ("client", "path", "label", *(f"prob_{c}" for c in classes), "round")
 
 
 def write_predictions(path: Path, rows: Iterable[Sequence[Any]], columns: Sequence[str] = PREDICTION_COLUMNS) -> None:

@@ -53,7 +53,7 @@ from infra.outputs import (
     read_marker,
     write_marker,
 )
-from infra.provenance import synthetic_source
+from infra.provenance import PREPARE_RECORD, synthetic_source
 from pipeline.config import PrepareConfig, validate_config
 from pipeline.errors import PipelineError
 from pipeline.images import encode_png
@@ -516,7 +516,7 @@ def _prepare_claimed(config: PrepareConfig, started: float) -> PrepareResult:
 
         slides_per_client = {p.client: sum(1 for j in jobs if j.client == p.client) for p in plans}
         record = _provenance(config, plans, jobs, per_slide, ratios, counts, skipped, warnings, rows, pixel_digests)
-        (staging / "prepare.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        (staging / PREPARE_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
         settings = {
             "format": config.source.format,

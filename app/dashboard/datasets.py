@@ -16,6 +16,7 @@ import pandas as pd
 from PIL import Image
 
 from app.dashboard.errors import DashboardError
+from infra.provenance import PREPARE_RECORD
 from pipeline.config import LABELS
 from pipeline.prepare import MANIFEST_COLUMNS
 
@@ -86,7 +87,7 @@ def load_manifest(dataset: Path) -> pd.DataFrame:
 
 def load_prepare_json(dataset: Path) -> dict[str, Any]:
     """The resolved preparation record, or ``{}`` when the dataset has none (the manifest alone is enough)."""
-    path = dataset / "prepare.json"
+    path = dataset / PREPARE_RECORD
     if not path.is_file():
         return {}
     try:

@@ -20,8 +20,8 @@ import torch
 
 from federation.data import CLASS_NAME
 from federation.engine.codec import Envelope, envelope_digest
+from federation.runfiles import AUDIT_FILE as AUDIT_FILE  # named with the run's other files
 
-AUDIT_FILE = "messages.jsonl"
 # Header fields a hospital may send: identity, counts, scalar metrics, timing, a failure's one-line reason, and
 # its dataset's class names (``HelloReply.classes``: plain names only, `CLASS_NAME`).
 REPLY_FIELDS = frozenset(

@@ -36,13 +36,12 @@ from federation.config import RunConfig
 from federation.data import LABELS
 from federation.runs import now_iso
 from federation.strategies import default_nhead
+from infra.provenance import PREPARE_RECORD as PREPARE_FILE
 from infra.provenance import dataset_is_synthetic, intended_use
 from models import split_units
 from models.bundle import DEFAULT_THRESHOLD, ModelCard, TileGrid, decision_counts
 from models.decision import slides_of_tiles, uncertainty
 from models.preprocess import Preprocess
-
-PREPARE_FILE = "prepare.json"
 
 
 def _prepare_record(dataset: Path, client: int) -> tuple[dict[str, Any], dict[str, Any]] | None:

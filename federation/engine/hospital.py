@@ -70,18 +70,16 @@ from federation.engine.policy import (
 )
 from federation.errors import Diverged, FederationError, Interrupted, first_line
 from federation.privacy import ACCOUNTANT_FILE, ACCOUNTANT_NAME, Accountant, load_accountant, planned_dp_steps
+from federation.runfiles import CHECKPOINT_DIR, HOSPITAL_FILE, MODEL_CARD_FILE, hospital_dir
 from federation.runfiles import HOSPITALS_DIR as HOSPITALS_DIR  # re-exported: the old name
-from federation.runfiles import hospital_dir
+from federation.runfiles import MODEL_WEIGHTS_FILE as MODEL_FILE
 from federation.runs import PREDICTIONS_FILE, now_iso, prediction_columns, read_json, write_json, write_predictions
 from federation.strategies.common import resolved_nhead
 from infra.outputs import atomic_target, remove_entries, write_atomic
 from models import ModelError, create_model, head_keys, split_units
 
-HOSPITAL_FILE = "hospital.json"
-CHECKPOINT_DIR = "checkpoints"
-MODEL_FILE = "model.safetensors"
 # Files and folders a hospital writes into its folder: the only ones it ever replaces or removes.
-OWN_ENTRIES = (HOSPITAL_FILE, CHECKPOINT_DIR, PREDICTIONS_FILE, MODEL_FILE, "model.json", ACCOUNTANT_FILE)
+OWN_ENTRIES = (HOSPITAL_FILE, CHECKPOINT_DIR, PREDICTIONS_FILE, MODEL_FILE, MODEL_CARD_FILE, ACCOUNTANT_FILE)
 TRAINED, EVALUATED = 1, 2  # stages of a round's checkpoint
 
 
@@ -285,7 +283,7 @@ class Hospital:
         """Remove the hidden temp files of this hospital's own writes that a ``kill -9`` left (``.<name>.*``)."""
         if not folder.is_dir():
             return
-        found = [p for name in {*OWN_ENTRIES, "model.json"} for p in folder.glob(f".{name}.*")]
+        found = [p for name in {*OWN_ENTRIES, MODEL_CARD_FILE} for p in folder.glob(f".{name}.*")]
         if (folder / CHECKPOINT_DIR).is_dir():
             found += (folder / CHECKPOINT_DIR).glob(".round_*")
         for path in found:

@@ -30,8 +30,8 @@ from typing import Any
 
 from federation.engine.codec import Envelope, envelope_digest
 from federation.errors import FederationError
+from federation.runfiles import OUTBOUND_FILE as OUTBOUND_FILE  # named with the run's other files
 
-OUTBOUND_FILE = "outbound.jsonl"
 GENESIS = "0" * 64
 REFUSED_PREFIX = "refused by "  # how a policy refusal's reason starts (federation.engine.policy)
 

@@ -33,6 +33,7 @@ from app import slide_view
 from app.dashboard import ui
 from app.dashboard.datasets import hospital_label
 from app.dashboard.runs import RunInfo
+from federation.runfiles import METRICS_FILE, PREDICTIONS_FILE
 from pipeline.errors import PipelineError
 
 CHART_HEIGHT = 490
@@ -351,7 +352,7 @@ def _test_slides_line(folder: Path, client: int, card: dict[str, Any]) -> None:
     from models.decision import slides_of_tiles
 
     try:
-        rows = read_prediction_file(folder / "predictions.csv")
+        rows = read_prediction_file(folder / PREDICTIONS_FILE)
     except DashboardError:
         return
     threshold = float(card.get("threshold", 0.5))
@@ -457,7 +458,7 @@ def _page() -> None:
 
     st.divider()
     try:
-        files = (folder / "predictions.csv", folder / slide_view.CARD_FILE, info.path / "metrics.jsonl")
+        files = (folder / PREDICTIONS_FILE, folder / slide_view.CARD_FILE, info.path / METRICS_FILE)
         stamp = (
             *(_stamp(f) for f in files),
             *(_stamp(e / "view" / "view.json") for e in slide_view.scored_entries(folder)),
