@@ -25,7 +25,7 @@ from federation.engine import local_sites, resolve_config
 from federation.engine.hospital import hospital_folder
 from federation.engine.policy import load_policy
 from federation.flower.kit import hospital_name, init_kit
-from federation.flower.processes import LocalDeployment, NodeSpec
+from federation.flower.local_deployment import LocalDeployment, NodeSpec
 from federation.flower.runner import run_config, submit_and_follow
 from models import check_input_size
 

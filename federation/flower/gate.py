@@ -14,7 +14,7 @@ request headers pass through (``underscores_in_headers on``) and the SuperLink c
 The operator controls runs from the server machine through the SuperLink's loopback address
 (``gastric-fl federation server`` prints it). nginx runs in the foreground (``daemon off``) in its own process
 group, with its configuration, pid file, logs and temporary files in the server's state folder, and is stopped
-with that group (``federation.flower.processes.FleetGate``).
+with that group (``federation.flower.fleet_gate.FleetGate``).
 """
 
 from __future__ import annotations

@@ -236,7 +236,7 @@ def add_hospital(kit_root: Path, name: str) -> HospitalBundle:
     """Add hospital ``name`` to an existing kit: a new key pair, its bundle, and its public key on the server side.
 
     The new hospital takes the next index. The SuperLink only accepts it once its public key is registered
-    (``flwr supernode register``; ``processes.FlwrCli.register_supernode``); nothing else changes for the others.
+    (``flwr supernode register``; ``flwr_cli.FlwrCli.register_supernode``); nothing else changes for the others.
     """
     kit = Kit.load(kit_root)
     (name,) = _check_names([name])

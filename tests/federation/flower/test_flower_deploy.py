@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from support.paths import REPO
 
 from federation.errors import FederationError
+from federation.flower.flwr_cli import register_hospitals
 from federation.flower.kit import (
     Kit,
     add_hospital,
@@ -37,13 +38,9 @@ from federation.flower.kit import (
     openssh_public,
     write_secret,
 )
-from federation.flower.processes import (
-    LocalDeployment,
-    NodeSpec,
-    SuperLink,
-    SuperNode,
-    register_hospitals,
-)
+from federation.flower.local_deployment import LocalDeployment, NodeSpec
+from federation.flower.superlink import SuperLink
+from federation.flower.supernode import SuperNode
 from infra.pids import group_members
 
 ECHO_APP = Path(__file__).parent / "flower_echo_app"
@@ -308,7 +305,7 @@ def test_sigterm_tears_down_the_superlink(tmp_path: Path) -> None:
         import json, time
         from pathlib import Path
         from federation.flower.kit import Kit
-        from federation.flower.processes import SuperLink
+        from federation.flower.superlink import SuperLink
         with SuperLink.from_kit(Kit.load(Path({str(kit.root)!r})), Path({str(tmp_path / "w")!r})) as link:
             print(json.dumps(sorted(link.groups)), flush=True)
             time.sleep(120)

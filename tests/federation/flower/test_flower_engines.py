@@ -29,7 +29,9 @@ from federation.config import load_config
 from federation.data import extract_hospital
 from federation.engine.audit import AUDIT_FILE
 from federation.flower.demo import run_demo
-from federation.flower.processes import FlwrCli, LocalDeployment, free_port
+from federation.flower.environment import free_port
+from federation.flower.flwr_cli import FlwrCli
+from federation.flower.local_deployment import LocalDeployment
 from federation.launch import train
 
 pytestmark = pytest.mark.slow

@@ -23,7 +23,7 @@ from federation.contract import EvaluateReply, EvaluateTask, Failure
 from federation.engine.codec import encode
 from federation.flower import apps, runner, waits
 from federation.flower.apps import to_record
-from federation.flower.processes import COMPLETED, FlwrCli
+from federation.flower.flwr_cli import COMPLETED, FlwrCli
 
 
 class Clock:

@@ -16,8 +16,8 @@ from typing import Any, cast
 import pytest
 
 from federation.errors import FederationError
+from federation.flower.flwr_cli import FlwrCli, register_hospitals
 from federation.flower.kit import Kit, add_hospital, init_kit
-from federation.flower.processes import FlwrCli, register_hospitals
 
 
 class FakeRegistry:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from federation.flower.environment import free_port
 from federation.flower.operator import listeners, operator_problem
-from federation.flower.processes import free_port
 
 GASTRIC_FL = Path(sys.executable).parent / "gastric-fl"
 
