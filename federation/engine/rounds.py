@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from federation.contract import EvaluateReply, TrainReply
+from federation.runfiles import MetricsLine
 from federation.runs import finite_or_none
 
 DP_METRICS = ("dp_epsilon", "dp_delta", "dp_steps")  # what a DP hospital reports (federation.privacy)
@@ -55,35 +56,40 @@ class RoundRecord:
         hospital that did not answer its training is probably down: it is not waited for again)."""
         return [c for c in clients if c not in self.evaluated and c not in self.silent]
 
-    def metrics_lines(self, clients: Iterable[int], counts: Mapping[int, int]) -> list[dict[str, Any]]:
-        """``metrics.jsonl``'s lines: one per evaluated hospital, in client order."""
-        lines = []
+    def metrics_lines(self, clients: Iterable[int], counts: Mapping[int, int]) -> list[MetricsLine]:
+        """``metrics.jsonl``'s lines (`federation.runfiles.MetricsLine`): one per evaluated hospital, in client
+        order."""
+        lines: list[MetricsLine] = []
         for c in clients:
             e = self.evaluated.get(c)
             if e is None:
                 continue
             t = self.trained.get(c)
             metrics: dict[str, Any] = t["metrics"] if t else {}
-            lines.append(
-                {
-                    "round": self.round,
-                    "client": c,
-                    "train_loss": finite_or_none(metrics.get("train_loss")),
-                    "test_loss": finite_or_none(e.metrics.get("loss")),
-                    "test_acc": finite_or_none(e.metrics.get("acc")),
-                    "test_auc": finite_or_none(e.metrics.get("auc")),
-                    "fisher_trace": finite_or_none(metrics.get("fisher_trace")),
-                    "values_sent": self.sent.get(c, 0),
-                    "values_received": self.received.get(c, 0),
-                    "seconds": (t["seconds"] if t else 0.0) + e.seconds,
-                    "num_train": counts[c],
-                    "num_test": e.num_examples,
-                    "trained": t is not None,
-                    # differential privacy (federation.privacy): the hospital's epsilon so far, its delta and the
-                    # DP-SGD steps its ledger holds; only in runs with [privacy], so other runs' lines are unchanged
-                    **{k: finite_or_none(metrics.get(k)) for k in DP_METRICS if k in metrics},
-                }
-            )
+            line: MetricsLine = {
+                "round": self.round,
+                "client": c,
+                "train_loss": finite_or_none(metrics.get("train_loss")),
+                "test_loss": finite_or_none(e.metrics.get("loss")),
+                "test_acc": finite_or_none(e.metrics.get("acc")),
+                "test_auc": finite_or_none(e.metrics.get("auc")),
+                "fisher_trace": finite_or_none(metrics.get("fisher_trace")),
+                "values_sent": self.sent.get(c, 0),
+                "values_received": self.received.get(c, 0),
+                "seconds": (t["seconds"] if t else 0.0) + e.seconds,
+                "num_train": counts[c],
+                "num_test": e.num_examples,
+                "trained": t is not None,
+            }
+            # differential privacy (federation.privacy): the hospital's epsilon so far, its delta and the DP-SGD
+            # steps its ledger holds; only in runs with [privacy], so other runs' lines are unchanged
+            if "dp_epsilon" in metrics:
+                line["dp_epsilon"] = finite_or_none(metrics["dp_epsilon"])
+            if "dp_delta" in metrics:
+                line["dp_delta"] = finite_or_none(metrics["dp_delta"])
+            if "dp_steps" in metrics:
+                line["dp_steps"] = finite_or_none(metrics["dp_steps"])
+            lines.append(line)
         return lines
 
     def aggregation_line(self, seconds: float) -> dict[str, Any]:
