@@ -1,0 +1,215 @@
+"""Loading a run configuration: the defaults, then a TOML preset, then ``--set section.key=value`` overrides, then
+``--data``; and writing one back as TOML (``config_to_toml``).
+
+Loading is strict: an unknown section or key, a value of the wrong type, or a value out of range is rejected with a
+``FederationError`` that names it and says what is allowed. After the sections have checked themselves,
+``config_from_dict`` applies the rules between sections (an optimiser that precision_weighted needs, paper 004; a
+``client.start`` only FedAMP and FedSAF support; ``server.max_weight`` only for example-weighted strategies; DP-SGD
+only without batch statistics). Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from federation.config.defaults import DEFAULTS_TOML
+from federation.config.sections import SECTIONS, RunConfig, _fail, max_weight_problem
+from federation.errors import FederationError
+from federation.strategies.registry import EXAMPLE_WEIGHTED, OWN_START, STRATEGY_NAMES
+from infra.toml import toml_value
+
+
+def _coerce(where: str, value: Any, annotation: Any) -> Any:
+    """Check ``value`` against a field's annotation (int, float, bool, str, ``X | None``, tuples of int or str).
+
+    A tuple of str also accepts one string, split at commas (``--set strategy.wrap=fedlws,fedtlu``).
+    """
+    options = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
+    for option in options:
+        if option is type(None):
+            continue
+        if option is bool and isinstance(value, bool):
+            return value
+        if option is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if option is float and isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if option is str and isinstance(value, str):
+            return value
+        if (
+            typing.get_origin(option) is tuple
+            and typing.get_args(option)[0] is int
+            and isinstance(value, list)
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        ):
+            return tuple(value)
+        if typing.get_origin(option) is tuple and typing.get_args(option)[0] is str:
+            items = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+            if isinstance(items, list) and all(isinstance(v, str) for v in items):
+                return tuple(items)
+    names = " or ".join(getattr(o, "__name__", str(o)) for o in options if o is not type(None))
+    raise FederationError(f"config {where} = {value!r} has the wrong type: expected {names}")
+
+
+def _check_known(raw: Mapping[str, Any], source: str) -> None:
+    for section, values in raw.items():
+        if section not in SECTIONS:
+            raise FederationError(f"{source}: unknown section [{section}]; known sections: {', '.join(SECTIONS)}")
+        if not isinstance(values, Mapping):
+            raise FederationError(f"{source}: [{section}] must be a table of key = value pairs")
+        known = [f.name for f in dataclasses.fields(SECTIONS[section])]
+        for key in values:
+            if key not in known:
+                raise FederationError(f"{source}: unknown key {section}.{key}; [{section}] accepts {', '.join(known)}")
+
+
+def _merge(base: dict[str, dict[str, Any]], extra: Mapping[str, Any]) -> None:
+    for section, values in extra.items():
+        base.setdefault(section, {}).update(values)
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """Split ``section.key=value``; the value is read as TOML (``0.1``, ``true``, ``[0, 1]``), else as a string."""
+    target, sep, raw = text.partition("=")
+    section, dot, key = target.strip().partition(".")
+    if not sep or not dot or not section or not key:
+        raise FederationError(f"--set {text!r}: write it as section.key=value, e.g. --set run.rounds=3")
+    raw = raw.strip()
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # a bare word such as fedavg or cpu
+    return section, key.strip(), value
+
+
+def config_from_dict(raw: Mapping[str, Any], source: str = "config") -> RunConfig:
+    """Build a ``RunConfig`` from the defaults updated by ``raw`` (nested ``{section: {key: value}}``)."""
+    _check_known(raw, source)
+    merged: dict[str, dict[str, Any]] = {}
+    _merge(merged, tomllib.loads(DEFAULTS_TOML))
+    _merge(merged, raw)
+    sections: dict[str, Any] = {}
+    for name, cls in SECTIONS.items():
+        hints = typing.get_type_hints(cls)
+        values = {key: _coerce(f"{name}.{key}", value, hints[key]) for key, value in merged.get(name, {}).items()}
+        try:
+            sections[name] = cls(**values)
+        except TypeError as exc:
+            raise FederationError(f"{source}: [{name}] is incomplete ({exc})") from exc
+    config = RunConfig(**sections)
+    if config.client.epochs + config.client.head_epochs == 0:
+        _fail("client.epochs", 0, "train for at least one epoch (client.epochs or client.head_epochs > 0)")
+    _check_unused(config, "adam", config.client.optimizer == "adam", 'they apply only with client.optimizer = "adam"')
+    if config.strategy.name == "precision_weighted" and config.client.optimizer != "adam":
+        _fail(
+            "client.optimizer",
+            config.client.optimizer,
+            "precision_weighted weights clients by Adam's second moments: set client.optimizer = adam "
+            "(paper 004 uses lr 0.001)",
+        )
+    if config.client.start == "own" and config.strategy.name not in OWN_START:
+        _fail(
+            "client.start",
+            "own",
+            f"only {', '.join(sorted(OWN_START))} give each hospital a centre to be pulled toward; "
+            f"with {config.strategy.name} a hospital would train alone: use client.start = centre",
+        )
+    _check_unused(
+        config,
+        "precision_weighted",
+        config.strategy.name == "precision_weighted",
+        "they apply only with strategy.name = precision_weighted",
+    )
+    _check_max_weight(config)
+    if config.privacy.enabled and config.model.norm != "group":
+        _fail(
+            "model.norm",
+            config.model.norm or "batch",
+            "differential privacy needs a normalisation without batch statistics: set model.norm = group",
+        )
+    return config
+
+
+def _check_max_weight(config: RunConfig) -> None:
+    """Refuse ``server.max_weight`` for a strategy whose weights are not example counts (it would cap nothing and
+    mislead), and a cap below ``1/m`` when ``strategy.clients`` names the ``m`` hospitals (else: at run start)."""
+    cap = config.server.max_weight
+    if cap is None:
+        return
+    if config.strategy.name not in EXAMPLE_WEIGHTED:
+        name = config.strategy.name
+        capped = ", ".join(n for n in STRATEGY_NAMES if n in EXAMPLE_WEIGHTED)
+        raise FederationError(
+            f"config server.max_weight = {cap!r} does not apply to strategy {name}: it caps the example-count "
+            f"weights n_i / n of {capped}, and {name} does not weight hospitals by their example counts: "
+            "leave server.max_weight unset"
+        )
+    if not isinstance(config.strategy.clients, str):
+        problem = max_weight_problem(len(config.strategy.clients), cap)
+        if problem is not None:
+            raise FederationError(problem)
+
+
+def _check_unused(config: RunConfig, section: str, applies: bool, why: str) -> None:
+    """Refuse a setting changed from its default in a section the run does not use (it would silently do nothing)."""
+    if applies:
+        return
+    defaults = tomllib.loads(DEFAULTS_TOML).get(section, {})
+    values = dataclasses.asdict(getattr(config, section))
+    for key, default in defaults.items():
+        if values[key] != default:
+            _fail(f"{section}.{key}", values[key], f"leave [{section}] at its defaults: {why}")
+
+
+def read_toml(file: Path, hint: str) -> dict[str, Any]:
+    """Parse the TOML file ``file``; a missing or malformed file is a one-line ``FederationError`` (``hint``: what
+    to pass instead)."""
+    if not file.is_file():
+        raise FederationError(f"config file {file} does not exist: {hint}")
+    try:
+        return tomllib.loads(file.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise FederationError(f"config file {file} is not valid TOML: {exc}") from exc
+
+
+def load_config(
+    path: str | Path | None = None, overrides: Sequence[str] = (), data: str | Path | None = None
+) -> RunConfig:
+    """Defaults, then the TOML file at ``path``, then each ``--set`` override, then ``--data``."""
+    raw: dict[str, dict[str, Any]] = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        loaded = read_toml(Path(path), "pass a TOML preset such as configs/demo.toml")
+        _check_known(loaded, source)
+        _merge(raw, loaded)
+    for text in overrides:
+        section, key, value = parse_override(text)
+        _check_known({section: {key: value}}, f"--set {text}")
+        _merge(raw, {section: {key: value}})
+    if data is not None:
+        _merge(raw, {"data": {"path": str(data)}})
+    return config_from_dict(raw, source)
+
+
+def with_values(config: RunConfig, section: str, **values: Any) -> RunConfig:
+    """A copy of ``config`` with ``values`` replaced in ``section`` (validated again)."""
+    return dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **values)})
+
+
+def config_to_toml(config: RunConfig) -> str:
+    """The configuration as TOML text that ``load_config`` reads back to an equal ``RunConfig``."""
+    lines: list[str] = []
+    for section, values in config.to_dict().items():
+        if not values:  # [server] with nothing set: left out, so a run without it writes what it always wrote
+            continue
+        lines.append(f"[{section}]")
+        lines.extend(f"{key} = {toml_value(value)}" for key, value in values.items())
+        lines.append("")
+    return "\n".join(lines)
