@@ -41,16 +41,16 @@ def register(app: typer.Typer) -> None:
             None, "--white-level", help="A pixel is near-white when all channels are >= this. (default: 220)"
         ),
         grayscale_clients: str | None = typer.Option(
-            None, "--grayscale-clients", help="Clients whose tiles are stored single-channel, e.g. 0,2."
+            None, "--grayscale-clients", help="Hospitals whose tiles are stored single-channel, e.g. 0,2."
         ),
         partition: str | None = typer.Option(
             None, "--partition", help="Label distribution: iid, dirichlet:ALPHA or classes:S. (default: iid)"
         ),
         sizes: str | None = typer.Option(
-            None, "--sizes", help="Slides per client: equal, random, or ratios like 3,2,1,1,1. (default: random)"
+            None, "--sizes", help="Slides per hospital: equal, random, or ratios like 3,2,1,1,1. (default: random)"
         ),
         test_fraction: float | None = typer.Option(
-            None, "--test-fraction", help="Share of each client's slides used for test. (default: 0.2)"
+            None, "--test-fraction", help="Share of each hospital's slides used for test. (default: 0.2)"
         ),
         seed: int | None = typer.Option(None, "--seed", help="Seed of every random choice. (default: 0)"),
         mask_suffix: str | None = typer.Option(
@@ -63,9 +63,9 @@ def register(app: typer.Typer) -> None:
             None, "--mask-threshold", help="SEED: accept non-binary masks, cancer = value > T. (default: off)"
         ),
         client_scale: str | None = typer.Option(
-            None, "--client-scale", help="Per-client resolution, e.g. 1,0.5,1 (0.5 = scanned at half resolution)."
+            None, "--client-scale", help="Per-hospital resolution, e.g. 1,0.5,1 (0.5 = scanned at half resolution)."
         ),
-        client_tile: str | None = typer.Option(None, "--client-tile", help="Per-client tile px, e.g. 128,64,128."),
+        client_tile: str | None = typer.Option(None, "--client-tile", help="Per-hospital tile px, e.g. 128,64,128."),
         classes: str | None = typer.Option(
             None,
             "--classes",

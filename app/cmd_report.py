@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
         transmitted: str | None = typer.Option(
             None,
             "--transmitted",
-            help="Instead of a run report: values transmitted per client and round for MODEL at nhead 0/3/6/9/12.",
+            help="Instead of a run report: values transmitted per hospital and round for MODEL at nhead 0/3/6/9/12.",
             metavar="MODEL",
         ),
         html: bool = typer.Option(

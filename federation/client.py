@@ -146,7 +146,7 @@ class Client:
         state_keys = set(self.model.state_dict().keys())
         unknown = [k for k in [*shared_keys, *(head_keys or ())] if k not in state_keys]
         if unknown:
-            raise FederationError(f"client {self.cid}: shared or head keys {unknown[:3]} are not in the model")
+            raise FederationError(f"hospital {self.cid}: shared or head keys {unknown[:3]} are not in the model")
         self.shared_keys = list(shared_keys)
         shared = set(self.shared_keys)
         self.params = dict(self.model.named_parameters())
@@ -164,7 +164,7 @@ class Client:
         state = self.model.state_dict()
         foreign = [k for k in tensors if k not in self.shared_keys]
         if foreign:
-            raise FederationError(f"client {self.cid} was sent non-shared tensors {foreign[:3]}")
+            raise FederationError(f"hospital {self.cid} was sent non-shared tensors {foreign[:3]}")
         with torch.no_grad():
             for key, value in tensors.items():
                 state[key].copy_(value)
@@ -192,7 +192,7 @@ class Client:
         if recipe.prox_mu > 0:
             given = instruction.centre
             if given is None:
-                raise FederationError(f"client {self.cid}, round {server_round}: prox_mu > 0 needs a proximal centre")
+                raise FederationError(f"hospital {self.cid}, round {server_round}: prox_mu > 0 needs a proximal centre")
             centre = {k: given[k].to(self.device) for k in self.shared_params}
         torch.manual_seed(seed)  # dropout draws from the global generator
         generator = torch.Generator().manual_seed(seed)
@@ -225,7 +225,7 @@ class Client:
         if recipe.second_moments:
             if recipe.optimizer != "adam" or not self._moment_steps:
                 raise FederationError(
-                    f"client {self.cid}: second moments need client.optimizer = adam and at least one base step"
+                    f"hospital {self.cid}: second moments need client.optimizer = adam and at least one base step"
                 )
             moments = {k: (v / self._moment_steps).cpu() for k, v in self._moments.items()}
         return TrainReply(
@@ -241,7 +241,7 @@ class Client:
         value = float(loss.detach())
         if not math.isfinite(value):
             raise Diverged(
-                f"client {self.cid}, round {server_round}: the training loss became {value}; "
+                f"hospital {self.cid}, round {server_round}: the training loss became {value}; "
                 f"lower client.lr (now {lr}) and run again"
             )
         return value
@@ -308,7 +308,7 @@ class Client:
         keys = self.data.train_units
         if keys is None:
             raise FederationError(
-                f"client {self.cid}: differential privacy by slide needs to know each training tile's slide, and this "
+                f"hospital {self.cid}: differential privacy by slide needs to know each training tile's slide, and this "
                 "dataset's tile names do not say (prepare writes them): prepare the slides with gastric-fl prepare"
             )
         groups: dict[str, list[int]] = {}
@@ -408,7 +408,7 @@ class Client:
         from federation.fisher import batch_gradient_trace, fisher_trace
 
         if not self.shared_params:
-            raise FederationError(f"client {self.cid}: fisher_trace needs shared parameters (nhead leaves none)")
+            raise FederationError(f"hospital {self.cid}: fisher_trace needs shared parameters (nhead leaves none)")
         if estimator == "full_pass":
             images, labels = self.data.train_x, self.data.train_y
             batches = (

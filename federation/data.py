@@ -210,7 +210,7 @@ def manifest_clients(rows: Sequence[ManifestRow]) -> list[int]:
     expected = list(range(present[-1] + 1))
     empty = sorted(set(expected) - set(present))
     if empty:
-        raise FederationError(f"client(s) {empty} have no tiles in the manifest: re-run gastric-fl prepare")
+        raise FederationError(f"hospital(s) {empty} have no tiles in the manifest: re-run gastric-fl prepare")
     return present
 
 
@@ -243,7 +243,7 @@ def check_clients(folder: Path, rows: Sequence[ManifestRow], clients: Sequence[i
     chosen = present if clients is None else sorted(clients)
     absent = [c for c in chosen if c not in present]
     if absent:
-        raise FederationError(f"strategy.clients names {absent}, but {folder} has clients {present}")
+        raise FederationError(f"strategy.clients names {absent}, but {folder} has hospitals {present}")
     missing = [r.path for r in rows if r.client in chosen and not (folder / r.path).is_file()]
     if missing:
         raise FederationError(
@@ -255,7 +255,7 @@ def check_clients(folder: Path, rows: Sequence[ManifestRow], clients: Sequence[i
         test = sum(1 for r in rows if r.client == c and r.split == "test")
         if train < MIN_TRAIN_TILES or not test:
             raise FederationError(
-                f"client {c} has {train} training and {test} test tiles: every client needs at least "
+                f"hospital {c} has {train} training and {test} test tiles: every hospital needs at least "
                 f"{MIN_TRAIN_TILES} training and 1 test tile (re-run gastric-fl prepare with fewer clients)"
             )
     return chosen

@@ -396,7 +396,7 @@ def validate_config(config: PrepareConfig) -> None:
             f"--grayscale-clients {','.join(map(str, bad))}: client indices must be in 0..{split.clients - 1}"
         )
     if len(set(cl.grayscale)) != len(cl.grayscale):
-        raise PipelineError("--grayscale-clients lists a client twice")
+        raise PipelineError("--grayscale-clients lists a hospital twice")
     if cl.scale:
         if len(cl.scale) != split.clients:
             raise PipelineError(

@@ -209,7 +209,7 @@ def split_train_test(
         members = [i for i, c in enumerate(owners) if c == client]
         if len(members) < 2:
             raise PipelineError(
-                f"client {client} has {len(members)} slide(s); each client needs at least 2 (one train, one test)"
+                f"hospital {client} has {len(members)} slide(s); each hospital needs at least 2 (one train, one test)"
             )
         n_test = min(len(members) - 1, max(1, math.floor(test_fraction * len(members) + 0.5)))
         groups = [[i for i in members if labels[i] == label] for label in classes]

@@ -132,7 +132,7 @@ def example_weights(server_round: int, replies: Mapping[int, TrainReply], client
     counts = [replies[c].num_examples for c in clients]
     total = sum(counts)
     if total <= 0:
-        raise FederationError(f"round {server_round}: the clients reported no training examples")
+        raise FederationError(f"round {server_round}: the hospitals reported no training examples")
     return [n / total for n in counts]
 
 
@@ -165,6 +165,6 @@ def fisher_traces(
     for c in clients:
         trace = replies[c].metrics.get("fisher_trace")
         if trace is None:
-            raise FederationError(f"round {server_round}: client {c} sent no fisher_trace{needed}")
+            raise FederationError(f"round {server_round}: hospital {c} sent no fisher_trace{needed}")
         traces.append(float(trace))
     return traces

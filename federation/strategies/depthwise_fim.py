@@ -40,7 +40,7 @@ class DepthwiseFisher(Averaging):
     def __init__(self, recipe: Recipe, nhead: int, ctx: StrategyContext, *, reverse: bool) -> None:
         super().__init__("depthwise_fim", recipe, nhead, ctx)
         if recipe.fisher_batch < 1:
-            raise FederationError("depthwise_fim weights layers by the clients' Fisher traces: set fisher_batch >= 1")
+            raise FederationError("depthwise_fim weights layers by the hospitals' Fisher traces: set fisher_batch >= 1")
         self.reverse = reverse
         # A layer is a unit's shared keys (all of them, unless a setting keeps some, e.g. BatchNorm, local).
         shared = set(self.keys)
@@ -56,7 +56,7 @@ class DepthwiseFisher(Averaging):
     def aggregate_train(self, server_round: int, replies: Mapping[int, TrainReply]) -> dict[str, Any]:
         clients = sorted(replies)
         if not clients:
-            raise FederationError(f"round {server_round}: no client replied")
+            raise FederationError(f"round {server_round}: no hospital replied")
         traces = fisher_traces(
             server_round, replies, clients, ", which depthwise_fim needs (the client recipe must have fisher_batch > 0)"
         )

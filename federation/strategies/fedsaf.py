@@ -132,7 +132,7 @@ class AttentiveStrategy:
         out: dict[int, TrainInstruction] = {}
         for c in clients:
             if c not in self.centres:
-                raise FederationError(f"{self.name}: client {c} is not one of this run's clients {list(self.clients)}")
+                raise FederationError(f"{self.name}: hospital {c} is not one of this run's hospitals {list(self.clients)}")
             centre = self.centres[c]
             if self.recipe.start_own:
                 # client.start = own: the hospital keeps its own model; only the centre it is pulled to travels.
@@ -145,7 +145,7 @@ class AttentiveStrategy:
     def aggregate_train(self, server_round: int, replies: Mapping[int, TrainReply]) -> dict[str, Any]:
         clients = sorted(replies)
         if not clients:
-            raise FederationError(f"round {server_round}: no client replied")
+            raise FederationError(f"round {server_round}: no hospital replied")
         traces: list[float] | None = None
         gamma: torch.Tensor | None = None
         if self.fim:

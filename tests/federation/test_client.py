@@ -88,7 +88,7 @@ def test_nan_loss_names_client_and_round_and_says_lower_lr(tiles: dict[int, Clie
     client = _client(tiles[2])
     with torch.no_grad():
         client.model.get_parameter("classifier.3.weight").fill_(float("nan"))
-    with pytest.raises(FederationError, match=r"client 2, round 4: the training loss became nan; lower client\.lr"):
+    with pytest.raises(FederationError, match=r"hospital 2, round 4: the training loss became nan; lower client\.lr"):
         client.train(TrainInstruction(2, Recipe(epochs=1, lr=0.01)), server_round=4, seed=0)
 
 

@@ -80,12 +80,12 @@ def test_missing_tile_names_the_file_and_says_to_prepare_again(dataset: Path, tm
 
 def test_empty_client_is_a_clear_error(dataset: Path, tmp_path: Path) -> None:
     no_client_1 = _rewrite_manifest(dataset, tmp_path / "gap", keep=lambda r: r["client"] != "1")
-    with pytest.raises(FederationError, match=r"client\(s\) \[1\] have no tiles"):
+    with pytest.raises(FederationError, match=r"hospital\(s\) \[1\] have no tiles"):
         load_clients(no_client_1, input_size=32)
     no_test = _rewrite_manifest(
         dataset, tmp_path / "notest", keep=lambda r: not (r["client"] == "2" and r["split"] == "test")
     )
-    with pytest.raises(FederationError, match="client 2 has 5 training and 0 test tiles"):
+    with pytest.raises(FederationError, match="hospital 2 has 5 training and 0 test tiles"):
         load_clients(no_test, input_size=32)
 
 

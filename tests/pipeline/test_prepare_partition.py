@@ -108,7 +108,7 @@ def test_split_is_per_slide_stratified_and_leaves_both_splits() -> None:
             if o == c and s == "test":
                 got[(lab, s)] = got.get((lab, s), 0) + 1
         assert got == expect
-    with pytest.raises(PipelineError, match="client 1 has 1 slide"):
+    with pytest.raises(PipelineError, match="hospital 1 has 1 slide"):
         split_train_test(["normal"] * 3, [0, 0, 1], 2, 0.2, np.random.default_rng(0))
 
 

@@ -70,7 +70,7 @@ class LayerWiseShrinking(GlobalModelWrapper):
     ) -> tuple[TensorDict, dict[str, Any]]:
         clients = sorted(replies)
         if not clients:
-            raise FederationError(f"round {server_round}: no client replied")
+            raise FederationError(f"round {server_round}: no hospital replied")
         previous = flatten([before], self.spec)[0]
         stacked = flatten([replies[c].shared for c in clients], self.spec)
         aggregate = flatten([after], self.spec)[0]

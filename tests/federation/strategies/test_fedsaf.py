@@ -137,7 +137,7 @@ def test_fim_on_requires_the_clients_fisher_traces() -> None:
     strategy = _strategy(fim=True)
     replies = _replies()
     replies[1].metrics.pop("fisher_trace")
-    with pytest.raises(FederationError, match="client 1 sent no fisher_trace"):
+    with pytest.raises(FederationError, match="hospital 1 sent no fisher_trace"):
         strategy.aggregate_train(1, replies)
 
 
