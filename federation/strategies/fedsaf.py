@@ -132,7 +132,9 @@ class AttentiveStrategy:
         out: dict[int, TrainInstruction] = {}
         for c in clients:
             if c not in self.centres:
-                raise FederationError(f"{self.name}: hospital {c} is not one of this run's hospitals {list(self.clients)}")
+                raise FederationError(
+                    f"{self.name}: hospital {c} is not one of this run's hospitals {list(self.clients)}"
+                )
             centre = self.centres[c]
             if self.recipe.start_own:
                 # client.start = own: the hospital keeps its own model; only the centre it is pulled to travels.
