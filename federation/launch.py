@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from federation.config import RunConfig
-from federation.engine import Engine, local_sites, resolve_config
+from federation.engine import Server, local_sites, resolve_config
 from federation.engine.hospital import manifest_sha256
 from federation.engine.pools import InProcessPool, Pool, WorkerPool
 from models import check_input_size
@@ -46,12 +46,12 @@ def train(
         from federation.flower.runner import run_with_flower
 
         return run_with_flower(config, run_dir, resume=resume, overwrite=overwrite, progress=progress, sites=sites)
-    engine = Engine(config, run_dir, progress=progress)
-    engine.dataset_sha256 = manifest_sha256(Path(config.data.path))  # recorded in summary.json, checked on resume
+    server = Server(config, run_dir, progress=progress)
+    server.dataset_sha256 = manifest_sha256(Path(config.data.path))  # recorded in summary.json, checked on resume
 
     def make_pool() -> Pool:
         if config.run.workers > 0:
             return WorkerPool(sites, config.run.workers, config.run.threads)
         return InProcessPool(sites)
 
-    return engine.run(make_pool, resume=resume, overwrite=overwrite)
+    return server.run(make_pool, resume=resume, overwrite=overwrite)

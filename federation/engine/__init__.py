@@ -1,5 +1,7 @@
-"""The federation engine: one round loop (``loop``), pools that carry messages to hospitals (``pools``; Flower's
-in ``federation.flower``), one wire codec (``codec``) and the hospital side (``hospital``).
+"""The federation engine: the server's one round loop (``loop``, ``Server``) and its record keeping (``rounds``: a
+round's record; ``checks``: which replies it believes; ``resume``: continuing from a checkpoint; ``summary``:
+``summary.json`` and ``progress.json``), pools that carry messages to hospitals (``pools``; Flower's in
+``federation.flower``), one wire codec (``codec``) and the hospital side (``hospital``).
 
 ``federation.launch.train`` runs a federation with the engine ``run.engine`` names (the in-process pools here, or
 Flower's, which build on this package: it never imports ``federation.flower``). Each hospital keeps its folder (its
@@ -16,7 +18,7 @@ from federation.config import RunConfig, load_config, parse_override
 from federation.data import check_clients, read_manifest
 from federation.engine.common import derive_seed, initial_state, resolve_config, resolve_device
 from federation.engine.hospital import Site, hospital_folder
-from federation.engine.loop import Engine, RunStopped
+from federation.engine.loop import RunStopped, Server
 from federation.errors import FederationError
 from federation.runs import CONFIG_FILE, SUMMARY_FILE, complete_checkpoints, read_json
 
@@ -84,8 +86,8 @@ def load_run_config(run_dir: Path, overrides: Sequence[str] = ()) -> RunConfig:
 
 __all__ = [
     "RESUMABLE_KEYS",
-    "Engine",
     "RunStopped",
+    "Server",
     "derive_seed",
     "initial_state",
     "load_run_config",

@@ -13,37 +13,36 @@ head) on its own test split. Values sent and received per hospital are counted f
 last round asks for it on its own. Round r's record (``federation.engine.rounds.RoundRecord``) then waits in round
 r's checkpoint until its evaluation comes, and is written as an uninterrupted run with separate messages would.
 
-Faults: a hospital that fails, does not answer within the transport's timeout, or sends tensors that are not
-finite or not exactly the shared keys is left out of that round's aggregation (``left_out`` in
-``aggregation.jsonl`` and on the progress line) and takes part again in the next round. A round with no usable
-reply stops the run with a one-line reason; the checkpoint of the previous round stays, so ``--resume`` continues.
+Faults: a hospital that fails, does not answer within the transport's timeout, or sends a reply the server cannot
+believe (tensors that are not finite or not exactly the shared keys...: ``federation.engine.checks``) is left out of
+that round's aggregation (``left_out`` in ``aggregation.jsonl`` and on the progress line) and takes part again in the
+next round. A round with no usable reply stops the run with a one-line reason; the checkpoint of the previous round
+stays, so ``--resume`` continues.
 
 The server's run directory holds only what messages carried: ``config.toml``, ``metrics.jsonl`` (scalars and
 counts per round and hospital), ``aggregation.jsonl``, ``summary.json``, ``progress.json`` (the current round's
 phase and how many hospitals have answered: ``federation.progress``) and checkpoints of the strategy's state
-(shared tensors only). Hospitals keep their own folders (``federation.engine.hospital``); this module never
-reads them.
+(shared tensors only); ``summary.json`` and ``progress.json`` are written by ``federation.engine.summary``.
+Hospitals keep their own folders (``federation.engine.hospital``); this module never reads them.
 
 The run directory's lifecycle (issue 10, docs/reliability.md): the whole run holds the folder's lock
 (``infra.outputs.claim_output``), so two ``train`` into one folder cannot interleave; the folder carries train's
 ownership marker (``federation.runs.prepare_run_dir``). Settings that cannot work are refused before the folder
 exists; an error before the first checkpoint leaves a run that ``--resume`` may restart with any corrected setting.
-A resume checks the dataset's manifest hash (``dataset_sha256``, given by the launcher), removes temp files of a
-killed write, names damaged lines of the run files and redoes their round, and falls back to the previous readable
-checkpoint (with a warning) when the latest cannot be read; a resume refused before its first round leaves
-``summary.json`` as it was. Write faults (full disk, read-only file system) are one line.
+A resume (``federation.engine.resume``) checks the dataset's manifest hash (``dataset_sha256``, given by the
+launcher), removes temp files of a killed write, names damaged lines of the run files and redoes their round, and
+falls back to the previous readable checkpoint (with a warning) when the latest cannot be read; a resume refused
+before its first round leaves ``summary.json`` as it was. Write faults (full disk, read-only file system) are one
+line.
 """
 
 from __future__ import annotations
 
-import math
 import os
-import re
 import signal
 import sys
 import time
 from collections.abc import Callable, Mapping
-from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -64,38 +63,28 @@ from federation.contract import (
     count_values,
 )
 from federation.engine.audit import AUDIT_FILE, AuditLog
+from federation.engine.checks import agreed_classes, evaluation_problem, train_problem
 from federation.engine.codec import Message
 from federation.engine.common import NUM_CLASSES, derive_seed, initial_state, resolve_config
 from federation.engine.pools import Pool
-from federation.engine.rounds import DP_METRICS, RoundRecord
+from federation.engine.resume import continue_run, open_for_resume
+from federation.engine.rounds import RoundRecord
+from federation.engine.summary import RoundPhases, RunSummary
 from federation.errors import FederationError, Interrupted, first_line
-from federation.jsonl import DamagedLine, read_jsonl, scan_jsonl
-from federation.progress import RoundProgress, now, write_progress
-from federation.provenance import add_code_version, code_version
-from federation.report import round_stats, run_figures
 from federation.runs import (
     AGGREGATION_FILE,
     CONFIG_FILE,
     METRICS_FILE,
     OWNER,
-    SUMMARY_FILE,
     Checkpoint,
     append_jsonl,
-    clean_temp_files,
     complete_checkpoints,
-    drop_checkpoint,
-    is_live_run,
-    keep_rounds,
     now_iso,
     prepare_run_dir,
-    read_checkpoint,
-    read_json,
     write_checkpoint,
-    write_json,
 )
 from federation.strategies import StrategyContext, bn_mode, build_strategy
-from infra.outputs import OutputError, claim_output, os_error_message, owned_by, terminate_as_interrupt, write_marker
-from infra.pids import process_start_time
+from infra.outputs import OutputError, claim_output, os_error_message, terminate_as_interrupt
 from models import batchnorm_keys, check_input_size, check_nhead, create_model
 
 PoolFactory = Callable[[], Pool]
@@ -109,94 +98,6 @@ def _warn(text: str) -> None:
     print(f"warning: {text}", file=sys.stderr, flush=True)
 
 
-def _damaged_round(damaged: DamagedLine, before: int) -> int:
-    """The round a damaged line belongs to: its ``"round"`` field if still legible, else ``before`` (the round of the
-    last intact record ahead of it: records are appended in round order)."""
-    try:
-        text = damaged.path.read_text(encoding="utf-8", errors="replace").split("\n")[damaged.line - 1]
-    except (OSError, IndexError):
-        return before
-    found = re.search(r'"round":\s*(\d+)', text)
-    return int(found.group(1)) if found else before
-
-
-Spec = Mapping[str, tuple[tuple[int, ...], torch.dtype]]
-
-
-def _tensor_problem(what: str, key: str, value: torch.Tensor, spec: Spec) -> str | None:
-    shape, dtype = spec[key]
-    if tuple(value.shape) != shape or value.dtype != dtype:
-        return (
-            f"{what} {key} is {tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}, expected {shape} "
-            + str(dtype).removeprefix("torch.")
-        )
-    if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-        return f"its update is not finite ({key})" if what == "tensor" else f"its {what} {key} is not finite"
-    return None
-
-
-def _in_range(value: Any, low: float, high: float) -> bool:
-    return (
-        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and low <= value <= high
-    )
-
-
-def evaluation_problem(reply: EvaluateReply, declared_test: int | None) -> str | None:
-    """Why an evaluation reply cannot be recorded (``None`` if it can): a test count other than the one the hospital
-    declared in its Hello, or metrics out of range (loss finite and >= 0, accuracy and AUC in [0, 1]; AUC may be
-    undefined, ``None``, for a one-class test split)."""
-    if declared_test is not None and reply.num_examples != declared_test:
-        return f"its evaluation reports {reply.num_examples} test examples, its hello declared {declared_test}"
-    metrics = reply.metrics
-    if not _in_range(metrics.get("loss"), 0.0, math.inf):
-        return f"its test loss {metrics.get('loss')!r} is not a finite number >= 0"
-    if not _in_range(metrics.get("acc"), 0.0, 1.0):
-        return f"its test accuracy {metrics.get('acc')!r} is not in [0, 1]"
-    auc = metrics.get("auc")
-    if auc is not None and not _in_range(auc, 0.0, 1.0):
-        return f"its test AUC {auc!r} is not in [0, 1]"
-    return None
-
-
-def usable_update(reply: TrainReply, shared_keys: list[str], spec: Spec, declared: int, fisher: bool) -> str | None:
-    """Why ``reply`` cannot be aggregated (``None`` if it can; DESIGN.md, "Trust model": the server believes nothing
-    blindly): tensors other than exactly the shared keys with the agreed shapes and dtypes (``spec``), values that
-    are not finite, an example count other than the one declared in its Hello, a training loss that is not a finite
-    number >= 0, or a Fisher trace (when the recipe asked for one: ``fisher``) that is not finite and positive. A fused
-    evaluation is judged apart (``evaluation_problem``)."""
-    if set(reply.shared) != set(shared_keys):
-        extra = sorted(set(reply.shared) - set(shared_keys))[:3]
-        missing = sorted(set(shared_keys) - set(reply.shared))[:3]
-        return f"sent other tensors than the shared part (extra {extra}, missing {missing})"
-    for key, value in reply.shared.items():
-        problem = _tensor_problem("tensor", key, value, spec)
-        if problem:
-            return problem
-    for key, value in reply.second_moments.items():
-        if key not in shared_keys:
-            return f"its second moment {key} is not of a shared tensor"
-        problem = _tensor_problem("second moment", key, value, spec)
-        if problem:
-            return problem
-        if bool((value < 0).any()):
-            return f"its second moment {key} has a negative value"
-    if reply.num_examples <= 0:
-        return "it reported no training examples"
-    if reply.num_examples != declared:
-        return f"it reports {reply.num_examples} training examples, its hello declared {declared}"
-    loss = reply.metrics.get("train_loss")
-    if loss is not None and not _in_range(loss, 0.0, math.inf):
-        return f"its training loss {loss!r} is not a finite number >= 0"
-    for key in DP_METRICS:
-        if key in reply.metrics and not _in_range(reply.metrics[key], 0.0, math.inf):
-            return f"its {key} {reply.metrics[key]!r} is not a finite number >= 0"
-    if fisher:
-        trace = reply.metrics.get("fisher_trace")
-        if not _in_range(trace, 0.0, math.inf) or not trace:
-            return f"its Fisher trace {trace!r} is not a finite positive number"
-    return None
-
-
 def local_keys(config: RunConfig, num_classes: int = NUM_CLASSES) -> frozenset[str]:
     """What stays at every hospital whatever ``nhead``: BatchNorm keys under ``strategy.bn`` (or the method's own
     choice, e.g. FedBN's), the same for every method."""
@@ -207,40 +108,23 @@ def local_keys(config: RunConfig, num_classes: int = NUM_CLASSES) -> frozenset[s
     return frozenset(batchnorm_keys(model, affine=mode == "local"))
 
 
-def agreed_classes(hellos: Mapping[int, HelloReply]) -> tuple[str, ...]:
-    """The class list every hospital of ``hellos`` reported (its dataset's, in class-index order); a
-    ``FederationError`` of one line naming two hospitals that disagree."""
-    first = min(hellos)
-    classes = hellos[first].classes
-    for c in sorted(hellos):
-        if hellos[c].classes != classes:
-            raise FederationError(
-                f"the hospitals disagree on the classes: hospital {first} has {list(classes)}, hospital {c} has "
-                f"{list(hellos[c].classes)}; prepare every hospital's data with the same class list "
-                "(gastric-fl prepare --classes A,B,...)"
-            )
-    return classes
-
-
-class Engine:
-    """One run of the federation into ``run_dir`` (fresh, or resumed from its last checkpoint)."""
+class Server:
+    """The server of one run of the federation into ``run_dir`` (fresh, or resumed from its last checkpoint): it runs
+    the rounds over the hospitals a pool reaches (``run``)."""
 
     def __init__(self, config: RunConfig, run_dir: Path, *, progress: bool = True) -> None:
         self.config = resolve_config(config)
         self.run_dir = run_dir
         self.run_id = run_dir.name
         self.progress = progress
-        self.summary: dict[str, Any] = {}
+        self.summary = RunSummary(run_dir, self.config.run.rounds)
+        self.phases = RoundPhases(run_dir, self.config.run.rounds)
         # sha256 of the dataset's manifest.csv, set by a launcher that reads the dataset (the local engines);
         # recorded in summary.json and compared on resume. None: the hospitals are elsewhere (they check it).
         self.dataset_sha256: str | None = None
         self.warn: Callable[[str], None] = _warn
         self.restart = False
         self.rounds_run = 0  # rounds completed by this process
-
-    def _write_summary(self, **changes: Any) -> None:
-        self.summary.update(changes, updated_at=now_iso())
-        write_json(self.run_dir / SUMMARY_FILE, self.summary)
 
     def run(self, make_pool: PoolFactory, *, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
         """Train every round; returns the final ``summary.json`` content. Raises on failure or interruption.
@@ -258,59 +142,22 @@ class Engine:
 
     def _run(self, make_pool: PoolFactory, resume: bool, overwrite: bool) -> dict[str, Any]:
         config = self.config
+        summary = self.summary
         # Settings that cannot work are refused before the run directory is created or touched.
         check_input_size(config.model.name, config.data.input_size)
         self._initial = initial_state(config)
         check_nhead(config.strategy.nhead or 0, self._initial[1])
         previous: dict[str, Any] = {}
         if resume:
-            previous = read_json(self.run_dir / SUMMARY_FILE) if (self.run_dir / SUMMARY_FILE).is_file() else {}
-            if is_live_run(self.run_dir):
-                raise FederationError(f"{self.run_dir} is still running (pid {previous['pid']}): stop it first")
-            for path in clean_temp_files(self.run_dir):
-                self.warn(f"removed {path}, left by an interrupted write")
-            # No complete round to continue from: the run starts again at round 1 in the same folder (with
-            # whatever settings were corrected), so the dataset may have changed too.
-            self.restart = not complete_checkpoints(self.run_dir)
-            recorded = previous.get("dataset_sha256")
-            if not self.restart and recorded and self.dataset_sha256 and recorded != self.dataset_sha256:
-                raise FederationError(
-                    f"{Path(config.data.path) / 'manifest.csv'} changed since run {self.run_id} started (sha256 "
-                    f"{recorded[:12]}... then, {self.dataset_sha256[:12]}... now), so resuming would train and test "
-                    f"on other tiles; start afresh with gastric-fl train --config {self.run_dir / CONFIG_FILE} "
-                    "--out NEW_RUN, or restore the original dataset"
-                )
-            if not owned_by(self.run_dir, OWNER):  # a run made before ownership markers
-                write_marker(self.run_dir, OWNER, record_contents=False)
-            self.summary = dict(previous)
+            previous, self.restart = open_for_resume(self.run_dir, config.data.path, self.dataset_sha256, self.warn)
+            summary.data = dict(previous)
         else:
             prepare_run_dir(self.run_dir, overwrite)
-        self.summary.update(
-            run_id=self.run_id,
-            status="running",
-            pid=os.getpid(),
-            pid_started=process_start_time(os.getpid()),
-            total_rounds=config.run.rounds,
-            rounds_done=self.summary.get("rounds_done", 0),
-            eta_seconds=None,
-            error=None,
-            finished_at=None,
-            strategy=config.strategy.name,
-            model=config.model.name,
-            nhead=config.strategy.nhead,
-            dataset=config.data.path,
-            engine=config.run.engine,
+        summary.start(
+            config, self.run_id, os.getpid(), resume=resume, restart=self.restart, dataset_sha256=self.dataset_sha256
         )
-        if self.dataset_sha256 is not None:
-            self.summary["dataset_sha256"] = self.dataset_sha256
-        # The commit(s) of the code that trained this run (a resume on other code adds its own).
-        recorded = None if self.restart else self.summary.get("code_versions")
-        self.summary["code_versions"] = add_code_version(recorded, code_version())
-        self.summary.setdefault("started_at", now_iso())
-        if resume:
-            self.summary["resumed_at"] = now_iso()
         (self.run_dir / CONFIG_FILE).write_text(config_to_toml(config), encoding="utf-8")
-        self._write_summary()
+        summary.write()
         pool: Pool | None = None
         threads_before = torch.get_num_threads()
         if config.run.threads > 0:
@@ -324,9 +171,9 @@ class Engine:
                 self._start(pool, resume and not self.restart)
                 self._loop(pool)
         except (KeyboardInterrupt, RunStopped) as exc:
-            self._write_summary_quietly(status="stopped", eta_seconds=None, error=str(exc) or "interrupted")
+            summary.write_quietly(status="stopped", eta_seconds=None, error=str(exc) or "interrupted")
             raise RunStopped(
-                f"stopped after round {self.summary.get('rounds_done', 0)}; "
+                f"stopped after round {summary.data.get('rounds_done', 0)}; "
                 f"continue with: gastric-fl train --resume {self.run_dir}"
             ) from exc
         except Exception as exc:
@@ -334,34 +181,23 @@ class Engine:
             if resume and not self.restart and self.rounds_run == 0:
                 # A resume refused before its first round (another dataset, a damaged hospital...) changed
                 # nothing: the run keeps the status it had (a finished run stays finished).
-                self._restore_summary(previous)
+                summary.restore(previous)
                 raise
             if not complete_checkpoints(self.run_dir) and getattr(exc, "user_facing", False):
                 message += (
                     f"; no round was completed, so any setting may still change: continue with gastric-fl train "
                     f"--resume {self.run_dir} --set KEY=VALUE"
                 )
-                self._write_summary_quietly(status="failed", eta_seconds=None, error=message)
+                summary.write_quietly(status="failed", eta_seconds=None, error=message)
                 raise FederationError(message) from exc
-            self._write_summary_quietly(status="failed", eta_seconds=None, error=message)
+            summary.write_quietly(status="failed", eta_seconds=None, error=message)
             raise
         finally:
             if pool is not None:
                 pool.close()
             torch.set_num_threads(threads_before)
-        self._write_summary(status="finished", eta_seconds=0, finished_at=now_iso())
-        return self.summary
-
-    def _write_summary_quietly(self, **changes: Any) -> None:
-        """`_write_summary` while already failing: a write fault here (a full disk) must not hide the first one."""
-        with suppress(OSError):
-            self._write_summary(**changes)
-
-    def _restore_summary(self, previous: dict[str, Any]) -> None:
-        self.summary = dict(previous)
-        if previous:
-            with suppress(OSError):
-                write_json(self.run_dir / SUMMARY_FILE, previous)
+        summary.write(status="finished", eta_seconds=0, finished_at=now_iso())
+        return summary.data
 
     # -- before round 1 ----------------------------------------------------------------------------------------------
     def _start(self, pool: Pool, resume: bool) -> None:
@@ -382,13 +218,14 @@ class Engine:
         clients = tuple(sorted(wanted))
         if not clients:
             raise FederationError("no hospital answered: there is nobody to federate")
-        if resume and self.summary.get("clients") not in (None, list(clients)):
+        summary = self.summary.data
+        if resume and summary.get("clients") not in (None, list(clients)):
             raise FederationError(
-                f"{self.run_dir} was run with hospitals {self.summary['clients']}, but {list(clients)} answered now: "
+                f"{self.run_dir} was run with hospitals {summary['clients']}, but {list(clients)} answered now: "
                 "resume with the same hospitals, or start a new run"
             )
         self.classes = agreed_classes({c: hellos[c] for c in clients})
-        recorded = self.summary.get("classes")
+        recorded = summary.get("classes")
         if resume and recorded is not None and list(recorded) != list(self.classes):
             raise FederationError(
                 f"{self.run_dir} was run with the classes {list(recorded)}, but the hospitals now report "
@@ -407,64 +244,15 @@ class Engine:
         self.shared_keys = self.strategy.shared_keys(list(initial), [keys for _, keys in units])
         self.clients = clients
         self.start_round = 1
-        self.round_seconds: list[float] = []
         self.pending: RoundRecord | None = None  # a round whose evaluation is still to come
         if resume:
-            checkpoint = self._resume_checkpoint()
-            if checkpoint is not None:
-                if checkpoint.clients and sorted(checkpoint.clients) != list(clients):
-                    raise FederationError(
-                        f"checkpoint round {checkpoint.round} is of hospitals {checkpoint.clients}, not "
-                        f"{list(clients)}: it is from another run"
-                    )
-                self.strategy.load_state_tensors(checkpoint.strategy_tensors)
-                self.strategy.load_state_json(checkpoint.strategy_json)
-                self.start_round = checkpoint.round + 1
-            last = self.start_round - 1
-            for name in (METRICS_FILE, AGGREGATION_FILE):
-                keep_rounds(self.run_dir / name, last)
-            if checkpoint is not None and checkpoint.pending is not None:
-                recorded = {int(r.get("round", 0)) for r in read_jsonl(self.run_dir / AGGREGATION_FILE)}
-                if checkpoint.round not in recorded:  # its evaluation had not come back: ask for it again
-                    self.pending = RoundRecord.from_json(checkpoint.pending)
-            self.summary["rounds_done"] = last
+            self.start_round, self.pending = continue_run(self.run_dir, clients, self.strategy, self.warn)
+            summary["rounds_done"] = self.start_round - 1
         else:
             for name in (METRICS_FILE, AGGREGATION_FILE):
                 (self.run_dir / name).write_text("", encoding="utf-8")
-        self.summary["clients"] = list(clients)
-        self.summary["classes"] = list(self.classes)
-
-    def _resume_checkpoint(self) -> Checkpoint | None:
-        """The newest readable checkpoint to continue from (``None``: start again at round 1), with a warning per
-        problem: a damaged line of ``metrics.jsonl``/``aggregation.jsonl`` (named by file and line; its round is
-        redone, so the record comes back) and a checkpoint that cannot be read (the previous one is used).
-        Checkpoints after the chosen one are removed: their rounds are redone."""
-        redo_from: int | None = None
-        for name in (METRICS_FILE, AGGREGATION_FILE):
-            scan = scan_jsonl(self.run_dir / name)
-            for damaged in scan.damaged:
-                intact_before = [int(r.get("round", 1)) for r in scan.records[: damaged.line - 1]]
-                damaged_round = _damaged_round(damaged, max(intact_before, default=1))
-                self.warn(f"{damaged}; the record is left out and round {damaged_round} is run again")
-                redo_from = damaged_round if redo_from is None else min(redo_from, damaged_round)
-        done = complete_checkpoints(self.run_dir)
-        chosen: Checkpoint | None = None
-        for server_round in reversed(done):
-            if redo_from is not None and server_round >= redo_from:
-                continue
-            try:
-                chosen = read_checkpoint(self.run_dir, server_round)
-            except FederationError as exc:
-                self.warn(f"{exc}; falling back to the previous complete checkpoint")
-                continue
-            break
-        for server_round in done:
-            if chosen is None or server_round > chosen.round:
-                drop_checkpoint(self.run_dir, server_round)
-        if done and (chosen is None or chosen.round != done[-1]):
-            after = f"resuming after round {chosen.round}" if chosen else "no usable checkpoint: starting at round 1"
-            self.warn(f"{after} of {self.run_dir}")
-        return chosen
+        summary["clients"] = list(clients)
+        summary["classes"] = list(self.classes)
 
     # -- the rounds ---------------------------------------------------------------------------------------------------
     def _loop(self, pool: Pool) -> None:
@@ -478,13 +266,13 @@ class Engine:
             dynamic_ncols=True,
         )
         self.bar = bar
-        pool.on_answer = self._answered
+        pool.on_answer = self.phases.answered
         try:
             for server_round in range(self.start_round, total + 1):
                 self._round(pool, server_round)
                 self.rounds_run += 1
                 bar.update(1)
-                final = self.summary.get("final") or {}
+                final = self.summary.data.get("final") or {}
                 bar.set_postfix(acc=f"{final.get('avg_test_acc', 0):.3f}")
             self._finish(pool)
         finally:
@@ -493,16 +281,6 @@ class Engine:
     def _note(self, text: str) -> None:
         if self.progress:
             self.bar.write(text)
-
-    def _progress(self, server_round: int, phase: str, asked: int, done: int = 0) -> None:
-        """Rewrite ``progress.json``: ``done`` of ``asked`` hospitals have answered in ``phase`` of this round."""
-        self._phase = (server_round, phase, asked, done)
-        write_progress(self.run_dir, RoundProgress(server_round, self.config.run.rounds, phase, done, asked, now()))
-
-    def _answered(self, client: int) -> None:
-        """A hospital answered (the pool tells as it happens): one more done in the current phase."""
-        server_round, phase, asked, done = self._phase
-        self._progress(server_round, phase, asked, min(done + 1, asked))
 
     def _round(self, pool: Pool, server_round: int) -> None:
         config = self.config
@@ -525,7 +303,7 @@ class Engine:
             )
             for c, i in instructions.items()
         }
-        self._progress(server_round, "training", len(tasks))
+        self.phases.begin(server_round, "training", len(tasks))
         replies = pool.exchange(tasks)
         if previous is not None:
             self._previous_evaluations(pool, previous, {c: replies[c] for c in ask_previous if c in replies})
@@ -533,7 +311,8 @@ class Engine:
             self.pending = None
         trained: dict[int, TrainReply] = {}
         for c, reply in replies.items():
-            reason = self._train_problem(c, reply, tasks[c].instruction.recipe.fisher_batch > 0)
+            fisher = tasks[c].instruction.recipe.fisher_batch > 0
+            reason = train_problem(c, reply, self.shared_keys, self.spec, self.counts, fisher)
             if reason is None and isinstance(reply, TrainReply):
                 trained[c] = reply
                 record.add_trained(c, reply)
@@ -546,7 +325,7 @@ class Engine:
         if instructions and not trained:
             raise self._no_round(server_round, "sent a usable update", record.left_out, record.diverged)
         record.received = {c: count_reply_values(t) for c, t in trained.items()}
-        self._progress(server_round, "aggregating", len(trained))
+        self.phases.begin(server_round, "aggregating", len(trained))
         record.aggregation = self.strategy.aggregate_train(server_round, trained)
         for c, t in trained.items():
             if fused and t.evaluation is not None:
@@ -561,12 +340,12 @@ class Engine:
             record.seconds = time.perf_counter() - start
             self._checkpoint(record, pending=True)
             self.pending = record
-            self._round_done(record.round, record.seconds)
+            self.summary.round_done(record.round, record.seconds)
             return
         self._evaluate(pool, record, record.to_evaluate(self.clients))
         self._write_record(record, until=None)
         self._checkpoint(record, pending=False)
-        self._round_done(record.round, time.perf_counter() - start)
+        self.summary.round_done(record.round, time.perf_counter() - start)
 
     def _previous_evaluations(self, pool: Pool, record: RoundRecord, replies: Mapping[int, Message]) -> None:
         """Take ``record``'s evaluations from the combined replies (``TrainReply.previous``); a hospital whose
@@ -592,7 +371,7 @@ class Engine:
             return
         shared = self.strategy.configure_evaluate(record.round, clients)
         tasks = {c: EvaluateTask(self.run_id, record.round, c, self.shared_keys, shared.get(c)) for c in clients}
-        self._progress(record.round, "evaluating", len(tasks))
+        self.phases.begin(record.round, "evaluating", len(tasks))
         for c, reply in pool.exchange(tasks).items():
             problem = evaluation_problem(reply, self.num_test.get(c)) if isinstance(reply, EvaluateReply) else None
             if isinstance(reply, EvaluateReply) and problem is None:
@@ -615,9 +394,7 @@ class Engine:
             seconds = (until if until is not None else time.perf_counter()) - record.started
         append_jsonl(self.run_dir / METRICS_FILE, record.metrics_lines(self.clients, self.counts))
         append_jsonl(self.run_dir / AGGREGATION_FILE, [record.aggregation_line(seconds)])
-        # in memory: the next summary write carries them (the round's, the final one's, or a failure's)
-        self.summary.setdefault("seconds_per_round", None)
-        self.summary.update(run_figures(round_stats(read_jsonl(self.run_dir / METRICS_FILE))))
+        self.summary.add_figures(self.run_dir / METRICS_FILE)
 
     def _checkpoint(self, record: RoundRecord, *, pending: bool) -> None:
         write_checkpoint(
@@ -632,16 +409,6 @@ class Engine:
             keep=self.config.run.keep_checkpoints,
         )
 
-    def _round_done(self, server_round: int, seconds: float) -> None:
-        """Round ``server_round`` is checkpointed after ``seconds``: the summary's progress and ETA."""
-        self.round_seconds.append(seconds)
-        per_round = sum(self.round_seconds) / len(self.round_seconds)
-        self._write_summary(
-            rounds_done=server_round,
-            seconds_per_round=per_round,
-            eta_seconds=per_round * (self.config.run.rounds - server_round),
-        )
-
     def _finish(self, pool: Pool) -> None:
         """After the last round: the evaluation still to come (``evaluates_next_start``) on its own."""
         record = self.pending
@@ -650,7 +417,7 @@ class Engine:
         self._evaluate(pool, record, record.to_evaluate(self.clients))
         self._write_record(record, until=None)
         self.pending = None
-        self._write_summary()
+        self.summary.write()
 
     def _no_round(
         self, server_round: int, what: str, left_out: Mapping[str, str], diverged: set[str]
@@ -671,12 +438,3 @@ class Engine:
             f"round {server_round}: no hospital {what} ({reasons}); "
             f"fix the cause, then continue with gastric-fl train --resume {self.run_dir}"
         )
-
-    def _train_problem(self, client: int, reply: Message, fisher: bool) -> str | None:
-        if isinstance(reply, Failure):
-            return reply.reason
-        if not isinstance(reply, TrainReply):
-            return f"answered a training task with {type(reply).__name__}"
-        if reply.client != client:
-            return f"its reply names hospital {reply.client}"
-        return usable_update(reply, self.shared_keys, self.spec, self.counts[client], fisher)

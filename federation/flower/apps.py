@@ -1,7 +1,7 @@
 """The Flower apps: a ``ServerApp`` whose main loop is our engine, and a ``ClientApp`` that is a hospital.
 
 Flower's ``Strategy.start`` assumes one global model; FedAMP and FedSAF give every hospital its own message, so
-the ``ServerApp`` main runs ``federation.engine.loop.Engine`` with a ``FlowerPool``: per-hospital messages through
+the ``ServerApp`` main runs ``federation.engine.loop.Server`` with a ``FlowerPool``: per-hospital messages through
 the grid's ``push_messages``/``pull_messages`` (`exchange`: Flower's ``send_and_receive`` with a short pull
 interval), every call with a timeout (Flower 1.41 Message API; DESIGN.md, "Engines").
 
@@ -34,7 +34,7 @@ from federation.contract import Failure
 from federation.engine.codec import Envelope, encode, from_bytes, to_bytes
 from federation.engine.common import config_from_text
 from federation.engine.hospital import Hospital, Site
-from federation.engine.loop import Engine
+from federation.engine.loop import Server
 from federation.engine.policy import load_policy
 from federation.engine.pools import Observer, Pool, answer
 from federation.errors import FederationError, first_line
@@ -263,8 +263,8 @@ def server_app() -> ServerApp:
         settings = context.run_config
         config = config_from_text(str(settings["config-toml"]), "the submitted run configuration")
         run_dir = Path(str(settings["run-dir"]))
-        engine = Engine(config, run_dir, progress=False)
-        engine.dataset_sha256 = str(settings.get("dataset-sha256", "")) or None
+        server = Server(config, run_dir, progress=False)
+        server.dataset_sha256 = str(settings.get("dataset-sha256", "")) or None
 
         def make_pool() -> Pool:
             return FlowerPool(
@@ -274,7 +274,7 @@ def server_app() -> ServerApp:
                 round_timeout=config.flower.round_timeout,
             )
 
-        engine.run(make_pool, resume=bool(settings["resume"]), overwrite=bool(settings["overwrite"]))
+        server.run(make_pool, resume=bool(settings["resume"]), overwrite=bool(settings["overwrite"]))
 
     return app
 

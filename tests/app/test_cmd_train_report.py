@@ -59,12 +59,12 @@ def test_print_config_shows_the_resolved_strategy_defaults(
 def test_interrupted_run_exits_130_and_resumes(
     dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def interrupted(self: loop.Engine, pool: object, server_round: int) -> None:
+    def interrupted(self: loop.Server, pool: object, server_round: int) -> None:
         raise KeyboardInterrupt
 
     run_dir = tmp_path / "stopped"
     with monkeypatch.context() as patch:
-        patch.setattr(loop.Engine, "_round", interrupted)
+        patch.setattr(loop.Server, "_round", interrupted)
         code = run_cli(
             patch, "train", "--data", str(dataset), "--out", str(run_dir), "-q", "--set", "run.rounds=1", *TINY
         )

@@ -23,7 +23,7 @@ from support.cli import run_cli
 from federation.client import auc_of, auc_or_none, multiclass_auc
 from federation.config import load_config
 from federation.data import LABELS, read_dataset
-from federation.engine import Engine
+from federation.engine import Server
 from federation.engine.audit import AUDIT_FILE, check_message
 from federation.engine.codec import decode, encode
 from federation.engine.hospital import Site, hospital_folder
@@ -249,9 +249,9 @@ def test_hospitals_that_disagree_on_the_classes_are_refused(
     run = tmp_path / "run"
     config = load_config(None, list(SETTINGS), data=dataset)
     sites = [Site(dataset, 0, hospital_folder(run, 0)), Site(other, 1, hospital_folder(run, 1))]
-    engine = Engine(config, run, progress=False)
+    server = Server(config, run, progress=False)
     with pytest.raises(FederationError) as error:
-        engine.run(lambda: InProcessPool(sites))
+        server.run(lambda: InProcessPool(sites))
     message = str(error.value)
     assert len(message.splitlines()) == 1
     assert "hospitals disagree on the classes: hospital 0 has ['alpha', 'beta', 'gamma'], hospital 1 has" in message

@@ -13,7 +13,7 @@ from support.tiny_dataset import TINY_SETTINGS
 
 from federation.config import load_config
 from federation.contract import Failure
-from federation.engine import Engine, local_sites, resolve_config
+from federation.engine import Server, local_sites, resolve_config
 from federation.engine.codec import Envelope, decode, encode
 from federation.engine.pools import InProcessPool, Pool
 from federation.errors import FederationError
@@ -67,7 +67,7 @@ def test_only_a_divergence_gets_the_advice_to_lower_the_learning_rate(
         return FailingPool(sites, failure)
 
     with pytest.raises(FederationError) as info:
-        Engine(config, tmp_path / "run", progress=False).run(make_pool)
+        Server(config, tmp_path / "run", progress=False).run(make_pool)
     message = str(info.value)
     assert message.startswith("round 1: no hospital sent a usable update")
     assert ("the training diverged" in message) is advice

@@ -156,16 +156,16 @@ def test_failure_is_recorded_in_the_summary(dataset: Path, tmp_path: Path, monke
 def test_interrupt_marks_the_run_stopped_and_it_can_resume(
     dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    original = loop.Engine._round
+    original = loop.Server._round
     calls = {"n": 0}
 
-    def interrupt_second(self: loop.Engine, pool: Any, server_round: int) -> None:
+    def interrupt_second(self: loop.Server, pool: Any, server_round: int) -> None:
         calls["n"] += 1
         if calls["n"] == 2:
             raise KeyboardInterrupt
         original(self, pool, server_round)
 
-    monkeypatch.setattr(loop.Engine, "_round", interrupt_second)
+    monkeypatch.setattr(loop.Server, "_round", interrupt_second)
     run_dir = tmp_path / "stopped"
     with pytest.raises(RunStopped, match=rf"stopped after round 1; continue with: gastric-fl train --resume {run_dir}"):
         train(_config(dataset, "run.rounds=2", "strategy.name=separate"), run_dir, progress=False)
@@ -208,10 +208,10 @@ def test_worker_processes_give_the_same_results(dataset: Path, reference: Path, 
 
 def test_sigterm_marks_the_run_stopped(dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # the dashboard stops a run by sending SIGTERM to its process
-    def terminate(self: loop.Engine, pool: Any, server_round: int) -> None:
+    def terminate(self: loop.Server, pool: Any, server_round: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(loop.Engine, "_round", terminate)
+    monkeypatch.setattr(loop.Server, "_round", terminate)
     before = signal.getsignal(signal.SIGTERM)
     run_dir = tmp_path / "terminated"
     with pytest.raises(RunStopped):

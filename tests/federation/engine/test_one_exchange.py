@@ -136,23 +136,23 @@ def test_a_run_stopped_before_a_rounds_evaluation_resumes_to_the_same_files(
 ) -> None:
     config = _config(dataset, "run.rounds=3", "strategy.name=fedprox")
     train(config, tmp_path / "reference", progress=False)
-    original_round, original_finish = loop.Engine._round, loop.Engine._finish
+    original_round, original_finish = loop.Server._round, loop.Server._finish
     calls = {"round": 0, "finish": 0}
 
-    def stop_before_round_3(self: loop.Engine, pool: Pool, server_round: int) -> None:
+    def stop_before_round_3(self: loop.Server, pool: Pool, server_round: int) -> None:
         calls["round"] += 1
         if server_round == 3 and calls["round"] == 3:
             raise KeyboardInterrupt
         original_round(self, pool, server_round)
 
-    def stop_before_the_last_evaluation(self: loop.Engine, pool: Pool) -> None:
+    def stop_before_the_last_evaluation(self: loop.Server, pool: Pool) -> None:
         calls["finish"] += 1
         if calls["finish"] == 1:
             raise KeyboardInterrupt
         original_finish(self, pool)
 
-    monkeypatch.setattr(loop.Engine, "_round", stop_before_round_3)
-    monkeypatch.setattr(loop.Engine, "_finish", stop_before_the_last_evaluation)
+    monkeypatch.setattr(loop.Server, "_round", stop_before_round_3)
+    monkeypatch.setattr(loop.Server, "_finish", stop_before_the_last_evaluation)
     run_dir = tmp_path / "stopped"
     with pytest.raises(RunStopped, match="stopped after round 2"):
         train(config, run_dir, progress=False)

@@ -12,7 +12,7 @@ import pytest
 from support.tiny_dataset import TINY_SETTINGS, make_dataset
 
 from federation.config import load_config
-from federation.engine import loop
+from federation.engine import summary
 from federation.launch import train
 from federation.progress import PROGRESS_FILE, RoundProgress, read_progress, write_progress
 
@@ -49,14 +49,14 @@ def test_reading_progress_does_not_import_torch() -> None:
 def test_the_round_loop_reports_phases_and_each_hospital(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     dataset = make_dataset(tmp_path / "tiny")
     seen: list[tuple[int, str, int, int]] = []
-    real = loop.write_progress
+    real = summary.write_progress
 
     def record(run_dir: Path, progress: RoundProgress) -> None:
         seen.append((progress.round, progress.phase, progress.hospitals_done, progress.hospitals_total))
         assert progress.rounds_total == 2
         real(run_dir, progress)
 
-    monkeypatch.setattr(loop, "write_progress", record)
+    monkeypatch.setattr(summary, "write_progress", record)
     config = load_config(None, [*TINY_SETTINGS, "run.rounds=2", "strategy.name=fedavg"], data=dataset)
     run_dir = tmp_path / "run"
     train(config, run_dir, progress=False)

@@ -19,7 +19,7 @@ import torch
 from support.tiny_dataset import LAYOUT, TINY_SETTINGS
 
 from federation.config import load_config
-from federation.engine import Engine, local_sites, resolve_config
+from federation.engine import Server, local_sites, resolve_config
 from federation.engine.codec import Envelope
 from federation.engine.pools import InProcessPool, Pool
 from federation.runs import AGGREGATION_FILE, METRICS_FILE, SUMMARY_FILE
@@ -66,7 +66,7 @@ def run_with(
         pools.append(EditingPool(sites, kinds, edit))
         return pools[-1]
 
-    Engine(config, run_dir, progress=False).run(make_pool)
+    Server(config, run_dir, progress=False).run(make_pool)
     return run_dir, pools[0]
 
 

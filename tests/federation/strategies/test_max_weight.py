@@ -20,7 +20,7 @@ from support.tiny_dataset import LAYOUT, TINY_SETTINGS
 from federation.aggregation import cap_weights, weighted_sum
 from federation.config import config_to_toml, load_config, max_weight_problem
 from federation.contract import TrainReply
-from federation.engine import Engine, local_sites, resolve_config
+from federation.engine import Server, local_sites, resolve_config
 from federation.engine.codec import Envelope
 from federation.engine.pools import InProcessPool, Pool
 from federation.errors import FederationError
@@ -267,7 +267,7 @@ def _run(dataset: Path, run_dir: Path, settings: list[str], inflate: str = "") -
             return InProcessPool(sites)
         return InflatingPool(sites, honest_hello=inflate == "reported")
 
-    Engine(config, run_dir, progress=False).run(make_pool)
+    Server(config, run_dir, progress=False).run(make_pool)
     assert json.loads((run_dir / SUMMARY_FILE).read_text())["status"] == "finished"
     return [json.loads(line) for line in (run_dir / AGGREGATION_FILE).read_text().splitlines() if line.strip()]
 
