@@ -2,9 +2,17 @@
 
 
 class FederationError(ValueError):
-    """Bad configuration, data or run state; the CLI prints it as one line and exits 2."""
+    """Bad configuration, data or run state; the CLI prints it as one line and exits 2.
+
+    ``key``: the configuration key the error is about (``"section.key"``, e.g. ``"strategy.nhead"``), or ``None``
+    when it is about no single key; a form can then mark that field without reading the message.
+    """
 
     user_facing = True
+
+    def __init__(self, *args: object, key: str | None = None) -> None:
+        super().__init__(*args)
+        self.key = key
 
 
 class Diverged(FederationError):

@@ -2,10 +2,10 @@
 ``--data``; and writing one back as TOML (``config_to_toml``).
 
 Loading is strict: an unknown section or key, a value of the wrong type, or a value out of range is rejected with a
-``FederationError`` that names it and says what is allowed. After the sections have checked themselves,
-``config_from_dict`` applies the rules between sections (an optimiser that precision_weighted needs, paper 004; a
-``client.start`` only FedAMP and FedSAF support; ``server.max_weight`` only for example-weighted strategies; DP-SGD
-only without batch statistics). Nothing here imports torch.
+``FederationError`` that names it and says what is allowed; an error about one key carries it as ``.key``. After the
+sections have checked themselves, ``config_from_dict`` applies the rules between sections (an optimiser that
+precision_weighted needs, paper 004; a ``client.start`` only FedAMP and FedSAF support; ``server.max_weight`` only for
+example-weighted strategies; DP-SGD only without batch statistics). Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def _coerce(where: str, value: Any, annotation: Any) -> Any:
             if isinstance(items, list) and all(isinstance(v, str) for v in items):
                 return tuple(items)
     names = " or ".join(getattr(o, "__name__", str(o)) for o in options if o is not type(None))
-    raise FederationError(f"config {where} = {value!r} has the wrong type: expected {names}")
+    raise FederationError(f"config {where} = {value!r} has the wrong type: expected {names}", key=where)
 
 
 def _check_known(raw: Mapping[str, Any], source: str) -> None:
@@ -66,7 +66,10 @@ def _check_known(raw: Mapping[str, Any], source: str) -> None:
         known = [f.name for f in dataclasses.fields(SECTIONS[section])]
         for key in values:
             if key not in known:
-                raise FederationError(f"{source}: unknown key {section}.{key}; [{section}] accepts {', '.join(known)}")
+                raise FederationError(
+                    f"{source}: unknown key {section}.{key}; [{section}] accepts {', '.join(known)}",
+                    key=f"{section}.{key}",
+                )
 
 
 def _merge(base: dict[str, dict[str, Any]], extra: Mapping[str, Any]) -> None:
@@ -148,12 +151,13 @@ def _check_max_weight(config: RunConfig) -> None:
         raise FederationError(
             f"config server.max_weight = {cap!r} does not apply to strategy {name}: it caps the example-count "
             f"weights n_i / n of {capped}, and {name} does not weight hospitals by their example counts: "
-            "leave server.max_weight unset"
+            "leave server.max_weight unset",
+            key="server.max_weight",
         )
     if not isinstance(config.strategy.clients, str):
         problem = max_weight_problem(len(config.strategy.clients), cap)
         if problem is not None:
-            raise FederationError(problem)
+            raise FederationError(problem, key="server.max_weight")
 
 
 def _check_unused(config: RunConfig, section: str, applies: bool, why: str) -> None:

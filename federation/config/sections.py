@@ -1,10 +1,10 @@
 """The sections of a run configuration: one frozen dataclass per concern, each checking its own values.
 
-Every ``__post_init__`` rejects a value out of range with a ``FederationError`` that names the key
-(``section.key``) and says what is allowed (``_fail``, ``_at_least``, ``_positive``). ``RunConfig`` holds one of
-each; ``SECTIONS`` maps a section's name to its class. ``amp_bound_problem`` (AMP's self-weight bound, paper 001,
-Eq. 16) and ``max_weight_problem`` (``server.max_weight`` against ``1/m``) are the rules that need the number of
-hospitals, written once for the configuration, the engine and the dashboard. Nothing here imports torch.
+Every ``__post_init__`` rejects a value out of range with a ``FederationError`` that names the key (``section.key``,
+also its ``.key``) and says what is allowed (``_fail``, ``_at_least``, ``_positive``). ``RunConfig`` holds one of each;
+``SECTIONS`` maps a section's name to its class. ``amp_bound_problem`` (AMP's self-weight bound, paper 001, Eq. 16) and
+``max_weight_problem`` (``server.max_weight`` against ``1/m``) are the rules that need the number of hospitals, written
+once for the configuration, the engine and the dashboard. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 def _fail(where: str, value: object, need: str) -> typing.NoReturn:
-    raise FederationError(f"config {where} = {value!r} is out of range: {need}")
+    raise FederationError(f"config {where} = {value!r} is out of range: {need}", key=where)
 
 
 def _at_least(where: str, value: float, lo: float) -> None:
@@ -361,7 +361,7 @@ class ServerSection:
         if self.max_weight is not None:
             problem = max_weight_problem(0, self.max_weight)  # against 1/m once the hospitals are known
             if problem is not None:
-                raise FederationError(problem)
+                raise FederationError(problem, key="server.max_weight")
 
 
 @dataclass(frozen=True)
