@@ -39,8 +39,9 @@ from infra.outputs import atomic_target, write_atomic
 from infra.provenance import INTENDED_USE
 from models.decision import DEFAULT_THRESHOLD
 from models.errors import ModelError
+from models.names import MODEL_NAMES, TIMM_PREFIX, check_model_name, is_timm_name
 from models.preprocess import Preprocess
-from models.registry import MODEL_NAMES, create_model
+from models.registry import create_model
 
 CARD_FILE = "model.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -130,8 +131,13 @@ class ModelCard:
     privacy: dict[str, Any] = field(default_factory=dict)  # DP training: epsilon, delta, parameters (issue 22)
 
     def __post_init__(self) -> None:
-        if self.architecture not in MODEL_NAMES:
-            raise ModelError(f"unknown architecture {self.architecture!r}: this version knows {', '.join(MODEL_NAMES)}")
+        if is_timm_name(self.architecture):
+            check_model_name(self.architecture)  # its form; the installed timm's having it, when it is built
+        elif self.architecture not in MODEL_NAMES:
+            raise ModelError(
+                f"unknown architecture {self.architecture!r}: this version knows {', '.join(MODEL_NAMES)} "
+                f"and {TIMM_PREFIX}<timm model name>"
+            )
         if self.num_classes < 2 or len(self.class_names) != self.num_classes:
             raise ModelError(
                 f"num_classes is {self.num_classes} but class_names lists {len(self.class_names)} "
@@ -354,7 +360,10 @@ def load_bundle(path: Path, device: torch.device | str = "cpu") -> Bundle:
             f"{weights_path} is from round {metadata['round']} but {CARD_FILE} describes round {card.round}: the "
             "bundle is being rewritten (the run is still training) or was mixed by hand; try again when it is done"
         )
-    model = create_model(card.architecture, card.num_classes, card.preprocess.in_chans, norm=card.norm)
+    try:
+        model = create_model(card.architecture, card.num_classes, card.preprocess.in_chans, norm=card.norm)
+    except ModelError as exc:  # e.g. a timm architecture the installed timm does not have
+        raise BundleError(f"{folder}: {exc}") from None
     own = model.state_dict()
     missing = sorted(set(own) - set(tensors))
     extra = sorted(set(tensors) - set(own))

@@ -7,6 +7,16 @@ personalised head eta_i that stays on the hospital, the rest is the shared base 
 
 Which containers are opened up into their children is set per architecture (``_EXPAND``); a unit owns every
 ``state_dict`` entry under its prefix, BatchNorm buffers included, so the units partition the ``state_dict``.
+
+A timm model (``timm/<name>``, `models.names`) is split by timm's own ordered grouping of its blocks: the model's
+``group_matcher(coarse=False)``, the grouping timm's layer-wise learning-rate decay uses
+(``param_groups_layer_decay`` in timm's ``timm/optim/_param_groups.py``, which hands it to
+``timm.models.group_parameters``). Each group is one unit: the stem, then every block
+(``blocks.i.j`` of an EfficientNet or MobileNetV3, ``layerI.J`` of a ResNet, ``stages.i.blocks.j`` of a ConvNeXt,
+``blocks.i`` of a ViT), where timm folds a final convolution or norm into the last block, and last whatever the
+matcher leaves unmatched, which timm groups after every block: the classifier (with a MobileNetV3's
+``conv_head``), so ``nhead=1`` keeps exactly timm's head. A unit's keys are in ``state_dict`` order and its name
+joins the shortest module paths that hold its keys only (``blocks.1.0``, ``conv_stem+bn1``).
 """
 
 from __future__ import annotations
@@ -30,6 +40,8 @@ _EXPAND: dict[str, frozenset[str]] = {
 
 def split_units(model: nn.Module) -> list[Unit]:
     """Ordered ``(unit_name, [state_dict keys])`` of the model's layer units, input to output."""
+    if is_timm_model(model):
+        return _timm_units(model)
     expand = _EXPAND.get(type(model).__name__)
     if expand is None:
         raise ModelError(f"no layer units defined for {type(model).__name__}: add it to models.split._EXPAND")
@@ -50,6 +62,57 @@ def split_units(model: nn.Module) -> list[Unit]:
     if covered != len(keys):
         raise ModelError(f"layer units of {type(model).__name__} do not cover its state_dict ({covered}/{len(keys)})")
     return units
+
+
+def is_timm_model(model: nn.Module) -> bool:
+    """Whether ``model`` is one of timm's architectures (timm's ``ResNet`` or ``EfficientNet`` share their class
+    names with torchvision's, so the defining module tells them apart)."""
+    return type(model).__module__.startswith("timm.")
+
+
+def _timm_units(model: nn.Module) -> list[Unit]:
+    """Units of a timm model: its ``group_matcher(coarse=False)`` groups in timm's order (module docstring)."""
+    # timm's public group_parameters / group_modules apply this function to named parameters / modules; applied to
+    # the state_dict's keys it also places each BatchNorm buffer with its layer.
+    from timm.models._manipulate import group_with_matcher
+
+    matcher = getattr(model, "group_matcher", None)
+    try:
+        spec = matcher(coarse=False) if callable(matcher) else None
+    except NotImplementedError:
+        spec = None
+    if not spec:
+        raise ModelError(
+            f"timm's {type(model).__name__} defines no group_matcher(), so it has no layer units; choose another model"
+        )
+    keys = list(model.state_dict().keys())
+    groups: dict[int, list[str]] = group_with_matcher(((k, None) for k in keys), spec)
+    unit_of = {k: gid for gid, unit_keys in groups.items() for k in unit_keys}
+    # every module path (and key) -> the units holding a key under it
+    owners: dict[str, set[int]] = {}
+    for key in keys:
+        parts = key.split(".")
+        for n in range(1, len(parts) + 1):
+            owners.setdefault(".".join(parts[:n]), set()).add(unit_of[key])
+    units: list[Unit] = []
+    for gid in sorted(groups):
+        unit_keys = [k for k in keys if unit_of[k] == gid]
+        units.append((_unit_name(unit_keys, owners, gid), unit_keys))
+    return units
+
+
+def _unit_name(keys: Sequence[str], owners: dict[str, set[int]], gid: int) -> str:
+    """The shortest module paths holding only this unit's keys, joined by ``+``: ``blocks.1.0``, ``conv_stem+bn1``,
+    ``stages.1.downsample+stages.1.blocks.0``. Distinct units get distinct names, since no path is in two."""
+    paths: dict[str, None] = {}
+    for key in keys:
+        parts = key.split(".")
+        for n in range(1, len(parts) + 1):
+            path = ".".join(parts[:n])
+            if owners[path] == {gid}:
+                paths[path] = None
+                break
+    return "+".join(paths)
 
 
 def check_nhead(nhead: int, units: Sequence[Unit]) -> None:
