@@ -19,9 +19,10 @@ from typing import Any, ParamSpec
 
 import streamlit as st
 
-from app.dashboard import evaluation, jobs, paths, settings
+from app.dashboard import commands, evaluation, jobs, paths, presets
 from app.dashboard.datasets import PreparedDataset, hospital_label, list_datasets, load_manifest
 from app.dashboard.errors import DashboardError
+from app.dashboard.fields import model_units
 from app.dashboard.runs import RunInfo, list_runs
 from infra import provenance
 
@@ -106,8 +107,8 @@ def jobs_dir() -> Path:
 
 def quickstart_commands(data: Path) -> str:
     """The commands that make the demo dataset and a first run by hand (the Data page's button runs the first two)."""
-    lines = [shlex.join(c) for c in settings.demo_commands(data, ["gastric-fl"])]
-    prepared = data / "prepared" / settings.DEMO_NAME
+    lines = [shlex.join(c) for c in commands.demo_commands(data, ["gastric-fl"])]
+    prepared = data / "prepared" / commands.DEMO_NAME
     run = data / "runs" / "demo"
     lines.append(
         shlex.join(["gastric-fl", "train", "--config", "configs/demo.toml", "--data", str(prepared), "--out", str(run)])
@@ -244,17 +245,17 @@ def pick_preset(
     number of units of its model."""
     choice = column.selectbox(
         "Preset",
-        [*(str(p) for p in settings.presets()), ENGINE_DEFAULTS],
+        [*(str(p) for p in presets.presets()), ENGINE_DEFAULTS],
         format_func=lambda p: p if p == ENGINE_DEFAULTS else Path(p).name,
         on_change=on_change,
         key=key,
         help=help,
     )
     preset = None if choice == ENGINE_DEFAULTS else Path(choice)
-    resolved, problem = settings.resolve_preset(preset)
+    resolved, problem = presets.resolve_preset(preset)
     if problem:
         st.warning(problem, icon=":material/warning:")
-    return preset, resolved, settings.model_units(settings.model_of(resolved))
+    return preset, resolved, model_units(presets.model_of(resolved))
 
 
 def no_dataset_help() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from support.dashboard import Fixture, open_page, write_config, write_metrics, write_summary
 
-from app.dashboard import compare, settings
+from app.dashboard import commands, compare
 
 
 def _run(root: Path, name: str, dataset: Path, *changes: tuple[str, str]) -> Path:
@@ -101,7 +101,7 @@ def test_the_example_ablate_command_points_at_a_dataset_that_exists(fixture_root
     prepared = shlex.split(lines[1])
     made = prepared[prepared.index("--out") + 1]
     ablate = shlex.split(lines[2])
-    assert ablate[ablate.index("--data") + 1] == made == str(empty / "prepared" / settings.DEMO_NAME)
+    assert ablate[ablate.index("--data") + 1] == made == str(empty / "prepared" / commands.DEMO_NAME)
 
 
 def test_the_compare_page_shows_the_diff_and_the_warning(fixture_root: Fixture) -> None:

@@ -12,7 +12,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 from support.dashboard import Fixture, open_page, write_running
 
-from app.dashboard import jobs, paths, settings
+from app.dashboard import commands, jobs, paths
 from federation.progress import RoundProgress, write_progress
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(30)"]  # stands in for gastric-fl: it ignores the arguments
@@ -93,7 +93,7 @@ def test_each_invalid_field_has_its_own_message_and_start_is_disabled(fixture_ro
 def test_start_shows_a_plain_sentence_and_is_disabled_while_the_run_trains(
     fixture_root: Fixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(settings, "cli_prefix", lambda: list(SLEEP))
+    monkeypatch.setattr(commands, "cli_prefix", lambda: list(SLEEP))
     folder = paths.jobs_root(fixture_root.root)
     at = open_page("federation")
     at.number_input(key="cfg:run.rounds").set_value(3)

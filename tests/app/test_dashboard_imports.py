@@ -22,7 +22,10 @@ MODULES = (
     "app.dashboard.errors",
     "app.dashboard.paths",
     "federation.report",  # what the Compare page reads runs with
-    "app.dashboard.settings",  # the Federation form and its checks, the Compare page's launcher
+    "app.dashboard.fields",  # the Federation form's fields
+    "app.dashboard.presets",  # the form's presets and starting values
+    "app.dashboard.checks",  # the form's checks, also the Compare page's launcher's
+    "app.dashboard.commands",  # the command lines the form and the launcher start
     "federation.config",  # what the checks load the configuration with
 )
 
@@ -54,14 +57,14 @@ def test_checking_the_form_and_loading_a_configuration_import_no_torch() -> None
     bound so that every rule is reached; the old import paths still give the same names."""
     code = f"""
 from pathlib import Path
-from app.dashboard import settings
+from app.dashboard import checks, presets
 from federation.config import load_config
 load_config({str(ROOT / "configs" / "demo.toml")!r})
-resolved = settings.resolve_preset(settings.DEFAULT_PRESET)[0]
-values = settings.initial_values(resolved, "fedsaf")
+resolved = presets.resolve_preset(presets.DEFAULT_PRESET)[0]
+values = presets.initial_values(resolved, "fedsaf")
 values["amp.alpha_k"] = 100.0
 values["strategy.nhead"] = 99
-checked = settings.check(settings.DEFAULT_PRESET, None, values, 3)
+checked = checks.check(presets.DEFAULT_PRESET, None, values, 3)
 assert set(checked.fields) == {{"amp.alpha_k", "strategy.nhead"}}, checked
 import models, federation.strategies, models.names, federation.strategies.registry as registry
 assert models.MODEL_NAMES is models.names.MODEL_NAMES

@@ -13,18 +13,18 @@ from typing import Any
 import pytest
 from support.dashboard import write_prepared
 
-from app.dashboard import live, settings
+from app.dashboard import checks, commands, fields, live, presets
 from app.dashboard.runs import Progress
-from federation.config import SECTIONS, load_config
+from federation.config import DEFAULTS_TOML, SECTIONS, load_config
 from federation.errors import FederationError
 from federation.progress import RoundProgress
 
-DEMO = settings.DEFAULT_PRESET
+DEMO = presets.DEFAULT_PRESET
 
 
 @pytest.fixture(scope="module")
 def resolved() -> dict[str, Any]:
-    return settings.resolve_preset(DEMO)[0]
+    return presets.resolve_preset(DEMO)[0]
 
 
 @pytest.fixture(scope="module")
@@ -35,35 +35,35 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _values(resolved: dict[str, Any], method: str = "fedsaf", **changes: Any) -> dict[str, Any]:
-    values = settings.initial_values(resolved, method)
+    values = presets.initial_values(resolved, method)
     values.update({key.replace("__", "."): value for key, value in changes.items()})
     return values
 
 
 def test_every_field_is_a_setting_of_the_run_configuration() -> None:
-    for item in settings.FIELDS:
+    for item in fields.FIELDS:
         assert item.section in SECTIONS, item.key
         assert item.name in SECTIONS[item.section].__dataclass_fields__, item.key
-    defaults = settings.resolve_preset(None)[0]
-    for item in settings.FIELDS:
+    defaults = presets.resolve_preset(None)[0]
+    for item in fields.FIELDS:
         if item.kind == "choice":  # every option is accepted by the engine
             for option in item.options:
-                assert settings.field_problem(item, option, defaults, {"strategy.name": "fedavg"}) is None, option
+                assert checks.field_problem(item, option, defaults, {"strategy.name": "fedavg"}) is None, option
 
 
-def _below(item: settings.Field) -> float:
+def _below(item: fields.Field) -> float:
     assert item.minimum is not None
     return item.minimum - 1 if item.kind == "int" else item.minimum - 1e-9
 
 
-@pytest.mark.parametrize("item", [f for f in settings.FIELDS if f.kind in ("int", "float")], ids=lambda f: f.key)
-def test_number_limits_never_allow_what_the_engine_refuses(item: settings.Field) -> None:
+@pytest.mark.parametrize("item", [f for f in fields.FIELDS if f.kind in ("int", "float")], ids=lambda f: f.key)
+def test_number_limits_never_allow_what_the_engine_refuses(item: fields.Field) -> None:
     """Below the widget's minimum the engine refuses too, so the limit costs nothing; at the minimum the engine
     either accepts, or the field has a message (an exclusive bound such as lr > 0)."""
-    defaults = settings.resolve_preset(None)[0]
+    defaults = presets.resolve_preset(None)[0]
     context = {"strategy.name": "fedavg", "strategy.wrap": ["fedlws", "fedtlu"], "client.optimizer": "adam"}
-    assert settings.field_problem(item, _below(item), defaults, context) is not None
-    at_minimum = settings.field_problem(item, item.minimum, defaults, context)
+    assert checks.field_problem(item, _below(item), defaults, context) is not None
+    at_minimum = checks.field_problem(item, item.minimum, defaults, context)
     exclusive = {"client.lr", "amp.sigma", "amp.alpha_k", "precision_weighted.eps", "fedlws.beta", "fedtlu.portion"}
     exclusive |= {"adam.eps"}
     assert (at_minimum is not None) == (item.key in exclusive), (item.key, at_minimum)
@@ -71,7 +71,7 @@ def test_number_limits_never_allow_what_the_engine_refuses(item: settings.Field)
 
 def test_each_invalid_field_gets_its_own_message(resolved: dict[str, Any], dataset: Path) -> None:
     values = _values(resolved, client__lr=0.0, amp__sigma=-1.0, fedsaf__fisher_batch=0)
-    checked = settings.check(DEMO, dataset, values, 3)
+    checked = checks.check(DEMO, dataset, values, 3)
     assert list(checked.fields) == ["client.lr", "amp.sigma", "fedsaf.fisher_batch"]
     assert checked.fields["client.lr"] == "Learning rate = 0: use a finite value > 0."
     assert checked.fields["amp.sigma"] == "sigma = -1: use a finite value > 0."
@@ -79,50 +79,50 @@ def test_each_invalid_field_gets_its_own_message(resolved: dict[str, Any], datas
     assert not checked.ok
     # The same settings through the CLI's loader fail too (on the first of them).
     with pytest.raises(FederationError):
-        load_config(DEMO, settings.overrides(values, resolved), dataset)
-    assert settings.check(DEMO, dataset, _values(resolved), 3).ok
+        load_config(DEMO, commands.overrides(values, resolved), dataset)
+    assert checks.check(DEMO, dataset, _values(resolved), 3).ok
 
 
 def test_a_field_hidden_behind_another_failure_of_its_section_is_found(resolved: dict[str, Any]) -> None:
     # [client] checks start, optimizer, epochs, lr, momentum... in that order and stops at the first failure.
     values = _values(resolved, client__lr=0.0, client__momentum=1.0, client__weight_decay=-0.5)
-    checked = settings.check(DEMO, None, values, 3)
+    checked = checks.check(DEMO, None, values, 3)
     assert list(checked.fields) == ["client.lr", "client.momentum", "client.weight_decay"]
 
 
 def test_rules_between_settings_and_at_start_are_found(resolved: dict[str, Any]) -> None:
     # AMP's bound alpha_k x (m - 1) <= sigma (federation.aggregation.check_amp_settings), with 3 hospitals.
-    assert settings.check(DEMO, None, _values(resolved, amp__alpha_k=0.5, amp__sigma=1.0), 3).ok
-    too_big = settings.check(DEMO, None, _values(resolved, amp__alpha_k=0.6), 3)
+    assert checks.check(DEMO, None, _values(resolved, amp__alpha_k=0.5, amp__sigma=1.0), 3).ok
+    too_big = checks.check(DEMO, None, _values(resolved, amp__alpha_k=0.6), 3)
     assert "lower alpha_k to at most 0.5" in too_big.fields["amp.alpha_k"]
     # FedAvg does not read alpha_k: the bound does not apply, and the field is not passed.
-    assert settings.check(DEMO, None, _values(resolved, "fedavg", amp__alpha_k=5.0), 3).ok
+    assert checks.check(DEMO, None, _values(resolved, "fedavg", amp__alpha_k=5.0), 3).ok
     # precision_weighted needs Adam: the engine's rule between strategy.name and client.optimizer.
-    pw = settings.check(DEMO, None, _values(resolved, "precision_weighted"), 3)
+    pw = checks.check(DEMO, None, _values(resolved, "precision_weighted"), 3)
     assert "set client.optimizer = adam" in pw.fields["client.optimizer"]
-    assert settings.check(DEMO, None, _values(resolved, "precision_weighted", client__optimizer="adam"), 3).ok
+    assert checks.check(DEMO, None, _values(resolved, "precision_weighted", client__optimizer="adam"), 3).ok
     # A wrapper needs an averaging method; its own settings are checked once it is chosen.
-    assert settings.check(DEMO, None, _values(resolved, "fedavg", strategy__wrap=["fedtlu"]), 3).ok
-    portion = settings.check(DEMO, None, _values(resolved, "fedavg", strategy__wrap=["fedtlu"], fedtlu__portion=0), 3)
+    assert checks.check(DEMO, None, _values(resolved, "fedavg", strategy__wrap=["fedtlu"]), 3).ok
+    portion = checks.check(DEMO, None, _values(resolved, "fedavg", strategy__wrap=["fedtlu"], fedtlu__portion=0), 3)
     assert list(portion.fields) == ["fedtlu.portion"]
     # Epochs: client.epochs + client.head_epochs must train something; FedSAF's split needs a head epoch.
-    none = settings.check(DEMO, None, _values(resolved, client__epochs=0, client__head_epochs=0), 3)
+    none = checks.check(DEMO, None, _values(resolved, client__epochs=0, client__head_epochs=0), 3)
     assert "train for at least one epoch" in none.fields["client.epochs"]
-    headless = settings.check(DEMO, None, _values(resolved, client__head_epochs=0), 3)
+    headless = checks.check(DEMO, None, _values(resolved, client__head_epochs=0), 3)
     assert "trains the head first" in headless.fields["client.head_epochs"]
-    assert settings.check(DEMO, None, _values(resolved, client__head_epochs=0, fedsaf__split=False), 3).ok
-    small = settings.check(DEMO, None, _values(resolved, data__input_size=16), 3)
+    assert checks.check(DEMO, None, _values(resolved, client__head_epochs=0, fedsaf__split=False), 3).ok
+    small = checks.check(DEMO, None, _values(resolved, data__input_size=16), 3)
     assert "at least 32 pixels" in small.fields["data.input_size"]
-    assert settings.check(DEMO, None, _values(resolved), 1).general == [
+    assert checks.check(DEMO, None, _values(resolved), 1).general == [
         "The dataset has 1 hospital(s): a federation needs at least 2."
     ]
-    assert settings.check(DEMO, None, _values(resolved, "separate"), 1).ok
+    assert checks.check(DEMO, None, _values(resolved, "separate"), 1).ok
 
 
 def test_fields_apply_to_the_methods_that_read_them(resolved: dict[str, Any]) -> None:
     def shown(method: str, **changes: Any) -> set[str]:
         values = _values(resolved, method, **changes)
-        return {f.key for f in settings.FIELDS if f.applies(values)}
+        return {f.key for f in fields.FIELDS if f.applies(values)}
 
     assert {"strategy.nhead", "amp.dm", "amp.alpha_k", "fedsaf.fim", "client.start"} <= shown("fedsaf")
     assert "fedamp.dm" not in shown("fedsaf")
@@ -134,7 +134,7 @@ def test_fields_apply_to_the_methods_that_read_them(resolved: dict[str, Any]) ->
     assert "fedlws.beta" in shown("fedavg", strategy__wrap=["fedlws"])
     assert "adam.beta1" in shown("fedavg", client__optimizer="adam")
     assert "client.momentum" not in shown("fedavg", client__optimizer="adam")
-    assert {f.key for f in settings.FIELDS if f.group == "plain"} == {
+    assert {f.key for f in fields.FIELDS if f.group == "plain"} == {
         "strategy.name",
         "run.rounds",
         "run.seed",
@@ -144,9 +144,9 @@ def test_fields_apply_to_the_methods_that_read_them(resolved: dict[str, Any]) ->
 
 
 def test_the_command_carries_the_method_the_rounds_and_what_changed(resolved: dict[str, Any], tmp_path: Path) -> None:
-    assert settings.overrides(_values(resolved), resolved) == ["strategy.name=fedsaf", "run.rounds=4"]
+    assert commands.overrides(_values(resolved), resolved) == ["strategy.name=fedsaf", "run.rounds=4"]
     changed = _values(resolved, run__rounds=1, amp__dm="cosine", fedsaf__fim=False, strategy__nhead=3)
-    assert settings.overrides(changed, resolved) == [
+    assert commands.overrides(changed, resolved) == [
         "strategy.name=fedsaf",
         "run.rounds=1",
         "strategy.nhead=3",
@@ -154,43 +154,43 @@ def test_the_command_carries_the_method_the_rounds_and_what_changed(resolved: di
         "fedsaf.fim=false",
     ]
     # A setting the method does not read is never passed, whatever its value.
-    avg = settings.overrides(_values(resolved, "fedavg", amp__alpha_k=0.3, strategy__wrap=["fedlws"]), resolved)
+    avg = commands.overrides(_values(resolved, "fedavg", amp__alpha_k=0.3, strategy__wrap=["fedlws"]), resolved)
     assert avg == ["strategy.name=fedavg", "run.rounds=4", 'strategy.wrap=["fedlws"]']
-    command = settings.train_command(DEMO, tmp_path / "ds", tmp_path / "run", ["run.rounds=1"])
+    command = commands.train_command(DEMO, tmp_path / "ds", tmp_path / "run", ["run.rounds=1"])
     assert command[3:9] == ["train", "--config", str(DEMO), "--data", str(tmp_path / "ds"), "--out"]
     assert command[-3:] == [str(tmp_path / "run"), "--set", "run.rounds=1"]
-    assert settings.as_typed(command).startswith("gastric-fl train --config ")
+    assert commands.as_typed(command).startswith("gastric-fl train --config ")
     # What the CLI resolves from these overrides is what the form showed.
-    config = load_config(DEMO, settings.overrides(changed, resolved), tmp_path)
+    config = load_config(DEMO, commands.overrides(changed, resolved), tmp_path)
     assert (config.run.rounds, config.strategy.nhead, config.amp.dm, config.fedsaf.fim) == (1, 3, "cosine", False)
 
 
 def test_a_new_method_starts_from_its_own_nhead(resolved: dict[str, Any]) -> None:
-    assert settings.initial_values(resolved, "fedrep")["strategy.nhead"] == 1
-    assert settings.initial_values(resolved, "fedsaf")["strategy.nhead"] == 6
-    assert settings.overrides(_values(resolved, "fedrep"), resolved) == ["strategy.name=fedrep", "run.rounds=4"]
+    assert presets.initial_values(resolved, "fedrep")["strategy.nhead"] == 1
+    assert presets.initial_values(resolved, "fedsaf")["strategy.nhead"] == 6
+    assert commands.overrides(_values(resolved, "fedrep"), resolved) == ["strategy.name=fedrep", "run.rounds=4"]
 
 
 def test_a_preset_that_is_not_toml_falls_back_to_the_defaults(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[run\n")
-    values, problem = settings.resolve_preset(bad)
+    values, problem = presets.resolve_preset(bad)
     assert problem is not None
     assert str(bad) in problem
     assert "\n" not in problem
-    assert values["run"]["rounds"] == tomllib.loads(settings.DEFAULTS_TOML)["run"]["rounds"]
+    assert values["run"]["rounds"] == tomllib.loads(DEFAULTS_TOML)["run"]["rounds"]
 
 
 def test_the_banner_sentence_is_plain() -> None:
     values = {"strategy.name": "fedsaf", "run.rounds": 4}
-    assert settings.describe_run(values, "demo") == "Training FedSAF on demo, 4 rounds"
-    assert settings.describe_run({"strategy.name": "fedavg", "run.rounds": 1}, "x") == "Training FedAvg on x, 1 round"
+    assert commands.describe_run(values, "demo") == "Training FedSAF on demo, 4 rounds"
+    assert commands.describe_run({"strategy.name": "fedavg", "run.rounds": 1}, "x") == "Training FedAvg on x, 1 round"
 
 
 def test_new_run_id_never_reuses_a_folder() -> None:
-    first = settings.new_run_id("fedsaf", set(), now=0.0)
+    first = commands.new_run_id("fedsaf", set(), now=0.0)
     assert first.endswith("-fedsaf")
-    assert settings.new_run_id("fedsaf", {first}, now=0.0) == f"{first}-2"
+    assert commands.new_run_id("fedsaf", {first}, now=0.0) == f"{first}-2"
 
 
 def test_the_progress_bar_within_a_round() -> None:
@@ -213,14 +213,14 @@ def test_the_progress_bar_within_a_round() -> None:
 
 def test_drawing_the_form_imports_no_torch() -> None:
     """What the Federation and Compare pages do before their first content: resolve the preset, the form's values
-    and limits, the command, the queue; only `settings.check` (after the form is drawn) imports the engine."""
+    and limits, the command, the queue; only `checks.check` (after the form is drawn) imports the engine."""
     code = (
         "import sys\n"
-        "from app.dashboard import compare, jobs, live, settings\n"
-        "resolved, _ = settings.resolve_preset(settings.DEFAULT_PRESET)\n"
-        "values = settings.initial_values(resolved, 'fedsaf')\n"
-        "assert settings.presets() and settings.overrides(values, resolved)\n"
-        "[f.applies(values) and settings.limits(f, 15) for f in settings.FIELDS]\n"
+        "from app.dashboard import commands, compare, fields, jobs, live, presets\n"
+        "resolved, _ = presets.resolve_preset(presets.DEFAULT_PRESET)\n"
+        "values = presets.initial_values(resolved, 'fedsaf')\n"
+        "assert presets.presets() and commands.overrides(values, resolved)\n"
+        "[f.applies(values) and fields.limits(f, 15) for f in fields.FIELDS]\n"
         "print('torch' in sys.modules)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
@@ -239,14 +239,14 @@ def test_a_methods_nhead_rule_is_read_from_its_spec_by_the_form_and_the_strategy
 
     monkeypatch.setitem(registry.SPEC, "fedrep", dataclasses.replace(registry.SPEC["fedrep"], min_nhead=2))
     config = load_config(None, ["strategy.name=fedrep", "strategy.nhead=1"])
-    problems = settings._start_problems(config, 3)
+    problems = checks._start_problems(config, 3)
     assert ("strategy.nhead", "nhead = 1: FedRep needs a local head, so use 2 or more (or FedAvg).") in problems
     with pytest.raises(FederationError, match=r"strategy.nhead >= 2"):
         build(config, None)  # type: ignore[arg-type]  # refused before the context is read
     fixed = load_config(None, ["strategy.name=fedamp", "strategy.nhead=1"])
     assert (None, "FedAMP shares the whole model, so strategy.nhead must be 0 (the preset sets 1).") in (
-        settings._start_problems(fixed, 3)
+        checks._start_problems(fixed, 3)
     )
     assert not [
-        p for p in settings._start_problems(load_config(None, ["strategy.name=separate"]), 1) if "federation" in p[1]
+        p for p in checks._start_problems(load_config(None, ["strategy.name=separate"]), 1) if "federation" in p[1]
     ]

@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from app.dashboard import charts, compare, jobs, paths, settings, ui
+from app.dashboard import charts, checks, commands, compare, fields, jobs, paths, presets, ui
 from app.dashboard.datasets import list_datasets
 from app.dashboard.errors import DashboardError
 
@@ -113,31 +113,31 @@ def launcher() -> None:
         preset, resolved, units = ui.pick_preset(
             top[1], "grid_preset", "Every run starts from this preset; the grid changes nhead, dm and the seed."
         )
-        base = settings.initial_values(resolved, LAUNCH_METHOD)
+        base = presets.initial_values(resolved, LAUNCH_METHOD)
         rounds = int(top[2].number_input("Rounds per run", 1, 1000, int(base["run.rounds"]), 1, key="grid_rounds"))
         row = st.columns(4)
         nheads = row[0].multiselect(
             "nhead values", list(range(units + 1)), default=[0, min(6, units)], key="grid_nhead"
         )
-        dms = row[1].multiselect("dm values", list(settings.DISTANCES), default=["manhattan"], key="grid_dm")
+        dms = row[1].multiselect("dm values", list(fields.DISTANCES), default=["manhattan"], key="grid_dm")
         seeds = int(row[2].number_input("Seeds", 1, 20, 1, 1, key="grid_seeds", help="Runs per setting."))
         first = int(row[3].number_input("First seed", 0, 10**6, int(base["run.seed"]), 1, key="grid_first_seed"))
         cells = list(itertools.product(sorted(set(nheads)), dms, range(first, first + seeds)))
         st.caption(
-            f"{settings.plural(len(cells), 'run')} of {settings.plural(rounds, 'round')} each, on {dataset.name}; "
+            f"{commands.plural(len(cells), 'run')} of {commands.plural(rounds, 'round')} each, on {dataset.name}; "
             "every other setting is the preset's. They train one after another, after any run already going."
         )
         hospitals = ui.num_hospitals(dataset.path)
         problems: list[str] = []
         for nhead, dm in sorted({(n, d) for n, d, _ in cells}):
             values = {**base, "run.rounds": rounds, "strategy.nhead": nhead, "amp.dm": dm, "run.seed": first}
-            for message in settings.check(preset, dataset.path, values, hospitals).messages():
+            for message in checks.check(preset, dataset.path, values, hospitals).messages():
                 if message not in problems:
                     problems.append(message)
         for message in problems:
             st.error(message, icon=":material/block:")
         clicked = st.button(
-            f"Queue {settings.plural(len(cells), 'run')}",
+            f"Queue {commands.plural(len(cells), 'run')}",
             type="primary",
             icon=":material/queue:",
             key="queue_button",
@@ -151,8 +151,8 @@ def launcher() -> None:
                 values = {**base, "run.rounds": rounds, "strategy.nhead": nhead, "amp.dm": dm, "run.seed": seed}
                 cell = _cell_id(nhead, dm, seed)
                 target = paths.runs_root(root) / batch / cell
-                command = settings.train_command(preset, dataset.path, target, settings.overrides(values, resolved))
-                title = f"{settings.describe_run(values, dataset.name)} (nhead {nhead}, dm {dm}, seed {seed})"
+                command = commands.train_command(preset, dataset.path, target, commands.overrides(values, resolved))
+                title = f"{commands.describe_run(values, dataset.name)} (nhead {nhead}, dm {dm}, seed {seed})"
                 params: dict[str, Any] = {"nhead": nhead, "dm": dm, "seed": seed}
                 entries.append(
                     jobs.QueueEntry(f"{batch}_{cell}", batch, title, str(target), command, params, time.time())
@@ -162,7 +162,7 @@ def launcher() -> None:
             except DashboardError as exc:
                 st.error(str(exc), icon=":material/block:")
             else:
-                jobs.ensure_runner(jobs_dir, settings.PROJECT_ROOT, ui.terminal_busy)
+                jobs.ensure_runner(jobs_dir, presets.PROJECT_ROOT, ui.terminal_busy)
                 st.rerun()
 
 
@@ -181,7 +181,7 @@ STATUS_TEXT = {
 def queue_panel() -> None:
     """The queue: each entry's status (queued, running, done...), Cancel for a waiting one, Stop for the running
     one; refreshed every ``REFRESH_S`` while there is work."""
-    jobs.ensure_runner(jobs_dir, settings.PROJECT_ROOT, ui.terminal_busy)
+    jobs.ensure_runner(jobs_dir, presets.PROJECT_ROOT, ui.terminal_busy)
     entries = read_queue()
     if not entries:
         return

@@ -7,7 +7,7 @@ import time
 
 import streamlit as st
 
-from app.dashboard import jobs, paths, settings, ui
+from app.dashboard import commands, jobs, paths, presets, ui
 from app.dashboard.datasets import counts_table, hospital_label, load_manifest, load_prepare_json, sample_tiles
 from app.dashboard.errors import DashboardError
 
@@ -27,9 +27,9 @@ def _start_demo() -> None:
             jobs_dir,
             job_id,
             "demo",
-            paths.prepared_root(root) / settings.DEMO_NAME,
-            settings.demo_commands(root),
-            cwd=settings.PROJECT_ROOT,
+            paths.prepared_root(root) / commands.DEMO_NAME,
+            commands.demo_commands(root),
+            cwd=presets.PROJECT_ROOT,
         )
     except DashboardError as exc:
         st.error(str(exc))
@@ -55,7 +55,7 @@ def demo_panel(demo_state: jobs.JobState | None) -> None:
             st.info(f"Generating the demo… (`{jobs.describe(job)}`)", icon=":material/hourglass_top:")
             st.code(jobs.log_tail(job, 8) or "starting…", language="text")
         elif current.status == "succeeded" and demo_state is not None and demo_state.active:
-            st.session_state[ui.DATASET_KEY] = settings.DEMO_NAME
+            st.session_state[ui.DATASET_KEY] = commands.DEMO_NAME
             st.rerun()  # the dataset exists now: redraw the whole page with it
         elif current.status == "failed":
             st.error(f"Generating the demo failed (exit code {current.exit_code}):")

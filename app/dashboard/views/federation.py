@@ -7,7 +7,7 @@ sending it to the Hospital page's scorecard (``evaluation.accuracy_warning``).
 The form leads with the plain settings (dataset, method, rounds, seed, local epochs, learning rate); the method's
 hyper-parameters and the settings every method shares sit under "Advanced". Each field has the limits of
 ``federation/config.py``, and every invalid field gets its own message from the engine's own checks
-(``settings.check``, which imports no torch: the page neither shows its content nor settles after a torch
+(``checks.check``, which imports no torch: the page neither shows its content nor settles after a torch
 import). The checks and the Start button are drawn last, into their place below the form. *Start federation*
 stays disabled while a setting is invalid or while a training runs (``jobs.start_training``).
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 import streamlit as st
 
-from app.dashboard import charts, jobs, live, paths, settings, ui
+from app.dashboard import charts, checks, commands, fields, jobs, live, paths, presets, ui
 from app.dashboard.datasets import PreparedDataset
 from app.dashboard.errors import DashboardError
 from app.dashboard.evaluation import latest_accuracy_warnings
@@ -61,7 +61,7 @@ def busy_reason() -> str | None:
     return ui.terminal_busy()
 
 
-jobs.ensure_runner(jobs_dir, settings.PROJECT_ROOT, ui.terminal_busy)  # the Compare page's queue keeps moving
+jobs.ensure_runner(jobs_dir, presets.PROJECT_ROOT, ui.terminal_busy)  # the Compare page's queue keeps moving
 
 
 def _reset_form() -> None:
@@ -70,7 +70,7 @@ def _reset_form() -> None:
         del st.session_state[key]
 
 
-def widget_key(item: settings.Field, method: str) -> str:
+def widget_key(item: fields.Field, method: str) -> str:
     """The form key of a field; the method's own hyper-parameters are kept per method (``cfg:fedsaf:amp.sigma``),
     so switching methods brings each method's defaults (e.g. its own ``nhead``)."""
     if item.group == "method":
@@ -78,14 +78,14 @@ def widget_key(item: settings.Field, method: str) -> str:
     return f"{FORM_PREFIX}{item.key}"
 
 
-def _widget(item: settings.Field, value: Any, method: str, units: int) -> Any:
+def _widget(item: fields.Field, value: Any, method: str, units: int) -> Any:
     """Draw one field with its limits; returns its value."""
     key = widget_key(item, method)
     if item.kind == "bool":
         return st.toggle(item.label, value=bool(value), key=key, help=item.help)
     if item.kind == "choice":
         index = item.options.index(value) if value in item.options else 0
-        names = settings.ALGORITHM_NAMES if item.key == "strategy.name" else {}
+        names = fields.ALGORITHM_NAMES if item.key == "strategy.name" else {}
         options: list[str] = list(item.options)
         return st.selectbox(
             item.label, options, index=index, key=key, help=item.help, format_func=lambda o: names.get(o, o)
@@ -93,7 +93,7 @@ def _widget(item: settings.Field, value: Any, method: str, units: int) -> Any:
     if item.kind == "list":
         chosen = [v for v in (value or []) if v in item.options]
         return st.multiselect(item.label, item.options, default=chosen, key=key, help=item.help)
-    low, high = settings.limits(item, units)
+    low, high = fields.limits(item, units)
     if item.kind == "int":
         number = int(value) if isinstance(value, int | float) else int(low or 0)
         low_i = None if low is None else min(int(low), number)
@@ -111,7 +111,7 @@ def _widget(item: settings.Field, value: Any, method: str, units: int) -> Any:
 
 def _fields(group: str, values: dict[str, Any], initial: dict[str, Any], method: str, units: int) -> None:
     """Draw the fields of ``group`` that the method reads, ``COLUMNS`` per row, writing into ``values``."""
-    shown = [f for f in settings.FIELDS if f.group == group and f.key != "strategy.name" and f.applies(values)]
+    shown = [f for f in fields.FIELDS if f.group == group and f.key != "strategy.name" and f.applies(values)]
     per_row = len(shown) if group == "plain" else COLUMNS
     for start in range(0, len(shown), per_row):
         columns = st.columns(per_row)
@@ -146,16 +146,16 @@ def start_form() -> Form | None:
         preset_path, resolved, units = ui.pick_preset(
             top[1], "preset", "A training preset in configs/; the settings below override it.", _reset_form
         )
-        method_field = settings.FIELDS_BY_KEY["strategy.name"]
+        method_field = fields.FIELDS_BY_KEY["strategy.name"]
         with top[2]:
-            method = str(_widget(method_field, settings.initial_values(resolved)["strategy.name"], "", units))
-        initial = settings.initial_values(resolved, method)
+            method = str(_widget(method_field, presets.initial_values(resolved)["strategy.name"], "", units))
+        initial = presets.initial_values(resolved, method)
         values: dict[str, Any] = {"strategy.name": method}
         _fields("plain", values, initial, method, units)
-        with st.expander(f"Advanced: {settings.SHORT_NAMES[method]}'s hyper-parameters and shared settings"):
+        with st.expander(f"Advanced: {fields.SHORT_NAMES[method]}'s hyper-parameters and shared settings"):
             for group in ("method", "shared", "training"):
-                if any(f.group == group and f.applies(values) for f in settings.FIELDS):
-                    st.markdown(f"**{settings.GROUPS[group]}**")
+                if any(f.group == group and f.applies(values) for f in fields.FIELDS):
+                    st.markdown(f"**{fields.GROUPS[group]}**")
                     _fields(group, values, initial, method, units)
 
         return Form(st.container(), preset_path, resolved, dataset, values)
@@ -168,7 +168,7 @@ def finish_form(form: Form) -> None:
     values, dataset = form.values, form.dataset
     method = str(values["strategy.name"])
     with form.slot:
-        checked = settings.check(form.preset, dataset.path, values, ui.num_hospitals(dataset.path))
+        checked = checks.check(form.preset, dataset.path, values, ui.num_hospitals(dataset.path))
         for message in checked.messages():
             st.error(message, icon=":material/block:")
         busy = busy_reason()
@@ -177,16 +177,16 @@ def finish_form(form: Form) -> None:
         waiting = sum(jobs.entry_status(jobs_dir, e) == jobs.QUEUED for e in _queue())
         if waiting:
             st.caption(
-                f"{settings.plural(waiting, 'run')} wait in the Compare page's queue; a run started here goes first."
+                f"{commands.plural(waiting, 'run')} wait in the Compare page's queue; a run started here goes first."
             )
-        run_id = settings.new_run_id(method, {r.run_id for r in ui.all_runs()})
+        run_id = commands.new_run_id(method, {r.run_id for r in ui.all_runs()})
         run_dir = paths.runs_root(root) / run_id
-        sets = settings.overrides(values, form.resolved)
-        command = settings.train_command(form.preset, dataset.path, run_dir, sets)
-        title = settings.describe_run(values, dataset.name)
+        sets = commands.overrides(values, form.resolved)
+        command = commands.train_command(form.preset, dataset.path, run_dir, sets)
+        title = commands.describe_run(values, dataset.name)
         left, right = st.columns([1, 3], vertical_alignment="center")
         with right.popover("Same run from a terminal", icon=":material/terminal:"):
-            st.code(settings.as_typed(command), language="bash", wrap_lines=True)
+            st.code(commands.as_typed(command), language="bash", wrap_lines=True)
         start = left.button(
             "Start federation",
             type="primary",
@@ -197,7 +197,7 @@ def finish_form(form: Form) -> None:
         )
         if start:
             try:
-                jobs.start_training(jobs_dir, run_id, run_dir, command, settings.PROJECT_ROOT, title, ui.terminal_busy)
+                jobs.start_training(jobs_dir, run_id, run_dir, command, presets.PROJECT_ROOT, title, ui.terminal_busy)
             except DashboardError as exc:
                 st.error(str(exc), icon=":material/block:")
             else:
