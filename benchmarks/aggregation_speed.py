@@ -55,7 +55,7 @@ from federation.aggregation import (  # noqa: E402
     unflatten,
 )
 from federation.contract import Recipe, TrainReply  # noqa: E402
-from federation.strategies.common import StrategyContext  # noqa: E402
+from federation.strategies.context import StrategyContext  # noqa: E402
 from federation.strategies.fedsaf import AmpSettings, AttentiveStrategy  # noqa: E402
 from models import create_model, split_units  # noqa: E402
 

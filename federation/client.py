@@ -308,8 +308,8 @@ class Client:
         keys = self.data.train_units
         if keys is None:
             raise FederationError(
-                f"hospital {self.cid}: differential privacy by slide needs to know each training tile's slide, and this "
-                "dataset's tile names do not say (prepare writes them): prepare the slides with gastric-fl prepare"
+                f"hospital {self.cid}: differential privacy by slide needs to know each training tile's slide, and "
+                "this dataset's tile names do not say (prepare writes them): prepare the slides with gastric-fl prepare"
             )
         groups: dict[str, list[int]] = {}
         for index, key in enumerate(keys):

@@ -74,7 +74,7 @@ from federation.runfiles import CHECKPOINT_DIR, HOSPITAL_FILE, MODEL_CARD_FILE, 
 from federation.runfiles import HOSPITALS_DIR as HOSPITALS_DIR  # re-exported: the old name
 from federation.runfiles import MODEL_WEIGHTS_FILE as MODEL_FILE
 from federation.runs import PREDICTIONS_FILE, now_iso, prediction_columns, read_json, write_json, write_predictions
-from federation.strategies.common import resolved_nhead
+from federation.strategies.context import resolved_nhead
 from infra.outputs import atomic_target, remove_entries, write_atomic
 from models import ModelError, create_model, head_keys, split_units
 

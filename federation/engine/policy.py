@@ -34,7 +34,7 @@ import torch
 from federation.config import RunConfig
 from federation.contract import Recipe
 from federation.errors import FederationError
-from federation.strategies.common import shared_nhead
+from federation.strategies.context import shared_nhead
 from federation.strategies.registry import STRATEGY_NAMES, bn_mode
 from models import base_keys, batchnorm_keys, split_units
 

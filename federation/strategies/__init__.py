@@ -40,13 +40,13 @@ from federation.strategies.registry import (
 if TYPE_CHECKING:
     from federation.config import RunConfig
     from federation.contract import Strategy
-    from federation.strategies.common import StrategyContext
+    from federation.strategies.context import StrategyContext
 
 
 def __getattr__(name: str) -> Any:
     """``StrategyContext`` from ``common`` (torch) on first use (PEP 562)."""
     if name == "StrategyContext":
-        from federation.strategies.common import StrategyContext
+        from federation.strategies.context import StrategyContext
 
         return StrategyContext
     raise AttributeError(f"module 'federation.strategies' has no attribute {name!r}")

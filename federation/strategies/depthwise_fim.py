@@ -30,7 +30,7 @@ from federation.config import RunConfig
 from federation.contract import Recipe, TrainReply
 from federation.errors import FederationError
 from federation.flat import flatten, unflatten
-from federation.strategies.common import StrategyContext, fisher_traces, recipe_from_config, resolved_nhead
+from federation.strategies.context import StrategyContext, fisher_traces, recipe_from_config, resolved_nhead
 from federation.strategies.fedavg import Averaging
 
 

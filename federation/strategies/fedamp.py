@@ -17,7 +17,7 @@ import dataclasses
 
 from federation.config import RunConfig
 from federation.errors import FederationError
-from federation.strategies.common import StrategyContext, recipe_from_config, resolved_nhead
+from federation.strategies.context import StrategyContext, recipe_from_config, resolved_nhead
 from federation.strategies.fedsaf import AmpSettings, AttentiveStrategy, trainable_keys
 from federation.strategies.registry import SPEC
 

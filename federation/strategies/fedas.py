@@ -20,7 +20,7 @@ from federation.aggregation import fisher_weights, weighted_sum
 from federation.config import RunConfig
 from federation.contract import TrainReply
 from federation.flat import flatten, unflatten
-from federation.strategies.common import StrategyContext, fisher_traces, recipe_from_config, resolved_nhead
+from federation.strategies.context import StrategyContext, fisher_traces, recipe_from_config, resolved_nhead
 from federation.strategies.fedavg import Averaging
 
 

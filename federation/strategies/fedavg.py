@@ -25,7 +25,7 @@ from federation.config import RunConfig, max_weight_problem
 from federation.contract import Recipe, TensorDict, TrainInstruction, TrainReply
 from federation.errors import FederationError
 from federation.flat import FlatSpec, flatten, unflatten
-from federation.strategies.common import (
+from federation.strategies.context import (
     StrategyContext,
     cap_example_weights,
     example_weights,

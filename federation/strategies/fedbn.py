@@ -10,7 +10,7 @@ averaging method gets the same treatment; ``fedbn`` is FedAvg with it.
 from __future__ import annotations
 
 from federation.config import RunConfig
-from federation.strategies.common import StrategyContext, recipe_from_config, resolved_nhead
+from federation.strategies.context import StrategyContext, recipe_from_config, resolved_nhead
 from federation.strategies.fedavg import Averaging
 
 

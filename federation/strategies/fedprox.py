@@ -8,7 +8,7 @@ part of the loss, so its gradient ``mu (w - w_global)`` really reaches the optim
 from __future__ import annotations
 
 from federation.config import RunConfig
-from federation.strategies.common import StrategyContext, recipe_from_config, resolved_nhead
+from federation.strategies.context import StrategyContext, recipe_from_config, resolved_nhead
 from federation.strategies.fedavg import Averaging
 
 

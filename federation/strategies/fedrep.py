@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from federation.config import RunConfig
 from federation.errors import FederationError
-from federation.strategies.common import StrategyContext, recipe_from_config, resolved_nhead
+from federation.strategies.context import StrategyContext, recipe_from_config, resolved_nhead
 from federation.strategies.fedavg import Averaging
 from federation.strategies.registry import SPEC
 

@@ -43,7 +43,7 @@ from federation.contract import Recipe, TensorDict, TrainInstruction, TrainReply
 from federation.errors import FederationError
 from federation.flat import FlatSpec, StackBuffer, unflatten
 from federation.runs import finite_or_none
-from federation.strategies.common import StrategyContext, fisher_traces, recipe_from_config, shared_nhead
+from federation.strategies.context import StrategyContext, fisher_traces, recipe_from_config, shared_nhead
 from models import create_model
 
 # Below this mean off-diagonal weight AMP has, in effect, turned into local training (issue 5, item 4).

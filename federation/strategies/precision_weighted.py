@@ -25,7 +25,7 @@ from federation.config import RunConfig
 from federation.contract import Recipe, TrainReply
 from federation.errors import FederationError
 from federation.flat import FlatSpec, flatten, unflatten
-from federation.strategies.common import StrategyContext, example_weights, recipe_from_config, resolved_nhead
+from federation.strategies.context import StrategyContext, example_weights, recipe_from_config, resolved_nhead
 from federation.strategies.fedavg import Averaging
 from federation.strategies.fedsaf import trainable_keys
 

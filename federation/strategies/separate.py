@@ -13,7 +13,7 @@ import torch
 
 from federation.config import RunConfig
 from federation.contract import TensorDict, TrainInstruction, TrainReply
-from federation.strategies.common import StrategyContext, recipe_from_config
+from federation.strategies.context import StrategyContext, recipe_from_config
 
 
 class Separate:

@@ -17,7 +17,7 @@ import torch
 from federation.aggregation import amp_aggregate, amp_coefficients, fisher_intermediate, mix, pairwise_distances
 from federation.contract import Recipe, TrainReply
 from federation.flat import FlatSpec, StackBuffer, flatten, unflatten
-from federation.strategies.common import StrategyContext
+from federation.strategies.context import StrategyContext
 from federation.strategies.fedsaf import AmpSettings, AttentiveStrategy
 
 METRICS = ("euclidean", "manhattan", "cosine", "cosine_distance")

@@ -15,7 +15,7 @@ import federation.client as client_module
 from federation.client import Client, proximal_term
 from federation.contract import Recipe, TrainInstruction
 from federation.data import ClientData
-from federation.strategies.common import StrategyContext
+from federation.strategies.context import StrategyContext
 from federation.strategies.fedsaf import AmpSettings, AttentiveStrategy
 
 LAM, ALPHA_K = 0.3, 0.02  # lambda / alpha_K = 15

@@ -282,7 +282,7 @@ def test_a_hospital_spends_its_budget_then_refuses_and_only_accounted_scalars_le
     from federation.engine.hospital import Hospital, Site
     from federation.engine.outbound import read_outbound
     from federation.engine.policy import agreed_shared_keys
-    from federation.strategies.common import recipe_from_config
+    from federation.strategies.context import recipe_from_config
 
     config = resolve_config(
         load_config(None, [*TINY_SETTINGS, *DP, "strategy.name=fedrep", "strategy.nhead=1"], data=slides_dataset)

@@ -21,7 +21,7 @@ import torch
 from federation.contract import Strategy, TensorDict, TrainInstruction, TrainReply
 from federation.errors import FederationError
 from federation.runs import finite_or_none as finite_value
-from federation.strategies.common import StrategyContext
+from federation.strategies.context import StrategyContext
 from federation.strategies.registry import averaging_names
 
 

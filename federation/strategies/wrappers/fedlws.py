@@ -25,7 +25,7 @@ from federation.aggregation import FlatSpec, flatten, lws_factors, lws_spread, u
 from federation.config import RunConfig
 from federation.contract import Strategy, TensorDict, TrainReply
 from federation.errors import FederationError
-from federation.strategies.common import StrategyContext
+from federation.strategies.context import StrategyContext
 from federation.strategies.fedsaf import trainable_keys
 from federation.strategies.wrappers.base import GlobalModelWrapper, finite_or_none
 

@@ -37,7 +37,7 @@ from federation.aggregation import FlatSpec, flatten, tlu_scores
 from federation.config import RunConfig
 from federation.contract import Strategy, TensorDict, TrainReply
 from federation.errors import FederationError
-from federation.strategies.common import StrategyContext
+from federation.strategies.context import StrategyContext
 from federation.strategies.fedsaf import trainable_keys
 from federation.strategies.wrappers.base import GlobalModelWrapper, finite_or_none
 

@@ -9,7 +9,7 @@ from federation.config import RunConfig, config_from_dict
 from federation.contract import TrainReply, count_values
 from federation.errors import FederationError
 from federation.strategies import build_strategy
-from federation.strategies.common import StrategyContext
+from federation.strategies.context import StrategyContext
 from models import create_model, split_units
 
 

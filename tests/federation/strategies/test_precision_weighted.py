@@ -16,7 +16,7 @@ from federation.engine.audit import AUDIT_FILE, check_message
 from federation.errors import FederationError
 from federation.launch import train
 from federation.strategies import StrategyContext
-from federation.strategies.common import recipe_from_config
+from federation.strategies.context import recipe_from_config
 from federation.strategies.precision_weighted import PrecisionWeighted
 from models import create_model
 

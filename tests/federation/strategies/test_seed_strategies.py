@@ -18,7 +18,7 @@ from federation.config import RunConfig, config_to_toml, load_config
 from federation.contract import Recipe, Strategy, TrainReply, count_values
 from federation.errors import FederationError
 from federation.strategies import StrategyContext, build_strategy
-from federation.strategies.common import recipe_from_config
+from federation.strategies.context import recipe_from_config
 from federation.strategies.depthwise_fim import DepthwiseFisher
 from federation.strategies.fedavg import Averaging
 from federation.strategies.wrappers import fedlws, fedtlu
