@@ -15,7 +15,9 @@ Grouping (``fedtlu.grouping``):
   blocks (``features.5-6``, ``features.10-11``), so the paper's rule barely selects anything; the body
   ``features.1 .. features.11`` (every ``features`` unit but the stem and the final convolution; ResNet's
   ``layerX.Y`` blocks) is pooled and ranked by mean tensor score, while the stem, ``features.12`` and the
-  classifier are always updated (../shared/reference/seed-methods.md).
+  classifier are always updated (../shared/reference/seed-methods.md). A timm architecture (``timm/<name>``,
+  `models.registry`) names its units by timm's own block grouping: its body is every ``blocks.*`` (MobileNet,
+  EfficientNet), ``stages.*`` (ConvNeXt, RegNet and the like) or ``layerX.Y`` (ResNet) unit.
 - ``shapes``: the paper's rule, blocks whose tuples of parameter shapes are identical form a group.
 
 Only the shared part is in the aggregate, so only its blocks are selected. Clients report nothing extra: the
@@ -43,6 +45,7 @@ from federation.strategies.wrappers.base import GlobalModelWrapper, finite_or_no
 
 _FEATURE = re.compile(r"features\.(\d+)")
 _RESNET_BLOCK = re.compile(r"layer\d+\.\d+")
+_TIMM_BLOCK = re.compile(r"(blocks|stages)\.\d+(\..+)?")  # timm's group_matcher units (models.registry)
 
 
 def keep_count(portion: float, size: int) -> int:
@@ -58,7 +61,7 @@ def body_group(all_units: Sequence[str], blocks: Sequence[str]) -> list[list[str
     """
     features = [name for name in all_units if _FEATURE.fullmatch(name)]
     inner = set(features[1:-1])
-    body = [b for b in blocks if b in inner or _RESNET_BLOCK.fullmatch(b)]
+    body = [b for b in blocks if b in inner or _RESNET_BLOCK.fullmatch(b) or _TIMM_BLOCK.fullmatch(b)]
     return [body] if body else []
 
 

@@ -288,6 +288,18 @@ def test_fedtlu_keep_count_and_groups() -> None:
     assert shape_groups({"a": ((2,),), "b": ((3,),), "c": ((2,),)}) == [["a", "c"]]
 
 
+def test_fedtlu_body_of_a_timm_model() -> None:
+    """A timm architecture's units are timm's block grouping: its body is the blocks, stem and head stay out."""
+    from models import create_model, split_units
+
+    names = [name for name, _ in split_units(create_model("timm/mobilenetv3_small_050"))]
+    body = [n for n in names if n.startswith("blocks.")]
+    assert len(body) == len(names) - 2  # all but the stem and the head
+    assert body_group(names, names) == [body]
+    convnext = ["stem", "stages.0.blocks.0", "stages.0.blocks.1", "stages.1.downsample", "head"]
+    assert body_group(convnext, convnext) == [convnext[1:4]]
+
+
 def test_fedtlu_with_nothing_to_select_is_refused() -> None:
     ctx = StrategyContext(
         (0,),
