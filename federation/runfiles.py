@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NotRequired, TypedDict
 
+from models.names import CARD_FILE, WEIGHTS_FILE
+
 # -- the server's files ---------------------------------------------------------------------------------------------
 CONFIG_FILE = "config.toml"  # the resolved configuration (federation.config)
 METRICS_FILE = "metrics.jsonl"  # one MetricsLine per round x evaluated hospital
@@ -50,8 +52,8 @@ HOSPITAL_FILE = "hospital.json"  # the hospital's own record of the run (federat
 PREDICTIONS_FILE = "predictions.csv"  # its test tiles' probabilities, rewritten after each round
 OUTBOUND_FILE = "outbound.jsonl"  # what left the hospital (federation.engine.outbound)
 ACCOUNTANT_FILE = "privacy.json"  # its differential-privacy ledger (federation.privacy)
-MODEL_WEIGHTS_FILE = "model.safetensors"  # the exported model (models.bundle)
-MODEL_CARD_FILE = "model.json"  # its model card (models.bundle)
+MODEL_WEIGHTS_FILE = WEIGHTS_FILE  # the exported model (models.bundle)
+MODEL_CARD_FILE = CARD_FILE  # its model card
 REPORT_HTML = "report.html"  # gastric-fl report --html (app.report_html)
 SLIDES_DIR = "slides"  # slides scored with the hospital's model (app.slide_view)
 PREDICTION_COLUMNS = ("client", "path", "label", "prob_abnormal", "round")

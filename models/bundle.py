@@ -39,12 +39,10 @@ from infra.outputs import atomic_target, write_atomic
 from infra.provenance import INTENDED_USE
 from models.decision import DEFAULT_THRESHOLD
 from models.errors import ModelError
-from models.names import MODEL_NAMES, TIMM_PREFIX, check_model_name, is_timm_name
+from models.names import CARD_FILE, MODEL_NAMES, TIMM_PREFIX, WEIGHTS_FILE, check_model_name, is_timm_name
 from models.preprocess import Preprocess
 from models.registry import create_model
 
-CARD_FILE = "model.json"
-WEIGHTS_FILE = "model.safetensors"
 CARD_FORMAT = "gastric-fl model card"
 CARD_VERSION = 1
 THRESHOLD_DEFAULT_SOURCE = "the default 0.5"

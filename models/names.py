@@ -13,6 +13,9 @@ picks a set of pretrained weights (weights come only from a local file here, nev
 installed timm has the model is checked when `models.registry.create_model` builds it; how many layer units it
 has is known once built (`models.registry.layer_unit_count`), so `layer_units` and ``LAYER_UNITS`` cover the four
 torchvision names only.
+
+A model bundle's two files are named here too (`CARD_FILE`, `WEIGHTS_FILE`; `models.bundle` writes them), so that
+torch-free readers of a run's hospital folders (`federation.runfiles`) name them without importing torch.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import re
 
 from models.errors import ModelError
 
+CARD_FILE = "model.json"  # a model bundle's card (models.bundle)
+WEIGHTS_FILE = "model.safetensors"  # and its weights
 DEFAULT_MODEL = "mobilenet_v3_small"
 MODEL_NAMES: tuple[str, ...] = ("mobilenet_v3_small", "resnet18", "efficientnet_b0", "alexnet")
 TIMM_PREFIX = "timm/"
