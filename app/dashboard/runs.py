@@ -89,9 +89,13 @@ def _config_or_error(run: Path) -> tuple[dict[str, Any], str | None]:
         return {}, f"cannot be read ({exc.strerror or exc})"
 
 
-def load_config(run: Path) -> dict[str, Any]:
-    """The resolved ``config.toml`` of a run, or ``{}`` if it has none or it cannot be read (`run_problem` says)."""
+def read_run_config(run: Path) -> dict[str, Any]:
+    """The resolved ``config.toml`` of a run as its TOML tables (a plain dict, not a validated ``RunConfig``), or
+    ``{}`` if it has none or it cannot be read (`run_problem` says)."""
     return _config_or_error(run)[0]
+
+
+load_config = read_run_config  # the name app/dashboard/compare.py still imports
 
 
 def config_error(run: Path) -> str | None:
@@ -218,7 +222,7 @@ def run_info(run: Path, run_id: str | None = None, root: Path | None = None) -> 
     A damaged run is summarised from what reads and carries its `run_problem` (files named relative to ``root``).
     """
     summary = load_summary(run)
-    config = load_config(run)
+    config = read_run_config(run)
     status = str(summary.get("status", "running"))
     error = summary.get("error")
     problem = run_problem(run, root)
@@ -541,14 +545,15 @@ def read_prediction_file(path: Path) -> pd.DataFrame:
 
 
 @dataclass(frozen=True)
-class Predictions:
-    """The hospitals' predictions that could be read, and one line per ``predictions.csv`` that could not."""
+class RunPredictions:
+    """Every hospital's predictions of a run that could be read, as one table, and one line per
+    ``predictions.csv`` that could not."""
 
     frame: pd.DataFrame
     problems: tuple[str, ...]
 
 
-def read_predictions(run: Path) -> Predictions:
+def read_run_predictions(run: Path) -> RunPredictions:
     """Every hospital's ``predictions.csv`` that reads (columns client, path, label 0/1, prob_abnormal, ...); a
     damaged file is left out and named in ``problems``, so that the other hospitals are still shown."""
     frames: list[pd.DataFrame] = []
@@ -562,8 +567,8 @@ def read_predictions(run: Path) -> Predictions:
         empty = pd.DataFrame(
             {c: pd.Series(dtype=int if c in ("client", "label") else object) for c in PREDICTION_COLUMNS}
         )
-        return Predictions(empty, tuple(problems))
-    return Predictions(pd.concat(frames, ignore_index=True), tuple(problems))
+        return RunPredictions(empty, tuple(problems))
+    return RunPredictions(pd.concat(frames, ignore_index=True), tuple(problems))
 
 
 def load_predictions(run: Path) -> pd.DataFrame:

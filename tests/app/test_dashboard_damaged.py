@@ -89,7 +89,7 @@ def test_damaged_config_summary_and_aggregation_are_named(tmp_path: Path, fixtur
     assert problem is not None
     assert problem.startswith("runs/r/config.toml is not valid TOML")
     assert problem.endswith("(2 more damaged files).")
-    assert runs.load_config(run) == {}
+    assert runs.read_run_config(run) == {}
     assert runs.load_summary(run) == {}
     assert sorted(runs.xi_matrices(runs.load_aggregation(run))) == [1, 2]  # the damaged line left out
     info = runs.run_info(run, root=tmp_path)
@@ -101,12 +101,12 @@ def test_damaged_config_summary_and_aggregation_are_named(tmp_path: Path, fixtur
 def test_a_damaged_predictions_file_leaves_the_other_hospitals(fixture_root: Fixture) -> None:
     path = fixture_root.finished / "hospitals" / "client_01" / "predictions.csv"
     path.write_text("client,path,label,prob_abnormal\n1,a.png,maybe,0.5\n")
-    found = runs.read_predictions(fixture_root.finished)
+    found = runs.read_run_predictions(fixture_root.finished)
     assert sorted(found.frame["client"].unique()) == [0, 2]
     (problem,) = found.problems
     assert problem.startswith(f"{path}: label must be normal/abnormal or 0/1")
     path.write_text("client,path,label,prob_0,prob_1,round\n1,a.png,0,0.9,0.1,1\n")
-    (problem,) = runs.read_predictions(fixture_root.finished).problems
+    (problem,) = runs.read_run_predictions(fixture_root.finished).problems
     assert "2-class model's predictions (0, 1)" in problem
 
 

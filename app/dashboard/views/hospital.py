@@ -22,7 +22,7 @@ from app.dashboard.runs import (
     card_thresholds,
     load_metrics,
     prediction_files,
-    read_predictions,
+    read_run_predictions,
 )
 from models.decision import SLIDE_RULE, SLIDE_TOP_K
 
@@ -289,7 +289,7 @@ def page() -> None:
     if info is None:
         return
     ui.intended_use(info.dataset)
-    found = read_predictions(info.path)
+    found = read_run_predictions(info.path)
     for problem in found.problems:
         st.error(problem, icon=":material/error:")
     predictions = found.frame

@@ -23,11 +23,11 @@ from app.dashboard.runs import (
     RunInfo,
     card_threshold_sources,
     card_thresholds,
-    load_config,
     load_metrics,
     prediction_files,
     privacy_spent,
-    read_predictions,
+    read_run_config,
+    read_run_predictions,
 )
 from models.decision import DEFAULT_THRESHOLD, interval_text
 
@@ -129,14 +129,14 @@ def page() -> None:
     status = ui.display_status(info)
     if info.damaged or status != "finished":
         ui.status_banner(info)
-    found = read_predictions(info.path)
+    found = read_run_predictions(info.path)
     for problem in found.problems:
         st.error(problem, icon=":material/error:")
     if found.frame.empty:
         return
     floor = ui.floor_controls("verdict")
     privacy = privacy_spent(load_metrics(info.path))
-    unit = str((load_config(info.path).get("privacy") or {}).get("unit") or "slide")
+    unit = str((read_run_config(info.path).get("privacy") or {}).get("unit") or "slide")
     groups = found.frame.groupby("client", sort=True)
     thresholds, sources = (
         card_thresholds(info.path),
