@@ -31,7 +31,8 @@ from federation.config.defaults import (
 )
 from federation.errors import FederationError
 from federation.strategies.registry import STRATEGY_NAMES, wrap_problem
-from models.names import MODEL_NAMES
+from models.errors import ModelError
+from models.names import MODEL_NAMES, TIMM_PREFIX, check_model_name
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -113,8 +114,11 @@ class ModelSection:
     norm: str | None = None
 
     def __post_init__(self) -> None:
-        if self.name not in MODEL_NAMES:
-            _fail("model.name", self.name, f"use one of {', '.join(MODEL_NAMES)}")
+        try:
+            check_model_name(self.name)  # one of the four, or timm/<timm model name> (models.names)
+        except ModelError as exc:
+            need = f"use one of {', '.join(MODEL_NAMES)} or {TIMM_PREFIX}<timm model name>"
+            _fail("model.name", self.name, need if not self.name.startswith(TIMM_PREFIX) else str(exc))
         if self.norm not in (None, *NORMS):
             _fail("model.norm", self.norm, f"use one of {', '.join(NORMS)}")
         if self.in_chans not in (1, 3):

@@ -39,6 +39,18 @@ def test_each_new_method_trains_end_to_end(
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 3
 
 
+def test_a_timm_architecture_trains_end_to_end(dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``model.name = "timm/<name>"`` (models.names) passes the configuration and federates: FedSAF keeps the last
+    two of timm's block groups at each hospital."""
+    run = tmp_path / "run"
+    settings = _sets("model.name=timm/mobilenetv3_small_050", "strategy.name=fedsaf", "strategy.nhead=2")
+    assert run_cli(monkeypatch, "train", "--data", str(dataset), "--out", str(run), "-q", *settings) == 0
+    assert json.loads((run / "summary.json").read_text())["status"] == "finished"
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 3
+    assert all(line["values_sent"] > 0 for line in lines)
+
+
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
