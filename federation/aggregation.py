@@ -200,9 +200,9 @@ def _raw_distances(v: torch.Tensor, metric: str, in_place: bool = False) -> torc
 
 def _check_metric(metric: str, scale: str) -> None:
     if metric not in METRICS:
-        raise FederationError(f"unknown AMP distance dm={metric!r}: use one of {', '.join(METRICS)}")
+        raise FederationError(f"unknown AMP distance dm={metric!r}: use one of {', '.join(METRICS)}", key="amp.dm")
     if scale not in SCALES:
-        raise FederationError(f"unknown AMP distance scale {scale!r}: use one of {', '.join(SCALES)}")
+        raise FederationError(f"unknown AMP distance scale {scale!r}: use one of {', '.join(SCALES)}", key="amp.scale")
 
 
 def _rescale(dist: torch.Tensor, metric: str, scale: str, d: int) -> torch.Tensor:
@@ -253,14 +253,14 @@ def check_amp_settings(num_clients: int, metric: str, alpha_k: float, sigma: flo
     self-weights of that metric at run time.
     """
     if metric not in METRICS:
-        raise FederationError(f"unknown AMP distance dm={metric!r}: use one of {', '.join(METRICS)}")
+        raise FederationError(f"unknown AMP distance dm={metric!r}: use one of {', '.join(METRICS)}", key="amp.dm")
     if not (math.isfinite(sigma) and sigma > 0):
-        raise FederationError(f"amp.sigma must be a positive number, got {sigma}")
+        raise FederationError(f"amp.sigma must be a positive number, got {sigma}", key="amp.sigma")
     if not (math.isfinite(alpha_k) and alpha_k > 0):
-        raise FederationError(f"amp.alpha_k must be a positive number, got {alpha_k}")
+        raise FederationError(f"amp.alpha_k must be a positive number, got {alpha_k}", key="amp.alpha_k")
     problem = amp_bound_problem(num_clients, alpha_k, sigma)  # the same rule as the dashboard's, torch-free
     if problem is not None:
-        raise FederationError(problem)
+        raise FederationError(problem, key="amp.alpha_k")  # the bound is on alpha_k for the given sigma
 
 
 def amp_weights(distances: torch.Tensor, metric: str, alpha_k: float, sigma: float) -> torch.Tensor:

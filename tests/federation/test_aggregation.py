@@ -182,6 +182,10 @@ def test_settings_that_could_make_a_self_weight_negative_are_rejected() -> None:
     check_amp_settings(3, "euclidean", 5.0, 10.0)  # the boundary is allowed: xi_ii >= 0
     with pytest.raises(FederationError, match=r"alpha_k=6\.0 with amp.sigma=10\.0 and 3 clients.*alpha_k <= 5"):
         amp_coefficients(RHO, "euclidean", 6.0, 10.0)
+    for args, key in (((3, "euclidean", 6.0, 10.0), "amp.alpha_k"), ((3, "l3", 1.0, 10.0), "amp.dm")):
+        with pytest.raises(FederationError) as caught:
+            check_amp_settings(*args)
+        assert caught.value.key == key  # the dashboard puts the message on that field
     # the literal cosine similarity is not a distance: the same static rule, and a run-time check of the actual
     # self-weights. Clients 1 and 2 are opposed (similarity -1), client 3 is orthogonal to both (similarity 0):
     # xi_12 = 0.5 e^(1/10) = 0.5526, xi_13 = xi_23 = 0.5 e^0 = 0.5, so xi_11 = xi_22 = 1 - 1.0526 = -0.0526 < 0

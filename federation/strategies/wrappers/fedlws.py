@@ -21,10 +21,11 @@ from collections.abc import Mapping, Sequence
 from itertools import accumulate
 from typing import Any
 
-from federation.aggregation import FlatSpec, flatten, lws_factors, lws_spread, unflatten
+from federation.aggregation import lws_factors, lws_spread
 from federation.config import RunConfig
 from federation.contract import Strategy, TensorDict, TrainReply
 from federation.errors import FederationError
+from federation.flat import FlatSpec, flatten, unflatten
 from federation.strategies.context import StrategyContext
 from federation.strategies.fedsaf import trainable_keys
 from federation.strategies.wrappers.base import GlobalModelWrapper, finite_or_none

@@ -35,10 +35,11 @@ from fractions import Fraction
 from itertools import accumulate, pairwise
 from typing import Any
 
-from federation.aggregation import FlatSpec, flatten, tlu_scores
+from federation.aggregation import tlu_scores
 from federation.config import RunConfig
 from federation.contract import Strategy, TensorDict, TrainReply
 from federation.errors import FederationError
+from federation.flat import FlatSpec, flatten
 from federation.strategies.context import StrategyContext
 from federation.strategies.fedsaf import trainable_keys
 from federation.strategies.wrappers.base import GlobalModelWrapper, finite_or_none
