@@ -20,6 +20,7 @@ from typing import Any
 
 from federation.config import RunConfig, config_to_toml, load_config, read_toml
 from federation.errors import FederationError
+from infra.toml import toml_value
 
 TABLE_KINDS: tuple[str, ...] = ("auto", "components", "distances", "nhead", "methods", "all")
 
@@ -80,14 +81,6 @@ def parse_grid(texts: Sequence[str]) -> dict[str, list[Any]]:
     return grid
 
 
-def _toml_literal(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    return str(value)
-
-
 def _slug(value: Any) -> str:
     text = ("on" if value else "off") if isinstance(value, bool) else str(value)
     return re.sub(r"[^A-Za-z0-9.]+", "", text) or "x"
@@ -112,7 +105,9 @@ class Cell:
         return self.params
 
     def overrides(self) -> list[str]:
-        return [f"{k}={_toml_literal(v)}" for k, v in self.params] + [f"run.seed={self.seed}"]
+        """The cell's ``--set section.key=value`` options (``infra.toml.toml_value``: a plain word stays bare, any
+        other string is quoted), then its seed."""
+        return [f"{k}={toml_value(v, bare_words=True)}" for k, v in self.params] + [f"run.seed={self.seed}"]
 
 
 @dataclass

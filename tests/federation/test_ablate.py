@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from federation.ablation import ABLATION_FILE, load_plan, parse_grid, run_plan, write_tables
-from federation.config import RunConfig, config_to_toml
+from federation.ablation import ABLATION_FILE, Cell, load_plan, parse_grid, run_plan, write_tables
+from federation.config import RunConfig, config_to_toml, parse_override
 from federation.errors import FederationError
 
 PRESET = '[run]\nname = "t"\nrounds = 2\n[data]\npath = "DATA"\n'
@@ -43,6 +43,29 @@ def test_grid_names_and_values_are_parsed() -> None:
         parse_grid(["nhead"])
     with pytest.raises(FederationError, match="repeats a value"):
         parse_grid(["nhead=1,1"])
+
+
+def test_a_cells_set_options_are_written_as_toml_values() -> None:
+    # infra.toml.toml_value: a plain word stays bare, any other string is quoted, a list is a TOML list; each reads
+    # back as the value it was
+    cell = Cell(
+        (
+            ("amp.dm", "cosine"),
+            ("model.name", "timm/resnet18.a1_in1k"),
+            ("strategy.wrap", ["fedlws"]),
+            ("fedsaf.fim", False),
+        ),
+        3,
+        0,
+    )
+    assert cell.overrides() == [
+        "amp.dm=cosine",
+        'model.name="timm/resnet18.a1_in1k"',
+        'strategy.wrap=["fedlws"]',
+        "fedsaf.fim=false",
+        "run.seed=3",
+    ]
+    assert [parse_override(o)[2] for o in cell.overrides()] == [v for _, v in cell.params] + [3]
 
 
 def test_cells_are_the_product_times_seeds_and_bad_cells_fail_before_running(tmp_path: Path) -> None:
