@@ -1,12 +1,13 @@
 """The Federation form's checks: every reason the form's settings cannot run, found before a process starts,
 one message per invalid field and one for each problem that belongs to no single field.
 
-Every setting is a field of ``federation/config.py`` (``section.key``), and every check is the engine's own:
+Every setting is a field of ``federation.config`` (``section.key``), and every check is the engine's own:
 a field is checked by building its section of the run configuration (``federation.config.SECTIONS``) from the
 preset with that one value changed, so each invalid field gets its own message, in the words
 ``gastric-fl train`` would use; then the whole configuration is loaded exactly as the CLI loads it
 (``federation.config.load_config``: the preset, the ``--set`` overrides, ``--data``) for the rules between
-fields; then the checks the engine makes when a run starts, before its first round: the AMP bound
+fields (an error about one key, ``FederationError.key``, goes to that key's field; any other is a general problem);
+then the checks the engine makes when a run starts, before its first round: the AMP bound
 ``alpha_k x (hospitals - 1) <= sigma`` (``federation.config.amp_bound_problem``; FedSAF paper Eq. 3-8,
 16-18: ``A'(x) = exp(-x/sigma)/sigma <= 1/sigma`` keeps ``xi_ii >= 0``), ``nhead`` within the model's layer
 units (Eq. 1), the input size the model needs, and the head-first rules of FedRep and FedSAF (Eq. 24).
@@ -28,7 +29,8 @@ from typing import Any
 from app.dashboard.commands import overrides
 from app.dashboard.fields import FIELDS, FIELDS_BY_KEY, SHORT_NAMES, Field, model_units
 from app.dashboard.presets import resolve_preset
-from federation.config import amp_bound_problem
+from federation.config import SECTIONS, amp_bound_problem, load_config
+from federation.errors import FederationError
 from federation.strategies.registry import OWN_START, SPEC, default_nhead
 from models.errors import ModelError
 from models.names import check_input_size
@@ -84,10 +86,8 @@ def field_problem(
 ) -> str | None:
     """The engine's own check of one setting: its ``[section]`` built from the preset, the ``context`` (other
     form values, ``section.key`` -> value) and this value (``federation.config.SECTIONS``); the message, or
-    ``None`` when the engine accepts it. A complaint about another key of the section is not this field's."""
-    from federation.config import SECTIONS
-    from federation.errors import FederationError
-
+    ``None`` when the engine accepts it. A complaint about another key of the section (its ``key``) is not this
+    field's."""
     if item.kind in ("int", "float") and (
         not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value)
     ):
@@ -104,20 +104,20 @@ def field_problem(
     try:
         SECTIONS[item.section](**values)
     except FederationError as exc:
-        message = str(exc)
-        if message.startswith("config ") and not message.startswith(f"config {item.key} "):
+        if exc.key is not None and exc.key != item.key:
             return None
-        return _field_message(item, value, message)
+        return _field_message(item, value, str(exc))
     except (TypeError, ValueError) as exc:  # the preset's section itself is incomplete or malformed
         return f"{item.label}: {exc}"
     return None
 
 
-def _named_field(message: str, values: Mapping[str, Any]) -> Field | None:
-    for item in FIELDS:
-        if (f"config {item.key} " in message or f"{item.key} =" in message) and item.applies(values):
-            return item
-    return None
+def _named_field(error: ValueError, values: Mapping[str, Any]) -> Field | None:
+    """The field of the form a configuration error is about (``FederationError.key``), if the chosen method reads
+    it; ``None`` for an error about no single key or about a setting the form does not offer."""
+    key = error.key if isinstance(error, FederationError) else None
+    item = FIELDS_BY_KEY.get(key) if key is not None else None
+    return item if item is not None and item.applies(values) else None
 
 
 def _start_problems(config: Any, num_clients: int | None) -> list[tuple[str | None, str]]:
@@ -179,8 +179,6 @@ def check(
 
     Reads the preset and ``dataset``'s files; imports no torch.
     """
-    from federation.config import load_config
-
     resolved, preset_problem = resolve_preset(preset)
     method = str(values.get("strategy.name"))
     found: dict[str, str] = {}
@@ -206,7 +204,7 @@ def check(
         config = load_config(preset, overrides(valid, resolved), dataset)
     except ValueError as exc:  # FederationError, ModelError: one line
         message = str(exc)
-        named = _named_field(message, values)
+        named = _named_field(exc, values)
         if named is not None and named.key not in found:
             found[named.key] = _field_message(named, values.get(named.key), message)
         elif named is None:

@@ -1,5 +1,5 @@
 """The Federation form's fields: which ``gastric-fl train`` settings the form offers (``section.key`` of
-``federation/config.py``), how they are grouped, which methods read each, and the number inputs' limits.
+``federation.config``), how they are grouped, which methods read each, and the number inputs' limits.
 
 The methods' names and what each reads come from the strategy registry (``federation.strategies.registry``), the
 models' layer units from ``models.names``: nothing here imports torch.
@@ -77,7 +77,7 @@ class Field:
 
     @property
     def section(self) -> str:
-        """The ``[section]`` of ``federation/config.py`` it belongs to."""
+        """The ``[section]`` of ``federation.config`` it belongs to."""
         return self.key.partition(".")[0]
 
     @property

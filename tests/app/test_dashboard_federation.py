@@ -47,7 +47,7 @@ def test_plain_settings_first_and_the_methods_hyper_parameters_under_advanced(fi
     plain = {"cfg:strategy.name", "cfg:run.rounds", "cfg:run.seed", "cfg:client.epochs", "cfg:client.lr"}
     assert not plain & advanced
     assert plain <= _keys(at)
-    # The limits of federation/config.py: no negative rounds, seed or learning rate; nhead up to the model's units.
+    # The limits of federation.config: no negative rounds, seed or learning rate; nhead up to the model's units.
     assert at.number_input(key="cfg:run.rounds").min == 1
     assert at.number_input(key="cfg:client.lr").min == 0.0
     assert at.number_input(key="cfg:fedsaf:strategy.nhead").max == 15

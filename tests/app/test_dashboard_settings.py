@@ -1,4 +1,4 @@
-"""The Federation form's settings without Streamlit: the fields agree with federation/config.py (limits, names,
+"""The Federation form's settings without Streamlit: the fields agree with federation.config (limits, names,
 the strategy registry), each invalid field gets its own message from the engine's checks, rules between fields
 and the engine's start-time rules are found, and the command carries only what the method reads."""
 
@@ -88,6 +88,52 @@ def test_a_field_hidden_behind_another_failure_of_its_section_is_found(resolved:
     values = _values(resolved, client__lr=0.0, client__momentum=1.0, client__weight_decay=-0.5)
     checked = checks.check(DEMO, None, values, 3)
     assert list(checked.fields) == ["client.lr", "client.momentum", "client.weight_decay"]
+
+
+def test_an_error_from_loading_the_configuration_goes_to_the_field_its_key_names(
+    resolved: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The field comes from FederationError.key, not from the words of the message.
+    def refuse(key: str | None, message: str) -> None:
+        def load(*args: Any, **kwargs: Any) -> None:
+            raise FederationError(message, key=key)
+
+        monkeypatch.setattr(checks, "load_config", load)
+
+    values = _values(resolved)
+    refuse("client.lr", "too steep for these tiles")
+    checked = checks.check(DEMO, None, values, 3)
+    assert checked.fields == {"client.lr": "Learning rate: too steep for these tiles"}
+    assert checked.general == []
+    # The engine's "config s.k = v is out of range: need" still reads as "Label = v: need." on its field.
+    refuse("amp.sigma", "config amp.sigma = 2.0 is out of range: use at most 1")
+    sigma = values["amp.sigma"]
+    assert checks.check(DEMO, None, values, 3).fields == {"amp.sigma": f"sigma = {sigma:g}: use at most 1."}
+    # No key, a key the form does not offer, or a setting the method does not read: a general problem, even when
+    # the message mentions a field.
+    for key in (None, "server.max_weight", "fedprox.mu"):
+        refuse(key, "config client.lr = 0.05 is out of range: lower it")
+        checked = checks.check(DEMO, None, values, 3)
+        assert checked.fields == {}, key
+        assert checked.general == ["config client.lr = 0.05 is out of range: lower it"], key
+
+
+def test_a_section_error_about_another_key_is_not_the_fields(monkeypatch: pytest.MonkeyPatch) -> None:
+    defaults = presets.resolve_preset(None)[0]
+    lr = fields.FIELDS_BY_KEY["client.lr"]
+
+    class AboutMomentum:
+        def __init__(self, **values: Any) -> None:
+            raise FederationError("config client.lr = 0.01 is fine, the momentum is not", key="client.momentum")
+
+    class AboutNoKey:
+        def __init__(self, **values: Any) -> None:
+            raise FederationError("the section refuses this learning rate")
+
+    monkeypatch.setitem(SECTIONS, "client", AboutMomentum)
+    assert checks.field_problem(lr, 0.01, defaults) is None
+    monkeypatch.setitem(SECTIONS, "client", AboutNoKey)
+    assert checks.field_problem(lr, 0.01, defaults) == "Learning rate: the section refuses this learning rate"
 
 
 def test_rules_between_settings_and_at_start_are_found(resolved: dict[str, Any]) -> None:
