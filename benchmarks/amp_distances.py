@@ -44,7 +44,7 @@ from federation.aggregation import (  # noqa: E402
     pairwise_distances,
 )
 from federation.config import load_config, with_values  # noqa: E402
-from federation.engine.common import NUM_CLASSES  # noqa: E402
+from federation.engine.derived import NUM_CLASSES  # noqa: E402
 from federation.errors import FederationError  # noqa: E402
 from federation.launch import train  # noqa: E402
 from models import base_keys, create_model, split_units  # noqa: E402

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from federation.config import RunConfig, load_config, parse_override
 from federation.data import check_clients, read_manifest
-from federation.engine.common import derive_seed, initial_state, resolve_config, resolve_device
+from federation.engine.derived import derive_seed, initial_state, resolve_config, resolve_device
 from federation.engine.hospital import Site, hospital_folder
 from federation.engine.loop import RunStopped, Server
 from federation.errors import FederationError

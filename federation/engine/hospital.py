@@ -57,7 +57,7 @@ from federation.contract import (
 )
 from federation.data import LABELS, ClientData, check_clients, load_clients, read_dataset
 from federation.engine.codec import Envelope, Message, decode, encode
-from federation.engine.common import config_from_text, initial_state, resolve_device
+from federation.engine.derived import config_from_text, initial_state, resolve_device
 from federation.engine.outbound import OUTBOUND_FILE, append_outbound, describe_reply
 from federation.engine.policy import (
     HospitalPolicy,

@@ -65,7 +65,7 @@ from federation.contract import (
 from federation.engine.audit import AUDIT_FILE, AuditLog
 from federation.engine.checks import agreed_classes, evaluation_problem, train_problem
 from federation.engine.codec import Message
-from federation.engine.common import NUM_CLASSES, derive_seed, initial_state, resolve_config
+from federation.engine.derived import NUM_CLASSES, derive_seed, initial_state, resolve_config
 from federation.engine.pools import Pool
 from federation.engine.resume import continue_run, open_for_resume
 from federation.engine.rounds import RoundRecord

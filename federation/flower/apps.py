@@ -32,7 +32,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from federation.contract import Failure
 from federation.engine.codec import Envelope, encode, from_bytes, to_bytes
-from federation.engine.common import config_from_text
+from federation.engine.derived import config_from_text
 from federation.engine.hospital import Hospital, Site
 from federation.engine.loop import Server
 from federation.engine.policy import load_policy

@@ -278,7 +278,7 @@ def test_a_hospital_spends_its_budget_then_refuses_and_only_accounted_scalars_le
 ) -> None:
     from federation.contract import Failure, Hello, HelloReply, TrainReply, TrainTask
     from federation.engine.codec import decode, encode
-    from federation.engine.common import initial_state, resolve_config
+    from federation.engine.derived import initial_state, resolve_config
     from federation.engine.hospital import Hospital, Site
     from federation.engine.outbound import read_outbound
     from federation.engine.policy import agreed_shared_keys

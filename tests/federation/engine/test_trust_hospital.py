@@ -33,7 +33,7 @@ from federation.contract import (
 )
 from federation.data import extract_hospital
 from federation.engine.codec import Message, decode, encode, envelope_digest
-from federation.engine.common import initial_state, resolve_config
+from federation.engine.derived import initial_state, resolve_config
 from federation.engine.hospital import MODEL_FILE, Hospital, Site
 from federation.engine.outbound import read_outbound
 from federation.engine.policy import HospitalPolicy, agreed_shared_keys, load_policy

@@ -24,7 +24,7 @@ from federation.client import Client
 from federation.config import load_config
 from federation.contract import Recipe, TrainInstruction
 from federation.data import ClientData, load_clients
-from federation.engine.common import initial_state
+from federation.engine.derived import initial_state
 from federation.launch import train
 from models import base_keys, batchnorm_keys, create_model, head_keys, split_units
 
