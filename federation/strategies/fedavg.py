@@ -5,7 +5,7 @@ Each round the server sends the global shared weights w to every client, each cl
 returns its own w_i, and the server sets ``w = sum_i (n_i / n) w_i`` with ``n_i`` the client's training tiles.
 The average runs over the whole shared ``state_dict``, BatchNorm running means and variances included, so the
 deployed model's normalisation matches its weights; ``num_batches_tracked`` (an integer counter) is averaged
-the same way and rounded back to an integer (``federation.aggregation.unflatten``). With ``nhead > 0`` the last
+the same way and rounded back to an integer (``federation.flat.unflatten``). With ``nhead > 0`` the last
 ``nhead`` layer units stay on each client (FedPer-style); FedAvg proper is ``nhead = 0``.
 
 With ``server.max_weight`` set, the weights ``n_i / n`` are capped at it before averaging (not part of FedAvg: a
