@@ -20,7 +20,8 @@ from federation.engine.derived import derive_seed, initial_state, resolve_config
 from federation.engine.hospital import Site, hospital_folder
 from federation.engine.loop import RunStopped, Server
 from federation.errors import FederationError
-from federation.runs import CONFIG_FILE, SUMMARY_FILE, complete_checkpoints, read_json
+from federation.runfiles import CONFIG_FILE, SUMMARY_FILE
+from federation.runs import complete_checkpoints, read_json
 
 # Settings a resumed run may change: they do not alter the federation's maths.
 RESUMABLE_KEYS = frozenset(

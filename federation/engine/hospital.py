@@ -70,10 +70,17 @@ from federation.engine.policy import (
 )
 from federation.errors import Diverged, FederationError, Interrupted, first_line
 from federation.privacy import ACCOUNTANT_FILE, ACCOUNTANT_NAME, Accountant, load_accountant, planned_dp_steps
-from federation.runfiles import CHECKPOINT_DIR, HOSPITAL_FILE, MODEL_CARD_FILE, hospital_dir
+from federation.runfiles import (
+    CHECKPOINT_DIR,
+    HOSPITAL_FILE,
+    MODEL_CARD_FILE,
+    PREDICTIONS_FILE,
+    hospital_dir,
+    prediction_columns,
+)
 from federation.runfiles import HOSPITALS_DIR as HOSPITALS_DIR  # re-exported: the old name
 from federation.runfiles import MODEL_WEIGHTS_FILE as MODEL_FILE
-from federation.runs import PREDICTIONS_FILE, now_iso, prediction_columns, read_json, write_json, write_predictions
+from federation.runs import now_iso, read_json, write_json, write_predictions
 from federation.strategies.context import resolved_nhead
 from infra.outputs import atomic_target, remove_entries, write_atomic
 from models import ModelError, create_model, head_keys, split_units

@@ -71,10 +71,8 @@ from federation.engine.resume import continue_run, open_for_resume
 from federation.engine.rounds import RoundRecord
 from federation.engine.summary import RoundPhases, RunSummary
 from federation.errors import FederationError, Interrupted, first_line
+from federation.runfiles import AGGREGATION_FILE, CONFIG_FILE, METRICS_FILE
 from federation.runs import (
-    AGGREGATION_FILE,
-    CONFIG_FILE,
-    METRICS_FILE,
     OWNER,
     Checkpoint,
     append_jsonl,

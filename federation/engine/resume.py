@@ -21,12 +21,9 @@ from federation.contract import Strategy
 from federation.engine.rounds import RoundRecord
 from federation.errors import FederationError
 from federation.jsonl import DamagedLine, read_jsonl, scan_jsonl
+from federation.runfiles import AGGREGATION_FILE, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
 from federation.runs import (
-    AGGREGATION_FILE,
-    CONFIG_FILE,
-    METRICS_FILE,
     OWNER,
-    SUMMARY_FILE,
     Checkpoint,
     clean_temp_files,
     complete_checkpoints,

@@ -19,7 +19,8 @@ from federation.jsonl import read_jsonl
 from federation.progress import RoundProgress, now, write_progress
 from federation.provenance import add_code_version, code_version
 from federation.report import round_stats, run_figures
-from federation.runs import SUMMARY_FILE, now_iso, write_json
+from federation.runfiles import SUMMARY_FILE
+from federation.runs import now_iso, write_json
 from infra.pids import process_start_time
 
 

@@ -31,8 +31,8 @@ from federation.engine.loop import RunStopped
 from federation.errors import FederationError
 from federation.flower.operator import operator_problem
 from federation.flower.processes import COMPLETED, FINISHED, ConfigValue, FlwrCli, SuperLink
-from federation.runfiles import HOSPITALS_DIR
-from federation.runs import SUMMARY_FILE, now_iso, read_json, write_json
+from federation.runfiles import HOSPITALS_DIR, SUMMARY_FILE
+from federation.runs import now_iso, read_json, write_json
 
 FAB_DIR = Path(__file__).resolve().parent / "fab"
 

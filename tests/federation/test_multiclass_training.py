@@ -29,7 +29,7 @@ from federation.engine.codec import decode, encode
 from federation.engine.hospital import Site, hospital_folder
 from federation.engine.pools import InProcessPool
 from federation.errors import FederationError
-from federation.runs import SUMMARY_FILE, prediction_columns
+from federation.runfiles import SUMMARY_FILE, prediction_columns
 from models import create_model, head_keys, split_units
 from models.bundle import BundleError, load_bundle
 

@@ -22,7 +22,7 @@ from federation.config import load_config
 from federation.engine import Server, local_sites, resolve_config
 from federation.engine.codec import Envelope
 from federation.engine.pools import InProcessPool, Pool
-from federation.runs import AGGREGATION_FILE, METRICS_FILE, SUMMARY_FILE
+from federation.runfiles import AGGREGATION_FILE, METRICS_FILE, SUMMARY_FILE
 
 Edit = Callable[[dict[str, Any], dict[str, torch.Tensor]], None]
 HOSTILE = 2

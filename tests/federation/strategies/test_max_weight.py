@@ -24,7 +24,8 @@ from federation.engine import Server, local_sites, resolve_config
 from federation.engine.codec import Envelope
 from federation.engine.pools import InProcessPool, Pool
 from federation.errors import FederationError
-from federation.runs import AGGREGATION_FILE, METRICS_FILE, SUMMARY_FILE, read_checkpoint
+from federation.runfiles import AGGREGATION_FILE, METRICS_FILE, SUMMARY_FILE
+from federation.runs import read_checkpoint
 from federation.strategies import EXAMPLE_WEIGHTED, STRATEGY_NAMES, StrategyContext, build_strategy
 
 
