@@ -67,7 +67,7 @@ def register(app: typer.Typer) -> None:
         With Separate or FedAvg in the grid, also each method's paired difference to them over the same seeds
         (paired.md / paired.csv, printed).
         """
-        from federation.ablation import load_plan, publish, run_plan, write_tables
+        from federation.ablation import load_plan, publish, run_plan, shown_path, write_tables
         from federation.engine import RunStopped
         from federation.errors import FederationError
 
@@ -89,7 +89,7 @@ def register(app: typer.Typer) -> None:
         if publish_to is not None:
             trains = training_arguments(sys.argv[1:])
             command = shlex.join(["gastric-fl", *trains])
-            rebuild = shlex.join(["gastric-fl", *_with_out(trains, _relative(publish_to)), "--tables-only"])
+            rebuild = shlex.join(["gastric-fl", *_with_out(trains, shown_path(publish_to)), "--tables-only"])
             files = publish(plan, folder, publish_to, command, rebuild)
             typer.echo(f"published {len(files)} files to {publish_to} (rebuild: see {publish_to / 'COMMAND.md'})")
         if state is not None:
@@ -121,11 +121,3 @@ def _with_out(argv: list[str], out: str) -> list[str]:
     """``argv`` with its ``--out`` value (if any) replaced by ``out``, or ``--out out`` appended."""
     kept = [a for i, a in enumerate(argv) if a != "--out" and (i == 0 or argv[i - 1] != "--out")]
     return [a for a in kept if not a.startswith("--out=")] + ["--out", out]
-
-
-def _relative(path: Path) -> str:
-    """``path`` relative to the working folder when inside it (a command others can paste), else as given."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)

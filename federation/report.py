@@ -11,6 +11,7 @@ left out of the figures (they use the last *complete* round), and both appear in
 command's stderr and in ``report.md``.
 
 The functions are reusable: ``load_run(run_dir) -> RunResult``, ``summarise(runs) -> rows``,
+``all_figures(run) -> row`` (a run's every figure, as the ablation tables and the dashboard read them),
 ``per_hospital(runs) -> rows``, ``markdown_table(rows)``, ``plot_accuracy(runs, png)``; ``write_report`` does
 all of it for ``gastric-fl report``. ``transmitted_values`` computes the values a strategy sends per client and
 round for each ``nhead`` from the model's ``state_dict`` (paper Table 6; our counts, not copied from the paper).
@@ -276,34 +277,60 @@ def _whole(value: float | None) -> float | int | None:
 
 def summarise(runs: Sequence[RunResult]) -> list[dict[str, Any]]:
     """One row per run with ``SUMMARY_COLUMNS`` (figures of the last completed round; best over rounds)."""
-    rows: list[dict[str, Any]] = []
-    for run in runs:
-        figures = run_figures(run.rounds)
-        final = figures["final"] or {}
-        best = figures["best"] or {}
-        traffic = figures["values_per_round"] or {}
-        seconds = [float(a["seconds"]) for a in run.aggregation if "seconds" in a]
-        rows.append(
-            {
-                "run": run.name,
-                "strategy": run.strategy,
-                "model": run.model,
-                "nhead": run.nhead,
-                "status": run.summary.get("status", "unknown"),
-                "rounds": final.get("round", 0),
-                "avg_train_loss": final.get("avg_train_loss"),
-                "avg_test_acc": final.get("avg_test_acc"),
-                "std_test_acc": final.get("std_test_acc"),
-                "avg_test_auc": final.get("avg_test_auc"),
-                "std_test_auc": final.get("std_test_auc"),
-                "best_avg_test_acc": best.get("avg_test_acc"),
-                "best_round": best.get("round"),
-                "sent_per_round": _whole(traffic.get("sent")),
-                "received_per_round": _whole(traffic.get("received")),
-                "seconds_per_round": statistics.fmean(seconds) if seconds else None,
-            }
-        )
-    return rows
+    return [summary_row(run) for run in runs]
+
+
+def summary_row(run: RunResult) -> dict[str, Any]:
+    """One run's row of `summarise`: ``SUMMARY_COLUMNS`` (`run_figures` of its rounds, and its seconds per round)."""
+    figures = run_figures(run.rounds)
+    final = figures["final"] or {}
+    best = figures["best"] or {}
+    traffic = figures["values_per_round"] or {}
+    seconds = [float(a["seconds"]) for a in run.aggregation if "seconds" in a]
+    return {
+        "run": run.name,
+        "strategy": run.strategy,
+        "model": run.model,
+        "nhead": run.nhead,
+        "status": run.summary.get("status", "unknown"),
+        "rounds": final.get("round", 0),
+        "avg_train_loss": final.get("avg_train_loss"),
+        "avg_test_acc": final.get("avg_test_acc"),
+        "std_test_acc": final.get("std_test_acc"),
+        "avg_test_auc": final.get("avg_test_auc"),
+        "std_test_auc": final.get("std_test_auc"),
+        "best_avg_test_acc": best.get("avg_test_acc"),
+        "best_round": best.get("round"),
+        "sent_per_round": _whole(traffic.get("sent")),
+        "received_per_round": _whole(traffic.get("received")),
+        "seconds_per_round": statistics.fmean(seconds) if seconds else None,
+    }
+
+
+def all_figures(run: RunResult) -> dict[str, Any]:
+    """Every per-run figure, the one place the ablation tables (``federation.ablation.run_figures``) and the
+    dashboard's Compare page take a run's figures from: its `summary_row`
+    (``SUMMARY_COLUMNS``: the last complete round averaged and std over hospitals, the best averaged accuracy,
+    values per round, seconds per round; FedSAF paper 001, Tables 4-7) plus
+
+    - ``worst_test_auc`` / ``worst_test_acc``: the lowest final AUC / accuracy among hospitals (`per_hospital`),
+      ``None`` when no hospital has one;
+    - ``best_avg_test_auc``: the highest averaged AUC over rounds (``None`` without any AUC);
+    - ``values_total``: the tensor values transmitted over all rounds, both directions together;
+    - ``curve_avg`` / ``curve_std``: the averaged and std test accuracy of each round (paper Fig. 4-5).
+    """
+    row = summary_row(run)
+    hospitals = per_hospital([run])
+    aucs = [float(h["test_auc"]) for h in hospitals if h.get("test_auc") is not None]
+    accs = [float(h["test_acc"]) for h in hospitals if h.get("test_acc") is not None]
+    row["worst_test_auc"] = min(aucs) if aucs else None
+    row["worst_test_acc"] = min(accs) if accs else None
+    averaged_aucs = [s.avg_test_auc for s in run.rounds if s.avg_test_auc is not None]
+    row["best_avg_test_auc"] = max(averaged_aucs) if averaged_aucs else None
+    row["values_total"] = sum(s.values_sent + s.values_received for s in run.rounds)
+    row["curve_avg"] = [s.avg_test_acc for s in run.rounds]
+    row["curve_std"] = [s.std_test_acc for s in run.rounds]
+    return row
 
 
 def per_hospital(runs: Sequence[RunResult]) -> list[dict[str, Any]]:

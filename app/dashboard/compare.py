@@ -2,10 +2,10 @@
 grids (``gastric-fl ablate``: ``<ablation>/ablation.json`` + ``cells/<cell id>/`` run folders) with their
 nhead x dm heatmap (Tables 5-6).
 
-The per-run figures come from ``federation.report`` (the code behind ``gastric-fl report``), so the dashboard and
-the CLI print the same numbers: averaged and std (population, over clients) test accuracy and AUC at the last
-round, the best averaged accuracy over rounds, values per round in each direction and seconds per round. The
-dashboard adds the best averaged AUC over rounds, the total values transmitted and the run's wall seconds.
+The per-run figures come from ``federation.report.all_figures`` (the code behind ``gastric-fl report`` and the
+ablation tables), so the dashboard and the CLI print the same numbers: averaged and std (population, over clients)
+test accuracy and AUC at the last round, the best averaged accuracy and AUC over rounds, values per round in each
+direction, the total values transmitted and seconds per round. The dashboard adds the run's wall seconds.
 
 Before comparing, the page says what could make the comparison say little: the settings that differ between the
 runs (`settings_diff`, from each run's resolved ``config.toml``) and runs of other lengths or on other data
@@ -35,8 +35,7 @@ from app.dashboard.runs import (
     run_problem,
     run_seconds,
 )
-
-ABLATION_FILE = "ablation.json"
+from federation.ablation import ABLATION_FILE, shown_path
 
 # federation.report field (or one added here) -> column shown.
 FIGURES: dict[str, str] = {
@@ -57,14 +56,11 @@ ID_COLUMNS = ("run", "algorithm", "nhead", "dm", "status", "rounds")
 
 
 def figures(run: Path) -> dict[str, Any]:
-    """One run's figures: ``federation.report.summarise`` plus best AUC, total values and wall seconds."""
-    from federation.report import load_run, summarise
+    """One run's figures: ``federation.report.all_figures`` (the ``summarise`` row, best AUC, total values...) plus
+    the run's wall seconds (`app.dashboard.runs.run_seconds`)."""
+    from federation.report import all_figures, load_run
 
-    result = load_run(run)
-    row: dict[str, Any] = dict(summarise([result])[0])
-    aucs = [s.avg_test_auc for s in result.rounds if s.avg_test_auc is not None]
-    row["best_avg_test_auc"] = max(aucs) if aucs else None
-    row["values_total"] = sum(s.values_sent + s.values_received for s in result.rounds)
+    row = all_figures(load_run(run))
     row["seconds_total"] = run_seconds(run, load_metrics(run))
     return row
 
@@ -375,14 +371,6 @@ def mismatches(runs: Sequence[tuple[str, Path]]) -> list[str]:
 # --- the example command and the launcher's grids -----------------------------------------------------------------
 
 
-def _shown_path(path: Path) -> str:
-    """``path`` relative to the current folder when it is inside it (as the README's commands are written)."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
-
 def example_ablate(root: Path, datasets: Sequence[Path], run_datasets: Sequence[Path | None]) -> str:
     """A ``gastric-fl ablate`` command that runs as shown: on the dataset of the newest run that still exists,
     else on the first prepared dataset, else on the demo dataset, preceded by the commands that make it."""
@@ -395,7 +383,7 @@ def example_ablate(root: Path, datasets: Sequence[Path], run_datasets: Sequence[
     else:
         lines += [shlex.join(command) for command in demo_commands(root, ["gastric-fl"])]
         dataset = root / "prepared" / DEMO_NAME
-    command = ["gastric-fl", "ablate", "--config", _shown_path(PRESETS_DIR / "demo.toml")]
+    command = ["gastric-fl", "ablate", "--config", shown_path(PRESETS_DIR / "demo.toml")]
     command += ["--grid", "nhead=0,3,6", "--grid", "dm=manhattan,euclidean", "--set", "strategy.name=fedsaf"]
     command += ["--data", str(dataset), "--out", str(root / "ablations" / f"{dataset.name}-nhead-dm")]
     lines.append(shlex.join(command))

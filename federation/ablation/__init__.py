@@ -57,8 +57,8 @@ from federation.ablation.running import (
     shown_path,
 )
 from federation.ablation.tables import (
-    LABELS,
     METRIC_FIELDS,
+    METRIC_LABELS,
     PAIRED_NOTE,
     TABLE_COLUMNS,
     TABLE_NUMBERS,
@@ -79,8 +79,8 @@ __all__ = [
     "ALIASES",
     "CELLS_DIR",
     "COMMAND_FILE",
-    "LABELS",
     "METRIC_FIELDS",
+    "METRIC_LABELS",
     "PAIRED_FIELDS",
     "PAIRED_NOTE",
     "PAIRED_REFERENCES",

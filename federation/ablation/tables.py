@@ -24,7 +24,7 @@ from federation.ablation.paired import PAIRED_FIELDS, method_label, method_varia
 from federation.ablation.running import CELLS_DIR, cell_status, shown_path
 from federation.runs import atomic_write_text
 
-# (column, source field, label) of the per-run figures averaged over seeds.
+# (figure, label) of the per-run figures averaged over seeds (federation.report.all_figures).
 METRIC_FIELDS: tuple[tuple[str, str], ...] = (
     ("avg_train_loss", "Averaged train loss"),
     ("avg_test_acc", "Averaged test acc"),
@@ -69,23 +69,15 @@ TABLE_TITLES: dict[str, str] = {
     "all": "All figures",
 }
 TABLE_NUMBERS: dict[str, int] = {"components": 4, "distances": 5, "nhead": 6, "methods": 7}
-LABELS = dict(METRIC_FIELDS)
+METRIC_LABELS = dict(METRIC_FIELDS)  # a figure's column -> the label its tables show
 
 
 def run_figures(run_dir: Path) -> dict[str, Any]:
-    """The figures of one finished run (``federation.report.summarise``) plus the worst hospital's final AUC/acc."""
-    from federation.report import load_run, per_hospital, summarise
+    """The figures of the finished run in ``run_dir``: ``federation.report.all_figures`` (the ``summarise`` row,
+    the worst hospital's final AUC and accuracy, the accuracy curves over rounds)."""
+    from federation.report import all_figures, load_run
 
-    run = load_run(run_dir)
-    row = dict(summarise([run])[0])
-    hospitals = per_hospital([run])
-    aucs = [float(h["test_auc"]) for h in hospitals if h.get("test_auc") is not None]
-    accs = [float(h["test_acc"]) for h in hospitals if h.get("test_acc") is not None]
-    row["worst_test_auc"] = min(aucs) if aucs else None
-    row["worst_test_acc"] = min(accs) if accs else None
-    row["curve_avg"] = [s.avg_test_acc for s in run.rounds]
-    row["curve_std"] = [s.std_test_acc for s in run.rounds]
-    return row
+    return all_figures(load_run(run_dir))
 
 
 def _mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
@@ -120,7 +112,7 @@ def _fmt(value: float | None, big: bool) -> str:
 
 def markdown_rows(rows: Sequence[Mapping[str, Any]], keys: Sequence[str], columns: Sequence[str]) -> str:
     """A Markdown table: the settings, then ``mean ± std`` over seeds of each figure column."""
-    header = [*keys, "seeds", *(LABELS[c] for c in columns)]
+    header = [*keys, "seeds", *(METRIC_LABELS[c] for c in columns)]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for row in rows:
         cells = [_fmt_setting(row.get(k)) for k in keys] + [str(row["seeds"])]
@@ -210,7 +202,7 @@ def paired_context_keys(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 def paired_markdown(rows: Sequence[Mapping[str, Any]], fields: Sequence[str] = PAIRED_FIELDS) -> str:
     """A Markdown table: the other settings, method, reference, n, then ``mean [95% interval]`` per field."""
     keys = paired_context_keys(rows)
-    header = [*keys, "method", "minus", "n", *(f"Δ {LABELS[f]} [95% CI]" for f in fields)]
+    header = [*keys, "method", "minus", "n", *(f"Δ {METRIC_LABELS[f]} [95% CI]" for f in fields)]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for row in rows:
         cells = [_fmt_setting(row.get(k)) for k in keys] + [str(row["method"]), str(row["reference"]), str(row["n"])]

@@ -11,6 +11,7 @@ import pytest
 
 from federation.errors import FederationError
 from federation.report import (
+    all_figures,
     load_run,
     markdown_table,
     per_hospital,
@@ -105,6 +106,19 @@ def test_summary_rows_tables_and_curves(tmp_path: Path) -> None:
     markdown = paths["markdown"].read_text()
     assert "| a | 1 | 20 | 4 | 1.0000 | - |" in markdown  # a's last round is 2
     assert "| b | 0 | 10 | 4 | 0.5000 | 0.6000 |" in markdown  # b's last round is 1
+
+
+def test_all_figures_add_the_worst_hospital_best_auc_total_values_and_curves(tmp_path: Path) -> None:
+    run = load_run(_write_run(tmp_path / "a", "fedavg", METRICS))
+    figures = all_figures(run)
+    assert {k: v for k, v in figures.items() if k in summarise([run])[0]} == summarise([run])[0]
+    # last round: acc 0.6, 1.0, 0.8 and AUC 0.5, -, 0.9 -> the worst hospital's 0.6 and 0.5
+    assert figures["worst_test_acc"] == pytest.approx(0.6)
+    assert figures["worst_test_auc"] == pytest.approx(0.5)
+    assert figures["best_avg_test_auc"] == pytest.approx(0.8)  # round 1's (0.6 + 0.8 + 1.0) / 3
+    assert figures["values_total"] == 2 * (300 + 150)
+    assert figures["curve_avg"] == [pytest.approx(0.7), pytest.approx(0.8)]
+    assert figures["curve_std"] == [pytest.approx((0.08 / 3) ** 0.5), pytest.approx((0.08 / 3) ** 0.5)]
 
 
 def test_missing_run_directory_is_a_clear_error(tmp_path: Path) -> None:
