@@ -72,7 +72,7 @@ def _resolved_nhead(config: dict[str, Any]) -> int | None:
     name = config_value(config, "strategy", "name")
     if not isinstance(name, str):
         return None
-    from app.dashboard.settings import default_nhead  # the strategy's own default when the config leaves it out
+    from federation.strategies.registry import default_nhead  # the strategy's own default when the config leaves it out
 
     return default_nhead(name)
 
@@ -374,7 +374,8 @@ def mismatches(runs: Sequence[tuple[str, Path]]) -> list[str]:
 def example_ablate(root: Path, datasets: Sequence[Path], run_datasets: Sequence[Path | None]) -> str:
     """A ``gastric-fl ablate`` command that runs as shown: on the dataset of the newest run that still exists,
     else on the first prepared dataset, else on the demo dataset, preceded by the commands that make it."""
-    from app.dashboard.settings import DEMO_NAME, PRESETS_DIR, demo_commands
+    from app.dashboard.commands import DEMO_NAME, demo_commands
+    from app.dashboard.presets import PRESETS_DIR
 
     existing = [d for d in (*run_datasets, *datasets) if d is not None and (d / "manifest.csv").is_file()]
     lines: list[str] = []
