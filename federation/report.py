@@ -32,15 +32,20 @@ from typing import Any
 
 from federation.errors import FederationError
 from federation.jsonl import scan_jsonl
-from federation.runfiles import hospital_files, hospital_index
-from federation.runs import (
+from federation.runfiles import (
+    ACCURACY_PNG,
     AGGREGATION_FILE,
     CONFIG_FILE,
+    HOSPITALS_CSV,
     METRICS_FILE,
+    MODEL_CARD_FILE,
+    REPORT_CSV,
+    REPORT_MD,
     SUMMARY_FILE,
-    atomic_write_text,
-    read_json,
+    hospital_files,
+    hospital_index,
 )
+from federation.runs import atomic_write_text, read_json
 from infra.provenance import INTENDED_USE, dataset_is_synthetic, intended_use
 
 SUMMARY_COLUMNS: tuple[str, ...] = (
@@ -385,7 +390,7 @@ def operating_points(runs: Sequence[RunResult]) -> list[dict[str, Any]]:
     run's server holds no card: the section is then empty."""
     rows: list[dict[str, Any]] = []
     for run in runs:
-        for path in hospital_files(run.run_dir, "model.json"):
+        for path in hospital_files(run.run_dir, MODEL_CARD_FILE):
             try:
                 card = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError):
@@ -535,10 +540,10 @@ def write_report(runs: Sequence[RunResult], out_dir: Path) -> dict[str, Path]:
     hospitals = per_hospital(runs)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {
-        "markdown": out_dir / "report.md",
-        "csv": out_dir / "report.csv",
-        "hospitals": out_dir / "hospitals.csv",
-        "curves": out_dir / "accuracy.png",
+        "markdown": out_dir / REPORT_MD,
+        "csv": out_dir / REPORT_CSV,
+        "hospitals": out_dir / HOSPITALS_CSV,
+        "curves": out_dir / ACCURACY_PNG,
     }
     problems = [problem for run in runs for problem in run.problems]
     text = render_markdown(

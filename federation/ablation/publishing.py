@@ -13,11 +13,12 @@ from federation.ablation.grid import Plan
 from federation.ablation.running import ABLATION_FILE, CELLS_DIR, cell_status, shown_path
 from federation.errors import FederationError
 from federation.provenance import code_version, describe_code_versions
-from federation.runs import SUMMARY_FILE, read_json, write_json
+from federation.runfiles import AGGREGATION_FILE, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
+from federation.runs import read_json, write_json
 from infra.outputs import OutputError, check_replaceable, claim_output, os_error_message, write_marker
 
 # What recomputes every table of an ablation: per run, its configuration and per-round records (no weights).
-PUBLISHED_RUN_FILES = ("config.toml", "summary.json", "metrics.jsonl", "aggregation.jsonl")
+PUBLISHED_RUN_FILES = (CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, AGGREGATION_FILE)
 VERSIONS_FILE = "versions.txt"
 COMMAND_FILE = "COMMAND.md"
 

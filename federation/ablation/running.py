@@ -17,7 +17,8 @@ from typing import Any
 from federation.ablation.grid import SHORT, Cell, Plan
 from federation.config import config_to_toml
 from federation.errors import FederationError
-from federation.runs import SUMMARY_FILE, atomic_write_text, now_iso, read_json, write_json
+from federation.runfiles import CONFIG_FILE, SUMMARY_FILE
+from federation.runs import atomic_write_text, now_iso, read_json, write_json
 from infra.outputs import OutputError, claim_output, os_error_message
 
 ABLATION_FILE = "ablation.json"
@@ -157,7 +158,7 @@ def _run_cells(plan: Plan, out: Path, train_fn: TrainFn, progress: bool, echo: C
     )
     for number, cell in enumerate(todo, start=1):
         run_dir = out / CELLS_DIR / cell.id
-        resume = cell_status(run_dir) == "partial" and (run_dir / "config.toml").is_file()
+        resume = cell_status(run_dir) == "partial" and (run_dir / CONFIG_FILE).is_file()
         echo(f"[{number}/{len(todo)}] {cell.id}{' (resuming)' if resume else ''}")
         statuses[cell.id] = {"status": "running", "error": None}
         write_json(out / ABLATION_FILE, _state(plan, cells, owners, statuses))

@@ -22,6 +22,7 @@ from typing import Any
 from federation.ablation.grid import SHORT, Cell, Plan
 from federation.ablation.paired import PAIRED_FIELDS, method_label, method_variant, paired_rows
 from federation.ablation.running import CELLS_DIR, cell_status, shown_path
+from federation.runfiles import REPORT_DIR, REPORT_MD
 from federation.runs import atomic_write_text
 
 # (figure, label) of the per-run figures averaged over seeds (federation.report.all_figures).
@@ -249,8 +250,8 @@ def write_tables(plan: Plan, out: Path, *, per_run_reports: bool = True) -> dict
             if cell_status(run_dir) != "finished":
                 continue
             by_run[owner] = run_figures(run_dir)
-            if per_run_reports and not (run_dir / "report" / "report.md").is_file():
-                write_report([load_run(run_dir)], run_dir / "report")
+            if per_run_reports and not (run_dir / REPORT_DIR / REPORT_MD).is_file():
+                write_report([load_run(run_dir)], run_dir / REPORT_DIR)
         figures[cell.id] = by_run[owner]
     paths: dict[str, Path] = {}
     sections = [
