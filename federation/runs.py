@@ -34,44 +34,27 @@ from typing import TYPE_CHECKING, Any
 
 from federation.errors import FederationError
 from federation.jsonl import DamagedLine, scan_jsonl
-from federation.runfiles import (  # re-exported: the run files' names live in federation.runfiles
+from federation.runfiles import (  # the run files' names
     ACCOUNTANT_FILE,
+    AGGREGATION_FILE,
     AUDIT_FILE,
+    CHECKPOINT_DIR,
+    CONFIG_FILE,
     HOSPITAL_FILE,
     HOSPITAL_GLOB,
     HOSPITALS_DIR,
+    METRICS_FILE,
     MODEL_CARD_FILE,
     MODEL_WEIGHTS_FILE,
     OUTBOUND_FILE,
+    PREDICTION_COLUMNS,
+    PREDICTIONS_FILE,
     PROGRESS_FILE,
     REPORT_DIR,
     REPORT_FILES,
     REPORT_HTML,
     SLIDES_DIR,
-)
-from federation.runfiles import (
-    AGGREGATION_FILE as AGGREGATION_FILE,
-)
-from federation.runfiles import (
-    CHECKPOINT_DIR as CHECKPOINT_DIR,
-)
-from federation.runfiles import (
-    CONFIG_FILE as CONFIG_FILE,
-)
-from federation.runfiles import (
-    METRICS_FILE as METRICS_FILE,
-)
-from federation.runfiles import (
-    PREDICTION_COLUMNS as PREDICTION_COLUMNS,
-)
-from federation.runfiles import (
-    PREDICTIONS_FILE as PREDICTIONS_FILE,
-)
-from federation.runfiles import (
-    SUMMARY_FILE as SUMMARY_FILE,
-)
-from federation.runfiles import (
-    prediction_columns as prediction_columns,
+    SUMMARY_FILE,
 )
 from infra.outputs import OutputError, atomic_target, check_replaceable, owned_by, write_atomic, write_marker
 from infra.pids import same_process
