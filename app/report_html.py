@@ -61,6 +61,7 @@ from federation.runfiles import (
     hospital_index,
     hospital_name,
 )
+from infra.formats import BINARY_CLASSES
 from infra.outputs import (
     OutputError,
     PathOutsideError,
@@ -79,7 +80,7 @@ EXAMPLES_PER_GROUP = 4
 TARGET_SENSITIVITY = 0.9  # the Hospital page's default target
 HEATMAPS_SHOWN = 3
 HEATMAP_MAX_SIDE = 720
-CLASS_NAMES = runfiles.BINARY_CLASSES
+CLASS_NAMES = BINARY_CLASSES
 # Okabe & Ito (2008), "Color Universal Design": distinguishable with every common colour-vision deficiency.
 OKABE_ITO = {"blue": "#0072B2", "vermillion": "#D55E00", "grey": "#999999", "green": "#009E73", "orange": "#E69F00"}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

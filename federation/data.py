@@ -35,11 +35,12 @@ import numpy as np
 import torch
 
 from federation.errors import FederationError
+from infra.formats import BINARY_CLASSES
 from infra.outputs import FolderPaths, PathOutsideError
 from infra.provenance import PREPARE_RECORD as PREPARE_FILE
 from models.preprocess import default_stats, fit_tile, normalise, tile_from_decoded
 
-LABELS: tuple[str, ...] = ("normal", "abnormal")  # the binary task: class index 0 and 1
+LABELS: tuple[str, ...] = BINARY_CLASSES  # the binary task: class index 0 and 1
 # A class name is a plain label (prepare's class-folder rule): it is the one piece of text about its data that a
 # hospital tells the server (``HelloReply.classes``), so it can hold nothing but a short name.
 CLASS_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")

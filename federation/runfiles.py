@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NotRequired, TypedDict
 
+from infra.formats import BINARY_CLASSES
 from models.names import CARD_FILE, WEIGHTS_FILE
 
 # -- the server's files ---------------------------------------------------------------------------------------------
@@ -57,7 +58,6 @@ MODEL_CARD_FILE = CARD_FILE  # its model card
 REPORT_HTML = "report.html"  # gastric-fl report --html (app.report_html)
 SLIDES_DIR = "slides"  # slides scored with the hospital's model (app.slide_view)
 PREDICTION_COLUMNS = ("client", "path", "label", "prob_abnormal", "round")
-BINARY_CLASSES = ("normal", "abnormal")
 
 
 class MetricsLine(TypedDict):

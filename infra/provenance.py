@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from infra.formats import PREPARE_RECORD as PREPARE_RECORD  # the record prepare writes (re-exported)
+
 INTENDED_USE = "Research use only, not for diagnosis."
 SYNTHETIC_NOTE = "Trained and tested on synthetic slides (made by gastric-fl synth), not on patients' slides."
 SYNTH_MARKER = "synth.json"  # what `gastric-fl synth` writes beside its slides (pipeline.synth.MARKER)
-PREPARE_RECORD = "prepare.json"
 
 
 def synthetic_source(input_folder: Path) -> bool:

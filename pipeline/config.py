@@ -20,13 +20,14 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from infra.formats import BINARY_CLASSES
 from pipeline.errors import PipelineError
 from pipeline.images import DEFAULT_MAX_PIXELS, check_max_pixels
 from pipeline.sites import MAX_STRENGTH, SHIFTS, ListedProfile, parse_listed
 
 Format = Literal["seed", "bot", "class-folders"]
 FORMATS: tuple[str, ...] = ("seed", "bot", "class-folders")
-LABELS: tuple[str, str] = ("normal", "abnormal")
+LABELS: tuple[str, str] = BINARY_CLASSES
 # A class folder's name becomes the manifest's label and a folder of the prepared dataset: keep it plain.
 CLASS_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 

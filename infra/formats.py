@@ -1,0 +1,15 @@
+"""Facts of the formats between stages that more than one top-level folder needs (DESIGN.md, "Data flow and the
+formats between stages"), so that each is written once and no folder imports another's internals for it.
+
+- `BINARY_CLASSES`: the binary task's class names in class-index order (0 normal, 1 abnormal), as ``prepare``
+  writes them into ``manifest.csv``'s ``label`` column and the folders ``{train,test}/{normal,abnormal}``, as a
+  hospital's ``predictions.csv`` and a model card name them.
+- `PREPARE_RECORD`: the prepared dataset's record, ``prepare.json``.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+BINARY_CLASSES: tuple[str, str] = ("normal", "abnormal")
+PREPARE_RECORD = "prepare.json"
