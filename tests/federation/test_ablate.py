@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.runs import metrics_line, write_finished_run
 from typer.testing import CliRunner
 
 from federation.ablation import ABLATION_FILE, Cell, load_plan, parse_grid, run_plan, write_tables
@@ -152,34 +153,14 @@ class FakeTrain:
         self.calls.append((run_dir.name, resume))
         if self.fail and self.fail in run_dir.name:
             raise FederationError("client 1, round 1: the training loss became nan")
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.toml").write_text(config_to_toml(config), encoding="utf-8")
         seed = config.run.seed
-        lines = []
-        for r in (1, 2):
-            for c, (acc, auc) in enumerate([(0.6 + 0.1 * seed, 0.5 + 0.2 * seed), (0.8 + 0.1 * seed, 0.9)]):
-                lines.append(
-                    {
-                        "round": r,
-                        "client": c,
-                        "train_loss": 0.5 / r,
-                        "test_loss": 0.4,
-                        "test_acc": acc if r == 2 else acc - 0.2,
-                        "test_auc": auc,
-                        "fisher_trace": None,
-                        "values_sent": 1000,
-                        "values_received": 900,
-                        "seconds": 1.0,
-                        "num_train": 10,
-                        "num_test": 4,
-                    }
-                )
-        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
-        (run_dir / "aggregation.jsonl").write_text(
-            "".join(json.dumps({"round": r, "seconds": 2.0}) + "\n" for r in (1, 2)), encoding="utf-8"
-        )
-        (run_dir / "summary.json").write_text(json.dumps({"status": "finished"}), encoding="utf-8")
-        return {"status": "finished"}
+        figures = [(0.6 + 0.1 * seed, 0.5 + 0.2 * seed), (0.8 + 0.1 * seed, 0.9)]
+        lines = [
+            metrics_line(r, c, acc if r == 2 else acc - 0.2, auc, train_loss=0.5 / r)
+            for r in (1, 2)
+            for c, (acc, auc) in enumerate(figures)
+        ]
+        return write_finished_run(run_dir, config_to_toml(config), lines)
 
 
 def _state(out: Path) -> Mapping[str, Any]:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.runs import metrics_line, write_finished_run
 from typer.testing import CliRunner
 
 from federation.ablation import (
@@ -78,29 +78,8 @@ class PairedFakeTrain:
         name, seed = config.strategy.name, config.run.seed
         if seed not in ACC[name]:
             raise FederationError("client 0, round 1: the training loss became nan")
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.toml").write_text(config_to_toml(config), encoding="utf-8")
-        lines = [
-            {
-                "round": 1,
-                "client": c,
-                "train_loss": 0.5,
-                "test_loss": 0.4,
-                "test_acc": ACC[name][seed],
-                "test_auc": AUC[name],
-                "fisher_trace": None,
-                "values_sent": 1000,
-                "values_received": 900,
-                "seconds": 1.0,
-                "num_train": 10,
-                "num_test": 4,
-            }
-            for c in (0, 1)
-        ]
-        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
-        (run_dir / "aggregation.jsonl").write_text(json.dumps({"round": 1, "seconds": 2.0}) + "\n", encoding="utf-8")
-        (run_dir / "summary.json").write_text(json.dumps({"status": "finished"}), encoding="utf-8")
-        return {"status": "finished"}
+        lines = [metrics_line(1, c, ACC[name][seed], AUC[name]) for c in (0, 1)]
+        return write_finished_run(run_dir, config_to_toml(config), lines)
 
 
 def _ablation(tmp_path: Path) -> Path:
