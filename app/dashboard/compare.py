@@ -28,9 +28,9 @@ from app.dashboard.errors import DashboardError
 from app.dashboard.runs import (
     config_error,
     config_value,
-    load_config,
     load_metrics,
     load_summary,
+    read_run_config,
     run_dataset,
     run_problem,
     run_seconds,
@@ -241,11 +241,11 @@ def read_config(run: Path) -> tuple[dict[str, Any], str | None]:
     if problem is not None:
         first = problem.splitlines()[0]
         return {}, f"{first}: left out of the settings diff; restore the file or delete the run folder"
-    return load_config(run), None
+    return read_run_config(run), None
 
 
 def flatten(config: Mapping[str, Any]) -> dict[str, Any]:
-    """``{section: {key: value}}`` as ``{"section.key": value}`` (federation/config.py's ``--set`` names)."""
+    """``{section: {key: value}}`` as ``{"section.key": value}`` (the ``--set`` names of ``federation.config``)."""
     flat: dict[str, Any] = {}
     for section, values in config.items():
         if isinstance(values, Mapping):

@@ -28,13 +28,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from app.dashboard.datasets import hospital_label, read_checked_csv
+from app.dashboard.datasets import hospital_label
 from app.dashboard.errors import DashboardError
-from federation import jsonl
+from federation import jsonl, runfiles
 from federation.errors import FederationError
 from federation.runfiles import hospital_files, hospital_index
 
-RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json")
+RUN_FILES = (runfiles.CONFIG_FILE, runfiles.METRICS_FILE, runfiles.SUMMARY_FILE)
 STATUSES = ("running", "finished", "failed")
 
 
@@ -56,7 +56,7 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 
 
 def _summary_or_error(run: Path) -> tuple[dict[str, Any], str | None]:
-    path = run / "summary.json"
+    path = run / runfiles.SUMMARY_FILE
     if not path.is_file():
         return {}, None
     try:
@@ -76,7 +76,7 @@ def load_summary(run: Path) -> dict[str, Any]:
 
 
 def _config_or_error(run: Path) -> tuple[dict[str, Any], str | None]:
-    path = run / "config.toml"
+    path = run / runfiles.CONFIG_FILE
     if not path.is_file():
         return {}, None
     try:
@@ -93,9 +93,6 @@ def read_run_config(run: Path) -> dict[str, Any]:
     """The resolved ``config.toml`` of a run as its TOML tables (a plain dict, not a validated ``RunConfig``), or
     ``{}`` if it has none or it cannot be read (`run_problem` says)."""
     return _config_or_error(run)[0]
-
-
-load_config = read_run_config  # the name app/dashboard/compare.py still imports
 
 
 def config_error(run: Path) -> str | None:
@@ -151,7 +148,7 @@ def run_problem(run: Path, root: Path | None = None) -> str | None:
             "restore the file or delete the run folder"
         )
     finished = summary.get("status") in ("finished", "failed", "stopped")
-    for name in ("metrics.jsonl", "aggregation.jsonl"):
+    for name in (runfiles.METRICS_FILE, runfiles.AGGREGATION_FILE):
         bad = damaged_lines(run / name, finished)
         if bad:
             more = f" (and {len(bad) - 1} more damaged lines)" if len(bad) > 1 else ""
@@ -166,7 +163,7 @@ def run_problem(run: Path, root: Path | None = None) -> str | None:
 
 
 def config_value(config: Mapping[str, Any], section: str, key: str) -> Any:
-    """``config[section][key]`` of a run's config.toml (federation/config.py layout), or ``None``."""
+    """``config[section][key]`` of a run's config.toml (``federation.config``'s layout), or ``None``."""
     table = config.get(section)
     return table.get(key) if isinstance(table, Mapping) else None
 
@@ -228,7 +225,7 @@ def run_info(run: Path, run_id: str | None = None, root: Path | None = None) -> 
     problem = run_problem(run, root)
     algorithm = config_value(config, "strategy", "name") or summary.get("strategy") or summary.get("algorithm")
     rounds = config_value(config, "run", "rounds") or summary.get("total_rounds")
-    stamps = [p.stat().st_mtime for p in (run / n for n in (*RUN_FILES, "aggregation.jsonl")) if p.is_file()]
+    stamps = [p.stat().st_mtime for p in (run / n for n in (*RUN_FILES, runfiles.AGGREGATION_FILE)) if p.is_file()]
     return RunInfo(
         run_id=run_id or run.name,
         path=run,
@@ -316,7 +313,7 @@ def load_metrics(run: Path) -> pd.DataFrame:
 
     Damaged lines are left out, as ``gastric-fl report`` leaves them out; `run_problem` names them.
     """
-    return metrics_frame(read_records(run / "metrics.jsonl"))
+    return metrics_frame(read_records(run / runfiles.METRICS_FILE))
 
 
 def per_client(metrics: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -414,12 +411,12 @@ def progress(
     now = time.time() if now is None else now
     metrics = load_metrics(run) if metrics is None else metrics  # the page passes what it has already read
     done = int(metrics["round"].max()) if not metrics.empty else 0
-    config_path = run / "config.toml"
+    config_path = run / runfiles.CONFIG_FILE
     start = config_path.stat().st_mtime if config_path.is_file() else now
     elapsed = max(0.0, now - start)
     left: float | None = None
     if done and rounds_total:
-        last_round_end = (run / "metrics.jsonl").stat().st_mtime
+        last_round_end = (run / runfiles.METRICS_FILE).stat().st_mtime
         per_round_s = max(0.0, last_round_end - start) / done
         left = max(0.0, per_round_s * (rounds_total - done) - max(0.0, now - last_round_end))
     eta = load_summary(run).get("eta_seconds")
@@ -448,7 +445,7 @@ def format_seconds(seconds: float | None) -> str:
 def load_aggregation(run: Path) -> list[dict[str, Any]]:
     """One record per round of what the strategy decided (``xi``, ``gamma``, ...), in round order; damaged lines
     and records without a whole-number round are left out."""
-    records = [r for r in read_records(run / "aggregation.jsonl") if _round_of(r) is not None]
+    records = [r for r in read_records(run / runfiles.AGGREGATION_FILE) if _round_of(r) is not None]
     return sorted(records, key=lambda r: _round_of(r) or 0)
 
 
@@ -496,7 +493,7 @@ def run_seconds(run: Path, metrics: pd.DataFrame) -> float:
 
 # --- each hospital's predictions.csv ------------------------------------------------------------------------
 
-PREDICTION_COLUMNS = ("client", "path", "label", "prob_abnormal")
+PREDICTION_COLUMNS = runfiles.PREDICTION_COLUMNS[:4]  # the columns every binary predictions.csv has
 
 
 def prediction_files(run: Path) -> list[Path]:
@@ -505,43 +502,37 @@ def prediction_files(run: Path) -> list[Path]:
     Per-tile probabilities never reach the server's part of a run; in a deployment they stay on each hospital's
     machine, and this page shows the hospitals whose folders are here.
     """
-    return hospital_files(run, "predictions.csv")
+    return hospital_files(run, runfiles.PREDICTIONS_FILE)
 
 
-_LABEL_VALUES = {"normal": 0, "abnormal": 1, "0": 0, "1": 1}
 _REDO = "the hospital rewrites it after each round; for a finished run, train the run again"
 
 
 def read_prediction_file(path: Path) -> pd.DataFrame:
-    """One hospital's ``predictions.csv`` with ``label`` as 0 / 1, ``client`` as int and ``prob_abnormal`` in [0, 1].
+    """One hospital's ``predictions.csv`` (read by `federation.runfiles.read_predictions`) as a table: ``client``,
+    ``path``, ``label`` 0 / 1, ``prob_abnormal`` in [0, 1] and, where the file says, the ``round`` it was written
+    after.
 
-    Anything else (unreadable, columns missing, a label or probability that is not one, several clients) is a
-    one-line ``DashboardError`` naming the file and what to do.
+    Anything else (missing, unreadable, columns missing, a label or probability that is not one, several clients,
+    another task's predictions) is a one-line ``DashboardError`` naming the file and what to do.
     """
-    frame = read_checked_csv(
-        path, PREDICTION_COLUMNS[:3], not_found="predictions are written after each round", unreadable_hint=f"; {_REDO}"
-    )
-    if "prob_abnormal" not in frame.columns:
-        classes = [c.removeprefix("prob_") for c in frame.columns if c.startswith("prob_")]
-        if classes:
-            raise DashboardError(
-                f"{path} holds a {len(classes)}-class model's predictions ({', '.join(classes)}): this page reads "
-                "the normal / abnormal task only"
-            )
-        raise DashboardError(f"{path} lacks the column prob_abnormal; {_REDO}")
-    labels = frame["label"].map(lambda v: _LABEL_VALUES.get(str(v).strip(), v))
-    frame["label"] = pd.to_numeric(labels, errors="coerce")
-    frame["prob_abnormal"] = pd.to_numeric(frame["prob_abnormal"], errors="coerce")
-    frame["client"] = pd.to_numeric(frame["client"], errors="coerce")
-    if frame["label"].isna().any() or not frame["label"].isin([0, 1]).all():
-        raise DashboardError(f"{path}: label must be normal/abnormal or 0/1; {_REDO}")
-    if frame["prob_abnormal"].isna().any() or not frame["prob_abnormal"].between(0.0, 1.0).all():
-        raise DashboardError(f"{path}: prob_abnormal must be a number between 0 and 1; {_REDO}")
-    if frame["client"].isna().any() or frame["client"].nunique() > 1:
-        raise DashboardError(f"{path}: client must be one hospital number; {_REDO}")
-    frame["label"] = frame["label"].astype(int)
-    frame["client"] = frame["client"].astype(int)
-    return frame
+    try:
+        found = runfiles.read_predictions(path)
+    except runfiles.PredictionsError as exc:
+        if not path.is_file():
+            raise DashboardError(f"{path} does not exist: predictions are written after each round") from None
+        if not exc.damaged:
+            raise DashboardError(f"{exc}: this page reads the normal / abnormal task only") from None
+        raise DashboardError(f"{exc}; {_REDO}") from None
+    columns: dict[str, Any] = {
+        "client": pd.Series([found.client] * len(found.paths), dtype=int),
+        "path": pd.Series(found.paths, dtype=object),
+        "label": pd.Series(found.labels, dtype=int),
+        "prob_abnormal": pd.Series(found.probs, dtype=float),
+    }
+    if found.round is not None:
+        columns["round"] = pd.Series([found.round] * len(found.paths), dtype=int)
+    return pd.DataFrame(columns)
 
 
 @dataclass(frozen=True)
@@ -585,7 +576,7 @@ def load_predictions(run: Path) -> pd.DataFrame:
 def _cards(run: Path) -> dict[int, dict[str, Any]]:
     """Each hospital's model card (``hospitals/client_XX/model.json``) that reads as a JSON object, by client."""
     found: dict[int, dict[str, Any]] = {}
-    for path in hospital_files(run, "model.json"):
+    for path in hospital_files(run, runfiles.MODEL_CARD_FILE):
         try:
             card = json.loads(path.read_text(encoding="utf-8"))
             client = hospital_index(path.parent.name)

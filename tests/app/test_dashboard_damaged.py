@@ -104,7 +104,7 @@ def test_a_damaged_predictions_file_leaves_the_other_hospitals(fixture_root: Fix
     found = runs.read_run_predictions(fixture_root.finished)
     assert sorted(found.frame["client"].unique()) == [0, 2]
     (problem,) = found.problems
-    assert problem.startswith(f"{path}: label must be normal/abnormal or 0/1")
+    assert problem.startswith(f"{path}, line 2: label must be normal/abnormal or 0/1")
     path.write_text("client,path,label,prob_0,prob_1,round\n1,a.png,0,0.9,0.1,1\n")
     (problem,) = runs.read_run_predictions(fixture_root.finished).problems
     assert "2-class model's predictions (0, 1)" in problem

@@ -107,7 +107,7 @@ def write_prepared(dataset: Path, clients: int = 3, per_class: int = 2) -> None:
 
 
 def write_config(run: Path, dataset: Path, strategy: str = "fedsaf", nhead: int = 2, dm: str = "manhattan") -> None:
-    """The resolved config.toml, in federation/config.py's layout."""
+    """The resolved config.toml, in federation.config's layout."""
     run.mkdir(parents=True, exist_ok=True)
     (run / "config.toml").write_text(
         f'[run]\nname = "run"\nseed = 0\nrounds = 2\n\n[data]\npath = "{dataset}"\ninput_size = 32\n\n'

@@ -6,7 +6,7 @@ sending it to the Hospital page's scorecard (``evaluation.accuracy_warning``).
 
 The form leads with the plain settings (dataset, method, rounds, seed, local epochs, learning rate); the method's
 hyper-parameters and the settings every method shares sit under "Advanced". Each field has the limits of
-``federation/config.py``, and every invalid field gets its own message from the engine's own checks
+``federation.config``, and every invalid field gets its own message from the engine's own checks
 (``checks.check``, which imports no torch: the page neither shows its content nor settles after a torch
 import). The checks and the Start button are drawn last, into their place below the form. *Start federation*
 stays disabled while a setting is invalid or while a training runs (``jobs.start_training``).
