@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, NoReturn
 import typer
 
 if TYPE_CHECKING:
-    from federation.flower.processes import ManagedProcess
+    from federation.flower.managed_process import ManagedProcess
 
 federation_app = typer.Typer(
     name="federation",
@@ -93,8 +93,10 @@ def server(
 ) -> None:
     """Run the SuperLink with TLS and SuperNode authentication until Ctrl-C, behind the gate: hospitals reach only
     the Fleet API; runs are submitted, listed and stopped on this machine. The kit's hospitals are registered."""
+    from federation.flower.fleet_gate import FleetGate
+    from federation.flower.flwr_cli import FlwrCli, register_hospitals
     from federation.flower.kit import Kit
-    from federation.flower.processes import FleetGate, FlwrCli, SuperLink, register_hospitals
+    from federation.flower.superlink import SuperLink
 
     loaded = Kit.load(kit)
     state = state.resolve()
@@ -143,7 +145,7 @@ def hospital(
     from federation.data import check_clients, manifest_clients, read_manifest
     from federation.engine.policy import load_policy
     from federation.flower.kit import load_bundle
-    from federation.flower.processes import SuperNode
+    from federation.flower.supernode import SuperNode
 
     rules = load_policy(policy)  # a bad policy file is one line before anything starts
     loaded = load_bundle(bundle)

@@ -29,8 +29,10 @@ from federation.config import RunConfig, config_to_toml
 from federation.engine.hospital import Site, manifest_sha256
 from federation.engine.loop import RunStopped
 from federation.errors import FederationError
+from federation.flower.environment import ConfigValue
+from federation.flower.flwr_cli import COMPLETED, FINISHED, FlwrCli
 from federation.flower.operator import operator_problem
-from federation.flower.processes import COMPLETED, FINISHED, ConfigValue, FlwrCli, SuperLink
+from federation.flower.superlink import SuperLink
 from federation.runfiles import HOSPITALS_DIR, SUMMARY_FILE
 from federation.runs import now_iso, read_json, write_json
 

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.boundary import assert_boundary_held
 from support.runs import records, stable
 from support.tiny_dataset import TINY_SETTINGS
-from test_boundary import assert_boundary_held
 
 from federation.config import load_config
 from federation.data import extract_hospital
