@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 from federation.config import (
@@ -28,7 +29,7 @@ from federation.strategies.registry import (
     SPECS,
     WRAPPER_NAMES,
 )
-from models.names import DEFAULT_MODEL, LAYER_UNITS
+from models.names import DEFAULT_MODEL, LAYER_UNITS, is_timm_name
 
 DEFAULT_UNITS = LAYER_UNITS[DEFAULT_MODEL]
 
@@ -408,10 +409,23 @@ FIELDS: tuple[Field, ...] = (
 FIELDS_BY_KEY: dict[str, Field] = {f.key: f for f in FIELDS}
 
 
+@cache
 def model_units(model_name: str) -> int:
-    """How many layer units the model has (``models.names.LAYER_UNITS``), the upper bound of ``nhead``; the
-    default model's for a name the registry does not know (the configuration check names that problem)."""
-    return LAYER_UNITS.get(model_name, DEFAULT_UNITS)
+    """How many layer units the model has, the upper bound of ``nhead``: ``models.names.LAYER_UNITS`` for the four
+    torchvision networks; a timm architecture (``timm/<name>``) is counted by `models.registry.layer_unit_count`
+    (torch is imported then, and only then); the default model's count for a name that is not a model (the
+    configuration check names that problem)."""
+    if model_name in LAYER_UNITS:
+        return LAYER_UNITS[model_name]
+    if is_timm_name(model_name):
+        from models.errors import ModelError
+        from models.registry import layer_unit_count
+
+        try:
+            return layer_unit_count(model_name)
+        except (ModelError, RuntimeError):  # a name timm lacks: the configuration check says so
+            return DEFAULT_UNITS
+    return DEFAULT_UNITS
 
 
 def limits(item: Field, units: int) -> tuple[float | None, float | None]:

@@ -296,3 +296,15 @@ def test_a_methods_nhead_rule_is_read_from_its_spec_by_the_form_and_the_strategy
     assert not [
         p for p in checks._start_problems(load_config(None, ["strategy.name=separate"]), 1) if "federation" in p[1]
     ]
+
+
+def test_the_nhead_limit_of_a_timm_architecture_is_its_own() -> None:
+    """A preset may name a timm architecture (models.names): nhead's upper bound is that model's layer units, not
+    the default model's; a name that is no model keeps the default bound (the configuration check says why)."""
+    from models import create_model, split_units
+
+    units = len(split_units(create_model("timm/mobilenetv3_small_050")))
+    assert units == 14
+    assert fields.model_units("timm/mobilenetv3_small_050") == units
+    assert fields.model_units("mobilenet_v3_small") == fields.DEFAULT_UNITS == 15
+    assert fields.model_units("timm/no_such_network") == fields.DEFAULT_UNITS
