@@ -370,6 +370,22 @@ def save_threshold_button(run: Path, hospital: int, value: float, source: str, l
     )
 
 
+def save_floor_button(
+    info: RunInfo, hospital: int, threshold: float, current: float, sensitivity: float, floor_name: str, label: str
+) -> None:
+    """`save_threshold_button` for the threshold that reaches a sensitivity floor on the test split (``threshold``,
+    from `evaluation.threshold_for_sensitivity`), shown only where it differs from the hospital's ``current`` one;
+    its source names the floor (``floor_name``, e.g. "the Verdict page's floor")."""
+    from app import operating
+
+    value = operating.card_threshold(threshold)
+    if abs(value - current) > 1e-9:
+        source = operating.floor_source(sensitivity, "the test split", floor_name)
+        save_threshold_button(
+            info.path, hospital, value, source, label.format(value=value), f"save_floor_{info.run_id}_{hospital}"
+        )
+
+
 def chart(where: Any, figure: Any, key: str, **kwargs: Any) -> Any:
     """``where.plotly_chart(figure)`` (``where``: ``st`` or a column) with its text alternative: ``alt`` as given,
     else `app.dashboard.charts.describe` of the figure, so that no chart is only a picture."""

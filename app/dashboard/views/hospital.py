@@ -13,7 +13,6 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app import operating
 from app.dashboard import charts, evaluation, ui
 from app.dashboard.datasets import LABELS, hospital_label
 from app.dashboard.runs import (
@@ -226,16 +225,8 @@ def _save_buttons(
     target = evaluation.threshold_for_sensitivity(labels, probs, floor.sensitivity)
     with right:
         if target is not None:
-            value = operating.card_threshold(target.threshold)
-            if abs(value - current) > 1e-9:
-                ui.save_threshold_button(
-                    info.path,
-                    hospital,
-                    value,
-                    operating.floor_source(floor.sensitivity, "the test split", "the floor"),
-                    f"Save {value:.2f} as its threshold (reaches the floor {floor.sensitivity:.2f})",
-                    key=f"save_floor_{info.run_id}_{hospital}",
-                )
+            label = f"Save {{value:.2f}} as its threshold (reaches the floor {floor.sensitivity:.2f})"
+            ui.save_floor_button(info, hospital, target.threshold, current, floor.sensitivity, "the floor", label)
 
 
 def _example_tiles(info: RunInfo, rows: pd.DataFrame, hospital: int, threshold: float) -> None:

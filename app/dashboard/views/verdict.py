@@ -16,7 +16,6 @@ import math
 import pandas as pd
 import streamlit as st
 
-from app import operating
 from app.dashboard import evaluation, ui
 from app.dashboard.datasets import hospital_label
 from app.dashboard.runs import (
@@ -100,16 +99,9 @@ def _hospital(
         st.caption(f"{_figures(score)} · threshold {threshold:.2f} ({source}){dp}")
         target = score.target
         if result.kind in (evaluation.FAIL, evaluation.REVIEW) and target is not None:
-            value = operating.card_threshold(target.threshold)
-            if abs(value - threshold) > 1e-9:
-                ui.save_threshold_button(
-                    info.path,
-                    client,
-                    value,
-                    operating.floor_source(floor.sensitivity, "the test split", "the Verdict page's floor"),
-                    f"Save {value:.2f} as {hospital_label(client)}'s threshold (reaches the floor)",
-                    key=f"save_floor_{info.run_id}_{client}",
-                )
+            label = f"Save {{value:.2f}} as {hospital_label(client)}'s threshold (reaches the floor)"
+            floor_name = "the Verdict page's floor"
+            ui.save_floor_button(info, client, target.threshold, threshold, floor.sensitivity, floor_name, label)
     return result
 
 
