@@ -36,6 +36,12 @@ def dial_host(host: str) -> str:
     return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
 
 
+def listen_port(host: str, port: int | None) -> int:
+    """``port``, or a free port of this machine for a server that will listen on ``host`` (on all interfaces: a port
+    free on loopback)."""
+    return free_port(host if host not in ("0.0.0.0", "::") else "127.0.0.1") if port is None else port
+
+
 def venv_bin() -> Path:
     """The folder holding this interpreter and the ``flwr``/``flower-*`` executables of the same environment."""
     return Path(sys.executable).parent  # not resolved: a venv's python is a symlink out of the venv

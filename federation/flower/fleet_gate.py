@@ -17,13 +17,13 @@ import urllib.request
 from pathlib import Path
 
 from federation.errors import FederationError
-from federation.flower.environment import dial_host, flower_env, free_port
+from federation.flower.environment import flower_env, listen_port
 from federation.flower.gate import gate_config, nginx_executable
-from federation.flower.kit import Kit, join_address
-from federation.flower.managed_process import ManagedProcess
+from federation.flower.kit import Kit
+from federation.flower.managed_process import ListeningProcess
 
 
-class FleetGate(ManagedProcess):
+class FleetGate(ListeningProcess):
     """nginx in front of a SuperLink on 127.0.0.1:``upstream_port``, listening on ``host:port`` with TLS."""
 
     def __init__(
@@ -31,7 +31,7 @@ class FleetGate(ManagedProcess):
     ):
         workdir = Path(workdir).resolve()
         self.host = host
-        self.port = free_port(host if host not in ("0.0.0.0", "::") else "127.0.0.1") if port is None else port
+        self.port = listen_port(host, port)
         self.ca_cert = kit.ca_cert
         self.ready_timeout = 30.0
         workdir.mkdir(parents=True, exist_ok=True)
@@ -49,11 +49,6 @@ class FleetGate(ManagedProcess):
         super().__init__(
             "gate (nginx)", argv, log_path=workdir / "gate.log", env=flower_env(workdir / "gate-home"), cwd=workdir
         )
-
-    @property
-    def address(self) -> str:
-        """``HOST:PORT`` the SuperNodes dial (loopback when listening on every interface)."""
-        return join_address(dial_host(self.host), self.port)
 
     def start(self) -> None:
         """Start nginx and wait until ``/health`` answers through it (i.e. the SuperLink behind it is up)."""

@@ -28,6 +28,8 @@ from types import TracebackType
 from typing import IO, Self
 
 from federation.errors import FederationError
+from federation.flower.environment import dial_host
+from federation.flower.kit import join_address
 from infra.outputs import Terminated as Terminated
 from infra.outputs import terminate_as_interrupt
 from infra.pids import STOP_GRACE, descendant_groups, still_ours, stop_groups
@@ -218,3 +220,15 @@ class ManagedProcess(StoppedOnExit):
 
     def _stop_block(self) -> None:
         self.stop()
+
+
+class ListeningProcess(ManagedProcess):
+    """A `ManagedProcess` that serves on ``host:port`` (the SuperLink, the gate in front of it)."""
+
+    host: str
+    port: int
+
+    @property
+    def address(self) -> str:
+        """``HOST:PORT`` that SuperNodes and the CLI dial on this machine (loopback when listening on all)."""
+        return join_address(dial_host(self.host), self.port)

@@ -15,12 +15,12 @@ import urllib.request
 from pathlib import Path
 
 from federation.errors import FederationError
-from federation.flower.environment import dial_host, executable, flower_env, free_port
-from federation.flower.kit import Kit, join_address
-from federation.flower.managed_process import ManagedProcess
+from federation.flower.environment import executable, flower_env, listen_port
+from federation.flower.kit import Kit
+from federation.flower.managed_process import ListeningProcess
 
 
-class SuperLink(ManagedProcess):
+class SuperLink(ListeningProcess):
     """``flower-superlink`` with TLS and SuperNode authentication, on one HTTPS port for the Fleet, Control and
     runtime APIs (Flower 1.41: ``--host/--port``), its state in an SQLite ``--database`` file so that registered
     SuperNodes and runs survive a restart.
@@ -46,7 +46,7 @@ class SuperLink(ManagedProcess):
         simulation: bool = False,
     ) -> None:
         self.host = host
-        self.port = free_port(host if host not in ("0.0.0.0", "::") else "127.0.0.1") if port is None else port
+        self.port = listen_port(host, port)
         self.ca_cert = None if ca_cert is None else Path(ca_cert).resolve()
         self.ready_timeout = ready_timeout
         self.database = Path(workdir).resolve() / "superlink.db"
@@ -82,11 +82,6 @@ class SuperLink(ManagedProcess):
     def from_kit(cls, kit: Kit, workdir: Path, *, host: str = "127.0.0.1", port: int | None = None) -> SuperLink:
         """A SuperLink with the kit's server certificate and key."""
         return cls(ca_cert=kit.ca_cert, cert=kit.server_cert, key=kit.server_key, workdir=workdir, host=host, port=port)
-
-    @property
-    def address(self) -> str:
-        """``HOST:PORT`` that SuperNodes and the CLI dial on this machine (loopback when listening on all)."""
-        return join_address(dial_host(self.host), self.port)
 
     def start(self) -> None:
         """Start and wait until healthy; ``started_in`` holds the seconds it took."""
