@@ -142,7 +142,7 @@ def read_predictions(path: Path) -> Predictions:
     try:
         found = runfiles.read_predictions(path)
     except runfiles.PredictionsError as exc:
-        if not exc.damaged and not path.is_file():
+        if exc.kind == "missing":
             raise ReportError(f"{path} does not exist: the hospital has no test predictions yet") from None
         raise ReportError(f"{exc}; rerun the run to write the file anew") from None
     if not found.paths:

@@ -23,7 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NotRequired, TypedDict
+from typing import Literal, NotRequired, TypedDict
 
 from infra.formats import BINARY_CLASSES
 from models.names import CARD_FILE, WEIGHTS_FILE
@@ -120,12 +120,17 @@ def prediction_columns(classes: Sequence[str]) -> tuple[str, ...]:
 
 class PredictionsError(ValueError):
     """A ``predictions.csv`` that cannot be read as a binary task's predictions: the message names the file (and
-    line) and what is wrong; ``damaged`` is false for a missing file or one made for another task, true for a file
-    whose content is unreadable. Readers add what to do (`read_predictions`)."""
+    line) and what is wrong; ``kind`` says which: ``"missing"`` (no such file), ``"other_task"`` (another task's
+    predictions) or ``"damaged"`` (content or file unreadable). Readers add what to do (`read_predictions`)."""
 
-    def __init__(self, message: str, *, damaged: bool) -> None:
+    def __init__(self, message: str, *, kind: Literal["missing", "other_task", "damaged"]) -> None:
         super().__init__(message)
-        self.damaged = damaged
+        self.kind = kind
+
+    @property
+    def damaged(self) -> bool:
+        """Whether the file is there, for this task, and unreadable (rewriting it is the remedy)."""
+        return self.kind == "damaged"
 
 
 @dataclass(frozen=True)
@@ -164,11 +169,11 @@ def read_predictions(path: Path) -> HospitalPredictions:
                     raise PredictionsError(
                         f"{path} holds a {len(classes)}-class model's predictions ({', '.join(classes)}), not the "
                         "normal / abnormal task",
-                        damaged=False,
+                        kind="other_task",
                     )
             missing = [c for c in ("client", "path", "label", "prob_abnormal") if c not in columns]
             if missing:
-                raise PredictionsError(f"{path} lacks the column(s) {', '.join(missing)}", damaged=True)
+                raise PredictionsError(f"{path} lacks the column(s) {', '.join(missing)}", kind="damaged")
             clients: set[int] = set()
             paths: list[str] = []
             labels: list[int] = []
@@ -178,15 +183,17 @@ def read_predictions(path: Path) -> HospitalPredictions:
                 where = f"{path}, line {number}"
                 label = _LABEL_VALUES.get(str(row.get("label", "")).strip())
                 if label is None:
-                    raise PredictionsError(f"{where}: label must be normal/abnormal or 0/1", damaged=True)
+                    raise PredictionsError(f"{where}: label must be normal/abnormal or 0/1", kind="damaged")
                 try:
                     prob = _number(row.get("prob_abnormal"))
                     client = _number(row.get("client"))
                 except (TypeError, ValueError):
-                    raise PredictionsError(f"{where}: client and prob_abnormal must be numbers", damaged=True) from None
+                    raise PredictionsError(
+                        f"{where}: client and prob_abnormal must be numbers", kind="damaged"
+                    ) from None
                 if not 0.0 <= prob <= 1.0 or client != int(client):
                     raise PredictionsError(
-                        f"{where}: prob_abnormal must be between 0 and 1 and client a hospital number", damaged=True
+                        f"{where}: prob_abnormal must be between 0 and 1 and client a hospital number", kind="damaged"
                     )
                 clients.add(int(client))
                 paths.append(str(row.get("path") or ""))
@@ -196,13 +203,13 @@ def read_predictions(path: Path) -> HospitalPredictions:
                     try:
                         rounds.append(int(_number(row["round"])))
                     except ValueError:
-                        raise PredictionsError(f"{where}: round must be a number", damaged=True) from None
+                        raise PredictionsError(f"{where}: round must be a number", kind="damaged") from None
     except FileNotFoundError:
-        raise PredictionsError(f"{path} does not exist", damaged=False) from None
+        raise PredictionsError(f"{path} does not exist", kind="missing") from None
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise PredictionsError(f"{path} cannot be read ({exc})", damaged=True) from None
+        raise PredictionsError(f"{path} cannot be read ({exc})", kind="damaged") from None
     if len(clients) > 1:
-        raise PredictionsError(f"{path}: client must be one hospital number, found {sorted(clients)}", damaged=True)
+        raise PredictionsError(f"{path}: client must be one hospital number, found {sorted(clients)}", kind="damaged")
     return HospitalPredictions(
         client=next(iter(clients), None),
         paths=tuple(paths),

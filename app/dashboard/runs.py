@@ -519,9 +519,9 @@ def read_prediction_file(path: Path) -> pd.DataFrame:
     try:
         found = runfiles.read_predictions(path)
     except runfiles.PredictionsError as exc:
-        if not path.is_file():
+        if exc.kind == "missing":
             raise DashboardError(f"{path} does not exist: predictions are written after each round") from None
-        if not exc.damaged:
+        if exc.kind == "other_task":
             raise DashboardError(f"{exc}: this page reads the normal / abnormal task only") from None
         raise DashboardError(f"{exc}; {_REDO}") from None
     columns: dict[str, Any] = {

@@ -91,9 +91,11 @@ def test_read_predictions_names_what_is_wrong(tmp_path: Path, text: str, damaged
     assert str(caught.value).startswith(str(path))
     assert says in str(caught.value)
     assert caught.value.damaged is damaged
+    assert caught.value.kind == ("damaged" if damaged else "other_task")
 
 
 def test_read_predictions_of_a_missing_file(tmp_path: Path) -> None:
     with pytest.raises(runfiles.PredictionsError, match="does not exist") as caught:
         runfiles.read_predictions(tmp_path / "predictions.csv")
     assert caught.value.damaged is False
+    assert caught.value.kind == "missing"
