@@ -371,19 +371,26 @@ def save_threshold_button(run: Path, hospital: int, value: float, source: str, l
 
 
 def save_floor_button(
-    info: RunInfo, hospital: int, threshold: float, current: float, sensitivity: float, floor_name: str, label: str
+    info: RunInfo,
+    hospital: int,
+    threshold: float,
+    current: float,
+    sensitivity: float,
+    floor_name: str,
+    whose: str,
+    reaches: str,
 ) -> None:
     """`save_threshold_button` for the threshold that reaches a sensitivity floor on the test split (``threshold``,
     from `evaluation.threshold_for_sensitivity`), shown only where it differs from the hospital's ``current`` one;
-    its source names the floor (``floor_name``, e.g. "the Verdict page's floor")."""
+    its source names the floor (``floor_name``, e.g. "the Verdict page's floor"), and its label says "Save T as
+    ``whose`` threshold (reaches ``reaches``)"."""
     from app import operating
 
     value = operating.card_threshold(threshold)
     if abs(value - current) > 1e-9:
         source = operating.floor_source(sensitivity, "the test split", floor_name)
-        save_threshold_button(
-            info.path, hospital, value, source, label.format(value=value), f"save_floor_{info.run_id}_{hospital}"
-        )
+        label = f"Save {value:.2f} as {whose} threshold (reaches {reaches})"
+        save_threshold_button(info.path, hospital, value, source, label, f"save_floor_{info.run_id}_{hospital}")
 
 
 def chart(where: Any, figure: Any, key: str, **kwargs: Any) -> Any:

@@ -225,8 +225,10 @@ def _save_buttons(
     target = evaluation.threshold_for_sensitivity(labels, probs, floor.sensitivity)
     with right:
         if target is not None:
-            label = f"Save {{value:.2f}} as its threshold (reaches the floor {floor.sensitivity:.2f})"
-            ui.save_floor_button(info, hospital, target.threshold, current, floor.sensitivity, "the floor", label)
+            reaches = f"the floor {floor.sensitivity:.2f}"
+            ui.save_floor_button(
+                info, hospital, target.threshold, current, floor.sensitivity, "the floor", "its", reaches
+            )
 
 
 def _example_tiles(info: RunInfo, rows: pd.DataFrame, hospital: int, threshold: float) -> None:

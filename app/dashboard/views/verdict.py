@@ -99,9 +99,11 @@ def _hospital(
         st.caption(f"{_figures(score)} · threshold {threshold:.2f} ({source}){dp}")
         target = score.target
         if result.kind in (evaluation.FAIL, evaluation.REVIEW) and target is not None:
-            label = f"Save {{value:.2f}} as {hospital_label(client)}'s threshold (reaches the floor)"
+            whose = f"{hospital_label(client)}'s"
             floor_name = "the Verdict page's floor"
-            ui.save_floor_button(info, client, target.threshold, threshold, floor.sensitivity, floor_name, label)
+            ui.save_floor_button(
+                info, client, target.threshold, threshold, floor.sensitivity, floor_name, whose, "the floor"
+            )
     return result
 
 
