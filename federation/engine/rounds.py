@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from federation.contract import EvaluateReply, TrainReply
 from federation.runfiles import MetricsLine
 from federation.runs import finite_or_none
 
-DP_METRICS = ("dp_epsilon", "dp_delta", "dp_steps")  # what a DP hospital reports (federation.privacy)
+DpMetric = Literal["dp_epsilon", "dp_delta", "dp_steps"]
+DP_METRICS: tuple[DpMetric, ...] = get_args(DpMetric)  # what a DP hospital reports (federation.privacy)
 
 
 @dataclass
@@ -83,12 +84,9 @@ class RoundRecord:
             }
             # differential privacy (federation.privacy): the hospital's epsilon so far, its delta and the DP-SGD
             # steps its ledger holds; only in runs with [privacy], so other runs' lines are unchanged
-            if "dp_epsilon" in metrics:
-                line["dp_epsilon"] = finite_or_none(metrics["dp_epsilon"])
-            if "dp_delta" in metrics:
-                line["dp_delta"] = finite_or_none(metrics["dp_delta"])
-            if "dp_steps" in metrics:
-                line["dp_steps"] = finite_or_none(metrics["dp_steps"])
+            for key in DP_METRICS:
+                if key in metrics:
+                    line[key] = finite_or_none(metrics[key])
             lines.append(line)
         return lines
 
