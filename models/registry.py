@@ -64,8 +64,6 @@ def to_group_norm(model: nn.Module) -> nn.Module:
     """Replace every BatchNorm of ``model`` by a GroupNorm over the same channels (`group_norm_groups`), in place;
     a GroupNorm normalises each sample on its own and keeps no running statistics, so no batch mixes two slides
     and no statistic of private data is stored (what differential privacy needs, docs/privacy.md)."""
-    from timm.layers import GroupNormAct
-
     for name, module in list(model.named_modules()):
         if isinstance(module, nn.modules.batchnorm._BatchNorm):
             channels = int(module.num_features)
@@ -74,6 +72,8 @@ def to_group_norm(model: nn.Module) -> nn.Module:
             new: nn.Module
             act = getattr(module, "act", None)
             if isinstance(act, nn.Module):
+                from timm.layers import GroupNormAct  # only a timm model has these layers
+
                 # timm's norm + activation layers (timm.layers.BatchNormAct2d) carry the drop and activation that
                 # follow the norm; their GroupNorm twin (timm.layers.GroupNormAct) takes both over unchanged.
                 new = GroupNormAct(channels, group_norm_groups(channels), eps=module.eps)
