@@ -32,10 +32,28 @@ def register(app: typer.Typer) -> None:
             None, "--abnormal-stride", help="Grid step on abnormal slides. (default: half the stride)"
         ),
         white_max: float | None = typer.Option(
-            None, "--white-max", help="Drop abnormal tiles whose near-white ratio exceeds this. (default: 0.5)"
+            None,
+            "--white-max",
+            help="With --mask-outside: drop abnormal training tiles whose white share, counting pixels outside the "
+            "mask, exceeds this. (default: 0.5)",
         ),
         background_max: float | None = typer.Option(
-            None, "--background-max", help="Drop normal tiles whose near-white ratio exceeds this. (default: 0.5)"
+            None,
+            "--background-max",
+            help="Drop tiles (either class, raw pixels) whose near-white ratio exceeds this. (default: 0.5)",
+        ),
+        abnormal_coverage: float | None = typer.Option(
+            None,
+            "--abnormal-coverage",
+            help="A tile of an abnormal slide is abnormal when at least this share of its tissue is inside the "
+            "mask; tiles below it are left out and counted. (default: 0.5)",
+        ),
+        mask_outside: bool | None = typer.Option(
+            None,
+            "--mask-outside/--no-mask-outside",
+            help="The paper's Step a.1 for TRAINING tiles only: whiten everything outside the cancer mask. A "
+            "departure that writes the label into the pixels (recorded in prepare.json); test tiles stay raw. "
+            "(default: off)",
         ),
         white_level: int | None = typer.Option(
             None, "--white-level", help="A pixel is near-white when all channels are >= this. (default: 220)"
@@ -138,6 +156,8 @@ def register(app: typer.Typer) -> None:
                 "background_max": background_max,
                 "white_level": white_level,
                 "max_tiles_per_slide": max_tiles_per_slide,
+                "abnormal_coverage": abnormal_coverage,
+                "mask_outside": mask_outside,
             },
             "clients": {
                 "grayscale": None

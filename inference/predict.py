@@ -22,9 +22,9 @@ decoded (`pipeline.images.check_pixels`), a bundle with non-finite weights is re
 (`models.bundle.load_bundle`), and a black slide (prepare's rule, `pipeline.tiling.is_black`), whose squares pass
 the white-area filter although they hold no tissue, is scored with a warning.
 
-Ground truth (`tile_truth`) follows prepare's labelling: a tile is *abnormal* when prepare would keep it as an
-abnormal tile (its white share, counting pixels outside the annotation as white, is at most ``tiling.white_max``),
-*normal* when it holds no annotated pixel, and unlabelled otherwise (prepare would keep it in neither class).
+Ground truth (`tile_truth`) follows prepare's labelling (`pipeline.tiling`): a tile is *abnormal* when at least
+``tiling.abnormal_coverage`` of its tissue is inside the annotation, *normal* when none of its tissue is, and
+unlabelled otherwise (prepare leaves such tiles out).
 
 Outputs are written atomically (a temporary file renamed into place); ``--out`` is locked for the call and carries
 predict's ownership marker (`infra.outputs`). Predict replaces only files it writes and deletes nothing.
@@ -54,7 +54,7 @@ from models.bundle import Bundle, BundleError, ModelCard, decision_counts, load_
 from models.decision import SLIDE_TOP_K, slide_is_abnormal, top_k_mean
 from pipeline.errors import PipelineError
 from pipeline.images import DEFAULT_MAX_PIXELS, RGBImage, check_max_pixels, encode_png
-from pipeline.tiling import BLACK_LEVEL, ClientPlan, cut_square, is_black, kept_positions, near_white, white_ratios
+from pipeline.tiling import BLACK_LEVEL, ClientPlan, cut_square, grid_coverage, is_black, kept_positions, near_white
 
 COMMAND = "predict"
 TILE_COLUMNS = ("x", "y", "size", "probability", "truth")
@@ -150,7 +150,7 @@ def tissue_positions(image: RGBImage, card: ModelCard, name: str = "slide") -> l
         raise PredictError(
             f"{name}: {width}x{height} is smaller than one tile square ({plan.size} px), so there is nothing to score"
         )
-    kept = kept_positions(image, None, False, plan, grid.white_max, grid.background_max, grid.white_level)
+    kept = kept_positions(image, plan, grid.background_max, grid.white_level)
     if not kept:
         raise PredictError(
             f"{name}: no tissue: no {plan.size} px square has at most {grid.background_max:g} near-white pixels "
@@ -192,17 +192,16 @@ def tile_truth(
     """Each tile's label by prepare's rule: 1 abnormal, 0 normal, -1 neither (see the module docstring)."""
     plan, grid = plan_of(card), card.tiling
     assert grid is not None
-    white = near_white(image, grid.white_level) | ~cancer
-    xs, ys, abnormal_white = white_ratios(white, plan.size, plan.stride)
-    _, _, outside = white_ratios(~cancer, plan.size, plan.stride)
+    white = near_white(image, grid.white_level)
+    xs, ys, coverage = grid_coverage(white, cancer, plan.size, plan.stride)
     col = {x: j for j, x in enumerate(xs)}
     row = {y: i for i, y in enumerate(ys)}
     truth = np.full(len(positions), -1, dtype=np.int8)
     for k, (x, y) in enumerate(positions):
-        i, j = row[y], col[x]
-        if abnormal_white[i, j] <= grid.white_max and outside[i, j] < 1.0:
+        share = coverage[row[y], col[x]]
+        if share >= grid.abnormal_coverage:
             truth[k] = 1
-        elif outside[i, j] >= 1.0:
+        elif share == 0.0:
             truth[k] = 0
     return truth
 

@@ -81,8 +81,10 @@ class TileGrid:
 
     Squares of ``source_px`` slide pixels on a grid of step ``stride_px`` (normal slides; ``abnormal_stride_px``
     on abnormal slides), kept when their share of near-white pixels (all RGB channels >= ``white_level``) is at
-    most ``background_max`` (normal slides) or, counting pixels outside the cancer annotation as white, at most
-    ``white_max`` (abnormal slides). ``source_format``: the raw layout prepare read (``seed``, ``bot``, ...).
+    most ``background_max``; a square of an annotated slide is abnormal when at least ``abnormal_coverage`` of its
+    tissue is inside the annotation, normal when none of it is, neither in between (`pipeline.tiling`).
+    ``mask_outside``: the training tiles were whitened outside the mask (paper Step a.1, a departure; then
+    ``white_max`` was their filter). ``source_format``: the raw layout prepare read (``seed``, ``bot``, ...).
     """
 
     source_px: int
@@ -92,13 +94,15 @@ class TileGrid:
     background_max: float
     white_max: float
     source_format: str = ""
+    abnormal_coverage: float = 0.5
+    mask_outside: bool = False
 
     def __post_init__(self) -> None:
         if min(self.source_px, self.stride_px, self.abnormal_stride_px) < 1:
             raise ModelError(f"tile grid sizes must be positive, got {self}")
         if not 0 <= self.white_level <= 255:
             raise ModelError(f"white_level must be 0..255, got {self.white_level}")
-        for name in ("background_max", "white_max"):
+        for name in ("background_max", "white_max", "abnormal_coverage"):
             value = getattr(self, name)
             if not (math.isfinite(value) and 0.0 <= value <= 1.0):
                 raise ModelError(f"{name} must be in [0, 1], got {value}")

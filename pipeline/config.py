@@ -84,10 +84,18 @@ class TileConfig:
     stride: int | None = None
     # None: half the stride. Cancer regions are small, so abnormal slides are tiled with overlap by default.
     abnormal_stride: int | None = None
+    # Step a.1 only (mask_outside): an abnormal training tile's white share, counting pixels outside the mask.
     white_max: float = 0.5
+    # Step b, every raw tile of either class: at most this share of near-white pixels (glass, not tissue).
     background_max: float = 0.5
     white_level: int = 220
     max_tiles_per_slide: int | None = None
+    # A tile of an abnormal slide is abnormal when at least this share of its tissue is inside the mask; tiles
+    # below it are left out (counted). Normal tiles come from slides whose mask is empty (`pipeline.tiling`).
+    abnormal_coverage: float = 0.5
+    # The paper's Step a.1 for *training* tiles of abnormal slides (whitened outside the mask): a departure that
+    # writes the label into the pixels; validation and test tiles stay raw whatever this says.
+    mask_outside: bool = False
 
 
 @dataclass(frozen=True)
@@ -157,6 +165,8 @@ class PrepareConfig:
                 "background_max": self.tiles.background_max,
                 "white_level": self.tiles.white_level,
                 "max_tiles_per_slide": self.tiles.max_tiles_per_slide,
+                "abnormal_coverage": self.tiles.abnormal_coverage,
+                "mask_outside": self.tiles.mask_outside,
             },
             "clients": {
                 "grayscale": list(self.clients.grayscale),
@@ -387,6 +397,11 @@ def validate_config(config: PrepareConfig) -> None:
     for name, value in (("--white-max", tiles.white_max), ("--background-max", tiles.background_max)):
         if not 0.0 <= value <= 1.0:
             raise PipelineError(f"{name} {value} must be a fraction between 0 and 1")
+    if not (math.isfinite(tiles.abnormal_coverage) and 0.0 < tiles.abnormal_coverage <= 1.0):
+        raise PipelineError(
+            f"--abnormal-coverage {tiles.abnormal_coverage} must be a fraction in (0, 1]: the share of a tile's tissue "
+            "that must lie inside the cancer mask for the tile to be labelled abnormal (default 0.5)"
+        )
     if not 1 <= tiles.white_level <= 255:
         raise PipelineError(f"--white-level {tiles.white_level} must be in 1..255 (a pixel is near-white at >= it)")
     if tiles.max_tiles_per_slide is not None and tiles.max_tiles_per_slide < 1:

@@ -9,12 +9,16 @@ call:
    another slide with the same bytes is left out here;
 2. share the usable slides out over hospitals of varying sizes and split each hospital's slides into
    train/test (`pipeline.partition`);
-3. per slide: abnormal-region extraction (Step a.1), tiles with the white-area filter (Step b), grayscale
-   and per-hospital resolution (`pipeline.tiling`), written as PNGs. A copy with other bytes but the same
+3. per slide: tiles cut from the raw pixels with the white-area filter (Step b) and labelled by the mask's
+   coverage of their tissue, grayscale and per-hospital resolution (`pipeline.tiling`), written as PNGs; the
+   paper's abnormal-region extraction (Step a.1) only with ``--mask-outside`` and only for training tiles. A
+   copy with other bytes but the same
    decoded pixels (another format or compression) is found here, from the pixels tiling decodes anyway; it is
    then left out and steps 2-3 are run again without it, so the split is the one the byte rule would give and
    no picture contributes tiles to both train and test (a clean input is decoded once);
-4. ``manifest.csv``, ``prepare.json``, ``report.md`` and ``contact_sheet.png``.
+4. the shortcut probe (`pipeline.probe`): how well label-free pixel statistics separate the classes per split,
+   with a one-line warning above 0.70;
+5. ``manifest.csv``, ``prepare.json``, ``report.md`` and ``contact_sheet.png``.
 
 Everything is written into a hidden temporary folder beside ``--out`` and renamed into place at the end, so
 an interrupted run never leaves a dataset that looks complete. ``--out`` is locked for the whole run (a second
@@ -58,6 +62,7 @@ from pipeline.config import PrepareConfig, validate_config
 from pipeline.errors import PipelineError
 from pipeline.images import encode_png
 from pipeline.partition import assign_clients, split_train_test
+from pipeline.probe import probe, probe_markdown, tile_statistics
 from pipeline.report import (
     SPLITS,
     Counts,
@@ -93,6 +98,10 @@ MANIFEST_COLUMNS: tuple[str, ...] = (
     "channels",
 )
 FORMAT_VERSION = 1
+MASK_OUTSIDE_DEPARTURE = (
+    "training tiles of abnormal slides whitened outside the cancer mask (paper 001 Step a.1, --mask-outside): "
+    "painted white marks the abnormal class, a shortcut a model can learn instead of tissue; test tiles are raw"
+)
 COMMAND = "prepare"  # the name in the ownership marker of the folders prepare writes (infra.outputs)
 
 T = TypeVar("T")
@@ -111,6 +120,7 @@ class PrepareResult:
     warnings: tuple[str, ...]
     report: str
     seconds: float
+    shortcut_warning: str | None = None
 
 
 @dataclass(frozen=True)
@@ -201,6 +211,10 @@ class _Outcome:
     skipped: Skipped | None = None
     warnings: tuple[str, ...] = ()
     pixels_sha256: str | None = None
+    # per kept tile, in row order: the shortcut probe's label-free statistics of its stored pixels (pipeline.probe)
+    stats: tuple[tuple[float, ...], ...] = ()
+    # squares of an abnormal slide that passed the white filter but whose tissue is too little annotated
+    left_out: int = 0
 
 
 def _tile_job(job: _Job, config: PrepareConfig, staging: Path) -> _Outcome:
@@ -225,17 +239,21 @@ def _tile_job(job: _Job, config: PrepareConfig, staging: Path) -> _Outcome:
         )
     # One generator per slide, keyed by seed and slide index: the same tiles are drawn whatever the thread order.
     rng = np.random.default_rng([config.split.seed, ref.index])
-    tiles = cut_tiles(
+    cut = cut_tiles(
         slide.image,
         slide.mask,
         abnormal=label == "abnormal",
         plan=job.plan,
-        white_max=config.tiles.white_max,
         background_max=config.tiles.background_max,
         white_level=config.tiles.white_level,
+        abnormal_coverage=config.tiles.abnormal_coverage,
         max_tiles=config.tiles.max_tiles_per_slide,
         rng=rng,
+        # Step a.1 only where asked and only for training tiles: validation and test tiles are always raw.
+        masked=config.tiles.mask_outside and job.split == "train",
+        white_max=config.tiles.white_max,
     )
+    tiles = cut.tiles
     notes = [] if too_small is None else [too_small]
     if tiles and is_black(slide.image):
         notes.append(
@@ -261,7 +279,8 @@ def _tile_job(job: _Job, config: PrepareConfig, staging: Path) -> _Outcome:
                 str(job.plan.channels),
             ]
         )
-    return _Outcome(rows=rows, warnings=tuple(notes), pixels_sha256=pixels)
+    stats = tuple(tile_statistics(tile.pixels, config.tiles.white_level) for tile in tiles)
+    return _Outcome(rows=rows, warnings=tuple(notes), pixels_sha256=pixels, stats=stats, left_out=cut.left_out)
 
 
 def _recover_interrupted(out: Path) -> None:
@@ -336,6 +355,20 @@ def _check_splits(counts: Counts, plans: list[ClientPlan], slides: dict[tuple[in
             + ". Every client needs train and test tiles: use fewer --clients, a larger --white-max/--background-max, "
             "a smaller --tile, or add slides"
         )
+
+
+def tiles_from(config: PrepareConfig) -> str:
+    """How the tiles were cut, in words for the report (and, with Step a.1, named as the departure it is)."""
+    raw = (
+        f"raw pixels; abnormal when >= {config.tiles.abnormal_coverage:g} of a tile's tissue is inside the mask, "
+        "normal from slides with an empty mask"
+    )
+    if not config.tiles.mask_outside:
+        return raw
+    return (
+        "DEPARTURE (--mask-outside, paper Step a.1): training tiles of abnormal slides whitened outside the mask, "
+        "which writes the label into the pixels; test tiles " + raw
+    )
 
 
 def prepare_dataset(config: PrepareConfig) -> PrepareResult:
@@ -497,7 +530,8 @@ def _prepare_claimed(config: PrepareConfig, started: float) -> PrepareResult:
             if o.skipped is None and o.pixels_sha256 is not None
         }
         jobs = [j for j, o in zip(jobs, outcomes, strict=True) if o.skipped is None]
-        per_slide = [o.rows for o in outcomes if o.skipped is None]
+        kept_outcomes = [o for o in outcomes if o.skipped is None]
+        per_slide = [o.rows for o in kept_outcomes]
         rows = [row for slide_rows in per_slide for row in slide_rows]
 
         counts = empty_counts(config.split.clients, classes)
@@ -515,7 +549,27 @@ def _prepare_claimed(config: PrepareConfig, started: float) -> PrepareResult:
         (staging / "manifest.csv").write_text(buffer.getvalue(), encoding="utf-8")
 
         slides_per_client = {p.client: sum(1 for j in jobs if j.client == p.client) for p in plans}
+        excluded: dict[int, dict[str, int]] = {p.client: dict.fromkeys(SPLITS, 0) for p in plans}
+        for job, outcome in zip(jobs, kept_outcomes, strict=True):
+            excluded[job.client][job.split] += outcome.left_out
+        class_index = {label: k for k, label in enumerate(classes)}
+        shortcut = probe(
+            [st for o in kept_outcomes for st in o.stats],
+            [class_index[row[2]] for row in rows],
+            [row[1] for row in rows],
+            [int(row[0]) for row in rows],
+            SPLITS,
+        )
         record = _provenance(config, plans, jobs, per_slide, ratios, counts, skipped, warnings, rows, pixel_digests)
+        record["left_out"] = {str(c): per for c, per in excluded.items()}
+        record["labels"] = {
+            "rule": tiles_from(config),
+            "abnormal_coverage": config.tiles.abnormal_coverage,
+            "mask_outside": config.tiles.mask_outside,
+            # named wherever results from such a dataset appear (the shortcut probe measures what it leaks)
+            "departure": MASK_OUTSIDE_DEPARTURE if config.tiles.mask_outside else None,
+        }
+        record["shortcut_probe"] = shortcut
         (staging / PREPARE_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
         settings = {
@@ -534,12 +588,20 @@ def _prepare_claimed(config: PrepareConfig, started: float) -> PrepareResult:
                 + (f", {len(config.sites.profile)} listed" if config.sites.profile else "")
                 + "): profiles in prepare.json, clients[].site"
             ),
-            "white max (abnormal)": f"{config.tiles.white_max:g}",
-            "background max (normal)": f"{config.tiles.background_max:g}",
+            "tiles": tiles_from(config),
+            "background max (every tile)": f"{config.tiles.background_max:g}",
+            "abnormal coverage": f"{config.tiles.abnormal_coverage:g} of a tile's tissue inside the mask",
+            "left out (abnormal slides, too little annotated tissue)": ", ".join(
+                f"client {c}: " + " / ".join(f"{n} {s}" for s, n in per.items()) for c, per in excluded.items()
+            ),
             "near-white": f"all channels >= {config.tiles.white_level}",
             "slides with no kept tile": str(sum(1 for slide_rows in per_slide if not slide_rows)),
         }
-        report_md = markdown_report(settings, plans, counts, slides_per_client, skipped, warnings)
+        if config.tiles.mask_outside:
+            settings["white max (Step a.1, training)"] = f"{config.tiles.white_max:g}"
+        report_md = markdown_report(
+            settings, plans, counts, slides_per_client, skipped, warnings, probe_markdown(shortcut)
+        )
         (staging / "report.md").write_text(report_md, encoding="utf-8")
         sheet = contact_sheet(staging, plans, _samples(rows, config.split.clients, classes), classes)
         ok, png = cv2.imencode(".png", sheet)
@@ -558,6 +620,8 @@ def _prepare_claimed(config: PrepareConfig, started: float) -> PrepareResult:
     table = text_table(plans, counts, slides_per_client)
     notes = issues_text(skipped, warnings)
     report = f"{table}\n{notes}" if notes else table
+    if shortcut["warning"]:
+        report += f"\nWarning: {shortcut['warning']}"
     return PrepareResult(
         out=out.out,
         tiles=len(rows),
@@ -567,6 +631,7 @@ def _prepare_claimed(config: PrepareConfig, started: float) -> PrepareResult:
         warnings=warnings,
         report=report,
         seconds=time.perf_counter() - started,
+        shortcut_warning=shortcut["warning"],
     )
 
 

@@ -128,8 +128,9 @@ def markdown_report(
     slides: Mapping[int, int],
     skipped: Sequence[Skipped],
     warnings: Sequence[str],
+    probe_section: Sequence[str] = (),
 ) -> str:
-    """``report.md``: settings, the table, skipped slides, warnings, the contact sheet."""
+    """``report.md``: settings, the table, skipped slides, warnings, the shortcut probe, the contact sheet."""
     parts = ["# Prepared dataset", "", "| setting | value |", "|---|---|"]
     parts += [f"| {k} | {v} |" for k, v in settings.items()]
     parts += ["", "## Tiles per client, split and label", "", markdown_table(plans, counts, slides), ""]
@@ -144,6 +145,7 @@ def markdown_report(
     parts += [f"- `{s.source}`: {s.reason}" for s in skipped] or ["None."]
     parts += ["", f"## Warnings ({len(warnings)})", ""]
     parts += [f"- {w}" for w in warnings] or ["None."]
+    parts += ["", *probe_section]
     parts += ["", "## Sample tiles", "", "![contact sheet](contact_sheet.png)", ""]
     return "\n".join(parts)
 

@@ -1,9 +1,20 @@
-"""Abnormal-region extraction and tiling (FedSAF paper 001, Sec. 4.2, Step a.1 and Step b).
+"""Tiling and labelling (FedSAF paper 001, Sec. 4.2, Step b; Step a.1 only as a named departure).
 
-Step a.1: in an abnormal slide every pixel outside the cancer mask becomes white, so only cancerous tissue
-remains. Step b: both classes are cropped into square tiles; an abnormal tile is kept only if its white-area
-ratio (the removed normal tissue plus background) is at most ``white_max``, so that kept tiles mostly show
-cancer; a normal tile is kept only if its white ratio is at most ``background_max`` (mostly tissue, not glass).
+**Raw tiles (the default).** Every tile, of either class and of every split, is cut from the slide's own pixels.
+Step b's white-area filter measures the raw square, the same way for both classes: a square is kept when at most
+``background_max`` of its pixels are near-white (glass, not tissue). A tile's label comes from the cancer mask's
+coverage of its *tissue* (its pixels that are not near-white): on an abnormal slide a kept square is *abnormal*
+when at least ``abnormal_coverage`` of its tissue lies inside the mask; squares below that (tissue partly or not
+at all annotated) are *left out* and counted, since they are neither clearly cancer nor from a slide known to be
+free of it. *Normal* tiles come only from slides whose mask is empty. So the pixels a model sees never carry
+the label; only the annotation decides it (docs/pipeline.md, "Labels from coverage").
+
+**Step a.1 as an option (``mask_outside``).** The paper whitens every pixel outside the cancer mask of an
+abnormal slide and keeps a square when its white share, counting those pixels, is at most ``white_max``. Painted
+pure white then occurs in almost every abnormal tile and in almost no normal one, a label written into the pixels
+(the shortcut `pipeline.probe` measures). With ``mask_outside`` this applies to *training* tiles of abnormal slides
+only; validation and test tiles are always raw (`cut_tiles`'s ``masked``).
+
 Grayscale hospitals get single-channel tiles. A hospital with a simulated site profile (`pipeline.sites`) gets
 its tiles through that profile's stain and scanner steps; which tiles are kept never depends on it.
 
@@ -117,17 +128,18 @@ def is_black(image: RGBImage) -> bool:
     return image.size > 0 and int(image.max()) <= BLACK_LEVEL
 
 
-def white_ratios(
-    white: npt.NDArray[np.bool_], size: int, stride: int
+def square_fractions(
+    binary: npt.NDArray[np.bool_], size: int, stride: int
 ) -> tuple[list[int], list[int], npt.NDArray[np.float64]]:
-    """Grid positions and the white ratio of every ``size`` square on it (one integral image, no per-tile sums)."""
-    height, width = white.shape
+    """Grid positions and the share of true pixels in every ``size`` square on it (one integral image, no per-tile
+    sums)."""
+    height, width = binary.shape
     xs = list(range(0, width - size + 1, stride))
     ys = list(range(0, height - size + 1, stride))
     if not xs or not ys:
         return xs, ys, np.zeros((len(ys), len(xs)), dtype=np.float64)
     # Float64 sums are exact for any slide below 2**53 pixels; the bool map is viewed as 0/1 bytes, no copy.
-    integral = cv2.integral(white.view(np.uint8), sdepth=cv2.CV_64F)
+    integral = cv2.integral(np.ascontiguousarray(binary).view(np.uint8), sdepth=cv2.CV_64F)
     ya, xa = np.asarray(ys), np.asarray(xs)
     sums = (
         integral[np.ix_(ya + size, xa + size)]
@@ -138,29 +150,85 @@ def white_ratios(
     return xs, ys, sums / float(size * size)
 
 
-def kept_positions(
+def white_ratios(
+    white: npt.NDArray[np.bool_], size: int, stride: int
+) -> tuple[list[int], list[int], npt.NDArray[np.float64]]:
+    """Grid positions and the white ratio of every ``size`` square on it (`square_fractions` of the white map)."""
+    return square_fractions(white, size, stride)
+
+
+def grid_coverage(
+    white: npt.NDArray[np.bool_], mask: npt.NDArray[np.bool_], size: int, stride: int
+) -> tuple[list[int], list[int], npt.NDArray[np.float64]]:
+    """Grid positions and, per square, the share of its tissue (pixels not near-white) inside ``mask`` (0 where it
+    has no tissue): the label rule of the module docstring, shared by prepare and predict's ground truth."""
+    xs, ys, tissue = square_fractions(~white, size, stride)
+    _, _, annotated = square_fractions(mask & ~white, size, stride)
+    safe = np.where(tissue > 0, tissue, 1.0)
+    return xs, ys, np.where(tissue > 0, annotated / safe, 0.0)
+
+
+@dataclass(frozen=True)
+class Positions:
+    """The squares of one slide that Step b keeps, in raster order, and how many were left out between labels.
+
+    ``kept``: ``(y, x, white_ratio)``; ``white_ratio`` is the raw square's near-white share, or (Step a.1,
+    ``mask_outside``) its share counting pixels outside the mask as white. ``left_out``: squares of an abnormal
+    slide that passed the white filter but whose tissue is less than ``abnormal_coverage`` inside the mask.
+    """
+
+    kept: list[tuple[int, int, float]]
+    left_out: int = 0
+
+
+def slide_positions(
     image: RGBImage,
     mask: npt.NDArray[np.bool_] | None,
     abnormal: bool,
     plan: ClientPlan,
-    white_max: float,
+    *,
     background_max: float,
     white_level: int,
-) -> list[tuple[int, int, float]]:
-    """Step b's filter: ``(y, x, white_ratio)`` of every grid square kept, in raster order.
+    abnormal_coverage: float,
+    masked: bool = False,
+    white_max: float = 1.0,
+) -> Positions:
+    """Step b's filter and the label rule (module docstring) for one slide.
 
-    An abnormal slide with a mask is measured as if Step a.1 had whitened everything outside the mask, on the
-    ``abnormal_stride`` grid, against ``white_max``; any other slide on the ``stride`` grid against
-    ``background_max``. ``gastric-fl predict`` calls it with ``abnormal=False`` to tile a whole slide exactly as
-    prepare tiles a normal one.
+    A normal slide, or an abnormal one without a mask, is measured raw on the ``stride`` grid against
+    ``background_max`` (every kept square has the slide's label). An abnormal slide with a mask is measured on the
+    ``abnormal_stride`` grid: raw against ``background_max``, then kept only where at least ``abnormal_coverage`` of
+    the square's tissue is annotated; with ``masked`` (Step a.1, training tiles under ``--mask-outside``) as the
+    paper does: pixels outside the mask count as white, against ``white_max``. ``gastric-fl predict`` tiles a
+    whole slide with ``abnormal=False``, exactly as prepare tiles a normal one.
     """
-    region = mask if abnormal else None
     white = near_white(image, white_level)
-    if region is not None:
-        white |= ~region
-    limit = white_max if abnormal else background_max
-    xs, ys, ratios = white_ratios(white, plan.size, plan.abnormal_stride if abnormal else plan.stride)
-    return [(ys[i], xs[j], float(ratios[i, j])) for i, j in zip(*np.nonzero(ratios <= limit), strict=True)]
+    if not abnormal or mask is None:
+        xs, ys, ratios = square_fractions(white, plan.size, plan.stride)
+        keep = ratios <= background_max
+        return Positions([(ys[i], xs[j], float(ratios[i, j])) for i, j in zip(*np.nonzero(keep), strict=True)])
+    stride = plan.abnormal_stride
+    if masked:
+        xs, ys, ratios = square_fractions(white | ~mask, plan.size, stride)
+        keep = ratios <= white_max
+        return Positions([(ys[i], xs[j], float(ratios[i, j])) for i, j in zip(*np.nonzero(keep), strict=True)])
+    xs, ys, ratios = square_fractions(white, plan.size, stride)
+    tissue_ok = ratios <= background_max
+    covered = grid_coverage(white, mask, plan.size, stride)[2] >= abnormal_coverage
+    keep = tissue_ok & covered
+    left_out = int(np.count_nonzero(tissue_ok & ~covered))
+    kept = [(ys[i], xs[j], float(ratios[i, j])) for i, j in zip(*np.nonzero(keep), strict=True)]
+    return Positions(kept, left_out)
+
+
+def kept_positions(
+    image: RGBImage, plan: ClientPlan, background_max: float, white_level: int
+) -> list[tuple[int, int, float]]:
+    """``(y, x, white_ratio)`` of every square of a whole slide that prepare keeps from a normal slide (predict)."""
+    positions = slide_positions(
+        image, None, False, plan, background_max=background_max, white_level=white_level, abnormal_coverage=1.0
+    )
+    return positions.kept
 
 
 def cut_square(
@@ -185,32 +253,54 @@ def cut_square(
     return np.asarray(pixels, dtype=np.uint8)
 
 
+@dataclass(frozen=True)
+class SlideTiles:
+    """One slide's kept tiles and the count of squares left out between the labels (`Positions.left_out`)."""
+
+    tiles: list[Tile]
+    left_out: int
+
+
 def cut_tiles(
     image: RGBImage,
     mask: npt.NDArray[np.bool_] | None,
     abnormal: bool,
     plan: ClientPlan,
-    white_max: float,
+    *,
     background_max: float,
     white_level: int,
+    abnormal_coverage: float,
     max_tiles: int | None,
     rng: np.random.Generator,
-) -> list[Tile]:
-    """Step a.1 (abnormal slides with a mask) then Step b for one slide, in raster order.
+    masked: bool = False,
+    white_max: float = 1.0,
+) -> SlideTiles:
+    """`slide_positions` then the cut, for one slide, in raster order (at most ``max_tiles``, drawn by ``rng``).
 
-    Same result as tiling `extract_region`'s output, but only kept tiles are whitened: a pixel outside the
-    mask counts as white when measuring (`kept_positions`), and is painted white when its tile is cut
-    (`cut_square`).
+    With ``masked`` (Step a.1; training tiles of an abnormal slide under ``--mask-outside``) the same result as
+    tiling `extract_region`'s output, but only kept tiles are whitened. Otherwise every tile is raw.
     """
-    kept = kept_positions(image, mask, abnormal, plan, white_max, background_max, white_level)
+    positions = slide_positions(
+        image,
+        mask,
+        abnormal,
+        plan,
+        background_max=background_max,
+        white_level=white_level,
+        abnormal_coverage=abnormal_coverage,
+        masked=masked,
+        white_max=white_max,
+    )
+    kept = positions.kept
     if max_tiles is not None and len(kept) > max_tiles:
         chosen = np.sort(rng.choice(len(kept), size=max_tiles, replace=False))
         kept = [kept[int(k)] for k in chosen]
-    region = mask if abnormal else None
-    return [
+    region = mask if (abnormal and masked) else None
+    tiles = [
         Tile(x=x, y=y, size=plan.size, white_ratio=ratio, pixels=cut_square(image, region, x, y, plan))
         for y, x, ratio in kept
     ]
+    return SlideTiles(tiles, positions.left_out)
 
 
 def tile_name(slide_index: int, source: str, x: int, y: int) -> str:

@@ -158,6 +158,8 @@ def export_card(
             background_max=float(tiles["background_max"]),
             white_max=float(tiles["white_max"]),
             source_format=source_format,
+            abnormal_coverage=float(tiles.get("abnormal_coverage", 0.5)),
+            mask_outside=bool(tiles.get("mask_outside", False)),
         )
     preprocess = Preprocess(
         input_size=config.data.input_size,

@@ -116,12 +116,21 @@ def seed_raw(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     return raw, make_seed(raw)
 
 
+def _tissue_coverage(raw: Path, row: dict[str, str]) -> float:
+    """The annotated share of a tile's tissue, recomputed from the raw slide and mask."""
+    x, y, size = int(row["x"]), int(row["y"]), int(row["size"])
+    original = cv2.cvtColor(imread(raw / row["source"]), cv2.COLOR_BGR2RGB)[y : y + size, x : x + size]
+    mask = imread(raw / row["source"].replace(".png", "_mask.png"), cv2.IMREAD_GRAYSCALE)[y : y + size, x : x + size]
+    tissue = original.min(axis=2) < 220
+    return float((tissue & (mask > 0)).sum() / max(1, tissue.sum()))
+
+
 def test_labels_regions_and_white_ratios_follow_the_masks(
     seed_raw: tuple[Path, dict[str, str]], tmp_path: Path
 ) -> None:
     raw, truth = seed_raw
     out = tmp_path / "prepared"
-    result = prepare_dataset(config_for(raw, out, tiles={"white_max": 0.4, "background_max": 0.3}))
+    result = prepare_dataset(config_for(raw, out, tiles={"background_max": 0.3, "abnormal_coverage": 0.6}))
     rows = read_manifest(out)
     assert list(rows[0].keys()) == list(MANIFEST_COLUMNS)
     assert result.tiles == len(rows) > 0
@@ -132,16 +141,47 @@ def test_labels_regions_and_white_ratios_follow_the_masks(
         x, y, size = int(row["x"]), int(row["y"]), int(row["size"])
         white = float((tile.min(axis=2) >= 220).mean())
         assert white == pytest.approx(float(row["white_ratio"]), abs=1e-6)
-        assert white <= (0.4 if row["label"] == "abnormal" else 0.3)
+        assert white <= 0.3  # one white filter, on the raw tile, for both classes
         original = cv2.cvtColor(imread(raw / row["source"]), cv2.COLOR_BGR2RGB)[y : y + size, x : x + size]
+        assert np.array_equal(tile, original)  # every tile raw, train and test
         if row["label"] == "abnormal":
-            # Step a.1: outside the mask is white, inside it is the original tissue.
-            mask = imread(raw / row["source"].replace(".png", "_mask.png"), cv2.IMREAD_GRAYSCALE)
-            inside = mask[y : y + size, x : x + size] > 0
-            assert (tile[~inside] == 255).all()
-            assert np.array_equal(tile[inside], original[inside])
+            assert _tissue_coverage(raw, row) >= 0.6
+    info = json.loads((out / "prepare.json").read_text())
+    assert info["labels"]["mask_outside"] is False
+    assert info["labels"]["departure"] is None
+    assert info["config"]["tiles"]["abnormal_coverage"] == 0.6
+
+
+def test_mask_outside_whitens_training_tiles_only_and_is_recorded(
+    seed_raw: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    raw, _ = seed_raw
+    out = tmp_path / "prepared"
+    prepare_dataset(config_for(raw, out, tiles={"mask_outside": True, "white_max": 0.5}))
+    rows = read_manifest(out)
+    painted = {"train": 0, "test": 0}
+    abnormal = {"train": 0, "test": 0}
+    for row in (r for r in rows if r["label"] == "abnormal"):
+        tile = cv2.cvtColor(imread(out / row["path"]), cv2.COLOR_BGR2RGB)
+        x, y, size = int(row["x"]), int(row["y"]), int(row["size"])
+        original = cv2.cvtColor(imread(raw / row["source"]), cv2.COLOR_BGR2RGB)[y : y + size, x : x + size]
+        mask = imread(raw / row["source"].replace(".png", "_mask.png"), cv2.IMREAD_GRAYSCALE)
+        inside = mask[y : y + size, x : x + size] > 0
+        abnormal[row["split"]] += 1
+        if row["split"] == "test":
+            assert np.array_equal(tile, original)  # never masked
+            assert _tissue_coverage(raw, row) >= 0.5
         else:
-            assert np.array_equal(tile, original)
+            assert (tile[~inside] == 255).all()  # Step a.1 on training tiles
+            assert np.array_equal(tile[inside], original[inside])
+            painted["train"] += int((~inside).any())
+    assert abnormal["train"] > 0
+    assert abnormal["test"] > 0
+    assert painted["train"] > 0
+    info = json.loads((out / "prepare.json").read_text())
+    assert info["labels"]["mask_outside"] is True
+    assert "Step a.1" in info["labels"]["departure"]
+    assert "DEPARTURE" in (out / "report.md").read_text()
 
 
 def test_no_slide_in_both_splits_and_every_client_has_both(
@@ -364,10 +404,10 @@ def test_a_non_binary_mask_is_accepted_with_a_threshold(seed_raw: tuple[Path, di
     ramp = np.tile(np.arange(SIZE, dtype=np.uint8), (SIZE, 1))  # value = column index
     cv2.imwrite(str(raw / "s04_mask.png"), ramp)
     out = tmp_path / "prepared"
-    result = prepare_dataset(config_for(raw, out, source={"mask_threshold": 63}, tiles={"white_max": 0.0}))
+    result = prepare_dataset(config_for(raw, out, source={"mask_threshold": 63}, tiles={"abnormal_coverage": 1.0}))
     assert not result.skipped
     rows = [r for r in read_manifest(out) if r["source"] == "s04.png"]
-    # Cancer = columns 64..95: exactly the tiles starting at x=64 are free of white.
+    # Cancer = columns 64..95: exactly the tiles starting at x=64 have all their tissue inside it.
     assert rows
     assert {(r["label"], r["x"]) for r in rows} == {("abnormal", "64")}
 
@@ -391,12 +431,12 @@ def test_bot_layout_outline_svgs_with_transforms_give_the_region(tmp_path: Path)
     raw = tmp_path / "raw"
     make_bot(raw)
     out = tmp_path / "prepared"
-    result = prepare_dataset(config_for(raw, out, "bot", tiles={"white_max": 0.0}))
+    result = prepare_dataset(config_for(raw, out, "bot", tiles={"abnormal_coverage": 1.0}))
     assert not result.skipped
     assert not result.warnings
     abnormal = [r for r in read_manifest(out) if r["label"] == "abnormal"]
     # Region = x 30..90, y 8..78 (the polygon translated by (30, 8)). On the abnormal grid (step 16, half the
-    # tile) white-free 32 px squares fit at x in {32, 48} and y in {16, 32}.
+    # tile) 32 px squares whose tissue is all inside it fit at x in {32, 48} and y in {16, 32}.
     assert {(r["x"], r["y"]) for r in abnormal} == {("32", "16"), ("32", "32"), ("48", "16"), ("48", "32")}
     assert {r["source"].split("/")[0] for r in read_manifest(out)} == {"normal", "abnormal"}
 

@@ -11,7 +11,15 @@ import tifffile
 
 from pipeline.config import build_config
 from pipeline.images import ImageReadError, read_mask, read_rgb, to_rgb
-from pipeline.tiling import ClientPlan, client_plans, cut_tiles, extract_region, near_white, white_ratios
+from pipeline.tiling import (
+    ClientPlan,
+    SlideTiles,
+    client_plans,
+    cut_tiles,
+    extract_region,
+    near_white,
+    white_ratios,
+)
 
 
 def test_near_white_needs_every_channel_at_the_level() -> None:
@@ -48,28 +56,83 @@ def _plan(grayscale: bool = False) -> ClientPlan:
     return ClientPlan(client=0, tile_px=4, scale=1.0, size=4, stride=4, abnormal_stride=4, grayscale=grayscale)
 
 
-def test_cut_tiles_filters_abnormal_and_normal_with_their_own_limits() -> None:
+def _cut(
+    image: np.ndarray,
+    mask: np.ndarray | None,
+    abnormal: bool,
+    plan: ClientPlan,
+    *,
+    background_max: float = 0.5,
+    coverage: float = 0.5,
+    masked: bool = False,
+    white_max: float = 1.0,
+    max_tiles: int | None = None,
+    rng: np.random.Generator | None = None,
+) -> SlideTiles:
+    return cut_tiles(
+        image,
+        mask,
+        abnormal,
+        plan,
+        background_max=background_max,
+        white_level=220,
+        abnormal_coverage=coverage,
+        max_tiles=max_tiles,
+        rng=np.random.default_rng(0) if rng is None else rng,
+        masked=masked,
+        white_max=white_max,
+    )
+
+
+def test_raw_tiles_are_labelled_by_the_masks_coverage_of_their_tissue() -> None:
+    """Hand-made slide: five 4x4 squares; the label comes from the annotated share of each square's tissue."""
+    image = np.full((4, 20, 3), 120, dtype=np.uint8)
+    image[:, 8:12] = 250  # third square: glass (near-white), dropped by the white filter whatever its mask
+    image[0:2, 12:16] = 250  # fourth square: half glass; its 8 tissue pixels are all annotated
+    mask = np.zeros((4, 20), dtype=bool)
+    mask[:, 0:4] = True  # first square: all tissue annotated -> abnormal
+    mask[0:1, 4:8] = True  # second square: 4 of 16 tissue pixels annotated (0.25) -> left out at coverage 0.5
+    mask[:, 8:12] = True
+    mask[2:4, 12:16] = True  # fourth: 8 of 8 tissue pixels -> abnormal (coverage 1.0, white ratio 0.5)
+    # fifth square: no annotation on an abnormal slide -> left out (normal tiles come from normal slides only)
+    cut = _cut(image, mask, True, _plan())
+    assert [(t.x, t.white_ratio) for t in cut.tiles] == [(0, 0.0), (12, 0.5)]
+    assert cut.left_out == 2  # the second and the fifth square
+    # Every tile is raw: no pixel was painted white.
+    assert (cut.tiles[0].pixels == 120).all()
+    assert (cut.tiles[1].pixels[:2] == 250).all()
+    assert (cut.tiles[1].pixels[2:] == 120).all()
+    # A lower coverage threshold takes the second square in; a stricter white filter drops the fourth.
+    assert [t.x for t in _cut(image, mask, True, _plan(), coverage=0.25).tiles] == [0, 4, 12]
+    assert [t.x for t in _cut(image, mask, True, _plan(), background_max=0.49).tiles] == [0]
+    # A normal slide: every square with tissue, raw, whatever a mask would say; gray for a gray hospital.
+    normal = _cut(image, None, False, _plan(grayscale=True))
+    assert [t.x for t in normal.tiles] == [0, 4, 12, 16]
+    assert normal.left_out == 0
+    assert normal.tiles[0].pixels.shape == (4, 4)
+
+
+def test_step_a1_is_applied_only_when_masked() -> None:
     image = np.full((4, 12, 3), 120, dtype=np.uint8)
     image[:, 8:12] = 250  # third square: background
     mask = np.zeros((4, 12), dtype=bool)
     mask[:, 0:4] = True
     mask[0:2, 4:8] = True  # second square half inside the cancer region
-    rng = np.random.default_rng(0)
-    kept = cut_tiles(image, mask, True, _plan(), 0.5, 0.0, 220, None, rng)
+    kept = _cut(image, mask, True, _plan(), masked=True, white_max=0.5).tiles
     assert [(t.x, t.white_ratio) for t in kept] == [(0, 0.0), (4, 0.5)]
-    assert (kept[1].pixels[2:] == 255).all()
+    assert (kept[1].pixels[2:] == 255).all()  # painted white outside the mask
     assert (kept[1].pixels[:2] == 120).all()
-    strict = cut_tiles(image, mask, True, _plan(), 0.49, 0.0, 220, None, rng)
+    strict = _cut(image, mask, True, _plan(), masked=True, white_max=0.49).tiles
     assert [t.x for t in strict] == [0]
-    normal = cut_tiles(image, None, False, _plan(grayscale=True), 0.0, 0.5, 220, None, rng)
-    assert [t.x for t in normal] == [0, 4]
-    assert normal[0].pixels.shape == (4, 4)
+    raw = _cut(image, mask, True, _plan()).tiles
+    assert [t.x for t in raw] == [0, 4]  # the second square's tissue is half annotated: 0.5 >= 0.5
+    assert not any((t.pixels == 255).any() for t in raw)
 
 
 def test_max_tiles_per_slide_is_a_seeded_subset_in_raster_order() -> None:
     image = np.full((4, 40, 3), 120, dtype=np.uint8)
-    first = cut_tiles(image, None, False, _plan(), 0.5, 0.5, 220, 3, np.random.default_rng([0, 7]))
-    again = cut_tiles(image, None, False, _plan(), 0.5, 0.5, 220, 3, np.random.default_rng([0, 7]))
+    first = _cut(image, None, False, _plan(), max_tiles=3, rng=np.random.default_rng([0, 7])).tiles
+    again = _cut(image, None, False, _plan(), max_tiles=3, rng=np.random.default_rng([0, 7])).tiles
     xs = [t.x for t in first]
     assert len(xs) == 3
     assert xs == sorted(xs)
@@ -171,8 +234,10 @@ def test_whitening_only_kept_tiles_equals_extracting_the_whole_slide_first() -> 
     mask[5:33, 9:50] = True
     mask[20:25, 15:20] = False
     plan = ClientPlan(client=0, tile_px=8, scale=1.0, size=8, stride=8, abnormal_stride=4, grayscale=False)
-    lazy = cut_tiles(image, mask, True, plan, 0.3, 1.0, 220, None, rng)
-    eager = cut_tiles(extract_region(image, mask), None, True, plan, 0.3, 1.0, 220, None, rng)
+    lazy = _cut(image, mask, True, plan, masked=True, white_max=0.3).tiles
+    # The eager reference: the whitened slide tiled on the abnormal grid against the same limit.
+    eager_plan = ClientPlan(client=0, tile_px=8, scale=1.0, size=8, stride=4, abnormal_stride=4, grayscale=False)
+    eager = _cut(extract_region(image, mask), None, True, eager_plan, background_max=0.3).tiles
     assert len(lazy) > 5
     assert [(t.x, t.y, t.white_ratio) for t in lazy] == [(t.x, t.y, t.white_ratio) for t in eager]
     assert all(np.array_equal(a.pixels, b.pixels) for a, b in zip(lazy, eager, strict=True))

@@ -1,0 +1,141 @@
+"""Shortcut probe: how well label-free pixel statistics alone separate a prepared dataset's classes.
+
+A model can learn from anything that differs between the classes, not only from the disease. The paper's Step a.1
+(FedSAF paper 001, Sec. 4.2) whitens everything outside the cancer mask of abnormal slides, which writes the label
+into the pixels: painted pure white occurs in almost every abnormal tile and in almost no normal one, and one pixel
+count then separates the classes with no learning at all. Every prepared dataset therefore carries this probe
+(docs/pipeline.md, "Shortcut probe"): for each statistic below, on each split, the AUC of the statistic taken as a
+score, oriented so that 0.5 means "tells nothing" and 1.0 "separates perfectly" (``max(AUC, 1 - AUC)``: a model
+can use a statistic in either direction). Above `WARN_AUC` prepare warns in one line.
+
+Statistics of a tile's stored pixels (what the model sees): the share of pure-white pixels (every channel 255),
+the share of near-white pixels (every channel >= ``white_level``, prepare's definition), the mean intensity, and
+the mean of each RGB channel (a gray tile's three means are its intensity). AUC by scikit-learn's
+``roc_auc_score``; with more than two classes the mean of the one-vs-rest AUCs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from sklearn.metrics import roc_auc_score
+
+STATISTICS: tuple[str, ...] = ("pure_white", "near_white", "mean_intensity", "mean_red", "mean_green", "mean_blue")
+DESCRIPTIONS: dict[str, str] = {
+    "pure_white": "share of pixels with every channel at 255 (painted white)",
+    "near_white": "share of near-white pixels (every channel >= white_level)",
+    "mean_intensity": "mean pixel value over all channels",
+    "mean_red": "mean of the red channel",
+    "mean_green": "mean of the green channel",
+    "mean_blue": "mean of the blue channel",
+}
+# Above this AUC one statistic alone separates the classes well enough that a model need not look at tissue.
+WARN_AUC = 0.70
+
+
+def tile_statistics(pixels: npt.NDArray[np.uint8], white_level: int) -> tuple[float, ...]:
+    """The `STATISTICS` of one stored tile (``H x W`` gray or ``H x W x 3`` RGB), in that order."""
+    rgb = pixels[:, :, None] if pixels.ndim == 2 else pixels
+    lowest = rgb.min(axis=2)
+    means = rgb.reshape(-1, rgb.shape[2]).mean(axis=0, dtype=np.float64)
+    red, green, blue = (float(means[0]),) * 3 if rgb.shape[2] == 1 else (float(m) for m in means[:3])
+    return (
+        float(np.mean(lowest == 255)),
+        float(np.mean(lowest >= white_level)),
+        float(rgb.mean(dtype=np.float64)),
+        red,
+        green,
+        blue,
+    )
+
+
+def separation_auc(
+    values: Sequence[float] | npt.NDArray[np.float64], labels: Sequence[int] | npt.NDArray[np.int_]
+) -> float | None:
+    """``max(AUC, 1 - AUC)`` of ``values`` as a score for the labels (mean one-vs-rest over >2 classes); ``None``
+    when fewer than two classes are present."""
+    y = np.asarray(labels)
+    present = np.unique(y)
+    if len(present) < 2:
+        return None
+    x = np.asarray(values, dtype=np.float64)
+    targets = present[1:] if len(present) == 2 else present
+    aucs = [float(roc_auc_score(y == k, x)) for k in targets]
+    return float(np.mean([max(a, 1.0 - a) for a in aucs]))
+
+
+def probe(
+    stats: Sequence[tuple[float, ...]],
+    labels: Sequence[int],
+    splits: Sequence[str],
+    clients: Sequence[int],
+    split_names: Sequence[str],
+) -> dict[str, Any]:
+    """The record of ``prepare.json["shortcut_probe"]`` for tiles given by parallel sequences.
+
+    ``splits``: per split over all hospitals pooled, each statistic's AUC (``None`` where a split has one class)
+    and the tile count; ``clients``: the same per hospital and split (small splits: read with care); ``worst``:
+    the pooled statistic and split with the highest AUC; ``warning``: one line when that AUC exceeds `WARN_AUC`.
+    """
+    table = np.asarray(stats, dtype=np.float64).reshape(-1, len(STATISTICS))
+    lab = np.asarray(labels)
+    spl = np.asarray(splits)
+    cli = np.asarray(clients)
+
+    def aucs(rows: npt.NDArray[np.bool_]) -> dict[str, Any]:
+        out: dict[str, Any] = {"tiles": int(rows.sum())}
+        for k, name in enumerate(STATISTICS):
+            auc = separation_auc(table[rows, k], lab[rows]) if rows.any() else None
+            out[name] = None if auc is None else round(auc, 4)
+        return out
+
+    pooled = {split: aucs(spl == split) for split in split_names}
+    per_client = {
+        str(c): {split: aucs((cli == c) & (spl == split)) for split in split_names} for c in sorted(set(cli.tolist()))
+    }
+    worst: dict[str, Any] | None = None
+    for split, row in pooled.items():
+        for name in STATISTICS:
+            value = row[name]
+            if value is not None and (worst is None or value > worst["auc"]):
+                worst = {"split": split, "statistic": name, "auc": value}
+    warning = None
+    if worst is not None and worst["auc"] > WARN_AUC:
+        warning = (
+            f"shortcut: {DESCRIPTIONS[worst['statistic']]} alone separates the classes of the {worst['split']} "
+            f"tiles at AUC {worst['auc']:.3f} (> {WARN_AUC:.2f}); a model can score well here without looking at "
+            "tissue (see report.md, 'Shortcut probe')"
+        )
+    return {
+        "statistics": dict(DESCRIPTIONS),
+        "warn_above": WARN_AUC,
+        "splits": pooled,
+        "clients": per_client,
+        "worst": worst,
+        "warning": warning,
+    }
+
+
+def probe_markdown(record: Mapping[str, Any]) -> list[str]:
+    """The report's "Shortcut probe" section: one row per statistic, one column per split."""
+    splits = list(record["splits"])
+    lines = [
+        "## Shortcut probe",
+        "",
+        "How well one label-free pixel statistic alone separates the classes (AUC, 0.5 = not at all, 1.0 = "
+        f"perfectly; above {record['warn_above']:.2f} a model need not look at tissue). Pooled over hospitals; "
+        "per hospital in prepare.json, `shortcut_probe.clients`.",
+        "",
+        "| statistic | " + " | ".join(f"{s} ({record['splits'][s]['tiles']} tiles)" for s in splits) + " |",
+        "|---|" + "---|" * len(splits),
+    ]
+    for name in STATISTICS:
+        cells = [record["splits"][s][name] for s in splits]
+        lines.append(
+            f"| {record['statistics'][name]} | " + " | ".join("n/a" if v is None else f"{v:.3f}" for v in cells) + " |"
+        )
+    lines += ["", f"**Warning:** {record['warning']}" if record["warning"] else "No statistic exceeds the limit.", ""]
+    return lines
