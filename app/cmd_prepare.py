@@ -70,6 +70,12 @@ def register(app: typer.Typer) -> None:
         test_fraction: float | None = typer.Option(
             None, "--test-fraction", help="Share of each hospital's slides used for test. (default: 0.2)"
         ),
+        val_fraction: float | None = typer.Option(
+            None,
+            "--val-fraction",
+            help="Share of each hospital's slides in its validation split, where thresholds are chosen (0: none). "
+            "(default: 0.2)",
+        ),
         seed: int | None = typer.Option(None, "--seed", help="Seed of every random choice. (default: 0)"),
         mask_suffix: str | None = typer.Option(
             None, "--mask-suffix", help="SEED: mask beside the slide is <id><suffix>.png. (default: _mask)"
@@ -146,6 +152,7 @@ def register(app: typer.Typer) -> None:
                 "sizes": sizes,
                 "partition": partition,
                 "test_fraction": test_fraction,
+                "val_fraction": val_fraction,
                 "seed": seed,
             },
             "tiles": {

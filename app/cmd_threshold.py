@@ -32,11 +32,14 @@ def register(app: typer.Typer) -> None:
             raise DashboardError("give exactly one of --value T (by hand) or --sensitivity S (from the floor)")
         folder = operating.hospital_folder(run, hospital)
         if value is not None:
-            chosen, source = value, "set by hand"
+            chosen, source, split = value, "set by hand", ""
         else:
             assert sensitivity is not None
-            chosen, source = operating.from_floor(folder, sensitivity)
-        card = operating.save(folder, chosen, source)
+            chosen, source, split = operating.from_floor(folder, sensitivity)
+        card = operating.save(folder, chosen, source, split)
+        from app.held_out import recall
+
+        recall(folder, card.threshold)  # the held-out slides' calls at the new threshold (slides.csv)
         metrics = card.metrics
         sens, spec = metrics.get("sensitivity"), metrics.get("specificity")
         figures = ", ".join(
@@ -44,4 +47,5 @@ def register(app: typer.Typer) -> None:
         )
         typer.echo(f"hospital {hospital}: threshold {card.threshold:.4g} saved in {folder / 'model.json'} ({source})")
         if figures:
-            typer.echo(f"on its test split at that threshold: {figures}")
+            optimistic = " (chosen there too, so optimistic)" if split == "test" else ""
+            typer.echo(f"on its test split at that threshold{optimistic}: {figures}")

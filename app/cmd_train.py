@@ -94,3 +94,9 @@ def register(app: typer.Typer) -> None:
             f"finished {summary['rounds_done']} rounds: averaged test accuracy {final.get('avg_test_acc', 0):.4f}, "
             f"AUC {'-' if auc is None else f'{auc:.4f}'}; see {run_dir} (gastric-fl report {run_dir})"
         )
+        if summary.get("status") == "finished":
+            from app.held_out import score_run
+
+            # Each hospital's held-out test slides, scored as `gastric-fl predict` scores a slide (slides.csv).
+            for line in score_run(run_dir, Path(cfg.data.path)):
+                typer.echo(line)

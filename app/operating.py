@@ -1,15 +1,16 @@
 """A hospital's operating threshold, chosen once and saved into its model bundle (issue 23, item 4).
 
 The threshold is chosen either by hand or from the clinical floor: the highest threshold at which the hospital's
-test split reaches the floor's sensitivity (`app.dashboard.evaluation.threshold_for_sensitivity`). `save` writes it
-into the hospital's ``model.json`` (`models.bundle.set_threshold`) with where it came from and the card's metrics
-recomputed at it (`federation.engine.export.card_metrics`), so ``predict``, the Slide page, the HTML report and
-their slide calls all use the same threshold and say which.
+validation split reaches the floor's sensitivity (`app.dashboard.evaluation.threshold_for_sensitivity`), so that
+the test split only judges it; a hospital without a validation split chooses on test, labelled optimistic. `save`
+writes it into the hospital's ``model.json`` (`models.bundle.set_threshold`) with where it came from and the card's
+metrics recomputed at it (`federation.engine.export.card_metrics`), so ``predict``, the Slide page, the HTML report
+and their slide calls all use the same threshold and say which.
 
 Importing this module imports no torch (the dashboard's pages use `card_threshold` and `floor_source`); `save` does,
 when a threshold is saved. A threshold chosen on the test split is judged on the same split: its sensitivity there
-is optimistic. The card says so in ``threshold_source``; confirm it on slides the model has not seen. A later round
-of the same run writes a new card at the default 0.5 (a new model needs its threshold chosen again).
+is optimistic. The card says which split chose it (``threshold_split``) and, in words, ``threshold_source``. A
+later round of the same run writes a new card at the default 0.5 (a new model needs its threshold chosen again).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from app.dashboard.errors import DashboardError
 from app.dashboard.evaluation import threshold_for_sensitivity
 from app.dashboard.runs import read_prediction_file
 from app.slide_view import CARD_FILE
-from federation.runfiles import PREDICTIONS_FILE, hospital_dir
+from federation.runfiles import PREDICTIONS_FILE, VAL_PREDICTIONS_FILE, hospital_dir
 
 if TYPE_CHECKING:
     from models.bundle import ModelCard
@@ -44,32 +45,45 @@ def card_threshold(value: float) -> float:
     return min(max(value, 1e-6), 1.0 - 1e-6)
 
 
-def floor_source(sensitivity: float, where: str, how: str) -> str:
+def floor_source(sensitivity: float, where: str, how: str, split: str = "test") -> str:
     """The ``threshold_source`` of a threshold chosen to reach ``sensitivity`` on ``where`` (``how``: which floor,
-    or how many tiles it finds), saying that a threshold chosen on the split it is judged on is optimistic there."""
+    or how many tiles it finds). Chosen on the validation split (``split``), it is judged on test; chosen on the
+    test split, the source says that it is optimistic there."""
+    if split == "validation":
+        return f"reaches sensitivity {sensitivity:.2f} on {where} ({how}; chosen on validation, judged on test)"
     return (
         f"reaches sensitivity {sensitivity:.2f} on {where} ({how}; chosen on the split it is judged on, so optimistic)"
     )
 
 
-def from_floor(folder: Path, sensitivity: float) -> tuple[float, str]:
-    """The highest threshold reaching ``sensitivity`` on the hospital's test split (``predictions.csv``) and its
-    source in words; `DashboardError` when the split has no abnormal tile or the result is 0 or 1 (a card threshold
-    lies strictly between them)."""
+def from_floor(folder: Path, sensitivity: float) -> tuple[float, str, str]:
+    """The highest threshold reaching ``sensitivity`` on the hospital's validation split (``val_predictions.csv``),
+    or on its test split (``predictions.csv``) when it has none or none with an abnormal tile, its source in words
+    and the split that chose it (``"validation"`` or ``"test"``); `DashboardError` when neither has one."""
     if not 0.0 < sensitivity <= 1.0:
         raise DashboardError(f"--sensitivity {sensitivity} is not in (0, 1]: give the floor, for example 0.9")
-    frame = read_prediction_file(folder / PREDICTIONS_FILE)
-    found = threshold_for_sensitivity(frame["label"].to_numpy(), frame["prob_abnormal"].to_numpy(), sensitivity)
+    val_path = folder / VAL_PREDICTIONS_FILE
+    found = None
+    if val_path.is_file():
+        split, path = "validation", val_path
+        frame = read_prediction_file(path)
+        found = threshold_for_sensitivity(frame["label"].to_numpy(), frame["prob_abnormal"].to_numpy(), sensitivity)
+    if found is None:  # no validation split, or one without an abnormal tile: chosen on test, said optimistic
+        split, path = "test", folder / PREDICTIONS_FILE
+        frame = read_prediction_file(path)
+        found = threshold_for_sensitivity(frame["label"].to_numpy(), frame["prob_abnormal"].to_numpy(), sensitivity)
     if found is None:
-        raise DashboardError(f"{folder / PREDICTIONS_FILE} holds no abnormal tile: no threshold reaches a sensitivity")
+        raise DashboardError(f"{path} holds no abnormal tile: no threshold reaches a sensitivity")
     rounds = frame["round"].max() if "round" in frame.columns else None
-    where = f"round {int(rounds)}'s test split" if rounds is not None else "the test split"
+    name = "validation split" if split == "validation" else "test split"
+    where = f"round {int(rounds)}'s {name}" if rounds is not None else f"the {name}"
     how = f"{found.point.tp} of {found.point.abnormal} abnormal tiles"
-    return card_threshold(found.threshold), floor_source(sensitivity, where, how)
+    return card_threshold(found.threshold), floor_source(sensitivity, where, how, split), split
 
 
-def save(folder: Path, threshold: float, source: str) -> ModelCard:
-    """Save ``threshold`` into the bundle at ``folder`` with ``source``, the card's metrics recomputed at it."""
+def save(folder: Path, threshold: float, source: str, split: str = "") -> ModelCard:
+    """Save ``threshold`` into the bundle at ``folder`` with ``source`` and the ``split`` that chose it
+    (``"validation"``, ``"test"``, or ``""`` for one set by hand), the card's metrics recomputed at it on test."""
     from federation.engine.export import card_metrics
     from models.bundle import set_threshold
 
@@ -77,4 +91,4 @@ def save(folder: Path, threshold: float, source: str) -> ModelCard:
         raise DashboardError(f"threshold {threshold} is not strictly between 0 and 1")
     predictions = folder / PREDICTIONS_FILE
     metrics = card_metrics(predictions, threshold) if predictions.is_file() else None
-    return set_threshold(folder, threshold, source, metrics)
+    return set_threshold(folder, threshold, source, metrics, split)

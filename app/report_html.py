@@ -48,6 +48,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from app import slide_view
+from app.held_out import SlideCallsError, as_slides, read_slide_calls
 from federation import runfiles
 from federation.jsonl import scan_jsonl
 from federation.runfiles import (
@@ -55,7 +56,9 @@ from federation.runfiles import (
     METRICS_FILE,
     PREDICTIONS_FILE,
     REPORT_HTML,
+    SLIDES_FILE,
     SUMMARY_FILE,
+    VAL_PREDICTIONS_FILE,
     hospital_dir,
     hospital_files,
     hospital_index,
@@ -72,7 +75,7 @@ from infra.outputs import (
     write_marker,
 )
 from infra.provenance import intended_use
-from models.decision import interval_text, slide_of_tile, slide_stem
+from models.decision import Slides, interval_text, slide_of_tile, slide_stem
 
 COMMAND = "report"
 HOSPITAL_REPORT = REPORT_HTML  # in the hospital's own folder, beside its predictions.csv
@@ -179,6 +182,10 @@ class HospitalReport:
     threshold: float
     engine: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    # the hospital's validation predictions, where its thresholds are chosen (None: it has no validation split)
+    val_predictions: Predictions | None = None
+    # its held-out test slides as predict scored them (slides.csv, app.held_out; None: not scored on this machine)
+    held_out: Slides | None = None
 
 
 def load_hospital(run: Path, hospital: int | str) -> HospitalReport:
@@ -224,8 +231,32 @@ def load_hospital(run: Path, hospital: int | str) -> HospitalReport:
     notes += [f"{bad}; the record is left out." for bad in scan.damaged]
     mine = [r for r in scan.records if r.get("client") == client and isinstance(r.get("round"), int)]
     engine = max(mine, key=lambda r: int(r["round"])) if mine else {}
+    val_predictions = None
+    if (folder / VAL_PREDICTIONS_FILE).is_file():
+        try:
+            val_predictions = read_predictions(folder / VAL_PREDICTIONS_FILE)
+        except runfiles.PredictionsError as exc:
+            notes.append(f"{exc}; thresholds are chosen on the test split instead (optimistic).")
+    held_out = None
+    if (folder / SLIDES_FILE).is_file():
+        try:
+            held_out = as_slides(read_slide_calls(folder / SLIDES_FILE))
+        except SlideCallsError as exc:
+            notes.append(f"{exc}; the slide figures are grouped from the test tiles instead.")
     return HospitalReport(
-        run, client, folder, config_text, config, summary, card, predictions, threshold, engine, notes
+        run,
+        client,
+        folder,
+        config_text,
+        config,
+        summary,
+        card,
+        predictions,
+        threshold,
+        engine,
+        notes,
+        val_predictions,
+        held_out,
     )
 
 
@@ -344,8 +375,12 @@ def _metrics(rep: HospitalReport) -> dict[str, Any]:
 
     labels, probs = rep.predictions.labels, rep.predictions.probs
     frame = pd.DataFrame({"label": labels, "prob_abnormal": probs, "path": rep.predictions.paths})
+    val = rep.val_predictions
+    val_frame = None if val is None else pd.DataFrame({"label": val.labels, "prob_abnormal": val.probs})
     floor = evaluation.Floor(sensitivity=TARGET_SENSITIVITY)
-    score = evaluation.score_hospital(rep.client, frame, rep.threshold, floor.sensitivity, floor.min_slides)
+    score = evaluation.score_hospital(
+        rep.client, frame, rep.threshold, floor.sensitivity, floor.min_slides, val_frame, rep.held_out
+    )
     matrix = evaluation.confusion(labels, probs, rep.threshold)
     point, target = score.point, score.target  # the scorecard's own operating point and target threshold
     curve = evaluation.roc(labels, probs)  # the curve itself, for its figure (the score keeps only its AUC)

@@ -426,14 +426,21 @@ class Client:
 
     # -- evaluation --------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def evaluate(self) -> EvalResult:
-        """Base + own head on the client's own test split: mean cross-entropy, accuracy (argmax), AUC from the
-        softmax (`auc_of`: class 1's probability for two classes, macro one-vs-rest for more)."""
+    def evaluate(self, split: str = "test") -> EvalResult:
+        """Base + own head on the client's own test split (or ``split="val"``, its validation split): mean
+        cross-entropy, accuracy (argmax), AUC from the softmax (`auc_of`: class 1's probability for two classes,
+        macro one-vs-rest for more)."""
         self.model.eval()
         total_loss, correct = 0.0, 0
         probs: list[np.ndarray] = []
-        images, labels = self.data.test_x, self.data.test_y
-        for start in range(0, self.data.num_test, self.eval_batch_size):
+        if split == "val":
+            if self.data.val_x is None or self.data.val_y is None:
+                raise ValueError(f"hospital {self.data.client} has no validation split")
+            images, labels = self.data.val_x, self.data.val_y
+        else:
+            images, labels = self.data.test_x, self.data.test_y
+        n = int(labels.shape[0])
+        for start in range(0, n, self.eval_batch_size):
             x = to_tensor(images[start : start + self.eval_batch_size], self.device)
             y = torch.from_numpy(labels[start : start + self.eval_batch_size]).to(self.device)
             logits = self.model(x)
@@ -441,6 +448,5 @@ class Client:
             correct += int((logits.argmax(dim=1) == y).sum())
             probs.append(torch.softmax(logits.double(), dim=1).cpu().numpy())
         prob = np.concatenate(probs)
-        n = self.data.num_test
         # Diverged weights give NaN probabilities: their AUC is undefined, not a crash inside scikit-learn.
         return EvalResult(loss=total_loss / n, acc=correct / n, auc=auc_of(labels, prob), probs=prob)

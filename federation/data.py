@@ -25,7 +25,7 @@ import json
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ LABELS: tuple[str, ...] = BINARY_CLASSES  # the binary task: class index 0 and 1
 # A class name is a plain label (prepare's class-folder rule): it is the one piece of text about its data that a
 # hospital tells the server (``HelloReply.classes``), so it can hold nothing but a short name.
 CLASS_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-SPLITS: tuple[str, ...] = ("train", "test")
+SPLITS: tuple[str, ...] = ("train", "val", "test")
 REQUIRED_COLUMNS: tuple[str, ...] = ("client", "split", "label", "path", "channels")
 MIN_TRAIN_TILES = 2  # BatchNorm needs two samples in a training batch
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"  # prepare writes PNG tiles; the content decides, not the name
@@ -76,6 +76,15 @@ class ClientData:
     # the slide each training tile comes from (prepare's tile names, models.decision.slides_of_tiles): the unit
     # differential privacy protects; None when the names do not say (a dataset not made by prepare)
     train_units: tuple[str, ...] | None = None
+    # the validation split (prepare's ``val``; slide-disjoint from train and test): where a threshold is chosen.
+    # Empty for a hospital with too few slides or a dataset prepared without one.
+    val_x: np.ndarray | None = None
+    val_y: np.ndarray | None = None
+    val_paths: list[str] = field(default_factory=list)
+
+    @property
+    def num_val(self) -> int:
+        return 0 if self.val_y is None else int(self.val_y.shape[0])
 
     @property
     def num_train(self) -> int:
@@ -278,6 +287,7 @@ def load_clients(
         mine = [r for r in rows if r.client == c]
         train = [r for r in mine if r.split == "train"]
         test = [r for r in mine if r.split == "test"]
+        val = [r for r in mine if r.split == "val"]
         out[c] = ClientData(
             client=c,
             train_x=np.stack([_read_tile(folder / r.path, input_size, in_chans) for r in train]),
@@ -288,6 +298,9 @@ def load_clients(
             grayscale=all(r.channels == 1 for r in mine),
             classes=classes,
             train_units=_units([r.path for r in train]),
+            val_x=np.stack([_read_tile(folder / r.path, input_size, in_chans) for r in val]) if val else None,
+            val_y=np.array([r.label for r in val], dtype=np.int64) if val else None,
+            val_paths=[r.path for r in val],
         )
     return out
 

@@ -410,7 +410,7 @@ def operating_points(runs: Sequence[RunResult]) -> list[dict[str, Any]]:
                     "client": int(card.get("client", hospital_index(path.parent.name))),
                     "threshold": card.get("threshold"),
                     "threshold from": card.get("threshold_source") or "the default 0.5",
-                    "test slides": metrics.get("slides"),
+                    "test slides": slide.get("slides", metrics.get("slides")),
                     "sensitivity (95% CI)": _with_interval(metrics.get("sensitivity"), metrics.get("sensitivity_ci")),
                     "specificity (95% CI)": _with_interval(metrics.get("specificity"), metrics.get("specificity_ci")),
                     "AUC 95% CI (slides)": auc_text,

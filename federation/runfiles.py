@@ -51,6 +51,10 @@ HOSPITAL_PREFIX = "client_"
 HOSPITAL_GLOB = "client_[0-9][0-9]"
 HOSPITAL_FILE = "hospital.json"  # the hospital's own record of the run (federation.engine.hospital)
 PREDICTIONS_FILE = "predictions.csv"  # its test tiles' probabilities, rewritten after each round
+# its validation tiles' probabilities (same columns), rewritten after each round: where thresholds are chosen
+VAL_PREDICTIONS_FILE = "val_predictions.csv"
+# its held-out test slides scored as `gastric-fl predict` scores them, after the last round (app.held_out)
+SLIDES_FILE = "slides.csv"
 OUTBOUND_FILE = "outbound.jsonl"  # what left the hospital (federation.engine.outbound)
 ACCOUNTANT_FILE = "privacy.json"  # its differential-privacy ledger (federation.privacy)
 MODEL_WEIGHTS_FILE = WEIGHTS_FILE  # the exported model (models.bundle)

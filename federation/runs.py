@@ -54,7 +54,9 @@ from federation.runfiles import (  # the run files' names
     REPORT_FILES,
     REPORT_HTML,
     SLIDES_DIR,
+    SLIDES_FILE,
     SUMMARY_FILE,
+    VAL_PREDICTIONS_FILE,
 )
 from infra.outputs import OutputError, atomic_target, check_replaceable, owned_by, write_atomic, write_marker
 from infra.pids import same_process
@@ -75,6 +77,8 @@ _HOSPITAL = f"{HOSPITALS_DIR}/{HOSPITAL_GLOB}"
 _HOSPITAL_FILES = (
     HOSPITAL_FILE,
     PREDICTIONS_FILE,
+    VAL_PREDICTIONS_FILE,
+    SLIDES_FILE,
     MODEL_WEIGHTS_FILE,
     MODEL_CARD_FILE,
     REPORT_HTML,

@@ -239,7 +239,10 @@ def summarise(
     if tiles.truth is not None:
         pos, neg = tiles.truth == 1, tiles.truth == 0
         out["ground_truth"] = {
-            "rule": "abnormal: prepare would keep it as an abnormal tile; normal: no annotated pixel; else unlabelled",
+            "rule": (
+                f"abnormal: at least {card.tiling.abnormal_coverage if card.tiling else 0.5:g} of its tissue inside "
+                "the annotation; normal: none of it; else unlabelled (prepare's rule)"
+            ),
             "abnormal_tiles": int(pos.sum()),
             "normal_tiles": int(neg.sum()),
             "unlabelled_tiles": int((tiles.truth == -1).sum()),

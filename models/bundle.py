@@ -121,6 +121,9 @@ class ModelCard:
     tiling: TileGrid | None
     threshold: float = DEFAULT_THRESHOLD
     threshold_source: str = THRESHOLD_DEFAULT_SOURCE  # where the threshold came from (`set_threshold`)
+    # which split chose it: "validation" (judged on test), "test" (chosen where judged: optimistic), "" (by hand or
+    # the default)
+    threshold_split: str = ""
     positive_class: str | None = "abnormal"
     run_id: str = ""
     round: int = 0
@@ -149,6 +152,8 @@ class ModelCard:
             raise ModelError(f"positive_class {self.positive_class!r} is not one of {list(self.class_names)}")
         if not (math.isfinite(self.threshold) and 0.0 < self.threshold < 1.0):
             raise ModelError(f"threshold must be strictly between 0 and 1, got {self.threshold}")
+        if self.threshold_split not in ("", "validation", "test"):
+            raise ModelError(f"threshold_split must be validation, test or empty, got {self.threshold_split!r}")
         if self.nhead < 0:
             raise ModelError(f"nhead must be >= 0, got {self.nhead}")
 
@@ -183,6 +188,7 @@ class ModelCard:
             "tiling": None if self.tiling is None else asdict(self.tiling),
             "threshold": self.threshold,
             "threshold_source": self.threshold_source,
+            **({"threshold_split": self.threshold_split} if self.threshold_split else {}),
             **({"norm": self.norm} if self.norm != "batch" else {}),
             **({"privacy": self.privacy} if self.privacy else {}),
             **({"decision": self.decision} if self.positive_class is None else {}),
@@ -223,6 +229,7 @@ class ModelCard:
                 tiling=None if tiling is None else TileGrid(**tiling),
                 threshold=float(data["threshold"]),
                 threshold_source=str(data.get("threshold_source") or THRESHOLD_DEFAULT_SOURCE),
+                threshold_split=str(data.get("threshold_split") or ""),
                 positive_class=None if positive is None else str(positive),
                 run_id=str(data.get("run_id", "")),
                 round=int(data.get("round", 0)),
@@ -267,7 +274,9 @@ def write_bundle(folder: Path, card: ModelCard, state: dict[str, torch.Tensor] |
     return path
 
 
-def set_threshold(path: Path, threshold: float, source: str, metrics: dict[str, Any] | None = None) -> ModelCard:
+def set_threshold(
+    path: Path, threshold: float, source: str, metrics: dict[str, Any] | None = None, split: str = ""
+) -> ModelCard:
     """Save ``threshold`` as the bundle's operating threshold: ``model.json`` is rewritten atomically with it, with
     ``threshold_source`` (where it came from, in words: "set by hand", "reaches sensitivity 0.90 on the test
     split") and, when given, the card's ``metrics`` at the new threshold; the weights are not touched. Every place
@@ -285,6 +294,7 @@ def set_threshold(path: Path, threshold: float, source: str, metrics: dict[str, 
             card,
             threshold=float(threshold),
             threshold_source=source.strip(),
+            threshold_split=split,
             metrics=card.metrics if metrics is None else dict(metrics),
         )
     except ModelError as exc:

@@ -67,13 +67,15 @@ class SourceConfig:
 
 @dataclass(frozen=True)
 class SplitConfig:
-    """How slides are shared out over hospitals and split into train/test (always per slide)."""
+    """How slides are shared out over hospitals and split into train/val/test (always per slide)."""
 
     clients: int = 5
     sizes: str = "random"
     partition: Partition = field(default_factory=Partition)
     test_fraction: float = 0.2
     seed: int = 0
+    # Share of each hospital's slides in its validation split (thresholds are chosen there; test is only judged).
+    val_fraction: float = 0.2
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,7 @@ class PrepareConfig:
                 "sizes": self.split.sizes,
                 "partition": self.split.partition.spec(),
                 "test_fraction": self.split.test_fraction,
+                "val_fraction": self.split.val_fraction,
                 "seed": self.split.seed,
             },
             "tiles": {
@@ -386,6 +389,11 @@ def validate_config(config: PrepareConfig) -> None:
     size_ratios(split.sizes, split.clients)
     if not 0.0 < split.test_fraction < 1.0:
         raise PipelineError(f"--test-fraction {split.test_fraction} must be between 0 and 1 (exclusive), e.g. 0.2")
+    if not 0.0 <= split.val_fraction < 1.0 or split.test_fraction + split.val_fraction >= 1.0:
+        raise PipelineError(
+            f"--val-fraction {split.val_fraction} must be in [0, 1) and leave slides for training beside "
+            f"--test-fraction {split.test_fraction} (their sum below 1), e.g. 0.2; 0 makes no validation split"
+        )
     if split.seed < 0:
         raise PipelineError(f"--seed {split.seed} must be a non-negative integer")
     if tiles.tile < 8:

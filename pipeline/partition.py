@@ -1,4 +1,4 @@
-"""Share slides out over hospitals and split each hospital's slides into train/test (FedSAF paper 001, Sec. 4.2).
+"""Share slides out over hospitals; split each hospital's slides into train/val/test (FedSAF paper 001, Sec. 4.2).
 
 The paper divides the images "randomly among different clients with varying sizes" and evaluates IID and
 non-IID settings, the latter written "(n, S)": n clients holding S classes each. Here:
@@ -12,11 +12,14 @@ non-IID settings, the latter written "(n, S)": n clients holding S classes each.
   Dirichlet(ALPHA) over the K classes; small ALPHA = strong skew; client sizes still exact), or ``classes:S``
   (client c holds classes c, c+1, ..., c+S-1 modulo K; each class's slides are shared among its holders in
   proportion to their size ratios, so sizes follow the ratio within each class group).
-- **Train/test**: per slide, inside each client, stratified by label: ``round(test_fraction * n)`` slides
-  (at least one, and at least one left for training) go to test, shared over labels in proportion; a label
-  with at least two slides in the client always gets one test and one train slide (so small clients still
-  have both classes in test, where AUC is defined), which can raise a small client's test share.
-  No slide has tiles in both splits.
+- **Train/validation/test**: per slide, inside each client, stratified by label: ``round(test_fraction * n)``
+  slides (at least one, and at least one left for training) go to test, shared over labels in proportion; a
+  label with at least two slides in the client always gets one test and one train slide (so small clients still
+  have both classes in test, where AUC is defined), which can raise a small client's test share. Then, from
+  the slides left, ``round(val_fraction * n)`` go to validation by the same rule (at least one when two or more
+  are left, one always staying in train; none when only one is left). The validation split is where thresholds
+  and other choices are made; the test split is only judged (docs/pipeline.md). Test is drawn first, so
+  adding a validation split leaves every test split as it was. No slide has tiles in two splits.
 
 Everything is drawn from one ``numpy.random.default_rng(seed)`` in a fixed order: same slides + seed,
 same assignment.
@@ -202,6 +205,36 @@ def split_train_test(
     test_fraction: float,
     rng: np.random.Generator,
     classes: Sequence[str] = LABELS,
+    val_fraction: float = 0.0,
+) -> list[str]:
+    """``train``/``val``/``test`` for each slide: per client, stratified by label, at least one slide in train and
+    test; with ``val_fraction`` > 0 a validation split drawn from the slides left after the test split (so the test
+    split is the one ``val_fraction = 0`` gives), whenever at least two slides are left (one stays in train)."""
+    split = _split_test(labels, owners, clients, test_fraction, rng, classes)
+    if val_fraction <= 0.0:
+        return split
+    for client in range(clients):
+        members = [i for i, c in enumerate(owners) if c == client]
+        rest = [i for i in members if split[i] == "train"]
+        if len(rest) < 2:
+            continue
+        n_val = min(len(rest) - 1, max(1, math.floor(val_fraction * len(members) + 0.5)))
+        groups = [[i for i in rest if labels[i] == label] for label in classes]
+        groups = [g for g in groups if g]
+        quota = _test_quota([len(g) for g in groups], n_val)
+        for group, count in zip(groups, quota, strict=True):
+            for k in rng.permutation(len(group))[:count]:
+                split[group[int(k)]] = "val"
+    return split
+
+
+def _split_test(
+    labels: Sequence[str],
+    owners: Sequence[int],
+    clients: int,
+    test_fraction: float,
+    rng: np.random.Generator,
+    classes: Sequence[str],
 ) -> list[str]:
     """``train``/``test`` for each slide: per client, stratified by label, at least one slide in each split."""
     split = ["train"] * len(labels)

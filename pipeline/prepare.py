@@ -8,7 +8,7 @@ call:
    with ``strict``). Pixels are decoded only once, in step 3 (decoding dominates on large TIFFs). A copy of
    another slide with the same bytes is left out here;
 2. share the usable slides out over hospitals of varying sizes and split each hospital's slides into
-   train/test (`pipeline.partition`);
+   train/validation/test (`pipeline.partition`);
 3. per slide: tiles cut from the raw pixels with the white-area filter (Step b) and labelled by the mask's
    coverage of their tissue, grayscale and per-hospital resolution (`pipeline.tiling`), written as PNGs; the
    paper's abnormal-region extraction (Step a.1) only with ``--mask-outside`` and only for training tiles. A
@@ -64,6 +64,7 @@ from pipeline.images import encode_png
 from pipeline.partition import assign_clients, split_train_test
 from pipeline.probe import probe, probe_markdown, tile_statistics
 from pipeline.report import (
+    REQUIRED_SPLITS,
     SPLITS,
     Counts,
     Skipped,
@@ -343,7 +344,7 @@ def _samples(rows: Iterable[list[str]], clients: int, classes: tuple[str, ...]) 
 def _check_splits(counts: Counts, plans: list[ClientPlan], slides: dict[tuple[int, str], int]) -> None:
     problems = []
     for plan in plans:
-        for split in SPLITS:
+        for split in REQUIRED_SPLITS:
             if sum(counts[plan.client][split].values()) == 0:
                 problems.append(
                     f"client {plan.client} has no {split} tiles ({slides.get((plan.client, split), 0)} {split} "
@@ -453,11 +454,13 @@ def _pixel_copies(jobs: list[_Job], outcomes: list[_Outcome]) -> list[Skipped]:
 def _assign(
     config: PrepareConfig, usable: list[SlideInfo], plans: list[ClientPlan], classes: tuple[str, ...]
 ) -> tuple[list[_Job], list[float]]:
-    """Share ``usable`` out over the hospitals and split each hospital's slides into train/test (from the seed)."""
+    """Share ``usable`` out over the hospitals and split each hospital's slides into train/val/test (from the seed)."""
     rng = np.random.default_rng(config.split.seed)
     labels = [str(i.label) for i in usable]
     owners, ratios = assign_clients(labels, config.split, rng, classes)
-    splits = split_train_test(labels, owners, config.split.clients, config.split.test_fraction, rng, classes)
+    splits = split_train_test(
+        labels, owners, config.split.clients, config.split.test_fraction, rng, classes, config.split.val_fraction
+    )
     return [_Job(i, c, s, plans[c]) for i, c, s in zip(usable, owners, splits, strict=True)], ratios
 
 
@@ -579,6 +582,7 @@ def _prepare_claimed(config: PrepareConfig, started: float) -> PrepareResult:
             "sizes": config.split.sizes + " (ratios " + ", ".join(f"{r:.2f}" for r in ratios) + ")",
             "partition": config.split.partition.spec(),
             "test fraction": f"{config.split.test_fraction:g}",
+            "validation fraction": f"{config.split.val_fraction:g}",
             "seed": str(config.split.seed),
             "classes": ", ".join(classes),
             "simulated sites": (

@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from sklearn.metrics import roc_auc_score
 
 STATISTICS: tuple[str, ...] = ("pure_white", "near_white", "mean_intensity", "mean_red", "mean_green", "mean_blue")
 DESCRIPTIONS: dict[str, str] = {
@@ -57,6 +56,10 @@ def separation_auc(
 ) -> float | None:
     """``max(AUC, 1 - AUC)`` of ``values`` as a score for the labels (mean one-vs-rest over >2 classes); ``None``
     when fewer than two classes are present."""
+    # imported here: pipeline.prepare (and with it this module) is imported by the dashboard, which keeps scikit-learn
+    # out of its pages' start-up
+    from sklearn.metrics import roc_auc_score
+
     y = np.asarray(labels)
     present = np.unique(y)
     if len(present) < 2:

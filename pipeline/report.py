@@ -18,7 +18,9 @@ import numpy.typing as npt
 from pipeline.config import LABELS
 from pipeline.tiling import ClientPlan
 
-SPLITS: tuple[str, str] = ("train", "test")
+SPLITS: tuple[str, ...] = ("train", "val", "test")
+# every hospital needs tiles of these; validation may be empty (a hospital with too few slides, --val-fraction 0)
+REQUIRED_SPLITS: tuple[str, ...] = ("train", "test")
 Counts = dict[int, dict[str, dict[str, int]]]
 
 _THUMB = 96

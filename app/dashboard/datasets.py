@@ -19,8 +19,9 @@ from app.dashboard.errors import DashboardError
 from infra.provenance import PREPARE_RECORD
 from pipeline.config import LABELS
 from pipeline.prepare import MANIFEST_COLUMNS
+from pipeline.report import SPLITS as PREPARED_SPLITS
 
-SPLITS = ("train", "test")
+SPLITS = PREPARED_SPLITS  # train, val, test (pipeline.report)
 
 
 def hospital_label(client: int) -> str:
@@ -141,3 +142,41 @@ def sample_tiles(manifest: pd.DataFrame, client: int, per_label: int = 4, seed: 
     if not parts:
         return group.head(0)
     return pd.concat(parts, ignore_index=True)
+
+
+@dataclass(frozen=True)
+class ShortcutProbe:
+    """What the Data page and the HTML report show of ``prepare.json``'s shortcut probe (`pipeline.probe`)."""
+
+    table: pd.DataFrame  # one row per statistic, one AUC column per split
+    warning: str | None  # prepare's one-line warning when a statistic separates the classes above the limit
+    limit: float
+    departure: str | None  # set when the training tiles were whitened outside the mask (--mask-outside)
+
+
+def shortcut_probe(record: dict[str, Any]) -> ShortcutProbe | None:
+    """The shortcut probe of a prepare record, or ``None`` for a dataset prepared before prepare measured it."""
+    probe = record.get("shortcut_probe")
+    if not isinstance(probe, dict) or not isinstance(probe.get("splits"), dict):
+        return None
+    splits: dict[str, Any] = probe["splits"]
+    statistics = probe.get("statistics")
+    described: dict[str, Any] = statistics if isinstance(statistics, dict) else {}
+    names = [name for name in described] or sorted({k for row in splits.values() for k in row if k != "tiles"})
+    rows = []
+    for name in names:
+        row: dict[str, Any] = {"statistic": str(described.get(name, name))}
+        for split, values in splits.items():
+            value = values.get(name) if isinstance(values, dict) else None
+            tiles = values.get("tiles") if isinstance(values, dict) else None
+            row[f"{split} AUC ({tiles} tiles)"] = None if value is None else float(value)
+        rows.append(row)
+    labels = record.get("labels")
+    departure = labels.get("departure") if isinstance(labels, dict) else None
+    warning = probe.get("warning")
+    return ShortcutProbe(
+        table=pd.DataFrame(rows),
+        warning=str(warning) if warning else None,
+        limit=float(probe.get("warn_above", 0.7)),
+        departure=str(departure) if departure else None,
+    )

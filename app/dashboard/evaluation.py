@@ -16,6 +16,7 @@ scikit-learn is imported on first use (it takes about a second), so a page shows
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -196,10 +197,16 @@ def operating_point(labels: npt.ArrayLike, probs: npt.ArrayLike, threshold: floa
 
 @dataclass(frozen=True)
 class TargetThreshold:
-    """The highest threshold whose sensitivity reaches a target, and what the model does there."""
+    """The highest threshold whose sensitivity reaches a target, and what the model does there.
+
+    ``split``: where the threshold was chosen. ``"validation"``: on the hospital's validation split, and ``point``
+    is what it gives on the test split (an honest estimate); ``"test"``: chosen and judged on the test split, so
+    ``point`` is optimistic (a hospital without a validation split).
+    """
 
     target: float
     point: OperatingPoint
+    split: str = "test"
 
     @property
     def threshold(self) -> float:
@@ -225,6 +232,34 @@ def threshold_for_sensitivity(labels: npt.ArrayLike, probs: npt.ArrayLike, targe
     # The small tolerance keeps 0.28 x 25 = 7.000000000000001 from asking for an 8th tile.
     needed = max(1, math.ceil(target * abnormal.size - 1e-9))
     return TargetThreshold(float(target), operating_point(labels, probs, float(abnormal[needed - 1])))
+
+
+def validated_threshold(
+    val_labels: npt.ArrayLike, val_probs: npt.ArrayLike, labels: npt.ArrayLike, probs: npt.ArrayLike, target: float
+) -> TargetThreshold | None:
+    """`threshold_for_sensitivity` chosen on the validation split (``val_*``) and judged on the test split: the
+    point is the test split's at the threshold validation gave. ``None`` when validation has no abnormal tile."""
+    chosen = threshold_for_sensitivity(val_labels, val_probs, target)
+    if chosen is None:
+        return None
+    point = operating_point(np.asarray(labels, dtype=int), np.asarray(probs, dtype=float), chosen.threshold)
+    return TargetThreshold(chosen.target, point, "validation")
+
+
+def chosen_target(
+    labels: npt.ArrayLike, probs: npt.ArrayLike, target: float, val_rows: pd.DataFrame | None = None
+) -> TargetThreshold | None:
+    """The threshold reaching ``target``: chosen on ``val_rows`` (the hospital's validation predictions) when they
+    hold an abnormal tile, judged on the test split; else chosen on the test split itself (optimistic)."""
+    if val_rows is not None and len(val_rows) and (val_rows["label"].to_numpy(dtype=int) == 1).any():
+        return validated_threshold(
+            val_rows["label"].to_numpy(dtype=int),
+            val_rows["prob_abnormal"].to_numpy(dtype=float),
+            labels,
+            probs,
+            target,
+        )
+    return threshold_for_sensitivity(labels, probs, target)
 
 
 def auc_warning(
@@ -258,12 +293,20 @@ def target_warning(point: OperatingPoint, target: TargetThreshold | None) -> str
     interval, and the threshold that reaches the target with the specificity there; else ``None``."""
     if target is None or not point.abnormal or point.sensitivity >= target.target:
         return None
-    reach = (
-        f"it reaches {target.target:.2f} at threshold {target.threshold:.2f}, with specificity "
-        f"{target.point.specificity:.2f}"
-        if math.isfinite(target.point.specificity)
-        else f"it reaches {target.target:.2f} at threshold {target.threshold:.2f}"
-    )
+    if target.split == "validation":
+        test = target.point
+        reach = (
+            f"the threshold that reaches {target.target:.2f} on the validation split, {target.threshold:.2f}, "
+            f"gives sensitivity {test.sensitivity:.2f}"
+            + (f" and specificity {test.specificity:.2f}" if math.isfinite(test.specificity) else "")
+            + " on the test split"
+        )
+    else:
+        reach = (
+            f"it reaches {target.target:.2f} at threshold {target.threshold:.2f}"
+            + (f", with specificity {target.point.specificity:.2f}" if math.isfinite(target.point.specificity) else "")
+            + " (chosen on the test split itself, so optimistic: this hospital has no validation split)"
+        )
     return (
         f"below the target sensitivity {target.target:.2f}: at threshold {point.threshold:.2f} it misses {point.fn} "
         f"of {point.abnormal} abnormal tiles (sensitivity {point.sensitivity:.2f}, 95% CI "
@@ -339,20 +382,33 @@ def slide_results(
 
 
 def score_hospital(
-    client: int, rows: pd.DataFrame, threshold: float, target_sensitivity: float, min_slides: int = MIN_TEST_SLIDES
+    client: int,
+    rows: pd.DataFrame,
+    threshold: float,
+    target_sensitivity: float,
+    min_slides: int = MIN_TEST_SLIDES,
+    val_rows: pd.DataFrame | None = None,
+    held_out: Slides | None = None,
 ) -> HospitalScore:
-    """One hospital's `HospitalScore` from its predictions (columns label 0/1, prob_abnormal, and path for the
-    slide-level figures)."""
+    """One hospital's `HospitalScore` from its test predictions (columns label 0/1, prob_abnormal, and path for the
+    slide-level figures); the threshold reaching ``target_sensitivity`` is chosen on ``val_rows`` (its validation
+    predictions) when given (`chosen_target`). ``held_out``: the hospital's test slides as ``predict`` scored them
+    (``slides.csv``, `app.held_out`): when given, the slide figures are theirs, so every page names the same slide
+    calls as ``predict``; else they are grouped from the test tiles."""
     labels = rows["label"].to_numpy(dtype=int)
     probs = rows["prob_abnormal"].to_numpy(dtype=float)
     auc = roc(labels, probs).auc
     point = operating_point(labels, probs, threshold)
-    target = threshold_for_sensitivity(labels, probs, target_sensitivity)
+    target = chosen_target(labels, probs, target_sensitivity, val_rows)
     keys = slides_of_tiles(rows["path"].to_numpy()) if "path" in rows.columns else None
     slide_set = slide_point = slide_auc = interval = None
     if keys is not None:
         slide_set, slide_point, slide_auc = slide_results(keys, labels, probs, threshold)
         interval = slide_bootstrap_auc(keys, labels, probs)
+    if held_out is not None:
+        slide_set = held_out
+        slide_point = operating_point(held_out.labels, held_out.scores, threshold)
+        slide_auc = roc(held_out.labels, held_out.scores).auc
     slides = None if slide_set is None else len(slide_set.keys)
     found = (slides_warning(slides, min_slides), auc_warning(auc, point), target_warning(point, target))
     warnings = [w for w in found if w]
@@ -362,7 +418,12 @@ def score_hospital(
 
 
 def score_hospitals(
-    predictions: pd.DataFrame, threshold: float, target_sensitivity: float, min_slides: int = MIN_TEST_SLIDES
+    predictions: pd.DataFrame,
+    threshold: float,
+    target_sensitivity: float,
+    min_slides: int = MIN_TEST_SLIDES,
+    val_predictions: pd.DataFrame | None = None,
+    held_out: Mapping[int, Slides] | None = None,
 ) -> list[HospitalScore]:
     """Every hospital of ``predictions`` (columns client, label 0/1, prob_abnormal, path) at ``threshold``, by
     client (`score_hospital`).
@@ -371,7 +432,15 @@ def score_hospitals(
     ``target_sensitivity`` (with the specificity there), the warning of `auc_warning`, and its slide-level figures.
     """
     return [
-        score_hospital(int(client), rows, threshold, target_sensitivity, min_slides)
+        score_hospital(
+            int(client),
+            rows,
+            threshold,
+            target_sensitivity,
+            min_slides,
+            None if val_predictions is None else val_predictions[val_predictions["client"] == client],
+            None if held_out is None else held_out.get(int(client)),
+        )
         for client, rows in predictions.groupby("client", sort=True)
     ]
 

@@ -15,6 +15,7 @@ names the damage in one line with what to do, which `RunInfo.problem` carries to
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -560,6 +561,24 @@ def read_run_predictions(run: Path) -> RunPredictions:
         )
         return RunPredictions(empty, tuple(problems))
     return RunPredictions(pd.concat(frames, ignore_index=True), tuple(problems))
+
+
+def read_val_predictions(run: Path) -> pd.DataFrame | None:
+    """Every hospital's ``val_predictions.csv`` that reads (same columns as the test predictions), or ``None`` when
+    no hospital of the run has a validation split. A damaged file is left out: its hospital then chooses on test."""
+    frames: list[pd.DataFrame] = []
+    for path in hospital_files(run, runfiles.VAL_PREDICTIONS_FILE):
+        with contextlib.suppress(DashboardError):
+            frames.append(read_prediction_file(path))
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
+def hospital_rows(frame: pd.DataFrame | None, client: int) -> pd.DataFrame | None:
+    """The rows of ``frame`` (predictions of several hospitals) that are ``client``'s, ``None`` when it has none."""
+    if frame is None:
+        return None
+    rows = frame[frame["client"] == client]
+    return rows if len(rows) else None
 
 
 def load_predictions(run: Path) -> pd.DataFrame:

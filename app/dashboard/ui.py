@@ -351,15 +351,22 @@ def floor_controls(page: str) -> evaluation.Floor:
     return evaluation.Floor(float(values["sensitivity"]), int(values["min_slides"]), float(values["specificity"]))
 
 
-def save_threshold_button(run: Path, hospital: int, value: float, source: str, label: str, key: str) -> None:
+def save_threshold_button(
+    run: Path, hospital: int, value: float, source: str, label: str, key: str, split: str = ""
+) -> None:
     """A button that saves ``value`` as the hospital's operating threshold into its model bundle
-    (`app.operating.save`): the Slide page, its calls, the HTML report and ``predict`` then use it."""
+    (`app.operating.save`, with the ``split`` that chose it): the Slide page, its calls, the HTML report and
+    ``predict`` then use it."""
     if not st.button(label, key=key, icon=":material/save:"):
         return
     from app import operating
 
     try:
-        card = operating.save(operating.hospital_folder(run, hospital), value, source)
+        folder = operating.hospital_folder(run, hospital)
+        card = operating.save(folder, value, source, split)
+        from app.held_out import recall
+
+        recall(folder, card.threshold)  # the held-out slides' calls at the new threshold (slides.csv)
     except (DashboardError, ValueError) as exc:
         st.error(str(exc), icon=":material/error:")
         return
@@ -379,18 +386,21 @@ def save_floor_button(
     floor_name: str,
     whose: str,
     reaches: str,
+    split: str = "test",
 ) -> None:
-    """`save_threshold_button` for the threshold that reaches a sensitivity floor on the test split (``threshold``,
-    from `evaluation.threshold_for_sensitivity`), shown only where it differs from the hospital's ``current`` one;
+    """`save_threshold_button` for the threshold that reaches a sensitivity floor on the ``split`` that chose it
+    (``threshold``, from `evaluation.chosen_target`: the validation split where the hospital has one, else the test
+    split, labelled optimistic), shown only where it differs from the hospital's ``current`` one;
     its source names the floor (``floor_name``, e.g. "the Verdict page's floor"), and its label says "Save T as
     ``whose`` threshold (reaches ``reaches``)"."""
     from app import operating
 
     value = operating.card_threshold(threshold)
     if abs(value - current) > 1e-9:
-        source = operating.floor_source(sensitivity, "the test split", floor_name)
-        label = f"Save {value:.2f} as {whose} threshold (reaches {reaches})"
-        save_threshold_button(info.path, hospital, value, source, label, f"save_floor_{info.run_id}_{hospital}")
+        where = "the validation split" if split == "validation" else "the test split"
+        source = operating.floor_source(sensitivity, where, floor_name, split)
+        label = f"Save {value:.2f} as {whose} threshold (reaches {reaches} on {where})"
+        save_threshold_button(info.path, hospital, value, source, label, f"save_floor_{info.run_id}_{hospital}", split)
 
 
 def chart(where: Any, figure: Any, key: str, **kwargs: Any) -> Any:

@@ -35,11 +35,12 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
@@ -75,6 +76,8 @@ from federation.runfiles import (
     HOSPITAL_FILE,
     MODEL_CARD_FILE,
     PREDICTIONS_FILE,
+    SLIDES_FILE,
+    VAL_PREDICTIONS_FILE,
     hospital_dir,
     prediction_columns,
 )
@@ -86,7 +89,16 @@ from infra.outputs import atomic_target, remove_entries, write_atomic
 from models import ModelError, create_model, head_keys, split_units
 
 # Files and folders a hospital writes into its folder: the only ones it ever replaces or removes.
-OWN_ENTRIES = (HOSPITAL_FILE, CHECKPOINT_DIR, PREDICTIONS_FILE, MODEL_FILE, MODEL_CARD_FILE, ACCOUNTANT_FILE)
+OWN_ENTRIES = (
+    HOSPITAL_FILE,
+    CHECKPOINT_DIR,
+    PREDICTIONS_FILE,
+    VAL_PREDICTIONS_FILE,
+    SLIDES_FILE,
+    MODEL_FILE,
+    MODEL_CARD_FILE,
+    ACCOUNTANT_FILE,
+)
 TRAINED, EVALUATED = 1, 2  # stages of a round's checkpoint
 
 
@@ -421,14 +433,19 @@ class Hospital:
         data = loaded.data
         # the binary task keeps its one column, P(abnormal); other class lists get one column per class
         probs = result.prob_abnormal[:, None] if data.classes == LABELS else result.probs
-        write_predictions(
-            folder / PREDICTIONS_FILE,
-            (
-                [data.client, path, data.classes[int(label)], *(f"{p:.17g}" for p in prob), server_round]
-                for path, label, prob in zip(data.test_paths, data.test_y, probs, strict=True)
-            ),
-            prediction_columns(data.classes),
-        )
+        columns = prediction_columns(data.classes)
+
+        def rows(paths: list[str], labels: np.ndarray, prob: np.ndarray) -> Iterator[list[object]]:
+            for path, label, p in zip(paths, labels, prob, strict=True):
+                yield [data.client, path, data.classes[int(label)], *(f"{v:.17g}" for v in p), server_round]
+
+        write_predictions(folder / PREDICTIONS_FILE, rows(data.test_paths, data.test_y, probs), columns)
+        if data.num_val and data.val_y is not None:
+            # The validation split never leaves the hospital either: it is where the hospital's threshold is
+            # chosen (app.operating), so that the test split is only judged.
+            val = client.evaluate("val")
+            val_probs = val.prob_abnormal[:, None] if data.classes == LABELS else val.probs
+            write_predictions(folder / VAL_PREDICTIONS_FILE, rows(data.val_paths, data.val_y, val_probs), columns)
         self._save(loaded, server_round, EVALUATED)
         self._export(loaded, server_round)
         metrics: dict[str, float | None] = {"loss": result.loss, "acc": result.acc, "auc": result.auc}

@@ -279,7 +279,8 @@ def test_a_sensitivity_below_the_target_is_said_whatever_the_auc() -> None:
     text = evaluation.target_warning(point, target)
     assert text == (
         "below the target sensitivity 0.90: at threshold 0.50 it misses 3 of 4 abnormal tiles (sensitivity 0.25, "
-        "95% CI 0.05\u20130.70); it reaches 0.90 at threshold 0.30, with specificity 1.00."
+        "95% CI 0.05\u20130.70); it reaches 0.90 at threshold 0.30, with specificity 1.00 (chosen on the test split "
+        "itself, so optimistic: this hospital has no validation split)."
     )
     assert evaluation.target_warning(evaluation.operating_point(labels, probs, 0.3), target) is None  # reached
     scores = evaluation.score_hospitals(pd.DataFrame({"client": 0, "label": labels, "prob_abnormal": probs}), 0.5, 0.9)
@@ -321,3 +322,34 @@ def test_slides_are_counted_from_prepares_tile_names_and_too_few_are_said() -> N
     table = evaluation.scorecard_table(scores).set_index("hospital")
     assert table["test slides"].tolist() == [3, 6]
     assert evaluation.score_hospitals(frame, 0.5, 0.9, min_slides=3)[0].warning is None
+
+
+def test_a_threshold_chosen_on_validation_is_judged_on_test() -> None:
+    """The floor's threshold comes from the validation split; the figures said of it are the test split's."""
+    labels = [1] * 4 + [0] * 5
+    probs = [0.9, 0.4, 0.35, 0.3, 0.1, 0.2, 0.25, 0.05, 0.15]
+    # validation: 3 abnormal tiles at 0.8, 0.6, 0.45 -> ceil(0.9 x 3) = 3rd highest: threshold 0.45
+    val = pd.DataFrame({"client": 0, "label": [1, 1, 1, 0, 0], "prob_abnormal": [0.8, 0.6, 0.45, 0.5, 0.1]})
+    target = evaluation.chosen_target(labels, probs, 0.9, val)
+    assert target is not None
+    assert target.split == "validation"
+    assert target.threshold == 0.45
+    # on test at 0.45: 1 of 4 abnormal found (0.9), every normal tile below it
+    assert (target.point.tp, target.point.abnormal, target.point.tn, target.point.normal) == (1, 4, 5, 5)
+    point = evaluation.operating_point(labels, probs, 0.5)
+    assert evaluation.target_warning(point, target) == (
+        "below the target sensitivity 0.90: at threshold 0.50 it misses 3 of 4 abnormal tiles (sensitivity 0.25, "
+        "95% CI 0.05\u20130.70); the threshold that reaches 0.90 on the validation split, 0.45, gives sensitivity "
+        "0.25 and specificity 1.00 on the test split."
+    )
+    # a validation split without an abnormal tile cannot choose: the test split does, labelled optimistic
+    normal_only = val[val["label"] == 0]
+    fallback = evaluation.chosen_target(labels, probs, 0.9, normal_only)
+    assert fallback is not None
+    assert fallback.split == "test"
+    assert fallback.threshold == 0.3
+    scores = evaluation.score_hospitals(
+        pd.DataFrame({"client": 0, "label": labels, "prob_abnormal": probs}), 0.5, 0.9, val_predictions=val
+    )
+    assert scores[0].target is not None
+    assert scores[0].target.split == "validation"

@@ -159,8 +159,8 @@ def test_mask_outside_whitens_training_tiles_only_and_is_recorded(
     out = tmp_path / "prepared"
     prepare_dataset(config_for(raw, out, tiles={"mask_outside": True, "white_max": 0.5}))
     rows = read_manifest(out)
-    painted = {"train": 0, "test": 0}
-    abnormal = {"train": 0, "test": 0}
+    painted = {"train": 0, "val": 0, "test": 0}
+    abnormal = {"train": 0, "val": 0, "test": 0}
     for row in (r for r in rows if r["label"] == "abnormal"):
         tile = cv2.cvtColor(imread(out / row["path"]), cv2.COLOR_BGR2RGB)
         x, y, size = int(row["x"]), int(row["y"]), int(row["size"])
@@ -168,8 +168,8 @@ def test_mask_outside_whitens_training_tiles_only_and_is_recorded(
         mask = imread(raw / row["source"].replace(".png", "_mask.png"), cv2.IMREAD_GRAYSCALE)
         inside = mask[y : y + size, x : x + size] > 0
         abnormal[row["split"]] += 1
-        if row["split"] == "test":
-            assert np.array_equal(tile, original)  # never masked
+        if row["split"] != "train":
+            assert np.array_equal(tile, original)  # validation and test tiles are never masked
             assert _tissue_coverage(raw, row) >= 0.5
         else:
             assert (tile[~inside] == 255).all()  # Step a.1 on training tiles
@@ -200,7 +200,7 @@ def test_no_slide_in_both_splits_and_every_client_has_both(
     assert all(len(s) == 1 for s in splits_of.values())
     assert all(len(c) == 1 for c in clients_of.values())
     for client in ("0", "1", "2"):
-        assert {r["split"] for r in rows if r["client"] == client} == {"train", "test"}
+        assert {r["split"] for r in rows if r["client"] == client} == {"train", "val", "test"}
 
 
 def test_grayscale_clients_store_single_channel_tiles(seed_raw: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
@@ -223,7 +223,7 @@ def test_client_sizes_follow_the_requested_ratio(tmp_path: Path) -> None:
     out = tmp_path / "prepared"
     prepare_dataset(config_for(raw, out, split={"clients": 3, "sizes": "3,2,1"}))
     info = json.loads((out / "prepare.json").read_text())
-    slides = [c["slides"]["train"] + c["slides"]["test"] for c in info["clients"]]
+    slides = [sum(c["slides"].values()) for c in info["clients"]]
     assert slides == [12, 8, 4]
     per_client = {str(c): {s["source"] for s in info["slides"] if s["client"] == c} for c in range(3)}
     manifest_sources = {c: {r["source"] for r in read_manifest(out) if r["client"] == c} for c in per_client}

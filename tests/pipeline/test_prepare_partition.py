@@ -118,3 +118,27 @@ def test_same_seed_same_assignment_different_seed_different() -> None:
     first = assign_clients(labels, config, np.random.default_rng(11))
     assert assign_clients(labels, config, np.random.default_rng(11)) == first
     assert assign_clients(labels, config, np.random.default_rng(12))[0] != first[0]
+
+
+def test_validation_split_is_drawn_after_test_stratified_and_slide_disjoint() -> None:
+    labels = _labels(7, 3) + _labels(3, 2) + _labels(1, 1)
+    owners = [0] * 10 + [1] * 5 + [2] * 2
+    without = split_train_test(labels, owners, 3, 0.2, np.random.default_rng(0))
+    split = split_train_test(labels, owners, 3, 0.2, np.random.default_rng(0), val_fraction=0.2)
+    # The test split is the one a dataset without validation gets: adding validation moves no test slide.
+    assert [s == "test" for s in split] == [s == "test" for s in without]
+    counts: dict[tuple[int, str, str], int] = {}
+    for lab, o, s in zip(labels, owners, split, strict=True):
+        counts[(o, lab, s)] = counts.get((o, lab, s), 0) + 1
+    # Hospital 0: 10 slides, test 2 (one per label), validation round(0.2 x 10) = 2, one per label (the abnormal
+    # label keeps 1 of its 3 slides for training), train 6.
+    assert counts[(0, "normal", "val")] == 1
+    assert counts[(0, "abnormal", "val")] == 1
+    assert counts[(0, "normal", "train")] == 5
+    assert counts[(0, "abnormal", "train")] == 1
+    # Hospital 1: 5 slides, test 2, validation round(0.2 x 5) = 1 lifted to one per label with >= 2 slides left:
+    # 3 left (2 normal, 1 abnormal) -> the normal label gets it, the abnormal one stays in train.
+    assert sum(n for (o, _, s), n in counts.items() if o == 1 and s == "val") == 1
+    assert sum(n for (o, _, s), n in counts.items() if o == 1 and s == "train") == 2
+    # Hospital 2: 2 slides, one test, one train: nothing left for validation.
+    assert sorted(s for o, s in zip(owners, split, strict=True) if o == 2) == ["test", "train"]

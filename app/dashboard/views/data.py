@@ -8,7 +8,14 @@ import time
 import streamlit as st
 
 from app.dashboard import commands, jobs, paths, presets, ui
-from app.dashboard.datasets import counts_table, hospital_label, load_manifest, load_prepare_json, sample_tiles
+from app.dashboard.datasets import (
+    counts_table,
+    hospital_label,
+    load_manifest,
+    load_prepare_json,
+    sample_tiles,
+    shortcut_probe,
+)
 from app.dashboard.errors import DashboardError
 
 root = ui.root()
@@ -63,6 +70,30 @@ def demo_panel(demo_state: jobs.JobState | None) -> None:
 
 
 @ui.page_guard("Data")
+def probe_section(record: dict[str, object]) -> None:
+    """Whether label-free pixel statistics alone separate the classes (prepare's shortcut probe)."""
+    st.subheader("Could a model score well without looking at tissue?")
+    probe = shortcut_probe(record)
+    if probe is None:
+        st.info(
+            "This dataset was prepared before prepare measured shortcuts; prepare it again to see whether simple "
+            "pixel statistics alone separate its classes.",
+            icon=":material/info:",
+        )
+        return
+    if probe.departure:
+        st.warning(f"Departure from raw tissue: {probe.departure}.", icon=":material/warning:")
+    if probe.warning:
+        st.warning(probe.warning, icon=":material/warning:")
+    else:
+        st.caption(f"No single pixel statistic separates the classes above AUC {probe.limit:.2f} on any split.")
+    st.caption(
+        "AUC of one pixel statistic used alone as the score (0.5: tells nothing; 1.0: separates the classes "
+        "perfectly). A high value means a model can be right for a reason other than the disease."
+    )
+    st.dataframe(probe.table, hide_index=True, width="stretch")
+
+
 def page() -> None:
     """The Data page: the demo panel, the dataset picker, counts per hospital and sample tiles."""
     st.title("Data")
@@ -91,11 +122,12 @@ def page() -> None:
 
     table = counts_table(manifest, dataset.path)
     hospitals = sorted(int(c) for c in manifest["client"].unique())
-    cols = st.columns(4)
+    cols = st.columns(5)
     cols[0].metric("Hospitals", len(hospitals))
     cols[1].metric("Tiles", f"{len(manifest):,}")
     cols[2].metric("Train tiles", f"{int((manifest['split'] == 'train').sum()):,}")
-    cols[3].metric("Test tiles", f"{int((manifest['split'] == 'test').sum()):,}")
+    cols[3].metric("Validation tiles", f"{int((manifest['split'] == 'val').sum()):,}")
+    cols[4].metric("Test tiles", f"{int((manifest['split'] == 'test').sum()):,}")
 
     st.subheader("Tiles per hospital")
     st.dataframe(
@@ -112,6 +144,7 @@ def page() -> None:
     if gray:
         st.caption(f"Grayscale hospitals: {', '.join(hospital_label(h) for h in gray)} (their tiles have one channel).")
 
+    probe_section(record)
     if record:
         with st.expander("prepare.json (how this dataset was made)"):
             st.json(record, expanded=1)

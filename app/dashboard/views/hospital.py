@@ -19,11 +19,14 @@ from app.dashboard.runs import (
     RunInfo,
     card_threshold_sources,
     card_thresholds,
+    hospital_rows,
     load_metrics,
     prediction_files,
     read_run_predictions,
+    read_val_predictions,
 )
-from models.decision import SLIDE_RULE, SLIDE_TOP_K
+from app.held_out import held_out_slides
+from models.decision import SLIDE_RULE, SLIDE_TOP_K, Slides
 
 TILES_SHOWN = 12
 SLIDE_CALL = SLIDE_RULE.format(k=SLIDE_TOP_K)
@@ -67,9 +70,17 @@ def _threshold_controls(info: RunInfo, cards: dict[int, float]) -> tuple[float, 
     return float(threshold), floor
 
 
-def _scorecard(predictions: pd.DataFrame, threshold: float, target: float, min_slides: int) -> None:
-    """Every hospital side by side at ``threshold``, with warnings in words and the threshold for ``target``."""
-    scores = evaluation.score_hospitals(predictions, threshold, target, min_slides)
+def _scorecard(
+    predictions: pd.DataFrame,
+    threshold: float,
+    target: float,
+    min_slides: int,
+    val: pd.DataFrame | None = None,
+    held_out: dict[int, Slides] | None = None,
+) -> None:
+    """Every hospital side by side at ``threshold``, with warnings in words and the threshold for ``target`` (chosen
+    on each hospital's validation split, ``val``, where it has one)."""
+    scores = evaluation.score_hospitals(predictions, threshold, target, min_slides, val, held_out)
     for score in scores:
         if score.warning:
             st.warning(f"**{hospital_label(score.client)}**: {score.warning}", icon=":material/warning:")
@@ -222,12 +233,14 @@ def _save_buttons(
                 info.path, hospital, threshold, "set by hand", f"Save {threshold:.2f} as its threshold",
                 key=f"save_hand_{info.run_id}_{hospital}",
             )  # fmt: skip
-    target = evaluation.threshold_for_sensitivity(labels, probs, floor.sensitivity)
+    target = evaluation.chosen_target(
+        labels, probs, floor.sensitivity, hospital_rows(read_val_predictions(info.path), hospital)
+    )
     with right:
         if target is not None:
             reaches = f"the floor {floor.sensitivity:.2f}"
             ui.save_floor_button(
-                info, hospital, target.threshold, current, floor.sensitivity, "the floor", "its", reaches
+                info, hospital, target.threshold, current, floor.sensitivity, "the floor", "its", reaches, target.split
             )
 
 
@@ -301,7 +314,14 @@ def page() -> None:
     cards = card_thresholds(info.path)
     st.subheader("Scorecard: every hospital at one threshold")
     threshold, floor = _threshold_controls(info, cards)
-    _scorecard(predictions, threshold, floor.sensitivity, floor.min_slides)
+    _scorecard(
+        predictions,
+        threshold,
+        floor.sensitivity,
+        floor.min_slides,
+        read_val_predictions(info.path),
+        held_out_slides(info.path),
+    )
 
     st.subheader("One hospital")
     _hospital_detail(info, predictions, threshold, cards, floor)

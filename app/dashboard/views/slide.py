@@ -197,8 +197,15 @@ def _summary(scored: slide_view.ScoredSlide) -> None:
         source = s.get("threshold_source") or "the model card"
         rule = str(s.get("call_rule") or "")
         mark = ":red-background[**abnormal**]" if call == "abnormal" else ":blue-background[**normal**]"
-        icon = ":material/report:" if call == "abnormal" else ":material/check_circle:"
-        st.markdown(f"{icon} Slide call: {mark} at threshold {threshold:.2f} ({source}).")
+        annotated = s.get("truth")
+        if annotated in ("normal", "abnormal") and annotated != call:
+            # a call that contradicts the annotation is a miss (or a false alarm), never shown with a tick
+            what = "MISSED: the annotation marks cancer" if annotated == "abnormal" else "FALSE ALARM: annotated normal"
+            st.markdown(f":material/error: Slide call: {mark} at threshold {threshold:.2f} ({source}) · **{what}**.")
+        else:
+            agrees = " · agrees with the annotation" if annotated == call else ""
+            icon = ":material/check_circle:" if annotated == call else ":material/info:"
+            st.markdown(f"{icon} Slide call: {mark} at threshold {threshold:.2f} ({source}){agrees}.")
         st.caption(f"The rule: {rule}.")
     figures = [
         ("Tiles scored", f"{s['tiles']}", "tissue squares of the tile grid, cut as prepare cuts them"),

@@ -22,13 +22,16 @@ from app.dashboard.runs import (
     RunInfo,
     card_threshold_sources,
     card_thresholds,
+    hospital_rows,
     load_metrics,
     prediction_files,
     privacy_spent,
     read_run_config,
     read_run_predictions,
+    read_val_predictions,
 )
-from models.decision import DEFAULT_THRESHOLD, interval_text
+from app.held_out import held_out_slides
+from models.decision import DEFAULT_THRESHOLD, Slides, interval_text
 
 # icon + word + colour (Streamlit's background colours; the word alone carries the meaning)
 LOOK = {
@@ -83,10 +86,12 @@ def _hospital(
     unit: str,
     thresholds: dict[int, float],
     sources: dict[int, str],
+    val_rows: pd.DataFrame | None = None,
+    held_out: Slides | None = None,
 ) -> evaluation.Verdict:
     threshold = thresholds.get(client, DEFAULT_THRESHOLD)
     source = sources.get(client, "the default 0.5 (no model card)")
-    score = evaluation.score_hospital(client, rows, threshold, floor.sensitivity, floor.min_slides)
+    score = evaluation.score_hospital(client, rows, threshold, floor.sensitivity, floor.min_slides, val_rows, held_out)
     result = evaluation.verdict(score, floor)
     icon, colour, word = LOOK[result.kind]
     with st.container(border=True):
@@ -102,8 +107,9 @@ def _hospital(
             whose = f"{hospital_label(client)}'s"
             floor_name = "the Verdict page's floor"
             ui.save_floor_button(
-                info, client, target.threshold, threshold, floor.sensitivity, floor_name, whose, "the floor"
-            )
+                info, client, target.threshold, threshold, floor.sensitivity, floor_name, whose, "the floor",
+                target.split,
+            )  # fmt: skip
     return result
 
 
@@ -136,8 +142,22 @@ def page() -> None:
         card_thresholds(info.path),
         card_threshold_sources(info.path),
     )  # once per page, not per hospital
+    val = read_val_predictions(info.path)
+    held_out = held_out_slides(info.path)  # the test slides as predict scored them (slides.csv)
     verdicts = [
-        _hospital(info, int(client), rows, floor, privacy, unit, thresholds, sources) for client, rows in groups
+        _hospital(
+            info,
+            int(client),
+            rows,
+            floor,
+            privacy,
+            unit,
+            thresholds,
+            sources,
+            hospital_rows(val, int(client)),
+            held_out.get(int(client)),
+        )
+        for client, rows in groups
     ]
     counts = {kind: sum(v.kind == kind for v in verdicts) for kind in LOOK}
     st.caption(

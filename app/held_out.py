@@ -1,0 +1,304 @@
+"""Each hospital's held-out test slides, scored once the way ``gastric-fl predict`` scores a slide (issue 30, item 4).
+
+After the last round, every hospital's test slides (those ``prepare.json`` lists for its test split, read from the raw
+folder prepare read) are scored with its exported model by predict's own code: the whole slide's tissue grid
+(`inference.predict.tissue_positions`), every square's ``P(abnormal)`` (`inference.predict.score_positions`) and the
+slide-level figures and call (`inference.predict.summarise`: the top-k mean at the card's threshold). The result is
+written once per hospital into ``<hospital folder>/slides.csv`` (`federation.runfiles.SLIDES_FILE`), one row per
+slide: ``slide, truth, score, call, threshold, tiles``. The Verdict, Hospital and Slide pages, ``gastric-fl report``,
+the HTML report and the model card read it (`read_slide_calls`), so each names the same call and score as
+``predict`` on the same slide with the same bundle. ``gastric-fl threshold`` rewrites the calls at a newly saved
+threshold from the stored scores (`recall`): scores do not depend on the threshold, calls do.
+
+Reading is torch-free (the dashboard's pages import this module); scoring imports torch when it runs.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from federation.runfiles import SLIDES_FILE, hospital_files
+from infra.outputs import write_atomic
+from models.decision import Slides, slide_is_abnormal
+
+COLUMNS: tuple[str, ...] = ("slide", "truth", "score", "call", "threshold", "tiles")
+
+
+class SlideCallsError(ValueError):
+    """A ``slides.csv`` that cannot be used: one line naming the file and what to do."""
+
+    user_facing = True
+
+
+@dataclass(frozen=True)
+class SlideCall:
+    """One held-out slide: its annotation's truth, predict's score (top-k mean) and call at ``threshold``."""
+
+    slide: str
+    truth: str  # "abnormal", "normal", or "" when the slide has no annotation
+    score: float
+    call: str
+    threshold: float
+    tiles: int
+
+    @property
+    def missed(self) -> bool:
+        """Whether the call contradicts the annotation (a miss is never shown with a tick)."""
+        return bool(self.truth) and self.call != self.truth
+
+
+def _csv(calls: Sequence[SlideCall]) -> bytes:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for c in calls:
+        writer.writerow([c.slide, c.truth, f"{c.score:.17g}", c.call, f"{c.threshold:.17g}", c.tiles])
+    return buffer.getvalue().encode("utf-8")
+
+
+def write_slide_calls(folder: Path, calls: Sequence[SlideCall]) -> Path:
+    """Write ``<folder>/slides.csv`` atomically (a reader never sees half a file)."""
+    path = folder / SLIDES_FILE
+    write_atomic(path, _csv(calls))
+    return path
+
+
+def read_slide_calls(path: Path) -> list[SlideCall]:
+    """The rows of a ``slides.csv``; `SlideCallsError` (one line naming the file and row) for anything else."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SlideCallsError(
+            f"{path} does not exist: the hospital's test slides are scored when a run ends (gastric-fl train)"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SlideCallsError(f"{path} cannot be read ({exc}); train or resume the run to write it again") from None
+    reader = csv.DictReader(io.StringIO(text))
+    if tuple(reader.fieldnames or ()) != COLUMNS:
+        raise SlideCallsError(f"{path}: expected the columns {', '.join(COLUMNS)}; train or resume the run again")
+    calls = []
+    for line, row in enumerate(reader, start=2):
+        try:
+            call = SlideCall(
+                slide=str(row["slide"]),
+                truth=str(row["truth"]),
+                score=float(row["score"]),
+                call=str(row["call"]),
+                threshold=float(row["threshold"]),
+                tiles=int(row["tiles"]),
+            )
+        except (TypeError, ValueError):
+            raise SlideCallsError(f"{path} line {line}: not a slide row; train or resume the run again") from None
+        sane = (
+            call.slide
+            and call.truth in ("", "normal", "abnormal")
+            and call.call in ("normal", "abnormal")
+            and math.isfinite(call.score)
+            and 0.0 <= call.score <= 1.0
+            and 0.0 < call.threshold < 1.0
+            and call.tiles > 0
+            and call.call == ("abnormal" if slide_is_abnormal(call.score, call.threshold) else "normal")
+        )
+        if not sane:
+            raise SlideCallsError(f"{path} line {line}: impossible values; train or resume the run again")
+        calls.append(call)
+    return calls
+
+
+def run_slide_calls(run: Path) -> dict[int, list[SlideCall]]:
+    """Every hospital's held-out slide calls in ``run`` that read, by hospital (damaged files are left out)."""
+    from federation.runfiles import hospital_index
+
+    found: dict[int, list[SlideCall]] = {}
+    for path in hospital_files(run, SLIDES_FILE):
+        try:
+            found[hospital_index(path.parent.name)] = read_slide_calls(path)
+        except SlideCallsError:
+            continue
+    return found
+
+
+def slide_level(calls: Sequence[SlideCall]) -> dict[str, object]:
+    """The model card's ``metrics.slide_level`` from the held-out slides (same keys as
+    `models.decision.uncertainty`'s, and ``source`` saying where they come from)."""
+    from models.decision import SLIDE_RULE, SLIDE_TOP_K
+
+    known = [c for c in calls if c.truth]
+    abnormal = [c for c in known if c.truth == "abnormal"]
+    normal = [c for c in known if c.truth == "normal"]
+    missed = sum(c.call == "normal" for c in abnormal)
+    alarms = sum(c.call == "abnormal" for c in normal)
+    auc = None
+    if abnormal and normal:
+        from sklearn.metrics import roc_auc_score
+
+        auc = float(roc_auc_score([int(c.truth == "abnormal") for c in known], [c.score for c in known]))
+    return {
+        "rule": SLIDE_RULE.format(k=SLIDE_TOP_K),
+        "threshold": calls[0].threshold if calls else None,
+        "slides": len(known),
+        "abnormal": len(abnormal),
+        "normal": len(normal),
+        "missed": missed,
+        "false_alarms": alarms,
+        "sensitivity": (len(abnormal) - missed) / len(abnormal) if abnormal else None,
+        "specificity": (len(normal) - alarms) / len(normal) if normal else None,
+        "auc": auc,
+        "source": f"{SLIDES_FILE}: each whole test slide scored as gastric-fl predict scores it",
+    }
+
+
+def _update_card(folder: Path, calls: Sequence[SlideCall]) -> None:
+    """Put the held-out slides' figures into the card's ``metrics.slide_level`` (weights untouched), so that
+    ``gastric-fl report`` and anyone reading the card name the same slide calls as the pages and ``predict``."""
+    from dataclasses import replace
+
+    from models.bundle import read_card, write_bundle
+    from models.names import CARD_FILE
+
+    if not (folder / CARD_FILE).is_file():
+        return
+    card = read_card(folder)
+    metrics = dict(card.metrics)
+    metrics["slide_level"] = slide_level(calls)
+    write_bundle(folder, replace(card, metrics=metrics))
+
+
+def recall(folder: Path, threshold: float) -> list[SlideCall] | None:
+    """Rewrite the calls of ``<folder>/slides.csv`` at ``threshold`` from its stored scores (``None``: no file)."""
+    path = folder / SLIDES_FILE
+    if not path.is_file():
+        return None
+    calls = [
+        SlideCall(
+            c.slide,
+            c.truth,
+            c.score,
+            "abnormal" if slide_is_abnormal(c.score, threshold) else "normal",
+            threshold,
+            c.tiles,
+        )
+        for c in read_slide_calls(path)
+    ]
+    write_slide_calls(folder, calls)
+    _update_card(folder, calls)
+    return calls
+
+
+def score_held_out(folder: Path, dataset: Path | None = None) -> list[SlideCall]:
+    """Score the hospital's test slides with the bundle in ``folder`` (predict's code) and write ``slides.csv``.
+
+    The slides are those ``prepare.json`` lists for the hospital's test split (`app.slide_view.listed_slides`);
+    `app.slide_view.SlideViewError` when the dataset or its raw slides are not on this machine. A slide that
+    cannot be scored (unreadable, no tissue) is left out of the file.
+    """
+    import numpy as np
+
+    from app import slide_view
+    from inference.predict import (
+        SlideTiles,
+        plan_of,
+        score_positions,
+        summarise,
+        tissue_positions,
+    )
+    from inference.slides import find_slides, read_slide
+    from models.bundle import load_bundle
+    from models.decision import SLIDE_TOP_K
+    from pipeline.errors import PipelineError
+
+    card = slide_view.read_card_json(folder)
+    slides = slide_view.listed_slides(card, slide_view.card_dataset(card, dataset))
+    bundle = load_bundle(folder)
+    calls = []
+    for listed in slides:
+        try:
+            file = find_slides(listed.path)[0]
+            decoded = read_slide(file)
+            positions = tissue_positions(decoded.image, bundle.card, str(listed.path))
+        except PipelineError:
+            continue
+        prob = score_positions(bundle, decoded.image, positions)
+        tiles = SlideTiles(
+            xs=np.array([x for x, _ in positions], dtype=np.int64),
+            ys=np.array([y for _, y in positions], dtype=np.int64),
+            size=plan_of(bundle.card).size,
+            probability=prob,
+            truth=None,
+        )
+        height, width = decoded.image.shape[:2]
+        summary = summarise(tiles, bundle.card, bundle.card.threshold, SLIDE_TOP_K, (height, width))
+        calls.append(
+            SlideCall(
+                slide=listed.source,
+                truth=listed.label if listed.label in ("normal", "abnormal") else "",
+                score=float(summary["top_k_mean"]),
+                call=str(summary["call"]),
+                threshold=float(summary["threshold"]),
+                tiles=int(summary["tiles"]),
+            )
+        )
+    write_slide_calls(folder, calls)
+    _update_card(folder, calls)
+    return calls
+
+
+def as_slides(calls: Sequence[SlideCall]) -> Slides | None:
+    """The annotated slides of ``calls`` as `models.decision.Slides` (truth 1 abnormal, predict's score), the form
+    the pages' slide figures take; ``None`` when none is annotated."""
+    import numpy as np
+
+    known = [c for c in calls if c.truth]
+    if not known:
+        return None
+    return Slides(
+        keys=tuple(c.slide for c in known),
+        labels=np.array([int(c.truth == "abnormal") for c in known], dtype=np.int64),
+        scores=np.array([c.score for c in known], dtype=np.float64),
+        tiles=np.array([c.tiles for c in known], dtype=np.int64),
+    )
+
+
+def calls_line(hospital: int, calls: Sequence[SlideCall]) -> str:
+    """One line for a hospital's held-out slide calls, misses named as misses."""
+    abnormal = [c for c in calls if c.truth == "abnormal"]
+    normal = [c for c in calls if c.truth == "normal"]
+    found = sum(c.call == "abnormal" for c in abnormal)
+    cleared = sum(c.call == "normal" for c in normal)
+    misses = [c.slide for c in calls if c.missed]
+    text = (
+        f"hospital {hospital}: {found} of {len(abnormal)} abnormal test slides called abnormal, {cleared} of "
+        f"{len(normal)} normal called normal"
+    )
+    return text + (f"; missed: {', '.join(misses)}" if misses else "")
+
+
+def score_run(run: Path, dataset: Path | None = None) -> list[str]:
+    """`score_held_out` for every hospital of ``run`` whose folder is on this machine; one line per hospital."""
+    from app import slide_view
+    from models.bundle import BundleError
+
+    lines = []
+    for hospital, folder in sorted(slide_view.bundle_folders(run).items()):
+        try:
+            calls = score_held_out(folder, dataset)
+        except (slide_view.SlideViewError, BundleError) as exc:
+            lines.append(f"hospital {hospital}: test slides not scored ({exc})")
+            continue
+        lines.append(calls_line(hospital, calls))
+    return lines
+
+
+def held_out_slides(run: Path) -> dict[int, Slides]:
+    """`as_slides` of every hospital's ``slides.csv`` in ``run`` that reads and holds an annotated slide."""
+    found = {}
+    for hospital, calls in run_slide_calls(run).items():
+        slides = as_slides(calls)
+        if slides is not None:
+            found[hospital] = slides
+    return found
