@@ -270,12 +270,14 @@ def calls_line(hospital: int, calls: Sequence[SlideCall]) -> str:
     normal = [c for c in calls if c.truth == "normal"]
     found = sum(c.call == "abnormal" for c in abnormal)
     cleared = sum(c.call == "normal" for c in normal)
-    misses = [c.slide for c in calls if c.missed]
+    missed = [c.slide for c in abnormal if c.missed]
+    alarms = [c.slide for c in normal if c.missed]
     text = (
         f"hospital {hospital}: {found} of {len(abnormal)} abnormal test slides called abnormal, {cleared} of "
         f"{len(normal)} normal called normal"
     )
-    return text + (f"; missed: {', '.join(misses)}" if misses else "")
+    text += f"; MISSED cancer: {', '.join(missed)}" if missed else ""
+    return text + (f"; false alarm: {', '.join(alarms)}" if alarms else "")
 
 
 def score_run(run: Path, dataset: Path | None = None) -> list[str]:

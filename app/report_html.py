@@ -711,6 +711,44 @@ def _settings(rep: HospitalReport, dataset: Path | None) -> str:
     return f"<table>{body}</table><h3>config.toml</h3><pre>{_e(rep.config_text)}</pre>"
 
 
+def _shortcut(dataset: Path | None) -> str:
+    """The dataset's shortcut probe (prepare.json): could a model score well here without looking at tissue?"""
+    from app.dashboard.datasets import load_prepare_json, shortcut_probe
+
+    if dataset is None:
+        return '<p class="note">The prepared dataset is not on this machine: its shortcut probe cannot be shown.</p>'
+    try:
+        probe = shortcut_probe(load_prepare_json(dataset))
+    except ValueError as exc:  # DashboardError is a ValueError: a damaged prepare.json
+        return f'<p class="note">{_e(exc)}</p>'
+    if probe is None:
+        return (
+            '<p class="note">This dataset was prepared before prepare measured shortcuts: prepare it again to see '
+            "whether pixel statistics alone separate its classes.</p>"
+        )
+    parts = []
+    if probe.departure:
+        parts.append(f'<p class="warn" role="alert">Departure from raw tissue: {_e(probe.departure)}.</p>')
+    if probe.warning:
+        parts.append(f'<p class="warn" role="alert" data-metric="shortcut_warning">{_e(probe.warning)}</p>')
+    parts.append(
+        '<p class="note">AUC of one pixel statistic used alone as the score (0.5: tells nothing; 1.0: separates '
+        "the classes perfectly), pooled over the hospitals of the dataset.</p>"
+    )
+    columns = list(probe.table.columns)
+    head = "".join(f'<th scope="col">{_e(c)}</th>' for c in columns)
+    rows = "".join(
+        "<tr>"
+        + "".join(
+            f"<td>{_e(v if isinstance(v, str) else ('n/a' if v is None or v != v else f'{v:.3f}'))}</td>" for v in row
+        )
+        + "</tr>"
+        for row in probe.table.itertuples(index=False)
+    )
+    parts.append(f'<table data-metric="shortcut_probe"><tr>{head}</tr>{rows}</table>')
+    return "".join(parts)
+
+
 def render(rep: HospitalReport) -> str:
     """The report of one hospital as a self-contained HTML document."""
     m = _metrics(rep)
@@ -758,6 +796,8 @@ def render(rep: HospitalReport) -> str:
     parts.append('<h2 id="slides">Slides</h2>')
     parts.append(_slide_table(rep, m))
     parts.append(_heatmaps(rep))
+    parts.append('<h2 id="shortcut">Could a model score well here without looking at tissue?</h2>')
+    parts.append(_shortcut(dataset))
     parts.append('<h2 id="settings">Settings and data</h2>')
     parts.append(_settings(rep, dataset))
     if rep.notes:

@@ -17,6 +17,7 @@ the mean of each RGB channel (a gray tile's three means are its intensity). AUC 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -142,3 +143,29 @@ def probe_markdown(record: Mapping[str, Any]) -> list[str]:
         )
     lines += ["", f"**Warning:** {record['warning']}" if record["warning"] else "No statistic exceeds the limit.", ""]
     return lines
+
+
+def probe_prepared(folder: Path, white_level: int = 220) -> dict[str, Any]:
+    """The probe of an already prepared dataset, from its ``manifest.csv`` and tile PNGs (a dataset prepared before
+    prepare recorded the probe, or one to check again). `PipelineError` naming a tile that cannot be read."""
+    import csv
+
+    import cv2
+
+    from pipeline.errors import PipelineError
+
+    with (folder / "manifest.csv").open(newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    classes = sorted({r["label"] for r in rows}, key=lambda name: (name != "normal", name))
+    index = {name: k for k, name in enumerate(classes)}
+    stats = []
+    for row in rows:
+        pixels = cv2.imread(str(folder / row["path"]), cv2.IMREAD_UNCHANGED)
+        if pixels is None:
+            raise PipelineError(f"{folder / row['path']}: cannot read this tile; re-run gastric-fl prepare")
+        rgb = pixels if pixels.ndim == 2 else cv2.cvtColor(pixels, cv2.COLOR_BGR2RGB)
+        stats.append(tile_statistics(np.asarray(rgb, dtype=np.uint8), white_level))
+    splits = tuple(s for s in ("train", "val", "test") if any(r["split"] == s for r in rows))
+    return probe(
+        stats, [index[r["label"]] for r in rows], [r["split"] for r in rows], [int(r["client"]) for r in rows], splits
+    )

@@ -45,6 +45,28 @@ def test_data_page_shows_each_hospitals_counts(fixture_root: Fixture) -> None:
     assert table["stored px"].tolist() == ["16", "16", "16"]
 
 
+def test_data_page_shows_the_shortcut_probe_and_its_warning(fixture_root: Fixture) -> None:
+    from pipeline.probe import probe_prepared
+
+    at = open_page("data")
+    assert "prepared before prepare measured shortcuts" in _texts(at.info)
+    record_path = fixture_root.dataset / "prepare.json"
+    before = record_path.read_text(encoding="utf-8")
+    try:
+        record = json.loads(before)
+        # the fixture's normal tiles are bright (200) and its abnormal ones dark (90): a planted shortcut
+        record["shortcut_probe"] = probe_prepared(fixture_root.dataset)
+        record_path.write_text(json.dumps(record), encoding="utf-8")
+        at = open_page("data")
+        warnings = _texts(at.warning)
+        assert "alone separates the classes" in warnings
+        probe = next(d.value for d in at.dataframe if "statistic" in d.value.columns)
+        assert probe["statistic"].tolist()[2] == "mean pixel value over all channels"
+        assert probe.iloc[2]["test AUC (12 tiles)"] == 1.0
+    finally:
+        record_path.write_text(before, encoding="utf-8")
+
+
 def test_federation_page_shows_the_aucs_of_metrics_jsonl(fixture_root: Fixture) -> None:
     at = open_page("federation", {"selected_run": fixture_root.finished.name})
     last = {}

@@ -105,6 +105,10 @@ def test_report_html_is_self_contained_and_shows_the_runs_figures(
         assert _metric(page, "tiles") == str(engine["num_test"]) == str(card["metrics"]["tiles"])
         assert _metric(page, "dataset_sha256") == summary["dataset_sha256"]
         assert "data-slide=" in page  # one test slide scored for the heatmap
+        # the dataset's shortcut probe, as prepare.json records it, one row per pixel statistic
+        assert page.count('data-metric="shortcut_probe"') == 1
+        probe = json.loads((data.prepared / "prepare.json").read_text())["shortcut_probe"]
+        assert f"{probe['splits']['test']['mean_intensity']:.3f}" in page
     # the heatmap came from predict, kept in the hospital's own folder
     assert list((data.hospital(0) / "slides").rglob("overlay.png"))
     # the reports and the scored slides are files a run may hold: train --overwrite still replaces the run

@@ -124,3 +124,37 @@ def test_slide_calls_line_counts_against_truth() -> None:
         "slide calls at threshold 0.40: 1 of 2 abnormal slides called abnormal, 1 of 1 normal slides called normal"
     )
     assert slide_calls_line([Result(None, "normal")]) is None  # type: ignore[list-item]
+
+
+def test_a_floor_threshold_is_chosen_on_validation_and_judged_on_test(
+    tiny_run: TinyRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = _copy_bundle(tiny_run, tmp_path)
+    folder = run / "hospitals" / "client_00"
+    test = read_prediction_file(folder / "predictions.csv")
+    # a validation split with 4 abnormal tiles at 0.8, 0.7, 0.6, 0.3: ceil(0.75 x 4) = 3rd highest, 0.6
+    val = [(1, 0.8), (1, 0.7), (1, 0.6), (1, 0.3), (0, 0.65), (0, 0.1)]
+    lines = ["client,path,label,prob_abnormal,round"]
+    lines += [f"0,v{i}.png,{'abnormal' if y else 'normal'},{p},1" for i, (y, p) in enumerate(val)]
+    (folder / "val_predictions.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert run_cli(monkeypatch, "threshold", str(run), "--hospital", "0", "--sensitivity", "0.75") == 0
+    card = read_card(folder)
+    assert card.threshold == 0.6
+    assert card.threshold_split == "validation"
+    assert card.threshold_source == (
+        "reaches sensitivity 0.75 on round 1's validation split (3 of 4 abnormal tiles; chosen on validation, "
+        "judged on test)"
+    )
+    # the card's figures are the test split's at the validation threshold
+    labels, probs = test["label"].to_numpy(), test["prob_abnormal"].to_numpy()
+    assert card.metrics["sensitivity"] == pytest.approx(((probs >= 0.6) & (labels == 1)).sum() / (labels == 1).sum())
+    out = capsys.readouterr().out
+    assert "on its test split at that threshold:" in out
+    assert "optimistic" not in out
+    # without a validation split the test split chooses, and the card says so
+    (folder / "val_predictions.csv").unlink()
+    assert run_cli(monkeypatch, "threshold", str(run), "--hospital", "0", "--sensitivity", "0.75") == 0
+    card = read_card(folder)
+    assert card.threshold_split == "test"
+    assert "so optimistic" in card.threshold_source
+    assert "chosen there too, so optimistic" in capsys.readouterr().out
