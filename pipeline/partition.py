@@ -219,13 +219,26 @@ def split_train_test(
         if len(rest) < 2:
             continue
         n_val = min(len(rest) - 1, max(1, math.floor(val_fraction * len(members) + 0.5)))
-        groups = [[i for i in rest if labels[i] == label] for label in classes]
-        groups = [g for g in groups if g]
-        quota = _test_quota([len(g) for g in groups], n_val)
-        for group, count in zip(groups, quota, strict=True):
-            for k in rng.permutation(len(group))[:count]:
-                split[group[int(k)]] = "val"
+        _draw(split, rest, n_val, "val", labels, classes, rng)
     return split
+
+
+def _draw(
+    split: list[str],
+    pool: Sequence[int],
+    count: int,
+    name: str,
+    labels: Sequence[str],
+    classes: Sequence[str],
+    rng: np.random.Generator,
+) -> None:
+    """Mark ``count`` slides of ``pool`` as split ``name``, stratified by label (`_test_quota`), drawn by ``rng``."""
+    groups = [[i for i in pool if labels[i] == label] for label in classes]
+    groups = [g for g in groups if g]
+    quota = _test_quota([len(g) for g in groups], count)
+    for group, n in zip(groups, quota, strict=True):
+        for k in rng.permutation(len(group))[:n]:
+            split[group[int(k)]] = name
 
 
 def _split_test(
@@ -245,10 +258,5 @@ def _split_test(
                 f"hospital {client} has {len(members)} slide(s); each hospital needs at least 2 (one train, one test)"
             )
         n_test = min(len(members) - 1, max(1, math.floor(test_fraction * len(members) + 0.5)))
-        groups = [[i for i in members if labels[i] == label] for label in classes]
-        groups = [g for g in groups if g]
-        quota = _test_quota([len(g) for g in groups], n_test)
-        for group, count in zip(groups, quota, strict=True):
-            for k in rng.permutation(len(group))[:count]:
-                split[group[int(k)]] = "test"
+        _draw(split, members, n_test, "test", labels, classes, rng)
     return split
