@@ -15,6 +15,10 @@ from infra.formats import PREPARE_RECORD as PREPARE_RECORD  # the record prepare
 
 INTENDED_USE = "Research use only, not for diagnosis."
 SYNTHETIC_NOTE = "Trained and tested on synthetic slides (made by gastric-fl synth), not on patients' slides."
+MASKED_NOTE = (
+    "Its training tiles were whitened outside the cancer mask (prepare --mask-outside, paper Step a.1): a departure "
+    "that writes the label into the pixels; test tiles are raw."
+)
 SYNTH_MARKER = "synth.json"  # what `gastric-fl synth` writes beside its slides (pipeline.synth.MARKER)
 
 
@@ -42,8 +46,24 @@ def dataset_is_synthetic(dataset: Path | None) -> bool:
     return isinstance(folder, str) and bool(folder) and synthetic_source(Path(folder))
 
 
+def dataset_departure(dataset: Path | None) -> str | None:
+    """The departure a prepared dataset records in ``prepare.json`` (``labels.departure``: training tiles whitened
+    outside the cancer mask, ``--mask-outside``), or ``None``."""
+    if dataset is None:
+        return None
+    try:
+        record = json.loads((Path(dataset) / PREPARE_RECORD).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    labels = record.get("labels") if isinstance(record, dict) else None
+    departure = labels.get("departure") if isinstance(labels, dict) else None
+    return departure if isinstance(departure, str) and departure else None
+
+
 def intended_use(dataset: Path | None = None, *, synthetic: bool | None = None) -> str:
     """The sentence every result carries: ``INTENDED_USE``, plus ``SYNTHETIC_NOTE`` when the dataset (or
-    ``synthetic``, when the caller knows) is synthetic."""
+    ``synthetic``, when the caller knows) is synthetic, plus `MASKED_NOTE` when its training tiles were whitened
+    outside the mask (a departure its results must name wherever they appear)."""
     made_up = dataset_is_synthetic(dataset) if synthetic is None else synthetic
-    return f"{INTENDED_USE} {SYNTHETIC_NOTE}" if made_up else INTENDED_USE
+    text = f"{INTENDED_USE} {SYNTHETIC_NOTE}" if made_up else INTENDED_USE
+    return f"{text} {MASKED_NOTE}" if dataset_departure(dataset) else text

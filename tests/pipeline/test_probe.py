@@ -104,3 +104,14 @@ def test_prepare_records_the_probe_and_warns_on_a_masked_dataset(tmp_path: Path)
     assert masked["warning"] is not None
     assert raw_probe["splits"]["train"]["pure_white"] < 0.7
     assert masked["splits"]["test"]["pure_white"] == raw_probe["splits"]["test"]["pure_white"]
+
+
+def test_a_mask_outside_dataset_is_named_wherever_its_results_carry_the_intended_use(tmp_path: Path) -> None:
+    from infra.provenance import INTENDED_USE, MASKED_NOTE, intended_use
+
+    dataset = tmp_path / "prepared"
+    dataset.mkdir()
+    (dataset / "prepare.json").write_text(json.dumps({"synthetic": False, "labels": {"departure": None}}))
+    assert intended_use(dataset) == INTENDED_USE
+    (dataset / "prepare.json").write_text(json.dumps({"synthetic": False, "labels": {"departure": "whitened"}}))
+    assert intended_use(dataset) == f"{INTENDED_USE} {MASKED_NOTE}"
