@@ -821,6 +821,18 @@ def _config_dataset(rep: HospitalReport) -> Path | None:
     return path if path.is_dir() else None
 
 
+def score_held_out_slides(rep: HospitalReport) -> str | None:
+    """Score the hospital's test slides into ``slides.csv`` (`app.held_out.score_held_out`, predict's code) when
+    the run did not (a deployment); returns why not when it cannot (the report then groups its test tiles)."""
+    from app.held_out import score_held_out
+
+    try:
+        score_held_out(rep.folder, _config_dataset(rep))
+    except Exception as exc:  # any failure only costs the slide figures; the reason goes into the report
+        return f"test slides not scored as predict scores them: {slide_view.problem_line(exc, rep.folder)}"
+    return None
+
+
 def score_one_slide(rep: HospitalReport) -> str | None:
     """Score one test slide of the hospital (an abnormal one with most tiles, if any) for the report's heatmap.
 
@@ -860,7 +872,8 @@ def write_html_reports(
 
     By default each report is ``<run>/hospitals/client_XX/report.html``, in the hospital's own folder. With ``out``
     the reports are ``out/client_XX.html`` (several runs: ``out/<run name>/client_XX.html``) in a folder carrying
-    the ``report`` marker. ``score_missing`` scores one test slide per hospital that has none scored yet (imports
+    the ``report`` marker. ``score_missing`` scores the hospital's test slides into ``slides.csv`` when the run did not
+    (a deployed hospital's run ends on its own machine) and one test slide per hospital for the heatmap (imports
     torch). All reports are built before any is written.
     """
     if not runs:
@@ -879,6 +892,13 @@ def write_html_reports(
         pages: dict[str, str] = {}
         for client in chosen:
             rep = load_hospital(run, client)
+            if score_missing and rep.held_out is None and rep.card:
+                # a deployed hospital's run ends on its own machine: its held-out slides are scored here, once
+                problem = score_held_out_slides(rep)
+                if problem is None:
+                    rep = load_hospital(run, client)
+                else:
+                    rep.notes.append(problem)
             if score_missing:
                 problem = score_one_slide(rep)
                 if problem:
