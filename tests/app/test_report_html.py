@@ -76,6 +76,14 @@ def test_report_html_is_self_contained_and_shows_the_runs_figures(
     ]
     # the run's server part is left exactly as it was: no report, no marker, no lock file
     assert _server_part(data.run) == server_part_before
+    # the run (trained without the CLI, as a deployed hospital's is) had no slides.csv: the report scored the
+    # held-out slides as predict does, and its slide table names their calls
+    from app.held_out import read_slide_calls
+
+    calls = read_slide_calls(data.hospital(0) / "slides.csv")
+    assert calls
+    first = reports[0].read_text(encoding="utf-8")
+    assert all(c.slide.rsplit(".", 1)[0] in first for c in calls)
     summary = json.loads((data.run / "summary.json").read_text())
     for client in (0, 1):
         page = reports[client].read_text(encoding="utf-8")
