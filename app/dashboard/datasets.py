@@ -169,6 +169,8 @@ def shortcut_probe(record: dict[str, Any]) -> ShortcutProbe | None:
         for split, values in splits.items():
             value = values.get(name) if isinstance(values, dict) else None
             tiles = values.get("tiles") if isinstance(values, dict) else None
+            if not tiles:
+                continue  # a split without tiles (no validation split) has nothing to show
             row[f"{split} AUC ({tiles} tiles)"] = None if value is None else float(value)
         rows.append(row)
     labels = record.get("labels")

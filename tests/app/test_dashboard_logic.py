@@ -181,3 +181,29 @@ def test_roc_confusion_and_ranking_by_hand() -> None:
     # Errors first by how sure the model was of the wrong class (0.60 > 0.55), then correct calls (0.9, 0.8, 0.7).
     assert ranked["path"].tolist() == ["b", "e", "a", "d", "c"]
     assert evaluation.roc(np.array([1, 1]), np.array([0.2, 0.9])).auc is None
+
+
+def test_shortcut_probe_table_shows_each_split_with_tiles_and_the_departure() -> None:
+    from app.dashboard.datasets import shortcut_probe
+
+    assert shortcut_probe({}) is None  # a dataset prepared before the probe
+    record = {
+        "shortcut_probe": {
+            "statistics": {"pure_white": "painted white", "mean_intensity": "mean"},
+            "warn_above": 0.7,
+            "splits": {
+                "train": {"tiles": 10, "pure_white": 0.97, "mean_intensity": 0.6},
+                "val": {"tiles": 0, "pure_white": None, "mean_intensity": None},
+                "test": {"tiles": 4, "pure_white": 0.5, "mean_intensity": None},
+            },
+            "warning": "shortcut: painted white alone separates the classes",
+        },
+        "labels": {"departure": "training tiles whitened"},
+    }
+    probe = shortcut_probe(record)
+    assert probe is not None
+    assert list(probe.table.columns) == ["statistic", "train AUC (10 tiles)", "test AUC (4 tiles)"]
+    assert probe.table["train AUC (10 tiles)"].tolist() == [0.97, 0.6]
+    assert probe.warning == "shortcut: painted white alone separates the classes"
+    assert probe.departure == "training tiles whitened"
+    assert probe.limit == 0.7
