@@ -143,7 +143,12 @@ def _scorecard(
 
 
 def _hospital_detail(
-    info: RunInfo, predictions: pd.DataFrame, threshold: float, cards: dict[int, float], floor: evaluation.Floor
+    info: RunInfo,
+    predictions: pd.DataFrame,
+    threshold: float,
+    cards: dict[int, float],
+    floor: evaluation.Floor,
+    val: pd.DataFrame | None = None,
 ) -> None:
     """One hospital: figures at the threshold, ROC curve, confusion matrix, history and example tiles."""
     hospitals = sorted(int(c) for c in predictions["client"].unique())
@@ -171,7 +176,7 @@ def _hospital_detail(
     if hospital in cards:
         source = card_threshold_sources(info.path).get(hospital, "")
         st.caption(f"{hospital_label(hospital)}'s model card decides at threshold {cards[hospital]:.2f} ({source}).")
-        _save_buttons(info, hospital, labels, probs, threshold, floor, cards[hospital])
+        _save_buttons(info, hospital, labels, probs, threshold, floor, cards[hospital], hospital_rows(val, hospital))
 
     left, right = st.columns(2)
     with left:
@@ -223,9 +228,11 @@ def _save_buttons(
     threshold: float,
     floor: evaluation.Floor,
     current: float,
+    val_rows: pd.DataFrame | None = None,
 ) -> None:
-    """Save the slider's threshold, or the one reaching the floor, as the hospital's operating threshold (its model
-    bundle): the Slide page, its calls, the HTML report and ``predict`` then use it."""
+    """Save the slider's threshold, or the one reaching the floor (chosen on the hospital's validation predictions,
+    ``val_rows``, where it has them), as the hospital's operating threshold (its model bundle): the Slide page, its
+    calls, the HTML report and ``predict`` then use it."""
     left, right = st.columns(2)
     with left:
         if 0.0 < threshold < 1.0 and abs(threshold - current) > 1e-9:
@@ -233,9 +240,7 @@ def _save_buttons(
                 info.path, hospital, threshold, "set by hand", f"Save {threshold:.2f} as its threshold",
                 key=f"save_hand_{info.run_id}_{hospital}",
             )  # fmt: skip
-    target = evaluation.chosen_target(
-        labels, probs, floor.sensitivity, hospital_rows(read_val_predictions(info.path), hospital)
-    )
+    target = evaluation.chosen_target(labels, probs, floor.sensitivity, val_rows)
     with right:
         if target is not None:
             reaches = f"the floor {floor.sensitivity:.2f}"
@@ -314,17 +319,11 @@ def page() -> None:
     cards = card_thresholds(info.path)
     st.subheader("Scorecard: every hospital at one threshold")
     threshold, floor = _threshold_controls(info, cards)
-    _scorecard(
-        predictions,
-        threshold,
-        floor.sensitivity,
-        floor.min_slides,
-        read_val_predictions(info.path),
-        held_out_slides(info.path),
-    )
+    val = read_val_predictions(info.path)  # once per page: the scorecard's and the save buttons' thresholds
+    _scorecard(predictions, threshold, floor.sensitivity, floor.min_slides, val, held_out_slides(info.path))
 
     st.subheader("One hospital")
-    _hospital_detail(info, predictions, threshold, cards, floor)
+    _hospital_detail(info, predictions, threshold, cards, floor, val)
 
 
 page()
