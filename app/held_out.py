@@ -197,16 +197,8 @@ def score_held_out(folder: Path, dataset: Path | None = None) -> list[SlideCall]
     `app.slide_view.SlideViewError` when the dataset or its raw slides are not on this machine. A slide that
     cannot be scored (unreadable, no tissue) is left out of the file.
     """
-    import numpy as np
-
     from app import slide_view
-    from inference.predict import (
-        SlideTiles,
-        plan_of,
-        score_positions,
-        summarise,
-        tissue_positions,
-    )
+    from inference.predict import score_slide, summarise
     from inference.slides import find_slides, read_slide
     from models.bundle import load_bundle
     from models.decision import SLIDE_TOP_K
@@ -218,19 +210,10 @@ def score_held_out(folder: Path, dataset: Path | None = None) -> list[SlideCall]
     calls = []
     for listed in slides:
         try:
-            file = find_slides(listed.path)[0]
-            decoded = read_slide(file)
-            positions = tissue_positions(decoded.image, bundle.card, str(listed.path))
+            decoded = read_slide(find_slides(listed.path)[0])
+            tiles = score_slide(bundle, decoded.image, str(listed.path))
         except PipelineError:
             continue
-        prob = score_positions(bundle, decoded.image, positions)
-        tiles = SlideTiles(
-            xs=np.array([x for x, _ in positions], dtype=np.int64),
-            ys=np.array([y for _, y in positions], dtype=np.int64),
-            size=plan_of(bundle.card).size,
-            probability=prob,
-            truth=None,
-        )
         height, width = decoded.image.shape[:2]
         summary = summarise(tiles, bundle.card, bundle.card.threshold, SLIDE_TOP_K, (height, width))
         calls.append(

@@ -186,6 +186,35 @@ def score_positions(
     return out
 
 
+def score_slide(
+    bundle: Bundle,
+    image: RGBImage,
+    name: str = "slide",
+    *,
+    cancer: npt.NDArray[np.bool_] | None = None,
+    batch_size: int = DEFAULT_BATCH,
+    device: torch.device | str = "cpu",
+    progress: bool = False,
+) -> SlideTiles:
+    """The whole slide's tissue grid (`tissue_positions`) scored (`score_positions`), with each tile's truth when an
+    annotation (``cancer``) is given (`tile_truth`): what ``predict`` scores a slide with, and ``slides.csv``
+    (`app.held_out`) too. `PredictError` for a slide smaller than a tile or without tissue."""
+    card = bundle.card
+    positions = tissue_positions(image, card, name)
+    bar = tqdm(total=len(positions), desc=Path(name).name, unit="tile", disable=not progress, leave=False)
+    try:
+        prob = score_positions(bundle, image, positions, batch_size=batch_size, device=device, on_batch=bar.update)
+    finally:
+        bar.close()
+    return SlideTiles(
+        xs=np.array([x for x, _ in positions], dtype=np.int64),
+        ys=np.array([y for _, y in positions], dtype=np.int64),
+        size=plan_of(card).size,
+        probability=prob,
+        truth=None if cancer is None else tile_truth(image, cancer, positions, card),
+    )
+
+
 def tile_truth(
     image: RGBImage, cancer: npt.NDArray[np.bool_], positions: Sequence[tuple[int, int]], card: ModelCard
 ) -> npt.NDArray[np.int8]:
@@ -292,33 +321,16 @@ def predict_slide(
     card = bundle.card
     chosen = card.threshold if threshold is None else threshold
     name = str(slide.file.path)
-    positions = tissue_positions(slide.image, card, name)
-    bar = tqdm(total=len(positions), desc=slide.file.name, unit="tile", disable=not progress, leave=False)
-    try:
-        prob = score_positions(
-            bundle,
-            slide.image,
-            positions,
-            batch_size=batch_size,
-            device=device,
-            on_batch=bar.update,
-        )
-    finally:
-        bar.close()
+    tiles = score_slide(
+        bundle, slide.image, name, cancer=slide.cancer, batch_size=batch_size, device=device, progress=progress
+    )
     warnings = [] if slide.warning is None else [slide.warning]
     if is_black(slide.image):
         warnings.append(
-            f"{name}: the slide is black (every pixel <= {BLACK_LEVEL}), so its {len(positions)} tile(s) show no "
+            f"{name}: the slide is black (every pixel <= {BLACK_LEVEL}), so its {len(tiles.xs)} tile(s) show no "
             "tissue and their probabilities mean nothing; check the scan"
         )
-    truth = None if slide.cancer is None else tile_truth(slide.image, slide.cancer, positions, card)
-    tiles = SlideTiles(
-        xs=np.array([x for x, _ in positions], dtype=np.int64),
-        ys=np.array([y for _, y in positions], dtype=np.int64),
-        size=plan_of(card).size,
-        probability=prob,
-        truth=truth,
-    )
+    prob = tiles.probability
     height, width = slide.image.shape[:2]
     summary = {
         "slide": slide.file.name,
