@@ -27,16 +27,22 @@ def synthetic_source(input_folder: Path) -> bool:
     return (Path(input_folder) / SYNTH_MARKER).is_file()
 
 
-def dataset_is_synthetic(dataset: Path | None) -> bool:
-    """Whether a prepared dataset's slides were made by ``gastric-fl synth``: ``prepare.json``'s ``synthetic``
-    flag, or, for a dataset prepared before the flag existed, synth's marker in the input folder it names."""
+def _prepare_record(dataset: Path | None) -> dict[str, object] | None:
+    """A prepared dataset's ``prepare.json`` as a JSON object, or ``None`` (no dataset, no file, not readable)."""
     if dataset is None:
-        return False
+        return None
     try:
         record = json.loads((Path(dataset) / PREPARE_RECORD).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
-        return False
-    if not isinstance(record, dict):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def dataset_is_synthetic(dataset: Path | None) -> bool:
+    """Whether a prepared dataset's slides were made by ``gastric-fl synth``: ``prepare.json``'s ``synthetic``
+    flag, or, for a dataset prepared before the flag existed, synth's marker in the input folder it names."""
+    record = _prepare_record(dataset)
+    if record is None:
         return False
     if isinstance(record.get("synthetic"), bool):
         return bool(record["synthetic"])
@@ -49,13 +55,8 @@ def dataset_is_synthetic(dataset: Path | None) -> bool:
 def dataset_departure(dataset: Path | None) -> str | None:
     """The departure a prepared dataset records in ``prepare.json`` (``labels.departure``: training tiles whitened
     outside the cancer mask, ``--mask-outside``), or ``None``."""
-    if dataset is None:
-        return None
-    try:
-        record = json.loads((Path(dataset) / PREPARE_RECORD).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    labels = record.get("labels") if isinstance(record, dict) else None
+    record = _prepare_record(dataset)
+    labels = record.get("labels") if record is not None else None
     departure = labels.get("departure") if isinstance(labels, dict) else None
     return departure if isinstance(departure, str) and departure else None
 

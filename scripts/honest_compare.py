@@ -77,6 +77,12 @@ def main() -> None:
         "seeds, mean [95% t interval], `*` when it excludes 0.",
         "",
     ]
+    # per regime with a re-measurement: (published masked figures, raw figures)
+    loaded = {
+        regime: (figures(args.results / f"methods_{regime}"), new)
+        for regime in REGIMES
+        if (new := figures(args.results / f"honest_methods_{regime}"))
+    }
     for key, name in (("acc", "accuracy"), ("auc", "AUC")):
         lines += [
             f"## Averaged test {name}",
@@ -84,11 +90,7 @@ def main() -> None:
             "| regime | method | masked | raw | Δ raw - masked | vs Separate, masked | vs Separate, raw |",
             "|---|---|---|---|---|---|---|",
         ]
-        for regime in REGIMES:
-            old = figures(args.results / f"methods_{regime}")
-            new = figures(args.results / f"honest_methods_{regime}")
-            if not new:
-                continue
+        for regime, (old, new) in loaded.items():
             for method in METHODS:
                 seeds = sorted(s for (m, s) in new if m == method and (m, s) in old)
                 if not seeds:
@@ -111,11 +113,7 @@ def main() -> None:
         "| regime | tiles | best | FedSAF - Separate | FedSAF - FedAvg | FedSAF - FedRep | FedSAF - FedAMP |",
         "|---|---|---|---|---|---|---|",
     ]
-    for regime in REGIMES:
-        old = figures(args.results / f"methods_{regime}")
-        new = figures(args.results / f"honest_methods_{regime}")
-        if not new:
-            continue
+    for regime, (old, new) in loaded.items():
         for kind, found in (("masked", old), ("raw", new)):
             means = {
                 m: statistics.fmean(found[(m, s)]["acc"] for s in range(3) if (m, s) in found)
