@@ -150,13 +150,6 @@ def square_fractions(
     return xs, ys, sums / float(size * size)
 
 
-def white_ratios(
-    white: npt.NDArray[np.bool_], size: int, stride: int
-) -> tuple[list[int], list[int], npt.NDArray[np.float64]]:
-    """Grid positions and the white ratio of every ``size`` square on it (`square_fractions` of the white map)."""
-    return square_fractions(white, size, stride)
-
-
 def grid_coverage(
     white: npt.NDArray[np.bool_], mask: npt.NDArray[np.bool_], size: int, stride: int
 ) -> tuple[list[int], list[int], npt.NDArray[np.float64]]:
@@ -205,20 +198,22 @@ def slide_positions(
     white = near_white(image, white_level)
     if not abnormal or mask is None:
         xs, ys, ratios = square_fractions(white, plan.size, plan.stride)
-        keep = ratios <= background_max
-        return Positions([(ys[i], xs[j], float(ratios[i, j])) for i, j in zip(*np.nonzero(keep), strict=True)])
+        return Positions(_kept(xs, ys, ratios, ratios <= background_max))
     stride = plan.abnormal_stride
     if masked:
         xs, ys, ratios = square_fractions(white | ~mask, plan.size, stride)
-        keep = ratios <= white_max
-        return Positions([(ys[i], xs[j], float(ratios[i, j])) for i, j in zip(*np.nonzero(keep), strict=True)])
+        return Positions(_kept(xs, ys, ratios, ratios <= white_max))
     xs, ys, ratios = square_fractions(white, plan.size, stride)
     tissue_ok = ratios <= background_max
     covered = grid_coverage(white, mask, plan.size, stride)[2] >= abnormal_coverage
-    keep = tissue_ok & covered
-    left_out = int(np.count_nonzero(tissue_ok & ~covered))
-    kept = [(ys[i], xs[j], float(ratios[i, j])) for i, j in zip(*np.nonzero(keep), strict=True)]
-    return Positions(kept, left_out)
+    return Positions(_kept(xs, ys, ratios, tissue_ok & covered), int(np.count_nonzero(tissue_ok & ~covered)))
+
+
+def _kept(
+    xs: list[int], ys: list[int], ratios: npt.NDArray[np.float64], keep: npt.NDArray[np.bool_]
+) -> list[tuple[int, int, float]]:
+    """``(y, x, white_ratio)`` of the grid squares ``keep`` marks, in raster order."""
+    return [(ys[i], xs[j], float(ratios[i, j])) for i, j in zip(*np.nonzero(keep), strict=True)]
 
 
 def kept_positions(

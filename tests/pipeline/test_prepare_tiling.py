@@ -18,7 +18,7 @@ from pipeline.tiling import (
     cut_tiles,
     extract_region,
     near_white,
-    white_ratios,
+    square_fractions,
 )
 
 
@@ -33,14 +33,14 @@ def test_white_ratios_of_unequal_tiles_by_hand() -> None:
     white[0, 0:3] = True  # left 4x4 square: 3 white pixels
     white[:, 5:7] = True  # right square: 8 white pixels ...
     white[3, 4:6] = True  # ... plus (3,4) (3,5 already counted): 9
-    xs, ys, ratios = white_ratios(white, 4, 4)
+    xs, ys, ratios = square_fractions(white, 4, 4)
     assert (xs, ys) == ([0, 4], [0])
     assert ratios.tolist() == [[3 / 16, 9 / 16]]
-    xs, _, ratios = white_ratios(white, 4, 2)
+    xs, _, ratios = square_fractions(white, 4, 2)
     # Middle square x 2..5: (0,2), column 5 (4 px), (3,4) -> 6.
     assert xs == [0, 2, 4]
     assert ratios.tolist() == [[3 / 16, 6 / 16, 9 / 16]]
-    assert white_ratios(white, 5, 5)[2].shape == (0, 1)  # taller than the slide: no tile
+    assert square_fractions(white, 5, 5)[2].shape == (0, 1)  # taller than the slide: no tile
 
 
 def test_extract_region_whitens_outside_the_mask_only() -> None:
