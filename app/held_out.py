@@ -19,10 +19,10 @@ import csv
 import io
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from federation.runfiles import SLIDES_FILE, hospital_files
+from federation.runfiles import SLIDES_FILE, hospital_files, hospital_index
 from infra.outputs import write_atomic
 from models.decision import Slides, slide_is_abnormal
 
@@ -112,8 +112,6 @@ def read_slide_calls(path: Path) -> list[SlideCall]:
 
 def run_slide_calls(run: Path) -> dict[int, list[SlideCall]]:
     """Every hospital's held-out slide calls in ``run`` that read, by hospital (damaged files are left out)."""
-    from federation.runfiles import hospital_index
-
     found: dict[int, list[SlideCall]] = {}
     for path in hospital_files(run, SLIDES_FILE):
         try:
@@ -156,8 +154,6 @@ def slide_level(calls: Sequence[SlideCall]) -> dict[str, object]:
 def _update_card(folder: Path, calls: Sequence[SlideCall]) -> None:
     """Put the held-out slides' figures into the card's ``metrics.slide_level`` (weights untouched), so that
     ``gastric-fl report`` and anyone reading the card name the same slide calls as the pages and ``predict``."""
-    from dataclasses import replace
-
     from models.bundle import read_card, write_bundle
     from models.names import CARD_FILE
 
@@ -175,14 +171,7 @@ def recall(folder: Path, threshold: float) -> list[SlideCall] | None:
     if not path.is_file():
         return None
     calls = [
-        SlideCall(
-            c.slide,
-            c.truth,
-            c.score,
-            "abnormal" if slide_is_abnormal(c.score, threshold) else "normal",
-            threshold,
-            c.tiles,
-        )
+        replace(c, call="abnormal" if slide_is_abnormal(c.score, threshold) else "normal", threshold=threshold)
         for c in read_slide_calls(path)
     ]
     write_slide_calls(folder, calls)
