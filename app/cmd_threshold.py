@@ -1,8 +1,9 @@
 """`gastric-fl threshold`: save a hospital's operating threshold into its model bundle (`app.operating`).
 
 ``--value T`` sets it by hand; ``--sensitivity S`` picks the highest threshold that reaches sensitivity ``S`` on the
-hospital's test split. Afterwards ``predict``, the dashboard's Slide page and the HTML report call tiles and slides
-at it, and say where it came from.
+hospital's validation split (its test split, labelled optimistic, when it has none). ``--by`` and ``--reason`` go
+with the old and new value into the card's ``threshold_history``. Afterwards every page of the dashboard, the
+HTML report, ``report`` and ``predict`` call tiles and slides at it, and say where it came from.
 """
 
 from __future__ import annotations
@@ -21,8 +22,13 @@ def register(app: typer.Typer) -> None:
         hospital: int = typer.Option(..., "--hospital", help="The hospital whose bundle gets the threshold."),
         value: float | None = typer.Option(None, "--value", help="The threshold, strictly between 0 and 1."),
         sensitivity: float | None = typer.Option(
-            None, "--sensitivity", help="Instead: the highest threshold reaching this sensitivity on the test split."
+            None,
+            "--sensitivity",
+            help="Instead: the highest threshold reaching this sensitivity on the validation split (the test split, "
+            "said optimistic, when the hospital has none).",
         ),
+        by: str = typer.Option("", "--by", help="Who decides (kept in the card's threshold history; default: you)."),
+        reason: str = typer.Option("", "--reason", help="Why (kept in the card's threshold history)."),
     ) -> None:
         """Save a hospital's operating threshold (by hand, or from a sensitivity floor) into its model card."""
         from app import operating
@@ -36,7 +42,11 @@ def register(app: typer.Typer) -> None:
         else:
             assert sensitivity is not None
             chosen, source, split = operating.from_floor(folder, sensitivity)
-        card = operating.save(folder, chosen, source, split)
+        import getpass
+
+        who = by.strip() or getpass.getuser()
+        previous = operating.read_threshold(folder)
+        card = operating.save(folder, chosen, source, split, by=who, reason=reason)
         from app.held_out import recall
 
         recall(folder, card.threshold)  # the held-out slides' calls at the new threshold (slides.csv)
@@ -45,7 +55,10 @@ def register(app: typer.Typer) -> None:
         figures = ", ".join(
             f"{name} {float(v):.2f}" for name, v in (("sensitivity", sens), ("specificity", spec)) if v is not None
         )
-        typer.echo(f"hospital {hospital}: threshold {card.threshold:.4g} saved in {folder / 'model.json'} ({source})")
+        typer.echo(
+            f"hospital {hospital}: threshold {card.threshold:.4g} saved in {folder / 'model.json'} ({source}), was "
+            f"{previous:.4g}; by {who}" + (f", because: {reason.strip()}" if reason.strip() else "")
+        )
         if figures:
             optimistic = " (chosen there too, so optimistic)" if split == "test" else ""
             typer.echo(f"on its test split at that threshold{optimistic}: {figures}")

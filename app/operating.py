@@ -39,6 +39,13 @@ def hospital_folder(run: Path, hospital: int) -> Path:
     return folder
 
 
+def read_threshold(folder: Path) -> float:
+    """The threshold the hospital's card at ``folder`` decides with now."""
+    from models.bundle import read_card
+
+    return read_card(folder).threshold
+
+
 def card_threshold(value: float) -> float:
     """``value`` brought strictly between 0 and 1, as a model card's threshold must be (a threshold reaching the
     floor can be a probability of exactly 0 or 1)."""
@@ -81,9 +88,10 @@ def from_floor(folder: Path, sensitivity: float) -> tuple[float, str, str]:
     return card_threshold(found.threshold), floor_source(sensitivity, where, how, split), split
 
 
-def save(folder: Path, threshold: float, source: str, split: str = "") -> ModelCard:
+def save(folder: Path, threshold: float, source: str, split: str = "", *, by: str = "", reason: str = "") -> ModelCard:
     """Save ``threshold`` into the bundle at ``folder`` with ``source`` and the ``split`` that chose it
-    (``"validation"``, ``"test"``, or ``""`` for one set by hand), the card's metrics recomputed at it on test."""
+    (``"validation"``, ``"test"``, or ``""`` for one set by hand), the card's metrics recomputed at it on test;
+    the change, ``by`` whom and why (``reason``), goes into the card's ``threshold_history``."""
     from federation.engine.export import card_metrics
     from models.bundle import set_threshold
 
@@ -91,4 +99,4 @@ def save(folder: Path, threshold: float, source: str, split: str = "") -> ModelC
         raise DashboardError(f"threshold {threshold} is not strictly between 0 and 1")
     predictions = folder / PREDICTIONS_FILE
     metrics = card_metrics(predictions, threshold) if predictions.is_file() else None
-    return set_threshold(folder, threshold, source, metrics, split)
+    return set_threshold(folder, threshold, source, metrics, split, by=by, reason=reason)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,8 @@ class ModelCard:
     intended_use: str = INTENDED_USE  # what the model may be used for (infra.provenance), on every card
     norm: str = "batch"  # the network's normalisation: "batch" or "group" (models.registry.to_group_norm)
     privacy: dict[str, Any] = field(default_factory=dict)  # DP training: epsilon, delta, parameters (issue 22)
+    # every saved change of the threshold, oldest first: from, to, source, split, by, at, reason (`set_threshold`)
+    threshold_history: tuple[dict[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if is_timm_name(self.architecture):
@@ -189,6 +192,7 @@ class ModelCard:
             "threshold": self.threshold,
             "threshold_source": self.threshold_source,
             **({"threshold_split": self.threshold_split} if self.threshold_split else {}),
+            **({"threshold_history": [dict(h) for h in self.threshold_history]} if self.threshold_history else {}),
             **({"norm": self.norm} if self.norm != "batch" else {}),
             **({"privacy": self.privacy} if self.privacy else {}),
             **({"decision": self.decision} if self.positive_class is None else {}),
@@ -240,6 +244,7 @@ class ModelCard:
                 intended_use=str(data.get("intended_use") or INTENDED_USE),
                 norm=str(data.get("norm") or "batch"),
                 privacy=dict(data.get("privacy") or {}),
+                threshold_history=tuple(dict(h) for h in (data.get("threshold_history") or ())),
             )
         except ModelError as exc:
             raise BundleError(f"{where}: {exc}") from None
@@ -275,20 +280,38 @@ def write_bundle(folder: Path, card: ModelCard, state: dict[str, torch.Tensor] |
 
 
 def set_threshold(
-    path: Path, threshold: float, source: str, metrics: dict[str, Any] | None = None, split: str = ""
+    path: Path,
+    threshold: float,
+    source: str,
+    metrics: dict[str, Any] | None = None,
+    split: str = "",
+    *,
+    by: str = "",
+    reason: str = "",
 ) -> ModelCard:
     """Save ``threshold`` as the bundle's operating threshold: ``model.json`` is rewritten atomically with it, with
     ``threshold_source`` (where it came from, in words: "set by hand", "reaches sensitivity 0.90 on the test
-    split") and, when given, the card's ``metrics`` at the new threshold; the weights are not touched. Every place
-    that calls tiles or slides with this bundle (``predict``, the Slide page, the HTML report) then uses it.
-    `BundleError` for a card that cannot be read, or a threshold not strictly between 0 and 1; a model that
-    decides by argmax has no threshold to set."""
+    split") and, when given, the card's ``metrics`` at the new threshold; the weights are not touched. The change
+    is appended to ``threshold_history`` (from, to, source, split, ``by`` whom, at what time, ``reason``) and
+    ``written_at`` is the time of the change. Every place that calls tiles or slides with this bundle (``predict``,
+    the Slide page, the HTML report) then uses it. `BundleError` for a card that cannot be read, or a threshold not
+    strictly between 0 and 1; a model that decides by argmax has no threshold to set."""
     folder = bundle_folder(path)
     card = read_card(folder)
     if card.positive_class is None:
         raise BundleError(f"{folder / CARD_FILE}: the model decides by argmax, it has no threshold to set")
     if not source.strip():
         raise BundleError("say where the threshold comes from (for example: set by hand)")
+    at = datetime.now(UTC).isoformat(timespec="seconds")
+    change = {
+        "from": card.threshold,
+        "to": float(threshold),
+        "source": source.strip(),
+        "split": split,
+        "by": by.strip(),
+        "at": at,
+        "reason": reason.strip(),
+    }
     try:
         updated = replace(
             card,
@@ -296,6 +319,8 @@ def set_threshold(
             threshold_source=source.strip(),
             threshold_split=split,
             metrics=card.metrics if metrics is None else dict(metrics),
+            written_at=at,
+            threshold_history=(*card.threshold_history, change),
         )
     except ModelError as exc:
         raise BundleError(f"{folder / CARD_FILE}: {exc}") from None

@@ -36,7 +36,10 @@ SLIDE_TOP_K = 5
 SLIDE_RULE = "a slide is abnormal when the mean of its {k} highest tile probabilities is at least the threshold"
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 20261124
-MIN_BOOTSTRAP_SLIDES = 3
+# The AUC's interval resampled by slide needs at least this many slides, and two of each class: from fewer, every
+# resample repeats the same few slides and the interval (often 1.00-1.00) would read as certainty.
+MIN_BOOTSTRAP_SLIDES = 5
+MIN_BOOTSTRAP_PER_CLASS = 2
 # prepare's tile names: <slide index, 5 digits>_<slide stem>_x<x>_y<y>.png (pipeline.tiling.tile_name)
 TILE_NAME = re.compile(r"^(\d{5})_(.*)_x\d+_y\d+\.png$")
 
@@ -185,19 +188,24 @@ def slide_bootstrap_auc(
     probability: npt.ArrayLike,
     resamples: npt.NDArray[np.int64] | None = None,
     confidence: float = 0.95,
+    min_slides: int = MIN_BOOTSTRAP_SLIDES,
+    min_per_class: int = MIN_BOOTSTRAP_PER_CLASS,
 ) -> AucInterval | None:
     """The AUC's percentile bootstrap interval, resampling slides (see the module docstring).
 
     ``resamples``: rows of slide indices (into the sorted keys), `bootstrap_resamples` by default. Resamples with
     no abnormal or no normal tile have no AUC and are left out. ``None`` when the tiles hold one class, come from
-    fewer than `MIN_BOOTSTRAP_SLIDES` slides (one abnormal and one normal slide give every usable resample the same
-    AUC: a zero-width interval that would look certain), or no resample holds both classes."""
+    fewer than ``min_slides`` slides or fewer than ``min_per_class`` slides with abnormal (or with normal)
+    tiles (a handful of slides gives every usable resample nearly the same AUC: a narrow interval, often
+    1.00-1.00, that would look certain; `auc_interval_text` then says it cannot be estimated), or no resample
+    holds both classes."""
     y = np.asarray(labels, dtype=np.int64).ravel()
     if y.size == 0 or len(np.unique(y)) < 2:
         return None
     wins, counts_p, counts_n = pair_wins(keys, y, probability)
     n = wins.shape[0]
-    if n < MIN_BOOTSTRAP_SLIDES:
+    per_class = min(int((counts_p > 0).sum()), int((counts_n > 0).sum()))
+    if n < min_slides or per_class < min_per_class:
         return None
     draws = bootstrap_resamples(n) if resamples is None else np.asarray(resamples, dtype=np.int64)
     weights = np.stack([np.bincount(row, minlength=n) for row in draws]).astype(np.float64)
@@ -219,6 +227,21 @@ def interval_text(interval: tuple[float, float] | AucInterval | None) -> str:
     if not (math.isfinite(low) and math.isfinite(high)):
         return ""
     return f"{low:.2f}\u2013{high:.2f}"
+
+
+def auc_interval_text(interval: AucInterval | None, slides: int | None) -> str:
+    """The AUC's slide-resampled interval as `interval_text`, or, where `slide_bootstrap_auc` gives none, why:
+    ``"cannot be estimated from 3 slides"`` (``slides`` known and below `MIN_BOOTSTRAP_SLIDES`, or too few of a
+    class), ``"undefined"`` otherwise."""
+    text = interval_text(interval)
+    if text:
+        return text
+    if slides is None:
+        return "undefined"
+    return (
+        f"cannot be estimated from {slides} slide{'s' if slides != 1 else ''} (at least {MIN_BOOTSTRAP_SLIDES}, "
+        f"{MIN_BOOTSTRAP_PER_CLASS} of each class, wanted)"
+    )
 
 
 def _rate(num: int, den: int) -> float | None:

@@ -144,9 +144,18 @@ def xi_heatmap(matrix: np.ndarray, round_number: int) -> go.Figure:
     return _layout(fig, f"Who learns from whom: AMP matrix ξ, round {round_number}", "learns (row)", x_title="from")
 
 
-def roc_curve(curve: Roc, name: str, colour: str = ACCENT, marker: tuple[float, float] | None = None) -> go.Figure:
+def roc_curve(
+    curve: Roc,
+    name: str,
+    colour: str = ACCENT,
+    marker: tuple[float, float] | None = None,
+    explored: tuple[float, float] | None = None,
+    marker_name: str = "threshold in use",
+    explored_name: str = "exploring",
+) -> go.Figure:
     """The ROC curve in ``colour`` with its AUC in the legend and the chance diagonal; ``marker`` (false positive
-    rate, sensitivity) marks where the threshold in use sits on the curve."""
+    rate, sensitivity) marks where the threshold in use (the model card's) sits on the curve, ``explored`` where
+    a threshold being explored (not saved) would sit."""
     auc = "undefined (one class)" if curve.auc is None else f"{curve.auc:.3f}"
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="chance", line={"color": MUTED, "dash": "dash"}))
@@ -159,23 +168,26 @@ def roc_curve(curve: Roc, name: str, colour: str = ACCENT, marker: tuple[float, 
             line={"color": colour, "width": 3},
         )
     )
-    if marker is not None and all(np.isfinite(marker)):
-        fig.add_trace(
-            go.Scatter(
-                x=[marker[0]],
-                y=[marker[1]],
-                mode="markers",
-                name="threshold in use",
-                marker={"color": PALETTE[7], "size": 11, "symbol": "diamond"},
+    shown = ((marker, marker_name, "diamond", PALETTE[7]), (explored, explored_name, "circle-open", MUTED))
+    for point, label, symbol, tint in shown:
+        if point is not None and all(np.isfinite(point)):
+            fig.add_trace(
+                go.Scatter(
+                    x=[point[0]],
+                    y=[point[1]],
+                    mode="markers",
+                    name=label,
+                    marker={"color": tint, "size": 11, "symbol": symbol, "line": {"width": 2, "color": tint}},
+                )
             )
-        )
     fig.update_xaxes(range=[0, 1], title="false positive rate (1 - specificity)")
     fig.update_yaxes(range=[0, 1.02], title="true positive rate (sensitivity)", scaleanchor="x", scaleratio=1)
     return _layout(fig, f"ROC curve, AUC {auc}", "true positive rate", height=380, x_title="false positive rate")
 
 
-def confusion(matrix: np.ndarray, threshold: float) -> go.Figure:
-    """2x2 confusion matrix (rows true class, columns predicted) with counts written in the cells."""
+def confusion(matrix: np.ndarray, threshold: float, whose: str = "") -> go.Figure:
+    """2x2 confusion matrix (rows true class, columns predicted) with counts written in the cells; ``whose``
+    names the threshold in the title (for example "the model card's")."""
     names = ["normal", "abnormal"]
     cells = [["true negative", "false positive"], ["false negative", "true positive"]]
     text = [[f"{cells[r][c]}<br><b>{int(matrix[r][c])}</b>" for c in range(2)] for r in range(2)]
@@ -194,7 +206,8 @@ def confusion(matrix: np.ndarray, threshold: float) -> go.Figure:
         )
     )
     fig.update_yaxes(autorange="reversed")
-    return _layout(fig, f"Confusion matrix at threshold {threshold:.2f}", "", height=380, x_title="")
+    named = f" ({whose})" if whose else ""
+    return _layout(fig, f"Confusion matrix at threshold {threshold:.2f}{named}", "", height=380, x_title="")
 
 
 def overlay(curves: Mapping[str, pd.Series], title: str, y_title: str) -> go.Figure:

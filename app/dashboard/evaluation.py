@@ -16,7 +16,7 @@ scikit-learn is imported on first use (it takes about a second), so a page shows
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +27,7 @@ from app.dashboard.datasets import hospital_label
 from models.decision import (
     AucInterval,
     Slides,
+    auc_interval_text,
     interval_text,
     slide_bootstrap_auc,
     slide_of_tile,
@@ -486,83 +487,168 @@ def _reach(score: HospitalScore) -> str:
         return ""
     spec = target.point.specificity
     there = f" with specificity {spec:.2f}" if math.isfinite(spec) else ""
-    return f"; reaches {target.target:.2f} sensitivity at {target.threshold:.2f}{there}"
+    chosen = "on validation" if target.split == "validation" else "on the test split, optimistic"
+    return f"; threshold {target.threshold:.2f} would reach {target.target:.2f} sensitivity{there} (chosen {chosen})"
+
+
+NAMES_SHOWN = 3  # slide names a verdict's reason lists before "..."
+
+
+def _names(keys: list[str]) -> str:
+    shown = ", ".join(keys[:NAMES_SHOWN])
+    return shown + (f" and {len(keys) - NAMES_SHOWN} more" if len(keys) > NAMES_SHOWN else "")
+
+
+def slide_errors(score: HospitalScore) -> tuple[list[str], list[str]]:
+    """The hospital's test slides whose call at its threshold contradicts their annotation: abnormal slides called
+    normal (missed) and normal slides called abnormal (false alarms), by name."""
+    slides = score.slide_set
+    if slides is None:
+        return [], []
+    called = slides.called(score.point.threshold)
+    missed = [k for k, label, c in zip(slides.keys, slides.labels, called, strict=True) if label == 1 and not c]
+    alarms = [k for k, label, c in zip(slides.keys, slides.labels, called, strict=True) if label == 0 and c]
+    return missed, alarms
+
+
+def _slide_words(score: HospitalScore) -> str:
+    """``"misses 1 of 3 abnormal slides (slide_0016)"`` and the false alarms, or empty when every slide is right."""
+    slides = score.slide_set
+    if slides is None:
+        return ""
+    missed, alarms = slide_errors(score)
+    parts = []
+    if missed:
+        parts.append(f"misses {len(missed)} of {int(slides.labels.sum())} abnormal slides ({_names(missed)})")
+    if alarms:
+        normal = int((slides.labels == 0).sum())
+        parts.append(f"calls {len(alarms)} of {normal} normal slides abnormal ({_names(alarms)})")
+    return " and ".join(parts)
 
 
 def verdict(score: HospitalScore, floor: Floor) -> Verdict:
     """Judge one hospital (its `score_hospital` at its operating threshold, the target being the floor's
     sensitivity) against ``floor``. The rule, in order:
 
-    1. **cannot judge**: fewer test slides than ``floor.min_slides`` (or the tile names do not say which slides),
-       or no abnormal test tile;
-    2. **fail**: tile sensitivity below the floor, or an abnormal test slide called normal often enough that the
+    1. **cannot judge**: no abnormal test tile;
+    2. **fail**, whatever the number of slides: the whole 95% Wilson interval of the tile sensitivity lies below
+       the floor (even a few slides show that it misses too much);
+    3. **cannot judge**: fewer test slides than ``floor.min_slides`` (or the tile names do not say which slides);
+    4. **fail**: tile sensitivity below the floor, or abnormal test slides called normal often enough that the
        slide sensitivity is below the floor;
-    3. **review**: the floor is met, but the lower end of the sensitivity's 95% Wilson interval is below it (too few
-       abnormal tiles to be sure), or the specificity is below ``floor.specificity``;
-    4. **pass** otherwise.
+    5. **review**: the floor is met, but an abnormal slide is still called normal, or the lower end of the
+       sensitivity's interval is below the floor (too few abnormal tiles to be sure), or the specificity is below
+       ``floor.specificity``;
+    6. **pass** otherwise.
+
+    Every reason names the slides whose call contradicts their annotation (missed cancers, false alarms).
     """
     point, slides = score.point, score.slides
     threshold = point.threshold
-    at = f"at {threshold:.2f}"
+    at = f"at threshold {threshold:.2f}"
+    wrong = _slide_words(score)
+    on_slides = f"; on its slides it {wrong}" if wrong else ""
+
+    def judged(kind: str, reason: str) -> Verdict:
+        return Verdict(score.client, kind, reason, threshold)
+
+    if point.abnormal == 0:
+        return judged(CANNOT_JUDGE, "cannot judge: its test split holds no abnormal tile.")
+    ci = interval_text(point.sensitivity_interval)
+    interval = point.sensitivity_interval
+    misses = f"misses {point.fn} of {point.abnormal} abnormal tiles {at} (sensitivity {point.sensitivity:.2f}"
+    if interval is not None and interval[1] < floor.sensitivity:
+        few = "" if slides is not None and slides >= floor.min_slides else f", even from {slides or 'unknown'} slides"
+        return judged(
+            FAIL,
+            f"{misses}, 95% CI {ci}, wholly below the floor {floor.sensitivity:.2f}{few}){on_slides}{_reach(score)}.",
+        )
     if slides is None:
-        return Verdict(
-            score.client,
+        return judged(
             CANNOT_JUDGE,
             "cannot judge: its tile names do not say which slide they come from, so the slides cannot be counted.",
-            threshold,
         )
     if slides < floor.min_slides:
-        return Verdict(
-            score.client,
+        return judged(
             CANNOT_JUDGE,
             f"too few slides to judge: {slides} test slide{'s' if slides != 1 else ''} ({point.abnormal + point.normal}"
-            f" tiles), at least {floor.min_slides} wanted.",
-            threshold,
+            f" tiles), at least {floor.min_slides} wanted{on_slides}.",
         )
-    if point.abnormal == 0:
-        return Verdict(score.client, CANNOT_JUDGE, "cannot judge: its test split holds no abnormal tile.", threshold)
-    ci = interval_text(point.sensitivity_interval)
     sp = point.specificity
     spec = f", specificity {sp:.2f}" if math.isfinite(sp) else ""
     sp_slide = score.slide_point
-    missed_slides = 0 if sp_slide is None else sp_slide.fn
     slide_ok = sp_slide is None or not sp_slide.abnormal or sp_slide.sensitivity >= floor.sensitivity
-    if point.sensitivity < floor.sensitivity or not slide_ok:
-        if point.sensitivity < floor.sensitivity:
-            what = f"misses {point.fn} of {point.abnormal} abnormal tiles {at} (sensitivity {point.sensitivity:.2f})"
-        else:
-            assert sp_slide is not None
-            what = (
-                f"misses {missed_slides} of {sp_slide.abnormal} abnormal slides {at} (slide sensitivity "
-                f"{sp_slide.sensitivity:.2f})"
-            )
-        return Verdict(score.client, FAIL, f"{what}{_reach(score)}.", threshold)
-    low = point.sensitivity_interval
+    if point.sensitivity < floor.sensitivity:
+        return judged(FAIL, f"{misses}){on_slides}{_reach(score)}.")
+    if not slide_ok:
+        assert sp_slide is not None
+        return judged(
+            FAIL,
+            f"{wrong} {at} (slide sensitivity {sp_slide.sensitivity:.2f}, below the floor {floor.sensitivity:.2f})"
+            f"{_reach(score)}.",
+        )
     found = (
         f"finds {point.tp} of {point.abnormal} abnormal tiles {at} (sensitivity {point.sensitivity:.2f}, 95% CI {ci})"
     )
-    if low is not None and low[0] < floor.sensitivity:
-        return Verdict(
-            score.client,
+    missed, _ = slide_errors(score)
+    if missed:
+        return judged(REVIEW, f"{found}{spec}, but on its slides it {wrong}: look at them before relying on it.")
+    if interval is not None and interval[0] < floor.sensitivity:
+        return judged(
             REVIEW,
             f"{found}{spec}, but with {point.abnormal} abnormal tiles the interval reaches below the floor "
-            f"{floor.sensitivity:.2f}.",
-            threshold,
+            f"{floor.sensitivity:.2f}{on_slides}.",
         )
     if math.isfinite(sp) and sp < floor.specificity:
-        return Verdict(
-            score.client,
+        return judged(
             REVIEW,
             f"{found}, but calls {point.fp} of {point.normal} normal tiles abnormal (specificity {sp:.2f}, below "
-            f"{floor.specificity:.2f}).",
-            threshold,
+            f"{floor.specificity:.2f}){on_slides}.",
         )
     slides_found = (
         f" and {sp_slide.tp} of {sp_slide.abnormal} abnormal slides"
         if sp_slide is not None and sp_slide.abnormal
         else ""
     )
-    return Verdict(score.client, PASS, f"{found}{slides_found}{spec}.", threshold)
+    return judged(PASS, f"{found}{slides_found}{spec}{on_slides}.")
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """One hospital judged at its operating threshold (`score_hospital`, then `verdict`): what every page, report
+    and command shows for it. ``source``: where the threshold came from, in words; ``split``: which split chose it
+    (``"validation"``, ``"test"``, or ``""`` by hand or the default)."""
+
+    score: HospitalScore
+    verdict: Verdict
+    source: str
+    split: str = ""
+
+    @property
+    def client(self) -> int:
+        """The hospital."""
+        return self.score.client
+
+    @property
+    def threshold(self) -> float:
+        """Its operating threshold (its model card's)."""
+        return self.score.point.threshold
+
+
+def judge(
+    client: int,
+    rows: pd.DataFrame,
+    threshold: float,
+    source: str,
+    split: str,
+    floor: Floor,
+    val_rows: pd.DataFrame | None = None,
+    held_out: Slides | None = None,
+) -> Judgement:
+    """One hospital's `Judgement` at its operating ``threshold`` against ``floor`` (`score_hospital` with the
+    floor's sensitivity as the target, then `verdict`)."""
+    score = score_hospital(client, rows, threshold, floor.sensitivity, floor.min_slides, val_rows, held_out)
+    return Judgement(score, verdict(score, floor), source, split)
 
 
 # What decides a verdict comes first (a phone shows the first few columns beside the pinned hospital name).
@@ -600,7 +686,7 @@ def scorecard_table(scores: list[HospitalScore]) -> pd.DataFrame:
                 "test slides": nan if score.slides is None else score.slides,
                 "test tiles": point.abnormal + point.normal,
                 "AUC": nan if score.auc is None else score.auc,
-                "AUC 95% CI": interval_text(score.auc_interval),
+                "AUC 95% CI": auc_interval_text(score.auc_interval, score.slides),
                 "accuracy": point.accuracy,
                 "sensitivity": point.sensitivity,
                 "sensitivity 95% CI": interval_text(point.sensitivity_interval),
@@ -617,3 +703,14 @@ def scorecard_table(scores: list[HospitalScore]) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows, columns=list(SCORECARD_COLUMNS))
+
+
+VERDICT_NAMES = {PASS: "PASS", REVIEW: "REVIEW", FAIL: "FAIL", CANNOT_JUDGE: "CANNOT JUDGE"}
+
+
+def judgement_table(judgements: Sequence[Judgement]) -> pd.DataFrame:
+    """`scorecard_table` of judged hospitals, each at its own threshold, with its verdict and threshold first."""
+    table = scorecard_table([j.score for j in judgements])
+    table.insert(1, "verdict", [VERDICT_NAMES[j.verdict.kind] for j in judgements])
+    table.insert(2, "threshold", [j.threshold for j in judgements])
+    return table

@@ -619,6 +619,32 @@ def card_thresholds(run: Path) -> dict[int, float]:
     return {c: t for c, card in _cards(run).items() if (t := _card_threshold(card)) is not None}
 
 
+@dataclass(frozen=True)
+class CardThreshold:
+    """A hospital's operating threshold as its model card states it: the value, where it came from in words
+    (``threshold_source``) and the split that chose it (``threshold_split``: validation, test, or empty)."""
+
+    value: float
+    source: str
+    split: str = ""
+
+
+NO_CARD = CardThreshold(0.5, "the default 0.5 (no model card)")
+
+
+def card_operating(run: Path) -> dict[int, CardThreshold]:
+    """Each hospital's `CardThreshold` (each card read once), for the hospitals of `card_thresholds`; a hospital
+    without one decides at `NO_CARD`."""
+    found = {}
+    for client, card in _cards(run).items():
+        value = _card_threshold(card)
+        if value is not None:
+            split = card.get("threshold_split")
+            source = str(card.get("threshold_source") or "the default 0.5")
+            found[client] = CardThreshold(value, source, split if split in ("validation", "test") else "")
+    return found
+
+
 def card_threshold_sources(run: Path) -> dict[int, str]:
     """Where each hospital's card threshold came from (``threshold_source``: the default, set by hand, from the
     floor; `models.bundle.set_threshold`), for the hospitals of `card_thresholds` (each card read once)."""

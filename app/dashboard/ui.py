@@ -351,30 +351,106 @@ def floor_controls(page: str) -> evaluation.Floor:
     return evaluation.Floor(float(values["sensitivity"]), int(values["min_slides"]), float(values["specificity"]))
 
 
+# A verdict's colour and word (Streamlit's background colours; the word alone carries the meaning, so a screen reader
+# hears "Hospital 0 FAIL" and no icon name).
+VERDICT_COLOURS = {
+    evaluation.PASS: "green",
+    evaluation.REVIEW: "orange",
+    evaluation.FAIL: "red",
+    evaluation.CANNOT_JUDGE: "gray",
+}
+
+
+def verdict_badge(kind: str) -> str:
+    """The verdict ``kind`` as markdown: its word in bold on its colour."""
+    return f":{VERDICT_COLOURS[kind]}-background[**{evaluation.VERDICT_NAMES[kind]}**]"
+
+
+def current_floor() -> evaluation.Floor:
+    """The clinical floor as last set on the Verdict or Hospital page (`floor_controls`' shared session values),
+    without drawing its inputs: the Federation and Compare pages and the downloaded HTML report judge with it;
+    the default floor when none was set (or a stored value is out of range)."""
+    default = evaluation.Floor()
+    try:
+        return evaluation.Floor(
+            float(st.session_state.get(FLOOR_KEYS["sensitivity"], default.sensitivity)),
+            int(st.session_state.get(FLOOR_KEYS["min_slides"], default.min_slides)),
+            float(st.session_state.get(FLOOR_KEYS["specificity"], default.specificity)),
+        )
+    except (TypeError, ValueError):
+        return default
+
+
+def floor_words(floor: evaluation.Floor) -> str:
+    """The floor in words, as every page and report names it."""
+    return (
+        f"sensitivity at least {floor.sensitivity:.2f} at each hospital's own threshold, at least {floor.min_slides} "
+        f"test slides, review below specificity {floor.specificity:.2f}"
+    )
+
+
+FLASH_KEY = "_saved_threshold"
+SPLIT_WORDS = {
+    "validation": "chosen on the validation split, judged on the test split",
+    "test": "chosen on the test split it is judged on, so optimistic",
+    "": "set by hand",
+}
+
+
+def flash() -> None:
+    """The message of a threshold just saved (kept across the rerun that redraws the page at the new threshold)."""
+    message = st.session_state.pop(FLASH_KEY, None)
+    if message:
+        st.success(message, icon=":material/check_circle:")
+
+
 def save_threshold_button(
-    run: Path, hospital: int, value: float, source: str, label: str, key: str, split: str = ""
+    run: Path, hospital: int, value: float, source: str, label: str, key: str, split: str = "", current: float = 0.5
 ) -> None:
-    """A button that saves ``value`` as the hospital's operating threshold into its model bundle
-    (`app.operating.save`, with the ``split`` that chose it): the Slide page, its calls, the HTML report and
-    ``predict`` then use it."""
-    if not st.button(label, key=key, icon=":material/save:"):
+    """A button that proposes ``value`` as the hospital's operating threshold, then asks for confirmation: what
+    changes (``current`` to ``value``), the split that chose it, who decides and why. Confirmed, it is saved into
+    the model bundle (`app.operating.save`, the old value, who, when and why kept in the card's
+    ``threshold_history``), the held-out slides are called again at it, and the page is redrawn at once at the new
+    threshold. The Slide page, its calls, the HTML report and ``predict`` then use it."""
+    pending = f"{key}_pending"
+    if st.button(label, key=key, icon=":material/save:"):
+        st.session_state[pending] = True
+    if not st.session_state.get(pending):
         return
+    with st.container(border=True):
+        st.markdown(
+            f"**Change {hospital_label(hospital)}'s operating threshold from {current:.2f} to {value:.2f}?** "
+            f"It is {SPLIT_WORDS.get(split, split)} ({source}). Every page, the HTML report and `gastric-fl predict` "
+            "will call its tiles and slides at it; the old value is kept in the model card's history."
+        )
+        who = st.text_input("Who decides", key=f"{key}_who", placeholder="your name")
+        why = st.text_input("Why", key=f"{key}_why", placeholder="for example: agreed at the tumour board")
+        confirm, cancel = st.columns(2)
+        if cancel.button("Cancel", key=f"{key}_cancel"):
+            st.session_state.pop(pending, None)
+            st.rerun()
+        if not confirm.button(f"Confirm: decide at {value:.2f}", key=f"{key}_confirm", type="primary"):
+            return
+        if not who.strip() or not why.strip():
+            st.error("Say who decides and why: both are kept in the model card's history.", icon=":material/error:")
+            return
     from app import operating
 
     try:
         folder = operating.hospital_folder(run, hospital)
-        card = operating.save(folder, value, source, split)
+        card = operating.save(folder, value, source, split, by=who, reason=why)
         from app.held_out import recall
 
         recall(folder, card.threshold)  # the held-out slides' calls at the new threshold (slides.csv)
     except (DashboardError, ValueError) as exc:
         st.error(str(exc), icon=":material/error:")
         return
-    st.success(
-        f"Saved: {hospital_label(hospital)} now decides at threshold {card.threshold:.2f} ({card.threshold_source}). "
-        "The Slide page, the HTML report and `gastric-fl predict` use it.",
-        icon=":material/check_circle:",
+    st.session_state.pop(pending, None)
+    st.session_state[FLASH_KEY] = (
+        f"Saved: {hospital_label(hospital)} now decides at threshold {card.threshold:.2f} "
+        f"({card.threshold_source}), was {current:.2f}. Every page, the HTML report and `gastric-fl predict` use it."
     )
+    st.rerun()  # every figure on the page at the new threshold, now
 
 
 def save_floor_button(
@@ -400,7 +476,8 @@ def save_floor_button(
         where = "the validation split" if split == "validation" else "the test split"
         source = operating.floor_source(sensitivity, where, floor_name, split)
         label = f"Save {value:.2f} as {whose} threshold (reaches {reaches} on {where})"
-        save_threshold_button(info.path, hospital, value, source, label, f"save_floor_{info.run_id}_{hospital}", split)
+        key = f"save_floor_{info.run_id}_{hospital}"
+        save_threshold_button(info.path, hospital, value, source, label, key, split, current)
 
 
 def chart(where: Any, figure: Any, key: str, **kwargs: Any) -> Any:

@@ -122,12 +122,15 @@ def test_hospital_page_roc_and_threshold(fixture_root: Fixture) -> None:
     # Hospital 0's test tiles: normal 0.2, 0.7; abnormal 0.9, 0.4 -> 3 of 4 pairs ranked right.
     assert _metric(at, "AUC") == "0.750"
     assert _metric(at, "Accuracy") == "0.500"
-    at.slider(key="threshold").set_value(0.3)
+    at.slider(key=f"explore_{fixture_root.finished.name}_0").set_value(0.3)
     at.run()
-    assert _metric(at, "Accuracy") == "0.750"  # 0.2 -> normal, 0.4/0.7/0.9 -> abnormal
-    assert _metric(at, "Sensitivity") == "1.000"
-    assert _metric(at, "Specificity") == "0.500"
-    assert "0.8750" in _texts(at.caption)  # last round's AUC from metrics.jsonl, for comparison
+    # exploring 0.30 is said, with what it would do, and the figures stay at the threshold in use (0.5, no card)
+    explored = _texts(at.info)
+    assert "Exploring threshold 0.30, not saved." in explored
+    assert "would find 2 of 2 abnormal tiles (sensitivity 1.000) and call 1 of 2 normal tiles abnormal" in explored
+    assert _metric(at, "Accuracy") == "0.500"
+    assert _metric(at, "Sensitivity") == "0.500"
+    assert "0.875" in _texts(at.caption)  # last round's AUC from metrics.jsonl, for comparison
 
 
 def test_compare_page_table_and_grid(fixture_root: Fixture) -> None:

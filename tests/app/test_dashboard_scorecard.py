@@ -202,9 +202,12 @@ def _scorecard(at: AppTest) -> pd.DataFrame:
     return frame.set_index("hospital")
 
 
+EXPLORE_0 = "explore_20250301-000000-fedavg_0"  # the slider exploring hospital 0's threshold
+
+
 def test_scorecard_warns_where_a_high_auc_hides_a_poor_sensitivity(hidden_root: Path) -> None:
     at = open_page("hospital")
-    assert at.slider(key="threshold").value == 0.55  # the model cards' threshold
+    assert at.slider(key=EXPLORE_0).value == 0.55  # it starts at the model card's threshold
     warnings = [str(w.value) for w in at.warning]
     assert len(warnings) == 1
     assert "Hospital 1" in warnings[0]
@@ -216,13 +219,18 @@ def test_scorecard_warns_where_a_high_auc_hides_a_poor_sensitivity(hidden_root: 
     assert table["specificity"].tolist() == [0.8, 1.0]
     assert table["threshold for target"].tolist() == [0.55, 0.30]
     assert table["specificity there"].tolist() == [0.8, 0.6]
-    # Lowering the threshold to 0.30 catches all four: the warning goes, the figures follow.
-    at.slider(key="threshold").set_value(0.3)
+    assert table["threshold"].tolist() == [0.55, 0.55]
+    # tile names without slides: hospital 0 (5 of 5 found) cannot be judged; hospital 1 finds 1 of 4 (95% CI
+    # 0.05-0.70), wholly below the floor 0.90: a fail, slides or not
+    assert table["verdict"].tolist() == ["CANNOT JUDGE", "FAIL"]
+    # Exploring another threshold says so, and changes neither the scorecard nor the verdict.
+    at.slider(key=EXPLORE_0).set_value(0.3)
     at.run()
-    assert not [w for w in at.warning if "Hospital 1" in str(w.value)]
-    table = _scorecard(at)
-    assert table.loc["Hospital 1", "sensitivity"] == 1.0
-    assert table.loc["Hospital 1", "specificity"] == 0.6
+    assert [w for w in at.warning if "Hospital 1" in str(w.value)]
+    assert _scorecard(at).equals(table)
+    (info,) = [str(i.value) for i in at.info if "Exploring" in str(i.value)]
+    assert info.startswith("**Exploring threshold 0.30, not saved.** There Hospital 0 would find 5 of 5 abnormal")
+    assert "stay at the card's threshold 0.55 until you save one" in info
     # A looser target allows higher thresholds: the ceil(0.5 n)-th highest abnormal probability of each hospital.
     at.number_input(key="hospital_floor_sensitivity").set_value(0.5)
     at.run()
@@ -246,14 +254,14 @@ def test_hospital_page_explains_auc_roc_and_the_confusion_matrix(hidden_root: Pa
 
 def test_the_threshold_starts_at_the_cards_again_after_leaving_the_page(hidden_root: Path) -> None:
     at = open_page("hospital")
-    at.slider(key="threshold").set_value(0.3)
+    at.slider(key=EXPLORE_0).set_value(0.3)
     at.run()
     at.switch_page("views/data.py")
     at.run()
     at.switch_page("views/hospital.py")
     at.run()
     assert not at.exception
-    assert at.slider(key="threshold").value == 0.55
+    assert at.slider(key=EXPLORE_0).value == 0.55
 
 
 def test_wilson_intervals_on_small_counts() -> None:

@@ -84,18 +84,23 @@ def test_each_hospital_gets_its_verdict_and_reason(verdict_root: Path) -> None:
     text = _markdown(at)
     assert "**FAIL**" in text
     assert (
-        "Hospital 0: misses 12 of 12 abnormal tiles at 0.50 (sensitivity 0.00); reaches 0.90 sensitivity at 0.30 with "
-        "specificity 1.00." in text
+        "Hospital 0: misses 12 of 12 abnormal tiles at threshold 0.50 (sensitivity 0.00, 95% CI 0.00\u20130.24, "
+        "wholly below the floor 0.90); on its slides it misses 3 of 3 abnormal slides (00000, 00001, 00002); "
+        "threshold 0.30 would reach 0.90 sensitivity with specificity 1.00 (chosen on the test split, optimistic)."
+        in text
     )
+    assert "icon" not in text and ":material/" not in text.split("###")[0]  # a screen reader hears the word only
     assert "**CANNOT JUDGE**" in text
     assert "Hospital 1: too few slides to judge: 3 test slides (6 tiles), at least 5 wanted." in text
     assert "**PASS**" in text
-    assert "Hospital 2: finds 60 of 60 abnormal tiles at 0.50" in text
+    assert "Hospital 2: finds 60 of 60 abnormal tiles at threshold 0.50" in text
     captions = " ".join(str(c.value) for c in at.caption)
     assert "research use only" in captions.lower()
     assert "3 hospitals: 1 pass, 1 fail, 1 cannot judge" in captions
     assert "threshold 0.50 (the default 0.5)" in captions
     assert "slides resampled" in captions  # the AUC's interval by slide
+    # hospital 1's 3 slides give no interval, and the page says why instead of "1.00-1.00"
+    assert "AUC 1.00 (95% CI cannot be estimated from 3 slides (at least 5, 2 of each class, wanted)" in captions
 
 
 def test_the_floor_carries_to_the_hospital_page(verdict_root: Path) -> None:
@@ -116,23 +121,60 @@ def test_the_floor_carries_to_the_hospital_page(verdict_root: Path) -> None:
     assert at.number_input(key="verdict_floor_sensitivity").value == 0.5
 
 
-def test_saving_the_floors_threshold_goes_into_the_bundle_and_the_report(verdict_root: Path) -> None:
-    from app.report_html import report_html
+def _confirm(at: AppTest, label_start: str, who: str = "Dr A", why: str = "tumour board") -> None:
+    """Press the save button whose label starts with ``label_start``, fill in who and why, and confirm."""
+    (button,) = [b for b in at.button if b.label.startswith(label_start)]
+    button.click()
+    at.run()
+    assert not at.exception
+    key = button.key
+    at.text_input(key=f"{key}_who").set_value(who)
+    at.text_input(key=f"{key}_why").set_value(why)
+    (confirm,) = [b for b in at.button if b.key == f"{key}_confirm"]
+    confirm.click()
+    at.run()
+    assert not at.exception
 
+
+def test_saving_asks_for_confirmation_who_and_why(verdict_root: Path) -> None:
+    folder = verdict_root / "hospitals" / "client_00"
     at = open_page("verdict")
     (button,) = [b for b in at.button if b.label.startswith("Save 0.30 as Hospital 0")]
     button.click()
     at.run()
-    assert not at.exception
+    text = _markdown(at)
+    # one click only proposes: the card is unchanged, and the page says what would change and on which split
+    assert read_card(folder).threshold == 0.5
+    assert "Change Hospital 0's operating threshold from 0.50 to 0.30?" in text
+    assert "chosen on the test split it is judged on, so optimistic" in text
+    (confirm,) = [b for b in at.button if b.key == f"{button.key}_confirm"]
+    confirm.click()  # without who and why: refused
+    at.run()
+    assert "Say who decides and why" in " ".join(str(e.value) for e in at.error)
+    assert read_card(folder).threshold == 0.5
+    (cancel,) = [b for b in at.button if b.key == f"{button.key}_cancel"]
+    cancel.click()
+    at.run()
+    assert "Change Hospital 0's operating threshold" not in _markdown(at)
+    assert read_card(folder).threshold == 0.5
+
+
+def test_saving_the_floors_threshold_goes_into_the_bundle_and_the_report(verdict_root: Path) -> None:
+    from app.report_html import report_html
+
+    at = open_page("verdict")
+    _confirm(at, "Save 0.30 as Hospital 0")
     card = read_card(verdict_root / "hospitals" / "client_00")
     assert card.threshold == pytest.approx(0.30)
     assert card.threshold_source.startswith("reaches sensitivity 0.90 on the test split")
     assert card.metrics["sensitivity"] == 1.0  # recomputed at the new threshold
+    assert [(h["from"], h["to"], h["by"], h["reason"]) for h in card.threshold_history] == [
+        (0.5, pytest.approx(0.30), "Dr A", "tumour board")
+    ]
     assert "Saved: Hospital 0 now decides at threshold 0.30" in " ".join(str(s.value) for s in at.success)
-    at.run()
-    text = _markdown(at)
-    assert "Hospital 0: misses" not in text  # judged at its saved threshold now
-    assert "Hospital 0: finds 12 of 12 abnormal tiles at 0.30" in text
+    text = _markdown(at)  # the same run that saved: the page is redrawn at the new threshold at once
+    assert "Hospital 0: misses" not in text
+    assert "Hospital 0: finds 12 of 12 abnormal tiles at threshold 0.30" in text
     page = report_html(verdict_root, 0)
     assert 'data-metric="threshold">0.3<' in page
     assert "reaches sensitivity 0.90 on the test split" in page
@@ -140,11 +182,9 @@ def test_saving_the_floors_threshold_goes_into_the_bundle_and_the_report(verdict
 
 def test_the_scorecard_saves_the_sliders_threshold(verdict_root: Path) -> None:
     at = open_page("hospital")
-    at.slider(key="threshold").set_value(0.42)
+    at.slider(key=f"explore_{verdict_root.name}_0").set_value(0.42)
     at.run()
-    (button,) = [b for b in at.button if b.label == "Save 0.42 as its threshold"]
-    button.click()
-    at.run()
+    _confirm(at, "Save 0.42 as its threshold")
     card = read_card(verdict_root / "hospitals" / "client_00")
     assert (card.threshold, card.threshold_source) == (0.42, "set by hand")
 
@@ -159,3 +199,31 @@ def test_a_dp_runs_epsilon_is_beside_each_verdict(verdict_root: Path) -> None:
     captions = " ".join(str(c.value) for c in at.caption)
     for client in SPLITS:
         assert f"differential privacy: epsilon {1.5 * last + client:.2f} at delta 1e-05 so far, per slide" in captions
+
+
+def test_the_hospital_page_and_its_charts_follow_the_saved_threshold(verdict_root: Path) -> None:
+    at = open_page("verdict")
+    _confirm(at, "Save 0.30 as Hospital 0")
+    at.switch_page("views/hospital.py")
+    at.run()
+    assert not at.exception
+    (table,) = [d.value for d in at.dataframe if "verdict" in d.value.columns]
+    row = table.set_index("hospital").loc["Hospital 0"]
+    assert (row["threshold"], row["verdict"], row["sensitivity"]) == (pytest.approx(0.30), "REVIEW", 1.0)
+    text = _markdown(at)
+    assert "Hospital 0:" not in text  # the detail names it once, in bold, beside its verdict
+    assert (
+        "**Hospital 0** &nbsp; :orange-background[**REVIEW**] &nbsp; finds 12 of 12 abnormal tiles at threshold 0.30"
+        in text
+    )
+    assert at.slider(key=f"explore_{verdict_root.name}_0").value == pytest.approx(0.30)
+    assert {m.label: m.value for m in at.metric}["Sensitivity"] == "1.000"
+    charts = {json.loads(c.proto.spec)["layout"]["title"]["text"]: c.proto for c in at.get("plotly_chart")}
+    (confusion,) = [spec for title, spec in charts.items() if title.startswith("Confusion matrix")]
+    assert "Confusion matrix at threshold 0.30 (the model card's)" in [t for t in charts]
+    assert "at the card's threshold 0.30" in confusion.alt
+    (roc,) = [spec for title, spec in charts.items() if title.startswith("ROC curve")]
+    names = [trace.get("name") for trace in json.loads(roc.spec)["data"]]
+    assert "the card's threshold 0.30" in names
+    assert not [n for n in names if n and n.startswith("exploring")]
+    assert "at its card's threshold 0.30 (the diamond) sensitivity 1.000" in roc.alt

@@ -37,8 +37,9 @@ def test_high_auc_low_sensitivity_fails() -> None:
     assert result.kind == evaluation.FAIL
     # 0.9 x 12 -> the 11th highest abnormal probability, 0.30 (ties lift it to 12 of 12), no normal tile above it
     assert result.reason == (
-        "misses 12 of 12 abnormal tiles at 0.50 (sensitivity 0.00); reaches 0.90 sensitivity at 0.30 with "
-        "specificity 1.00."
+        "misses 12 of 12 abnormal tiles at threshold 0.50 (sensitivity 0.00, 95% CI 0.00\u20130.24, wholly below "
+        "the floor 0.90); on its slides it misses 3 of 3 abnormal slides (00000, 00001, 00002); threshold 0.30 "
+        "would reach 0.90 sensitivity with specificity 1.00 (chosen on the test split, optimistic)."
     )
 
 
@@ -48,10 +49,33 @@ def test_missed_slide_fails_although_tiles_meet_the_floor() -> None:
     result = _judge(frame, evaluation.Floor(sensitivity=0.9))
     assert result.kind == evaluation.FAIL
     assert result.reason == (
-        "misses 1 of 4 abnormal slides at 0.50 (slide sensitivity 0.75); reaches 0.90 sensitivity at 0.90 with "
-        "specificity 1.00."
+        "misses 1 of 4 abnormal slides (00003) at threshold 0.50 (slide sensitivity 0.75, below the floor 0.90); "
+        "threshold 0.90 would reach 0.90 sensitivity with specificity 1.00 (chosen on the test split, optimistic)."
     )
-    assert _judge(frame, evaluation.Floor(sensitivity=0.75)).kind != evaluation.FAIL
+    # Meeting a lower floor, the missed cancer slide still keeps it from passing, and is named in the reason.
+    lower = _judge(frame, evaluation.Floor(sensitivity=0.75))
+    assert lower.kind == evaluation.REVIEW
+    assert lower.reason == (
+        "finds 60 of 61 abnormal tiles at threshold 0.50 (sensitivity 0.98, 95% CI 0.91\u20131.00), specificity "
+        "1.00, but on its slides it misses 1 of 4 abnormal slides (00003): look at them before relying on it."
+    )
+
+
+def test_interval_wholly_below_the_floor_fails_whatever_the_slide_count() -> None:
+    # 3 slides (the minimum is 5), 20 of 44 abnormal tiles found: Wilson 0.32-0.60, wholly below 0.90. Too few
+    # slides to trust a pass, but enough to know it misses too much.
+    frame = _split([[0.9] * 20 + [0.2] * 14, [0.3] * 10], [[0.1] * 10])
+    result = _judge(frame, evaluation.Floor())
+    assert result.kind == evaluation.FAIL
+    assert result.reason == (
+        "misses 24 of 44 abnormal tiles at threshold 0.50 (sensitivity 0.45, 95% CI 0.32\u20130.60, wholly below "
+        "the floor 0.90, even from 3 slides); on its slides it misses 1 of 2 abnormal slides (00001); threshold "
+        "0.20 would reach 0.90 sensitivity with specificity 1.00 (chosen on the test split, optimistic)."
+    )
+    # The same tiles against a floor its interval reaches: too few slides to judge, the missed slide still named.
+    reachable = _judge(frame, evaluation.Floor(sensitivity=0.55))
+    assert reachable.kind == evaluation.CANNOT_JUDGE
+    assert reachable.reason.endswith("at least 5 wanted; on its slides it misses 1 of 2 abnormal slides (00001).")
 
 
 def test_too_few_slides_cannot_be_judged() -> None:
@@ -66,7 +90,7 @@ def test_small_sample_meeting_the_floor_goes_to_review() -> None:
     result = _judge(frame, evaluation.Floor())
     assert result.kind == evaluation.REVIEW
     assert result.reason == (
-        "finds 10 of 10 abnormal tiles at 0.50 (sensitivity 1.00, 95% CI 0.72\u20131.00), specificity 1.00, but with "
+        "finds 10 of 10 abnormal tiles at threshold 0.50 (sensitivity 1.00, 95% CI 0.72\u20131.00), specificity 1.00, but with "
         "10 abnormal tiles the interval reaches below the floor 0.90."
     )
 
@@ -83,8 +107,8 @@ def test_large_sample_passes() -> None:
     result = _judge(frame, evaluation.Floor())
     assert result.kind == evaluation.PASS
     assert result.reason == (
-        "finds 60 of 60 abnormal tiles at 0.50 (sensitivity 1.00, 95% CI 0.94\u20131.00) and 5 of 5 abnormal "
-        "slides, specificity 1.00."
+        "finds 60 of 60 abnormal tiles at threshold 0.50 (sensitivity 1.00, 95% CI 0.94\u20131.00) and 5 of 5 "
+        "abnormal slides, specificity 1.00."
     )
     assert result.threshold == 0.5
 
@@ -96,13 +120,12 @@ def test_slide_level_scorecard_columns() -> None:
     assert score.slide_point is not None
     assert (score.slide_point.tp, score.slide_point.fn, score.slide_point.tn, score.slide_point.fp) == (1, 1, 1, 0)
     assert score.slide_auc == 1.0  # slide scores 0.75, 0.4 against 0.3
-    assert score.auc_interval is not None
-    assert score.auc_interval.slides == 3
+    assert score.auc_interval is None  # 3 slides, one of them normal: too few to resample
     row = evaluation.scorecard_table([score]).iloc[0]
     assert row["missed slides"] == "1 of 2"
     assert row["slide sensitivity"] == 0.5
     assert row["slide specificity"] == 1.0
-    assert row["AUC 95% CI"] == evaluation.interval_text(score.auc_interval) != ""
+    assert row["AUC 95% CI"] == "cannot be estimated from 3 slides (at least 5, 2 of each class, wanted)"
 
 
 def test_floor_refuses_nonsense() -> None:

@@ -70,6 +70,31 @@ def test_threshold_from_the_floor_is_saved_and_used_by_predict(
     assert (summary["threshold"], summary["threshold_source"]) == (0.7, "--threshold")
 
 
+def test_each_saved_threshold_is_kept_in_the_card_history(
+    tiny_run: TinyRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = _copy_bundle(tiny_run, tmp_path)
+    folder = run / "hospitals" / "client_00"
+    written = json.loads((folder / "model.json").read_text(encoding="utf-8"))
+    written["written_at"] = first_written = "2026-01-01T00:00:00+00:00"  # exported earlier than the change
+    (folder / "model.json").write_text(json.dumps(written), encoding="utf-8")
+    by_hand = ("--value", "0.3", "--by", "Dr A", "--reason", "tumour board 12 Nov")
+    assert run_cli(monkeypatch, "threshold", str(run), "--hospital", "0", *by_hand) == 0
+    assert "was 0.5; by Dr A, because: tumour board 12 Nov" in capsys.readouterr().out
+    assert run_cli(monkeypatch, "threshold", str(run), "--hospital", "0", "--value", "0.42", "--by", "Dr B") == 0
+    card = read_card(folder)
+    assert card.threshold == 0.42
+    assert card.written_at != first_written  # the card says when it last changed
+    history = card.threshold_history
+    assert [(h["from"], h["to"], h["by"], h["reason"], h["split"]) for h in history] == [
+        (0.5, 0.3, "Dr A", "tumour board 12 Nov", ""),
+        (0.3, 0.42, "Dr B", "", ""),
+    ]
+    assert history[1]["at"] == card.written_at
+    # the history survives a re-read of the file as written (strict JSON)
+    assert json.loads((folder / "model.json").read_text(encoding="utf-8"))["threshold_history"][0]["to"] == 0.3
+
+
 @pytest.mark.parametrize(
     ("extra", "words"),
     [

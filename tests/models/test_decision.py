@@ -51,7 +51,7 @@ def test_slide_bootstrap_auc_exact_on_given_resamples() -> None:
             [0, 1, 1],  # no normal tile: no AUC, left out
         ]
     )
-    interval = decision.slide_bootstrap_auc(KEYS, LABELS, PROBS, resamples)
+    interval = decision.slide_bootstrap_auc(KEYS, LABELS, PROBS, resamples, min_slides=3, min_per_class=1)
     assert interval is not None
     assert interval.resamples == 3
     assert interval.slides == 3
@@ -82,8 +82,8 @@ def test_slide_bootstrap_auc_matches_sklearn_on_duplicated_tiles() -> None:
 
 
 def test_bootstrap_is_reproducible_and_undefined_cases() -> None:
-    first = decision.slide_bootstrap_auc(KEYS, LABELS, PROBS)
-    assert first == decision.slide_bootstrap_auc(KEYS, LABELS, PROBS)
+    first = decision.slide_bootstrap_auc(KEYS, LABELS, PROBS, min_slides=3, min_per_class=1)
+    assert first == decision.slide_bootstrap_auc(KEYS, LABELS, PROBS, min_slides=3, min_per_class=1)
     assert first is not None
     assert first.resamples > 0
     assert first.low <= first.high
@@ -92,7 +92,25 @@ def test_bootstrap_is_reproducible_and_undefined_cases() -> None:
     assert decision.slide_bootstrap_auc(["a", "b"], [1, 0], [0.9, 0.1]) is None
     assert decision.slide_bootstrap_auc(["a", "a"], [1, 0], [0.9, 0.1]) is None
     # three slides, but no given resample holds both classes
-    assert decision.slide_bootstrap_auc(KEYS, LABELS, PROBS, np.array([[0, 0, 1], [2, 2, 2]])) is None
+    none_mixed = np.array([[0, 0, 1], [2, 2, 2]])
+    assert decision.slide_bootstrap_auc(KEYS, LABELS, PROBS, none_mixed, min_slides=3, min_per_class=1) is None
+
+
+def test_auc_interval_needs_enough_slides_of_each_class() -> None:
+    # By default 3 slides (2 abnormal, 1 normal) are too few: the interval would look certain; the text says so.
+    assert decision.slide_bootstrap_auc(KEYS, LABELS, PROBS) is None
+    assert decision.auc_interval_text(None, 3) == (
+        "cannot be estimated from 3 slides (at least 5, 2 of each class, wanted)"
+    )
+    assert decision.auc_interval_text(None, None) == "undefined"
+    # 5 slides but only one normal: still none; 6 slides, 3 of each: an interval
+    five = ["a", "b", "c", "d", "e"]
+    assert decision.slide_bootstrap_auc(five, [1, 1, 1, 1, 0], [0.9, 0.8, 0.7, 0.6, 0.1]) is None
+    six = ["a", "b", "c", "d", "e", "f"]
+    interval = decision.slide_bootstrap_auc(six, [1, 1, 1, 0, 0, 0], [0.9, 0.4, 0.7, 0.6, 0.1, 0.2])
+    assert interval is not None
+    assert interval.slides == 6
+    assert decision.auc_interval_text(interval, 6) == decision.interval_text(interval) != ""
 
 
 def test_wilson_interval_and_tile_names() -> None:

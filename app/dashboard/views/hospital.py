@@ -1,9 +1,12 @@
-"""Hospital page: the scorecard of a run (every hospital side by side: AUC, accuracy, sensitivity and specificity at
-the chosen threshold, a warning where a good AUC hides a poor operating point, and the threshold that reaches a
-target sensitivity), then one hospital in detail: ROC curve with AUC, confusion matrix at the threshold, its
-figures over rounds, and example test tiles with their predicted probability, highest-confidence errors first
-(FedSAF paper, Sec. 5: each client evaluated on its own test split). Everything comes from each hospital's own
-``predictions.csv`` and model card, in its folder of the run."""
+"""Hospital page: the scorecard of a run (every hospital side by side at its own operating threshold, the one its
+model card decides with: its verdict, AUC, accuracy, sensitivity and specificity, a warning where a good AUC hides
+a poor operating point, and the threshold that reaches the floor's sensitivity), then one hospital in detail at
+that same threshold: its verdict, ROC curve with AUC, confusion matrix, its figures over rounds, and example test
+tiles with their predicted probability, highest-confidence errors first (FedSAF paper, Sec. 5: each client
+evaluated on its own test split). A slider explores other thresholds and says that it is exploring; the verdict,
+the scorecard and the charts stay at the card's threshold until one is saved (confirmed, with who and why).
+Everything comes from each hospital's own ``predictions.csv`` and model card, in its folder of the run, judged by
+`app.verdicts.judge_run` as every other page and report judges it."""
 
 from __future__ import annotations
 
@@ -17,74 +20,32 @@ from app.dashboard import charts, evaluation, ui
 from app.dashboard.datasets import LABELS, hospital_label
 from app.dashboard.runs import (
     RunInfo,
-    card_threshold_sources,
-    card_thresholds,
     hospital_rows,
     load_metrics,
     prediction_files,
     read_run_predictions,
     read_val_predictions,
 )
-from app.held_out import held_out_slides
-from models.decision import SLIDE_RULE, SLIDE_TOP_K, Slides
+from app.verdicts import judge_run
+from models.decision import SLIDE_RULE, SLIDE_TOP_K, auc_interval_text
 
 TILES_SHOWN = 12
 SLIDE_CALL = SLIDE_RULE.format(k=SLIDE_TOP_K)
-DEFAULT_THRESHOLD = 0.5  # models.bundle's default decision threshold, when a run has no model cards
-THRESHOLD_KEY = "threshold"
 
 
 def _rate(value: float) -> str:
     return "—" if math.isnan(value) else f"{value:.3f}"
 
 
-def _default_threshold(cards: dict[int, float]) -> float:
-    """The model cards' threshold when every hospital's card agrees on one, else the usual 0.5."""
-    values = set(cards.values())
-    return values.pop() if len(values) == 1 else DEFAULT_THRESHOLD
-
-
-def _threshold_controls(info: RunInfo, cards: dict[int, float]) -> tuple[float, evaluation.Floor]:
-    """The threshold slider (starting at the run's model-card threshold) and the clinical floor (shared with the
-    Verdict page, `ui.floor_controls`): its sensitivity is the scorecard's target, its minimum the slides needed."""
-    default = _default_threshold(cards)
-    # A new run starts at its own cards' threshold; so does a return to this page (Streamlit forgets the state of
-    # widgets a page did not draw).
-    if st.session_state.get("_threshold_run") != info.run_id or THRESHOLD_KEY not in st.session_state:
-        st.session_state["_threshold_run"] = info.run_id
-        st.session_state[THRESHOLD_KEY] = default
-    threshold = st.slider(
-        "Decision threshold (a tile is called abnormal when its probability is at least this)",
-        0.0,
-        1.0,
-        step=0.01,
-        key=THRESHOLD_KEY,
-        help=ui.EXPLAIN["threshold"],
-    )
-    source = "the hospitals' model cards" if cards and len(set(cards.values())) == 1 else "the usual default"
-    distinct = sorted(set(cards.values()))
-    if len(distinct) > 1:
-        source = f"the usual default (the model cards differ: {', '.join(f'{t:.2f}' for t in distinct)})"
-    st.caption(f"The slider starts at {default:.2f}, from {source}.")
-    floor = ui.floor_controls("hospital")
-    return float(threshold), floor
-
-
-def _scorecard(
-    predictions: pd.DataFrame,
-    threshold: float,
-    target: float,
-    min_slides: int,
-    val: pd.DataFrame | None = None,
-    held_out: dict[int, Slides] | None = None,
-) -> None:
-    """Every hospital side by side at ``threshold``, with warnings in words and the threshold for ``target`` (chosen
-    on each hospital's validation split, ``val``, where it has one)."""
-    scores = evaluation.score_hospitals(predictions, threshold, target, min_slides, val, held_out)
-    for score in scores:
-        if score.warning:
-            st.warning(f"**{hospital_label(score.client)}**: {score.warning}", icon=":material/warning:")
-    table = evaluation.scorecard_table(scores)
+def _scorecard(judgements: tuple[evaluation.Judgement, ...], floor: evaluation.Floor) -> None:
+    """Every hospital side by side at its own card's threshold, its verdict against ``floor`` first, with warnings
+    in words and the threshold reaching the floor's sensitivity (chosen on each hospital's validation split where
+    it has one)."""
+    for judged in judgements:
+        if judged.score.warning:
+            st.warning(f"**{hospital_label(judged.client)}**: {judged.score.warning}", icon=":material/warning:")
+    table = evaluation.judgement_table(judgements)
+    target = floor.sensitivity
     number = st.column_config.NumberColumn
     st.dataframe(
         table,
@@ -93,6 +54,8 @@ def _scorecard(
         key="scorecard",
         column_config={
             "hospital": st.column_config.TextColumn("hospital", pinned=True),
+            "verdict": st.column_config.TextColumn("verdict", help="against the floor above (the Verdict page's)"),
+            "threshold": number("threshold", format="%.2f", help="the threshold its model card decides with"),
             "test slides": number("slides", help="the slides the hospital's held-out test tiles come from"),
             "test tiles": number("tiles", help="the hospital's own held-out test tiles"),
             "AUC": number("AUC", format="%.3f", help=ui.EXPLAIN["AUC"]),
@@ -100,18 +63,18 @@ def _scorecard(
                 "AUC 95% CI", help="percentile bootstrap resampling whole test slides (tiles of a slide go together)"
             ),
             "slide sensitivity": number(
-                "slide sens.", format="%.3f", help=f"abnormal test slides called abnormal ({SLIDE_CALL})"
+                "slide sens.", format="%.2f", help=f"abnormal test slides called abnormal ({SLIDE_CALL})"
             ),
-            "slide specificity": number("slide spec.", format="%.3f", help="normal test slides called normal"),
+            "slide specificity": number("slide spec.", format="%.2f", help="normal test slides called normal"),
             "missed slides": st.column_config.TextColumn(
                 "missed slides", help="abnormal test slides called normal at the threshold, of all abnormal slides"
             ),
-            "accuracy": number("accuracy", format="%.3f", help=ui.EXPLAIN["accuracy"]),
-            "sensitivity": number("sensitivity", format="%.3f", help=ui.EXPLAIN["sensitivity"]),
+            "accuracy": number("accuracy", format="%.2f", help=ui.EXPLAIN["accuracy"]),
+            "sensitivity": number("sensitivity", format="%.2f", help=ui.EXPLAIN["sensitivity"]),
             "sensitivity 95% CI": st.column_config.TextColumn(
                 "95% CI", help="Wilson interval of the sensitivity over the hospital's abnormal test tiles"
             ),
-            "specificity": number("specificity", format="%.3f", help=ui.EXPLAIN["specificity"]),
+            "specificity": number("specificity", format="%.2f", help=ui.EXPLAIN["specificity"]),
             "specificity 95% CI": st.column_config.TextColumn(
                 "95% CI ", help="Wilson interval of the specificity over the hospital's normal test tiles"
             ),
@@ -123,44 +86,55 @@ def _scorecard(
             ),
             "threshold for target": number(
                 f"threshold for {target:.2f}",
-                format="%.3f",
-                help=f"the highest threshold at which the hospital reaches the target sensitivity {target:.2f}",
+                format="%.2f",
+                help=f"the highest threshold at which the hospital reaches the floor's sensitivity {target:.2f} "
+                "(chosen on its validation split where it has one)",
             ),
             "sensitivity there": number(
                 "its sensitivity",
-                format="%.3f",
-                help="sensitivity at that threshold (ties may lift it past the target)",
+                format="%.2f",
+                help="sensitivity on the test split at that threshold (ties may lift it past the target)",
             ),
             "specificity there": number(
-                "its specificity", format="%.3f", help="specificity at that threshold: what reaching the target costs"
+                "its specificity", format="%.2f", help="specificity at that threshold: what reaching the target costs"
             ),
         },
     )
     st.caption(
-        f"{ui.EXPLAIN['AUC']} A high AUC with a low sensitivity or specificity means the tiles are ranked well "
-        "but the threshold sits in the wrong place for that hospital."
+        f"Each hospital at the threshold its model card decides with. {ui.EXPLAIN['AUC']} A high AUC with a low "
+        "sensitivity or specificity means the tiles are ranked well but the threshold sits in the wrong place for "
+        "that hospital."
     )
 
 
 def _hospital_detail(
     info: RunInfo,
     predictions: pd.DataFrame,
-    threshold: float,
-    cards: dict[int, float],
+    judgements: tuple[evaluation.Judgement, ...],
     floor: evaluation.Floor,
     val: pd.DataFrame | None = None,
 ) -> None:
-    """One hospital: figures at the threshold, ROC curve, confusion matrix, history and example tiles."""
-    hospitals = sorted(int(c) for c in predictions["client"].unique())
+    """One hospital at its card's threshold: its verdict, figures, ROC curve, confusion matrix, history and example
+    tiles; then a slider that explores another threshold (said to be exploring) and the save buttons."""
+    judged_by = {j.client: j for j in judgements}
+    hospitals = sorted(judged_by)
     hospital = st.selectbox("Hospital", hospitals, format_func=hospital_label, key="hospital")
+    judged = judged_by[hospital]
+    threshold = judged.threshold
     rows = predictions[predictions["client"] == hospital]
     labels = rows["label"].to_numpy(dtype=int)
     probs = rows["prob_abnormal"].to_numpy(dtype=float)
     curve = evaluation.roc(labels, probs)
-    point = evaluation.operating_point(labels, probs, threshold)
+    point = judged.score.point
     metrics = load_metrics(info.path)
     mine = metrics[metrics["client"] == hospital]
 
+    badge = ui.verdict_badge(judged.verdict.kind)
+    st.markdown(f"**{hospital_label(hospital)}** &nbsp; {badge} &nbsp; {judged.verdict.reason}")
+    st.caption(
+        f"{hospital_label(hospital)}'s model card decides at threshold {threshold:.2f} ({judged.source}); every "
+        "figure and chart below is at it."
+    )
     cols = st.columns(5)
     cols[0].metric("AUC", "undefined" if curve.auc is None else f"{curve.auc:.3f}", help=ui.EXPLAIN["AUC"])
     cols[1].metric("Accuracy", _rate(point.accuracy), help=f"{ui.EXPLAIN['accuracy']} ({threshold:.2f})")
@@ -173,41 +147,66 @@ def _hospital_detail(
     cols[4].metric("Test tiles", f"{len(rows)}", help=f"{point.abnormal} abnormal, {point.normal} normal")
     if curve.auc is None:
         st.warning(f"{hospital_label(hospital)}'s test split holds only one class, so its AUC is undefined.")
-    if hospital in cards:
-        source = card_threshold_sources(info.path).get(hospital, "")
-        st.caption(f"{hospital_label(hospital)}'s model card decides at threshold {cards[hospital]:.2f} ({source}).")
-        _save_buttons(info, hospital, labels, probs, threshold, floor, cards[hospital], hospital_rows(val, hospital))
+    else:
+        interval = auc_interval_text(judged.score.auc_interval, judged.score.slides)
+        st.caption(f"AUC 95% CI, resampling whole slides: {interval}.")
+
+    explored = _explore(info, hospital, threshold)
+    exploring = abs(explored - threshold) > 1e-9
+    seen = evaluation.operating_point(labels, probs, explored) if exploring else None
 
     left, right = st.columns(2)
     with left:
         marker = (1.0 - point.specificity, point.sensitivity)
-        colour = charts.hospital_colour(hospital)
+        other = None if seen is None else (1.0 - seen.specificity, seen.sensitivity)
         auc_text = "undefined (one class)" if curve.auc is None else f"{curve.auc:.3f}"
         roc_alt = (
-            f"ROC curve of {hospital_label(hospital)}, AUC {auc_text}; at threshold {threshold:.2f} (the diamond) "
-            f"sensitivity {_rate(point.sensitivity)} and specificity {_rate(point.specificity)}."
+            f"ROC curve of {hospital_label(hospital)}, AUC {auc_text}; at its card's threshold {threshold:.2f} (the "
+            f"diamond) sensitivity {_rate(point.sensitivity)} and specificity {_rate(point.specificity)}"
+            + (
+                f"; the open circle: threshold {explored:.2f} being explored, sensitivity {_rate(seen.sensitivity)}, "
+                f"specificity {_rate(seen.specificity)}."
+                if seen is not None
+                else "."
+            )
         )
-        ui.chart(st, charts.roc_curve(curve, hospital_label(hospital), colour, marker), key="roc_chart", alt=roc_alt)
-        st.caption(ui.EXPLAIN["ROC"] + " The diamond is the threshold in use.")
+        figure = charts.roc_curve(
+            curve,
+            hospital_label(hospital),
+            charts.hospital_colour(hospital),
+            marker,
+            other,
+            marker_name=f"the card's threshold {threshold:.2f}",
+            explored_name=f"exploring {explored:.2f} (not saved)",
+        )
+        ui.chart(st, figure, key="roc_chart", alt=roc_alt)
+        st.caption(ui.EXPLAIN["ROC"] + " The diamond is the card's threshold, the one in use.")
     with right:
         confusion_alt = (
-            f"Confusion matrix at threshold {threshold:.2f}: of {point.normal} normal tiles {point.tn} called normal "
-            f"and {point.fp} abnormal; of {point.abnormal} abnormal tiles {point.tp} called abnormal and {point.fn} "
-            "normal."
+            f"Confusion matrix at the card's threshold {threshold:.2f}: of {point.normal} normal tiles {point.tn} "
+            f"called normal and {point.fp} abnormal; of {point.abnormal} abnormal tiles {point.tp} called abnormal "
+            f"and {point.fn} normal."
         )
-        matrix = charts.confusion(evaluation.confusion(labels, probs, threshold), threshold)
+        matrix = charts.confusion(evaluation.confusion(labels, probs, threshold), threshold, "the model card's")
         ui.chart(st, matrix, key="confusion", alt=confusion_alt)
         st.caption(ui.EXPLAIN["confusion"])
+
+    _save_buttons(info, hospital, labels, probs, explored, floor, threshold, hospital_rows(val, hospital))
 
     if not mine.empty:
         history = pd.DataFrame(
             {"test AUC": mine.set_index("round")["test_auc"], "test accuracy": mine.set_index("round")["test_acc"]}
         )
         ui.chart(
-            st, charts.per_hospital(history, f"{hospital_label(hospital)} over rounds", "value"), key="history_chart"
+            st,
+            charts.per_hospital(history, f"{hospital_label(hospital)} over rounds (accuracy at 0.50)", "value"),
+            key="history_chart",
         )
         last_auc = float(mine["test_auc"].iloc[-1])
-        note = f"Last round's test AUC recorded by the run: {last_auc:.4f}."
+        note = (
+            f"Last round's test AUC recorded by the run: {last_auc:.3f}; the run's accuracy over rounds is at "
+            "threshold 0.50, the training's own figure, not the card's."
+        )
         if curve.auc is not None and abs(curve.auc - last_auc) > 0.005:
             # predictions.csv holds the probabilities at full precision, so the two agree unless they come from
             # different rounds (a run still writing, or a run directory written by an older version).
@@ -220,25 +219,56 @@ def _hospital_detail(
     _example_tiles(info, rows, hospital, threshold)
 
 
+def _explore(info: RunInfo, hospital: int, card: float) -> float:
+    """A slider exploring another threshold for ``hospital``, starting at its ``card`` threshold (again on every
+    return to the page, as Streamlit forgets a widget the page did not draw); when moved, it says that it explores
+    and what the model would do there, while the verdict and charts stay at the card's."""
+    key = f"explore_{info.run_id}_{hospital}"
+    if key not in st.session_state:
+        st.session_state[key] = round(card, 2)
+    explored = float(
+        st.slider(
+            "Explore another threshold (a tile is called abnormal when its probability is at least this)",
+            0.0,
+            1.0,
+            step=0.01,
+            key=key,
+            help=ui.EXPLAIN["threshold"] + " Exploring changes nothing until you save.",
+        )
+    )
+    if abs(explored - card) <= 1e-9:
+        st.caption(f"At the card's threshold {card:.2f}. Move the slider to see what another threshold would do.")
+    return explored
+
+
 def _save_buttons(
     info: RunInfo,
     hospital: int,
     labels: np.ndarray,
     probs: np.ndarray,
-    threshold: float,
+    explored: float,
     floor: evaluation.Floor,
     current: float,
     val_rows: pd.DataFrame | None = None,
 ) -> None:
-    """Save the slider's threshold, or the one reaching the floor (chosen on the hospital's validation predictions,
-    ``val_rows``, where it has them), as the hospital's operating threshold (its model bundle): the Slide page, its
-    calls, the HTML report and ``predict`` then use it."""
+    """What the explored threshold would do (said to be exploring), and buttons to save it, or the threshold
+    reaching the floor (chosen on the hospital's validation predictions, ``val_rows``, where it has them), as the
+    hospital's operating threshold (its model bundle), each confirmed with who and why."""
+    if abs(explored - current) > 1e-9:
+        seen = evaluation.operating_point(labels, probs, explored)
+        st.info(
+            f"**Exploring threshold {explored:.2f}, not saved.** There {hospital_label(hospital)} would find "
+            f"{seen.tp} of {seen.abnormal} abnormal tiles (sensitivity {_rate(seen.sensitivity)}) and call "
+            f"{seen.fp} of {seen.normal} normal tiles abnormal (specificity {_rate(seen.specificity)}). The verdict, "
+            f"the scorecard and the charts stay at the card's threshold {current:.2f} until you save one.",
+            icon=":material/explore:",
+        )
     left, right = st.columns(2)
     with left:
-        if 0.0 < threshold < 1.0 and abs(threshold - current) > 1e-9:
+        if 0.0 < explored < 1.0 and abs(explored - current) > 1e-9:
             ui.save_threshold_button(
-                info.path, hospital, threshold, "set by hand", f"Save {threshold:.2f} as its threshold",
-                key=f"save_hand_{info.run_id}_{hospital}",
+                info.path, hospital, explored, "set by hand", f"Save {explored:.2f} as its threshold",
+                key=f"save_hand_{info.run_id}_{hospital}", current=current,
             )  # fmt: skip
     target = evaluation.chosen_target(labels, probs, floor.sensitivity, val_rows)
     with right:
@@ -278,6 +308,7 @@ def page() -> None:
     """The Hospital page."""
     st.title("Hospital")
     st.caption("How each hospital's own model does on that hospital's held-out test tiles.")
+    ui.flash()
 
     runs = ui.all_runs()
     if not runs:
@@ -316,14 +347,15 @@ def page() -> None:
             latest = f"round {int(rounds.max())}" if rounds.notna().any() else latest
         st.info(f"Run **{info.run_id}** is {status}: these are the predictions of {latest}.", icon=":material/info:")
 
-    cards = card_thresholds(info.path)
-    st.subheader("Scorecard: every hospital at one threshold")
-    threshold, floor = _threshold_controls(info, cards)
-    val = read_val_predictions(info.path)  # once per page: the scorecard's and the save buttons' thresholds
-    _scorecard(predictions, threshold, floor.sensitivity, floor.min_slides, val, held_out_slides(info.path))
+    floor = ui.floor_controls("hospital")
+    judged = judge_run(info.path, floor, predictions).judgements
+    if not judged:
+        return
+    st.subheader("Scorecard: every hospital at its own threshold")
+    _scorecard(judged, floor)
 
     st.subheader("One hospital")
-    _hospital_detail(info, predictions, threshold, cards, floor, val)
+    _hospital_detail(info, predictions, judged, floor, read_val_predictions(info.path))
 
 
 page()

@@ -1,0 +1,74 @@
+"""One verdict per hospital, the same on every page, report and command (issue 31, item 1).
+
+A hospital's operating point is its model card's threshold (``models.bundle``; `app.operating` saves a chosen one,
+with the split that chose it). `judge_run` judges every hospital of a run at that threshold against a clinical
+floor (`app.dashboard.evaluation.judge`: the Verdict rule), from its own ``predictions.csv``, its validation
+predictions (where the threshold reaching the floor is chosen) and its held-out slides as ``predict`` scored them
+(``slides.csv``). The Verdict, Hospital, Federation and Compare pages, the HTML report, ``gastric-fl report`` and
+``gastric-fl predict`` all read their verdicts from here, so they cannot disagree. FedSAF paper 001, Sec. 5: each
+hospital's model on its own test split.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from app.dashboard.evaluation import Floor, Judgement, judge
+from app.dashboard.runs import (
+    NO_CARD,
+    CardThreshold,
+    card_operating,
+    hospital_rows,
+    read_run_predictions,
+    read_val_predictions,
+)
+from app.held_out import held_out_slides
+
+
+@dataclass(frozen=True)
+class RunVerdicts:
+    """Every hospital of a run that could be judged, by hospital, and one line per predictions file that could
+    not be read."""
+
+    judgements: tuple[Judgement, ...]
+    problems: tuple[str, ...] = ()
+
+    def of(self, client: int) -> Judgement | None:
+        """The hospital's judgement, if it was judged."""
+        return next((j for j in self.judgements if j.client == client), None)
+
+
+def judge_run(run: Path, floor: Floor, predictions: pd.DataFrame | None = None) -> RunVerdicts:
+    """Judge every hospital of ``run`` that has test predictions at its card's threshold against ``floor``.
+
+    ``predictions``: the run's test predictions when the caller has read them already (`read_run_predictions`);
+    read here otherwise."""
+    problems: tuple[str, ...] = ()
+    if predictions is None:
+        found = read_run_predictions(run)
+        predictions, problems = found.frame, found.problems
+    if predictions.empty:
+        return RunVerdicts((), problems)
+    operating = card_operating(run)
+    val = read_val_predictions(run)
+    held_out = held_out_slides(run)
+    judged = []
+    for client, rows in predictions.groupby("client", sort=True):
+        hospital = int(client)
+        card: CardThreshold = operating.get(hospital, NO_CARD)
+        judged.append(
+            judge(
+                hospital,
+                rows,
+                card.value,
+                card.source,
+                card.split,
+                floor,
+                hospital_rows(val, hospital),
+                held_out.get(hospital),
+            )
+        )
+    return RunVerdicts(tuple(judged), problems)
