@@ -3,6 +3,9 @@
 Prints the run table and the per-hospital table, and writes ``report.md``, ``report.csv``, ``hospitals.csv`` and
 ``accuracy.png`` (averaged and std test accuracy over rounds, runs overlaid). ``--transmitted`` instead prints
 the values sent per client and round for each ``nhead`` of a model, computed from its ``state_dict``.
+Each hospital whose predictions are on this machine is judged at its model card's threshold against the floor
+(``--floor``, ``--min-slides``, ``--review-specificity``: the dashboard's Verdict page's inputs, the same defaults)
+by `app.verdicts`, so the report says what the Verdict page says with that floor.
 ``--html`` instead writes one self-contained HTML report per hospital (`app.report_html`: metrics at the model
 card's threshold, ROC curve, confusion matrix, example tiles, a slide heatmap, settings and dataset hash) into
 the hospital's own folder, ``<run>/hospitals/client_XX/report.html`` (it holds the hospital's tiles and per-tile
@@ -43,13 +46,22 @@ def register(app: typer.Typer) -> None:
         hospital: list[int] = typer.Option(
             None, "--hospital", help="With --html: only this hospital (repeatable; default: every hospital)."
         ),
+        floor: float = typer.Option(
+            0.90, "--floor", help="The clinical floor: the sensitivity each hospital must reach at its threshold."
+        ),
+        min_slides: int = typer.Option(5, "--min-slides", help="Below this many test slides a hospital is not judged."),
+        review_specificity: float = typer.Option(
+            0.50, "--review-specificity", help="A hospital meeting the floor goes to review below this specificity."
+        ),
     ) -> None:
         """Summarise runs: averaged/std/best test ACC and AUC, per-hospital AUC, values sent, seconds per round."""
+        from app.dashboard.evaluation import Floor
         from federation.errors import FederationError
         from federation.report import (
             HOSPITAL_COLUMNS,
             OPERATING_COLUMNS,
             SUMMARY_COLUMNS,
+            VERDICT_COLUMNS,
             load_run,
             markdown_table,
             operating_points,
@@ -60,6 +72,10 @@ def register(app: typer.Typer) -> None:
             write_report,
         )
 
+        try:
+            judged_floor = Floor(floor, min_slides, review_specificity)
+        except ValueError as exc:
+            raise FederationError(f"--floor/--min-slides/--review-specificity: {exc}") from None
         if transmitted is not None:
             if html:
                 raise FederationError("--transmitted and --html are separate reports: give one of them")
@@ -71,7 +87,8 @@ def register(app: typer.Typer) -> None:
             def warn(message: str) -> None:
                 typer.secho(f"warning: {message}", fg=typer.colors.YELLOW, err=True)
 
-            for path in write_html_reports(list(runs or ()), out, hospital or None, warn=warn):
+            reports = write_html_reports(list(runs or ()), out, hospital or None, warn=warn, floor=judged_floor)
+            for path in reports:
                 typer.echo(f"wrote {path}")
             return
         if hospital:
@@ -87,9 +104,15 @@ def register(app: typer.Typer) -> None:
             out = results[0].run_dir
         typer.echo(markdown_table(summarise(results), SUMMARY_COLUMNS))
         typer.echo(markdown_table(per_hospital(results), HOSPITAL_COLUMNS))
+        from app.verdicts import verdict_rows
+
+        verdicts = verdict_rows([r.run_dir for r in results], judged_floor)
+        if verdicts:
+            typer.echo(f"verdicts against the floor: {judged_floor.words}")
+            typer.echo(markdown_table(verdicts, VERDICT_COLUMNS))
         operating = operating_points(results)
         if operating:
             typer.echo(markdown_table(operating, OPERATING_COLUMNS))
-        paths = write_report(results, out)
+        paths = write_report(results, out, verdicts, judged_floor.words)
         typer.echo(f"wrote {', '.join(str(p) for p in paths.values())}", err=True)
         typer.echo(f"note: {runs_intended_use(results)}", err=True)

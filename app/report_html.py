@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cv2
 import numpy as np
@@ -76,6 +76,9 @@ from infra.outputs import (
 )
 from infra.provenance import intended_use
 from models.decision import Slides, interval_text, slide_of_tile, slide_stem
+
+if TYPE_CHECKING:
+    from app.dashboard.evaluation import Floor
 
 COMMAND = "report"
 HOSPITAL_REPORT = REPORT_HTML  # in the hospital's own folder, beside its predictions.csv
@@ -365,8 +368,10 @@ def _img(png: bytes, alt: str, width: int | None = None) -> str:
     return f'<img src="{_data_uri(png)}" alt="{_e(alt)}"{size}>'
 
 
-def _metrics(rep: HospitalReport) -> dict[str, Any]:
-    """Counts and rates at the card's threshold, the ROC curve, and the threshold reaching `TARGET_SENSITIVITY`.
+def _metrics(rep: HospitalReport, floor: Floor | None = None) -> dict[str, Any]:
+    """Counts and rates at the card's threshold, the ROC curve, the threshold reaching the floor's sensitivity and
+    the verdict against ``floor`` (the default floor, sensitivity `TARGET_SENSITIVITY`, when none is given: the
+    dashboard passes the one set on screen, ``report --html`` its ``--floor`` and ``--min-slides``).
 
     The operating point, the target threshold and the warning are the Hospital page scorecard's own functions
     (`app.dashboard.evaluation`), so the report and the page agree word for word.
@@ -377,10 +382,12 @@ def _metrics(rep: HospitalReport) -> dict[str, Any]:
     frame = pd.DataFrame({"label": labels, "prob_abnormal": probs, "path": rep.predictions.paths})
     val = rep.val_predictions
     val_frame = None if val is None else pd.DataFrame({"label": val.labels, "prob_abnormal": val.probs})
-    floor = evaluation.Floor(sensitivity=TARGET_SENSITIVITY)
-    score = evaluation.score_hospital(
-        rep.client, frame, rep.threshold, floor.sensitivity, floor.min_slides, val_frame, rep.held_out
-    )
+    floor = floor or evaluation.Floor(sensitivity=TARGET_SENSITIVITY)
+    judged = evaluation.judge(
+        rep.client, frame, rep.threshold, _threshold_source(rep), rep.card.get("threshold_split") or "", floor,
+        val_frame, rep.held_out,
+    )  # fmt: skip
+    score = judged.score
     matrix = evaluation.confusion(labels, probs, rep.threshold)
     point, target = score.point, score.target  # the scorecard's own operating point and target threshold
     curve = evaluation.roc(labels, probs)  # the curve itself, for its figure (the score keeps only its AUC)
@@ -407,7 +414,7 @@ def _metrics(rep: HospitalReport) -> dict[str, Any]:
         "specificity_ci": evaluation.interval_text(point.specificity_interval),
         "score": score,
         "floor": floor,
-        "verdict": evaluation.verdict(score, floor),
+        "verdict": judged.verdict,
         "warning": " ".join(
             w for w in (evaluation.auc_warning(curve.auc, point), evaluation.target_warning(point, target)) if w
         )
@@ -444,15 +451,18 @@ def _threshold_source(rep: HospitalReport) -> str:
 
 
 def _verdict(m: dict[str, Any]) -> str:
-    """The verdict against the default floor (`app.dashboard.evaluation.verdict`: sensitivity `TARGET_SENSITIVITY`
-    at the card's threshold, at least `MIN_TEST_SLIDES` test slides), icon + word + colour + the reason."""
+    """The verdict against the report's floor (`app.dashboard.evaluation.judge`, the one judgement every page
+    shows), icon + word + colour + the reason, and the floor named."""
     verdict, floor = m["verdict"], m["floor"]
     kind = verdict.kind.replace(" ", "-")
     return (
         f'<p class="verdict {kind}" data-metric="verdict" data-verdict="{_e(verdict.kind)}">'
         f"<strong>{_e(VERDICT_MARK[verdict.kind])}</strong> {_e(verdict.reason)} "
-        f'<span class="note">(floor: sensitivity {floor.sensitivity:.2f} at the threshold, at least '
-        f"{floor.min_slides} test slides; the dashboard's Verdict page lets you set it)</span></p>"
+        f'<span class="note" data-metric="floor" data-sensitivity="{floor.sensitivity:.2f}" '
+        f'data-min-slides="{floor.min_slides}" data-specificity="{floor.specificity:.2f}">(the floor: sensitivity '
+        f"at least {floor.sensitivity:.2f} at the hospital's threshold, at least {floor.min_slides} test slides, "
+        f"review below specificity {floor.specificity:.2f}; set on the dashboard's Verdict page, or with "
+        "gastric-fl report --html --floor and --min-slides)</span></p>"
     )
 
 
@@ -525,11 +535,12 @@ def _metric_rows(rep: HospitalReport, m: dict[str, Any]) -> str:
     if target is not None:
         rows.append(
             (
-                f"Threshold for sensitivity {TARGET_SENSITIVITY:.2f}",
+                f"Threshold for sensitivity {target.target:.2f}",
                 "target_threshold",
                 f"{target.threshold:.4f}",
-                f"the highest threshold that finds at least {TARGET_SENSITIVITY:.0%} of the abnormal tiles; "
-                f"specificity there {_fmt(target.point.specificity, 3)}",
+                f"the highest threshold that finds at least {target.target:.0%} of the abnormal tiles"
+                f"{' on the validation split' if target.split == 'validation' else ''}; specificity there "
+                f"{_fmt(target.point.specificity, 3)}",
             )
         )
     if engine:
@@ -749,9 +760,10 @@ def _shortcut(dataset: Path | None) -> str:
     return "".join(parts)
 
 
-def render(rep: HospitalReport) -> str:
-    """The report of one hospital as a self-contained HTML document."""
-    m = _metrics(rep)
+def render(rep: HospitalReport, floor: Floor | None = None) -> str:
+    """The report of one hospital as a self-contained HTML document, judged against ``floor`` (default: the
+    default floor)."""
+    m = _metrics(rep, floor)
     dataset = slide_view.card_dataset(rep.card, _config_dataset(rep))
     title = f"Hospital {rep.client} · run {rep.run.name}"
     warning = _warning(m)
@@ -851,13 +863,13 @@ def score_one_slide(rep: HospitalReport) -> str | None:
     return None
 
 
-def report_html(run_dir: Path, hospital: int | str) -> str:
+def report_html(run_dir: Path, hospital: int | str, floor: Floor | None = None) -> str:
     """The self-contained HTML report of ``hospital`` (index or ``client_XX``) in ``run_dir``, from what is on disk.
 
     Heatmaps come from slides already scored for this model (the Slide page's results); nothing is scored here,
     so no torch is imported. `ReportError` (one line) for a missing or damaged run or hospital.
     """
-    return render(load_hospital(Path(run_dir), hospital))
+    return render(load_hospital(Path(run_dir), hospital), floor)
 
 
 def write_html_reports(
@@ -867,6 +879,7 @@ def write_html_reports(
     *,
     score_missing: bool = True,
     warn: Callable[[str], None] | None = None,
+    floor: Floor | None = None,
 ) -> list[Path]:
     """``gastric-fl report --html``: one report per hospital of each run; returns the paths written.
 
@@ -905,7 +918,7 @@ def write_html_reports(
                     rep.notes.append(problem)
                     if warn is not None:
                         warn(f"{rep.folder}: {problem}")
-            page = render(rep)
+            page = render(rep, floor)
             pages[f"{hospital_name(client)}.html"] = page
             own_folders.append((rep.folder / HOSPITAL_REPORT, page))
         if out is not None:

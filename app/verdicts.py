@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
-from app.dashboard.evaluation import Floor, Judgement, judge
+from app.dashboard.evaluation import VERDICT_NAMES, Floor, Judgement, judge
 from app.dashboard.runs import (
     NO_CARD,
     CardThreshold,
@@ -72,3 +73,22 @@ def judge_run(run: Path, floor: Floor, predictions: pd.DataFrame | None = None) 
             )
         )
     return RunVerdicts(tuple(judged), problems)
+
+
+def verdict_rows(runs: list[Path], floor: Floor) -> list[dict[str, Any]]:
+    """One row per run x hospital judged (`judge_run`): run, client, verdict, threshold, where it came from and the
+    reason (``federation.report.VERDICT_COLUMNS``), for ``gastric-fl report``."""
+    rows: list[dict[str, Any]] = []
+    for run in runs:
+        for judged in judge_run(run, floor).judgements:
+            rows.append(
+                {
+                    "run": run.name,
+                    "client": judged.client,
+                    "verdict": VERDICT_NAMES[judged.verdict.kind],
+                    "threshold": round(judged.threshold, 4),
+                    "threshold from": judged.source,
+                    "reason": judged.verdict.reason,
+                }
+            )
+    return rows

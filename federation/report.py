@@ -487,12 +487,17 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+# What a column is called where people read it (the CSV files keep the field names other tools read).
+HEADINGS = {"client": "hospital"}
+
+
 def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
-    """A GitHub Markdown table of ``rows`` (``None`` shown as ``-``; floats to 4 decimals)."""
+    """A GitHub Markdown table of ``rows`` (``None`` shown as ``-``; floats to 4 decimals); a ``client`` column is
+    headed "hospital" (`HEADINGS`)."""
     if not rows:
         return "(no rows)\n"
     cols = list(columns) if columns is not None else list(rows[0])
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    lines = ["| " + " | ".join(HEADINGS.get(c, c) for c in cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
     lines += ["| " + " | ".join(_cell(row.get(c)) for c in cols) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 
@@ -532,8 +537,14 @@ def plot_accuracy(runs: Sequence[RunResult], path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(runs: Sequence[RunResult], out_dir: Path) -> dict[str, Path]:
-    """Write ``report.md``, ``report.csv``, ``hospitals.csv`` and ``accuracy.png`` into ``out_dir``."""
+VERDICT_COLUMNS: tuple[str, ...] = ("run", "client", "verdict", "threshold", "threshold from", "reason")
+
+
+def write_report(
+    runs: Sequence[RunResult], out_dir: Path, verdicts: Sequence[Mapping[str, Any]] = (), floor: str = ""
+) -> dict[str, Path]:
+    """Write ``report.md``, ``report.csv``, ``hospitals.csv`` and ``accuracy.png`` into ``out_dir``; ``verdicts``
+    (rows of `VERDICT_COLUMNS`) against ``floor`` (in words) go into ``report.md``."""
     if not runs:
         raise FederationError("no runs to report: give at least one run directory")
     rows = summarise(runs)
@@ -554,6 +565,8 @@ def write_report(runs: Sequence[RunResult], out_dir: Path) -> dict[str, Path]:
         intended=runs_intended_use(runs),
         operating=operating_points(runs),
         privacy=privacy_rows(runs),
+        verdicts=verdicts,
+        floor=floor,
     )
     atomic_write_text(paths["markdown"], text)
     atomic_write_text(paths["csv"], csv_text(rows, SUMMARY_COLUMNS))
@@ -577,17 +590,26 @@ def render_markdown(
     intended: str = INTENDED_USE,
     operating: Sequence[Mapping[str, Any]] = (),
     privacy: Sequence[Mapping[str, Any]] = (),
+    verdicts: Sequence[Mapping[str, Any]] = (),
+    floor: str = "",
 ) -> str:
     """The report as Markdown: its intended use (`infra.provenance`), problems found in the run files (if any),
-    the run table, the per-hospital table and (optionally) the curves image."""
+    each hospital's verdict against ``floor`` (rows of `VERDICT_COLUMNS`, judged by the caller as the dashboard
+    judges: `app.verdicts`), the run table, the per-hospital table and (optionally) the curves image."""
     parts = [
         f"# Federation report\n\n**{intended}**\n",
-        "Figures of the last completed round: avg/std = mean/std over clients of each hospital's own test split; "
-        "best = highest averaged accuracy over rounds; sent/received = values per round, all clients together.\n",
+        "Figures of the last completed round: avg/std = mean/std over hospitals of each hospital's own test split; "
+        "best = highest averaged accuracy over rounds; sent/received = values per round, all hospitals together.\n",
         markdown_table(rows, SUMMARY_COLUMNS),
         "\n## Per hospital (last complete round)\n",
         markdown_table(hospitals, HOSPITAL_COLUMNS),
     ]
+    if verdicts:
+        parts[1:1] = [
+            "## Verdict (each hospital at its model card's threshold)\n",
+            f"Against the floor: {floor}. The same verdicts as the dashboard's Verdict page with that floor.\n",
+            markdown_table(verdicts, VERDICT_COLUMNS),
+        ]
     if operating:
         parts += [
             "\n## Operating point (each hospital's model card)\n",

@@ -470,6 +470,14 @@ class Floor:
         if self.min_slides < 1:
             raise ValueError(f"the floor's minimum number of test slides must be at least 1, got {self.min_slides}")
 
+    @property
+    def words(self) -> str:
+        """The floor in words, as every page and report names it."""
+        return (
+            f"sensitivity at least {self.sensitivity:.2f} at each hospital's own threshold, at least "
+            f"{self.min_slides} test slides, review below specificity {self.specificity:.2f}"
+        )
+
 
 @dataclass(frozen=True)
 class Verdict:

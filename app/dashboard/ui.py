@@ -381,14 +381,6 @@ def current_floor() -> evaluation.Floor:
         return default
 
 
-def floor_words(floor: evaluation.Floor) -> str:
-    """The floor in words, as every page and report names it."""
-    return (
-        f"sensitivity at least {floor.sensitivity:.2f} at each hospital's own threshold, at least {floor.min_slides} "
-        f"test slides, review below specificity {floor.specificity:.2f}"
-    )
-
-
 FLASH_KEY = "_saved_threshold"
 SPLIT_WORDS = {
     "validation": "chosen on the validation split, judged on the test split",

@@ -25,9 +25,29 @@ def test_train_then_report(
     assert run_cli(monkeypatch, "report", str(run_dir)) == 0
     printed = capsys.readouterr().out
     assert "| run | strategy |" in printed
-    assert "| run | client | num_train | num_test | test_acc | test_auc |" in printed
+    assert "| run | hospital | num_train | num_test | test_acc | test_auc |" in printed
     for name in ("report.md", "report.csv", "hospitals.csv", "accuracy.png"):
         assert (run_dir / name).is_file()
+    # each hospital's verdict, as the Verdict page gives it with the same floor, named in the report
+    from app.dashboard.evaluation import Floor
+    from app.verdicts import judge_run
+
+    expected = judge_run(run_dir, Floor()).judgements
+    assert len(expected) >= 2
+    assert "| run | hospital | verdict | threshold | threshold from | reason |" in printed
+    for judged in expected:
+        assert f"| {judged.client} | {judged.verdict.kind.upper()} | 0.5000 |" in printed
+        assert judged.verdict.reason in printed
+    report = (run_dir / "report.md").read_text(encoding="utf-8")
+    assert f"Against the floor: {Floor().words}." in report
+    # the CSV keeps the field names other tools read
+    assert (run_dir / "hospitals.csv").read_text().splitlines()[0].startswith("run,client,")
+    assert run_cli(monkeypatch, "report", str(run_dir), "--floor", "0.5", "--min-slides", "1") == 0
+    capsys.readouterr()
+    looser = Floor(0.5, 1)
+    assert f"Against the floor: {looser.words}." in (run_dir / "report.md").read_text(encoding="utf-8")
+    assert run_cli(monkeypatch, "report", str(run_dir), "--floor", "1.5") == 2
+    assert "--floor/--min-slides/--review-specificity" in capsys.readouterr().err
     # the same directory again needs --overwrite: one line, exit 2
     assert run_cli(monkeypatch, "train", "--data", str(dataset), "--out", str(run_dir), *TINY) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -412,3 +412,29 @@ def test_the_saved_threshold_makes_the_slide_call_and_colours_the_heatmap(data: 
     assert (~below).any()
     alpha = rgba[ys.round().astype(int), xs.round().astype(int), 3]  # at each tile's centre
     assert (alpha == np.where(below, 0, 255)).all()
+
+
+def test_the_downloaded_report_judges_with_the_floor_on_screen(
+    data: TrainedRoot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.dashboard.evaluation import Floor
+
+    served: dict[str, bytes] = {}
+    original = MemoryMediaFileStorage.load_and_get_id
+
+    def spy(self: MemoryMediaFileStorage, path_or_data: Any, mimetype: str, kind: Any, filename: Any = None) -> str:
+        if isinstance(filename, str) and filename.endswith(".html"):
+            served[filename] = path_or_data
+        return original(self, path_or_data, mimetype, kind, filename)
+
+    monkeypatch.setattr(MemoryMediaFileStorage, "load_and_get_id", spy)
+    # the floor as set on the Verdict page (its shared session values): 0.70, 3 slides, review below 0.40
+    state: dict[str, object] = {"floor_sensitivity": 0.7, "floor_min_slides": 3, "floor_specificity": 0.4}
+    at = _pick_slide(open_page("slide", state, timeout=TIMEOUT_S), data.test_slides(0, "normal")[0])
+    page = served[f"{data.run.name}-client_00.html"].decode("utf-8")
+    assert 'data-metric="floor" data-sensitivity="0.70" data-min-slides="3" data-specificity="0.40"' in page
+    assert "sensitivity at least 0.70 at the hospital's threshold, at least 3 test slides" in page
+    screen = report_html.report_html(data.run, 0, Floor(0.7, 3, 0.4))
+    assert re.sub(r"Written \S+ by", "", page) == re.sub(r"Written \S+ by", "", screen)
+    captions = " ".join(str(c.value) for c in at.caption)
+    assert "--floor 0.70 --min-slides 3 --review-specificity 0.40" in captions

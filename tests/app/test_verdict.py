@@ -90,8 +90,8 @@ def test_small_sample_meeting_the_floor_goes_to_review() -> None:
     result = _judge(frame, evaluation.Floor())
     assert result.kind == evaluation.REVIEW
     assert result.reason == (
-        "finds 10 of 10 abnormal tiles at threshold 0.50 (sensitivity 1.00, 95% CI 0.72\u20131.00), specificity 1.00, but with "
-        "10 abnormal tiles the interval reaches below the floor 0.90."
+        "finds 10 of 10 abnormal tiles at threshold 0.50 (sensitivity 1.00, 95% CI 0.72\u20131.00), specificity "
+        "1.00, but with 10 abnormal tiles the interval reaches below the floor 0.90."
     )
 
 

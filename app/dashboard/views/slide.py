@@ -63,11 +63,13 @@ def _slide_pixels(path: str, stamp: float, limit: int) -> npt.NDArray[np.uint8]:
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
-def _report(run: str, client: int, stamp: tuple[float, ...]) -> str:
-    """The hospital's HTML report, rebuilt when its files or its scored slides change (``stamp``)."""
+def _report(run: str, client: int, stamp: tuple[float, ...], floor: tuple[float, int, float]) -> str:
+    """The hospital's HTML report, judged against the floor set on screen (``floor``: sensitivity, minimum test
+    slides, review specificity), rebuilt when its files or its scored slides change (``stamp``) or the floor does."""
+    from app.dashboard.evaluation import Floor
     from app.report_html import report_html
 
-    return report_html(Path(run), client)
+    return report_html(Path(run), client, Floor(*floor))
 
 
 def _stamp(path: Path) -> float:
@@ -470,7 +472,8 @@ def _page() -> None:
             *(_stamp(f) for f in files),
             *(_stamp(e / "view" / "view.json") for e in slide_view.scored_entries(folder)),
         )
-        report = _report(str(info.path), client, stamp)
+        floor = ui.current_floor()
+        report = _report(str(info.path), client, stamp, (floor.sensitivity, floor.min_slides, floor.specificity))
     except Exception as exc:  # the report is optional; its problem is one line
         st.caption(f"No report: {slide_view.problem_line(exc, folder)}")
     else:
@@ -483,9 +486,14 @@ def _page() -> None:
             key="slide_report",
             on_click="ignore",
         )
+        command = (
+            f"gastric-fl report {info.path} --html --floor {floor.sensitivity:.2f} --min-slides {floor.min_slides}"
+            f" --review-specificity {floor.specificity:.2f}"
+        )
         st.caption(
-            "One self-contained file: metrics at the model's threshold, ROC curve, confusion matrix, example tiles, "
-            f"the slides scored here, settings and dataset hash. The same as `gastric-fl report {info.path} --html`."
+            "One self-contained file: the verdict against the floor set on the Verdict page "
+            f"({floor.words}), metrics at the model's threshold, ROC curve, confusion matrix, example "
+            f"tiles, the slides scored here, settings and dataset hash. The same as `{command}`."
         )
 
 

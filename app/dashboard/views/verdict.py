@@ -127,7 +127,7 @@ def page() -> None:
     st.caption(
         f"{len(verdicts)} hospitals: "
         + ", ".join(f"{n} {kind}" for kind, n in counts.items() if n)
-        + f". The floor: {ui.floor_words(floor)}; the Federation and Compare pages and the HTML report downloaded "
+        + f". The floor: {floor.words}; the Federation and Compare pages and the HTML report downloaded "
         "from the Slide page judge with it. " + RULE
     )
     link = "Scorecard and ROC curves on the Hospital page"
