@@ -10,8 +10,14 @@ decoding) and a slide without tissue are one ``error:`` line and exit code 2; a 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+from app import cli_floor
+
+if TYPE_CHECKING:
+    from app.dashboard.evaluation import Floor
 
 
 def register(app: typer.Typer) -> None:
@@ -46,8 +52,12 @@ def register(app: typer.Typer) -> None:
         ),
         device: str = typer.Option("cpu", "--device", help="cpu, cuda or auto."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
+        floor: float = cli_floor.SENSITIVITY,
+        min_slides: int = cli_floor.MIN_SLIDES,
+        review_specificity: float = cli_floor.SPECIFICITY,
     ) -> None:
-        """Score whole slides with one hospital's model: heatmap overlay, tile CSV and summary per slide."""
+        """Score whole slides with one hospital's model: heatmap overlay, tile CSV and summary per slide; first the
+        model's intended use and, where its folder holds its test predictions, its verdict against the floor."""
         from inference.predict import predict as run_predict
         from inference.predict import slide_calls_line
         from pipeline.images import DEFAULT_MAX_PIXELS
@@ -55,6 +65,9 @@ def register(app: typer.Typer) -> None:
         def warn(message: str) -> None:
             typer.secho(f"warning: {message}", fg=typer.colors.YELLOW, err=True)
 
+        judged_floor = cli_floor.floor_from(floor, min_slides, review_specificity)
+        use, *verdict = _verdict_line(model, judged_floor, threshold)
+        typer.echo(use)
         results = run_predict(
             model,
             slide,
@@ -86,4 +99,34 @@ def register(app: typer.Typer) -> None:
         calls = slide_calls_line(results)
         if calls is not None:
             typer.echo(calls)
+        for line in verdict:
+            typer.echo(line)
         typer.echo(f"wrote {out}", err=True)
+
+
+def _verdict_line(model: Path, floor: Floor, override: float | None) -> list[str]:
+    """The bundle's intended use, and its hospital's verdict at its card's threshold against ``floor`` when its
+    folder holds the hospital's test predictions (`app.verdicts.judge_folder`: what the Verdict page says)."""
+    from app.dashboard.evaluation import VERDICT_NAMES
+    from app.dashboard.runs import CardThreshold
+    from app.verdicts import judge_folder
+    from models.bundle import bundle_folder, read_card
+
+    folder = bundle_folder(model)
+    card = read_card(folder)
+    lines = [f"intended use: {card.intended_use}"]
+    operating = CardThreshold(card.threshold, card.threshold_source, card.threshold_split)
+    judged = judge_folder(folder, operating, card.client, floor)
+    if judged is None:
+        lines.append(
+            f"verdict: not judged here ({folder} holds no test predictions of its hospital; the run's Verdict page "
+            "or gastric-fl report judges it)"
+        )
+        return lines
+    lines.append(
+        f"verdict of hospital {card.client}'s model at its threshold {judged.threshold:.2f}: "
+        f"{VERDICT_NAMES[judged.verdict.kind]}, {judged.verdict.reason} (against the floor: {floor.words})"
+    )
+    if override is not None and abs(override - card.threshold) > 1e-12:
+        lines.append(f"note: the slides above were called at --threshold {override:.2f}, not at the card's threshold")
+    return lines

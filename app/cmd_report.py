@@ -20,6 +20,8 @@ from pathlib import Path
 
 import typer
 
+from app import cli_floor
+
 
 def register(app: typer.Typer) -> None:
     """Add the `report` subcommand to `app`."""
@@ -46,16 +48,11 @@ def register(app: typer.Typer) -> None:
         hospital: list[int] = typer.Option(
             None, "--hospital", help="With --html: only this hospital (repeatable; default: every hospital)."
         ),
-        floor: float = typer.Option(
-            0.90, "--floor", help="The clinical floor: the sensitivity each hospital must reach at its threshold."
-        ),
-        min_slides: int = typer.Option(5, "--min-slides", help="Below this many test slides a hospital is not judged."),
-        review_specificity: float = typer.Option(
-            0.50, "--review-specificity", help="A hospital meeting the floor goes to review below this specificity."
-        ),
+        floor: float = cli_floor.SENSITIVITY,
+        min_slides: int = cli_floor.MIN_SLIDES,
+        review_specificity: float = cli_floor.SPECIFICITY,
     ) -> None:
         """Summarise runs: averaged/std/best test ACC and AUC, per-hospital AUC, values sent, seconds per round."""
-        from app.dashboard.evaluation import Floor
         from federation.errors import FederationError
         from federation.report import (
             HOSPITAL_COLUMNS,
@@ -72,10 +69,7 @@ def register(app: typer.Typer) -> None:
             write_report,
         )
 
-        try:
-            judged_floor = Floor(floor, min_slides, review_specificity)
-        except ValueError as exc:
-            raise FederationError(f"--floor/--min-slides/--review-specificity: {exc}") from None
+        judged_floor = cli_floor.floor_from(floor, min_slides, review_specificity)
         if transmitted is not None:
             if html:
                 raise FederationError("--transmitted and --html are separate reports: give one of them")

@@ -23,10 +23,11 @@ from app.dashboard.runs import (
     CardThreshold,
     card_operating,
     hospital_rows,
+    read_prediction_file,
     read_run_predictions,
     read_val_predictions,
 )
-from app.held_out import held_out_slides
+from app.held_out import SlideCallsError, as_slides, held_out_slides, read_slide_calls
 
 
 @dataclass(frozen=True)
@@ -92,3 +93,29 @@ def verdict_rows(runs: list[Path], floor: Floor) -> list[dict[str, Any]]:
                 }
             )
     return rows
+
+
+def judge_folder(folder: Path, card: CardThreshold, client: int, floor: Floor) -> Judgement | None:
+    """Judge one hospital's bundle ``folder`` (a hospital folder of a run: its ``predictions.csv``, and where
+    present its ``val_predictions.csv`` and ``slides.csv``) at its ``card`` threshold against ``floor``, as
+    `judge_run` judges it; ``None`` when the folder holds no readable test predictions (an exported bundle alone)."""
+    from app.dashboard.errors import DashboardError
+    from federation.runfiles import PREDICTIONS_FILE, SLIDES_FILE, VAL_PREDICTIONS_FILE
+
+    try:
+        rows = read_prediction_file(folder / PREDICTIONS_FILE)
+    except DashboardError:
+        return None
+    val = None
+    if (folder / VAL_PREDICTIONS_FILE).is_file():
+        try:
+            val = read_prediction_file(folder / VAL_PREDICTIONS_FILE)
+        except DashboardError:
+            val = None
+    held_out = None
+    if (folder / SLIDES_FILE).is_file():
+        try:
+            held_out = as_slides(read_slide_calls(folder / SLIDES_FILE))
+        except SlideCallsError:
+            held_out = None
+    return judge(client, rows, card.value, card.source, card.split, floor, val, held_out)

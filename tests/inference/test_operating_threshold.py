@@ -95,6 +95,43 @@ def test_each_saved_threshold_is_kept_in_the_card_history(
     assert json.loads((folder / "model.json").read_text(encoding="utf-8"))["threshold_history"][0]["to"] == 0.3
 
 
+def test_predict_prints_the_intended_use_and_the_verdict_against_the_floor_it_is_given(
+    tiny_run: TinyRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from app.cli_floor import DEFAULT_MIN_SLIDES, DEFAULT_SENSITIVITY, DEFAULT_SPECIFICITY
+    from app.dashboard.evaluation import Floor
+    from app.verdicts import judge_run
+
+    assert Floor() == Floor(DEFAULT_SENSITIVITY, DEFAULT_MIN_SLIDES, DEFAULT_SPECIFICITY)  # the page's defaults
+    run = _copy_bundle(tiny_run, tmp_path)
+    folder = run / "hospitals" / "client_00"
+    slide = tiny_run.raw / "slide_0000.png"
+    base = ("predict", "--model", str(folder), "--slide", str(slide), "--no-progress")
+    for floor, extra in ((Floor(), ()), (Floor(0.5, 1, 0.3), ("--floor", "0.5", "--min-slides", "1",
+                                                               "--review-specificity", "0.3"))):  # fmt: skip
+        out = tmp_path / f"out_{floor.sensitivity}"
+        assert run_cli(monkeypatch, *base, "--out", str(out), *extra) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0] == f"intended use: {read_card(folder).intended_use}"
+        judged = judge_run(run, floor).of(0)  # what the Verdict page says with that floor
+        assert judged is not None
+        verdict = [line for line in lines if line.startswith("verdict of hospital 0's model")]
+        assert verdict == [
+            f"verdict of hospital 0's model at its threshold 0.50: {judged.verdict.kind.upper()}, "
+            f"{judged.verdict.reason} (against the floor: {floor.words})"
+        ]
+    # a bundle copied out of its run has no test predictions beside it: said, not judged
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    for name in ("model.json", "model.safetensors"):
+        shutil.copy(folder / name, alone / name)
+    assert run_cli(monkeypatch, "predict", "--model", str(alone), "--slide", str(slide), "--out",
+                   str(tmp_path / "out_alone"), "--no-progress") == 0  # fmt: skip
+    assert "verdict: not judged here" in capsys.readouterr().out
+    assert run_cli(monkeypatch, *base, "--out", str(tmp_path / "bad"), "--floor", "0") == 2
+    assert "--floor/--min-slides/--review-specificity" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("extra", "words"),
     [
