@@ -722,3 +722,38 @@ def judgement_table(judgements: Sequence[Judgement]) -> pd.DataFrame:
     table.insert(1, "verdict", [VERDICT_NAMES[j.verdict.kind] for j in judgements])
     table.insert(2, "threshold", [j.threshold for j in judgements])
     return table
+
+
+VERDICT_SUMMARY_COLUMNS = (
+    "hospital",
+    "verdict",
+    "threshold",
+    "sensitivity",
+    "specificity",
+    "missed abnormal slides",
+    "AUC",
+    "test slides",
+)
+
+
+def verdict_summary(judgements: Sequence[Judgement]) -> pd.DataFrame:
+    """The short form of `judgement_table` the Federation and Compare pages show: each hospital's verdict,
+    sensitivity and specificity at its card's threshold, the abnormal slides it misses, its AUC and slides."""
+    rows = []
+    for judged in judgements:
+        score = judged.score
+        missed, _ = slide_errors(score)
+        abnormal = None if score.slide_set is None else int(score.slide_set.labels.sum())
+        rows.append(
+            {
+                "hospital": hospital_label(judged.client),
+                "verdict": VERDICT_NAMES[judged.verdict.kind],
+                "threshold": judged.threshold,
+                "sensitivity": score.point.sensitivity,
+                "specificity": score.point.specificity,
+                "missed abnormal slides": "" if abnormal is None else f"{len(missed)} of {abnormal}",
+                "AUC": float("nan") if score.auc is None else score.auc,
+                "test slides": float("nan") if score.slides is None else score.slides,
+            }
+        )
+    return pd.DataFrame(rows, columns=list(VERDICT_SUMMARY_COLUMNS))

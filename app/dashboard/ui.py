@@ -389,6 +389,30 @@ SPLIT_WORDS = {
 }
 
 
+def verdict_table(table: Any, key: str, floor: evaluation.Floor) -> None:
+    """`evaluation.verdict_summary` (with a ``run`` column on the Compare page) as a table with sensible precision,
+    and the floor it was judged against named under it."""
+    number = st.column_config.NumberColumn
+    st.dataframe(
+        table,
+        hide_index=True,
+        width="stretch",
+        key=key,
+        column_config={
+            "hospital": st.column_config.TextColumn("hospital", pinned=True),
+            "threshold": number("threshold", format="%.2f", help="the threshold its model card decides with"),
+            "sensitivity": number("sensitivity", format="%.2f", help=EXPLAIN["sensitivity"]),
+            "specificity": number("specificity", format="%.2f", help=EXPLAIN["specificity"]),
+            "AUC": number("AUC", format="%.3f", help=EXPLAIN["AUC"]),
+            "test slides": number("test slides", format="%d"),
+        },
+    )
+    st.caption(
+        f"Each hospital at the threshold its model card decides with, judged against the floor ({floor.words}; set "
+        "it on the Verdict page, which gives each verdict's reason)."
+    )
+
+
 def flash() -> None:
     """The message of a threshold just saved (kept across the rerun that redraws the page at the new threshold)."""
     message = st.session_state.pop(FLASH_KEY, None)

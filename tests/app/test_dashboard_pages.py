@@ -73,11 +73,35 @@ def test_federation_page_shows_the_aucs_of_metrics_jsonl(fixture_root: Fixture) 
     for line in (fixture_root.finished / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
         last[f"Hospital {record['client']}"] = record["test_auc"]  # later rounds overwrite earlier ones
-    shown = at.dataframe[0].value.set_index("hospital")["test AUC"].to_dict()
+    (latest,) = [d.value for d in at.dataframe if "test AUC" in d.value.columns]
+    shown = latest.set_index("hospital")["test AUC"].to_dict()
     assert shown == last
     assert _metric(at, "Averaged AUC") == f"{sum(last.values()) / 3:.3f}"
     assert _metric(at, "Round") == "2 / 2"
+    assert _metric(at, "Took") != "—"  # a finished run says how long it took
     assert "finished" in _texts(at.success)
+
+
+def test_federation_and_compare_speak_each_hospitals_verdict(fixture_root: Fixture) -> None:
+    from app.dashboard.evaluation import VERDICT_NAMES, Floor
+    from app.verdicts import judge_run
+
+    floor = Floor(0.5, 1, 0.4)
+    state = {"selected_run": fixture_root.finished.name, "floor_sensitivity": 0.5, "floor_min_slides": 1,
+             "floor_specificity": 0.4}  # fmt: skip
+    judged = judge_run(fixture_root.finished, floor).judgements
+    assert len(judged) >= 2
+    expected = [VERDICT_NAMES[j.verdict.kind] for j in judged]
+    for page in ("federation", "compare"):
+        at = open_page(page, state)
+        if page == "compare":
+            at.multiselect(key="compare_runs").set_value([fixture_root.finished.name])
+            at.run()
+        (table,) = [d.value for d in at.dataframe if "verdict" in d.value.columns]
+        assert table["verdict"].tolist() == expected
+        assert table["sensitivity"].tolist() == pytest.approx([j.score.point.sensitivity for j in judged], nan_ok=True)
+        assert table["threshold"].tolist() == [j.threshold for j in judged]
+        assert f"judged against the floor ({floor.words}" in _texts(at.caption)
 
 
 def test_federation_page_shows_a_failed_runs_error(fixture_root: Fixture) -> None:

@@ -14,9 +14,10 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from app.dashboard import charts, checks, commands, compare, fields, jobs, paths, presets, ui
+from app.dashboard import charts, checks, commands, compare, evaluation, fields, jobs, paths, presets, ui
 from app.dashboard.datasets import list_datasets
 from app.dashboard.errors import DashboardError
+from app.verdicts import judge_run
 
 HEATMAP_FIGURES = ("Best ACC", "Averaged ACC", "Best AUC", "Averaged AUC", "Std ACC", "Values transmitted")
 REFRESH_S = 2.0
@@ -46,7 +47,7 @@ def read_queue() -> list[jobs.QueueEntry]:
 
 def _table(table: pd.DataFrame) -> None:
     """Two tables side by side in the paper's spirit: what each run reached, and what it cost."""
-    formats = {name: st.column_config.NumberColumn(format="%.4f") for name in QUALITY}
+    formats = {name: st.column_config.NumberColumn(format="%.3f") for name in QUALITY}
     big = ("Values transmitted", "Sent / round", "Received / round")
     formats.update({name: st.column_config.NumberColumn(format="localized") for name in big})
     formats.update({n: st.column_config.NumberColumn(format="%.1f") for n in ("Seconds", "Seconds / round")})
@@ -58,6 +59,23 @@ def _table(table: pd.DataFrame) -> None:
     st.download_button(
         "Download both tables (CSV)", table.to_csv(index=False), file_name="comparison.csv", icon=":material/download:"
     )
+
+
+def _verdicts(selected: list[tuple[str, Path]]) -> None:
+    """Each hospital of each run judged at its card's threshold against the floor set on the Verdict page
+    (`app.verdicts.judge_run`, as every page judges it); runs without predictions on this machine are left out."""
+    floor = ui.current_floor()
+    tables = []
+    for run_id, path in selected:
+        judged = judge_run(path, floor).judgements
+        if judged:
+            table = evaluation.verdict_summary(judged)
+            table.insert(0, "run", run_id)
+            tables.append(table)
+    if not tables:
+        return
+    st.markdown("**Each hospital's verdict** (its own model at its model card's threshold)")
+    ui.verdict_table(pd.concat(tables, ignore_index=True), "verdict_table", floor)
 
 
 def _curves(selected: list[tuple[str, Path]]) -> None:
@@ -290,6 +308,7 @@ def runs_view(runs: list[Any]) -> None:
     selected = [(run_id, by_id[run_id].path) for run_id in ids]
     _mismatches(selected)
     _table(compare.compare_table(selected))
+    _verdicts(selected)
     _curves(selected)
     _settings_diff(selected)
 

@@ -14,13 +14,14 @@ stays disabled while a setting is invalid or while a training runs (``jobs.start
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import streamlit as st
 
-from app.dashboard import charts, checks, commands, fields, jobs, live, paths, presets, ui
+from app.dashboard import charts, checks, commands, evaluation, fields, jobs, live, paths, presets, ui
 from app.dashboard.datasets import PreparedDataset
 from app.dashboard.errors import DashboardError
 from app.dashboard.evaluation import latest_accuracy_warnings
@@ -33,10 +34,13 @@ from app.dashboard.runs import (
     load_summary,
     per_client,
     per_round,
+    prediction_files,
     progress,
     run_info,
+    run_seconds,
     xi_matrices,
 )
+from app.verdicts import judge_run
 from federation.progress import read_progress
 
 REFRESH_S = 2.0
@@ -280,7 +284,16 @@ def monitor(info: RunInfo, initial_status: str) -> None:
     cols[1].metric("Averaged AUC", f"{last['auc_mean']:.3f}", help="mean over hospitals with both classes")
     cols[2].metric("Averaged ACC", f"{last['acc_mean']:.3f}")
     cols[3].metric("Values transmitted", f"{last['values_total']:,.0f}", help="both directions, all rounds so far")
-    cols[4].metric("Elapsed", format_seconds(state.seconds_elapsed) if status == "running" else "—")
+    elapsed = state.seconds_elapsed if status == "running" else run_seconds(info.path, metrics)
+    took = format_seconds(elapsed) if math.isfinite(elapsed) else "—"
+    cols[4].metric("Elapsed" if status == "running" else "Took", took)
+
+    if prediction_files(info.path):
+        floor = ui.current_floor()
+        judged = judge_run(info.path, floor).judgements
+        if judged:
+            st.markdown("**Each hospital's verdict** (its latest round's model)")
+            ui.verdict_table(evaluation.verdict_summary(judged), "verdict_table", floor)
 
     # A high AUC next to a low accuracy is not left without a word (binary runs: the scorecard is for them).
     classes = load_summary(info.path).get("classes")
@@ -295,17 +308,19 @@ def monitor(info: RunInfo, initial_status: str) -> None:
                 icon=":material/arrow_forward:",
             )
 
-    st.markdown("**Each hospital, latest round**")
+    st.markdown("**Each hospital, latest round** (the training's own figures; its accuracy is at threshold 0.50)")
     st.dataframe(
         latest_per_client(metrics),
         hide_index=True,
         width="stretch",
         key="latest_table",
         column_config={
-            "test AUC": st.column_config.NumberColumn(format="%.4f"),
-            "test ACC": st.column_config.NumberColumn(format="%.4f"),
-            "test loss": st.column_config.NumberColumn(format="%.4f"),
-            "train loss": st.column_config.NumberColumn(format="%.4f"),
+            "test AUC": st.column_config.NumberColumn(format="%.3f"),
+            "test ACC": st.column_config.NumberColumn(
+                "accuracy at 0.50", format="%.3f", help="at threshold 0.50, whatever the model card's threshold"
+            ),
+            "test loss": st.column_config.NumberColumn(format="%.3f"),
+            "train loss": st.column_config.NumberColumn(format="%.3f"),
             "fisher trace": st.column_config.NumberColumn(format="%.4g"),
         },
     )
