@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -116,6 +117,16 @@ def test_start_shows_a_plain_sentence_and_is_disabled_while_the_run_trains(
         assert any("Training FedSAF on tiny, 3 rounds is still training" in text for text in banner)
         reloaded = open_page("federation")  # a reloaded page knows too (jobs.py's records)
         assert reloaded.button(key="start").disabled
+        # ... and, while the run is still loading (no run folder yet), the reload keeps its banner and Stop
+        assert "Training FedSAF on tiny, 3 rounds; follow it below." in " ".join(_texts(reloaded.info))
+        reloaded.button(key="stop_pending").click()
+        reloaded.run()
+        deadline = time.monotonic() + 30
+        while jobs.state(folder, job).active and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert jobs.state(folder, job).status == "stopped"
+        reloaded.run()
+        assert "Training FedSAF on tiny, 3 rounds was stopped before its first round." in _texts(reloaded.warning)
     finally:
         for record in jobs.list_jobs(folder):
             jobs.stop(folder, record)

@@ -241,10 +241,30 @@ def pending_banner(run_id: str) -> None:
         st.rerun()  # the folder exists now: show the run below, with its live refresh
     title = job.title or f"Run {run_id}"
     if not job_state.active:
+        if job_state.status == "stopped":
+            st.warning(f"{title} was stopped before its first round.", icon=":material/stop_circle:")
+            return
         st.error(f"{title} did not start (exit code {job_state.exit_code}). Its last output:", icon="🚨")
         st.code(jobs.log_tail(job, 12) or "no output", language="text")
         return
-    st.info(f"{title}; follow it below. Loading the model and the hospitals' tiles…", icon=":material/hourglass_top:")
+    left, right = st.columns([4, 1], vertical_alignment="bottom")
+    left.info(f"{title}; follow it below. Loading the model and the hospitals' tiles…", icon=":material/hourglass_top:")
+    if right.button("Stop", icon=":material/stop:", key="stop_pending", help="SIGTERM: the run stops cleanly"):
+        jobs.stop(jobs_dir, job)
+        st.session_state["pending_run"] = run_id  # after a reload too: say that it was stopped
+        st.rerun()
+
+
+def loading_run() -> str | None:
+    """The run this page started and is still loading: the session's, or, after a reload (which forgets the
+    session), the dashboard's active training whose run folder has no ``config.toml`` yet, so Stop is always there."""
+    pending = st.session_state.get("pending_run")
+    if pending:
+        return str(pending)
+    job = jobs.active_train(jobs_dir)
+    if job is not None and not (Path(job.target) / "config.toml").is_file():
+        return job.job_id
+    return None
 
 
 # --- watch a run ----------------------------------------------------------------------------------------------
@@ -374,7 +394,7 @@ def runs_section() -> None:
 
 
 form = start_form()
-pending = st.session_state.get("pending_run")
+pending = loading_run()
 if pending:
     ui.fragment("Federation", pending_banner, REFRESH_S)(pending)
 runs_section()
