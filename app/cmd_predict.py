@@ -66,8 +66,9 @@ def register(app: typer.Typer) -> None:
             typer.secho(f"warning: {message}", fg=typer.colors.YELLOW, err=True)
 
         judged_floor = cli_floor.floor_from(floor, min_slides, review_specificity)
-        use, *verdict = _verdict_line(model, judged_floor, threshold)
-        typer.echo(use)
+        from models.bundle import bundle_folder, read_card
+
+        typer.echo(f"intended use: {read_card(bundle_folder(model)).intended_use}")
         results = run_predict(
             model,
             slide,
@@ -99,14 +100,14 @@ def register(app: typer.Typer) -> None:
         calls = slide_calls_line(results)
         if calls is not None:
             typer.echo(calls)
-        for line in verdict:
+        for line in _verdict_lines(model, judged_floor, threshold):  # after the slides: it reads the test split
             typer.echo(line)
         typer.echo(f"wrote {out}", err=True)
 
 
-def _verdict_line(model: Path, floor: Floor, override: float | None) -> list[str]:
-    """The bundle's intended use, and its hospital's verdict at its card's threshold against ``floor`` when its
-    folder holds the hospital's test predictions (`app.verdicts.judge_folder`: what the Verdict page says)."""
+def _verdict_lines(model: Path, floor: Floor, override: float | None) -> list[str]:
+    """The bundle's hospital's verdict at its card's threshold against ``floor`` when its folder holds the
+    hospital's test predictions (`app.verdicts.judge_folder`: what the Verdict page says), or why not."""
     from app.dashboard.evaluation import VERDICT_NAMES
     from app.dashboard.runs import CardThreshold
     from app.verdicts import judge_folder
@@ -114,7 +115,7 @@ def _verdict_line(model: Path, floor: Floor, override: float | None) -> list[str
 
     folder = bundle_folder(model)
     card = read_card(folder)
-    lines = [f"intended use: {card.intended_use}"]
+    lines: list[str] = []
     operating = CardThreshold(card.threshold, card.threshold_source, card.threshold_split)
     judged = judge_folder(folder, operating, card.client, floor)
     if judged is None:

@@ -98,7 +98,10 @@ def test_slides_whose_names_collide_get_distinct_stable_output_folders(
     assert sorted(r["file"] for r in rows) == sorted(str(slides / name) for name in placed)
     folders = {r["file"]: r["folder"] for r in rows}
     assert len(set(folders.values())) == 6
-    printed = {line.split(":")[0] for line in capsys.readouterr().out.splitlines()}
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("intended use: ")
+    assert lines[-1].startswith("verdict of hospital 0's model")
+    printed = {line.split(":")[0] for line in lines[1:-1]}
     assert printed == set(folders.values())  # each slide's line names its own folder
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == sorted(folders.values())
     maxima = set()
