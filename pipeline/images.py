@@ -35,6 +35,9 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
 
 RGBImage = npt.NDArray[np.uint8]
 
+# What the command line asks of a file it cannot read (prepare and predict read folders of slides).
+REEXPORT = "re-export it or remove it from the input"
+
 # The largest slide `gastric-fl synth` writes is 8192 x 8192 (`pipeline.synth.MAX_SIZE`), 16 times the 2048 x 2048
 # SEED and BOT slides; 2**26 pixels accepts exactly that and nothing larger. Measured on 2 CPU cores: predict on an
 # 8192 x 8192 PNG takes 14 s and 1.55 GB peak RSS (0.9 GB for a 256 px slide); a 24000 x 24000 upload took 66 s and
@@ -56,6 +59,23 @@ _MAGIC: tuple[tuple[bytes, str], ...] = (
 
 class ImageReadError(PipelineError):
     """A slide or mask file that cannot be decoded (corrupt, truncated, unsupported encoding)."""
+
+
+class UnreadableImageError(ImageReadError):
+    """A file that is not an image this module decodes (empty, another kind of file) or whose data cannot be
+    decoded: ``name`` (the file), ``problem`` (what is wrong with it) and ``fix`` (what to do: `REEXPORT`, the
+    command line's advice, unless the caller words it for its own users, as the dashboard does with `advising`)."""
+
+    def __init__(self, name: str, problem: str, fix: str = "") -> None:
+        self.name, self.problem, self.fix = name, problem, fix or REEXPORT
+        super().__init__(f"{name}: {problem}; {self.fix}")
+
+    def __reduce__(self) -> tuple[type[UnreadableImageError], tuple[str, str, str]]:
+        return type(self), (self.name, self.problem, self.fix)  # through a process pool with its fields
+
+    def advising(self, fix: str, name: str | None = None) -> UnreadableImageError:
+        """The same problem with another ``fix`` (and the file shown as ``name``, if given)."""
+        return UnreadableImageError(self.name if name is None else name, self.problem, fix)
 
 
 class ImageTooLargeError(ImageReadError):
@@ -101,10 +121,16 @@ def _format_of(data: bytes, name: str) -> str:
     if kind is not None:
         return kind
     if not data:
-        raise ImageReadError(f"{name}: empty file (0 bytes); re-export it or remove it from the input")
-    raise ImageReadError(
-        f"{name}: not a PNG, JPEG or TIFF image (it starts with {data[:8]!r}); re-export it or remove it from the input"
-    )
+        raise UnreadableImageError(name, "empty file (0 bytes)")
+    raise UnreadableImageError(name, f"not a PNG, JPEG or TIFF image ({_content(data)})")
+
+
+def _content(data: bytes) -> str:
+    """What a file that is not an image holds, in words: text, or its first bytes in hex."""
+    head = data[:64]
+    if all(32 <= b < 127 or b in b"\t\r\n" for b in head):
+        return "it holds text"
+    return f"its first bytes are {head[:4].hex(' ')}"
 
 
 def _reason(exc: Exception) -> str:
@@ -144,9 +170,7 @@ def header_size(data: bytes, name: str) -> tuple[int, int]:
             width, height = image.size
             return int(width), int(height)
     except Exception as exc:
-        raise ImageReadError(
-            f"{name}: cannot decode image ({_reason(exc)}); re-export it or remove it from the input"
-        ) from None
+        raise UnreadableImageError(name, f"cannot decode image ({_reason(exc)})") from None
 
 
 def check_pixels(
@@ -176,9 +200,7 @@ def decode_raw(data: bytes, name: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> 
     try:
         array = decode(data)
     except Exception as exc:
-        raise ImageReadError(
-            f"{name}: cannot decode image ({_reason(exc)}); re-export it or remove it from the input"
-        ) from None
+        raise UnreadableImageError(name, f"cannot decode image ({_reason(exc)})") from None
     if array.ndim == 3 and array.shape[2] == 1:
         array = array[:, :, 0]
     if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[2] not in (3, 4)) or min(array.shape[:2]) < 1:
@@ -222,9 +244,7 @@ def probe_size(data: bytes, name: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> 
     try:
         width, height = probe(data)
     except Exception as exc:
-        raise ImageReadError(
-            f"{name}: cannot decode image ({_reason(exc)}); re-export it or remove it from the input"
-        ) from None
+        raise UnreadableImageError(name, f"cannot decode image ({_reason(exc)})") from None
     if width < 1 or height < 1:
         raise ImageReadError(f"{name}: image has no pixels ({width}x{height})")
     return width, height

@@ -9,6 +9,7 @@ import errno
 import hashlib
 import json
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -350,15 +351,21 @@ def test_a_full_disk_or_read_only_out_is_one_line_and_leaves_nothing(
 
 
 def test_empty_or_text_files_named_png_give_one_line_naming_the_file() -> None:
-    for data, what in ((b"", "empty file"), (b"hello, world\n", "not a PNG, JPEG or TIFF image")):
+    cases = (
+        (b"", "empty file (0 bytes); re-export it or remove it from the input"),
+        (b"hello, world\n", "not a PNG, JPEG or TIFF image (it holds text); re-export it or remove it from the input"),
+        (b"%PDF-1.7\x00\x01", "not a PNG, JPEG or TIFF image (its first bytes are 25 50 44 46); re-export it"),
+    )
+    for data, what in cases:
         for reader in (probe_size, decode_raw):
             with pytest.raises(ImageReadError) as info:
                 reader(data, "slides/s00.png")
             message = str(info.value)
-            assert message.startswith("slides/s00.png: ")
-            assert what in message
+            assert message.startswith(f"slides/s00.png: {what}")
             assert "BytesIO" not in message
+            assert "b'" not in message  # never a Python bytes literal
             assert "\n" not in message
+            assert str(pickle.loads(pickle.dumps(info.value))) == message  # intact through a process pool
 
 
 def test_png_and_tiff_are_recognised_by_content_whatever_the_name(tmp_path: Path) -> None:
