@@ -6,7 +6,9 @@ hospital's own folder, so a scored slide never leaves the hospital and a second 
 running the network::
 
     <run>/hospitals/client_XX/slides/<card key>/<slide key>/
-        slide/<file>            an uploaded slide (and its annotation); test slides stay where prepare read them
+        slide/<file>            an uploaded slide (and its annotation), its name made safe (`safe_name`); test
+                                slides stay where prepare read them
+        upload.json             an upload's names as uploaded, which the page and the report show
         predict/                predict's output folder (its ownership marker, summary.csv, <slide>/tiles.csv,
                                 <slide>/overlay.png, <slide>/summary.json)
         view/                   the layers the page draws: slide.png (the slide, downscaled to at most
@@ -51,7 +53,7 @@ from federation.runfiles import MODEL_CARD_FILE as CARD_FILE
 from federation.runfiles import hospital_files, hospital_index
 from infra import outputs
 from infra.provenance import PREPARE_RECORD as PREPARE_FILE
-from pipeline.images import DEFAULT_MAX_PIXELS, check_max_pixels, check_pixels
+from pipeline.images import DEFAULT_MAX_PIXELS, UnreadableImageError, check_max_pixels, check_pixels
 
 SLIDES_DIR = "slides"
 DISPLAY_MAX = 1280
@@ -61,6 +63,9 @@ ANNOTATION_SUFFIXES = (".png", ".svg")
 MAX_PIXELS_ENV = "GASTRIC_FL_MAX_PIXELS"
 TEST_PREFIX = "test-"  # cache entries of the hospital's test slides; uploads' entries are named otherwise
 LIMIT_HINT = "downscale it, or start the dashboard with a larger --max-pixels"
+UPLOAD_FIX = "upload a PNG or TIFF slide (.png, .tif, .tiff) instead"
+MASK_FIX = "upload its annotation as a SEED mask (PNG) or a BOT SVG instead, or no annotation"
+UPLOAD_RECORD = "upload.json"  # in an upload's cache entry: the names the files were uploaded under
 
 
 class SlideViewError(ValueError):
@@ -120,6 +125,20 @@ class ScoredSlide:
     def threshold(self) -> float:
         """The decision threshold the summary was computed at (the card's)."""
         return float(self.summary.get("threshold", 0.5))
+
+
+def call_mark(call: str, annotated: str | None) -> tuple[str, str]:
+    """How a slide's call reads against its annotation: ``(icon, words)``. A call that contradicts the annotation
+    is a miss or a false alarm, never marked as right: an annotated abnormal slide called normal is a MISSED cancer
+    (error icon), an annotated normal slide called abnormal a FALSE ALARM (warning icon). A tick only when call and
+    annotation agree; a slide without annotation gets a neutral icon and says there is nothing to check against."""
+    if annotated not in ("normal", "abnormal"):
+        return ":material/info:", "no annotation to check it against"
+    if annotated == call:
+        return ":material/check_circle:", f"agrees with the annotation ({annotated})"
+    if annotated == "abnormal":
+        return ":material/error:", "MISSED CANCER: the annotation marks abnormal tissue, the model calls it normal"
+    return ":material/warning:", "FALSE ALARM: the annotation marks no abnormal tissue, the model calls it abnormal"
 
 
 def safe_name(text: str) -> str:
@@ -271,24 +290,30 @@ def check_upload(name: str, data: bytes, limit: int, annotation: str | None = No
     """Check an upload before anything of it is kept: the slide's and annotation's types by name, the slide's type
     by content and its size from its header (at most ``limit`` pixels); ``(width, height)``.
 
-    `SlideViewError` or `pipeline.images.ImageReadError`, one sentence naming the uploaded file (``name``).
+    `SlideViewError` or `pipeline.images.ImageReadError`, one sentence naming the uploaded file (``name``), what
+    is wrong with it and what to upload instead (never a byte of its content).
     """
     _check_suffixes(name, annotation)
-    return check_pixels(data, name, limit, LIMIT_HINT)
+    try:
+        return check_pixels(data, name, limit, LIMIT_HINT)
+    except UnreadableImageError as exc:
+        raise exc.advising(UPLOAD_FIX) from None
 
 
 def stage_upload(folder: Path, name: str, data: bytes, annotation: tuple[str, bytes] | None = None) -> Path:
     """Keep an uploaded slide (and its annotation) in its cache entry; returns the slide's path there.
 
-    The entry is named by a hash of the bytes, so the same upload finds its earlier result. An annotation is
-    stored where predict looks for it: a PNG as ``<stem>_mask.png`` (SEED), an SVG as ``<stem>.svg`` (BOT).
-    Names of the wrong type are refused before anything is written.
+    The entry is named by a hash of the names and bytes, so the same upload finds its earlier result and two
+    uploads never share an entry (``case 7.png`` and ``case_7.png``, kept as ``case_7.png`` each, are two entries).
+    An annotation is stored where predict looks for it: a PNG as ``<stem>_mask.png`` (SEED), an SVG as
+    ``<stem>.svg`` (BOT). The names as uploaded go to the entry's `UPLOAD_RECORD` (`uploaded_names`). Names of the
+    wrong type are refused before anything is written.
     """
     _check_suffixes(name, None if annotation is None else annotation[0])
     suffix = Path(name).suffix.lower()
-    digest = hashlib.sha256(data)
+    digest = hashlib.sha256(name.encode("utf-8") + b"\0" + data)
     if annotation is not None:
-        digest.update(b"\0" + annotation[1])
+        digest.update(b"\0" + annotation[0].encode("utf-8") + b"\0" + annotation[1])
     entry = folder / SLIDES_DIR / card_key(folder) / f"upload-{digest.hexdigest()[:16]}"
     stem = safe_name(Path(name).stem)
     slide = entry / "slide" / f"{stem}{suffix}"
@@ -299,23 +324,53 @@ def stage_upload(folder: Path, name: str, data: bytes, annotation: tuple[str, by
         target = slide.with_name(f"{stem}_mask.png" if kind == ".png" else f"{stem}.svg")
         if not target.is_file():
             write_atomic(target, annotation[1])
+    if not (entry / UPLOAD_RECORD).is_file():
+        record = {"slide": name, "annotation": None if annotation is None else annotation[0]}
+        write_atomic(entry / UPLOAD_RECORD, (json.dumps(record, indent=2) + "\n").encode("utf-8"))
     return slide
+
+
+def uploaded_names(entry: Path) -> tuple[str | None, str | None]:
+    """The names an upload's slide and annotation were uploaded under (its entry's `UPLOAD_RECORD`), ``None`` for
+    each one not known (a test slide's entry, an annotation not given, an entry kept before the record was)."""
+    try:
+        record = json.loads((entry / UPLOAD_RECORD).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None, None
+    if not isinstance(record, dict):
+        return None, None
+    slide, annotation = record.get("slide"), record.get("annotation")
+    return (slide if isinstance(slide, str) else None), (annotation if isinstance(annotation, str) else None)
+
+
+def slide_name(scored: ScoredSlide, names: Mapping[Path, str] | None = None) -> str:
+    """The name to show for a scored slide: an upload's as uploaded (``names``, else its entry's record), a test
+    slide's own file name."""
+    for path, name in (names or {}).items():
+        if path.name == scored.slide.name:
+            return name
+    return uploaded_names(scored.entry)[0] or str(scored.summary.get("slide") or scored.slide.name)
+
+
+def _is_annotation(path: Path, stems: set[str]) -> bool:
+    """Whether a file kept in an upload's entry is its annotation (``<stem>.svg``, or ``<stem>_mask.png`` beside
+    the slide ``<stem>``) rather than its slide."""
+    return path.suffix.lower() == ".svg" or (path.stem.endswith("_mask") and path.stem.removesuffix("_mask") in stems)
 
 
 def kept_names(entry: Path, slide: str | None = None, annotation: str | None = None) -> dict[Path, str]:
     """The files an upload's cache ``entry`` keeps, each mapped to the name to show for it: ``slide`` and
-    ``annotation`` (the names as uploaded) when given, else the kept file's own name. Empty for any other entry (a
-    test slide's path is the user's own). For `problem_line` and `shown_text`."""
+    ``annotation`` (the names as uploaded) when given, else as the entry's record has them (`uploaded_names`), else
+    the kept file's own name. Empty for any other entry (a test slide's path is the user's own). For `problem_line`
+    and `shown_text`."""
     if not entry.name.startswith("upload-"):
         return {}
+    recorded = uploaded_names(entry)
     names: dict[Path, str] = {}
     kept = sorted((entry / "slide").glob("*"))
     stems = {p.stem for p in kept}
     for path in kept:
-        is_annotation = path.suffix.lower() == ".svg" or (
-            path.stem.endswith("_mask") and path.stem.removesuffix("_mask") in stems
-        )
-        given = annotation if is_annotation else slide
+        given = (annotation or recorded[1]) if _is_annotation(path, stems) else (slide or recorded[0])
         names[path] = given or path.name
     return names
 
@@ -465,9 +520,17 @@ def problem_line(exc: BaseException, slide: Path, names: Mapping[Path, str] | No
     """One line for a failure while scoring ``slide``: the error's own message when it is meant for the user.
 
     ``names`` maps files the page keeps (an upload's copy in its cache entry) to the names the user gave them: the
-    line names those, never the cache's paths.
+    line names those, never the cache's paths, and says what to upload instead of a file that is not a readable
+    image.
     """
-    if getattr(exc, "user_facing", False):
+    if isinstance(exc, UnreadableImageError) and names:
+        # an upload's file: what to upload instead, rather than the command line's "remove it from the input"
+        kept = {form: path for path in names for form in (str(path), str(path.resolve()))}
+        path = kept.get(exc.name) or kept.get(str(Path(exc.name).resolve()))
+        stems = {p.stem for p in names}
+        fix = MASK_FIX if path is not None and _is_annotation(path, stems) else UPLOAD_FIX
+        text = str(exc.advising(fix))
+    elif getattr(exc, "user_facing", False):
         text = str(exc)
     elif isinstance(exc, OSError):
         text = f"{slide}: {exc.strerror or type(exc).__name__} ({exc.filename or slide}); check the file and the folder"

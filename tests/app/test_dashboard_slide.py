@@ -107,7 +107,13 @@ def test_the_heatmap_has_the_slides_size_and_the_slider_sets_its_opacity(data: T
     summary = json.loads(next((data.hospital(0) / "slides").rglob("summary.json")).read_text())
     assert _metric(at, "Tiles scored") == str(summary["tiles"]) == str(len(_array(layers["tiles"]["x"])))
     assert _metric(at, "Max P(abnormal)") == f"{summary['max_probability']:.3f}"
-    assert _metric(at, "Abnormal area") == f"{100 * summary['abnormal_area_fraction']:.1f} %"
+    assert _metric(at, "Abnormal tissue") == f"{100 * summary['abnormal_area_fraction']:.1f} %"
+    assert _metric(at, f"Mean of top {summary['top_k']}") == f"{summary['top_k_mean']:.3f}"
+    captions = " ".join(str(c.value) for c in at.caption)
+    k, tiles = summary["top_k"], summary["tiles"]
+    assert f"Mean of top {k}: the mean of the {k} highest tile probabilities, the slide's score." in captions
+    assert f"Abnormal tissue: of the area under the slide's {tiles} tissue tiles, the share under tiles" in captions
+    assert "as in prepare" not in captions
     assert _metric(at, "Tile specificity") == f"{summary['ground_truth']['specificity']:.3f}"
 
 
@@ -283,9 +289,13 @@ def _no_cache_path(message: str, data: TrainedRoot) -> None:
 @pytest.mark.parametrize(
     ("name", "content", "words"),
     [
-        ("notes.png", b"this is not an image", ("notes.png", "not a PNG")),
+        (
+            "notes.png",
+            b"this is not an image",
+            ("notes.png: not a PNG, JPEG or TIFF image (it holds text); upload a PNG or TIFF slide",),
+        ),
         ("glass.png", cv2.imencode(".png", np.full((256, 256, 3), 245, np.uint8))[1].tobytes(), ("no tissue",)),
-        ("cut.png", None, ("cut.png",)),
+        ("cut.png", None, ("cut.png: cannot decode image", "upload a PNG or TIFF slide")),
         ("huge scan.png", bomb_png(60000, 60000), ("huge scan.png: 60000x60000", "limit of 67,108,864 pixels")),
         ("huge.tiff", bomb_tiff(60000, 60000), ("huge.tiff: 60000x60000", "start the dashboard with a larger")),
         ("report.pdf", b"%PDF-1.7", ("report.pdf is not a slide", "upload a PNG or TIFF image", "not .pdf files")),
@@ -298,7 +308,10 @@ def test_a_bad_upload_is_one_line_and_leaves_nothing(
     if content is None:  # a truncated PNG
         content = (data.raw / data.test_slides(0, "normal")[0]).read_bytes()[:300]
     at = _upload(open_page("slide", timeout=TIMEOUT_S), name, content)
-    _no_cache_path(_one_line_error(at, *words), data)
+    message = _one_line_error(at, *words)
+    _no_cache_path(message, data)
+    assert "b'" not in message  # never a Python bytes literal
+    assert "remove it from the input" not in message  # the command line's advice, not the page's
     assert not list((data.hospital(0) / "slides").glob("*/upload-*"))
 
 
@@ -438,3 +451,96 @@ def test_the_downloaded_report_judges_with_the_floor_on_screen(
     assert re.sub(r"Written \S+ by", "", page) == re.sub(r"Written \S+ by", "", screen)
     captions = " ".join(str(c.value) for c in at.caption)
     assert "--floor 0.70 --min-slides 3 --review-specificity 0.40" in captions
+
+
+def _slide_call(at: AppTest) -> str:
+    (line,) = [str(m.value) for m in at.markdown if "Slide call:" in str(m.value)]
+    return line
+
+
+def _rescore_at(data: TrainedRoot, source: str, threshold: float) -> AppTest:
+    """The slide picked again after the card's threshold was saved as ``threshold`` (a new bundle version, so the
+    slide is scored anew at it)."""
+    from models.bundle import set_threshold
+
+    set_threshold(data.hospital(0), threshold, "set by hand")
+    at = _pick_slide(open_page("slide", timeout=TIMEOUT_S), source)
+    assert f"at threshold {threshold:.2f}" in _slide_call(at)
+    return at
+
+
+def test_a_missed_abnormal_slide_is_marked_as_a_miss_never_a_tick(data: TrainedRoot) -> None:
+    """Issue 31: an annotated abnormal slide the model calls normal reads MISSED CANCER with an error icon; called
+    abnormal, it gets the tick."""
+    source = data.test_slides(0, "abnormal")[0]
+    first = _pick_slide(open_page("slide", timeout=TIMEOUT_S), source)
+    score = _score(data, first, source)
+    assert 0.02 < score < 1.0
+    at = _rescore_at(data, source, (score + 1.0) / 2)
+    line = _slide_call(at)
+    assert ":blue-background[**normal**]" in line  # called normal...
+    assert line.startswith(":material/error: Slide call:"), line
+    assert "**MISSED CANCER: the annotation marks abnormal tissue, the model calls it normal**" in line
+    shown = " ".join(str(m.value) for m in at.markdown)
+    assert ":material/check_circle:" not in shown  # ...so nowhere a tick
+    assert "agrees" not in shown
+    at = _rescore_at(data, source, score / 2)
+    line = _slide_call(at)
+    assert line.startswith(":material/check_circle: Slide call: :red-background[**abnormal**]"), line
+    assert "agrees with the annotation (abnormal)" in line
+
+
+def test_a_normal_slide_called_abnormal_is_a_false_alarm(data: TrainedRoot) -> None:
+    source = data.test_slides(0, "normal")[0]
+    first = _pick_slide(open_page("slide", timeout=TIMEOUT_S), source)
+    score = _score(data, first, source)
+    assert score > 0.02
+    at = _rescore_at(data, source, score / 2)
+    line = _slide_call(at)
+    assert ":red-background[**abnormal**]" in line
+    assert line.startswith(":material/warning: Slide call:"), line
+    assert "**FALSE ALARM: the annotation marks no abnormal tissue, the model calls it abnormal**" in line
+    assert ":material/check_circle:" not in " ".join(str(m.value) for m in at.markdown)
+
+
+def _score(data: TrainedRoot, at: AppTest, source: str) -> float:
+    """The score of the slide on screen (the mean of its k highest tile probabilities), as shown and exactly."""
+    scored = slide_view.load(
+        next(e for e in slide_view.scored_entries(data.hospital(0)) if e.name.endswith(slide_view.safe_name(source)))
+    )
+    assert scored is not None
+    summary = scored.summary
+    assert _metric(at, f"Mean of top {summary['top_k']}") == f"{summary['top_k_mean']:.3f}"
+    return float(summary["top_k_mean"])
+
+
+def test_the_call_mark_follows_the_annotation() -> None:
+    assert slide_view.call_mark("normal", "abnormal")[0] == ":material/error:"
+    assert slide_view.call_mark("abnormal", "normal")[0] == ":material/warning:"
+    assert slide_view.call_mark("abnormal", "abnormal")[0] == ":material/check_circle:"
+    assert slide_view.call_mark("normal", "normal")[0] == ":material/check_circle:"
+    for annotated in (None, "", "unknown"):
+        assert slide_view.call_mark("normal", annotated) == (":material/info:", "no annotation to check it against")
+
+
+def test_each_upload_is_shown_under_its_own_name(data: TrainedRoot) -> None:
+    """Issue 31: ``case 7.png`` and ``case_7.png`` (the same bytes) are two uploads, each captioned by its own
+    name, kept apart, and named so in the hospital's report."""
+    content = (data.raw / data.test_slides(0, "normal")[0]).read_bytes()
+    for name in ("case 7.png", "case_7.png"):
+        at = _upload(open_page("slide", timeout=TIMEOUT_S), name, content)
+        assert not at.exception, [e.value for e in at.exception]
+        assert not at.error, [e.value for e in at.error]
+        captions = [str(c.value) for c in at.caption]
+        assert any(c.startswith(f"{name}, 256 x 256 px.") for c in captions), captions
+        assert at.get("plotly_chart")[0].proto.alt.startswith(f"Heatmap of P(abnormal) over {name} (256 x 256 px)")
+    entries = sorted((data.hospital(0) / "slides").glob("*/upload-*"))
+    assert len(entries) == 2  # one entry each: neither overwrites the other
+    assert {slide_view.uploaded_names(e)[0] for e in entries} == {"case 7.png", "case_7.png"}
+    assert {slide_view.slide_name(s) for s in map(slide_view.load, entries) if s is not None} == {
+        "case 7.png",
+        "case_7.png",
+    }
+    page = report_html.report_html(data.run, 0)
+    assert 'data-slide="case 7.png" data-kind="upload"' in page
+    assert 'data-slide="case_7.png" data-kind="upload"' in page

@@ -4,8 +4,9 @@ Pick a run, a hospital and one of its test slides (the slides ``prepare.json`` p
 or upload a slide. The hospital's exported model scores every tissue tile exactly as ``gastric-fl predict`` does
 (`app.slide_view.score`; FedSAF paper 001 Sec. 4.2 for the tiling), once: the result is kept in the hospital's
 folder, so a second visit draws it straight from disk. The page shows the probability heatmap (viridis) over the
-slide with an opacity slider and the annotation's outline, the slide-level summary (maximum, top-k mean, abnormal
-area at the card's threshold; tile sensitivity and specificity against the annotation when there is one), and one
+slide with an opacity slider and the annotation's outline, the slide-level summary (maximum, the mean of the k
+highest tile probabilities, the share of the tissue called abnormal at the card's threshold; the slide call set against
+the annotation, a miss or a false alarm said in words; tile sensitivity and specificity when there is one), and one
 tile's image and probability, picked by clicking the heatmap or from the list. The hospital's HTML report
 (`app.report_html`, also ``gastric-fl report --html``) is one click away.
 
@@ -13,8 +14,9 @@ Torch is imported only when a slide has to be scored, so the page's first conten
 problem (damaged card, missing dataset, unreadable slide, no tissue, a bundle that does not fit) is one line. An
 upload is checked before it is kept (`app.slide_view.check_upload`): a file that is not a PNG or TIFF slide, or whose
 header declares more pixels than the page's limit (``gastric-fl dashboard --max-pixels``), is refused in a sentence
-on the page naming the uploaded file. The uploaders take any file, so that this sentence, not only the browser's
-own mark on the file, says why a file is refused.
+on the page naming the uploaded file and what to upload instead. The uploaders take any file, so that this sentence,
+not only the browser's own mark on the file, says why a file is refused. An upload is shown under the name it was
+uploaded as (`app.slide_view.slide_name`).
 """
 
 from __future__ import annotations
@@ -81,8 +83,8 @@ def _runs_with_models() -> list[RunInfo]:
 
 
 def _threshold_scale(threshold: float) -> list[list[Any]]:
-    """The colour bar's scale: light grey below ``threshold`` (the heatmap leaves those tiles uncoloured), viridis
-    from it up (plotly's own Viridis samples), so the bar shows where colouring starts."""
+    """The colour bar's scale: below ``threshold`` the heatmap leaves the tissue uncoloured (shown light grey on
+    the bar), viridis from it up (plotly's own Viridis samples), so the bar shows where colouring starts."""
     from plotly.colors import sample_colorscale
 
     t = min(max(threshold, 0.0), 1.0)
@@ -91,6 +93,14 @@ def _threshold_scale(threshold: float) -> list[list[Any]]:
     grey = "rgb(225,225,225)"
     scale: list[list[Any]] = [[0.0, grey], [t, grey]] if t > 0 else []
     return scale + [[stop, colour] for stop, colour in zip(stops, colours, strict=True)]
+
+
+def _bar_ticks(threshold: float) -> tuple[list[float], list[str]]:
+    """The colour bar's ticks: 0, 0.5 and 1, and the threshold marked with ▲; a round tick too close to the
+    threshold to be read beside it on a phone's width is left out."""
+    t = round(min(max(threshold, 0.0), 1.0), 2)
+    values = sorted({t, *(v for v in (0.0, 0.5, 1.0) if abs(v - t) >= 0.15)})
+    return values, [f"▲{v:.2f}" if v == t else f"{v:g}" for v in values]
 
 
 def _figure(scored: slide_view.ScoredSlide, opacity: float, picked: int) -> go.Figure:
@@ -117,6 +127,7 @@ def _figure(scored: slide_view.ScoredSlide, opacity: float, picked: int) -> go.F
     # Invisible squares over the tile centres carry the hover text, the colour bar and the click (Streamlit's
     # point selection); the heatmap layer above is what the eye sees.
     marker_px = max(6.0, min(48.0, scored.size * CHART_HEIGHT / max(scored.width, scored.height) * 0.9))
+    tickvals, ticktext = _bar_ticks(scored.threshold)
     fig.add_trace(
         go.Scatter(
             x=scored.xs + half,
@@ -132,18 +143,20 @@ def _figure(scored: slide_view.ScoredSlide, opacity: float, picked: int) -> go.F
                 "cmax": 1.0,
                 "opacity": 0.0,
                 "showscale": True,
+                # A short title above the bar and three ticks besides the threshold's, so that nothing is cut
+                # at any width; what the grey means is said in the caption under the chart.
                 "colorbar": {
-                    "title": {"text": f"P(abnormal); grey: below the threshold {scored.threshold:.2f}"},
-                    "tickvals": sorted({0.0, 0.25, 0.5, 0.75, 1.0, round(scored.threshold, 2)}),
-                    "ticktext": [
-                        f"▲{v:.2f}" if v == round(scored.threshold, 2) else f"{v:g}"
-                        for v in sorted({0.0, 0.25, 0.5, 0.75, 1.0, round(scored.threshold, 2)})
-                    ],
+                    "title": {"text": "P(abnormal)", "side": "top", "font": {"size": 13}},
+                    "tickvals": tickvals,
+                    "ticktext": ticktext,
+                    "tickfont": {"size": 13},
                     "orientation": "h",
                     "thickness": 12,
+                    "x": 0.5,
+                    "xanchor": "center",
                     "y": -0.02,
                     "yanchor": "top",
-                    "len": 0.9,
+                    "len": 0.8,
                 },
             },
             selected={"marker": {"opacity": 0.0}},
@@ -164,7 +177,7 @@ def _figure(scored: slide_view.ScoredSlide, opacity: float, picked: int) -> go.F
     fig.update_yaxes(range=[scored.height, 0], visible=False, scaleanchor="x")
     fig.update_layout(
         height=CHART_HEIGHT,
-        margin={"l": 0, "r": 0, "t": 28, "b": 48},
+        margin={"l": 0, "r": 0, "t": 28, "b": 72},
         clickmode="event+select",
         dragmode="pan",
         showlegend=False,
@@ -189,8 +202,12 @@ def _rate(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
-def _summary(scored: slide_view.ScoredSlide) -> None:
-    """The slide-level figures of predict's summary.json, two per row (a narrow column beside the heatmap)."""
+def _summary(scored: slide_view.ScoredSlide, label: str | None = None, coverage: float = 0.5) -> None:
+    """The slide-level figures of predict's summary.json, two per row (a narrow column beside the heatmap).
+
+    The slide call is set against the annotation (`app.slide_view.call_mark`): predict's ``truth`` (the slide has
+    annotated abnormal tissue or not), else ``label`` (prepare's label of a test slide). ``coverage``: the share of
+    a tile's tissue inside the annotation that makes it abnormal (the model card's tiling)."""
     s = scored.summary
     threshold = scored.threshold
     truth = s.get("ground_truth")
@@ -199,24 +216,32 @@ def _summary(scored: slide_view.ScoredSlide) -> None:
         source = s.get("threshold_source") or "the model card"
         rule = str(s.get("call_rule") or "")
         mark = ":red-background[**abnormal**]" if call == "abnormal" else ":blue-background[**normal**]"
-        annotated = s.get("truth")
-        if annotated in ("normal", "abnormal") and annotated != call:
-            # a call that contradicts the annotation is a miss (or a false alarm), never shown with a tick
-            what = "MISSED: the annotation marks cancer" if annotated == "abnormal" else "FALSE ALARM: annotated normal"
-            st.markdown(f":material/error: Slide call: {mark} at threshold {threshold:.2f} ({source}) · **{what}**.")
-        else:
-            agrees = " · agrees with the annotation" if annotated == call else ""
-            icon = ":material/check_circle:" if annotated == call else ":material/info:"
-            st.markdown(f"{icon} Slide call: {mark} at threshold {threshold:.2f} ({source}){agrees}.")
+        annotated = s.get("truth") if s.get("truth") in ("normal", "abnormal") else label
+        icon, words = slide_view.call_mark(str(call), annotated)
+        if icon in (":material/error:", ":material/warning:"):
+            words = f"**{words}**"  # a miss or a false alarm, never shown with a tick
+        st.markdown(f"{icon} Slide call: {mark} at threshold {threshold:.2f} ({source}) · {words}.")
         st.caption(f"The rule: {rule}.")
+    k = s["top_k"]
     figures = [
-        ("Tiles scored", f"{s['tiles']}", "tissue squares of the tile grid, cut as prepare cuts them"),
-        ("Max P(abnormal)", f"{s['max_probability']:.3f}", "the probability of the most suspicious tile"),
-        (f"Top-{s['top_k']} mean", f"{s['top_k_mean']:.3f}", f"mean probability of the {s['top_k']} highest tiles"),
         (
-            "Abnormal area",
+            "Tiles scored",
+            f"{s['tiles']}",
+            f"the slide's tissue squares of {s['tile_size_px']} px, cut on the grid the training tiles were cut on "
+            "(squares that are mostly white background are skipped)",
+        ),
+        ("Max P(abnormal)", f"{s['max_probability']:.3f}", "the probability of the most suspicious tile"),
+        (
+            f"Mean of top {k}",
+            f"{s['top_k_mean']:.3f}",
+            f"the mean of the {k} highest tile probabilities: the slide's score, called abnormal when it reaches "
+            f"the threshold {threshold:.2f}",
+        ),
+        (
+            "Abnormal tissue",
             f"{100 * s['abnormal_area_fraction']:.1f} %",
-            f"share of the scored tissue under tiles with P(abnormal) ≥ {threshold:.2f} (the model's threshold)",
+            f"of the area under the slide's tissue tiles (the tiles scored), the share under tiles with "
+            f"P(abnormal) ≥ {threshold:.2f} (the model's threshold)",
         ),
     ]
     if truth:
@@ -234,14 +259,22 @@ def _summary(scored: slide_view.ScoredSlide) -> None:
         ]
     for row in range(0, len(figures), 2):
         cols = st.columns(2)
-        for col, (label, value, meaning) in zip(cols, figures[row : row + 2], strict=False):
-            col.metric(label, value, help=meaning)
+        for col, (name, value, meaning) in zip(cols, figures[row : row + 2], strict=False):
+            col.metric(name, value, help=meaning)
+    st.caption(
+        f"Mean of top {k}: the mean of the {k} highest tile probabilities, the slide's score. Abnormal tissue: of the "
+        f"area under the slide's {s['tiles']} tissue tiles, the share under tiles with P(abnormal) ≥ {threshold:.2f}."
+    )
     if truth:
+        edge = truth["unlabelled_tiles"]
         st.caption(
-            f"Against the annotation: {truth['abnormal_tiles']} abnormal and {truth['normal_tiles']} normal tiles"
+            f"Against the annotation: {truth['abnormal_tiles']} abnormal and {truth['normal_tiles']} normal tiles. "
+            f"A tile is abnormal when at least {coverage:.0%} of its tissue lies inside the annotation and normal "
+            "when none does, as the training tiles were labelled"
             + (
-                f"; {truth['unlabelled_tiles']} cross its edge and count in neither class (as in prepare)."
-                if truth["unlabelled_tiles"]
+                f"; {edge} {'tile lies' if edge == 1 else 'tiles lie'} partly inside it, less than that, and "
+                "count in neither class."
+                if edge
                 else "."
             )
         )
@@ -270,9 +303,16 @@ def _tile_panel(scored: slide_view.ScoredSlide, picked: int, names: dict[Path, s
         st.error(slide_view.problem_line(exc, scored.slide, names))
 
 
-def _show(scored: slide_view.ScoredSlide, key: str, names: dict[Path, str]) -> None:
+def _show(
+    scored: slide_view.ScoredSlide,
+    key: str,
+    names: dict[Path, str],
+    label: str | None = None,
+    coverage: float = 0.5,
+) -> None:
     """Everything about one scored slide: heatmap with opacity, slide summary, picked tile. ``names``: how to name
-    the files of an upload's cache entry in messages (`app.slide_view.kept_names`)."""
+    the files of an upload's cache entry (`app.slide_view.kept_names`): captions and messages show an upload by the
+    name it was uploaded under. ``label`` and ``coverage``: see `_summary`."""
     warning = scored.summary.get("warning")
     if warning:
         st.warning(slide_view.shown_text(str(warning), names), icon=":material/warning:")
@@ -282,7 +322,7 @@ def _show(scored: slide_view.ScoredSlide, key: str, names: dict[Path, str]) -> N
         st.session_state["_slide_shown"] = key
     chart, figures, tile = st.columns([2.3, 1.4, 1.1], gap="medium")
     with figures:
-        _summary(scored)
+        _summary(scored, label, coverage)
         opacity = st.slider("Heatmap opacity", 0.0, 1.0, 0.5, 0.05, key="slide_opacity", help="0 shows the slide alone")
     with tile:
         picked = st.selectbox(
@@ -293,6 +333,7 @@ def _show(scored: slide_view.ScoredSlide, key: str, names: dict[Path, str]) -> N
         )
         _tile_panel(scored, int(picked), names)
     with chart:
+        name = slide_view.slide_name(scored, names)
         outline = " The annotation is outlined in white." if scored.layer("outline") is not None else ""
         st.plotly_chart(
             _figure(scored, opacity, int(picked)),
@@ -301,17 +342,17 @@ def _show(scored: slide_view.ScoredSlide, key: str, names: dict[Path, str]) -> N
             selection_mode="points",
             config={"displaylogo": False, "scrollZoom": True},
             alt=(
-                f"Heatmap of P(abnormal) over {scored.summary['slide']} ({scored.width} x {scored.height} px): tiles "
-                f"at or above the threshold {scored.threshold:.2f} coloured (viridis: dark purple low, yellow 1), the "
-                f"rest of the slide uncoloured.{outline}"
+                f"Heatmap of P(abnormal) over {name} ({scored.width} x {scored.height} px): tiles at or above the "
+                f"threshold {scored.threshold:.2f} coloured (viridis: dark purple at the threshold, yellow 1); below "
+                f"the threshold: left uncoloured.{outline}"
             ),
         )
         st.caption(
-            f"{scored.summary['slide']}, {scored.width} x {scored.height} px"
+            f"{name}, {scored.width} x {scored.height} px"
             + ("" if scored.scale == 1.0 else f", drawn at {scored.scale:.0%}")
-            + f". Colour: mean P(abnormal) of the tiles covering each pixel, where it is at least the threshold "
-            f"{scored.threshold:.2f} (viridis: dark purple at the threshold, yellow 1); below it the tissue is left "
-            "uncoloured." + outline
+            + f". Colour: P(abnormal), the mean of the tiles covering each pixel, where it is at least the "
+            f"threshold {scored.threshold:.2f} (▲ on the bar; viridis: dark purple at the threshold, yellow 1); "
+            "below the threshold: left uncoloured (shown light grey on the bar)." + outline
         )
 
 
@@ -425,6 +466,7 @@ def _page() -> None:
 
     slide_path: Path | None = None
     entry: Path | None = None
+    label: str | None = None
     upload = False
     uploaded_names: dict[Path, str] = {}
     if source.startswith("A test"):
@@ -444,6 +486,7 @@ def _page() -> None:
                 help="The slides prepare put in this hospital's test split (prepare.json): the model never saw them.",
             )
             slide_path = slides[chosen].path
+            label = slides[chosen].label
             entry = slide_view.slide_entry(folder, slides[chosen])
             _test_slides_line(folder, client, card)
     else:
@@ -454,7 +497,8 @@ def _page() -> None:
     if slide_path is not None and entry is not None:
         scored = slide_view.load(entry)
         if scored is None:
-            with st.spinner(f"Scoring every tile of {slide_path.name} with {hospital_label(client)}'s model…"):
+            shown = uploaded_names.get(slide_path, slide_path.name)
+            with st.spinner(f"Scoring every tile of {shown} with {hospital_label(client)}'s model…"):
                 try:
                     scored = slide_view.score(folder, slide_path, entry, slide_view.max_pixels())
                 except Exception as exc:  # one line on the page, never a traceback
@@ -463,7 +507,9 @@ def _page() -> None:
                         slide_view.discard(entry)
                     scored = None
         if scored is not None:
-            _show(scored, str(entry), uploaded_names or slide_view.kept_names(entry))
+            tiling = card.get("tiling")
+            coverage = float(tiling.get("abnormal_coverage", 0.5)) if isinstance(tiling, dict) else 0.5
+            _show(scored, str(entry), uploaded_names or slide_view.kept_names(entry), label, coverage)
 
     st.divider()
     try:
