@@ -467,7 +467,8 @@ def _verdict(m: dict[str, Any]) -> str:
 
 
 def _slide_table(rep: HospitalReport, m: dict[str, Any]) -> str:
-    """Every test slide: its name (from prepare's tile names), truth, top-k score and call at the threshold."""
+    """Every test slide: its name (from prepare's tile names), truth, score (the mean of its k highest tile
+    probabilities) and call at the threshold."""
     slides = m["score"].slide_set
     if slides is None:
         return '<p class="note">The tile names do not say which slide they come from: no slide-level results.</p>'
@@ -489,7 +490,7 @@ def _slide_table(rep: HospitalReport, m: dict[str, Any]) -> str:
         f'<p class="note">Slide calls at threshold {rep.threshold:.2f} ({_e(_threshold_source(rep))}): '
         f"{_e(slides.rule)}.</p>"
         '<table data-metric="slide_calls"><tr><th>test slide</th><th>truth</th><th>tiles</th>'
-        f"<th>top-{slides.k} mean</th><th>call</th><th></th></tr>{rows}</table>"
+        f"<th>mean of its {slides.k} highest tile probabilities</th><th>call</th><th></th></tr>{rows}</table>"
     )
 
 
@@ -529,7 +530,12 @@ def _metric_rows(rep: HospitalReport, m: dict[str, Any]) -> str:
                 _fmt(None if math.isnan(slides.specificity) else slides.specificity, 3),
                 f"{slides.tn} of {slides.normal} normal slides called normal",
             ),
-            ("Slide AUC", "slide_auc", _fmt(score.slide_auc, 3), "AUC of the slides' top-k scores"),
+            (
+                "Slide AUC",
+                "slide_auc",
+                _fmt(score.slide_auc, 3),
+                f"AUC of the slides' scores (each the mean of its {score.slide_set.k} highest tile probabilities)",
+            ),
         ]
     target = m["target"]
     if target is not None:
@@ -614,8 +620,9 @@ def _examples(rep: HospitalReport, dataset: Path | None) -> str:
 
 
 def colour_bar_png(threshold: float) -> bytes:
-    """The heatmaps' colour bar: viridis from the threshold to 1, light grey below it (left uncoloured on the
-    slide), the threshold marked."""
+    """The heatmaps' colour bar, titled P(abnormal): viridis from the threshold to 1; below the threshold the slide
+    is left uncoloured (shown light grey on the bar); the threshold marked with ▲. What it means is said in the
+    heatmap's caption, so that the bar's own words stay short and whole."""
 
     def draw(ax: Any) -> None:
         from matplotlib import colormaps
@@ -627,11 +634,12 @@ def colour_bar_png(threshold: float) -> bytes:
         ax.axvline(t, color="black", linewidth=2)
         ax.set_xlim(0.0, 1.0)
         ax.set_yticks([])
-        ticks = sorted({0.0, 0.5, 1.0, round(t, 2)})
-        ax.set_xticks(ticks, [f"{v:.2f}" if v == round(t, 2) else f"{v:g}" for v in ticks])
-        ax.set_xlabel(f"P(abnormal); grey: below the threshold {t:.2f}, left uncoloured", fontsize=8)
+        mark = round(t, 2)
+        ticks = sorted({mark, *(v for v in (0.0, 0.5, 1.0) if abs(v - mark) >= 0.15)})
+        ax.set_xticks(ticks, [f"▲{v:.2f}" if v == mark else f"{v:g}" for v in ticks], fontsize=10)
+        ax.set_xlabel("P(abnormal)", fontsize=10)
 
-    return _figure_png(draw, size=(4.6, 0.9))
+    return _figure_png(draw, size=(4.6, 1.0))
 
 
 def _test_first(entries: list[Path]) -> list[Path]:
@@ -658,15 +666,16 @@ def _heatmaps(rep: HospitalReport) -> str:
         s = scored.summary
         truth = s.get("ground_truth") or {}
         test = entry.name.startswith(slide_view.TEST_PREFIX)
-        name = Path(str(s.get("file") or s.get("slide"))).name
+        name = Path(str(s.get("file") or s.get("slide"))).name if test else slide_view.slide_name(scored)
         kind = "test slide" if test else "UPLOADED, not one of the hospital's test slides"
         threshold = float(s.get("threshold", rep.threshold))
         figures = [
             f"called {s.get('call', 'unknown')} at threshold {threshold:.2f} ({s.get('threshold_source') or 'card'})",
             f"{s.get('tiles')} tiles",
             f"max P(abnormal) {_fmt(s.get('max_probability'), 3)}",
-            f"top-{s.get('top_k')} mean {_fmt(s.get('top_k_mean'), 3)}",
-            f"abnormal area {100 * float(s.get('abnormal_area_fraction', 0.0)):.1f}%",
+            f"mean of the {s.get('top_k')} highest tile probabilities {_fmt(s.get('top_k_mean'), 3)}",
+            f"{100 * float(s.get('abnormal_area_fraction', 0.0)):.1f}% of the tissue scored lies under tiles at or "
+            "above the threshold",
         ]
         if truth:
             figures.append(
@@ -675,11 +684,18 @@ def _heatmaps(rep: HospitalReport) -> str:
         outline = " The annotation is outlined in white." if (s.get("overlay") or {}).get("outline") else ""
         alt = (
             f"Heatmap of P(abnormal) over {kind} {name}: tiles at or above the threshold {threshold:.2f} coloured "
-            f"(viridis), the rest of the slide uncoloured.{outline}"
+            f"(viridis); below the threshold: left uncoloured.{outline}"
         )
-        caption = f"{name} ({kind}, {s.get('width')} x {s.get('height')} px): " + "; ".join(figures) + "."
+        colour = (
+            f" Colour: P(abnormal) where it is at least the threshold {threshold:.2f} (▲ on the bar; viridis: dark "
+            "purple at the threshold, yellow 1); below the threshold: left uncoloured (shown light grey on the bar)."
+        )
+        caption = f"{name} ({kind}, {s.get('width')} x {s.get('height')} px): " + "; ".join(figures) + "." + colour
         bar = colour_bar_png(threshold)
-        bar_alt = f"Colour bar: grey below the threshold {threshold:.2f}, viridis from it (dark purple) to 1 (yellow)"
+        bar_alt = (
+            f"Colour bar of P(abnormal): below the threshold {threshold:.2f} left uncoloured (shown light grey on the "
+            "bar), viridis from it (dark purple) to 1 (yellow)"
+        )
         parts.append(
             f'<figure data-slide="{_e(name)}" data-kind="{"test" if test else "upload"}">'
             f"{_img(png, alt, min(width, 520))}<br>{_img(bar, bar_alt, 420)}"

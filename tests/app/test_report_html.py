@@ -277,7 +277,7 @@ def test_the_report_gives_the_verdict_slide_calls_and_test_slides_first(data: Tr
     assert summary["threshold"] == 0.35
     assert summary["threshold_source"] == "set by hand"
     assert f"called {summary['call']} at threshold 0.35 (set by hand)" in page
-    assert "Colour bar: grey below the threshold 0.35" in page
+    assert "Colour bar of P(abnormal): below the threshold 0.35 left uncoloured (shown light grey on the bar)" in page
 
 
 def test_report_md_gives_each_hospitals_operating_point_from_its_card(
