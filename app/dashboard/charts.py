@@ -229,20 +229,69 @@ def overlay(curves: Mapping[str, pd.Series], title: str, y_title: str) -> go.Fig
     return _layout(fig, title, y_title, height=380)
 
 
+def _luminance(rgb: Sequence[float]) -> float:
+    """WCAG 2 relative luminance of an sRGB colour given as 0-255 channels."""
+    linear = [c / 255 / 12.92 if c / 255 <= 0.04045 else ((c / 255 + 0.055) / 1.055) ** 2.4 for c in rgb]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+def contrast_ratio(first: Sequence[float], second: Sequence[float]) -> float:
+    """WCAG 2 contrast ratio of two sRGB colours (0-255 channels), from 1 to 21."""
+    high, low = sorted((_luminance(first), _luminance(second)), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+def _rgb(colour: str) -> tuple[float, float, float]:
+    """``rgb(r, g, b)`` or ``#rrggbb`` as 0-255 channels."""
+    if colour.startswith("#"):
+        return int(colour[1:3], 16), int(colour[3:5], 16), int(colour[5:7], 16)
+    r, g, b = (float(v) for v in re.findall(r"[\d.]+", colour)[:3])
+    return r, g, b
+
+
+def text_colour(background: str) -> str:
+    """Black or white, whichever contrasts more with ``background``: at least 4.58:1 (WCAG AA asks 4.5:1) for
+    any background colour."""
+    cell = _rgb(background)
+    return "#000000" if contrast_ratio(cell, (0, 0, 0)) >= contrast_ratio(cell, (255, 255, 255)) else "#ffffff"
+
+
 def grid_heatmap(table: pd.DataFrame, title: str, labels: Sequence[str] = ()) -> go.Figure:
-    """nhead (rows) x distance metric (columns) heatmap of one figure over an ablation grid."""
+    """nhead (rows) x distance metric (columns) heatmap of one figure over an ablation grid.
+
+    Each cell is labelled with its value in black or white, whichever contrasts more with the cell's own viridis
+    colour (`text_colour`: at least 4.5:1); a cell without a value (no finished run) reads "no run"."""
+    from plotly.colors import sample_colorscale
+
     z = table.to_numpy(dtype=float)
+    x = list(labels) or [str(c) for c in table.columns]
+    y = [str(i) for i in table.index]
+    finite = z[np.isfinite(z)]
+    low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    if high <= low:
+        low, high = low - 0.5, high + 0.5
     fig = go.Figure(
         go.Heatmap(
             z=z,
-            x=list(labels) or [str(c) for c in table.columns],
-            y=[str(i) for i in table.index],
+            x=x,
+            y=y,
+            zmin=low,
+            zmax=high,
             colorscale="Viridis",
-            text=np.round(z, 3),
-            texttemplate="%{text}",
             hovertemplate="nhead %{y}, %{x}: %{z:.3f}<extra></extra>",
+            hoverongaps=False,
         )
     )
+    # The labels are annotations rather than the trace's text, so each takes the colour that reads on its cell.
+    for i, row in enumerate(y):
+        for j, column in enumerate(x):
+            value = z[i, j]
+            if np.isfinite(value):
+                cell = sample_colorscale("Viridis", [(value - low) / (high - low)])[0]
+                text, colour = f"{value:.3f}", text_colour(cell)
+            else:
+                text, colour = "no run", "#000000"  # the page's white shows through an empty cell
+            fig.add_annotation(x=column, y=row, text=text, showarrow=False, font={"color": colour, "size": 13})
     fig.update_yaxes(title="nhead", type="category")
     fig.update_xaxes(title="distance metric dm", type="category")
     return _layout(fig, title, "nhead", height=360, x_title="distance metric dm")
