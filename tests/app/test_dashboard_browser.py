@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.dashboard import write_prepared
+from support.dashboard import write_grid, write_prepared
 from support.slides import build_trained_root
 
 from app.dashboard import browser, jobs, paths
@@ -129,21 +129,23 @@ def test_the_slide_page_in_the_browser(tmp_path: Path) -> None:
 
 
 AXE_PAGES = {"Verdict": "", "Data": "data", "Federation": "federation", "Hospital": "hospital", "Slide": "slide",
-             "Compare": "compare"}  # fmt: skip
+             "Compare": "compare", "Compare's ablation grid": "compare?compare=grid"}  # fmt: skip
 
 
 @pytest.mark.timeout(420)
 def test_every_page_passes_axe_core_and_fits_a_phone(tmp_path: Path) -> None:
     """Issue 23: the dashboard lands on the Verdict page once a finished run exists; axe-core (bundled by
-    axe-playwright-python) finds no serious or critical violation on any page; at 390 x 844 the Verdict and Hospital
-    pages do not overflow sideways and the scorecard fits the width (it scrolls inside itself, the hospital pinned).
-    Takes docs/img/dashboard-verdict.png on request."""
+    axe-playwright-python) finds no serious or critical violation on any page, Compare's ablation grid view included
+    (issue 31: a 2 x 2 grid, its table and heatmap; the window grown to the page's height so that all of it is
+    checked); at 390 x 844 the Verdict and Hospital pages do not overflow sideways and the scorecard fits the width
+    (it scrolls inside itself, the hospital pinned). Takes docs/img/dashboard-verdict.png on request."""
     if not browser.CHROMIUM.is_file():
         pytest.fail(f"{browser.CHROMIUM} is missing: run scripts/install_browser.sh (apt-get install chromium)")
     from axe_playwright_python.sync_playwright import Axe
 
     shot = screenshot_path("dashboard-verdict.png", tmp_path)
     trained = build_trained_root(tmp_path / "data", size=512, rounds=4)
+    write_grid(paths.ablations_root(trained.root) / "grid-demo", trained.prepared)
     axe = Axe()
     with browser.dashboard(trained.root, tmp_path / "dashboard.log") as url, browser.chromium() as page:
         seen = {}
@@ -153,15 +155,24 @@ def test_every_page_passes_axe_core_and_fits_a_phone(tmp_path: Path) -> None:
             if name == "Slide":
                 page.get_by_text("Max P(abnormal)").first.wait_for(timeout=120_000)
                 browser.wait_idle(page)
+            if "grid" in path:
+                page.get_by_text("Best ACC by nhead and distance dm").first.wait_for(timeout=60_000)
+                assert page.locator("[data-testid='stDataFrame']").count() >= 2  # the grid's two tables
+                height = page.evaluate("() => document.querySelector(\"[data-testid='stMain']\").scrollHeight")
+                page.set_viewport_size({"width": browser.VIEWPORT["width"], "height": min(int(height) + 40, 6000)})
+                browser.wait_idle(page)
             seen[name] = page.title()
             violations = axe.run(page).response["violations"]
+            page.set_viewport_size(browser.VIEWPORT)
             serious = [
                 f"{v['id']} ({v['impact']}): {v['nodes'][0]['target']}"
                 for v in violations
                 if v["impact"] in ("serious", "critical")
             ]
             assert not serious, f"{name}: {serious}"
-        assert seen == {name: f"{name} · gastric-fl" for name in AXE_PAGES}  # "" lands on the Verdict page
+        # "" lands on the Verdict page; the grid is a view of the Compare page
+        pages = {name: "Compare" if "grid" in path else name for name, path in AXE_PAGES.items()}
+        assert seen == {name: f"{page_name} · gastric-fl" for name, page_name in pages.items()}
         page.goto(url)
         browser.wait_idle(page)
         assert (
