@@ -525,8 +525,8 @@ def problem_line(exc: BaseException, slide: Path, names: Mapping[Path, str] | No
     """
     if isinstance(exc, UnreadableImageError) and names:
         # an upload's file: what to upload instead, rather than the command line's "remove it from the input"
-        kept = {form: path for path in names for form in (str(path), str(path.resolve()))}
-        path = kept.get(exc.name) or kept.get(str(Path(exc.name).resolve()))
+        kept = {form: path for path in names for form in (path.name, str(path), str(path.resolve()))}
+        path = kept.get(exc.name) or kept.get(str(Path(exc.name).resolve()))  # named bare (a mask), or in full
         stems = {p.stem for p in names}
         fix = MASK_FIX if path is not None and _is_annotation(path, stems) else UPLOAD_FIX
         text = str(exc.advising(fix))

@@ -544,3 +544,15 @@ def test_each_upload_is_shown_under_its_own_name(data: TrainedRoot) -> None:
     page = report_html.report_html(data.run, 0)
     assert 'data-slide="case 7.png" data-kind="upload"' in page
     assert 'data-slide="case_7.png" data-kind="upload"' in page
+
+
+def test_an_annotation_that_is_not_an_image_says_what_to_upload_instead(data: TrainedRoot) -> None:
+    content = (data.raw / data.test_slides(0, "normal")[0]).read_bytes()
+    at = _upload(open_page("slide", timeout=TIMEOUT_S), "biopsy 3.png", content, ("outline 3.png", b"a note, no mask"))
+    message = _one_line_error(at)
+    assert message == (
+        "outline 3.png: not a PNG, JPEG or TIFF image (it holds text); upload its annotation as a SEED mask (PNG) or "
+        "a BOT SVG instead, or no annotation"
+    )
+    _no_cache_path(message, data)
+    assert not list((data.hospital(0) / "slides").glob("*/upload-*"))
