@@ -20,6 +20,11 @@
 
 Every random choice of a round (shuffling, augmentation, dropout, the Fisher mini-batch) comes from one seed
 that the engine derives from (run seed, round, client), so a resumed run repeats an uninterrupted one exactly.
+
+On a GPU (`federation.gpu`, issue 32) the hospital's tiles are held on the device as ``uint8`` once, batches are
+augmented and normalised there (the same distributions as the CPU path's albumentations), the model runs in
+channels-last memory, in bf16 autocast when ``precision = "bf16"``, with deterministic kernels unless asked not
+to. On the CPU the path is the one above (albumentations per tile, fp32 unless ``precision = "bf16"``).
 """
 
 from __future__ import annotations
@@ -35,9 +40,11 @@ import torch.nn.functional as F
 from sklearn.metrics import roc_auc_score
 from torch import nn
 
+from federation import gpu
 from federation.contract import Recipe, TensorDict, TrainInstruction, TrainReply
 from federation.data import ClientData, augment_batch, make_augmenter, to_tensor
 from federation.errors import Diverged, FederationError
+from models.preprocess import default_stats
 
 
 @dataclass(frozen=True)
@@ -131,15 +138,29 @@ class Client:
         augment: bool,
         device: torch.device | str = "cpu",
         head_keys: Sequence[str] | None = None,
+        precision: str = "fp32",
+        deterministic: bool = True,
     ) -> None:
         """``shared_keys``: the ``state_dict`` keys the client loads and uploads. ``head_keys``: the keys of the
         personal head (the last ``nhead`` units), which the head phase trains; the base phase trains every other
         parameter, shared or kept at the hospital. ``None``: the head is every parameter that is not shared (right
-        only when no part of the base stays local). Head keys that are shared count as base."""
+        only when no part of the base stays local). Head keys that are shared count as base. ``precision`` and
+        ``deterministic``: ``run.precision`` and ``run.deterministic`` (`federation.gpu`)."""
         self.cid = data.client
         self.data = data
         self.device = torch.device(device)
+        self.precision = precision
+        self.deterministic = deterministic
+        self.on_gpu = self.device.type == "cuda"
+        gpu.check_precision(self.device, precision)
+        if self.on_gpu:
+            if deterministic:
+                gpu.make_deterministic(model, self.device)
+            model = model.to(memory_format=torch.channels_last)
         self.model = model.to(self.device)
+        self._held: dict[str, torch.Tensor] = {}  # the tiles on the GPU (uint8), by split
+        self._stats = default_stats(int(data.train_x.shape[3]))
+        self._device_generator: torch.Generator | None = None
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size
         self.augment = augment
@@ -196,7 +217,10 @@ class Client:
             centre = {k: given[k].to(self.device) for k in self.shared_params}
         torch.manual_seed(seed)  # dropout draws from the global generator
         generator = torch.Generator().manual_seed(seed)
-        augmenter = make_augmenter(seed) if self.augment else None
+        augmenter = make_augmenter(seed) if self.augment and not self.on_gpu else None
+        if self.on_gpu:  # the device path's augmentation draws from a generator on the device, seeded alike
+            gpu.kernels(self.device, self.deterministic)
+            self._device_generator = torch.Generator(device=self.device).manual_seed(seed)
         losses: list[tuple[float, int]] = []
         self.dp_steps = 0  # DP-SGD steps taken this round (federation.privacy), for the hospital's accountant
         self._moments: dict[str, torch.Tensor] = {}
@@ -282,23 +306,64 @@ class Client:
         for epoch in range(epochs):
             order = torch.randperm(self.data.num_train, generator=generator)
             batches = _batches(order, self.batch_size)
+            pending: list[tuple[torch.Tensor, int]] = []  # the GPU's losses, read once an epoch (no sync per step)
             for step, index in enumerate(batches):
-                batch = images[index.numpy()]
-                if augmenter is not None:
-                    batch = augment_batch(augmenter, batch)
-                x = to_tensor(batch, self.device)
-                y = labels[index].to(self.device)
+                if self.on_gpu:
+                    x, y = self._device_batch("train", index, self.augment)
+                else:
+                    batch = images[index.numpy()]
+                    if augmenter is not None:
+                        batch = augment_batch(augmenter, batch)
+                    x = to_tensor(batch, self.device)
+                    y = labels[index].to(self.device)
                 optimizer.zero_grad(set_to_none=True)
-                loss = F.cross_entropy(self.model(x), y)
-                value = self._finite(loss, server_round, lr)
+                with gpu.autocast(self.device, self.precision):
+                    loss = F.cross_entropy(self.model(x), y)
+                if self.on_gpu:
+                    pending.append((loss.detach().float(), int(y.numel())))
+                else:
+                    losses.append((self._finite(loss, server_round, lr), int(y.numel())))
                 total = loss + proximal_term(prox_params, centre, recipe.prox_mu) if use_prox else loss  # type: ignore[arg-type]
                 total.backward()
                 optimizer.step()
-                losses.append((value, int(y.numel())))
                 if watch and epoch == epochs - 1 and step >= len(batches) // 2:
                     self._add_moments(optimizer, watch, recipe.adam_beta2)
+            if pending:  # a non-finite loss on the GPU stops the round at the end of its epoch, in the same words
+                values = torch.stack([v for v, _ in pending]).tolist()
+                losses.extend(
+                    (self._finite(torch.tensor(v), server_round, lr), n)
+                    for v, (_, n) in zip(values, pending, strict=True)
+                )
         for param in self.params.values():
             param.requires_grad_(True)
+
+    def _held_split(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``split``'s tiles (``uint8``) and labels on the GPU, uploaded once."""
+        if split not in self._held:
+            if split == "train":
+                images, labels = self.data.train_x, self.data.train_y
+            elif split == "val":
+                if self.data.val_x is None or self.data.val_y is None:
+                    raise ValueError(f"hospital {self.data.client} has no validation split")
+                images, labels = self.data.val_x, self.data.val_y
+            else:
+                images, labels = self.data.test_x, self.data.test_y
+            self._held[split] = torch.from_numpy(np.ascontiguousarray(images)).to(self.device)
+            self._held[f"{split}_y"] = torch.from_numpy(labels).to(self.device)
+        return self._held[split], self._held[f"{split}_y"]
+
+    def _device_batch(
+        self, split: str, index: torch.Tensor, augment: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tiles ``index`` of ``split`` from the GPU, augmented there when ``augment``, normalised in channels-last
+        memory, with their labels."""
+        images, labels = self._held_split(split)
+        index = index.to(self.device)
+        batch = images.index_select(0, index)
+        if augment:
+            assert self._device_generator is not None
+            batch = gpu.augment(batch, self._device_generator)
+        return gpu.normalise(batch, *self._stats), labels.index_select(0, index)
 
     def _units(self, recipe: Recipe) -> list[torch.Tensor]:
         """The training tiles of each privacy unit: one slide's tiles each (``dp_unit = "slide"``, from prepare's
@@ -400,7 +465,12 @@ class Client:
             module.eval()
         images = self.data.train_x
         for start in range(0, self.data.num_train, self.eval_batch_size):
-            self.model(to_tensor(images[start : start + self.eval_batch_size], self.device))
+            if self.on_gpu:
+                index = torch.arange(start, min(start + self.eval_batch_size, self.data.num_train))
+                with gpu.autocast(self.device, self.precision):
+                    self.model(self._device_batch("train", index)[0])
+            else:
+                self.model(to_tensor(images[start : start + self.eval_batch_size], self.device))
         for module, momentum in zip(norms, momenta, strict=True):
             module.momentum = momentum
 
@@ -441,9 +511,13 @@ class Client:
             images, labels = self.data.test_x, self.data.test_y
         n = int(labels.shape[0])
         for start in range(0, n, self.eval_batch_size):
-            x = to_tensor(images[start : start + self.eval_batch_size], self.device)
-            y = torch.from_numpy(labels[start : start + self.eval_batch_size]).to(self.device)
-            logits = self.model(x)
+            if self.on_gpu:
+                x, y = self._device_batch(split, torch.arange(start, min(start + self.eval_batch_size, n)))
+            else:
+                x = to_tensor(images[start : start + self.eval_batch_size], self.device)
+                y = torch.from_numpy(labels[start : start + self.eval_batch_size]).to(self.device)
+            with gpu.autocast(self.device, self.precision):
+                logits = self.model(x).float()
             total_loss += float(F.cross_entropy(logits, y, reduction="sum"))
             correct += int((logits.argmax(dim=1) == y).sum())
             probs.append(torch.softmax(logits.double(), dim=1).cpu().numpy())

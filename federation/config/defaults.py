@@ -22,6 +22,10 @@ device = "cpu"
 engine = "local"
 workers = 0
 threads = 1
+# Arithmetic of training and evaluation on a GPU: "fp32", or "bf16" (autocast, where the GPU supports it).
+precision = "fp32"
+# Deterministic GPU kernels (the same seed gives the same metrics.jsonl run to run on one GPU); false opts out.
+deterministic = true
 keep_checkpoints = 2
 # Describe every message that crosses the hospital boundary in <run>/messages.jsonl (names and shapes, no values).
 audit = false
@@ -148,6 +152,7 @@ round_timeout = 600
 """
 
 DEVICES = ("cpu", "cuda", "auto")
+PRECISIONS = ("fp32", "bf16")
 ENGINES = ("local", "flower-sim", "flower")
 OPTIMIZERS = ("sgd", "adam")
 BN_MODES = ("shared", "local_stats", "local")

@@ -26,6 +26,7 @@ from federation.config.defaults import (
     FISHER_ESTIMATORS,
     NORMS,
     OPTIMIZERS,
+    PRECISIONS,
     STARTS,
     TLU_GROUPINGS,
 )
@@ -58,6 +59,9 @@ class RunSection:
     ``workers``: 0 runs the clients one after another in this process, W spreads them over W processes.
     ``threads``: torch threads per process (0 keeps torch's default, all cores); the default 1 was the fastest
     on a shared 2-core machine (``benchmarks/results/round_time.md``).
+    ``precision``: ``fp32``, or ``bf16`` (autocast of the forward pass and loss, on a GPU that supports it; the CPU
+    path runs fp32 either way unless asked). ``deterministic``: deterministic GPU kernels
+    (`federation.gpu.deterministic`), so that a seed gives the same figures run to run on one GPU.
     """
 
     name: str
@@ -67,6 +71,8 @@ class RunSection:
     engine: str
     workers: int
     threads: int
+    precision: str
+    deterministic: bool
     keep_checkpoints: int
     audit: bool
 
@@ -81,6 +87,8 @@ class RunSection:
             _fail("run.device", self.device, f"use one of {', '.join(DEVICES)}")
         _at_least("run.workers", self.workers, 0)
         _at_least("run.threads", self.threads, 0)
+        if self.precision not in PRECISIONS:
+            _fail("run.precision", self.precision, f"use one of {', '.join(PRECISIONS)}")
         _at_least("run.keep_checkpoints", self.keep_checkpoints, 1)
 
 

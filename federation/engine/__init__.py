@@ -29,6 +29,7 @@ RESUMABLE_KEYS = frozenset(
         "run.rounds",
         "run.workers",
         "run.threads",
+        "run.deterministic",
         "run.keep_checkpoints",
         "run.device",
         "run.engine",

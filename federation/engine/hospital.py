@@ -499,6 +499,8 @@ class Hospital:
             augment=config.data.augment,
             device=resolve_device(config.run.device),
             head_keys=head_keys(split_units(loaded.model), resolved_nhead(config)),
+            precision=config.run.precision,
+            deterministic=config.run.deterministic,
         )
 
     def _checkpoints(self, run_id: str) -> dict[int, Path]:

@@ -51,7 +51,7 @@ from federation.errors import FederationError
             ["run.colour=1"],
             "run.colour",
             "--set run.colour=1: unknown key run.colour; [run] accepts name, seed, rounds, device, engine, workers, "
-            "threads, keep_checkpoints, audit",
+            "threads, precision, deterministic, keep_checkpoints, audit",
         ),
         # the rules between sections (config_from_dict)
         (
