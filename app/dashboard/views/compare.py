@@ -282,6 +282,7 @@ def grid_view(grids: list[compare.Grid], runs: list[Any]) -> None:
         st.info("This grid does not vary nhead or the distance dm, so there is no nhead x dm heatmap.")
     else:
         ui.chart(st, charts.grid_heatmap(heat, f"{figure} by nhead and distance dm"), key="grid_heatmap")
+    _verdicts(grid.runs())
     _curves(grid.runs())
     _mismatches(grid.runs())
 
