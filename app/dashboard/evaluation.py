@@ -66,8 +66,8 @@ def slides_warning(slides: int | None, minimum: int) -> str | None:
     if slides is None or slides >= minimum:
         return None
     return (
-        f"too few slides to judge: its test tiles come from {slides} slide{'s' if slides != 1 else ''} (at least "
-        f"{minimum} wanted), and tiles of one slide are not independent."
+        f"too few slides to show it is good enough: its test tiles come from {slides} "
+        f"slide{'s' if slides != 1 else ''} (at least {minimum} wanted), and tiles of one slide are not independent."
     )
 
 

@@ -308,8 +308,8 @@ def test_slides_are_counted_from_prepares_tile_names_and_too_few_are_said() -> N
     assert evaluation.count_slides([*paths, "other.png"]) is None
     assert evaluation.count_slides([]) is None
     assert evaluation.slides_warning(3, 5) == (
-        "too few slides to judge: its test tiles come from 3 slides (at least 5 wanted), and tiles of one slide "
-        "are not independent."
+        "too few slides to show it is good enough: its test tiles come from 3 slides (at least 5 wanted), and tiles "
+        "of one slide are not independent."
     )
     assert evaluation.slides_warning(1, 5) is not None
     assert "1 slide (" in str(evaluation.slides_warning(1, 5))
@@ -324,7 +324,7 @@ def test_slides_are_counted_from_prepares_tile_names_and_too_few_are_said() -> N
     scores = evaluation.score_hospitals(frame, 0.5, 0.9, min_slides=5)
     assert [s.slides for s in scores] == [3, 6]
     assert scores[0].warning is not None
-    assert scores[0].warning.startswith("too few slides to judge: its test tiles come from 3 slides")
+    assert scores[0].warning.startswith("too few slides to show it is good enough: its test tiles come from 3 slides")
     assert scores[1].warning is not None
     assert "too few slides" not in scores[1].warning  # its warning is the sensitivity one
     table = evaluation.scorecard_table(scores).set_index("hospital")
