@@ -291,7 +291,8 @@ def grid_heatmap(table: pd.DataFrame, title: str, labels: Sequence[str] = ()) ->
                 text, colour = f"{value:.3f}", text_colour(cell)
             else:
                 text, colour = "no run", "#000000"  # the page's white shows through an empty cell
-            fig.add_annotation(x=column, y=row, text=text, showarrow=False, font={"color": colour, "size": 13})
+            # by category position (j, i): a name that looks like a number ("6") would be read as a position
+            fig.add_annotation(x=j, y=i, text=text, showarrow=False, font={"color": colour, "size": 13})
     fig.update_yaxes(title="nhead", type="category")
     fig.update_xaxes(title="distance metric dm", type="category")
     return _layout(fig, title, "nhead", height=360, x_title="distance metric dm")

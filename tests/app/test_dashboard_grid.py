@@ -38,7 +38,11 @@ def test_every_cell_label_reaches_aa_contrast_on_its_own_colour() -> None:
     table.iloc[1, 2] = np.nan
     fig = charts.grid_heatmap(table, "Best ACC by nhead and distance dm")
     colours = _cell_colours(fig)
-    labels = {(a.x, a.y): a for a in fig.layout.annotations}
+    # labels sit at category positions (column j, row i): a row named "6" would otherwise be read as position 6,
+    # off the chart
+    xs, ys = list(fig.data[0].x), list(fig.data[0].y)
+    assert {(a.x, a.y) for a in fig.layout.annotations} == {(j, i) for j in range(4) for i in range(3)}
+    labels = {(xs[a.x], ys[a.y]): a for a in fig.layout.annotations}
     assert len(labels) == 12
     ratios = []
     for (column, row), cell in colours.items():
