@@ -55,6 +55,12 @@ def register(app: typer.Typer) -> None:
             False, "--tables-only", help="Only rebuild the tables and figures from the cells already finished."
         ),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-round progress bars."),
+        workers: int = typer.Option(
+            1,
+            "--workers",
+            help="Cells run at once, one process each (a GPU each when several are visible; with one GPU they share "
+            "it). The figures are the sequential grid's.",
+        ),
         publish_to: Path | None = typer.Option(
             None,
             "--publish",
@@ -76,7 +82,9 @@ def register(app: typer.Typer) -> None:
         state: dict[str, object] | None = None
         if not tables_only:
             try:
-                state = run_plan(plan, folder, progress=not quiet, echo=lambda line: typer.echo(line, err=True))
+                state = run_plan(
+                    plan, folder, progress=not quiet, echo=lambda line: typer.echo(line, err=True), workers=workers
+                )
             except (KeyboardInterrupt, RunStopped) as exc:
                 typer.echo(f"stopped; run the same command again to continue ({exc})", err=True)
                 raise typer.Exit(130) from exc

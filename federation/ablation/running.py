@@ -6,11 +6,20 @@ settings, seed, run directory and status. Resumable: a cell whose ``summary.json
 cell with a run directory but no finished summary is resumed from its last checkpoint (the engine guarantees the
 same numbers as an uninterrupted run). Also the folder's names (`ABLATION_FILE`, `CELLS_DIR`) and how a path is
 written in the commands and files an ablation records (`shown_path`).
+
+``workers`` > 1 runs that many cells at once, one process per cell (``spawn``: each a fresh interpreter, so no
+state leaks between cells); the cells' figures are those of the sequential grid (each cell is its own seeded run).
+Only this process writes ``ablation.json``. With ``run.device`` on a GPU and several GPUs visible, worker *k*
+sees GPU *k mod n* alone (``CUDA_VISIBLE_DEVICES``); with one GPU the workers share it. An interruption (Ctrl-C
+reaches every worker: each stops its run cleanly) records the running cells as stopped; the same command resumes.
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -104,8 +113,10 @@ def run_plan(
     train_fn: TrainFn | None = None,
     progress: bool = True,
     echo: Callable[[str], None] = print,
+    workers: int = 1,
 ) -> dict[str, Any]:
     """Run every cell not finished yet (resuming partial ones); returns the final ``ablation.json`` content.
+    ``workers``: cells at once (module docstring); ``train_fn`` must then be a module-level function.
 
     Cells with identical resolved configurations share one run (``same_as`` in ``ablation.json``). A cell that
     fails with a ``FederationError`` is recorded as ``failed`` (with the error) and the grid goes on; an
@@ -118,14 +129,18 @@ def run_plan(
     # One ablation per folder at a time (two would run the same cells into the same run directories).
     try:
         with claim_output(out, "ablate"):
-            return _run_cells(plan, out, train_fn, progress, echo)
+            return _run_cells(plan, out, train_fn, progress, echo, workers)
     except OutputError as exc:
         raise FederationError(str(exc)) from None
     except OSError as exc:
         raise FederationError(os_error_message(exc, out, "--out")) from None
 
 
-def _run_cells(plan: Plan, out: Path, train_fn: TrainFn, progress: bool, echo: Callable[[str], None]) -> dict[str, Any]:
+def _run_cells(
+    plan: Plan, out: Path, train_fn: TrainFn, progress: bool, echo: Callable[[str], None], workers: int = 1
+) -> dict[str, Any]:
+    if workers < 1:
+        raise FederationError(f"--workers {workers}: give at least 1 (cells run at once)")
     cells = plan.cells()
     owners = plan.owners(cells)
     base_text = config_to_toml(plan.base_config())
@@ -156,26 +171,121 @@ def _run_cells(plan: Plan, out: Path, train_fn: TrainFn, progress: bool, echo: C
         f"ablation: {len(cells)} cells ({len(runs)} runs{f', {shared} cells reuse an identical run' if shared else ''}"
         f"), {len(runs) - len(todo)} already finished, {len(todo)} to run -> {out}"
     )
+
+    def save() -> None:
+        write_json(out / ABLATION_FILE, _state(plan, cells, owners, statuses))
+
+    if workers > 1 and len(todo) > 1:
+        _run_parallel(plan, out, todo, statuses, save, train_fn, echo, min(workers, len(todo)))
+        return _state(plan, cells, owners, statuses)
     for number, cell in enumerate(todo, start=1):
         run_dir = out / CELLS_DIR / cell.id
         resume = cell_status(run_dir) == "partial" and (run_dir / CONFIG_FILE).is_file()
         echo(f"[{number}/{len(todo)}] {cell.id}{' (resuming)' if resume else ''}")
         statuses[cell.id] = {"status": "running", "error": None}
-        write_json(out / ABLATION_FILE, _state(plan, cells, owners, statuses))
+        save()
         try:
             train_fn(plan.cell_config(cell), run_dir, resume=resume, overwrite=not resume, progress=progress)
         except Exception as exc:
-            if not getattr(exc, "user_facing", False):  # a bug: keep its traceback
-                statuses[cell.id] = {"status": "failed", "error": str(exc) or type(exc).__name__}
-                write_json(out / ABLATION_FILE, _state(plan, cells, owners, statuses))
-                raise
-            statuses[cell.id] = {"status": "failed", "error": str(exc)}
-            echo(f"    failed: {exc}")
+            _record_failure(cell.id, exc, statuses, save, echo)
         except BaseException as exc:
             statuses[cell.id] = {"status": "stopped", "error": str(exc) or type(exc).__name__}
-            write_json(out / ABLATION_FILE, _state(plan, cells, owners, statuses))
+            save()
             raise
         else:
             statuses[cell.id] = {"status": "finished", "error": None}
-        write_json(out / ABLATION_FILE, _state(plan, cells, owners, statuses))
+        save()
     return _state(plan, cells, owners, statuses)
+
+
+def _record_failure(
+    cell_id: str,
+    exc: Exception,
+    statuses: dict[str, dict[str, Any]],
+    save: Callable[[], None],
+    echo: Callable[[str], None],
+) -> None:
+    """A cell's failure: a user-facing error is recorded and the grid goes on; anything else (a bug) is recorded
+    and re-raised with its traceback."""
+    statuses[cell_id] = {"status": "failed", "error": str(exc) or type(exc).__name__}
+    if not getattr(exc, "user_facing", False):
+        save()
+        raise exc
+    echo(f"    failed: {exc}")
+
+
+def _gpus_for(plan: Plan, todo: Sequence[Cell]) -> list[str]:
+    """The GPUs the workers spread over: every visible one when a cell runs on a GPU, else none."""
+    if not any(plan.cell_config(c).run.device in ("cuda", "auto") for c in todo):
+        return []
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+
+
+def _worker_start(gpus: Sequence[str]) -> None:
+    """A worker process's start: with several GPUs, it sees one of them alone (worker k: GPU k mod n)."""
+    identity = multiprocessing.current_process()._identity
+    if len(gpus) > 1 and identity:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[(identity[0] - 1) % len(gpus)]
+
+
+def _train_cell(train_fn: TrainFn, config: Any, run_dir: Path, resume: bool) -> None:
+    """One cell in a worker process (no per-round bars: several cells write at once)."""
+    train_fn(config, run_dir, resume=resume, overwrite=not resume, progress=False)
+
+
+def _run_parallel(
+    plan: Plan,
+    out: Path,
+    todo: Sequence[Cell],
+    statuses: dict[str, dict[str, Any]],
+    save: Callable[[], None],
+    train_fn: TrainFn,
+    echo: Callable[[str], None],
+    workers: int,
+) -> None:
+    """``todo`` over ``workers`` processes; one line per cell started and finished, counting over the whole grid."""
+    context = multiprocessing.get_context("spawn")
+    done = 0
+    gpus = _gpus_for(plan, todo)
+    try:
+        with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_start, initargs=(gpus,)) as pool:
+            running: dict[Future[None], Cell] = {}
+            for cell in todo:
+                run_dir = out / CELLS_DIR / cell.id
+                resume = cell_status(run_dir) == "partial" and (run_dir / CONFIG_FILE).is_file()
+                running[pool.submit(_train_cell, train_fn, plan.cell_config(cell), run_dir, resume)] = cell
+                statuses[cell.id] = {"status": "running" if len(running) <= workers else "pending", "error": None}
+            save()
+            echo(f"{len(todo)} cells over {workers} worker processes")
+            while running:
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    cell = running.pop(future)
+                    done += 1
+                    try:
+                        future.result()
+                    except Exception as exc:
+                        _record_failure(cell.id, exc, statuses, save, echo)
+                    else:
+                        statuses[cell.id] = {"status": "finished", "error": None}
+                    echo(f"[{done}/{len(todo)}] {cell.id}: {statuses[cell.id]['status']}")
+                for future, cell in running.items():
+                    if future.running():
+                        statuses[cell.id] = {"status": "running", "error": None}
+                save()
+    except BaseException as exc:  # an interruption: the pool has let its running cells end; record where each is
+        for cell in todo:
+            if statuses[cell.id]["status"] in ("finished", "failed"):
+                continue
+            was_running = statuses[cell.id]["status"] == "running"
+            now = cell_status(out / CELLS_DIR / cell.id)
+            if now == "finished":
+                statuses[cell.id] = {"status": "finished", "error": None}
+            elif was_running or now == "partial":
+                statuses[cell.id] = {"status": "stopped", "error": str(exc) or type(exc).__name__}
+            else:
+                statuses[cell.id] = {"status": "pending", "error": None}
+        save()
+        raise
