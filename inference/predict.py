@@ -107,6 +107,15 @@ class SlideResult:
     warnings: tuple[str, ...] = ()
 
 
+UNIFORM_STD = 2.0  # a slide whose pixels vary less than this (standard deviation, 0-255) shows no structure
+
+
+def uniform_spread(image: np.ndarray) -> float:
+    """The standard deviation of a slide's pixel values, on every 16th row and column (a large slide needs no more
+    to tell a uniform colour from tissue, and no float copy of the whole slide)."""
+    return float(np.asarray(image[::16, ::16], dtype=np.float32).std())
+
+
 def check_binary(card: ModelCard, where: Path | str = "the bundle") -> None:
     """`BundleError` (one line) unless ``card`` is a binary model with a positive class (``abnormal``): predict
     maps ``P(abnormal)`` over a slide, which a multi-class model (e.g. trained on digits) does not have."""
@@ -329,6 +338,11 @@ def predict_slide(
         warnings.append(
             f"{name}: the slide is black (every pixel <= {BLACK_LEVEL}), so its {len(tiles.xs)} tile(s) show no "
             "tissue and their probabilities mean nothing; check the scan"
+        )
+    elif (spread := uniform_spread(slide.image)) < UNIFORM_STD:
+        warnings.append(
+            f"{name}: the slide is one uniform colour (pixel standard deviation {spread:.1f}), so its "
+            f"{len(tiles.xs)} tile(s) show no tissue structure and their probabilities mean nothing; check the scan"
         )
     prob = tiles.probability
     height, width = slide.image.shape[:2]

@@ -36,6 +36,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from infra.formats import BINARY_CLASSES
 from infra.outputs import atomic_target, write_atomic
 from infra.provenance import INTENDED_USE
 from models.decision import DEFAULT_THRESHOLD
@@ -153,6 +154,12 @@ class ModelCard:
             )
         if self.positive_class is not None and self.positive_class not in self.class_names:
             raise ModelError(f"positive_class {self.positive_class!r} is not one of {list(self.class_names)}")
+        if set(self.class_names) == set(BINARY_CLASSES) and tuple(self.class_names) != BINARY_CLASSES:
+            raise ModelError(
+                f"class_names {list(self.class_names)}: a normal/abnormal model's outputs are "
+                f"{list(BINARY_CLASSES)} in that order (output 1 is abnormal); a card that swaps them would call "
+                "normal tissue abnormal"
+            )
         if not (math.isfinite(self.threshold) and 0.0 < self.threshold < 1.0):
             raise ModelError(f"threshold must be strictly between 0 and 1, got {self.threshold}")
         if self.threshold_split not in ("", "validation", "test"):
@@ -300,6 +307,8 @@ def set_threshold(
     card = read_card(folder)
     if card.positive_class is None:
         raise BundleError(f"{folder / CARD_FILE}: the model decides by argmax, it has no threshold to set")
+    if (folder / WEIGHTS_FILE).is_file():  # a threshold describes these weights: they must be the card's round
+        check_round(folder / WEIGHTS_FILE, card)
     if not source.strip():
         raise BundleError("say where the threshold comes from (for example: set by hand)")
     at = datetime.now(UTC).isoformat(timespec="seconds")
@@ -371,6 +380,23 @@ def _check_finite(tensors: dict[str, torch.Tensor], keys: list[str], weights_pat
         )
 
 
+def check_round(weights_path: Path, card: ModelCard) -> None:
+    """`BundleError` (one line) when the weights' metadata (read alone, no tensor) names another round than the
+    card, or the file is not a readable safetensors file."""
+    try:
+        with safe_open(str(weights_path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise BundleError(
+            f"{weights_path} is not a readable safetensors file ({exc}); export the model again"
+        ) from None
+    if "round" in metadata and card.round and metadata["round"] != str(card.round):
+        raise BundleError(
+            f"{weights_path} is from round {metadata['round']} but {CARD_FILE} describes round {card.round}: the "
+            "bundle is being rewritten (the run is still training) or was mixed by hand; try again when it is done"
+        )
+
+
 def load_bundle(path: Path, device: torch.device | str = "cpu") -> Bundle:
     """Read and check the bundle at ``path``: the card, then weights that fit its architecture key for key.
 
@@ -384,19 +410,13 @@ def load_bundle(path: Path, device: torch.device | str = "cpu") -> Bundle:
     weights_path = folder / WEIGHTS_FILE
     if not weights_path.is_file():
         raise BundleError(f"{folder} has a card but no {WEIGHTS_FILE}; export the model again")
+    check_round(weights_path, card)
     try:
-        with safe_open(str(weights_path), framework="pt") as handle:
-            metadata = handle.metadata() or {}
         tensors = load_file(str(weights_path))
     except (SafetensorError, OSError, ValueError) as exc:
         raise BundleError(
             f"{weights_path} is not a readable safetensors file ({exc}); export the model again"
         ) from None
-    if "round" in metadata and card.round and metadata["round"] != str(card.round):
-        raise BundleError(
-            f"{weights_path} is from round {metadata['round']} but {CARD_FILE} describes round {card.round}: the "
-            "bundle is being rewritten (the run is still training) or was mixed by hand; try again when it is done"
-        )
     try:
         model = create_model(card.architecture, card.num_classes, card.preprocess.in_chans, norm=card.norm)
     except ModelError as exc:  # e.g. a timm architecture the installed timm does not have

@@ -103,6 +103,12 @@ def normalise(
     return batch.sub_(mean_t).div_(std_t).contiguous()
 
 
+# What a card's preprocessing may say: an input side a network of this version takes (the federation's data.input_size
+# starts at 16) and a normalisation of pixel values scaled to 0-1 (a std of 1e-30 would blow every input up).
+MIN_INPUT_SIZE, MAX_INPUT_SIZE = 16, 4096
+STD_RANGE = (0.01, 10.0)
+
+
 @dataclass(frozen=True)
 class Preprocess:
     """A model's preprocessing from tile to tensor (timm's data config), as recorded in its card.
@@ -125,8 +131,11 @@ class Preprocess:
     def __post_init__(self) -> None:
         if self.in_chans not in (1, 3):
             raise ModelError(f"in_chans must be 1 or 3, got {self.in_chans}")
-        if self.input_size < 1:
-            raise ModelError(f"input_size must be positive, got {self.input_size}")
+        if not MIN_INPUT_SIZE <= self.input_size <= MAX_INPUT_SIZE:
+            raise ModelError(
+                f"input_size must be {MIN_INPUT_SIZE} to {MAX_INPUT_SIZE} pixels (what the networks take), got "
+                f"{self.input_size}"
+            )
         if self.tile_px is not None and self.tile_px < 1:
             raise ModelError(f"tile_px must be positive, got {self.tile_px}")
         if self.scale is not None and not (math.isfinite(self.scale) and self.scale > 0):
@@ -138,8 +147,13 @@ class Preprocess:
             raise ModelError(
                 f"mean and std need {self.in_chans} value(s) each, got {list(self.mean)}, {list(self.std)}"
             )
-        if any(not (math.isfinite(s) and s > 0) for s in self.std):
-            raise ModelError(f"std values must be positive, got {list(self.std)}")
+        if any(not (math.isfinite(s) and STD_RANGE[0] <= s <= STD_RANGE[1]) for s in self.std):
+            raise ModelError(
+                f"std values must be {STD_RANGE[0]} to {STD_RANGE[1]} (of pixel values scaled to 0-1; ImageNet's are "
+                f"about 0.22), got {list(self.std)}"
+            )
+        if any(not (math.isfinite(m) and 0.0 <= m <= 1.0) for m in self.mean):
+            raise ModelError(f"mean values must be 0 to 1 (of pixel values scaled to 0-1), got {list(self.mean)}")
         if self.resize != RESIZE_RULE:
             raise ModelError(f"unknown resize rule {self.resize!r}; this version implements {RESIZE_RULE!r}")
 

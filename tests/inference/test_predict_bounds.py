@@ -144,11 +144,13 @@ def test_a_black_slide_is_scored_with_a_warning(
     assert f"warning: {warning}" in err
     (summary,) = out.glob("black-*/summary.json")
     assert json.loads(summary.read_text(encoding="utf-8"))["warning"] == warning
-    # tissue, however dark, is no black slide
+    # a slide just above the black level is no black slide; being one colour, it is warned as uniform instead
     cv2.imwrite(str(black), np.full((256, 256, 3), 11, dtype=np.uint8))
     assert run_cli(monkeypatch, "predict", "--model", str(tiny_run.bundle(0)), "--slide", str(black), "--out",
                    str(out), "--no-progress") == 0  # fmt: skip
-    assert "warning:" not in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "is black" not in err
+    assert "the slide is one uniform colour" in err
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
