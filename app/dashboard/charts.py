@@ -283,8 +283,8 @@ def grid_heatmap(table: pd.DataFrame, title: str, labels: Sequence[str] = ()) ->
         )
     )
     # The labels are annotations rather than the trace's text, so each takes the colour that reads on its cell.
-    for i, row in enumerate(y):
-        for j, column in enumerate(x):
+    for i in range(len(y)):
+        for j in range(len(x)):
             value = z[i, j]
             if np.isfinite(value):
                 cell = sample_colorscale("Viridis", [(value - low) / (high - low)])[0]
