@@ -16,9 +16,12 @@ reaches every worker: each stops its run cleanly) records the running cells as s
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
-from collections.abc import Callable, Mapping, Sequence
+import sys
+import types
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
@@ -230,6 +233,19 @@ def _worker_start(gpus: Sequence[str]) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus[(identity[0] - 1) % len(gpus)]
 
 
+@contextlib.contextmanager
+def _plain_main() -> Iterator[None]:
+    """While workers are spawned, ``__main__`` is an empty module: ``spawn`` re-runs the parent's main script in each
+    worker, and that script may be anything that imported this (a Streamlit page, a notebook), not a command meant
+    to run twice. The workers need only the functions they are sent, which live in importable modules."""
+    saved = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = saved
+
+
 def _train_cell(train_fn: TrainFn, config: Any, run_dir: Path, resume: bool) -> None:
     """One cell in a worker process (no per-round bars: several cells write at once)."""
     train_fn(config, run_dir, resume=resume, overwrite=not resume, progress=False)
@@ -252,11 +268,12 @@ def _run_parallel(
     try:
         with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_start, initargs=(gpus,)) as pool:
             running: dict[Future[None], Cell] = {}
-            for cell in todo:
-                run_dir = out / CELLS_DIR / cell.id
-                resume = cell_status(run_dir) == "partial" and (run_dir / CONFIG_FILE).is_file()
-                running[pool.submit(_train_cell, train_fn, plan.cell_config(cell), run_dir, resume)] = cell
-                statuses[cell.id] = {"status": "running" if len(running) <= workers else "pending", "error": None}
+            with _plain_main():  # the workers start as the cells are submitted
+                for cell in todo:
+                    run_dir = out / CELLS_DIR / cell.id
+                    resume = cell_status(run_dir) == "partial" and (run_dir / CONFIG_FILE).is_file()
+                    running[pool.submit(_train_cell, train_fn, plan.cell_config(cell), run_dir, resume)] = cell
+                    statuses[cell.id] = {"status": "running" if len(running) <= workers else "pending", "error": None}
             save()
             echo(f"{len(todo)} cells over {workers} worker processes")
             while running:
