@@ -18,6 +18,7 @@ from app import cli_floor
 
 if TYPE_CHECKING:
     from app.dashboard.evaluation import Floor
+    from models.bundle import ModelCard
 
 
 def register(app: typer.Typer) -> None:
@@ -68,7 +69,9 @@ def register(app: typer.Typer) -> None:
         judged_floor = cli_floor.floor_from(floor, min_slides, review_specificity)
         from models.bundle import bundle_folder, read_card
 
-        typer.echo(f"intended use: {read_card(bundle_folder(model)).intended_use}")
+        folder = bundle_folder(model)
+        card = read_card(folder)
+        typer.echo(f"intended use: {card.intended_use}")
         results = run_predict(
             model,
             slide,
@@ -100,21 +103,18 @@ def register(app: typer.Typer) -> None:
         calls = slide_calls_line(results)
         if calls is not None:
             typer.echo(calls)
-        for line in _verdict_lines(model, judged_floor, threshold):  # after the slides: it reads the test split
+        for line in _verdict_lines(folder, card, judged_floor, threshold):  # after the slides: reads the test split
             typer.echo(line)
         typer.echo(f"wrote {out}", err=True)
 
 
-def _verdict_lines(model: Path, floor: Floor, override: float | None) -> list[str]:
+def _verdict_lines(folder: Path, card: ModelCard, floor: Floor, override: float | None) -> list[str]:
     """The bundle's hospital's verdict at its card's threshold against ``floor`` when its folder holds the
     hospital's test predictions (`app.verdicts.judge_folder`: what the Verdict page says), or why not."""
     from app.dashboard.evaluation import VERDICT_NAMES
     from app.dashboard.runs import CardThreshold
     from app.verdicts import judge_folder
-    from models.bundle import bundle_folder, read_card
 
-    folder = bundle_folder(model)
-    card = read_card(folder)
     lines: list[str] = []
     operating = CardThreshold(card.threshold, card.threshold_source, card.threshold_split)
     judged = judge_folder(folder, operating, card.client, floor)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pandas as pd
 import streamlit as st
 
@@ -20,11 +19,9 @@ from app.dashboard import charts, evaluation, ui
 from app.dashboard.datasets import LABELS, hospital_label
 from app.dashboard.runs import (
     RunInfo,
-    hospital_rows,
     load_metrics,
     prediction_files,
     read_run_predictions,
-    read_val_predictions,
 )
 from app.verdicts import judge_run
 from models.decision import SLIDE_RULE, SLIDE_TOP_K, auc_interval_text
@@ -112,7 +109,6 @@ def _hospital_detail(
     predictions: pd.DataFrame,
     judgements: tuple[evaluation.Judgement, ...],
     floor: evaluation.Floor,
-    val: pd.DataFrame | None = None,
 ) -> None:
     """One hospital at its card's threshold: its verdict, figures, ROC curve, confusion matrix, history and example
     tiles; then a slider that explores another threshold (said to be exploring) and the save buttons."""
@@ -191,7 +187,7 @@ def _hospital_detail(
         ui.chart(st, matrix, key="confusion", alt=confusion_alt)
         st.caption(ui.EXPLAIN["confusion"])
 
-    _save_buttons(info, hospital, labels, probs, explored, floor, threshold, hospital_rows(val, hospital))
+    _save_buttons(info, hospital, explored, seen, judged.score.target, floor, threshold)
 
     if not mine.empty:
         history = pd.DataFrame(
@@ -244,18 +240,16 @@ def _explore(info: RunInfo, hospital: int, card: float) -> float:
 def _save_buttons(
     info: RunInfo,
     hospital: int,
-    labels: np.ndarray,
-    probs: np.ndarray,
     explored: float,
+    seen: evaluation.OperatingPoint | None,
+    target: evaluation.TargetThreshold | None,
     floor: evaluation.Floor,
     current: float,
-    val_rows: pd.DataFrame | None = None,
 ) -> None:
-    """What the explored threshold would do (said to be exploring), and buttons to save it, or the threshold
-    reaching the floor (chosen on the hospital's validation predictions, ``val_rows``, where it has them), as the
-    hospital's operating threshold (its model bundle), each confirmed with who and why."""
-    if abs(explored - current) > 1e-9:
-        seen = evaluation.operating_point(labels, probs, explored)
+    """What the explored threshold would do (``seen``, when exploring; said to be exploring), and buttons to save it,
+    or the threshold reaching the floor (``target``, the judgement's: chosen on the hospital's validation split where
+    it has one), as the hospital's operating threshold (its model bundle), each confirmed with who and why."""
+    if seen is not None:
         st.info(
             f"**Exploring threshold {explored:.2f}, not saved.** There {hospital_label(hospital)} would find "
             f"{seen.tp} of {seen.abnormal} abnormal tiles (sensitivity {_rate(seen.sensitivity)}) and call "
@@ -265,12 +259,11 @@ def _save_buttons(
         )
     left, right = st.columns(2)
     with left:
-        if 0.0 < explored < 1.0 and abs(explored - current) > 1e-9:
+        if seen is not None and 0.0 < explored < 1.0:
             ui.save_threshold_button(
                 info.path, hospital, explored, "set by hand", f"Save {explored:.2f} as its threshold",
                 key=f"save_hand_{info.run_id}_{hospital}", current=current,
             )  # fmt: skip
-    target = evaluation.chosen_target(labels, probs, floor.sensitivity, val_rows)
     with right:
         if target is not None:
             reaches = f"the floor {floor.sensitivity:.2f}"
@@ -355,7 +348,7 @@ def page() -> None:
     _scorecard(judged, floor)
 
     st.subheader("One hospital")
-    _hospital_detail(info, predictions, judged, floor, read_val_predictions(info.path))
+    _hospital_detail(info, predictions, judged, floor)
 
 
 page()
