@@ -45,7 +45,6 @@ def register(app: typer.Typer) -> None:
         import getpass
 
         who = by.strip() or getpass.getuser()
-        previous = operating.read_threshold(folder)
         card = operating.save(folder, chosen, source, split, by=who, reason=reason)
         from app.held_out import recall
 
@@ -55,9 +54,11 @@ def register(app: typer.Typer) -> None:
         figures = ", ".join(
             f"{name} {float(v):.2f}" for name, v in (("sensitivity", sens), ("specificity", spec)) if v is not None
         )
+        previous = card.threshold_history[-1]["from"]  # the change just saved
+        because = f", because: {reason.strip()}" if reason.strip() else ""
         typer.echo(
             f"hospital {hospital}: threshold {card.threshold:.4g} saved in {folder / 'model.json'} ({source}), was "
-            f"{previous:.4g}; by {who}" + (f", because: {reason.strip()}" if reason.strip() else "")
+            f"{previous:.4g}; by {who}{because}"
         )
         if figures:
             optimistic = " (chosen there too, so optimistic)" if split == "test" else ""

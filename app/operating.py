@@ -39,13 +39,6 @@ def hospital_folder(run: Path, hospital: int) -> Path:
     return folder
 
 
-def read_threshold(folder: Path) -> float:
-    """The threshold the hospital's card at ``folder`` decides with now."""
-    from models.bundle import read_card
-
-    return read_card(folder).threshold
-
-
 def card_threshold(value: float) -> float:
     """``value`` brought strictly between 0 and 1, as a model card's threshold must be (a threshold reaching the
     floor can be a probability of exactly 0 or 1)."""

@@ -337,17 +337,20 @@ class Client:
         for param in self.params.values():
             param.requires_grad_(True)
 
+    def _split(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        """The ``split``'s tiles (``uint8``) and labels: ``train``, ``val`` (`ValueError` without one) or ``test``."""
+        if split == "train":
+            return self.data.train_x, self.data.train_y
+        if split == "val":
+            if self.data.val_x is None or self.data.val_y is None:
+                raise ValueError(f"hospital {self.data.client} has no validation split")
+            return self.data.val_x, self.data.val_y
+        return self.data.test_x, self.data.test_y
+
     def _held_split(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``split``'s tiles (``uint8``) and labels on the GPU, uploaded once."""
         if split not in self._held:
-            if split == "train":
-                images, labels = self.data.train_x, self.data.train_y
-            elif split == "val":
-                if self.data.val_x is None or self.data.val_y is None:
-                    raise ValueError(f"hospital {self.data.client} has no validation split")
-                images, labels = self.data.val_x, self.data.val_y
-            else:
-                images, labels = self.data.test_x, self.data.test_y
+            images, labels = self._split(split)
             self._held[split] = torch.from_numpy(np.ascontiguousarray(images)).to(self.device)
             self._held[f"{split}_y"] = torch.from_numpy(labels).to(self.device)
         return self._held[split], self._held[f"{split}_y"]
@@ -503,12 +506,7 @@ class Client:
         self.model.eval()
         total_loss, correct = 0.0, 0
         probs: list[np.ndarray] = []
-        if split == "val":
-            if self.data.val_x is None or self.data.val_y is None:
-                raise ValueError(f"hospital {self.data.client} has no validation split")
-            images, labels = self.data.val_x, self.data.val_y
-        else:
-            images, labels = self.data.test_x, self.data.test_y
+        images, labels = self._split("val" if split == "val" else "test")
         n = int(labels.shape[0])
         for start in range(0, n, self.eval_batch_size):
             if self.on_gpu:

@@ -519,12 +519,12 @@ def slide_errors(score: HospitalScore) -> tuple[list[str], list[str]]:
     return missed, alarms
 
 
-def _slide_words(score: HospitalScore) -> str:
-    """``"misses 1 of 3 abnormal slides (slide_0016)"`` and the false alarms, or empty when every slide is right."""
+def _slide_words(score: HospitalScore, missed: list[str], alarms: list[str]) -> str:
+    """``"misses 1 of 3 abnormal slides (slide_0016)"`` and the false alarms (`slide_errors`), or empty when every
+    slide is right."""
     slides = score.slide_set
     if slides is None:
         return ""
-    missed, alarms = slide_errors(score)
     parts = []
     if missed:
         parts.append(f"misses {len(missed)} of {int(slides.labels.sum())} abnormal slides ({_names(missed)})")
@@ -554,7 +554,8 @@ def verdict(score: HospitalScore, floor: Floor) -> Verdict:
     point, slides = score.point, score.slides
     threshold = point.threshold
     at = f"at threshold {threshold:.2f}"
-    wrong = _slide_words(score)
+    missed, alarms = slide_errors(score)
+    wrong = _slide_words(score, missed, alarms)
     on_slides = f"; on its slides it {wrong}" if wrong else ""
 
     def judged(kind: str, reason: str) -> Verdict:
@@ -598,7 +599,6 @@ def verdict(score: HospitalScore, floor: Floor) -> Verdict:
     found = (
         f"finds {point.tp} of {point.abnormal} abnormal tiles {at} (sensitivity {point.sensitivity:.2f}, 95% CI {ci})"
     )
-    missed, _ = slide_errors(score)
     if missed:
         return judged(REVIEW, f"{found}{spec}, but on its slides it {wrong}: look at them before relying on it.")
     if interval is not None and interval[0] < floor.sensitivity:

@@ -196,7 +196,8 @@ def test_an_uploaded_slide_with_its_mask_is_scored_and_outlined(data: TrainedRoo
     assert "ground_truth" in summary
 
 
-def test_the_report_download_is_the_hospitals_html_report(data: TrainedRoot, monkeypatch: pytest.MonkeyPatch) -> None:
+def _serve_spy(monkeypatch: pytest.MonkeyPatch) -> dict[str, bytes]:
+    """The HTML files the page serves for download, by file name, as Streamlit's media storage receives them."""
     served: dict[str, bytes] = {}
     original = MemoryMediaFileStorage.load_and_get_id
 
@@ -206,6 +207,11 @@ def test_the_report_download_is_the_hospitals_html_report(data: TrainedRoot, mon
         return original(self, path_or_data, mimetype, kind, filename)
 
     monkeypatch.setattr(MemoryMediaFileStorage, "load_and_get_id", spy)
+    return served
+
+
+def test_the_report_download_is_the_hospitals_html_report(data: TrainedRoot, monkeypatch: pytest.MonkeyPatch) -> None:
+    served = _serve_spy(monkeypatch)
     source = data.test_slides(0, "normal")[0]
     at = _pick_slide(open_page("slide", timeout=TIMEOUT_S), source)
     button = at.get("download_button")[0]
@@ -432,15 +438,7 @@ def test_the_downloaded_report_judges_with_the_floor_on_screen(
 ) -> None:
     from app.dashboard.evaluation import Floor
 
-    served: dict[str, bytes] = {}
-    original = MemoryMediaFileStorage.load_and_get_id
-
-    def spy(self: MemoryMediaFileStorage, path_or_data: Any, mimetype: str, kind: Any, filename: Any = None) -> str:
-        if isinstance(filename, str) and filename.endswith(".html"):
-            served[filename] = path_or_data
-        return original(self, path_or_data, mimetype, kind, filename)
-
-    monkeypatch.setattr(MemoryMediaFileStorage, "load_and_get_id", spy)
+    served = _serve_spy(monkeypatch)
     # the floor as set on the Verdict page (its shared session values): 0.70, 3 slides, review below 0.40
     state: dict[str, object] = {"floor_sensitivity": 0.7, "floor_min_slides": 3, "floor_specificity": 0.4}
     at = _pick_slide(open_page("slide", state, timeout=TIMEOUT_S), data.test_slides(0, "normal")[0])
