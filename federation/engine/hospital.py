@@ -64,13 +64,21 @@ from federation.engine.policy import (
     HospitalPolicy,
     PolicyRefusal,
     agreed_shared_keys,
+    check_agreed_privacy,
     check_budget,
     check_config,
     check_recipe,
     check_tensors,
 )
 from federation.errors import Diverged, FederationError, Interrupted, first_line
-from federation.privacy import ACCOUNTANT_FILE, ACCOUNTANT_NAME, Accountant, load_accountant, planned_dp_steps
+from federation.privacy import (
+    ACCOUNTANT_FILE,
+    ACCOUNTANT_NAME,
+    Accountant,
+    LedgerEntry,
+    load_accountant,
+    planned_dp_steps,
+)
 from federation.runfiles import (
     CHECKPOINT_DIR,
     HOSPITAL_FILE,
@@ -100,6 +108,24 @@ OWN_ENTRIES = (
     ACCOUNTANT_FILE,
 )
 TRAINED, EVALUATED = 1, 2  # stages of a round's checkpoint
+LEDGER_ANCHOR = "privacy_ledger"  # hospital.json's record of the privacy ledger (federation.privacy.Accountant.anchor)
+# What a resume Hello keeps of hospital.json: what tells a lost checkpoint from a missed round, and the ledger's anchor
+RESUME_KEEPS = ("first_checkpoint", LEDGER_ANCHOR)
+# Settings a resume may change: how long the run is and where and how it executes, never what it computes
+RESUMABLE_SETTINGS = frozenset(
+    {"run.rounds", "run.workers", "run.threads", "run.device", "run.engine", "run.keep_checkpoints", "run.audit"}
+)
+
+
+def changed_settings(before: RunConfig, after: RunConfig) -> list[str]:
+    """The ``section.key`` settings that differ between ``before`` and ``after``, less `RESUMABLE_SETTINGS`."""
+    old, new = dataclasses.asdict(before), dataclasses.asdict(after)
+    return [
+        f"{section}.{key}"
+        for section, values in new.items()
+        for key, value in values.items()
+        if f"{section}.{key}" not in RESUMABLE_SETTINGS and old.get(section, {}).get(key) != value
+    ]
 
 
 hospital_folder = hospital_dir  # where the in-process engines keep a hospital's folder (the older name)
@@ -267,13 +293,23 @@ class Hospital:
                     "start a new run instead"
                 )
             previous = read_json(record_path)
+            changed = changed_settings(
+                config_from_text(str(previous.get("config_toml", "")), f"{record_path} configuration"), config
+            )
+            if changed:
+                raise PolicyRefusal(
+                    f"refused by hospital {client}: a resume may not change the run's settings ({', '.join(changed)} "
+                    f"differ from run {message.run_id}'s start); start a new run to change them"
+                )
             if previous.get("manifest_sha256") != digest:
                 raise FederationError(
                     f"hospital {client}: {dataset / 'manifest.csv'} changed since run {message.run_id} started "
                     "(its sha256 differs), so resuming would train and test on other tiles; start a new run "
                     "(gastric-fl train --out NEW_RUN ...) or restore the original dataset"
                 )
+            kept = {k: previous[k] for k in RESUME_KEEPS if k in previous}
         else:
+            kept = {}
             if self.site.per_run and record_path.is_file():
                 raise PolicyRefusal(
                     f"refused by hospital {client}: it already holds run {message.run_id} (in {folder}); a new run "
@@ -290,6 +326,7 @@ class Hospital:
                 "manifest_sha256": digest,
                 "config_toml": message.config_toml,
                 "written_at": now_iso(),
+                **kept,
             },
         )
         self._loaded = None
@@ -350,6 +387,7 @@ class Hospital:
         self._check_keys(loaded, task.shared_keys)
         recipe = task.instruction.recipe
         check_recipe(loaded.policy, recipe)
+        check_agreed_privacy(loaded.policy, recipe, loaded.config)
         ledger = self._ledger(loaded) if recipe.private else None
         if loaded.policy.max_epsilon is not None:  # the budget is computed only where a policy sets one
             spent, after = 0.0, None
@@ -379,7 +417,18 @@ class Hospital:
         self._check_finite_model(loaded, "after training")
         if ledger is not None:  # a DP round: its steps go into the ledger
             # recorded before anything leaves: a round whose reply is lost still spent its budget
-            ledger.step(recipe.dp_noise_multiplier, recipe.dp_sample_rate, client.dp_steps)
+            ledger.step(
+                LedgerEntry(
+                    round=task.server_round,
+                    noise_multiplier=recipe.dp_noise_multiplier,
+                    sample_rate=recipe.dp_sample_rate,
+                    steps=client.dp_steps,
+                    unit=recipe.dp_unit,
+                    tiles_per_unit=recipe.dp_tiles_per_unit,
+                    max_grad_norm=recipe.dp_max_grad_norm,
+                    delta=recipe.dp_delta,
+                )
+            )
             self._save_ledger(loaded, ledger)
             reply.metrics.update(
                 dp_epsilon=ledger.epsilon(recipe.dp_delta), dp_delta=recipe.dp_delta, dp_steps=float(ledger.steps)
@@ -476,15 +525,38 @@ class Hospital:
         return self._loaded
 
     def _ledger(self, loaded: _Loaded) -> Accountant:
-        """The hospital's privacy ledger for the run (`federation.privacy`), from its own folder."""
+        """The hospital's privacy ledger for the run (`federation.privacy`), from its own folder, checked against
+        the anchor ``hospital.json`` keeps of it: a ledger removed, reset or edited since it was last written is
+        refused (``FederationError``), never started again from zero. No ledger and no anchor: a run before its
+        first DP round."""
+        folder = self.site.folder(loaded.run_id)
+        record = read_json(folder / HOSPITAL_FILE)
         try:
-            return load_accountant(self.site.folder(loaded.run_id))
+            ledger = load_accountant(folder)
+            anchor = record.get(LEDGER_ANCHOR)
+            if (
+                anchor is None
+                and ledger is None
+                and loaded.first_checkpoint is not None
+                and loaded.config.privacy.enabled
+            ):
+                raise ValueError(
+                    f"{folder / HOSPITAL_FILE} keeps no record of the privacy ledger although this DP run has trained "
+                    f"since round {loaded.first_checkpoint}; restore both from the hospital's backup"
+                )
+            if anchor is not None:
+                (ledger or Accountant()).check_anchor(anchor, str(folder / ACCOUNTANT_FILE))
         except ValueError as exc:
             raise FederationError(f"hospital {self.site.client}: {exc}") from None
+        return ledger or Accountant()
 
     def _save_ledger(self, loaded: _Loaded, ledger: Accountant) -> None:
-        path = self.site.folder(loaded.run_id) / ACCOUNTANT_FILE
-        write_atomic(path, (json.dumps(ledger.to_json(), indent=2) + "\n").encode("utf-8"))
+        """Write the ledger, then its anchor in ``hospital.json`` (a stop between the two leaves a ledger longer
+        than its anchor, which is accepted: added entries only raise epsilon)."""
+        folder = self.site.folder(loaded.run_id)
+        write_atomic(folder / ACCOUNTANT_FILE, (json.dumps(ledger.to_json(), indent=2) + "\n").encode("utf-8"))
+        record_path = folder / HOSPITAL_FILE
+        write_json(record_path, {**read_json(record_path), LEDGER_ANCHOR: ledger.anchor()})
 
     def _client(self, loaded: _Loaded) -> Client:
         """A ``Client`` over the loaded model; its head is the last ``strategy.nhead`` units (the units a recipe's
@@ -600,13 +672,17 @@ class Hospital:
         if not privacy.enabled:
             return {}
         ledger = self._ledger(loaded)
+        if not ledger.entries:
+            return {}
+        trained = ledger.summary()  # what was trained, from the ledger, never what the run asked for
         return {
             "epsilon": ledger.epsilon(privacy.run_delta),
             "delta": privacy.run_delta,
-            "unit": privacy.unit or "slide",
-            "noise_multiplier": privacy.noise_multiplier,
-            "sample_rate": privacy.sample_rate,
-            "max_grad_norm": privacy.max_grad_norm,
+            "unit": trained["unit"],
+            "noise_multiplier": trained["noise_multiplier"],
+            "sample_rate": trained["sample_rate"],
+            "max_grad_norm": trained["max_grad_norm"],
+            "tiles_per_unit": trained["tiles_per_unit"],
             "steps": ledger.steps,
             "accountant": ACCOUNTANT_NAME,
             "ledger": ACCOUNTANT_FILE,

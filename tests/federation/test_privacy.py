@@ -8,6 +8,8 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,22 +24,35 @@ from federation.config import config_to_toml, load_config
 from federation.contract import Recipe, TrainInstruction
 from federation.data import ClientData, to_tensor
 from federation.engine import load_run_config
-from federation.engine.policy import HospitalPolicy, PolicyRefusal, check_budget
+from federation.engine.policy import (
+    HospitalPolicy,
+    PolicyRefusal,
+    check_agreed_privacy,
+    check_budget,
+    check_config,
+    check_privacy,
+    check_recipe,
+)
 from federation.errors import FederationError
 from federation.launch import train
 from federation.privacy import (
     ACCOUNTANT_FILE,
     Accountant,
+    LedgerEntry,
     clip_factor,
     gradient_norm,
     noised_mean,
     planned_dp_steps,
     poisson_sample,
+    rdp_epsilon,
     steps_per_epoch,
 )
+from federation.strategies.context import recipe_from_config
 from models import create_model
 from models.registry import group_norm_groups
 
+# every DP entry of these runs: slide-level, the defaults' 8 tiles a slide, clip 1, delta 1e-5
+ENTRY = (("unit", "slide"), ("tiles_per_unit", 8), ("max_grad_norm", 1.0), ("delta", 1e-5))
 DP = ("model.norm=group", "privacy.noise_multiplier=1.0", "privacy.max_grad_norm=1.0", "privacy.sample_rate=0.5")
 
 
@@ -77,27 +92,74 @@ def test_noise_has_the_scale_sigma_c_and_the_mean_divides_by_the_expected_batch(
     assert planned_dp_steps(Recipe(epochs=2, head_epochs=1, dp_sample_rate=0.25)) == 12
 
 
+def entry(server_round: int, sigma: float, rate: float, steps: int, **other: object) -> LedgerEntry:
+    """A ledger entry of slide-level DP-SGD with clip 1, 8 tiles a unit and delta 1e-5 unless told."""
+    fields = {"unit": "slide", "tiles_per_unit": 8, "max_grad_norm": 1.0, "delta": 1e-5, **other}
+    return LedgerEntry(server_round, sigma, rate, steps, **fields)  # type: ignore[arg-type]
+
+
 def test_the_accountant_is_opacus_rdp() -> None:
     from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
     from opacus.accountants.rdp import RDPAccountant
 
     ledger = Accountant()
-    ledger.step(1.0, 0.01, 60)
-    ledger.step(1.0, 0.01, 40)  # merged: the same parameters
+    ledger.step(entry(1, 1.0, 0.01, 60))
+    ledger.step(entry(2, 1.0, 0.01, 40))  # merged for the accountant: the same parameters
     assert ledger.history == [(1.0, 0.01, 100)]
+    assert [e.round for e in ledger.entries] == [1, 2]
     orders = RDPAccountant.DEFAULT_ALPHAS
     rdp = compute_rdp(q=0.01, noise_multiplier=1.0, steps=100, orders=orders)
     eps, _ = get_privacy_spent(orders=orders, rdp=rdp, delta=1e-5)
     assert ledger.epsilon(1e-5) == pytest.approx(float(eps), rel=1e-12)
     assert ledger.epsilon(1e-5) == pytest.approx(1.2141452107864754, rel=1e-9)
-    ledger.step(2.0, 0.05, 10)
+    ledger.step(entry(3, 2.0, 0.05, 10))
     assert ledger.steps == 110
     assert ledger.epsilon_after(2.0, 0.05, 5, 1e-5) > ledger.epsilon(1e-5)
     again = Accountant.from_json(json.loads(json.dumps(ledger.to_json())), "ledger")
     assert again == ledger
     assert Accountant().epsilon(1e-5) == 0.0
+    assert rdp_epsilon([(1.0, 0.01, 100)], 1e-5) == ledger_epsilon_of_first_two(ledger)
     with pytest.raises(ValueError, match="not a privacy ledger"):
-        Accountant.from_json({"history": [{"steps": 1}]}, "x.json")
+        Accountant.from_json({"entries": [{"steps": 1}]}, "x.json")
+
+
+def ledger_epsilon_of_first_two(ledger: Accountant) -> float:
+    return Accountant(ledger.entries[:2]).epsilon(1e-5)
+
+
+def test_a_ledger_refuses_impossible_entries_and_a_changed_past() -> None:
+    ledger = Accountant([entry(1, 1.0, 0.5, 4), entry(2, 1.0, 0.5, 4)])
+    data = ledger.to_json()
+    for key, value, named in [
+        ("steps", -1000, "steps -1000"),
+        ("noise_multiplier", -1.0, "noise multiplier -1.0"),
+        ("sample_rate", 0.0, "sample rate 0.0"),
+        ("unit", "patient", "unit 'patient'"),
+        ("max_grad_norm", -1.0, "clip norm -1.0"),
+        ("delta", 1.0, "delta 1.0"),
+    ]:
+        bad = json.loads(json.dumps(data))
+        bad["entries"][1][key] = value
+        with pytest.raises(ValueError, match=re.escape(f"x.json entry 2 holds {named}")):
+            Accountant.from_json(bad, "x.json")
+    with pytest.raises(ValueError, match=r"cannot hold delta 2\.0"):
+        Accountant().step(entry(1, 1.0, 0.5, 3, delta=2.0))
+    anchor = ledger.anchor()
+    assert (anchor["entries"], anchor["steps"]) == (2, 8)
+    assert len(anchor["sha256"]) == 64
+    ledger.check_anchor(anchor, "l.json")  # itself
+    longer = Accountant([*ledger.entries, entry(3, 1.0, 0.5, 4)])
+    longer.check_anchor(anchor, "l.json")  # entries added after the anchor only raise epsilon: accepted
+    for changed in (
+        Accountant(),  # reset
+        Accountant(ledger.entries[:1]),  # its end removed
+        Accountant([entry(1, 1e6, 0.5, 4), entry(2, 1.0, 0.5, 4)]),  # noise edited
+        Accountant([entry(1, 1.0, 0.5, 4), entry(2, 1.0, 0.5, 3)]),  # steps edited
+    ):
+        with pytest.raises(ValueError, match=r"l\.json does not hold the 2 entries recorded in hospital\.json"):
+            changed.check_anchor(anchor, "l.json")
+    with pytest.raises(ValueError, match=r"record of l\.json in hospital\.json is damaged"):
+        ledger.check_anchor({"entries": "two"}, "l.json")
 
 
 def test_the_group_norm_model_has_no_batch_statistics() -> None:
@@ -187,11 +249,58 @@ def test_the_policy_refuses_a_round_past_its_budget() -> None:
         check_budget(policy, private, 2.5, 3.1)
     with pytest.raises(PolicyRefusal, match="trains only with differential privacy"):
         check_budget(policy, Recipe(), 0.0, None)
-    with pytest.raises(PolicyRefusal, match=r"delta 0.01 is above"):
-        check_budget(policy, Recipe(dp_sample_rate=0.25, dp_noise_multiplier=1.0, dp_delta=0.01), 0.0, 0.1)
+    with pytest.raises(PolicyRefusal, match=r"delta 0\.01 is above"):
+        check_budget(policy, replace(private, dp_delta=0.01), 0.0, 0.1)
     check_budget(HospitalPolicy(), Recipe(), 0.0, None)  # no budget: nothing required
     with pytest.raises(FederationError, match="max_epsilon"):
         HospitalPolicy(max_epsilon=-1.0)
+
+
+def test_the_hospital_owns_its_dp_unit_and_bounds() -> None:
+    """A recipe that differs from the hospital's unit or bounds is refused in one line naming the value."""
+    policy = HospitalPolicy(max_epsilon=5.0, min_noise_multiplier=0.5, max_tiles_per_unit=16, max_dp_steps=100)
+    good = Recipe(epochs=1, dp_noise_multiplier=1.0, dp_max_grad_norm=1.0, dp_sample_rate=0.25)
+    check_privacy(policy, good)
+    for changed, says in [
+        ({"dp_unit": "tile"}, "protects a 'tile', this hospital's budget counts 'slide' units"),
+        ({"dp_noise_multiplier": 0.3}, "noise multiplier 0.3 is below this hospital's least 0.5"),
+        ({"dp_noise_multiplier": 0.0, "dp_sample_rate": 0.25}, "noise multiplier 0 is below"),
+        ({"dp_max_grad_norm": -1.0}, "clip norm -1 is outside (0, 100]"),
+        ({"dp_tiles_per_unit": 64}, "tiles per unit 64 is outside [1, 16]"),
+        (
+            {"dp_sample_rate": 1e-7},
+            "takes 10000000 steps (sample rate 1e-07), more than this hospital's max_dp_steps 100",
+        ),
+        ({"dp_delta": 1e-3}, "delta 0.001 is above this hospital's max_delta 1e-05"),
+    ]:
+        with pytest.raises(PolicyRefusal, match=re.escape(says)):
+            check_privacy(policy, replace(good, **changed))  # type: ignore[arg-type]
+        with pytest.raises(PolicyRefusal, match=re.escape(says)):  # the same at every round's recipe check
+            check_recipe(policy, replace(good, **changed))  # type: ignore[arg-type]
+    with pytest.raises(FederationError, match="dp_unit = 'patient'"):
+        HospitalPolicy(dp_unit="patient")
+
+
+def test_a_round_must_train_the_dp_the_run_agreed() -> None:
+    """Whatever the hospital's policy, the server cannot drop, lower or re-unit the noise after the Hello."""
+    config = load_config(None, [*TINY_SETTINGS, *DP, "privacy.noise_multiplier=1.4"])
+    policy = HospitalPolicy()  # no max_epsilon: DP is not required, yet what was agreed holds
+    agreed = recipe_from_config(config)
+    check_agreed_privacy(policy, agreed, config)
+    with pytest.raises(PolicyRefusal, match=re.escape("the round asks for no DP-SGD, the run agreed DP-SGD")):
+        check_agreed_privacy(policy, Recipe(), config)
+    with pytest.raises(PolicyRefusal, match=re.escape("noise_multiplier 0.3 differs from the run's agreed 1.4")):
+        check_agreed_privacy(policy, replace(agreed, dp_noise_multiplier=0.3), config)
+    with pytest.raises(PolicyRefusal, match=re.escape("unit 'tile' differs from the run's agreed 'slide'")):
+        check_agreed_privacy(policy, replace(agreed, dp_unit="tile"), config)
+    plain = load_config(None, list(TINY_SETTINGS))
+    with pytest.raises(PolicyRefusal, match=re.escape("the round asks for DP-SGD, the run agreed none")):
+        check_agreed_privacy(policy, agreed, plain)
+    # a run asking for another unit than the hospital's is refused at the Hello, before any round
+    with pytest.raises(PolicyRefusal, match="protects a 'tile'"):
+        check_config(HospitalPolicy(min_nhead=0), load_config(None, [*TINY_SETTINGS, *DP, "privacy.unit=tile"]))
+    with pytest.raises(PolicyRefusal, match="trains only with differential privacy"):
+        check_config(HospitalPolicy(min_nhead=0, max_epsilon=5.0), plain)
 
 
 # --- a DP federation in-process -----------------------------------------------------------------------------------
@@ -226,14 +335,16 @@ def test_a_dp_federation_records_epsilon_and_resume_continues_the_ledger(slides_
         # 2 rounds x (1 head + 1 base epoch) x round(1 / 0.5) steps, all at sigma 1, q 0.5
         assert ledger == {
             "accountant": "opacus RDPAccountant",
-            "history": [{"noise_multiplier": 1.0, "sample_rate": 0.5, "steps": 8}],
+            "entries": [
+                {**dict(ENTRY), "round": r, "noise_multiplier": 1.0, "sample_rate": 0.5, "steps": 4} for r in (1, 2)
+            ],
         }
         mine = [line for line in lines if line["client"] == client]
         first, second = sorted(mine, key=lambda line: line["round"])
         assert first["dp_steps"] == 4.0
         assert second["dp_steps"] == 8.0
-        assert first["dp_epsilon"] == pytest.approx(Accountant([(1.0, 0.5, 4)]).epsilon(1e-5))
-        assert second["dp_epsilon"] == pytest.approx(Accountant([(1.0, 0.5, 8)]).epsilon(1e-5))
+        assert first["dp_epsilon"] == pytest.approx(rdp_epsilon([(1.0, 0.5, 4)], 1e-5))
+        assert second["dp_epsilon"] == pytest.approx(rdp_epsilon([(1.0, 0.5, 8)], 1e-5))
         assert second["dp_epsilon"] > first["dp_epsilon"] > 0
         assert first["dp_delta"] == 1e-5
     # the ledger is a file a run may hold: train --overwrite replaces a DP run like any other
@@ -246,7 +357,7 @@ def test_a_dp_federation_records_epsilon_and_resume_continues_the_ledger(slides_
     from models.bundle import read_card
 
     card = read_card(straight / "hospitals" / "client_00").privacy
-    assert card["epsilon"] == pytest.approx(Accountant([(1.0, 0.5, 8)]).epsilon(1e-5))
+    assert card["epsilon"] == pytest.approx(rdp_epsilon([(1.0, 0.5, 8)], 1e-5))
     assert (card["delta"], card["unit"], card["steps"], card["noise_multiplier"]) == (1e-5, "slide", 8, 1.0)
     rows = privacy_rows([load_run(straight)])
     assert [(r["client"], r["round"], r["DP-SGD steps"], r["sample rate"]) for r in rows] == [
@@ -289,10 +400,8 @@ def test_a_hospital_spends_its_budget_then_refuses_and_only_accounted_scalars_le
     )
     recipe = recipe_from_config(config)
     assert recipe.private
-    first = Accountant()
-    first.step(1.0, 0.5, planned_dp_steps(recipe))
-    second = Accountant()
-    second.step(1.0, 0.5, 2 * planned_dp_steps(recipe))
+    first = Accountant([entry(1, 1.0, 0.5, planned_dp_steps(recipe))])
+    second = Accountant([entry(1, 1.0, 0.5, 2 * planned_dp_steps(recipe))])
     budget = (first.epsilon(1e-5) + second.epsilon(1e-5)) / 2  # enough for one round, not for two
     hospital = Hospital(
         Site(slides_dataset, 0, tmp_path / "state", per_run=True, policy=HospitalPolicy(max_epsilon=budget))
@@ -314,13 +423,15 @@ def test_a_hospital_spends_its_budget_then_refuses_and_only_accounted_scalars_le
     plain = Recipe(epochs=1, lr=0.01)
     refusal = send(task(1, plain))
     assert isinstance(refusal, Failure)
-    assert "trains only with differential privacy" in refusal.reason
+    assert "the round asks for no DP-SGD, the run agreed DP-SGD" in refusal.reason
     reply = send(task(1, recipe))
     assert isinstance(reply, TrainReply)
     assert reply.metrics["dp_epsilon"] == pytest.approx(first.epsilon(1e-5))
     assert set(reply.metrics) == {"train_loss", "dp_epsilon", "dp_delta", "dp_steps"}
     ledger = json.loads((tmp_path / "state" / RUN / ACCOUNTANT_FILE).read_text())
-    assert ledger["history"] == [{"noise_multiplier": 1.0, "sample_rate": 0.5, "steps": planned_dp_steps(recipe)}]
+    assert ledger["entries"] == [
+        {**dict(ENTRY), "round": 1, "noise_multiplier": 1.0, "sample_rate": 0.5, "steps": planned_dp_steps(recipe)}
+    ]
     # round 2 would pass the budget: refused, and the ledger is unchanged
     refusal = send(task(2, recipe))
     assert isinstance(refusal, Failure)
@@ -365,3 +476,94 @@ def test_a_dp_federation_gives_the_same_figures_in_every_engine(slides_dataset: 
         for client in (0, 1, 2):
             name = f"client_{client:02d}/{ACCOUNTANT_FILE}"
             assert (run / "hospitals" / name).read_text() == (local / "hospitals" / name).read_text()
+
+
+def test_a_reset_ledger_or_a_changed_resume_is_refused_and_the_budget_counts_on(
+    slides_dataset: Path, tmp_path: Path
+) -> None:
+    """The attacks on the ledger (issue 34): removed, reset to -1000 steps, noise edited to 1e6 between rounds; each
+    refused naming the ledger, the true epsilon kept; a resume Hello keeps the ledger's anchor and the first
+    checkpoint, and one that changes the run's settings is refused."""
+    from federation.contract import Failure, Hello, HelloReply, TrainReply, TrainTask
+    from federation.engine.codec import decode, encode
+    from federation.engine.derived import initial_state, resolve_config
+    from federation.engine.hospital import Hospital, Site
+    from federation.engine.policy import agreed_shared_keys
+
+    settings = [*TINY_SETTINGS, *DP, "strategy.name=fedrep", "strategy.nhead=1"]
+    config = resolve_config(load_config(None, settings, data=slides_dataset))
+    recipe = recipe_from_config(config)
+    steps = planned_dp_steps(recipe)
+    hospital = Hospital(
+        Site(slides_dataset, 0, tmp_path / "state", per_run=True, policy=HospitalPolicy(max_epsilon=50))
+    )
+    folder = tmp_path / "state" / RUN
+
+    def send(message: object) -> object:
+        return decode(hospital.answer(encode(message)))  # type: ignore[arg-type]
+
+    assert isinstance(send(Hello(RUN, config_to_toml(config))), HelloReply)
+    keys = agreed_shared_keys(config, create_model(config.model.name, 2, config.model.in_chans, norm="group"))
+    initial, _ = initial_state(config)
+
+    def task(server_round: int) -> TrainTask:
+        shared = {k: initial[k].clone() for k in keys}
+        return TrainTask(RUN, server_round, 7, keys, TrainInstruction(0, recipe, shared=shared))
+
+    first = send(task(1))
+    assert isinstance(first, TrainReply)
+    one_round = rdp_epsilon([(1.0, 0.5, steps)], 1e-5)
+    assert first.metrics["dp_epsilon"] == pytest.approx(one_round)
+    ledger_path = folder / ACCOUNTANT_FILE
+    honest = ledger_path.read_text()
+    anchor = json.loads((folder / "hospital.json").read_text())["privacy_ledger"]
+    assert (anchor["entries"], anchor["steps"]) == (1, steps)
+
+    def tampered(data: dict | None) -> None:
+        if data is None:
+            ledger_path.unlink()
+        else:
+            ledger_path.write_text(json.dumps(data))
+        hospital._loaded = None  # a new process, as a deployed SuperNode starts for each message
+        refusal = send(task(2))
+        assert isinstance(refusal, Failure), refusal
+        assert str(ledger_path) in refusal.reason
+        ledger_path.write_text(honest)
+
+    reset = json.loads(honest)
+    reset["entries"][0]["steps"] = -1000
+    tampered(None)  # removed: before, round 2 reported epsilon from zero again
+    tampered(reset)  # an impossible entry
+    reset["entries"][0]["steps"] = steps
+    reset["entries"][0]["noise_multiplier"] = 1e6
+    tampered(reset)  # a believable edit: the anchor tells it
+    tampered({"accountant": "opacus RDPAccountant", "entries": []})  # reset to empty
+    second = send(task(2))
+    assert isinstance(second, TrainReply)
+    # the budget counts on from the true ledger: exactly two rounds of steps
+    assert second.metrics["dp_epsilon"] == pytest.approx(rdp_epsilon([(1.0, 0.5, 2 * steps)], 1e-5))
+    assert second.metrics["dp_epsilon"] > one_round
+    record = json.loads((folder / "hospital.json").read_text())
+    assert record["first_checkpoint"] == 1
+    # a resume Hello keeps what tells a lost checkpoint from a missed round, and the ledger's anchor
+    assert isinstance(send(Hello(RUN, config_to_toml(config), resume=True)), HelloReply)
+    after = json.loads((folder / "hospital.json").read_text())
+    assert after["first_checkpoint"] == 1
+    assert after["privacy_ledger"] == record["privacy_ledger"]
+    # one that changes what the run computes is refused, naming the settings; the run's length may change
+    changed = resolve_config(load_config(None, [*settings, "strategy.nhead=3", "client.lr=0.05"], data=slides_dataset))
+    refusal = send(Hello(RUN, config_to_toml(changed), resume=True))
+    assert isinstance(refusal, Failure)
+    assert (
+        "a resume may not change the run's settings (strategy.nhead, client.lr, client.head_lr differ" in refusal.reason
+    )
+    longer = resolve_config(load_config(None, [*settings, "run.rounds=5"], data=slides_dataset))
+    assert isinstance(send(Hello(RUN, config_to_toml(longer), resume=True)), HelloReply)
+    # its checkpoints removed, the hospital names it instead of starting again from the initial model
+    for path in (folder / "checkpoints").glob("*.safetensors"):
+        path.unlink()
+    hospital._loaded = None
+    lost = send(task(3))
+    assert isinstance(lost, Failure)
+    assert "no checkpoint before round 3" in lost.reason
+    assert "although it saved one for round 1" in lost.reason

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -166,9 +167,24 @@ def test_the_policy_file_decides_not_the_server(dataset: Path, tmp_path: Path) -
     assert isinstance(send(deployed(tmp_path / "a", dataset, policy), Hello(RUN, config_to_toml(fedavg))), HelloReply)
     refused(send(deployed(tmp_path / "b", dataset, policy), Hello(RUN, config_to_toml(config_of(dataset)))), "fedsaf")
     bad = tmp_path / "bad.toml"
-    bad.write_text("[share]\nmin_head = 0\n")
-    with pytest.raises(FederationError, match="unknown key 'min_head'"):
+    for text, says in [
+        ("[share]\nmin_head = 0\n", "unknown key 'min_head'"),
+        # a later section may not quietly undo an earlier one
+        ("[share]\nmin_nhead = 3\n[model]\nmin_nhead = 0\n", "min_nhead belongs in [share], not [model]"),
+        ("min_nhead = 3\n[share]\nmin_nhead = 0\n", "min_nhead is given twice; keep one"),
+        ("[sharing]\nmin_nhead = 3\n", "unknown section [sharing]; use [share], [accept], [privacy], [model]"),
+        ("[privacy]\ndp_unit = 'patient'\n", "dp_unit = 'patient'; use one of slide, tile"),
+        ("[privacy]\nmax_sample_rate = 0\n", "max_sample_rate = 0; use a probability in (0, 1]"),
+    ]:
+        bad.write_text(text)
+        with pytest.raises(FederationError, match=re.escape(f"hospital policy {bad}: {says}")):
+            load_policy(bad)
+    bad.write_bytes(b"[share]\nmin_nhead = \xff\n")
+    with pytest.raises(FederationError, match=re.escape(f"hospital policy {bad} is not UTF-8 text (byte 20)")):
         load_policy(bad)
+    # the example shipped with the project is the defaults, section by section
+    example = load_policy(Path("configs/hospital_policy.toml"))
+    assert dataclasses.replace(example, source=HospitalPolicy().source) == HospitalPolicy()
 
 
 def test_a_server_named_path_is_never_opened_and_existence_is_not_revealed(dataset: Path, tmp_path: Path) -> None:
@@ -227,6 +243,13 @@ def test_bad_tensors_are_refused_and_the_exported_model_stays(dataset: Path, tmp
         (Recipe(lr=float("nan")), "not a finite number"),
         (Recipe(epochs=10_000), "epochs = 10000"),
         (Recipe(prox_mu=1e9), "prox_mu"),
+        (Recipe(optimizer="rmsprop"), "optimizer 'rmsprop' is not one of sgd, adam"),
+        (Recipe(fisher_estimator="bogus"), "fisher_estimator 'bogus' is not one of per_sample, full_pass"),
+        (Recipe(momentum=1e30), "momentum = 1e+30 is outside [0, 1]"),
+        (Recipe(optimizer="adam", adam_beta1=5.0), "adam_beta1 = 5 is outside [0, 1]"),
+        (Recipe(optimizer="adam", adam_eps=0.0), "adam_eps = 0 is outside (0, 1]"),
+        (Recipe(dp_sample_rate=1e-7, dp_noise_multiplier=1.0, dp_max_grad_norm=1.0), "takes 10000000 steps"),
+        (Recipe(dp_sample_rate=0.5, dp_noise_multiplier=1.0, dp_max_grad_norm=-1.0), "clip norm -1 is outside"),
     ],
 )
 def test_a_recipe_outside_the_policy_is_refused(dataset: Path, tmp_path: Path, recipe: Recipe, words: str) -> None:
