@@ -284,19 +284,28 @@ def write_checkpoint(run_dir: Path, checkpoint: Checkpoint, keep: int) -> None:
     tensors: dict[str, torch.Tensor] = {}
     for key, value in checkpoint.strategy_tensors.items():
         tensors[f"{_STRATEGY}/{key}"] = value.detach().cpu().contiguous()
-    tensors_path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_target(tensors_path) as tmp:
-        save_file(tensors, str(tmp), metadata={"round": str(checkpoint.round)})
-    write_json(
-        sidecar_path,
-        {
-            "round": checkpoint.round,
-            "clients": sorted(checkpoint.clients),
-            "strategy": checkpoint.strategy_json,
-            **({} if checkpoint.pending is None else {"pending": checkpoint.pending}),
-            "written_at": now_iso(),
-        },
-    )
+    from safetensors import SafetensorError
+
+    try:
+        tensors_path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_target(tensors_path) as tmp:
+            save_file(tensors, str(tmp), metadata={"round": str(checkpoint.round)})
+        write_json(
+            sidecar_path,
+            {
+                "round": checkpoint.round,
+                "clients": sorted(checkpoint.clients),
+                "strategy": checkpoint.strategy_json,
+                **({} if checkpoint.pending is None else {"pending": checkpoint.pending}),
+                "written_at": now_iso(),
+            },
+        )
+    except (OSError, SafetensorError) as exc:  # a full or read-only disk: one line, the run resumes once it is fixed
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0]
+        raise FederationError(
+            f"the server cannot write its checkpoint of round {checkpoint.round} in {tensors_path.parent} ({reason}); "
+            "free space there, then continue with --resume"
+        ) from exc
     for old in complete_checkpoints(run_dir)[:-keep]:
         for path in _checkpoint_paths(run_dir, old)[::-1]:  # sidecar first: the checkpoint stops counting
             path.unlink(missing_ok=True)

@@ -83,6 +83,10 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     section, dot, key = target.strip().partition(".")
     if not sep or not dot or not section or not key:
         raise FederationError(f"--set {text!r}: write it as section.key=value, e.g. --set run.rounds=3")
+    if any(c in text for c in "\n\r"):
+        raise FederationError(
+            f"--set {text[:80]!r}: one setting per --set, on one line (a line break would add settings unseen)"
+        )
     raw = raw.strip()
     try:
         value = tomllib.loads(f"v = {raw}")["v"]

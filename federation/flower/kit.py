@@ -154,8 +154,9 @@ class Kit:
 
     @classmethod
     def load(cls, root: Path) -> Kit:
-        """Read a kit folder made by ``init_kit``; one-line errors for a folder that is not one."""
-        root = Path(root)
+        """Read a kit folder made by ``init_kit``; one-line errors for a folder that is not one. A relative path is
+        made absolute here: the gate (nginx) and the SuperLink resolve certificate paths against their own folders."""
+        root = Path(root).absolute()
         server_only = (
             not (root / MARKER).is_file() and (root / "server.crt").is_file() and (root / "kit.toml").is_file()
         )
@@ -253,7 +254,7 @@ def add_hospital(kit_root: Path, name: str) -> HospitalBundle:
 
 def load_bundle(folder: Path) -> HospitalBundle:
     """Read a hospital's hand-over folder (``bundle.toml`` and the files next to it); one-line errors."""
-    folder = Path(folder)
+    folder = Path(folder).absolute()  # the SuperNode and the gate resolve relative paths elsewhere
     if folder.is_file() and folder.name == "bundle.toml":
         folder = folder.parent
     data = _read_toml(folder / "bundle.toml")

@@ -5,6 +5,7 @@ type, an unknown key, the rules between sections, ``server.max_weight``, ``[priv
 from __future__ import annotations
 
 import pickle
+import re
 from collections.abc import Sequence
 
 import pytest
@@ -121,3 +122,14 @@ def test_the_key_is_optional_and_survives_a_trip_between_processes() -> None:
     assert isinstance(keyed, FederationError)
     assert keyed.key == "strategy.nhead"
     assert str(keyed) == "bad nhead"
+
+
+def test_a_set_value_cannot_smuggle_a_second_setting() -> None:
+    """``--set 'client.lr=0.05\n[strategy]\nnhead=0'`` used to load 0.05 and drop the table without a word."""
+    for text, says in [
+        ("client.lr=0.05\n[strategy]\nnhead=0", "one setting per --set, on one line"),
+        ("client.lr=0.05\r\nstrategy.nhead=0", "one setting per --set, on one line"),
+    ]:
+        with pytest.raises(FederationError, match=re.escape(says)):
+            load_config(None, [text])
+    assert load_config(None, ["client.lr=0.05"]).client.lr == 0.05

@@ -209,3 +209,39 @@ def test_a_hospital_that_cannot_write_its_folder_answers_with_one_line(
     reply = hospital.handle(Hello("run", config_to_toml(config)))
     assert isinstance(reply, Failure)
     assert reply.reason == f"hospital 0 cannot write {tmp_path / 'h0' / 'hospital.json'}: No space left on device"
+
+
+def test_a_full_disk_at_the_servers_checkpoint_is_one_line_and_leaves_no_half_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """safetensors' own error for a failed write (``SafetensorError``, not an ``OSError``) and a full disk for the
+    sidecar each become one line naming the folder and what to do; nothing half-written is left."""
+    import safetensors.torch
+    import torch
+    from safetensors import SafetensorError
+
+    from federation.runs import Checkpoint, write_checkpoint
+
+    checkpoint = Checkpoint(3, [0, 1], {"w": torch.ones(2)}, {}, None)
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull })")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    with pytest.raises(FederationError) as raised:
+        write_checkpoint(tmp_path, checkpoint, keep=2)
+    assert str(raised.value) == (
+        f"the server cannot write its checkpoint of round 3 in {tmp_path / 'checkpoints'} (Error while serializing: "
+        "IoError(Os { code: 28, kind: StorageFull })); free space there, then continue with --resume"
+    )
+    monkeypatch.undo()
+    import federation.runs as runs
+
+    def no_space(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(runs, "write_json", no_space)
+    with pytest.raises(FederationError, match=r"round 3 .* \(No space left on device\); free space there"):
+        write_checkpoint(tmp_path, checkpoint, keep=2)
+    assert complete_checkpoints(tmp_path) == []  # the tensors without their sidecar are not a checkpoint
+    assert list((tmp_path / "checkpoints").glob(".*")) == []

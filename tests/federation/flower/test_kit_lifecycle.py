@@ -114,3 +114,19 @@ def test_the_server_folder_alone_is_a_kit_for_the_server(tmp_path: Path) -> None
     assert server.public_key("b").is_file()
     with pytest.raises(FederationError, match="nor its server/ folder"):
         Kit.load(tmp_path)
+
+
+def test_a_relative_kit_path_names_absolute_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``federation server --kit kit/server`` failed: nginx resolved the relative certificate path against its own
+    state folder. A kit, its server/ folder and a hospital's bundle read from a relative path name absolute files."""
+    from federation.flower.kit import load_bundle
+
+    init_kit(tmp_path / "kit", ["a"], host="127.0.0.1")
+    monkeypatch.chdir(tmp_path)
+    for relative in (Path("kit"), Path("kit") / "server"):
+        kit = Kit.load(relative)
+        assert kit.root == tmp_path / relative
+        assert kit.root.is_absolute()
+    bundle = load_bundle(Path("kit") / "hospitals" / "a")
+    assert bundle.private_key.is_absolute()
+    assert bundle.private_key.is_file()
