@@ -139,6 +139,12 @@ def hospital(
         help="This hospital's policy (TOML, configs/hospital_policy.toml): what it accepts and what may leave. "
         "Default: the safe defaults (a head of at least 1 unit stays, BatchNorm statistics stay, bounded training).",
     ),
+    retry_for: float = typer.Option(
+        90.0,
+        "--retry-for",
+        help="Seconds to keep starting again while the SuperLink refuses this hospital (after a crash or stop it "
+        "counts the old start online for about a minute).",
+    ),
 ) -> None:
     """Run this hospital's SuperNode until Ctrl-C: its tiles, labels and head never leave this machine, and it
     answers only what its policy allows (docs/deployment.md, "Hospital policy")."""
@@ -165,15 +171,49 @@ def hospital(
         **({"policy": str(policy.resolve())} if policy is not None else {}),
     }
     node = SuperNode.from_bundle(loaded, node_config, state / "supernode", superlink=superlink)
-    with node:
+    typer.echo(
+        f"{loaded.name}: SuperNode of hospital {loaded.index} (tiles: client {own} of {data}), dialing "
+        f"{superlink or loaded.superlink}; "
+        f"runs kept in {state / 'runs'}; log {node.log_path}; {rules.source}: methods "
+        f"{', '.join(rules.methods)}, at least {rules.min_nhead} head unit(s) stay; what left is recorded in "
+        f"{state / 'runs' / 'outbound.jsonl'} (gastric-fl federation audit --state {state})"
+    )
+    serve_node(node, retry_for=retry_for)
+
+
+RETRY_PAUSE_S = 10.0
+
+
+def serve_node(node: ManagedProcess, *, retry_for: float, pause: float = RETRY_PAUSE_S) -> NoReturn:
+    """Run a hospital's SuperNode until Ctrl-C or SIGTERM. Refused by the SuperLink (the executor's
+    ``REFUSED_EXIT``): the SuperLink may still count this hospital online after a crash or a stop (about a minute,
+    until its heartbeats expire), so say so and start again every ``pause`` seconds for up to ``retry_for``
+    seconds, then stop with one line naming both causes. Any other stop is an error showing the log's end."""
+    from federation.errors import FederationError
+    from federation.flower.executor import REFUSED_EXIT
+
+    deadline = time.monotonic() + retry_for
+    while True:
+        with node:
+            while node.alive():
+                time.sleep(min(1.0, pause))
+        code = node.popen.returncode if node.popen is not None else None
+        if code != REFUSED_EXIT:
+            raise FederationError(f"the SuperNode stopped; last lines of {node.log_path}:\n{node.log_tail()}")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise FederationError(
+                f"the SuperLink refused this hospital for {retry_for:g} s: its key is not registered there or was "
+                "replaced (a rotated kit), or TLS failed; ask the server's operator to register this hospital's "
+                "supernode.pub (gastric-fl federation server does it for every kit hospital at start), and check the "
+                f"bundle's ca.crt and address (log: {node.log_path})"
+            )
         typer.echo(
-            f"{loaded.name}: SuperNode of hospital {loaded.index} (tiles: client {own} of {data}), dialing "
-            f"{superlink or loaded.superlink}; "
-            f"runs kept in {state / 'runs'}; log {node.log_path}; {rules.source}: methods "
-            f"{', '.join(rules.methods)}, at least {rules.min_nhead} head unit(s) stay; what left is recorded in "
-            f"{state / 'runs' / 'outbound.jsonl'} (gastric-fl federation audit --state {state})"
+            f"the SuperLink refused this hospital: it may still count an earlier start of it online (about a "
+            f"minute after a crash or a stop); trying again in {pause:g} s (for {left:.0f} s more)",
+            err=True,
         )
-        _wait_while_alive(node, "SuperNode")
+        time.sleep(pause)
 
 
 @federation_app.command("audit")

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import federation  # noqa: F401  (no update checks, no telemetry: federation.OFFLINE_ENV)
 from federation.flower.waits import waits
+from infra import parent_death
 
 if TYPE_CHECKING:
     from flwr.app import Context, Message
@@ -50,6 +51,7 @@ PULL_SECONDS = 120.0  # at most, to pull one message's content: a stale task (it
 REFUSED = "refused by the hospital"
 # what flower-supernode prints when the SuperLink refuses its key (Flower exit code 305; its process exits 1)
 REFUSED_LINE = "Failed to activate SuperNode"
+REFUSED_EXIT = 75  # the executor's exit code when the SuperLink refused its SuperNode (EX_TEMPFAIL: may pass)
 
 
 def _log(text: str) -> None:
@@ -259,7 +261,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"cannot read {options.secret_file}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     # same process group: stopped with us. Its output passes through here, so that a refusal can be explained.
-    child = subprocess.Popen(supernode, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # It ends with us, however we end (infra.parent_death): a SIGKILL here must not leave it answering the server.
+    child = subprocess.Popen(
+        parent_death.wrapped(supernode), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     seen: list[str] = []
 
     def relay() -> None:
@@ -294,11 +299,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     relaying.join(timeout=5)
     if seen:
         _log(
-            "the SuperLink refused this hospital (Flower exit code 305): its key is not registered there, or was "
-            "replaced (a rotated kit), or TLS failed; ask the server's operator to register this hospital's "
-            "supernode.pub (gastric-fl federation server does it for every kit hospital at start), and check the "
-            "bundle's ca.crt and address"
+            "the SuperLink refused this hospital (Flower exit code 305): it still counts an earlier start of this "
+            "hospital online (for about a minute after a crash or a stop, until its heartbeats expire), or its key is "
+            "not registered there or was replaced (a rotated kit), or TLS failed"
         )
+        return REFUSED_EXIT
     return code
 
 

@@ -7,7 +7,9 @@ helpers of its own: the SuperLink launches ``flower-superexec`` *detached* in a 
 SuperNode starts its ``flower-superexec`` and one ``flwr-clientapp`` per message inside its own group. So before a
 group is signalled, its descendants are looked up in ``/proc`` (by parent id, not by name) and every other group
 they lead is stopped as well. The helpers watch their parent with ``kill(pid, 0)``, which a zombie still answers,
-so a stopped process is always reaped (``Popen.wait``).
+so a stopped process is always reaped (``Popen.wait``). A process started from the main thread also ends when this
+one ends, however it ends (SIGKILL included: ``infra.parent_death``), so that a supervisor that kills only our
+group leaves nothing running.
 
 The context managers (``ManagedProcess`` and its SuperLink, gate and SuperNode, and ``LocalDeployment``: every
 ``StoppedOnExit``) stop what they started when the block ends, raises, or is interrupted; while one is open in the
@@ -30,6 +32,7 @@ from typing import IO, Self
 from federation.errors import FederationError
 from federation.flower.environment import dial_host
 from federation.flower.kit import join_address
+from infra import parent_death
 from infra.outputs import Terminated as Terminated
 from infra.outputs import terminate_as_interrupt
 from infra.pids import STOP_GRACE, descendant_groups, still_ours, stop_groups
@@ -140,7 +143,7 @@ class ManagedProcess(StoppedOnExit):
         self._log.flush()
         try:
             self.popen = subprocess.Popen(
-                self.argv,
+                parent_death.wrapped(self.argv),  # ends with this process, even under SIGKILL (infra.parent_death)
                 stdin=subprocess.DEVNULL,
                 stdout=self._log,
                 stderr=subprocess.STDOUT,
