@@ -77,6 +77,23 @@ def init(
     typer.echo(f"  {kit.ca_key} signs certificates: keep it offline")
 
 
+@federation_app.command("allow")
+def allow(
+    kit: Path = typer.Option(..., "--kit", help="Kit folder (gastric-fl federation init), or its server/ folder."),
+    hospital: str = typer.Option(..., "--hospital", help="The hospital's name in the kit."),
+    source: list[str] = typer.Option(
+        [], "--source", help="An address or network it may connect from (repeatable; none: from anywhere again)."
+    ),
+) -> None:
+    """Allow a hospital's SuperNode to reach the gate only from these addresses (the server's sources.toml); the
+    gate enforces it and logs every request with the hospital it claims to be from its next start."""
+    from federation.flower.kit import set_sources
+
+    networks = set_sources(kit, hospital, source)
+    where = ", ".join(networks) if networks else "any address"
+    typer.echo(f"{hospital} may connect from {where}; restart gastric-fl federation server to apply it")
+
+
 @federation_app.command("server")
 def server(
     kit: Path = typer.Option(..., "--kit", help="Kit folder (gastric-fl federation init), or its server/ folder."),

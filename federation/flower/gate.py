@@ -60,6 +60,7 @@ def gate_config(*, kit: Kit, workdir: Path, host: str, port: int, upstream_port:
     if os.geteuid() == 0:  # workers never run as root: nginx's own unprivileged account
         user = "user nobody nogroup;"
     listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    sources = _source_rules(kit)
     return f"""# The gastric-fl server gate (federation.flower.gate): only the Fleet API reaches the SuperLink.
 {user}
 daemon off;
@@ -69,7 +70,9 @@ pid {workdir / "gate.pid"};
 error_log {workdir / "gate-error.log"} warn;
 events {{ worker_connections 512; }}
 http {{
-    access_log {workdir / "gate-access.log"};
+{sources}
+    log_format gate '$remote_addr [$time_local] "$request" $status hospital=$gate_hospital source_ok=$gate_source_ok';
+    access_log {workdir / "gate-access.log"} gate;
     client_body_temp_path {temp / "body"};
     proxy_temp_path {temp / "proxy"};
     fastcgi_temp_path {temp / "fastcgi"};
@@ -83,7 +86,10 @@ http {{
         ssl_certificate {kit.server_cert};
         ssl_certificate_key {kit.server_key};
         ssl_protocols TLSv1.2 TLSv1.3;
-        location {FLEET_PREFIX} {{{proxied}
+        location {FLEET_PREFIX} {{
+            if ($gate_source_ok = 0) {{
+                return 403 "this hospital's key may not connect from this address (the server's sources.toml)\\n";
+            }}{proxied}
         }}
         location = /health {{{proxied}
         }}
@@ -94,3 +100,26 @@ http {{
     }}
 }}
 """
+
+
+def _source_rules(kit: Kit) -> str:
+    """nginx ``map``/``geo`` blocks: ``$gate_hospital``, the kit hospital whose public key a request carries
+    (Flower's ``flwr-public-key`` header; ``-`` for none or an unknown key, which the SuperLink refuses itself), and
+    ``$gate_source_ok``, 0 when that hospital has a source allow-list (``Kit.sources``) and the request's address is
+    not in it. The header only names a hospital; the SuperLink still checks its signature, so a request that
+    claims another hospital's key from an allowed address gains nothing."""
+    sources = kit.sources()
+    keys = "\n".join(f'        "{kit.fleet_key(b.name)}" "{b.name}";' for b in kit.hospitals)
+    lines = [
+        "    map_hash_bucket_size 512;",
+        "    map $http_flwr_public_key $gate_hospital {",
+        '        default "-";',
+        keys,
+        "    }",
+    ]
+    for i, (_, networks) in enumerate(sorted(sources.items())):
+        lines += [f"    geo $gate_from_{i} {{", "        default 0;", *(f"        {n} 1;" for n in networks), "    }"]
+    lines += ["    map $gate_hospital $gate_source_ok {", "        default 1;"]
+    lines += [f'        "{name}" $gate_from_{i};' for i, name in enumerate(sorted(sources))]
+    lines += ["    }"]
+    return "\n".join(line for line in lines if line)

@@ -36,6 +36,7 @@ Errors are ``FederationError`` (one line, exit 2 in the CLI).
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import ipaddress
 import os
@@ -138,6 +139,36 @@ class Kit:
     def port(self) -> int:
         """The SuperLink port from the server address."""
         return split_address(self.superlink)[1]
+
+    @property
+    def sources_file(self) -> Path:
+        """The server's optional per-hospital source allow-list (`SOURCES_FILE`, `set_sources`)."""
+        return self.server_dir / SOURCES_FILE
+
+    def sources(self) -> dict[str, tuple[str, ...]]:
+        """Each listed hospital's allowed source networks (``ipaddress`` notation, a bare address is a /32 or /128);
+        a hospital not listed may connect from anywhere. One-line errors for an unknown hospital or address."""
+        path = self.sources_file
+        if not path.is_file():
+            return {}
+        table = _read_toml(path).get("sources", {})
+        if not isinstance(table, dict):
+            raise FederationError(f"{path}: [sources] must map hospital names to lists of addresses")
+        known = {b.name for b in self.hospitals}
+        out: dict[str, tuple[str, ...]] = {}
+        for name, addresses in table.items():
+            if name not in known:
+                raise FederationError(f"{path}: {name!r} is not a hospital of this kit ({', '.join(sorted(known))})")
+            out[name] = _check_networks(addresses, f"{path}: {name}")
+        return out
+
+    def fleet_key(self, name: str) -> str:
+        """Hospital ``name``'s public key as its SuperNode sends it in every Fleet request (Flower 1.41's
+        ``flwr-public-key`` header: base64 of the key's PEM SubjectPublicKeyInfo, ``flwr.supernode.
+        node_auth_http_interceptor``), for the gate to tell which hospital a request claims to be."""
+        key = serialization.load_ssh_public_key(self.public_key(name).read_bytes())
+        pem = key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        return base64.b64encode(pem).decode("ascii")
 
     def public_key(self, name: str) -> Path:
         """The registered public key of hospital ``name`` on the server side."""
@@ -250,6 +281,43 @@ def add_hospital(kit_root: Path, name: str) -> HospitalBundle:
     _write_public(kit.root / "kit.toml", _kit_toml(kit.superlink, entries))
     _write_public(kit.server_dir / "kit.toml", _kit_toml(kit.superlink, entries))
     return Kit.load(kit.root).hospital(name)
+
+
+SOURCES_FILE = "sources.toml"  # in the server's folder: [sources] hospital = ["10.1.2.0/24", ...]
+
+
+def set_sources(kit_root: Path, name: str, addresses: Sequence[str]) -> tuple[str, ...]:
+    """Allow hospital ``name``'s SuperNode to connect to the gate only from ``addresses`` (networks or addresses;
+    empty: from anywhere again). Written to the server's `SOURCES_FILE`; the gate enforces it from its next start
+    and logs every request with the hospital it claims to be and whether its source was allowed."""
+    kit = Kit.load(kit_root)
+    kit.hospital(name)
+    networks = _check_networks(list(addresses), f"--source for {name}")
+    table = dict(kit.sources())
+    if networks:
+        table[name] = networks
+    else:
+        table.pop(name, None)
+    lines = [
+        "# Where each hospital's SuperNode may connect from (gastric-fl federation allow; docs/deployment.md).",
+        "# A hospital not listed may connect from any address. The gate applies it when it starts.",
+        "[sources]",
+        *(f"{toml_value(n)} = [{', '.join(toml_value(a) for a in nets)}]" for n, nets in sorted(table.items())),
+    ]
+    _write_public(kit.sources_file, ("\n".join(lines) + "\n").encode())
+    return networks
+
+
+def _check_networks(addresses: object, where: str) -> tuple[str, ...]:
+    if not isinstance(addresses, list) or not all(isinstance(a, str) for a in addresses):
+        raise FederationError(f'{where}: give a list of addresses or networks, e.g. ["10.1.2.0/24"]')
+    out = []
+    for address in addresses:
+        try:
+            out.append(str(ipaddress.ip_network(address.strip(), strict=False)))
+        except ValueError:
+            raise FederationError(f"{where}: {address!r} is not an IP address or network (e.g. 10.1.2.0/24)") from None
+    return tuple(out)
 
 
 def load_bundle(folder: Path) -> HospitalBundle:
