@@ -11,7 +11,8 @@
 # hospital its kit bundle and its own slides' tiles (a dataset of its own, `federation.data.extract_hospital`).
 # The operator submits the run as the server's user, in the server's namespace. The same job is trained in-process
 # first; the script fails unless the deployed per-round metrics are identical, and it checks the isolation it
-# claims (homes unreadable across sites, no route out, every hospital's outbound log intact).
+# claims (each site reads its own files and none of another's: homes, tiles, the lab's dataset, the reference's
+# metrics and the console logs; no route out; every hospital's outbound log intact).
 #
 # Everything it made is removed at the end, whatever happens (processes by their process groups, namespaces,
 # users, the lab folder in --work, default /tmp); what it keeps is --out (default data/runs/multisite_lab): the
@@ -57,7 +58,9 @@ if ! runuser -u nobody -- test -x "$work"; then
     exit 2
 fi
 lab=$(mktemp -d "$work/$tag.XXXXXX")
-chmod 0755 "$lab"
+chmod 0755 "$lab"  # every site passes through it to its own 0700 home and to the runtime
+private="$lab/private"  # what only the lab itself reads: the slides, the prepared dataset, each hospital's extract
+mkdir -m 0700 "$private"
 groups=()   # the process group of every site process
 namespaces=()
 users=()
@@ -91,14 +94,14 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 touch "$out/.multisite-lab"
 rm -rf "$out/logs" "$out/in-process" "$out/deployed" "$out/lab.txt"  # an earlier lab's, never anything else
-mkdir -p "$out/logs"
+mkdir -p -m 0700 "$out/logs"  # the sites' console logs: read by the lab only, never by another site
 report() { echo "$*" | tee -a "$out/lab.txt"; }
 
 # --- the data: a multi-hospital prepared dataset (default: the quick start's synthetic slides) ---
 if [ -z "$data" ]; then
-    data="$lab/prepared"
-    "$gfl" synth --format seed --images 60 --seed 0 --difficulty 0.3 --out "$lab/raw" >/dev/null
-    "$gfl" prepare --format seed --input "$lab/raw" --out "$data" --clients 3 --tile 128 --seed 0 \
+    data="$private/prepared"
+    "$gfl" synth --format seed --images 60 --seed 0 --difficulty 0.3 --out "$private/raw" >/dev/null
+    "$gfl" prepare --format seed --input "$private/raw" --out "$data" --clients 3 --tile 128 --seed 0 \
         --grayscale-clients 2 >/dev/null
 fi
 [ -f "$data/manifest.csv" ] || { echo "error: --data $data is not a prepared dataset (no manifest.csv)" >&2; exit 2; }
@@ -109,8 +112,10 @@ settings=(--set "run.rounds=$rounds")
 for s in "${sets[@]}"; do settings+=(--set "$s"); done
 
 # --- the reference: the same job in-process ---
+mkdir -p -m 0700 "$out/in-process"  # the reference's figures: the lab's, not any site's
 "$gfl" train --config "$config" --data "$data" --out "$out/in-process" "${settings[@]}" -q --overwrite \
     >"$out/logs/in-process.log" 2>&1
+chmod 0700 "$out/in-process"
 
 # --- a runtime every site's user can run: this virtual environment and its interpreter, if they are not already ---
 runtime="$repo/.venv"
@@ -183,10 +188,10 @@ for ((c = 0; c < hospitals; c++)); do
     site="h$c"
     cp -a "$lab/kit/hospitals/client_$(printf %02d "$c")" "${home[$site]}/bundle"
     "$py" -c "import sys; from pathlib import Path; from federation.data import extract_hospital; \
-extract_hospital(sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]))" "$data" "$c" "$lab/extract-$c"
-    cp -r "$lab/extract-$c" "${home[$site]}/data"  # new files: the lab's copies, never links to --data
+extract_hospital(sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]))" "$data" "$c" "$private/extract-$c"
+    cp -r "$private/extract-$c" "${home[$site]}/data"  # new files: the lab's copies, never links to --data
 done
-rm -rf "$lab/kit" "$lab"/extract-*
+rm -rf "$lab/kit" "$private"/extract-*
 for site in "${sites[@]}"; do
     mkdir -p "${home[$site]}/tmp"
     chown -R "${user[$site]}:${user[$site]}" "${home[$site]}"
@@ -194,17 +199,23 @@ for site in "${sites[@]}"; do
 done
 
 # run SITE LOG COMMAND...: COMMAND as SITE's user in SITE's namespace, in a process group of its own
+# Besides its user and namespace, each site sees an empty, unreadable folder where the lab's dataset (--data, which
+# may be world-readable where it lives) and its outputs (--out) are: `ip netns exec` gives the command a mount
+# namespace of its own (mounts made in it do not reach this machine), where these are covered before the site's
+# user starts.
 as_site() {
     local site=$1
     shift
-    ip netns exec "$tag-$site" runuser -u "${user[$site]}" -- env -i HOME="${home[$site]}" \
+    ip netns exec "$tag-$site" sh -c 'for d in "$0" "$1"; do mount -t tmpfs -o size=4k,mode=000 lab-hidden "$d"; done
+        shift; exec "$@"' "$data" "$out" \
+        runuser -u "${user[$site]}" -- env -i HOME="${home[$site]}" \
         TMPDIR="${home[$site]}/tmp" PATH="$runtime/bin:/usr/sbin:/usr/bin:/sbin:/bin" LANG=C.UTF-8 \
         PYTHONPATH="$PYTHONPATH" LD_LIBRARY_PATH="$LD_LIBRARY_PATH" "$@"
 }
 start() {
     local site=$1 log=$2
     shift 2
-    setsid bash -c "$(declare -f as_site); $(declare -p tag user home runtime PYTHONPATH LD_LIBRARY_PATH); as_site \"\$@\"" \
+    setsid bash -c "$(declare -f as_site); $(declare -p tag user home runtime data out PYTHONPATH LD_LIBRARY_PATH); as_site \"\$@\"" \
         lab "$site" "$@" >"$out/logs/$log.log" 2>&1 &
     groups+=("$!")
 }
@@ -234,6 +245,7 @@ as_site server timeout 1800 "$runtime/bin/gastric-fl" train --engine flower --su
     || { echo "error: the deployed run failed:" >&2; tail -n 20 "$out/logs/train.log" >&2; exit 1; }
 seconds=$(($(date +%s) - began))
 cp -r "${home[server]}/runs/lab" "$out/deployed"
+chmod 0700 "$out/deployed"  # the server's run: the lab's to compare, not the hospitals' to read
 
 # --- the checks ---
 failed=0
@@ -255,7 +267,17 @@ sys.exit(0 if a == b and len(a) > 0 else 1)" "$out/in-process/metrics.jsonl" "$o
 for site in "${sites[@]}"; do
     check "$site's home is 0700" test "$(stat -c %a "${home[$site]}")" = 700
 done
+# a refusal below means something only because the same command on a site's own files succeeds
+check "h0's user reads its own tiles" as_site h0 cat "${home[h0]}/data/manifest.csv"
+check "the server's user reads its own run" as_site server cat "${home[server]}/runs/lab/metrics.jsonl"
 refused "h0's user cannot list h1's home" as_site h0 ls "${home[h1]}"
+refused "h0's user cannot read h1's tiles" as_site h0 cat "${home[h1]}/data/manifest.csv"
+refused "h0's user cannot read the lab's dataset (every hospital's tiles)" as_site h0 cat "$data/manifest.csv"
+refused "the server's user cannot read the lab's dataset" as_site server cat "$data/manifest.csv"
+refused "h0's user cannot read the in-process reference's metrics" as_site h0 cat "$out/in-process/metrics.jsonl"
+refused "h0's user cannot read h1's console log" as_site h0 cat "$out/logs/hospital1.log"
+refused "h0's user cannot read the server's console log" as_site h0 cat "$out/logs/server.log"
+refused "h0's user cannot read the lab's private folder" as_site h0 ls "$private"
 refused "h0's user cannot list the server's home" as_site h0 ls "${home[server]}"
 refused "the server's user cannot list h0's home" as_site server ls "${home[h0]}"
 refused "h0 has no route out of the lab" as_site h0 "$runtime/bin/python" -c "import socket

@@ -54,6 +54,12 @@ def test_separate_sites_give_the_in_process_metrics_and_leave_nothing(tmp_path: 
         "ok: h0 has no route out of the lab",
         "ok: h0 cannot reach the SuperLink's control port",
         "ok: h2's outbound log is intact",
+        # each site reads its own files and no other's (the refusals mean something: the own reads succeed)
+        "ok: h0's user reads its own tiles",
+        "ok: h0's user cannot read h1's tiles",
+        "ok: h0's user cannot read the lab's dataset (every hospital's tiles)",
+        "ok: h0's user cannot read the in-process reference's metrics",
+        "ok: h0's user cannot read h1's console log",
     ):
         assert expected in checks
     deployed, reference = stable(out / "deployed"), stable(out / "in-process")
