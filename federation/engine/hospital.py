@@ -308,6 +308,13 @@ class Hospital:
                     "(gastric-fl train --out NEW_RUN ...) or restore the original dataset"
                 )
             kept = {k: previous[k] for k in RESUME_KEEPS if k in previous}
+            first = kept.get("first_checkpoint")
+            if isinstance(first, int) and not self._checkpoints(message.run_id):
+                raise FederationError(
+                    f"hospital {client} has trained in run {message.run_id} since round {first}, but its checkpoints "
+                    f"in {folder / CHECKPOINT_DIR} were removed: it cannot resume from the initial model without "
+                    "other numbers; restore them, or start a new run"
+                )
         else:
             kept = {}
             if self.site.per_run and record_path.is_file():

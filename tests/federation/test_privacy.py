@@ -567,3 +567,7 @@ def test_a_reset_ledger_or_a_changed_resume_is_refused_and_the_budget_counts_on(
     assert isinstance(lost, Failure)
     assert "no checkpoint before round 3" in lost.reason
     assert "although it saved one for round 1" in lost.reason
+    # and a resume Hello names it before any round (the server stops with that line: exit 2 in the CLI)
+    again = send(Hello(RUN, config_to_toml(config), resume=True))
+    assert isinstance(again, Failure)
+    assert "has trained in run dp-run since round 1, but its checkpoints" in again.reason
