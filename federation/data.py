@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from federation.errors import FederationError
-from infra.formats import BINARY_CLASSES
+from infra.formats import BINARY_CLASSES, MANIFEST_FILE
 from infra.outputs import FolderPaths, PathOutsideError
 from infra.provenance import PREPARE_RECORD as PREPARE_FILE
 from models.preprocess import default_stats, fit_tile, normalise, tile_from_decoded
@@ -125,7 +125,7 @@ def prepared_classes(dataset: str | Path) -> tuple[str, ...] | None:
     return tuple(classes)
 
 
-def classes_of_labels(labels: set[str], where: str = "manifest.csv") -> tuple[str, ...]:
+def classes_of_labels(labels: set[str], where: str = MANIFEST_FILE) -> tuple[str, ...]:
     """The class list a manifest without ``prepare.json`` implies: ``LABELS`` when its labels are among them,
     else the labels in natural order (at least two)."""
     if labels <= set(LABELS):
@@ -152,7 +152,7 @@ def read_manifest(dataset: str | Path) -> list[ManifestRow]:
 def read_dataset(dataset: str | Path) -> tuple[list[ManifestRow], tuple[str, ...]]:
     """``read_manifest``'s rows (``label`` as the class index) and the dataset's class list (module docstring)."""
     folder = Path(dataset)
-    manifest = folder / "manifest.csv"
+    manifest = folder / MANIFEST_FILE
     if not manifest.is_file():
         raise FederationError(
             f"{manifest} not found: point data.path (or --data) at a folder made by gastric-fl prepare"
@@ -353,7 +353,7 @@ def extract_hospital(dataset: str | Path, client: int, out: Path) -> Path:
     source = Path(dataset)
     rows, classes = read_dataset(source)
     check_clients(source, rows, [client])
-    with (source / "manifest.csv").open(newline="", encoding="utf-8-sig") as handle:
+    with (source / MANIFEST_FILE).open(newline="", encoding="utf-8-sig") as handle:
         reader = csv.DictReader(handle)
         fields = list(reader.fieldnames or [])
         records = [r for r in reader if int(r["client"]) == client]
@@ -366,7 +366,7 @@ def extract_hospital(dataset: str | Path, client: int, out: Path) -> Path:
         except OSError:
             target.write_bytes((source / record["path"]).read_bytes())
         record["client"] = "0"
-    with (out / "manifest.csv").open("w", newline="", encoding="utf-8") as handle:
+    with (out / MANIFEST_FILE).open("w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=fields)
         writer.writeheader()
         writer.writerows(records)

@@ -5,6 +5,8 @@ formats between stages"), so that each is written once and no folder imports ano
   writes them into ``manifest.csv``'s ``label`` column and the folders ``{train,test}/{normal,abnormal}``, as a
   hospital's ``predictions.csv`` and a model card name them.
 - `PREPARE_RECORD`: the prepared dataset's record, ``prepare.json``.
+- `MANIFEST_FILE`: the prepared dataset's tile list, ``manifest.csv`` (one row per tile: client, split, label, path,
+  source, ...), what every stage after ``prepare`` reads.
 
 Standard library only.
 """
@@ -13,3 +15,4 @@ from __future__ import annotations
 
 BINARY_CLASSES: tuple[str, str] = ("normal", "abnormal")
 PREPARE_RECORD = "prepare.json"
+MANIFEST_FILE = "manifest.csv"

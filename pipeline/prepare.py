@@ -49,6 +49,7 @@ import cv2
 import numpy as np
 from tqdm import tqdm
 
+from infra.formats import MANIFEST_FILE
 from infra.outputs import (
     OutputError,
     check_replaceable,
@@ -549,7 +550,7 @@ def _prepare_claimed(config: PrepareConfig, started: float) -> PrepareResult:
         writer = csv.writer(buffer, lineterminator="\n")
         writer.writerow(MANIFEST_COLUMNS)
         writer.writerows(rows)
-        (staging / "manifest.csv").write_text(buffer.getvalue(), encoding="utf-8")
+        (staging / MANIFEST_FILE).write_text(buffer.getvalue(), encoding="utf-8")
 
         slides_per_client = {p.client: sum(1 for j in jobs if j.client == p.client) for p in plans}
         excluded: dict[int, dict[str, int]] = {p.client: dict.fromkeys(SPLITS, 0) for p in plans}

@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from infra.formats import MANIFEST_FILE
+
 STATISTICS: tuple[str, ...] = ("pure_white", "near_white", "mean_intensity", "mean_red", "mean_green", "mean_blue")
 DESCRIPTIONS: dict[str, str] = {
     "pure_white": "share of pixels with every channel at 255 (painted white)",
@@ -154,7 +156,7 @@ def probe_prepared(folder: Path, white_level: int = 220) -> dict[str, Any]:
 
     from pipeline.errors import PipelineError
 
-    with (folder / "manifest.csv").open(newline="", encoding="utf-8") as handle:
+    with (folder / MANIFEST_FILE).open(newline="", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
     classes = sorted({r["label"] for r in rows}, key=lambda name: (name != "normal", name))
     index = {name: k for k, name in enumerate(classes)}

@@ -36,6 +36,7 @@ from app.dashboard.runs import (
     run_seconds,
 )
 from federation.ablation import ABLATION_FILE, shown_path
+from infra.formats import MANIFEST_FILE
 
 # federation.report field (or one added here) -> column shown.
 FIGURES: dict[str, str] = {
@@ -377,7 +378,7 @@ def example_ablate(root: Path, datasets: Sequence[Path], run_datasets: Sequence[
     from app.dashboard.commands import DEMO_NAME, demo_commands
     from app.dashboard.presets import PRESETS_DIR
 
-    existing = [d for d in (*run_datasets, *datasets) if d is not None and (d / "manifest.csv").is_file()]
+    existing = [d for d in (*run_datasets, *datasets) if d is not None and (d / MANIFEST_FILE).is_file()]
     lines: list[str] = []
     if existing:
         dataset = existing[0]

@@ -16,6 +16,7 @@ import pandas as pd
 from PIL import Image
 
 from app.dashboard.errors import DashboardError
+from infra.formats import MANIFEST_FILE
 from infra.provenance import PREPARE_RECORD
 from pipeline.config import LABELS
 from pipeline.prepare import MANIFEST_COLUMNS
@@ -41,7 +42,7 @@ def list_datasets(prepared: Path) -> list[PreparedDataset]:
     """Prepared datasets under ``prepared``, by name; folders without a manifest (e.g. half-written) are skipped."""
     if not prepared.is_dir():
         return []
-    found = [PreparedDataset(p.name, p) for p in sorted(prepared.iterdir()) if (p / "manifest.csv").is_file()]
+    found = [PreparedDataset(p.name, p) for p in sorted(prepared.iterdir()) if (p / MANIFEST_FILE).is_file()]
     return found
 
 
@@ -63,7 +64,7 @@ def read_checked_csv(path: Path, columns: Sequence[str], not_found: str, unreada
 
 def load_manifest(dataset: Path) -> pd.DataFrame:
     """Read and check ``manifest.csv``; raise a one-line ``DashboardError`` naming the file when it is malformed."""
-    path = dataset / "manifest.csv"
+    path = dataset / MANIFEST_FILE
     frame = read_checked_csv(
         path,
         MANIFEST_COLUMNS,

@@ -37,6 +37,7 @@ from typing import Any
 
 from app.dashboard.errors import DashboardError
 from infra import pids
+from infra.outputs import write_atomic
 
 # Popen objects of jobs this dashboard process started: polling them reaps the finished child (no zombie).
 _PROCESSES: dict[int, subprocess.Popen[bytes]] = {}
@@ -78,11 +79,8 @@ def _record_path(jobs_dir: Path, job_id: str) -> Path:
 
 
 def _write_record(jobs_dir: Path, job: Job) -> None:
-    # Write-then-rename: a reader never sees half a record.
-    path = _record_path(jobs_dir, job.job_id)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(asdict(job), indent=2), encoding="utf-8")
-    tmp.replace(path)
+    # a reader never sees half a record (infra.outputs.write_atomic)
+    write_atomic(_record_path(jobs_dir, job.job_id), json.dumps(asdict(job), indent=2).encode("utf-8"))
 
 
 def start(
@@ -333,9 +331,7 @@ def read_queue(jobs_dir: Path) -> list[QueueEntry]:
 def _write_queue(jobs_dir: Path, entries: Sequence[QueueEntry]) -> None:
     path = queue_path(jobs_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"version": 1, "entries": [asdict(e) for e in entries]}, indent=2), encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, json.dumps({"version": 1, "entries": [asdict(e) for e in entries]}, indent=2).encode("utf-8"))
 
 
 def enqueue(jobs_dir: Path, entries: Sequence[QueueEntry]) -> None:

@@ -34,6 +34,7 @@ from app.dashboard.errors import DashboardError
 from federation import jsonl, runfiles
 from federation.errors import FederationError
 from federation.runfiles import hospital_files, hospital_index
+from infra.formats import MANIFEST_FILE
 
 RUN_FILES = (runfiles.CONFIG_FILE, runfiles.METRICS_FILE, runfiles.SUMMARY_FILE)
 STATUSES = ("running", "finished", "failed")
@@ -204,7 +205,7 @@ def _resolve_dataset(value: Any, run: Path) -> Path | None:
         return path
     # A relative [data] path was relative to where the command ran; try that (cwd), then the run's parents.
     for base in (Path.cwd(), *run.parents):
-        if (base / path / "manifest.csv").is_file():
+        if (base / path / MANIFEST_FILE).is_file():
             return (base / path).resolve()
     return (Path.cwd() / path).resolve()
 

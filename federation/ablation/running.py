@@ -31,6 +31,7 @@ from federation.config import config_to_toml
 from federation.errors import FederationError
 from federation.runfiles import CONFIG_FILE, SUMMARY_FILE
 from federation.runs import atomic_write_text, now_iso, read_json, write_json
+from infra.formats import MANIFEST_FILE
 from infra.outputs import OutputError, claim_output, os_error_message
 
 ABLATION_FILE = "ablation.json"
@@ -163,7 +164,7 @@ def _run_cells(
     write_json(out / ABLATION_FILE, _state(plan, cells, owners, statuses))
     todo = [c for c in runs if statuses[c.id]["status"] != "finished"]
     for path in sorted({plan.cell_config(c).data.path for c in todo}):
-        if not (Path(path) / "manifest.csv").is_file():
+        if not (Path(path) / MANIFEST_FILE).is_file():
             raise FederationError(
                 f"dataset {path} has no manifest.csv: make it with gastric-fl prepare (the preset's comments give "
                 "the commands) or point --data at a prepared dataset"

@@ -93,6 +93,7 @@ from federation.runfiles import HOSPITALS_DIR as HOSPITALS_DIR  # re-exported: t
 from federation.runfiles import MODEL_WEIGHTS_FILE as MODEL_FILE
 from federation.runs import now_iso, read_json, write_json, write_predictions
 from federation.strategies.context import resolved_nhead
+from infra.formats import MANIFEST_FILE
 from infra.outputs import atomic_target, remove_entries, write_atomic
 from models import ModelError, create_model, head_keys, split_units
 
@@ -134,7 +135,7 @@ hospital_folder = hospital_dir  # where the in-process engines keep a hospital's
 def manifest_sha256(dataset: Path) -> str:
     """sha256 of ``<dataset>/manifest.csv``: which tiles, splits and labels a hospital trains on."""
     digest = hashlib.sha256()
-    with (dataset / "manifest.csv").open("rb") as handle:
+    with (dataset / MANIFEST_FILE).open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()

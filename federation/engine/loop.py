@@ -82,7 +82,7 @@ from federation.runs import (
     write_checkpoint,
 )
 from federation.strategies import StrategyContext, bn_mode, build_strategy
-from infra.outputs import OutputError, claim_output, os_error_message, terminate_as_interrupt
+from infra.outputs import OutputError, claim_output, os_error_message, terminate_as_interrupt, write_atomic
 from models import batchnorm_keys, check_input_size, check_nhead, create_model
 
 PoolFactory = Callable[[], Pool]
@@ -154,7 +154,7 @@ class Server:
         summary.start(
             config, self.run_id, os.getpid(), resume=resume, restart=self.restart, dataset_sha256=self.dataset_sha256
         )
-        (self.run_dir / CONFIG_FILE).write_text(config_to_toml(config), encoding="utf-8")
+        write_atomic(self.run_dir / CONFIG_FILE, config_to_toml(config).encode("utf-8"))
         summary.write()
         pool: Pool | None = None
         threads_before = torch.get_num_threads()

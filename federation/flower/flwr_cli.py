@@ -21,7 +21,9 @@ from typing import Any
 from federation.errors import FederationError
 from federation.flower.environment import ConfigValue, executable, flower_env, write_config_file
 from federation.flower.kit import Kit
+from infra.outputs import write_atomic
 from infra.pids import descendant_groups, stop_groups
+from infra.toml import toml_value
 
 CONNECTION = "gastric-fl"  # the connection name written into $FLWR_HOME/config.toml
 FINISHED = "finished"
@@ -53,15 +55,15 @@ class FlwrCli:
     def __post_init__(self) -> None:
         self.home = Path(self.home).resolve()
         self.home.mkdir(parents=True, exist_ok=True)
-        lines = ["[superlink]", f"default = {json.dumps(self.connection)}", "", f"[superlink.{self.connection}]"]
-        lines.append(f"address = {json.dumps(self.superlink)}")
+        lines = ["[superlink]", f"default = {toml_value(self.connection)}", "", f"[superlink.{self.connection}]"]
+        lines.append(f"address = {toml_value(self.superlink)}")
         if self.ca_cert is None:
             lines.append("insecure = true")
         else:
-            lines.append(f"root-certificates = {json.dumps(str(Path(self.ca_cert).resolve()))}")
+            lines.append(f"root-certificates = {toml_value(Path(self.ca_cert).resolve())}")
         # a simulation SuperLink takes its federation from the connection: options.num-supernodes, backend, ...
-        lines.extend(f"options.{k} = {json.dumps(v)}" for k, v in (self.simulation or {}).items())
-        (self.home / "config.toml").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        lines.extend(f"options.{k} = {toml_value(v)}" for k, v in (self.simulation or {}).items())
+        write_atomic(self.home / "config.toml", ("\n".join(lines) + "\n").encode("utf-8"))
         self.env = flower_env(self.home)
 
     def run(self, *args: str, timeout: float | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -234,7 +236,7 @@ def register_hospitals(cli: FlwrCli, kit: Kit, record: Path, names: Iterable[str
 
     def save() -> None:
         record.parent.mkdir(parents=True, exist_ok=True)
-        record.write_text(json.dumps(known, indent=1, sort_keys=True), encoding="utf-8")
+        write_atomic(record, json.dumps(known, indent=1, sort_keys=True).encode("utf-8"))
 
     stale = [
         n

@@ -56,7 +56,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from federation import runfiles
 from federation.errors import FederationError
-from infra.outputs import foreign_entries, remove_entries
+from infra.outputs import atomic_target, foreign_entries, remove_entries
 from infra.toml import toml_value
 
 MARKER = ".gastric-fl-kit"
@@ -503,10 +503,9 @@ def write_secret(path: Path, data: bytes, *, replace: bool = False) -> None:
 
 
 def _write_public(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.chmod(tmp, PUBLIC_MODE)
-    tmp.replace(path)
+    with atomic_target(path) as tmp:
+        tmp.write_bytes(data)
+        os.chmod(tmp, PUBLIC_MODE)
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
