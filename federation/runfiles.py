@@ -4,7 +4,7 @@ Every name a run directory holds is defined here, and everything that writes, li
 the hospitals, ``gastric-fl report``, the ablation, the HTML report, the dashboard) takes it from here:
 
 - the server's files: `CONFIG_FILE`, `METRICS_FILE` (one `MetricsLine` per round and hospital), `AGGREGATION_FILE`,
-  `SUMMARY_FILE`, `AUDIT_FILE` (``run.audit``), `PROGRESS_FILE`, `CHECKPOINT_DIR`;
+  `SUMMARY_FILE`, `AUDIT_FILE` (``run.audit``), `ANCHORS_FILE`, `PROGRESS_FILE`, `CHECKPOINT_DIR`;
 - what ``gastric-fl report`` writes into a run (`REPORT_DIR`, `REPORT_FILES`);
 - each in-process hospital's folder ``<run>/hospitals/client_XX/`` (two digits: the hospital's index in the
   federation; a deployed hospital's kit and folder carry the same name): `hospital_dir`, `HOSPITAL_GLOB`
@@ -34,6 +34,7 @@ METRICS_FILE = "metrics.jsonl"  # one MetricsLine per round x evaluated hospital
 AGGREGATION_FILE = "aggregation.jsonl"  # one line per round: what the strategy decided (xi, gamma, ...)
 SUMMARY_FILE = "summary.json"  # running / finished / failed / stopped, and the run's figures
 AUDIT_FILE = "messages.jsonl"  # what crossed the hospital boundary (run.audit; federation.engine.audit)
+ANCHORS_FILE = "anchors.json"  # each hospital's outbound-log head as its latest reply carried it (engine.audit)
 PROGRESS_FILE = "progress.json"  # the round under way, for the dashboard's progress bar (federation.progress)
 CHECKPOINT_DIR = "checkpoints"  # the server's per-round checkpoints; a hospital's own, in its folder
 

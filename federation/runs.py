@@ -37,6 +37,7 @@ from federation.jsonl import DamagedLine, scan_jsonl
 from federation.runfiles import (  # the run files' names
     ACCOUNTANT_FILE,
     AGGREGATION_FILE,
+    ANCHORS_FILE,
     AUDIT_FILE,
     CHECKPOINT_DIR,
     CONFIG_FILE,
@@ -71,7 +72,15 @@ OWNER = "train"  # the command named in a run directory's ownership marker
 # Everything a run directory may hold (fnmatch over relative paths, folders end with "/"): the server's files, the
 # audit log, the in-process hospitals' folders, what `gastric-fl report` and `gastric-fl ablate` write into a run,
 # and the hidden temp files of atomic writes (names: federation.runfiles).
-_SERVER_FILES = (CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, AGGREGATION_FILE, AUDIT_FILE, PROGRESS_FILE)
+_SERVER_FILES = (
+    CONFIG_FILE,
+    SUMMARY_FILE,
+    METRICS_FILE,
+    AGGREGATION_FILE,
+    AUDIT_FILE,
+    ANCHORS_FILE,
+    PROGRESS_FILE,
+)
 _REPORT_FILES = REPORT_FILES
 _HOSPITAL = f"{HOSPITALS_DIR}/{HOSPITAL_GLOB}"
 _HOSPITAL_FILES = (

@@ -1,10 +1,24 @@
-"""The boundary log: what crossed between the server and each hospital, message by message (``run.audit``).
+"""The server's records of what crossed between it and each hospital: the boundary log and the anchors.
 
 DESIGN.md, "The hospital boundary": only shared tensors, example counts and scalar metrics leave a hospital.
 With ``run.audit = true`` every envelope a pool carries (``federation.engine.pools``, Flower's included) is
-described in ``<run>/messages.jsonl``: direction, kind, client, the header's scalar fields and, for each tensor,
-its name, shape, dtype and whether all its values are finite; never the values themselves. A hospital's data
-officer can read it to see exactly what left the site; ``check_message`` is the rule the tests apply to it.
+described in ``<run>/messages.jsonl``: direction, kind, client, the sha256 of the envelope, the header's scalar
+fields (a reply's ``outbound_head`` included) and, for each tensor, its name, shape, dtype and whether all its
+values are finite; never the values themselves. A hospital's data officer can read it to see exactly what left
+the site; ``check_message`` is the rule the tests apply to it.
+
+Whatever ``run.audit`` says, the server keeps ``<run>/anchors.json`` (``Anchors``): for each hospital, the head of
+its outbound log that its latest reply carried (``federation.engine.outbound.HEAD_FIELD``, checked by
+``parse_head`` before the reply is read) and the digests of that reply. ``load_anchor`` reads one hospital's
+entry for ``gastric-fl federation audit --anchor``, which then shows whether the hospital's log still holds it
+(a log cut short, emptied, re-chained or edited at its end does not). The file::
+
+    {"format": 1, "run": RUN_ID, "hospitals": {"0": {"count": 5, "sha256": HEX, "reply_sha256": HEX,
+      "record_sha256": HEX, "kind": "train_reply", "received": ISO_TIME, "replies": 3}, ...}}
+
+``count`` / ``sha256``: the log's head before the reply's own line; ``reply_sha256``: the reply's
+``envelope_digest``; ``record_sha256``: ``content_digest`` of its record (``reply_content``); ``replies``: how many
+replies of that hospital carried a head in this run.
 """
 
 from __future__ import annotations
@@ -20,7 +34,14 @@ import torch
 
 from federation.data import CLASS_NAME
 from federation.engine.codec import Envelope, envelope_digest
-from federation.runfiles import AUDIT_FILE as AUDIT_FILE  # named with the run's other files
+from federation.engine.outbound import HEAD_FIELD, Anchor, content_digest, parse_head, reply_content
+from federation.errors import FederationError
+from federation.runfiles import ANCHORS_FILE as ANCHORS_FILE  # named with the run's other files
+from federation.runfiles import AUDIT_FILE as AUDIT_FILE
+from federation.runs import now_iso
+from infra.outputs import write_atomic
+
+ANCHORS_FORMAT = 1
 
 # Header fields a hospital may send: identity, counts, scalar metrics, timing, a failure's one-line reason, and
 # its dataset's class names (``HelloReply.classes``: plain names only, `CLASS_NAME`).
@@ -38,6 +59,7 @@ REPLY_FIELDS = frozenset(
         "evaluation",
         "previous",
         "classes",
+        HEAD_FIELD,  # the hospital's outbound-log head before this reply's line (federation.engine.outbound)
     }
 )
 
@@ -92,7 +114,8 @@ def check_message(line: Mapping[str, Any], shared_keys: Sequence[str]) -> list[s
     Tensors: only ``shared/<key>`` (and ``second_moment/<key>``, paper 004) for a shared key, all finite.
     Header: only ``REPLY_FIELDS``, whose values are integers, finite floats, ``null`` (an undefined metric) or,
     for ``kind`` and a failure's ``reason``, text (``silent``: a boolean); ``classes`` only in a hello reply, as
-    a list of plain class names (``CLASS_NAME``: letters, digits, ``.``, ``_``, ``-``; at most 64 characters).
+    a list of plain class names (``CLASS_NAME``: letters, digits, ``.``, ``_``, ``-``; at most 64 characters);
+    ``outbound_head`` a count >= 0 and 64 hex digits (``parse_head``).
     """
     problems: list[str] = []
     shared = set(shared_keys)
@@ -119,6 +142,12 @@ def check_message(line: Mapping[str, Any], shared_keys: Sequence[str]) -> list[s
             ):
                 problems.append("classes is not a hello reply's list of plain class names")
             continue
+        if key == HEAD_FIELD:
+            try:
+                parse_head(value)
+            except FederationError as exc:
+                problems.append(str(exc))
+            continue
         if key in ("kind", "reason"):
             if not isinstance(value, str) or (key == "reason" and ("\n" in value or len(value) > 500)):
                 problems.append(f"{key} is not one line of text")
@@ -129,3 +158,93 @@ def check_message(line: Mapping[str, Any], shared_keys: Sequence[str]) -> list[s
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
                 problems.append(f"header field {key} holds {v!r}, not a finite number")
     return problems
+
+
+class Anchors:
+    """The server's copy of each hospital's outbound-log head (``<run>/anchors.json``, module docstring), updated
+    with every reply that carries one and rewritten atomically (``infra.outputs.write_atomic``) each time. A resumed
+    run keeps the entries of its own run id; a file that is unreadable or of another run is replaced."""
+
+    def __init__(self, path: Path, run_id: str) -> None:
+        self.path = path
+        self.run_id = run_id
+        self.hospitals: dict[str, dict[str, Any]] = {}
+        try:
+            previous = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return
+        if isinstance(previous, dict) and previous.get("run") == run_id and isinstance(previous.get("hospitals"), dict):
+            self.hospitals = {str(k): v for k, v in previous["hospitals"].items() if isinstance(v, dict)}
+
+    def record(self, client: int, envelope: Envelope) -> None:
+        """Keep the head ``envelope`` (a reply of hospital ``client``) carries, with its digests; a reply without
+        one (a failure the transport made up: the hospital never answered) changes nothing."""
+        value = envelope[0].get(HEAD_FIELD)
+        if value is None or client < 0:
+            return
+        head = parse_head(value)
+        digest = envelope_digest(envelope)
+        entry = self.hospitals.get(str(client), {})
+        self.hospitals[str(client)] = {
+            **head.as_header(),
+            "reply_sha256": digest,
+            "record_sha256": content_digest(reply_content(envelope, digest)),
+            "kind": envelope[0].get("kind"),
+            "received": now_iso(),
+            "replies": int(entry.get("replies", 0)) + 1,
+        }
+        data = {"format": ANCHORS_FORMAT, "run": self.run_id, "hospitals": dict(sorted(self.hospitals.items()))}
+        write_atomic(self.path, (json.dumps(data, indent=2, allow_nan=False) + "\n").encode("utf-8"))
+
+
+def load_anchor(path: Path, client: int | None = None, clients_in_log: Sequence[int] = ()) -> Anchor:
+    """Hospital ``client``'s entry of the anchors file ``path`` (``Anchors``) as an ``Anchor``. Without ``client``:
+    the file's only hospital, else the one hospital that ``clients_in_log`` (the log's own records of that run)
+    names. Anything unreadable or missing is a ``FederationError`` naming the file and what to give instead."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise FederationError(
+            f"--anchor {path} cannot be read ({exc.strerror or exc}): give the run's {ANCHORS_FILE}"
+        ) from exc
+    except ValueError as exc:
+        raise FederationError(f"--anchor {path} is not JSON ({exc}): give the run's {ANCHORS_FILE}") from exc
+    hospitals = data.get("hospitals") if isinstance(data, dict) else None
+    run = data.get("run") if isinstance(data, dict) else None
+    if not isinstance(hospitals, dict) or not isinstance(run, str) or data.get("format") != ANCHORS_FORMAT:
+        raise FederationError(
+            f"--anchor {path} is not a server's {ANCHORS_FILE} (format {ANCHORS_FORMAT}, a run and its hospitals)"
+        )
+    held = sorted(int(k) for k in hospitals if str(k).isdigit())
+    if client is None:
+        named = sorted(set(clients_in_log) & set(held))
+        if len(held) == 1:
+            client = held[0]
+        elif len(named) == 1:
+            client = named[0]
+        else:
+            raise FederationError(
+                f"--anchor {path} holds hospitals {held or 'none'} of run {run}: name this one with --hospital N"
+            )
+    entry = hospitals.get(str(client))
+    if not isinstance(entry, dict):
+        raise FederationError(
+            f"--anchor {path} holds no head of hospital {client} in run {run} (it holds {held or 'none'}): "
+            "the hospital never answered in that run, or give its --hospital N"
+        )
+    try:
+        head = parse_head({"count": entry.get("count"), "sha256": entry.get("sha256")})
+        reply, record = entry["reply_sha256"], entry["record_sha256"]
+        if not isinstance(reply, str) or not isinstance(record, str):
+            raise TypeError("reply_sha256 and record_sha256 must be text")
+    except (FederationError, KeyError, TypeError) as exc:
+        raise FederationError(f"--anchor {path}: hospital {client}'s entry is damaged ({exc})") from exc
+    return Anchor(
+        head,
+        str(path),
+        run=run,
+        client=client,
+        reply_sha256=reply,
+        record_sha256=record,
+        kind=str(entry.get("kind")),
+    )

@@ -59,7 +59,7 @@ from federation.contract import (
 from federation.data import LABELS, ClientData, check_clients, load_clients, read_dataset
 from federation.engine.codec import Envelope, Message, decode, encode
 from federation.engine.derived import config_from_text, initial_state, resolve_device
-from federation.engine.outbound import OUTBOUND_FILE, append_outbound, describe_reply
+from federation.engine.outbound import OUTBOUND_FILE, record_reply
 from federation.engine.policy import (
     HospitalPolicy,
     PolicyRefusal,
@@ -219,7 +219,9 @@ class Hospital:
     # -- dispatch ------------------------------------------------------------------------------------------------
     def answer(self, envelope: Envelope) -> Envelope:
         """One exchange as it crosses the boundary: decode, handle, encode, record in the outbound log, return.
-        A reply whose record cannot be written is replaced by a ``Failure`` that carries no data."""
+        What leaves carries the log's head before its own line (``outbound.record_reply``), of which the server
+        keeps a copy. A reply whose record cannot be written is replaced by a ``Failure`` that carries no data
+        (and no head: it is not in the log)."""
         header = envelope[0] if isinstance(envelope, tuple) and envelope and isinstance(envelope[0], dict) else {}
         try:
             message = decode(envelope)
@@ -233,7 +235,7 @@ class Hospital:
             reply = self.handle(message)
         out = encode(reply)
         try:
-            append_outbound(self.site.outbound_log, describe_reply(header, out))
+            out = record_reply(self.site.outbound_log, header, out)
         except OSError as exc:
             out = encode(
                 Failure(

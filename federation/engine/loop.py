@@ -62,7 +62,7 @@ from federation.contract import (
     count_reply_values,
     count_values,
 )
-from federation.engine.audit import AUDIT_FILE, AuditLog
+from federation.engine.audit import ANCHORS_FILE, AUDIT_FILE, Anchors, AuditLog
 from federation.engine.checks import agreed_classes, evaluation_problem, train_problem
 from federation.engine.codec import Message
 from federation.engine.derived import NUM_CLASSES, derive_seed, initial_state, resolve_config
@@ -166,6 +166,7 @@ class Server:
                 pool = make_pool()
                 if config.run.audit:
                     pool.observers.append(AuditLog(self.run_dir / AUDIT_FILE))
+                pool.anchors = Anchors(self.run_dir / ANCHORS_FILE, self.run_id)  # every hospital's outbound head
                 self._start(pool, resume and not self.restart)
                 self._loop(pool)
         except (KeyboardInterrupt, RunStopped) as exc:

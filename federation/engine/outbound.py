@@ -1,17 +1,26 @@
 """The hospital's own record of what left it: an append-only, hash-chained log (DESIGN.md, "Trust model").
 
 Every reply a hospital sends is described in ``outbound.jsonl`` in the hospital's state folder *before* it
-leaves (``Hospital.answer``): the time, the run, the round, what was asked and what was answered, every tensor's
-name, shape and dtype, how many values left, the scalars (example counts, metrics, a refusal's reason) and the
-sha256 of the reply in a canonical form (``federation.engine.codec.envelope_digest``, the same whatever the
-transport: the server's ``messages.jsonl`` (``run.audit``) records the same digest of each reply it received, so
-the two records can be matched). A reply whose record cannot be written does not leave: the hospital answers with
-a data-free ``Failure`` instead.
+leaves (``Hospital.answer``, through ``record_reply``): the time, the run, the round, what was asked and what was
+answered, every tensor's name, shape and dtype, how many values left, the scalars (example counts, metrics, a
+refusal's reason) and the sha256 of the reply in a canonical form (``federation.engine.codec.envelope_digest``,
+the same whatever the transport: the server's ``messages.jsonl`` (``run.audit``) records the same digest of each
+reply it received, so the two records can be matched). A reply whose record cannot be written does not leave: the
+hospital answers with a data-free ``Failure`` instead. A refusal of a foreign app by a deployed hospital's
+executor (``federation.flower.executor``) is recorded the same way before it leaves.
 
 Each line carries ``prev``, the sha256 of the line before it (the first line: 64 zeros), so that a line edited,
 removed or inserted later breaks the chain at a named line; ``read_outbound`` finds it and
 ``gastric-fl federation audit --state DIR`` (``audit_report``) says so first. The tensor values themselves are
 never written here.
+
+A chain alone cannot show that its *end* is still there: a log cut short, emptied or re-chained (every ``prev``
+recomputed) reads as intact. So every reply carries the log's head as it was before the reply's own line was
+added (``HEAD_FIELD``: ``{"count": lines, "sha256": hash of the last line}``; a reply cannot carry the hash of
+its own line), and the server keeps the latest head of each hospital with the digests of the reply that carried
+it (``federation.engine.audit.Anchors``: ``<run>/anchors.json``). ``audit_report`` with such an ``Anchor`` (or a
+head a hospital noted) checks that line ``count`` still hashes to the head and that line ``count + 1`` is the
+record of that very reply; without one it says that the end cannot be checked.
 """
 
 from __future__ import annotations
@@ -21,12 +30,14 @@ import hashlib
 import json
 import math
 import os
+import re
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from federation.engine.codec import Envelope, envelope_digest
 from federation.errors import FederationError
@@ -34,6 +45,10 @@ from federation.runfiles import OUTBOUND_FILE as OUTBOUND_FILE  # named with the
 
 GENESIS = "0" * 64
 REFUSED_PREFIX = "refused by "  # how a policy refusal's reason starts (federation.engine.policy)
+HEAD_FIELD = "outbound_head"  # the reply header field carrying the log's head before the reply's own line
+# the fields of a record that the reply alone determines: what the server can check a record against
+CONTENT_KEYS = ("kind", "client", "tensors", "values", "scalars", "reason", "refused", "sha256")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 def _line_hash(line: bytes) -> str:
@@ -51,15 +66,38 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def describe_reply(request: Mapping[str, Any], reply: Envelope) -> dict[str, Any]:
-    """The log record of ``reply`` (an encoded message) sent in answer to a message with header ``request``."""
+@dataclass(frozen=True)
+class Head:
+    """Where a log ends: how many lines it holds and the sha256 of its last line (``GENESIS`` when empty)."""
+
+    count: int
+    sha256: str
+
+    def as_header(self) -> dict[str, Any]:
+        return {"count": self.count, "sha256": self.sha256}
+
+
+def parse_head(value: Any) -> Head:
+    """A reply's ``HEAD_FIELD`` checked as the server receives it: ``count`` an integer >= 0 and ``sha256`` 64
+    lower-case hex digits (``GENESIS`` exactly when ``count`` is 0); anything else is a ``FederationError``."""
+    if not isinstance(value, Mapping) or set(value) != {"count", "sha256"}:
+        raise FederationError(f"its {HEAD_FIELD} {str(value)[:80]!r} is not {{count, sha256}}")
+    count, digest = value["count"], value["sha256"]
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise FederationError(f"its {HEAD_FIELD} count {str(count)[:40]!r} is not an integer >= 0")
+    if not isinstance(digest, str) or not _HEX64.fullmatch(digest):
+        raise FederationError(f"its {HEAD_FIELD} sha256 {str(digest)[:80]!r} is not 64 hex digits")
+    if (count == 0) != (digest == GENESIS):
+        raise FederationError(f"its {HEAD_FIELD} ({count} lines, sha256 {digest[:12]}...) is impossible")
+    return Head(count, digest)
+
+
+def reply_content(reply: Envelope, digest: str | None = None) -> dict[str, Any]:
+    """The part of a reply's record that the reply alone determines (``CONTENT_KEYS``): the server computes it from
+    what it received, the hospital wrote it into its log. ``digest``: the reply's ``envelope_digest`` if known."""
     header, tensors = reply
     reason = header.get("reason")
     return {
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "run": request.get("run_id"),
-        "round": request.get("round"),
-        "asked": request.get("kind"),
         "kind": header.get("kind"),
         "client": header.get("client"),
         "tensors": {
@@ -69,28 +107,76 @@ def describe_reply(request: Mapping[str, Any], reply: Envelope) -> dict[str, Any
         "scalars": _finite({k: v for k, v in header.items() if k not in ("kind", "client", "reason")}),
         **({"reason": reason} if reason is not None else {}),
         "refused": isinstance(reason, str) and reason.startswith(REFUSED_PREFIX),
-        "sha256": envelope_digest(reply),
+        "sha256": envelope_digest(reply) if digest is None else digest,
     }
+
+
+def content_digest(record: Mapping[str, Any]) -> str:
+    """sha256 of a record's ``CONTENT_KEYS`` in canonical JSON: equal for the hospital's line and the server's copy
+    of the same reply, different once any of them is edited."""
+    content = {k: record[k] for k in CONTENT_KEYS if k in record}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, allow_nan=False).encode("utf-8")).hexdigest()
+
+
+def describe_reply(request: Mapping[str, Any], reply: Envelope) -> dict[str, Any]:
+    """The log record of ``reply`` (an encoded message) sent in answer to a message with header ``request``."""
+    return {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "run": request.get("run_id"),
+        "round": request.get("round"),
+        "asked": request.get("kind"),
+        **reply_content(reply),
+    }
+
+
+def _lines(data: bytes) -> list[tuple[int, bytes]]:
+    """The log's non-blank lines with their line numbers in the file (what the head counts)."""
+    return [(number, line) for number, line in enumerate(data.splitlines(), start=1) if line.strip()]
+
+
+def head_of(data: bytes) -> Head:
+    """The head of a log whose bytes are ``data``."""
+    lines = _lines(data)
+    return Head(len(lines), _line_hash(lines[-1][1]) if lines else GENESIS)
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[IO[bytes]]:
+    """The log opened for appending under an exclusive lock, so two processes of one hospital never interleave."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "r+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield handle
+
+
+def _append(handle: IO[bytes], data: bytes, record: Mapping[str, Any]) -> None:
+    """Write ``record`` chained to the last line of ``data`` (the log's bytes), flushed to disk. A last line cut
+    short by a crash (no newline) is ended first, so that the new line stays a line of its own."""
+    line = json.dumps({**record, "prev": head_of(data).sha256}, allow_nan=False).encode("utf-8") + b"\n"
+    handle.write((b"\n" if data and not data.endswith(b"\n") else b"") + line)
+    handle.flush()
+    os.fsync(handle.fileno())
 
 
 def append_outbound(path: Path, record: Mapping[str, Any]) -> None:
     """Append ``record`` to the log at ``path`` with ``prev`` chained to the last line; flushed to disk before it
     returns (the reply leaves only after). Locked, so two processes of one hospital never interleave lines."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
-    with os.fdopen(fd, "r+b") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        handle.seek(0, os.SEEK_END)
-        size = handle.tell()
-        prev = GENESIS
-        if size:
-            handle.seek(max(0, size - (1 << 16)))
-            tail = handle.read().rstrip(b"\n").rsplit(b"\n", 1)[-1]
-            prev = _line_hash(tail)
-        line = json.dumps({**record, "prev": prev}, allow_nan=False).encode("utf-8") + b"\n"
-        handle.write(line)
-        handle.flush()
-        os.fsync(handle.fileno())
+    with _locked(path) as handle:
+        _append(handle, handle.read(), record)
+
+
+def record_reply(path: Path, request: Mapping[str, Any], reply: Envelope) -> Envelope:
+    """Record ``reply`` (sent in answer to a message with header ``request``) in the log at ``path`` and return
+    what leaves: ``reply`` with the log's head before its own line in ``HEAD_FIELD``. The head is read and the line
+    appended under one lock, so line ``count + 1`` is this reply's record. Raises ``OSError`` when the record
+    cannot be written: then nothing of ``reply`` may leave."""
+    with _locked(path) as handle:
+        data = handle.read()
+        header, tensors = reply
+        stamped: Envelope = ({**header, HEAD_FIELD: head_of(data).as_header()}, tensors)
+        _append(handle, data, describe_reply(request, stamped))
+    return stamped
 
 
 @dataclass
@@ -101,17 +187,17 @@ class OutboundLog:
     problems: list[str] = field(default_factory=list)
 
 
-def read_outbound(path: Path) -> OutboundLog:
-    """Read and verify the log at ``path``: every line JSON, every ``prev`` the hash of the line before."""
-    out = OutboundLog()
+def _read_bytes(path: Path) -> bytes:
     try:
-        data = path.read_bytes()
+        return path.read_bytes()
     except OSError as exc:
         raise FederationError(f"{path} cannot be read ({exc.strerror or exc}): is it a hospital's state?") from exc
+
+
+def _verify(path: Path, data: bytes) -> OutboundLog:
+    out = OutboundLog()
     prev = GENESIS
-    for number, line in enumerate(data.splitlines(), start=1):
-        if not line.strip():
-            continue
+    for number, line in _lines(data):
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
@@ -126,6 +212,11 @@ def read_outbound(path: Path) -> OutboundLog:
     return out
 
 
+def read_outbound(path: Path) -> OutboundLog:
+    """Read and verify the log at ``path``: every line JSON, every ``prev`` the hash of the line before."""
+    return _verify(path, _read_bytes(path))
+
+
 def find_outbound(state: Path) -> Path:
     """The outbound log of a hospital state folder: ``DIR/outbound.jsonl`` (a run's ``hospitals/client_XX``),
     or ``DIR/runs/outbound.jsonl`` (``gastric-fl federation hospital --state DIR``)."""
@@ -138,16 +229,106 @@ def find_outbound(state: Path) -> Path:
     )
 
 
-def audit_report(path: Path) -> tuple[str, bool]:
+@dataclass(frozen=True)
+class Anchor:
+    """A head the log must still hold, and whose it is. The server's (``federation.engine.audit.load_anchor``)
+    also names the run, the hospital and the reply that carried the head (its ``envelope_digest``, the
+    ``content_digest`` of its record, its kind): the log's line ``count + 1`` must be that reply's record. One a
+    hospital noted (``--count N --sha256 H``) is the head alone."""
+
+    head: Head
+    source: str  # where it comes from, for the report: a file, or "the head given"
+    run: str | None = None
+    client: int | None = None
+    reply_sha256: str | None = None
+    record_sha256: str | None = None
+    kind: str | None = None
+
+    def whose(self) -> str:
+        if self.run is None:
+            return f"the head given ({self.head.count} lines, sha256 {self.head.sha256[:12]}...)"
+        return f"the anchor of run {self.run}, hospital {self.client} ({self.source})"
+
+
+def check_anchor(path: Path, data: bytes, anchor: Anchor) -> list[str]:
+    """Where the log with bytes ``data`` at ``path`` has lost what ``anchor`` says it held (one line each; empty
+    when it holds it): fewer lines than the anchor counts (cut short, emptied), a line ``count`` that does not hash
+    to the anchor's head (edited, re-chained, another hospital's log), a line ``count + 1`` that is not the record
+    of the anchored reply (edited: a reply made to read as a refusal)."""
+    lines = _lines(data)
+    count, whose = anchor.head.count, anchor.whose()
+    need = count + (1 if anchor.reply_sha256 is not None else 0)
+    problems: list[str] = []
+    if len(lines) < need:
+        what = (
+            f"the {anchor.kind} recorded as line {count + 1}" if anchor.reply_sha256 is not None else f"{count} line(s)"
+        )
+        problems.append(
+            f"{path}:{len(lines) + 1}: the log ends after {len(lines)} line(s), but {whose} holds {what}: "
+            f"{'it was emptied' if not lines else 'lines were removed from its end'}"
+        )
+    if 0 < count <= len(lines):
+        number, line = lines[count - 1]
+        if _line_hash(line) != anchor.head.sha256:
+            problems.append(
+                f"{path}:{number}: does not hash to {whose} (sha256 {anchor.head.sha256[:12]}...): a line up to it "
+                "was edited or removed and the chain recomputed, or this is another hospital's log"
+            )
+    if anchor.reply_sha256 is not None and len(lines) > count:
+        number, line = lines[count]
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        if (
+            not isinstance(record, dict)
+            or record.get("sha256") != anchor.reply_sha256
+            or content_digest(record) != anchor.record_sha256
+            or record.get("run") != anchor.run
+        ):
+            seen = (
+                f"reads as a {record.get('kind')}{' (refused)' if record.get('refused') else ''} of run "
+                f"{record.get('run')}"
+                if isinstance(record, dict)
+                else "is not JSON"
+            )
+            problems.append(
+                f"{path}:{number}: should record the {anchor.kind} (sha256 {anchor.reply_sha256[:12]}...) that "
+                f"{whose} received, but {seen}: the line was edited"
+            )
+    return problems
+
+
+def audit_report(path: Path, anchors: tuple[Anchor, ...] = ()) -> tuple[str, bool]:
     """What a privacy officer reads: the log's integrity, the runs, what left per run (messages, tensors, values),
-    and every refusal. Returns the text and whether the log is intact."""
-    log = read_outbound(path)
+    and every refusal. Returns the text and whether the log is intact: every line chained to the one before and,
+    for each of ``anchors``, holding what it anchors (``check_anchor``). Without an anchor the end of the log
+    cannot be checked, and the text says so."""
+    data = _read_bytes(path)
+    log = _verify(path, data)
+    head = head_of(data)
+    anchored = [p for anchor in anchors for p in check_anchor(path, data, anchor)]
     lines = [f"outbound log: {path} ({len(log.records)} replies)"]
+    lines += [f"anchor: {anchor.whose()}" for anchor in anchors]
     if log.problems:
         lines.append(f"INTEGRITY: {len(log.problems)} problem(s); the log cannot be trusted past the first:")
         lines += [f"  {p}" for p in log.problems[:10]]
-    else:
-        lines.append("integrity: intact (every line chained to the one before)")
+    if anchored:
+        lines.append(f"INTEGRITY: the log does not hold its anchor ({len(anchored)} problem(s)):")
+        lines += [f"  {p}" for p in anchored]
+    if not log.problems and not anchored:
+        if anchors:
+            lines.append("integrity: intact (every line chained to the one before; the log holds its anchor)")
+        else:
+            lines.append(
+                "integrity: every line is chained to the one before, but the end of the log cannot be checked "
+                "without an anchor (a log cut short, emptied or re-chained reads the same): give --anchor "
+                "RUN/anchors.json (the server's record) or --count N --sha256 H (a head noted earlier)"
+            )
+    lines.append(
+        f"head: {head.count} lines, sha256 {head.sha256} (note it: --count {head.count} --sha256 {head.sha256} "
+        "checks later that this log kept its end)"
+    )
     runs: dict[str, list[dict[str, Any]]] = {}
     for record in log.records:
         runs.setdefault(str(record.get("run")), []).append(record)
@@ -171,4 +352,4 @@ def audit_report(path: Path) -> tuple[str, bool]:
     if failures:
         lines.append(f"other failures: {len(failures)}")
         lines += [f"  {r.get('time')} run {r.get('run')} round {r.get('round')}: {r.get('reason')}" for r in failures]
-    return "\n".join(lines), not log.problems
+    return "\n".join(lines), not log.problems and not anchored

@@ -13,6 +13,9 @@ Every message crosses as a ``codec`` envelope, in every pool, and every envelope
 ``observers`` on its way (``"to_hospital"`` / ``"from_hospital"``): the boundary audit test records them.
 ``on_answer``, when set, is called with a client index as soon as that hospital has answered (in-process: one by
 one; worker processes: per worker), so the loop can report progress within a round (``federation.progress``).
+A reply's head of the hospital's outbound log (``federation.engine.outbound.HEAD_FIELD``) is checked before the
+reply is read (a malformed one makes the reply a ``Failure``) and, when ``anchors`` is set, kept there
+(``federation.engine.audit.Anchors``: ``<run>/anchors.json``).
 A hospital that fails, or that a transport cannot reach, comes back as a ``Failure``; the loop decides.
 """
 
@@ -27,14 +30,18 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from federation.contract import EvaluateTask, Failure, Hello, TrainTask
 from federation.engine.codec import Envelope, Message, decode, encode, from_bytes, to_bytes
 from federation.engine.hospital import Hospital, Site
+from federation.engine.outbound import HEAD_FIELD, parse_head
 from federation.errors import FederationError, Interrupted, first_line
+
+if TYPE_CHECKING:
+    from federation.engine.audit import Anchors
 
 Observer = Callable[[str, Envelope], None]
 TO_HOSPITAL, FROM_HOSPITAL = "to_hospital", "from_hospital"
@@ -45,6 +52,7 @@ class Pool:
     """The transport-independent part: envelopes in and out, shown to observers; subclasses carry them."""
 
     on_answer: Callable[[int], None] | None = None
+    anchors: Anchors | None = None  # where the server keeps each hospital's outbound-log head (set by the loop)
 
     def __init__(self, observers: Sequence[Observer] = ()) -> None:
         self.observers: list[Observer] = list(observers)
@@ -97,16 +105,22 @@ class Pool:
             observer(direction, envelope)
 
     def _receive_or_fail(self, client: int, envelope: Envelope) -> Message:
-        """A reply decoded, or a ``Failure`` naming why it cannot be read (the server never crashes on a reply)."""
+        """A reply decoded, or a ``Failure`` naming why it cannot be read (the server never crashes on a reply).
+        ``client``: the hospital it came from; negative before a hello reply names it (then the reply's own)."""
         try:
-            return self._receive(envelope)
+            message = self._receive(envelope)
         except Interrupted:
             raise
         except Exception as exc:
             return Failure(client, f"its reply cannot be read ({type(exc).__name__}: {first_line(exc)})")
+        if self.anchors is not None:  # outside the try: a server that cannot write its own record stops
+            self.anchors.record(client if client >= 0 else getattr(message, "client", -1), envelope)
+        return message
 
     def _receive(self, envelope: Envelope) -> Message:
         self._observe(FROM_HOSPITAL, envelope)
+        if HEAD_FIELD in envelope[0]:
+            parse_head(envelope[0][HEAD_FIELD])
         return decode(envelope)
 
 
