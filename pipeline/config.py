@@ -23,7 +23,7 @@ from typing import Any, Literal
 from infra.formats import BINARY_CLASSES
 from pipeline.errors import PipelineError
 from pipeline.images import DEFAULT_MAX_PIXELS, check_max_pixels
-from pipeline.sites import MAX_STRENGTH, SHIFTS, ListedProfile, parse_listed
+from pipeline.stain_profiles import MAX_STRENGTH, SHIFTS, ListedProfile, parse_listed
 
 Format = Literal["seed", "bot", "class-folders"]
 FORMATS: tuple[str, ...] = ("seed", "bot", "class-folders")
@@ -111,7 +111,7 @@ class ClientsConfig:
 
 @dataclass(frozen=True)
 class SitesConfig:
-    """Simulated sites: a stain and scanner profile per hospital, applied to its tiles (`pipeline.sites`)."""
+    """Simulated sites: a stain and scanner profile per hospital, applied to its tiles (`pipeline.stain_profiles`)."""
 
     shift: str = "none"
     strength: float = 1.0

@@ -15,7 +15,7 @@ pure white then occurs in almost every abnormal tile and in almost no normal one
 (the shortcut `pipeline.probe` measures). With ``mask_outside`` this applies to *training* tiles of abnormal slides
 only; validation and test tiles are always raw (`cut_tiles`'s ``masked``).
 
-Grayscale hospitals get single-channel tiles. A hospital with a simulated site profile (`pipeline.sites`) gets
+Grayscale hospitals get single-channel tiles. A hospital with a simulated site profile (`pipeline.stain_profiles`) gets
 its tiles through that profile's stain and scanner steps; which tiles are kept never depends on it.
 
 Definitions (docs/pipeline.md): a pixel is *near-white* when all three channels are >= ``white_level``
@@ -41,7 +41,7 @@ import numpy.typing as npt
 
 from pipeline.config import PrepareConfig
 from pipeline.images import RGBImage
-from pipeline.sites import SiteProfile, apply_site, site_profiles
+from pipeline.stain_profiles import SiteProfile, apply_site, site_profiles
 
 WHITE = 255
 # A slide whose every sample is at most this dark holds no tissue (a failed scan or a blank export); its squares pass

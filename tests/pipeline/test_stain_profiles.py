@@ -1,4 +1,4 @@
-"""Simulated hospital sites (`pipeline.sites`): each profile step changes the tiles by the configured amount,
+"""Simulated hospital sites (`pipeline.stain_profiles`): each profile step changes the tiles by the configured amount,
 gray hospitals stay gray, the same settings give the same bytes, and prepare records every profile."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from support.images import file_hashes
 from pipeline.config import build_config
 from pipeline.errors import PipelineError
 from pipeline.prepare import prepare_dataset
-from pipeline.sites import (
+from pipeline.stain_profiles import (
     STAIN_MATRIX,
     SiteProfile,
     apply_site,
