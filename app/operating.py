@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 from app.dashboard.errors import DashboardError
 from app.dashboard.evaluation import threshold_for_sensitivity
 from app.dashboard.runs import read_prediction_file
-from app.slide_view import CARD_FILE
 from federation.runfiles import PREDICTIONS_FILE, VAL_PREDICTIONS_FILE, hospital_dir
+from models.names import CARD_FILE
 
 if TYPE_CHECKING:
     from models.bundle import ModelCard

@@ -76,6 +76,7 @@ from infra.outputs import (
 )
 from infra.provenance import intended_use
 from models.decision import Slides, interval_text, slide_of_tile, slide_stem
+from models.names import CARD_FILE
 
 if TYPE_CHECKING:
     from app.dashboard.evaluation import Floor
@@ -214,22 +215,22 @@ def load_hospital(run: Path, hospital: int | str) -> HospitalReport:
         raise ReportError(f"{folder} does not exist: hospital {client} is not part of this run (hospitals: {known})")
     predictions = read_predictions(folder / PREDICTIONS_FILE)
     summary = _json_file(run / SUMMARY_FILE, "the run rewrites it at the next round; rerun or resume the run")
-    card = _json_file(folder / slide_view.CARD_FILE, "train the run again (or resume it) to export the model anew")
+    card = _json_file(folder / CARD_FILE, "train the run again (or resume it) to export the model anew")
     notes: list[str] = []
     threshold = 0.5
     classes = card.get("class_names") or list(CLASS_NAMES)
     if card and (len(classes) != 2 or card.get("positive_class", "abnormal") not in classes):
         raise ReportError(
-            f"{folder / slide_view.CARD_FILE}: the model tells {len(classes)} classes; the HTML report reads "
+            f"{folder / CARD_FILE}: the model tells {len(classes)} classes; the HTML report reads "
             "sensitivity and specificity of a normal/abnormal model"
         )
     if card:
         value = card.get("threshold")
         if not isinstance(value, int | float) or not 0.0 < float(value) < 1.0:
-            raise ReportError(f"{folder / slide_view.CARD_FILE}: threshold {value!r} is not in (0, 1); export again")
+            raise ReportError(f"{folder / CARD_FILE}: threshold {value!r} is not in (0, 1); export again")
         threshold = float(value)
     else:
-        notes.append(f"{folder / slide_view.CARD_FILE} is missing (a run made before model export): threshold 0.5.")
+        notes.append(f"{folder / CARD_FILE} is missing (a run made before model export): threshold 0.5.")
     scan = scan_jsonl(run / METRICS_FILE)
     notes += [f"{bad}; the record is left out." for bad in scan.damaged]
     mine = [r for r in scan.records if r.get("client") == client and isinstance(r.get("round"), int)]

@@ -49,10 +49,10 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
-from federation.runfiles import MODEL_CARD_FILE as CARD_FILE
 from federation.runfiles import hospital_files, hospital_index
 from infra import outputs
-from infra.provenance import PREPARE_RECORD as PREPARE_FILE
+from infra.formats import PREPARE_RECORD
+from models.names import CARD_FILE
 from pipeline.images import DEFAULT_MAX_PIXELS, UnreadableImageError, check_max_pixels, check_pixels
 
 SLIDES_DIR = "slides"
@@ -216,7 +216,7 @@ def listed_slides(card: dict[str, Any], dataset: Path | None) -> list[ListedSlid
             f"the prepared dataset of this model ({named or 'not named in model.json'}) is not on this machine; "
             "upload a slide instead, or copy the dataset back"
         )
-    record_path = dataset / PREPARE_FILE
+    record_path = dataset / PREPARE_RECORD
     try:
         record = json.loads(record_path.read_text(encoding="utf-8"))
         source_input = str(record["config"]["source"]["input"])

@@ -35,9 +35,8 @@ import numpy as np
 import torch
 
 from federation.errors import FederationError
-from infra.formats import BINARY_CLASSES, MANIFEST_FILE
+from infra.formats import BINARY_CLASSES, MANIFEST_FILE, PREPARE_RECORD
 from infra.outputs import FolderPaths, PathOutsideError
-from infra.provenance import PREPARE_RECORD as PREPARE_FILE
 from models.preprocess import default_stats, fit_tile, normalise, tile_from_decoded
 
 LABELS: tuple[str, ...] = BINARY_CLASSES  # the binary task: class index 0 and 1
@@ -104,7 +103,7 @@ def _natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
 def prepared_classes(dataset: str | Path) -> tuple[str, ...] | None:
     """``classes`` of ``<dataset>/prepare.json`` (class-index order), checked; ``None`` when the file is absent,
     unreadable or older than class lists (then the manifest's labels decide, `classes_of_labels`)."""
-    path = Path(dataset) / PREPARE_FILE
+    path = Path(dataset) / PREPARE_RECORD
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
@@ -208,7 +207,7 @@ def read_dataset(dataset: str | Path) -> tuple[list[ManifestRow], tuple[str, ...
         if label not in index:
             raise FederationError(
                 f"{manifest} line {line}: label {label!r} is not one of the dataset's classes {list(classes)} "
-                f"({folder / PREPARE_FILE}); re-run gastric-fl prepare"
+                f"({folder / PREPARE_RECORD}); re-run gastric-fl prepare"
             )
         rows.append(ManifestRow(client, split, index[label], path, channels))
     return rows, classes
@@ -371,12 +370,12 @@ def extract_hospital(dataset: str | Path, client: int, out: Path) -> Path:
         writer.writeheader()
         writer.writerows(records)
     try:
-        prepared = json.loads((source / PREPARE_FILE).read_text(encoding="utf-8"))
+        prepared = json.loads((source / PREPARE_RECORD).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         prepared = {}
     own = _own_record(prepared if isinstance(prepared, dict) else {}, client, records, classes)
     own["extracted_from"] = {"dataset": str(source.resolve()), "client": client}
-    (out / PREPARE_FILE).write_text(json.dumps(own, indent=2) + "\n", encoding="utf-8")
+    (out / PREPARE_RECORD).write_text(json.dumps(own, indent=2) + "\n", encoding="utf-8")
     return out
 
 

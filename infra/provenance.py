@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from infra.formats import PREPARE_RECORD as PREPARE_RECORD  # the record prepare writes (re-exported)
+from infra.formats import PREPARE_RECORD
 
 INTENDED_USE = "Research use only, not for diagnosis."
 SYNTHETIC_NOTE = "Trained and tested on synthetic slides (made by gastric-fl synth), not on patients' slides."

@@ -49,7 +49,7 @@ import cv2
 import numpy as np
 from tqdm import tqdm
 
-from infra.formats import MANIFEST_FILE
+from infra.formats import MANIFEST_FILE, PREPARE_RECORD
 from infra.outputs import (
     OutputError,
     check_replaceable,
@@ -58,7 +58,7 @@ from infra.outputs import (
     read_marker,
     write_marker,
 )
-from infra.provenance import PREPARE_RECORD, synthetic_source
+from infra.provenance import synthetic_source
 from pipeline.config import PrepareConfig, validate_config
 from pipeline.errors import PipelineError
 from pipeline.images import encode_png

@@ -16,8 +16,7 @@ import pandas as pd
 from PIL import Image
 
 from app.dashboard.errors import DashboardError
-from infra.formats import MANIFEST_FILE
-from infra.provenance import PREPARE_RECORD
+from infra.formats import MANIFEST_FILE, PREPARE_RECORD
 from pipeline.config import LABELS
 from pipeline.prepare import MANIFEST_COLUMNS
 from pipeline.report import SPLITS as PREPARED_SPLITS

@@ -35,6 +35,7 @@ from federation import jsonl, runfiles
 from federation.errors import FederationError
 from federation.runfiles import hospital_files, hospital_index
 from infra.formats import MANIFEST_FILE
+from models.names import CARD_FILE
 
 RUN_FILES = (runfiles.CONFIG_FILE, runfiles.METRICS_FILE, runfiles.SUMMARY_FILE)
 STATUSES = ("running", "finished", "failed")
@@ -596,7 +597,7 @@ def load_predictions(run: Path) -> pd.DataFrame:
 def _cards(run: Path) -> dict[int, dict[str, Any]]:
     """Each hospital's model card (``hospitals/client_XX/model.json``) that reads as a JSON object, by client."""
     found: dict[int, dict[str, Any]] = {}
-    for path in hospital_files(run, runfiles.MODEL_CARD_FILE):
+    for path in hospital_files(run, CARD_FILE):
         try:
             card = json.loads(path.read_text(encoding="utf-8"))
             client = hospital_index(path.parent.name)

@@ -36,7 +36,7 @@ from federation.config import RunConfig
 from federation.data import LABELS
 from federation.runs import now_iso
 from federation.strategies import default_nhead
-from infra.provenance import PREPARE_RECORD as PREPARE_FILE
+from infra.formats import PREPARE_RECORD
 from infra.provenance import dataset_is_synthetic, intended_use
 from models import split_units
 from models.bundle import DEFAULT_THRESHOLD, ModelCard, TileGrid, decision_counts
@@ -47,7 +47,7 @@ from models.preprocess import Preprocess
 def _prepare_record(dataset: Path, client: int) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """``(client entry, tiles settings)`` of ``<dataset>/prepare.json``; ``None`` when absent or unusable."""
     try:
-        record = json.loads((dataset / PREPARE_FILE).read_text(encoding="utf-8"))
+        record = json.loads((dataset / PREPARE_RECORD).read_text(encoding="utf-8"))
         entry = next(c for c in record["clients"] if int(c["client"]) == client)
         return entry, dict(record["config"]["tiles"]) | {"format": record["config"]["source"]["format"]}
     except (OSError, ValueError, KeyError, TypeError, StopIteration):

@@ -36,6 +36,7 @@ from app.dashboard import ui
 from app.dashboard.datasets import hospital_label
 from app.dashboard.runs import RunInfo
 from federation.runfiles import METRICS_FILE, PREDICTIONS_FILE
+from models.names import CARD_FILE
 from pipeline.errors import PipelineError
 
 CHART_HEIGHT = 490
@@ -513,7 +514,7 @@ def _page() -> None:
 
     st.divider()
     try:
-        files = (folder / PREDICTIONS_FILE, folder / slide_view.CARD_FILE, info.path / METRICS_FILE)
+        files = (folder / PREDICTIONS_FILE, folder / CARD_FILE, info.path / METRICS_FILE)
         stamp = (
             *(_stamp(f) for f in files),
             *(_stamp(e / "view" / "view.json") for e in slide_view.scored_entries(folder)),
