@@ -8,8 +8,8 @@ post-process, ``EXAMPLE_WEIGHTED`` those whose weights ``server.max_weight`` cap
 name, so a strategy that is missing or broken only fails when it is chosen. Each module exposes ``build(config:
 RunConfig, ctx: StrategyContext) -> Strategy`` (the ``Strategy`` protocol of ``federation.contract``); each wrapper
 ``wrap(inner: Strategy, config: RunConfig, ctx: StrategyContext) -> Strategy``, applied in the listed order.
-``StrategyContext`` (``common``, which imports torch) is imported on first use, so that importing the registry
-through this package does not import torch.
+``StrategyContext`` (`federation.strategies.context`, which imports torch) is imported on first use, so that
+importing the registry through this package does not import torch.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
-    """``StrategyContext`` from ``common`` (torch) on first use (PEP 562)."""
+    """``StrategyContext`` from `federation.strategies.context` (torch) on first use (PEP 562)."""
     if name == "StrategyContext":
         from federation.strategies.context import StrategyContext
 
