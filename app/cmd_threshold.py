@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
 
         if (value is None) == (sensitivity is None):
             raise DashboardError("give exactly one of --value T (by hand) or --sensitivity S (from the floor)")
-        folder = operating.hospital_folder(run, hospital)
+        folder = operating.bundle_folder(run, hospital)
         if value is not None:
             chosen, source, split = value, "set by hand", ""
         else:

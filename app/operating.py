@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from models.bundle import ModelCard
 
 
-def hospital_folder(run: Path, hospital: int) -> Path:
+def bundle_folder(run: Path, hospital: int) -> Path:
     """``<run>/hospitals/client_XX``, the hospital's bundle; `DashboardError` (one line) when it has no card."""
     folder = hospital_dir(run, hospital)
     if not (folder / CARD_FILE).is_file():

@@ -453,7 +453,7 @@ def save_threshold_button(
     from app import operating
 
     try:
-        folder = operating.hospital_folder(run, hospital)
+        folder = operating.bundle_folder(run, hospital)
         card = operating.save(folder, value, source, split, by=who, reason=why)
         from app.held_out import recall
 

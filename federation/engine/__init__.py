@@ -17,10 +17,10 @@ from pathlib import Path
 from federation.config import RunConfig, load_config, parse_override
 from federation.data import check_clients, read_manifest
 from federation.engine.derived import derive_seed, initial_state, resolve_config, resolve_device
-from federation.engine.hospital import Site, hospital_folder
+from federation.engine.hospital import Site
 from federation.engine.loop import RunStopped, Server
 from federation.errors import FederationError
-from federation.runfiles import CONFIG_FILE, SUMMARY_FILE
+from federation.runfiles import CONFIG_FILE, SUMMARY_FILE, hospital_dir
 from federation.runs import complete_checkpoints, read_json
 
 # Settings a resumed run may change: they do not alter the federation's maths.
@@ -51,7 +51,7 @@ def local_sites(config: RunConfig, run_dir: Path) -> list[Site]:
     rows = read_manifest(dataset)
     chosen = config.strategy.clients
     clients = check_clients(dataset, rows, None if isinstance(chosen, str) else chosen)
-    return [Site(dataset, c, hospital_folder(run_dir, c)) for c in clients]
+    return [Site(dataset, c, hospital_dir(run_dir, c)) for c in clients]
 
 
 def _status(run_dir: Path) -> str | None:

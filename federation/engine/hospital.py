@@ -86,7 +86,6 @@ from federation.runfiles import (
     PREDICTIONS_FILE,
     SLIDES_FILE,
     VAL_PREDICTIONS_FILE,
-    hospital_dir,
     prediction_columns,
 )
 from federation.runfiles import HOSPITALS_DIR as HOSPITALS_DIR  # re-exported: the old name
@@ -127,9 +126,6 @@ def changed_settings(before: RunConfig, after: RunConfig) -> list[str]:
         for key, value in values.items()
         if f"{section}.{key}" not in RESUMABLE_SETTINGS and old.get(section, {}).get(key) != value
     ]
-
-
-hospital_folder = hospital_dir  # where the in-process engines keep a hospital's folder (the older name)
 
 
 def manifest_sha256(dataset: Path) -> str:

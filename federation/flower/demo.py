@@ -22,11 +22,11 @@ from typing import Any
 from federation.config import RunConfig
 from federation.data import extract_hospital
 from federation.engine import local_sites, resolve_config
-from federation.engine.hospital import hospital_folder
 from federation.engine.policy import load_policy
 from federation.flower.kit import hospital_name, init_kit
 from federation.flower.local_deployment import LocalDeployment, NodeSpec
 from federation.flower.runner import run_config, submit_and_follow
+from federation.runfiles import hospital_dir
 from models import check_input_size
 
 
@@ -64,7 +64,7 @@ def run_demo(
                     "data-client": 0,
                     # each hospital holds only its own slides: its part of the dataset, as a dataset of its own
                     "data-path": str(extract_hospital(s.dataset, s.client, work / "data" / hospital_name(s.client))),
-                    "hospital-dir": str(hospital_folder(run_dir, s.client).resolve()),
+                    "hospital-dir": str(hospital_dir(run_dir, s.client).resolve()),
                     "per-run": False,
                     **({"policy": str(Path(policy).resolve())} if policy is not None else {}),
                 },

@@ -26,10 +26,10 @@ from federation.data import LABELS, read_dataset
 from federation.engine import Server
 from federation.engine.audit import AUDIT_FILE, check_message
 from federation.engine.codec import decode, encode
-from federation.engine.hospital import Site, hospital_folder
+from federation.engine.hospital import Site
 from federation.engine.pools import InProcessPool
 from federation.errors import FederationError
-from federation.runfiles import SUMMARY_FILE, prediction_columns
+from federation.runfiles import SUMMARY_FILE, hospital_dir, prediction_columns
 from models import create_model, head_keys, split_units
 from models.bundle import BundleError, load_bundle
 
@@ -172,7 +172,7 @@ def test_three_classes_train_end_to_end(
     assert sorted(metrics) == [0, 1, 2]
     all_present = some_missing = 0
     for client, line in metrics.items():
-        folder = hospital_folder(run, client)
+        folder = hospital_dir(run, client)
         rows = read_predictions(folder / "predictions.csv")
         assert list(rows[0]) == ["client", "path", "label", "prob_alpha", "prob_beta", "prob_gamma", "round"]
         probs = np.array([[float(r[f"prob_{c}"]) for c in CLASSES] for r in rows])
@@ -220,7 +220,7 @@ def test_gastric_fl_predict_refuses_a_multiclass_bundle(
     run = tmp_path / "run"
     assert run_cli(monkeypatch, "train", "--data", str(dataset), "--out", str(run), "-q", *_sets()) == 0
     capsys.readouterr()
-    bundle = load_bundle(hospital_folder(run, 0))  # the bundle itself loads: a 3-output model deciding by argmax
+    bundle = load_bundle(hospital_dir(run, 0))  # the bundle itself loads: a 3-output model deciding by argmax
     assert bundle.card.decision == "argmax"
     assert bundle.card.class_names == CLASSES
     assert bundle.model(torch.zeros(2, 3, 32, 32)).shape == (2, 3)
@@ -229,7 +229,7 @@ def test_gastric_fl_predict_refuses_a_multiclass_bundle(
     slide = next((dataset / "client_00" / "test").rglob("*.png"))
     out = tmp_path / "pred"
     code = run_cli(
-        monkeypatch, "predict", "--model", str(hospital_folder(run, 0)), "--slide", str(slide), "--out", str(out)
+        monkeypatch, "predict", "--model", str(hospital_dir(run, 0)), "--slide", str(slide), "--out", str(out)
     )
     err = capsys.readouterr().err.strip()
     assert code == 2
@@ -248,7 +248,7 @@ def test_hospitals_that_disagree_on_the_classes_are_refused(
     assert read_dataset(other)[1] == ("gamma", "beta", "alpha")
     run = tmp_path / "run"
     config = load_config(None, list(SETTINGS), data=dataset)
-    sites = [Site(dataset, 0, hospital_folder(run, 0)), Site(other, 1, hospital_folder(run, 1))]
+    sites = [Site(dataset, 0, hospital_dir(run, 0)), Site(other, 1, hospital_dir(run, 1))]
     server = Server(config, run, progress=False)
     with pytest.raises(FederationError) as error:
         server.run(lambda: InProcessPool(sites))

@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 
 from federation import runfiles
-from federation.engine.hospital import HOSPITALS_DIR, hospital_folder
+from federation.engine.hospital import HOSPITALS_DIR
 from federation.flower.kit import hospital_name
 
 
 def test_names_indices_and_listing(tmp_path: Path) -> None:
     assert runfiles.hospital_name(3) == "client_03" == hospital_name(3)
-    assert runfiles.hospital_dir(tmp_path, 12) == tmp_path / "hospitals" / "client_12" == hospital_folder(tmp_path, 12)
+    assert runfiles.hospital_dir(tmp_path, 12) == tmp_path / "hospitals" / "client_12"
     assert runfiles.hospital_index("client_07") == 7
     with pytest.raises(ValueError, match="not a hospital folder name"):
         runfiles.hospital_index("server")
