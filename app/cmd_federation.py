@@ -241,12 +241,49 @@ def audit(
         help="A hospital's state folder (as given to gastric-fl federation hospital --state), or a run's "
         "hospitals/client_XX folder.",
     ),
+    anchor: Path | None = typer.Option(
+        None,
+        "--anchor",
+        help="The server's record of every hospital's outbound-log head: the run's anchors.json. The log must "
+        "still hold the head this hospital's latest reply in that run carried, and that reply's record.",
+    ),
+    hospital: int | None = typer.Option(
+        None, "--hospital", help="Which hospital of --anchor this log is (default: the one its records name)."
+    ),
+    count: int | None = typer.Option(
+        None, "--count", help="A head noted earlier (audit prints it): how many lines the log held then."
+    ),
+    sha256: str | None = typer.Option(None, "--sha256", help="With --count: the sha256 of the log's line COUNT."),
 ) -> None:
     """What left this hospital: the runs, the tensors and values sent, every refused request, and whether the
-    outbound log is intact (exit 1 if it is not)."""
-    from federation.engine.outbound import audit_report, find_outbound
+    outbound log is intact (exit 1 if it is not). Only an anchor (--anchor, or --count with --sha256) shows that
+    the log kept its end; without one the report says that the end is unchecked."""
+    from federation.engine.audit import load_anchor
+    from federation.engine.outbound import Anchor, audit_report, find_outbound, parse_head, read_outbound
+    from federation.errors import FederationError
 
-    text, intact = audit_report(find_outbound(state))
+    path = find_outbound(state)
+    anchors: list[Anchor] = []
+    if (count is None) != (sha256 is None):
+        raise FederationError("give --count N and --sha256 H together: the head audit printed when it was noted")
+    if count is not None:
+        try:
+            head = parse_head({"count": count, "sha256": sha256})
+        except FederationError:
+            raise FederationError(
+                f"--count {count} --sha256 {sha256} is not a head of a log (a count >= 0 and the 64 hex digits of "
+                "its last line, 64 zeros for 0 lines): give the head federation audit printed"
+            ) from None
+        anchors.append(Anchor(head, "the head given"))
+    if anchor is not None:
+        clients: list[int] = []
+        if hospital is None:  # which hospital this log is, by its own records (only where the anchor holds several)
+            records = read_outbound(path).records
+            clients = sorted({r["client"] for r in records if isinstance(r.get("client"), int)})
+        anchors.append(load_anchor(anchor, hospital, clients))
+    elif hospital is not None:
+        raise FederationError("--hospital names a hospital of --anchor FILE: give the run's anchors.json too")
+    text, intact = audit_report(path, tuple(anchors))
     typer.echo(text)
     if not intact:
         raise typer.Exit(1)

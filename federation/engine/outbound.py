@@ -77,16 +77,22 @@ class Head:
         return {"count": self.count, "sha256": self.sha256}
 
 
+def _shown(value: Any) -> str:
+    """A value from the other side as a short repr, for a one-line error."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def parse_head(value: Any) -> Head:
     """A reply's ``HEAD_FIELD`` checked as the server receives it: ``count`` an integer >= 0 and ``sha256`` 64
     lower-case hex digits (``GENESIS`` exactly when ``count`` is 0); anything else is a ``FederationError``."""
     if not isinstance(value, Mapping) or set(value) != {"count", "sha256"}:
-        raise FederationError(f"its {HEAD_FIELD} {str(value)[:80]!r} is not {{count, sha256}}")
+        raise FederationError(f"its {HEAD_FIELD} {_shown(value)} is not {{count, sha256}}")
     count, digest = value["count"], value["sha256"]
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise FederationError(f"its {HEAD_FIELD} count {str(count)[:40]!r} is not an integer >= 0")
+        raise FederationError(f"its {HEAD_FIELD} count {_shown(count)} is not an integer >= 0")
     if not isinstance(digest, str) or not _HEX64.fullmatch(digest):
-        raise FederationError(f"its {HEAD_FIELD} sha256 {str(digest)[:80]!r} is not 64 hex digits")
+        raise FederationError(f"its {HEAD_FIELD} sha256 {_shown(digest)} is not 64 hex digits")
     if (count == 0) != (digest == GENESIS):
         raise FederationError(f"its {HEAD_FIELD} ({count} lines, sha256 {digest[:12]}...) is impossible")
     return Head(count, digest)
@@ -287,14 +293,14 @@ def check_anchor(path: Path, data: bytes, anchor: Anchor) -> list[str]:
             or record.get("run") != anchor.run
         ):
             seen = (
-                f"reads as a {record.get('kind')}{' (refused)' if record.get('refused') else ''} of run "
-                f"{record.get('run')}"
+                f"it records kind {record.get('kind')}{', refused' if record.get('refused') else ''}, run "
+                f"{record.get('run')}, hospital {record.get('client')}, sha256 {str(record.get('sha256'))[:12]}..."
                 if isinstance(record, dict)
-                else "is not JSON"
+                else "it is not JSON"
             )
             problems.append(
                 f"{path}:{number}: should record the {anchor.kind} (sha256 {anchor.reply_sha256[:12]}...) that "
-                f"{whose} received, but {seen}: the line was edited"
+                f"{whose} received, but {seen}: the line was edited, or this is another hospital's log"
             )
     return problems
 
