@@ -9,7 +9,9 @@ API on 127.0.0.1 as Flower's own ``flwr-clientapp`` does (``flwr.supernode.runti
 pull its message and context, push the reply and the task's status), but it never installs or imports the FAB:
 
 - a run whose app is not ``APP_ID`` (the FAB of ``federation/flower/fab``) is answered with an error that says
-  so, and nothing of it is installed, imported or run;
+  so, and nothing of it is installed, imported or run; that refusal is recorded in the hospital's outbound log
+  (``federation.engine.outbound.record_reply``, the log named by the node's ``hospital-dir``) before it leaves,
+  like every other reply, so ``gastric-fl federation audit`` counts it;
 - every other message is answered by ``federation.engine.hospital.Hospital`` from the node's own configuration
   (``--node-config``: dataset, folder, policy); the run's configuration is never read, so a run cannot point the
   hospital at another folder or dataset;
@@ -35,6 +37,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -225,6 +228,7 @@ class HospitalExecutor:
                 f"gastric-fl hospital ({APP_ID}); nothing of the run's app was installed or run"
             )
             _log(reason)
+            reason = record_refusal(context, message.metadata.message_type, fab_id, reason)
             return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message)
         try:
             site = hospital_site(context.node_config, {})  # the node's own settings; the run's are never read
@@ -236,6 +240,36 @@ class HospitalExecutor:
             hospital = self.hospitals[site] = Hospital(site)
         envelope = hospital.answer(from_record(message.content))
         return Message(to_record(envelope), reply_to=message)
+
+
+def record_refusal(context: Context, asked: str, fab_id: str, reason: str) -> str:
+    """Record the refusal of a foreign app's message in the outbound log of the hospital the node's own
+    configuration names, before it leaves (as ``Hospital.answer`` records every reply): a ``Failure`` with
+    ``reason``, of run ``flower run <id> (<app>)``. The log is the hospital's (``Site.outbound_log``: in its
+    ``hospital-dir``) even where the rest of the node's configuration (its dataset, its policy) is unusable. Returns
+    the reason to send; where the log cannot be written (or the node names no ``hospital-dir``) the refusal still
+    leaves, since it carries nothing of the hospital, and the executor's output says that it is not in the log."""
+    from federation.contract import Failure
+    from federation.engine.codec import encode
+    from federation.engine.hospital import Site
+    from federation.engine.outbound import record_reply
+    from federation.errors import first_line
+    from federation.flower.apps import hospital_site
+
+    config = context.node_config
+    try:
+        try:
+            site = hospital_site(config, {})  # the node's own settings; the run's are never read
+        except Exception:
+            if "hospital-dir" not in config:
+                raise
+            client = int(config.get("client", config.get("partition-id", -1)))
+            site = Site(Path(), client, Path(str(config["hospital-dir"])))
+        request = {"run_id": f"flower run {context.run_id} ({fab_id})", "kind": asked}
+        record_reply(site.outbound_log, request, encode(Failure(site.client, reason)))
+    except Exception as exc:  # the refusal leaves all the same: it holds nothing of the hospital
+        _log(f"this refusal is not in the outbound log: {type(exc).__name__}: {first_line(exc)}")
+    return reason
 
 
 def main(argv: Sequence[str] | None = None) -> int:
