@@ -445,7 +445,9 @@ def test_a_hospital_spends_its_budget_then_refuses_and_only_accounted_scalars_le
     assert set(sent["tensors"]) == {f"shared/{k}" for k in keys}  # type: ignore[arg-type]
     # beside the tensors: counts, seconds, and the metrics: the training loss (not covered by the guarantee,
     # docs/privacy.md) and the accounted scalars
-    assert set(sent["scalars"]) == {"num_examples", "metrics", "seconds", "evaluation"}  # type: ignore[arg-type]
+    # and the head of the outbound log before this reply's line (federation.engine.outbound)
+    scalars = {"num_examples", "metrics", "seconds", "evaluation", "outbound_head"}
+    assert set(sent["scalars"]) == scalars  # type: ignore[arg-type]
     assert sent["scalars"]["evaluation"] is None  # type: ignore[index]  (no evaluation was asked for)
     assert set(sent["scalars"]["metrics"]) == {"train_loss", "dp_epsilon", "dp_delta", "dp_steps"}  # type: ignore[index]
 
