@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 from support.cli import run_cli
+from support.tiny_dataset import TINY_SETTINGS
 from test_trust_hospital import RUN, config_of, honest_keys
 
-from federation.config import RunConfig, config_to_toml
+from federation.config import RunConfig, config_to_toml, load_config
 from federation.contract import (
     EvaluateReply,
     EvaluateTask,
@@ -34,7 +35,7 @@ from federation.contract import (
     TrainReply,
     TrainTask,
 )
-from federation.engine.audit import ANCHORS_FILE, Anchors, check_message, describe, load_anchor
+from federation.engine.audit import ANCHORS_FILE, AUDIT_FILE, Anchors, check_message, describe, load_anchor
 from federation.engine.codec import Envelope, encode, envelope_digest
 from federation.engine.derived import initial_state
 from federation.engine.hospital import Site
@@ -50,6 +51,7 @@ from federation.engine.outbound import (
 from federation.engine.policy import HospitalPolicy
 from federation.engine.pools import InProcessPool, Pool
 from federation.errors import FederationError
+from federation.launch import train
 
 NOT_ANCHORED = "the end of the log cannot be checked without an anchor"
 INTACT = "integrity: intact (every line chained to the one before; the log holds its anchor)"
@@ -418,3 +420,30 @@ def test_a_reply_without_a_head_changes_no_anchor(tmp_path: Path) -> None:
     # a resumed run keeps the anchors of its own run id, and starts afresh for another
     assert Anchors(tmp_path / ANCHORS_FILE, RUN).hospitals["0"]["replies"] == 1
     assert Anchors(tmp_path / ANCHORS_FILE, "another-run").hospitals == {}
+
+
+def test_a_run_keeps_every_hospitals_head_and_each_log_holds_it(
+    dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The round loop keeps ``anchors.json`` (and, with ``run.audit``, every reply's head in ``messages.jsonl``);
+    each hospital's log holds its anchor."""
+    run = tmp_path / "run"
+    train(load_config(None, [*TINY_SETTINGS, "run.rounds=1", "run.audit=true"], data=dataset), run, progress=False)
+    anchors = json.loads((run / ANCHORS_FILE).read_text())
+    assert anchors["run"] == run.name
+    assert sorted(anchors["hospitals"]) == ["0", "1", "2"]
+    lines = [json.loads(line) for line in (run / AUDIT_FILE).read_text().splitlines()]
+    received = [line for line in lines if line["direction"] == "from_hospital"]
+    for c in (0, 1, 2):
+        state = run / "hospitals" / f"client_{c:02d}"
+        records = read_outbound(state / OUTBOUND_FILE).records
+        entry = anchors["hospitals"][str(c)]
+        assert entry["count"] == len(records) - 1
+        assert entry["replies"] == len(records)
+        heads = [line["header"][HEAD_FIELD] for line in received if line["client"] == c]
+        assert heads == [{"count": n, "sha256": r["prev"]} for n, r in enumerate(records)]
+        assert [line["sha256"] for line in received if line["client"] == c] == [r["sha256"] for r in records]
+        code, output = _audit(monkeypatch, capsys, "--state", str(state), "--anchor", str(run / ANCHORS_FILE))
+        assert code == 0, output
+        assert INTACT in output
+        assert f"the anchor of run {run.name}, hospital {c} (" in output
