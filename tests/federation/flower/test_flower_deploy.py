@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from support.paths import REPO
 
+from federation.engine.outbound import OUTBOUND_FILE, read_outbound
 from federation.errors import FederationError
 from federation.flower.flwr_cli import register_hospitals
 from federation.flower.kit import (
@@ -233,6 +234,12 @@ def test_a_run_carrying_foreign_code_is_refused_at_every_hospital(deployed: Depl
         assert "refused by the hospital: the run carries the app 'gastric-fl/gastric-fl-echo'" in error
     assert {int(e.split(":", 1)[0]) for e in result["errors"]} == set(dep.node_ids.values())
     assert not (deployed.out_file.parent / "canary").exists()
+    # each refusal was recorded in the hospital's outbound log before it left (federation.engine.outbound)
+    for i in range(2):
+        log = read_outbound(deployed.out_file.parent / f"h {i}" / OUTBOUND_FILE)
+        assert log.problems == []
+        assert [(r["kind"], r["refused"], r["client"]) for r in log.records] == [("failure", True, i)]
+        assert log.records[0]["run"] == f"flower run {deployed.run_id} (gastric-fl/gastric-fl-echo)"
     print(f"\ntimings: {dep.timings}, echo round trip {round_trip:.1f} s")  # shown with -s
 
 
