@@ -27,7 +27,8 @@ from support.tiny_dataset import TINY_SETTINGS
 
 from federation.config import load_config
 from federation.data import extract_hospital
-from federation.engine.audit import AUDIT_FILE
+from federation.engine.audit import ANCHORS_FILE, AUDIT_FILE, load_anchor
+from federation.engine.outbound import OUTBOUND_FILE, audit_report
 from federation.flower.demo import run_demo
 from federation.flower.environment import free_port
 from federation.flower.flwr_cli import FlwrCli
@@ -109,6 +110,14 @@ def test_the_same_federation_gives_the_same_metrics_in_every_engine(dataset: Pat
     )
     assert len(received) == 3 + 3 * 2  # a hello and two fused train replies per hospital
     assert sent == received
+    # and the server's anchor of each deployed hospital's log (its latest reply's head) is held by that log
+    for run in (sim, demo):
+        for c in range(3):
+            text, intact = audit_report(
+                run / "hospitals" / f"client_{c:02d}" / OUTBOUND_FILE, (load_anchor(run / ANCHORS_FILE, c),)
+            )
+            assert intact, text
+            assert f"hospital {c} (" in text
     assert not _flower_processes()
 
 
