@@ -287,10 +287,13 @@ socket.create_connection(('${address[server]}', 8000), timeout=3)"
 refused "h0 cannot reach the SuperLink's control port" as_site h0 "$runtime/bin/python" -c "import socket
 socket.create_connection(('${address[server]}', 8001), timeout=3)"
 for ((c = 0; c < hospitals; c++)); do
+    # the operator hands each hospital the server's record of its outbound log's head (the run's anchors.json):
+    # its log must still hold it, end included
+    install -m 0600 -o "${user[h$c]}" -g "${user[h$c]}" "${home[server]}/runs/lab/anchors.json" "${home[h$c]}/anchors.json"
     check "h$c's outbound log is intact" as_site "h$c" "$runtime/bin/gastric-fl" federation audit \
-        --state "${home[h$c]}/state"
+        --state "${home[h$c]}/state" --anchor "${home[h$c]}/anchors.json" --hospital "$c"
     as_site "h$c" "$runtime/bin/gastric-fl" federation audit --state "${home[h$c]}/state" \
-        >"$out/logs/audit-h$c.txt" 2>&1 || true
+        --anchor "${home[h$c]}/anchors.json" --hospital "$c" >"$out/logs/audit-h$c.txt" 2>&1 || true
     check "h$c kept its exported model at home" test -f "${home[h$c]}/state/runs/lab/model.safetensors"
 done
 refused "no hospital's folder in the server's run directory" test -e "$out/deployed/hospitals"

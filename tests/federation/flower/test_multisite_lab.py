@@ -65,10 +65,11 @@ def test_separate_sites_give_the_in_process_metrics_and_leave_nothing(tmp_path: 
     deployed, reference = stable(out / "deployed"), stable(out / "in-process")
     assert deployed == reference
     assert sorted({(m["round"], m["client"]) for m in deployed}) == [(r, c) for r in (1, 2) for c in range(3)]
-    # every hospital's audit: replies of the run, nothing refused, the chain intact
+    # every hospital's audit against the server's anchor: replies of the run, nothing refused, the log intact
     for c in range(3):
         audit = (out / "logs" / f"audit-h{c}.txt").read_text()
-        assert "integrity: intact" in audit
+        assert "integrity: intact (every line chained to the one before; the log holds its anchor)" in audit
+        assert f"anchor: the anchor of run lab, hospital {c} (" in audit
         assert "refused requests: 0" in audit
     # nothing of the lab is left: no namespace, no user, no folder, no process of its users
     assert not _lab_namespaces()
