@@ -1,6 +1,6 @@
 """Everything federated: manifest loading, client recipes, aggregation maths, strategies and engines.
 
-Nothing of the product contacts anything but the federation's own addresses (DESIGN.md, "Trust model"): importing
+Nothing of the product contacts anything but the federation's own addresses (docs/design.md, "Trust model"): importing
 this package turns off, for this process and every process it starts, the update checks and usage statistics of
 the libraries it uses (albumentations checks PyPI at import; Flower and Ray send telemetry; the Hugging Face hub,
 through timm, would fetch weights). Set before any of them is imported, and not left to the user's environment.

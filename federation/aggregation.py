@@ -1,6 +1,6 @@
 """Aggregation maths: pure functions over stacked flat tensors ``(m clients x d values)``.
 
-Implements FedSAF (Miao et al., 2025; paper 001) server-side aggregation, as fixed in DESIGN.md
+Implements FedSAF (Miao et al., 2025; paper 001) server-side aggregation, as fixed in docs/design.md
 ("FedSAF, as implemented"):
 
 - Attentive Message Passing (AMP), Eq. 3-8 and 16-18 (after FedAMP, Huang et al., AAAI 2021):
@@ -247,7 +247,7 @@ def check_amp_settings(num_clients: int, metric: str, alpha_k: float, sigma: flo
 
     For a distance ``d >= 0``, ``A'(d) <= 1/sigma``, so ``xi_ii = 1 - sum_{j != i} alpha_k A'(d_ij)
     >= 1 - alpha_k (m - 1) / sigma``: the self-weight is guaranteed non-negative exactly when
-    ``alpha_k (m - 1) <= sigma`` (DESIGN.md). The literal ``cosine`` metric feeds a *similarity* in ``[-1, 1]``,
+    ``alpha_k (m - 1) <= sigma`` (docs/design.md). The literal ``cosine`` metric feeds a *similarity* in ``[-1, 1]``,
     and a negative similarity pushes ``A'`` above ``1/sigma``; models grown from one initialisation are never
     anti-correlated in practice, so the same rule applies and ``amp_coefficients`` checks the actual
     self-weights of that metric at run time.

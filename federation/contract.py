@@ -2,7 +2,7 @@
 
 This mirrors Flower's Message API (``configure_train`` returns one message per destination node,
 ``aggregate_train`` receives the replies), so every engine (``federation.engine``: in-process, worker processes,
-Flower) runs the same strategies unchanged. See DESIGN.md, "Federation: one contract, two engines, one boundary".
+Flower) runs the same strategies unchanged. See docs/design.md, "Messages, strategies and engines".
 
 Tensors travel as ``dict[str, torch.Tensor]`` keyed by ``state_dict`` names. Only *shared* keys ever appear
 in a message: a client's personalised head (the last ``nhead`` layer units, FedSAF paper Eq. 1) never does.

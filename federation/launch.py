@@ -6,8 +6,8 @@
 * ``flower``: hospitals deployed as SuperNodes of a SuperLink (``[flower]``; docs/deployment.md).
 
 All three run the same round loop, strategies and client recipes (`federation.engine.loop`). This module sits above
-``federation.engine`` and ``federation.flower`` so that neither imports the other both ways (DESIGN.md, "The
-layout"; ``tests/test_dependencies.py``).
+``federation.engine`` and ``federation.flower`` so that neither imports the other both ways (docs/design.md,
+"Layout and layers"; ``tests/test_dependencies.py``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""A hospital's exported model on whole slides: bundles, tile scoring, heatmaps (issue 12; DESIGN.md, the layout).
+"""A hospital's exported model on whole slides: bundles, tile scoring, heatmaps (docs/design.md, "Layout and
+layers").
 
 ``inference -> models, pipeline``: the bundle format and the preprocessing come from `models.bundle` and
 `models.preprocess`, the slide readers and the tiling from `pipeline`; nothing here imports the federation.

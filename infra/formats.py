@@ -1,4 +1,4 @@
-"""Facts of the formats between stages that more than one top-level folder needs (DESIGN.md, "Data flow and the
+"""Facts of the formats between stages that more than one top-level folder needs (docs/design.md, "Data flow and the
 formats between stages"), so that each is written once and no folder imports another's internals for it.
 
 - `BINARY_CLASSES`: the binary task's class names in class-index order (0 normal, 1 abnormal), as ``prepare``

@@ -40,7 +40,7 @@ _MIN_INPUT: dict[str, int] = {"mobilenet_v3_small": 32, "resnet18": 32, "efficie
 TIMM_MIN_INPUT = 32
 
 # Parameter-bearing top-level blocks, input to output (``len(split_units(create_model(name)))``; tests/models
-# build each model and count them): MobileNetV3-Small features.0-12 + classifier.0 + classifier.3 (DESIGN.md),
+# build each model and count them): MobileNetV3-Small features.0-12 + classifier.0 + classifier.3 (docs/design.md),
 # ResNet-18 conv1, bn1, layer1-4 (two blocks each) and fc, EfficientNet-B0 features.0-8 and classifier.1,
 # AlexNet's five convolutions and three linear layers.
 LAYER_UNITS: dict[str, int] = {"mobilenet_v3_small": 15, "resnet18": 11, "efficientnet_b0": 10, "alexnet": 8}

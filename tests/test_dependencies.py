@@ -1,5 +1,5 @@
-"""The dependency rules of DESIGN.md ("The layout"), checked on every import of every module: at module level and
-inside functions (a deferred import is still a dependency).
+"""The dependency rules of docs/design.md ("Layout and layers"), checked on every import of every module: at module
+level and inside functions (a deferred import is still a dependency).
 
 - The top-level folders depend one way: ``app -> inference -> models, pipeline``, ``app -> federation -> models``,
   ``app -> pipeline``, and every folder may use the neutral ``infra`` package, which uses none of them; nothing

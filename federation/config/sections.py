@@ -251,7 +251,7 @@ def amp_bound_problem(num_clients: int, alpha_k: float, sigma: float) -> str | N
     (Eq. 16), or ``None`` when it cannot.
 
     For a distance ``d >= 0``, ``A'(d) = exp(-d/sigma)/sigma <= 1/sigma``, so ``xi_ii >= 1 - alpha_k (m - 1) /
-    sigma``: non-negative exactly when ``alpha_k (m - 1) <= sigma`` (DESIGN.md). The boundary itself is allowed
+    sigma``: non-negative exactly when ``alpha_k (m - 1) <= sigma`` (docs/design.md). The boundary itself is allowed
     (a relative tolerance of 1e-12). The one rule: `federation.aggregation.check_amp_settings`, which the engine
     applies when a run starts, calls this; it needs no torch, so the dashboard checks settings before a run.
     """

@@ -1,6 +1,6 @@
 """The server's records of what crossed between it and each hospital: the boundary log and the anchors.
 
-DESIGN.md, "The hospital boundary": only shared tensors, example counts and scalar metrics leave a hospital.
+docs/design.md, "Trust model": only shared tensors, example counts and scalar metrics leave a hospital.
 With ``run.audit = true`` every envelope a pool carries (``federation.engine.pools``, Flower's included) is
 described in ``<run>/messages.jsonl``: direction, kind, client, the sha256 of the envelope, the header's scalar
 fields (a reply's ``outbound_head`` included) and, for each tensor, its name, shape, dtype and whether all its

@@ -1,4 +1,4 @@
-"""What the server believes of a hospital's reply: nothing blindly (DESIGN.md, "Trust model").
+"""What the server believes of a hospital's reply: nothing blindly (docs/design.md, "Trust model").
 
 A training reply is aggregated only if its tensors are exactly the shared keys with the agreed shapes and dtypes and
 finite, its example count is the one its Hello declared, and its scalars are in range (``train_problem``,
@@ -59,11 +59,11 @@ def evaluation_problem(reply: EvaluateReply, declared_test: int | None) -> str |
 
 
 def usable_update(reply: TrainReply, shared_keys: list[str], spec: Spec, declared: int, fisher: bool) -> str | None:
-    """Why ``reply`` cannot be aggregated (``None`` if it can; DESIGN.md, "Trust model": the server believes nothing
-    blindly): tensors other than exactly the shared keys with the agreed shapes and dtypes (``spec``), values that
-    are not finite, an example count other than the one declared in its Hello, a training loss that is not a finite
-    number >= 0, or a Fisher trace (when the recipe asked for one: ``fisher``) that is not finite and positive. A fused
-    evaluation is judged apart (``evaluation_problem``)."""
+    """Why ``reply`` cannot be aggregated (``None`` if it can; docs/design.md, "Trust model": the server believes
+    nothing blindly): tensors other than exactly the shared keys with the agreed shapes and dtypes (``spec``), values
+    that are not finite, an example count other than the one declared in its Hello, a training loss that is not a
+    finite number >= 0, or a Fisher trace (when the recipe asked for one: ``fisher``) that is not finite and positive.
+    A fused evaluation is judged apart (``evaluation_problem``)."""
     if set(reply.shared) != set(shared_keys):
         extra = sorted(set(reply.shared) - set(shared_keys))[:3]
         missing = sorted(set(shared_keys) - set(reply.shared))[:3]

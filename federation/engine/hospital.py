@@ -1,6 +1,6 @@
 """A hospital's side of the federation: it owns its tiles, labels, head, checkpoints and predictions.
 
-DESIGN.md, "The hospital boundary": a hospital answers three messages (``federation.contract``) and nothing else
+docs/design.md, "Trust model": a hospital answers three messages (``federation.contract``) and nothing else
 leaves it. ``Hello`` -> its client index, tile counts and its dataset's class names; ``TrainTask`` -> its shared
 tensors after local training (the recipes of ``federation.client``: FedSAF paper 001, Eq. 23-25) and scalar
 metrics; ``EvaluateTask`` -> its test loss, accuracy and AUC. Everything else stays in the hospital's own folder:

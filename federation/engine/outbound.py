@@ -1,4 +1,4 @@
-"""The hospital's own record of what left it: an append-only, hash-chained log (DESIGN.md, "Trust model").
+"""The hospital's own record of what left it: an append-only, hash-chained log (docs/design.md, "Trust model").
 
 Every reply a hospital sends is described in ``outbound.jsonl`` in the hospital's state folder *before* it
 leaves (``Hospital.answer``, through ``record_reply``): the time, the run, the round, what was asked and what was

@@ -1,4 +1,4 @@
-"""A hospital's own policy: what it agrees to run and what it lets leave (DESIGN.md, "Trust model").
+"""A hospital's own policy: what it agrees to run and what it lets leave (docs/design.md, "Trust model").
 
 The server proposes; the hospital decides. Every check here runs at the hospital, on the hospital's own copy of
 the rules, before anything is trained, loaded, written or sent:

@@ -3,7 +3,7 @@
 Flower's ``Strategy.start`` assumes one global model; FedAMP and FedSAF give every hospital its own message, so
 the ``ServerApp`` main runs ``federation.engine.loop.Server`` with a ``FlowerPool``: per-hospital messages through
 the grid's ``push_messages``/``pull_messages`` (`exchange`: Flower's ``send_and_receive`` with a short pull
-interval), every call with a timeout (Flower 1.41 Message API; DESIGN.md, "Engines").
+interval), every call with a timeout (Flower 1.41 Message API; docs/design.md, "Messages, strategies and engines").
 
 * Before round 1 a QUERY message (our ``Hello``) goes to every connected node; each reply states the hospital's
   client index, which maps Flower's random node ids to hospitals.

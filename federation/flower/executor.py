@@ -1,6 +1,6 @@
 """The hospital's own executor: only the installed gastric-fl hospital code answers a run's messages.
 
-DESIGN.md, "Trust model": a hospital runs only the gastric-fl code installed on its machine, never code a run
+docs/design.md, "Trust model": a hospital runs only the gastric-fl code installed on its machine, never code a run
 carries. A Flower 1.41 SuperNode in its default ``--isolation subprocess`` mode starts ``flwr-clientapp`` for every
 message, which installs the run's app bundle (FAB) and imports its ClientApp: whoever can submit a run can run code
 at every hospital (../shared/reference/flower-1.41.md, "Trust, isolation and speed"). Here the SuperNode runs with

@@ -1,4 +1,5 @@
-"""The server's gate: the only port hospitals reach, passing the Fleet API and nothing else (DESIGN.md, "Trust model").
+"""The server's gate: the only port hospitals reach, passing the Fleet API and nothing else (docs/design.md,
+"Trust model").
 
 Flower 1.41 serves the Fleet API (SuperNodes), the Control API (``flwr run/ls/stop``, node registration) and the
 ServerApp's runtime API on the SuperLink's one HTTPS port, and the Control API has no authentication in the

@@ -1,4 +1,4 @@
-"""One file per federated algorithm; each holds only its cross-round state (DESIGN.md).
+"""One file per federated algorithm; each holds only its cross-round state (docs/design.md).
 
 The names, defaults and capabilities are in the torch-free leaf `federation.strategies.registry` (re-exported
 here): one ``StrategySpec`` per strategy in ``SPECS`` (``SPEC`` by name), and the tables derived from them:

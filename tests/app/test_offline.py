@@ -1,4 +1,4 @@
-"""Nothing phones home (DESIGN.md, "Trust model"): the product's entry points, run with every outbound connection
+"""Nothing phones home (docs/design.md, "Trust model"): the product's entry points, run with every outbound connection
 other than loopback trapped, make no attempt to reach anything.
 
 Each entry point runs in a fresh interpreter whose ``sitecustomize`` replaces ``socket.getaddrinfo`` and

@@ -1,4 +1,4 @@
-"""The hospital boundary's checks on a finished run (DESIGN.md): only shared tensors, counts and finite scalars
+"""The hospital boundary's checks on a finished run (docs/design.md): only shared tensors, counts and finite scalars
 left a hospital, and the server's part of the run holds no head tensor, tile path, label or per-tile probability.
 Used by the in-process boundary tests (tests/federation/engine/test_boundary.py) and the Flower engines' tests."""
 

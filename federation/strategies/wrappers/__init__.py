@@ -1,4 +1,5 @@
-"""Steps that post-process the new global model of any averaging strategy (DESIGN.md, "Strategy").
+"""Steps that post-process the new global model of any averaging strategy (docs/design.md, "Messages, strategies
+and engines").
 
 ``strategy.wrap = ["fedlws"]`` shrinks each layer of the aggregate (FedLWS, paper 002); ``["fedtlu"]`` keeps the
 aggregate only on the highest-scoring blocks and the previous global model elsewhere (FedTLU, paper 003).

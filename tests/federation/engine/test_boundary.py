@@ -1,4 +1,4 @@
-"""The hospital boundary (DESIGN.md): only shared tensors, counts and finite scalars leave a hospital, and the
+"""The hospital boundary (docs/design.md): only shared tensors, counts and finite scalars leave a hospital, and the
 server's part of a run directory holds no head tensor, tile path, label or per-tile probability.
 
 Every message of a run is recorded (``run.audit``: ``messages.jsonl``) and checked against the rule; then every

@@ -1,4 +1,4 @@
-"""A malicious server against one hospital (DESIGN.md, "Trust model"; docs/deployment.md, "Trust model").
+"""A malicious server against one hospital (docs/design.md, "Trust model"; docs/deployment.md, "Trust model").
 
 The hospital is driven as a deployed one (its own folder per run, the default policy) through
 ``Hospital.answer``, i.e. through the wire codec and its outbound log, exactly as Flower's ClientApp drives it.

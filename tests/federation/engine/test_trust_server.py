@@ -1,4 +1,4 @@
-"""Malicious hospitals against the server (DESIGN.md, "Trust model": the server believes nothing blindly).
+"""Malicious hospitals against the server (docs/design.md, "Trust model": the server believes nothing blindly).
 
 One hospital's replies are edited on their way to the server (after its honest ``Hospital.answer``), as a
 hostile participant's own code would send them: inflated example counts, NaN, negative or missing Fisher traces,
