@@ -56,6 +56,7 @@ REPLY_FIELDS = frozenset(
         "seconds",
         "reason",
         "silent",
+        "diverged",
         "evaluation",
         "previous",
         "classes",
@@ -130,9 +131,9 @@ def check_message(line: Mapping[str, Any], shared_keys: Sequence[str]) -> list[s
         if key not in REPLY_FIELDS:
             problems.append(f"header field {key} may not leave a hospital")
             continue
-        if key == "silent":
+        if key in ("silent", "diverged"):
             if not isinstance(value, bool):
-                problems.append("silent is not true or false")
+                problems.append(f"{key} is not true or false")
             continue
         if key == "classes":
             if (

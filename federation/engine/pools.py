@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from federation.contract import EvaluateTask, Failure, Hello, TrainTask
+from federation.engine.audit import REPLY_FIELDS
 from federation.engine.codec import Envelope, Message, decode, encode, from_bytes, to_bytes
 from federation.engine.hospital import Hospital, Site
 from federation.engine.outbound import HEAD_FIELD, parse_head
@@ -119,8 +120,14 @@ class Pool:
 
     def _receive(self, envelope: Envelope) -> Message:
         self._observe(FROM_HOSPITAL, envelope)
-        if HEAD_FIELD in envelope[0]:
-            parse_head(envelope[0][HEAD_FIELD])
+        header = envelope[0] if isinstance(envelope, tuple) and envelope else None
+        if not isinstance(header, dict):
+            raise FederationError("it is not a message (no header)")
+        foreign = sorted(str(k)[:40] for k in header if k not in REPLY_FIELDS)
+        if foreign:  # nothing but the contract's fields leaves a hospital or reaches the server's records
+            raise FederationError(f"its header carries fields outside the contract ({', '.join(foreign[:3])})")
+        if HEAD_FIELD in header:
+            parse_head(header[HEAD_FIELD])
         return decode(envelope)
 
 

@@ -111,6 +111,8 @@ TRAIN_CASES = [
     ("wrong dtype", FEDAVG, first_tensor(lambda t: t.double()), "float64"),
     ("extra key", FEDSAF, extra_key, "extra ['classifier.3.weight']"),
     ("unreadable header", FEDAVG, set_header(num_examples="many"), "cannot be read"),
+    # a field outside the contract (REPLY_FIELDS) is refused, not carried into the server's records
+    ("foreign header field", FEDAVG, set_header(patient="Jane Doe"), "fields outside the contract (patient)"),
 ]
 
 
