@@ -64,12 +64,9 @@ from federation.engine.policy import (
     HospitalPolicy,
     PolicyRefusal,
     agreed_shared_keys,
-    check_agreed_privacy,
-    check_budget,
     check_config,
-    check_recipe,
-    check_tensors,
 )
+from federation.engine.rules import EVALUATE_RULES, TRAIN_RULES, Asked, run_rules
 from federation.errors import Diverged, FederationError, Interrupted, first_line
 from federation.privacy import (
     ACCOUNTANT_FILE,
@@ -77,7 +74,6 @@ from federation.privacy import (
     Accountant,
     LedgerEntry,
     load_accountant,
-    planned_dp_steps,
 )
 from federation.runfiles import (
     CHECKPOINT_DIR,
@@ -358,21 +354,9 @@ class Hospital:
         remove_entries(folder, OWN_ENTRIES)
 
     # -- train and evaluate --------------------------------------------------------------------------------------
-    def _check_keys(self, loaded: _Loaded, asked: list[str]) -> None:
-        """The server's list of shared keys must be the one this hospital computed; the hospital sends its own."""
-        if set(asked) == set(loaded.keys):
-            return
-        extra = sorted(set(asked) - set(loaded.keys))
-        if extra:
-            raise PolicyRefusal(
-                f"refused by {loaded.policy.source}: the server asked for {len(extra)} tensor(s) this hospital keeps "
-                f"({', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''})"
-            )
-        missing = sorted(set(loaded.keys) - set(asked))
-        raise PolicyRefusal(
-            f"refused by {loaded.policy.source}: the server's shared part differs from the agreed one "
-            f"(it lacks {', '.join(missing[:3])})"
-        )
+    def _asked(self, loaded: _Loaded) -> Asked:
+        """What the hospital's rules (`federation.engine.rules`) look at for a task of the loaded run."""
+        return Asked(loaded.policy, loaded.config, loaded.keys, loaded.model.state_dict(), lambda: self._ledger(loaded))
 
     def _check_finite_model(self, loaded: _Loaded, what: str) -> None:
         """Never checkpoint or deploy a model with a value that is not finite (a diverged training)."""
@@ -390,21 +374,10 @@ class Hospital:
                 f"refused by hospital {self.site.client}: it was sent client {task.instruction.client}'s task"
             )
         loaded = self._load(task.run_id)
-        self._check_keys(loaded, task.shared_keys)
         recipe = task.instruction.recipe
-        check_recipe(loaded.policy, recipe)
-        check_agreed_privacy(loaded.policy, recipe, loaded.config)
-        ledger = self._ledger(loaded) if recipe.private else None
-        if loaded.policy.max_epsilon is not None:  # the budget is computed only where a policy sets one
-            spent, after = 0.0, None
-            if ledger is not None:
-                spent = ledger.epsilon(recipe.dp_delta)
-                steps = planned_dp_steps(recipe)
-                after = ledger.epsilon_after(recipe.dp_noise_multiplier, recipe.dp_sample_rate, steps, recipe.dp_delta)
-            check_budget(loaded.policy, recipe, spent, after)
-        state = loaded.model.state_dict()
-        check_tensors(loaded.policy, "the shared part sent", task.instruction.shared, state, loaded.keys)
-        check_tensors(loaded.policy, "the proximal centre sent", task.instruction.prox_centre, state, loaded.keys)
+        asked = self._asked(loaded)
+        run_rules(TRAIN_RULES, asked, task)  # its policy's checks, in order (federation.engine.rules)
+        ledger = asked.ledger if recipe.private else None
         previous = None
         if task.evaluate_previous:  # what round r-1's EvaluateTask would have done, in the same order
             if task.instruction.shared is None:
@@ -454,8 +427,7 @@ class Hospital:
                 f"refused by hospital {self.site.client}: it was sent client {task.client}'s evaluation"
             )
         loaded = self._load(task.run_id)
-        self._check_keys(loaded, task.shared_keys)
-        check_tensors(loaded.policy, "the shared part sent", task.shared, loaded.model.state_dict(), loaded.keys)
+        run_rules(EVALUATE_RULES, self._asked(loaded), task)
         self._restore(loaded, task.server_round, inclusive=True)
         client = self._client(loaded)
         return self._evaluate(loaded, client, task.server_round, task.shared)
