@@ -16,7 +16,11 @@ Implements FedSAF (Miao et al., 2025; paper 001) server-side aggregation, as fix
   ``p_i = gamma_i z_i + sum_{j != i} gamma_j z_j``. Written out, Eq. 20 gives every client the *same* ``p``
   (``sum_j gamma_j z_j``); it is implemented as written (see ``fisher_intermediate``) and documented so.
 - Weighted sums (FedAvg's ``sum_i n_i / n * w_i`` and the batched ``coefficients @ vectors``), and the cap on any
-  one client's weight ``n_i / n`` (``server.max_weight``, ``cap_weights``: water-filling, not from the papers).
+  one client's weight (``server.max_weight``, ``cap_weights``: water-filling, not from the papers), applied to every
+  method's weights: ``n_i / n``, Fisher ``gamma``, AMP's off-diagonal ``xi``, the per-layer and per-value weights.
+- Robust aggregation for the averaging methods (``server.robust``, off by default): norm bounding of the updates
+  against the round's median norm (Sun et al., 2019; ``bound_update_norms``) and the coordinate-wise trimmed mean
+  (Yin et al., 2018; ``trimmed_mean``).
 - The seed methods (``../shared/reference/seed-methods.md``; docs/methods.md): depth-wise Fisher weights
   (paper 000, Eq. 1-3, ``depthwise_fisher_weights``), FedLWS shrinking factors (paper 002, Eq. 4, 7-9,
   ``lws_factors``), FedTLU layer scores (paper 003, Sec. 3, ``tlu_scores``) and precision-weighted averaging
@@ -35,6 +39,7 @@ rows back as views. Stacking and unstacking state dicts (``FlatSpec``, ``flatten
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -263,16 +268,24 @@ def check_amp_settings(num_clients: int, metric: str, alpha_k: float, sigma: flo
         raise FederationError(problem, key="amp.alpha_k")  # the bound is on alpha_k for the given sigma
 
 
-def amp_weights(distances: torch.Tensor, metric: str, alpha_k: float, sigma: float) -> torch.Tensor:
+def amp_weights(
+    distances: torch.Tensor, metric: str, alpha_k: float, sigma: float, *, max_weight: float | None = None
+) -> torch.Tensor:
     """The AMP weight matrix ``xi`` (float64, ``(m, m)``) from the ``d_ij`` already computed (``pairwise_distances``).
 
     ``xi_ij = alpha_k * A'(d_ij)`` for ``i != j`` (Eq. 3-8), ``xi_ii = 1 - sum_{j != i} xi_ij`` (Eq. 16), so every
     row sums to 1. Raises ``FederationError`` for settings that could make a self-weight negative
     (``check_amp_settings``), and for the literal ``cosine`` metric when negative similarities actually make one
     negative.
+
+    ``max_weight`` (``server.max_weight``, not in the paper): every off-diagonal ``xi_ij`` above it is lowered to
+    it before Eq. 16, so what another client can weigh in ``z_i`` is bounded and the excess stays with client ``i``'s
+    own model (its self-weight). ``None`` (the default) changes nothing.
     """
     check_amp_settings(distances.shape[0], metric, alpha_k, sigma)
     xi = alpha_k * attention_derivative(distances.to(torch.float64), sigma)
+    if max_weight is not None:
+        xi.clamp_(max=max_weight)
     xi.fill_diagonal_(0.0)
     xi.diagonal().copy_(1.0 - xi.sum(dim=1))
     if bool((xi.diagonal() < 0).any()):
@@ -329,6 +342,7 @@ def amp_aggregate(
     extra: torch.Tensor | None = None,
     gamma: torch.Tensor | None = None,
     overwrite: bool = False,
+    max_weight: float | None = None,
 ) -> AmpAggregate:
     """The server's AMP step in one pass: ``d_ij`` once, ``xi`` from them, and every mixed model in one product.
 
@@ -346,6 +360,12 @@ def amp_aggregate(
     every row of the coefficients sums to 1 (Eq. 16), ``sum_j c_ij rho_j = rho_0 + sum_{j>0} c_ij w_j``: the mix
     is one product of the centred matrix with the coefficients whose column 0 is set to 1, and no ``(m, d)`` copy
     is made at all.
+
+    ``max_weight`` (``server.max_weight``): ``xi``'s off-diagonal weights are capped (``amp_weights``), so no other
+    client weighs more than ``max_weight`` in any ``z_i``. With ``gamma`` (pass it capped already, ``cap_weights``)
+    no client weighs more than ``max_weight`` in the common ``p`` either, with no further cap: ``xi`` is symmetric
+    (``d_ij = d_ji``, and the cap keeps it so) with rows summing to 1, so its columns do too and client ``j``'s
+    weight ``sum_i gamma_i xi_ij`` is a weighted mean of the gammas, at most their largest. ``None`` changes nothing.
     """
     _check_matrix(vectors)
     m, d = vectors.shape
@@ -357,7 +377,7 @@ def amp_aggregate(
     in_place = overwrite and metric == "euclidean" and vectors.dtype == work
     v = vectors.detach().to(work)
     distances = _rescale(_raw_distances(v, metric, in_place=in_place), metric, scale, d)
-    xi = amp_weights(distances, metric, alpha_k, sigma)
+    xi = amp_weights(distances, metric, alpha_k, sigma, max_weight=max_weight)
     if gamma is None:
         coefficients = xi
     else:
@@ -407,12 +427,18 @@ def fisher_weights(traces: Sequence[float] | torch.Tensor) -> torch.Tensor:
     """``gamma_i = tFIM_i / sum_n tFIM_n`` (Eq. 14) as a float64 vector summing to 1.
 
     Traces must be finite and non-negative. If every trace is 0 (no client has any gradient signal) the
-    weights fall back to uniform, since Eq. 14 is then undefined.
+    weights fall back to uniform, since Eq. 14 is then undefined. Nothing here bounds one client's share: a trace of
+    1e30 against traces of 2 and 6 gives ``[1.0, 2e-30, 6e-30]``; ``server.max_weight`` caps gamma afterwards
+    (``cap_weights``).
     """
     t = _check_traces(traces, "fisher_weights", remedy=", or switch fedsaf.fim off")
     total = t.sum()
     if total <= 0:
         return torch.full_like(t, 1.0 / t.numel())
+    if not bool(torch.isfinite(total)):
+        # finite traces whose sum overflows (1e308 and 1e308): the same ratios, taken relative to the largest
+        t = t / t.max()
+        total = t.sum()
     return t / total
 
 
@@ -448,7 +474,7 @@ def weighted_sum(vectors: torch.Tensor, weights: Sequence[float] | torch.Tensor)
 
 def cap_weights(weights: Sequence[float] | torch.Tensor, max_weight: float) -> torch.Tensor:
     """The weights ``w`` (non-negative, summing to 1, e.g. FedAvg's ``n_i / n``) with none above ``max_weight``:
-    a float64 vector summing to 1 (``server.max_weight``; docs/federation.md, "Capping a hospital's weight").
+    float64, summing to 1 (``server.max_weight``; docs/federation.md, "Bounding a hospital's weight").
 
     Water-filling: every weight above the cap is set to the cap, and what they lose is spread over the others in
     proportion to their weights, ``w'_i = w_i (1 - c k) / sum_{j uncapped} w_j`` for ``k`` clients capped at
@@ -458,33 +484,104 @@ def cap_weights(weights: Sequence[float] | torch.Tensor, max_weight: float) -> t
     there). A cap below ``1/m`` cannot hold for ``m`` weights summing to 1: a ``FederationError``
     (`federation.config.max_weight_problem`); malformed weights are a ``ValueError``.
 
+    ``weights`` is one vector ``(m,)`` or a matrix ``(m, d)`` whose every column is one set of ``m`` weights (the
+    per-value weights of precision-weighted FL, the per-layer weights of depth-wise FIM): each column is capped on
+    its own, all at once.
+
     Example: counts ``[1e9, 10, 30]`` give ``w ~ [1, 1e-8, 3e-8]``; with ``max_weight = 0.5`` the first is capped
     and the others share ``0.5`` as ``1 : 3``, so ``[0.5, 0.125, 0.375]``.
     """
-    w = torch.as_tensor(weights, dtype=torch.float64).flatten().clone()
-    m = w.numel()
-    if m == 0:
-        raise ValueError("cap_weights needs at least one client's weight")
-    if not bool(torch.isfinite(w).all()) or bool((w < 0).any()) or abs(float(w.sum()) - 1.0) > 1e-9:
-        raise ValueError(f"cap_weights needs finite non-negative weights summing to 1, got {w.tolist()}")
+    w = torch.as_tensor(weights, dtype=torch.float64).clone()
+    vector = w.dim() == 1
+    if vector:
+        w = w.unsqueeze(1)
+    if w.dim() != 2 or w.shape[0] == 0 or w.shape[1] == 0:
+        raise ValueError(f"cap_weights needs at least one client's weight, in a vector or matrix, got {tuple(w.shape)}")
+    m = w.shape[0]
+    if not bool(torch.isfinite(w).all()) or bool((w < 0).any()) or float((w.sum(dim=0) - 1.0).abs().max()) > 1e-9:
+        shown = w[:, 0].tolist() if vector else f"a {m} x {w.shape[1]} matrix"
+        raise ValueError(f"cap_weights needs finite non-negative weights summing to 1, got {shown}")
     problem = max_weight_problem(m, max_weight)
     if problem is not None:
         raise FederationError(problem)
-    capped = torch.zeros(m, dtype=torch.bool)
+    capped = torch.zeros_like(w, dtype=torch.bool)
     out = w
     while True:
         over = ~capped & (out > max_weight)
         if not bool(over.any()):
-            return out
+            return out[:, 0] if vector else out
         capped |= over
         free = ~capped
-        remaining = max(1.0 - max_weight * int(capped.sum()), 0.0)
-        mass = float(w[free].sum())
-        out = torch.full_like(w, max_weight)
-        if mass > 0.0:
-            out[free] = w[free] * (remaining / mass)
-        elif bool(free.any()):
-            out[free] = remaining / int(free.sum())
+        remaining = (1.0 - max_weight * capped.sum(dim=0).to(torch.float64)).clamp_min(0.0)
+        mass = torch.where(free, w, 0.0).sum(dim=0)
+        count = free.sum(dim=0).to(torch.float64)
+        proportional = w * (remaining / torch.where(mass > 0.0, mass, 1.0))
+        even = (remaining / count.clamp_min(1.0)).expand_as(w)
+        out = torch.where(free, torch.where(mass > 0.0, proportional, even), max_weight)
+
+
+@dataclass(frozen=True)
+class NormBound:
+    """What ``bound_update_norms`` did: the clipped vectors ``(m, d)`` (rows not clipped are the inputs
+    themselves, bit for bit), every update's L2 norm ``||v_i - r||`` (float64 ``(m,)``), the round's median of
+    them, the bound (``factor`` times the median) and which rows were clipped (bool ``(m,)``)."""
+
+    vectors: torch.Tensor
+    norms: torch.Tensor
+    median: float
+    bound: float
+    clipped: torch.Tensor
+
+
+def bound_update_norms(vectors: torch.Tensor, reference: torch.Tensor, factor: float) -> NormBound:
+    """Norm bounding of the clients' updates (Sun et al., 2019, "Can you really backdoor federated learning?",
+    Sec. 3: the server clips every update to an L2 norm of at most ``M``), with ``M`` the round's median update norm
+    times ``factor`` (``server.robust = "norm_bound"``, ``server.norm_factor``).
+
+    ``vectors`` ``(m, d)`` are the clients' returned values ``v_i``, ``reference`` ``(d,)`` the global model ``r``
+    they started from; the update is ``u_i = v_i - r`` and
+
+        ``M = factor * median_i ||u_i||_2``,   ``v'_i = r + u_i * min(1, M / ||u_i||_2)``
+
+    (the median of an even number of norms is the mean of the middle two). Norms are float64; a row with
+    ``||u_i|| <= M`` is returned as given, bit for bit. Any later weighting then averages bounded updates: with
+    weights ``w_i`` summing to 1, one client moves the average by at most ``w_i (M + ||u_i^honest||)`` from where
+    its honest update would have put it. The median is an honest client's norm only while more than half of the
+    round's clients are honest; see docs/federation.md, "Robust aggregation", for what this does not cover.
+    """
+    _check_matrix(vectors)
+    m, d = vectors.shape
+    if reference.shape != (d,):
+        raise ValueError(f"reference of shape {tuple(reference.shape)} for vectors of {d} values")
+    if not (math.isfinite(factor) and factor > 0):
+        raise FederationError(f"server.norm_factor must be a finite number > 0, got {factor}", key="server.norm_factor")
+    ref = reference.detach().to(torch.float64)
+    norms = torch.stack([torch.linalg.vector_norm(vectors[i].detach().to(torch.float64) - ref) for i in range(m)])
+    median = float(statistics.median(norms.tolist()))
+    bound = factor * median
+    clipped = norms > bound
+    out = vectors.detach().clone()
+    for i in clipped.nonzero().flatten().tolist():
+        scale = bound / float(norms[i])
+        out[i] = (ref + (vectors[i].detach().to(torch.float64) - ref) * scale).to(vectors.dtype)
+    return NormBound(out, norms, median, bound, clipped)
+
+
+def trimmed_mean(vectors: torch.Tensor, trim: int) -> torch.Tensor:
+    """The coordinate-wise trimmed mean (Yin et al., ICML 2018, "Byzantine-robust distributed learning: towards
+    optimal statistical rates", Definition 2), shape ``(d,)``: for every value ``k`` (``d`` of them) the ``m``
+    clients' values are sorted, the ``trim`` largest and ``trim`` smallest are dropped and the remaining
+    ``m - 2 trim`` are averaged with equal weights (``server.robust = "trimmed_mean"``, ``server.trim``; Yin et al.'s
+    ``beta = trim / m``). ``trim = 0`` is the plain mean; ``2 trim >= m`` leaves nothing (a ``ValueError``).
+    Computed in the precision of ``vectors`` (float32 for models).
+    """
+    _check_matrix(vectors)
+    m = vectors.shape[0]
+    if trim < 0 or 2 * trim >= m:
+        raise ValueError(f"a trimmed mean of {m} values cannot drop {trim} at each end: use 0 <= trim < {m}/2")
+    work = vectors.detach().to(_work_dtype(vectors))
+    ordered = torch.sort(work, dim=0).values
+    return ordered[trim : m - trim].mean(dim=0).to(vectors.dtype)
 
 
 def mix(vectors: torch.Tensor, coefficients: torch.Tensor) -> torch.Tensor:
@@ -689,18 +786,32 @@ def precision_weighted_sum(
         raise ValueError(
             f"second moments of shape {tuple(second_moments.shape)} do not match the vectors {tuple(vectors.shape)}"
         )
+    pi = precision_weights(second_moments, eps, fallback=fallback, inverse=inverse)
+    return (pi * vectors.detach().to(torch.float64)).sum(dim=0).to(vectors.dtype)
+
+
+def precision_weights(
+    second_moments: torch.Tensor,
+    eps: float,
+    *,
+    fallback: Sequence[float] | torch.Tensor | None = None,
+    inverse: bool = True,
+) -> torch.Tensor:
+    """The weights ``pi_k`` of paper 004, Eq. 6, for every value: float64 ``(K, d)``, each column summing to 1
+    (``precision_weighted_sum``, which documents them; ``fallback`` fills the columns where every ``v_hat`` is 0).
+    ``server.max_weight`` caps each column (``cap_weights``) before they are applied."""
+    _check_matrix(second_moments)
     if not (math.isfinite(eps) and eps > 0):
         raise FederationError(f"precision weighting needs eps > 0 (finite), got {eps}")
     v = second_moments.detach().to(torch.float64)
     if not bool(torch.isfinite(v).all()) or bool((v < 0).any()):
         raise FederationError("second moments must be finite and >= 0 (Adam's exp_avg_sq, bias-corrected)")
-    w = vectors.detach().to(torch.float64)
     raw = 1.0 / (v + eps) if inverse else v + eps
     pi = raw / raw.sum(dim=0, keepdim=True)
     if fallback is not None:
         f = torch.as_tensor(fallback, dtype=torch.float64).flatten()
-        if f.numel() != w.shape[0]:
-            raise ValueError(f"{f.numel()} fallback weights for {w.shape[0]} vectors")
+        if f.numel() != v.shape[0]:
+            raise ValueError(f"{f.numel()} fallback weights for {v.shape[0]} vectors")
         unused = (v == 0).all(dim=0)
         pi[:, unused] = f.unsqueeze(1)
-    return (pi * w).sum(dim=0).to(vectors.dtype)
+    return pi

@@ -5,7 +5,8 @@ number of layer units kept local (Eq. 1), ``[amp]`` holds alpha_k, sigma, lambda
 Eq. 3-8 and 16-18, ``[fedsaf]`` toggles the Fisher reweighting (Eq. 12-15, 19-20) and the model splitting.
 ``[depthwise_fim]``, ``[fedlws]`` and ``[fedtlu]`` set the seed methods of papers 000, 002 and 003
 (docs/methods.md); ``strategy.wrap`` lists the post-processing steps (FedLWS, FedTLU) applied to a strategy.
-``[server]`` holds the server's own safeguards: ``max_weight`` caps any one hospital's FedAvg weight ``n_i / n``.
+``[server]`` holds the server's own safeguards: ``max_weight`` caps any one hospital's weight in every method's
+aggregate, ``robust`` picks a robust aggregation for the averaging methods, ``max_examples`` bounds a Hello's counts.
 
 Loading is strict: an unknown section or key, a value of the wrong type, or a value out of range is rejected
 with a ``FederationError`` that names it and says what is allowed. The defaults live in ``DEFAULTS_TOML``; a
@@ -33,6 +34,7 @@ from federation.config.defaults import (
     FISHER_ESTIMATORS,
     NORMS,
     OPTIMIZERS,
+    ROBUST_METHODS,
     STARTS,
     TLU_GROUPINGS,
 )
@@ -79,6 +81,7 @@ __all__ = [
     "FISHER_ESTIMATORS",
     "NORMS",
     "OPTIMIZERS",
+    "ROBUST_METHODS",
     "SECTIONS",
     "STARTS",
     "TLU_GROUPINGS",

@@ -132,12 +132,31 @@ connect_timeout = 300
 round_timeout = 600
 
 [server]
-# The largest aggregation weight any one hospital may get in the example-weighted averages (fedavg, fedprox,
-# fedrep, fedbn): the weights n_i / n are capped at max_weight and the excess is spread over the other hospitals
-# in proportion to their weights (federation.aggregation.cap_weights). Unset (the default): no cap. A hospital's
-# example count is the one it declared in its Hello; the cap bounds what an inflated declaration can buy.
-# Must be >= 1/m for m hospitals (weights sum to 1). Example:
+# The server's safeguards against a hostile hospital (docs/federation.md, "Bounding a hospital's weight" and
+# "Robust aggregation"). Every one is unset by default: a run without them aggregates exactly as before.
+#
+# The largest weight any one hospital may get in any aggregate, for every method that shares: FedAvg's n_i / n
+# (fedavg, fedprox, fedrep, fedbn), the Fisher weights gamma (fedsaf, fedas), each layer's weights (depthwise_fim),
+# each value's weights (precision_weighted), AMP's weights of other hospitals (fedamp, fedsaf). Weights above it
+# are capped and the excess is spread over the other hospitals in proportion to their weights
+# (federation.aggregation.cap_weights; AMP's excess stays with the hospital's own model). Must be >= 1/m for m
+# hospitals (weights sum to 1). Example:
 # max_weight = 0.5
+#
+# Robust aggregation for the averaging methods (fedavg, fedprox, fedrep, fedbn, fedas, depthwise_fim,
+# precision_weighted): "norm_bound" clips every hospital's update (its shared tensors minus the round's global
+# model) to norm_factor times the round's median update norm (Sun et al., 2019); "trimmed_mean" (fedavg, fedprox,
+# fedrep, fedbn) replaces the weighted average by the coordinate-wise mean of the values left after dropping the
+# trim largest and trim smallest (Yin et al., 2018). Neither covers many colluding hospitals, small scaled
+# updates, or FedSAF's and FedAMP's attention weights. Examples:
+# robust = "norm_bound"
+# norm_factor = 1.0           # with norm_bound: the bound is norm_factor x the median update norm (default 1)
+# robust = "trimmed_mean"
+# trim = 1                    # with trimmed_mean: hospitals dropped at each end, per value (default 1)
+#
+# The most training or test tiles a hospital may declare in its Hello; a hospital declaring more (or a count that
+# is not a whole number in [0, 2^53]) is named and left out of the run. Unset: only the 2^53 bound. Example:
+# max_examples = 10000000
 
 [privacy]
 # Differential privacy at every hospital (federation.privacy, docs/privacy.md): DP-SGD in every training phase,
@@ -163,3 +182,4 @@ DP_UNITS = ("slide", "tile")
 AMP_METRICS = ("euclidean", "manhattan", "cosine", "cosine_distance")
 AMP_SCALES = ("raw", "per_value", "relative")  # federation.aggregation.SCALES
 TLU_GROUPINGS = ("body", "shapes")
+ROBUST_METHODS = ("norm_bound", "trimmed_mean")  # server.robust (federation.aggregation)

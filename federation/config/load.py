@@ -5,7 +5,8 @@ Loading is strict: an unknown section or key, a value of the wrong type, or a va
 ``FederationError`` that names it and says what is allowed; an error about one key carries it as ``.key``. After the
 sections have checked themselves, ``config_from_dict`` applies the rules between sections (an optimiser that
 precision_weighted needs, paper 004; a ``client.start`` only FedAMP and FedSAF support; ``server.max_weight`` only for
-example-weighted strategies; DP-SGD only without batch statistics). Nothing here imports torch.
+strategies that share; ``server.robust`` only for the averaging ones; DP-SGD only without batch statistics). Nothing
+here imports torch.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 from federation.config.defaults import DEFAULTS_TOML
 from federation.config.sections import SECTIONS, RunConfig, _fail, max_weight_problem
 from federation.errors import FederationError
-from federation.strategies.registry import EXAMPLE_WEIGHTED, OWN_START, STRATEGY_NAMES
+from federation.strategies.registry import AVERAGING, EXAMPLE_WEIGHTED, OWN_START, SPEC, STRATEGY_NAMES
 from infra.toml import toml_value
 
 
@@ -134,6 +135,7 @@ def config_from_dict(raw: Mapping[str, Any], source: str = "config") -> RunConfi
         "they apply only with strategy.name = precision_weighted",
     )
     _check_max_weight(config)
+    _check_robust(config)
     if config.privacy.enabled and config.model.norm != "group":
         _fail(
             "model.norm",
@@ -144,24 +146,57 @@ def config_from_dict(raw: Mapping[str, Any], source: str = "config") -> RunConfi
 
 
 def _check_max_weight(config: RunConfig) -> None:
-    """Refuse ``server.max_weight`` for a strategy whose weights are not example counts (it would cap nothing and
+    """Refuse ``server.max_weight`` for a strategy that shares nothing (there is no aggregate to cap: it would
     mislead), and a cap below ``1/m`` when ``strategy.clients`` names the ``m`` hospitals (else: at run start)."""
     cap = config.server.max_weight
     if cap is None:
         return
-    if config.strategy.name not in EXAMPLE_WEIGHTED:
-        name = config.strategy.name
-        capped = ", ".join(n for n in STRATEGY_NAMES if n in EXAMPLE_WEIGHTED)
+    name = config.strategy.name
+    if not SPEC[name].shares:
         raise FederationError(
-            f"config server.max_weight = {cap!r} does not apply to strategy {name}: it caps the example-count "
-            f"weights n_i / n of {capped}, and {name} does not weight hospitals by their example counts: "
-            "leave server.max_weight unset",
+            f"config server.max_weight = {cap!r} does not apply to strategy {name}: it shares nothing, so there is "
+            "no aggregate whose weights to cap: leave server.max_weight unset",
             key="server.max_weight",
         )
     if not isinstance(config.strategy.clients, str):
         problem = max_weight_problem(len(config.strategy.clients), cap)
         if problem is not None:
             raise FederationError(problem, key="server.max_weight")
+
+
+def _check_robust(config: RunConfig) -> None:
+    """Refuse ``server.robust`` for a strategy it cannot apply to: norm bounding needs one global model to measure
+    updates against (the averaging strategies), the trimmed mean replaces ``n_i / n`` (the example-weighted ones, and
+    then ``server.max_weight`` has nothing to cap); and a trim that leaves no hospital of those listed."""
+    server = config.server
+    method = server.robust
+    if method is None:
+        return
+    name = config.strategy.name
+    allowed = AVERAGING if method == "norm_bound" else EXAMPLE_WEIGHTED
+    if name not in allowed:
+        names = ", ".join(n for n in STRATEGY_NAMES if n in allowed)
+        why = (
+            "it bounds updates against one global model"
+            if method == "norm_bound"
+            else "it replaces the example-weighted average"
+        )
+        _fail("server.robust", method, f"{why}, which strategy {name} does not have: use it with {names}")
+    if method == "trimmed_mean" and server.max_weight is not None:
+        _fail(
+            "server.max_weight",
+            server.max_weight,
+            "the trimmed mean weighs every value it keeps equally, so there is nothing to cap: leave server.max_weight "
+            'unset with server.robust = "trimmed_mean"',
+        )
+    if method == "trimmed_mean" and not isinstance(config.strategy.clients, str):
+        m = len(config.strategy.clients)
+        if 2 * server.trim_count >= m:
+            _fail(
+                "server.trim",
+                server.trim_count,
+                f"with {m} hospitals dropping {server.trim_count} at each end leaves none: use server.trim < {m}/2",
+            )
 
 
 def _check_unused(config: RunConfig, section: str, applies: bool, why: str) -> None:

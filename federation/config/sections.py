@@ -27,6 +27,7 @@ from federation.config.defaults import (
     NORMS,
     OPTIMIZERS,
     PRECISIONS,
+    ROBUST_METHODS,
     STARTS,
     TLU_GROUPINGS,
 )
@@ -361,19 +362,63 @@ def max_weight_problem(num_clients: int, max_weight: float) -> str | None:
     )
 
 
+# A declared tile count above this is not a count (2^53: the last integer every float holds exactly).
+MAX_COUNT = 2**53
+# server.trim and server.norm_factor when robust is set and they are not (None keeps config.toml as it was)
+DEFAULT_TRIM = 1
+DEFAULT_NORM_FACTOR = 1.0
+
+
 @dataclass(frozen=True)
 class ServerSection:
-    """``[server]``: the server's own safeguards. ``max_weight``: the largest aggregation weight one hospital may get
-    in the example-weighted averages (``n_i / n``, FedAvg family; `federation.aggregation.cap_weights`); ``None``
-    (the default) caps nothing."""
+    """``[server]``: the server's own safeguards, every one off (``None``) by default.
+
+    ``max_weight``: the largest weight one hospital may get in any aggregate, for every method that shares
+    (`federation.aggregation.cap_weights`). ``robust``: ``"norm_bound"`` (updates clipped to ``norm_factor`` times
+    the round's median update norm; `federation.aggregation.bound_update_norms`) or ``"trimmed_mean"`` (the
+    coordinate-wise mean after dropping the ``trim`` largest and smallest values; `federation.aggregation.
+    trimmed_mean`), for the averaging methods. ``max_examples``: the most tiles a hospital may declare in its Hello
+    (always at most 2^53).
+    """
 
     max_weight: float | None = None
+    robust: str | None = None
+    norm_factor: float | None = None
+    trim: int | None = None
+    max_examples: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_weight is not None:
             problem = max_weight_problem(0, self.max_weight)  # against 1/m once the hospitals are known
             if problem is not None:
                 raise FederationError(problem, key="server.max_weight")
+        if self.robust is not None and self.robust not in ROBUST_METHODS:
+            _fail("server.robust", self.robust, f"use one of {', '.join(ROBUST_METHODS)}, or leave it unset")
+        if self.norm_factor is not None:
+            _positive("server.norm_factor", self.norm_factor)
+            if self.robust != "norm_bound":
+                _fail("server.norm_factor", self.norm_factor, 'it applies only with server.robust = "norm_bound"')
+        if self.trim is not None:
+            _at_least("server.trim", self.trim, 1)
+            if self.robust != "trimmed_mean":
+                _fail("server.trim", self.trim, 'it applies only with server.robust = "trimmed_mean"')
+        if self.max_examples is not None and not 1 <= self.max_examples <= MAX_COUNT:
+            _fail("server.max_examples", self.max_examples, f"use a whole number of tiles in [1, {MAX_COUNT}]")
+
+    @property
+    def count_limit(self) -> int:
+        """The most tiles a Hello may declare: ``max_examples``, else 2^53."""
+        return MAX_COUNT if self.max_examples is None else self.max_examples
+
+    @property
+    def trim_count(self) -> int:
+        """``trim`` as used: 1 unless set."""
+        return DEFAULT_TRIM if self.trim is None else self.trim
+
+    @property
+    def bound_factor(self) -> float:
+        """``norm_factor`` as used: 1 unless set."""
+        return DEFAULT_NORM_FACTOR if self.norm_factor is None else self.norm_factor
 
 
 @dataclass(frozen=True)

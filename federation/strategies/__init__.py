@@ -4,10 +4,11 @@ The names, defaults and capabilities are in the torch-free leaf `federation.stra
 here): one ``StrategySpec`` per strategy in ``SPECS`` (``SPEC`` by name), and the tables derived from them:
 ``STRATEGIES`` maps a strategy name to its module, ``DEFAULT_NHEAD`` its local layer units when
 ``strategy.nhead`` is unset, ``WRAPPERS`` the ``strategy.wrap`` steps, ``AVERAGING`` the strategies a wrapper can
-post-process, ``EXAMPLE_WEIGHTED`` those whose weights ``server.max_weight`` caps. Modules are imported lazily by
-name, so a strategy that is missing or broken only fails when it is chosen. Each module exposes ``build(config:
-RunConfig, ctx: StrategyContext) -> Strategy`` (the ``Strategy`` protocol of ``federation.contract``); each wrapper
-``wrap(inner: Strategy, config: RunConfig, ctx: StrategyContext) -> Strategy``, applied in the listed order.
+post-process, ``EXAMPLE_WEIGHTED`` those that weight by ``n_i / n`` (what ``server.robust = "trimmed_mean"``
+replaces). Modules are imported lazily by name, so a strategy that is missing or broken only fails when it is
+chosen. Each module exposes ``build(config: RunConfig, ctx: StrategyContext) -> Strategy`` (the ``Strategy``
+protocol of ``federation.contract``); each wrapper ``wrap(inner: Strategy, config: RunConfig, ctx: StrategyContext)
+-> Strategy``, applied in the listed order.
 ``StrategyContext`` (`federation.strategies.context`, which imports torch) is imported on first use, so that
 importing the registry through this package does not import torch.
 """

@@ -139,9 +139,9 @@ def example_weights(server_round: int, replies: Mapping[int, TrainReply], client
 def cap_example_weights(
     weights: Sequence[float], clients: Sequence[int], max_weight: float
 ) -> tuple[list[float], dict[str, Any]]:
-    """FedAvg's weights ``n_i / n`` of ``clients`` capped at ``server.max_weight`` (`federation.aggregation.
-    cap_weights`), and what ``aggregation.jsonl`` records of it as ``weight_cap``: the cap, the clients whose weight
-    it lowered, and ``uniform``.
+    """One weight per client of ``clients`` (FedAvg's ``n_i / n``, or the Fisher weights gamma of FedSAF and FedAS)
+    capped at ``server.max_weight`` (`federation.aggregation.cap_weights`), and what ``aggregation.jsonl`` records of
+    it as ``weight_cap``: the cap, the clients whose weight it lowered, and ``uniform``.
 
     The cap was checked against the run's ``m`` hospitals when the run started; a round in which some were left out
     has ``m' < m`` weights, and a cap below ``1/m'`` cannot hold: that round every replying hospital gets ``1/m'``

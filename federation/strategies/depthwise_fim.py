@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from federation.aggregation import depthwise_fisher_weights, depthwise_top_counts, weighted_sum
-from federation.config import RunConfig
+from federation.aggregation import cap_weights, depthwise_fisher_weights, depthwise_top_counts, weighted_sum
+from federation.config import RunConfig, ServerSection, max_weight_problem
 from federation.contract import Recipe, TrainReply
 from federation.errors import FederationError
 from federation.flat import flatten, unflatten
@@ -37,8 +37,10 @@ from federation.strategies.fedavg import Averaging
 class DepthwiseFisher(Averaging):
     """Averaging whose weights differ per shared layer unit (paper 000); the global ``theta`` is its only state."""
 
-    def __init__(self, recipe: Recipe, nhead: int, ctx: StrategyContext, *, reverse: bool) -> None:
-        super().__init__("depthwise_fim", recipe, nhead, ctx)
+    def __init__(
+        self, recipe: Recipe, nhead: int, ctx: StrategyContext, *, reverse: bool, server: ServerSection | None = None
+    ) -> None:
+        super().__init__("depthwise_fim", recipe, nhead, ctx, server=server)
         if recipe.fisher_batch < 1:
             raise FederationError("depthwise_fim weights layers by the hospitals' Fisher traces: set fisher_batch >= 1")
         self.reverse = reverse
@@ -57,10 +59,14 @@ class DepthwiseFisher(Averaging):
         clients = sorted(replies)
         if not clients:
             raise FederationError(f"round {server_round}: no hospital replied")
+        replies, robust = self.bound_updates(replies)
         traces = fisher_traces(
             server_round, replies, clients, ", which depthwise_fim needs (the client recipe must have fisher_batch > 0)"
         )
         weights = depthwise_fisher_weights(traces, len(self.unit_slices), reverse=self.reverse)
+        capping: dict[str, Any] = {}
+        if self.max_weight is not None:
+            weights, capping["weight_cap"] = self._capped(weights, clients)
         stacked = flatten([replies[c].shared for c in clients], self.spec)
         merged = torch.empty(self.spec.numel, dtype=stacked.dtype)
         for row, layer in zip(weights, self.unit_slices, strict=True):
@@ -73,7 +79,27 @@ class DepthwiseFisher(Averaging):
             "units": self.unit_names,
             "top": depthwise_top_counts(len(self.unit_slices), len(clients), self.reverse),
             "layer_weights": weights.tolist(),
+            **capping,
+            **robust,
         }
+
+    def _capped(self, weights: torch.Tensor, clients: list[int]) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Each layer's weights (a row of ``weights``) capped at ``server.max_weight`` (`federation.aggregation.
+        cap_weights`, one column per layer): what a selected client loses goes to the other selected ones in
+        proportion, or, where the layer selected too few of them to hold the cap (``M_j < 1/max_weight``: the
+        shallowest layers), evenly to those not selected. A round with fewer than ``1/max_weight`` replies averages
+        every layer uniformly (``uniform``), as the example-weighted strategies do."""
+        assert self.max_weight is not None
+        m = len(clients)
+        uniform = max_weight_problem(m, self.max_weight) is not None
+        capped = torch.full_like(weights, 1.0 / m) if uniform else cap_weights(weights.T, self.max_weight).T
+        lowered = (capped < weights).any(dim=0).tolist()
+        record = {
+            "max_weight": self.max_weight,
+            "capped": [str(c) for c, low in zip(clients, lowered, strict=True) if low],
+            "uniform": uniform,
+        }
+        return capped.contiguous(), record
 
     def state_json(self) -> dict[str, Any]:
         return {**super().state_json(), "reverse": self.reverse}
@@ -89,4 +115,6 @@ def build(config: RunConfig, ctx: StrategyContext) -> DepthwiseFisher:
     """Depth-wise FIM with ``[depthwise_fim] reverse``; clients train the whole model in one phase and report
     their Fisher trace on ``fedsaf.fisher_batch`` examples."""
     recipe = recipe_from_config(config, fisher_batch=config.fedsaf.fisher_batch)
-    return DepthwiseFisher(recipe, resolved_nhead(config), ctx, reverse=config.depthwise_fim.reverse)
+    return DepthwiseFisher(
+        recipe, resolved_nhead(config), ctx, reverse=config.depthwise_fim.reverse, server=config.server
+    )

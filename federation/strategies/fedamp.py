@@ -35,5 +35,12 @@ def build(config: RunConfig, ctx: StrategyContext) -> AttentiveStrategy:
     amp = dataclasses.replace(AmpSettings.from_config(config), dm=config.fedamp.dm)
     recipe = recipe_from_config(config, prox_mu=amp.prox_mu)
     return AttentiveStrategy(
-        "fedamp", amp=amp, nhead=0, fim=False, recipe=recipe, ctx=ctx, param_keys=trainable_keys(config)
+        "fedamp",
+        amp=amp,
+        nhead=0,
+        fim=False,
+        recipe=recipe,
+        ctx=ctx,
+        param_keys=trainable_keys(config),
+        max_weight=config.server.max_weight,
     )

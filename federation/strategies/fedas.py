@@ -16,30 +16,46 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+
 from federation.aggregation import fisher_weights, weighted_sum
 from federation.config import RunConfig
 from federation.contract import TrainReply
 from federation.flat import flatten, unflatten
-from federation.strategies.context import StrategyContext, fisher_traces, recipe_from_config, resolved_nhead
+from federation.strategies.context import (
+    StrategyContext,
+    cap_example_weights,
+    fisher_traces,
+    recipe_from_config,
+    resolved_nhead,
+)
 from federation.strategies.fedavg import Averaging
 
 
 class FisherWeighted(Averaging):
-    """One global shared part, averaged with the clients' normalised Fisher traces."""
+    """One global shared part, averaged with the clients' normalised Fisher traces (capped at
+    ``server.max_weight`` when set; norm-bounded first with ``server.robust = "norm_bound"``)."""
 
     def aggregate_train(self, server_round: int, replies: Mapping[int, TrainReply]) -> dict[str, Any]:
         clients = sorted(replies)
+        replies, robust = self.bound_updates(replies)
         traces = fisher_traces(server_round, replies, clients, " (fedas needs the recipe's fisher_batch)")
         gamma = fisher_weights(traces)
+        capping: dict[str, Any] = {}
+        if self.max_weight is not None:
+            capped, capping["weight_cap"] = cap_example_weights(gamma.tolist(), clients, self.max_weight)
+            gamma = torch.tensor(capped, dtype=torch.float64)
         stacked = flatten([replies[c].shared for c in clients], self.spec)
         self.global_state = unflatten(weighted_sum(stacked, gamma), self.spec)
         return {
             "fisher_traces": traces,
             "weights": {str(c): float(g) for c, g in zip(clients, gamma, strict=True)},
+            **capping,
+            **robust,
         }
 
 
 def build(config: RunConfig, ctx: StrategyContext) -> FisherWeighted:
     """FedAS aggregation: whole-model local training, Fisher traces by ``fedsaf.fisher_estimator``."""
     recipe = recipe_from_config(config, fisher_batch=config.fedsaf.fisher_batch)
-    return FisherWeighted("fedas", recipe, resolved_nhead(config), ctx)
+    return FisherWeighted("fedas", recipe, resolved_nhead(config), ctx, server=config.server)

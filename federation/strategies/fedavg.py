@@ -10,18 +10,22 @@ the same way and rounded back to an integer (``federation.flat.unflatten``). Wit
 
 With ``server.max_weight`` set, the weights ``n_i / n`` are capped at it before averaging (not part of FedAvg: a
 safeguard against a hospital that declares an inflated count; `federation.aggregation.cap_weights`), for FedAvg,
-FedProx, FedRep and FedBN; the weights used are the ones recorded.
+FedProx, FedRep and FedBN; the weights used are the ones recorded. ``server.robust`` (off by default) bounds each
+update's norm before any averaging method weighs it (``"norm_bound"``: Sun et al., 2019), or replaces the weighted
+average of FedAvg, FedProx, FedRep and FedBN by the coordinate-wise trimmed mean (``"trimmed_mean"``: Yin et al.,
+2018); docs/federation.md, "Robust aggregation".
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-from federation.aggregation import weighted_sum
-from federation.config import RunConfig, max_weight_problem
+from federation.aggregation import bound_update_norms, trimmed_mean, weighted_sum
+from federation.config import RunConfig, ServerSection, max_weight_problem
 from federation.contract import Recipe, TensorDict, TrainInstruction, TrainReply
 from federation.errors import FederationError
 from federation.flat import FlatSpec, flatten, unflatten
@@ -38,8 +42,10 @@ class Averaging:
     """Example-weighted averaging of the shared part; the recipe decides FedAvg, FedProx or FedRep.
 
     ``recipe.prox_mu > 0`` sends the global weights as the proximal centre too (FedProx). ``recipe.head_epochs``
-    > 0 trains each client's head before its base (FedRep). ``max_weight`` (``server.max_weight``) caps each
-    client's weight ``n_i / n``; ``None`` caps nothing. The only cross-round state is the global weights.
+    > 0 trains each client's head before its base (FedRep). ``server`` (``[server]``): ``max_weight`` caps each
+    client's weight ``n_i / n`` (``None`` caps nothing); ``robust`` bounds the updates' norms (``bound_updates``,
+    which every averaging subclass calls first) or averages with the trimmed mean. The only cross-round state is the
+    global weights.
 
     What a hospital deploys after round ``r`` (``configure_evaluate``) is the global model, which is also what round
     ``r + 1`` sends it to train from: its evaluation rides with that training (``evaluates_next_start``).
@@ -48,21 +54,25 @@ class Averaging:
     evaluates_next_start = True
 
     def __init__(
-        self, name: str, recipe: Recipe, nhead: int, ctx: StrategyContext, *, max_weight: float | None = None
+        self, name: str, recipe: Recipe, nhead: int, ctx: StrategyContext, *, server: ServerSection | None = None
     ) -> None:
         self.name = name
         self.recipe = recipe
         self.nhead = nhead
-        if max_weight is not None:
-            problem = max_weight_problem(ctx.num_clients, max_weight)
+        self.server = server if server is not None else ServerSection()
+        self.max_weight = self.server.max_weight
+        if self.max_weight is not None:
+            problem = max_weight_problem(ctx.num_clients, self.max_weight)
             if problem is not None:
                 raise FederationError(problem)
-        self.max_weight = max_weight
         self.keys = ctx.shared_keys(nhead)
         if not self.keys:
             raise FederationError(f"{name} with nhead={nhead} shares no layer: use a smaller strategy.nhead")
         self.global_state: TensorDict = ctx.initial(self.keys)
         self.spec = FlatSpec.of(self.global_state, self.keys)
+        # what norm bounding measures and clips: the floating-point tensors (not integer counters)
+        floating = [k for k in self.keys if self.global_state[k].is_floating_point()]
+        self.float_spec = FlatSpec.of(self.global_state, floating) if floating else None
 
     def shared_keys(self, state_keys: Sequence[str], units: Sequence[Sequence[str]]) -> list[str]:
         return list(self.keys)  # the base units less what strategy.bn keeps local (StrategyContext.shared_keys)
@@ -78,13 +88,52 @@ class Averaging:
 
     def aggregate_train(self, server_round: int, replies: Mapping[int, TrainReply]) -> dict[str, Any]:
         clients = sorted(replies)
+        replies, robust = self.bound_updates(replies)
+        if self.server.robust == "trimmed_mean":
+            # Yin et al. (2018): every value the coordinate-wise mean of what is left after dropping the `trim`
+            # largest and smallest; n_i / n is not used (a round with few replies trims fewer, never all)
+            trim = min(self.server.trim_count, (len(clients) - 1) // 2)
+            stacked = flatten([replies[c].shared for c in clients], self.spec)
+            self.global_state = unflatten(trimmed_mean(stacked, trim), self.spec)
+            return {"clients": clients, "robust": {"method": "trimmed_mean", "trim": trim}}
         weights = example_weights(server_round, replies, clients)
         capping: dict[str, Any] = {}
         if self.max_weight is not None:
             weights, capping["weight_cap"] = cap_example_weights(weights, clients, self.max_weight)
         stacked = flatten([replies[c].shared for c in clients], self.spec)
         self.global_state = unflatten(weighted_sum(stacked, weights), self.spec)
-        return {"weights": {str(c): w for c, w in zip(clients, weights, strict=True)}, **capping}
+        return {"weights": {str(c): w for c, w in zip(clients, weights, strict=True)}, **capping, **robust}
+
+    def bound_updates(self, replies: Mapping[int, TrainReply]) -> tuple[Mapping[int, TrainReply], dict[str, Any]]:
+        """``replies`` with every update's norm bounded (``server.robust = "norm_bound"``; Sun et al., 2019;
+        `federation.aggregation.bound_update_norms`), and what ``aggregation.jsonl`` records of it as ``robust``.
+
+        The update of client ``i`` is its floating-point shared tensors minus the global model it was sent this
+        round (``self.global_state``, before this aggregation); integer counters (``num_batches_tracked``) are
+        neither measured nor changed. Without the setting the replies come back as they are, and nothing is
+        recorded."""
+        if self.server.robust != "norm_bound" or self.float_spec is None or not replies:
+            return replies, {}
+        clients = sorted(replies)
+        spec = self.float_spec
+        reference = flatten([self.global_state], spec)[0]
+        bounded = bound_update_norms(
+            flatten([replies[c].shared for c in clients], spec), reference, self.server.bound_factor
+        )
+        out: dict[int, TrainReply] = dict(replies)
+        for row, c in enumerate(clients):
+            if bool(bounded.clipped[row]):
+                clipped = unflatten(bounded.vectors[row], spec)
+                out[c] = replace(replies[c], shared={k: clipped.get(k, v) for k, v in replies[c].shared.items()})
+        record = {
+            "method": "norm_bound",
+            "factor": self.server.bound_factor,
+            "median_norm": bounded.median,
+            "bound": bounded.bound,
+            "norms": {str(c): float(n) for c, n in zip(clients, bounded.norms.tolist(), strict=True)},
+            "clipped": [str(c) for c, hit in zip(clients, bounded.clipped.tolist(), strict=True) if hit],
+        }
+        return out, {"robust": record}
 
     def configure_evaluate(self, server_round: int, clients: Sequence[int]) -> dict[int, TensorDict | None]:
         return dict.fromkeys(clients, self.global_state)
@@ -108,6 +157,4 @@ class Averaging:
 
 def build(config: RunConfig, ctx: StrategyContext) -> Averaging:
     """FedAvg: one phase over all parameters, no proximal term."""
-    return Averaging(
-        "fedavg", recipe_from_config(config), resolved_nhead(config), ctx, max_weight=config.server.max_weight
-    )
+    return Averaging("fedavg", recipe_from_config(config), resolved_nhead(config), ctx, server=config.server)

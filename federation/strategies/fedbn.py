@@ -16,6 +16,4 @@ from federation.strategies.fedavg import Averaging
 
 def build(config: RunConfig, ctx: StrategyContext) -> Averaging:
     """FedBN: FedAvg over everything but BatchNorm (the engine keeps BatchNorm keys out of ``ctx``'s shared keys)."""
-    return Averaging(
-        "fedbn", recipe_from_config(config), resolved_nhead(config), ctx, max_weight=config.server.max_weight
-    )
+    return Averaging("fedbn", recipe_from_config(config), resolved_nhead(config), ctx, server=config.server)

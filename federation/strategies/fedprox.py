@@ -15,4 +15,4 @@ from federation.strategies.fedavg import Averaging
 def build(config: RunConfig, ctx: StrategyContext) -> Averaging:
     """FedProx: FedAvg aggregation, clients pulled towards the global weights with strength ``fedprox.mu``."""
     recipe = recipe_from_config(config, prox_mu=config.fedprox.mu)
-    return Averaging("fedprox", recipe, resolved_nhead(config), ctx, max_weight=config.server.max_weight)
+    return Averaging("fedprox", recipe, resolved_nhead(config), ctx, server=config.server)

@@ -25,4 +25,4 @@ def build(config: RunConfig, ctx: StrategyContext) -> Averaging:
     if config.client.head_epochs < 1:
         raise FederationError("fedrep trains the head first: set client.head_epochs >= 1")
     recipe = recipe_from_config(config, head_epochs=config.client.head_epochs)
-    return Averaging("fedrep", recipe, nhead, ctx, max_weight=config.server.max_weight)
+    return Averaging("fedrep", recipe, nhead, ctx, server=config.server)

@@ -8,6 +8,13 @@ Server, each round ``k`` (Algorithm 1, lines 11-12), from the shared parts ``rho
    client the same ``p`` (the gamma-weighted mean of the ``z_j``); that is implemented as written.
    With FIM off, ``p_i = z_i``.
 
+``server.max_weight`` (not in the paper; unset, nothing changes): gamma is capped at it (`federation.aggregation.
+cap_weights`: a hospital reporting a trace of 1e30 gets ``max_weight``, not 1.0) and so is every AMP weight
+``xi_ij`` of another hospital (the excess stays with the hospital's own model, Eq. 16). Then no hospital weighs more
+than ``max_weight`` in another's ``z_i`` nor in the common ``p`` (its weight there, ``sum_i gamma_i xi_ij``, is a
+mean of the gammas: ``xi`` is symmetric; `federation.aggregation.amp_aggregate`). ``aggregation.jsonl`` records
+``weight_cap`` and, with FIM, ``weights`` (each hospital's weight in ``p``).
+
 Client (Eq. 23-25): it loads ``p_i`` into its shared part and is pulled towards it by
 ``lambda / (2 alpha_K) ||rho - p_i||^2`` (recipe ``prox_mu = lambda / alpha_K``, centre ``p_i``). With splitting on
 (``fedsaf.split`` and ``nhead > 0``) the last ``nhead`` layer units are the personalised head that never leaves
@@ -37,13 +44,26 @@ from typing import Any
 
 import torch
 
-from federation.aggregation import AmpAggregate, amp_aggregate, check_amp_settings, fisher_weights, off_diagonal_mass
-from federation.config import RunConfig
+from federation.aggregation import (
+    AmpAggregate,
+    amp_aggregate,
+    attention_derivative,
+    check_amp_settings,
+    fisher_weights,
+    off_diagonal_mass,
+)
+from federation.config import RunConfig, max_weight_problem
 from federation.contract import Recipe, TensorDict, TrainInstruction, TrainReply
 from federation.errors import FederationError
 from federation.flat import FlatSpec, StackBuffer, unflatten
 from federation.runs import finite_or_none
-from federation.strategies.context import StrategyContext, fisher_traces, recipe_from_config, shared_nhead
+from federation.strategies.context import (
+    StrategyContext,
+    cap_example_weights,
+    fisher_traces,
+    recipe_from_config,
+    shared_nhead,
+)
 from models import create_model
 
 # Below this mean off-diagonal weight AMP has, in effect, turned into local training (issue 5, item 4).
@@ -100,6 +120,7 @@ class AttentiveStrategy:
         recipe: Recipe,
         ctx: StrategyContext,
         param_keys: set[str],
+        max_weight: float | None = None,
     ) -> None:
         self.name = name
         self.amp = amp
@@ -108,6 +129,11 @@ class AttentiveStrategy:
         self.recipe = recipe
         self.clients = tuple(ctx.clients)
         check_amp_settings(len(self.clients), amp.dm, amp.alpha_k, amp.sigma)
+        if max_weight is not None:
+            problem = max_weight_problem(len(self.clients), max_weight)
+            if problem is not None:
+                raise FederationError(problem)
+        self.max_weight = max_weight
         self.keys = ctx.shared_keys(nhead)
         if not self.keys:
             raise FederationError(f"{name} with nhead={nhead} shares no layer: use a smaller strategy.nhead")
@@ -150,6 +176,7 @@ class AttentiveStrategy:
             raise FederationError(f"round {server_round}: no hospital replied")
         traces: list[float] | None = None
         gamma: torch.Tensor | None = None
+        capping: dict[str, Any] | None = None
         if self.fim:
             traces = fisher_traces(
                 server_round,
@@ -158,6 +185,9 @@ class AttentiveStrategy:
                 " although fedsaf.fim is on (the client recipe must have fisher_batch > 0)",
             )
             gamma = fisher_weights(traces)  # Eq. 14
+            if self.max_weight is not None:  # server.max_weight: no hospital's gamma above it (not in the paper)
+                capped, capping = cap_example_weights(gamma.tolist(), clients, self.max_weight)
+                gamma = torch.tensor(capped, dtype=torch.float64)
         unknown = [c for c in clients if c not in self.centres]
         if unknown:
             raise FederationError(
@@ -176,6 +206,7 @@ class AttentiveStrategy:
             extra=buffers,
             gamma=gamma,
             overwrite=True,
+            max_weight=self.max_weight,
         )
         record: dict[str, Any] = {
             "clients": clients,
@@ -185,6 +216,17 @@ class AttentiveStrategy:
             "xi": _matrix(step.xi),
             "off_diagonal_mass": off_diagonal_mass(step.xi),
         }
+        if self.max_weight is not None:
+            # the cap as applied (gamma's with FIM, AMP's weights of other hospitals) and each one's weight in p
+            capping = capping or {"max_weight": self.max_weight, "capped": [], "uniform": False}
+            raw = self.amp.alpha_k * attention_derivative(step.distances, self.amp.sigma)
+            raw.fill_diagonal_(0.0)
+            lowered = (raw > self.max_weight).any(dim=0).tolist()  # hospital j weighed more than the cap in a z_i
+            amp_capped = {str(c) for c, low in zip(clients, lowered, strict=True) if low}
+            capping["capped"] = sorted(set(capping["capped"]) | amp_capped, key=int)
+            record["weight_cap"] = capping
+            if gamma is not None:
+                record["weights"] = {str(c): w for c, w in zip(clients, step.coefficients[0].tolist(), strict=True)}
         if gamma is not None:
             record["fisher_traces"] = traces
             record["gamma"] = gamma.tolist()
@@ -285,5 +327,12 @@ def build(config: RunConfig, ctx: StrategyContext) -> AttentiveStrategy:
         fisher_batch=config.fedsaf.fisher_batch if config.fedsaf.fim else 0,
     )
     return AttentiveStrategy(
-        "fedsaf", amp=amp, nhead=nhead, fim=config.fedsaf.fim, recipe=recipe, ctx=ctx, param_keys=trainable_keys(config)
+        "fedsaf",
+        amp=amp,
+        nhead=nhead,
+        fim=config.fedsaf.fim,
+        recipe=recipe,
+        ctx=ctx,
+        param_keys=trainable_keys(config),
+        max_weight=config.server.max_weight,
     )

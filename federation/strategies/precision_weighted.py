@@ -20,12 +20,18 @@ from typing import Any
 
 import torch
 
-from federation.aggregation import precision_weighted_sum, weighted_sum
-from federation.config import RunConfig
+from federation.aggregation import cap_weights, precision_weighted_sum, precision_weights, weighted_sum
+from federation.config import RunConfig, ServerSection
 from federation.contract import Recipe, TrainReply
 from federation.errors import FederationError
 from federation.flat import FlatSpec, flatten, unflatten
-from federation.strategies.context import StrategyContext, example_weights, recipe_from_config, resolved_nhead
+from federation.strategies.context import (
+    StrategyContext,
+    cap_example_weights,
+    example_weights,
+    recipe_from_config,
+    resolved_nhead,
+)
 from federation.strategies.fedavg import Averaging
 from federation.strategies.fedsaf import trainable_keys
 
@@ -34,9 +40,16 @@ class PrecisionWeighted(Averaging):
     """FedAvg's global model, aggregated value by value with the clients' precisions (paper 004, Eq. 6)."""
 
     def __init__(
-        self, recipe: Recipe, nhead: int, ctx: StrategyContext, param_keys: set[str], eps: float, inverse: bool
+        self,
+        recipe: Recipe,
+        nhead: int,
+        ctx: StrategyContext,
+        param_keys: set[str],
+        eps: float,
+        inverse: bool,
+        server: ServerSection | None = None,
     ) -> None:
-        super().__init__("precision_weighted", recipe, nhead, ctx)
+        super().__init__("precision_weighted", recipe, nhead, ctx, server=server)
         self.eps = eps
         self.inverse = inverse
         self.param_keys = [k for k in self.keys if k in param_keys]
@@ -46,7 +59,11 @@ class PrecisionWeighted(Averaging):
 
     def aggregate_train(self, server_round: int, replies: Mapping[int, TrainReply]) -> dict[str, Any]:
         clients = sorted(replies)
+        replies, robust = self.bound_updates(replies)
         weights = example_weights(server_round, replies, clients)
+        capping: dict[str, Any] = {}
+        if self.max_weight is not None:
+            weights, capping["weight_cap"] = cap_example_weights(weights, clients, self.max_weight)
         for c in clients:
             missing = [k for k in self.param_keys if k not in replies[c].second_moments]
             if missing:
@@ -56,9 +73,11 @@ class PrecisionWeighted(Averaging):
                 )
         w = flatten([replies[c].shared for c in clients], self.param_spec)
         v = flatten([replies[c].second_moments for c in clients], self.param_spec)
-        merged = unflatten(
-            precision_weighted_sum(w, v, self.eps, fallback=weights, inverse=self.inverse), self.param_spec
-        )
+        if self.max_weight is None:
+            values = precision_weighted_sum(w, v, self.eps, fallback=weights, inverse=self.inverse)
+        else:
+            values = self._capped_sum(w, v, weights, clients, capping["weight_cap"])
+        merged = unflatten(values, self.param_spec)
         if self.buffer_spec is not None:
             buffers = flatten([replies[c].shared for c in clients], self.buffer_spec)
             merged.update(unflatten(weighted_sum(buffers, weights), self.buffer_spec))
@@ -69,7 +88,25 @@ class PrecisionWeighted(Averaging):
             "mean_log10_second_moment": {str(c): float(log_v[i].mean()) for i, c in enumerate(clients)},
             "eps": self.eps,
             "inverse": self.inverse,
+            **capping,
+            **robust,
         }
+
+    def _capped_sum(
+        self, w: torch.Tensor, v: torch.Tensor, weights: list[float], clients: list[int], record: dict[str, Any]
+    ) -> torch.Tensor:
+        """Eq. 6 with every value's weights ``pi_k`` capped at ``server.max_weight`` (`federation.aggregation.
+        cap_weights`, one column per value; uniform in a round with fewer than ``1/max_weight`` replies, as
+        ``weights`` already are); ``record`` (the round's ``weight_cap``) gets the hospitals lowered at any value."""
+        assert self.max_weight is not None
+        pi = precision_weights(v, self.eps, fallback=weights, inverse=self.inverse)
+        uniform = record["uniform"]
+        capped = torch.full_like(pi, 1.0 / len(clients)) if uniform else cap_weights(pi, self.max_weight)
+        lowered = (capped < pi).any(dim=1).tolist()
+        record["capped"] = sorted(
+            set(record["capped"]) | {str(c) for c, low in zip(clients, lowered, strict=True) if low}, key=int
+        )
+        return (capped * w.detach().to(torch.float64)).sum(dim=0).to(w.dtype)
 
 
 def build(config: RunConfig, ctx: StrategyContext) -> PrecisionWeighted:
@@ -82,5 +119,5 @@ def build(config: RunConfig, ctx: StrategyContext) -> PrecisionWeighted:
     recipe = recipe_from_config(config, second_moments=True)
     settings = config.precision_weighted
     return PrecisionWeighted(
-        recipe, resolved_nhead(config), ctx, trainable_keys(config), settings.eps, settings.inverse
+        recipe, resolved_nhead(config), ctx, trainable_keys(config), settings.eps, settings.inverse, config.server
     )

@@ -27,11 +27,12 @@ class StrategySpec:
     gives each hospital a centre of its own to be pulled toward (``client.start = "own"`` applies). ``forced_bn``:
     where BatchNorm lives when the method fixes it (FedBN: ``"local"``). ``averaging``: its server state is one global
     model averaged from the hospitals' (a ``strategy.wrap`` step can post-process it). ``example_weighted``: it
-    aggregates with FedAvg's weights ``n_i / n`` (``federation.strategies.fedavg.Averaging``), the only weights
-    ``server.max_weight`` caps. ``shares``: anything leaves the hospital at all. ``min_nhead``: the fewest local
-    units it works with (FedRep needs a head of its own: 1); ``fixed_nhead``: the only ``nhead`` it accepts (FedAMP
-    shares the whole model: 0). ``menu_rank``: its place in the dashboard's picker; ``short_name`` is used in
-    sentences, ``display_name`` in the picker. The strategies' own checks and the dashboard's read these, so a rule
+    aggregates with FedAvg's weights ``n_i / n`` (``federation.strategies.fedavg.Averaging``), which
+    ``server.robust = "trimmed_mean"`` replaces. ``shares``: anything leaves the hospital at all (else
+    ``server.max_weight`` has nothing to cap). ``min_nhead``: the fewest local units it works with (FedRep needs a
+    head of its own: 1); ``fixed_nhead``: the only ``nhead`` it accepts (FedAMP shares the whole model: 0).
+    ``menu_rank``: its place in the dashboard's picker; ``short_name`` is used in sentences, ``display_name`` in the
+    picker. The strategies' own checks and the dashboard's read these, so a rule
     is written once.
     """
 
@@ -151,7 +152,8 @@ OWN_START: frozenset[str] = frozenset(s.name for s in SPECS if s.own_start)
 FORCED_BN: dict[str, str] = {s.name: s.forced_bn for s in SPECS if s.forced_bn is not None}
 AVERAGING: frozenset[str] = frozenset(s.name for s in SPECS if s.averaging)
 # Not the other averaging ones: fedas and depthwise_fim weight by Fisher traces, precision_weighted by Adam's second
-# moments (n_i / n only for buffers and as a fallback); nor fedamp and fedsaf (AMP's xi, Fisher's gamma).
+# moments (n_i / n only for buffers and as a fallback); nor fedamp and fedsaf (AMP's xi, Fisher's gamma). The
+# trimmed mean (server.robust) replaces these weights only; server.max_weight caps every method's.
 EXAMPLE_WEIGHTED: frozenset[str] = frozenset(s.name for s in SPECS if s.example_weighted)
 
 WRAPPERS: dict[str, str] = {

@@ -74,11 +74,17 @@ from federation.errors import FederationError
             "config server.max_weight = 1.5 is out of range: use a share in (0, 1], e.g. 0.5",
         ),
         (
-            ["strategy.name=fedsaf", "server.max_weight=0.5"],
+            ["strategy.name=separate", "server.max_weight=0.5"],
             "server.max_weight",
-            "config server.max_weight = 0.5 does not apply to strategy fedsaf: it caps the example-count weights "
-            "n_i / n of fedavg, fedprox, fedrep, fedbn, and fedsaf does not weight hospitals by their example counts: "
-            "leave server.max_weight unset",
+            "config server.max_weight = 0.5 does not apply to strategy separate: it shares nothing, so there is no "
+            "aggregate whose weights to cap: leave server.max_weight unset",
+        ),
+        (
+            ["strategy.name=fedsaf", "server.robust=norm_bound"],
+            "server.robust",
+            "config server.robust = 'norm_bound' is out of range: it bounds updates against one global model, which "
+            "strategy fedsaf does not have: use it with fedavg, fedprox, fedrep, depthwise_fim, precision_weighted, "
+            "fedbn, fedas",
         ),
         (
             ["strategy.clients=[0, 1, 2]", "server.max_weight=0.2"],

@@ -1,8 +1,9 @@
-"""``server.max_weight``: the cap on any one hospital's example-count weight ``n_i / n`` (FedAvg family).
+"""``server.max_weight``: the cap on any one hospital's aggregation weight, here its example-count weight ``n_i / n``
+(FedAvg family; the other methods' weights: ``test_bounded_weights.py``).
 
 The pure water-filling cap (``federation.aggregation.cap_weights``) with hand-checkable numbers on unequal
-weights; the configuration's checks (a cap below ``1/m`` and a strategy whose weights are not example counts are
-refused in one line); the averaging strategies at the message level; and the in-process engine on the tiny dataset
+weights; the configuration's checks (a cap below ``1/m`` and a strategy that shares nothing are refused in one
+line); the averaging strategies at the message level; and the in-process engine on the tiny dataset
 with a hospital that declares 10^9 training tiles in its Hello (believed by the server: the cap bounds its weight).
 """
 
@@ -133,20 +134,21 @@ def test_a_cap_below_one_over_the_listed_hospitals_is_refused_in_one_line() -> N
     assert load_config(None, ["strategy.clients=[0, 2]", "server.max_weight=0.5"]).server.max_weight == 0.5
 
 
-def test_the_cap_applies_to_the_example_weighted_strategies_only() -> None:
+def test_the_cap_applies_to_every_strategy_that_shares() -> None:
     assert {"fedavg", "fedprox", "fedrep", "fedbn"} == EXAMPLE_WEIGHTED
-    for name in sorted(EXAMPLE_WEIGHTED):
-        assert load_config(None, [f"strategy.name={name}", "server.max_weight=0.5"]).server.max_weight == 0.5
+    sharing = [n for n in STRATEGY_NAMES if n != "separate"]
+    assert len(sharing) == len(STRATEGY_NAMES) - 1
+    for name in sharing:
+        extra = ["client.optimizer=adam"] if name == "precision_weighted" else []
+        assert load_config(None, [f"strategy.name={name}", *extra, "server.max_weight=0.5"]).server.max_weight == 0.5
 
 
-@pytest.mark.parametrize("name", [n for n in STRATEGY_NAMES if n not in EXAMPLE_WEIGHTED])
-def test_a_cap_for_a_strategy_not_weighting_by_examples_is_refused(name: str) -> None:
-    extra = ["client.optimizer=adam"] if name == "precision_weighted" else []
+def test_a_cap_for_a_strategy_that_shares_nothing_is_refused() -> None:
     with pytest.raises(FederationError) as err:
-        load_config(None, [f"strategy.name={name}", *extra, "server.max_weight=0.5"])
+        load_config(None, ["strategy.name=separate", "server.max_weight=0.5"])
     message = str(err.value)
     assert "\n" not in message
-    assert f"server.max_weight = 0.5 does not apply to strategy {name}" in message
+    assert "server.max_weight = 0.5 does not apply to strategy separate: it shares nothing" in message
     assert "leave server.max_weight unset" in message
 
 
