@@ -44,6 +44,7 @@ def test_every_cell_label_reaches_aa_contrast_on_its_own_colour() -> None:
     assert {(a.x, a.y) for a in fig.layout.annotations} == {(j, i) for j in range(4) for i in range(3)}
     labels = {(xs[a.x], ys[a.y]): a for a in fig.layout.annotations}
     assert len(labels) == 12
+    assert len(colours) == 11  # every cell but the one with no run
     ratios = []
     for (column, row), cell in colours.items():
         label = labels[(column, row)]

@@ -41,14 +41,17 @@ def _values(resolved: dict[str, Any], method: str = "fedsaf", **changes: Any) ->
 
 
 def test_every_field_is_a_setting_of_the_run_configuration() -> None:
+    assert fields.FIELDS
     for item in fields.FIELDS:
         assert item.section in SECTIONS, item.key
         assert item.name in SECTIONS[item.section].__dataclass_fields__, item.key
     defaults = presets.resolve_preset(None)[0]
-    for item in fields.FIELDS:
-        if item.kind == "choice":  # every option is accepted by the engine
-            for option in item.options:
-                assert checks.field_problem(item, option, defaults, {"strategy.name": "fedavg"}) is None, option
+    choices = [item for item in fields.FIELDS if item.kind == "choice"]
+    assert choices
+    for item in choices:  # every option is accepted by the engine
+        assert item.options, item.key
+        for option in item.options:
+            assert checks.field_problem(item, option, defaults, {"strategy.name": "fedavg"}) is None, option
 
 
 def _below(item: fields.Field) -> float:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import Any
 
 import pytest
-from support.runs import metrics_line, write_finished_run
+from support.paired_ablation import PairedFakeTrain, paired_ablation
 from typer.testing import CliRunner
 
 from federation.ablation import (
@@ -19,8 +18,6 @@ from federation.ablation import (
     t_quantile_975,
     write_tables,
 )
-from federation.config import RunConfig, config_to_toml
-from federation.errors import FederationError
 
 
 def test_paired_interval_on_unequal_differences() -> None:
@@ -61,49 +58,10 @@ def test_t_quantiles() -> None:
         assert value == pytest.approx(float(stats.t.ppf(0.975, df)), abs=1e-6)
 
 
-# Final averaged (= worst hospital) accuracy per method and seed; AUC constant per method.
-ACC = {
-    "separate": {0: 0.70, 1: 0.60},  # seed 2 fails: left out of its pairs
-    "fedavg": {0: 0.80, 1: 0.90, 2: 0.75},
-    "fedamp": {0: 0.90, 1: 0.80, 2: 0.70},
-    "fedsaf": {0: 0.95, 1: 0.95, 2: 0.95},
-}
-AUC = {"separate": 0.80, "fedavg": 0.90, "fedamp": 0.95, "fedsaf": 0.99}
-
-
-class PairedFakeTrain:
-    """A finished run directory with two hospitals of equal figures taken from ``ACC`` / ``AUC``."""
-
-    def __call__(self, config: RunConfig, run_dir: Path, *, resume: bool, overwrite: bool, progress: bool) -> Any:
-        name, seed = config.strategy.name, config.run.seed
-        if seed not in ACC[name]:
-            raise FederationError("client 0, round 1: the training loss became nan")
-        lines = [metrics_line(1, c, ACC[name][seed], AUC[name]) for c in (0, 1)]
-        return write_finished_run(run_dir, config_to_toml(config), lines)
-
-
-def _ablation(tmp_path: Path) -> Path:
-    data = tmp_path / "ds"
-    data.mkdir()
-    (data / "manifest.csv").write_text("client,split,label,path,channels\n", encoding="utf-8")
-    (tmp_path / "preset.toml").write_text(
-        f'[run]\nname = "t"\nrounds = 1\n[data]\npath = "{data.as_posix()}"\n', encoding="utf-8"
-    )
-    path = tmp_path / "ablation_p.toml"
-    path.write_text(
-        '[ablation]\nconfig = "preset.toml"\nseeds = 3\n'
-        '[[ablation.block]]\ntable = "methods"\nstrategy = ["separate", "fedavg", "fedamp"]\n'
-        # FedSAF only at nhead 6: no Separate / FedAvg with that setting, so no paired row
-        '[[ablation.block]]\ntable = "nhead"\nstrategy = "fedsaf"\nnhead = 6\n',
-        encoding="utf-8",
-    )
-    return path
-
-
 def _tables_with_blocks(tmp_path: Path, blocks: str) -> tuple[dict[str, Path], Path]:
-    """``_ablation`` with its blocks replaced by ``blocks``, run with ``PairedFakeTrain``: the tables written and
+    """``paired_ablation`` with its blocks replaced by ``blocks``, run with ``PairedFakeTrain``: the tables written and
     the ablation folder."""
-    ablation = _ablation(tmp_path)
+    ablation = paired_ablation(tmp_path)
     ablation.write_text(ablation.read_text(encoding="utf-8").split("[[ablation.block]]")[0] + blocks, encoding="utf-8")
     plan = load_plan(ablation)
     out = tmp_path / "abl"
@@ -114,7 +72,7 @@ def _tables_with_blocks(tmp_path: Path, blocks: str) -> tuple[dict[str, Path], P
 def test_ablate_writes_and_prints_the_paired_table(tmp_path: Path) -> None:
     from app.cli import app
 
-    ablation = _ablation(tmp_path)
+    ablation = paired_ablation(tmp_path)
     out = tmp_path / "abl"
     state = run_plan(load_plan(ablation), out, train_fn=PairedFakeTrain(), progress=False, echo=lambda _: None)
     assert [c["id"] for c in state["cells"] if c["status"] == "failed"] == ["strategy-separate_seed-2"]

@@ -7,7 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
-from test_ablate_paired import PairedFakeTrain, _ablation
+from support.checks import every
+from support.paired_ablation import PairedFakeTrain, paired_ablation
 from typer.testing import CliRunner
 
 from federation.ablation import PUBLISHED_RUN_FILES, load_plan, publish, run_plan, write_tables
@@ -16,7 +17,7 @@ from federation.provenance import add_code_version, code_version, describe_code_
 
 
 def _trained(tmp_path: Path) -> tuple[Path, Path]:
-    ablation = _ablation(tmp_path)
+    ablation = paired_ablation(tmp_path)
     out = tmp_path / "abl"
     run_plan(load_plan(ablation), out, train_fn=PairedFakeTrain(), progress=False, echo=lambda _: None)
     write_tables(load_plan(ablation), out, per_run_reports=False)
@@ -39,7 +40,7 @@ def test_publish_copies_records_versions_and_command_and_rebuilds_the_same_table
     for run in runs:
         assert sorted(p.name for p in (dest / "cells" / run).iterdir()) == sorted(PUBLISHED_RUN_FILES)
     assert not list(dest.rglob("*.safetensors"))
-    assert all(path.is_file() for path in files)
+    assert every(path.is_file() for path in files)
     versions = (dest / "versions.txt").read_text(encoding="utf-8").splitlines()
     assert versions[0].startswith("python 3.")
     assert any(line.startswith("torch==") for line in versions)

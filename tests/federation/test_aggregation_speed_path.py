@@ -13,6 +13,7 @@ import math
 
 import pytest
 import torch
+from support.checks import every
 
 from federation.aggregation import amp_aggregate, amp_coefficients, fisher_intermediate, mix, pairwise_distances
 from federation.contract import Recipe, TrainReply
@@ -115,7 +116,7 @@ def test_amp_aggregate_equals_the_loop_reference(metric: str, scale: str, fim: b
     assert out.mixed_extra is not None
     assert torch.allclose(out.mixed_extra, expected_extra, rtol=1e-12, atol=1e-12)
     if fim:
-        assert all(torch.allclose(r, rows[0], rtol=1e-12, atol=1e-12) for r in rows)
+        assert every(torch.allclose(r, rows[0], rtol=1e-12, atol=1e-12) for r in rows)
 
 
 @pytest.mark.parametrize("metric", METRICS)

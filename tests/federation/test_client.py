@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
+from support.checks import every
 from support.tiny_dataset import make_dataset
 
 from federation.client import Client, auc_or_none, proximal_term
@@ -75,11 +76,11 @@ def test_head_phase_leaves_the_base_untouched_and_base_phase_the_head(tiles: dic
     head_only.train(TrainInstruction(0, Recipe(epochs=0, head_epochs=1, lr=0.1)), server_round=1, seed=5)
     after = head_only.model.state_dict()
     # base frozen entirely: weights and BatchNorm running statistics
-    assert all(torch.equal(before[k], after[k]) for k in base)
+    assert every(torch.equal(before[k], after[k]) for k in base)
     assert any(not torch.equal(before[k], after[k]) for k in head)
     # head epochs, then base epochs: the base phase does not move the head trained in the first phase
     reply = both.train(TrainInstruction(0, Recipe(epochs=1, head_epochs=1, lr=0.1)), server_round=1, seed=5)
-    assert all(torch.equal(after[k], both.model.state_dict()[k]) for k in head)
+    assert every(torch.equal(after[k], both.model.state_dict()[k]) for k in head)
     assert any(not torch.equal(before[k], both.model.state_dict()[k]) for k in base)
     assert set(reply.shared) == set(base)  # only the base is uploaded
 
@@ -130,4 +131,4 @@ def test_same_seed_same_training_with_augmentation(tiles: dict[int, ClientData])
     ra = a.train(TrainInstruction(0, Recipe(epochs=1, lr=0.05)), server_round=1, seed=9)
     rb = b.train(TrainInstruction(0, Recipe(epochs=1, lr=0.05)), server_round=1, seed=9)
     assert ra.metrics["train_loss"] == rb.metrics["train_loss"]
-    assert all(torch.equal(ra.shared[k], rb.shared[k]) for k in ra.shared)
+    assert every(torch.equal(ra.shared[k], rb.shared[k]) for k in ra.shared)

@@ -11,6 +11,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from support.checks import every
 from support.cli import run_cli
 from support.slides import TinyRun
 
@@ -70,7 +71,7 @@ def test_predict_a_folder_outlines_annotations_and_reports_sensitivity(
     rows = _rows(out / "summary.csv")
     assert sorted(r["slide"] for r in rows) == names
     folders = {r["slide"]: r["folder"] for r in rows}
-    assert all(re.fullmatch(rf"{name}-[0-9a-f]{{12}}", folders[name]) for name in names)
+    assert every(re.fullmatch(rf"{name}-[0-9a-f]{{12}}", folders[name]) for name in names)
     abnormal = [s["source"].removesuffix(".png") for s in tiny_run.record["slides"] if s["label"] == "abnormal"]
     summary = json.loads((out / folders[abnormal[0]] / "summary.json").read_text(encoding="utf-8"))
     assert summary["folder"] == folders[abnormal[0]]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
+from support.checks import every
 from torch import nn
 from torchvision import models as tvm
 
@@ -71,7 +72,7 @@ def test_the_four_torchvision_networks_build_exactly_as_torchvision_does(name: s
     assert [n for n, _ in ours.named_parameters()] == [n for n, _ in reference.named_parameters()]
     mine, theirs = ours.state_dict(), reference.state_dict()
     assert list(mine) == list(theirs)
-    assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+    assert every(torch.equal(mine[k], theirs[k]) for k in mine)
 
 
 def test_a_torchvision_network_still_gets_plain_group_norm() -> None:
@@ -163,7 +164,7 @@ def test_a_local_weights_file_loads_into_a_timm_model(tmp_path: Path) -> None:
     loaded = create_model(TIMM, weights=_save(source, tmp_path / "two.safetensors"))
     mine, theirs = loaded.state_dict(), source.state_dict()
     assert list(mine) == list(theirs)
-    assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+    assert every(torch.equal(mine[k], theirs[k]) for k in mine)
 
     # a 1000-class file (timm's ImageNet head): only the classifier keeps its random weights, conv_head loads
     imagenet = create_model(TIMM, num_classes=1000)

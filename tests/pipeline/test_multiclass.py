@@ -103,6 +103,7 @@ def test_prepare_ten_classes_manifest_and_prepare_json(digits: Path, tmp_path: P
     for client in range(10):
         held = {int(r["label"]) for r in rows if r["client"] == str(client)}
         assert held == {(client + k) % 10 for k in range(3)}
+    assert len(info["clients"]) == 10
     for client, by_split in enumerate(info["clients"]):
         assert list(by_split["tiles"]["train"]) == classes
         assert by_split["site"] is not None

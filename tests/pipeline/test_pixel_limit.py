@@ -15,7 +15,7 @@ import cv2
 import numpy as np
 import pytest
 from support.images import bomb_png, bomb_tiff
-from test_prepare import config_for, make_seed
+from support.seed_slides import config_for, make_seed
 
 from pipeline import images
 from pipeline.errors import PipelineError

@@ -6,108 +6,29 @@ white ratios, which pixels are whited out) can be computed from the fixture itse
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import subprocess
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
 import tifffile
+from support.checks import every
+from support.images import file_hashes
+from support.seed_slides import SIZE, TILE, config_for, make_bot, make_seed, outline_svg, read_manifest, tissue
 
 from pipeline import prepare as prepare_module
-from pipeline.config import PrepareConfig, build_config
 from pipeline.errors import PipelineError
 from pipeline.prepare import MANIFEST_COLUMNS, prepare_dataset
-
-SIZE = 96
-TILE = 32
-STRIP = 20  # white columns on the left of every slide
-
-
-def _tissue(rng: np.random.Generator) -> np.ndarray:
-    """Pink-purple noise (min channel < 220 everywhere) with a white strip of STRIP columns on the left."""
-    base = np.array([200, 110, 170], dtype=np.int16)
-    image = (base + rng.integers(-25, 25, size=(SIZE, SIZE, 3))).clip(0, 255).astype(np.uint8)
-    image[:, :STRIP] = 250
-    return image
-
-
-def _mask(k: int) -> np.ndarray:
-    """A cancer rectangle whose position depends on k (so tiles differ between slides)."""
-    mask = np.zeros((SIZE, SIZE), dtype=np.uint8)
-    top = 8 * (k % 3)
-    mask[top : top + 70, 30:90] = 255
-    return mask
-
-
-def make_seed(root: Path, n: int = 12, seed: int = 0) -> dict[str, str]:
-    """SEED layout: slides s00.png.. with s00_mask.png; every other slide abnormal. Returns source -> label."""
-    root.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    truth = {}
-    for k in range(n):
-        image = _tissue(rng)
-        mask = _mask(k) if k % 2 else np.zeros((SIZE, SIZE), np.uint8)
-        cv2.imwrite(str(root / f"s{k:02d}.png"), cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
-        cv2.imwrite(str(root / f"s{k:02d}_mask.png"), mask)
-        truth[f"s{k:02d}.png"] = "abnormal" if k % 2 else "normal"
-    (root / "notes.json").write_text("{}")  # non-image files are ignored
-    return truth
-
-
-def _svg(points: str, transform: str = "") -> str:
-    group = f'<g transform="{transform}">' if transform else "<g>"
-    return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{SIZE}" height="{SIZE}" viewBox="0 0 {SIZE} {SIZE}">'
-        f'{group}<polygon points="{points}" fill="none" stroke="green"/></g></svg>'
-    )
-
-
-def make_bot(root: Path, normal: int = 4, abnormal: int = 6) -> None:
-    """BOT layout: TIFF slides in normal/ and abnormal/, an outline-only SVG (with a transform) per abnormal one."""
-    rng = np.random.default_rng(1)
-    for label, count in (("normal", normal), ("abnormal", abnormal)):
-        (root / label).mkdir(parents=True, exist_ok=True)
-        for k in range(count):
-            tifffile.imwrite(root / label / f"b{k:02d}.tiff", _tissue(rng), photometric="rgb")
-            if label == "abnormal":
-                (root / label / f"b{k:02d}.svg").write_text(_svg("0,0 60,0 60,70 0,70", "translate(30,8)"))
 
 
 def imread(path: Path, flags: int = cv2.IMREAD_COLOR) -> np.ndarray:
     image = cv2.imread(str(path), flags)
     assert image is not None, path
     return np.asarray(image)
-
-
-def file_hashes(root: Path) -> dict[str, str]:
-    return {
-        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in root.rglob("*")
-        if p.is_file()
-    }
-
-
-def read_manifest(out: Path) -> list[dict[str, str]]:
-    with (out / "manifest.csv").open(newline="") as fh:
-        return list(csv.DictReader(fh))
-
-
-def config_for(raw: Path, out: Path, fmt: str = "seed", **sections: Mapping[str, object]) -> PrepareConfig:
-    base: dict[str, dict[str, object]] = {
-        "source": {"format": fmt, "input": raw},
-        "split": {"clients": 2, "sizes": "equal", "seed": 0},
-        "tiles": {"tile": TILE},
-        "output": {"out": out, "workers": 2},
-    }
-    for section, values in sections.items():
-        base.setdefault(section, {}).update(values)
-    return build_config(None, base)
 
 
 @pytest.fixture
@@ -197,8 +118,8 @@ def test_no_slide_in_both_splits_and_every_client_has_both(
         splits_of.setdefault(row["source"], set()).add(row["split"])
         clients_of.setdefault(row["source"], set()).add(row["client"])
         assert row["path"].startswith(f"client_{int(row['client']):02d}/{row['split']}/{row['label']}/")
-    assert all(len(s) == 1 for s in splits_of.values())
-    assert all(len(c) == 1 for c in clients_of.values())
+    assert every(len(s) == 1 for s in splits_of.values())
+    assert every(len(c) == 1 for c in clients_of.values())
     for client in ("0", "1", "2"):
         assert {r["split"] for r in rows if r["client"] == client} == {"train", "val", "test"}
 
@@ -208,6 +129,7 @@ def test_grayscale_clients_store_single_channel_tiles(seed_raw: tuple[Path, dict
     out = tmp_path / "prepared"
     prepare_dataset(config_for(raw, out, split={"clients": 3}, clients={"grayscale": [0, 2]}))
     rows = read_manifest(out)
+    assert {r["client"] for r in rows} == {"0", "1", "2"}
     for row in rows:
         tile = imread(out / row["path"], cv2.IMREAD_UNCHANGED)
         gray = row["client"] in ("0", "2")
@@ -283,6 +205,7 @@ def test_prepare_json_records_config_hashes_counts_and_versions(
     assert info["source_sha256"]["s03_mask.png"] == hashlib.sha256((raw / "s03_mask.png").read_bytes()).hexdigest()
     assert set(info["versions"]) >= {"python", "numpy", "opencv", "gastric-fl"}
     rows = read_manifest(out)
+    assert [c["client"] for c in info["clients"]] == [0, 1]
     for c in info["clients"]:
         for split in ("train", "test"):
             for label in ("normal", "abnormal"):
@@ -445,8 +368,8 @@ def test_bad_bot_annotations_are_skipped_clipped_or_reported(tmp_path: Path) -> 
     raw = tmp_path / "raw"
     make_bot(raw)
     (raw / "abnormal" / "b00.svg").write_text("<svg><polygon points='0,0 5,0'")  # malformed XML
-    (raw / "abnormal" / "b01.svg").write_text(_svg("50,40 200,40 200,200 50,200"))  # reaches outside: clipped
-    (raw / "abnormal" / "b02.svg").write_text(_svg("200,200 300,200 300,300"))  # entirely outside
+    (raw / "abnormal" / "b01.svg").write_text(outline_svg("50,40 200,40 200,200 50,200"))  # reaches outside: clipped
+    (raw / "abnormal" / "b02.svg").write_text(outline_svg("200,200 300,200 300,300"))  # entirely outside
     (raw / "abnormal" / "b03.svg").unlink()  # missing annotation
     before = file_hashes(raw)
     out = tmp_path / "prepared"
@@ -471,7 +394,7 @@ def test_truncated_tiffs_are_caught_from_the_header_and_corrupt_pixels_while_til
     make_bot(raw)
     rng = np.random.default_rng(5)
     corrupt = raw / "normal" / "b01.tiff"
-    tifffile.imwrite(corrupt, _tissue(rng), photometric="rgb", compression="zlib", rowsperstrip=SIZE)
+    tifffile.imwrite(corrupt, tissue(rng), photometric="rgb", compression="zlib", rowsperstrip=SIZE)
     with tifffile.TiffFile(corrupt) as tif:
         offset = int(tif.pages.first.dataoffsets[0])
     data = bytearray(corrupt.read_bytes())
@@ -498,7 +421,7 @@ def test_class_folders_keep_their_labels_and_too_small_images_are_reported(tmp_p
     for label in ("normal", "abnormal"):
         (raw / label).mkdir(parents=True)
         for k in range(4):
-            cv2.imwrite(str(raw / label / f"c{k}.jpg"), cv2.cvtColor(_tissue(rng), cv2.COLOR_RGB2BGR))
+            cv2.imwrite(str(raw / label / f"c{k}.jpg"), cv2.cvtColor(tissue(rng), cv2.COLOR_RGB2BGR))
     cv2.imwrite(str(raw / "normal" / "tiny.png"), np.full((20, 20, 3), 120, np.uint8))
     out = tmp_path / "prepared"
     result = prepare_dataset(config_for(raw, out, "class-folders"))

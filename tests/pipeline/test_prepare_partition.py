@@ -36,6 +36,7 @@ def test_sizes_follow_ratios_equal_and_random_within_spread() -> None:
     assert client_sizes(12, SplitConfig(clients=3, sizes="100,1,1"), rng)[0] == [8, 2, 2]
     sizes, ratios = client_sizes(300, SplitConfig(clients=5, sizes="random"), np.random.default_rng(3))
     assert sum(sizes) == 300
+    assert len(ratios) == 5
     assert all(1.0 <= r <= 3.0 for r in ratios)
     assert max(sizes) / min(sizes) <= 3.0 + 1e-9
     assert len(set(sizes)) > 1

@@ -20,7 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tifffile
-from test_prepare import config_for, file_hashes, make_seed, read_manifest
+from support.checks import every
+from support.images import file_hashes
+from support.seed_slides import config_for, make_seed, read_manifest
 
 from infra.outputs import MARKER_NAME, claim_output, lock_path
 from pipeline.errors import PipelineError
@@ -157,7 +159,7 @@ def test_byte_identical_slides_are_kept_once(raw: Path, tmp_path: Path) -> None:
     splits: dict[str, set[str]] = {}
     for row in read_manifest(out):
         splits.setdefault(digest[row["source"]], set()).add(row["split"])
-    assert all(len(s) == 1 for s in splits.values())
+    assert every(len(s) == 1 for s in splits.values())
     assert file_hashes(raw) == before
 
 
@@ -202,7 +204,7 @@ def test_pixel_identical_slides_with_other_bytes_are_kept_once(raw: Path, tmp_pa
     for row in rows:
         by_pixels.setdefault(pixel_sha256(_pixels(raw / row["source"])), set()).add(row["split"])
     assert len(by_pixels) == len({row["source"] for row in rows})
-    assert all(len(splits) == 1 for splits in by_pixels.values())
+    assert every(len(splits) == 1 for splits in by_pixels.values())
 
     info = json.loads((out / "prepare.json").read_text())
     assert {s["source"] for s in info["skipped"]} == set(skipped)

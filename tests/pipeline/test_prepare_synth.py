@@ -9,6 +9,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from support.checks import every
 from support.images import file_hashes
 
 from pipeline.config import PrepareConfig, build_config
@@ -74,7 +75,7 @@ def test_seed_synth_labels_white_ratios_and_splits(seed_raw: Path, tmp_path: Pat
         if tile.ndim == 3:
             assert float((tile.min(axis=2) >= 220).mean()) == pytest.approx(float(row["white_ratio"]), abs=1e-6)
         split_of.setdefault(row["source"], set()).add(row["split"])
-    assert all(len(s) == 1 for s in split_of.values())
+    assert every(len(s) == 1 for s in split_of.values())
     assert {r["label"] for r in rows} == {"normal", "abnormal"}
     assert file_hashes(seed_raw) == before
 

@@ -168,9 +168,12 @@ def test_prepare_with_sites_is_deterministic_records_profiles_and_keeps_the_same
     assert file_hashes(raw) == before  # raw data never modified
     info = json.loads((tmp_path / "a" / "prepare.json").read_text())
     assert info["config"]["sites"] == {"shift": "random", "strength": 1.5, "profile": []}
+    assert [c["client"] for c in info["clients"]] == [0, 1]
     for client in info["clients"]:
         assert client["site"] == draw_profile(4, client["client"], 1.5).to_json()
-    assert all(c["site"] is None for c in json.loads((tmp_path / "plain" / "prepare.json").read_text())["clients"])
+    plain_clients = json.loads((tmp_path / "plain" / "prepare.json").read_text())["clients"]
+    assert [c["client"] for c in plain_clients] == [0, 1]
+    assert all(c["site"] is None for c in plain_clients)
 
     def rows(folder: str) -> list[dict[str, str]]:
         with (tmp_path / folder / "manifest.csv").open(newline="") as fh:
@@ -179,6 +182,7 @@ def test_prepare_with_sites_is_deterministic_records_profiles_and_keeps_the_same
     shifted, plain = rows("a"), rows("plain")
     # Which tiles are kept is decided before the shift: same rows, different pixels.
     assert [r["path"] for r in shifted] == [r["path"] for r in plain]
+    assert shifted
     for row in shifted[:: max(1, len(shifted) // 8)]:
         a = cv2.imread(str(tmp_path / "a" / row["path"]), cv2.IMREAD_UNCHANGED)
         b = cv2.imread(str(tmp_path / "plain" / row["path"]), cv2.IMREAD_UNCHANGED)

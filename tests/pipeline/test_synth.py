@@ -250,6 +250,7 @@ def test_relative_output_is_resolved(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.chdir(tmp_path)
     summary = generate_dataset(Path("rel"), "seed", images=1, size=128)
     assert summary.out == tmp_path.resolve() / "rel"
+    assert len(summary.files) == 2  # the slide and its mask
     assert all(f.is_absolute() and f.is_file() for f in summary.files)
 
 

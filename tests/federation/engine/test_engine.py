@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file
+from support.checks import every
 from support.runs import stable
 from support.tiny_dataset import LAYOUT, TINY_SETTINGS
 
@@ -59,7 +60,7 @@ def test_resumed_run_ends_with_the_same_metrics(dataset: Path, reference: Path, 
     ref = load_file(str(reference / "checkpoints" / "round_0003.safetensors"))
     res = load_file(str(run_dir / "checkpoints" / "round_0003.safetensors"))
     assert ref.keys() == res.keys()
-    assert all(torch.equal(ref[k], res[k]) for k in ref)
+    assert every(torch.equal(ref[k], res[k]) for k in ref)
 
 
 def test_run_directory_contents(reference: Path) -> None:

@@ -155,7 +155,9 @@ def test_out_of_range_metrics_are_never_recorded_or_averaged(
 ) -> None:
     run_dir, pool = run_with(dataset, tmp_path, FEDSAF, EVALUATIONS, edit)
     assert pool.edited >= 2
-    for record in records(run_dir / AGGREGATION_FILE):
+    aggregation = records(run_dir / AGGREGATION_FILE)
+    assert [r["round"] for r in aggregation] == [1, 2]
+    for record in aggregation:
         assert words in record["left_out"][str(HOSTILE)], record["left_out"]
     lines = records(run_dir / METRICS_FILE)
     assert lines

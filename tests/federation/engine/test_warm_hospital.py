@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
+from support.checks import every
 from test_trust_hospital import RUN, config_of, deployed, honest_task, send
 
 from federation.config import config_to_toml
@@ -39,6 +40,7 @@ def test_a_restarted_hospital_answers_round_two_as_the_warm_one(dataset: Path, t
     assert isinstance(from_warm, TrainReply)
     assert isinstance(from_restarted, TrainReply)
     assert list(from_warm.shared) == list(from_restarted.shared)
+    assert from_warm.shared
     for key, value in from_warm.shared.items():
         assert torch.equal(value, from_restarted.shared[key]), key
     assert any(not torch.equal(first.shared[k], from_warm.shared[k]) for k in first.shared)  # round 2 trained
@@ -52,7 +54,7 @@ def test_a_restarted_hospital_answers_round_two_as_the_warm_one(dataset: Path, t
     exported = [tmp_path / side / "state" / RUN / MODEL_FILE for side in ("warm", "restarted")]
     warm_model, restarted_model = (load_file(str(path)) for path in exported)
     assert list(warm_model) == list(restarted_model)
-    assert all(torch.equal(warm_model[k], restarted_model[k]) for k in warm_model)
+    assert every(torch.equal(warm_model[k], restarted_model[k]) for k in warm_model)
     metadata = []
     for path in exported:
         with safe_open(str(path), framework="pt") as handle:

@@ -110,6 +110,7 @@ def test_fedas_weights_hospitals_by_their_full_pass_fisher_traces(dataset: Path,
     _run(dataset, tmp_path / "fedas", "run.rounds=1", "strategy.name=fedas", "fedsaf.fisher_estimator=full_pass")
     record = json.loads((tmp_path / "fedas" / "aggregation.jsonl").read_text().splitlines()[0])
     traces = record["fisher_traces"]
+    assert len(traces) == 3
     assert all(t > 0 for t in traces)
     assert [record["weights"][str(c)] for c in (0, 1, 2)] == pytest.approx([t / sum(traces) for t in traces])
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from support.checks import every
 from support.tiny_dataset import TINY_SETTINGS, make_dataset
 from torch import nn
 
@@ -97,6 +98,7 @@ def test_a_hospital_keeps_its_local_base_batchnorm_frozen_while_the_head_trains(
     for c in (0, 1):
         state = load_file(str(tmp_path / "run" / "hospitals" / f"client_{c:02d}" / "model.safetensors"))
         base = base_keys(units, 1)
+        assert base
         # BatchNorm never travels: bit for bit the initial one; the rest is the average of unchanged uploads
         assert [k for k in base if k in local and not torch.equal(state[k], initial[k])] == []
         for key in base:
@@ -111,10 +113,10 @@ def test_recompute_batchnorm_keeps_the_statistics_it_is_told_to(tiles: dict[int,
     before = client.state()
     client.recompute_batchnorm(keep=first)
     after = client.state()
-    assert all(torch.equal(before[k], after[k]) for k in first)
-    assert all(not torch.equal(before[k], after[k]) for k in stats if k not in first)
+    assert every(torch.equal(before[k], after[k]) for k in first)
+    assert every(not torch.equal(before[k], after[k]) for k in stats if k not in first)
     client.recompute_batchnorm(keep=stats)  # every statistic kept: nothing to recompute
-    assert all(torch.equal(after[k], v) for k, v in client.state().items())
+    assert every(torch.equal(after[k], v) for k, v in client.state().items())
 
 
 @pytest.mark.parametrize("bn", ["local_stats", "local"])
@@ -133,5 +135,7 @@ def test_a_hospital_evaluates_received_weights_with_its_statistics_for_those_wei
         model.load_state_dict(exported)
         client = Client(tiles[c], model, [], batch_size=4, eval_batch_size=config.data.eval_batch_size, augment=False)
         client.recompute_batchnorm()
-        for key, value in client.state().items():
+        state = client.state()
+        assert state
+        for key, value in state.items():
             torch.testing.assert_close(value, exported[key], rtol=1e-4, atol=1e-5, msg=f"hospital {c}: {key}")

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.checks import every
 from support.tiny_dataset import LAYOUT, TINY_SETTINGS
 
 from federation.aggregation import cap_weights, weighted_sum
@@ -272,7 +273,9 @@ def _run(dataset: Path, run_dir: Path, settings: list[str], inflate: str = "") -
 
     Server(config, run_dir, progress=False).run(make_pool)
     assert json.loads((run_dir / SUMMARY_FILE).read_text())["status"] == "finished"
-    return [json.loads(line) for line in (run_dir / AGGREGATION_FILE).read_text().splitlines() if line.strip()]
+    records = [json.loads(line) for line in (run_dir / AGGREGATION_FILE).read_text().splitlines() if line.strip()]
+    assert [r["round"] for r in records] == [1, 2]
+    return records
 
 
 def _train(client: int) -> int:
@@ -312,7 +315,7 @@ def test_without_the_setting_an_honest_run_is_unchanged(dataset: Path, tmp_path:
         a = read_checkpoint(tmp_path / "plain", server_round).strategy_tensors
         b = read_checkpoint(tmp_path / "loose", server_round).strategy_tensors
         assert a.keys() == b.keys()
-        assert all(torch.equal(a[k], b[k]) for k in a)
+        assert every(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_a_round_left_with_too_few_hospitals_for_the_cap_uses_uniform_weights(dataset: Path, tmp_path: Path) -> None:

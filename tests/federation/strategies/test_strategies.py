@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import torch
+from support.checks import every
 
 from federation import strategies
 from federation.config import load_config
@@ -78,6 +79,7 @@ def test_fedavg_weights_by_examples_exactly_including_batchnorm_buffers() -> Non
 
 def test_fedavg_round_one_sends_the_common_initial_weights() -> None:
     sent = _build("strategy.name=fedavg").configure_train(1, [0, 1, 2])
+    assert sorted(sent) == [0, 1, 2]
     assert all(torch.equal(sent[c].shared["a.weight"], INITIAL["a.weight"]) for c in sent)  # type: ignore[index]
     assert all(sent[c].prox_centre is None and sent[c].recipe.prox_mu == 0 for c in sent)
 
@@ -85,6 +87,7 @@ def test_fedavg_round_one_sends_the_common_initial_weights() -> None:
 def test_fedprox_sends_the_global_weights_as_centre_counted_once() -> None:
     fedprox = _build("strategy.name=fedprox", "fedprox.mu=0.3")
     sent = fedprox.configure_train(1, [0, 1, 2])
+    assert sorted(sent) == [0, 1, 2]
     for instruction in sent.values():
         assert instruction.recipe.prox_mu == 0.3
         assert instruction.centre_is_shared
@@ -119,12 +122,14 @@ def test_fedrep_never_sends_the_head() -> None:
     assert keys == ["a.weight", "a.running_mean", "a.num_batches_tracked"]
     fedrep.aggregate_train(1, _replies(keys))
     sent = fedrep.configure_train(2, [0, 1, 2])
+    assert sorted(sent) == [0, 1, 2]
     for instruction in sent.values():
         assert instruction.shared is not None
         assert "b.weight" not in instruction.shared
         assert instruction.recipe.head_epochs == 1
         assert count_values(instruction) == 5
     evaluated = fedrep.configure_evaluate(2, [0, 1, 2])
+    assert sorted(evaluated) == [0, 1, 2]
     assert all(v is not None and "b.weight" not in v for v in evaluated.values())
     assert torch.equal(sent[0].shared["a.weight"], torch.tensor([0.875, 5.25]))  # type: ignore[index]
 
@@ -138,6 +143,7 @@ def test_separate_sends_and_receives_nothing() -> None:
     separate = _build("strategy.name=separate")
     assert separate.shared_keys(KEYS, [u for _, u in UNITS]) == []
     sent = separate.configure_train(1, [0, 1, 2])
+    assert sorted(sent) == [0, 1, 2]
     assert all(i.shared is None and i.prox_centre is None and count_values(i) == 0 for i in sent.values())
     assert separate.aggregate_train(1, _replies([])) == {}
     assert separate.configure_evaluate(1, [0, 1, 2]) == {0: None, 1: None, 2: None}
@@ -201,5 +207,5 @@ def test_an_averaging_strategy_deploys_what_it_sends_next(name: str) -> None:
         assert shared is not None
         assert evaluated is not None
         assert shared.keys() == evaluated.keys() == set(keys)
-        assert all(torch.equal(shared[k], evaluated[k]) for k in keys)
+        assert every(torch.equal(shared[k], evaluated[k]) for k in keys)
     assert not all(torch.equal(sent[0].shared[k], INITIAL[k]) for k in keys)  # the round did move the model
