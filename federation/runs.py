@@ -309,8 +309,8 @@ def write_checkpoint(run_dir: Path, checkpoint: Checkpoint, keep: int) -> None:
                 "written_at": now_iso(),
             },
         )
-    except (OSError, SafetensorError) as exc:  # a full or read-only disk: one line, the run resumes once it is fixed
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0]
+    except SafetensorError as exc:  # safetensors' own error for a failed write (a full disk): not an OSError
+        reason = str(exc).splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise FederationError(
             f"the server cannot write its checkpoint of round {checkpoint.round} in {tensors_path.parent} ({reason}); "
             "free space there, then continue with --resume"

@@ -335,7 +335,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _log(
             "the SuperLink refused this hospital (Flower exit code 305): it still counts an earlier start of this "
             "hospital online (for about a minute after a crash or a stop, until its heartbeats expire), or its key is "
-            "not registered there or was replaced (a rotated kit), or TLS failed"
+            "not registered there or was replaced (a rotated kit), or TLS failed; if it persists, ask the server's "
+            "operator to register this hospital's supernode.pub (gastric-fl federation server does it for every kit "
+            "hospital at start), and check the bundle's ca.crt and address"
         )
         return REFUSED_EXIT
     return code
