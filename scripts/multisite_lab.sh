@@ -286,14 +286,15 @@ check "h0 reaches the server's gate" as_site h0 "$runtime/bin/python" -c "import
 socket.create_connection(('${address[server]}', 8000), timeout=3)"
 refused "h0 cannot reach the SuperLink's control port" as_site h0 "$runtime/bin/python" -c "import socket
 socket.create_connection(('${address[server]}', 8001), timeout=3)"
+audit_site() {  # audit_site C: hospital C audits its log against its anchor; the report goes to logs/audit-hC.txt
+    as_site "h$1" "$runtime/bin/gastric-fl" federation audit --state "${home[h$1]}/state" \
+        --anchor "${home[h$1]}/anchors.json" --hospital "$1" >"$out/logs/audit-h$1.txt" 2>&1
+}
 for ((c = 0; c < hospitals; c++)); do
     # the operator hands each hospital the server's record of its outbound log's head (the run's anchors.json):
     # its log must still hold it, end included
     install -m 0600 -o "${user[h$c]}" -g "${user[h$c]}" "${home[server]}/runs/lab/anchors.json" "${home[h$c]}/anchors.json"
-    check "h$c's outbound log is intact" as_site "h$c" "$runtime/bin/gastric-fl" federation audit \
-        --state "${home[h$c]}/state" --anchor "${home[h$c]}/anchors.json" --hospital "$c"
-    as_site "h$c" "$runtime/bin/gastric-fl" federation audit --state "${home[h$c]}/state" \
-        --anchor "${home[h$c]}/anchors.json" --hospital "$c" >"$out/logs/audit-h$c.txt" 2>&1 || true
+    check "h$c's outbound log is intact" audit_site "$c"  # one audit: its exit code checked, its report kept
     check "h$c kept its exported model at home" test -f "${home[h$c]}/state/runs/lab/model.safetensors"
 done
 refused "no hospital's folder in the server's run directory" test -e "$out/deployed/hospitals"

@@ -454,30 +454,27 @@ def test_a_hospital_spends_its_budget_then_refuses_and_only_accounted_scalars_le
 
 @pytest.mark.slow
 def test_a_dp_federation_gives_the_same_figures_in_every_engine(slides_dataset: Path, tmp_path: Path) -> None:
-    """In-process, flower-sim and the loopback deployment (each hospital under a policy that requires DP): identical
-    per-round metrics, epsilons included, and each deployed hospital's ledger the in-process one."""
+    """In-process and the loopback deployment (each hospital under a policy that requires DP, each message in a
+    fresh process): identical per-round metrics, epsilons included, and each deployed hospital's ledger the
+    in-process one. (flower-sim runs the same hospital code as the deployment; the engines test compares it with
+    in-process without DP.)"""
     from federation.flower.demo import run_demo
 
     settings = [*TINY_SETTINGS, *DP, "strategy.name=fedrep", "client.head_epochs=1", "client.epochs=1"]
-    local, sim, demo = tmp_path / "local", tmp_path / "sim", tmp_path / "demo"
+    local, demo = tmp_path / "local", tmp_path / "demo"
     policy = tmp_path / "policy.toml"
     policy.write_text("min_nhead = 1\nmax_epsilon = 1000.0\n", encoding="utf-8")
     train(load_config(None, settings, data=slides_dataset), local, progress=False)
-    train(load_config(None, [*settings, "run.engine=flower-sim"], data=slides_dataset), sim, progress=False)
     run_demo(
         load_config(None, [*settings, "run.engine=flower"], data=slides_dataset), demo, progress=False, policy=policy
     )
-
-    def figures(run: Path) -> list[dict]:
-        return stable(run)
-
-    assert figures(sim) == figures(local)
-    assert figures(demo) == figures(local)
-    assert all(line["dp_epsilon"] > 0 for line in figures(local))
-    for run in (sim, demo):
-        for client in (0, 1, 2):
-            name = f"client_{client:02d}/{ACCOUNTANT_FILE}"
-            assert (run / "hospitals" / name).read_text() == (local / "hospitals" / name).read_text()
+    figures = stable(local)
+    assert stable(demo) == figures
+    assert len(figures) == 6  # 2 rounds x 3 hospitals
+    assert min(line["dp_epsilon"] for line in figures) > 0
+    for client in (0, 1, 2):
+        name = f"client_{client:02d}/{ACCOUNTANT_FILE}"
+        assert (demo / "hospitals" / name).read_text() == (local / "hospitals" / name).read_text()
 
 
 def test_a_reset_ledger_or_a_changed_resume_is_refused_and_the_budget_counts_on(
