@@ -47,6 +47,7 @@ from federation.config.load import (
     with_values,
 )
 from federation.config.sections import (
+    MAX_COUNT,
     SECTIONS,
     AdamSection,
     AmpSection,
@@ -79,6 +80,7 @@ __all__ = [
     "DP_UNITS",
     "ENGINES",
     "FISHER_ESTIMATORS",
+    "MAX_COUNT",
     "NORMS",
     "OPTIMIZERS",
     "ROBUST_METHODS",

@@ -16,8 +16,12 @@ r's checkpoint until its evaluation comes, and is written as an uninterrupted ru
 Faults: a hospital that fails, does not answer within the transport's timeout, or sends a reply the server cannot
 believe (tensors that are not finite or not exactly the shared keys...: ``federation.engine.checks``) is left out of
 that round's aggregation (``left_out`` in ``aggregation.jsonl`` and on the progress line) and takes part again in the
-next round. A round with no usable reply stops the run with a one-line reason; the checkpoint of the previous round
-stays, so ``--resume`` continues.
+next round; so is one whose update makes the aggregate overflow (``federation.engine.guard``: the round is aggregated
+again without it). A hospital whose Hello declares counts that are not counts (or above ``server.max_examples``) is
+left out of the whole run, in one warning line. A round with no usable reply stops the run with a one-line reason
+naming every hospital and why; the checkpoint of the previous round stays, so ``--resume`` continues. What a left-out
+reply carried (its counts, its metrics) never reaches ``metrics.jsonl``: a hospital evaluated in a round whose
+training of it was left out has ``trained: false`` and ``num_train: 0``.
 
 The server's run directory holds only what messages carried: ``config.toml``, ``metrics.jsonl`` (scalars and
 counts per round and hospital), ``aggregation.jsonl``, ``summary.json``, ``progress.json`` (the current round's
@@ -66,6 +70,7 @@ from federation.engine.audit import ANCHORS_FILE, AUDIT_FILE, Anchors, AuditLog
 from federation.engine.checks import agreed_classes, evaluation_problem, train_problem
 from federation.engine.codec import Message
 from federation.engine.derived import NUM_CLASSES, derive_seed, initial_state, resolve_config
+from federation.engine.guard import aggregate_or_leave_out, hello_problem
 from federation.engine.pools import Pool
 from federation.engine.resume import continue_run, open_for_resume
 from federation.engine.rounds import RoundRecord
@@ -204,8 +209,14 @@ class Server:
         replies = pool.hello(Hello(self.run_id, config_to_toml(config), resume))
         failed = {c: r.reason for c, r in replies.items() if isinstance(r, Failure)}
         hellos = {c: r for c, r in replies.items() if isinstance(r, HelloReply)}
+        # a Hello whose counts are not counts: that hospital is left out of the run, the others go on
+        refused = {c: p for c in sorted(hellos) if (p := hello_problem(hellos[c], config.server.max_examples))}
+        for c, problem in refused.items():
+            del hellos[c]
+            self.warn(f"hospital {c} is left out of run {self.run_id}: {problem}")
         chosen = config.strategy.clients
         wanted = sorted(hellos) + sorted(failed) if isinstance(chosen, str) else sorted(chosen)
+        wanted = [c for c in wanted if c not in refused]
         problems = [f"hospital {c}: {failed[c]}" for c in wanted if c in failed]
         if problems:
             raise FederationError("; ".join(problems))
@@ -215,9 +226,14 @@ class Server:
                 f"strategy.clients names {absent}, but the hospitals that answered are {sorted(hellos)}"
             )
         clients = tuple(sorted(wanted))
+        if not clients and refused:
+            reasons = "; ".join(f"hospital {c}: {r}" for c, r in refused.items())
+            raise FederationError(f"no hospital is left to federate ({reasons})")
         if not clients:
             raise FederationError("no hospital answered: there is nobody to federate")
         summary = self.summary.data
+        if refused:
+            summary["left_out_at_hello"] = {str(c): r for c, r in refused.items()}
         if resume and summary.get("clients") not in (None, list(clients)):
             raise FederationError(
                 f"{self.run_dir} was run with hospitals {summary['clients']}, but {list(clients)} answered now: "
@@ -323,9 +339,16 @@ class Server:
                     record.silent.add(c)
         if instructions and not trained:
             raise self._no_round(server_round, "sent a usable update", record.left_out, record.diverged)
-        record.received = {c: count_reply_values(t) for c, t in trained.items()}
         self.phases.begin(server_round, "aggregating", len(trained))
-        record.aggregation = self.strategy.aggregate_train(server_round, trained)
+        # a reply whose update makes the aggregate overflow is left out and the round aggregated without it
+        record.aggregation, dropped = aggregate_or_leave_out(self.strategy, server_round, trained)
+        for c, reason in dropped.items():
+            del trained[c]
+            del record.trained[c]
+            record.leave_out(c, reason)
+        if instructions and not trained:
+            raise self._no_round(server_round, "sent an update that could be aggregated", record.left_out, set())
+        record.received = {c: count_reply_values(t) for c, t in trained.items()}
         for c, t in trained.items():
             if fused and t.evaluation is not None:
                 problem = evaluation_problem(t.evaluation, self.num_test.get(c))

@@ -59,7 +59,8 @@ class RoundRecord:
 
     def metrics_lines(self, clients: Iterable[int], counts: Mapping[int, int]) -> list[MetricsLine]:
         """``metrics.jsonl``'s lines (`federation.runfiles.MetricsLine`): one per evaluated hospital, in client
-        order."""
+        order. A hospital whose training reply of this round was left out (or never came) has ``trained: false``,
+        ``num_train: 0`` and no training figures: nothing of a reply the server did not use is recorded."""
         lines: list[MetricsLine] = []
         for c in clients:
             e = self.evaluated.get(c)
@@ -78,7 +79,8 @@ class RoundRecord:
                 "values_sent": self.sent.get(c, 0),
                 "values_received": self.received.get(c, 0),
                 "seconds": (t["seconds"] if t else 0.0) + e.seconds,
-                "num_train": counts[c],
+                # a count only its accepted training reply confirms: none of a left-out reply's numbers
+                "num_train": counts[c] if t is not None else 0,
                 "num_test": e.num_examples,
                 "trained": t is not None,
             }
