@@ -70,7 +70,8 @@ class MetricsLine(TypedDict):
 
     Losses, accuracy, AUC and the Fisher trace are ``None`` where not finite or not measured (JSON has no NaN);
     ``values_sent`` / ``values_received`` count the tensor values that crossed the boundary for this hospital;
-    ``trained``: whether its training reply was used this round (else it was only evaluated). The
+    ``trained``: whether its training reply was used this round (else it was only evaluated); ``num_train``: the
+    training tiles it declared when it was (0 when not: nothing of a left-out reply is recorded). The
     differential-privacy fields appear only in runs with ``[privacy]`` (federation.privacy).
     """
 
