@@ -12,7 +12,7 @@ from support.dashboard import Fixture, open_page
 
 from app.dashboard import charts
 
-VIEWS = Path(__file__).resolve().parents[2] / "app" / "dashboard" / "views"
+VIEWS = Path(__file__).resolve().parents[3] / "app" / "dashboard" / "views"
 
 
 def test_no_page_draws_a_chart_without_a_text_alternative() -> None:

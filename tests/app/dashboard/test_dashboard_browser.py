@@ -62,7 +62,7 @@ def test_start_a_federation_from_the_browser(tmp_path: Path) -> None:
                 jobs.stop(paths.jobs_root(root), job)
 
 
-DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
+DOCS_IMG = Path(__file__).resolve().parents[3] / "docs" / "img"
 SCREENSHOTS_ENV = "GASTRIC_FL_SCREENSHOTS"  # set to 1 to refresh the screenshots in docs/img
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from support.dashboard import Fixture
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MODULES = (
     "app.dashboard.runs",
     "app.dashboard.ui",
