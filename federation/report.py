@@ -38,7 +38,6 @@ from federation.runfiles import (
     CONFIG_FILE,
     HOSPITALS_CSV,
     METRICS_FILE,
-    MODEL_CARD_FILE,
     REPORT_CSV,
     REPORT_MD,
     SUMMARY_FILE,
@@ -47,6 +46,7 @@ from federation.runfiles import (
 )
 from federation.runs import atomic_write_text, read_json
 from infra.provenance import INTENDED_USE, dataset_is_synthetic, intended_use
+from models.names import CARD_FILE
 
 SUMMARY_COLUMNS: tuple[str, ...] = (
     "run",
@@ -390,7 +390,7 @@ def operating_points(runs: Sequence[RunResult]) -> list[dict[str, Any]]:
     run's server holds no card: the section is then empty."""
     rows: list[dict[str, Any]] = []
     for run in runs:
-        for path in hospital_files(run.run_dir, MODEL_CARD_FILE):
+        for path in hospital_files(run.run_dir, CARD_FILE):
             try:
                 card = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError):

@@ -10,7 +10,7 @@ the hospitals, ``gastric-fl report``, the ablation, the HTML report, the dashboa
   federation; a deployed hospital's kit and folder carry the same name): `hospital_dir`, `HOSPITAL_GLOB`
   (``client_[0-9][0-9]``), `hospital_name`, `hospital_index`, `hospital_files`; and what a hospital keeps there
   (`HOSPITAL_FILE`, `PREDICTIONS_FILE` with `PREDICTION_COLUMNS`, `OUTBOUND_FILE`, `ACCOUNTANT_FILE`,
-  `MODEL_WEIGHTS_FILE` and `MODEL_CARD_FILE`, the exported model's files, and `SLIDES_DIR`);
+  the exported model's files (`models.names.WEIGHTS_FILE` and `CARD_FILE`, named there), and `SLIDES_DIR`);
 - one reader of a hospital's ``predictions.csv`` (`read_predictions`), whose errors name the file and line.
 
 Standard library only, so that the readers of run files (the dashboard polls a live run) do not wait for torch.
@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Literal, NotRequired, TypedDict
 
 from infra.formats import BINARY_CLASSES
-from models.names import CARD_FILE, WEIGHTS_FILE
 
 # -- the server's files ---------------------------------------------------------------------------------------------
 CONFIG_FILE = "config.toml"  # the resolved configuration (federation.config)
@@ -58,8 +57,6 @@ VAL_PREDICTIONS_FILE = "val_predictions.csv"
 SLIDES_FILE = "slides.csv"
 OUTBOUND_FILE = "outbound.jsonl"  # what left the hospital (federation.engine.outbound)
 ACCOUNTANT_FILE = "privacy.json"  # its differential-privacy ledger (federation.privacy)
-MODEL_WEIGHTS_FILE = WEIGHTS_FILE  # the exported model (models.bundle)
-MODEL_CARD_FILE = CARD_FILE  # its model card
 REPORT_HTML = "report.html"  # gastric-fl report --html (app.report_html)
 SLIDES_DIR = "slides"  # slides scored with the hospital's model (app.slide_view)
 PREDICTION_COLUMNS = ("client", "path", "label", "prob_abnormal", "round")

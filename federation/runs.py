@@ -45,8 +45,6 @@ from federation.runfiles import (  # the run files' names
     HOSPITAL_GLOB,
     HOSPITALS_DIR,
     METRICS_FILE,
-    MODEL_CARD_FILE,
-    MODEL_WEIGHTS_FILE,
     OUTBOUND_FILE,
     PREDICTION_COLUMNS,
     PREDICTIONS_FILE,
@@ -61,6 +59,7 @@ from federation.runfiles import (  # the run files' names
 )
 from infra.outputs import OutputError, atomic_target, check_replaceable, owned_by, write_atomic, write_marker
 from infra.pids import same_process
+from models.names import CARD_FILE, WEIGHTS_FILE
 
 if TYPE_CHECKING:
     import torch
@@ -88,8 +87,8 @@ _HOSPITAL_FILES = (
     PREDICTIONS_FILE,
     VAL_PREDICTIONS_FILE,
     SLIDES_FILE,
-    MODEL_WEIGHTS_FILE,
-    MODEL_CARD_FILE,
+    WEIGHTS_FILE,
+    CARD_FILE,
     REPORT_HTML,
     OUTBOUND_FILE,
     ACCOUNTANT_FILE,

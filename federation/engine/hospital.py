@@ -78,19 +78,17 @@ from federation.privacy import (
 from federation.runfiles import (
     CHECKPOINT_DIR,
     HOSPITAL_FILE,
-    MODEL_CARD_FILE,
     PREDICTIONS_FILE,
     SLIDES_FILE,
     VAL_PREDICTIONS_FILE,
     prediction_columns,
 )
-from federation.runfiles import HOSPITALS_DIR as HOSPITALS_DIR  # re-exported: the old name
-from federation.runfiles import MODEL_WEIGHTS_FILE as MODEL_FILE
 from federation.runs import now_iso, read_json, write_json, write_predictions
 from federation.strategies.context import resolved_nhead
 from infra.formats import MANIFEST_FILE
 from infra.outputs import atomic_target, remove_entries, write_atomic
 from models import ModelError, create_model, head_keys, split_units
+from models.names import CARD_FILE, WEIGHTS_FILE
 
 # Files and folders a hospital writes into its folder: the only ones it ever replaces or removes.
 OWN_ENTRIES = (
@@ -99,8 +97,8 @@ OWN_ENTRIES = (
     PREDICTIONS_FILE,
     VAL_PREDICTIONS_FILE,
     SLIDES_FILE,
-    MODEL_FILE,
-    MODEL_CARD_FILE,
+    WEIGHTS_FILE,
+    CARD_FILE,
     ACCOUNTANT_FILE,
 )
 TRAINED, EVALUATED = 1, 2  # stages of a round's checkpoint
@@ -341,7 +339,7 @@ class Hospital:
         """Remove the hidden temp files of this hospital's own writes that a ``kill -9`` left (``.<name>.*``)."""
         if not folder.is_dir():
             return
-        found = [p for name in {*OWN_ENTRIES, MODEL_CARD_FILE} for p in folder.glob(f".{name}.*")]
+        found = [p for name in {*OWN_ENTRIES, CARD_FILE} for p in folder.glob(f".{name}.*")]
         if (folder / CHECKPOINT_DIR).is_dir():
             found += (folder / CHECKPOINT_DIR).glob(".round_*")
         for path in found:
@@ -623,7 +621,7 @@ class Hospital:
 
         folder = self.site.folder(loaded.run_id)
         source = folder / CHECKPOINT_DIR / f"round_{server_round:04d}.safetensors"
-        with atomic_target(folder / MODEL_FILE) as tmp:
+        with atomic_target(folder / WEIGHTS_FILE) as tmp:
             tmp.unlink()  # a link needs a free name
             try:
                 os.link(source, tmp)

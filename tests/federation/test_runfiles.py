@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from federation import runfiles
-from federation.engine.hospital import HOSPITALS_DIR
 from federation.flower.kit import hospital_name
 
 
@@ -17,7 +16,6 @@ def test_names_indices_and_listing(tmp_path: Path) -> None:
     assert runfiles.hospital_index("client_07") == 7
     with pytest.raises(ValueError, match="not a hospital folder name"):
         runfiles.hospital_index("server")
-    assert HOSPITALS_DIR == runfiles.HOSPITALS_DIR  # the old name still works
     for name in ("client_01", "client_00", "client_x", "client_100", "other"):
         (tmp_path / "hospitals" / name).mkdir(parents=True)
         (tmp_path / "hospitals" / name / "model.json").write_text("{}")
@@ -38,7 +36,6 @@ def test_every_run_file_name_comes_from_runfiles() -> None:
     assert audit.AUDIT_FILE is runfiles.AUDIT_FILE
     assert outbound.OUTBOUND_FILE is runfiles.OUTBOUND_FILE
     assert hospital.HOSPITAL_FILE is runfiles.HOSPITAL_FILE
-    assert hospital.MODEL_FILE is runfiles.MODEL_WEIGHTS_FILE
     server = (runfiles.CONFIG_FILE, runfiles.METRICS_FILE, runfiles.AGGREGATION_FILE, runfiles.SUMMARY_FILE)
     own = (runfiles.HOSPITAL_FILE, runfiles.PREDICTIONS_FILE, runfiles.OUTBOUND_FILE, runfiles.ACCOUNTANT_FILE)
     paths = [

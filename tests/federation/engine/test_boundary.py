@@ -17,8 +17,8 @@ from support.tiny_dataset import TINY_SETTINGS
 
 from federation.config import load_config
 from federation.engine.audit import check_message
-from federation.engine.hospital import HOSPITALS_DIR
 from federation.launch import train
+from federation.runfiles import HOSPITALS_DIR
 
 
 @pytest.mark.parametrize(("strategy", "nhead"), [("fedsaf", 6), ("fedrep", 1)])

@@ -35,11 +35,12 @@ from federation.contract import (
 from federation.data import extract_hospital
 from federation.engine.codec import Message, decode, encode, envelope_digest
 from federation.engine.derived import initial_state, resolve_config
-from federation.engine.hospital import MODEL_FILE, Hospital, Site
+from federation.engine.hospital import Hospital, Site
 from federation.engine.outbound import read_outbound
 from federation.engine.policy import HospitalPolicy, agreed_shared_keys, load_policy
 from federation.errors import FederationError
 from models import create_model, head_keys, split_units
+from models.names import WEIGHTS_FILE
 
 RUN = "run-a"
 
@@ -80,7 +81,7 @@ def after_round_one(tmp_path: Path, dataset: Path) -> tuple[Hospital, RunConfig,
     hospital = deployed(tmp_path, dataset)
     assert isinstance(send(hospital, Hello(RUN, config_to_toml(config))), HelloReply)
     assert isinstance(send(hospital, honest_task(config, evaluate=True)), TrainReply)
-    exported = (tmp_path / "state" / RUN / MODEL_FILE).read_bytes()
+    exported = (tmp_path / "state" / RUN / WEIGHTS_FILE).read_bytes()
     return hospital, config, exported
 
 
@@ -134,7 +135,7 @@ def test_asking_for_every_key_or_one_head_key_is_refused_and_nothing_leaves(data
     records = log_of(tmp_path)
     assert [r["refused"] for r in records[-2:]] == [True, True]
     assert all(r["values"] == 0 and r["tensors"] == {} for r in records[-2:])
-    assert (tmp_path / "state" / RUN / MODEL_FILE).read_bytes() == exported
+    assert (tmp_path / "state" / RUN / WEIGHTS_FILE).read_bytes() == exported
 
 
 @pytest.mark.parametrize(
@@ -225,14 +226,14 @@ def test_bad_tensors_are_refused_and_the_exported_model_stays(dataset: Path, tmp
             bad
         ],
     )
-    assert (tmp_path / "state" / RUN / MODEL_FILE).read_bytes() == exported
+    assert (tmp_path / "state" / RUN / WEIGHTS_FILE).read_bytes() == exported
     assert not (tmp_path / "state" / RUN / "checkpoints" / "round_0002.safetensors").exists()
     # an evaluation with NaN weights is refused too, and a later honest round still works from the good state
     fresh = honest_task(config, 2).instruction.shared
     assert fresh is not None
     nan = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in fresh.items()}
     refused(send(hospital, EvaluateTask(RUN, 1, 0, task.shared_keys, nan)), "not finite")
-    assert (tmp_path / "state" / RUN / MODEL_FILE).read_bytes() == exported
+    assert (tmp_path / "state" / RUN / WEIGHTS_FILE).read_bytes() == exported
     assert isinstance(send(hospital, honest_task(config, 2)), TrainReply)
 
 
@@ -277,7 +278,7 @@ def test_another_clients_task_and_a_bad_run_id_are_one_line_failures(dataset: Pa
 def test_a_new_hello_never_replaces_a_run_the_hospital_holds(dataset: Path, tmp_path: Path) -> None:
     hospital, config, exported = after_round_one(tmp_path, dataset)
     refused(send(hospital, Hello(RUN, config_to_toml(config))), "already holds run")
-    assert (tmp_path / "state" / RUN / MODEL_FILE).read_bytes() == exported
+    assert (tmp_path / "state" / RUN / WEIGHTS_FILE).read_bytes() == exported
     assert isinstance(send(hospital, Hello(RUN, config_to_toml(config), resume=True)), HelloReply)
 
 
@@ -308,7 +309,7 @@ def test_a_failed_write_or_a_non_finite_evaluation_is_a_failure_and_nothing_is_d
     reply = send(hospital, honest_task(config, 2, evaluate=True))
     assert isinstance(reply, Failure)
     assert "not kept or deployed" in reply.reason
-    assert (tmp_path / "state" / RUN / MODEL_FILE).read_bytes() == exported
+    assert (tmp_path / "state" / RUN / WEIGHTS_FILE).read_bytes() == exported
     monkeypatch.setattr(Client, "evaluate", original)
     ok = send(hospital, EvaluateTask(RUN, 2, 0, honest_keys(config), None))
     assert isinstance(ok, EvaluateReply)
@@ -368,7 +369,7 @@ def test_a_hospital_that_lost_its_checkpoints_says_so_instead_of_training_on(dat
     assert isinstance(reply, Failure)
     assert "no checkpoint before round 2" in reply.reason
     assert "although it saved one for round 1" in reply.reason
-    assert (tmp_path / "state" / RUN / MODEL_FILE).read_bytes() == exported
+    assert (tmp_path / "state" / RUN / WEIGHTS_FILE).read_bytes() == exported
     # a hospital that missed round 1 altogether (never trained) starts round 2 from the initial model, as before
     other = deployed(tmp_path / "late", dataset)
     assert isinstance(send(other, Hello(RUN, config_to_toml(config))), HelloReply)

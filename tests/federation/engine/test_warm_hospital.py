@@ -18,9 +18,10 @@ from test_trust_hospital import RUN, config_of, deployed, honest_task, send
 
 from federation.config import config_to_toml
 from federation.contract import Hello, HelloReply, TrainReply
-from federation.engine.hospital import MODEL_FILE, Hospital, Site
+from federation.engine.hospital import Hospital, Site
 from federation.engine.outbound import read_outbound
 from federation.engine.policy import HospitalPolicy
+from models.names import WEIGHTS_FILE
 
 
 def test_a_restarted_hospital_answers_round_two_as_the_warm_one(dataset: Path, tmp_path: Path) -> None:
@@ -51,7 +52,7 @@ def test_a_restarted_hospital_answers_round_two_as_the_warm_one(dataset: Path, t
         from_restarted.evaluation, seconds=0.0
     )  # everything but the time it took
     # the exported models: the same tensors and the same metadata (whose order in the file safetensors does not fix)
-    exported = [tmp_path / side / "state" / RUN / MODEL_FILE for side in ("warm", "restarted")]
+    exported = [tmp_path / side / "state" / RUN / WEIGHTS_FILE for side in ("warm", "restarted")]
     warm_model, restarted_model = (load_file(str(path)) for path in exported)
     assert list(warm_model) == list(restarted_model)
     assert every(torch.equal(warm_model[k], restarted_model[k]) for k in warm_model)
