@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from support.cli import run_cli
 from support.tiny_dataset import TINY_SETTINGS
-from test_trust_hospital import RUN, config_of, honest_keys
+from support.trust import RUN, config_of, honest_keys
 
 from federation.config import RunConfig, config_to_toml, load_config
 from federation.contract import (

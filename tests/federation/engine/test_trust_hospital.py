@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.tiny_dataset import LAYOUT, TINY_SETTINGS
+from support.tiny_dataset import LAYOUT
+from support.trust import RUN, config_of, deployed, honest_keys, honest_task, send
 from typer.testing import CliRunner
 
 from app.cli import app
-from federation.config import RunConfig, config_to_toml, load_config
+from federation.config import RunConfig, config_to_toml
 from federation.contract import (
     EvaluateReply,
     EvaluateTask,
@@ -30,49 +31,15 @@ from federation.contract import (
     Recipe,
     TrainInstruction,
     TrainReply,
-    TrainTask,
 )
 from federation.data import extract_hospital
 from federation.engine.codec import Message, decode, encode, envelope_digest
-from federation.engine.derived import initial_state, resolve_config
 from federation.engine.hospital import Hospital, Site
 from federation.engine.outbound import read_outbound
-from federation.engine.policy import HospitalPolicy, agreed_shared_keys, load_policy
+from federation.engine.policy import HospitalPolicy, load_policy
 from federation.errors import FederationError
 from models import create_model, head_keys, split_units
 from models.names import WEIGHTS_FILE
-
-RUN = "run-a"
-
-
-def config_of(dataset: Path, *extra: str) -> RunConfig:
-    return resolve_config(
-        load_config(None, [*TINY_SETTINGS, "strategy.name=fedsaf", "strategy.nhead=6", *extra], data=dataset)
-    )
-
-
-def send(hospital: Hospital, message: Message) -> Message:
-    return decode(hospital.answer(encode(message)))
-
-
-def deployed(tmp_path: Path, dataset: Path, policy: HospitalPolicy | None = None) -> Hospital:
-    return Hospital(Site(dataset, 0, tmp_path / "state", per_run=True, policy=policy or HospitalPolicy()))
-
-
-def honest_keys(config: RunConfig) -> list[str]:
-    return agreed_shared_keys(config, create_model(config.model.name, 2, config.model.in_chans))
-
-
-def honest_task(config: RunConfig, server_round: int = 1, **changes: object) -> TrainTask:
-    initial, _ = initial_state(config)
-    keys = honest_keys(config)
-    shared = {k: initial[k].clone() for k in keys}
-    recipe = Recipe(epochs=1, lr=0.01, head_epochs=1)
-    instruction = TrainInstruction(0, recipe, shared=shared)
-    task = TrainTask(RUN, server_round, 7, keys, instruction)
-    for key, value in changes.items():
-        setattr(task, key, value)
-    return task
 
 
 def after_round_one(tmp_path: Path, dataset: Path) -> tuple[Hospital, RunConfig, bytes]:

@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 from support.checks import every
-from test_trust_hospital import RUN, config_of, deployed, honest_task, send
+from support.trust import RUN, config_of, deployed, honest_task, send
 
 from federation.config import config_to_toml
 from federation.contract import Hello, HelloReply, TrainReply
