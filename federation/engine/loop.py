@@ -347,7 +347,9 @@ class Server:
             del record.trained[c]
             record.leave_out(c, reason)
         if instructions and not trained:
-            raise self._no_round(server_round, "sent an update that could be aggregated", record.left_out, set())
+            # every update overflowing the aggregate is what a diverging training looks like: advise as for one
+            overflowed = record.diverged | {str(c) for c in dropped}
+            raise self._no_round(server_round, "sent an update that could be aggregated", record.left_out, overflowed)
         record.received = {c: count_reply_values(t) for c, t in trained.items()}
         for c, t in trained.items():
             if fused and t.evaluation is not None:
