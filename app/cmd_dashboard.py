@@ -55,7 +55,8 @@ def streamlit_command(host: str, port: int) -> list[str]:
         "--theme.primaryColor",
         "#0f766e",
         # Captions are the text colour faded to 60%: a near-black text colour keeps them at about 5:1 on white, and
-        # inline code dark enough, so every page meets WCAG AA's 4.5:1 (axe-core, tests/app/dashboard/test_dashboard_browser.py).
+        # inline code dark enough, so every page meets WCAG AA's 4.5:1 (axe-core,
+        # tests/app/dashboard/test_dashboard_browser.py).
         "--theme.textColor",
         TEXT_COLOUR,
         "--theme.codeTextColor",
