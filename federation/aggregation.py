@@ -47,7 +47,7 @@ from typing import Literal
 
 import torch
 
-from federation.config import amp_bound_problem, max_weight_problem
+from federation.bounds import amp_bound_problem, max_weight_problem
 from federation.errors import FederationError
 from federation.flat import FlatSpec as FlatSpec  # re-exported: the old names; the flat views live in federation.flat
 from federation.flat import StackBuffer as StackBuffer
@@ -482,7 +482,7 @@ def cap_weights(weights: Sequence[float] | torch.Tensor, max_weight: float) -> t
     uncapped clients keep their ratios. Weights already under the cap come back exactly as given (``max_weight = 1``
     changes nothing). Should every uncapped weight be 0, their share is spread evenly (proportions are undefined
     there). A cap below ``1/m`` cannot hold for ``m`` weights summing to 1: a ``FederationError``
-    (`federation.config.max_weight_problem`); malformed weights are a ``ValueError``.
+    (`federation.bounds.max_weight_problem`); malformed weights are a ``ValueError``.
 
     ``weights`` is one vector ``(m,)`` or a matrix ``(m, d)`` whose every column is one set of ``m`` weights (the
     per-value weights of precision-weighted FL, the per-layer weights of depth-wise FIM): each column is capped on

@@ -8,13 +8,13 @@ preset with that one value changed, so each invalid field gets its own message, 
 (``federation.config.load_config``: the preset, the ``--set`` overrides, ``--data``) for the rules between
 fields (an error about one key, ``FederationError.key``, goes to that key's field; any other is a general problem);
 then the checks the engine makes when a run starts, before its first round: the AMP bound
-``alpha_k x (hospitals - 1) <= sigma`` (``federation.config.amp_bound_problem``; FedSAF paper Eq. 3-8,
+``alpha_k x (hospitals - 1) <= sigma`` (``federation.bounds.amp_bound_problem``; FedSAF paper Eq. 3-8,
 16-18: ``A'(x) = exp(-x/sigma)/sigma <= 1/sigma`` keeps ``xi_ii >= 0``), ``nhead`` within the model's layer
 units (Eq. 1), the input size the model needs, and the head-first rules of FedRep and FedSAF (Eq. 24).
 
 Nothing here imports torch, the checks included: the strategies' names and defaults come from the registry
 (``federation.strategies.registry``), the models' names, input sizes and layer units from ``models.names``, and
-the AMP bound from ``federation.config.amp_bound_problem``, all torch-free, so the page settles without waiting
+the AMP bound from ``federation.bounds.amp_bound_problem``, all torch-free, so the page settles without waiting
 on torch.
 """
 
@@ -29,7 +29,8 @@ from typing import Any
 from app.dashboard.commands import overrides
 from app.dashboard.fields import FIELDS, FIELDS_BY_KEY, SHORT_NAMES, Field, model_units
 from app.dashboard.presets import resolve_preset
-from federation.config import SECTIONS, amp_bound_problem, load_config
+from federation.bounds import amp_bound_problem
+from federation.config import SECTIONS, load_config
 from federation.errors import FederationError
 from federation.strategies.registry import OWN_START, SPEC, default_nhead
 from models.errors import ModelError

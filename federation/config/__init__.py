@@ -67,8 +67,6 @@ from federation.config.sections import (
     RunSection,
     ServerSection,
     StrategySection,
-    amp_bound_problem,
-    max_weight_problem,
 )
 
 __all__ = [
@@ -105,11 +103,9 @@ __all__ = [
     "RunSection",
     "ServerSection",
     "StrategySection",
-    "amp_bound_problem",
     "config_from_dict",
     "config_to_toml",
     "load_config",
-    "max_weight_problem",
     "parse_override",
     "read_toml",
     "with_values",

@@ -19,8 +19,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from federation.bounds import max_weight_problem
 from federation.config.defaults import DEFAULTS_TOML
-from federation.config.sections import SECTIONS, RunConfig, _fail, max_weight_problem
+from federation.config.sections import SECTIONS, RunConfig, _fail
 from federation.errors import FederationError
 from federation.strategies.registry import AVERAGING, EXAMPLE_WEIGHTED, OWN_START, SPEC, STRATEGY_NAMES
 from infra.toml import toml_value

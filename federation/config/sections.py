@@ -2,9 +2,8 @@
 
 Every ``__post_init__`` rejects a value out of range with a ``FederationError`` that names the key (``section.key``,
 also its ``.key``) and says what is allowed (``_fail``, ``_at_least``, ``_positive``). ``RunConfig`` holds one of each;
-``SECTIONS`` maps a section's name to its class. ``amp_bound_problem`` (AMP's self-weight bound, paper 001, Eq. 16) and
-``max_weight_problem`` (``server.max_weight`` against ``1/m``) are the rules that need the number of hospitals, written
-once for the configuration, the engine and the dashboard. Nothing here imports torch.
+``SECTIONS`` maps a section's name to its class. The rules that need the number of hospitals (AMP's self-weight
+bound, ``server.max_weight`` against ``1/m``) are `federation.bounds`'s. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
+from federation.bounds import max_weight_problem
 from federation.config.defaults import (
     AMP_METRICS,
     AMP_SCALES,
@@ -247,25 +247,6 @@ class AmpSection:
             _fail("amp.scale", self.scale, f"use one of {', '.join(AMP_SCALES)}")
 
 
-def amp_bound_problem(num_clients: int, alpha_k: float, sigma: float) -> str | None:
-    """Why AMP with ``alpha_k`` and ``sigma`` could give one of ``num_clients`` hospitals a negative self-weight
-    (Eq. 16), or ``None`` when it cannot.
-
-    For a distance ``d >= 0``, ``A'(d) = exp(-d/sigma)/sigma <= 1/sigma``, so ``xi_ii >= 1 - alpha_k (m - 1) /
-    sigma``: non-negative exactly when ``alpha_k (m - 1) <= sigma`` (docs/design.md). The boundary itself is allowed
-    (a relative tolerance of 1e-12). The one rule: `federation.aggregation.check_amp_settings`, which the engine
-    applies when a run starts, calls this; it needs no torch, so the dashboard checks settings before a run.
-    """
-    peers = num_clients - 1
-    if peers < 1 or alpha_k * peers <= sigma * (1.0 + 1e-12):
-        return None
-    return (
-        f"amp.alpha_k={alpha_k} with amp.sigma={sigma} and {num_clients} clients could make a client's "
-        f"self-weight xi_ii negative (needs alpha_k * (m-1) <= sigma): set amp.alpha_k <= {sigma / peers:.6g} "
-        "or raise amp.sigma"
-    )
-
-
 @dataclass(frozen=True)
 class FedSAFSection:
     """``[fedsaf]``: the ablation toggles (FIM on/off, model splitting on/off) and the Fisher mini-batch size."""
@@ -339,27 +320,6 @@ class FlowerSection:
         _at_least("flower.hospitals", self.hospitals, 0)
         _positive("flower.connect_timeout", self.connect_timeout)
         _positive("flower.round_timeout", self.round_timeout)
-
-
-def max_weight_problem(num_clients: int, max_weight: float) -> str | None:
-    """Why ``server.max_weight`` cannot cap the weights of ``num_clients`` hospitals, or ``None`` when it can.
-
-    The weights sum to 1, so some hospital has at least ``1/m``: a cap below ``1/m`` cannot hold (a relative
-    tolerance of 1e-12 lets ``1/m`` itself through); ``num_clients = 0`` (not known yet) checks only ``(0, 1]``.
-    The one rule: the configuration applies it when ``strategy.clients`` lists the hospitals, the averaging
-    strategies when a run starts (``federation.strategies.fedavg.Averaging``), and
-    `federation.aggregation.cap_weights` on every call; it needs no torch.
-    """
-    if not (math.isfinite(max_weight) and 0.0 < max_weight <= 1.0):
-        return f"config server.max_weight = {max_weight!r} is out of range: use a share in (0, 1], e.g. 0.5"
-    if num_clients < 1 or max_weight * num_clients >= 1.0 - 1e-12:
-        return None
-    least = math.ceil(1e6 / num_clients) / 1e6  # 1/m rounded up, so that the suggested value is accepted
-    return (
-        f"config server.max_weight = {max_weight!r} is out of range: with {num_clients} "
-        f"{'hospital' if num_clients == 1 else 'hospitals'} the weights sum to 1, so a cap below 1/{num_clients} "
-        f"cannot hold: use server.max_weight >= {least:g} (or leave it unset: no cap)"
-    )
 
 
 # A declared tile count above this is not a count (2^53: the last integer every float holds exactly).

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from federation.aggregation import cap_weights
-from federation.config import max_weight_problem
+from federation.bounds import max_weight_problem
 from federation.contract import Recipe, TensorDict, TrainReply
 from federation.errors import FederationError
 from federation.strategies.registry import default_nhead

@@ -26,7 +26,8 @@ from typing import Any
 import torch
 
 from federation.aggregation import cap_weights, depthwise_fisher_weights, depthwise_top_counts, weighted_sum
-from federation.config import RunConfig, ServerSection, max_weight_problem
+from federation.bounds import max_weight_problem
+from federation.config import RunConfig, ServerSection
 from federation.contract import Recipe, TrainReply
 from federation.errors import FederationError
 from federation.flat import flatten, unflatten

@@ -25,7 +25,8 @@ from typing import Any
 import torch
 
 from federation.aggregation import bound_update_norms, trimmed_mean, weighted_sum
-from federation.config import RunConfig, ServerSection, max_weight_problem
+from federation.bounds import max_weight_problem
+from federation.config import RunConfig, ServerSection
 from federation.contract import Recipe, TensorDict, TrainInstruction, TrainReply
 from federation.errors import FederationError
 from federation.flat import FlatSpec, flatten, unflatten

@@ -52,7 +52,8 @@ from federation.aggregation import (
     fisher_weights,
     off_diagonal_mass,
 )
-from federation.config import RunConfig, max_weight_problem
+from federation.bounds import max_weight_problem
+from federation.config import RunConfig
 from federation.contract import Recipe, TensorDict, TrainInstruction, TrainReply
 from federation.errors import FederationError
 from federation.flat import FlatSpec, StackBuffer, unflatten

@@ -20,7 +20,8 @@ from support.checks import every
 from support.tiny_dataset import LAYOUT, TINY_SETTINGS
 
 from federation.aggregation import cap_weights, weighted_sum
-from federation.config import config_to_toml, load_config, max_weight_problem
+from federation.bounds import max_weight_problem
+from federation.config import config_to_toml, load_config
 from federation.contract import TrainReply
 from federation.engine import Server, local_sites, resolve_config
 from federation.engine.codec import Envelope
