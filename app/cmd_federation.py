@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, NoReturn
 import typer
 
 if TYPE_CHECKING:
+    from federation.errors import FederationError
     from federation.flower.managed_process import ManagedProcess
 
 federation_app = typer.Typer(
@@ -31,13 +32,17 @@ federation_app = typer.Typer(
 def _wait_while_alive(process: ManagedProcess, what: str, also: ManagedProcess | None = None) -> NoReturn:
     """Serve until Ctrl-C or SIGTERM; a ``process`` (or ``also``) that stops on its own is an error showing its
     log's last lines."""
-    from federation.errors import FederationError
-
     while process.alive() and (also is None or also.alive()):
         time.sleep(1.0)
     stopped = process if not process.alive() or also is None else also
-    name = what if stopped is process else stopped.name
-    raise FederationError(f"the {name} stopped; last lines of {stopped.log_path}:\n{stopped.log_tail()}")
+    raise _stopped(stopped, what if stopped is process else stopped.name)
+
+
+def _stopped(process: ManagedProcess, name: str) -> FederationError:
+    """A process that stopped on its own, as one error showing its log's last lines."""
+    from federation.errors import FederationError
+
+    return FederationError(f"the {name} stopped; last lines of {process.log_path}:\n{process.log_tail()}")
 
 
 @federation_app.command("init")
@@ -216,7 +221,7 @@ def serve_node(node: ManagedProcess, *, retry_for: float, pause: float = RETRY_P
                 time.sleep(min(1.0, pause))
         code = node.popen.returncode if node.popen is not None else None
         if code != REFUSED_EXIT:
-            raise FederationError(f"the SuperNode stopped; last lines of {node.log_path}:\n{node.log_tail()}")
+            raise _stopped(node, "SuperNode")
         left = deadline - time.monotonic()
         if left <= 0:
             raise FederationError(

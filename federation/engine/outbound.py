@@ -156,10 +156,11 @@ def _locked(path: Path) -> Iterator[IO[bytes]]:
         yield handle
 
 
-def _append(handle: IO[bytes], data: bytes, record: Mapping[str, Any]) -> None:
-    """Write ``record`` chained to the last line of ``data`` (the log's bytes), flushed to disk. A last line cut
-    short by a crash (no newline) is ended first, so that the new line stays a line of its own."""
-    line = json.dumps({**record, "prev": head_of(data).sha256}, allow_nan=False).encode("utf-8") + b"\n"
+def _append(handle: IO[bytes], data: bytes, head: Head, record: Mapping[str, Any]) -> None:
+    """Write ``record`` chained to the last line of ``data`` (the log's bytes, whose head is ``head``), flushed to
+    disk. A last line cut short by a crash (no newline) is ended first, so that the new line stays a line of its
+    own."""
+    line = json.dumps({**record, "prev": head.sha256}, allow_nan=False).encode("utf-8") + b"\n"
     handle.write((b"\n" if data and not data.endswith(b"\n") else b"") + line)
     handle.flush()
     os.fsync(handle.fileno())
@@ -169,7 +170,8 @@ def append_outbound(path: Path, record: Mapping[str, Any]) -> None:
     """Append ``record`` to the log at ``path`` with ``prev`` chained to the last line; flushed to disk before it
     returns (the reply leaves only after). Locked, so two processes of one hospital never interleave lines."""
     with _locked(path) as handle:
-        _append(handle, handle.read(), record)
+        data = handle.read()
+        _append(handle, data, head_of(data), record)
 
 
 def record_reply(path: Path, request: Mapping[str, Any], reply: Envelope) -> Envelope:
@@ -179,9 +181,10 @@ def record_reply(path: Path, request: Mapping[str, Any], reply: Envelope) -> Env
     cannot be written: then nothing of ``reply`` may leave."""
     with _locked(path) as handle:
         data = handle.read()
+        head = head_of(data)  # read once: it stamps the reply and chains its line
         header, tensors = reply
-        stamped: Envelope = ({**header, HEAD_FIELD: head_of(data).as_header()}, tensors)
-        _append(handle, data, describe_reply(request, stamped))
+        stamped: Envelope = ({**header, HEAD_FIELD: head.as_header()}, tensors)
+        _append(handle, data, head, describe_reply(request, stamped))
     return stamped
 
 
