@@ -70,6 +70,12 @@ def register(app: typer.Typer) -> None:
         overwrite: bool = typer.Option(
             False, "--overwrite", help="Replace a previous synth output in --out (never foreign files)."
         ),
+        workers: int = typer.Option(
+            1,
+            "--workers",
+            help="Slides painted at once, one process each (a BOT-sized set of 700 slides: use the cores you "
+            "have). The files are identical for any value.",
+        ),
     ) -> None:
         """Write a synthetic dataset and print where it is and its class counts."""
         from pipeline.errors import PipelineError
@@ -106,6 +112,7 @@ def register(app: typer.Typer) -> None:
                 size=size,
                 progress=True,
                 overwrite=overwrite,
+                workers=workers,
             )
         typer.echo(
             f"wrote {summary.images} synthetic {fmt.upper()} slides ({summary.size}x{summary.size}): "

@@ -14,11 +14,14 @@ neither PNG nor TIFF output carries timestamps, so the same arguments give byte-
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import multiprocessing
 import os
 import shutil
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +34,7 @@ from numpy.typing import NDArray
 from tqdm import tqdm
 
 from infra.outputs import OutputError, claim_output
+from infra.processes import plain_main
 from infra.provenance import SYNTH_MARKER
 from pipeline.errors import PipelineError
 from pipeline.synth_render import Palette, Zone, render_tissue
@@ -105,8 +109,10 @@ class SynthSummary:
 
 
 def _check_args(
-    fmt: str, images: int, difficulty: float, abnormal_fraction: float | None, size: int | None
+    fmt: str, images: int, difficulty: float, abnormal_fraction: float | None, size: int | None, workers: int = 1
 ) -> FormatSpec:
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 256:
+        raise PipelineError(f"--workers {workers!r}: give a whole number of processes from 1 to 256")
     if fmt not in FORMATS:
         raise PipelineError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)} (--format)")
     if isinstance(images, bool) or not isinstance(images, int) or images < 1:
@@ -263,9 +269,32 @@ def prepare_out(out: Path, overwrite: bool) -> None:
         raise PipelineError(f"output directory {out.parent} is not writable: choose another location with --out")
 
 
-def _iter_slides(plans: list[SlidePlan], fmt: str, size: int, difficulty: float) -> Iterator[SynthSlide]:
-    for plan in plans:
-        yield render_slide(plan, fmt, size, difficulty)
+def _render_and_write(plan: SlidePlan, fmt: str, size: int, difficulty: float, root: Path) -> tuple[list[str], float]:
+    """Paint slide ``plan`` and write it under ``root``: (relative paths written, its cancer fraction)."""
+    slide = render_slide(plan, fmt, size, difficulty)
+    return _write_slide(slide, fmt, root), slide.cancer_fraction
+
+
+def _written_slides(
+    plans: list[SlidePlan], fmt: str, size: int, difficulty: float, root: Path, workers: int
+) -> Iterator[tuple[list[str], float]]:
+    """Every slide painted and written, in plan order; ``workers`` > 1 spreads them over that many processes.
+
+    Each slide draws from its own seeded generator (module docstring), so the files do not depend on ``workers``.
+    """
+    if workers <= 1 or len(plans) < 2:
+        for plan in plans:
+            yield _render_and_write(plan, fmt, size, difficulty, root)
+        return
+    context = multiprocessing.get_context("forkserver")
+    with plain_main(), ProcessPoolExecutor(min(workers, len(plans)), mp_context=context) as pool:
+        chunk = max(1, min(16, len(plans) // (4 * workers)))
+        yield from pool.map(
+            _render_and_write,
+            plans,
+            *(itertools.repeat(x, len(plans)) for x in (fmt, size, difficulty, root)),
+            chunksize=chunk,
+        )
 
 
 def generate_dataset(
@@ -278,6 +307,7 @@ def generate_dataset(
     size: int | None = None,
     progress: bool = False,
     overwrite: bool = False,
+    workers: int = 1,
 ) -> SynthSummary:
     """Write a synthetic dataset of ``images`` slides in the ``fmt`` ("seed" or "bot") raw layout to ``out``.
 
@@ -287,15 +317,18 @@ def generate_dataset(
     Everything is written to a temporary folder beside ``out`` and renamed at the end, so an interrupted run
     leaves no half-written dataset; ``overwrite`` replaces only a previous synth output, never foreign files.
     ``out`` is locked while the run lasts (`infra.outputs.claim_output`): a second synth to it is refused.
+    ``workers``: slides painted at once, one process each (the files are the same for any value).
     """
-    spec = _check_args(fmt, images, difficulty, abnormal_fraction, size)
+    spec = _check_args(fmt, images, difficulty, abnormal_fraction, size, workers)
     # Resolved, so that "." or "../x" still have a real name and parent for the temporary folder beside them.
     out = Path(out).expanduser().resolve()
     size = spec.size if size is None else size
     plans = plan_dataset(fmt, images, seed, abnormal_fraction)
     try:
         with claim_output(out, "synth"):
-            return _generate_claimed(out, spec, plans, seed, difficulty, abnormal_fraction, size, progress, overwrite)
+            return _generate_claimed(
+                out, spec, plans, seed, difficulty, abnormal_fraction, size, progress, overwrite, workers
+            )
     except OutputError as exc:
         raise PipelineError(str(exc)) from None
 
@@ -310,6 +343,7 @@ def _generate_claimed(
     size: int,
     progress: bool,
     overwrite: bool,
+    workers: int = 1,
 ) -> SynthSummary:
     """`generate_dataset` once ``out`` is locked: check it, render into a temporary folder, swap into place."""
     fmt, images = spec.name, len(plans)
@@ -322,15 +356,16 @@ def _generate_claimed(
         slides_info = []
         bar = tqdm(total=images, desc=f"synth {fmt}", unit="slide", disable=not progress)
         with bar:
-            for slide in _iter_slides(plans, fmt, size, difficulty):
-                written = _write_slide(slide, fmt, tmp)
+            for plan, (written, cancer_fraction) in zip(
+                plans, _written_slides(plans, fmt, size, difficulty, tmp, workers), strict=True
+            ):
                 files += written
                 slides_info.append(
                     {
-                        "id": slide.plan.slide_id,
-                        "label": "abnormal" if slide.plan.abnormal else "normal",
+                        "id": plan.slide_id,
+                        "label": "abnormal" if plan.abnormal else "normal",
                         "files": written,
-                        "cancer_fraction": round(slide.cancer_fraction, 6),
+                        "cancer_fraction": round(cancer_fraction, 6),
                     }
                 )
                 bar.update(1)

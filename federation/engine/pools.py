@@ -21,14 +21,12 @@ A hospital that fails, or that a transport cannot reach, comes back as a ``Failu
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import multiprocessing.connection
 import os
 import signal
-import sys
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +38,7 @@ from federation.engine.codec import Envelope, Message, decode, encode, from_byte
 from federation.engine.hospital import Hospital, Site
 from federation.engine.outbound import HEAD_FIELD, parse_head
 from federation.errors import FederationError, Interrupted, first_line
+from infra.processes import plain_main
 
 if TYPE_CHECKING:
     from federation.engine.audit import Anchors
@@ -221,7 +220,7 @@ class WorkerPool(Pool):
             process = context.Process(
                 target=_worker_main, args=(child, group, threads), daemon=True, name=f"fl-worker-{w}"
             )
-            with _main_not_rerun():
+            with plain_main():
                 process.start()
             child.close()
             self.conns.append(parent)
@@ -266,26 +265,3 @@ class WorkerPool(Pool):
                 process.join(timeout=5)
         for conn in self.conns:
             conn.close()
-
-
-@contextlib.contextmanager
-def _main_not_rerun() -> Iterator[None]:
-    """Start worker processes without re-running the parent's ``__main__`` in them.
-
-    multiprocessing re-imports the parent's main script in a forkserver/spawn child; the workers need only
-    ``_worker_main`` from this module, and the main script may be one that cannot run twice (a Streamlit page under
-    the dashboard or its tests, which then killed the worker). Hiding ``__main__``'s file and spec while starting
-    makes the child skip that step.
-    """
-    main = sys.modules.get("__main__")
-    names = ("__file__", "__spec__")
-    saved = {name: main.__dict__[name] for name in names if main is not None and name in main.__dict__}
-    try:
-        if main is not None:
-            main.__dict__.pop("__file__", None)
-            main.__dict__["__spec__"] = None
-        yield
-    finally:
-        if main is not None:
-            main.__dict__.pop("__spec__", None)
-            main.__dict__.update(saved)

@@ -32,7 +32,7 @@ def test_written_toml_reads_back_equal(tmp_path: Path) -> None:
     assert load_config(path) == config
 
 
-@pytest.mark.parametrize("preset", ["demo.toml", "seed.toml"])
+@pytest.mark.parametrize("preset", ["demo.toml", "seed.toml", "bot.toml"])
 def test_shipped_presets_load(preset: str) -> None:
     config = load_config(REPO / "configs" / preset)
     assert config.run.rounds >= 1

@@ -167,6 +167,17 @@ def test_same_seed_same_bytes_different_seed_different(tmp_path: Path) -> None:
     assert _digest(t1.out) == _digest(t2.out)
 
 
+def test_workers_write_the_same_bytes_as_one_process(tmp_path: Path) -> None:
+    """Slides painted in 3 processes (chunks of 1, out of order) are the files one process writes, in one order."""
+    one = generate_dataset(tmp_path / "one", "seed", images=7, seed=5, size=128, difficulty=0.3)
+    three = generate_dataset(tmp_path / "three", "seed", images=7, seed=5, size=128, difficulty=0.3, workers=3)
+    assert len(_digest(one.out)) == 15  # 7 slides + 7 masks + the marker
+    assert _digest(one.out) == _digest(three.out)
+    bot_one = generate_dataset(tmp_path / "b1", "bot", images=3, seed=2, size=128, abnormal_fraction=0.5)
+    bot_two = generate_dataset(tmp_path / "b2", "bot", images=3, seed=2, size=128, abnormal_fraction=0.5, workers=2)
+    assert _digest(bot_one.out) == _digest(bot_two.out)
+
+
 def test_default_class_balance() -> None:
     bot = plan_dataset("bot", 10, seed=0)
     seed = plan_dataset("seed", 10, seed=0)
@@ -211,6 +222,7 @@ def test_difficulty_narrows_the_class_difference() -> None:
         ({"difficulty": float("nan")}, "--difficulty"),
         ({"abnormal_fraction": -0.1}, "--abnormal-fraction"),
         ({"size": 64}, "--size"),
+        ({"workers": 0}, "--workers 0"),
     ],
 )
 def test_bad_arguments(tmp_path: Path, kwargs: dict[str, object], needle: str) -> None:
