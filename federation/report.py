@@ -71,7 +71,12 @@ HOSPITAL_COLUMNS: tuple[str, ...] = ("run", "client", "num_train", "num_test", "
 
 @dataclass(frozen=True)
 class RoundStats:
-    """One round over all clients: means and population standard deviations, and traffic in each direction."""
+    """One round over all clients: means and population standard deviations, and traffic in each direction.
+
+    The one place a round's figures are computed: ``gastric-fl report``, the HTML report, the run's summary and the
+    dashboard (``app.dashboard.runs.per_round``) all read them from here. ``auc_clients``: hospitals whose AUC
+    counts (a single-class test split has none); ``seconds``: the hospitals' wall seconds summed (None when no
+    record has them)."""
 
     round: int
     clients: int
@@ -84,6 +89,8 @@ class RoundStats:
     values_sent: int
     values_received: int
     missing: tuple[int, ...] = ()  # clients present in other rounds but not in this one
+    auc_clients: int = 0
+    seconds: float | None = None
 
     @property
     def complete(self) -> bool:
@@ -113,6 +120,7 @@ def round_stats(metrics: Sequence[Mapping[str, Any]]) -> list[RoundStats]:
         auc = [float(x["test_auc"]) for x in rows if x.get("test_auc") is not None]
         train_loss = [float(x["train_loss"]) for x in rows if x.get("train_loss") is not None]
         test_loss = [float(x["test_loss"]) for x in rows if x.get("test_loss") is not None]
+        seconds = [float(x["seconds"]) for x in rows if x.get("seconds") is not None]
         out.append(
             RoundStats(
                 round=r,
@@ -123,9 +131,11 @@ def round_stats(metrics: Sequence[Mapping[str, Any]]) -> list[RoundStats]:
                 std_test_acc=statistics.pstdev(acc) if acc else math.nan,
                 avg_test_auc=_mean(auc),
                 std_test_auc=_std(auc),
-                values_sent=sum(int(x.get("values_sent", 0)) for x in rows),
-                values_received=sum(int(x.get("values_received", 0)) for x in rows),
+                values_sent=sum(int(x.get("values_sent") or 0) for x in rows),
+                values_received=sum(int(x.get("values_received") or 0) for x in rows),
                 missing=tuple(sorted(everyone - {int(x["client"]) for x in rows if "client" in x})),
+                auc_clients=len(auc),
+                seconds=math.fsum(seconds) if seconds else None,
             )
         )
     return out

@@ -33,6 +33,7 @@ from app.dashboard.datasets import hospital_label
 from app.dashboard.errors import DashboardError
 from federation import jsonl, runfiles
 from federation.errors import FederationError
+from federation.report import round_stats
 from federation.runfiles import hospital_files, hospital_index
 from infra.formats import MANIFEST_FILE
 from models.names import CARD_FILE
@@ -331,8 +332,10 @@ def per_client(metrics: pd.DataFrame, column: str) -> pd.DataFrame:
 def per_round(metrics: pd.DataFrame) -> pd.DataFrame:
     """One row per round: averaged and std (over clients) ACC and AUC, values transmitted and cumulated, seconds.
 
-    ``values_sent``/``values_received`` are summed over clients; ``values_total`` is their cumulative sum (what
-    has crossed the network so far). ``seconds`` sums the clients' wall seconds of the round.
+    The figures are `federation.report.round_stats`' (the one computation the reports use too), over
+    ``metrics`` (`metrics_frame`: a repeated round's last record). ``values_sent``/``values_received`` are summed
+    over clients; ``values_total`` is their cumulative sum (what has crossed the network so far). ``seconds`` sums
+    the clients' wall seconds of the round.
     """
     columns = [
         "round",
@@ -348,20 +351,25 @@ def per_round(metrics: pd.DataFrame) -> pd.DataFrame:
     ]
     if metrics.empty:
         return pd.DataFrame(columns=columns)
-    grouped = metrics.groupby("round", sort=True)
+    records = [
+        {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
+        for row in metrics.to_dict("records")
+    ]
+    stats = round_stats(records)
     table = pd.DataFrame(
         {
-            "acc_mean": grouped["test_acc"].mean(),
-            "acc_std": grouped["test_acc"].std(ddof=0),
-            "auc_mean": grouped["test_auc"].mean(),  # pandas skips NaN: single-class clients are left out
-            "auc_std": grouped["test_auc"].std(ddof=0),
-            "auc_clients": grouped["test_auc"].count(),
-            "values_sent": grouped["values_sent"].sum(min_count=1),
-            "values_received": grouped["values_received"].sum(min_count=1),
-            "seconds": grouped["seconds"].sum(min_count=1),
+            "round": [s.round for s in stats],
+            "acc_mean": [s.avg_test_acc for s in stats],
+            "acc_std": [s.std_test_acc for s in stats],
+            "auc_mean": [np.nan if s.avg_test_auc is None else s.avg_test_auc for s in stats],
+            "auc_std": [np.nan if s.std_test_auc is None else s.std_test_auc for s in stats],
+            "auc_clients": [s.auc_clients for s in stats],
+            "values_sent": [s.values_sent for s in stats],
+            "values_received": [s.values_received for s in stats],
+            "seconds": [np.nan if s.seconds is None else s.seconds for s in stats],
         }
-    ).reset_index()
-    table["values_total"] = (table["values_sent"].fillna(0) + table["values_received"].fillna(0)).cumsum()
+    )
+    table["values_total"] = (table["values_sent"] + table["values_received"]).cumsum()
     return table[columns]
 
 

@@ -64,6 +64,29 @@ def test_round_stats_are_means_and_population_stds_over_clients() -> None:
     assert second.std_test_auc == pytest.approx(0.2)
     assert second.avg_train_loss == pytest.approx(0.4)
     assert (second.values_sent, second.values_received) == (300, 150)
+    assert (first.auc_clients, second.auc_clients) == (3, 2)
+    assert (first.seconds, second.seconds) == (3.0, 3.0)
+
+
+def test_the_dashboard_reads_a_rounds_figures_from_the_same_computation() -> None:
+    """``app.dashboard.runs.per_round`` over a frame of the records gives `round_stats`' figures, exactly."""
+    from app.dashboard.runs import metrics_frame, per_round
+
+    records = [dict(r, seconds=r["seconds"] * (1 + r["client"])) for r in METRICS]  # unequal: 1, 2, 3 s
+    table = per_round(metrics_frame(records)).set_index("round")
+    rounds = round_stats(records)
+    assert [s.round for s in rounds] == table.index.tolist() == [1, 2]
+    for stats in rounds:
+        row = table.loc[stats.round]
+        assert row["acc_mean"] == stats.avg_test_acc
+        assert row["acc_std"] == stats.std_test_acc
+        assert row["auc_mean"] == stats.avg_test_auc
+        assert row["auc_std"] == stats.std_test_auc
+        assert (row["auc_clients"], row["values_sent"], row["values_received"]) == (
+            stats.auc_clients, stats.values_sent, stats.values_received,
+        )  # fmt: skip
+        assert row["seconds"] == stats.seconds == 6.0
+    assert table["values_total"].tolist() == [450, 900]
 
 
 def test_run_figures_pick_the_last_and_the_best_round() -> None:
