@@ -32,7 +32,7 @@ from app.dashboard.presets import resolve_preset
 from federation.bounds import amp_bound_problem
 from federation.config import SECTIONS, load_config
 from federation.errors import FederationError
-from federation.strategies.registry import OWN_START, SPEC, default_nhead
+from federation.strategies.registry import OWN_START, SPEC, default_nhead, split_on
 from models.errors import ModelError
 from models.names import check_input_size
 
@@ -144,8 +144,8 @@ def _start_problems(config: Any, num_clients: int | None) -> list[tuple[str | No
             f"nhead = {nhead}: {spec.short_name} needs a local head, so use {spec.min_nhead} or more (or FedAvg)."
         )
         problems.append(("strategy.nhead", sentence))
-    # FedSAF trains a head first only where it splits (its own fedsaf.split, and a head of at least one unit)
-    split = spec.head_first and (name != "fedsaf" or (config.fedsaf.split and nhead > 0))
+    # a method with a split switch (FedSAF's fedsaf.split) trains a head first only where it splits, with a head
+    split = spec.head_first and (spec.split_switch is None or (split_on(config) and nhead > 0))
     if split and config.client.head_epochs < 1:
         sentence = f"Head epochs = {config.client.head_epochs}: {SHORT_NAMES[name]} trains the head first (Eq. 24)"
         problems.append(("client.head_epochs", f"{sentence}, so use 1 or more."))

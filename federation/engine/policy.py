@@ -36,7 +36,7 @@ from federation.contract import Recipe
 from federation.errors import FederationError
 from federation.privacy import planned_dp_steps
 from federation.strategies.context import shared_nhead, with_privacy
-from federation.strategies.registry import STRATEGY_NAMES, bn_mode
+from federation.strategies.registry import SPEC, STRATEGY_NAMES, bn_mode
 from models import base_keys, batchnorm_keys, split_units
 
 POLICY_EXAMPLE = "configs/hospital_policy.toml"
@@ -409,7 +409,7 @@ def agreed_shared_keys(config: RunConfig, model: torch.nn.Module) -> list[str]:
     last ``nhead`` (FedSAF paper 001, Eq. 1), less the BatchNorm entries the method keeps at the hospital. The same
     rule the server's strategies follow (``StrategyContext.shared_keys``), computed here from the hospital's own
     copy of the model."""
-    if config.strategy.name == "separate":
+    if not SPEC[config.strategy.name].shares:  # Separate: nothing leaves the hospital
         return []
     mode = bn_mode(config.strategy.name, config.strategy.bn)
     local = set() if mode == "shared" else set(batchnorm_keys(model, affine=mode == "local"))

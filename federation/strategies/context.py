@@ -18,7 +18,7 @@ from federation.aggregation import cap_weights
 from federation.bounds import max_weight_problem
 from federation.contract import Recipe, TensorDict, TrainReply
 from federation.errors import FederationError
-from federation.strategies.registry import default_nhead
+from federation.strategies.registry import default_nhead, split_on
 from models import Unit, base_keys
 
 if TYPE_CHECKING:
@@ -64,10 +64,9 @@ def resolved_nhead(config: RunConfig) -> int:
 
 def shared_nhead(config: RunConfig) -> int:
     """How many output-side layer units a run keeps at each hospital (FedSAF paper 001, Eq. 1): ``strategy.nhead``
-    as resolved, except FedSAF with ``fedsaf.split = false``, which shares everything (0)."""
-    if config.strategy.name == "fedsaf" and not config.fedsaf.split:
-        return 0
-    return resolved_nhead(config)
+    as resolved, except where the method's split is switched off (`split_on`: FedSAF with ``fedsaf.split =
+    false``), which shares everything (0)."""
+    return resolved_nhead(config) if split_on(config) else 0
 
 
 def recipe_from_config(

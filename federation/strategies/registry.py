@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class StrategySpec:
     ``server.robust = "trimmed_mean"`` replaces. ``shares``: anything leaves the hospital at all (else
     ``server.max_weight`` has nothing to cap). ``min_nhead``: the fewest local units it works with (FedRep needs a
     head of its own: 1); ``fixed_nhead``: the only ``nhead`` it accepts (FedAMP shares the whole model: 0).
+    ``split_switch``: the boolean setting that turns its split off (FedSAF's ``fedsaf.split``, the paper's
+    "split" ablation of Table 4): false shares every unit whatever ``strategy.nhead``.
     ``menu_rank``: its place in the dashboard's picker; ``short_name`` is used in sentences, ``display_name`` in the
     picker. The strategies' own checks and the dashboard's read these, so a rule
     is written once.
@@ -52,6 +55,7 @@ class StrategySpec:
     shares: bool = True
     min_nhead: int = 0
     fixed_nhead: int | None = None
+    split_switch: str | None = None
 
 
 SPECS: tuple[StrategySpec, ...] = (
@@ -102,6 +106,7 @@ SPECS: tuple[StrategySpec, ...] = (
         head_first=True,
         fisher=True,
         own_start=True,
+        split_switch="fedsaf.split",
     ),
     StrategySpec(
         "depthwise_fim",
@@ -171,6 +176,16 @@ def averaging_names() -> str:
 def bn_mode(name: str, configured: str) -> str:
     """Where BatchNorm lives for strategy ``name``: its own fixed choice, else ``strategy.bn``."""
     return FORCED_BN.get(name, configured)
+
+
+def split_on(config: Any) -> bool:
+    """Whether a run (a ``federation.config.RunConfig``) splits its method as configured: false when the method's
+    ``split_switch`` (FedSAF's ``fedsaf.split``) is set to false, true for every method without one."""
+    switch = SPEC[config.strategy.name].split_switch
+    if switch is None:
+        return True
+    section, key = switch.split(".")
+    return bool(getattr(getattr(config, section), key))
 
 
 def default_nhead(name: str) -> int:

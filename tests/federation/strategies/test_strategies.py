@@ -209,3 +209,24 @@ def test_an_averaging_strategy_deploys_what_it_sends_next(name: str) -> None:
         assert shared.keys() == evaluated.keys() == set(keys)
         assert every(torch.equal(shared[k], evaluated[k]) for k in keys)
     assert not all(torch.equal(sent[0].shared[k], INITIAL[k]) for k in keys)  # the round did move the model
+
+
+def test_the_split_switch_is_a_fact_of_the_spec_not_of_a_name() -> None:
+    """``split_switch`` on the spec decides whether a run splits: FedSAF's ``fedsaf.split = false`` shares every
+    unit (nhead 0 kept at the hospital); a method without a switch keeps its nhead whatever ``fedsaf.split`` says;
+    Separate, which shares nothing, leaves nothing for the hospital's policy to agree to."""
+    from federation.engine.policy import agreed_shared_keys
+    from federation.strategies.context import shared_nhead
+    from federation.strategies.registry import SPECS, split_on
+    from models import create_model
+
+    switched = [s.name for s in SPECS if s.split_switch is not None]
+    assert switched == ["fedsaf"]
+    assert shared_nhead(load_config(None, ["strategy.name=fedsaf", "strategy.nhead=3"])) == 3
+    off = load_config(None, ["strategy.name=fedsaf", "strategy.nhead=3", "fedsaf.split=false"])
+    assert (split_on(off), shared_nhead(off)) == (False, 0)
+    fedrep = load_config(None, ["strategy.name=fedrep", "strategy.nhead=2", "fedsaf.split=false"])
+    assert (split_on(fedrep), shared_nhead(fedrep)) == (True, 2)
+    model = create_model("mobilenet_v3_small")
+    assert agreed_shared_keys(load_config(None, ["strategy.name=separate"]), model) == []
+    assert len(agreed_shared_keys(load_config(None, ["strategy.name=fedavg"]), model)) > 0
