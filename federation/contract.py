@@ -137,19 +137,22 @@ class Strategy(Protocol):
     part and evaluates base + its own head on its own test split (what a hospital would deploy after the round).
     ``aggregate_train`` returns a JSON-serialisable record for ``aggregation.jsonl`` (e.g. the AMP matrix
     ``xi`` and Fisher weights ``gamma``); an empty dict when there is nothing to log.
-    A strategy whose ``configure_evaluate`` always keeps each hospital's own model may say so with a class
-    attribute ``evaluates_own = True``: the engine then asks for the evaluation with the training (one message
-    per round instead of two) and calls ``configure_evaluate`` only for hospitals whose training failed.
-    A strategy whose ``configure_evaluate(r)`` gives each hospital exactly the shared part its next
-    ``configure_train(r + 1)`` sends it (the averaging family: the global model, both times) may say so with
-    ``evaluates_next_start = True``: the engine then asks for round ``r``'s evaluation with round ``r + 1``'s
-    training (``TrainTask.evaluate_previous``), so a round costs one message, and sends an ``EvaluateTask`` only
-    after the last round and to a hospital whose combined message failed.
+    Two typed abilities, which every strategy states (``False`` where it has not got them): a strategy whose
+    ``configure_evaluate`` always keeps each hospital's own model says so with ``evaluates_own = True``: the
+    engine then asks for the evaluation with the training (one message per round instead of two) and calls
+    ``configure_evaluate`` only for hospitals whose training failed. A strategy whose ``configure_evaluate(r)``
+    gives each hospital exactly the shared part its next ``configure_train(r + 1)`` sends it (the averaging
+    family: the global model, both times) says so with ``evaluates_next_start = True``: the engine then asks for
+    round ``r``'s evaluation with round ``r + 1``'s training (``TrainTask.evaluate_previous``), so a round costs
+    one message, and sends an ``EvaluateTask`` only after the last round and to a hospital whose combined message
+    failed.
     ``state_tensors``/``load_state_tensors`` and ``state_json``/``load_state_json`` make the strategy's
     cross-round state checkpointable as safetensors + JSON (never pickle).
     """
 
     name: str
+    evaluates_own: bool
+    evaluates_next_start: bool
 
     def shared_keys(self, state_keys: Sequence[str], units: Sequence[Sequence[str]]) -> list[str]:
         """Which ``state_dict`` keys are shared, given all keys and the model's ordered layer units."""

@@ -115,12 +115,12 @@ def config_from_dict(raw: Mapping[str, Any], source: str = "config") -> RunConfi
     if config.client.epochs + config.client.head_epochs == 0:
         _fail("client.epochs", 0, "train for at least one epoch (client.epochs or client.head_epochs > 0)")
     _check_unused(config, "adam", config.client.optimizer == "adam", 'they apply only with client.optimizer = "adam"')
-    if config.strategy.name == "precision_weighted" and config.client.optimizer != "adam":
+    spec = SPEC[config.strategy.name]
+    if spec.optimizer is not None and config.client.optimizer != spec.optimizer:
         _fail(
             "client.optimizer",
             config.client.optimizer,
-            "precision_weighted weights clients by Adam's second moments: set client.optimizer = adam "
-            "(paper 004 uses lr 0.001)",
+            f"{spec.name} needs it: {spec.optimizer_reason}; set client.optimizer = {spec.optimizer}",
         )
     if config.client.start == "own" and config.strategy.name not in OWN_START:
         _fail(

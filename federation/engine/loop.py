@@ -304,7 +304,7 @@ class Server:
         instructions = self.strategy.configure_train(server_round, self.clients)
         record = RoundRecord(server_round, sent={c: count_values(i) for c, i in instructions.items()}, started=start)
         # a strategy that deploys each hospital's own model gets the evaluation with the training: one message
-        fused = bool(getattr(self.strategy, "evaluates_own", False))
+        fused = self.strategy.evaluates_own
         ask_previous = set(previous.to_evaluate(self.clients)) if previous is not None else set()
         tasks = {
             c: TrainTask(
@@ -358,7 +358,7 @@ class Server:
                     record.evaluated[c] = t.evaluation
                 else:  # its training was usable; its evaluation is not recorded
                     record.leave_out(c, problem, evaluation=True)
-        if getattr(self.strategy, "evaluates_next_start", False) and not fused:
+        if self.strategy.evaluates_next_start and not fused:
             # the evaluation comes with the next round's training (or, after the last round, on its own): the
             # record waits in the checkpoint
             record.seconds = time.perf_counter() - start

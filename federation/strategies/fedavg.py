@@ -52,6 +52,7 @@ class Averaging:
     ``r + 1`` sends it to train from: its evaluation rides with that training (``evaluates_next_start``).
     """
 
+    evaluates_own = False
     evaluates_next_start = True
 
     def __init__(

@@ -110,6 +110,7 @@ class AttentiveStrategy:
     """
 
     evaluates_own = True
+    evaluates_next_start = False
 
     def __init__(
         self,

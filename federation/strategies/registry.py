@@ -32,6 +32,8 @@ class StrategySpec:
     ``server.robust = "trimmed_mean"`` replaces. ``shares``: anything leaves the hospital at all (else
     ``server.max_weight`` has nothing to cap). ``min_nhead``: the fewest local units it works with (FedRep needs a
     head of its own: 1); ``fixed_nhead``: the only ``nhead`` it accepts (FedAMP shares the whole model: 0).
+    ``optimizer``: the only ``client.optimizer`` it works with (precision-weighted FL reads Adam's second moments,
+    paper 004), with the reason in ``optimizer_reason``.
     ``split_switch``: the boolean setting that turns its split off (FedSAF's ``fedsaf.split``, the paper's
     "split" ablation of Table 4): false shares every unit whatever ``strategy.nhead``.
     ``menu_rank``: its place in the dashboard's picker; ``short_name`` is used in sentences, ``display_name`` in the
@@ -56,6 +58,8 @@ class StrategySpec:
     min_nhead: int = 0
     fixed_nhead: int | None = None
     split_switch: str | None = None
+    optimizer: str | None = None
+    optimizer_reason: str = ""
 
 
 SPECS: tuple[StrategySpec, ...] = (
@@ -125,6 +129,8 @@ SPECS: tuple[StrategySpec, ...] = (
         "Precision-weighted (paper 004, Adam)",
         9,
         averaging=True,
+        optimizer="adam",
+        optimizer_reason="it weights hospitals by Adam's second moments (paper 004 uses lr 0.001)",
     ),
     StrategySpec(
         "fedbn",

@@ -21,6 +21,7 @@ class Separate:
 
     name = "separate"
     evaluates_own = True  # each hospital's own model is what it deploys: evaluated with its training
+    evaluates_next_start = False
 
     def __init__(self, config: RunConfig) -> None:
         self.recipe = recipe_from_config(config)

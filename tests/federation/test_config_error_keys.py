@@ -58,8 +58,8 @@ from federation.errors import FederationError
         (
             ["strategy.name=precision_weighted"],
             "client.optimizer",
-            "config client.optimizer = 'sgd' is out of range: precision_weighted weights clients by Adam's second "
-            "moments: set client.optimizer = adam (paper 004 uses lr 0.001)",
+            "config client.optimizer = 'sgd' is out of range: precision_weighted needs it: it weights hospitals by "
+            "Adam's second moments (paper 004 uses lr 0.001); set client.optimizer = adam",
         ),
         (
             ["adam.beta1=0.5"],

@@ -52,6 +52,14 @@ class GlobalModelWrapper:
 
     # --- the Strategy protocol, delegated ---------------------------------------------------------------------
 
+    @property
+    def evaluates_own(self) -> bool:
+        return self.inner.evaluates_own
+
+    @property
+    def evaluates_next_start(self) -> bool:
+        return self.inner.evaluates_next_start
+
     def shared_keys(self, state_keys: Sequence[str], units: Sequence[Sequence[str]]) -> list[str]:
         return self.inner.shared_keys(state_keys, units)
 

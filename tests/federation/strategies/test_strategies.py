@@ -186,7 +186,7 @@ def test_an_averaging_strategy_deploys_what_it_sends_next(name: str) -> None:
     # right if what round r deploys at each hospital is exactly the shared part round r+1 sends it
     extra = ["client.optimizer=adam"] if name == "precision_weighted" else []
     strategy = _build(f"strategy.name={name}", "strategy.nhead=1", *extra)
-    assert getattr(strategy, "evaluates_next_start", False) is True
+    assert strategy.evaluates_next_start is True
     keys = strategy.shared_keys(KEYS, [u for _, u in UNITS])
     replies = {
         c: TrainReply(
@@ -230,3 +230,23 @@ def test_the_split_switch_is_a_fact_of_the_spec_not_of_a_name() -> None:
     model = create_model("mobilenet_v3_small")
     assert agreed_shared_keys(load_config(None, ["strategy.name=separate"]), model) == []
     assert len(agreed_shared_keys(load_config(None, ["strategy.name=fedavg"]), model)) > 0
+
+
+def test_every_strategy_states_its_two_evaluation_abilities() -> None:
+    """``evaluates_own`` and ``evaluates_next_start`` are typed members of the protocol: every strategy class states
+    both as booleans (never found by ``getattr``), no strategy claims both, and a wrapper states its inner's."""
+    from federation.strategies.fedavg import Averaging
+    from federation.strategies.fedsaf import AttentiveStrategy
+    from federation.strategies.separate import Separate
+
+    expected = {Averaging: (False, True), AttentiveStrategy: (True, False), Separate: (True, False)}
+    for cls, abilities in expected.items():
+        assert (cls.evaluates_own, cls.evaluates_next_start) == abilities
+    from types import SimpleNamespace
+
+    from federation.strategies.wrappers.base import GlobalModelWrapper
+
+    for own, next_start in ((False, True), (True, False)):
+        wrapper = object.__new__(GlobalModelWrapper)
+        wrapper.inner = SimpleNamespace(evaluates_own=own, evaluates_next_start=next_start)  # type: ignore[assignment]
+        assert (wrapper.evaluates_own, wrapper.evaluates_next_start) == (own, next_start)
