@@ -55,11 +55,18 @@ def register(app: typer.Typer) -> None:
             False, "--tables-only", help="Only rebuild the tables and figures from the cells already finished."
         ),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-round progress bars."),
-        workers: int = typer.Option(
-            1,
+        workers: int | None = typer.Option(
+            None,
             "--workers",
             help="Cells run at once, one process each (a GPU each when several are visible; with one GPU they share "
-            "it). The figures are the sequential grid's.",
+            "it). The figures are the sequential grid's. Default 1; with --ray, as many as the cluster places.",
+            show_default=False,
+        ),
+        ray: str | None = typer.Option(
+            None,
+            "--ray",
+            help="Run the cells as tasks on a Ray cluster: its head's host:port (ray start --head), auto, or local "
+            "(one started here for this grid). Every node must see --out and the datasets at the same paths.",
         ),
         publish_to: Path | None = typer.Option(
             None,
@@ -83,7 +90,12 @@ def register(app: typer.Typer) -> None:
         if not tables_only:
             try:
                 state = run_plan(
-                    plan, folder, progress=not quiet, echo=lambda line: typer.echo(line, err=True), workers=workers
+                    plan,
+                    folder,
+                    progress=not quiet,
+                    echo=lambda line: typer.echo(line, err=True),
+                    workers=workers,
+                    ray=ray,
                 )
             except (KeyboardInterrupt, RunStopped) as exc:
                 typer.echo(f"stopped; run the same command again to continue ({exc})", err=True)

@@ -7,25 +7,21 @@ cell with a run directory but no finished summary is resumed from its last check
 same numbers as an uninterrupted run). Also the folder's names (`ABLATION_FILE`, `CELLS_DIR`) and how a path is
 written in the commands and files an ablation records (`shown_path`).
 
-``workers`` > 1 runs that many cells at once, one process per cell (``spawn``: each a fresh interpreter, so no
-state leaks between cells); the cells' figures are those of the sequential grid (each cell is its own seeded run).
-Only this process writes ``ablation.json``. With ``run.device`` on a GPU and several GPUs visible, worker *k*
-sees GPU *k mod n* alone (``CUDA_VISIBLE_DEVICES``); with one GPU the workers share it. An interruption (Ctrl-C
-reaches every worker: each stops its run cleanly) records the running cells as stopped; the same command resumes.
+``workers`` > 1 runs that many cells at once in worker processes, and ``ray`` sends the cells to a Ray cluster
+(`federation.ablation.cells` says where and how each runs); the cells' figures are those of the sequential grid
+(each cell is its own seeded run). Only this process writes ``ablation.json``. An interruption (Ctrl-C reaches
+every worker, and Ray cells are cancelled: each stops its run cleanly) records the running cells as stopped; the
+same command resumes.
 """
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing
-import os
-import sys
-import types
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from pathlib import Path
 from typing import Any
 
+from federation.ablation.cells import TrainFn, cause, process_cells, ray_cells
 from federation.ablation.grid import SHORT, Cell, Plan
 from federation.config import config_to_toml
 from federation.errors import FederationError
@@ -36,8 +32,6 @@ from infra.outputs import OutputError, claim_output, os_error_message
 
 ABLATION_FILE = "ablation.json"
 CELLS_DIR = "cells"
-
-TrainFn = Callable[..., Mapping[str, Any]]
 
 
 def shown_path(path: Path) -> str:
@@ -117,10 +111,12 @@ def run_plan(
     train_fn: TrainFn | None = None,
     progress: bool = True,
     echo: Callable[[str], None] = print,
-    workers: int = 1,
+    workers: int | None = None,
+    ray: str | None = None,
 ) -> dict[str, Any]:
     """Run every cell not finished yet (resuming partial ones); returns the final ``ablation.json`` content.
-    ``workers``: cells at once (module docstring); ``train_fn`` must then be a module-level function.
+    ``workers``: cells at once (module docstring; None: 1 here, and with ``ray`` as many as the cluster places);
+    ``ray``: a Ray cluster's address. With either, ``train_fn`` must be a module-level function.
 
     Cells with identical resolved configurations share one run (``same_as`` in ``ablation.json``). A cell that
     fails with a ``FederationError`` is recorded as ``failed`` (with the error) and the grid goes on; an
@@ -133,7 +129,7 @@ def run_plan(
     # One ablation per folder at a time (two would run the same cells into the same run directories).
     try:
         with claim_output(out, "ablate"):
-            return _run_cells(plan, out, train_fn, progress, echo, workers)
+            return _run_cells(plan, out, train_fn, progress, echo, workers, ray)
     except OutputError as exc:
         raise FederationError(str(exc)) from None
     except OSError as exc:
@@ -141,9 +137,15 @@ def run_plan(
 
 
 def _run_cells(
-    plan: Plan, out: Path, train_fn: TrainFn, progress: bool, echo: Callable[[str], None], workers: int = 1
+    plan: Plan,
+    out: Path,
+    train_fn: TrainFn,
+    progress: bool,
+    echo: Callable[[str], None],
+    workers: int | None = None,
+    ray: str | None = None,
 ) -> dict[str, Any]:
-    if workers < 1:
+    if workers is not None and workers < 1:
         raise FederationError(f"--workers {workers}: give at least 1 (cells run at once)")
     cells = plan.cells()
     owners = plan.owners(cells)
@@ -179,8 +181,8 @@ def _run_cells(
     def save() -> None:
         write_json(out / ABLATION_FILE, _state(plan, cells, owners, statuses))
 
-    if workers > 1 and len(todo) > 1:
-        _run_parallel(plan, out, todo, statuses, save, train_fn, echo, min(workers, len(todo)))
+    if (ray is not None and todo) or ((workers or 1) > 1 and len(todo) > 1):
+        _run_parallel(plan, out, todo, statuses, save, train_fn, echo, workers, ray)
         return _state(plan, cells, owners, statuses)
     for number, cell in enumerate(todo, start=1):
         run_dir = out / CELLS_DIR / cell.id
@@ -218,40 +220,6 @@ def _record_failure(
     echo(f"    failed: {exc}")
 
 
-def _gpus_for(plan: Plan, todo: Sequence[Cell]) -> list[str]:
-    """The GPUs the workers spread over: every visible one when a cell runs on a GPU, else none."""
-    if not any(plan.cell_config(c).run.device in ("cuda", "auto") for c in todo):
-        return []
-    import torch
-
-    return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
-
-
-def _worker_start(gpus: Sequence[str]) -> None:
-    """A worker process's start: with several GPUs, it sees one of them alone (worker k: GPU k mod n)."""
-    identity = multiprocessing.current_process()._identity
-    if len(gpus) > 1 and identity:
-        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[(identity[0] - 1) % len(gpus)]
-
-
-@contextlib.contextmanager
-def _plain_main() -> Iterator[None]:
-    """While workers are spawned, ``__main__`` is an empty module: ``spawn`` re-runs the parent's main script in each
-    worker, and that script may be anything that imported this (a Streamlit page, a notebook), not a command meant
-    to run twice. The workers need only the functions they are sent, which live in importable modules."""
-    saved = sys.modules["__main__"]
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        sys.modules["__main__"] = saved
-
-
-def _train_cell(train_fn: TrainFn, config: Any, run_dir: Path, resume: bool) -> None:
-    """One cell in a worker process (no per-round bars: several cells write at once)."""
-    train_fn(config, run_dir, resume=resume, overwrite=not resume, progress=False)
-
-
 def _run_parallel(
     plan: Plan,
     out: Path,
@@ -260,24 +228,29 @@ def _run_parallel(
     save: Callable[[], None],
     train_fn: TrainFn,
     echo: Callable[[str], None],
-    workers: int,
+    workers: int | None,
+    ray: str | None,
 ) -> None:
-    """``todo`` over ``workers`` processes; one line per cell started and finished, counting over the whole grid."""
-    context = multiprocessing.get_context("spawn")
+    """``todo`` in worker processes or on a Ray cluster (`federation.ablation.cells`), at most ``workers`` cells in
+    flight (None: all of them, Ray's scheduler placing them); one line per cell started and finished, counting over
+    the whole grid."""
+    on_gpu = any(plan.cell_config(c).run.device in ("cuda", "auto") for c in todo)
+    limit = len(todo) if workers is None else min(workers, len(todo))
+    pool = ray_cells(ray, on_gpu, limit) if ray is not None else process_cells(limit, on_gpu)
+    waiting = list(todo)
     done = 0
-    gpus = _gpus_for(plan, todo)
     try:
-        with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_start, initargs=(gpus,)) as pool:
+        with pool as (submit, where):
+            echo(f"{len(todo)} cells over {where}" + ("" if limit == len(todo) else f", {limit} at once"))
             running: dict[Future[None], Cell] = {}
-            with _plain_main():  # the workers start as the cells are submitted
-                for cell in todo:
+            while waiting or running:
+                while waiting and len(running) < limit:
+                    cell = waiting.pop(0)
                     run_dir = out / CELLS_DIR / cell.id
                     resume = cell_status(run_dir) == "partial" and (run_dir / CONFIG_FILE).is_file()
-                    running[pool.submit(_train_cell, train_fn, plan.cell_config(cell), run_dir, resume)] = cell
-                    statuses[cell.id] = {"status": "running" if len(running) <= workers else "pending", "error": None}
-            save()
-            echo(f"{len(todo)} cells over {workers} worker processes")
-            while running:
+                    running[submit(train_fn, plan.cell_config(cell), run_dir, resume)] = cell
+                    statuses[cell.id] = {"status": "running", "error": None}
+                save()
                 finished, _ = wait(running, return_when=FIRST_COMPLETED)
                 for future in finished:
                     cell = running.pop(future)
@@ -285,14 +258,11 @@ def _run_parallel(
                     try:
                         future.result()
                     except Exception as exc:
-                        _record_failure(cell.id, exc, statuses, save, echo)
+                        _record_failure(cell.id, cause(exc), statuses, save, echo)
                     else:
                         statuses[cell.id] = {"status": "finished", "error": None}
                     echo(f"[{done}/{len(todo)}] {cell.id}: {statuses[cell.id]['status']}")
-                for future, cell in running.items():
-                    if future.running():
-                        statuses[cell.id] = {"status": "running", "error": None}
-                save()
+            save()
     except BaseException as exc:  # an interruption: the pool has let its running cells end; record where each is
         for cell in todo:
             if statuses[cell.id]["status"] in ("finished", "failed"):

@@ -75,3 +75,72 @@ def test_workers_must_be_at_least_one(dataset: Path, tmp_path: Path) -> None:
     plan = load_plan(_preset(tmp_path, dataset), GRID, overrides=TINY_SETTINGS)
     with pytest.raises(FederationError, match="--workers 0: give at least 1"):
         run_plan(plan, tmp_path / "none", progress=False, echo=lambda _: None, workers=0)
+
+
+def waiting_train(config: Any, run_dir: Path, **kwargs: Any) -> dict[str, Any]:
+    """A cell that says it started (a file beside its run directory) and then waits to be cancelled."""
+    import time
+
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    (run_dir.parent / f"{run_dir.name}.started").write_text("", encoding="utf-8")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+    raise AssertionError("the cell was not cancelled")
+
+
+def test_an_interrupted_ray_grid_cancels_its_cells_and_resumes(dataset: Path, tmp_path: Path) -> None:
+    """``--ray local``: a Ray cluster started for the grid runs the cells as tasks, two at once. Ctrl-C while they
+    run: every task in flight is cancelled and waited for, the cells are recorded as stopped, the cluster is
+    stopped; the same command then finishes the grid on a new cluster with the sequential grid's figures, cell by
+    cell, and stops that cluster too."""
+    import os
+    import signal
+    import threading
+    import time
+
+    import ray
+
+    plan = load_plan(_preset(tmp_path, dataset), GRID, overrides=TINY_SETTINGS)
+    out = tmp_path / "ray"
+
+    def interrupt_when_both_started() -> None:
+        deadline = time.monotonic() + 120
+        while len(list((out / "cells").glob("*.started"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C: a real signal wakes the main thread's wait
+
+    watcher = threading.Thread(target=interrupt_when_both_started, daemon=True)
+    watcher.start()
+    with pytest.raises(KeyboardInterrupt):
+        run_plan(plan, out, train_fn=waiting_train, progress=False, echo=lambda _: None, ray="local")
+    watcher.join(timeout=5)
+    assert len(list((out / "cells").glob("*.started"))) == 2
+    recorded = {c["id"]: c["status"] for c in json.loads((out / ABLATION_FILE).read_text())["cells"]}
+    assert recorded == {"client-lr-0.01_seed-0": "stopped", "client-lr-0.03_seed-0": "stopped"}
+    assert not ray.is_initialized()
+
+    lines: list[str] = []
+    final = run_plan(plan, out, progress=False, echo=lines.append, ray="local")
+    assert [c["status"] for c in final["cells"]] == ["finished", "finished"]
+    assert any(line.startswith("2 cells over Ray tasks on local (2 CPUs, 0 GPUs)") for line in lines)
+    assert not ray.is_initialized()
+    run_plan(plan, tmp_path / "sequential", progress=False, echo=lambda _: None)
+    expected = _figures(tmp_path / "sequential")
+    assert len(expected) == 2
+    assert _figures(out) == expected
+
+
+def test_an_unreachable_ray_address_is_one_line(dataset: Path, tmp_path: Path) -> None:
+    import socket
+
+    from federation.errors import FederationError
+
+    with socket.socket() as free:  # a port nothing listens on
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    plan = load_plan(_preset(tmp_path, dataset), GRID, overrides=TINY_SETTINGS)
+    with pytest.raises(FederationError, match=rf"--ray 127.0.0.1:{port}: no Ray cluster answers there"):
+        run_plan(plan, tmp_path / "none", progress=False, echo=lambda _: None, ray=f"127.0.0.1:{port}")
+    recorded = json.loads((tmp_path / "none" / ABLATION_FILE).read_text())["cells"]
+    assert [c["status"] for c in recorded] == ["pending", "pending"]
