@@ -9,7 +9,7 @@ import pytest
 from federation.config import config_to_toml, load_config, parse_override
 from federation.errors import FederationError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_defaults_then_file_then_overrides_then_data(tmp_path: Path) -> None:
