@@ -1,96 +1,49 @@
-"""One self-contained HTML report per run and hospital: ``gastric-fl report --html`` and the Slide page's download.
+"""One hospital's report as a self-contained HTML document: `render` (from a `HospitalReport`) and `report_html`.
 
-What a clinician needs to judge one hospital's model (issue 12, "an export"), from the files the hospital owns
-(``<run>/hospitals/client_XX/``: ``predictions.csv``, the model card ``model.json``, scored slides) and the run's
-``config.toml``, ``summary.json`` and ``metrics.jsonl``:
+What a clinician needs to judge one hospital's model (docs/dashboard.md, "The hospital's report: `gastric-fl
+report --html`"):
 
 * the metrics of its own test split (FedSAF paper 001, Sec. 5: each client's model on its own test split): AUC
   (threshold-free), and accuracy, sensitivity and specificity at the card's decision threshold (``P(abnormal) >=
   threshold`` calls a tile abnormal, `models.bundle.decision_counts`), next to the engine's own last-round figures;
+* the verdict against the floor (`app.dashboard.evaluation.judge`, the one judgement every page shows);
 * the ROC curve with the operating point, the confusion matrix at the threshold, one plain sentence for each;
 * example test tiles: true and false positives and negatives, the most confident first;
-* heatmaps of scored slides (`app.slide_view`: the Slide page's results, or one test slide scored for the
-  command), with their slide-level figures;
-* the settings: the model card's preprocessing and the run's ``config.toml``, and the dataset hash (sha256 of
-  ``manifest.csv`` recorded when the run started).
+* every test slide's call, and heatmaps of scored slides (`app.slide_view`: the Slide page's results, or one test
+  slide scored for the command), with their slide-level figures;
+* the dataset's shortcut probe, and the settings: the model card's preprocessing and the run's ``config.toml``,
+  and the dataset hash (sha256 of ``manifest.csv`` recorded when the run started).
 
-Every image is an inline base64 PNG with alt text; there are no scripts, style sheets or links to anything outside
-the file. Colours are colour-blind safe: Okabe-Ito for lines and markers, cividis for the matrix, viridis for
-heatmaps. The report module imports no torch (scoring a missing heatmap, `write_html_reports` with
-``score_missing``, does).
-
-A report holds the hospital's tile images and per-tile probabilities, so by default it goes where the hospital's
-predictions already are, its own folder: ``<run>/hospitals/client_XX/report.html`` (data/README.md section 3; the
-run's server part never holds such data). ``--out DIR`` writes ``client_XX.html`` files to a folder of the user's
-choosing instead; output safety then follows `infra.outputs`: the folder is locked while it is written
-(`claim_output`), carries the ``report`` ownership marker, and a folder holding files the command did not write is
-refused. Each file is written to a temporary name and renamed, and everything is built before anything is written,
-so bad input leaves no partial output.
+Every image is an inline base64 PNG with alt text (drawn by ``figures``); there are no scripts, style sheets or
+links to anything outside the file. Building a page reads what is on disk (``load``) and scores nothing, so it
+imports no torch. Only the package's ``__init__`` and ``write`` import this module (docs/design.md, "Layout and
+layers").
 """
 
 from __future__ import annotations
 
-import base64
 import html
-import io
-import json
 import math
-import tomllib
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import cv2
 import numpy as np
-import numpy.typing as npt
 import pandas as pd
 
 from app import slide_view
-from app.held_out import SlideCallsError, as_slides, read_slide_calls
-from federation import runfiles
-from federation.jsonl import scan_jsonl
-from federation.runfiles import (
-    CONFIG_FILE,
-    METRICS_FILE,
-    PREDICTIONS_FILE,
-    REPORT_HTML,
-    SLIDES_FILE,
-    SUMMARY_FILE,
-    VAL_PREDICTIONS_FILE,
-    hospital_dir,
-    hospital_files,
-    hospital_index,
-    hospital_name,
-)
-from infra.formats import BINARY_CLASSES
-from infra.outputs import (
-    OutputError,
-    PathOutsideError,
-    claim_output,
-    confine,
-    os_error_message,
-    owned_by,
-    write_marker,
-)
+from app.report_html.figures import _data_uri, _downscaled_png, _tile_png, colour_bar_png, confusion_png, roc_png
+from app.report_html.load import CLASS_NAMES, HospitalReport, _config_dataset, _json_file, load_hospital
 from infra.provenance import intended_use
-from models.decision import Slides, interval_text, slide_of_tile, slide_stem
-from models.names import CARD_FILE
+from models.decision import interval_text, slide_of_tile, slide_stem
 
 if TYPE_CHECKING:
     from app.dashboard.evaluation import Floor
 
-COMMAND = "report"
-HOSPITAL_REPORT = REPORT_HTML  # in the hospital's own folder, beside its predictions.csv
 EXAMPLES_PER_GROUP = 4
 TARGET_SENSITIVITY = 0.9  # the Hospital page's default target
 HEATMAPS_SHOWN = 3
 HEATMAP_MAX_SIDE = 720
-CLASS_NAMES = BINARY_CLASSES
-# Okabe & Ito (2008), "Color Universal Design": distinguishable with every common colour-vision deficiency.
-OKABE_ITO = {"blue": "#0072B2", "vermillion": "#D55E00", "grey": "#999999", "green": "#009E73", "orange": "#E69F00"}
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 EXPLAIN = {
     "auc": (
@@ -109,234 +62,6 @@ EXPLAIN = {
     "specificity": "Specificity: the share of normal tiles the model calls normal (false alarms lower it).",
 }
 
-
-class ReportError(ValueError):
-    """A run or hospital the HTML report cannot be made from; the CLI prints it as one line and exits 2."""
-
-    user_facing = True
-
-
-# --- reading a hospital ------------------------------------------------------------------------------------------
-
-
-def hospital_folders(run: Path) -> dict[int, Path]:
-    """Hospital index -> folder, for each hospital of ``run`` with a ``predictions.csv``."""
-    return {hospital_index(p.parent.name): p.parent for p in hospital_files(run, PREDICTIONS_FILE)}
-
-
-def _client(hospital: int | str) -> int:
-    if isinstance(hospital, int):
-        return hospital
-    text = str(hospital).removeprefix("client_")
-    if not text.isdigit():
-        raise ReportError(f"hospital {hospital!r}: give its number (0, 1, ...) or its folder name (client_00)")
-    return int(text)
-
-
-@dataclass(frozen=True)
-class Predictions:
-    """A hospital's test tiles: dataset-relative paths, labels (1 abnormal) and P(abnormal)."""
-
-    paths: tuple[str, ...]
-    labels: npt.NDArray[np.int64]
-    probs: npt.NDArray[np.float64]
-    round: int | None
-
-
-def read_predictions(path: Path) -> Predictions:
-    """A hospital's ``predictions.csv`` read by `federation.runfiles.read_predictions`, as arrays; `ReportError`
-    naming the file (and line) and what to do if it is missing, damaged, made for another task or empty."""
-    try:
-        found = runfiles.read_predictions(path)
-    except runfiles.PredictionsError as exc:
-        if exc.kind == "missing":
-            raise ReportError(f"{path} does not exist: the hospital has no test predictions yet") from None
-        raise ReportError(f"{exc}; rerun the run to write the file anew") from None
-    if not found.paths:
-        raise ReportError(f"{path} holds no test tiles; the hospital's test split is empty")
-    return Predictions(
-        found.paths, np.asarray(found.labels, dtype=np.int64), np.asarray(found.probs, np.float64), found.round
-    )
-
-
-def _json_file(path: Path, what: str) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ReportError(f"{path} is not readable JSON ({exc}); {what}") from None
-    if not isinstance(value, dict):
-        raise ReportError(f"{path} holds no JSON object; {what}")
-    return value
-
-
-@dataclass
-class HospitalReport:
-    """Everything one hospital's report shows, read and computed before any HTML is written."""
-
-    run: Path
-    client: int
-    folder: Path
-    config_text: str
-    config: dict[str, Any]
-    summary: dict[str, Any]
-    card: dict[str, Any]
-    predictions: Predictions
-    threshold: float
-    engine: dict[str, Any]
-    notes: list[str] = field(default_factory=list)
-    # the hospital's validation predictions, where its thresholds are chosen (None: it has no validation split)
-    val_predictions: Predictions | None = None
-    # its held-out test slides as predict scored them (slides.csv, app.held_out; None: not scored on this machine)
-    held_out: Slides | None = None
-
-
-def load_hospital(run: Path, hospital: int | str) -> HospitalReport:
-    """Read what the report of ``hospital`` in ``run`` needs; `ReportError` (one line) for anything unusable."""
-    client = _client(hospital)
-    config_path = run / CONFIG_FILE
-    if not run.is_dir():
-        raise ReportError(f"run directory {run} does not exist: give a folder made by gastric-fl train")
-    try:
-        config_text = config_path.read_text(encoding="utf-8")
-        config = tomllib.loads(config_text)
-    except FileNotFoundError:
-        raise ReportError(
-            f"{run} is not a run directory (no config.toml): give a folder made by gastric-fl train"
-        ) from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ReportError(
-            f"{config_path} is not valid TOML ({exc}); restore it (each hospital.json keeps a copy as config_toml)"
-        ) from None
-    folder = hospital_dir(run, client)
-    if not folder.is_dir():
-        known = ", ".join(str(c) for c in hospital_folders(run)) or "none"
-        raise ReportError(f"{folder} does not exist: hospital {client} is not part of this run (hospitals: {known})")
-    predictions = read_predictions(folder / PREDICTIONS_FILE)
-    summary = _json_file(run / SUMMARY_FILE, "the run rewrites it at the next round; rerun or resume the run")
-    card = _json_file(folder / CARD_FILE, "train the run again (or resume it) to export the model anew")
-    notes: list[str] = []
-    threshold = 0.5
-    classes = card.get("class_names") or list(CLASS_NAMES)
-    if card and (len(classes) != 2 or card.get("positive_class", "abnormal") not in classes):
-        raise ReportError(
-            f"{folder / CARD_FILE}: the model tells {len(classes)} classes; the HTML report reads "
-            "sensitivity and specificity of a normal/abnormal model"
-        )
-    if card:
-        value = card.get("threshold")
-        if not isinstance(value, int | float) or not 0.0 < float(value) < 1.0:
-            raise ReportError(f"{folder / CARD_FILE}: threshold {value!r} is not in (0, 1); export again")
-        threshold = float(value)
-    else:
-        notes.append(f"{folder / CARD_FILE} is missing (a run made before model export): threshold 0.5.")
-    scan = scan_jsonl(run / METRICS_FILE)
-    notes += [f"{bad}; the record is left out." for bad in scan.damaged]
-    mine = [r for r in scan.records if r.get("client") == client and isinstance(r.get("round"), int)]
-    engine = max(mine, key=lambda r: int(r["round"])) if mine else {}
-    val_predictions = None
-    if (folder / VAL_PREDICTIONS_FILE).is_file():
-        try:
-            val_predictions = read_predictions(folder / VAL_PREDICTIONS_FILE)
-        except runfiles.PredictionsError as exc:
-            notes.append(f"{exc}; thresholds are chosen on the test split instead (optimistic).")
-    held_out = None
-    if (folder / SLIDES_FILE).is_file():
-        try:
-            held_out = as_slides(read_slide_calls(folder / SLIDES_FILE))
-        except SlideCallsError as exc:
-            notes.append(f"{exc}; the slide figures are grouped from the test tiles instead.")
-    return HospitalReport(
-        run,
-        client,
-        folder,
-        config_text,
-        config,
-        summary,
-        card,
-        predictions,
-        threshold,
-        engine,
-        notes,
-        val_predictions,
-        held_out,
-    )
-
-
-# --- figures -----------------------------------------------------------------------------------------------------
-
-
-def _data_uri(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
-
-
-def _figure_png(draw: Callable[[Any], None], size: tuple[float, float] = (4.2, 4.0)) -> bytes:
-    """A matplotlib figure drawn by ``draw(axes)`` as PNG bytes (Agg, no pyplot state, no metadata)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=size, dpi=110)
-    FigureCanvasAgg(figure)
-    axes = figure.add_subplot(1, 1, 1)
-    draw(axes)
-    figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", metadata={"Software": None})
-    return buffer.getvalue()
-
-
-def roc_png(
-    fpr: npt.NDArray[np.float64], tpr: npt.NDArray[np.float64], point: tuple[float, float], auc: float
-) -> bytes:
-    """The ROC curve, the chance diagonal and the operating point at the threshold."""
-
-    def draw(ax: Any) -> None:
-        ax.plot([0, 1], [0, 1], linestyle="--", color=OKABE_ITO["grey"], linewidth=1, label="chance")
-        ax.plot(fpr, tpr, color=OKABE_ITO["blue"], linewidth=2, label=f"ROC (AUC {auc:.3f})")
-        ax.plot([point[0]], [point[1]], "o", color=OKABE_ITO["vermillion"], markersize=8, label="threshold")
-        ax.set_xlabel("1 - specificity (normal tiles flagged)")
-        ax.set_ylabel("sensitivity (abnormal tiles found)")
-        ax.set_xlim(-0.02, 1.02)
-        ax.set_ylim(-0.02, 1.02)
-        ax.set_aspect("equal")
-        ax.legend(loc="lower right", fontsize=8)
-
-    return _figure_png(draw)
-
-
-def confusion_png(matrix: npt.NDArray[np.int64], threshold: float) -> bytes:
-    """The 2x2 confusion matrix (rows: truth, columns: call) in cividis, with the counts written in."""
-
-    def draw(ax: Any) -> None:
-        ax.imshow(matrix, cmap="cividis", vmin=0, vmax=max(1, int(matrix.max())))
-        for i in range(2):
-            for j in range(2):
-                dark = matrix[i, j] < 0.5 * max(1, int(matrix.max()))
-                ax.text(j, i, str(int(matrix[i, j])), ha="center", va="center", fontsize=16,
-                        color="white" if dark else "black")  # fmt: skip
-        ax.set_xticks([0, 1], ["called normal", "called abnormal"])
-        ax.set_yticks([0, 1], ["truly normal", "truly abnormal"])
-        ax.set_title(f"at threshold {threshold:.2f}", fontsize=10)
-
-    return _figure_png(draw, (4.2, 3.6))
-
-
-def _downscaled_png(path: Path, max_side: int) -> tuple[bytes, int, int]:
-    image = cv2.imread(str(path), cv2.IMREAD_COLOR)
-    if image is None:
-        raise ValueError(f"{path} is not a readable PNG")
-    height, width = image.shape[:2]
-    scale = min(1.0, max_side / max(height, width))
-    if scale < 1.0:
-        image = cv2.resize(image, (round(width * scale), round(height * scale)), interpolation=cv2.INTER_AREA)
-    ok, data = cv2.imencode(".png", image)
-    if not ok:
-        raise ValueError(f"{path}: could not encode a PNG")
-    return data.tobytes(), image.shape[1], image.shape[0]
-
-
-# --- HTML --------------------------------------------------------------------------------------------------------
 
 STYLE = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;max-width:1080px;margin:2rem auto;padding:0 1rem;
@@ -575,21 +300,6 @@ def _metric_rows(rep: HospitalReport, m: dict[str, Any]) -> str:
     return f"<table><tr><th>figure</th><th>value</th><th>meaning</th></tr>{body}</table>"
 
 
-def _tile_png(dataset: Path, relative: str) -> bytes | None:
-    try:
-        path = confine(dataset, relative)
-        data = path.read_bytes()
-    except (PathOutsideError, OSError):
-        return None
-    if data.startswith(PNG_MAGIC):
-        return data
-    decoded = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
-    if decoded is None:
-        return None
-    ok, encoded = cv2.imencode(".png", decoded)
-    return encoded.tobytes() if ok else None
-
-
 def _examples(rep: HospitalReport, dataset: Path | None) -> str:
     if dataset is None:
         return '<p class="note">The prepared dataset of this run is not on this machine, so no tile is shown.</p>'
@@ -618,29 +328,6 @@ def _examples(rep: HospitalReport, dataset: Path | None) -> str:
         content = "".join(figures) if figures else '<p class="note">none</p>'
         parts.append(f'<h3>{_e(title)} ({int(chosen.sum())}): {_e(meaning)}</h3><div class="tiles">{content}</div>')
     return "".join(parts)
-
-
-def colour_bar_png(threshold: float) -> bytes:
-    """The heatmaps' colour bar, titled P(abnormal): viridis from the threshold to 1; below the threshold the slide
-    is left uncoloured (shown light grey on the bar); the threshold marked with ▲. What it means is said in the
-    heatmap's caption, so that the bar's own words stay short and whole."""
-
-    def draw(ax: Any) -> None:
-        from matplotlib import colormaps
-
-        t = min(max(threshold, 0.0), 1.0)
-        ax.axvspan(0.0, t, color="#e1e1e1")
-        xs = np.linspace(t, 1.0, 128)
-        ax.imshow(xs[None, :], extent=(t, 1.0, 0.0, 1.0), aspect="auto", cmap=colormaps["viridis"], vmin=t, vmax=1.0)
-        ax.axvline(t, color="black", linewidth=2)
-        ax.set_xlim(0.0, 1.0)
-        ax.set_yticks([])
-        mark = round(t, 2)
-        ticks = sorted({mark, *(v for v in (0.0, 0.5, 1.0) if abs(v - mark) >= 0.15)})
-        ax.set_xticks(ticks, [f"▲{v:.2f}" if v == mark else f"{v:g}" for v in ticks], fontsize=10)
-        ax.set_xlabel("P(abnormal)", fontsize=10)
-
-    return _figure_png(draw, size=(4.6, 1.0))
 
 
 def _test_first(entries: list[Path]) -> list[Path]:
@@ -840,46 +527,6 @@ def render(rep: HospitalReport, floor: Floor | None = None) -> str:
     return "".join(parts)
 
 
-def _config_dataset(rep: HospitalReport) -> Path | None:
-    value = (rep.config.get("data") or {}).get("path")
-    if not isinstance(value, str) or not value:
-        return None
-    path = Path(value).expanduser()
-    if not path.is_absolute():
-        path = next((b / path for b in (Path.cwd(), *rep.run.resolve().parents) if (b / path).is_dir()), path)
-    return path if path.is_dir() else None
-
-
-def score_held_out_slides(rep: HospitalReport) -> str | None:
-    """Score the hospital's test slides into ``slides.csv`` (`app.held_out.score_held_out`, predict's code) when
-    the run did not (a deployment); returns why not when it cannot (the report then groups its test tiles)."""
-    from app.held_out import score_held_out
-
-    try:
-        score_held_out(rep.folder, _config_dataset(rep))
-    except Exception as exc:  # any failure only costs the slide figures; the reason goes into the report
-        return f"test slides not scored as predict scores them: {slide_view.problem_line(exc, rep.folder)}"
-    return None
-
-
-def score_one_slide(rep: HospitalReport) -> str | None:
-    """Score one test slide of the hospital (an abnormal one with most tiles, if any) for the report's heatmap.
-
-    Returns why not when it cannot (no bundle, no raw slides, a bundle that does not fit): the report then says so.
-    """
-    if any(e.name.startswith(slide_view.TEST_PREFIX) for e in slide_view.scored_entries(rep.folder)):
-        return None
-    if not rep.card:
-        return "no model card, so no slide could be scored"
-    try:
-        slides = slide_view.listed_slides(rep.card, slide_view.card_dataset(rep.card, _config_dataset(rep)))
-        slide = max(slides, key=lambda s: (s.label == "abnormal", s.tiles))
-        slide_view.score(rep.folder, slide.path, slide_view.slide_entry(rep.folder, slide))
-    except Exception as exc:  # any failure only costs the heatmap; the reason goes into the report
-        return f"no slide heatmap: {slide_view.problem_line(exc, rep.folder)}"
-    return None
-
-
 def report_html(run_dir: Path, hospital: int | str, floor: Floor | None = None) -> str:
     """The self-contained HTML report of ``hospital`` (index or ``client_XX``) in ``run_dir``, from what is on disk.
 
@@ -887,93 +534,3 @@ def report_html(run_dir: Path, hospital: int | str, floor: Floor | None = None) 
     so no torch is imported. `ReportError` (one line) for a missing or damaged run or hospital.
     """
     return render(load_hospital(Path(run_dir), hospital), floor)
-
-
-def write_html_reports(
-    runs: Sequence[Path],
-    out: Path | None = None,
-    hospitals: Sequence[int] | None = None,
-    *,
-    score_missing: bool = True,
-    warn: Callable[[str], None] | None = None,
-    floor: Floor | None = None,
-) -> list[Path]:
-    """``gastric-fl report --html``: one report per hospital of each run; returns the paths written.
-
-    By default each report is ``<run>/hospitals/client_XX/report.html``, in the hospital's own folder. With ``out``
-    the reports are ``out/client_XX.html`` (several runs: ``out/<run name>/client_XX.html``) in a folder carrying
-    the ``report`` marker. ``score_missing`` scores the hospital's test slides into ``slides.csv`` when the run did not
-    (a deployed hospital's run ends on its own machine) and one test slide per hospital for the heatmap (imports
-    torch). All reports are built before any is written.
-    """
-    if not runs:
-        raise ReportError("give at least one run directory, e.g. gastric-fl report data/runs/quickstart --html")
-    own_folders: list[tuple[Path, str]] = []  # (file in a hospital's folder, page)
-    out_folders: list[tuple[Path, dict[str, str]]] = []  # (--out folder, file name -> page)
-    for run in runs:
-        if not run.is_dir():
-            raise ReportError(f"run directory {run} does not exist: give a folder made by gastric-fl train")
-        chosen = list(hospitals) if hospitals else list(hospital_folders(run))
-        if not chosen:
-            raise ReportError(
-                f"{run / 'hospitals'} holds no hospital with a predictions.csv: the run has not finished a round "
-                "on this machine (in a deployment each hospital reports on its own machine)"
-            )
-        pages: dict[str, str] = {}
-        for client in chosen:
-            rep = load_hospital(run, client)
-            if score_missing and rep.held_out is None and rep.card:
-                # a deployed hospital's run ends on its own machine: its held-out slides are scored here, once
-                problem = score_held_out_slides(rep)
-                if problem is None:
-                    rep = load_hospital(run, client)
-                else:
-                    rep.notes.append(problem)
-            if score_missing:
-                problem = score_one_slide(rep)
-                if problem:
-                    rep.notes.append(problem)
-                    if warn is not None:
-                        warn(f"{rep.folder}: {problem}")
-            page = render(rep, floor)
-            pages[f"{hospital_name(client)}.html"] = page
-            own_folders.append((rep.folder / HOSPITAL_REPORT, page))
-        if out is not None:
-            out_folders.append((out if len(runs) == 1 else out / run.name, pages))
-    written: list[Path] = []
-    if out is None:
-        for path, page in own_folders:
-            try:
-                slide_view.write_atomic(path, page.encode("utf-8"))
-            except OSError as exc:
-                reason = exc.strerror or type(exc).__name__
-                raise OutputError(
-                    f"cannot write {path}: {reason}; make the hospital's folder writable, or write the reports "
-                    "elsewhere with --out DIR"
-                ) from None
-            written.append(path)
-        return written
-    for dest, pages in out_folders:
-        _check_dest(dest)
-        try:
-            with claim_output(dest, COMMAND):
-                _check_dest(dest)
-                dest.mkdir(parents=True, exist_ok=True)
-                write_marker(dest, COMMAND, record_contents=False)
-                for name, text in pages.items():
-                    slide_view.write_atomic(dest / name, text.encode("utf-8"))
-                    written.append(dest / name)
-        except OSError as exc:
-            raise OutputError(os_error_message(exc, dest)) from None
-    return written
-
-
-def _check_dest(dest: Path) -> None:
-    """The report folder must be new, empty or an earlier ``report --html`` output."""
-    if dest.exists() and not dest.is_dir():
-        raise OutputError(f"--out {dest} is not a folder; choose another --out")
-    if dest.is_dir() and any(dest.iterdir()) and not owned_by(dest, COMMAND):
-        raise OutputError(
-            f"--out {dest} holds files gastric-fl report did not write; choose a new or empty folder "
-            "(report --html adds to and replaces only its own files)"
-        )

@@ -1,0 +1,204 @@
+"""Reading one hospital of a run for its HTML report: everything the report shows, read before any HTML is built.
+
+From the files the hospital owns (``<run>/hospitals/client_XX/``: ``predictions.csv`` and ``val_predictions.csv``,
+the model card ``model.json``, the held-out slides ``slides.csv``) and the run's ``config.toml``, ``summary.json`` and
+``metrics.jsonl`` (the engine's own last-round figures): `load_hospital` returns a `HospitalReport`, and anything
+unusable (a run or hospital that does not exist, a damaged ``predictions.csv``, ``model.json`` or ``config.toml``)
+is a `ReportError`, one line that says what to do. Damaged ``metrics.jsonl`` records, an unreadable validation
+split or ``slides.csv`` only become notes in the report. `_config_dataset` finds the prepared dataset the run's
+``config.toml`` names, for the page's tiles and for scoring. docs/dashboard.md ("The hospital's report: `gastric-fl
+report --html`") describes the inputs; this module sits at the bottom of the package (docs/design.md, "Layout and
+layers") and imports no other part of it.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from app.held_out import SlideCallsError, as_slides, read_slide_calls
+from federation import runfiles
+from federation.jsonl import scan_jsonl
+from federation.runfiles import (
+    CONFIG_FILE,
+    METRICS_FILE,
+    PREDICTIONS_FILE,
+    SLIDES_FILE,
+    SUMMARY_FILE,
+    VAL_PREDICTIONS_FILE,
+    hospital_dir,
+    hospital_files,
+    hospital_index,
+)
+from infra.formats import BINARY_CLASSES
+from models.decision import Slides
+from models.names import CARD_FILE
+
+CLASS_NAMES = BINARY_CLASSES
+
+
+class ReportError(ValueError):
+    """A run or hospital the HTML report cannot be made from; the CLI prints it as one line and exits 2."""
+
+    user_facing = True
+
+
+def hospital_folders(run: Path) -> dict[int, Path]:
+    """Hospital index -> folder, for each hospital of ``run`` with a ``predictions.csv``."""
+    return {hospital_index(p.parent.name): p.parent for p in hospital_files(run, PREDICTIONS_FILE)}
+
+
+def _client(hospital: int | str) -> int:
+    if isinstance(hospital, int):
+        return hospital
+    text = str(hospital).removeprefix("client_")
+    if not text.isdigit():
+        raise ReportError(f"hospital {hospital!r}: give its number (0, 1, ...) or its folder name (client_00)")
+    return int(text)
+
+
+@dataclass(frozen=True)
+class Predictions:
+    """A hospital's test tiles: dataset-relative paths, labels (1 abnormal) and P(abnormal)."""
+
+    paths: tuple[str, ...]
+    labels: npt.NDArray[np.int64]
+    probs: npt.NDArray[np.float64]
+    round: int | None
+
+
+def read_predictions(path: Path) -> Predictions:
+    """A hospital's ``predictions.csv`` read by `federation.runfiles.read_predictions`, as arrays; `ReportError`
+    naming the file (and line) and what to do if it is missing, damaged, made for another task or empty."""
+    try:
+        found = runfiles.read_predictions(path)
+    except runfiles.PredictionsError as exc:
+        if exc.kind == "missing":
+            raise ReportError(f"{path} does not exist: the hospital has no test predictions yet") from None
+        raise ReportError(f"{exc}; rerun the run to write the file anew") from None
+    if not found.paths:
+        raise ReportError(f"{path} holds no test tiles; the hospital's test split is empty")
+    return Predictions(
+        found.paths, np.asarray(found.labels, dtype=np.int64), np.asarray(found.probs, np.float64), found.round
+    )
+
+
+def _json_file(path: Path, what: str) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ReportError(f"{path} is not readable JSON ({exc}); {what}") from None
+    if not isinstance(value, dict):
+        raise ReportError(f"{path} holds no JSON object; {what}")
+    return value
+
+
+@dataclass
+class HospitalReport:
+    """Everything one hospital's report shows, read and computed before any HTML is written."""
+
+    run: Path
+    client: int
+    folder: Path
+    config_text: str
+    config: dict[str, Any]
+    summary: dict[str, Any]
+    card: dict[str, Any]
+    predictions: Predictions
+    threshold: float
+    engine: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    # the hospital's validation predictions, where its thresholds are chosen (None: it has no validation split)
+    val_predictions: Predictions | None = None
+    # its held-out test slides as predict scored them (slides.csv, app.held_out; None: not scored on this machine)
+    held_out: Slides | None = None
+
+
+def load_hospital(run: Path, hospital: int | str) -> HospitalReport:
+    """Read what the report of ``hospital`` in ``run`` needs; `ReportError` (one line) for anything unusable."""
+    client = _client(hospital)
+    config_path = run / CONFIG_FILE
+    if not run.is_dir():
+        raise ReportError(f"run directory {run} does not exist: give a folder made by gastric-fl train")
+    try:
+        config_text = config_path.read_text(encoding="utf-8")
+        config = tomllib.loads(config_text)
+    except FileNotFoundError:
+        raise ReportError(
+            f"{run} is not a run directory (no config.toml): give a folder made by gastric-fl train"
+        ) from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ReportError(
+            f"{config_path} is not valid TOML ({exc}); restore it (each hospital.json keeps a copy as config_toml)"
+        ) from None
+    folder = hospital_dir(run, client)
+    if not folder.is_dir():
+        known = ", ".join(str(c) for c in hospital_folders(run)) or "none"
+        raise ReportError(f"{folder} does not exist: hospital {client} is not part of this run (hospitals: {known})")
+    predictions = read_predictions(folder / PREDICTIONS_FILE)
+    summary = _json_file(run / SUMMARY_FILE, "the run rewrites it at the next round; rerun or resume the run")
+    card = _json_file(folder / CARD_FILE, "train the run again (or resume it) to export the model anew")
+    notes: list[str] = []
+    threshold = 0.5
+    classes = card.get("class_names") or list(CLASS_NAMES)
+    if card and (len(classes) != 2 or card.get("positive_class", "abnormal") not in classes):
+        raise ReportError(
+            f"{folder / CARD_FILE}: the model tells {len(classes)} classes; the HTML report reads "
+            "sensitivity and specificity of a normal/abnormal model"
+        )
+    if card:
+        value = card.get("threshold")
+        if not isinstance(value, int | float) or not 0.0 < float(value) < 1.0:
+            raise ReportError(f"{folder / CARD_FILE}: threshold {value!r} is not in (0, 1); export again")
+        threshold = float(value)
+    else:
+        notes.append(f"{folder / CARD_FILE} is missing (a run made before model export): threshold 0.5.")
+    scan = scan_jsonl(run / METRICS_FILE)
+    notes += [f"{bad}; the record is left out." for bad in scan.damaged]
+    mine = [r for r in scan.records if r.get("client") == client and isinstance(r.get("round"), int)]
+    engine = max(mine, key=lambda r: int(r["round"])) if mine else {}
+    val_predictions = None
+    if (folder / VAL_PREDICTIONS_FILE).is_file():
+        try:
+            val_predictions = read_predictions(folder / VAL_PREDICTIONS_FILE)
+        except runfiles.PredictionsError as exc:
+            notes.append(f"{exc}; thresholds are chosen on the test split instead (optimistic).")
+    held_out = None
+    if (folder / SLIDES_FILE).is_file():
+        try:
+            held_out = as_slides(read_slide_calls(folder / SLIDES_FILE))
+        except SlideCallsError as exc:
+            notes.append(f"{exc}; the slide figures are grouped from the test tiles instead.")
+    return HospitalReport(
+        run,
+        client,
+        folder,
+        config_text,
+        config,
+        summary,
+        card,
+        predictions,
+        threshold,
+        engine,
+        notes,
+        val_predictions,
+        held_out,
+    )
+
+
+def _config_dataset(rep: HospitalReport) -> Path | None:
+    value = (rep.config.get("data") or {}).get("path")
+    if not isinstance(value, str) or not value:
+        return None
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        path = next((b / path for b in (Path.cwd(), *rep.run.resolve().parents) if (b / path).is_dir()), path)
+    return path if path.is_dir() else None
