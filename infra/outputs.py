@@ -19,6 +19,8 @@ mechanism for each of these questions instead of answering them case by case (is
   out of ``root``.
 
 Also `write_atomic`, which replaces a file so that a reader sees the old or the new one, never half of one;
+`replace_folder`, the same for a whole folder (written in a hidden sibling, swapped into place, the old one back
+if the swap fails), with `recover_folder` for what a killed run left beside it;
 `os_error_message`: an ``OSError`` met while writing an output (a file where a folder should be, a read-only file
 system, a full disk) as one line saying what to do; and `terminate_as_interrupt`, which makes SIGTERM/SIGHUP
 unwind the stack like Ctrl-C so that ``finally`` blocks remove half-written outputs.
@@ -33,12 +35,14 @@ import fcntl
 import fnmatch
 import json
 import os
+import secrets
 import shutil
 import signal
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from types import FrameType
 from typing import Any
@@ -325,6 +329,163 @@ def write_atomic(path: Path, payload: bytes) -> None:
     """Replace ``path`` with ``payload`` (`atomic_target`)."""
     with atomic_target(path) as tmp:
         tmp.write_bytes(payload)
+
+
+# --- replacing a whole folder ------------------------------------------------------------------------------------
+
+PARTIAL_TAG = ".partial-"  # ``.<name>.partial-<random>``: the new content while it is being written
+BACKUP_TAG = ".old-"  # ``.<name>.old-<random>``: the previous content during the swap
+
+
+def _hidden_sibling(target: Path, tag: str) -> Path:
+    """An unused hidden name beside ``target``: ``.<name><tag><random>``."""
+    while True:
+        candidate = target.parent / f".{target.name}{tag}{secrets.token_hex(4)}"
+        if not os.path.lexists(candidate):
+            return candidate
+
+
+def _refuse_non_folder(target: Path) -> None:
+    """`OutputError` when something other than a real folder (a file, a link) is at ``target``."""
+    if os.path.lexists(target) and (target.is_symlink() or not target.is_dir()):
+        raise OutputError(f"{target} is not a folder (a file or a link is never replaced); choose another place")
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make the renames in ``folder`` durable (best effort: some file systems cannot fsync a folder)."""
+    with suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@dataclass
+class _Undo:
+    """What `_swap` has started to move, recorded before each step so that `_undo` can put it back."""
+
+    backup: Path | None = None  # where the previous folder is (being) parked
+    carried: list[str] = field(default_factory=list)  # kept entries (being) moved from the old folder to the new
+
+
+def _swap(tmp: Path, target: Path, keep: Callable[[str], bool] | None, undo: _Undo) -> None:
+    """Put ``tmp`` at ``target``, moving the previous folder (and what ``keep`` names out of it) first."""
+    if os.path.lexists(target):
+        _refuse_non_folder(target)
+        if keep is not None:
+            names = sorted(name for name in os.listdir(target) if keep(name))
+            clash = [name for name in names if os.path.lexists(tmp / name)]
+            if clash:
+                raise OutputError(
+                    f"{target} holds {target / clash[0]}, which the new content also writes; refusing to replace "
+                    "it: move it out first"
+                )
+            undo.carried = names  # from here on, any of these found in ``tmp`` came from ``target``
+            for name in names:
+                os.rename(target / name, tmp / name)
+        undo.backup = _hidden_sibling(target, BACKUP_TAG)
+        os.rename(target, undo.backup)
+    os.rename(tmp, target)
+
+
+def _undo(tmp: Path, target: Path, undo: _Undo) -> None:
+    """After a failure or an interruption: the old folder back at ``target`` with what was carried out of it,
+    ``tmp`` removed. Decided from what is on disk, so it is right wherever `_swap` stopped."""
+    backup = undo.backup
+    if not os.path.lexists(tmp):  # the final rename happened: the new content is complete and in place
+        if backup is not None:
+            shutil.rmtree(backup, ignore_errors=True)
+        return
+    problem = ""
+    if backup is not None and os.path.lexists(backup) and not os.path.lexists(target):
+        try:
+            os.rename(backup, target)
+        except OSError as exc:
+            problem = f"the previous {target} is at {backup} ({exc.strerror or exc}): rename it back"
+    stranded = []
+    for name in undo.carried:
+        if not os.path.lexists(tmp / name):
+            continue
+        if not problem and not os.path.lexists(target / name):
+            try:
+                os.rename(tmp / name, target / name)
+                continue
+            except OSError:
+                pass
+        stranded.append(name)
+    if stranded:  # never delete what the command did not write: leave them where they are and say so
+        problem = "; ".join(filter(None, [problem, f"{', '.join(stranded)} are in {tmp}: move them back to {target}"]))
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if problem:
+        raise OutputError(f"replacing {target} failed and could not be undone: {problem}")
+
+
+@contextmanager
+def replace_folder(target: Path, *, keep: Callable[[str], bool] | None = None, mode: int = 0o777) -> Iterator[Path]:
+    """The one way this project replaces a whole folder (the folder analogue of `atomic_target`).
+
+    The block writes the new content into a fresh hidden sibling folder (``.<name>.partial-<random>``, created
+    with ``mode`` as ``os.mkdir`` does, so the umask applies); when the block ends it is swapped into place:
+    an existing ``target`` is renamed to a hidden backup sibling (``.<name>.old-<random>``), the new folder is
+    renamed to ``target``, the parent folder is fsynced and the backup removed. If the final rename fails, the
+    backup is renamed back, so the old content is intact. On any failure or interruption (an exception, Ctrl-C,
+    SIGTERM under `terminate_as_interrupt`) the temporary folder is removed and ``target`` is as it was: a reader
+    sees the old folder or the new one, never half of one, and nothing half-written is left beside it.
+
+    ``keep`` (a test on the names at the top of the old folder) names entries that are not the command's and
+    must survive the replacement (a user's notes beside a kit): they are moved into the new folder just before
+    the swap, and back if it fails; a kept name the new content also holds is refused (`OutputError`).
+
+    What ``target`` may hold is the caller's question (`check_replaceable`, its own marker): check it before,
+    and again as the block's last step if files may have appeared meanwhile; hold `claim_output` around it so
+    that no one else writes there. A file or a link at ``target`` is refused (`OutputError`), before and at the
+    swap. The parent folder must exist. An ``OSError`` is raised unchanged, for the caller's one-line message.
+    A run killed outright (``kill -9``, power loss) can leave the hidden folders; `recover_folder` tidies them
+    for commands that mark their folders. See docs/design.md, "Data flow and the formats between stages".
+    """
+    _refuse_non_folder(target)
+    while True:
+        tmp = _hidden_sibling(target, PARTIAL_TAG)
+        try:
+            os.mkdir(tmp, mode)
+            break
+        except FileExistsError:  # made by someone else since the name was drawn: draw another
+            continue
+    undo = _Undo()
+    try:
+        yield tmp
+        _swap(tmp, target, keep, undo)
+    except BaseException:
+        _undo(tmp, target, undo)
+        raise
+    _fsync_folder(target.parent)
+    if undo.backup is not None:
+        shutil.rmtree(undo.backup, ignore_errors=True)  # the new content is in place; the old is no longer needed
+
+
+def recover_folder(target: Path, command: str) -> None:
+    """Tidy what a killed `replace_folder` (``kill -9``, power loss) of ``command`` left beside ``target``.
+
+    Call it holding ``target``'s lock (`claim_output`). Only folders carrying ``command``'s marker are touched
+    (so the command marks its temporary folder first: ``write_marker(tmp, command, complete=False,
+    record_contents=False)``): hidden ``.<name>.partial-*`` folders are removed; a previous folder parked as
+    ``.<name>.old-*`` is put back when ``target`` is missing, and removed otherwise. Anything else stays.
+    """
+    if not target.parent.is_dir():
+        return
+    siblings = sorted(target.parent.iterdir())
+    for tag in (PARTIAL_TAG, BACKUP_TAG):
+        for path in siblings:
+            if not path.name.startswith(f".{target.name}{tag}") or path.is_symlink() or not path.is_dir():
+                continue
+            if not owned_by(path, command):
+                continue
+            if tag == BACKUP_TAG and not os.path.lexists(target):
+                os.rename(path, target)
+            else:
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def os_error_message(exc: OSError, folder: Path, flag: str = "--out") -> str:

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from infra.outputs import OutputError, claim_output
 from pipeline.errors import PipelineError
-from pipeline.synth import GENERATOR, SCHEMA_VERSION, publish, staging_folder
+from pipeline.synth import GENERATOR, SCHEMA_VERSION, staging_folder, write_info
 
 DEFAULT_SIZE = 64
 MAX_SIZE = 1024
@@ -114,7 +114,7 @@ def export_digits(
                 "counts": counts,
                 "files": files,
             }
-            publish(tmp, out, info)
+            write_info(tmp, info)
     except OutputError as exc:
         raise PipelineError(str(exc)) from None
     return DigitsSummary(out=out, counts=counts, files=tuple(out / f for f in files), size=size)

@@ -20,12 +20,13 @@ call:
    with a one-line warning above 0.70;
 5. ``manifest.csv``, ``prepare.json``, ``report.md`` and ``contact_sheet.png``.
 
-Everything is written into a hidden temporary folder beside ``--out`` and renamed into place at the end, so
-an interrupted run never leaves a dataset that looks complete. ``--out`` is locked for the whole run (a second
-prepare to it is refused) and carries prepare's ownership marker; ``--overwrite`` replaces only a folder that
-prepare wrote entirely (`infra.outputs`, docs/reliability.md). Slides are processed by a thread pool:
-OpenCV and the PNG codec release the GIL, so two threads use both cores without copying slides between
-processes (measured in benchmarks/prepare_speed.py). Output bytes depend only on inputs and settings.
+Everything is written into a hidden temporary folder beside ``--out`` and renamed into place at the end
+(`infra.outputs.replace_folder`), so an interrupted run never leaves a dataset that looks complete. ``--out``
+is locked for the whole run (a second prepare to it is refused) and carries prepare's ownership marker;
+``--overwrite`` replaces only a folder that prepare wrote entirely (`infra.outputs`, docs/reliability.md).
+Slides are processed by a thread pool: OpenCV and the PNG codec release the GIL, so two threads use both cores
+without copying slides between processes (measured in benchmarks/prepare_speed.py). Output bytes depend only on
+inputs and settings.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ import io
 import json
 import platform
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -55,7 +55,8 @@ from infra.outputs import (
     check_replaceable,
     claim_output,
     os_error_message,
-    read_marker,
+    recover_folder,
+    replace_folder,
     write_marker,
 )
 from infra.provenance import synthetic_source
@@ -285,47 +286,6 @@ def _tile_job(job: _Job, config: PrepareConfig, staging: Path) -> _Outcome:
     return _Outcome(rows=rows, warnings=tuple(notes), pixels_sha256=pixels, stats=stats, left_out=cut.left_out)
 
 
-def _recover_interrupted(out: Path) -> None:
-    """Tidy what a killed run (``kill -9``, power loss) left beside ``out``; call it holding ``out``'s lock.
-
-    Hidden ``.<name>.partial-*`` staging folders carrying prepare's marker are removed (a folder without it
-    is not ours and stays). A previous dataset parked as ``.<name>.old-*`` by an interrupted replacement is put
-    back when ``out`` is missing, and removed otherwise.
-    """
-    if not out.parent.is_dir():
-        return
-    for stale in sorted(out.parent.glob(f".{out.name}.partial-*")):
-        marker = read_marker(stale) if stale.is_dir() and not stale.is_symlink() else None
-        if marker is not None and marker["command"] == COMMAND:
-            shutil.rmtree(stale, ignore_errors=True)
-    for old in sorted(out.parent.glob(f".{out.name}.old-*")):
-        marker = read_marker(old) if old.is_dir() and not old.is_symlink() else None
-        if marker is None or marker["command"] != COMMAND:
-            continue
-        if not out.exists() and not out.is_symlink():
-            old.rename(out)
-        else:
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def _publish(staging: Path, out: Path) -> None:
-    """Move the finished dataset into place; an existing dataset is replaced if prepare still owns all of it."""
-    if out.exists() or out.is_symlink():
-        if any(out.iterdir()):
-            check_replaceable(out, COMMAND)  # again: files may have been added while tiling
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-        old.rmdir()
-        out.rename(old)
-        try:
-            staging.rename(out)
-        except BaseException:
-            old.rename(out)  # put the previous dataset back rather than leave nothing
-            raise
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        staging.rename(out)
-
-
 def _samples(rows: Iterable[list[str]], clients: int, classes: tuple[str, ...]) -> dict[int, dict[str, list[str]]]:
     """Up to four tiles per client and label for the contact sheet, spread evenly over the manifest."""
     grouped: dict[int, dict[str, list[str]]] = {c: {lab: [] for lab in classes} for c in range(clients)}
@@ -388,7 +348,7 @@ def prepare_dataset(config: PrepareConfig) -> PrepareResult:
     try:
         with claim_output(config.output.out, COMMAND):
             try:
-                _recover_interrupted(config.output.out)
+                recover_folder(config.output.out, COMMAND)  # what a killed run left beside --out
             except OSError as exc:
                 raise PipelineError(os_error_message(exc, config.output.out)) from None
             _check_replaceable(config)
@@ -494,133 +454,127 @@ def _prepare_claimed(config: PrepareConfig, started: float) -> PrepareResult:
         )
     plans = client_plans(config)
     try:
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.out.name}.partial-", dir=out.out.parent))
-    except OSError as exc:
-        raise PipelineError(os_error_message(exc, out.out)) from None
-    try:
-        write_marker(staging, COMMAND, complete=False, record_contents=False)
-        while True:
-            jobs, ratios = _assign(config, usable, plans, classes)
-            for plan in plans:
-                for split in SPLITS:
-                    for label in classes:
-                        (staging / f"client_{plan.client:02d}" / split / label).mkdir(parents=True)
-            outcomes = list(
-                _parallel(lambda job: _tile_job(job, config, staging), jobs, out.workers, "tiling", out.progress)
+        # 0700, as a prepared dataset has always been; marked at once, so that recover_folder knows it as ours
+        with replace_folder(out.out, mode=0o700) as staging:
+            write_marker(staging, COMMAND, complete=False, record_contents=False)
+            while True:
+                jobs, ratios = _assign(config, usable, plans, classes)
+                for plan in plans:
+                    for split in SPLITS:
+                        for label in classes:
+                            (staging / f"client_{plan.client:02d}" / split / label).mkdir(parents=True)
+                outcomes = list(
+                    _parallel(lambda job: _tile_job(job, config, staging), jobs, out.workers, "tiling", out.progress)
+                )
+                pixel_copies = _pixel_copies(jobs, outcomes)
+                if not pixel_copies:
+                    break
+                if out.strict:
+                    raise SlideError(f"{pixel_copies[0].reason} (stopped by --strict)")
+                # Pixels are decoded only here, so a copy is recognised only after it was given a hospital and split.
+                # Share the slides out again without the copies, as if they had been left out with the byte-identical
+                # ones: the split then does not depend on them. Tiling twice costs a second decode, but only when the
+                # input holds such copies; a clean input is decoded once.
+                left_out = {c.source for c in pixel_copies}
+                usable = [i for i in usable if i.ref.source not in left_out]
+                skipped = tuple(sorted([*skipped, *pixel_copies], key=lambda s: s.source))
+                for plan in plans:
+                    shutil.rmtree(staging / f"client_{plan.client:02d}")
+            warnings = tuple(i.warning for i in usable if i.warning is not None)
+            late = [o.skipped for o in outcomes if o.skipped is not None]
+            if late and out.strict:
+                raise SlideError(f"{late[0].reason} (stopped by --strict)")
+            skipped = tuple(sorted([*skipped, *late], key=lambda s: s.source))
+            warnings = (*warnings, *(w for o in outcomes for w in o.warnings))
+            pixel_digests = {
+                j.info.ref.source: o.pixels_sha256
+                for j, o in zip(jobs, outcomes, strict=True)
+                if o.skipped is None and o.pixels_sha256 is not None
+            }
+            jobs = [j for j, o in zip(jobs, outcomes, strict=True) if o.skipped is None]
+            kept_outcomes = [o for o in outcomes if o.skipped is None]
+            per_slide = [o.rows for o in kept_outcomes]
+            rows = [row for slide_rows in per_slide for row in slide_rows]
+
+            counts = empty_counts(config.split.clients, classes)
+            for row in rows:
+                counts[int(row[0])][row[1]][row[2]] += 1
+            slide_counts: dict[tuple[int, str], int] = {}
+            for job in jobs:
+                slide_counts[(job.client, job.split)] = slide_counts.get((job.client, job.split), 0) + 1
+            _check_splits(counts, plans, slide_counts)
+
+            buffer = io.StringIO()
+            writer = csv.writer(buffer, lineterminator="\n")
+            writer.writerow(MANIFEST_COLUMNS)
+            writer.writerows(rows)
+            (staging / MANIFEST_FILE).write_text(buffer.getvalue(), encoding="utf-8")
+
+            slides_per_client = {p.client: sum(1 for j in jobs if j.client == p.client) for p in plans}
+            excluded: dict[int, dict[str, int]] = {p.client: dict.fromkeys(SPLITS, 0) for p in plans}
+            for job, outcome in zip(jobs, kept_outcomes, strict=True):
+                excluded[job.client][job.split] += outcome.left_out
+            class_index = {label: k for k, label in enumerate(classes)}
+            shortcut = probe(
+                [st for o in kept_outcomes for st in o.stats],
+                [class_index[row[2]] for row in rows],
+                [row[1] for row in rows],
+                [int(row[0]) for row in rows],
+                SPLITS,
             )
-            pixel_copies = _pixel_copies(jobs, outcomes)
-            if not pixel_copies:
-                break
-            if out.strict:
-                raise SlideError(f"{pixel_copies[0].reason} (stopped by --strict)")
-            # Pixels are decoded only here, so a copy is recognised only after it was given a hospital and split.
-            # Share the slides out again without the copies, as if they had been left out with the byte-identical
-            # ones: the split then does not depend on them. Tiling twice costs a second decode, but only when the
-            # input holds such copies; a clean input is decoded once.
-            left_out = {c.source for c in pixel_copies}
-            usable = [i for i in usable if i.ref.source not in left_out]
-            skipped = tuple(sorted([*skipped, *pixel_copies], key=lambda s: s.source))
-            for plan in plans:
-                shutil.rmtree(staging / f"client_{plan.client:02d}")
-        warnings = tuple(i.warning for i in usable if i.warning is not None)
-        late = [o.skipped for o in outcomes if o.skipped is not None]
-        if late and out.strict:
-            raise SlideError(f"{late[0].reason} (stopped by --strict)")
-        skipped = tuple(sorted([*skipped, *late], key=lambda s: s.source))
-        warnings = (*warnings, *(w for o in outcomes for w in o.warnings))
-        pixel_digests = {
-            j.info.ref.source: o.pixels_sha256
-            for j, o in zip(jobs, outcomes, strict=True)
-            if o.skipped is None and o.pixels_sha256 is not None
-        }
-        jobs = [j for j, o in zip(jobs, outcomes, strict=True) if o.skipped is None]
-        kept_outcomes = [o for o in outcomes if o.skipped is None]
-        per_slide = [o.rows for o in kept_outcomes]
-        rows = [row for slide_rows in per_slide for row in slide_rows]
+            record = _provenance(config, plans, jobs, per_slide, ratios, counts, skipped, warnings, rows, pixel_digests)
+            record["left_out"] = {str(c): per for c, per in excluded.items()}
+            record["labels"] = {
+                "rule": tiles_from(config),
+                "abnormal_coverage": config.tiles.abnormal_coverage,
+                "mask_outside": config.tiles.mask_outside,
+                # named wherever results from such a dataset appear (the shortcut probe measures what it leaks)
+                "departure": MASK_OUTSIDE_DEPARTURE if config.tiles.mask_outside else None,
+            }
+            record["shortcut_probe"] = shortcut
+            (staging / PREPARE_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
-        counts = empty_counts(config.split.clients, classes)
-        for row in rows:
-            counts[int(row[0])][row[1]][row[2]] += 1
-        slide_counts: dict[tuple[int, str], int] = {}
-        for job in jobs:
-            slide_counts[(job.client, job.split)] = slide_counts.get((job.client, job.split), 0) + 1
-        _check_splits(counts, plans, slide_counts)
-
-        buffer = io.StringIO()
-        writer = csv.writer(buffer, lineterminator="\n")
-        writer.writerow(MANIFEST_COLUMNS)
-        writer.writerows(rows)
-        (staging / MANIFEST_FILE).write_text(buffer.getvalue(), encoding="utf-8")
-
-        slides_per_client = {p.client: sum(1 for j in jobs if j.client == p.client) for p in plans}
-        excluded: dict[int, dict[str, int]] = {p.client: dict.fromkeys(SPLITS, 0) for p in plans}
-        for job, outcome in zip(jobs, kept_outcomes, strict=True):
-            excluded[job.client][job.split] += outcome.left_out
-        class_index = {label: k for k, label in enumerate(classes)}
-        shortcut = probe(
-            [st for o in kept_outcomes for st in o.stats],
-            [class_index[row[2]] for row in rows],
-            [row[1] for row in rows],
-            [int(row[0]) for row in rows],
-            SPLITS,
-        )
-        record = _provenance(config, plans, jobs, per_slide, ratios, counts, skipped, warnings, rows, pixel_digests)
-        record["left_out"] = {str(c): per for c, per in excluded.items()}
-        record["labels"] = {
-            "rule": tiles_from(config),
-            "abnormal_coverage": config.tiles.abnormal_coverage,
-            "mask_outside": config.tiles.mask_outside,
-            # named wherever results from such a dataset appear (the shortcut probe measures what it leaks)
-            "departure": MASK_OUTSIDE_DEPARTURE if config.tiles.mask_outside else None,
-        }
-        record["shortcut_probe"] = shortcut
-        (staging / PREPARE_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-
-        settings = {
-            "format": config.source.format,
-            "input": config.source.input.as_posix(),
-            "clients": str(config.split.clients),
-            "sizes": config.split.sizes + " (ratios " + ", ".join(f"{r:.2f}" for r in ratios) + ")",
-            "partition": config.split.partition.spec(),
-            "test fraction": f"{config.split.test_fraction:g}",
-            "validation fraction": f"{config.split.val_fraction:g}",
-            "seed": str(config.split.seed),
-            "classes": ", ".join(classes),
-            "simulated sites": (
-                "none"
-                if all(p.site is None for p in plans)
-                else f"{config.sites.shift} (strength {config.sites.strength:g}"
-                + (f", {len(config.sites.profile)} listed" if config.sites.profile else "")
-                + "): profiles in prepare.json, clients[].site"
-            ),
-            "tiles": tiles_from(config),
-            "background max (every tile)": f"{config.tiles.background_max:g}",
-            "abnormal coverage": f"{config.tiles.abnormal_coverage:g} of a tile's tissue inside the mask",
-            "left out (abnormal slides, too little annotated tissue)": ", ".join(
-                f"client {c}: " + " / ".join(f"{n} {s}" for s, n in per.items()) for c, per in excluded.items()
-            ),
-            "near-white": f"all channels >= {config.tiles.white_level}",
-            "slides with no kept tile": str(sum(1 for slide_rows in per_slide if not slide_rows)),
-        }
-        if config.tiles.mask_outside:
-            settings["white max (Step a.1, training)"] = f"{config.tiles.white_max:g}"
-        report_md = markdown_report(
-            settings, plans, counts, slides_per_client, skipped, warnings, probe_markdown(shortcut)
-        )
-        (staging / "report.md").write_text(report_md, encoding="utf-8")
-        sheet = contact_sheet(staging, plans, _samples(rows, config.split.clients, classes), classes)
-        ok, png = cv2.imencode(".png", sheet)
-        if not ok:
-            raise PipelineError("could not encode contact_sheet.png (OpenCV PNG encoder)")
-        (staging / "contact_sheet.png").write_bytes(png.tobytes())
-        write_marker(staging, COMMAND)
-        _publish(staging, out.out)
+            settings = {
+                "format": config.source.format,
+                "input": config.source.input.as_posix(),
+                "clients": str(config.split.clients),
+                "sizes": config.split.sizes + " (ratios " + ", ".join(f"{r:.2f}" for r in ratios) + ")",
+                "partition": config.split.partition.spec(),
+                "test fraction": f"{config.split.test_fraction:g}",
+                "validation fraction": f"{config.split.val_fraction:g}",
+                "seed": str(config.split.seed),
+                "classes": ", ".join(classes),
+                "simulated sites": (
+                    "none"
+                    if all(p.site is None for p in plans)
+                    else f"{config.sites.shift} (strength {config.sites.strength:g}"
+                    + (f", {len(config.sites.profile)} listed" if config.sites.profile else "")
+                    + "): profiles in prepare.json, clients[].site"
+                ),
+                "tiles": tiles_from(config),
+                "background max (every tile)": f"{config.tiles.background_max:g}",
+                "abnormal coverage": f"{config.tiles.abnormal_coverage:g} of a tile's tissue inside the mask",
+                "left out (abnormal slides, too little annotated tissue)": ", ".join(
+                    f"client {c}: " + " / ".join(f"{n} {s}" for s, n in per.items()) for c, per in excluded.items()
+                ),
+                "near-white": f"all channels >= {config.tiles.white_level}",
+                "slides with no kept tile": str(sum(1 for slide_rows in per_slide if not slide_rows)),
+            }
+            if config.tiles.mask_outside:
+                settings["white max (Step a.1, training)"] = f"{config.tiles.white_max:g}"
+            report_md = markdown_report(
+                settings, plans, counts, slides_per_client, skipped, warnings, probe_markdown(shortcut)
+            )
+            (staging / "report.md").write_text(report_md, encoding="utf-8")
+            sheet = contact_sheet(staging, plans, _samples(rows, config.split.clients, classes), classes)
+            ok, png = cv2.imencode(".png", sheet)
+            if not ok:
+                raise PipelineError("could not encode contact_sheet.png (OpenCV PNG encoder)")
+            (staging / "contact_sheet.png").write_bytes(png.tobytes())
+            write_marker(staging, COMMAND)
+            check_replaceable(out.out, COMMAND)  # again, last: files may have been added to --out while tiling
     except OSError as exc:
-        shutil.rmtree(staging, ignore_errors=True)
         raise PipelineError(os_error_message(exc, out.out)) from None
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
 
     table = text_table(plans, counts, slides_per_client)
     notes = issues_text(skipped, warnings)

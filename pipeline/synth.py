@@ -19,7 +19,6 @@ import json
 import math
 import multiprocessing
 import os
-import shutil
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
@@ -33,7 +32,7 @@ import tifffile
 from numpy.typing import NDArray
 from tqdm import tqdm
 
-from infra.outputs import OutputError, claim_output
+from infra.outputs import OutputError, claim_output, replace_folder
 from infra.processes import plain_main
 from infra.provenance import SYNTH_MARKER
 from pipeline.errors import PipelineError
@@ -348,7 +347,6 @@ def _generate_claimed(
     """`generate_dataset` once ``out`` is locked: check it, render into a temporary folder, swap into place."""
     fmt, images = spec.name, len(plans)
     with staging_folder(out, overwrite) as tmp:
-        tmp.mkdir()
         if fmt == "bot":
             (tmp / "normal").mkdir()
             (tmp / "abnormal").mkdir()
@@ -385,7 +383,7 @@ def _generate_claimed(
             "slides": slides_info,
             "files": files,
         }
-        publish(tmp, out, info)
+        write_info(tmp, info)
     return SynthSummary(
         out=out,
         fmt=fmt,
@@ -400,43 +398,21 @@ def _generate_claimed(
 def staging_folder(out: Path, overwrite: bool) -> Iterator[Path]:
     """Check ``out`` (`prepare_out`) and yield a fresh hidden folder beside it to write the dataset into.
 
-    Any failure inside removes the folder again; an ``OSError`` becomes one `PipelineError` line. Finish with
-    `publish`, so that an interrupted run leaves no half-written dataset at ``out``.
+    The folder is swapped into ``out`` when the block ends (`infra.outputs.replace_folder`): a previous synth
+    output is replaced only then, and comes back if the final rename fails. Any failure or interruption inside
+    removes the folder again and leaves ``out`` as it was; an ``OSError`` becomes one `PipelineError` line. End the
+    block with `write_info`, the marker that makes the folder a synth dataset.
     """
     prepare_out(out, overwrite)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
     try:
-        yield tmp
+        with replace_folder(out) as tmp:
+            yield tmp
     except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise PipelineError(
             f"cannot write the dataset to {out} ({exc.strerror or exc}): check space and permissions"
         ) from exc
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
-def publish(tmp: Path, out: Path, info: dict[str, Any]) -> None:
-    """Write the generator's ``info`` as the dataset's marker file in ``tmp`` and swap ``tmp`` into ``out``."""
+def write_info(tmp: Path, info: dict[str, Any]) -> None:
+    """Write the generator's ``info`` as the dataset's marker file (`MARKER`) in the staging folder ``tmp``."""
     (tmp / MARKER).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
-    swap_into_place(tmp, out)
-
-
-def swap_into_place(tmp: Path, out: Path) -> None:
-    """Rename the finished temporary folder to ``out``, moving a previous synth output aside first."""
-    if out.is_dir():
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        if old.exists():
-            shutil.rmtree(old)
-        out.rename(old)
-        try:
-            tmp.rename(out)
-        except OSError:
-            old.rename(out)  # put the previous dataset back rather than leave nothing at ``out``
-            raise
-        shutil.rmtree(old)
-    else:
-        tmp.rename(out)

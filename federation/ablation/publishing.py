@@ -15,7 +15,15 @@ from federation.errors import FederationError
 from federation.provenance import code_version, describe_code_versions
 from federation.runfiles import AGGREGATION_FILE, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
 from federation.runs import read_json, write_json
-from infra.outputs import OutputError, check_replaceable, claim_output, os_error_message, write_marker
+from infra.outputs import (
+    OutputError,
+    check_replaceable,
+    claim_output,
+    os_error_message,
+    recover_folder,
+    replace_folder,
+    write_marker,
+)
 
 # What recomputes every table of an ablation: per run, its configuration and per-round records (no weights).
 PUBLISHED_RUN_FILES = (CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, AGGREGATION_FILE)
@@ -42,71 +50,68 @@ def publish(plan: Plan, out: Path, dest: Path, command: str, rebuild: str | None
     ``ablation.json``, ``base_config.toml`` and every table, figure and ``paired`` file ``write_tables`` wrote; plus
     ``versions.txt`` (``installed_versions``) and ``COMMAND.md`` (the command, and how to rebuild the tables
     from the copy alone: ``gastric-fl ablate --config PRESET --out DEST --tables-only``). ``dest`` is claimed like
-    any output folder (``infra.outputs.claim_output``), so only a folder this command wrote is replaced.
-    Returns the files written.
+    any output folder (``infra.outputs.claim_output``), so only a folder this command wrote is replaced, and it is
+    written in a hidden sibling and swapped into place (``infra.outputs.replace_folder``), so a failure leaves the
+    previous copy as it was. Returns the files written.
     """
-    import shutil
-
     if not (out / "base_config.toml").is_file():
         raise FederationError(f"{out} holds no ablation (no base_config.toml): run gastric-fl ablate first")
     command_name = "ablate --publish"
-    written: list[Path] = []
     try:
         with claim_output(dest, command_name, flag="--publish"):
+            recover_folder(dest, command_name)  # our own leftovers from a killed publish (the lock is ours)
             check_replaceable(dest, command_name, flag="--publish")
-            staging = dest.with_name(f".{dest.name}.publishing")
-            if staging.exists():
-                shutil.rmtree(staging)  # our own leftover from an interrupted publish (the lock is ours)
-            staging.mkdir(parents=True)
-            for path in sorted(out.iterdir()):
-                if path.is_file() and path.suffix in (".md", ".csv", ".png", ".json", ".toml"):
-                    shutil.copy2(path, staging / path.name)
-                    written.append(dest / path.name)
-            # the preset as the publishing command names it (relative to the working folder), not the path of the
-            # folder the runs were trained from
-            if (staging / ABLATION_FILE).is_file():
-                state = read_json(staging / ABLATION_FILE)
-                state["config"] = shown_path(plan.config_path)
-                write_json(staging / ABLATION_FILE, state)
-            owners = plan.owners(plan.cells())
-            trained_at: dict[str, list[str]] = {}  # the commits that trained each run (summary.json)
-            for run_id in sorted(set(owners.values())):
-                run_dir = out / CELLS_DIR / run_id
-                if cell_status(run_dir) != "finished":
-                    continue
-                (staging / CELLS_DIR / run_id).mkdir(parents=True)
-                for name in PUBLISHED_RUN_FILES:
-                    if (run_dir / name).is_file():
-                        shutil.copy2(run_dir / name, staging / CELLS_DIR / run_id / name)
-                        written.append(dest / CELLS_DIR / run_id / name)
-                versions = read_json(run_dir / SUMMARY_FILE).get("code_versions") or ["not recorded"]
-                trained_at.setdefault(" then ".join(f"`{v}`" for v in versions), []).append(run_id)
-            published_at = code_version()
-            (staging / VERSIONS_FILE).write_text(installed_versions(published_at), encoding="utf-8")
-            if rebuild is None:
-                rebuild = (
-                    f"gastric-fl ablate --config {shown_path(plan.config_path)} --out {shown_path(dest)} --tables-only"
-                )
-            (staging / COMMAND_FILE).write_text(
-                "# How these tables were made\n\n"
-                f"```bash\n{command}\n```\n\n"
-                f"Published at git commit `{published_at}`. {describe_code_versions(trained_at)} "
-                f"Package versions: [{VERSIONS_FILE}]({VERSIONS_FILE}). "
-                "Each run's `config.toml`, `summary.json`, "
-                f"`metrics.jsonl` and `aggregation.jsonl` are under `{CELLS_DIR}/`; the tables are rebuilt from them "
-                f"alone (no training) by\n\n```bash\n{rebuild}\n```\n",
-                encoding="utf-8",
-            )
-            written += [dest / VERSIONS_FILE, dest / COMMAND_FILE]
-            write_marker(staging, command_name)
-            old = dest.with_name(f".{dest.name}.replaced")
-            if dest.exists():
-                dest.rename(old)
-            staging.rename(dest)
-            if old.exists():
-                shutil.rmtree(old)
+            with replace_folder(dest) as staging:
+                write_marker(staging, command_name, complete=False, record_contents=False)  # ours if killed
+                written = _copy_published(plan, out, staging, dest, command, rebuild)
+                write_marker(staging, command_name)
     except OutputError as exc:
         raise FederationError(str(exc)) from None
     except OSError as exc:
         raise FederationError(os_error_message(exc, dest, "--publish")) from None
     return written
+
+
+def _copy_published(plan: Plan, out: Path, staging: Path, dest: Path, command: str, rebuild: str | None) -> list[Path]:
+    """`publish`'s files written into ``staging``; returns where they will be once it is swapped into ``dest``."""
+    import shutil
+
+    written: list[Path] = []
+    for path in sorted(out.iterdir()):
+        if path.is_file() and path.suffix in (".md", ".csv", ".png", ".json", ".toml"):
+            shutil.copy2(path, staging / path.name)
+            written.append(dest / path.name)
+    # the preset as the publishing command names it (relative to the working folder), not the path of the
+    # folder the runs were trained from
+    if (staging / ABLATION_FILE).is_file():
+        state = read_json(staging / ABLATION_FILE)
+        state["config"] = shown_path(plan.config_path)
+        write_json(staging / ABLATION_FILE, state)
+    owners = plan.owners(plan.cells())
+    trained_at: dict[str, list[str]] = {}  # the commits that trained each run (summary.json)
+    for run_id in sorted(set(owners.values())):
+        run_dir = out / CELLS_DIR / run_id
+        if cell_status(run_dir) != "finished":
+            continue
+        (staging / CELLS_DIR / run_id).mkdir(parents=True)
+        for name in PUBLISHED_RUN_FILES:
+            if (run_dir / name).is_file():
+                shutil.copy2(run_dir / name, staging / CELLS_DIR / run_id / name)
+                written.append(dest / CELLS_DIR / run_id / name)
+        versions = read_json(run_dir / SUMMARY_FILE).get("code_versions") or ["not recorded"]
+        trained_at.setdefault(" then ".join(f"`{v}`" for v in versions), []).append(run_id)
+    published_at = code_version()
+    (staging / VERSIONS_FILE).write_text(installed_versions(published_at), encoding="utf-8")
+    if rebuild is None:
+        rebuild = f"gastric-fl ablate --config {shown_path(plan.config_path)} --out {shown_path(dest)} --tables-only"
+    (staging / COMMAND_FILE).write_text(
+        "# How these tables were made\n\n"
+        f"```bash\n{command}\n```\n\n"
+        f"Published at git commit `{published_at}`. {describe_code_versions(trained_at)} "
+        f"Package versions: [{VERSIONS_FILE}]({VERSIONS_FILE}). "
+        "Each run's `config.toml`, `summary.json`, "
+        f"`metrics.jsonl` and `aggregation.jsonl` are under `{CELLS_DIR}/`; the tables are rebuilt from them "
+        f"alone (no training) by\n\n```bash\n{rebuild}\n```\n",
+        encoding="utf-8",
+    )
+    return [*written, dest / VERSIONS_FILE, dest / COMMAND_FILE]

@@ -41,8 +41,6 @@ import datetime as dt
 import ipaddress
 import os
 import re
-import shutil
-import tempfile
 import tomllib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -56,7 +54,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from federation import runfiles
 from federation.errors import FederationError
-from infra.outputs import atomic_target, foreign_entries, remove_entries
+from infra.outputs import OutputError, atomic_target, foreign_entries, replace_folder
 from infra.toml import toml_value
 
 MARKER = ".gastric-fl-kit"
@@ -232,7 +230,8 @@ def init_kit(
     ``host:port`` is the SuperLink address written into every bundle; ``host`` and ``extra_names`` (host names or
     IP addresses) join ``localhost`` and ``127.0.0.1`` in the server certificate's subjectAltName. An existing
     non-empty ``out`` is refused unless it holds a kit's marker and ``overwrite`` is set; the new kit is built in a
-    hidden sibling folder and moved into place, so a failure leaves the old one untouched.
+    hidden sibling folder and swapped into place (`infra.outputs.replace_folder`), so a failure leaves the old one
+    untouched, and files beside the kit's own entries in the old folder are kept.
     """
     names = _check_names(hospitals)
     _check_port(port)
@@ -245,22 +244,15 @@ def init_kit(
     superlink = join_address(host, port)
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
-        _build(staging, names, superlink, sans, valid_days)
-        if not out.exists():
-            staging.rename(out)
-        else:
-            # replace only what init made (checked by _check_target); anything else in the folder stays
-            remove_entries(out, KIT_ENTRIES)
-            for name in KIT_ENTRIES[1:] + KIT_ENTRIES[:1]:  # the marker last: a kit is complete once it is there
-                (staging / name).rename(out / name)
-            os.chmod(out, 0o700)
+        # replace only what init made (checked by _check_target): anything else at the top of the old kit (a
+        # hospital group's notes) is carried into the new one; private (0700) from the start
+        with replace_folder(out, keep=lambda name: name not in KIT_ENTRIES, mode=0o700) as staging:
+            _build(staging, names, superlink, sans, valid_days)
+    except OutputError as exc:
+        raise FederationError(str(exc)) from None
     except OSError as exc:
         raise FederationError(f"cannot write the kit {out}: {exc.strerror or exc}") from exc
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
     return Kit.load(out)
 
 
