@@ -92,7 +92,7 @@ def _reachable(address: str) -> None:
 @contextlib.contextmanager
 def ray_cells(address: str, on_gpu: bool, local_cpus: int | None = None) -> Iterator[tuple[Submit, str]]:
     """Cells as tasks on the Ray cluster at ``address`` (module docstring). ``local_cpus``: the CPUs of a cluster
-    started here (``address`` ``local``)."""
+    started here (``address`` ``local``; default: this machine's cores), so the cells it runs at once."""
     try:
         import ray
     except ImportError:
@@ -102,8 +102,7 @@ def ray_cells(address: str, on_gpu: bool, local_cpus: int | None = None) -> Iter
     if joined:
         options: dict[str, Any] = {"include_dashboard": False, "configure_logging": False}
         if address == "local":  # a cluster of this machine: this process's CPUs cap and its import path
-            if local_cpus is not None:
-                options["num_cpus"] = local_cpus
+            options["num_cpus"] = local_cpus if local_cpus is not None else (os.cpu_count() or 1)
             path = os.pathsep.join(p for p in sys.path if p)
             options["runtime_env"] = {"env_vars": {"PYTHONPATH": path}}
         try:

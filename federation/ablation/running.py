@@ -236,7 +236,7 @@ def _run_parallel(
     the whole grid."""
     on_gpu = any(plan.cell_config(c).run.device in ("cuda", "auto") for c in todo)
     limit = len(todo) if workers is None else min(workers, len(todo))
-    pool = ray_cells(ray, on_gpu, limit) if ray is not None else process_cells(limit, on_gpu)
+    pool = ray_cells(ray, on_gpu, workers) if ray is not None else process_cells(limit, on_gpu)
     waiting = list(todo)
     done = 0
     try:

@@ -110,18 +110,23 @@ def test_an_interrupted_ray_grid_cancels_its_cells_and_resumes(dataset: Path, tm
             time.sleep(0.1)
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C: a real signal wakes the main thread's wait
 
+    # Ctrl-C as a command line gets it: Python's own handler (an earlier test's library may have installed another)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     watcher = threading.Thread(target=interrupt_when_both_started, daemon=True)
     watcher.start()
-    with pytest.raises(KeyboardInterrupt):
-        run_plan(plan, out, train_fn=waiting_train, progress=False, echo=lambda _: None, ray="local")
-    watcher.join(timeout=5)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_plan(plan, out, train_fn=waiting_train, progress=False, echo=lambda _: None, ray="local", workers=2)
+    finally:
+        watcher.join(timeout=5)
+        signal.signal(signal.SIGINT, previous)
     assert len(list((out / "cells").glob("*.started"))) == 2
     recorded = {c["id"]: c["status"] for c in json.loads((out / ABLATION_FILE).read_text())["cells"]}
     assert recorded == {"client-lr-0.01_seed-0": "stopped", "client-lr-0.03_seed-0": "stopped"}
     assert not ray.is_initialized()
 
     lines: list[str] = []
-    final = run_plan(plan, out, progress=False, echo=lines.append, ray="local")
+    final = run_plan(plan, out, progress=False, echo=lines.append, ray="local", workers=2)
     assert [c["status"] for c in final["cells"]] == ["finished", "finished"]
     assert any(line.startswith("2 cells over Ray tasks on local (2 CPUs, 0 GPUs)") for line in lines)
     assert not ray.is_initialized()
