@@ -1,11 +1,20 @@
-"""What the benchmark scripts' reports share: the command that ran them, the machine line, writing the file."""
+"""What the benchmark scripts share: the command that ran them, the machine line, writing the report; and, for the
+ones that time whole rounds, a synthetic dataset made once (`synthetic_dataset`) and a timed run (`round_seconds`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+import shutil
+import subprocess
 import sys
+import time
+from collections.abc import Sequence
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "app.cli"]
 
 
 def command_line(script: str) -> str:
@@ -29,3 +38,56 @@ def write_result(path: Path, text: str) -> None:
     """Write a report to ``path``, creating its folder when needed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
+
+
+def _timed(args: Sequence[str]) -> float:
+    """Run a ``gastric-fl`` command from the repository root; its wall seconds."""
+    start = time.perf_counter()
+    subprocess.run([*CLI, *args], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def synthetic_dataset(
+    fmt: str, slides: int, work: Path, prepare_preset: str, workers: int = 1
+) -> tuple[Path, dict[str, float]]:
+    """``gastric-fl synth --format fmt --images slides --seed 0 --difficulty 0.3`` into ``work/raw``, then
+    ``gastric-fl prepare --config prepare_preset`` into ``work/prepared`` (both with ``--workers``), each only when
+    its output is not there yet: (the prepared folder, each stage's wall seconds when it ran, kept in
+    ``work/times.json`` for later calls)."""
+    raw, prepared, record = work / "raw", work / "prepared", work / "times.json"
+    times: dict[str, float] = json.loads(record.read_text(encoding="utf-8")) if record.is_file() else {}
+    if "synth" not in times or not raw.is_dir():
+        times["synth"] = _timed(
+            ["synth", "--format", fmt, "--images", str(slides), "--seed", "0", "--difficulty", "0.3",
+             "--workers", str(workers), "--out", str(raw), "--overwrite"]
+        )  # fmt: skip
+        times.pop("prepare", None)
+    if "prepare" not in times or not (prepared / "manifest.csv").is_file():
+        times["prepare"] = _timed(
+            ["prepare", "--config", prepare_preset, "--input", str(raw), "--out", str(prepared),
+             "--workers", str(workers), "--overwrite", "--no-progress"]
+        )  # fmt: skip
+    work.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(times, indent=1), encoding="utf-8")
+    return prepared, times
+
+
+def round_seconds(
+    preset: Path, data: Path, settings: Sequence[str], rounds: int, run_dir: Path
+) -> tuple[list[float], float]:
+    """Train ``preset`` with ``settings`` for ``rounds`` rounds on ``data`` into ``run_dir`` (removed afterwards):
+    (each round's ``seconds`` from ``aggregation.jsonl``: train, aggregate and evaluate every hospital; the whole
+    run's wall seconds, start-up included)."""
+    from federation.config import load_config
+    from federation.launch import train
+
+    config = load_config(preset, [f"run.rounds={rounds}", *settings], data)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    try:
+        start = time.perf_counter()
+        train(config, run_dir, progress=False)
+        total = time.perf_counter() - start
+        lines = (run_dir / "aggregation.jsonl").read_text(encoding="utf-8").splitlines()
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return [float(json.loads(line)["seconds"]) for line in lines], total

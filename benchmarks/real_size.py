@@ -32,12 +32,8 @@ synth and prepare are skipped when ``--work`` already holds their output; their 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,13 +42,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._common import command_line, machine, write_result  # noqa: E402
+from benchmarks._common import command_line, machine, round_seconds, synthetic_dataset, write_result  # noqa: E402
 from federation.ablation import Plan, load_plan  # noqa: E402
 from federation.config import load_config  # noqa: E402
 from federation.data import read_manifest  # noqa: E402
-from federation.launch import train  # noqa: E402
-
-CLI = [sys.executable, "-m", "app.cli"]
 
 
 @dataclass(frozen=True)
@@ -69,32 +62,6 @@ PRESETS = {
     "seed": Preset(1770, 5, "configs/prepare_seed_noniid.toml", "configs/seed.toml"),
     "bot": Preset(700, 10, "configs/prepare_bot.toml", "configs/bot.toml"),
 }
-
-
-def timed(args: list[str]) -> float:
-    """Run a ``gastric-fl`` command from the repository root; its wall seconds."""
-    start = time.perf_counter()
-    subprocess.run([*CLI, *args], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - start
-
-
-def make_data(fmt: str, slides: int, work: Path, workers: int) -> tuple[Path, dict[str, float]]:
-    """Synthesise and prepare the dataset under ``work`` (kept between runs); (prepared folder, stage seconds)."""
-    raw, prepared, record = work / "raw", work / "prepared", work / "times.json"
-    times: dict[str, float] = json.loads(record.read_text()) if record.is_file() else {}
-    if "synth" not in times or not raw.is_dir():
-        times["synth"] = timed(
-            ["synth", "--format", fmt, "--images", str(slides), "--seed", "0", "--difficulty", "0.3",
-             "--workers", str(workers), "--out", str(raw), "--overwrite"]
-        )  # fmt: skip
-        times.pop("prepare", None)
-    if "prepare" not in times or not (prepared / "manifest.csv").is_file():
-        times["prepare"] = timed(
-            ["prepare", "--config", PRESETS[fmt].prepare, "--input", str(raw), "--out", str(prepared),
-             "--workers", str(workers), "--overwrite", "--no-progress"]
-        )  # fmt: skip
-    record.write_text(json.dumps(times, indent=1), encoding="utf-8")
-    return prepared, times
 
 
 VARIANTS = ("preset", "bf16", "at-once")
@@ -114,19 +81,6 @@ def variants(device: str, hospitals: int, only: tuple[str, ...] = VARIANTS) -> d
         ),
     }
     return dict(every[key] for key in VARIANTS if key in only)
-
-
-def run_variant(preset: Preset, data: Path, settings: list[str], rounds: int, run_dir: Path) -> tuple[float, float]:
-    """(last round's seconds, start-up seconds) of a ``rounds``-round run of the preset with ``settings``."""
-    config = load_config(ROOT / preset.train, [f"run.rounds={rounds}", *settings], data)
-    shutil.rmtree(run_dir, ignore_errors=True)
-    start = time.perf_counter()
-    train(config, run_dir, progress=False)
-    total = time.perf_counter() - start
-    lines = (run_dir / "aggregation.jsonl").read_text(encoding="utf-8").splitlines()
-    seconds = [float(json.loads(line)["seconds"]) for line in lines]
-    shutil.rmtree(run_dir, ignore_errors=True)
-    return seconds[-1], total - sum(seconds)
 
 
 def grid_runs(preset: Preset, data: Path, settings: list[str], seeds: int) -> tuple[int, int]:
@@ -160,7 +114,7 @@ def main() -> None:
         or ROOT / "benchmarks" / "results" / f"real_size_{args.format}{'_gpu' if args.device != 'cpu' else ''}.md"
     )
 
-    data, times = make_data(args.format, slides, work, args.workers)
+    data, times = synthetic_dataset(args.format, slides, work, preset.prepare, args.workers)
     rows = read_manifest(data)
     train_tiles = sum(1 for r in rows if r.split == "train")
     hospitals = len({r.client for r in rows})
@@ -169,7 +123,8 @@ def main() -> None:
     measured: dict[str, tuple[float, float]] = {}
     chosen = variants(args.device, hospitals, tuple(args.only))
     for name, settings in chosen.items():
-        measured[name] = run_variant(preset, data, settings, args.rounds, work / "run")
+        seconds, total = round_seconds(ROOT / preset.train, data, settings, args.rounds, work / "run")
+        measured[name] = (seconds[-1], total - sum(seconds))  # the last round; start-up is the rest
         print(f"{name}: round {measured[name][0]:.1f} s, start-up {measured[name][1]:.1f} s", flush=True)
 
     config = load_config(ROOT / preset.train, [], data)

@@ -14,12 +14,9 @@ It prints the figures and writes them, with the command, to benchmarks/results/r
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -27,42 +24,20 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._common import machine, write_result  # noqa: E402
+from benchmarks._common import machine, round_seconds, synthetic_dataset, write_result  # noqa: E402
 from federation.config import load_config  # noqa: E402
 from federation.data import read_manifest  # noqa: E402
-from federation.launch import train  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "round_time.md"
-CLI = [sys.executable, "-m", "app.cli"]
-
-
-def make_dataset(images: int) -> Path:
-    """Synthetic SEED slides -> the paper-like 5-hospital split (cached under data/)."""
-    raw = ROOT / "data" / "raw" / f"bench_round_{images}"
-    prepared = ROOT / "data" / "prepared" / f"bench_round_{images}"
-    if not (prepared / "manifest.csv").is_file():
-        subprocess.run(
-            [*CLI, "synth", "--format", "seed", "--images", str(images), "--seed", "0", "--difficulty", "0.3",
-             "--out", str(raw), "--overwrite"],
-            check=True, cwd=ROOT,
-        )  # fmt: skip
-        subprocess.run(
-            [*CLI, "prepare", "--config", "configs/prepare_seed_noniid.toml", "--input", str(raw),
-             "--out", str(prepared), "--overwrite", "--no-progress"],
-            check=True, cwd=ROOT,
-        )  # fmt: skip
-    return prepared
 
 
 def one_round(data: Path, settings: list[str], extra: list[str]) -> tuple[float, float]:
     """(round seconds, total seconds) of a one-round run of the SEED preset with ``settings``."""
-    config = load_config(ROOT / "configs" / "seed.toml", ["run.rounds=1", "run.device=cpu", *settings, *extra], data)
     with tempfile.TemporaryDirectory() as tmp:
-        start = time.perf_counter()
-        train(config, Path(tmp) / "run", progress=False)
-        total = time.perf_counter() - start
-        record = json.loads((Path(tmp) / "run" / "aggregation.jsonl").read_text().splitlines()[0])
-    return float(record["seconds"]), total
+        seconds, total = round_seconds(
+            ROOT / "configs" / "seed.toml", data, ["run.device=cpu", *settings, *extra], 1, Path(tmp) / "run"
+        )
+    return seconds[0], total
 
 
 def main() -> None:
@@ -74,7 +49,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
-    data = args.data if args.data is not None else make_dataset(args.images)
+    if args.data is not None:
+        data = args.data
+    else:  # synthetic SEED slides -> the paper-like 5-hospital split (kept under data/ between runs)
+        work = ROOT / "data" / "bench_round_time" / f"seed_{args.images}"
+        data, _ = synthetic_dataset("seed", args.images, work, "configs/prepare_seed_noniid.toml")
     rows_manifest = read_manifest(data)
     clients = sorted({r.client for r in rows_manifest})
     train_tiles = sum(1 for r in rows_manifest if r.split == "train")
