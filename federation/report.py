@@ -43,6 +43,7 @@ from federation.runfiles import (
     SUMMARY_FILE,
     hospital_files,
     hospital_index,
+    read_metrics,
 )
 from federation.runs import atomic_write_text, read_json
 from infra.provenance import INTENDED_USE, dataset_is_synthetic, intended_use
@@ -198,50 +199,6 @@ class RunResult:
         return int(value) if value is not None else None
 
 
-_NUMBERS = ("train_loss", "test_loss", "test_acc", "test_auc", "fisher_trace", "seconds")
-_COUNTS = ("values_sent", "values_received", "num_train", "num_test")
-
-
-def _record_problem(record: Mapping[str, Any]) -> str | None:
-    """Why one ``metrics.jsonl`` record cannot be used (``None`` if it can): a round or client that is not a
-    whole number, a metric that is neither a number nor null, a count that is not a whole number."""
-    for key in ("round", "client"):
-        value = record.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            return f"{key} is {value!r}, not a whole number"
-    for key in _NUMBERS:
-        value = record.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-            return f"{key} is {value!r}, not a number or null"
-    for key in _COUNTS:
-        value = record.get(key, 0)
-        if isinstance(value, bool) or not isinstance(value, int):
-            return f"{key} is {value!r}, not a whole number"
-    return None
-
-
-def _well_formed(
-    path: Path, records: Sequence[dict[str, Any]], damaged: Sequence[Any]
-) -> tuple[list[dict[str, Any]], list[str]]:
-    """``records`` of ``path`` that ``_record_problem`` accepts, and one line naming each one left out (by its line
-    number in the file)."""
-    bad_lines = {d.line for d in damaged}
-    numbers: list[int] = []
-    if path.is_file():
-        lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
-        numbers = [n for n, line in enumerate(lines, start=1) if line.strip() and n not in bad_lines]
-    kept: list[dict[str, Any]] = []
-    problems: list[str] = []
-    for i, record in enumerate(records):
-        problem = _record_problem(record)
-        if problem is None:
-            kept.append(record)
-        else:
-            where = f"line {numbers[i]}" if i < len(numbers) else f"record {i + 1}"
-            problems.append(f"{path}, {where}: {problem}; the record is left out")
-    return kept, problems
-
-
 def load_run(run_dir: str | Path) -> RunResult:
     """Read ``config.toml``, ``summary.json``, ``metrics.jsonl`` and ``aggregation.jsonl`` of ``run_dir``."""
     folder = Path(run_dir)
@@ -254,14 +211,12 @@ def load_run(run_dir: str | Path) -> RunResult:
     except tomllib.TOMLDecodeError as exc:
         raise FederationError(f"{folder / CONFIG_FILE} is not valid TOML ({exc})") from exc
     summary = read_json(folder / SUMMARY_FILE) if (folder / SUMMARY_FILE).is_file() else {}
-    metrics = scan_jsonl(folder / METRICS_FILE)
+    metrics = read_metrics(folder / METRICS_FILE)
     aggregation = scan_jsonl(folder / AGGREGATION_FILE)
-    records, malformed = _well_formed(folder / METRICS_FILE, metrics.records, metrics.damaged)
-    rounds = round_stats(records)
-    problems = [f"{bad}; the record is left out" for bad in (*metrics.damaged, *aggregation.damaged)]
-    problems += malformed
+    rounds = round_stats(metrics.records)
+    problems = [*metrics.problems, *(f"{bad}; the record is left out" for bad in aggregation.damaged)]
     problems += _incomplete_rounds(folder / METRICS_FILE, rounds)
-    return RunResult(folder, config, summary, records, aggregation.records, rounds, problems)
+    return RunResult(folder, config, summary, metrics.records, aggregation.records, rounds, problems)
 
 
 def _incomplete_rounds(path: Path, rounds: Sequence[RoundStats]) -> list[str]:

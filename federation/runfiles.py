@@ -11,7 +11,8 @@ the hospitals, ``gastric-fl report``, the ablation, the HTML report, the dashboa
   (``client_[0-9][0-9]``), `hospital_name`, `hospital_index`, `hospital_files`; and what a hospital keeps there
   (`HOSPITAL_FILE`, `PREDICTIONS_FILE` with `PREDICTION_COLUMNS`, `OUTBOUND_FILE`, `ACCOUNTANT_FILE`,
   the exported model's files (`models.names.WEIGHTS_FILE` and `CARD_FILE`, named there), and `SLIDES_DIR`);
-- one reader of a hospital's ``predictions.csv`` (`read_predictions`), whose errors name the file and line.
+- one reader of a hospital's ``predictions.csv`` (`read_predictions`), whose errors name the file and line, and
+  one of ``metrics.jsonl`` (`read_metrics`), which ``gastric-fl report``, the HTML report and the dashboard share.
 
 Standard library only, so that the readers of run files (the dashboard polls a live run) do not wait for torch.
 """
@@ -20,11 +21,12 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
+from federation.jsonl import DamagedLine, scan_jsonl
 from infra.formats import BINARY_CLASSES
 
 # -- the server's files ---------------------------------------------------------------------------------------------
@@ -146,6 +148,72 @@ class HospitalPredictions:
     labels: tuple[int, ...]
     probs: tuple[float, ...]
     round: int | None
+
+
+_NUMBERS = ("train_loss", "test_loss", "test_acc", "test_auc", "fisher_trace", "seconds")
+_COUNTS = ("values_sent", "values_received", "num_train", "num_test")
+
+
+def metrics_problem(record: Mapping[str, Any]) -> str | None:
+    """Why one ``metrics.jsonl`` record cannot be used (``None`` if it can): a round or client that is not a
+    whole number, a metric that is neither a number nor null, a count that is not a whole number."""
+    for key in ("round", "client"):
+        value = record.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            return f"{key} is {value!r}, not a whole number"
+    for key in _NUMBERS:
+        value = record.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            return f"{key} is {value!r}, not a number or null"
+    for key in _COUNTS:
+        value = record.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"{key} is {value!r}, not a whole number"
+    return None
+
+
+@dataclass(frozen=True)
+class MetricsRecords:
+    """``metrics.jsonl`` as every reader uses it (`read_metrics`).
+
+    ``records``: the usable records in file order, one per round and hospital (where a round and hospital appear
+    twice, the last one written counts: a resumed run's record replaces the earlier one); ``damaged``: lines that
+    are not JSON objects; ``problems``: one line per record left out, damaged, malformed or replaced, naming the
+    file and line.
+    """
+
+    records: list[dict[str, Any]]
+    damaged: tuple[DamagedLine, ...]
+    problems: list[str]
+
+
+def read_metrics(path: Path) -> MetricsRecords:
+    """Read ``path`` (a run's ``metrics.jsonl``; missing: no records) into `MetricsRecords`.
+
+    The one reader of the file: ``gastric-fl report`` (`federation.report.load_run`), the HTML report and the
+    dashboard's frames all take their records from here, so they leave out the same records."""
+    scan = scan_jsonl(path)
+    bad_lines = {d.line for d in scan.damaged}
+    numbers: list[int] = []
+    if path.is_file():
+        lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+        numbers = [n for n, line in enumerate(lines, start=1) if line.strip() and n not in bad_lines]
+    problems = [f"{bad}; the record is left out" for bad in scan.damaged]
+    kept: dict[tuple[int, int], tuple[int, dict[str, Any]]] = {}
+    for i, record in enumerate(scan.records):
+        where = f"line {numbers[i]}" if i < len(numbers) else f"record {i + 1}"
+        problem = metrics_problem(record)
+        if problem is not None:
+            problems.append(f"{path}, {where}: {problem}; the record is left out")
+            continue
+        key = (int(record["round"]), int(record["client"]))
+        if key in kept:
+            problems.append(
+                f"{path}, {where}: round {key[0]} of hospital {key[1]} is written again; the earlier record is left out"
+            )
+        kept[key] = (i, record)
+    records = [record for _, record in sorted(kept.values(), key=lambda item: item[0])]
+    return MetricsRecords(records, scan.damaged, problems)
 
 
 _LABEL_VALUES = {"normal": 0, "abnormal": 1, "0": 0, "1": 1}

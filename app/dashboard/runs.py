@@ -285,18 +285,16 @@ METRIC_COLUMNS = (
 
 
 def metrics_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
-    """``metrics.jsonl`` records as a frame with every documented column; ``null`` becomes NaN."""
+    """``metrics.jsonl`` records as `federation.runfiles.read_metrics` gives them (usable, one per round and
+    hospital) as a frame with every documented column; ``null`` becomes NaN."""
     frame = pd.DataFrame.from_records(records) if records else pd.DataFrame()
     for column in METRIC_COLUMNS:
         if column not in frame.columns:
             frame[column] = np.nan
     for column in METRIC_COLUMNS:
         frame[column] = pd.to_numeric(frame[column], errors="coerce")
-    frame = frame.dropna(subset=["round", "client"])
     frame["round"] = frame["round"].astype(int)
     frame["client"] = frame["client"].astype(int)
-    # A resumed run may repeat a round: the last record written is the one that counts.
-    frame = frame.drop_duplicates(subset=["round", "client"], keep="last")
     return frame.sort_values(["round", "client"]).reset_index(drop=True)
 
 
@@ -315,9 +313,10 @@ def privacy_spent(metrics: pd.DataFrame) -> dict[int, tuple[float, float]]:
 def load_metrics(run: Path) -> pd.DataFrame:
     """The run's ``metrics.jsonl`` as a frame (empty, with all columns, before the first round ends).
 
-    Damaged lines are left out, as ``gastric-fl report`` leaves them out; `run_problem` names them.
+    Its records are `federation.runfiles.read_metrics`' (the reader ``gastric-fl report`` and the HTML report use):
+    damaged lines and malformed records are left out, and `run_problem` names the damaged lines.
     """
-    return metrics_frame(read_records(run / runfiles.METRICS_FILE))
+    return metrics_frame(runfiles.read_metrics(run / runfiles.METRICS_FILE).records)
 
 
 def per_client(metrics: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -333,7 +332,7 @@ def per_round(metrics: pd.DataFrame) -> pd.DataFrame:
     """One row per round: averaged and std (over clients) ACC and AUC, values transmitted and cumulated, seconds.
 
     The figures are `federation.report.round_stats`' (the one computation the reports use too), over
-    ``metrics`` (`metrics_frame`: a repeated round's last record). ``values_sent``/``values_received`` are summed
+    ``metrics`` (`metrics_frame`). ``values_sent``/``values_received`` are summed
     over clients; ``values_total`` is their cumulative sum (what has crossed the network so far). ``seconds`` sums
     the clients' wall seconds of the round.
     """

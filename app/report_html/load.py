@@ -24,7 +24,6 @@ import numpy.typing as npt
 
 from app.held_out import SlideCallsError, as_slides, read_slide_calls
 from federation import runfiles
-from federation.jsonl import scan_jsonl
 from federation.runfiles import (
     CONFIG_FILE,
     METRICS_FILE,
@@ -161,9 +160,9 @@ def load_hospital(run: Path, hospital: int | str) -> HospitalReport:
         threshold = float(value)
     else:
         notes.append(f"{folder / CARD_FILE} is missing (a run made before model export): threshold 0.5.")
-    scan = scan_jsonl(run / METRICS_FILE)
-    notes += [f"{bad}; the record is left out." for bad in scan.damaged]
-    mine = [r for r in scan.records if r.get("client") == client and isinstance(r.get("round"), int)]
+    metrics = runfiles.read_metrics(run / METRICS_FILE)
+    notes += [f"{problem}." for problem in metrics.problems]
+    mine = [r for r in metrics.records if r["client"] == client]
     engine = max(mine, key=lambda r: int(r["round"])) if mine else {}
     val_predictions = None
     if (folder / VAL_PREDICTIONS_FILE).is_file():

@@ -96,3 +96,55 @@ def test_read_predictions_of_a_missing_file(tmp_path: Path) -> None:
         runfiles.read_predictions(tmp_path / "predictions.csv")
     assert caught.value.damaged is False
     assert caught.value.kind == "missing"
+
+
+def _line(round_: int, client: int, acc: float, **extra: object) -> str:
+    import json
+
+    record = {"round": round_, "client": client, "test_acc": acc, "test_auc": None, "values_sent": 10,
+              "values_received": 5, "seconds": 1.0, "num_train": 4, "num_test": 2, "trained": True, **extra}  # fmt: skip
+    return json.dumps(record)
+
+
+def test_read_metrics_leaves_out_damaged_malformed_and_replaced_records(tmp_path: Path) -> None:
+    """One reader of metrics.jsonl: a damaged line, a malformed record and a repeated round and hospital (the last
+    written counts) are each left out and named by file and line; the rest keep their order."""
+    path = tmp_path / "metrics.jsonl"
+    lines = [
+        _line(1, 0, 0.5),
+        _line(1, 1, 0.25),
+        "{not json",
+        _line(1, 2, 0.75, num_train=2.5),  # a count that is not a whole number
+        _line(2, 0, 0.5),
+        _line(1, 1, 0.375),  # round 1 of hospital 1 again (a resumed run): this one counts
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    found = runfiles.read_metrics(path)
+    assert [(r["round"], r["client"], r["test_acc"]) for r in found.records] == [
+        (1, 0, 0.5),
+        (2, 0, 0.5),
+        (1, 1, 0.375),
+    ]
+    assert [d.line for d in found.damaged] == [3]
+    assert len(found.problems) == 3
+    assert "line 3" in found.problems[0]
+    assert f"{path}, line 4: num_train is 2.5, not a whole number" in found.problems[1]
+    assert f"{path}, line 6: round 1 of hospital 1 is written again" in found.problems[2]
+    assert runfiles.read_metrics(tmp_path / "absent.jsonl") == runfiles.MetricsRecords([], (), [])
+
+
+def test_report_and_dashboard_read_the_same_metrics_records(tmp_path: Path) -> None:
+    """``gastric-fl report`` (load_run) and the dashboard's frame (load_metrics) take the same records from one
+    metrics.jsonl, left-out records included."""
+    from app.dashboard.runs import load_metrics
+    from federation.report import load_run
+
+    (tmp_path / "config.toml").write_text('[run]\nname = "x"\n')
+    lines = [_line(1, 0, 0.5), _line(1, 1, 0.25), _line(1, 2, 0.75, round="one"), _line(2, 0, 0.5), _line(2, 0, 1.0)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    run = load_run(tmp_path)
+    frame = load_metrics(tmp_path)
+    report = [(r["round"], r["client"], r["test_acc"]) for r in run.metrics]
+    shown = [(int(r), int(c), float(a)) for r, c, a in frame[["round", "client", "test_acc"]].itertuples(index=False)]
+    assert sorted(report) == shown == [(1, 0, 0.5), (1, 1, 0.25), (2, 0, 1.0)]
+    assert sum("left out" in p for p in run.problems) == 2
