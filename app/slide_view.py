@@ -49,7 +49,7 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
-from federation.runfiles import hospital_files, hospital_index
+from federation.runfiles import CardError, hospital_files, hospital_index, read_card_object
 from infra import outputs
 from infra.formats import PREPARE_RECORD
 from models.names import CARD_FILE
@@ -164,17 +164,18 @@ def bundle_folders(run: Path) -> dict[int, Path]:
 
 
 def read_card_json(folder: Path) -> dict[str, Any]:
-    """The hospital's ``model.json`` as a dict (without loading the weights: no torch); one-line error if unusable."""
+    """The hospital's ``model.json`` as a dict (`federation.runfiles.read_card_object`: without loading the
+    weights, no torch); one-line error if unusable."""
     path = folder / CARD_FILE
+    if not path.is_file():
+        raise SlideViewError(f"{path} does not exist: this hospital has no exported model yet")
     try:
-        card = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SlideViewError(f"{path} does not exist: this hospital has no exported model yet") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SlideViewError(
-            f"{path} is not readable JSON ({exc}); train the run again (or resume it) to export the model anew"
-        ) from None
-    if not isinstance(card, dict) or card.get("format") != "gastric-fl model card":
+        card = read_card_object(path)
+    except CardError as exc:
+        if exc.kind != "not_object":
+            raise SlideViewError(f"{exc}; train the run again (or resume it) to export the model anew") from None
+        card = {}
+    if card.get("format") != "gastric-fl model card":
         raise SlideViewError(f"{path} is not a gastric-fl model card; train the run again to export the model anew")
     return card
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 import statistics
 import tomllib
@@ -41,13 +40,11 @@ from federation.runfiles import (
     REPORT_CSV,
     REPORT_MD,
     SUMMARY_FILE,
-    hospital_files,
-    hospital_index,
+    read_cards,
     read_metrics,
 )
 from federation.runs import atomic_write_text, read_json
 from infra.provenance import INTENDED_USE, dataset_is_synthetic, intended_use
-from models.names import CARD_FILE
 
 SUMMARY_COLUMNS: tuple[str, ...] = (
     "run",
@@ -355,12 +352,8 @@ def operating_points(runs: Sequence[RunResult]) -> list[dict[str, Any]]:
     run's server holds no card: the section is then empty."""
     rows: list[dict[str, Any]] = []
     for run in runs:
-        for path in hospital_files(run.run_dir, CARD_FILE):
-            try:
-                card = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                continue
-            metrics = card.get("metrics") if isinstance(card, dict) else None
+        for index, card in sorted(read_cards(run.run_dir).items()):
+            metrics = card.get("metrics")
             if not isinstance(metrics, dict) or "sensitivity" not in metrics:
                 continue
             found = metrics.get("slide_level")
@@ -372,7 +365,7 @@ def operating_points(runs: Sequence[RunResult]) -> list[dict[str, Any]]:
             rows.append(
                 {
                     "run": run.name,
-                    "client": int(card.get("client", hospital_index(path.parent.name))),
+                    "client": int(card.get("client", index)),
                     "threshold": card.get("threshold"),
                     "threshold from": card.get("threshold_source") or "the default 0.5",
                     "test slides": slide.get("slides", metrics.get("slides")),

@@ -12,7 +12,8 @@ the hospitals, ``gastric-fl report``, the ablation, the HTML report, the dashboa
   (`HOSPITAL_FILE`, `PREDICTIONS_FILE` with `PREDICTION_COLUMNS`, `OUTBOUND_FILE`, `ACCOUNTANT_FILE`,
   the exported model's files (`models.names.WEIGHTS_FILE` and `CARD_FILE`, named there), and `SLIDES_DIR`);
 - one reader of a hospital's ``predictions.csv`` (`read_predictions`), whose errors name the file and line, and
-  one of ``metrics.jsonl`` (`read_metrics`), which ``gastric-fl report``, the HTML report and the dashboard share.
+  one of ``metrics.jsonl`` (`read_metrics`) and one of the hospitals' model cards (`read_card_object`,
+  `read_cards`), which ``gastric-fl report``, the HTML report and the dashboard share.
 
 Standard library only, so that the readers of run files (the dashboard polls a live run) do not wait for torch.
 """
@@ -20,6 +21,7 @@ Standard library only, so that the readers of run files (the dashboard polls a l
 from __future__ import annotations
 
 import csv
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +30,7 @@ from typing import Any, Literal, NotRequired, TypedDict
 
 from federation.jsonl import DamagedLine, scan_jsonl
 from infra.formats import BINARY_CLASSES
+from models.names import CARD_FILE
 
 # -- the server's files ---------------------------------------------------------------------------------------------
 CONFIG_FILE = "config.toml"  # the resolved configuration (federation.config)
@@ -288,3 +291,40 @@ def read_predictions(path: Path) -> HospitalPredictions:
         probs=tuple(probs),
         round=max(rounds) if rounds else None,
     )
+
+
+class CardError(ValueError):
+    """A model card (``model.json``) that is missing or does not read as a JSON object; the message names the file
+    and what is wrong, readers add what to do (`read_card_object`). ``kind``: ``"missing"``, ``"unreadable"``
+    (not JSON, or not readable) or ``"not_object"`` (JSON, but not an object)."""
+
+    def __init__(self, message: str, *, kind: Literal["missing", "unreadable", "not_object"]) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def read_card_object(path: Path) -> dict[str, Any]:
+    """A hospital's model card (``path``: its ``model.json``) as a JSON object, without loading the weights (no
+    torch); `CardError` naming the file for a missing, unreadable or non-object card. Its fields are checked by
+    ``models.bundle.ModelCard`` where a model is loaded."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CardError(f"{path} does not exist", kind="missing") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CardError(f"{path} is not readable JSON ({exc})", kind="unreadable") from None
+    if not isinstance(value, dict):
+        raise CardError(f"{path} holds no JSON object", kind="not_object")
+    return value
+
+
+def read_cards(run: Path) -> dict[int, dict[str, Any]]:
+    """Each hospital's model card of ``run`` that reads as a JSON object (`read_card_object`), by hospital index;
+    a missing or unreadable card leaves its hospital out (the pages and reports name such hospitals themselves)."""
+    found: dict[int, dict[str, Any]] = {}
+    for path in hospital_files(run, CARD_FILE):
+        try:
+            found[hospital_index(path.parent.name)] = read_card_object(path)
+        except CardError:
+            continue
+    return found

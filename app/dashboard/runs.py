@@ -34,9 +34,8 @@ from app.dashboard.errors import DashboardError
 from federation import jsonl, runfiles
 from federation.errors import FederationError
 from federation.report import round_stats
-from federation.runfiles import hospital_files, hospital_index
+from federation.runfiles import hospital_files
 from infra.formats import MANIFEST_FILE
-from models.names import CARD_FILE
 
 RUN_FILES = (runfiles.CONFIG_FILE, runfiles.METRICS_FILE, runfiles.SUMMARY_FILE)
 STATUSES = ("running", "finished", "failed")
@@ -602,17 +601,9 @@ def load_predictions(run: Path) -> pd.DataFrame:
 
 
 def _cards(run: Path) -> dict[int, dict[str, Any]]:
-    """Each hospital's model card (``hospitals/client_XX/model.json``) that reads as a JSON object, by client."""
-    found: dict[int, dict[str, Any]] = {}
-    for path in hospital_files(run, CARD_FILE):
-        try:
-            card = json.loads(path.read_text(encoding="utf-8"))
-            client = hospital_index(path.parent.name)
-        except (OSError, ValueError):  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
-            continue
-        if isinstance(card, dict):
-            found[client] = card
-    return found
+    """Each hospital's model card (``hospitals/client_XX/model.json``) that reads as a JSON object, by client
+    (`federation.runfiles.read_cards`)."""
+    return runfiles.read_cards(run)
 
 
 def _card_threshold(card: Mapping[str, Any]) -> float | None:

@@ -144,7 +144,12 @@ def load_hospital(run: Path, hospital: int | str) -> HospitalReport:
         raise ReportError(f"{folder} does not exist: hospital {client} is not part of this run (hospitals: {known})")
     predictions = read_predictions(folder / PREDICTIONS_FILE)
     summary = _json_file(run / SUMMARY_FILE, "the run rewrites it at the next round; rerun or resume the run")
-    card = _json_file(folder / CARD_FILE, "train the run again (or resume it) to export the model anew")
+    card: dict[str, Any] = {}
+    if (folder / CARD_FILE).is_file():
+        try:
+            card = runfiles.read_card_object(folder / CARD_FILE)
+        except runfiles.CardError as exc:
+            raise ReportError(f"{exc}; train the run again (or resume it) to export the model anew") from None
     notes: list[str] = []
     threshold = 0.5
     classes = card.get("class_names") or list(CLASS_NAMES)

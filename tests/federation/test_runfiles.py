@@ -148,3 +148,23 @@ def test_report_and_dashboard_read_the_same_metrics_records(tmp_path: Path) -> N
     shown = [(int(r), int(c), float(a)) for r, c, a in frame[["round", "client", "test_acc"]].itertuples(index=False)]
     assert sorted(report) == shown == [(1, 0, 0.5), (1, 1, 0.25), (2, 0, 1.0)]
     assert sum("left out" in p for p in run.problems) == 2
+
+
+def test_read_cards_reads_each_hospitals_card_and_names_what_is_wrong(tmp_path: Path) -> None:
+    """One reader of model.json for the reports and the dashboard: readable cards by hospital, the others left
+    out by read_cards and named, with their kind, by read_card_object."""
+    folders = {n: tmp_path / "hospitals" / f"client_0{n}" for n in range(4)}
+    for folder in folders.values():
+        folder.mkdir(parents=True)
+    (folders[0] / "model.json").write_text('{"threshold": 0.4}')
+    (folders[1] / "model.json").write_text("[1, 2]")
+    (folders[2] / "model.json").write_text("{cut")
+    (folders[3] / "model.json").write_text('{"threshold": 0.7}')
+    assert runfiles.read_cards(tmp_path) == {0: {"threshold": 0.4}, 3: {"threshold": 0.7}}
+    for n, kind, says in ((1, "not_object", "holds no JSON object"), (2, "unreadable", "is not readable JSON")):
+        with pytest.raises(runfiles.CardError, match=says) as caught:
+            runfiles.read_card_object(folders[n] / "model.json")
+        assert caught.value.kind == kind
+    with pytest.raises(runfiles.CardError, match="does not exist") as missing:
+        runfiles.read_card_object(tmp_path / "model.json")
+    assert missing.value.kind == "missing"
