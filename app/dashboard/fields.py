@@ -28,6 +28,7 @@ from federation.strategies.registry import (
     SPEC,
     SPECS,
     WRAPPER_NAMES,
+    readers,
 )
 from models.names import DEFAULT_MODEL, LAYER_UNITS, is_timm_name
 
@@ -59,7 +60,8 @@ class Field:
 
     ``minimum``/``maximum`` bound the number input (never below what the engine accepts; an engine bound that is
     exclusive, such as ``lr > 0``, is enforced by the check and its message). ``methods``: the methods that read
-    the setting (``None``: every method); ``when``: a further condition on the other values (e.g. Adam's settings
+    the setting (``None``: every method, or only the methods whose spec lists it among its own ``settings``,
+    `federation.strategies.registry.readers`); ``when``: a further condition on the other values (e.g. Adam's settings
     only with ``client.optimizer = adam``). A field that does not apply is neither shown nor passed to the engine.
     """
 
@@ -89,7 +91,8 @@ class Field:
     def applies(self, values: Mapping[str, Any]) -> bool:
         """Whether the chosen method (``values["strategy.name"]``) reads this setting, given the other values."""
         method = str(values.get("strategy.name", ""))
-        if self.methods is not None and method not in self.methods:
+        methods = self.methods if self.methods is not None else (readers(self.key) or None)
+        if methods is not None and method not in methods:
             return False
         return self.when is None or bool(self.when(values))
 
@@ -140,7 +143,6 @@ FIELDS: tuple[Field, ...] = (
         "How alike two hospitals' shared layers are (paper Eq. 3-8); cosine feeds the similarity as the paper "
         "writes it, cosine_distance uses 1 - similarity.",
         options=AMP_METRICS,
-        methods=frozenset({"fedsaf"}),
     ),
     Field(
         "fedamp.dm",
@@ -149,7 +151,6 @@ FIELDS: tuple[Field, ...] = (
         "method",
         "FedAMP's own distance (squared L2 in Huang et al. 2021).",
         options=AMP_METRICS,
-        methods=frozenset({"fedamp"}),
     ),
     Field(
         "amp.sigma",
@@ -196,16 +197,13 @@ FIELDS: tuple[Field, ...] = (
         options=AMP_SCALES,
         methods=OWN_START,
     ),
-    Field(
-        "fedsaf.fim", "Fisher reweighting (FIM)", "bool", "method", "Paper Eq. 19-20.", methods=frozenset({"fedsaf"})
-    ),
+    Field("fedsaf.fim", "Fisher reweighting (FIM)", "bool", "method", "Paper Eq. 19-20."),
     Field(
         "fedsaf.split",
         "Model splitting",
         "bool",
         "method",
         "Off: nhead = 0, everything is shared.",
-        methods=frozenset({"fedsaf"}),
     ),
     Field(
         "fedsaf.fisher_batch",
@@ -239,7 +237,6 @@ FIELDS: tuple[Field, ...] = (
         1000.0,
         0.001,
         "%.4f",
-        methods=frozenset({"fedprox"}),
     ),
     Field(
         "depthwise_fim.reverse",
@@ -247,7 +244,6 @@ FIELDS: tuple[Field, ...] = (
         "bool",
         "method",
         "Paper 000's ablation: the input side aggregates every hospital, the output side only the top ones.",
-        methods=frozenset({"depthwise_fim"}),
     ),
     Field(
         "precision_weighted.eps",
@@ -259,7 +255,6 @@ FIELDS: tuple[Field, ...] = (
         1.0,
         1e-7,
         "%.2e",
-        methods=frozenset({"precision_weighted"}),
     ),
     Field(
         "precision_weighted.inverse",
@@ -267,7 +262,6 @@ FIELDS: tuple[Field, ...] = (
         "bool",
         "method",
         "Weights proportional to 1 / (v + eps), as the paper reads; off weights by v + eps.",
-        methods=frozenset({"precision_weighted"}),
     ),
     # -- shared by every method: keep equal when comparing -------------------------------------------------------
     Field(

@@ -23,7 +23,7 @@ from federation.bounds import max_weight_problem
 from federation.config.defaults import DEFAULTS_TOML
 from federation.config.sections import SECTIONS, RunConfig, _fail
 from federation.errors import FederationError
-from federation.strategies.registry import AVERAGING, EXAMPLE_WEIGHTED, OWN_START, SPEC, STRATEGY_NAMES
+from federation.strategies.registry import AVERAGING, EXAMPLE_WEIGHTED, OWN_START, SPEC, STRATEGY_NAMES, readers
 from infra.toml import toml_value
 
 
@@ -129,11 +129,12 @@ def config_from_dict(raw: Mapping[str, Any], source: str = "config") -> RunConfi
             f"only {', '.join(sorted(OWN_START))} give each hospital a centre to be pulled toward; "
             f"with {config.strategy.name} a hospital would train alone: use client.start = centre",
         )
+    owners = readers("precision_weighted.eps")  # the methods whose own section [precision_weighted] is
     _check_unused(
         config,
         "precision_weighted",
-        config.strategy.name == "precision_weighted",
-        "they apply only with strategy.name = precision_weighted",
+        config.strategy.name in owners,
+        f"they apply only with strategy.name = {' or '.join(sorted(owners))}",
     )
     _check_max_weight(config)
     _check_robust(config)

@@ -34,6 +34,8 @@ class StrategySpec:
     head of its own: 1); ``fixed_nhead``: the only ``nhead`` it accepts (FedAMP shares the whole model: 0).
     ``optimizer``: the only ``client.optimizer`` it works with (precision-weighted FL reads Adam's second moments,
     paper 004), with the reason in ``optimizer_reason``.
+    ``settings``: the ``section.key`` settings that only it reads (its own section's, e.g. ``fedprox.mu``), which
+    the dashboard's form shows for it alone.
     ``split_switch``: the boolean setting that turns its split off (FedSAF's ``fedsaf.split``, the paper's
     "split" ablation of Table 4): false shares every unit whatever ``strategy.nhead``.
     ``menu_rank``: its place in the dashboard's picker; ``short_name`` is used in sentences, ``display_name`` in the
@@ -60,6 +62,7 @@ class StrategySpec:
     split_switch: str | None = None
     optimizer: str | None = None
     optimizer_reason: str = ""
+    settings: tuple[str, ...] = ()
 
 
 SPECS: tuple[StrategySpec, ...] = (
@@ -76,7 +79,14 @@ SPECS: tuple[StrategySpec, ...] = (
         "fedavg", "federation.strategies.fedavg", "FedAvg", "FedAvg", 2, averaging=True, example_weighted=True
     ),
     StrategySpec(
-        "fedprox", "federation.strategies.fedprox", "FedProx", "FedProx", 3, averaging=True, example_weighted=True
+        "fedprox",
+        "federation.strategies.fedprox",
+        "FedProx",
+        "FedProx",
+        3,
+        averaging=True,
+        example_weighted=True,
+        settings=("fedprox.mu",),
     ),
     StrategySpec(
         "fedrep",
@@ -99,6 +109,7 @@ SPECS: tuple[StrategySpec, ...] = (
         splits=False,
         own_start=True,
         fixed_nhead=0,
+        settings=("fedamp.dm",),
     ),
     StrategySpec(
         "fedsaf",
@@ -111,6 +122,7 @@ SPECS: tuple[StrategySpec, ...] = (
         fisher=True,
         own_start=True,
         split_switch="fedsaf.split",
+        settings=("amp.dm", "fedsaf.fim", "fedsaf.split"),
     ),
     StrategySpec(
         "depthwise_fim",
@@ -121,6 +133,7 @@ SPECS: tuple[StrategySpec, ...] = (
         default_nhead=1,
         fisher=True,
         averaging=True,
+        settings=("depthwise_fim.reverse",),
     ),
     StrategySpec(
         "precision_weighted",
@@ -131,6 +144,7 @@ SPECS: tuple[StrategySpec, ...] = (
         averaging=True,
         optimizer="adam",
         optimizer_reason="it weights hospitals by Adam's second moments (paper 004 uses lr 0.001)",
+        settings=("precision_weighted.eps", "precision_weighted.inverse"),
     ),
     StrategySpec(
         "fedbn",
@@ -192,6 +206,11 @@ def split_on(config: Any) -> bool:
         return True
     section, key = switch.split(".")
     return bool(getattr(getattr(config, section), key))
+
+
+def readers(key: str) -> frozenset[str]:
+    """The methods whose own setting ``key`` is (`StrategySpec.settings`); empty for a setting no method owns."""
+    return frozenset(spec.name for spec in SPECS if key in spec.settings)
 
 
 def default_nhead(name: str) -> int:

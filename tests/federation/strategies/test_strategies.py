@@ -250,3 +250,37 @@ def test_every_strategy_states_its_two_evaluation_abilities() -> None:
         wrapper = object.__new__(GlobalModelWrapper)
         wrapper.inner = SimpleNamespace(evaluates_own=own, evaluates_next_start=next_start)  # type: ignore[assignment]
         assert (wrapper.evaluates_own, wrapper.evaluates_next_start) == (own, next_start)
+
+
+def test_a_methods_own_settings_are_facts_of_its_spec() -> None:
+    """``StrategySpec.settings`` names each method's own settings (no method-name sets in the dashboard's form):
+    every one is a real configuration key, ``readers`` finds the methods that own it, and the form shows it for
+    those methods alone."""
+    import tomllib
+
+    from app.dashboard.fields import FIELDS
+    from federation.config.defaults import DEFAULTS_TOML
+    from federation.strategies.registry import SPECS, readers
+
+    defaults = tomllib.loads(DEFAULTS_TOML)
+    owned = {key: spec.name for spec in SPECS for key in spec.settings}
+    assert owned == {
+        "fedprox.mu": "fedprox",
+        "fedamp.dm": "fedamp",
+        "amp.dm": "fedsaf",
+        "fedsaf.fim": "fedsaf",
+        "fedsaf.split": "fedsaf",
+        "depthwise_fim.reverse": "depthwise_fim",
+        "precision_weighted.eps": "precision_weighted",
+        "precision_weighted.inverse": "precision_weighted",
+    }
+    for key, owner in owned.items():
+        section, _, name = key.partition(".")
+        assert name in defaults[section], key
+        assert readers(key) == {owner}
+    assert readers("client.lr") == frozenset()
+    by_key = {f.key: f for f in FIELDS}
+    for key, owner in owned.items():
+        shown = {spec.name for spec in SPECS if by_key[key].applies({"strategy.name": spec.name})}
+        assert shown == {owner}, key
+    assert by_key["client.lr"].applies({"strategy.name": "fedprox"})
