@@ -49,7 +49,14 @@ from tqdm import tqdm
 
 from inference.heatmap import COLORMAP, coverage_maps, render_overlay
 from inference.slides import Slide, SlideFile, find_slides, read_slide
-from infra.outputs import OutputError, claim_output, os_error_message, owned_by, write_atomic, write_marker
+from infra.outputs import (
+    OutputError,
+    check_addable,
+    claim_output,
+    os_error_message,
+    write_atomic,
+    write_marker,
+)
 from models.bundle import Bundle, BundleError, ModelCard, decision_counts, load_bundle, read_card
 from models.decision import SLIDE_TOP_K, slide_is_abnormal, top_k_mean
 from pipeline.errors import PipelineError
@@ -304,13 +311,7 @@ def _check_out(out: Path, slide: Path) -> None:
     """``--out`` must be new, empty or predict's own, and not the slide folder itself."""
     if slide.is_dir() and out.resolve() == slide.resolve():
         raise OutputError(f"--out {out} is the --slide folder; write the results to a separate folder")
-    if out.exists() and not out.is_dir():
-        raise OutputError(f"--out {out} is not a folder; choose another --out")
-    if out.is_dir() and any(out.iterdir()) and not owned_by(out, COMMAND):
-        raise OutputError(
-            f"--out {out} holds files gastric-fl predict did not write; choose a new or empty folder "
-            "(predict adds to and replaces only its own outputs)"
-        )
+    check_addable(out, COMMAND)
 
 
 def predict_slide(

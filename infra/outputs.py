@@ -148,6 +148,19 @@ def remove_entries(folder: Path, names: Iterable[str]) -> None:
             path.unlink(missing_ok=True)
 
 
+def check_addable(folder: Path, command: str, *, what: str = "", flag: str = "--out") -> None:
+    """Refuse (`OutputError`) a folder ``command`` would add its files to unless it is new, empty or ``command``'s
+    own (its marker): the check of the commands that add to and replace only their own files in ``--out``
+    (``report --html``, ``predict``). ``what`` names the command in the message (default ``command``)."""
+    if folder.exists() and not folder.is_dir():
+        raise OutputError(f"{flag} {folder} is not a folder; choose another {flag}")
+    if folder.is_dir() and any(folder.iterdir()) and not owned_by(folder, command):
+        raise OutputError(
+            f"{flag} {folder} holds files gastric-fl {command} did not write; choose a new or empty folder "
+            f"({what or command} adds to and replaces only its own files)"
+        )
+
+
 def check_replaceable(folder: Path, command: str, *, patterns: Sequence[str] = (), flag: str = "--out") -> None:
     """Refuse (`OutputError`) to replace ``folder`` unless ``command`` wrote it and everything in it.
 

@@ -5,8 +5,8 @@ predictions already are, its own folder: ``<run>/hospitals/client_XX/report.html
 run's server part never holds such data). ``--out DIR`` writes ``client_XX.html`` files to a folder of the user's
 choosing instead; output safety then follows `infra.outputs`: the folder is locked while it is written
 (`claim_output`), carries the ``report`` ownership marker, and a folder holding files the command did not write is
-refused (`_check_dest`). Each file is written to a temporary name and renamed, and everything is built before
-anything is written, so bad input leaves no partial output (docs/dashboard.md, "The hospital's report:
+refused (`infra.outputs.check_addable`). Each file is written to a temporary name and renamed, and everything is
+built before anything is written, so bad input leaves no partial output (docs/dashboard.md, "The hospital's report:
 `gastric-fl report --html`"). The top of the package: it imports ``load``, ``scoring`` and ``page``, and nothing
 of the package imports it but ``__init__`` (docs/design.md, "Layout and layers").
 """
@@ -22,7 +22,7 @@ from app.report_html.load import ReportError, hospital_folders, load_hospital
 from app.report_html.page import render
 from app.report_html.scoring import score_held_out_slides, score_one_slide
 from federation.runfiles import REPORT_HTML, hospital_name
-from infra.outputs import OutputError, claim_output, os_error_message, owned_by, write_marker
+from infra.outputs import OutputError, check_addable, claim_output, os_error_message, write_marker
 
 if TYPE_CHECKING:
     from app.dashboard.evaluation import Floor
@@ -96,10 +96,10 @@ def write_html_reports(
             written.append(path)
         return written
     for dest, pages in out_folders:
-        _check_dest(dest)
+        check_addable(dest, COMMAND, what="report --html")
         try:
             with claim_output(dest, COMMAND):
-                _check_dest(dest)
+                check_addable(dest, COMMAND, what="report --html")
                 dest.mkdir(parents=True, exist_ok=True)
                 write_marker(dest, COMMAND, record_contents=False)
                 for name, text in pages.items():
@@ -108,14 +108,3 @@ def write_html_reports(
         except OSError as exc:
             raise OutputError(os_error_message(exc, dest)) from None
     return written
-
-
-def _check_dest(dest: Path) -> None:
-    """The report folder must be new, empty or an earlier ``report --html`` output."""
-    if dest.exists() and not dest.is_dir():
-        raise OutputError(f"--out {dest} is not a folder; choose another --out")
-    if dest.is_dir() and any(dest.iterdir()) and not owned_by(dest, COMMAND):
-        raise OutputError(
-            f"--out {dest} holds files gastric-fl report did not write; choose a new or empty folder "
-            "(report --html adds to and replaces only its own files)"
-        )

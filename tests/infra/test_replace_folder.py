@@ -273,3 +273,24 @@ def test_recover_removes_a_parked_folder_when_the_target_is_back(tmp_path: Path)
     _marked(tmp_path / ".out.old-killed", "prepare", complete=True)
     recover_folder(target, "prepare")
     assert _siblings(tmp_path) == ["out"]
+
+
+def test_check_addable_takes_a_new_empty_or_own_folder_only(tmp_path: Path) -> None:
+    """The check of commands that add to and replace only their own files in --out (report --html, predict)."""
+    from infra.outputs import OutputError, check_addable, write_marker
+
+    check_addable(tmp_path / "new", "predict")
+    (tmp_path / "empty").mkdir()
+    check_addable(tmp_path / "empty", "predict")
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "a.png").write_bytes(b"x")
+    write_marker(own, "predict")
+    check_addable(own, "predict")
+    with pytest.raises(
+        OutputError, match=r"--out .*own holds files gastric-fl report did not write.*\(report --html adds"
+    ):
+        check_addable(own, "report", what="report --html")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OutputError, match=r"--out .*file is not a folder; choose another --out"):
+        check_addable(tmp_path / "file", "predict")
