@@ -1,12 +1,21 @@
-"""The published methods tables (masked tiles) against their re-measurement on raw tissue, paired over seeds.
+"""Every published table measured on masked tiles against its re-measurement on raw tissue, paired over seeds.
 
-For each regime with both ``docs/results/methods_<regime>/`` (trained on datasets whose every abnormal tile, test
-included, was whitened outside the cancer mask) and ``docs/results/honest_methods_<regime>/`` (the same slides,
-every tile raw: configs/honest_methods_<regime>.toml): for each method and seed present in both, the last round's
-averaged test accuracy and AUC (mean over hospitals, from each cell's ``metrics.jsonl``). It prints and writes
-(``--out``) one table per figure: each method's mean on masked and on raw tiles, the paired change raw - masked
-with its 95% t interval, and the key comparisons (FedSAF - Separate, FedSAF - FedAvg, FedSAF - FedRep, best method)
-on each. Nothing is trained.
+Each pair is two folders under ``docs/results/`` holding the same ablation grid (the same cells, slides and seeds):
+the *masked* one, trained on datasets whose every abnormal tile, test included, was whitened outside the cancer mask
+(paper 001, Step a.1; kept as a record), and the *raw* one, every tile cut from raw tissue (docs/pipeline.md,
+"Honest evaluation"):
+
+- the methods tables: ``methods_<regime>/`` and ``honest_methods_<regime>/`` (configs/honest_methods_<regime>.toml);
+- Tables 4-6: ``tables456_<regime>/`` and ``honest_tables456_<regime>/`` (configs/tables456_<regime>.toml on the
+  regime's raw dataset);
+- the fairness settings: ``fairness/`` and ``honest_fairness/`` (configs/ablation_fairness.toml);
+- the privacy trade-off: ``privacy/<arm>/`` and ``honest_privacy/<arm>/`` (scripts/privacy_tradeoff.sh).
+
+For every setting (a cell without its seed) present in both, the last round's averaged test accuracy and AUC (mean
+over hospitals, from each cell's ``metrics.jsonl``) on masked and on raw tiles and the paired change raw - masked
+(`federation.ablation.paired_interval`: mean and 95% t interval, ``*`` when it excludes 0); for the methods tables
+also each method against Separate on each, which method is best, and FedSAF against every other method. Nothing is
+trained.
 
     .venv/bin/python scripts/honest_compare.py --out docs/results/honest_evaluation/tables.md
 """
@@ -14,53 +23,104 @@ on each. Nothing is trained.
 from __future__ import annotations
 
 import argparse
-import json
 import math
+import re
 import statistics
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-METHODS = ("separate", "fedavg", "fedrep", "fedamp", "fedsaf")
+sys.path.insert(0, str(ROOT))
+
+from federation.ablation import paired_interval, paired_text  # noqa: E402
+from federation.runfiles import read_metrics  # noqa: E402
+
 REGIMES = ("data_poor", "site_shift", "label_skew", "seed_like")
-# two-sided 95% t quantiles by degrees of freedom
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776}
+PRIVACY_ARMS = ("none_plain", "none_head", "dp_plain", "dp_head")
+SEED = re.compile(r"^(?P<setting>.+)_seed-(?P<seed>\d+)$")
+Figures = dict[str, dict[int, dict[str, float]]]  # setting -> seed -> {"acc": ..., "auc": ...}
 
 
 def last_round(cell: Path) -> dict[str, float] | None:
-    """Averaged test accuracy and AUC over hospitals at the cell's last round (``None`` if it has no metrics)."""
-    path = cell / "metrics.jsonl"
-    if not path.is_file():
+    """Averaged test accuracy and AUC over hospitals at the cell's last round (``None`` without metrics)."""
+    records = read_metrics(cell / "metrics.jsonl").records
+    if not records:
         return None
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    final = max(line["round"] for line in lines)
-    rows = [line for line in lines if line["round"] == final]
-    aucs = [r["test_auc"] for r in rows if r["test_auc"] is not None]
+    final = max(r["round"] for r in records)
+    rows = [r for r in records if r["round"] == final]
+    accs = [float(r["test_acc"]) for r in rows if r["test_acc"] is not None]
+    aucs = [float(r["test_auc"]) for r in rows if r["test_auc"] is not None]
     return {
-        "acc": statistics.fmean(r["test_acc"] for r in rows),
+        "acc": statistics.fmean(accs) if accs else math.nan,
         "auc": statistics.fmean(aucs) if aucs else math.nan,
     }
 
 
-def figures(folder: Path) -> dict[tuple[str, int], dict[str, float]]:
-    out = {}
-    for method in METHODS:
-        for seed in range(10):
-            found = last_round(folder / "cells" / f"strategy-{method}_seed-{seed}")
-            if found is not None:
-                out[(method, seed)] = found
+def figures(folder: Path) -> Figures:
+    """Every finished cell of a published ablation folder, by setting and seed."""
+    out: Figures = {}
+    for cell in sorted((folder / "cells").glob("*")):
+        match = SEED.match(cell.name)
+        found = last_round(cell) if match else None
+        if match and found is not None:
+            out.setdefault(match["setting"], {})[int(match["seed"])] = found
     return out
 
 
+def shown(setting: str) -> str:
+    """``strategy-fedsaf_fim-on_split-off`` -> ``fedsaf, fim on, split off``."""
+    parts = setting.removeprefix("strategy-").split("_")
+    return ", ".join(p.replace("-", " ", 1) if i else p for i, p in enumerate(parts))
+
+
 def paired(values: list[float]) -> str:
-    """Mean [95% t interval] of paired differences; ``*`` when the interval excludes 0."""
-    if not values:
-        return "n/a"
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return f"{mean:+.3f}"
-    half = T975[len(values) - 1] * statistics.stdev(values) / math.sqrt(len(values))
-    star = " *" if mean - half > 0 or mean + half < 0 else ""
-    return f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]{star}"
+    return paired_text(paired_interval(values)) or "n/a"
+
+
+def mean(found: dict[int, dict[str, float]], key: str, seeds: list[int]) -> float:
+    return statistics.fmean(found[s][key] for s in seeds)
+
+
+def pair_rows(
+    old: Figures, new: Figures, key: str, label: str, reference: str | None = None, keep: Callable[[str], bool] = bool
+) -> list[str]:
+    """One Markdown row per setting in both: masked mean, raw mean, paired raw - masked, and (with ``reference``)
+    the setting against the reference setting on masked and on raw tiles, over the seeds all four share."""
+    rows = []
+    for setting in sorted(new, key=lambda s: (s != reference, s)):
+        if setting not in old or not keep(setting):
+            continue
+        seeds = sorted(old[setting].keys() & new[setting].keys())
+        if not seeds:
+            continue
+        delta = [new[setting][s][key] - old[setting][s][key] for s in seeds]
+        cells = [label, shown(setting), str(len(seeds)), f"{mean(old[setting], key, seeds):.3f}"]
+        cells += [f"{mean(new[setting], key, seeds):.3f}", paired(delta)]
+        if reference is not None:
+            if setting == reference or reference not in old or reference not in new:
+                cells += ["", ""]
+            else:
+                both = [s for s in seeds if s in old[reference] and s in new[reference]]
+                cells.append(paired([old[setting][s][key] - old[reference][s][key] for s in both]))
+                cells.append(paired([new[setting][s][key] - new[reference][s][key] for s in both]))
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
+def best_and_fedsaf(regime: str, kind: str, found: Figures) -> str:
+    """Which method is best (mean over its seeds) and FedSAF's paired difference to each other plain method."""
+    plain = {s: v for s, v in found.items() if "_" not in s.removeprefix("strategy-")}
+    means = {s: statistics.fmean(v[x]["acc"] for x in v) for s, v in plain.items() if v}
+    top = max(means, key=lambda s: means[s])
+    fedsaf = plain.get("strategy-fedsaf", {})
+    cells = []
+    for other in sorted(plain):
+        if other == "strategy-fedsaf":
+            continue
+        seeds = sorted(fedsaf.keys() & plain[other].keys())
+        cells.append(f"{shown(other)} {paired([fedsaf[s]['acc'] - plain[other][s]['acc'] for s in seeds])}")
+    return f"| {regime} | {kind} | {shown(top)} ({means[top]:.3f}) | " + "; ".join(cells) + " |"
 
 
 def main() -> None:
@@ -68,64 +128,48 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=ROOT / "docs" / "results")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    lines = ["# Published (masked tiles) against re-measured (raw tissue), same methods, slides and seeds", ""]
+    res = args.results
+    lines = ["# Published (masked tiles) against re-measured (raw tissue): the same cells, slides and seeds", ""]
     lines += [
         "Command: `.venv/bin/python scripts/honest_compare.py --out docs/results/honest_evaluation/tables.md`. "
-        "Last-round figures averaged over hospitals, each on its own test split; *masked*: "
-        "`docs/results/methods_<regime>/` (every abnormal tile whitened outside the mask, test tiles too); *raw*: "
-        "`docs/results/honest_methods_<regime>/` (every tile raw). Seeds present in both (0-2). Δ: paired over "
-        "seeds, mean [95% t interval], `*` when it excludes 0.",
+        "Last-round figures averaged over hospitals, each on its own test split; *masked*: the published folder "
+        "(every abnormal tile whitened outside the mask, test tiles too); *raw*: its `honest_` twin (every tile "
+        "raw). Means over the seeds present in both (*n*). Δ and the comparisons are paired over seeds: mean [95% t "
+        "interval], `*` when the interval excludes 0.",
         "",
     ]
-    # per regime with a re-measurement: (published masked figures, raw figures)
-    loaded = {
-        regime: (figures(args.results / f"methods_{regime}"), new)
-        for regime in REGIMES
-        if (new := figures(args.results / f"honest_methods_{regime}"))
-    }
+    header = "| regime | setting | n | masked | raw | Δ raw - masked |"
+    rule = "|---|---|---|---|---|---|"
+    methods = {r: (figures(res / f"methods_{r}"), figures(res / f"honest_methods_{r}")) for r in REGIMES}
+    methods = {r: pair for r, pair in methods.items() if pair[1]}
     for key, name in (("acc", "accuracy"), ("auc", "AUC")):
-        lines += [
-            f"## Averaged test {name}",
-            "",
-            "| regime | method | masked | raw | Δ raw - masked | vs Separate, masked | vs Separate, raw |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for regime, (old, new) in loaded.items():
-            for method in METHODS:
-                seeds = sorted(s for (m, s) in new if m == method and (m, s) in old)
-                if not seeds:
-                    continue
-                masked = [old[(method, s)][key] for s in seeds]
-                raw = [new[(method, s)][key] for s in seeds]
-                ref = [s for s in seeds if ("separate", s) in old and ("separate", s) in new]
-                vs_old = [old[(method, s)][key] - old[("separate", s)][key] for s in ref]
-                vs_new = [new[(method, s)][key] - new[("separate", s)][key] for s in ref]
-                lines.append(
-                    f"| {regime} | {method} | {statistics.fmean(masked):.3f} | {statistics.fmean(raw):.3f} | "
-                    f"{paired([b - a for a, b in zip(masked, raw, strict=True)])} | "
-                    f"{'' if method == 'separate' else paired(vs_old)} | "
-                    f"{'' if method == 'separate' else paired(vs_new)} |"
-                )
+        lines += [f"## Methods: averaged test {name}", ""]
+        lines += [header + " vs Separate, masked | vs Separate, raw |", rule + "---|---|"]
+        for regime, (old, new) in methods.items():
+            lines += pair_rows(old, new, key, regime, reference="strategy-separate")
         lines.append("")
-    lines += [
-        "## Which method is best, and FedSAF against each (averaged test accuracy, seeds 0-2)",
-        "",
-        "| regime | tiles | best | FedSAF - Separate | FedSAF - FedAvg | FedSAF - FedRep | FedSAF - FedAMP |",
-        "|---|---|---|---|---|---|---|",
+    lines += ["## Methods: which is best, and FedSAF against each (accuracy)", ""]
+    lines += ["| regime | tiles | best (mean) | FedSAF - each other method |", "|---|---|---|---|"]
+    for regime, (old, new) in methods.items():
+        lines += [best_and_fedsaf(regime, "masked", old), best_and_fedsaf(regime, "raw", new)]
+    lines.append("")
+    groups = [
+        (f"Tables 4-6 ({regime})", res / f"tables456_{regime}", res / f"honest_tables456_{regime}", regime)
+        for regime in REGIMES
     ]
-    for regime, (old, new) in loaded.items():
-        for kind, found in (("masked", old), ("raw", new)):
-            means = {
-                m: statistics.fmean(found[(m, s)]["acc"] for s in range(3) if (m, s) in found)
-                for m in METHODS
-                if any((m, s) in found for s in range(3))
-            }
-            top = max(means, key=lambda m: means[m])
-            cells = []
-            for other in ("separate", "fedavg", "fedrep", "fedamp"):
-                seeds = [s for s in range(3) if ("fedsaf", s) in found and (other, s) in found]
-                cells.append(paired([found[("fedsaf", s)]["acc"] - found[(other, s)]["acc"] for s in seeds]))
-            lines.append(f"| {regime} | {kind} | {top} ({means[top]:.3f}) | " + " | ".join(cells) + " |")
+    groups.append(("Fairness settings (site_shift)", res / "fairness", res / "honest_fairness", "site_shift"))
+    groups += [
+        (f"Privacy trade-off ({arm})", res / "privacy" / arm, res / "honest_privacy" / arm, arm) for arm in PRIVACY_ARMS
+    ]
+    for title, masked, raw, label in groups:
+        old, new = figures(masked), figures(raw)
+        if not new:
+            continue
+        lines += [f"## {title}: averaged test accuracy", "", header, rule]
+        lines += pair_rows(old, new, "acc", label)
+        lines += ["", f"AUC: {title}", "", header, rule]
+        lines += pair_rows(old, new, "auc", label)
+        lines.append("")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out is not None:
