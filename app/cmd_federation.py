@@ -170,7 +170,7 @@ def hospital(
 ) -> None:
     """Run this hospital's SuperNode until Ctrl-C: its tiles, labels and head never leave this machine, and it
     answers only what its policy allows (docs/deployment.md, "Hospital policy")."""
-    from federation.data import check_clients, manifest_clients, read_manifest
+    from federation.data import check_hospitals, manifest_hospitals, read_manifest
     from federation.engine.policy import load_policy
     from federation.flower.kit import load_bundle
     from federation.flower.supernode import SuperNode
@@ -178,11 +178,11 @@ def hospital(
     rules = load_policy(policy)  # a bad policy file is one line before anything starts
     loaded = load_bundle(bundle)
     rows = read_manifest(data)
-    present = manifest_clients(rows)
+    present = manifest_hospitals(rows)
     # its identity in the federation is its bundle's index; its tiles are its own dataset's only client (prepare
     # --clients 1), or, in a dataset of several hospitals (a simulation's), --client (default: that same index)
     own = client if client is not None else present[0] if len(present) == 1 else loaded.index
-    check_clients(data, rows, [own])
+    check_hospitals(data, rows, [own])
     state = state.resolve()
     node_config: dict[str, str | int] = {
         "partition-id": loaded.index,

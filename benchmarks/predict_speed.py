@@ -188,7 +188,7 @@ def main() -> None:
             "",
             f"Largest difference between the two scorers' probabilities on the same tiles: {difference:.2e}.",
             "",
-            "The engine's loop starts from tiles already decoded and resized at load time (`load_clients`), so "
+            "The engine's loop starts from tiles already decoded and resized at load time (`load_hospitals`), so "
             "its figure is the forward pass plus normalisation; predict also cuts and resizes every square from the "
             "slide on the fly. The whole-slide row adds tissue detection, the ground truth from the mask, the "
             "overlay and the three files per slide.",

@@ -213,8 +213,8 @@ def read_dataset(dataset: str | Path) -> tuple[list[ManifestRow], tuple[str, ...
     return rows, classes
 
 
-def manifest_clients(rows: Sequence[ManifestRow]) -> list[int]:
-    """Client indices in the manifest, checked to be 0..m-1 with none missing."""
+def manifest_hospitals(rows: Sequence[ManifestRow]) -> list[int]:
+    """Hospital indices in the manifest, checked to be 0..m-1 with none missing."""
     present = sorted({r.client for r in rows})
     expected = list(range(present[-1] + 1))
     empty = sorted(set(expected) - set(present))
@@ -243,13 +243,13 @@ def _read_tile(file: Path, input_size: int, in_chans: int) -> np.ndarray:
     return fit_tile(tile_from_decoded(image), input_size, in_chans)
 
 
-def check_clients(folder: Path, rows: Sequence[ManifestRow], clients: Sequence[int] | None = None) -> list[int]:
-    """The chosen clients (default: all), after checking that each has its tiles on disk and enough of them.
+def check_hospitals(folder: Path, rows: Sequence[ManifestRow], hospitals: Sequence[int] | None = None) -> list[int]:
+    """The chosen hospitals (default: all), after checking that each has its tiles on disk and enough of them.
 
     Cheap (no image is decoded), so the engine calls it before starting any worker process.
     """
-    present = manifest_clients(rows)
-    chosen = present if clients is None else sorted(clients)
+    present = manifest_hospitals(rows)
+    chosen = present if hospitals is None else sorted(hospitals)
     absent = [c for c in chosen if c not in present]
     if absent:
         raise FederationError(f"strategy.clients names {absent}, but {folder} has hospitals {present}")
@@ -270,17 +270,17 @@ def check_clients(folder: Path, rows: Sequence[ManifestRow], clients: Sequence[i
     return chosen
 
 
-def load_clients(
-    dataset: str | Path, input_size: int, in_chans: int = 3, clients: Sequence[int] | None = None
+def load_hospitals(
+    dataset: str | Path, input_size: int, in_chans: int = 3, hospitals: Sequence[int] | None = None
 ) -> dict[int, ClientData]:
-    """Decode every tile of the chosen ``clients`` (default: all) once, as ``uint8`` arrays of side ``input_size``.
+    """Decode every tile of the chosen ``hospitals`` (default: all) once, as ``uint8`` arrays of side ``input_size``.
 
-    Raises ``FederationError`` naming the file for a missing or unreadable tile, and naming the client for one
+    Raises ``FederationError`` naming the file for a missing or unreadable tile, and naming the hospital for one
     without training tiles (fewer than two) or without test tiles.
     """
     folder = Path(dataset)
     rows, classes = read_dataset(folder)
-    chosen = check_clients(folder, rows, clients)
+    chosen = check_hospitals(folder, rows, hospitals)
     out: dict[int, ClientData] = {}
     for c in chosen:
         mine = [r for r in rows if r.client == c]
@@ -351,7 +351,7 @@ def extract_hospital(dataset: str | Path, client: int, out: Path) -> Path:
     show every hospital, are not copied. ``out`` must not exist."""
     source = Path(dataset)
     rows, classes = read_dataset(source)
-    check_clients(source, rows, [client])
+    check_hospitals(source, rows, [client])
     with (source / MANIFEST_FILE).open(newline="", encoding="utf-8-sig") as handle:
         reader = csv.DictReader(handle)
         fields = list(reader.fieldnames or [])
@@ -386,9 +386,9 @@ _SETTINGS_FIELDS: tuple[str, ...] = ("format_version", "versions", "white_defini
 _SETTINGS_SECTIONS: tuple[str, ...] = ("source", "split", "tiles")  # config sections without per-hospital values
 
 
-def _is_client(entry: object, client: int) -> bool:
-    """Whether a per-client or per-slide entry of ``prepare.json`` is client ``client``'s."""
-    return isinstance(entry, dict) and str(entry.get("client")) == str(client)
+def _is_hospital(entry: object, hospital: int) -> bool:
+    """Whether a per-hospital or per-slide entry of ``prepare.json`` is hospital ``hospital``'s."""
+    return isinstance(entry, dict) and str(entry.get("client")) == str(hospital)
 
 
 def _own_config(config: dict[str, Any], client: int) -> dict[str, Any]:
@@ -410,7 +410,7 @@ def _own_config(config: dict[str, Any], client: int) -> dict[str, Any]:
         own["sites"] = {
             "shift": sites.get("shift"),
             "strength": sites.get("strength"),
-            "profile": [{**p, "client": 0} for p in listed if _is_client(p, client)]
+            "profile": [{**p, "client": 0} for p in listed if _is_hospital(p, client)]
             if isinstance(listed, list)
             else [],
         }
@@ -435,7 +435,7 @@ def _own_record(
     config = record.get("config") if isinstance(record.get("config"), dict) else None
     sources = {r["source"] for r in rows if r.get("source")}
     listed = record.get("slides")
-    slides = [{**s, "client": 0} for s in listed if _is_client(s, client)] if isinstance(listed, list) else None
+    slides = [{**s, "client": 0} for s in listed if _is_hospital(s, client)] if isinstance(listed, list) else None
     sources |= {s["source"] for s in slides or [] if isinstance(s.get("source"), str)}
     files = sources | {
         f for s in slides or [] if isinstance(s.get("files"), list) for f in s["files"] if isinstance(f, str)
@@ -446,7 +446,7 @@ def _own_record(
     own["classes"] = list(classes)
     entries = record.get("clients")
     if isinstance(entries, list):
-        own["clients"] = [{**e, "client": 0} for e in entries if _is_client(e, client)]
+        own["clients"] = [{**e, "client": 0} for e in entries if _is_hospital(e, client)]
     own["totals"] = {
         "tiles": len(rows),
         "by_label": {label: sum(1 for r in rows if r["label"] == label) for label in classes},

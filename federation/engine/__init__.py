@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from federation.config import RunConfig, load_config, parse_override
-from federation.data import check_clients, read_manifest
+from federation.data import check_hospitals, read_manifest
 from federation.engine.derived import derive_seed, initial_state, resolve_config, resolve_device
 from federation.engine.hospital import Site
 from federation.engine.loop import RunStopped, Server
@@ -50,8 +50,8 @@ def local_sites(config: RunConfig, run_dir: Path) -> list[Site]:
     dataset = Path(config.data.path)
     rows = read_manifest(dataset)
     chosen = config.strategy.clients
-    clients = check_clients(dataset, rows, None if isinstance(chosen, str) else chosen)
-    return [Site(dataset, c, hospital_dir(run_dir, c)) for c in clients]
+    hospitals = check_hospitals(dataset, rows, None if isinstance(chosen, str) else chosen)
+    return [Site(dataset, c, hospital_dir(run_dir, c)) for c in hospitals]
 
 
 def _status(run_dir: Path) -> str | None:

@@ -56,7 +56,7 @@ from federation.contract import (
     TrainReply,
     TrainTask,
 )
-from federation.data import LABELS, ClientData, check_clients, load_clients, read_dataset
+from federation.data import LABELS, ClientData, check_hospitals, load_hospitals, read_dataset
 from federation.engine.codec import Envelope, Message, decode, encode
 from federation.engine.derived import config_from_text, initial_state, resolve_device
 from federation.engine.outbound import OUTBOUND_FILE, record_reply
@@ -274,7 +274,7 @@ class Hospital:
         check_config(self._policy(config), config)
         dataset, client, own = self.site.dataset, self.site.client, self.site.data_client
         rows, classes = read_dataset(dataset)
-        check_clients(dataset, rows, [own])
+        check_hospitals(dataset, rows, [own])
         digest = manifest_sha256(dataset)
         folder = self.site.folder(message.run_id)
         self._remove_temp_files(folder)
@@ -491,7 +491,7 @@ class Hospital:
         if config.run.threads > 0:
             torch.set_num_threads(config.run.threads)
         own = self.site.data_client
-        data = load_clients(self.site.dataset, config.data.input_size, config.model.in_chans, [own])
+        data = load_hospitals(self.site.dataset, config.data.input_size, config.model.in_chans, [own])
         model = create_model(config.model.name, len(data[own].classes), config.model.in_chans, norm=config.model.norm)
         keys = agreed_shared_keys(config, model)
         first = record.get("first_checkpoint")

@@ -12,7 +12,7 @@ from support.tiny_dataset import make_dataset
 
 from federation.client import Client, auc_or_none, proximal_term
 from federation.contract import Recipe, TrainInstruction
-from federation.data import ClientData, load_clients
+from federation.data import ClientData, load_hospitals
 from federation.errors import FederationError
 from models import base_keys, create_model, head_keys, split_units
 
@@ -28,7 +28,7 @@ def one_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def tiles(tmp_path_factory: pytest.TempPathFactory) -> dict[int, ClientData]:
-    return load_clients(make_dataset(tmp_path_factory.mktemp("tiny")), input_size=32)
+    return load_hospitals(make_dataset(tmp_path_factory.mktemp("tiny")), input_size=32)
 
 
 def _client(data: ClientData, nhead: int = 1, batch_size: int = 16, augment: bool = False) -> Client:

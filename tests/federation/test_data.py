@@ -17,7 +17,7 @@ from support.tiny_dataset import LAYOUT
 from federation.data import (
     augment_batch,
     extract_hospital,
-    load_clients,
+    load_hospitals,
     make_augmenter,
     read_dataset,
     read_manifest,
@@ -41,7 +41,7 @@ def _rewrite_manifest(src: Path, dst: Path, keep: object = None, drop_column: st
 
 
 def test_clients_are_loaded_once_as_uint8_at_input_size(dataset: Path) -> None:
-    clients = load_clients(dataset, input_size=32)
+    clients = load_hospitals(dataset, input_size=32)
     assert sorted(clients) == [0, 1, 2]
     for c, data in clients.items():
         assert data.train_x.dtype == np.uint8
@@ -55,7 +55,7 @@ def test_clients_are_loaded_once_as_uint8_at_input_size(dataset: Path) -> None:
 
 
 def test_gray_client_is_replicated_to_three_identical_channels(dataset: Path) -> None:
-    clients = load_clients(dataset, input_size=32)
+    clients = load_hospitals(dataset, input_size=32)
     gray = clients[2]
     assert gray.grayscale
     assert not clients[0].grayscale
@@ -66,7 +66,7 @@ def test_gray_client_is_replicated_to_three_identical_channels(dataset: Path) ->
 
 
 def test_in_chans_1_makes_every_client_gray(dataset: Path) -> None:
-    clients = load_clients(dataset, input_size=32, in_chans=1, clients=[0])
+    clients = load_hospitals(dataset, input_size=32, in_chans=1, hospitals=[0])
     assert clients[0].train_x.shape[1:] == (32, 32, 1)
     assert to_tensor(clients[0].train_x[:2]).shape == (2, 1, 32, 32)
 
@@ -76,18 +76,18 @@ def test_missing_tile_names_the_file_and_says_to_prepare_again(dataset: Path, tm
     victim = sorted((broken / "client_01" / "train" / "normal").glob("*.png"))[0]
     victim.unlink()
     with pytest.raises(FederationError, match=rf"{victim.name}.*re-run gastric-fl prepare"):
-        load_clients(broken, input_size=32)
+        load_hospitals(broken, input_size=32)
 
 
 def test_empty_client_is_a_clear_error(dataset: Path, tmp_path: Path) -> None:
     no_client_1 = _rewrite_manifest(dataset, tmp_path / "gap", keep=lambda r: r["client"] != "1")
     with pytest.raises(FederationError, match=r"hospital\(s\) \[1\] have no tiles"):
-        load_clients(no_client_1, input_size=32)
+        load_hospitals(no_client_1, input_size=32)
     no_test = _rewrite_manifest(
         dataset, tmp_path / "notest", keep=lambda r: not (r["client"] == "2" and r["split"] == "test")
     )
     with pytest.raises(FederationError, match="hospital 2 has 5 training and 0 test tiles"):
-        load_clients(no_test, input_size=32)
+        load_hospitals(no_test, input_size=32)
 
 
 def test_manifest_problems_are_reported(dataset: Path, tmp_path: Path) -> None:
@@ -99,7 +99,7 @@ def test_manifest_problems_are_reported(dataset: Path, tmp_path: Path) -> None:
 
 
 def test_augmentation_is_deterministic_per_seed_and_keeps_shape(dataset: Path) -> None:
-    batch = load_clients(dataset, input_size=32, clients=[0])[0].train_x[:6]
+    batch = load_hospitals(dataset, input_size=32, hospitals=[0])[0].train_x[:6]
     first = augment_batch(make_augmenter(7), batch)
     again = augment_batch(make_augmenter(7), batch)
     other = augment_batch(make_augmenter(8), batch)
@@ -199,4 +199,4 @@ def test_an_extracted_hospital_holds_no_name_of_another_hospitals_slides(tmp_pat
     assert {r.client for r in loaded} == {0}
     assert len(loaded) == sum(1 for r in rows if r["client"] == "1")
     assert classes == tuple(original["classes"])
-    assert sorted(load_clients(own, input_size=32)) == [0]
+    assert sorted(load_hospitals(own, input_size=32)) == [0]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from support.tiny_dataset import make_dataset
 
-from federation.data import load_clients, read_manifest
+from federation.data import load_hospitals, read_manifest
 from federation.errors import FederationError
 
 
@@ -113,7 +113,7 @@ def test_an_empty_or_text_tile_is_named_in_one_line(dataset: Path, content: byte
     victim = dataset / _rows(dataset)[0]["path"]
     victim.write_bytes(content)
     with pytest.raises(FederationError) as info:
-        load_clients(dataset, input_size=32, clients=[0])
+        load_hospitals(dataset, input_size=32, hospitals=[0])
     message = str(info.value)
     assert message.startswith(f"tile {victim} {why}")
     assert "re-run gastric-fl prepare" in message

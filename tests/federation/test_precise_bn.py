@@ -9,13 +9,13 @@ from torch import nn
 
 from federation.client import Client
 from federation.contract import Recipe, TrainInstruction
-from federation.data import ClientData, load_clients, to_tensor
+from federation.data import ClientData, load_hospitals, to_tensor
 from models import base_keys, create_model, split_units
 
 
 @pytest.fixture(scope="module")
 def tiles(tmp_path_factory: pytest.TempPathFactory) -> dict[int, ClientData]:
-    return load_clients(make_dataset(tmp_path_factory.mktemp("pbn")), input_size=32)
+    return load_hospitals(make_dataset(tmp_path_factory.mktemp("pbn")), input_size=32)
 
 
 def _client(data: ClientData) -> Client:

@@ -24,7 +24,7 @@ from torch import nn
 from federation.client import Client
 from federation.config import load_config
 from federation.contract import Recipe, TrainInstruction
-from federation.data import ClientData, load_clients
+from federation.data import ClientData, load_hospitals
 from federation.engine.derived import initial_state
 from federation.launch import train
 from models import base_keys, batchnorm_keys, create_model, head_keys, split_units
@@ -39,7 +39,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tiles(dataset: Path) -> dict[int, ClientData]:
-    return load_clients(dataset, input_size=32)
+    return load_hospitals(dataset, input_size=32)
 
 
 def _local_bn_client(data: ClientData) -> Client:
