@@ -81,9 +81,9 @@ def shape(run: Path) -> dict[str, object]:
     metrics = runs.load_metrics(run)
     return {
         "rounds": runs.per_round(metrics),
-        "auc": runs.per_client(metrics, "test_auc"),
-        "acc": runs.per_client(metrics, "test_acc"),
-        "latest": runs.latest_per_client(metrics),
+        "auc": runs.per_hospital(metrics, "test_auc"),
+        "acc": runs.per_hospital(metrics, "test_acc"),
+        "latest": runs.latest_per_hospital(metrics),
         "xi": runs.xi_matrices(runs.load_aggregation(run)),
         "progress": runs.progress(run, None, metrics=metrics),
         "info": runs.run_info(run),

@@ -318,7 +318,7 @@ def load_metrics(run: Path) -> pd.DataFrame:
     return metrics_frame(runfiles.read_metrics(run / runfiles.METRICS_FILE).records)
 
 
-def per_client(metrics: pd.DataFrame, column: str) -> pd.DataFrame:
+def per_hospital(metrics: pd.DataFrame, column: str) -> pd.DataFrame:
     """Round x hospital table of one metric (columns named like ``Hospital 0``), for per-hospital curves."""
     if metrics.empty:
         return pd.DataFrame()
@@ -371,7 +371,7 @@ def per_round(metrics: pd.DataFrame) -> pd.DataFrame:
     return table[columns]
 
 
-def latest_per_client(metrics: pd.DataFrame) -> pd.DataFrame:
+def latest_per_hospital(metrics: pd.DataFrame) -> pd.DataFrame:
     """Each hospital's figures from its latest round: what the Federation page lists next to the charts."""
     columns = ["hospital", "round", "test AUC", "test ACC", "test loss", "train loss", "fisher trace"]
     if metrics.empty:

@@ -28,11 +28,11 @@ from app.dashboard.evaluation import latest_accuracy_warnings
 from app.dashboard.runs import (
     RunInfo,
     format_seconds,
-    latest_per_client,
+    latest_per_hospital,
     load_aggregation,
     load_metrics,
     load_summary,
-    per_client,
+    per_hospital,
     per_round,
     prediction_files,
     progress,
@@ -330,7 +330,7 @@ def monitor(info: RunInfo, initial_status: str) -> None:
 
     st.markdown("**Each hospital, latest round** (the training's own figures; its accuracy is at threshold 0.50)")
     st.dataframe(
-        latest_per_client(metrics),
+        latest_per_hospital(metrics),
         hide_index=True,
         width="stretch",
         key="latest_table",
@@ -347,11 +347,11 @@ def monitor(info: RunInfo, initial_status: str) -> None:
 
     left, right = st.columns(2)
     ui.chart(
-        left, charts.per_hospital(per_client(metrics, "test_auc"), "Test AUC per hospital", "AUC"), key="auc_chart"
+        left, charts.per_hospital(per_hospital(metrics, "test_auc"), "Test AUC per hospital", "AUC"), key="auc_chart"
     )
     ui.chart(
         right,
-        charts.per_hospital(per_client(metrics, "test_acc"), "Test accuracy per hospital", "accuracy"),
+        charts.per_hospital(per_hospital(metrics, "test_acc"), "Test accuracy per hospital", "accuracy"),
         key="acc_chart",
     )
     left, right = st.columns(2)

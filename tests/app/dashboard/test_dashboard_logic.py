@@ -102,8 +102,8 @@ def test_run_figures_are_the_papers(fixture_root: Fixture) -> None:
     assert math.isnan(broken["Averaged ACC"])
 
 
-def test_latest_per_client_matches_metrics(fixture_root: Fixture) -> None:
-    table = runs.latest_per_client(runs.load_metrics(fixture_root.finished))
+def test_latest_per_hospital_matches_metrics(fixture_root: Fixture) -> None:
+    table = runs.latest_per_hospital(runs.load_metrics(fixture_root.finished))
     assert table["hospital"].tolist() == ["Hospital 0", "Hospital 1", "Hospital 2"]
     assert table["test AUC"].tolist() == [0.875, 0.9375, 0.6875]
     assert table["round"].tolist() == [2, 2, 2]
