@@ -44,7 +44,7 @@ class StrategyContext:
     local_keys: frozenset[str] = frozenset()
 
     @property
-    def num_clients(self) -> int:
+    def num_hospitals(self) -> int:
         return len(self.clients)
 
     def shared_keys(self, nhead: int) -> list[str]:

@@ -64,7 +64,7 @@ class Averaging:
         self.server = server if server is not None else ServerSection()
         self.max_weight = self.server.max_weight
         if self.max_weight is not None:
-            problem = max_weight_problem(ctx.num_clients, self.max_weight)
+            problem = max_weight_problem(ctx.num_hospitals, self.max_weight)
             if problem is not None:
                 raise FederationError(problem)
         self.keys = ctx.shared_keys(nhead)
