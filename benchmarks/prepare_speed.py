@@ -47,7 +47,7 @@ from pipeline.images import encode_png  # noqa: E402
 from pipeline.prepare import _Job, _tile_job, prepare_dataset  # noqa: E402
 from pipeline.sources import discover, inspect_slide  # noqa: E402
 from pipeline.synth import generate_dataset  # noqa: E402
-from pipeline.tiling import client_plans  # noqa: E402
+from pipeline.tiling import hospital_plans  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "prepare_speed.md"
 
@@ -179,7 +179,7 @@ def main() -> None:
     # Second pass alone (decode + mask + extraction + filter + PNG encode + write), threads vs processes.
     cfg = config(2, work / "unused")
     infos = [inspect_slide(ref, cfg.source, raw) for ref in discover(cfg.source)]
-    plan = client_plans(cfg)[0]
+    plan = hospital_plans(cfg)[0]
     jobs = [_Job(info, 0, "train", plan) for info in infos]
     staging = work / "staging"
 

@@ -61,7 +61,7 @@ from models.bundle import Bundle, BundleError, ModelCard, decision_counts, load_
 from models.decision import SLIDE_TOP_K, slide_is_abnormal, top_k_mean
 from pipeline.errors import PipelineError
 from pipeline.images import DEFAULT_MAX_PIXELS, RGBImage, check_max_pixels, encode_png
-from pipeline.tiling import BLACK_LEVEL, ClientPlan, cut_square, grid_coverage, is_black, kept_positions, near_white
+from pipeline.tiling import BLACK_LEVEL, HospitalPlan, cut_square, grid_coverage, is_black, kept_positions, near_white
 
 COMMAND = "predict"
 TILE_COLUMNS = ("x", "y", "size", "probability", "truth")
@@ -134,15 +134,15 @@ def check_binary(card: ModelCard, where: Path | str = "the bundle") -> None:
         )
 
 
-def plan_of(card: ModelCard) -> ClientPlan:
-    """The card's tile grid as the `pipeline.tiling.ClientPlan` prepare cut this hospital's tiles with."""
+def plan_of(card: ModelCard) -> HospitalPlan:
+    """The card's tile grid as the `pipeline.tiling.HospitalPlan` prepare cut this hospital's tiles with."""
     grid, pre = card.tiling, card.preprocess
     if grid is None or pre.tile_px is None:
         raise BundleError(
             "the bundle's card has no tile grid (its dataset had no prepare.json), so it cannot tile whole slides; "
             "export it from a run trained on a dataset made by gastric-fl prepare"
         )
-    return ClientPlan(
+    return HospitalPlan(
         client=card.client,
         tile_px=pre.tile_px,
         scale=pre.scale if pre.scale is not None else 1.0,

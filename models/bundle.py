@@ -79,7 +79,7 @@ class BundleError(ModelError):
 
 @dataclass(frozen=True)
 class TileGrid:
-    """How prepare cut this hospital's tiles from a slide (`pipeline.tiling.ClientPlan` and the white-area rule).
+    """How prepare cut this hospital's tiles from a slide (`pipeline.tiling.HospitalPlan` and the white-area rule).
 
     Squares of ``source_px`` slide pixels on a grid of step ``stride_px`` (normal slides; ``abnormal_stride_px``
     on abnormal slides), kept when their share of near-white pixels (all RGB channels >= ``white_level``) is at

@@ -50,8 +50,8 @@ def largest_remainder(weights: Sequence[float], total: int) -> list[int]:
     return counts
 
 
-def client_sizes(n_slides: int, config: SplitConfig, rng: np.random.Generator) -> tuple[list[int], list[float]]:
-    """Slides per client and the ratios they follow; each client gets at least 2 (one train, one test)."""
+def hospital_sizes(n_slides: int, config: SplitConfig, rng: np.random.Generator) -> tuple[list[int], list[float]]:
+    """Slides per hospital and the ratios they follow; each hospital gets at least 2 (one train, one test)."""
     clients = config.clients
     if n_slides < 2 * clients:
         raise PipelineError(
@@ -152,17 +152,17 @@ def _classes(
     return owner, sizes
 
 
-def assign_clients(
+def assign_hospitals(
     labels: Sequence[str], config: SplitConfig, seed_rng: np.random.Generator, classes: Sequence[str] = LABELS
 ) -> tuple[list[int], list[float]]:
-    """The client of each slide (by position in ``labels``) and the size ratios used; ``classes`` in class order."""
+    """The hospital of each slide (by position in ``labels``) and the size ratios used; ``classes`` in class order."""
     part = config.partition
     if part.kind == "classes" and part.classes > len(classes):
         raise PipelineError(
             f"partition classes:{part.classes} asks for more classes per client than the {len(classes)} the dataset "
             f"has; use classes:S with S in 1..{len(classes)}"
         )
-    sizes, ratios = client_sizes(len(labels), config, seed_rng)
+    sizes, ratios = hospital_sizes(len(labels), config, seed_rng)
     if part.kind == "classes" and part.classes < len(classes):
         owner, actual = _classes(labels, ratios, part.classes, seed_rng, classes)
         short = [c for c, n in enumerate(actual) if n < 2]

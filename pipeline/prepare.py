@@ -63,7 +63,7 @@ from infra.provenance import synthetic_source
 from pipeline.config import PrepareConfig, validate_config
 from pipeline.errors import PipelineError
 from pipeline.images import encode_png
-from pipeline.partition import assign_clients, split_train_test
+from pipeline.partition import assign_hospitals, split_train_test
 from pipeline.probe import probe, probe_markdown, tile_statistics
 from pipeline.report import (
     REQUIRED_SPLITS,
@@ -86,7 +86,7 @@ from pipeline.sources import (
     load_slide,
     pixel_sha256,
 )
-from pipeline.tiling import BLACK_LEVEL, ClientPlan, client_plans, cut_tiles, is_black, tile_name
+from pipeline.tiling import BLACK_LEVEL, HospitalPlan, cut_tiles, hospital_plans, is_black, tile_name
 
 MANIFEST_COLUMNS: tuple[str, ...] = (
     "client",
@@ -131,7 +131,7 @@ class _Job:
     info: SlideInfo
     client: int
     split: str
-    plan: ClientPlan
+    plan: HospitalPlan
 
 
 def _versions() -> dict[str, str]:
@@ -302,7 +302,7 @@ def _samples(rows: Iterable[list[str]], clients: int, classes: tuple[str, ...]) 
     return picked
 
 
-def _check_splits(counts: Counts, plans: list[ClientPlan], slides: dict[tuple[int, str], int]) -> None:
+def _check_splits(counts: Counts, plans: list[HospitalPlan], slides: dict[tuple[int, str], int]) -> None:
     problems = []
     for plan in plans:
         for split in REQUIRED_SPLITS:
@@ -413,12 +413,12 @@ def _pixel_copies(jobs: list[_Job], outcomes: list[_Outcome]) -> list[Skipped]:
 
 
 def _assign(
-    config: PrepareConfig, usable: list[SlideInfo], plans: list[ClientPlan], classes: tuple[str, ...]
+    config: PrepareConfig, usable: list[SlideInfo], plans: list[HospitalPlan], classes: tuple[str, ...]
 ) -> tuple[list[_Job], list[float]]:
     """Share ``usable`` out over the hospitals and split each hospital's slides into train/val/test (from the seed)."""
     rng = np.random.default_rng(config.split.seed)
     labels = [str(i.label) for i in usable]
-    owners, ratios = assign_clients(labels, config.split, rng, classes)
+    owners, ratios = assign_hospitals(labels, config.split, rng, classes)
     splits = split_train_test(
         labels, owners, config.split.clients, config.split.test_fraction, rng, classes, config.split.val_fraction
     )
@@ -452,7 +452,7 @@ def _prepare_claimed(config: PrepareConfig, started: float) -> PrepareResult:
         raise PipelineError(
             f"none of the {len(infos)} slide(s) in {config.source.input} is usable; first problem: {skipped[0].reason}"
         )
-    plans = client_plans(config)
+    plans = hospital_plans(config)
     try:
         # 0700, as a prepared dataset has always been; marked at once, so that recover_folder knows it as ours
         with replace_folder(out.out, mode=0o700) as staging:
@@ -596,7 +596,7 @@ def _prepare_claimed(config: PrepareConfig, started: float) -> PrepareResult:
 
 def _provenance(
     config: PrepareConfig,
-    plans: list[ClientPlan],
+    plans: list[HospitalPlan],
     jobs: list[_Job],
     per_slide: list[list[list[str]]],
     ratios: list[float],

@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pipeline.config import LABELS
-from pipeline.tiling import ClientPlan
+from pipeline.tiling import HospitalPlan
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 # every hospital needs tiles of these; validation may be empty (a hospital with too few slides, --val-fraction 0)
@@ -64,7 +64,7 @@ def _classes_of(counts: Counts) -> list[str]:
 
 
 def _table_rows(
-    plans: Sequence[ClientPlan], counts: Counts, slides: Mapping[int, int]
+    plans: Sequence[HospitalPlan], counts: Counts, slides: Mapping[int, int]
 ) -> tuple[list[str], list[list[str]]]:
     labels = _classes_of(counts)
     # The site column appears only when some hospital has a simulated site, so other reports read as before.
@@ -94,7 +94,7 @@ def _table_rows(
     return header, rows
 
 
-def text_table(plans: Sequence[ClientPlan], counts: Counts, slides: Mapping[int, int]) -> str:
+def text_table(plans: Sequence[HospitalPlan], counts: Counts, slides: Mapping[int, int]) -> str:
     """A fixed-width table for the terminal."""
     header, rows = _table_rows(plans, counts, slides)
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
@@ -103,7 +103,7 @@ def text_table(plans: Sequence[ClientPlan], counts: Counts, slides: Mapping[int,
     return "\n".join(lines)
 
 
-def markdown_table(plans: Sequence[ClientPlan], counts: Counts, slides: Mapping[int, int]) -> str:
+def markdown_table(plans: Sequence[HospitalPlan], counts: Counts, slides: Mapping[int, int]) -> str:
     """The same table in Markdown."""
     header, rows = _table_rows(plans, counts, slides)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -125,7 +125,7 @@ def issues_text(skipped: Sequence[Skipped], warnings: Sequence[str]) -> str:
 
 def markdown_report(
     settings: Mapping[str, str],
-    plans: Sequence[ClientPlan],
+    plans: Sequence[HospitalPlan],
     counts: Counts,
     slides: Mapping[int, int],
     skipped: Sequence[Skipped],
@@ -161,7 +161,7 @@ def _thumbnail(path: Path) -> npt.NDArray[np.uint8]:
 
 def contact_sheet(
     root: Path,
-    plans: Sequence[ClientPlan],
+    plans: Sequence[HospitalPlan],
     samples: Mapping[int, Mapping[str, Sequence[str]]],
     classes: Sequence[str] = LABELS,
 ) -> npt.NDArray[np.uint8]:

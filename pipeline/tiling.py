@@ -50,7 +50,7 @@ BLACK_LEVEL = 10
 
 
 @dataclass(frozen=True)
-class ClientPlan:
+class HospitalPlan:
     """One hospital's tile settings: output tile px, scanning scale, grid in original pixels, colour."""
 
     client: int
@@ -80,7 +80,7 @@ class Tile:
     pixels: npt.NDArray[np.uint8]
 
 
-def client_plans(config: PrepareConfig) -> list[ClientPlan]:
+def hospital_plans(config: PrepareConfig) -> list[HospitalPlan]:
     """Every hospital's tile settings from ``--tile``, ``--stride``, ``--client-tile``, ``--client-scale``."""
     tiles, clients = config.tiles, config.clients
     sites = config.sites
@@ -95,7 +95,7 @@ def client_plans(config: PrepareConfig) -> list[ClientPlan]:
         stride_px = max(1, round(stride * tile_px / tiles.tile))
         abnormal_px = max(1, round(abnormal * tile_px / tiles.tile))
         plans.append(
-            ClientPlan(
+            HospitalPlan(
                 client=c,
                 tile_px=tile_px,
                 scale=scale,
@@ -178,7 +178,7 @@ def slide_positions(
     image: RGBImage,
     mask: npt.NDArray[np.bool_] | None,
     abnormal: bool,
-    plan: ClientPlan,
+    plan: HospitalPlan,
     *,
     background_max: float,
     white_level: int,
@@ -217,7 +217,7 @@ def _kept(
 
 
 def kept_positions(
-    image: RGBImage, plan: ClientPlan, background_max: float, white_level: int
+    image: RGBImage, plan: HospitalPlan, background_max: float, white_level: int
 ) -> list[tuple[int, int, float]]:
     """``(y, x, white_ratio)`` of every square of a whole slide that prepare keeps from a normal slide (predict)."""
     positions = slide_positions(
@@ -227,7 +227,7 @@ def kept_positions(
 
 
 def cut_square(
-    image: RGBImage, region: npt.NDArray[np.bool_] | None, x: int, y: int, plan: ClientPlan
+    image: RGBImage, region: npt.NDArray[np.bool_] | None, x: int, y: int, plan: HospitalPlan
 ) -> npt.NDArray[np.uint8]:
     """The output pixels of the square at ``(x, y)``: whitened outside ``region`` (Step a.1, when given), resized
     to ``plan.tile_px`` (``INTER_AREA`` shrinking, ``INTER_LINEAR`` enlarging), through the hospital's simulated
@@ -260,7 +260,7 @@ def cut_tiles(
     image: RGBImage,
     mask: npt.NDArray[np.bool_] | None,
     abnormal: bool,
-    plan: ClientPlan,
+    plan: HospitalPlan,
     *,
     background_max: float,
     white_level: int,

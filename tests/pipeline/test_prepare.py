@@ -139,7 +139,7 @@ def test_grayscale_clients_store_single_channel_tiles(seed_raw: tuple[Path, dict
     assert [c["grayscale"] for c in info["clients"]] == [True, False, True]
 
 
-def test_client_sizes_follow_the_requested_ratio(tmp_path: Path) -> None:
+def test_hospital_sizes_follow_the_requested_ratio(tmp_path: Path) -> None:
     raw = tmp_path / "raw"
     make_seed(raw, n=24)
     out = tmp_path / "prepared"

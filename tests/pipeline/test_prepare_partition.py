@@ -9,8 +9,8 @@ from pipeline.config import Partition, SplitConfig, parse_partition
 from pipeline.errors import PipelineError
 from pipeline.partition import (
     _test_quota,
-    assign_clients,
-    client_sizes,
+    assign_hospitals,
+    hospital_sizes,
     largest_remainder,
     split_train_test,
 )
@@ -30,23 +30,23 @@ def test_largest_remainder_by_hand() -> None:
 
 def test_sizes_follow_ratios_equal_and_random_within_spread() -> None:
     rng = np.random.default_rng(0)
-    assert client_sizes(24, SplitConfig(clients=3, sizes="3,2,1"), rng)[0] == [12, 8, 4]
-    assert client_sizes(11, SplitConfig(clients=3, sizes="equal"), rng)[0] == [4, 4, 3]
+    assert hospital_sizes(24, SplitConfig(clients=3, sizes="3,2,1"), rng)[0] == [12, 8, 4]
+    assert hospital_sizes(11, SplitConfig(clients=3, sizes="equal"), rng)[0] == [4, 4, 3]
     # An extreme ratio still leaves every client two slides (one per split).
-    assert client_sizes(12, SplitConfig(clients=3, sizes="100,1,1"), rng)[0] == [8, 2, 2]
-    sizes, ratios = client_sizes(300, SplitConfig(clients=5, sizes="random"), np.random.default_rng(3))
+    assert hospital_sizes(12, SplitConfig(clients=3, sizes="100,1,1"), rng)[0] == [8, 2, 2]
+    sizes, ratios = hospital_sizes(300, SplitConfig(clients=5, sizes="random"), np.random.default_rng(3))
     assert sum(sizes) == 300
     assert len(ratios) == 5
     assert all(1.0 <= r <= 3.0 for r in ratios)
     assert max(sizes) / min(sizes) <= 3.0 + 1e-9
     assert len(set(sizes)) > 1
     with pytest.raises(PipelineError, match="7 usable slides cannot supply 4 clients"):
-        client_sizes(7, SplitConfig(clients=4), rng)
+        hospital_sizes(7, SplitConfig(clients=4), rng)
 
 
 def test_iid_gives_every_client_the_overall_mix() -> None:
     labels = _labels(30, 10)
-    owners, _ = assign_clients(labels, SplitConfig(clients=4, sizes="equal"), np.random.default_rng(1))
+    owners, _ = assign_hospitals(labels, SplitConfig(clients=4, sizes="equal"), np.random.default_rng(1))
     for c in range(4):
         mine = [lab for lab, o in zip(labels, owners, strict=True) if o == c]
         assert len(mine) == 10
@@ -56,8 +56,8 @@ def test_iid_gives_every_client_the_overall_mix() -> None:
 def test_dirichlet_keeps_sizes_and_skews_labels_more_than_iid() -> None:
     labels = _labels(60, 60)
     config = SplitConfig(clients=6, sizes="3,3,2,2,1,1", partition=parse_partition("dirichlet:0.1"))
-    skewed, _ = assign_clients(labels, config, np.random.default_rng(5))
-    iid, _ = assign_clients(labels, SplitConfig(clients=6, sizes="3,3,2,2,1,1"), np.random.default_rng(5))
+    skewed, _ = assign_hospitals(labels, config, np.random.default_rng(5))
+    iid, _ = assign_hospitals(labels, SplitConfig(clients=6, sizes="3,3,2,2,1,1"), np.random.default_rng(5))
 
     def spread(owners: list[int]) -> float:
         fractions = [
@@ -74,13 +74,13 @@ def test_dirichlet_keeps_sizes_and_skews_labels_more_than_iid() -> None:
 def test_classes_one_per_client_alternates_labels() -> None:
     labels = _labels(9, 6)
     config = SplitConfig(clients=4, sizes="2,1,1,2", partition=Partition(kind="classes", classes=1))
-    owners, _ = assign_clients(labels, config, np.random.default_rng(0))
+    owners, _ = assign_hospitals(labels, config, np.random.default_rng(0))
     held = {c: {lab for lab, o in zip(labels, owners, strict=True) if o == c} for c in range(4)}
     assert held == {0: {"normal"}, 1: {"abnormal"}, 2: {"normal"}, 3: {"abnormal"}}
     # Normal slides shared 2:1 between clients 0 and 2, abnormal 1:2 between 1 and 3.
     assert [owners.count(c) for c in range(4)] == [6, 2, 3, 4]
     with pytest.raises(PipelineError, match="leaves no client holding 'abnormal'"):
-        assign_clients(
+        assign_hospitals(
             labels, SplitConfig(clients=1, partition=Partition(kind="classes", classes=1)), np.random.default_rng(0)
         )
 
@@ -116,9 +116,9 @@ def test_split_is_per_slide_stratified_and_leaves_both_splits() -> None:
 def test_same_seed_same_assignment_different_seed_different() -> None:
     labels = _labels(20, 20)
     config = SplitConfig(clients=4, sizes="random", partition=parse_partition("dirichlet:1"))
-    first = assign_clients(labels, config, np.random.default_rng(11))
-    assert assign_clients(labels, config, np.random.default_rng(11)) == first
-    assert assign_clients(labels, config, np.random.default_rng(12))[0] != first[0]
+    first = assign_hospitals(labels, config, np.random.default_rng(11))
+    assert assign_hospitals(labels, config, np.random.default_rng(11)) == first
+    assert assign_hospitals(labels, config, np.random.default_rng(12))[0] != first[0]
 
 
 def test_validation_split_is_drawn_after_test_stratified_and_slide_disjoint() -> None:

@@ -12,11 +12,11 @@ import tifffile
 from pipeline.config import build_config
 from pipeline.images import ImageReadError, read_mask, read_rgb, to_rgb
 from pipeline.tiling import (
-    ClientPlan,
+    HospitalPlan,
     SlideTiles,
-    client_plans,
     cut_tiles,
     extract_region,
+    hospital_plans,
     near_white,
     square_fractions,
 )
@@ -52,15 +52,15 @@ def test_extract_region_whitens_outside_the_mask_only() -> None:
     assert (image == 100).all()  # the input is not modified
 
 
-def _plan(grayscale: bool = False) -> ClientPlan:
-    return ClientPlan(client=0, tile_px=4, scale=1.0, size=4, stride=4, abnormal_stride=4, grayscale=grayscale)
+def _plan(grayscale: bool = False) -> HospitalPlan:
+    return HospitalPlan(client=0, tile_px=4, scale=1.0, size=4, stride=4, abnormal_stride=4, grayscale=grayscale)
 
 
 def _cut(
     image: np.ndarray,
     mask: np.ndarray | None,
     abnormal: bool,
-    plan: ClientPlan,
+    plan: HospitalPlan,
     *,
     background_max: float = 0.5,
     coverage: float = 0.5,
@@ -140,7 +140,7 @@ def test_max_tiles_per_slide_is_a_seeded_subset_in_raster_order() -> None:
     assert set(xs) <= set(range(0, 40, 4))
 
 
-def test_client_plans_scale_stride_and_tile_by_hand() -> None:
+def test_hospital_plans_scale_stride_and_tile_by_hand() -> None:
     config = build_config(
         None,
         {
@@ -149,7 +149,7 @@ def test_client_plans_scale_stride_and_tile_by_hand() -> None:
             "clients": {"tile": [128, 64, 100], "scale": [1.0, 0.5, 2.0], "grayscale": [1]},
         },
     )
-    plans = client_plans(config)
+    plans = hospital_plans(config)
     # (tile px, source px = tile/scale, stride: 64/128 of the client tile, abnormal stride: half that, in
     # source pixels)
     assert [(p.tile_px, p.size, p.stride, p.abnormal_stride, p.channels) for p in plans] == [
@@ -158,7 +158,7 @@ def test_client_plans_scale_stride_and_tile_by_hand() -> None:
         (100, 50, 25, 12, 3),
     ]
     explicit = build_config(None, {"tiles": {"tile": 128, "abnormal_stride": 128}})
-    assert {(p.stride, p.abnormal_stride) for p in client_plans(explicit)} == {(128, 128)}
+    assert {(p.stride, p.abnormal_stride) for p in hospital_plans(explicit)} == {(128, 128)}
 
 
 def test_sixteen_bit_rgba_gray_and_planar_tiffs_normalise_to_rgb_uint8() -> None:
@@ -233,10 +233,10 @@ def test_whitening_only_kept_tiles_equals_extracting_the_whole_slide_first() -> 
     mask = np.zeros((40, 56), dtype=bool)
     mask[5:33, 9:50] = True
     mask[20:25, 15:20] = False
-    plan = ClientPlan(client=0, tile_px=8, scale=1.0, size=8, stride=8, abnormal_stride=4, grayscale=False)
+    plan = HospitalPlan(client=0, tile_px=8, scale=1.0, size=8, stride=8, abnormal_stride=4, grayscale=False)
     lazy = _cut(image, mask, True, plan, masked=True, white_max=0.3).tiles
     # The eager reference: the whitened slide tiled on the abnormal grid against the same limit.
-    eager_plan = ClientPlan(client=0, tile_px=8, scale=1.0, size=8, stride=4, abnormal_stride=4, grayscale=False)
+    eager_plan = HospitalPlan(client=0, tile_px=8, scale=1.0, size=8, stride=4, abnormal_stride=4, grayscale=False)
     eager = _cut(extract_region(image, mask), None, True, eager_plan, background_max=0.3).tiles
     assert len(lazy) > 5
     assert [(t.x, t.y, t.white_ratio) for t in lazy] == [(t.x, t.y, t.white_ratio) for t in eager]
