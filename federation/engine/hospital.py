@@ -152,10 +152,10 @@ class Site:
     rows: int | None = None
 
     @property
-    def data_client(self) -> int:
-        """Which client's rows of ``dataset`` are this hospital's tiles: ``rows``, else ``client``. A hospital that
-        prepared only its own slides (``prepare --clients 1``) reads client 0's rows while its identity in the
-        federation (``client``) comes from its kit bundle."""
+    def data_index(self) -> int:
+        """Its hospital index in ``dataset``, whose rows are this hospital's tiles: ``rows``, else ``client``. A
+        hospital that prepared only its own slides (``prepare --clients 1``) reads hospital 0's rows while its
+        identity in the federation (``client``) comes from its kit bundle."""
         return self.client if self.rows is None else self.rows
 
     def folder(self, run_id: str) -> Path:
@@ -272,7 +272,7 @@ class Hospital:
         # parsed to refuse, before round 1, a configuration this installation cannot run or its policy refuses
         config = config_from_text(message.config_toml, f"run {message.run_id} configuration")
         check_config(self._policy(config), config)
-        dataset, client, own = self.site.dataset, self.site.client, self.site.data_client
+        dataset, client, own = self.site.dataset, self.site.client, self.site.data_index
         rows, classes = read_dataset(dataset)
         check_hospitals(dataset, rows, [own])
         digest = manifest_sha256(dataset)
@@ -490,7 +490,7 @@ class Hospital:
         check_config(policy, config)  # the policy may have changed since the Hello
         if config.run.threads > 0:
             torch.set_num_threads(config.run.threads)
-        own = self.site.data_client
+        own = self.site.data_index
         data = load_hospitals(self.site.dataset, config.data.input_size, config.model.in_chans, [own])
         model = create_model(config.model.name, len(data[own].classes), config.model.in_chans, norm=config.model.norm)
         keys = agreed_shared_keys(config, model)
@@ -631,7 +631,7 @@ class Hospital:
             config=loaded.config,
             model=loaded.model,
             dataset=self.site.dataset,
-            client=self.site.data_client,
+            client=self.site.data_index,
             grayscale=loaded.data.grayscale,
             classes=loaded.data.classes,
             run_id=loaded.run_id,
