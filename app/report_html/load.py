@@ -53,7 +53,7 @@ def hospital_folders(run: Path) -> dict[int, Path]:
     return {hospital_index(p.parent.name): p.parent for p in hospital_files(run, PREDICTIONS_FILE)}
 
 
-def _client(hospital: int | str) -> int:
+def _hospital_index(hospital: int | str) -> int:
     if isinstance(hospital, int):
         return hospital
     text = str(hospital).removeprefix("client_")
@@ -123,7 +123,7 @@ class HospitalReport:
 
 def load_hospital(run: Path, hospital: int | str) -> HospitalReport:
     """Read what the report of ``hospital`` in ``run`` needs; `ReportError` (one line) for anything unusable."""
-    client = _client(hospital)
+    client = _hospital_index(hospital)
     config_path = run / CONFIG_FILE
     if not run.is_dir():
         raise ReportError(f"run directory {run} does not exist: give a folder made by gastric-fl train")
