@@ -40,7 +40,7 @@ class RunVerdicts:
 
     def of(self, client: int) -> Judgement | None:
         """The hospital's judgement, if it was judged."""
-        return next((j for j in self.judgements if j.client == client), None)
+        return next((j for j in self.judgements if j.hospital == client), None)
 
 
 def judge_run(run: Path, floor: Floor, predictions: pd.DataFrame | None = None) -> RunVerdicts:
@@ -85,7 +85,7 @@ def verdict_rows(runs: list[Path], floor: Floor) -> list[dict[str, Any]]:
             rows.append(
                 {
                     "run": run.name,
-                    "client": judged.client,
+                    "client": judged.hospital,
                     "verdict": VERDICT_NAMES[judged.verdict.kind],
                     "threshold": round(judged.threshold, 4),
                     "threshold from": judged.source,

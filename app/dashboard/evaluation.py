@@ -633,7 +633,7 @@ class Judgement:
     split: str = ""
 
     @property
-    def client(self) -> int:
+    def hospital(self) -> int:
         """The hospital."""
         return self.score.client
 
@@ -746,7 +746,7 @@ def verdict_summary(judgements: Sequence[Judgement]) -> pd.DataFrame:
         abnormal = None if score.slide_set is None else int(score.slide_set.labels.sum())
         rows.append(
             {
-                "hospital": hospital_label(judged.client),
+                "hospital": hospital_label(judged.hospital),
                 "verdict": VERDICT_NAMES[judged.verdict.kind],
                 "threshold": judged.threshold,
                 "sensitivity": score.point.sensitivity,

@@ -36,7 +36,7 @@ def test_train_then_report(
     assert len(expected) >= 2
     assert "| run | hospital | verdict | threshold | threshold from | reason |" in printed
     for judged in expected:
-        assert f"| {judged.client} | {judged.verdict.kind.upper()} | 0.5000 |" in printed
+        assert f"| {judged.hospital} | {judged.verdict.kind.upper()} | 0.5000 |" in printed
         assert judged.verdict.reason in printed
     report = (run_dir / "report.md").read_text(encoding="utf-8")
     assert f"Against the floor: {Floor().words}." in report

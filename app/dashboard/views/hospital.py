@@ -40,7 +40,7 @@ def _scorecard(judgements: tuple[evaluation.Judgement, ...], floor: evaluation.F
     it has one)."""
     for judged in judgements:
         if judged.score.warning:
-            st.warning(f"**{hospital_label(judged.client)}**: {judged.score.warning}", icon=":material/warning:")
+            st.warning(f"**{hospital_label(judged.hospital)}**: {judged.score.warning}", icon=":material/warning:")
     table = evaluation.judgement_table(judgements)
     target = floor.sensitivity
     number = st.column_config.NumberColumn
@@ -112,7 +112,7 @@ def _hospital_detail(
 ) -> None:
     """One hospital at its card's threshold: its verdict, figures, ROC curve, confusion matrix, history and example
     tiles; then a slider that explores another threshold (said to be exploring) and the save buttons."""
-    judged_by = {j.client: j for j in judgements}
+    judged_by = {j.hospital: j for j in judgements}
     hospitals = sorted(judged_by)
     hospital = st.selectbox("Hospital", hospitals, format_func=hospital_label, key="hospital")
     judged = judged_by[hospital]

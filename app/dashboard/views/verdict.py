@@ -76,7 +76,7 @@ def _hospital(
     privacy: dict[int, tuple[float, float]],
     unit: str,
 ) -> None:
-    client, score, result = judged.client, judged.score, judged.verdict
+    client, score, result = judged.hospital, judged.score, judged.verdict
     with st.container(border=True):
         st.markdown(f"#### {hospital_label(client)} &nbsp; {ui.verdict_badge(result.kind)}")
         st.markdown(f"{hospital_label(client)}: {result.reason}")
