@@ -23,7 +23,7 @@ from federation.bounds import max_weight_problem
 from federation.config.defaults import DEFAULTS_TOML
 from federation.config.sections import SECTIONS, RunConfig, _fail
 from federation.errors import FederationError
-from federation.strategies.registry import AVERAGING, EXAMPLE_WEIGHTED, OWN_START, SPEC, STRATEGY_NAMES, readers
+from federation.strategies.registry import AVERAGING, EXAMPLE_WEIGHTED, OWN_START, SPEC, SPECS, STRATEGY_NAMES, readers
 from infra.toml import toml_value
 
 
@@ -129,13 +129,7 @@ def config_from_dict(raw: Mapping[str, Any], source: str = "config") -> RunConfi
             f"only {', '.join(sorted(OWN_START))} give each hospital a centre to be pulled toward; "
             f"with {config.strategy.name} a hospital would train alone: use client.start = centre",
         )
-    owners = readers("precision_weighted.eps")  # the methods whose own section [precision_weighted] is
-    _check_unused(
-        config,
-        "precision_weighted",
-        config.strategy.name in owners,
-        f"they apply only with strategy.name = {' or '.join(sorted(owners))}",
-    )
+    _check_own_settings(config)
     _check_max_weight(config)
     _check_robust(config)
     if config.privacy.enabled and config.model.norm != "group":
@@ -199,6 +193,20 @@ def _check_robust(config: RunConfig) -> None:
                 server.trim_count,
                 f"with {m} hospitals dropping {server.trim_count} at each end leaves none: use server.trim < {m}/2",
             )
+
+
+def _check_own_settings(config: RunConfig) -> None:
+    """Refuse a method's own setting (`StrategySpec.settings`, e.g. ``fedprox.mu``) changed from its default when
+    the run's method does not read it: it would silently do nothing."""
+    defaults = tomllib.loads(DEFAULTS_TOML)
+    for spec in SPECS:
+        if spec.name == config.strategy.name:
+            continue
+        for key in spec.settings:
+            section, _, name = key.partition(".")
+            value = getattr(getattr(config, section), name)
+            if config.strategy.name not in readers(key) and value != defaults[section][name]:
+                _fail(key, value, f"leave it at its default: it applies only with strategy.name = {spec.name}")
 
 
 def _check_unused(config: RunConfig, section: str, applies: bool, why: str) -> None:

@@ -79,7 +79,7 @@ def test_cells_are_the_product_times_seeds_and_bad_cells_fail_before_running(tmp
     assert plan.blocks[0].resolved_table() == "components"
     assert plan.cell_config(cells[1]).fedsaf.fim is True
     assert plan.cell_config(cells[1]).run.seed == 1
-    assert load_plan(preset, ["dm=cosine,euclidean"]).blocks[0].resolved_table() == "distances"
+    assert load_plan(preset, ["strategy=fedsaf", "dm=cosine,euclidean"]).blocks[0].resolved_table() == "distances"
     assert load_plan(preset, ["strategy=fedsaf", "nhead=0,3"]).blocks[0].resolved_table() == "nhead"
     assert load_plan(preset, ["strategy=fedavg,fedamp"]).blocks[0].resolved_table() == "methods"
     with pytest.raises(FederationError, match=r"grid cell strategy-fedbest_seed-0: .*strategy.name"):

@@ -26,10 +26,28 @@ def test_defaults_then_file_then_overrides_then_data(tmp_path: Path) -> None:
 
 
 def test_written_toml_reads_back_equal(tmp_path: Path) -> None:
-    config = load_config(None, ["strategy.nhead=3", "data.augment=false", "fedprox.mu=1e-05", "run.name=a-b.c"])
+    config = load_config(
+        None, ["strategy.name=fedprox", "strategy.nhead=3", "data.augment=false", "fedprox.mu=1e-05", "run.name=a-b.c"]
+    )
     path = tmp_path / "config.toml"
     path.write_text(config_to_toml(config), encoding="utf-8")
     assert load_config(path) == config
+
+
+def test_a_methods_own_setting_is_refused_for_another_method() -> None:
+    """A setting only one method reads (its spec's ``settings``), changed for another method, would do nothing:
+    refused in one line naming the setting and its method; at its default it passes."""
+    for key, value, owner, method in (
+        ("fedprox.mu", "0.1", "fedprox", "fedavg"),
+        ("amp.dm", "cosine", "fedsaf", "fedamp"),
+        ("fedsaf.split", "false", "fedsaf", "fedrep"),
+        ("depthwise_fim.reverse", "true", "depthwise_fim", "fedas"),
+    ):
+        with pytest.raises(FederationError, match=rf"{key} = .*applies only with strategy.name = {owner}"):
+            load_config(None, [f"strategy.name={method}", f"{key}={value}"])
+        assert load_config(None, [f"strategy.name={owner}", f"{key}={value}"]).strategy.name == owner
+    default = load_config(None).fedprox.mu
+    assert load_config(None, ["strategy.name=fedavg", f"fedprox.mu={default}"]).fedprox.mu == default
 
 
 @pytest.mark.parametrize("preset", ["demo.toml", "seed.toml", "bot.toml"])

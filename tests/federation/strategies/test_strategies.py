@@ -213,7 +213,7 @@ def test_an_averaging_strategy_deploys_what_it_sends_next(name: str) -> None:
 
 def test_the_split_switch_is_a_fact_of_the_spec_not_of_a_name() -> None:
     """``split_switch`` on the spec decides whether a run splits: FedSAF's ``fedsaf.split = false`` shares every
-    unit (nhead 0 kept at the hospital); a method without a switch keeps its nhead whatever ``fedsaf.split`` says;
+    unit (nhead 0 kept at the hospital); a method without a switch keeps its nhead, and is refused ``fedsaf.split``;
     Separate, which shares nothing, leaves nothing for the hospital's policy to agree to."""
     from federation.engine.policy import agreed_shared_keys
     from federation.strategies.context import shared_nhead
@@ -225,8 +225,10 @@ def test_the_split_switch_is_a_fact_of_the_spec_not_of_a_name() -> None:
     assert shared_nhead(load_config(None, ["strategy.name=fedsaf", "strategy.nhead=3"])) == 3
     off = load_config(None, ["strategy.name=fedsaf", "strategy.nhead=3", "fedsaf.split=false"])
     assert (split_on(off), shared_nhead(off)) == (False, 0)
-    fedrep = load_config(None, ["strategy.name=fedrep", "strategy.nhead=2", "fedsaf.split=false"])
+    fedrep = load_config(None, ["strategy.name=fedrep", "strategy.nhead=2"])
     assert (split_on(fedrep), shared_nhead(fedrep)) == (True, 2)
+    with pytest.raises(FederationError, match=r"fedsaf\.split = False .*only with strategy\.name = fedsaf"):
+        load_config(None, ["strategy.name=fedrep", "strategy.nhead=2", "fedsaf.split=false"])
     model = create_model("mobilenet_v3_small")
     assert agreed_shared_keys(load_config(None, ["strategy.name=separate"]), model) == []
     assert len(agreed_shared_keys(load_config(None, ["strategy.name=fedavg"]), model)) > 0
