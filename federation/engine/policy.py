@@ -244,13 +244,14 @@ def check_config(policy: HospitalPolicy, config: RunConfig) -> None:
     if name not in policy.methods:
         raise _refuse(policy, f"method {name!r} is not one of the accepted methods {list(policy.methods)}")
     nhead = shared_nhead(config)
-    if name != "separate" and nhead < policy.min_nhead:
+    shares = SPEC[name].shares  # Separate shares nothing: no unit and no statistic leaves the hospital
+    if shares and nhead < policy.min_nhead:
         raise _refuse(
             policy,
             f"{name} with nhead {nhead} would send layer units this hospital keeps (at least {policy.min_nhead} "
             "output-side units stay here)",
         )
-    if name != "separate" and bn_mode(name, config.strategy.bn) == "shared" and not policy.share_batchnorm_statistics:
+    if shares and bn_mode(name, config.strategy.bn) == "shared" and not policy.share_batchnorm_statistics:
         raise _refuse(policy, "strategy.bn = shared would send the BatchNorm statistics this hospital keeps")
     if config.model.weights and config.model.weights != policy.weights:
         raise _refuse(
