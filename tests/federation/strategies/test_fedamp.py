@@ -28,7 +28,7 @@ def _ctx() -> tuple[StrategyContext, dict[str, torch.Tensor]]:
 
 
 def _config(**amp: object) -> RunConfig:
-    values: dict[str, object] = {"alpha_k": 0.25, "sigma": 1.0, "lam": 0.5, "dm": "euclidean", "scale": "raw"}
+    values: dict[str, object] = {"alpha_k": 0.25, "sigma": 1.0, "lam": 0.5, "scale": "raw"}  # amp.dm is FedSAF's
     values.update(amp)
     return config_from_dict({"strategy": {"name": "fedamp"}, "amp": values})
 

@@ -246,7 +246,7 @@ def test_split_off_shares_everything_in_one_phase_and_fim_off_asks_for_no_trace(
 
 def test_settings_that_could_make_a_self_weight_negative_are_rejected_at_build() -> None:
     ctx, _, _ = _mobilenet_ctx()
-    with pytest.raises(FederationError, match=r"amp.alpha_k=0.6 .*3 clients.*alpha_k <= 0.5"):
+    with pytest.raises(FederationError, match=r"amp.alpha_k=0.6 .*3 hospitals.*alpha_k <= 0.5"):
         build_strategy(_config(amp={"alpha_k": 0.6, "sigma": 1.0}), ctx)
     with pytest.raises(FederationError, match="head_epochs >= 1"):
         build_strategy(_config(client={"head_epochs": 0, "epochs": 1}), ctx)

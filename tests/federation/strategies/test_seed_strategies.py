@@ -400,7 +400,7 @@ def test_seed_defaults_and_wrap_forms(tmp_path: Path) -> None:
     assert config.fedlws.beta == 0.01
     assert (config.fedtlu.portion, config.fedtlu.grouping) == (0.5, "body")
     assert config.depthwise_fim.reverse is False
-    listed = _config('strategy.wrap=["fedlws", "fedtlu"]', "depthwise_fim.reverse=true")
+    listed = _config('strategy.wrap=["fedlws", "fedtlu"]', "strategy.name=depthwise_fim", "depthwise_fim.reverse=true")
     assert listed.strategy.wrap == ("fedlws", "fedtlu")
     assert _config("strategy.wrap=fedlws,fedtlu").strategy.wrap == ("fedlws", "fedtlu")
     path = tmp_path / "config.toml"
