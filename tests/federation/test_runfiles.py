@@ -101,8 +101,8 @@ def test_read_predictions_of_a_missing_file(tmp_path: Path) -> None:
 def _line(round_: int, client: int, acc: float, **extra: object) -> str:
     import json
 
-    record = {"round": round_, "client": client, "test_acc": acc, "test_auc": None, "values_sent": 10,
-              "values_received": 5, "seconds": 1.0, "num_train": 4, "num_test": 2, "trained": True, **extra}  # fmt: skip
+    record = {"round": round_, "client": client, "test_acc": acc, "test_auc": None, "values_sent": 10}
+    record |= {"values_received": 5, "seconds": 1.0, "num_train": 4, "num_test": 2, "trained": True, **extra}
     return json.dumps(record)
 
 
