@@ -180,7 +180,7 @@ def test_fisher_weights_rejects_bad_traces_and_handles_all_zero() -> None:
 def test_settings_that_could_make_a_self_weight_negative_are_rejected() -> None:
     # m = 3: alpha_k (m - 1) <= sigma  <=>  alpha_k <= 5 for sigma = 10
     check_amp_settings(3, "euclidean", 5.0, 10.0)  # the boundary is allowed: xi_ii >= 0
-    with pytest.raises(FederationError, match=r"alpha_k=6\.0 with amp.sigma=10\.0 and 3 clients.*alpha_k <= 5"):
+    with pytest.raises(FederationError, match=r"alpha_k=6\.0 with amp.sigma=10\.0 and 3 hospitals.*alpha_k <= 5"):
         amp_coefficients(RHO, "euclidean", 6.0, 10.0)
     for args, key in (((3, "euclidean", 6.0, 10.0), "amp.alpha_k"), ((3, "l3", 1.0, 10.0), "amp.dm")):
         with pytest.raises(FederationError) as caught:
