@@ -425,6 +425,148 @@ def _assign(
     return [_Job(i, c, s, plans[c]) for i, c, s in zip(usable, owners, splits, strict=True)], ratios
 
 
+def _tile_without_copies(
+    config: PrepareConfig,
+    staging: Path,
+    usable: list[SlideInfo],
+    skipped: tuple[Skipped, ...],
+    plans: list[HospitalPlan],
+    classes: tuple[str, ...],
+) -> tuple[list[_Job], list[_Outcome], list[float], list[SlideInfo], tuple[Skipped, ...]]:
+    """Share the usable slides out and tile them into ``staging``; again without the slides whose decoded pixels
+    copy another's, until none does. Returns the jobs, their outcomes, the hospitals' size ratios, and the usable
+    and skipped slides as they end up."""
+    out = config.output
+    while True:
+        jobs, ratios = _assign(config, usable, plans, classes)
+        for plan in plans:
+            for split in SPLITS:
+                for label in classes:
+                    (staging / f"client_{plan.client:02d}" / split / label).mkdir(parents=True)
+        outcomes = list(
+            _parallel(lambda job: _tile_job(job, config, staging), jobs, out.workers, "tiling", out.progress)
+        )
+        pixel_copies = _pixel_copies(jobs, outcomes)
+        if not pixel_copies:
+            break
+        if out.strict:
+            raise SlideError(f"{pixel_copies[0].reason} (stopped by --strict)")
+        # Pixels are decoded only here, so a copy is recognised only after it was given a hospital and split.
+        # Share the slides out again without the copies, as if they had been left out with the byte-identical
+        # ones: the split then does not depend on them. Tiling twice costs a second decode, but only when the
+        # input holds such copies; a clean input is decoded once.
+        left_out = {c.source for c in pixel_copies}
+        usable = [i for i in usable if i.ref.source not in left_out]
+        skipped = tuple(sorted([*skipped, *pixel_copies], key=lambda s: s.source))
+        for plan in plans:
+            shutil.rmtree(staging / f"client_{plan.client:02d}")
+    return jobs, outcomes, ratios, usable, skipped
+
+
+def _write_records(
+    config: PrepareConfig,
+    staging: Path,
+    plans: list[HospitalPlan],
+    classes: tuple[str, ...],
+    tiled: tuple[list[_Job], list[_Outcome], list[float], list[SlideInfo], tuple[Skipped, ...]],
+) -> tuple[list[list[str]], list[_Job], Counts, dict[int, int], tuple[Skipped, ...], tuple[str, ...], dict[str, Any]]:
+    """Write ``manifest.csv``, ``prepare.json`` (with the shortcut probe), ``report.md`` and ``contact_sheet.png``
+    into ``staging`` from the tiling's outcomes. Returns the manifest rows, the kept jobs, the counts, the slides
+    per hospital, the skipped slides, the warnings and the shortcut probe."""
+    out = config.output
+    jobs, outcomes, ratios, usable, skipped = tiled
+    warnings = tuple(i.warning for i in usable if i.warning is not None)
+    late = [o.skipped for o in outcomes if o.skipped is not None]
+    if late and out.strict:
+        raise SlideError(f"{late[0].reason} (stopped by --strict)")
+    skipped = tuple(sorted([*skipped, *late], key=lambda s: s.source))
+    warnings = (*warnings, *(w for o in outcomes for w in o.warnings))
+    pixel_digests = {
+        j.info.ref.source: o.pixels_sha256
+        for j, o in zip(jobs, outcomes, strict=True)
+        if o.skipped is None and o.pixels_sha256 is not None
+    }
+    jobs = [j for j, o in zip(jobs, outcomes, strict=True) if o.skipped is None]
+    kept_outcomes = [o for o in outcomes if o.skipped is None]
+    per_slide = [o.rows for o in kept_outcomes]
+    rows = [row for slide_rows in per_slide for row in slide_rows]
+
+    counts = empty_counts(config.split.clients, classes)
+    for row in rows:
+        counts[int(row[0])][row[1]][row[2]] += 1
+    slide_counts: dict[tuple[int, str], int] = {}
+    for job in jobs:
+        slide_counts[(job.client, job.split)] = slide_counts.get((job.client, job.split), 0) + 1
+    _check_splits(counts, plans, slide_counts)
+
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(MANIFEST_COLUMNS)
+    writer.writerows(rows)
+    (staging / MANIFEST_FILE).write_text(buffer.getvalue(), encoding="utf-8")
+
+    slides_per_client = {p.client: sum(1 for j in jobs if j.client == p.client) for p in plans}
+    excluded: dict[int, dict[str, int]] = {p.client: dict.fromkeys(SPLITS, 0) for p in plans}
+    for job, outcome in zip(jobs, kept_outcomes, strict=True):
+        excluded[job.client][job.split] += outcome.left_out
+    class_index = {label: k for k, label in enumerate(classes)}
+    shortcut = probe(
+        [st for o in kept_outcomes for st in o.stats],
+        [class_index[row[2]] for row in rows],
+        [row[1] for row in rows],
+        [int(row[0]) for row in rows],
+        SPLITS,
+    )
+    record = _provenance(config, plans, jobs, per_slide, ratios, counts, skipped, warnings, rows, pixel_digests)
+    record["left_out"] = {str(c): per for c, per in excluded.items()}
+    record["labels"] = {
+        "rule": tiles_from(config),
+        "abnormal_coverage": config.tiles.abnormal_coverage,
+        "mask_outside": config.tiles.mask_outside,
+        # named wherever results from such a dataset appear (the shortcut probe measures what it leaks)
+        "departure": MASK_OUTSIDE_DEPARTURE if config.tiles.mask_outside else None,
+    }
+    record["shortcut_probe"] = shortcut
+    (staging / PREPARE_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+    settings = {
+        "format": config.source.format,
+        "input": config.source.input.as_posix(),
+        "clients": str(config.split.clients),
+        "sizes": config.split.sizes + " (ratios " + ", ".join(f"{r:.2f}" for r in ratios) + ")",
+        "partition": config.split.partition.spec(),
+        "test fraction": f"{config.split.test_fraction:g}",
+        "validation fraction": f"{config.split.val_fraction:g}",
+        "seed": str(config.split.seed),
+        "classes": ", ".join(classes),
+        "simulated sites": (
+            "none"
+            if all(p.site is None for p in plans)
+            else f"{config.sites.shift} (strength {config.sites.strength:g}"
+            + (f", {len(config.sites.profile)} listed" if config.sites.profile else "")
+            + "): profiles in prepare.json, clients[].site"
+        ),
+        "tiles": tiles_from(config),
+        "background max (every tile)": f"{config.tiles.background_max:g}",
+        "abnormal coverage": f"{config.tiles.abnormal_coverage:g} of a tile's tissue inside the mask",
+        "left out (abnormal slides, too little annotated tissue)": ", ".join(
+            f"client {c}: " + " / ".join(f"{n} {s}" for s, n in per.items()) for c, per in excluded.items()
+        ),
+        "near-white": f"all channels >= {config.tiles.white_level}",
+        "slides with no kept tile": str(sum(1 for slide_rows in per_slide if not slide_rows)),
+    }
+    if config.tiles.mask_outside:
+        settings["white max (Step a.1, training)"] = f"{config.tiles.white_max:g}"
+    report_md = markdown_report(settings, plans, counts, slides_per_client, skipped, warnings, probe_markdown(shortcut))
+    (staging / "report.md").write_text(report_md, encoding="utf-8")
+    sheet = contact_sheet(staging, plans, _samples(rows, config.split.clients, classes), classes)
+    ok, png = cv2.imencode(".png", sheet)
+    if not ok:
+        raise PipelineError("could not encode contact_sheet.png (OpenCV PNG encoder)")
+    (staging / "contact_sheet.png").write_bytes(png.tobytes())
+    return rows, jobs, counts, slides_per_client, skipped, warnings, shortcut
+
+
 def _prepare_claimed(config: PrepareConfig, started: float) -> PrepareResult:
     """`prepare_dataset` once ``--out`` is locked and checked: slides, split, tiles, files, publish."""
     classes = dataset_classes(config.source)
@@ -457,120 +599,10 @@ def _prepare_claimed(config: PrepareConfig, started: float) -> PrepareResult:
         # 0700, as a prepared dataset has always been; marked at once, so that recover_folder knows it as ours
         with replace_folder(out.out, mode=0o700) as staging:
             write_marker(staging, COMMAND, complete=False, record_contents=False)
-            while True:
-                jobs, ratios = _assign(config, usable, plans, classes)
-                for plan in plans:
-                    for split in SPLITS:
-                        for label in classes:
-                            (staging / f"client_{plan.client:02d}" / split / label).mkdir(parents=True)
-                outcomes = list(
-                    _parallel(lambda job: _tile_job(job, config, staging), jobs, out.workers, "tiling", out.progress)
-                )
-                pixel_copies = _pixel_copies(jobs, outcomes)
-                if not pixel_copies:
-                    break
-                if out.strict:
-                    raise SlideError(f"{pixel_copies[0].reason} (stopped by --strict)")
-                # Pixels are decoded only here, so a copy is recognised only after it was given a hospital and split.
-                # Share the slides out again without the copies, as if they had been left out with the byte-identical
-                # ones: the split then does not depend on them. Tiling twice costs a second decode, but only when the
-                # input holds such copies; a clean input is decoded once.
-                left_out = {c.source for c in pixel_copies}
-                usable = [i for i in usable if i.ref.source not in left_out]
-                skipped = tuple(sorted([*skipped, *pixel_copies], key=lambda s: s.source))
-                for plan in plans:
-                    shutil.rmtree(staging / f"client_{plan.client:02d}")
-            warnings = tuple(i.warning for i in usable if i.warning is not None)
-            late = [o.skipped for o in outcomes if o.skipped is not None]
-            if late and out.strict:
-                raise SlideError(f"{late[0].reason} (stopped by --strict)")
-            skipped = tuple(sorted([*skipped, *late], key=lambda s: s.source))
-            warnings = (*warnings, *(w for o in outcomes for w in o.warnings))
-            pixel_digests = {
-                j.info.ref.source: o.pixels_sha256
-                for j, o in zip(jobs, outcomes, strict=True)
-                if o.skipped is None and o.pixels_sha256 is not None
-            }
-            jobs = [j for j, o in zip(jobs, outcomes, strict=True) if o.skipped is None]
-            kept_outcomes = [o for o in outcomes if o.skipped is None]
-            per_slide = [o.rows for o in kept_outcomes]
-            rows = [row for slide_rows in per_slide for row in slide_rows]
-
-            counts = empty_counts(config.split.clients, classes)
-            for row in rows:
-                counts[int(row[0])][row[1]][row[2]] += 1
-            slide_counts: dict[tuple[int, str], int] = {}
-            for job in jobs:
-                slide_counts[(job.client, job.split)] = slide_counts.get((job.client, job.split), 0) + 1
-            _check_splits(counts, plans, slide_counts)
-
-            buffer = io.StringIO()
-            writer = csv.writer(buffer, lineterminator="\n")
-            writer.writerow(MANIFEST_COLUMNS)
-            writer.writerows(rows)
-            (staging / MANIFEST_FILE).write_text(buffer.getvalue(), encoding="utf-8")
-
-            slides_per_client = {p.client: sum(1 for j in jobs if j.client == p.client) for p in plans}
-            excluded: dict[int, dict[str, int]] = {p.client: dict.fromkeys(SPLITS, 0) for p in plans}
-            for job, outcome in zip(jobs, kept_outcomes, strict=True):
-                excluded[job.client][job.split] += outcome.left_out
-            class_index = {label: k for k, label in enumerate(classes)}
-            shortcut = probe(
-                [st for o in kept_outcomes for st in o.stats],
-                [class_index[row[2]] for row in rows],
-                [row[1] for row in rows],
-                [int(row[0]) for row in rows],
-                SPLITS,
+            tiled = _tile_without_copies(config, staging, usable, skipped, plans, classes)
+            rows, jobs, counts, slides_per_client, skipped, warnings, shortcut = _write_records(
+                config, staging, plans, classes, tiled
             )
-            record = _provenance(config, plans, jobs, per_slide, ratios, counts, skipped, warnings, rows, pixel_digests)
-            record["left_out"] = {str(c): per for c, per in excluded.items()}
-            record["labels"] = {
-                "rule": tiles_from(config),
-                "abnormal_coverage": config.tiles.abnormal_coverage,
-                "mask_outside": config.tiles.mask_outside,
-                # named wherever results from such a dataset appear (the shortcut probe measures what it leaks)
-                "departure": MASK_OUTSIDE_DEPARTURE if config.tiles.mask_outside else None,
-            }
-            record["shortcut_probe"] = shortcut
-            (staging / PREPARE_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-
-            settings = {
-                "format": config.source.format,
-                "input": config.source.input.as_posix(),
-                "clients": str(config.split.clients),
-                "sizes": config.split.sizes + " (ratios " + ", ".join(f"{r:.2f}" for r in ratios) + ")",
-                "partition": config.split.partition.spec(),
-                "test fraction": f"{config.split.test_fraction:g}",
-                "validation fraction": f"{config.split.val_fraction:g}",
-                "seed": str(config.split.seed),
-                "classes": ", ".join(classes),
-                "simulated sites": (
-                    "none"
-                    if all(p.site is None for p in plans)
-                    else f"{config.sites.shift} (strength {config.sites.strength:g}"
-                    + (f", {len(config.sites.profile)} listed" if config.sites.profile else "")
-                    + "): profiles in prepare.json, clients[].site"
-                ),
-                "tiles": tiles_from(config),
-                "background max (every tile)": f"{config.tiles.background_max:g}",
-                "abnormal coverage": f"{config.tiles.abnormal_coverage:g} of a tile's tissue inside the mask",
-                "left out (abnormal slides, too little annotated tissue)": ", ".join(
-                    f"client {c}: " + " / ".join(f"{n} {s}" for s, n in per.items()) for c, per in excluded.items()
-                ),
-                "near-white": f"all channels >= {config.tiles.white_level}",
-                "slides with no kept tile": str(sum(1 for slide_rows in per_slide if not slide_rows)),
-            }
-            if config.tiles.mask_outside:
-                settings["white max (Step a.1, training)"] = f"{config.tiles.white_max:g}"
-            report_md = markdown_report(
-                settings, plans, counts, slides_per_client, skipped, warnings, probe_markdown(shortcut)
-            )
-            (staging / "report.md").write_text(report_md, encoding="utf-8")
-            sheet = contact_sheet(staging, plans, _samples(rows, config.split.clients, classes), classes)
-            ok, png = cv2.imencode(".png", sheet)
-            if not ok:
-                raise PipelineError("could not encode contact_sheet.png (OpenCV PNG encoder)")
-            (staging / "contact_sheet.png").write_bytes(png.tobytes())
             write_marker(staging, COMMAND)
             check_replaceable(out.out, COMMAND)  # again, last: files may have been added to --out while tiling
     except OSError as exc:
