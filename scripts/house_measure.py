@@ -38,6 +38,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from support.graphs import cycles
+
 PACKAGES = ("app", "federation", "inference", "models", "pipeline", "infra")
 FEDERATION_FOLDERS = ("engine", "flower", "strategies", "config", "ablation")
 REGISTRY = "federation.strategies.registry"
@@ -116,42 +120,6 @@ class Checkout:
                     if other is not None:
                         found.add(other)
         return frozenset(found - {module})
-
-
-def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one node (Tarjan), each sorted."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for other in sorted(edges.get(node, ())):
-            if other not in index:
-                visit(other)
-                low[node] = min(low[node], low[other])
-            elif other in on_stack:
-                low[node] = min(low[node], index[other])
-        if low[node] == index[node]:
-            component = []
-            while True:
-                other = stack.pop()
-                on_stack.discard(other)
-                component.append(other)
-                if other == node:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
-    for node in sorted(edges):
-        if node not in index:
-            visit(node)
-    return sorted(found)
 
 
 def federation_unit(module: str) -> str:

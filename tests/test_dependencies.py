@@ -18,6 +18,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from support.graphs import cycles
 from support.paths import REPO
 
 PACKAGES = ("app", "pipeline", "federation", "models", "inference", "infra")
@@ -90,48 +91,13 @@ def imports(module: str) -> frozenset[str]:
     return frozenset(found - {module})
 
 
-def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one node (Tarjan), each sorted."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for other in edges.get(node, ()):
-            if other not in index:
-                visit(other)
-                low[node] = min(low[node], low[other])
-            elif other in on_stack:
-                low[node] = min(low[node], index[other])
-        if low[node] == index[node]:
-            component = []
-            while True:
-                other = stack.pop()
-                on_stack.discard(other)
-                component.append(other)
-                if other == node:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for node in sorted(edges):
-        if node not in index:
-            visit(node)
-    return found
-
-
 def test_the_walk_sees_deferred_imports_and_every_folder() -> None:
     # the walk itself: it finds the modules of every folder, and an import inside a function
     assert {name.split(".")[0] for name in modules()} == set(PACKAGES)
     assert len(modules()) > 100
     deferred = "federation.engine.hospital"  # imports federation.engine.export inside a method
     assert "federation.engine.export" in imports(deferred)
-    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
 def test_the_top_level_folders_depend_one_way() -> None:
@@ -148,7 +114,7 @@ def test_the_top_level_folders_depend_one_way() -> None:
 
 def test_no_module_imports_back_what_imports_it() -> None:
     edges = {m: {o for o in imports(m) if o != "torch"} for m in modules()}
-    assert _cycles(edges) == []
+    assert cycles(edges) == []
 
 
 def _federation_unit(module: str) -> str:
@@ -171,7 +137,7 @@ def test_federations_folders_form_no_cycle() -> None:
         )
     assert "federation.engine" in edges
     assert "federation.flower" in edges
-    assert _cycles(edges) == []
+    assert cycles(edges) == []
 
 
 @pytest.mark.parametrize("module", LEAVES)
