@@ -167,14 +167,14 @@ def read_card_json(folder: Path) -> dict[str, Any]:
     """The hospital's ``model.json`` as a dict (`federation.runfiles.read_card_object`: without loading the
     weights, no torch); one-line error if unusable."""
     path = folder / CARD_FILE
-    if not path.is_file():
-        raise SlideViewError(f"{path} does not exist: this hospital has no exported model yet")
     try:
         card = read_card_object(path)
     except CardError as exc:
-        if exc.kind != "not_object":
+        if exc.kind == "missing":
+            raise SlideViewError(f"{path} does not exist: this hospital has no exported model yet") from None
+        if exc.kind == "unreadable":
             raise SlideViewError(f"{exc}; train the run again (or resume it) to export the model anew") from None
-        card = {}
+        card = {}  # JSON, but not an object: not a card (the check below says so)
     if card.get("format") != "gastric-fl model card":
         raise SlideViewError(f"{path} is not a gastric-fl model card; train the run again to export the model anew")
     return card

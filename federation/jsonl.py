@@ -32,19 +32,21 @@ class DamagedLine:
 
 @dataclass(frozen=True)
 class JsonlScan:
-    """The JSON objects of a file, in order, and the lines that could not be read."""
+    """The JSON objects of a file, in order, the line each was read from, and the lines that could not be read."""
 
     records: list[dict[str, Any]]
     damaged: tuple[DamagedLine, ...]
+    lines: tuple[int, ...]  # lines[i]: the 1-based line of records[i]
 
 
 def scan_jsonl(path: Path) -> JsonlScan:
     """Every JSON object of ``path`` and every damaged line (not JSON, cut off, not an object); missing = empty."""
     if not path.is_file():
-        return JsonlScan([], ())
+        return JsonlScan([], (), ())
     text = path.read_text(encoding="utf-8", errors="replace")
     lines = text.split("\n")  # a complete file ends with a newline, so its final element is empty
     records: list[dict[str, Any]] = []
+    numbers: list[int] = []
     damaged: list[DamagedLine] = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -60,7 +62,8 @@ def scan_jsonl(path: Path) -> JsonlScan:
             damaged.append(DamagedLine(path, number, "not a JSON object", number == len(lines)))
             continue
         records.append(value)
-    return JsonlScan(records, tuple(damaged))
+        numbers.append(number)
+    return JsonlScan(records, tuple(damaged), tuple(numbers))
 
 
 def read_jsonl(path: Path, *, damaged: Literal["skip", "raise"] = "skip") -> list[dict[str, Any]]:

@@ -196,23 +196,18 @@ def read_metrics(path: Path) -> MetricsRecords:
     The one reader of the file: ``gastric-fl report`` (`federation.report.load_run`), the HTML report and the
     dashboard's frames all take their records from here, so they leave out the same records."""
     scan = scan_jsonl(path)
-    bad_lines = {d.line for d in scan.damaged}
-    numbers: list[int] = []
-    if path.is_file():
-        lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
-        numbers = [n for n, line in enumerate(lines, start=1) if line.strip() and n not in bad_lines]
     problems = [f"{bad}; the record is left out" for bad in scan.damaged]
     kept: dict[tuple[int, int], tuple[int, dict[str, Any]]] = {}
-    for i, record in enumerate(scan.records):
-        where = f"line {numbers[i]}" if i < len(numbers) else f"record {i + 1}"
+    for i, (record, line) in enumerate(zip(scan.records, scan.lines, strict=True)):
         problem = metrics_problem(record)
         if problem is not None:
-            problems.append(f"{path}, {where}: {problem}; the record is left out")
+            problems.append(f"{path}, line {line}: {problem}; the record is left out")
             continue
         key = (int(record["round"]), int(record["client"]))
         if key in kept:
             problems.append(
-                f"{path}, {where}: round {key[0]} of hospital {key[1]} is written again; the earlier record is left out"
+                f"{path}, line {line}: round {key[0]} of hospital {key[1]} is written again; "
+                "the earlier record is left out"
             )
         kept[key] = (i, record)
     records = [record for _, record in sorted(kept.values(), key=lambda item: item[0])]

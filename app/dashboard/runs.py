@@ -600,12 +600,6 @@ def load_predictions(run: Path) -> pd.DataFrame:
     return pd.concat([read_prediction_file(path) for path in files], ignore_index=True)
 
 
-def _cards(run: Path) -> dict[int, dict[str, Any]]:
-    """Each hospital's model card (``hospitals/client_XX/model.json``) that reads as a JSON object, by client
-    (`federation.runfiles.read_cards`)."""
-    return runfiles.read_cards(run)
-
-
 def _card_threshold(card: Mapping[str, Any]) -> float | None:
     value = card.get("threshold")
     if isinstance(value, int | float) and not isinstance(value, bool) and 0.0 < value < 1.0:
@@ -616,7 +610,7 @@ def _card_threshold(card: Mapping[str, Any]) -> float | None:
 def card_thresholds(run: Path) -> dict[int, float]:
     """Each hospital's decision threshold from its model card (``hospitals/client_XX/model.json``, written by
     ``models.bundle``), by client; hospitals without a readable card, or with no threshold in it, are left out."""
-    return {c: t for c, card in _cards(run).items() if (t := _card_threshold(card)) is not None}
+    return {c: t for c, card in runfiles.read_cards(run).items() if (t := _card_threshold(card)) is not None}
 
 
 @dataclass(frozen=True)
@@ -636,7 +630,7 @@ def card_operating(run: Path) -> dict[int, CardThreshold]:
     """Each hospital's `CardThreshold` (each card read once), for the hospitals of `card_thresholds`; a hospital
     without one decides at `NO_CARD`."""
     found = {}
-    for client, card in _cards(run).items():
+    for client, card in runfiles.read_cards(run).items():
         value = _card_threshold(card)
         if value is not None:
             split = card.get("threshold_split")
@@ -650,6 +644,6 @@ def card_threshold_sources(run: Path) -> dict[int, str]:
     floor; `models.bundle.set_threshold`), for the hospitals of `card_thresholds` (each card read once)."""
     return {
         c: str(card.get("threshold_source") or "the default 0.5")
-        for c, card in _cards(run).items()
+        for c, card in runfiles.read_cards(run).items()
         if _card_threshold(card) is not None
     }

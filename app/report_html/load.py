@@ -144,12 +144,12 @@ def load_hospital(run: Path, hospital: int | str) -> HospitalReport:
         raise ReportError(f"{folder} does not exist: hospital {client} is not part of this run (hospitals: {known})")
     predictions = read_predictions(folder / PREDICTIONS_FILE)
     summary = _json_file(run / SUMMARY_FILE, "the run rewrites it at the next round; rerun or resume the run")
-    card: dict[str, Any] = {}
-    if (folder / CARD_FILE).is_file():
-        try:
-            card = runfiles.read_card_object(folder / CARD_FILE)
-        except runfiles.CardError as exc:
+    try:
+        card = runfiles.read_card_object(folder / CARD_FILE)
+    except runfiles.CardError as exc:
+        if exc.kind != "missing":
             raise ReportError(f"{exc}; train the run again (or resume it) to export the model anew") from None
+        card = {}  # a run made before model export: noted below
     notes: list[str] = []
     threshold = 0.5
     classes = card.get("class_names") or list(CLASS_NAMES)

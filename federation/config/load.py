@@ -199,14 +199,18 @@ def _check_own_settings(config: RunConfig) -> None:
     """Refuse a method's own setting (`StrategySpec.settings`, e.g. ``fedprox.mu``) changed from its default when
     the run's method does not read it: it would silently do nothing."""
     defaults = tomllib.loads(DEFAULTS_TOML)
-    for spec in SPECS:
-        if spec.name == config.strategy.name:
+    for key in sorted({key for spec in SPECS for key in spec.settings}):
+        owners = readers(key)
+        if config.strategy.name in owners:
             continue
-        for key in spec.settings:
-            section, _, name = key.partition(".")
-            value = getattr(getattr(config, section), name)
-            if config.strategy.name not in readers(key) and value != defaults[section][name]:
-                _fail(key, value, f"leave it at its default: it applies only with strategy.name = {spec.name}")
+        section, _, name = key.partition(".")
+        value = getattr(getattr(config, section), name)
+        if value != defaults[section][name]:
+            _fail(
+                key,
+                value,
+                f"leave it at its default: it applies only with strategy.name = {' or '.join(sorted(owners))}",
+            )
 
 
 def _check_unused(config: RunConfig, section: str, applies: bool, why: str) -> None:
