@@ -307,9 +307,13 @@ class Client:
             order = torch.randperm(self.data.num_train, generator=generator)
             batches = _batches(order, self.batch_size)
             pending: list[tuple[torch.Tensor, int]] = []  # the GPU's losses, read once an epoch (no sync per step)
+            ahead = self._device_epoch(order) if self.on_gpu else None
+            start = 0
             for step, index in enumerate(batches):
-                if self.on_gpu:
-                    x, y = self._device_batch("train", index, self.augment)
+                if ahead is not None:  # the epoch's tiles, augmented at once on the device: a slice per step
+                    end = start + index.numel()
+                    x, y = gpu.normalise(ahead[0][start:end], *self._stats), ahead[1][start:end]
+                    start = end
                 else:
                     batch = images[index.numpy()]
                     if augmenter is not None:
@@ -354,6 +358,19 @@ class Client:
             self._held[split] = torch.from_numpy(np.ascontiguousarray(images)).to(self.device)
             self._held[f"{split}_y"] = torch.from_numpy(labels).to(self.device)
         return self._held[split], self._held[f"{split}_y"]
+
+    def _device_epoch(self, order: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training tiles in ``order`` on the GPU (``uint8``), augmented there when the hospital augments, and
+        their labels: one epoch's augmentation done in chunks of `gpu.EPOCH_CHUNK` tiles rather than per step, so a
+        small batch does not pay the augmentation's kernel launches every step. Each tile's draws follow the same
+        distributions (`federation.gpu`); they come from the round's device generator in the epoch's order."""
+        images, labels = self._held_split("train")
+        order = order.to(self.device)
+        tiles = images.index_select(0, order)
+        if self.augment:
+            assert self._device_generator is not None
+            tiles = torch.cat([gpu.augment(c, self._device_generator) for c in tiles.split(gpu.EPOCH_CHUNK)])
+        return tiles, labels.index_select(0, order)
 
     def _device_batch(
         self, split: str, index: torch.Tensor, augment: bool = False
@@ -415,10 +432,14 @@ class Client:
                 index = units[u]
                 if index.numel() > recipe.dp_tiles_per_unit:
                     index = index[torch.randperm(index.numel(), generator=generator)[: recipe.dp_tiles_per_unit]]
-                batch = images[index.numpy()]
-                if augmenter is not None:
-                    batch = augment_batch(augmenter, batch)
-                loss = F.cross_entropy(self.model(to_tensor(batch, self.device)), labels[index].to(self.device))
+                if self.on_gpu:  # augmented on the device like the plain path's tiles
+                    x = self._device_batch("train", index, self.augment)[0]
+                else:
+                    batch = images[index.numpy()]
+                    if augmenter is not None:
+                        batch = augment_batch(augmenter, batch)
+                    x = to_tensor(batch, self.device)
+                loss = F.cross_entropy(self.model(x), labels[index].to(self.device))
                 value = self._finite(loss, server_round, lr)
                 grads = torch.autograd.grad(loss, trained, allow_unused=True)
                 grads = tuple(torch.zeros_like(p) if g is None else g for g, p in zip(grads, trained, strict=True))

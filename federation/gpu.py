@@ -40,6 +40,7 @@ HUE_STEPS = 180.0  # OpenCV's 8-bit hue: 180 steps to the circle
 HUE_SHIFT, SAT_SHIFT, VAL_SHIFT, HSV_P = 8.0, 12.0, 8.0, 0.5
 BRIGHTNESS, CONTRAST, BC_P = 0.1, 0.1, 0.5
 CUBLAS_WORKSPACE = ":4096:8"
+EPOCH_CHUNK = 1024  # tiles augmented at once when an epoch's tiles are augmented ahead (bounds the float copies)
 
 
 def _uniform(n: int, limit: float, generator: torch.Generator, device: torch.device) -> torch.Tensor:

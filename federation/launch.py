@@ -17,7 +17,8 @@ from typing import Any
 
 from federation.config import RunConfig
 from federation.engine import Server, local_sites, resolve_config
-from federation.engine.hospital import manifest_sha256
+from federation.engine.derived import resolve_device
+from federation.engine.hospital import Site, manifest_sha256
 from federation.engine.pools import InProcessPool, Pool, WorkerPool
 from models import check_input_size
 
@@ -46,6 +47,8 @@ def train(
         from federation.flower.runner import run_with_flower
 
         return run_with_flower(config, run_dir, resume=resume, overwrite=overwrite, progress=progress, sites=sites)
+    if config.run.workers > 0:
+        check_workers_fit(config, sites)
     server = Server(config, run_dir, progress=progress)
     server.dataset_sha256 = manifest_sha256(Path(config.data.path))  # recorded in summary.json, checked on resume
 
@@ -55,3 +58,23 @@ def train(
         return InProcessPool(sites)
 
     return server.run(make_pool, resume=resume, overwrite=overwrite)
+
+
+def check_workers_fit(config: RunConfig, sites: list[Site]) -> None:
+    """On a GPU, refuse ``run.workers`` processes whose hospitals would not fit in its free memory, before the run
+    starts (`federation.gpu_memory`); nothing on the CPU."""
+    device = resolve_device(config.run.device)
+    if device.type != "cuda":
+        return
+    from federation import gpu_memory
+
+    counts = gpu_memory.hospital_tiles(config.data.path)
+    gpu_memory.check_shared_gpu(
+        [counts.get(site.data_index, 0) for site in sites],
+        config.run.workers,
+        gpu_memory.free_gpu_bytes(device),
+        input_size=config.data.input_size,
+        channels=config.model.in_chans,
+        batch_size=config.data.batch_size,
+        model_name=config.model.name,
+    )

@@ -21,7 +21,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from pathlib import Path
 from typing import Any
 
-from federation.ablation.cells import TrainFn, cause, process_cells, ray_cells
+from federation.ablation.cells import TrainFn, cause, process_cells, ray_cells, visible_gpus
 from federation.ablation.grid import SHORT, Cell, Plan
 from federation.config import config_to_toml
 from federation.errors import FederationError
@@ -236,6 +236,11 @@ def _run_parallel(
     the whole grid."""
     on_gpu = any(plan.cell_config(c).run.device in ("cuda", "auto") for c in todo)
     limit = len(todo) if workers is None else min(workers, len(todo))
+    if ray is None and limit > 1 and len(visible_gpus(on_gpu)) == 1:  # the cells in flight share one GPU
+        from federation import gpu_memory
+
+        needs = [gpu_memory.config_bytes(plan.cell_config(c)) for c in todo]
+        gpu_memory.check_cells(needs, limit, gpu_memory.free_gpu_bytes())
     pool = ray_cells(ray, on_gpu, workers) if ray is not None else process_cells(limit, on_gpu)
     waiting = list(todo)
     done = 0

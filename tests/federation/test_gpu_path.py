@@ -200,3 +200,47 @@ def test_a_non_finite_loss_on_the_device_path_stops_the_round_in_the_same_words(
     recipe = Recipe(epochs=1, lr=0.01, momentum=0.9, fisher_batch=0, precise_bn=False)
     with pytest.raises(Diverged, match=r"hospital 0, round 4: the training loss became nan; lower client.lr"):
         client.train(TrainInstruction(0, recipe), server_round=4, seed=3)
+
+
+def test_an_epoch_is_augmented_ahead_in_chunks_with_each_tiles_own_draws(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`Client._device_epoch`: the tiles in the epoch's order, each augmented with the draws the round's device
+    generator gives it in that order, chunk by chunk; labels follow the order. 24 tiles in chunks of 5 (5 chunks,
+    the last of 4)."""
+    monkeypatch.setattr(gpu, "EPOCH_CHUNK", 5)
+    client = _client(on_device=True)
+    client._device_generator = torch.Generator().manual_seed(11)
+    order = torch.randperm(24, generator=torch.Generator().manual_seed(2))
+    tiles, labels = client._device_epoch(order)
+    images = torch.from_numpy(client.data.train_x).index_select(0, order)
+    again = torch.Generator().manual_seed(11)
+    expected = torch.cat([gpu.augment(images[i : i + 5], again) for i in range(0, 24, 5)])
+    assert tiles.dtype == torch.uint8
+    assert tiles.shape == (24, 32, 32, 3)
+    assert torch.equal(tiles, expected)
+    assert not torch.equal(tiles, images)  # augmented, not the raw tiles
+    assert labels.tolist() == [int(client.data.train_y[i]) for i in order.tolist()]
+    # without augmentation the epoch is the raw tiles in order, and no draw is taken
+    client.augment = False
+    state = client._device_generator.get_state()
+    plain, _ = client._device_epoch(order)
+    assert torch.equal(plain, images)
+    assert torch.equal(client._device_generator.get_state(), state)
+
+
+def test_dp_training_on_the_device_path_augments_its_tiles() -> None:
+    """The DP-SGD phase on the device path feeds augmented tiles (it fed raw ones), from the device generator."""
+    seen: list[torch.Tensor] = []
+    client = _client(on_device=True)
+    client.model.register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach().clone()))
+    raw = client._device_batch("train", torch.arange(24))[0]
+    seen.clear()
+    recipe = Recipe(epochs=1, lr=0.01, momentum=0.9, fisher_batch=0, precise_bn=False, dp_noise_multiplier=1.0,
+                    dp_max_grad_norm=1.0, dp_sample_rate=0.5, dp_unit="tile")  # fmt: skip
+    # units of two tiles (a batch of one tile of 32 px leaves BatchNorm one value per channel)
+    client._units = lambda _recipe: [torch.tensor([2 * i, 2 * i + 1]) for i in range(12)]  # type: ignore[method-assign]
+    client.train(TrainInstruction(0, recipe), server_round=1, seed=3)
+    tiles = [x[j] for x in seen for j in range(x.shape[0])]
+    assert len(seen) > 0
+    assert all(x.shape[0] == 2 for x in seen)
+    matches = sum(int(any(torch.equal(t, r) for r in raw)) for t in tiles)
+    assert matches < len(tiles) / 2  # raw tiles would match every time; an augmented one rarely (1 in 32)

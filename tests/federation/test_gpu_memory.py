@@ -1,0 +1,101 @@
+"""Whether hospitals or ablation cells sharing one GPU fit (federation.gpu_memory, issue 32), checked on the CPU: the
+estimate's exact arithmetic on unequal hospitals, the round-robin spread of the worker pool, the refusals naming what
+fits, and `train` / `ablate` refusing before anything is written when the GPU's free memory is too small."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from support.cli import run_cli
+from support.tiny_dataset import TINY_SETTINGS
+
+import federation.launch
+from federation import gpu_memory
+from federation.errors import FederationError
+
+MIB = 2**20
+SIZES = {"input_size": 32, "channels": 3, "batch_size": 8, "model_name": "m"}
+
+
+@pytest.fixture()
+def constants(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model of 1 MiB of parameters whose training saves 0.5 MiB of activations per tile."""
+    monkeypatch.setattr(gpu_memory, "parameter_bytes", lambda _name, _channels: MIB)
+    monkeypatch.setattr(gpu_memory, "activation_bytes", lambda _name, _size, _channels: MIB // 2)
+
+
+def test_the_pools_round_robin_spread() -> None:
+    assert gpu_memory.spread([10, 20, 30, 40, 50], 2) == [[10, 30, 50], [20, 40]]
+    assert gpu_memory.spread([10, 20], 5) == [[10], [20]]  # never more processes than hospitals
+    assert gpu_memory.spread([10, 20, 30], 0) == [[10, 20, 30]]
+
+
+def test_a_process_estimate_is_exact_on_unequal_hospitals(constants: None) -> None:
+    # tiles 1000 + 300 of 32 x 32 x 3 bytes; 2 models x 4 x 1 MiB; 8 tiles x 0.5 MiB; x 1.25; + the context
+    held = 1300 * 32 * 32 * 3
+    expected = gpu_memory.CONTEXT_BYTES + int(1.25 * (held + 8 * MIB + 4 * MIB))
+    assert gpu_memory.process_bytes([1000, 300], **SIZES) == expected  # type: ignore[arg-type]
+    # three hospitals over two workers: [1000, 50] and [300]
+    one = gpu_memory.process_bytes([1000, 50], **SIZES)  # type: ignore[arg-type]
+    two = gpu_memory.process_bytes([300], **SIZES)  # type: ignore[arg-type]
+    assert gpu_memory.run_bytes([1000, 300, 50], 2, **SIZES) == one + two  # type: ignore[arg-type]
+    assert two == gpu_memory.CONTEXT_BYTES + int(1.25 * (300 * 3072 + 4 * MIB + 4 * MIB))
+    # a hospital of 5 tiles trains batches of 5, not of 8
+    assert gpu_memory.process_bytes([5], **SIZES) == gpu_memory.CONTEXT_BYTES + int(  # type: ignore[arg-type]
+        1.25 * (5 * 3072 + 4 * MIB + 5 * MIB // 2)
+    )
+
+
+def test_too_many_workers_are_refused_naming_how_many_fit(constants: None) -> None:
+    tiles = [1000, 300, 50]
+    needs = {w: gpu_memory.run_bytes(tiles, w, **SIZES) for w in (1, 2, 3)}  # type: ignore[arg-type]
+    assert needs[1] < needs[2] < needs[3]  # each process adds a context
+    assert gpu_memory.check_shared_gpu(tiles, 3, needs[3], **SIZES) == needs[3]  # type: ignore[arg-type]
+    with pytest.raises(FederationError) as refused:
+        gpu_memory.check_shared_gpu(tiles, 3, needs[2], **SIZES)  # type: ignore[arg-type]
+    message = str(refused.value)
+    assert message.startswith("run.workers = 3: the hospitals would need about 1.8 GiB of GPU memory at once and ")
+    assert message.endswith("1.2 GiB is free; use run.workers = 2")
+    with pytest.raises(FederationError, match="even one worker does not fit: lower data.batch_size"):
+        gpu_memory.check_shared_gpu(tiles, 3, needs[1] - 1, **SIZES)  # type: ignore[arg-type]
+
+
+def test_cells_sharing_a_gpu_are_refused_naming_the_workers_that_fit() -> None:
+    needs = [3 * 2**30, 1 * 2**30, 2 * 2**30]
+    assert gpu_memory.check_cells(needs, 2, 5 * 2**30) == 5 * 2**30  # the two largest together
+    with pytest.raises(FederationError) as refused:
+        gpu_memory.check_cells(needs, 3, 5 * 2**30)
+    assert str(refused.value) == (
+        "--workers 3: the cells sharing the GPU would need about 6.0 GiB of its memory at once and 5.0 GiB is free; "
+        "use --workers 2"
+    )
+    with pytest.raises(FederationError, match="even one cell does not fit"):
+        gpu_memory.check_cells(needs, 2, 2 * 2**30)
+
+
+def test_the_activation_estimate_grows_with_the_tiles_area() -> None:
+    """MobileNetV3-Small's saved activations per tile: a few MiB at 128 px, about four times those at 64 px."""
+    small = gpu_memory.activation_bytes("mobilenet_v3_small", 64, 3)
+    large = gpu_memory.activation_bytes("mobilenet_v3_small", 128, 3)
+    assert 2 * MIB < large < 32 * MIB
+    assert 3.5 < large / small < 4.5
+    assert 1 * MIB < gpu_memory.parameter_bytes("mobilenet_v3_small", 3) < 16 * MIB
+
+
+def test_train_with_workers_that_do_not_fit_is_refused_before_the_run_exists(
+    dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A GPU stood in for: the device resolves to CUDA and reports 1 GiB free; three workers need more."""
+    monkeypatch.setattr(federation.launch, "resolve_device", lambda _name: torch.device("cuda"))
+    monkeypatch.setattr(gpu_memory, "free_gpu_bytes", lambda _device="cuda": 2**30)
+    run = tmp_path / "run"
+    settings = [a for s in TINY_SETTINGS for a in ("--set", s)]
+    code = run_cli(monkeypatch, "train", "--data", str(dataset), "--out", str(run), "-q", *settings,
+                   "--set", "run.workers=3")  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "run.workers = 3: the hospitals would need about 1.8 GiB of GPU memory at once and 1.0 GiB is free" in err
+    assert "use run.workers = 1" in err
+    assert not run.exists()
