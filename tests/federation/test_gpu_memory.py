@@ -19,7 +19,7 @@ MIB = 2**20
 SIZES = {"input_size": 32, "channels": 3, "batch_size": 8, "model_name": "m"}
 
 
-@pytest.fixture()
+@pytest.fixture
 def constants(monkeypatch: pytest.MonkeyPatch) -> None:
     """A model of 1 MiB of parameters whose training saves 0.5 MiB of activations per tile."""
     monkeypatch.setattr(gpu_memory, "parameter_bytes", lambda _name, _channels: MIB)
@@ -58,7 +58,7 @@ def test_too_many_workers_are_refused_naming_how_many_fit(constants: None) -> No
     message = str(refused.value)
     assert message.startswith("run.workers = 3: the hospitals would need about 1.8 GiB of GPU memory at once and ")
     assert message.endswith("1.2 GiB is free; use run.workers = 2")
-    with pytest.raises(FederationError, match="even one worker does not fit: lower data.batch_size"):
+    with pytest.raises(FederationError, match=r"even one worker does not fit: lower data\.batch_size"):
         gpu_memory.check_shared_gpu(tiles, 3, needs[1] - 1, **SIZES)  # type: ignore[arg-type]
 
 
