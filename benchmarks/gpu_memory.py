@@ -82,14 +82,16 @@ def main() -> None:
     parser.add_argument("--slides", type=int, default=240)
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "gfl_gpu_memory")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--variants", default="", help="indices into VARIANTS to run, e.g. 2,3 (default: all)")
     args = parser.parse_args()
+    chosen = [VARIANTS[int(i)] for i in args.variants.split(",")] if args.variants else VARIANTS
     data, _ = synthetic_dataset("seed", args.slides, args.work, str(ROOT / "configs" / "prepare_seed_noniid.toml"),
                                 workers=min(8, os.cpu_count() or 1))  # fmt: skip
     counts = gpu_memory.hospital_tiles(data)
     tiles = [counts[h] for h in sorted(counts)]
     on_gpu = args.device == "cuda"
     rows = []
-    for workers, batch, precision in VARIANTS:
+    for workers, batch, precision in chosen:
         parent = gpu_memory.CONTEXT_BYTES if workers > 0 else 0  # with workers, the parent checks and holds a context
         estimate = parent + gpu_memory.run_bytes(
             tiles, workers, input_size=128, channels=3, batch_size=batch, model_name="mobilenet_v3_small"

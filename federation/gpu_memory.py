@@ -8,7 +8,9 @@ workers do fit, instead of failing a round later with CUDA's out-of-memory messa
 
 Each process's estimate (`process_bytes`) is the sum of
 
-* ``CONTEXT_BYTES``: a CUDA context with its cuBLAS and cuDNN workspaces;
+* ``CONTEXT_BYTES``: a CUDA context with its cuBLAS and cuDNN workspaces, and what the caching allocator keeps
+  between training, the Fisher pass and evaluation (1.75 GiB: one training process on an H200 with torch 2.11 held
+  2.23 GiB where the rest of the estimate came to 0.49 GiB; `benchmarks/gpu_memory.py`);
 * the tiles it holds: tiles x S x S x C bytes;
 * per hospital, its model's parameters four times over (weights, gradients, momentum and the shared copy);
 * the activations of one training batch (of the batch size, or of its largest hospital's tiles if fewer): the
@@ -32,7 +34,7 @@ from federation.config import RunConfig
 from federation.data import read_manifest
 from federation.errors import FederationError
 
-CONTEXT_BYTES = 600 * 2**20
+CONTEXT_BYTES = 1792 * 2**20  # 1.75 GiB: measured on an H200, torch 2.11 (benchmarks/results/gpu_memory.md)
 ALLOCATOR_SLACK = 1.25
 _PROBE_BATCH = 2
 

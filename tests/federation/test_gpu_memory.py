@@ -56,8 +56,10 @@ def test_too_many_workers_are_refused_naming_how_many_fit(constants: None) -> No
     with pytest.raises(FederationError) as refused:
         gpu_memory.check_shared_gpu(tiles, 3, needs[2], **SIZES)  # type: ignore[arg-type]
     message = str(refused.value)
-    assert message.startswith("run.workers = 3: the hospitals would need about 1.8 GiB of GPU memory at once and ")
-    assert message.endswith("1.2 GiB is free; use run.workers = 2")
+    assert message == (
+        "run.workers = 3: the hospitals would need about 5.3 GiB of GPU memory at once and 3.5 GiB is free; "
+        "use run.workers = 2"
+    )
     with pytest.raises(FederationError, match=r"even one worker does not fit: lower data\.batch_size"):
         gpu_memory.check_shared_gpu(tiles, 3, needs[1] - 1, **SIZES)  # type: ignore[arg-type]
 
@@ -87,15 +89,18 @@ def test_the_activation_estimate_grows_with_the_tiles_area() -> None:
 def test_train_with_workers_that_do_not_fit_is_refused_before_the_run_exists(
     dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A GPU stood in for: the device resolves to CUDA and reports 1 GiB free; three workers need more."""
+    """A GPU stood in for: the device resolves to CUDA and reports 4 GiB free; three workers need more, two fit."""
     monkeypatch.setattr(federation.launch, "resolve_device", lambda _name: torch.device("cuda"))
-    monkeypatch.setattr(gpu_memory, "free_gpu_bytes", lambda _device="cuda": 2**30)
+    monkeypatch.setattr(gpu_memory, "free_gpu_bytes", lambda _device="cuda": 4 * 2**30)
     run = tmp_path / "run"
     settings = [a for s in TINY_SETTINGS for a in ("--set", s)]
     code = run_cli(monkeypatch, "train", "--data", str(dataset), "--out", str(run), "-q", *settings,
                    "--set", "run.workers=3")  # fmt: skip
     assert code == 2
     err = capsys.readouterr().err
-    assert "run.workers = 3: the hospitals would need about 1.8 GiB of GPU memory at once and 1.0 GiB is free" in err
-    assert "use run.workers = 1" in err
+    wanted = (
+        "error: run.workers = 3: the hospitals would need about 5.3 GiB of GPU memory at once and 4.0 GiB is free; "
+        "use run.workers = 2\n"
+    )
+    assert wanted in err
     assert not run.exists()
