@@ -13,6 +13,7 @@ interrupted (Ctrl-C, SIGTERM).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -200,25 +201,47 @@ def hospital(
         f"{', '.join(rules.methods)}, at least {rules.min_nhead} head unit(s) stay; what left is recorded in "
         f"{state / 'runs' / 'outbound.jsonl'} (gastric-fl federation audit --state {state})"
     )
-    serve_node(node, retry_for=retry_for)
+    seen: dict[Path, int] = {}
+
+    def score_test_slides() -> None:  # after a run's last round, its held-out slides as predict scores them
+        from app.held_out import score_finished
+
+        for line in score_finished(state / "runs", data.resolve(), loaded.index, seen):
+            typer.echo(f"{loaded.name}: {line}")
+
+    serve_node(node, retry_for=retry_for, between=score_test_slides)
 
 
 RETRY_PAUSE_S = 10.0
+BETWEEN_S = 5.0
 
 
-def serve_node(node: ManagedProcess, *, retry_for: float, pause: float = RETRY_PAUSE_S) -> NoReturn:
+def serve_node(
+    node: ManagedProcess,
+    *,
+    retry_for: float,
+    pause: float = RETRY_PAUSE_S,
+    between: Callable[[], None] | None = None,
+    every: float = BETWEEN_S,
+) -> NoReturn:
     """Run a hospital's SuperNode until Ctrl-C or SIGTERM. Refused by the SuperLink (the executor's
     ``REFUSED_EXIT``): the SuperLink may still count this hospital online after a crash or a stop (about a minute,
     until its heartbeats expire), so say so and start again every ``pause`` seconds for up to ``retry_for``
-    seconds, then stop with one line naming both causes. Any other stop is an error showing the log's end."""
+    seconds, then stop with one line naming both causes. Any other stop is an error showing the log's end.
+    ``between`` is called every ``every`` seconds while the node runs (the hospital scores its finished runs' test
+    slides, `app.held_out.score_finished`)."""
     from federation.errors import FederationError
     from federation.flower.executor import REFUSED_EXIT
 
     deadline = time.monotonic() + retry_for
     while True:
         with node:
+            last = time.monotonic()
             while node.alive():
                 time.sleep(min(1.0, pause))
+                if between is not None and time.monotonic() - last >= every:
+                    between()
+                    last = time.monotonic()
         code = node.popen.returncode if node.popen is not None else None
         if code != REFUSED_EXIT:
             raise _stopped(node, "SuperNode")
@@ -318,8 +341,17 @@ def demo(
     extra = [*overrides, "run.engine=flower"] + ([f"run.rounds={rounds}"] if rounds is not None else [])
     cfg = load_config(config, extra, data)
     typer.echo(f"run directory: {out}", err=True)
+    scored: list[str] = []
+
+    def score_test_slides() -> None:  # each hospital's own dataset (its slides as hospital 0) still exists here
+        from app.held_out import score_run
+
+        scored.extend(score_run(out))
+
     try:
-        summary = run_demo(cfg, out, overwrite=overwrite, progress=not quiet, keep=keep, policy=policy)
+        summary = run_demo(
+            cfg, out, overwrite=overwrite, progress=not quiet, keep=keep, policy=policy, finished=score_test_slides
+        )
     except RunStopped as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(130) from exc
@@ -331,6 +363,8 @@ def demo(
         f"{summary.get('seconds_per_round', 0):.1f} s per round; averaged test accuracy "
         f"{final.get('avg_test_acc', 0):.4f}; see {out} (gastric-fl report {out})"
     )
+    for line in scored:
+        typer.echo(line)
 
 
 def register(app: typer.Typer) -> None:

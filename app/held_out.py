@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -265,6 +266,52 @@ def score_run(run: Path, dataset: Path | None = None) -> list[str]:
             lines.append(f"hospital {hospital}: test slides not scored ({exc})")
             continue
         lines.append(calls_line(hospital, calls))
+    return lines
+
+
+def _after_last_round(folder: Path, card: dict[str, object]) -> bool:
+    """Whether the hospital's exported model (``card``) is that of its run's last round (``hospital.json``'s
+    configuration names the rounds)."""
+    import tomllib
+
+    from federation.runfiles import HOSPITAL_FILE
+
+    try:
+        record = json.loads((folder / HOSPITAL_FILE).read_text(encoding="utf-8"))
+        rounds = tomllib.loads(str(record["config_toml"]))["run"]["rounds"]
+    except (OSError, ValueError, KeyError, TypeError, tomllib.TOMLDecodeError):
+        return False
+    return isinstance(card.get("round"), int) and card.get("round") == rounds
+
+
+def score_finished(runs: Path, dataset: Path, hospital: int, seen: dict[Path, int]) -> list[str]:
+    """A deployed hospital's runs (``runs``: one folder per run, `federation.engine.hospital.Site.per_run`) whose
+    model was exported after the run's last round and whose ``slides.csv`` is missing or older than that export:
+    score the test slides of ``dataset`` with it (`score_held_out`, predict's code), once per export. ``seen``
+    (folder -> the card's modification time last handled) is kept by the caller between calls. One line per run
+    scored or not scored."""
+    from app import slide_view
+    from models.bundle import BundleError
+    from models.names import CARD_FILE
+    from pipeline.errors import PipelineError
+
+    lines = []
+    for card_path in sorted(runs.glob(f"*/{CARD_FILE}")):
+        folder = card_path.parent
+        try:
+            stamp = card_path.stat().st_mtime_ns
+            slides = folder / SLIDES_FILE
+            if seen.get(folder) == stamp or (slides.is_file() and slides.stat().st_mtime_ns >= stamp):
+                continue
+            seen[folder] = stamp  # each export is looked at once, scored or not
+            if not _after_last_round(folder, slide_view.read_card_json(folder)):
+                continue  # a round's export: the card is written again after the next one
+            calls = score_held_out(folder, dataset)
+            seen[folder] = card_path.stat().st_mtime_ns  # score_held_out wrote the card's slide-level figures
+        except (slide_view.SlideViewError, BundleError, SlideCallsError, PipelineError, OSError) as exc:
+            lines.append(f"run {folder.name}: test slides not scored ({exc})")
+            continue
+        lines.append(f"run {folder.name}: {calls_line(hospital, calls)}")
     return lines
 
 

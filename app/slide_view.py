@@ -51,7 +51,7 @@ import numpy.typing as npt
 
 from federation.runfiles import CardError, hospital_files, hospital_index, read_card_object
 from infra import outputs
-from infra.formats import PREPARE_RECORD
+from infra.formats import PREPARE_RECORD, manifest_sha256
 from models.names import CARD_FILE
 from pipeline.images import DEFAULT_MAX_PIXELS, UnreadableImageError, check_max_pixels, check_pixels
 
@@ -198,11 +198,25 @@ def _resolve(value: str, bases: list[Path]) -> Path | None:
 
 
 def card_dataset(card: dict[str, Any], fallback: Path | None = None) -> Path | None:
-    """The prepared dataset the bundle was trained on: the card's ``dataset.path``, else ``fallback``."""
-    value = (card.get("dataset") or {}).get("path") if isinstance(card.get("dataset"), dict) else None
+    """The prepared dataset the bundle was trained on: the card's ``dataset.path``, else ``fallback`` when it holds
+    the same tiles (its ``manifest.csv`` has the sha256 the card names, where the card names one). Another dataset
+    would number its hospitals otherwise (a deployed hospital's own dataset is its slides alone, as hospital 0), so
+    its test slides would be another hospital's."""
+    given = card.get("dataset")
+    recorded: dict[str, Any] = given if isinstance(given, dict) else {}
+    value = recorded.get("path")
     if isinstance(value, str) and value and Path(value).expanduser().is_dir():
         return Path(value).expanduser()
-    return fallback if fallback is not None and fallback.is_dir() else None
+    if fallback is None or not fallback.is_dir():
+        return None
+    wanted = recorded.get("manifest_sha256")
+    if isinstance(wanted, str) and wanted:
+        try:
+            if manifest_sha256(fallback) != wanted:
+                return None
+        except OSError:
+            return None
+    return fallback
 
 
 def listed_slides(card: dict[str, Any], dataset: Path | None) -> list[ListedSlide]:

@@ -18,8 +18,9 @@ from typing import Any
 from federation.config import RunConfig
 from federation.engine import Server, local_sites, resolve_config
 from federation.engine.derived import resolve_device
-from federation.engine.hospital import Site, manifest_sha256
+from federation.engine.hospital import Site
 from federation.engine.pools import InProcessPool, Pool, WorkerPool
+from infra.formats import manifest_sha256
 from models import check_input_size
 
 

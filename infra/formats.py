@@ -6,13 +6,26 @@ formats between stages"), so that each is written once and no folder imports ano
   hospital's ``predictions.csv`` and a model card name them.
 - `PREPARE_RECORD`: the prepared dataset's record, ``prepare.json``.
 - `MANIFEST_FILE`: the prepared dataset's tile list, ``manifest.csv`` (one row per tile: client, split, label, path,
-  source, ...), what every stage after ``prepare`` reads.
+  source, ...), what every stage after ``prepare`` reads; `manifest_sha256` names which tiles, splits and labels
+  a dataset holds (a hospital records it, a model card names it).
 
 Standard library only.
 """
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 BINARY_CLASSES: tuple[str, str] = ("normal", "abnormal")
 PREPARE_RECORD = "prepare.json"
 MANIFEST_FILE = "manifest.csv"
+
+
+def manifest_sha256(dataset: Path) -> str:
+    """sha256 of ``<dataset>/manifest.csv``: which tiles, splits and labels a hospital trains on."""
+    digest = hashlib.sha256()
+    with (dataset / MANIFEST_FILE).open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

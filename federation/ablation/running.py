@@ -46,7 +46,7 @@ def _check_same_datasets(plan: Any, out: Path, runs: Sequence[Any], todo: Sequen
     """Refuse to add cells to ``out`` when its finished cells were trained on another version of the dataset the new
     cells would use (their ``summary.json`` records the manifest's sha256): a table mixing them compares runs on
     different tiles."""
-    from federation.engine.hospital import manifest_sha256
+    from infra.formats import manifest_sha256
 
     wanted = {str(plan.cell_config(c).data.path) for c in todo}
     now = {path: manifest_sha256(Path(path)) for path in wanted}

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -85,7 +84,7 @@ from federation.runfiles import (
 )
 from federation.runs import now_iso, read_json, write_json, write_predictions
 from federation.strategies.context import resolved_nhead
-from infra.formats import MANIFEST_FILE
+from infra.formats import manifest_sha256
 from infra.outputs import atomic_target, remove_entries, write_atomic
 from models import ModelError, create_model, head_keys, split_units
 from models.names import CARD_FILE, WEIGHTS_FILE
@@ -120,15 +119,6 @@ def changed_settings(before: RunConfig, after: RunConfig) -> list[str]:
         for key, value in values.items()
         if f"{section}.{key}" not in RESUMABLE_SETTINGS and old.get(section, {}).get(key) != value
     ]
-
-
-def manifest_sha256(dataset: Path) -> str:
-    """sha256 of ``<dataset>/manifest.csv``: which tiles, splits and labels a hospital trains on."""
-    digest = hashlib.sha256()
-    with (dataset / MANIFEST_FILE).open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)

@@ -40,11 +40,14 @@ def run_demo(
     keep: bool = False,
     during: Callable[[LocalDeployment], Any] | None = None,
     policy: Path | None = None,
+    finished: Callable[[], Any] | None = None,
 ) -> dict[str, Any]:
     """Deploy on loopback, run ``config`` into ``run_dir`` and tear down; returns the run's summary plus the
     deployment's start-up ``timings`` (seconds). ``during`` is called with the live deployment right after the run
     is submitted (the tests use it to kill a SuperNode or stop the SuperLink mid-run). ``policy``: every hospital's
-    policy file (``federation.engine.policy``; default: the safe defaults)."""
+    policy file (``federation.engine.policy``; default: the safe defaults). ``finished`` is called once a run has
+    finished, while each hospital's own dataset (its part of the data, copied into the work folder) is still there:
+    the command scores each hospital's held-out slides with them."""
     config = resolve_config(config)
     if policy is not None:
         load_policy(policy)  # a bad file is one line before anything starts
@@ -80,6 +83,8 @@ def run_demo(
             summary = submit_and_follow(deployment.cli, config, run_dir, values, work, progress=progress)
             timings = {**deployment.timings, "startup": startup}
         summary["deployment_timings"] = timings
+        if finished is not None and summary.get("status") == "finished":
+            finished()
         return summary
     finally:
         if not keep:

@@ -26,7 +26,7 @@ from typing import Any
 from tqdm import tqdm
 
 from federation.config import RunConfig, config_to_toml
-from federation.engine.hospital import Site, manifest_sha256
+from federation.engine.hospital import Site
 from federation.engine.loop import RunStopped
 from federation.errors import FederationError
 from federation.flower.environment import ConfigValue
@@ -35,6 +35,7 @@ from federation.flower.operator import operator_problem
 from federation.flower.superlink import SuperLink
 from federation.runfiles import HOSPITALS_DIR, SUMMARY_FILE
 from federation.runs import now_iso, read_json, write_json
+from infra.formats import manifest_sha256
 
 FAB_DIR = Path(__file__).resolve().parent / "fab"
 

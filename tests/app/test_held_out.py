@@ -15,6 +15,7 @@ from app.held_out import (
     read_slide_calls,
     recall,
     run_slide_calls,
+    score_finished,
     score_held_out,
     score_run,
     write_slide_calls,
@@ -101,3 +102,61 @@ def test_score_run_scores_every_hospital_and_pages_read_them(trained: TrainedRoo
     found = run_slide_calls(trained.run)
     assert sorted(found) == [0, 1]
     assert all(len(calls) >= 2 for calls in found.values())
+
+
+def test_a_deployed_hospital_scores_each_finished_run_once(trained: TrainedRoot, tmp_path: Path) -> None:
+    """`score_finished` on a deployed hospital's runs folder (one folder per run): a run whose model was exported
+    after its last round is scored into slides.csv (the same calls as `score_held_out`), once; a run still between
+    rounds is left; a new export of a finished run is scored again."""
+    import os
+    import shutil
+
+    runs = tmp_path / "runs"
+    done, going = runs / "run-done", runs / "run-going"
+    for folder in (done, going):
+        shutil.copytree(trained.hospital(0), folder, ignore=shutil.ignore_patterns("checkpoints", SLIDES_FILE))
+    record = json.loads((going / "hospital.json").read_text())
+    record["config_toml"] = record["config_toml"].replace("rounds = 1\n", "rounds = 3\n")
+    assert "rounds = 3\n" in record["config_toml"]
+    (going / "hospital.json").write_text(json.dumps(record))
+    seen: dict[Path, int] = {}
+    lines = score_finished(runs, trained.prepared, 4, seen)
+    expected = score_held_out(trained.hospital(0))
+    assert lines == [f"run run-done: {calls_line(4, expected)}"]
+    assert read_slide_calls(done / SLIDES_FILE) == expected
+    assert not (going / SLIDES_FILE).exists()
+    assert score_finished(runs, trained.prepared, 4, seen) == []  # once per export
+    card = done / "model.json"
+    later = card.stat().st_mtime_ns + 10**9
+    os.utime(card, ns=(later, later))  # the model exported again
+    assert score_finished(runs, trained.prepared, 4, seen) == [f"run run-done: {calls_line(4, expected)}"]
+    # a damaged card: one line, not an error, and not tried again until it is written again
+    card.write_text("{")
+    damaged = score_finished(runs, trained.prepared, 4, seen)
+    assert damaged == [
+        f"run run-done: test slides not scored ({card} is not readable JSON (Expecting property name enclosed in "
+        "double quotes: line 1 column 2 (char 1)); train the run again (or resume it) to export the model anew)"
+    ]
+    assert score_finished(runs, trained.prepared, 4, seen) == []
+
+
+def test_a_card_falls_back_only_to_a_dataset_with_its_tiles(tmp_path: Path) -> None:
+    """`slide_view.card_dataset`: the card's own dataset when it is on this machine; otherwise the dataset given
+    only when its manifest.csv is the one the card names (the demo's hospital 1 trained on its own slides as
+    hospital 0: the federation's whole dataset would list hospital 0's test slides for it)."""
+    from app.slide_view import card_dataset
+    from infra.formats import manifest_sha256
+
+    own, whole, copy = tmp_path / "own", tmp_path / "whole", tmp_path / "copy"
+    for folder in (own, whole, copy):
+        folder.mkdir()
+    (own / "manifest.csv").write_text("client,split\n0,test\n")
+    (whole / "manifest.csv").write_text("client,split\n0,test\n1,test\n")
+    (copy / "manifest.csv").write_text("client,split\n0,test\n")
+    card = {"dataset": {"path": str(own), "manifest_sha256": manifest_sha256(own)}}
+    assert card_dataset(card, whole) == own  # its own dataset is here
+    card["dataset"]["path"] = str(tmp_path / "gone")
+    assert card_dataset(card, whole) is None  # other tiles: not a stand-in
+    assert card_dataset(card, copy) == copy  # the same manifest, moved
+    assert card_dataset({"dataset": {"path": str(tmp_path / "gone")}}, whole) == whole  # an older card names none
+    assert card_dataset(card, tmp_path / "absent") is None

@@ -222,7 +222,7 @@ def test_another_base_configuration_is_refused_in_the_same_folder(tmp_path: Path
 
 
 def test_cells_are_not_added_to_a_folder_trained_on_another_version_of_the_dataset(tmp_path: Path) -> None:
-    from federation.engine.hospital import manifest_sha256
+    from infra.formats import manifest_sha256
 
     preset = _preset(tmp_path)
     manifest = tmp_path / "ds" / "manifest.csv"

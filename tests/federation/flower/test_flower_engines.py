@@ -118,6 +118,10 @@ def test_the_same_federation_gives_the_same_metrics_in_every_engine(dataset: Pat
             )
             assert intact, text
             assert f"hospital {c} (" in text
+    # the demo's hospitals keep their folders inside the run, where `federation demo` scores their test slides
+    from app.held_out import score_run
+
+    assert [line.split(":")[0] for line in score_run(demo, dataset)] == ["hospital 0", "hospital 1", "hospital 2"]
     assert not _flower_processes()
 
 

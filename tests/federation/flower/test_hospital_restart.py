@@ -55,3 +55,14 @@ def test_the_executor_tells_a_refusal_by_its_exit_code(tmp_path: Path) -> None:
     done = subprocess.run([*executor, str(secret), "--", *refused_node], capture_output=True, timeout=120, check=False)
     assert done.returncode == REFUSED_EXIT
     assert b"it still counts an earlier start of this hospital online" in done.stderr
+
+
+def test_while_the_node_runs_the_hospital_does_its_own_work_between_polls(tmp_path: Path) -> None:
+    """``between`` (the hospital scoring its finished runs' test slides) is called every ``every`` seconds while
+    the SuperNode runs, and not once it has stopped."""
+    argv = [sys.executable, "-c", "import time; time.sleep(2.5)"]
+    node = ManagedProcess("supernode", argv, log_path=tmp_path / "node.log", env=dict(os.environ), cwd=tmp_path)
+    calls: list[float] = []
+    with pytest.raises(FederationError, match="the SuperNode stopped"):
+        serve_node(node, retry_for=0.0, pause=0.2, between=lambda: calls.append(1.0), every=0.5)
+    assert 2 <= len(calls) <= 6  # about every 0.5 s of the node's 2.5 s
