@@ -82,7 +82,7 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Open the dashboard: prepare demo data, start and watch a federation, read each hospital's results."""
-        from app.dashboard.errors import DashboardError
+        from app.errors import DashboardError
         from app.slide_view import MAX_PIXELS_ENV
         from pipeline.images import check_max_pixels
 

@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Save a hospital's operating threshold (by hand, or from a sensitivity floor) into its model card."""
         from app import operating
-        from app.dashboard.errors import DashboardError
+        from app.errors import DashboardError
 
         if (value is None) == (sensitivity is None):
             raise DashboardError("give exactly one of --value T (by hand) or --sensitivity S (from the floor)")

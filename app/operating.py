@@ -1,7 +1,7 @@
 """A hospital's operating threshold, chosen once and saved into its model bundle (issue 23, item 4).
 
 The threshold is chosen either by hand or from the clinical floor: the highest threshold at which the hospital's
-validation split reaches the floor's sensitivity (`app.dashboard.evaluation.threshold_for_sensitivity`), so that
+validation split reaches the floor's sensitivity (`app.evaluation.threshold_for_sensitivity`), so that
 the test split only judges it; a hospital without a validation split chooses on test, labelled optimistic. `save`
 writes it into the hospital's ``model.json`` (`models.bundle.set_threshold`) with where it came from and the card's
 metrics recomputed at it (`federation.engine.export.card_metrics`), so ``predict``, the Slide page, the HTML report
@@ -18,9 +18,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from app.dashboard.errors import DashboardError
-from app.dashboard.evaluation import threshold_for_sensitivity
-from app.dashboard.runs import read_prediction_file
+from app.errors import DashboardError
+from app.evaluation import threshold_for_sensitivity
+from app.run_records import read_prediction_file
 from federation.runfiles import PREDICTIONS_FILE, VAL_PREDICTIONS_FILE, hospital_dir
 from models.names import CARD_FILE
 

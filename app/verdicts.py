@@ -2,7 +2,7 @@
 
 A hospital's operating point is its model card's threshold (``models.bundle``; `app.operating` saves a chosen one,
 with the split that chose it). `judge_run` judges every hospital of a run at that threshold against a clinical
-floor (`app.dashboard.evaluation.judge`: the Verdict rule), from its own ``predictions.csv``, its validation
+floor (`app.evaluation.judge`: the Verdict rule), from its own ``predictions.csv``, its validation
 predictions (where the threshold reaching the floor is chosen) and its held-out slides as ``predict`` scored them
 (``slides.csv``). The Verdict, Hospital, Federation and Compare pages, the HTML report, ``gastric-fl report`` and
 ``gastric-fl predict`` all read their verdicts from here, so they cannot disagree. FedSAF paper 001, Sec. 5: each
@@ -17,8 +17,9 @@ from typing import Any
 
 import pandas as pd
 
-from app.dashboard.evaluation import VERDICT_NAMES, Floor, Judgement, judge
-from app.dashboard.runs import (
+from app.evaluation import VERDICT_NAMES, Floor, Judgement, judge
+from app.held_out import SlideCallsError, as_slides, held_out_slides, read_slide_calls
+from app.run_records import (
     NO_CARD,
     CardThreshold,
     card_operating,
@@ -27,7 +28,6 @@ from app.dashboard.runs import (
     read_run_predictions,
     read_val_predictions,
 )
-from app.held_out import SlideCallsError, as_slides, held_out_slides, read_slide_calls
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def judge_folder(folder: Path, card: CardThreshold, client: int, floor: Floor) -
     """Judge one hospital's bundle ``folder`` (a hospital folder of a run: its ``predictions.csv``, and where
     present its ``val_predictions.csv`` and ``slides.csv``) at its ``card`` threshold against ``floor``, as
     `judge_run` judges it; ``None`` when the folder holds no readable test predictions (an exported bundle alone)."""
-    from app.dashboard.errors import DashboardError
+    from app.errors import DashboardError
     from federation.runfiles import PREDICTIONS_FILE, SLIDES_FILE, VAL_PREDICTIONS_FILE
 
     try:

@@ -5,7 +5,7 @@ rebuilds its tables and charts (each hospital's AUC and accuracy per round, the 
 transmitted, the AMP matrix xi of FedSAF paper Eq. 16-18). This script writes synthetic run folders in the
 documented format (data/README.md section 3) for growing runs and times, in one run and side by side:
 
-- **read + shape**: what the page computes from the files (``app.dashboard.runs``: metrics.jsonl into a frame,
+- **read + shape**: what the page computes from the files (``app.run_records``: metrics.jsonl into a frame,
   per-round averaged/std, per-hospital tables, xi from aggregation.jsonl, progress);
 - **+ figures**: the same plus building the six Plotly figures the page draws (``app.dashboard.charts``);
 - **report reader**: ``federation.report.load_run`` + ``summarise`` on the same folder (the code behind
@@ -35,7 +35,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.dashboard import charts, runs  # noqa: E402
+from app import run_records  # noqa: E402
+from app.dashboard import charts  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "dashboard_refresh.md"
 REFRESH_S = 2.0  # app/dashboard/views/federation.py
@@ -78,15 +79,15 @@ def write_run(folder: Path, rounds: int, clients: int, seed: int = 0) -> None:
 
 def shape(run: Path) -> dict[str, object]:
     """What one refresh of the Federation page computes from the files."""
-    metrics = runs.load_metrics(run)
+    metrics = run_records.load_metrics(run)
     return {
-        "rounds": runs.per_round(metrics),
-        "auc": runs.per_hospital(metrics, "test_auc"),
-        "acc": runs.per_hospital(metrics, "test_acc"),
-        "latest": runs.latest_per_hospital(metrics),
-        "xi": runs.xi_matrices(runs.load_aggregation(run)),
-        "progress": runs.progress(run, None, metrics=metrics),
-        "info": runs.run_info(run),
+        "rounds": run_records.per_round(metrics),
+        "auc": run_records.per_hospital(metrics, "test_auc"),
+        "acc": run_records.per_hospital(metrics, "test_acc"),
+        "latest": run_records.latest_per_hospital(metrics),
+        "xi": run_records.xi_matrices(run_records.load_aggregation(run)),
+        "progress": run_records.progress(run, None, metrics=metrics),
+        "info": run_records.run_info(run),
     }
 
 

@@ -72,7 +72,7 @@ class RoundStats:
     """One round over all clients: means and population standard deviations, and traffic in each direction.
 
     The one place a round's figures are computed: ``gastric-fl report``, the HTML report, the run's summary and the
-    dashboard (``app.dashboard.runs.per_round``) all read them from here. ``auc_clients``: hospitals whose AUC
+    dashboard (``app.run_records.per_round``) all read them from here. ``auc_clients``: hospitals whose AUC
     counts (a single-class test split has none); ``seconds``: the hospitals' wall seconds summed (None when no
     record has them)."""
 

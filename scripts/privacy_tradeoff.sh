@@ -24,14 +24,15 @@ $gfl prepare --format seed --input data/raw/privacy --out "$data" --clients 3 --
 DP=(--set privacy.noise_multiplier=1.3538 --set privacy.max_grad_norm=1.0 --set privacy.sample_rate=0.3)
 SIGMAS=6.9531,2.7539,1.3538   # epsilon 1, 3, 8 at delta 1e-5 after 30 steps of rate 0.3 (Opacus RDP)
 TWO_EPOCHS=(--set client.epochs=2 --set client.head_epochs=0)
-$gfl ablate --config configs/privacy_tradeoff.toml --data "$data" --grid strategy.name=fedrep,fedsaf --seeds 3 \
+W=(--workers "${WORKERS:-2}")   # cells at once: the figures are those of one after another
+$gfl ablate --config configs/privacy_tradeoff.toml --data "$data" --grid strategy.name=fedrep,fedsaf --seeds 3 "${W[@]}" \
     --out "${runs}_none_head" --publish "$published/none_head"
-$gfl ablate --config configs/privacy_tradeoff.toml --data "$data" --grid strategy.name=separate,fedavg --seeds 3 \
+$gfl ablate --config configs/privacy_tradeoff.toml --data "$data" --grid strategy.name=separate,fedavg --seeds 3 "${W[@]}" \
     "${TWO_EPOCHS[@]}" --out "${runs}_none_plain" --publish "$published/none_plain"
 $gfl ablate --config configs/privacy_tradeoff.toml --data "$data" --grid strategy.name=fedrep,fedsaf \
-    --grid privacy.noise_multiplier=$SIGMAS --seeds 3 "${DP[@]}" \
+    --grid privacy.noise_multiplier=$SIGMAS --seeds 3 "${W[@]}" "${DP[@]}" \
     --out "${runs}_dp_head" --publish "$published/dp_head"
 $gfl ablate --config configs/privacy_tradeoff.toml --data "$data" --grid strategy.name=fedavg \
-    --grid privacy.noise_multiplier=$SIGMAS --seeds 3 "${DP[@]}" "${TWO_EPOCHS[@]}" \
+    --grid privacy.noise_multiplier=$SIGMAS --seeds 3 "${W[@]}" "${DP[@]}" "${TWO_EPOCHS[@]}" \
     --out "${runs}_dp_plain" --publish "$published/dp_plain"
 .venv/bin/python scripts/privacy_table.py "$published"

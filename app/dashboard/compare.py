@@ -24,8 +24,8 @@ from typing import Any
 
 import pandas as pd
 
-from app.dashboard.errors import DashboardError
-from app.dashboard.runs import (
+from app.errors import DashboardError
+from app.run_records import (
     config_error,
     config_value,
     load_metrics,
@@ -52,13 +52,13 @@ FIGURES: dict[str, str] = {
     "seconds_total": "Seconds",
     "seconds_per_round": "Seconds / round",
 }
-DAMAGED = "damaged"  # the status of a run with a damaged file (`app.dashboard.runs.run_problem`)
+DAMAGED = "damaged"  # the status of a run with a damaged file (`app.run_records.run_problem`)
 ID_COLUMNS = ("run", "algorithm", "nhead", "dm", "status", "rounds")
 
 
 def figures(run: Path) -> dict[str, Any]:
     """One run's figures: ``federation.report.all_figures`` (the ``summarise`` row, best AUC, total values...) plus
-    the run's wall seconds (`app.dashboard.runs.run_seconds`)."""
+    the run's wall seconds (`app.run_records.run_seconds`)."""
     from federation.report import all_figures, load_run
 
     row = all_figures(load_run(run))
@@ -215,7 +215,7 @@ def grid_heatmap(table: pd.DataFrame, figure: str) -> pd.DataFrame:
 def curves(runs: Sequence[tuple[str, Path]], column: str = "acc_mean") -> dict[str, pd.Series]:
     """Averaged curve (``runs.per_round`` column) of each run, by label, for the overlaid chart; a run whose
     ``metrics.jsonl`` cannot be read is left out (the page names the file)."""
-    from app.dashboard.runs import per_round
+    from app.run_records import per_round
 
     found: dict[str, pd.Series] = {}
     for label, path in runs:
@@ -278,7 +278,7 @@ class SettingsDiff:
 
 def settings_diff(runs: Sequence[tuple[str, Path]]) -> SettingsDiff:
     """The settings diff of ``(label, run folder)`` pairs, from each run's resolved ``config.toml``; ``data.path``
-    compared as the folder it names (`app.dashboard.runs.run_dataset`), so a relative and an absolute path to the
+    compared as the folder it names (`app.run_records.run_dataset`), so a relative and an absolute path to the
     same dataset do not differ."""
     configs: dict[str, dict[str, Any]] = {}
     problems: list[str] = []

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from app.dashboard.errors import DashboardError
+from app.errors import DashboardError
 from infra import pids
 from infra.outputs import write_atomic
 

@@ -8,7 +8,7 @@ bar only moves forward within a round; the text says what happens in words.
 
 from __future__ import annotations
 
-from app.dashboard.runs import Progress, format_seconds
+from app.run_records import Progress, format_seconds
 from federation.progress import RoundProgress
 
 # Where each phase of a round starts on the bar and how much of it the phase covers.

@@ -19,11 +19,12 @@ from typing import Any, ParamSpec
 
 import streamlit as st
 
-from app.dashboard import commands, evaluation, jobs, paths, presets
-from app.dashboard.datasets import PreparedDataset, hospital_label, list_datasets, load_manifest
-from app.dashboard.errors import DashboardError
+from app import evaluation
+from app.dashboard import commands, jobs, paths, presets
 from app.dashboard.fields import model_units
-from app.dashboard.runs import RunInfo, list_runs
+from app.datasets import PreparedDataset, hospital_label, list_datasets, load_manifest
+from app.errors import DashboardError
+from app.run_records import RunInfo, list_runs
 from infra import provenance
 
 P = ParamSpec("P")
@@ -210,7 +211,7 @@ def all_runs() -> list[RunInfo]:
 
 def finished_run_exists() -> bool:
     """Whether a finished run with hospital predictions exists (the dashboard then opens on the Verdict page)."""
-    from app.dashboard.runs import prediction_files
+    from app.run_records import prediction_files
 
     return any(r.status == "finished" and not r.damaged and prediction_files(r.path) for r in all_runs())
 

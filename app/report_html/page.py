@@ -6,7 +6,7 @@ report --html`"):
 * the metrics of its own test split (FedSAF paper 001, Sec. 5: each client's model on its own test split): AUC
   (threshold-free), and accuracy, sensitivity and specificity at the card's decision threshold (``P(abnormal) >=
   threshold`` calls a tile abnormal, `models.bundle.decision_counts`), next to the engine's own last-round figures;
-* the verdict against the floor (`app.dashboard.evaluation.judge`, the one judgement every page shows);
+* the verdict against the floor (`app.evaluation.judge`, the one judgement every page shows);
 * the ROC curve with the operating point, the confusion matrix at the threshold, one plain sentence for each;
 * example test tiles: true and false positives and negatives, the most confident first;
 * every test slide's call, and heatmaps of scored slides (`app.slide_view`: the Slide page's results, or one test
@@ -38,7 +38,7 @@ from infra.provenance import intended_use
 from models.decision import interval_text, slide_of_tile, slide_stem
 
 if TYPE_CHECKING:
-    from app.dashboard.evaluation import Floor
+    from app.evaluation import Floor
 
 EXAMPLES_PER_GROUP = 4
 TARGET_SENSITIVITY = 0.9  # the Hospital page's default target
@@ -100,9 +100,9 @@ def _metrics(rep: HospitalReport, floor: Floor | None = None) -> dict[str, Any]:
     dashboard passes the one set on screen, ``report --html`` its ``--floor`` and ``--min-slides``).
 
     The operating point, the target threshold and the warning are the Hospital page scorecard's own functions
-    (`app.dashboard.evaluation`), so the report and the page agree word for word.
+    (`app.evaluation`), so the report and the page agree word for word.
     """
-    from app.dashboard import evaluation
+    from app import evaluation
 
     labels, probs = rep.predictions.labels, rep.predictions.probs
     frame = pd.DataFrame({"label": labels, "prob_abnormal": probs, "path": rep.predictions.paths})
@@ -177,7 +177,7 @@ def _threshold_source(rep: HospitalReport) -> str:
 
 
 def _verdict(m: dict[str, Any]) -> str:
-    """The verdict against the report's floor (`app.dashboard.evaluation.judge`, the one judgement every page
+    """The verdict against the report's floor (`app.evaluation.judge`, the one judgement every page
     shows), icon + word + colour + the reason, and the floor named."""
     verdict, floor = m["verdict"], m["floor"]
     kind = verdict.kind.replace(" ", "-")
@@ -428,7 +428,7 @@ def _settings(rep: HospitalReport, dataset: Path | None) -> str:
 
 def _shortcut(dataset: Path | None) -> str:
     """The dataset's shortcut probe (prepare.json): could a model score well here without looking at tissue?"""
-    from app.dashboard.datasets import load_prepare_json, shortcut_probe
+    from app.datasets import load_prepare_json, shortcut_probe
 
     if dataset is None:
         return '<p class="note">The prepared dataset is not on this machine: its shortcut probe cannot be shown.</p>'

@@ -240,8 +240,7 @@ def test_building_a_report_imports_no_torch(data: TrainedRoot) -> None:
 def test_the_report_gives_the_verdict_slide_calls_and_test_slides_first(data: TrainedRoot) -> None:
     """Issue 23: the verdict against the default floor, every test slide with its call, the AUC interval by slide,
     the threshold's source, and heatmaps of test slides before uploads, captioned by file name, with a colour bar."""
-    from app import slide_view
-    from app.dashboard import evaluation
+    from app import evaluation, slide_view
     from app.report_html import load_hospital, report_html, score_one_slide
     from models.bundle import set_threshold
 

@@ -1,4 +1,4 @@
-"""The verdict per hospital (app.dashboard.evaluation.verdict) on hand-made test splits: a high AUC with a low
+"""The verdict per hospital (app.evaluation.verdict) on hand-made test splits: a high AUC with a low
 sensitivity fails, too few slides cannot be judged, a small sample meeting the floor goes to review, a large one
 passes; and the slide-level figures of the scorecard."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from app.dashboard import evaluation
+from app import evaluation
 
 
 def _split(abnormal: list[list[float]], normal: list[list[float]], client: int = 0) -> pd.DataFrame:

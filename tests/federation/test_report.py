@@ -69,8 +69,8 @@ def test_round_stats_are_means_and_population_stds_over_clients() -> None:
 
 
 def test_the_dashboard_reads_a_rounds_figures_from_the_same_computation() -> None:
-    """``app.dashboard.runs.per_round`` over a frame of the records gives `round_stats`' figures, exactly."""
-    from app.dashboard.runs import metrics_frame, per_round
+    """``app.run_records.per_round`` over a frame of the records gives `round_stats`' figures, exactly."""
+    from app.run_records import metrics_frame, per_round
 
     records = [dict(r, seconds=r["seconds"] * (1 + r["client"])) for r in METRICS]  # unequal: 1, 2, 3 s
     table = per_round(metrics_frame(records)).set_index("round")

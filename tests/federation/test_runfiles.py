@@ -136,7 +136,7 @@ def test_read_metrics_leaves_out_damaged_malformed_and_replaced_records(tmp_path
 def test_report_and_dashboard_read_the_same_metrics_records(tmp_path: Path) -> None:
     """``gastric-fl report`` (load_run) and the dashboard's frame (load_metrics) take the same records from one
     metrics.jsonl, left-out records included."""
-    from app.dashboard.runs import load_metrics
+    from app.run_records import load_metrics
     from federation.report import load_run
 
     (tmp_path / "config.toml").write_text('[run]\nname = "x"\n')

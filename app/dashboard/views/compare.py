@@ -14,9 +14,10 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from app.dashboard import charts, checks, commands, compare, evaluation, fields, jobs, paths, presets, ui
-from app.dashboard.datasets import list_datasets
-from app.dashboard.errors import DashboardError
+from app import evaluation
+from app.dashboard import charts, checks, commands, compare, fields, jobs, paths, presets, ui
+from app.datasets import list_datasets
+from app.errors import DashboardError
 from app.verdicts import judge_run
 
 HEATMAP_FIGURES = ("Best ACC", "Averaged ACC", "Best AUC", "Averaged AUC", "Std ACC", "Values transmitted")

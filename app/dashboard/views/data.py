@@ -8,7 +8,7 @@ import time
 import streamlit as st
 
 from app.dashboard import commands, jobs, paths, presets, ui
-from app.dashboard.datasets import (
+from app.datasets import (
     counts_table,
     hospital_label,
     load_manifest,
@@ -16,7 +16,7 @@ from app.dashboard.datasets import (
     sample_tiles,
     shortcut_probe,
 )
-from app.dashboard.errors import DashboardError
+from app.errors import DashboardError
 
 root = ui.root()
 jobs_dir = ui.jobs_dir()

@@ -21,11 +21,12 @@ from typing import Any
 
 import streamlit as st
 
-from app.dashboard import charts, checks, commands, evaluation, fields, jobs, live, paths, presets, ui
-from app.dashboard.datasets import PreparedDataset
-from app.dashboard.errors import DashboardError
-from app.dashboard.evaluation import latest_accuracy_warnings
-from app.dashboard.runs import (
+from app import evaluation
+from app.dashboard import charts, checks, commands, fields, jobs, live, paths, presets, ui
+from app.datasets import PreparedDataset
+from app.errors import DashboardError
+from app.evaluation import latest_accuracy_warnings
+from app.run_records import (
     RunInfo,
     format_seconds,
     latest_per_hospital,

@@ -15,9 +15,10 @@ import math
 import pandas as pd
 import streamlit as st
 
-from app.dashboard import charts, evaluation, ui
-from app.dashboard.datasets import LABELS, hospital_label
-from app.dashboard.runs import (
+from app import evaluation
+from app.dashboard import charts, ui
+from app.datasets import LABELS, hospital_label
+from app.run_records import (
     RunInfo,
     load_metrics,
     prediction_files,

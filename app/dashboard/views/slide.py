@@ -33,8 +33,8 @@ import streamlit as st
 
 from app import slide_view
 from app.dashboard import ui
-from app.dashboard.datasets import hospital_label
-from app.dashboard.runs import RunInfo
+from app.datasets import hospital_label
+from app.run_records import RunInfo
 from federation.runfiles import METRICS_FILE, PREDICTIONS_FILE
 from models.names import CARD_FILE
 from pipeline.errors import PipelineError
@@ -69,7 +69,7 @@ def _slide_pixels(path: str, stamp: float, limit: int) -> npt.NDArray[np.uint8]:
 def _report(run: str, client: int, stamp: tuple[float, ...], floor: tuple[float, int, float]) -> str:
     """The hospital's HTML report, judged against the floor set on screen (``floor``: sensitivity, minimum test
     slides, review specificity), rebuilt when its files or its scored slides change (``stamp``) or the floor does."""
-    from app.dashboard.evaluation import Floor
+    from app.evaluation import Floor
     from app.report_html import report_html
 
     return report_html(Path(run), client, Floor(*floor))
@@ -397,9 +397,9 @@ def _upload(folder: Path) -> tuple[Path | None, dict[Path, str]]:
 def _test_slides_line(folder: Path, client: int, card: dict[str, Any]) -> None:
     """One caption: the hospital's slide calls over all its test slides at the card's threshold (from its
     predictions.csv, `models.decision`), so the slide on screen is seen against the rest."""
-    from app.dashboard import evaluation
-    from app.dashboard.errors import DashboardError
-    from app.dashboard.runs import read_prediction_file
+    from app import evaluation
+    from app.errors import DashboardError
+    from app.run_records import read_prediction_file
     from models.decision import slides_of_tiles
 
     try:

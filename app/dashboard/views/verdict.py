@@ -16,9 +16,10 @@ import math
 
 import streamlit as st
 
-from app.dashboard import evaluation, ui
-from app.dashboard.datasets import hospital_label
-from app.dashboard.runs import (
+from app import evaluation
+from app.dashboard import ui
+from app.datasets import hospital_label
+from app.run_records import (
     RunInfo,
     load_metrics,
     prediction_files,

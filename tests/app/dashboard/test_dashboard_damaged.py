@@ -9,8 +9,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 from support.dashboard import MAIN, Fixture, open_page, write_config, write_metrics, write_summary
 
-from app import cmd_dashboard
-from app.dashboard import runs
+from app import cmd_dashboard, run_records
 
 DAMAGED_METRICS = "20250102-000000-fedavg"  # newer than the fixture's runs: the pickers' default
 DAMAGED_CONFIG = "20250102-000100-fedsaf"
@@ -52,17 +51,17 @@ def _errors(at: AppTest) -> list[str]:
 
 
 def test_run_problem_names_the_damaged_line_and_what_to_do(fixture_root: Fixture, damaged_metrics: Path) -> None:
-    problem = runs.run_problem(damaged_metrics, fixture_root.root)
+    problem = run_records.run_problem(damaged_metrics, fixture_root.root)
     assert problem is not None
     assert problem.startswith(f"runs/{DAMAGED_METRICS}/metrics.jsonl line 3 is not valid JSON")
     assert f"gastric-fl train --resume {damaged_metrics}" in problem
     assert "delete the run folder" in problem
     assert "\n" not in problem
     # The pages read what can be read: the other five records.
-    metrics = runs.load_metrics(damaged_metrics)
+    metrics = run_records.load_metrics(damaged_metrics)
     assert len(metrics) == 5
     assert not ((metrics["round"] == 1) & (metrics["client"] == 2)).any()
-    assert runs.run_problem(fixture_root.finished, fixture_root.root) is None
+    assert run_records.run_problem(fixture_root.finished, fixture_root.root) is None
 
 
 def test_a_cut_off_last_line_is_damage_only_once_the_run_has_stopped_writing(tmp_path: Path) -> None:
@@ -70,9 +69,9 @@ def test_a_cut_off_last_line_is_damage_only_once_the_run_has_stopped_writing(tmp
     run.mkdir()
     (run / "metrics.jsonl").write_text('{"round": 1, "client": 0}\n{"round": 1, "cli')
     write_summary(run, "running")
-    assert runs.run_problem(run) is None  # being appended
+    assert run_records.run_problem(run) is None  # being appended
     write_summary(run, "finished")
-    problem = runs.run_problem(run)
+    problem = run_records.run_problem(run)
     assert problem is not None
     assert "metrics.jsonl line 2 is cut off" in problem
 
@@ -85,14 +84,14 @@ def test_damaged_config_summary_and_aggregation_are_named(tmp_path: Path, fixtur
     (run / "summary.json").write_text("{not json")
     lines = (run / "aggregation.jsonl").read_text().splitlines()
     (run / "aggregation.jsonl").write_text("[1, 2]\n" + "\n".join(lines) + "\n")
-    problem = runs.run_problem(run, tmp_path)
+    problem = run_records.run_problem(run, tmp_path)
     assert problem is not None
     assert problem.startswith("runs/r/config.toml is not valid TOML")
     assert problem.endswith("(2 more damaged files).")
-    assert runs.read_run_config(run) == {}
-    assert runs.load_summary(run) == {}
-    assert sorted(runs.xi_matrices(runs.load_aggregation(run))) == [1, 2]  # the damaged line left out
-    info = runs.run_info(run, root=tmp_path)
+    assert run_records.read_run_config(run) == {}
+    assert run_records.load_summary(run) == {}
+    assert sorted(run_records.xi_matrices(run_records.load_aggregation(run))) == [1, 2]  # the damaged line left out
+    info = run_records.run_info(run, root=tmp_path)
     assert info.damaged
     assert info.error == problem
     assert info.status == "running"  # what summary.json would say is unknown; the pages show it as failed
@@ -101,12 +100,12 @@ def test_damaged_config_summary_and_aggregation_are_named(tmp_path: Path, fixtur
 def test_a_damaged_predictions_file_leaves_the_other_hospitals(fixture_root: Fixture) -> None:
     path = fixture_root.finished / "hospitals" / "client_01" / "predictions.csv"
     path.write_text("client,path,label,prob_abnormal\n1,a.png,maybe,0.5\n")
-    found = runs.read_run_predictions(fixture_root.finished)
+    found = run_records.read_run_predictions(fixture_root.finished)
     assert sorted(found.frame["client"].unique()) == [0, 2]
     (problem,) = found.problems
     assert problem.startswith(f"{path}, line 2: label must be normal/abnormal or 0/1")
     path.write_text("client,path,label,prob_0,prob_1,round\n1,a.png,0,0.9,0.1,1\n")
-    (problem,) = runs.read_run_predictions(fixture_root.finished).problems
+    (problem,) = run_records.read_run_predictions(fixture_root.finished).problems
     assert "2-class model's predictions (0, 1)" in problem
 
 
@@ -209,7 +208,7 @@ def _stopping_page() -> None:
     import streamlit as st
 
     from app.dashboard import ui
-    from app.dashboard.errors import DashboardError
+    from app.errors import DashboardError
 
     with ui.page_guard("Test"):
         raise DashboardError("manifest.csv lacks columns ['split']")
@@ -288,7 +287,7 @@ def test_the_dashboard_command_hides_error_details_from_the_browser() -> None:
 
 def test_the_run_list_survives_a_damaged_summary(fixture_root: Fixture) -> None:
     (fixture_root.finished / "summary.json").write_text("[1,")
-    listed = {r.run_id: r for r in runs.list_runs(fixture_root.root / "runs")}
+    listed = {r.run_id: r for r in run_records.list_runs(fixture_root.root / "runs")}
     info = listed[fixture_root.finished.name]
     assert info.problem is not None
     assert info.problem.startswith(f"runs/{fixture_root.finished.name}/summary.json is not valid JSON")

@@ -14,12 +14,12 @@ from support.dashboard import Fixture
 
 ROOT = Path(__file__).resolve().parents[3]
 MODULES = (
-    "app.dashboard.runs",
+    "app.run_records",
     "app.dashboard.ui",
     "app.dashboard.charts",
-    "app.dashboard.evaluation",
-    "app.dashboard.datasets",
-    "app.dashboard.errors",
+    "app.evaluation",
+    "app.datasets",
+    "app.errors",
     "app.dashboard.paths",
     "federation.report",  # what the Compare page reads runs with
     "app.dashboard.fields",  # the Federation form's fields

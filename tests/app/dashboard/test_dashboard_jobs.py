@@ -12,7 +12,7 @@ from support.dashboard import wait_until
 
 from app.cmd_dashboard import streamlit_command
 from app.dashboard import jobs
-from app.dashboard.errors import DashboardError
+from app.errors import DashboardError
 
 WAIT_S = 20.0
 
@@ -109,7 +109,7 @@ def test_dashboard_refuses_a_file_as_data_root(tmp_path: Path) -> None:
 
 def test_a_terminal_run_whose_pid_was_reused_reads_as_stopped(tmp_path: Path) -> None:
     # summary.json names this very process, but with another start time: the pid now belongs to someone else
-    from app.dashboard.runs import run_info
+    from app.run_records import run_info
     from infra.pids import process_start_time
 
     run = tmp_path / "run"

@@ -12,9 +12,10 @@ import pandas as pd
 import pytest
 from support.dashboard import Fixture
 
-from app.dashboard import compare, evaluation, runs
-from app.dashboard.datasets import counts_table, list_datasets, load_manifest, sample_tiles
-from app.dashboard.errors import DashboardError
+from app import evaluation, run_records
+from app.dashboard import compare
+from app.datasets import counts_table, list_datasets, load_manifest, sample_tiles
+from app.errors import DashboardError
 
 
 def _manifest(rows: list[tuple[int, str, str, int]]) -> pd.DataFrame:
@@ -72,7 +73,7 @@ def stored_px(dataset: Path, manifest: pd.DataFrame) -> set[int]:
 
 
 def test_per_round_figures_by_hand(fixture_root: Fixture) -> None:
-    rounds = runs.per_round(runs.load_metrics(fixture_root.finished)).set_index("round")
+    rounds = run_records.per_round(run_records.load_metrics(fixture_root.finished)).set_index("round")
     # Round 1: acc (0.50, 0.75, 0.25); hospital 2's AUC is null and left out: AUC over (0.625, 0.8125).
     assert rounds.loc[1, "acc_mean"] == pytest.approx(0.5)
     assert rounds.loc[1, "acc_std"] == pytest.approx(math.sqrt((0 + 0.25**2 + 0.25**2) / 3))
@@ -103,7 +104,7 @@ def test_run_figures_are_the_papers(fixture_root: Fixture) -> None:
 
 
 def test_latest_per_hospital_matches_metrics(fixture_root: Fixture) -> None:
-    table = runs.latest_per_hospital(runs.load_metrics(fixture_root.finished))
+    table = run_records.latest_per_hospital(run_records.load_metrics(fixture_root.finished))
     assert table["hospital"].tolist() == ["Hospital 0", "Hospital 1", "Hospital 2"]
     assert table["test AUC"].tolist() == [0.875, 0.9375, 0.6875]
     assert table["round"].tolist() == [2, 2, 2]
@@ -112,10 +113,10 @@ def test_latest_per_hospital_matches_metrics(fixture_root: Fixture) -> None:
 def test_jsonl_being_written_and_damaged(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"round": 1, "client": 0}\n{"round": 1, "cli')
-    assert runs.read_jsonl(path) == [{"round": 1, "client": 0}]
+    assert run_records.read_jsonl(path) == [{"round": 1, "client": 0}]
     path.write_text('{"round": 1}\nnot json\n{"round": 2}\n')
     with pytest.raises(DashboardError, match="line 2"):
-        runs.read_jsonl(path)
+        run_records.read_jsonl(path)
 
 
 def test_progress_from_file_times(tmp_path: Path) -> None:
@@ -126,7 +127,7 @@ def test_progress_from_file_times(tmp_path: Path) -> None:
     (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     os.utime(run / "config.toml", (1000, 1000))
     os.utime(run / "metrics.jsonl", (1100, 1100))
-    state = runs.progress(run, 4, now=1120.0)
+    state = run_records.progress(run, 4, now=1120.0)
     assert state.rounds_done == 2
     assert state.fraction == 0.5
     assert state.seconds_elapsed == 120.0
@@ -134,7 +135,7 @@ def test_progress_from_file_times(tmp_path: Path) -> None:
 
 
 def test_xi_and_grid(fixture_root: Fixture) -> None:
-    xi = runs.xi_matrices(runs.load_aggregation(fixture_root.finished))
+    xi = run_records.xi_matrices(run_records.load_aggregation(fixture_root.finished))
     assert sorted(xi) == [1, 2]
     assert xi[2][0].tolist() == [0.8, 0.15, 0.05]
     (grid,) = compare.list_grids(fixture_root.root / "ablations")
@@ -157,7 +158,7 @@ def test_broken_ablation_json_names_the_file(tmp_path: Path) -> None:
 
 
 def test_run_list_reads_status_and_dataset(fixture_root: Fixture) -> None:
-    listed = {r.run_id: r for r in runs.list_runs(fixture_root.root / "runs")}
+    listed = {r.run_id: r for r in run_records.list_runs(fixture_root.root / "runs")}
     failed = listed[fixture_root.failed.name]
     assert failed.status == "failed"
     assert failed.error is not None
@@ -184,7 +185,7 @@ def test_roc_confusion_and_ranking_by_hand() -> None:
 
 
 def test_shortcut_probe_table_shows_each_split_with_tiles_and_the_departure() -> None:
-    from app.dashboard.datasets import shortcut_probe
+    from app.datasets import shortcut_probe
 
     assert shortcut_probe({}) is None  # a dataset prepared before the probe
     record = {

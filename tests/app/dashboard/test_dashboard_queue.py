@@ -14,7 +14,7 @@ import pytest
 from support.dashboard import Fixture, open_page, wait_until, write_prepared
 
 from app.dashboard import jobs, paths
-from app.dashboard.errors import DashboardError
+from app.errors import DashboardError
 
 # A fake training: records when it starts and ends in a shared log, then exits.
 FAKE = (

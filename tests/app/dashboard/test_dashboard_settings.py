@@ -14,7 +14,7 @@ import pytest
 from support.dashboard import write_prepared
 
 from app.dashboard import checks, commands, fields, live, presets
-from app.dashboard.runs import Progress
+from app.run_records import Progress
 from federation.config import DEFAULTS_TOML, SECTIONS, load_config
 from federation.errors import FederationError
 from federation.progress import RoundProgress

@@ -12,7 +12,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 from support.dashboard import open_page, write_config, write_metrics, write_prepared, write_summary
 
-from app.dashboard import evaluation
+from app import evaluation
 
 # Hospital 0 is fine; hospital 1 ranks its tiles well (AUC 0.925) but calls 3 of its 4 abnormal tiles normal at
 # 0.5. Hospital 1's abnormal 0.30 ties with a normal 0.30 (half a pair in the AUC; both called abnormal at 0.30).

@@ -436,7 +436,7 @@ def test_the_saved_threshold_makes_the_slide_call_and_colours_the_heatmap(data: 
 def test_the_downloaded_report_judges_with_the_floor_on_screen(
     data: TrainedRoot, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from app.dashboard.evaluation import Floor
+    from app.evaluation import Floor
 
     served = _serve_spy(monkeypatch)
     # the floor as set on the Verdict page (its shared session values): 0.70, 3 slides, review below 0.40

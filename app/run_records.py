@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from app.dashboard.datasets import hospital_label
-from app.dashboard.errors import DashboardError
+from app.datasets import hospital_label
+from app.errors import DashboardError
 from federation import jsonl, runfiles
 from federation.errors import FederationError
 from federation.report import round_stats

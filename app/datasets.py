@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 from PIL import Image
 
-from app.dashboard.errors import DashboardError
+from app.errors import DashboardError
 from infra.formats import MANIFEST_FILE, PREPARE_RECORD
 from pipeline.config import LABELS
 from pipeline.prepare import MANIFEST_COLUMNS

@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from app.dashboard.datasets import hospital_label
+from app.datasets import hospital_label
 from models.decision import (
     AucInterval,
     Slides,
