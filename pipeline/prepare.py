@@ -425,6 +425,32 @@ def _assign(
     return [_Job(i, c, s, plans[c]) for i, c, s in zip(usable, owners, splits, strict=True)], ratios
 
 
+@dataclass(frozen=True)
+class _Tiled:
+    """What tiling left in the staging folder: the jobs and their outcomes (in the same order), the hospitals' size
+    ratios, and the usable and skipped slides as they end up."""
+
+    jobs: list[_Job]
+    outcomes: list[_Outcome]
+    ratios: list[float]
+    usable: list[SlideInfo]
+    skipped: tuple[Skipped, ...]
+
+
+@dataclass(frozen=True)
+class _Written:
+    """What the records written from a tiling hold: the manifest rows, the kept jobs, the tile counts, the slides
+    per hospital, the skipped slides, the warnings and the shortcut probe."""
+
+    rows: list[list[str]]
+    jobs: list[_Job]
+    counts: Counts
+    slides_per_client: dict[int, int]
+    skipped: tuple[Skipped, ...]
+    warnings: tuple[str, ...]
+    shortcut: dict[str, Any]
+
+
 def _tile_without_copies(
     config: PrepareConfig,
     staging: Path,
@@ -432,10 +458,9 @@ def _tile_without_copies(
     skipped: tuple[Skipped, ...],
     plans: list[HospitalPlan],
     classes: tuple[str, ...],
-) -> tuple[list[_Job], list[_Outcome], list[float], list[SlideInfo], tuple[Skipped, ...]]:
+) -> _Tiled:
     """Share the usable slides out and tile them into ``staging``; again without the slides whose decoded pixels
-    copy another's, until none does. Returns the jobs, their outcomes, the hospitals' size ratios, and the usable
-    and skipped slides as they end up."""
+    copy another's, until none does."""
     out = config.output
     while True:
         jobs, ratios = _assign(config, usable, plans, classes)
@@ -460,7 +485,7 @@ def _tile_without_copies(
         skipped = tuple(sorted([*skipped, *pixel_copies], key=lambda s: s.source))
         for plan in plans:
             shutil.rmtree(staging / f"client_{plan.client:02d}")
-    return jobs, outcomes, ratios, usable, skipped
+    return _Tiled(jobs, outcomes, ratios, usable, skipped)
 
 
 def _write_records(
@@ -468,13 +493,12 @@ def _write_records(
     staging: Path,
     plans: list[HospitalPlan],
     classes: tuple[str, ...],
-    tiled: tuple[list[_Job], list[_Outcome], list[float], list[SlideInfo], tuple[Skipped, ...]],
-) -> tuple[list[list[str]], list[_Job], Counts, dict[int, int], tuple[Skipped, ...], tuple[str, ...], dict[str, Any]]:
+    tiled: _Tiled,
+) -> _Written:
     """Write ``manifest.csv``, ``prepare.json`` (with the shortcut probe), ``report.md`` and ``contact_sheet.png``
-    into ``staging`` from the tiling's outcomes. Returns the manifest rows, the kept jobs, the counts, the slides
-    per hospital, the skipped slides, the warnings and the shortcut probe."""
+    into ``staging`` from the tiling's outcomes."""
     out = config.output
-    jobs, outcomes, ratios, usable, skipped = tiled
+    jobs, outcomes, ratios, usable, skipped = tiled.jobs, tiled.outcomes, tiled.ratios, tiled.usable, tiled.skipped
     warnings = tuple(i.warning for i in usable if i.warning is not None)
     late = [o.skipped for o in outcomes if o.skipped is not None]
     if late and out.strict:
@@ -564,7 +588,7 @@ def _write_records(
     if not ok:
         raise PipelineError("could not encode contact_sheet.png (OpenCV PNG encoder)")
     (staging / "contact_sheet.png").write_bytes(png.tobytes())
-    return rows, jobs, counts, slides_per_client, skipped, warnings, shortcut
+    return _Written(rows, jobs, counts, slides_per_client, skipped, warnings, shortcut)
 
 
 def _prepare_claimed(config: PrepareConfig, started: float) -> PrepareResult:
@@ -600,29 +624,27 @@ def _prepare_claimed(config: PrepareConfig, started: float) -> PrepareResult:
         with replace_folder(out.out, mode=0o700) as staging:
             write_marker(staging, COMMAND, complete=False, record_contents=False)
             tiled = _tile_without_copies(config, staging, usable, skipped, plans, classes)
-            rows, jobs, counts, slides_per_client, skipped, warnings, shortcut = _write_records(
-                config, staging, plans, classes, tiled
-            )
+            written = _write_records(config, staging, plans, classes, tiled)
             write_marker(staging, COMMAND)
             check_replaceable(out.out, COMMAND)  # again, last: files may have been added to --out while tiling
     except OSError as exc:
         raise PipelineError(os_error_message(exc, out.out)) from None
 
-    table = text_table(plans, counts, slides_per_client)
-    notes = issues_text(skipped, warnings)
+    table = text_table(plans, written.counts, written.slides_per_client)
+    notes = issues_text(written.skipped, written.warnings)
     report = f"{table}\n{notes}" if notes else table
-    if shortcut["warning"]:
-        report += f"\nWarning: {shortcut['warning']}"
+    if written.shortcut["warning"]:
+        report += f"\nWarning: {written.shortcut['warning']}"
     return PrepareResult(
         out=out.out,
-        tiles=len(rows),
-        slides=len(jobs),
-        counts=counts,
-        skipped=skipped,
-        warnings=warnings,
+        tiles=len(written.rows),
+        slides=len(written.jobs),
+        counts=written.counts,
+        skipped=written.skipped,
+        warnings=written.warnings,
         report=report,
         seconds=time.perf_counter() - started,
-        shortcut_warning=shortcut["warning"],
+        shortcut_warning=written.shortcut["warning"],
     )
 
 
