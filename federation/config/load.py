@@ -11,7 +11,9 @@ here imports torch.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import tomllib
 import types
 import typing
@@ -97,11 +99,17 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     return section, key.strip(), value
 
 
+@functools.cache
+def _defaults() -> dict[str, dict[str, Any]]:
+    """``DEFAULTS_TOML`` parsed once per process (read-only: `config_from_dict` merges a deep copy)."""
+    return tomllib.loads(DEFAULTS_TOML)
+
+
 def config_from_dict(raw: Mapping[str, Any], source: str = "config") -> RunConfig:
     """Build a ``RunConfig`` from the defaults updated by ``raw`` (nested ``{section: {key: value}}``)."""
     _check_known(raw, source)
     merged: dict[str, dict[str, Any]] = {}
-    _merge(merged, tomllib.loads(DEFAULTS_TOML))
+    _merge(merged, copy.deepcopy(_defaults()))
     _merge(merged, raw)
     sections: dict[str, Any] = {}
     for name, cls in SECTIONS.items():
@@ -198,7 +206,7 @@ def _check_robust(config: RunConfig) -> None:
 def _check_own_settings(config: RunConfig) -> None:
     """Refuse a method's own setting (`StrategySpec.settings`, e.g. ``fedprox.mu``) changed from its default when
     the run's method does not read it: it would silently do nothing."""
-    defaults = tomllib.loads(DEFAULTS_TOML)
+    defaults = _defaults()
     for key in sorted({key for spec in SPECS for key in spec.settings}):
         owners = readers(key)
         if config.strategy.name in owners:
@@ -217,7 +225,7 @@ def _check_unused(config: RunConfig, section: str, applies: bool, why: str) -> N
     """Refuse a setting changed from its default in a section the run does not use (it would silently do nothing)."""
     if applies:
         return
-    defaults = tomllib.loads(DEFAULTS_TOML).get(section, {})
+    defaults = _defaults().get(section, {})
     values = dataclasses.asdict(getattr(config, section))
     for key, default in defaults.items():
         if values[key] != default:
