@@ -361,7 +361,7 @@ class HospitalScore:
     the threshold against the slides' truth; ``auc_interval``: the tile AUC's 95% interval resampled by slide.
     """
 
-    client: int
+    hospital: int
     auc: float | None
     point: OperatingPoint
     target: TargetThreshold | None
@@ -559,7 +559,7 @@ def verdict(score: HospitalScore, floor: Floor) -> Verdict:
     on_slides = f"; on its slides it {wrong}" if wrong else ""
 
     def judged(kind: str, reason: str) -> Verdict:
-        return Verdict(score.client, kind, reason, threshold)
+        return Verdict(score.hospital, kind, reason, threshold)
 
     if point.abnormal == 0:
         return judged(CANNOT_JUDGE, "cannot judge: its test split holds no abnormal tile.")
@@ -635,7 +635,7 @@ class Judgement:
     @property
     def hospital(self) -> int:
         """The hospital."""
-        return self.score.client
+        return self.score.hospital
 
     @property
     def threshold(self) -> float:
@@ -690,7 +690,7 @@ def scorecard_table(scores: list[HospitalScore]) -> pd.DataFrame:
         point, target, slide = score.point, score.target, score.slide_point
         rows.append(
             {
-                "hospital": hospital_label(score.client),
+                "hospital": hospital_label(score.hospital),
                 "test slides": nan if score.slides is None else score.slides,
                 "test tiles": point.abnormal + point.normal,
                 "AUC": nan if score.auc is None else score.auc,

@@ -108,7 +108,7 @@ class Federation:
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         self.param_keys = {name for name, _ in model.named_parameters()}
         self.ctx = StrategyContext(
-            clients=tuple(range(m)),
+            hospitals=tuple(range(m)),
             num_examples={c: 100 + 10 * c for c in range(m)},
             state_keys=tuple(state),
             units=tuple(split_units(model)),

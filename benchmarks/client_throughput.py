@@ -35,21 +35,21 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._common import machine, write_result  # noqa: E402
 from federation.client import Client  # noqa: E402
 from federation.contract import Recipe, TrainInstruction  # noqa: E402
-from federation.data import ClientData, to_tensor  # noqa: E402
+from federation.data import HospitalData, to_tensor  # noqa: E402
 from models import base_keys, create_model, split_units  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "client_throughput.md"
 
 
-def synthetic_tiles(n: int, size: int, seed: int = 0) -> ClientData:
+def synthetic_tiles(n: int, size: int, seed: int = 0) -> HospitalData:
     """``n`` random RGB tiles with balanced labels (the content does not change the cost of a step)."""
     rng = np.random.default_rng(seed)
     x = rng.integers(0, 256, size=(n, size, size, 3), dtype=np.uint8)
     y = (np.arange(n) % 2).astype(np.int64)
-    return ClientData(0, x, y, x[:8], y[:8], [f"t{i}.png" for i in range(8)], grayscale=False)
+    return HospitalData(0, x, y, x[:8], y[:8], [f"t{i}.png" for i in range(8)], grayscale=False)
 
 
-def bare_epoch(model: torch.nn.Module, data: ClientData, batch: int, lr: float, seed: int) -> None:
+def bare_epoch(model: torch.nn.Module, data: HospitalData, batch: int, lr: float, seed: int) -> None:
     """The plainest correct PyTorch epoch over the same in-memory tiles."""
     torch.manual_seed(seed)
     model.train()

@@ -47,7 +47,7 @@ from federation import gpu  # noqa: E402
 from federation.client import Client  # noqa: E402
 from federation.config.load import load_config  # noqa: E402
 from federation.contract import Recipe, TrainInstruction  # noqa: E402
-from federation.data import ClientData  # noqa: E402
+from federation.data import HospitalData  # noqa: E402
 from federation.strategies.context import recipe_from_config, resolved_nhead  # noqa: E402
 from models import base_keys, create_model, split_units  # noqa: E402
 from models.preprocess import default_stats  # noqa: E402
@@ -56,13 +56,13 @@ from models.split import head_keys  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results" / "gpu_throughput.md"
 
 
-def tiles(n: int, size: int, seed: int) -> ClientData:
+def tiles(n: int, size: int, seed: int) -> HospitalData:
     """``n`` random RGB tiles with balanced labels."""
     rng = np.random.default_rng(seed)
     x = rng.integers(0, 256, size=(n, size, size, 3), dtype=np.uint8)
     y = (np.arange(n) % 2).astype(np.int64)
     test = max(8, n // 5)
-    return ClientData(seed, x, y, x[:test], y[:test], [f"t{i}.png" for i in range(test)], grayscale=False)
+    return HospitalData(seed, x, y, x[:test], y[:test], [f"t{i}.png" for i in range(test)], grayscale=False)
 
 
 def sync(device: torch.device) -> None:
@@ -71,7 +71,7 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def bare_loop(data: ClientData, device: torch.device, batch: int, bf16: bool) -> Callable[[int], None]:
+def bare_loop(data: HospitalData, device: torch.device, batch: int, bf16: bool) -> Callable[[int], None]:
     """One epoch of the plainest fast loop: uint8 tiles on the device, flips there, optional bf16 + channels-last."""
     torch.manual_seed(0)
     model = create_model("mobilenet_v3_small").to(device)
@@ -106,7 +106,13 @@ def bare_loop(data: ClientData, device: torch.device, batch: int, bf16: bool) ->
 
 
 def product(
-    data: ClientData, device: torch.device, batch: int, precision: str, recipe: Recipe, nhead: int, deterministic: bool
+    data: HospitalData,
+    device: torch.device,
+    batch: int,
+    precision: str,
+    recipe: Recipe,
+    nhead: int,
+    deterministic: bool,
 ) -> Client:
     """The product's client over ``data``: its model, shared keys and head as the engine builds them."""
     torch.manual_seed(0)
@@ -118,7 +124,7 @@ def product(
     )  # fmt: skip
 
 
-def determinism_row(data: ClientData, device: torch.device, recipe: Recipe, nhead: int, deterministic: bool) -> str:
+def determinism_row(data: HospitalData, device: torch.device, recipe: Recipe, nhead: int, deterministic: bool) -> str:
     """Train the same hospital twice from one seed (2 rounds) and compare the weights and test losses."""
     outcomes = []
     for _ in range(2):

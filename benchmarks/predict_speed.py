@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks._common import command_line, machine, write_result  # noqa: E402
 from federation.client import Client  # noqa: E402
-from federation.data import ClientData  # noqa: E402
+from federation.data import HospitalData  # noqa: E402
 from inference import find_slides, plan_of, predict_slide, read_slide, score_positions, tissue_positions  # noqa: E402
 from models import base_keys, create_model, split_units  # noqa: E402
 from models.bundle import Bundle, ModelCard, TileGrid  # noqa: E402
@@ -120,7 +120,7 @@ def main() -> None:
             ]
         )
         labels = np.zeros(total, dtype=np.int64)
-        data = ClientData(0, tiles[:2], labels[:2], tiles, labels, [f"t{i}" for i in range(total)], grayscale=False)
+        data = HospitalData(0, tiles[:2], labels[:2], tiles, labels, [f"t{i}" for i in range(total)], grayscale=False)
         client = Client(
             data,
             bundle.model,

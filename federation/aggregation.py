@@ -247,7 +247,7 @@ def attention_derivative(x: torch.Tensor, sigma: float) -> torch.Tensor:
     return torch.exp(-x / sigma) / sigma
 
 
-def check_amp_settings(num_clients: int, metric: str, alpha_k: float, sigma: float) -> None:
+def check_amp_settings(num_hospitals: int, metric: str, alpha_k: float, sigma: float) -> None:
     """Reject settings that could give a client a negative self-weight ``xi_ii`` (Eq. 16).
 
     For a distance ``d >= 0``, ``A'(d) <= 1/sigma``, so ``xi_ii = 1 - sum_{j != i} alpha_k A'(d_ij)
@@ -263,7 +263,7 @@ def check_amp_settings(num_clients: int, metric: str, alpha_k: float, sigma: flo
         raise FederationError(f"amp.sigma must be a positive number, got {sigma}", key="amp.sigma")
     if not (math.isfinite(alpha_k) and alpha_k > 0):
         raise FederationError(f"amp.alpha_k must be a positive number, got {alpha_k}", key="amp.alpha_k")
-    problem = amp_bound_problem(num_clients, alpha_k, sigma)  # the same rule as the dashboard's, torch-free
+    problem = amp_bound_problem(num_hospitals, alpha_k, sigma)  # the same rule as the dashboard's, torch-free
     if problem is not None:
         raise FederationError(problem, key="amp.alpha_k")  # the bound is on alpha_k for the given sigma
 
@@ -601,7 +601,7 @@ def mix(vectors: torch.Tensor, coefficients: torch.Tensor) -> torch.Tensor:
 # --- Seed methods (papers 000, 002, 003, 004; ../shared/reference/seed-methods.md) -------------------------------
 
 
-def depthwise_top_counts(num_layers: int, num_clients: int, reverse: bool = False) -> list[int]:
+def depthwise_top_counts(num_layers: int, num_hospitals: int, reverse: bool = False) -> list[int]:
     """``M_j`` for ``j = 1 .. N`` (input side first): paper 000, Eq. 1, ``M_j = ceil(j / N * M)``.
 
     ``reverse`` is the paper's "Reverse" ablation, ``M_j = ceil((N - j + 1) / N * M)``: the input side then uses
@@ -610,10 +610,10 @@ def depthwise_top_counts(num_layers: int, num_clients: int, reverse: bool = Fals
     """
     if num_layers < 1:
         raise ValueError(f"num_layers must be >= 1, got {num_layers}")
-    if num_clients < 1:
-        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+    if num_hospitals < 1:
+        raise ValueError(f"num_hospitals must be >= 1, got {num_hospitals}")
     depths = range(num_layers, 0, -1) if reverse else range(1, num_layers + 1)
-    return [(j * num_clients + num_layers - 1) // num_layers for j in depths]
+    return [(j * num_hospitals + num_layers - 1) // num_layers for j in depths]
 
 
 def depthwise_fisher_weights(

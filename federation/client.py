@@ -42,7 +42,7 @@ from torch import nn
 
 from federation import gpu
 from federation.contract import Recipe, TensorDict, TrainInstruction, TrainReply
-from federation.data import ClientData, augment_batch, make_augmenter, to_tensor
+from federation.data import HospitalData, augment_batch, make_augmenter, to_tensor
 from federation.errors import Diverged, FederationError
 from models.preprocess import default_stats
 
@@ -129,7 +129,7 @@ class Client:
 
     def __init__(
         self,
-        data: ClientData,
+        data: HospitalData,
         model: nn.Module,
         shared_keys: Sequence[str],
         *,

@@ -61,7 +61,7 @@ class ManifestRow:
 
 
 @dataclass
-class ClientData:
+class HospitalData:
     """One hospital's tiles in memory: ``uint8`` images (N, S, S, C) and ``int64`` labels (N,)."""
 
     client: int
@@ -272,7 +272,7 @@ def check_hospitals(folder: Path, rows: Sequence[ManifestRow], hospitals: Sequen
 
 def load_hospitals(
     dataset: str | Path, input_size: int, in_chans: int = 3, hospitals: Sequence[int] | None = None
-) -> dict[int, ClientData]:
+) -> dict[int, HospitalData]:
     """Decode every tile of the chosen ``hospitals`` (default: all) once, as ``uint8`` arrays of side ``input_size``.
 
     Raises ``FederationError`` naming the file for a missing or unreadable tile, and naming the hospital for one
@@ -281,13 +281,13 @@ def load_hospitals(
     folder = Path(dataset)
     rows, classes = read_dataset(folder)
     chosen = check_hospitals(folder, rows, hospitals)
-    out: dict[int, ClientData] = {}
+    out: dict[int, HospitalData] = {}
     for c in chosen:
         mine = [r for r in rows if r.client == c]
         train = [r for r in mine if r.split == "train"]
         test = [r for r in mine if r.split == "test"]
         val = [r for r in mine if r.split == "val"]
-        out[c] = ClientData(
+        out[c] = HospitalData(
             client=c,
             train_x=np.stack([_read_tile(folder / r.path, input_size, in_chans) for r in train]),
             train_y=np.array([r.label for r in train], dtype=np.int64),

@@ -121,7 +121,7 @@ def _named_field(error: ValueError, values: Mapping[str, Any]) -> Field | None:
     return item if item is not None and item.applies(values) else None
 
 
-def _start_problems(config: Any, num_clients: int | None) -> list[tuple[str | None, str]]:
+def _start_problems(config: Any, num_hospitals: int | None) -> list[tuple[str | None, str]]:
     """What the engine refuses when a run starts, before round 1 (federation/engine/loop.py, the strategies), as
     (the field it is about or ``None``, sentence)."""
     problems: list[tuple[str | None, str]] = []
@@ -149,16 +149,16 @@ def _start_problems(config: Any, num_clients: int | None) -> list[tuple[str | No
     if split and config.client.head_epochs < 1:
         sentence = f"Head epochs = {config.client.head_epochs}: {SHORT_NAMES[name]} trains the head first (Eq. 24)"
         problems.append(("client.head_epochs", f"{sentence}, so use 1 or more."))
-    if num_clients is not None and num_clients < 2 and spec.shares:
-        problems.append((None, f"The dataset has {num_clients} hospital(s): a federation needs at least 2."))
+    if num_hospitals is not None and num_hospitals < 2 and spec.shares:
+        problems.append((None, f"The dataset has {num_hospitals} hospital(s): a federation needs at least 2."))
     # (the distance itself, amp.dm or fedamp.dm, was checked with its section)
     if (
         name in OWN_START
-        and num_clients is not None
-        and num_clients >= 2
-        and amp_bound_problem(num_clients, config.amp.alpha_k, config.amp.sigma) is not None
+        and num_hospitals is not None
+        and num_hospitals >= 2
+        and amp_bound_problem(num_hospitals, config.amp.alpha_k, config.amp.sigma) is not None
     ):
-        peers = num_clients - 1
+        peers = num_hospitals - 1
         problems.append(
             (
                 "amp.alpha_k",
@@ -174,7 +174,7 @@ def check(
     preset: Path | None,
     dataset: Path | None,
     values: Mapping[str, Any],
-    num_clients: int | None,
+    num_hospitals: int | None,
 ) -> Checked:
     """Every reason these settings cannot run, as ``gastric-fl train`` would refuse them (module docstring).
 
@@ -211,7 +211,7 @@ def check(
         elif named is None:
             general.append(message)
     else:
-        for key, message in _start_problems(config, num_clients):
+        for key, message in _start_problems(config, num_hospitals):
             if key is not None and key in FIELDS_BY_KEY and FIELDS_BY_KEY[key].applies(values):
                 found.setdefault(key, message)
             else:

@@ -105,7 +105,7 @@ class HospitalReport:
     """Everything one hospital's report shows, read and computed before any HTML is written."""
 
     run: Path
-    client: int
+    hospital: int
     folder: Path
     config_text: str
     config: dict[str, Any]

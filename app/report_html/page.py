@@ -110,7 +110,7 @@ def _metrics(rep: HospitalReport, floor: Floor | None = None) -> dict[str, Any]:
     val_frame = None if val is None else pd.DataFrame({"label": val.labels, "prob_abnormal": val.probs})
     floor = floor or evaluation.Floor(sensitivity=TARGET_SENSITIVITY)
     judged = evaluation.judge(
-        rep.client, frame, rep.threshold, _threshold_source(rep), rep.card.get("threshold_split") or "", floor,
+        rep.hospital, frame, rep.threshold, _threshold_source(rep), rep.card.get("threshold_split") or "", floor,
         val_frame, rep.held_out,
     )  # fmt: skip
     score = judged.score
@@ -469,7 +469,7 @@ def render(rep: HospitalReport, floor: Floor | None = None) -> str:
     default floor)."""
     m = _metrics(rep, floor)
     dataset = slide_view.card_dataset(rep.card, _config_dataset(rep))
-    title = f"Hospital {rep.client} · run {rep.run.name}"
+    title = f"Hospital {rep.hospital} · run {rep.run.name}"
     warning = _warning(m)
     parts = [
         '<!doctype html><html lang="en"><head><meta charset="utf-8">',
@@ -491,7 +491,7 @@ def render(rep: HospitalReport, floor: Floor | None = None) -> str:
         spec = m["specificity"] if m["specificity"] is not None else 1.0
         roc = roc_png(m["curve"].fpr, m["curve"].tpr, (1.0 - spec, sens), m["auc"])
         alt = (
-            f"ROC curve of hospital {rep.client}: AUC {m['auc']:.3f}; at threshold {rep.threshold:.2f} sensitivity "
+            f"ROC curve of hospital {rep.hospital}: AUC {m['auc']:.3f}; at threshold {rep.threshold:.2f} sensitivity "
             f"{_fmt(m['sensitivity'], 3)} and specificity {_fmt(m['specificity'], 3)}"
         )
         parts.append(f'<figure id="roc-curve">{_img(roc, alt)}<figcaption>{_e(EXPLAIN["roc"])}</figcaption></figure>')

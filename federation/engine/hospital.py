@@ -55,7 +55,7 @@ from federation.contract import (
     TrainReply,
     TrainTask,
 )
-from federation.data import LABELS, ClientData, check_hospitals, load_hospitals, read_dataset
+from federation.data import LABELS, HospitalData, check_hospitals, load_hospitals, read_dataset
 from federation.engine.codec import Envelope, Message, decode, encode
 from federation.engine.derived import config_from_text, initial_state, resolve_device
 from federation.engine.outbound import OUTBOUND_FILE, record_reply
@@ -178,7 +178,7 @@ class _Loaded:
 
     run_id: str
     config: RunConfig
-    data: ClientData
+    data: HospitalData
     model: torch.nn.Module
     policy: HospitalPolicy
     keys: list[str]  # what this hospital sends and loads: agreed_shared_keys under its policy

@@ -1,7 +1,7 @@
 """What every strategy is built from: the run's context and the client recipe from the configuration.
 
 ``StrategyContext`` carries what a server may know before round 1 (FedSAF paper 001, Algorithm 1, Step 1):
-the participating clients and their example counts, the model's ``state_dict`` keys, its ordered layer units
+the participating hospitals and their example counts, the model's ``state_dict`` keys, its ordered layer units
 (``models.split_units``, the Eq. 1 split) and the common initial weights. Strategies keep their own
 cross-round state; nothing here is mutable.
 """
@@ -29,14 +29,14 @@ if TYPE_CHECKING:
 class StrategyContext:
     """The federation as the server sees it at the start.
 
-    ``clients``: participating client indices (manifest numbering, ascending). ``num_examples[c]``: client
+    ``hospitals``: participating hospital indices (manifest numbering, ascending). ``num_examples[c]``: hospital
     ``c``'s training tiles. ``state_keys``/``units``: the model's ``state_dict`` keys and its layer units,
-    input to output. ``initial_state``: the weights every client starts from (identical for all clients).
+    input to output. ``initial_state``: the weights every hospital starts from (identical for all hospitals).
     ``local_keys``: keys that stay at every hospital whatever ``nhead`` (``strategy.bn``: BatchNorm statistics,
     and affine parameters with ``bn = "local"``), applied the same way to every method.
     """
 
-    clients: tuple[int, ...]
+    hospitals: tuple[int, ...]
     num_examples: Mapping[int, int]
     state_keys: tuple[str, ...]
     units: tuple[Unit, ...]
@@ -45,7 +45,7 @@ class StrategyContext:
 
     @property
     def num_hospitals(self) -> int:
-        return len(self.clients)
+        return len(self.hospitals)
 
     def shared_keys(self, nhead: int) -> list[str]:
         """Keys of every unit but the last ``nhead``, less ``local_keys`` (``ModelError`` for a bad ``nhead``)."""

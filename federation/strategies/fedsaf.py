@@ -129,10 +129,10 @@ class AttentiveStrategy:
         self.nhead = nhead
         self.fim = fim
         self.recipe = recipe
-        self.clients = tuple(ctx.clients)
-        check_amp_settings(len(self.clients), amp.dm, amp.alpha_k, amp.sigma)
+        self.hospitals = tuple(ctx.hospitals)
+        check_amp_settings(len(self.hospitals), amp.dm, amp.alpha_k, amp.sigma)
         if max_weight is not None:
-            problem = max_weight_problem(len(self.clients), max_weight)
+            problem = max_weight_problem(len(self.hospitals), max_weight)
             if problem is not None:
                 raise FederationError(problem)
         self.max_weight = max_weight
@@ -146,10 +146,10 @@ class AttentiveStrategy:
         self.buffer_spec = FlatSpec.of(initial, [k for k in self.keys if k not in param_keys])
         if self.param_spec.numel == 0:
             raise FederationError(f"{name} with nhead={nhead} shares no trainable parameter: use a smaller nhead")
-        self._param_stack = StackBuffer(self.param_spec, len(self.clients))
-        self._buffer_stack = StackBuffer(self.buffer_spec, len(self.clients)) if self.buffer_spec.keys else None
+        self._param_stack = StackBuffer(self.param_spec, len(self.hospitals))
+        self._buffer_stack = StackBuffer(self.buffer_spec, len(self.hospitals)) if self.buffer_spec.keys else None
         # One dict for all clients in round 1 (the common initial model, z_i = p_i = rho^0).
-        self.centres: dict[int, TensorDict] = dict.fromkeys(self.clients, initial)
+        self.centres: dict[int, TensorDict] = dict.fromkeys(self.hospitals, initial)
         # Clients whose centres are rows of the last round's mixed matrix (views, not copies: see _centre).
         self._rows_of_block: frozenset[int] = frozenset()
 
@@ -161,7 +161,7 @@ class AttentiveStrategy:
         for c in clients:
             if c not in self.centres:
                 raise FederationError(
-                    f"{self.name}: hospital {c} is not one of this run's hospitals {list(self.clients)}"
+                    f"{self.name}: hospital {c} is not one of this run's hospitals {list(self.hospitals)}"
                 )
             centre = self.centres[c]
             if self.recipe.start_own:
@@ -193,7 +193,7 @@ class AttentiveStrategy:
         unknown = [c for c in clients if c not in self.centres]
         if unknown:
             raise FederationError(
-                f"{self.name}: client(s) {unknown} are not among this run's clients {list(self.clients)}"
+                f"{self.name}: client(s) {unknown} are not among this run's clients {list(self.hospitals)}"
             )
         states = [replies[c].shared for c in clients]
         # Each reply is copied once, into these matrices (kept from round to round); amp_aggregate centres them.
@@ -275,18 +275,18 @@ class AttentiveStrategy:
     def state_tensors(self) -> TensorDict:
         # safetensors refuses tensors that share memory: a centre every client shares (round 1's initial model,
         # Eq. 20's common p) is stored once as "shared.<key>", otherwise one copy per client.
-        first = self.centres[self.clients[0]]
-        if all(self.centres[c] is first for c in self.clients):
+        first = self.centres[self.hospitals[0]]
+        if all(self.centres[c] is first for c in self.hospitals):
             return {f"shared.{k}": v for k, v in first.items()}
         return {f"centre.{c}.{k}": v.clone() for c, centre in self.centres.items() for k, v in centre.items()}
 
     def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
         if all(f"shared.{k}" in tensors for k in self.keys):
             common = {k: tensors[f"shared.{k}"].detach().clone() for k in self.keys}
-            self.centres = dict.fromkeys(self.clients, common)
+            self.centres = dict.fromkeys(self.hospitals, common)
             return
         centres: dict[int, TensorDict] = {}
-        for c in self.clients:
+        for c in self.hospitals:
             missing = [k for k in self.keys if f"centre.{c}.{k}" not in tensors]
             if missing:
                 raise FederationError(
@@ -296,10 +296,10 @@ class AttentiveStrategy:
         self.centres = centres
 
     def state_json(self) -> dict[str, Any]:
-        return {"nhead": self.nhead, "fim": self.fim, "clients": list(self.clients)}
+        return {"nhead": self.nhead, "fim": self.fim, "clients": list(self.hospitals)}
 
     def load_state_json(self, state: Mapping[str, Any]) -> None:
-        for key, mine in (("nhead", self.nhead), ("fim", self.fim), ("clients", list(self.clients))):
+        for key, mine in (("nhead", self.nhead), ("fim", self.fim), ("clients", list(self.hospitals))):
             if key in state and state[key] != mine:
                 raise FederationError(f"{self.name} checkpoint was made with {key}={state[key]}, not {mine}")
 

@@ -254,7 +254,7 @@ TRACES = [2.0, 1.0, 5.0, 0.5]
 def _strategy(metric: str, fim: bool) -> AttentiveStrategy:
     initial = {**_state([0.0] * 6, [0.0, 0.0], 0), "1.weight": torch.ones(2, 2)}
     ctx = StrategyContext(
-        clients=(0, 1, 2, 3),
+        hospitals=(0, 1, 2, 3),
         num_examples={0: 10, 1: 30, 2: 60, 3: 5},
         state_keys=tuple(initial),
         units=UNITS,

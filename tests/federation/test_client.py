@@ -12,7 +12,7 @@ from support.tiny_dataset import make_dataset
 
 from federation.client import Client, auc_or_none, proximal_term
 from federation.contract import Recipe, TrainInstruction
-from federation.data import ClientData, load_hospitals
+from federation.data import HospitalData, load_hospitals
 from federation.errors import FederationError
 from models import base_keys, create_model, head_keys, split_units
 
@@ -27,11 +27,11 @@ def one_thread() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def tiles(tmp_path_factory: pytest.TempPathFactory) -> dict[int, ClientData]:
+def tiles(tmp_path_factory: pytest.TempPathFactory) -> dict[int, HospitalData]:
     return load_hospitals(make_dataset(tmp_path_factory.mktemp("tiny")), input_size=32)
 
 
-def _client(data: ClientData, nhead: int = 1, batch_size: int = 16, augment: bool = False) -> Client:
+def _client(data: HospitalData, nhead: int = 1, batch_size: int = 16, augment: bool = False) -> Client:
     torch.manual_seed(0)
     model = create_model("mobilenet_v3_small")
     shared = base_keys(split_units(model), nhead)
@@ -49,7 +49,7 @@ def test_proximal_term_value_and_gradient_are_exact() -> None:
     assert torch.allclose(w.grad, torch.tensor([0.1, -0.1, -0.4]))
 
 
-def test_proximal_gradient_reaches_the_optimiser(tiles: dict[int, ClientData]) -> None:
+def test_proximal_gradient_reaches_the_optimiser(tiles: dict[int, HospitalData]) -> None:
     # One SGD step (one batch, no momentum, no weight decay) with and without the proximal term from the same
     # start and seed: the cross-entropy gradients are identical, so the difference of the two results must be
     # exactly -lr * mu * (w0 - centre). A term built on detached values (a known FedAMP bug) would give 0.
@@ -67,7 +67,7 @@ def test_proximal_gradient_reaches_the_optimiser(tiles: dict[int, ClientData]) -
         assert torch.allclose(difference, expected, atol=2e-6), name
 
 
-def test_head_phase_leaves_the_base_untouched_and_base_phase_the_head(tiles: dict[int, ClientData]) -> None:
+def test_head_phase_leaves_the_base_untouched_and_base_phase_the_head(tiles: dict[int, HospitalData]) -> None:
     head_only = _client(tiles[0], nhead=2)
     both = _client(tiles[0], nhead=2)
     units = split_units(head_only.model)
@@ -85,7 +85,7 @@ def test_head_phase_leaves_the_base_untouched_and_base_phase_the_head(tiles: dic
     assert set(reply.shared) == set(base)  # only the base is uploaded
 
 
-def test_nan_loss_names_client_and_round_and_says_lower_lr(tiles: dict[int, ClientData]) -> None:
+def test_nan_loss_names_client_and_round_and_says_lower_lr(tiles: dict[int, HospitalData]) -> None:
     client = _client(tiles[2])
     with torch.no_grad():
         client.model.get_parameter("classifier.3.weight").fill_(float("nan"))
@@ -93,7 +93,7 @@ def test_nan_loss_names_client_and_round_and_says_lower_lr(tiles: dict[int, Clie
         client.train(TrainInstruction(2, Recipe(epochs=1, lr=0.01)), server_round=4, seed=0)
 
 
-def test_single_class_test_split_has_undefined_auc(tiles: dict[int, ClientData]) -> None:
+def test_single_class_test_split_has_undefined_auc(tiles: dict[int, HospitalData]) -> None:
     result = _client(tiles[1]).evaluate()
     assert result.auc is None
     assert 0.0 <= result.acc <= 1.0
@@ -107,7 +107,7 @@ def test_auc_from_probabilities_is_exact() -> None:
     assert auc_or_none(np.array([1, 1]), np.array([0.2, 0.9])) is None
 
 
-def test_evaluation_counts_correct_predictions(tiles: dict[int, ClientData]) -> None:
+def test_evaluation_counts_correct_predictions(tiles: dict[int, HospitalData]) -> None:
     client = _client(tiles[0])
     result = client.evaluate()
     with torch.no_grad():
@@ -118,7 +118,7 @@ def test_evaluation_counts_correct_predictions(tiles: dict[int, ClientData]) -> 
     assert np.array_equal(result.prob_abnormal > 0.5, predicted == 1)
 
 
-def test_fisher_trace_is_reported_when_asked(tiles: dict[int, ClientData]) -> None:
+def test_fisher_trace_is_reported_when_asked(tiles: dict[int, HospitalData]) -> None:
     client = _client(tiles[0])
     reply = client.train(TrainInstruction(0, Recipe(epochs=1, lr=0.01, fisher_batch=2)), server_round=1, seed=2)
     assert reply.metrics["fisher_trace"] > 0.0
@@ -126,7 +126,7 @@ def test_fisher_trace_is_reported_when_asked(tiles: dict[int, ClientData]) -> No
     assert "fisher_trace" not in plain.metrics
 
 
-def test_same_seed_same_training_with_augmentation(tiles: dict[int, ClientData]) -> None:
+def test_same_seed_same_training_with_augmentation(tiles: dict[int, HospitalData]) -> None:
     a, b = _client(tiles[0], batch_size=4, augment=True), _client(tiles[0], batch_size=4, augment=True)
     ra = a.train(TrainInstruction(0, Recipe(epochs=1, lr=0.05)), server_round=1, seed=9)
     rb = b.train(TrainInstruction(0, Recipe(epochs=1, lr=0.05)), server_round=1, seed=9)

@@ -15,7 +15,7 @@ from torch import nn
 import federation.client as client_module
 from federation.client import Client, proximal_term
 from federation.contract import Recipe, TrainInstruction
-from federation.data import ClientData
+from federation.data import HospitalData
 from federation.strategies.context import StrategyContext
 from federation.strategies.fedsaf import AmpSettings, AttentiveStrategy
 
@@ -73,9 +73,9 @@ UNITS = (
 HEAD = {"5.weight", "5.bias"}
 
 
-def _data(c: int, n: int = 8) -> ClientData:
+def _data(c: int, n: int = 8) -> HospitalData:
     rng = np.random.default_rng(c)
-    return ClientData(
+    return HospitalData(
         client=c,
         train_x=rng.integers(0, 256, size=(n, 8, 8, 3), dtype=np.uint8),
         train_y=np.array([0, 1] * (n // 2), dtype=np.int64),
@@ -129,7 +129,7 @@ def test_the_head_never_leaves_a_client() -> None:
     model = _tiny_model(0)
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     ctx = StrategyContext(
-        clients=(0, 1, 2),
+        hospitals=(0, 1, 2),
         num_examples={0: 8, 1: 8, 2: 8},
         state_keys=tuple(initial),
         units=UNITS,

@@ -18,7 +18,7 @@ from torch import nn
 from federation import gpu
 from federation.client import Client
 from federation.contract import Recipe, TrainInstruction
-from federation.data import ClientData, make_augmenter
+from federation.data import HospitalData, make_augmenter
 from models import base_keys, create_model, split_units
 
 N = 20_000  # draws: the shares below are within 4 standard errors (0.5 / sqrt(N) = 0.0035)
@@ -131,7 +131,7 @@ def _client(on_device: bool, precision: str = "fp32") -> Client:
     rng = np.random.default_rng(0)
     x = rng.integers(0, 256, (24, 32, 32, 3), dtype=np.uint8)
     y = (np.arange(24) % 2).astype(np.int64)
-    data = ClientData(0, x, y, x[:10], y[:10], [f"t{i}.png" for i in range(10)], grayscale=False)
+    data = HospitalData(0, x, y, x[:10], y[:10], [f"t{i}.png" for i in range(10)], grayscale=False)
     torch.manual_seed(0)
     model = create_model("mobilenet_v3_small")
     client = Client(data, model, base_keys(split_units(model), 0), batch_size=8, eval_batch_size=16, augment=True,

@@ -9,16 +9,16 @@ from torch import nn
 
 from federation.client import Client
 from federation.contract import Recipe, TrainInstruction
-from federation.data import ClientData, load_hospitals, to_tensor
+from federation.data import HospitalData, load_hospitals, to_tensor
 from models import base_keys, create_model, split_units
 
 
 @pytest.fixture(scope="module")
-def tiles(tmp_path_factory: pytest.TempPathFactory) -> dict[int, ClientData]:
+def tiles(tmp_path_factory: pytest.TempPathFactory) -> dict[int, HospitalData]:
     return load_hospitals(make_dataset(tmp_path_factory.mktemp("pbn")), input_size=32)
 
 
-def _client(data: ClientData) -> Client:
+def _client(data: HospitalData) -> Client:
     torch.manual_seed(0)
     model = create_model("mobilenet_v3_small")
     shared = base_keys(split_units(model), 1)
@@ -33,7 +33,7 @@ def _first_bn_input(client: Client) -> tuple[nn.BatchNorm2d, list[torch.Tensor]]
     return bn, batches
 
 
-def test_precise_bn_sets_running_stats_to_the_average_of_batch_statistics(tiles: dict[int, ClientData]) -> None:
+def test_precise_bn_sets_running_stats_to_the_average_of_batch_statistics(tiles: dict[int, HospitalData]) -> None:
     client = _client(tiles[0])
     client.train(TrainInstruction(0, Recipe(epochs=1, lr=0.05, precise_bn=True)), server_round=1, seed=0)
     bn, batches = _first_bn_input(client)
@@ -45,7 +45,7 @@ def test_precise_bn_sets_running_stats_to_the_average_of_batch_statistics(tiles:
     assert bn.momentum == pytest.approx(0.1)  # the layer's own momentum is restored afterwards
 
 
-def test_without_precise_bn_running_stats_lag_behind(tiles: dict[int, ClientData]) -> None:
+def test_without_precise_bn_running_stats_lag_behind(tiles: dict[int, HospitalData]) -> None:
     client = _client(tiles[0])
     client.train(TrainInstruction(0, Recipe(epochs=1, lr=0.05, precise_bn=False)), server_round=1, seed=0)
     bn, batches = _first_bn_input(client)

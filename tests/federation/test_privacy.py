@@ -22,7 +22,7 @@ from torch import nn
 from federation.client import Client
 from federation.config import config_to_toml, load_config
 from federation.contract import Recipe, TrainInstruction
-from federation.data import ClientData, to_tensor
+from federation.data import HospitalData, to_tensor
 from federation.engine import load_run_config
 from federation.engine.policy import (
     HospitalPolicy,
@@ -182,7 +182,7 @@ def _tiny_client(units: tuple[str, ...]) -> Client:
     torch.manual_seed(0)
     x = np.random.default_rng(0).integers(0, 255, size=(len(units), 4, 4, 3), dtype=np.uint8)
     y = np.array([i % 2 for i in range(len(units))], dtype=np.int64)
-    data = ClientData(0, x, y, x[:2], y[:2], ["a.png", "b.png"], False, train_units=units)
+    data = HospitalData(0, x, y, x[:2], y[:2], ["a.png", "b.png"], False, train_units=units)
     model = nn.Sequential(nn.Flatten(), nn.Linear(48, 2))
     return Client(data, model, ["1.weight", "1.bias"], batch_size=4, eval_batch_size=4, augment=False)
 

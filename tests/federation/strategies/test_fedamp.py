@@ -18,7 +18,7 @@ def _ctx() -> tuple[StrategyContext, dict[str, torch.Tensor]]:
     model = create_model("mobilenet_v3_small", num_classes=2)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     ctx = StrategyContext(
-        clients=(0, 1, 2),
+        hospitals=(0, 1, 2),
         num_examples={0: 4, 1: 6, 2: 8},
         state_keys=tuple(state),
         units=tuple(split_units(model)),

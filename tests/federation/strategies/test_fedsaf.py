@@ -38,7 +38,7 @@ def _ctx() -> StrategyContext:
         "1.bias": torch.zeros(2),
     }
     return StrategyContext(
-        clients=(0, 1, 2),
+        hospitals=(0, 1, 2),
         num_examples={0: 10, 1: 30, 2: 60},
         state_keys=tuple(initial),
         units=UNITS,
@@ -181,7 +181,7 @@ def _mobilenet_ctx() -> tuple[StrategyContext, dict[str, torch.Tensor], list[tup
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     units = split_units(model)
     ctx = StrategyContext(
-        clients=(0, 1, 2),
+        hospitals=(0, 1, 2),
         num_examples={0: 5, 1: 7, 2: 9},
         state_keys=tuple(state),
         units=tuple(units),

@@ -24,7 +24,7 @@ from torch import nn
 from federation.client import Client
 from federation.config import load_config
 from federation.contract import Recipe, TrainInstruction
-from federation.data import ClientData, load_hospitals
+from federation.data import HospitalData, load_hospitals
 from federation.engine.derived import initial_state
 from federation.launch import train
 from models import base_keys, batchnorm_keys, create_model, head_keys, split_units
@@ -38,11 +38,11 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tiles(dataset: Path) -> dict[int, ClientData]:
+def tiles(dataset: Path) -> dict[int, HospitalData]:
     return load_hospitals(dataset, input_size=32)
 
 
-def _local_bn_client(data: ClientData) -> Client:
+def _local_bn_client(data: HospitalData) -> Client:
     torch.manual_seed(0)
     model = create_model("mobilenet_v3_small")
     units = split_units(model)
@@ -54,7 +54,7 @@ def _local_bn_client(data: ClientData) -> Client:
 
 
 def test_base_batchnorm_is_frozen_in_the_head_phase_and_trains_in_the_base_phase(
-    tiles: dict[int, ClientData],
+    tiles: dict[int, HospitalData],
 ) -> None:
     client = _local_bn_client(tiles[0])
     base_bn = client.model.get_submodule("features.3.block.0.1")  # a local BatchNorm of the base
@@ -76,7 +76,7 @@ def test_base_batchnorm_is_frozen_in_the_head_phase_and_trains_in_the_base_phase
     assert seen == {"head": {(False, False, True)}, "base": {(True, True, False)}}
 
 
-def test_head_phase_leaves_every_base_tensor_alone(tiles: dict[int, ClientData]) -> None:
+def test_head_phase_leaves_every_base_tensor_alone(tiles: dict[int, HospitalData]) -> None:
     client = _local_bn_client(tiles[0])
     units = split_units(client.model)
     before = client.state()
@@ -106,7 +106,7 @@ def test_a_hospital_keeps_its_local_base_batchnorm_frozen_while_the_head_trains(
         assert not torch.equal(state["classifier.3.weight"], initial["classifier.3.weight"])
 
 
-def test_recompute_batchnorm_keeps_the_statistics_it_is_told_to(tiles: dict[int, ClientData]) -> None:
+def test_recompute_batchnorm_keeps_the_statistics_it_is_told_to(tiles: dict[int, HospitalData]) -> None:
     client = _local_bn_client(tiles[0])
     stats = [k for k in client.model.state_dict() if k.endswith(("running_mean", "running_var"))]
     first = {k for k in stats if k.startswith("features.0.")}
@@ -121,7 +121,7 @@ def test_recompute_batchnorm_keeps_the_statistics_it_is_told_to(tiles: dict[int,
 
 @pytest.mark.parametrize("bn", ["local_stats", "local"])
 def test_a_hospital_evaluates_received_weights_with_its_statistics_for_those_weights(
-    dataset: Path, tmp_path: Path, tiles: dict[int, ClientData], bn: str
+    dataset: Path, tmp_path: Path, tiles: dict[int, HospitalData], bn: str
 ) -> None:
     """FedAvg: a hospital evaluates (and exports) the averaged weights with its own BatchNorm statistics, recomputed
     for those weights, not the ones it computed for its own weights before averaging."""

@@ -501,7 +501,7 @@ class _LocalBatchNorm(StrategyContext):
 
 
 def test_layers_and_blocks_are_the_shared_part_of_each_unit_when_batchnorm_stays_local() -> None:
-    ctx = _LocalBatchNorm(CTX.clients, CTX.num_examples, KEYS, UNITS, INITIAL)
+    ctx = _LocalBatchNorm(CTX.hospitals, CTX.num_examples, KEYS, UNITS, INITIAL)
     replies = {
         c: TrainReply(c, {k: v for k, v in r.shared.items() if k not in BUFFERS}, r.num_examples, r.metrics)
         for c, r in _replies({0: 4.0, 1: 1.0, 2: 3.0}).items()
@@ -533,7 +533,9 @@ def test_a_wrapper_over_a_model_it_cannot_post_process_names_every_strategy_it_c
             return {"not/a/state_dict/key": torch.zeros(1)}
 
     initial = {"w": torch.zeros(1)}
-    ctx = StrategyContext(clients=(0,), num_examples={0: 1}, state_keys=tuple(initial), units=(), initial_state=initial)
+    ctx = StrategyContext(
+        hospitals=(0,), num_examples={0: 1}, state_keys=tuple(initial), units=(), initial_state=initial
+    )
     with pytest.raises(FederationError, match="keeps no such model") as info:
         GlobalModelWrapper(Elsewhere(), ctx, {"w"})  # type: ignore[arg-type]
     named = str(info.value).rsplit("wrap one of ", 1)[1].split(", ")

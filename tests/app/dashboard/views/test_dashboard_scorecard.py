@@ -152,7 +152,7 @@ def _predictions() -> pd.DataFrame:
 
 def test_score_hospitals_and_table() -> None:
     scores = evaluation.score_hospitals(_predictions(), 0.5, 0.9)
-    assert [s.client for s in scores] == [0, 1]
+    assert [s.hospital for s in scores] == [0, 1]
     fine, hidden = scores
     assert fine.auc == pytest.approx(23 / 25)
     assert fine.warning is None
