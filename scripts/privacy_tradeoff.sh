@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Accuracy against epsilon for FedSAF, FedAvg and FedRep, Separate without DP as the floor (issue 22,
-# docs/privacy.md). 3 seeds; about 30 minutes on 2 idle CPU cores (39 runs of about 45 s).
+# docs/privacy.md). 3 seeds; about 40 minutes on 2 CPU cores (39 runs, two at once; WORKERS=N to change).
 #
 # Tiles cut from raw tissue and judged on raw test tiles (issue 30): data/prepared/honest_privacy_raw ->
 # docs/results/honest_privacy. The masked-tile record in docs/results/privacy was made by this script before issue 30
