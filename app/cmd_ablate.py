@@ -72,7 +72,7 @@ def register(app: typer.Typer) -> None:
             None,
             "--publish",
             help="Also copy the tables, each run's config and per-round records (no weights), the package versions "
-            "and this command to this folder (e.g. docs/results/NAME), so the tables can be checked and rebuilt.",
+            "and this command to this folder (e.g. results/NAME), so the tables can be checked and rebuilt.",
         ),
     ) -> None:
         """Run an ablation grid (resumable) and write Table 4-7 style Markdown/CSV tables and accuracy curves.

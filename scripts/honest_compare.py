@@ -1,6 +1,6 @@
 """Every published table measured on masked tiles against its re-measurement on raw tissue, paired over seeds.
 
-Each pair is two folders under ``docs/results/`` holding the same ablation grid (the same cells, slides and seeds):
+Each pair is two folders under ``results/`` holding the same ablation grid (the same cells, slides and seeds):
 the *masked* one, trained on datasets whose every abnormal tile, test included, was whitened outside the cancer mask
 (paper 001, Step a.1; kept as a record), and the *raw* one, every tile cut from raw tissue (docs/pipeline.md,
 "Honest evaluation"):
@@ -17,7 +17,7 @@ over hospitals, from each cell's ``metrics.jsonl``) on masked and on raw tiles a
 also each method against Separate on each, which method is best, and FedSAF against every other method. Nothing is
 trained.
 
-    .venv/bin/python scripts/honest_compare.py --out docs/results/honest_evaluation/tables.md
+    .venv/bin/python scripts/honest_compare.py --out results/honest_evaluation/tables.md
 """
 
 from __future__ import annotations
@@ -124,13 +124,13 @@ def best_and_fedsaf(regime: str, kind: str, found: Figures) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--results", type=Path, default=ROOT / "docs" / "results")
+    parser.add_argument("--results", type=Path, default=ROOT / "results")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     res = args.results
     lines = ["# Published (masked tiles) against re-measured (raw tissue): the same cells, slides and seeds", ""]
     lines += [
-        "Command: `.venv/bin/python scripts/honest_compare.py --out docs/results/honest_evaluation/tables.md`. "
+        "Command: `.venv/bin/python scripts/honest_compare.py --out results/honest_evaluation/tables.md`. "
         "Last-round figures averaged over hospitals, each on its own test split; *masked*: the published folder "
         "(every abnormal tile whitened outside the mask, test tiles too); *raw*: its `honest_` twin (every tile "
         "raw). Means over the seeds present in both (*n*). Δ and the comparisons are paired over seeds: mean [95% t "

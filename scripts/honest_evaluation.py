@@ -1,6 +1,6 @@
 """The size of the Step a.1 leak: shortcut probes before and after, the same models judged on masked and raw tiles.
 
-For the quick start and each published regime (docs/results/README.md, "The regimes"), from the same raw slides:
+For the quick start and each published regime (results/README.md, "The regimes"), from the same raw slides:
 
 1. **masked**: the dataset as ``prepare`` made it before raw tiling, every abnormal tile (train and test) whitened
    outside the cancer mask (paper 001, Step a.1). Made by the code of ``--before`` (a git commit, checked out in a
@@ -10,7 +10,7 @@ For the quick start and each published regime (docs/results/README.md, "The regi
    Both today's datasets are made with ``--val-fraction 0``, so that their train and test slides are exactly the
    masked dataset's (the validation split is drawn after test; with none, the splits are the old ones).
 
-It prints and writes (``--out``, default docs/results/honest_evaluation/):
+It prints and writes (``--out``, default results/honest_evaluation/):
 
 - the shortcut probe of each dataset per split (`pipeline.probe`: the best label-free pixel statistic's AUC);
 - **the same models on masked and raw test tiles**: FedSAF and Separate trained on the masked dataset, as every
@@ -199,7 +199,7 @@ def main() -> None:
     parser.add_argument("--regimes", nargs="*", default=list(REGIMES))
     parser.add_argument("--methods", nargs="*", default=["fedsaf", "separate"])
     parser.add_argument("--data", type=Path, default=ROOT / "data")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "honest_evaluation")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "honest_evaluation")
     args = parser.parse_args()
     results: dict[str, Any] = {}
     path = args.out / "results.json"

@@ -15,7 +15,7 @@ A flattened AUC well above 0.5 means the model can learn the classes from morpho
 
     .venv/bin/python scripts/morphology_check.py --data data/prepared/honest_quickstart_raw
 
-It writes docs/results/honest_evaluation/morphology.md (and morphology.json). About 1 minute on 2 CPU cores.
+It writes results/honest_evaluation/morphology.md (and morphology.json). About 1 minute on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--data", type=Path, default=ROOT / "data" / "prepared" / "honest_quickstart_raw")
     parser.add_argument("--config", default="configs/demo.toml")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "honest_evaluation")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "honest_evaluation")
     args = parser.parse_args()
     flat = args.data.parent / f"{args.data.name}_flat"
     flatten(args.data, flat)

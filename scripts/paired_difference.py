@@ -5,8 +5,8 @@ with their plain settings in one grid, e.g. FedSAF against FedAMP over 5 seeds, 
 without the seed (e.g. a Table 6 ``nhead`` against FedSAF's defaults), from the published run files alone (each
 run's figures as ``federation.ablation.run_figures`` reads them, the interval of ``paired_interval``):
 
-    .venv/bin/python scripts/paired_difference.py docs/results/methods_site_shift fedsaf fedamp
-    .venv/bin/python scripts/paired_difference.py docs/results/tables456_seed_like \
+    .venv/bin/python scripts/paired_difference.py results/methods_site_shift fedsaf fedamp
+    .venv/bin/python scripts/paired_difference.py results/tables456_seed_like \
         strategy-fedsaf_nhead-12 strategy-fedsaf_fim-on_split-on
 """
 

@@ -8,7 +8,7 @@ Reads every published ablation under the folder given (``<folder>/<arm>/ablation
 * paired differences over the same seeds (`federation.ablation.paired_interval`: mean and 95% t interval): each DP
   cell against the same method without DP, and against Separate without DP (the floor a hospital has alone).
 
-    .venv/bin/python scripts/privacy_table.py docs/results/privacy
+    .venv/bin/python scripts/privacy_table.py results/privacy
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def build(folder: Path) -> str:
 
 
 def main() -> None:
-    folder = (Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "results" / "privacy").resolve()
+    folder = (Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "results" / "privacy").resolve()
     table = build(folder)
     shown = folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder
     text = (

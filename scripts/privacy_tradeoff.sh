@@ -3,7 +3,7 @@
 # docs/privacy.md). 3 seeds; about 40 minutes on 2 CPU cores (39 runs, two at once; WORKERS=N to change).
 #
 # Tiles cut from raw tissue and judged on raw test tiles (issue 30): data/prepared/honest_privacy_raw ->
-# docs/results/honest_privacy. The masked-tile record in docs/results/privacy was made by this script before issue 30
+# results/honest_privacy. The masked-tile record in results/privacy was made by this script before issue 30
 # (prepare then painted everything outside the cancer mask white in training and test tiles); its COMMAND.md files
 # name the commit.
 #
@@ -16,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 gfl=.venv/bin/gastric-fl
-data=data/prepared/honest_privacy_raw runs=data/ablations/honest_privacy published=docs/results/honest_privacy
+data=data/prepared/honest_privacy_raw runs=data/ablations/honest_privacy published=results/honest_privacy
 $gfl synth --format seed --images 300 --seed 1 --difficulty 0.3 --out data/raw/privacy --overwrite
 $gfl prepare --format seed --input data/raw/privacy --out "$data" --clients 3 --tile 128 --seed 0 \
     --val-fraction 0 --overwrite

@@ -1,11 +1,11 @@
-"""Print the cross-regime overview of docs/results/README.md from the published ablation folders.
+"""Print the cross-regime overview of results/README.md from the published ablation folders.
 
-For each ``docs/results/methods_<regime>/`` written by ``gastric-fl ablate --publish``: every method's last-round
+For each ``results/methods_<regime>/`` written by ``gastric-fl ablate --publish``: every method's last-round
 averaged test accuracy (mean ± sample std over seeds, from ``table7_methods.csv``) and its paired differences to
 Separate and to FedAvg over the same seeds (mean [95% t interval], from ``paired.csv``). Nothing is trained and
 nothing is computed beyond reading those two files, so the overview cannot drift from the tables behind it.
 
-    .venv/bin/python scripts/results_overview.py [docs/results]
+    .venv/bin/python scripts/results_overview.py [results]
 """
 
 from __future__ import annotations
@@ -86,4 +86,4 @@ def overview(root: Path) -> str:
 
 
 if __name__ == "__main__":
-    print(overview(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/results")))
+    print(overview(Path(sys.argv[1] if len(sys.argv) > 1 else "results")))

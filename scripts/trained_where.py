@@ -7,7 +7,7 @@ cells were trained on this machine (``--here``). The section also names the comm
 (``code_versions``) when it differs from the one COMMAND.md names, and the dataset's sha256 (the same on every
 machine, or the section says so).
 
-    .venv/bin/python scripts/trained_where.py docs/results/honest_tables456_label_skew \\
+    .venv/bin/python scripts/trained_where.py results/honest_tables456_label_skew \\
         --machine "/tmp/data/=a 16-core Intel Xeon machine (Python 3.12.3, torch 2.11.0, numpy 2.5.2, OpenCV 5.0.0)" \\
         --here "this 2-core AMD EPYC machine (Python 3.11.7, torch 2.15.0)"
 """

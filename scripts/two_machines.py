@@ -6,7 +6,7 @@ A cell's machine is told by where its dataset lay (``summary.json``'s ``dataset`
 lent 16-core machine, elsewhere on this one. Two cells pair when their ``config.toml`` files are equal apart from
 ``data.path`` and ``run.name``. A pair from one machine must agree exactly (each machine repeats its own runs); a
 pair across machines shows how much a CPU and torch build change a run. Writes
-``docs/results/honest_evaluation/two_machines.md``.
+``results/honest_evaluation/two_machines.md``.
 
     .venv/bin/python scripts/two_machines.py
 """
@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from federation.engine.derived import config_from_text  # noqa: E402
 
-RESULTS = ROOT / "docs" / "results"
+RESULTS = ROOT / "results"
 OUT = RESULTS / "honest_evaluation" / "two_machines.md"
 REGIMES = ("data_poor", "site_shift", "label_skew", "seed_like")
 PAIRS = {

@@ -1,4 +1,4 @@
-"""Publishing an ablation (e.g. to ``docs/results/NAME``): its tables and the small raw files behind them.
+"""Publishing an ablation (e.g. to ``results/NAME``): its tables and the small raw files behind them.
 
 Per finished run its configuration and per-round records (`PUBLISHED_RUN_FILES`, no weights), the package versions
 (`installed_versions`) and the command that made it, so that the tables can be checked and rebuilt from the copy
@@ -44,7 +44,7 @@ def installed_versions(code: str) -> str:
 
 
 def publish(plan: Plan, out: Path, dest: Path, command: str, rebuild: str | None = None) -> list[Path]:
-    """Copy an ablation's tables and the small raw files behind them to ``dest`` (e.g. ``docs/results/NAME``).
+    """Copy an ablation's tables and the small raw files behind them to ``dest`` (e.g. ``results/NAME``).
 
     Per finished run: ``PUBLISHED_RUN_FILES`` (no checkpoints, weights or predictions); per ablation:
     ``ablation.json``, ``base_config.toml`` and every table, figure and ``paired`` file ``write_tables`` wrote; plus

@@ -50,7 +50,7 @@ wrap = []
 # Where BatchNorm lives, the same for every method: "shared" (statistics and affine parameters travel and are
 # mixed like any shared tensor), "local_stats" (running statistics stay at each hospital, as in PFLlib) or
 # "local" (statistics and affine parameters stay, as in FedBN). fedbn always keeps them local. The default,
-# "local_stats", was chosen by measurement (configs/ablation_fairness.toml, docs/results/README.md): on the
+# "local_stats", was chosen by measurement (configs/ablation_fairness.toml, results/README.md): on the
 # stain/scanner-shift regime FedAvg's averaged test accuracy rose from 0.73 (shared) to 0.91, FedSAF's was the same.
 bn = "local_stats"
 

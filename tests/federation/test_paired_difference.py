@@ -83,7 +83,7 @@ def test_an_unknown_method_is_named(tmp_path: Path) -> None:
 def test_the_published_site_shift_folder_gives_fedsaf_against_fedamp_over_five_seeds(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    folder = ROOT / "docs" / "results" / "methods_site_shift"
+    folder = ROOT / "results" / "methods_site_shift"
     assert _module().main([str(folder), "fedsaf", "fedamp"]) == 0
     out = capsys.readouterr().out
     assert "methods_site_shift: fedsaf - fedamp, avg_test_acc:" in out
