@@ -84,7 +84,7 @@ from federation.runfiles import (
 )
 from federation.runs import now_iso, read_json, write_json, write_predictions
 from federation.strategies.context import resolved_nhead
-from infra.formats import manifest_sha256
+from infra.formats import MANIFEST_FILE, manifest_sha256
 from infra.outputs import atomic_target, remove_entries, write_atomic
 from models import ModelError, create_model, head_keys, split_units
 from models.names import CARD_FILE, WEIGHTS_FILE
@@ -286,7 +286,7 @@ class Hospital:
                 )
             if previous.get("manifest_sha256") != digest:
                 raise FederationError(
-                    f"hospital {client}: {dataset / 'manifest.csv'} changed since run {message.run_id} started "
+                    f"hospital {client}: {dataset / MANIFEST_FILE} changed since run {message.run_id} started "
                     "(its sha256 differs), so resuming would train and test on other tiles; start a new run "
                     "(gastric-fl train --out NEW_RUN ...) or restore the original dataset"
                 )

@@ -33,6 +33,7 @@ from federation.runs import (
     read_checkpoint,
     read_json,
 )
+from infra.formats import MANIFEST_FILE
 from infra.outputs import owned_by, write_marker
 
 Warn = Callable[[str], None]
@@ -53,7 +54,7 @@ def open_for_resume(run_dir: Path, dataset: str, dataset_sha256: str | None, war
     recorded = previous.get("dataset_sha256")
     if not restart and recorded and dataset_sha256 and recorded != dataset_sha256:
         raise FederationError(
-            f"{Path(dataset) / 'manifest.csv'} changed since run {run_dir.name} started (sha256 "
+            f"{Path(dataset) / MANIFEST_FILE} changed since run {run_dir.name} started (sha256 "
             f"{recorded[:12]}... then, {dataset_sha256[:12]}... now), so resuming would train and test "
             f"on other tiles; start afresh with gastric-fl train --config {run_dir / CONFIG_FILE} "
             "--out NEW_RUN, or restore the original dataset"
