@@ -483,7 +483,7 @@ class Floor:
 class Verdict:
     """A hospital's verdict (``kind``: pass, review, fail or cannot judge) and its reason in one sentence."""
 
-    client: int
+    hospital: int
     kind: str
     reason: str
     threshold: float

@@ -534,7 +534,7 @@ def read_prediction_file(path: Path) -> pd.DataFrame:
             raise DashboardError(f"{exc}: this page reads the normal / abnormal task only") from None
         raise DashboardError(f"{exc}; {_REDO}") from None
     columns: dict[str, Any] = {
-        "client": pd.Series([found.client] * len(found.paths), dtype=int),
+        "client": pd.Series([found.hospital] * len(found.paths), dtype=int),
         "path": pd.Series(found.paths, dtype=object),
         "label": pd.Series(found.labels, dtype=int),
         "prob_abnormal": pd.Series(found.probs, dtype=float),

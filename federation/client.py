@@ -146,7 +146,7 @@ class Client:
         parameter, shared or kept at the hospital. ``None``: the head is every parameter that is not shared (right
         only when no part of the base stays local). Head keys that are shared count as base. ``precision`` and
         ``deterministic``: ``run.precision`` and ``run.deterministic`` (`federation.gpu`)."""
-        self.cid = data.client
+        self.cid = data.hospital
         self.data = data
         self.device = torch.device(device)
         self.precision = precision
@@ -347,7 +347,7 @@ class Client:
             return self.data.train_x, self.data.train_y
         if split == "val":
             if self.data.val_x is None or self.data.val_y is None:
-                raise ValueError(f"hospital {self.data.client} has no validation split")
+                raise ValueError(f"hospital {self.data.hospital} has no validation split")
             return self.data.val_x, self.data.val_y
         return self.data.test_x, self.data.test_y
 

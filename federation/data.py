@@ -64,7 +64,7 @@ class ManifestRow:
 class HospitalData:
     """One hospital's tiles in memory: ``uint8`` images (N, S, S, C) and ``int64`` labels (N,)."""
 
-    client: int
+    hospital: int
     train_x: np.ndarray
     train_y: np.ndarray
     test_x: np.ndarray
@@ -288,7 +288,7 @@ def load_hospitals(
         test = [r for r in mine if r.split == "test"]
         val = [r for r in mine if r.split == "val"]
         out[c] = HospitalData(
-            client=c,
+            hospital=c,
             train_x=np.stack([_read_tile(folder / r.path, input_size, in_chans) for r in train]),
             train_y=np.array([r.label for r in train], dtype=np.int64),
             test_x=np.stack([_read_tile(folder / r.path, input_size, in_chans) for r in test]),

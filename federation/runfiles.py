@@ -146,7 +146,7 @@ class HospitalPredictions:
     """One hospital's ``predictions.csv`` (binary task): per test tile its dataset-relative path, label (1 =
     abnormal) and P(abnormal), the hospital index and the round the file was written after (``None``: not said)."""
 
-    client: int | None
+    hospital: int | None
     paths: tuple[str, ...]
     labels: tuple[int, ...]
     probs: tuple[float, ...]
@@ -280,7 +280,7 @@ def read_predictions(path: Path) -> HospitalPredictions:
     if len(clients) > 1:
         raise PredictionsError(f"{path}: client must be one hospital number, found {sorted(clients)}", kind="damaged")
     return HospitalPredictions(
-        client=next(iter(clients), None),
+        hospital=next(iter(clients), None),
         paths=tuple(paths),
         labels=tuple(labels),
         probs=tuple(probs),

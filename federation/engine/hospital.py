@@ -452,7 +452,7 @@ class Hospital:
 
         def rows(paths: list[str], labels: np.ndarray, prob: np.ndarray) -> Iterator[list[object]]:
             for path, label, p in zip(paths, labels, prob, strict=True):
-                yield [data.client, path, data.classes[int(label)], *(f"{v:.17g}" for v in p), server_round]
+                yield [data.hospital, path, data.classes[int(label)], *(f"{v:.17g}" for v in p), server_round]
 
         write_predictions(folder / PREDICTIONS_FILE, rows(data.test_paths, data.test_y, probs), columns)
         if data.num_val and data.val_y is not None:

@@ -257,7 +257,7 @@ class Server:
         )
         self.strategy: Strategy = build_strategy(config, ctx)
         self.shared_keys = self.strategy.shared_keys(list(initial), [keys for _, keys in units])
-        self.clients = clients
+        self.hospitals = clients
         self.start_round = 1
         self.pending: RoundRecord | None = None  # a round whose evaluation is still to come
         if resume:
@@ -301,11 +301,11 @@ class Server:
         config = self.config
         start = time.perf_counter()
         previous = self.pending  # the last round, when its evaluation rides with this round's training
-        instructions = self.strategy.configure_train(server_round, self.clients)
+        instructions = self.strategy.configure_train(server_round, self.hospitals)
         record = RoundRecord(server_round, sent={c: count_values(i) for c, i in instructions.items()}, started=start)
         # a strategy that deploys each hospital's own model gets the evaluation with the training: one message
         fused = self.strategy.evaluates_own
-        ask_previous = set(previous.to_evaluate(self.clients)) if previous is not None else set()
+        ask_previous = set(previous.to_evaluate(self.hospitals)) if previous is not None else set()
         tasks = {
             c: TrainTask(
                 self.run_id,
@@ -366,7 +366,7 @@ class Server:
             self.pending = record
             self.summary.round_done(record.round, record.seconds)
             return
-        self._evaluate(pool, record, record.to_evaluate(self.clients))
+        self._evaluate(pool, record, record.to_evaluate(self.hospitals))
         self._write_record(record, until=None)
         self._checkpoint(record, pending=False)
         self.summary.round_done(record.round, time.perf_counter() - start)
@@ -416,7 +416,7 @@ class Server:
             seconds = record.seconds
         else:
             seconds = (until if until is not None else time.perf_counter()) - record.started
-        append_jsonl(self.run_dir / METRICS_FILE, record.metrics_lines(self.clients, self.counts))
+        append_jsonl(self.run_dir / METRICS_FILE, record.metrics_lines(self.hospitals, self.counts))
         append_jsonl(self.run_dir / AGGREGATION_FILE, [record.aggregation_line(seconds)])
         self.summary.add_figures(self.run_dir / METRICS_FILE)
 
@@ -425,7 +425,7 @@ class Server:
             self.run_dir,
             Checkpoint(
                 record.round,
-                list(self.clients),
+                list(self.hospitals),
                 self.strategy.state_tensors(),
                 self.strategy.state_json(),
                 record.to_json() if pending else None,
@@ -438,7 +438,7 @@ class Server:
         record = self.pending
         if record is None:
             return
-        self._evaluate(pool, record, record.to_evaluate(self.clients))
+        self._evaluate(pool, record, record.to_evaluate(self.hospitals))
         self._write_record(record, until=None)
         self.pending = None
         self.summary.write()

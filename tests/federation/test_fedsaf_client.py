@@ -76,7 +76,7 @@ HEAD = {"5.weight", "5.bias"}
 def _data(c: int, n: int = 8) -> HospitalData:
     rng = np.random.default_rng(c)
     return HospitalData(
-        client=c,
+        hospital=c,
         train_x=rng.integers(0, 256, size=(n, 8, 8, 3), dtype=np.uint8),
         train_y=np.array([0, 1] * (n // 2), dtype=np.int64),
         test_x=rng.integers(0, 256, size=(4, 8, 8, 3), dtype=np.uint8),

@@ -62,11 +62,11 @@ def test_read_predictions_reads_labels_both_ways(tmp_path: Path) -> None:
     )
     found = runfiles.read_predictions(path)
     assert found == runfiles.HospitalPredictions(
-        client=3, paths=("a.png", "b.png", "c.png"), labels=(1, 0, 0), probs=(0.75, 0.125, 1.0), round=5
+        hospital=3, paths=("a.png", "b.png", "c.png"), labels=(1, 0, 0), probs=(0.75, 0.125, 1.0), round=5
     )
     empty = runfiles.read_predictions(_write(tmp_path / "empty.csv", "client,path,label,prob_abnormal\n"))
     assert empty.paths == ()
-    assert empty.client is None
+    assert empty.hospital is None
     assert empty.round is None
 
 
