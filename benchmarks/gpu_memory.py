@@ -93,9 +93,7 @@ def main() -> None:
     rows = []
     for workers, batch, precision in chosen:
         parent = gpu_memory.CONTEXT_BYTES if workers > 0 else 0  # with workers, the parent checks and holds a context
-        estimate = parent + gpu_memory.run_bytes(
-            tiles, workers, input_size=128, channels=3, batch_size=batch, model_name="mobilenet_v3_small"
-        )
+        estimate = parent + gpu_memory.run_bytes(tiles, workers, gpu_memory.Shape(128, 3, batch, "mobilenet_v3_small"))
         measured, seconds = (0, 0.0)
         if on_gpu:
             run_dir = args.work / f"run_w{workers}_b{batch}_{precision}"

@@ -24,7 +24,8 @@ compares the estimate with the peak that ``nvidia-smi`` reads on a real GPU.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -71,12 +72,28 @@ def parameter_bytes(model_name: str, channels: int) -> int:
     return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
 
 
-def process_bytes(tiles: Sequence[int], *, input_size: int, channels: int, batch_size: int, model_name: str) -> int:
+@dataclass(frozen=True)
+class Shape:
+    """What sizes a hospital's training on the GPU, besides its tiles: the run's input size, channels, batch size
+    and model."""
+
+    input_size: int
+    channels: int
+    batch_size: int
+    model_name: str
+
+    @classmethod
+    def of(cls, config: RunConfig) -> Shape:
+        """The shape of a run of ``config``."""
+        return cls(config.data.input_size, config.model.in_chans, config.data.batch_size, config.model.name)
+
+
+def process_bytes(tiles: Sequence[int], shape: Shape) -> int:
     """The estimate of the module docstring for one process holding hospitals of ``tiles`` tiles each."""
-    held = sum(tiles) * input_size * input_size * channels
-    models = len(tiles) * 4 * parameter_bytes(model_name, channels)
-    batch = min(batch_size, max(tiles, default=0))  # one hospital trains at a time, in batches of its tiles
-    activations = batch * activation_bytes(model_name, input_size, channels)
+    held = sum(tiles) * shape.input_size * shape.input_size * shape.channels
+    models = len(tiles) * 4 * parameter_bytes(shape.model_name, shape.channels)
+    batch = min(shape.batch_size, max(tiles, default=0))  # one hospital trains at a time, in batches of its tiles
+    activations = batch * activation_bytes(shape.model_name, shape.input_size, shape.channels)
     return CONTEXT_BYTES + int(ALLOCATOR_SLACK * (held + models + activations))
 
 
@@ -91,39 +108,19 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-def run_bytes(
-    tiles: Sequence[int], workers: int, *, input_size: int, channels: int, batch_size: int, model_name: str
-) -> int:
+def run_bytes(tiles: Sequence[int], workers: int, shape: Shape) -> int:
     """The estimate for a run whose hospitals of ``tiles`` tiles each are spread over ``workers`` processes (0: one
     process holds them all)."""
-    return sum(
-        process_bytes(group, input_size=input_size, channels=channels, batch_size=batch_size, model_name=model_name)
-        for group in spread(tiles, max(workers, 1))
-    )
+    return sum(process_bytes(group, shape) for group in spread(tiles, max(workers, 1)))
 
 
-def check_shared_gpu(
-    tiles: Sequence[int],
-    workers: int,
-    free_bytes: int,
-    *,
-    input_size: int,
-    channels: int,
-    batch_size: int,
-    model_name: str,
-) -> int:
+def check_shared_gpu(tiles: Sequence[int], workers: int, free_bytes: int, shape: Shape) -> int:
     """`FederationError` (one line) when ``workers`` processes holding hospitals of ``tiles`` tiles each need more
     than ``free_bytes``; the estimated need otherwise. The message names the largest number of workers that fits."""
-
-    def need(w: int) -> int:
-        return run_bytes(
-            tiles, w, input_size=input_size, channels=channels, batch_size=batch_size, model_name=model_name
-        )
-
-    wanted = need(workers)
+    wanted = run_bytes(tiles, workers, shape)
     if wanted <= free_bytes:
         return wanted
-    fitting = [w for w in range(1, workers) if need(w) <= free_bytes]
+    fitting = [w for w in range(1, workers) if run_bytes(tiles, w, shape) <= free_bytes]
     advice = (
         f"use run.workers = {fitting[-1]}"
         if fitting
@@ -136,8 +133,8 @@ def check_shared_gpu(
 
 
 def check_cells(needs: Sequence[int], at_once: int, free_bytes: int) -> int:
-    """`FederationError` (one line) when the ``at_once`` largest of the cells' estimated ``needs`` (`run_bytes` of
-    each cell) exceed ``free_bytes`` of the one GPU they share; their sum otherwise. Names the ``--workers`` that
+    """`FederationError` (one line) when the ``at_once`` largest of the cells' estimated ``needs`` (`config_bytes`
+    of each cell) exceed ``free_bytes`` of the one GPU they share; their sum otherwise. Names the ``--workers`` that
     fits."""
     largest = sorted(needs, reverse=True)
     wanted = sum(largest[:at_once])
@@ -163,19 +160,10 @@ def hospital_tiles(dataset: str | Path) -> dict[int, int]:
     return counts
 
 
-def config_bytes(config: RunConfig, hospitals: Sequence[int] | None = None) -> int:
-    """`run_bytes` of a run of ``config``: the ``hospitals`` of its dataset (every one when None), spread over its
-    ``run.workers``."""
-    counts = hospital_tiles(config.data.path)
-    chosen = sorted(counts) if hospitals is None else hospitals
-    return run_bytes(
-        [counts.get(h, 0) for h in chosen],
-        config.run.workers,
-        input_size=config.data.input_size,
-        channels=config.model.in_chans,
-        batch_size=config.data.batch_size,
-        model_name=config.model.name,
-    )
+def config_bytes(config: RunConfig, counts: Mapping[int, int]) -> int:
+    """`run_bytes` of a run of ``config`` over every hospital of its dataset (``counts``: `hospital_tiles` of it),
+    spread over its ``run.workers``."""
+    return run_bytes([counts[h] for h in sorted(counts)], config.run.workers, Shape.of(config))
 
 
 def free_gpu_bytes(device: torch.device | str = "cuda") -> int:

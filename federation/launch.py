@@ -70,12 +70,6 @@ def check_workers_fit(config: RunConfig, sites: list[Site]) -> None:
     from federation import gpu_memory
 
     counts = gpu_memory.hospital_tiles(config.data.path)
-    gpu_memory.check_shared_gpu(
-        [counts.get(site.data_index, 0) for site in sites],
-        config.run.workers,
-        gpu_memory.free_gpu_bytes(device),
-        input_size=config.data.input_size,
-        channels=config.model.in_chans,
-        batch_size=config.data.batch_size,
-        model_name=config.model.name,
-    )
+    tiles = [counts.get(site.data_index, 0) for site in sites]
+    free = gpu_memory.free_gpu_bytes(device)
+    gpu_memory.check_shared_gpu(tiles, config.run.workers, free, gpu_memory.Shape.of(config))

@@ -239,7 +239,9 @@ def _run_parallel(
     if ray is None and limit > 1 and len(visible_gpus(on_gpu)) == 1:  # the cells in flight share one GPU
         from federation import gpu_memory
 
-        needs = [gpu_memory.config_bytes(plan.cell_config(c)) for c in todo]
+        configs = [plan.cell_config(c) for c in todo]
+        counts = {path: gpu_memory.hospital_tiles(path) for path in {str(c.data.path) for c in configs}}
+        needs = [gpu_memory.config_bytes(c, counts[str(c.data.path)]) for c in configs]
         gpu_memory.check_cells(needs, limit, gpu_memory.free_gpu_bytes())
     pool = ray_cells(ray, on_gpu, workers) if ray is not None else process_cells(limit, on_gpu)
     waiting = list(todo)

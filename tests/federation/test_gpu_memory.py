@@ -16,7 +16,7 @@ from federation import gpu_memory
 from federation.errors import FederationError
 
 MIB = 2**20
-SIZES = {"input_size": 32, "channels": 3, "batch_size": 8, "model_name": "m"}
+SHAPE = gpu_memory.Shape(input_size=32, channels=3, batch_size=8, model_name="m")
 
 
 @pytest.fixture
@@ -36,32 +36,32 @@ def test_a_process_estimate_is_exact_on_unequal_hospitals(constants: None) -> No
     # tiles 1000 + 300 of 32 x 32 x 3 bytes; 2 models x 4 x 1 MiB; 8 tiles x 0.5 MiB; x 1.25; + the context
     held = 1300 * 32 * 32 * 3
     expected = gpu_memory.CONTEXT_BYTES + int(1.25 * (held + 8 * MIB + 4 * MIB))
-    assert gpu_memory.process_bytes([1000, 300], **SIZES) == expected  # type: ignore[arg-type]
+    assert gpu_memory.process_bytes([1000, 300], SHAPE) == expected
     # three hospitals over two workers: [1000, 50] and [300]
-    one = gpu_memory.process_bytes([1000, 50], **SIZES)  # type: ignore[arg-type]
-    two = gpu_memory.process_bytes([300], **SIZES)  # type: ignore[arg-type]
-    assert gpu_memory.run_bytes([1000, 300, 50], 2, **SIZES) == one + two  # type: ignore[arg-type]
+    one = gpu_memory.process_bytes([1000, 50], SHAPE)
+    two = gpu_memory.process_bytes([300], SHAPE)
+    assert gpu_memory.run_bytes([1000, 300, 50], 2, SHAPE) == one + two
     assert two == gpu_memory.CONTEXT_BYTES + int(1.25 * (300 * 3072 + 4 * MIB + 4 * MIB))
     # a hospital of 5 tiles trains batches of 5, not of 8
-    assert gpu_memory.process_bytes([5], **SIZES) == gpu_memory.CONTEXT_BYTES + int(  # type: ignore[arg-type]
+    assert gpu_memory.process_bytes([5], SHAPE) == gpu_memory.CONTEXT_BYTES + int(
         1.25 * (5 * 3072 + 4 * MIB + 5 * MIB // 2)
     )
 
 
 def test_too_many_workers_are_refused_naming_how_many_fit(constants: None) -> None:
     tiles = [1000, 300, 50]
-    needs = {w: gpu_memory.run_bytes(tiles, w, **SIZES) for w in (1, 2, 3)}  # type: ignore[arg-type]
+    needs = {w: gpu_memory.run_bytes(tiles, w, SHAPE) for w in (1, 2, 3)}
     assert needs[1] < needs[2] < needs[3]  # each process adds a context
-    assert gpu_memory.check_shared_gpu(tiles, 3, needs[3], **SIZES) == needs[3]  # type: ignore[arg-type]
+    assert gpu_memory.check_shared_gpu(tiles, 3, needs[3], SHAPE) == needs[3]
     with pytest.raises(FederationError) as refused:
-        gpu_memory.check_shared_gpu(tiles, 3, needs[2], **SIZES)  # type: ignore[arg-type]
+        gpu_memory.check_shared_gpu(tiles, 3, needs[2], SHAPE)
     message = str(refused.value)
     assert message == (
         "run.workers = 3: the hospitals would need about 5.3 GiB of GPU memory at once and 3.5 GiB is free; "
         "use run.workers = 2"
     )
     with pytest.raises(FederationError, match=r"even one worker does not fit: lower data\.batch_size"):
-        gpu_memory.check_shared_gpu(tiles, 3, needs[1] - 1, **SIZES)  # type: ignore[arg-type]
+        gpu_memory.check_shared_gpu(tiles, 3, needs[1] - 1, SHAPE)
 
 
 def test_cells_sharing_a_gpu_are_refused_naming_the_workers_that_fit() -> None:
@@ -104,3 +104,25 @@ def test_train_with_workers_that_do_not_fit_is_refused_before_the_run_exists(
     )
     assert wanted in err
     assert not run.exists()
+
+
+def test_ablate_cells_sharing_one_gpu_that_do_not_fit_are_refused_before_any_runs(
+    dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One GPU stood in for (visible to the cells, 3 GiB free): two cells at once need two processes' contexts."""
+    import federation.ablation.running
+
+    monkeypatch.setattr(federation.ablation.running, "visible_gpus", lambda _on_gpu: ["0"])
+    monkeypatch.setattr(gpu_memory, "free_gpu_bytes", lambda _device="cuda": 3 * 2**30)
+    out, preset = tmp_path / "grid", tmp_path / "preset.toml"
+    preset.write_text(f'[run]\nname = "g"\ndevice = "auto"\n[data]\npath = "{dataset.as_posix()}"\n', encoding="utf-8")
+    settings = [a for s in TINY_SETTINGS for a in ("--set", s)]
+    code = run_cli(monkeypatch, "ablate", "--config", str(preset), "--grid", "client.lr=0.01,0.03", "--workers", "2",
+                   "--out", str(out), "-q", *settings)  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err
+    assert (
+        "--workers 2: the cells sharing the GPU would need about 3.7 GiB of its memory at once and 3.0 GiB is "
+        "free; use --workers 1" in err
+    )
+    assert not list(out.glob("cells/*/metrics.jsonl"))
