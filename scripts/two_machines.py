@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from federation.engine.derived import config_from_text  # noqa: E402
+from federation.report import load_run, summary_row  # noqa: E402
 
 RESULTS = ROOT / "results"
 OUT = RESULTS / "honest_evaluation" / "two_machines.md"
@@ -46,9 +47,8 @@ def _config(cell: Path) -> dict[str, Any]:
 
 
 def _last_accuracy(cell: Path) -> float:
-    rows = [json.loads(line) for line in (cell / "metrics.jsonl").read_text(encoding="utf-8").splitlines() if line]
-    last = max(r["round"] for r in rows)
-    return statistics.fmean(r["test_acc"] for r in rows if r["round"] == last)
+    """The last round's averaged test accuracy, as the published tables compute it (`federation.report`)."""
+    return float(summary_row(load_run(cell))["avg_test_acc"])
 
 
 def _machine(cell: Path) -> str:
