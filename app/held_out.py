@@ -180,12 +180,13 @@ def recall(folder: Path, threshold: float) -> list[SlideCall] | None:
     return calls
 
 
-def score_held_out(folder: Path, dataset: Path | None = None) -> list[SlideCall]:
+def score_held_out(folder: Path, dataset: Path | None = None, device: str = "cpu") -> list[SlideCall]:
     """Score the hospital's test slides with the bundle in ``folder`` (predict's code) and write ``slides.csv``.
 
     The slides are those ``prepare.json`` lists for the hospital's test split (`app.slide_view.listed_slides`);
     `app.slide_view.SlideViewError` when the dataset or its raw slides are not on this machine. A slide that
-    cannot be scored (unreadable, no tissue) is left out of the file.
+    cannot be scored (unreadable, no tissue) is left out of the file. ``device``: where the model scores the tiles
+    (``train`` scores on the run's device: on a CPU, a few hundred slides take minutes).
     """
     from app import slide_view
     from inference.predict import score_slide, summarise
@@ -196,12 +197,12 @@ def score_held_out(folder: Path, dataset: Path | None = None) -> list[SlideCall]
 
     card = slide_view.read_card_json(folder)
     slides = slide_view.listed_slides(card, slide_view.card_dataset(card, dataset))
-    bundle = load_bundle(folder)
+    bundle = load_bundle(folder, device)
     calls = []
     for listed in slides:
         try:
             decoded = read_slide(find_slides(listed.path)[0])
-            tiles = score_slide(bundle, decoded.image, str(listed.path))
+            tiles = score_slide(bundle, decoded.image, str(listed.path), device=device)
         except PipelineError:
             continue
         height, width = decoded.image.shape[:2]
@@ -253,15 +254,16 @@ def calls_line(hospital: int, calls: Sequence[SlideCall]) -> str:
     return text + (f"; false alarm: {', '.join(alarms)}" if alarms else "")
 
 
-def score_run(run: Path, dataset: Path | None = None) -> list[str]:
-    """`score_held_out` for every hospital of ``run`` whose folder is on this machine; one line per hospital."""
+def score_run(run: Path, dataset: Path | None = None, device: str = "cpu") -> list[str]:
+    """`score_held_out` (on ``device``) for every hospital of ``run`` whose folder is on this machine; one line per
+    hospital."""
     from app import slide_view
     from models.bundle import BundleError
 
     lines = []
     for hospital, folder in sorted(slide_view.bundle_folders(run).items()):
         try:
-            calls = score_held_out(folder, dataset)
+            calls = score_held_out(folder, dataset, device)
         except (slide_view.SlideViewError, BundleError) as exc:
             lines.append(f"hospital {hospital}: test slides not scored ({exc})")
             continue

@@ -160,3 +160,29 @@ def test_a_card_falls_back_only_to_a_dataset_with_its_tiles(tmp_path: Path) -> N
     assert card_dataset(card, copy) == copy  # the same manifest, moved
     assert card_dataset({"dataset": {"path": str(tmp_path / "gone")}}, whole) == whole  # an older card names none
     assert card_dataset(card, tmp_path / "absent") is None
+
+
+def test_held_out_slides_are_scored_on_the_device_given(trained: TrainedRoot, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``train`` scores on its run's device: the model is loaded there and the tiles are scored there."""
+    import importlib
+
+    predict_module = importlib.import_module("inference.predict")  # the package's `predict` names the function
+    bundle_module = importlib.import_module("models.bundle")
+    seen: list[str] = []
+    load, score = bundle_module.load_bundle, predict_module.score_slide
+
+    def spy_load(folder: Path, device: str = "cpu") -> object:
+        seen.append(f"load {device}")
+        return load(folder, device)
+
+    def spy_score(*args: object, device: str = "cpu", **kwargs: object) -> object:
+        seen.append(f"score {device}")
+        return score(*args, device=device, **kwargs)  # type: ignore[arg-type]
+
+    folder = trained.hospital(0)
+    on_cpu = score_held_out(folder)
+    monkeypatch.setattr(bundle_module, "load_bundle", spy_load)
+    monkeypatch.setattr(predict_module, "score_slide", spy_score)
+    assert score_held_out(folder, device="cpu:0") == on_cpu
+    assert seen[0] == "load cpu:0"
+    assert seen[1:] == ["score cpu:0"] * len(on_cpu) and len(on_cpu) >= 2
