@@ -50,10 +50,34 @@ def test_a_methods_own_setting_is_refused_for_another_method() -> None:
     assert load_config(None, ["strategy.name=fedavg", f"fedprox.mu={default}"]).fedprox.mu == default
 
 
-@pytest.mark.parametrize("preset", ["demo.toml", "seed.toml", "bot.toml"])
+@pytest.mark.parametrize("preset", ["demo.toml", "seed.toml", "seed_gpu.toml", "bot.toml"])
 def test_shipped_presets_load(preset: str) -> None:
     config = load_config(REPO / "configs" / preset)
     assert config.run.rounds >= 1
+
+
+def test_the_gpu_preset_is_the_seed_preset_but_for_its_gpu_settings() -> None:
+    """configs/seed_gpu.toml changes only what a GPU needs (issue 32): the rest stays configs/seed.toml's."""
+    import dataclasses
+
+    cpu = dataclasses.asdict(load_config(REPO / "configs" / "seed.toml"))
+    gpu = dataclasses.asdict(load_config(REPO / "configs" / "seed_gpu.toml"))
+    changed = {
+        (section, key): (cpu[section][key], gpu[section][key])
+        for section in cpu
+        if isinstance(cpu[section], dict)
+        for key in cpu[section]
+        if cpu[section][key] != gpu[section][key]
+    }
+    assert changed == {
+        ("run", "name"): ("seed", "seed_gpu"),
+        ("run", "device"): ("auto", "cuda"),
+        ("run", "precision"): ("fp32", "bf16"),
+        ("run", "workers"): (0, 5),
+        ("data", "batch_size"): (32, 256),
+        ("data", "eval_batch_size"): (128, 256),
+        ("client", "lr"): (0.01, 0.08),
+    }
 
 
 ABLATION_PRESETS = sorted(

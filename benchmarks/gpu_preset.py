@@ -1,0 +1,143 @@
+"""The GPU preset's accuracy (issue 32): ``configs/seed_gpu.toml`` (bf16, batches of 256, the learning rate scaled
+with the batch, the hospitals of a round at once) against ``configs/seed.toml`` (fp32, batches of 32), on the same
+slides and seeds, paired by seed.
+
+A synthetic SEED dataset (``gastric-fl synth --format seed --images N --difficulty 0.3``, prepared with
+``configs/prepare_seed_noniid.toml``: 5 unequal hospitals, two grayscale, test tiles cut from raw tissue) is trained
+``--rounds`` rounds from each seed under each variant, every run a ``gastric-fl train`` child process, ``--at-once``
+of them at a time (a run's figures do not depend on what else runs: deterministic kernels). The figures are the
+last round's test accuracy and AUC averaged over hospitals (`federation.report.summary_row`, as every published
+table reads them); each variant's difference to the CPU preset is paired by seed, with a 95% t interval
+(`federation.ablation.paired.paired_interval`). Each run's small files (config, metrics, aggregation, summary) are
+kept under ``--runs`` so the table can be checked and rebuilt.
+
+    python3 benchmarks/gpu_preset.py                          # on a machine with a GPU
+    .venv/bin/python benchmarks/gpu_preset.py --device cpu --slides 24 --rounds 1 --seeds 1 --out /tmp/p.md \\
+        --runs /tmp/p_runs                                     # a quick check of the script on a CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from _common import CLI, ROOT, command_line, machine, synthetic_dataset, write_result
+
+from federation.ablation.paired import paired_interval, paired_text
+from federation.report import load_run, summary_row
+
+RESULTS = ROOT / "benchmarks" / "results" / "gpu_preset.md"
+RUNS = ROOT / "benchmarks" / "results" / "gpu_preset_runs"
+KEPT = ("config.toml", "metrics.jsonl", "aggregation.jsonl", "summary.json")
+VARIANTS = {  # name -> (preset, settings)
+    "seed": ("seed.toml", ()),
+    "seed_gpu": ("seed_gpu.toml", ()),
+    "seed_gpu_batch128": ("seed_gpu.toml", ("data.batch_size=128", "client.lr=0.04")),
+}
+REFERENCE = "seed"
+
+
+def _train(
+    preset: str, settings: tuple[str, ...], data: Path, run_dir: Path, seed: int, rounds: int, device: str
+) -> None:
+    sets = [*settings, f"run.seed={seed}", f"run.rounds={rounds}", f"run.device={device}"]
+    subprocess.run(
+        [*CLI, "train", "--config", str(ROOT / "configs" / preset), "--data", str(data), "--out", str(run_dir),
+         "--overwrite", "-q", *[a for s in sets for a in ("--set", s)]],
+        check=True, cwd=ROOT, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--slides", type=int, default=600)
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--at-once", type=int, default=4, help="training runs at a time")
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "gfl_gpu_preset")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--runs", type=Path, default=RUNS, help="where each run's small files are kept")
+    args = parser.parse_args()
+    data, times = synthetic_dataset("seed", args.slides, args.work, str(ROOT / "configs" / "prepare_seed_noniid.toml"),
+                                    workers=min(8, os.cpu_count() or 1))  # fmt: skip
+    # the CPU preset's runs, the longest, first
+    cells = [(name, seed) for name in VARIANTS for seed in range(args.seeds)]
+
+    def run(cell: tuple[str, int]) -> None:
+        name, seed = cell
+        preset, settings = VARIANTS[name]
+        run_dir = args.work / "runs" / f"{name}_seed-{seed}"
+        _train(preset, settings, data, run_dir, seed, args.rounds, args.device)
+        kept = args.runs / run_dir.name
+        kept.mkdir(parents=True, exist_ok=True)
+        for file in KEPT:
+            shutil.copy2(run_dir / file, kept / file)
+        print(f"{run_dir.name}: done", flush=True)
+
+    with ThreadPoolExecutor(max_workers=args.at_once) as pool:
+        list(pool.map(run, cells))
+    figures = {(name, seed): summary_row(load_run(args.runs / f"{name}_seed-{seed}")) for name, seed in cells}
+    rows = []
+    for name, (preset, settings) in VARIANTS.items():
+        acc = [figures[(name, s)]["avg_test_acc"] for s in range(args.seeds)]
+        auc = [figures[(name, s)]["avg_test_auc"] for s in range(args.seeds)]
+        mean_acc = sum(acc) / len(acc)
+        known = [a for a in auc if a is not None]
+        mean_auc = sum(known) / len(known) if known else None
+        paired = []
+        for key in ("avg_test_acc", "avg_test_auc"):
+            if name == REFERENCE:
+                paired.append("(reference)")
+                continue
+            diffs = [
+                figures[(name, s)][key] - figures[(REFERENCE, s)][key]
+                for s in range(args.seeds)
+                if figures[(name, s)][key] is not None and figures[(REFERENCE, s)][key] is not None
+            ]
+            paired.append(paired_text(paired_interval(diffs)) or "n/a")
+        shown = f"configs/{preset}" + (f" with {', '.join(settings)}" if settings else "")
+        per_seed = " / ".join(f"{a:.3f}" for a in acc)
+        rows.append(
+            f"| {name} | {shown} | {per_seed} | {mean_acc:.3f} | {_fmt(mean_auc)} | {paired[0]} | {paired[1]} |"
+        )
+    gpu = torch.cuda.get_device_name(0) if args.device == "cuda" else "none (CPU run)"
+    text = "\n".join(
+        [
+            "# The GPU preset's accuracy against the CPU preset",
+            "",
+            f"Command: `{command_line('gpu_preset.py')}`",
+            "",
+            f"{machine()}; device {args.device} ({gpu}); torch {torch.__version__}.",
+            "",
+            f"Data: {args.slides} synthetic SEED slides (`gastric-fl synth --difficulty 0.3`, "
+            f"{times.get('synth', 0):.0f} s) "
+            f"prepared with configs/prepare_seed_noniid.toml ({times.get('prepare', 0):.0f} s): 5 unequal hospitals, "
+            f"test tiles from raw tissue. Each variant trained {args.rounds} rounds from seeds 0-{args.seeds - 1} "
+            f"(`run.seed`), {args.at_once} runs at a time; figures of the last round, averaged over hospitals; "
+            "differences to configs/seed.toml paired by seed, mean [95% t interval], `*` where the interval excludes "
+            f"0. Each run's files: `{args.runs.relative_to(ROOT) if args.runs.is_relative_to(ROOT) else args.runs}`.",
+            "",
+            "| variant | settings | test accuracy by seed | mean accuracy | mean AUC | accuracy - seed.toml | "
+            "AUC - seed.toml |",
+            "|---|---|---|---:|---:|---:|---:|",
+            *rows,
+            "",
+        ]
+    )
+    print(text)
+    write_result(args.out, text)
+
+
+if __name__ == "__main__":
+    main()
