@@ -9,4 +9,8 @@ bash scripts/setup.sh
 bash scripts/install_browser.sh  # Debian chromium for the dashboard browser test (tests/app, -m browser)
 # Debian nginx-light: the server gate that the deployment tests start (federation.flower.gate)
 bash scripts/apt_install.sh nginx-light nginx "the deployment tests and gastric-fl federation server"
-.venv/bin/python -m pytest "$@"
+# Two pytest-xdist workers where there are two cores: the deployment tests (one unit of work, first:
+# tests/conftest.py, SERIAL) on one while the other takes every other module; one process on a single core.
+workers=0
+[ "$(nproc)" -ge 2 ] && workers=2
+.venv/bin/python -m pytest -n "$workers" --no-loadscope-reorder "$@"
