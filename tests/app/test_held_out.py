@@ -185,4 +185,5 @@ def test_held_out_slides_are_scored_on_the_device_given(trained: TrainedRoot, mo
     monkeypatch.setattr(predict_module, "score_slide", spy_score)
     assert score_held_out(folder, device="cpu:0") == on_cpu
     assert seen[0] == "load cpu:0"
-    assert seen[1:] == ["score cpu:0"] * len(on_cpu) and len(on_cpu) >= 2
+    assert seen[1:] == ["score cpu:0"] * len(on_cpu)
+    assert len(on_cpu) >= 2
