@@ -9,7 +9,8 @@ of them at a time (a run's figures do not depend on what else runs: deterministi
 last round's test accuracy and AUC averaged over hospitals (`federation.report.summary_row`, as every published
 table reads them); each variant's difference to the CPU preset is paired by seed, with a 95% t interval
 (`federation.ablation.paired.paired_interval`). Each run's small files (config, metrics, aggregation, summary) are
-kept under ``--runs`` so the table can be checked and rebuilt.
+kept under ``--runs`` so the table can be checked and rebuilt (``--table-only``); a run kept there is not trained
+again, so a call cut short resumes.
 
     python3 benchmarks/gpu_preset.py                          # on a machine with a GPU
     .venv/bin/python benchmarks/gpu_preset.py --device cpu --slides 24 --rounds 1 --seeds 1 --out /tmp/p.md \\
@@ -25,6 +26,7 @@ import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import torch
 from _common import CLI, ROOT, command_line, machine, synthetic_dataset, write_result
@@ -54,6 +56,10 @@ def _train(
     )  # fmt: skip
 
 
+def _seconds(times: dict[str, float], stage: str) -> str:
+    return f"{times[stage]:.0f} s" if stage in times else "made by an earlier call"
+
+
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
@@ -68,48 +74,68 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "gfl_gpu_preset")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--runs", type=Path, default=RUNS, help="where each run's small files are kept")
+    parser.add_argument("--table-only", action="store_true", help="write the table from the runs kept, train none")
     args = parser.parse_args()
-    data, times = synthetic_dataset("seed", args.slides, args.work, str(ROOT / "configs" / "prepare_seed_noniid.toml"),
-                                    workers=min(8, os.cpu_count() or 1))  # fmt: skip
+    times: dict[str, float] = {}
     # the CPU preset's runs, the longest, first
     cells = [(name, seed) for name in VARIANTS for seed in range(args.seeds)]
 
-    def run(cell: tuple[str, int]) -> None:
-        name, seed = cell
-        preset, settings = VARIANTS[name]
-        run_dir = args.work / "runs" / f"{name}_seed-{seed}"
-        _train(preset, settings, data, run_dir, seed, args.rounds, args.device)
-        kept = args.runs / run_dir.name
-        kept.mkdir(parents=True, exist_ok=True)
-        for file in KEPT:
-            shutil.copy2(run_dir / file, kept / file)
-        print(f"{run_dir.name}: done", flush=True)
+    def finished(cell: tuple[str, int]) -> dict[str, Any] | None:
+        kept = args.runs / f"{cell[0]}_seed-{cell[1]}"
+        if not (kept / "summary.json").is_file():
+            return None
+        row = summary_row(load_run(kept))
+        return row if row["status"] == "finished" else None
 
-    with ThreadPoolExecutor(max_workers=args.at_once) as pool:
-        list(pool.map(run, cells))
-    figures = {(name, seed): summary_row(load_run(args.runs / f"{name}_seed-{seed}")) for name, seed in cells}
+    if not args.table_only:
+        data, times = synthetic_dataset("seed", args.slides, args.work,
+                                        str(ROOT / "configs" / "prepare_seed_noniid.toml"),
+                                        workers=min(8, os.cpu_count() or 1))  # fmt: skip
+
+        def run(cell: tuple[str, int]) -> None:
+            name, seed = cell
+            if finished(cell) is not None:  # kept from an earlier call: the script resumes
+                return
+            preset, settings = VARIANTS[name]
+            run_dir = args.work / "runs" / f"{name}_seed-{seed}"
+            _train(preset, settings, data, run_dir, seed, args.rounds, args.device)
+            kept = args.runs / run_dir.name
+            kept.mkdir(parents=True, exist_ok=True)
+            for file in KEPT:
+                shutil.copy2(run_dir / file, kept / file)
+            print(f"{run_dir.name}: done", flush=True)
+
+        with ThreadPoolExecutor(max_workers=args.at_once) as pool:
+            list(pool.map(run, cells))
+    figures = {cell: finished(cell) for cell in cells}
+
+    def value(name: str, seed: int, key: str) -> float | None:
+        row = figures[(name, seed)]
+        return None if row is None or row[key] is None else float(row[key])
+
     rows = []
     for name, (preset, settings) in VARIANTS.items():
-        acc = [figures[(name, s)]["avg_test_acc"] for s in range(args.seeds)]
-        auc = [figures[(name, s)]["avg_test_auc"] for s in range(args.seeds)]
-        mean_acc = sum(acc) / len(acc)
-        known = [a for a in auc if a is not None]
-        mean_auc = sum(known) / len(known) if known else None
+        seeds = range(args.seeds)
+        acc = [value(name, s, "avg_test_acc") for s in seeds]
+        known_acc = [a for a in acc if a is not None]
+        known_auc = [a for s in seeds if (a := value(name, s, "avg_test_auc")) is not None]
+        mean_acc = sum(known_acc) / len(known_acc) if known_acc else None
+        mean_auc = sum(known_auc) / len(known_auc) if known_auc else None
         paired = []
         for key in ("avg_test_acc", "avg_test_auc"):
             if name == REFERENCE:
                 paired.append("(reference)")
                 continue
             diffs = [
-                figures[(name, s)][key] - figures[(REFERENCE, s)][key]
-                for s in range(args.seeds)
-                if figures[(name, s)][key] is not None and figures[(REFERENCE, s)][key] is not None
+                ours - theirs
+                for s in seeds
+                if (ours := value(name, s, key)) is not None and (theirs := value(REFERENCE, s, key)) is not None
             ]
             paired.append(paired_text(paired_interval(diffs)) or "n/a")
         shown = f"configs/{preset}" + (f" with {', '.join(settings)}" if settings else "")
-        per_seed = " / ".join(f"{a:.3f}" for a in acc)
+        per_seed = " / ".join("-" if a is None else f"{a:.3f}" for a in acc)
         rows.append(
-            f"| {name} | {shown} | {per_seed} | {mean_acc:.3f} | {_fmt(mean_auc)} | {paired[0]} | {paired[1]} |"
+            f"| {name} | {shown} | {per_seed} | {_fmt(mean_acc)} | {_fmt(mean_auc)} | {paired[0]} | {paired[1]} |"
         )
     gpu = torch.cuda.get_device_name(0) if args.device == "cuda" else "none (CPU run)"
     text = "\n".join(
@@ -121,8 +147,8 @@ def main() -> None:
             f"{machine()}; device {args.device} ({gpu}); torch {torch.__version__}.",
             "",
             f"Data: {args.slides} synthetic SEED slides (`gastric-fl synth --difficulty 0.3`, "
-            f"{times.get('synth', 0):.0f} s) "
-            f"prepared with configs/prepare_seed_noniid.toml ({times.get('prepare', 0):.0f} s): 5 unequal hospitals, "
+            f"{_seconds(times, 'synth')}) prepared with configs/prepare_seed_noniid.toml "
+            f"({_seconds(times, 'prepare')}): 5 unequal hospitals, "
             f"test tiles from raw tissue. Each variant trained {args.rounds} rounds from seeds 0-{args.seeds - 1} "
             f"(`run.seed`), {args.at_once} runs at a time; figures of the last round, averaged over hospitals; "
             "differences to configs/seed.toml paired by seed, mean [95% t interval], `*` where the interval excludes "
