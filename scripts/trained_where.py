@@ -1,11 +1,12 @@
 """Append "Where the runs were trained" to a published ablation's COMMAND.md, for grids whose cells were trained on
 more than one machine (issue 30: some re-measured cells ran on a lent 16-core machine, the rest here).
 
-A cell's machine is told by where its dataset lay (``summary.json``'s ``dataset``, as the run saw it): each
-``--machine PREFIX=DESCRIPTION`` names the machine of the cells whose dataset path starts with PREFIX; the other
-cells were trained on this machine (``--here``). The section also names the commit each cell was trained at
-(``code_versions``) when it differs from the one COMMAND.md names, and the dataset's sha256 (the same on every
-machine, or the section says so).
+A cell's machine is the one its ``summary.json`` names (``machines``, recorded by newer runs; ``gastric-fl ablate
+--publish`` then names them itself); for runs trained before, it is told by where their dataset lay (``dataset``,
+as the run saw it): each ``--machine PREFIX=DESCRIPTION`` names the machine of the cells whose dataset path starts
+with PREFIX; the other cells were trained on this machine (``--here``). The section also names the commit each cell
+was trained at (``code_versions``) when it differs from the one COMMAND.md names, and the dataset's sha256 (the
+same on every machine, or the section says so).
 
     .venv/bin/python scripts/trained_where.py results/honest_tables456_label_skew \\
         --machine "/tmp/data/=a 16-core Intel Xeon machine (Python 3.12.3, torch 2.11.0, numpy 2.5.2, OpenCV 5.0.0)" \\
@@ -44,6 +45,8 @@ def main() -> None:
     for cell in cells:
         summary = json.loads((cell / "summary.json").read_text(encoding="utf-8"))
         where = next((d for prefix, d in machines if str(summary["dataset"]).startswith(prefix)), args.here)
+        if summary.get("machines"):  # a run that names its machine (federation.provenance.machine) says it itself
+            where = " then ".join(summary["machines"])
         groups[where].append(cell.name)
         commits[where].update(summary.get("code_versions") or [])
         shas.add(str(summary.get("dataset_sha256")))

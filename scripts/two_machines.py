@@ -2,8 +2,9 @@
 seed (the default FedSAF, FedAvg and FedAMP cells of Tables 4-6 and the methods tables' runs of those methods),
 trained on different machines, against each other.
 
-A cell's machine is told by where its dataset lay (``summary.json``'s ``dataset``): under ``/tmp/data/`` on the
-lent 16-core machine, elsewhere on this one. Two cells pair when their ``config.toml`` files are equal apart from
+A cell's machine is the one its ``summary.json`` names (``machines``); the published cells were trained before runs
+recorded it, so theirs is told by where the dataset lay (``dataset``): under ``/tmp/data/`` on the lent 16-core
+machine, elsewhere on this one. Two cells pair when their ``config.toml`` files are equal apart from
 ``data.path`` and ``run.name``. A pair from one machine must agree exactly (each machine repeats its own runs); a
 pair across machines shows how much a CPU and torch build change a run. Writes
 ``results/honest_evaluation/two_machines.md``.
@@ -52,8 +53,10 @@ def _last_accuracy(cell: Path) -> float:
 
 
 def _machine(cell: Path) -> str:
-    dataset = str(json.loads((cell / "summary.json").read_text(encoding="utf-8"))["dataset"])
-    return "16-core Xeon" if dataset.startswith(LENT) else "2-core EPYC"
+    summary = json.loads((cell / "summary.json").read_text(encoding="utf-8"))
+    if summary.get("machines"):  # runs record their machine now (federation.provenance.machine)
+        return " then ".join(summary["machines"])
+    return "16-core Xeon" if str(summary["dataset"]).startswith(LENT) else "2-core EPYC"
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from federation.ablation.grid import Plan
 from federation.ablation.running import ABLATION_FILE, CELLS_DIR, cell_status, shown_path
 from federation.errors import FederationError
-from federation.provenance import code_version, describe_code_versions
+from federation.provenance import NOT_RECORDED, code_version, describe_code_versions, describe_machines
 from federation.runfiles import AGGREGATION_FILE, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
 from federation.runs import read_json, write_json
 from infra.outputs import (
@@ -89,6 +89,7 @@ def _copy_published(plan: Plan, out: Path, staging: Path, dest: Path, command: s
         write_json(staging / ABLATION_FILE, state)
     owners = plan.owners(plan.cells())
     trained_at: dict[str, list[str]] = {}  # the commits that trained each run (summary.json)
+    trained_on: dict[str, list[str]] = {}  # the machines
     for run_id in sorted(set(owners.values())):
         run_dir = out / CELLS_DIR / run_id
         if cell_status(run_dir) != "finished":
@@ -98,16 +99,20 @@ def _copy_published(plan: Plan, out: Path, staging: Path, dest: Path, command: s
             if (run_dir / name).is_file():
                 shutil.copy2(run_dir / name, staging / CELLS_DIR / run_id / name)
                 written.append(dest / CELLS_DIR / run_id / name)
-        versions = read_json(run_dir / SUMMARY_FILE).get("code_versions") or ["not recorded"]
+        summary = read_json(run_dir / SUMMARY_FILE)
+        versions = summary.get("code_versions") or ["not recorded"]
         trained_at.setdefault(" then ".join(f"`{v}`" for v in versions), []).append(run_id)
+        trained_on.setdefault(" then ".join(summary.get("machines") or [NOT_RECORDED]), []).append(run_id)
     published_at = code_version()
     (staging / VERSIONS_FILE).write_text(installed_versions(published_at), encoding="utf-8")
     if rebuild is None:
         rebuild = f"gastric-fl ablate --config {shown_path(plan.config_path)} --out {shown_path(dest)} --tables-only"
+    machines = describe_machines(trained_on)
     (staging / COMMAND_FILE).write_text(
         "# How these tables were made\n\n"
         f"```bash\n{command}\n```\n\n"
         f"Published at git commit `{published_at}`. {describe_code_versions(trained_at)} "
+        f"{machines + ' ' if machines else ''}"
         f"Package versions: [{VERSIONS_FILE}]({VERSIONS_FILE}). "
         "Each run's `config.toml`, `summary.json`, "
         f"`metrics.jsonl` and `aggregation.jsonl` are under `{CELLS_DIR}/`; the tables are rebuilt from them "

@@ -1,6 +1,7 @@
 """What the server says about a run while it runs, for whoever watches it (the dashboard, ``gastric-fl report``).
 
-``summary.json`` (``RunSummary``): the run's settings, the code that trained it, its status (``running``,
+``summary.json`` (``RunSummary``): the run's settings, the code that trained it and the machine it trained on (an
+in-process or simulated run: ``federation.provenance.machine``), its status (``running``,
 ``stopped``, ``failed``, ``finished``) and error, its hospitals and classes, the rounds done with the seconds per
 round and the ETA, and the figures of ``metrics.jsonl`` so far (final, best, values per round:
 ``federation.report``). It is rewritten whole at every checkpoint and when the run ends; a resume refused before its
@@ -15,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from federation.config import RunConfig
+from federation.engine.derived import resolve_device
 from federation.jsonl import read_jsonl
 from federation.progress import RoundProgress, now, write_progress
-from federation.provenance import add_code_version, code_version
+from federation.provenance import add_distinct, code_version, machine
 from federation.report import round_stats, run_figures
 from federation.runfiles import SUMMARY_FILE
 from federation.runs import now_iso, write_json
@@ -58,7 +60,10 @@ class RunSummary:
             self.data["dataset_sha256"] = dataset_sha256
         # The commit(s) of the code that trained this run (a resume on other code adds its own).
         recorded = None if restart else self.data.get("code_versions")
-        self.data["code_versions"] = add_code_version(recorded, code_version())
+        self.data["code_versions"] = add_distinct(recorded, code_version())
+        if config.run.engine != "flower":  # the hospitals train on this machine (a deployment's train elsewhere)
+            machines = None if restart else self.data.get("machines")
+            self.data["machines"] = add_distinct(machines, machine(str(resolve_device(config.run.device))))
         self.data.setdefault("started_at", now_iso())
         if resume:
             self.data["resumed_at"] = now_iso()

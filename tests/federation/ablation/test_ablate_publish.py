@@ -13,7 +13,13 @@ from typer.testing import CliRunner
 
 from federation.ablation import PUBLISHED_RUN_FILES, load_plan, publish, run_plan, write_tables
 from federation.errors import FederationError
-from federation.provenance import add_code_version, code_version, describe_code_versions
+from federation.provenance import (
+    NOT_RECORDED,
+    add_distinct,
+    code_version,
+    describe_code_versions,
+    describe_machines,
+)
 
 
 def _trained(tmp_path: Path) -> tuple[Path, Path]:
@@ -81,24 +87,31 @@ def test_publish_names_the_commit_each_run_was_trained_at(tmp_path: Path) -> Non
     for run_id, versions in [("strategy-fedavg_seed-0", ["a" * 40]), ("strategy-fedavg_seed-1", ["a" * 40, "b" * 40])]:
         path = out / "cells" / run_id / "summary.json"
         summary = json.loads(path.read_text(encoding="utf-8"))
-        path.write_text(json.dumps({**summary, "code_versions": versions}), encoding="utf-8")
+        machines = ["CPU X, 2 cores; device cpu"] if run_id.endswith("0") else ["CPU X, 2 cores; device cpu", "Y"]
+        path.write_text(json.dumps({**summary, "code_versions": versions, "machines": machines}), encoding="utf-8")
     publish(load_plan(ablation), out, tmp_path / "pub", "cmd")
     command = (tmp_path / "pub" / "COMMAND.md").read_text(encoding="utf-8")
     assert "Runs were trained at different commits: " in command
     assert f"`{'a' * 40}`: 1 run(s) (strategy-fedavg_seed-0)" in command
     assert f"`{'a' * 40}` then `{'b' * 40}`: 1 run(s) (strategy-fedavg_seed-1)" in command
     assert "`not recorded`: 9 run(s)" in command  # the fake runs record none
+    assert "Runs were trained on different machines: " in command
+    assert "CPU X, 2 cores; device cpu: 1 run(s) (strategy-fedavg_seed-0)" in command
+    assert "CPU X, 2 cores; device cpu then Y: 1 run(s) (strategy-fedavg_seed-1)" in command
+    assert "a machine not recorded: 9 run(s)" in command
 
 
 def test_code_versions_of_a_run_and_their_sentence() -> None:
-    assert add_code_version(None, "abc") == ["abc"]
-    assert add_code_version(["abc"], "abc") == ["abc"]  # a resume on the same code adds nothing
-    assert add_code_version(["abc"], "def") == ["abc", "def"]
+    assert add_distinct(None, "abc") == ["abc"]
+    assert add_distinct(["abc"], "abc") == ["abc"]  # a resume on the same code adds nothing
+    assert add_distinct(["abc"], "def") == ["abc", "def"]
     assert describe_code_versions({}) == "No finished run."
     assert describe_code_versions({"`abc`": ["r1", "r2"]}) == "Every run was trained at `abc`."
     assert describe_code_versions({"`b`": ["r2"], "`a`": ["r1", "r3"]}) == (
         "Runs were trained at different commits: `a`: 2 run(s) (r1, r3); `b`: 1 run(s) (r2)."
     )
+    assert describe_machines({"M, 2 cores": ["r1", "r2"]}) == "Every run was trained on M, 2 cores."
+    assert describe_machines({NOT_RECORDED: ["r1"]}) == ""  # older runs: no sentence rather than a vague one
 
 
 def test_the_published_command_is_the_one_that_trains_and_the_code_is_named() -> None:

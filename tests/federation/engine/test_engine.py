@@ -6,6 +6,7 @@ import csv
 import json
 import os
 import signal
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from federation.config import RunConfig, load_config
 from federation.engine import RunStopped, load_run_config, loop
 from federation.errors import FederationError
 from federation.launch import train
-from federation.provenance import code_version
+from federation.provenance import code_version, machine
 from federation.runs import complete_checkpoints
 from models import ModelError, base_keys, create_model, head_keys, split_units
 
@@ -73,6 +74,8 @@ def test_run_directory_contents(reference: Path) -> None:
     assert summary["final"]["round"] == 3
     assert summary["best"]["round"] in (1, 2, 3)
     assert summary["code_versions"] == [code_version()]  # the commit that trained it, for published tables
+    assert summary["machines"] == [machine("cpu")]  # and the machine (no host name: a summary may be published)
+    assert socket.gethostname() not in summary["machines"][0]
     metrics = stable(reference)
     assert len(metrics) == 3 * 3
     # the default strategy.bn = "local_stats" keeps BatchNorm running statistics at the hospital: parameters travel
