@@ -256,7 +256,7 @@ def check_hospitals(folder: Path, rows: Sequence[ManifestRow], hospitals: Sequen
     missing = [r.path for r in rows if r.client in chosen and not (folder / r.path).is_file()]
     if missing:
         raise FederationError(
-            f"tile {folder / missing[0]} listed in manifest.csv does not exist ({len(missing)} missing in all): "
+            f"tile {folder / missing[0]} listed in {MANIFEST_FILE} does not exist ({len(missing)} missing in all): "
             "the prepared folder is incomplete, re-run gastric-fl prepare"
         )
     for c in chosen:

@@ -357,7 +357,7 @@ def mismatches(runs: Sequence[tuple[str, Path]]) -> list[str]:
     if known and len(set(hashes.values())) > 1:
         short = {label: f"{digest[:12]}…" for label, digest in hashes.items()}
         found.append(
-            f"These runs trained on different data: the sha256 of the dataset's manifest.csv differs "
+            f"These runs trained on different data: the sha256 of the dataset's {MANIFEST_FILE} differs "
             f"({_listing(short)}). Each hospital's figures come from other tiles, so the comparison says little "
             "about the methods."
         )

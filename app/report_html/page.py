@@ -34,6 +34,7 @@ import pandas as pd
 from app import slide_view
 from app.report_html.figures import _data_uri, _downscaled_png, _tile_png, colour_bar_png, confusion_png, roc_png
 from app.report_html.load import CLASS_NAMES, HospitalReport, _config_dataset, _json_file, load_hospital
+from infra.formats import MANIFEST_FILE
 from infra.provenance import intended_use
 from models.decision import interval_text, slide_of_tile, slide_stem
 
@@ -420,7 +421,7 @@ def _settings(rep: HospitalReport, dataset: Path | None) -> str:
     ]
     body = "".join(f'<tr><th scope="row">{_e(k)}</th><td>{_e(v)}</td></tr>' for k, v in rows)
     body += (
-        '<tr><th scope="row">Dataset hash (sha256 of manifest.csv)</th>'
+        f'<tr><th scope="row">Dataset hash (sha256 of {MANIFEST_FILE})</th>'
         f'<td><code data-metric="dataset_sha256">{_e(digest or "unknown")}</code></td></tr>'
     )
     return f"<table>{body}</table><h3>config.toml</h3><pre>{_e(rep.config_text)}</pre>"

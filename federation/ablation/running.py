@@ -168,7 +168,7 @@ def _run_cells(
     for path in sorted({plan.cell_config(c).data.path for c in todo}):
         if not (Path(path) / MANIFEST_FILE).is_file():
             raise FederationError(
-                f"dataset {path} has no manifest.csv: make it with gastric-fl prepare (the preset's comments give "
+                f"dataset {path} has no {MANIFEST_FILE}: make it with gastric-fl prepare (the preset's comments give "
                 "the commands) or point --data at a prepared dataset"
             )
     _check_same_datasets(plan, out, runs, todo)
