@@ -16,9 +16,10 @@ from typing import Any
 
 from federation.ablation.grid import SHORT, Cell, Plan
 from federation.config import RunConfig
+from federation.strategies.registry import SPECS
 
-# The methods every other method is compared with, when the grid has them.
-PAIRED_REFERENCES: tuple[str, ...] = ("separate", "fedavg")
+# The methods every other method is compared with, when the grid has them (their specs' ``paired_reference``).
+PAIRED_REFERENCES: tuple[str, ...] = tuple(spec.name for spec in SPECS if spec.paired_reference)
 # Per-run figures whose paired differences are reported.
 PAIRED_FIELDS: tuple[str, ...] = ("avg_test_acc", "avg_test_auc", "worst_test_acc", "worst_test_auc")
 # t_{0.975, df} for df = 1..30 (Student's t, two-sided 95%), to six decimals; beyond 30, scipy's value when scipy is

@@ -38,6 +38,8 @@ class StrategySpec:
     the dashboard's form shows for it alone.
     ``split_switch``: the boolean setting that turns its split off (FedSAF's ``fedsaf.split``, the paper's
     "split" ablation of Table 4): false shares every unit whatever ``strategy.nhead``.
+    ``paired_reference``: every other method of an ablation grid is compared with it, paired by seed, when the grid
+    has it (``federation.ablation.paired``: local training alone and FedAvg, the baselines of paper 001's tables).
     ``menu_rank``: its place in the dashboard's picker; ``short_name`` is used in sentences, ``display_name`` in the
     picker. The strategies' own checks and the dashboard's read these, so a rule
     is written once.
@@ -63,6 +65,7 @@ class StrategySpec:
     optimizer: str | None = None
     optimizer_reason: str = ""
     settings: tuple[str, ...] = ()
+    paired_reference: bool = False
 
 
 SPECS: tuple[StrategySpec, ...] = (
@@ -74,9 +77,17 @@ SPECS: tuple[StrategySpec, ...] = (
         5,
         splits=False,
         shares=False,
+        paired_reference=True,
     ),
     StrategySpec(
-        "fedavg", "federation.strategies.fedavg", "FedAvg", "FedAvg", 2, averaging=True, example_weighted=True
+        "fedavg",
+        "federation.strategies.fedavg",
+        "FedAvg",
+        "FedAvg",
+        2,
+        averaging=True,
+        example_weighted=True,
+        paired_reference=True,
     ),
     StrategySpec(
         "fedprox",

@@ -147,3 +147,13 @@ def test_no_reference_no_paired_table(tmp_path: Path) -> None:
     tables, out = _tables_with_blocks(tmp_path, '[[ablation.block]]\nstrategy = ["fedamp", "fedsaf"]\n')
     assert "paired" not in tables
     assert not (out / "paired.md").exists()
+
+
+def test_the_paired_references_are_the_methods_whose_spec_says_so() -> None:
+    """A strategy fact on its spec (`StrategySpec.paired_reference`), not a list of names in the ablation code:
+    local training alone and FedAvg, in the registry's order (the published tables' order)."""
+    from federation.ablation import PAIRED_REFERENCES
+    from federation.strategies.registry import SPECS
+
+    assert PAIRED_REFERENCES == ("separate", "fedavg")
+    assert [s.name for s in SPECS if s.paired_reference] == list(PAIRED_REFERENCES)
