@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from support.checks import every
 from support.slides import TrainedRoot, build_trained_root
 
 from app.held_out import (
@@ -101,7 +102,7 @@ def test_score_run_scores_every_hospital_and_pages_read_them(trained: TrainedRoo
     assert lines[0].startswith("hospital 0: ")
     found = run_slide_calls(trained.run)
     assert sorted(found) == [0, 1]
-    assert all(len(calls) >= 2 for calls in found.values())
+    assert every(len(calls) >= 2 for calls in found.values())
 
 
 def test_a_deployed_hospital_scores_each_finished_run_once(trained: TrainedRoot, tmp_path: Path) -> None:

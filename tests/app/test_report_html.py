@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.checks import every
 from support.cli import run_cli
 from support.slides import TrainedRoot, build_trained_root, copy_root
 
@@ -83,7 +84,7 @@ def test_report_html_is_self_contained_and_shows_the_runs_figures(
     calls = read_slide_calls(data.hospital(0) / "slides.csv")
     assert calls
     first = reports[0].read_text(encoding="utf-8")
-    assert all(c.slide.rsplit(".", 1)[0] in first for c in calls)
+    assert every(c.slide.rsplit(".", 1)[0] in first for c in calls)
     summary = json.loads((data.run / "summary.json").read_text())
     for client in (0, 1):
         page = reports[client].read_text(encoding="utf-8")
@@ -270,7 +271,7 @@ def test_the_report_gives_the_verdict_slide_calls_and_test_slides_first(data: Tr
     assert figure.group(2) == "test"
     entries = slide_view.scored_entries(data.hospital(0))
     assert entries
-    assert all(e.name.startswith(slide_view.TEST_PREFIX) for e in entries)
+    assert every(e.name.startswith(slide_view.TEST_PREFIX) for e in entries)
     summary = slide_view.load(entries[0]).summary  # type: ignore[union-attr]
     assert figure.group(1) == Path(summary["file"]).name
     assert summary["threshold"] == 0.35

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from support.checks import every
 from support.cli import run_cli
 from support.tiny_dataset import TINY_SETTINGS
 
@@ -48,7 +49,7 @@ def test_a_timm_architecture_trains_end_to_end(dataset: Path, tmp_path: Path, mo
     assert json.loads((run / "summary.json").read_text())["status"] == "finished"
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert len(lines) == 3
-    assert all(line["values_sent"] > 0 for line in lines)
+    assert every(line["values_sent"] > 0 for line in lines)
 
 
 @pytest.mark.parametrize(

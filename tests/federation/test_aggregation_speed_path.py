@@ -323,7 +323,7 @@ def test_strategy_round_equals_the_reference(metric: str, fim: bool) -> None:
         assert shared is not None
         _assert_centre(shared, centres[c])
     if fim:
-        assert all(plan[c].shared is plan[0].shared for c in range(4))  # Eq. 20: one p for everyone
+        assert every(plan[c].shared is plan[0].shared for c in range(4))  # Eq. 20: one p for everyone
 
 
 def test_a_client_left_out_keeps_its_centre_whatever_later_rounds_mix() -> None:

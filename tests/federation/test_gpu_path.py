@@ -13,6 +13,7 @@ import albumentations as A
 import numpy as np
 import pytest
 import torch
+from support.checks import every
 from torch import nn
 
 from federation import gpu
@@ -241,6 +242,6 @@ def test_dp_training_on_the_device_path_augments_its_tiles() -> None:
     client.train(TrainInstruction(0, recipe), server_round=1, seed=3)
     tiles = [x[j] for x in seen for j in range(x.shape[0])]
     assert len(seen) > 0
-    assert all(x.shape[0] == 2 for x in seen)
+    assert every(x.shape[0] == 2 for x in seen)
     matches = sum(int(any(torch.equal(t, r) for r in raw)) for t in tiles)
     assert matches < len(tiles) / 2  # raw tiles would match every time; an augmented one rarely (1 in 32)

@@ -79,7 +79,7 @@ def test_a_torchvision_network_still_gets_plain_group_norm() -> None:
     model = create_model("mobilenet_v3_small", norm="group")
     norms = [m for m in model.modules() if isinstance(m, nn.GroupNorm)]
     assert norms
-    assert all(type(m) is nn.GroupNorm for m in norms)
+    assert every(type(m) is nn.GroupNorm for m in norms)
 
 
 def test_timm_names_are_checked_by_form_without_torch() -> None:

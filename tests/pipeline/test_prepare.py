@@ -383,7 +383,7 @@ def test_bad_bot_annotations_are_skipped_clipped_or_reported(tmp_path: Path) -> 
     assert "abnormal/b01.svg: annotation reaches outside" in result.warnings[0]
     clipped = [r for r in read_manifest(out) if r["source"] == "abnormal/b01.tiff"]
     assert clipped
-    assert all(int(r["x"]) >= 32 and int(r["y"]) >= 32 for r in clipped)
+    assert every(int(r["x"]) >= 32 and int(r["y"]) >= 32 for r in clipped)
     assert file_hashes(raw) == before
     with pytest.raises(PipelineError, match="malformed SVG"):
         prepare_dataset(config_for(raw, tmp_path / "strict", "bot", output={"strict": True}))
@@ -427,7 +427,7 @@ def test_class_folders_keep_their_labels_and_too_small_images_are_reported(tmp_p
     result = prepare_dataset(config_for(raw, out, "class-folders"))
     rows = read_manifest(out)
     assert rows
-    assert all(r["source"].startswith(r["label"] + "/") for r in rows)
+    assert every(r["source"].startswith(r["label"] + "/") for r in rows)
     assert "normal/tiny.png" not in {r["source"] for r in rows}
     assert len(result.warnings) == 1
     assert result.warnings[0].startswith("normal/tiny.png: 20x20 is smaller than client ")

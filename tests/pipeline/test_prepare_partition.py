@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support.checks import every
 
 from pipeline.config import Partition, SplitConfig, parse_partition
 from pipeline.errors import PipelineError
@@ -37,7 +38,7 @@ def test_sizes_follow_ratios_equal_and_random_within_spread() -> None:
     sizes, ratios = hospital_sizes(300, SplitConfig(clients=5, sizes="random"), np.random.default_rng(3))
     assert sum(sizes) == 300
     assert len(ratios) == 5
-    assert all(1.0 <= r <= 3.0 for r in ratios)
+    assert every(1.0 <= r <= 3.0 for r in ratios)
     assert max(sizes) / min(sizes) <= 3.0 + 1e-9
     assert len(set(sizes)) > 1
     with pytest.raises(PipelineError, match="7 usable slides cannot supply 4 clients"):

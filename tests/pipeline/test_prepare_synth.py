@@ -100,7 +100,7 @@ def test_bot_synth_tiles_come_from_inside_the_annotation(bot_raw: Path, tmp_path
         assert (tissue & inside).sum() >= 0.6 * tissue.sum()
         slide = _imread(bot_raw / row["source"])
         assert np.array_equal(tile, slide[y : y + size, x : x + size])
-    assert all(r["source"].startswith("normal/") for r in rows if r["label"] == "normal")
+    assert every(r["source"].startswith("normal/") for r in rows if r["label"] == "normal")
 
 
 def test_synth_rerun_gives_identical_bytes(seed_raw: Path, tmp_path: Path) -> None:

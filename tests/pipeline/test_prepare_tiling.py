@@ -8,6 +8,7 @@ import cv2
 import numpy as np
 import pytest
 import tifffile
+from support.checks import every
 
 from pipeline.config import build_config
 from pipeline.images import ImageReadError, read_mask, read_rgb, to_rgb
@@ -240,4 +241,4 @@ def test_whitening_only_kept_tiles_equals_extracting_the_whole_slide_first() -> 
     eager = _cut(extract_region(image, mask), None, True, eager_plan, background_max=0.3).tiles
     assert len(lazy) > 5
     assert [(t.x, t.y, t.white_ratio) for t in lazy] == [(t.x, t.y, t.white_ratio) for t in eager]
-    assert all(np.array_equal(a.pixels, b.pixels) for a, b in zip(lazy, eager, strict=True))
+    assert every(np.array_equal(a.pixels, b.pixels) for a, b in zip(lazy, eager, strict=True))

@@ -11,6 +11,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from support.checks import every
 from support.images import file_hashes
 
 from pipeline.config import build_config
@@ -173,7 +174,7 @@ def test_prepare_with_sites_is_deterministic_records_profiles_and_keeps_the_same
         assert client["site"] == draw_profile(4, client["client"], 1.5).to_json()
     plain_clients = json.loads((tmp_path / "plain" / "prepare.json").read_text())["clients"]
     assert [c["client"] for c in plain_clients] == [0, 1]
-    assert all(c["site"] is None for c in plain_clients)
+    assert every(c["site"] is None for c in plain_clients)
 
     def rows(folder: str) -> list[dict[str, str]]:
         with (tmp_path / folder / "manifest.csv").open(newline="") as fh:

@@ -14,6 +14,7 @@ import pytest
 import svgelements as se
 import tifffile
 from PIL import Image
+from support.checks import every
 from typer.testing import CliRunner
 
 from app.cli import app
@@ -161,7 +162,7 @@ def test_same_seed_same_bytes_different_seed_different(tmp_path: Path) -> None:
     da, dc = _digest(a.out), _digest(c.out)
     images = [name for name in da if name.endswith(".png") and not name.endswith("_mask.png")]
     assert len(images) == 3
-    assert all(da[name] != dc[name] for name in images)
+    assert every(da[name] != dc[name] for name in images)
     t1 = generate_dataset(tmp_path / "t1", "bot", images=2, seed=1, size=128, abnormal_fraction=0.5)
     t2 = generate_dataset(tmp_path / "t2", "bot", images=2, seed=1, size=128, abnormal_fraction=0.5)
     assert _digest(t1.out) == _digest(t2.out)
@@ -263,7 +264,7 @@ def test_relative_output_is_resolved(tmp_path: Path, monkeypatch: pytest.MonkeyP
     summary = generate_dataset(Path("rel"), "seed", images=1, size=128)
     assert summary.out == tmp_path.resolve() / "rel"
     assert len(summary.files) == 2  # the slide and its mask
-    assert all(f.is_absolute() and f.is_file() for f in summary.files)
+    assert every(f.is_absolute() and f.is_file() for f in summary.files)
 
 
 def test_interrupted_run_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

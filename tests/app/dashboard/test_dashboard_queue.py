@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.checks import every
 from support.dashboard import Fixture, open_page, wait_until, write_prepared
 
 from app.dashboard import jobs, paths
@@ -137,7 +138,7 @@ def test_the_launcher_queues_a_grid_and_cancels_a_waiting_run(
         first = entries[0]
         assert "run.rounds=1" in first.command
         assert "strategy.nhead=0" in first.command  # FedSAF's own default is 6
-        assert all("amp.dm=euclidean" in e.command for e in entries if e.params["dm"] == "euclidean")
+        assert every("amp.dm=euclidean" in e.command for e in entries if e.params["dm"] == "euclidean")
         assert Path(first.target).parent.parent == fixture_root.root / "runs"
         assert "python -m" not in first.title
         assert first.title.startswith("Training FedSAF on tiny, 1 round (nhead 0, dm manhattan, seed 0)")

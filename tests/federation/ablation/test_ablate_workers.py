@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.checks import every
 from support.tiny_dataset import TINY_SETTINGS
 
 from federation.ablation import ABLATION_FILE, load_plan, run_plan
@@ -49,7 +50,7 @@ def test_parallel_cells_give_the_sequential_figures_and_an_interrupted_grid_resu
     assert [c["status"] for c in sequential["cells"]] == ["finished", "finished"]
     expected = _figures(tmp_path / "sequential")
     assert len(expected) == 2
-    assert all(len(rows) >= 4 for rows in expected.values())  # 2 rounds x 2 hospitals at least
+    assert every(len(rows) >= 4 for rows in expected.values())  # 2 rounds x 2 hospitals at least
 
     # an interrupted parallel grid: one cell stopped before its run, the other with its run written
     out = tmp_path / "parallel"

@@ -96,7 +96,7 @@ def test_run_directory_contents(reference: Path) -> None:
     assert not (reference / "predictions.csv").exists()  # per-tile results stay with each hospital
     assert len(predictions) == sum(sum(s["test"]) for s in LAYOUT.values())
     assert {p["round"] for p in predictions} == {"3"}
-    assert all(0.0 <= float(p["prob_abnormal"]) <= 1.0 for p in predictions)
+    assert every(0.0 <= float(p["prob_abnormal"]) <= 1.0 for p in predictions)
     assert {p["label"] for p in predictions if p["client"] == "1"} == {"abnormal"}
     assert complete_checkpoints(reference) == [2, 3]  # keep_checkpoints = 2
     resolved = load_config(reference / "config.toml")
@@ -117,7 +117,7 @@ def test_fedrep_head_of_a_client_is_never_changed_by_the_others(dataset: Path, t
 
     a0, a1, a2, b0 = hospital(together, 0), hospital(together, 1), hospital(together, 2), hospital(alone, 0)
     assert len(head) == 2  # the classifier's last linear layer: weight and bias
-    assert all(torch.equal(a0[k], b0[k]) for k in head)
+    assert every(torch.equal(a0[k], b0[k]) for k in head)
     # and each hospital keeps a head of its own while the base is common after the round
     assert not torch.equal(a0["classifier.3.weight"], a1["classifier.3.weight"])
     base = base_keys(split_units(create_model("mobilenet_v3_small")), 1)
@@ -126,7 +126,7 @@ def test_fedrep_head_of_a_client_is_never_changed_by_the_others(dataset: Path, t
     means = [k for k in base if k.endswith("running_mean")]
     assert len(travelling) > 100
     assert len(means) > 10
-    assert all(torch.equal(a0[k], a2[k]) for k in travelling)
+    assert every(torch.equal(a0[k], a2[k]) for k in travelling)
     assert not all(torch.equal(a0[k], a2[k]) for k in means)
     # the server's checkpoint holds the shared base only: no head tensor of any hospital
     server = load_file(str(together / "checkpoints" / "round_0001.safetensors"))
@@ -135,14 +135,14 @@ def test_fedrep_head_of_a_client_is_never_changed_by_the_others(dataset: Path, t
     metrics = stable(together)
     shared = sum(v.numel() for k, v in create_model("mobilenet_v3_small").state_dict().items() if k in travelling)
     assert [(r["round"], r["client"]) for r in metrics] == [(1, 0), (1, 1), (1, 2)]
-    assert all(r["values_sent"] == r["values_received"] == shared for r in metrics)
+    assert every(r["values_sent"] == r["values_received"] == shared for r in metrics)
 
 
 def test_separate_sends_nothing_in_a_run(dataset: Path, tmp_path: Path) -> None:
     train(_config(dataset, "run.rounds=1", "strategy.name=separate"), tmp_path / "sep", progress=False)
     metrics = stable(tmp_path / "sep")
     assert [(r["round"], r["client"]) for r in metrics] == [(1, 0), (1, 1), (1, 2)]
-    assert all(r["values_sent"] == r["values_received"] == 0 for r in metrics)
+    assert every(r["values_sent"] == r["values_received"] == 0 for r in metrics)
 
 
 def test_failure_is_recorded_in_the_summary(dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.checks import every
 from support.tiny_dataset import LAYOUT
 from support.trust import RUN, config_of, deployed, honest_keys, honest_task, send
 from typer.testing import CliRunner
@@ -101,7 +102,7 @@ def test_asking_for_every_key_or_one_head_key_is_refused_and_nothing_leaves(data
     refused(send(hospital, one_head), "classifier.3.weight")
     records = log_of(tmp_path)
     assert [r["refused"] for r in records[-2:]] == [True, True]
-    assert all(r["values"] == 0 and r["tensors"] == {} for r in records[-2:])
+    assert every(r["values"] == 0 and r["tensors"] == {} for r in records[-2:])
     assert (tmp_path / "state" / RUN / WEIGHTS_FILE).read_bytes() == exported
 
 

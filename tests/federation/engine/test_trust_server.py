@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.checks import every
 from support.tiny_dataset import LAYOUT, TINY_SETTINGS
 
 from federation.config import load_config
@@ -134,10 +135,10 @@ def test_a_bad_training_reply_is_left_out_and_never_reaches_the_records(
     # no count of a reply the server left out (not 1e9, nor the Hello's): its training counted for nothing
     assert {r["num_train"] for r in hostile} == {0}
     assert {r["num_train"] for r in lines if r["trained"]} == {sum(LAYOUT[c]["train"]) for c in (0, 1)}
-    assert all(r["fisher_trace"] is None or r["fisher_trace"] > 0 for r in lines)
+    assert every(r["fisher_trace"] is None or r["fisher_trace"] > 0 for r in lines)
     if method is FEDAVG:
         # the aggregate is the two honest hospitals' average: their received counts are the whole traffic
-        assert all(r["values_received"] == 0 for r in hostile)
+        assert every(r["values_received"] == 0 for r in hostile)
     summary = json.loads((run_dir / SUMMARY_FILE).read_text())
     assert summary["status"] == "finished"
     assert summary["rounds_done"] == 2

@@ -24,6 +24,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from support.checks import every
 from support.paths import REPO
 
 from federation.engine.outbound import OUTBOUND_FILE, read_outbound
@@ -85,7 +86,7 @@ def test_init_makes_a_verifiable_kit(tmp_path: Path) -> None:
     secrets = [kit.server_key, kit.ca_key, *(b.private_key for b in kit.hospitals)]
     for path in secrets:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
-    assert all(
+    assert every(
         stat.S_IMODE(p.stat().st_mode) & 0o077 == 0 for p in (kit.root / "ca", *(b.folder for b in kit.hospitals))
     )
     # The server side holds no hospital private key; a hospital's bundle holds no server or CA key.

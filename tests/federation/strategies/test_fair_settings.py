@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file
+from support.checks import every
 from support.tiny_dataset import TINY_SETTINGS
 from torch import nn
 
@@ -111,7 +112,7 @@ def test_fedas_weights_hospitals_by_their_full_pass_fisher_traces(dataset: Path,
     record = json.loads((tmp_path / "fedas" / "aggregation.jsonl").read_text().splitlines()[0])
     traces = record["fisher_traces"]
     assert len(traces) == 3
-    assert all(t > 0 for t in traces)
+    assert every(t > 0 for t in traces)
     assert [record["weights"][str(c)] for c in (0, 1, 2)] == pytest.approx([t / sum(traces) for t in traces])
 
 

@@ -218,7 +218,7 @@ def test_fedlws_second_round_starts_from_the_shrunk_model() -> None:
     same = {c: TrainReply(c, dict(shrunk), CTX.num_examples[c]) for c in (0, 1, 2)}
     log = lws.aggregate_train(2, same)["fedlws"]
     assert log["gamma"] == [1.0] * 5
-    assert all(torch.allclose(_global(lws)[k].double(), shrunk[k].double(), rtol=0, atol=1e-6) for k in SHARED)
+    assert every(torch.allclose(_global(lws)[k].double(), shrunk[k].double(), rtol=0, atol=1e-6) for k in SHARED)
 
 
 # --- FedTLU ---------------------------------------------------------------------------------------------------------
@@ -262,7 +262,7 @@ def test_fedtlu_portion_decides_how_many_blocks_move() -> None:
     assert log["kept_previous"] == ["features.2", "features.3"]
     full = TargetedLayerUpdates(_fedavg(), CTX, PARAMS, portion=1.0, grouping="body")
     assert full.aggregate_train(1, _replies())["fedtlu"]["kept_previous"] == []
-    assert all(torch.equal(_global(full)[k], torch.tensor(FEDAVG[k])) for k in FEDAVG)
+    assert every(torch.equal(_global(full)[k], torch.tensor(FEDAVG[k])) for k in FEDAVG)
 
 
 def test_fedtlu_shapes_groups_identical_blocks_as_in_the_paper() -> None:
@@ -347,12 +347,12 @@ def test_wrappers_send_exactly_what_the_inner_strategy_sends(inner: str, wrap: s
         sent_plain, sent_wrapped = a[c].shared, b[c].shared
         assert sent_plain is not None
         assert sent_wrapped is not None
-        assert all(torch.equal(sent_plain[k], sent_wrapped[k]) for k in SHARED)
+        assert every(torch.equal(sent_plain[k], sent_wrapped[k]) for k in SHARED)
     # After a round: the same recipe and keys still (only the values of the global model differ).
     replies = _replies({0: 4.0, 1: 1.0, 2: 3.0})
     wrapped.aggregate_train(1, replies)
     after = wrapped.configure_train(2, [0, 1, 2])
-    assert all(after[c].recipe == a[c].recipe and list(after[c].shared or {}) == SHARED for c in (0, 1, 2))
+    assert every(after[c].recipe == a[c].recipe and list(after[c].shared or {}) == SHARED for c in (0, 1, 2))
 
 
 @pytest.mark.usefixtures("toy_parameters")
@@ -362,7 +362,7 @@ def test_wrapped_state_round_trips_through_checkpoints_and_refuses_other_setting
     second = _build("strategy.name=fedavg", "strategy.nhead=1", "strategy.wrap=fedlws", "fedlws.beta=0.5")
     second.load_state_tensors(first.state_tensors())
     second.load_state_json(first.state_json())
-    assert all(torch.equal(_global(first)[k], _global(second)[k]) for k in SHARED)
+    assert every(torch.equal(_global(first)[k], _global(second)[k]) for k in SHARED)
     other = _build("strategy.name=fedavg", "strategy.nhead=1", "strategy.wrap=fedlws", "fedlws.beta=0.1")
     with pytest.raises(FederationError, match="beta"):
         other.load_state_json(first.state_json())

@@ -80,8 +80,8 @@ def test_fedavg_weights_by_examples_exactly_including_batchnorm_buffers() -> Non
 def test_fedavg_round_one_sends_the_common_initial_weights() -> None:
     sent = _build("strategy.name=fedavg").configure_train(1, [0, 1, 2])
     assert sorted(sent) == [0, 1, 2]
-    assert all(torch.equal(sent[c].shared["a.weight"], INITIAL["a.weight"]) for c in sent)  # type: ignore[index]
-    assert all(sent[c].prox_centre is None and sent[c].recipe.prox_mu == 0 for c in sent)
+    assert every(torch.equal(sent[c].shared["a.weight"], INITIAL["a.weight"]) for c in sent)  # type: ignore[index]
+    assert every(sent[c].prox_centre is None and sent[c].recipe.prox_mu == 0 for c in sent)
 
 
 def test_fedprox_sends_the_global_weights_as_centre_counted_once() -> None:
@@ -130,7 +130,7 @@ def test_fedrep_never_sends_the_head() -> None:
         assert count_values(instruction) == 5
     evaluated = fedrep.configure_evaluate(2, [0, 1, 2])
     assert sorted(evaluated) == [0, 1, 2]
-    assert all(v is not None and "b.weight" not in v for v in evaluated.values())
+    assert every(v is not None and "b.weight" not in v for v in evaluated.values())
     assert torch.equal(sent[0].shared["a.weight"], torch.tensor([0.875, 5.25]))  # type: ignore[index]
 
 
@@ -144,7 +144,7 @@ def test_separate_sends_and_receives_nothing() -> None:
     assert separate.shared_keys(KEYS, [u for _, u in UNITS]) == []
     sent = separate.configure_train(1, [0, 1, 2])
     assert sorted(sent) == [0, 1, 2]
-    assert all(i.shared is None and i.prox_centre is None and count_values(i) == 0 for i in sent.values())
+    assert every(i.shared is None and i.prox_centre is None and count_values(i) == 0 for i in sent.values())
     assert separate.aggregate_train(1, _replies([])) == {}
     assert separate.configure_evaluate(1, [0, 1, 2]) == {0: None, 1: None, 2: None}
 
@@ -158,7 +158,7 @@ def test_averaging_state_round_trips_through_checkpoint_tensors() -> None:
     a, b = first.configure_train(2, [0])[0].shared, second.configure_train(2, [0])[0].shared
     assert a is not None
     assert b is not None
-    assert all(torch.equal(a[k], b[k]) for k in KEYS)
+    assert every(torch.equal(a[k], b[k]) for k in KEYS)
 
 
 def test_nhead_that_shares_nothing_or_overflows_is_rejected() -> None:
