@@ -42,6 +42,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from infra.formats import MANIFEST_FILE  # noqa: E402
 from models.bundle import load_bundle  # noqa: E402
 from pipeline.probe import STATISTICS, probe_prepared  # noqa: E402
 
@@ -95,7 +96,7 @@ def datasets(name: str, before: str, data: Path) -> dict[str, Path]:
         run([GFL, "synth", *synth, "--out", str(raw), "--overwrite"])
     out = {kind: data / "prepared" / f"honest_{name}_{kind}" for kind in ("masked", "mask_outside", "raw")}
     common = [*prepare, "--input", str(raw), "--no-progress", "--overwrite"]
-    if not (out["masked"] / "manifest.csv").is_file():
+    if not (out["masked"] / MANIFEST_FILE).is_file():
         with tempfile.TemporaryDirectory() as tmp:
             tree = Path(tmp) / "before"
             subprocess.run(["git", "worktree", "add", "--detach", str(tree), before], check=True, cwd=ROOT)
@@ -109,7 +110,7 @@ def datasets(name: str, before: str, data: Path) -> dict[str, Path]:
             finally:
                 subprocess.run(["git", "worktree", "remove", "--force", str(tree)], check=True, cwd=ROOT)
     for kind, extra in (("mask_outside", ["--mask-outside"]), ("raw", [])):
-        if not (out[kind] / "manifest.csv").is_file():
+        if not (out[kind] / MANIFEST_FILE).is_file():
             run([GFL, "prepare", *common, "--val-fraction", "0", *extra, "--out", str(out[kind])])
     return out
 
@@ -127,7 +128,7 @@ def probe_summary(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def tiles_of(dataset: Path, client: int, split: str) -> tuple[list[np.ndarray], np.ndarray, list[str]]:
-    with (dataset / "manifest.csv").open(newline="", encoding="utf-8") as handle:
+    with (dataset / MANIFEST_FILE).open(newline="", encoding="utf-8") as handle:
         rows = [r for r in csv.DictReader(handle) if int(r["client"]) == client and r["split"] == split]
     images = []
     for r in rows:

@@ -35,6 +35,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from infra.formats import MANIFEST_FILE  # noqa: E402
 from pipeline.probe import STATISTICS, probe_prepared  # noqa: E402
 
 GFL = str(ROOT / ".venv" / "bin" / "gastric-fl")
@@ -42,7 +43,7 @@ GFL = str(ROOT / ".venv" / "bin" / "gastric-fl")
 
 def flatten(source: Path, target: Path) -> None:
     """Copy the prepared dataset ``source`` to ``target`` with every tile's channels set to common mean and std."""
-    with (source / "manifest.csv").open(newline="", encoding="utf-8") as handle:
+    with (source / MANIFEST_FILE).open(newline="", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
     tiles = {}
     for r in rows:
@@ -59,7 +60,7 @@ def flatten(source: Path, target: Path) -> None:
         out = target / r["path"]
         out.parent.mkdir(parents=True, exist_ok=True)
         cv2.imwrite(str(out), flat[:, :, 0] if flat.shape[2] == 1 else flat)
-    for name in ("manifest.csv", "prepare.json"):
+    for name in (MANIFEST_FILE, "prepare.json"):
         shutil.copy2(source / name, target / name)
 
 

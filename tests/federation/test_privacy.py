@@ -48,6 +48,7 @@ from federation.privacy import (
     steps_per_epoch,
 )
 from federation.strategies.context import recipe_from_config
+from infra.formats import MANIFEST_FILE
 from models import create_model
 from models.registry import group_norm_groups
 
@@ -310,14 +311,14 @@ def test_a_round_must_train_the_dp_the_run_agreed() -> None:
 def slides_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny dataset with prepare's tile names: two tiles per slide (``<slide>_s<slide>_x.._y...png``)."""
     folder = make_dataset(tmp_path_factory.mktemp("dp"))
-    with (folder / "manifest.csv").open(newline="") as handle:
+    with (folder / MANIFEST_FILE).open(newline="") as handle:
         rows = list(csv.DictReader(handle))
     for i, row in enumerate(rows):
         old = folder / row["path"]
         new_name = f"{i // 2:05d}_s{i // 2}_x{(i % 2) * 40:05d}_y00000.png"
         row["path"] = str(Path(row["path"]).with_name(new_name).as_posix())
         old.rename(folder / row["path"])
-    with (folder / "manifest.csv").open("w", newline="") as handle:
+    with (folder / MANIFEST_FILE).open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
