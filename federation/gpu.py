@@ -27,6 +27,7 @@ not change. On the CPU nothing is changed: its kernels are deterministic already
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -160,12 +161,26 @@ def augment(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return apply(images, draw(images.shape[0], generator, images.device))
 
 
+@functools.lru_cache(maxsize=16)
+def _stats_on(
+    device: torch.device, mean: tuple[float, ...], std: tuple[float, ...]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-channel ``mean`` and ``std`` as (1, 1, 1, C) tensors on ``device``, made once per process: a tensor
+    built from a Python list is copied to the GPU by a blocking copy, which waits until the GPU has finished every
+    kernel queued before it, so building them at every step would stall the host at every step."""
+    channels = len(mean)
+    return (
+        torch.tensor(mean, device=device).view(1, 1, 1, channels),
+        torch.tensor(std, device=device).view(1, 1, 1, channels),
+    )
+
+
 def normalise(images: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
     """``uint8`` (B, S, S, C) on the device -> ``float32`` (B, C, S, S) in channels-last memory: ``(x / 255 - mean)
     / std`` per channel, as `models.preprocess.normalise` computes it on the CPU."""
-    channels = images.shape[3]
-    mean_t = torch.tensor(mean, device=images.device).view(1, 1, 1, channels)
-    std_t = torch.tensor(std, device=images.device).view(1, 1, 1, channels)
+    if len(mean) != images.shape[3] or len(std) != images.shape[3]:
+        raise ValueError(f"{images.shape[3]} channels but {len(mean)} means and {len(std)} standard deviations")
+    mean_t, std_t = _stats_on(images.device, tuple(float(m) for m in mean), tuple(float(d) for d in std))
     x = images.float().div_(255.0).sub_(mean_t).div_(std_t)
     return x.permute(0, 3, 1, 2)  # (B, C, S, S) over NHWC memory: channels-last
 

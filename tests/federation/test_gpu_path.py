@@ -106,6 +106,22 @@ def test_normalise_on_the_device_matches_the_cpu_and_is_channels_last() -> None:
     assert torch.allclose(x, to_tensor(images), atol=1e-6)
 
 
+def test_normalise_makes_its_statistics_once_per_device_and_checks_the_channels() -> None:
+    """The per-channel statistics are built on the device once, not at every step (a blocking copy to a GPU waits for
+    its queued work); the same values, the same tensors."""
+    from models.preprocess import default_stats
+
+    images = torch.from_numpy(np.random.default_rng(1).integers(0, 256, (2, 4, 4, 3), dtype=np.uint8))
+    gpu._stats_on.cache_clear()
+    first = gpu.normalise(images, *default_stats(3))
+    second = gpu.normalise(images, *default_stats(3))
+    info = gpu._stats_on.cache_info()
+    assert (info.misses, info.hits) == (1, 1)
+    assert torch.equal(first, second)
+    with pytest.raises(ValueError, match="3 channels but 1 means"):
+        gpu.normalise(images, [0.5], [0.2])
+
+
 def test_bf16_autocast_runs_and_fp32_is_left_alone() -> None:
     layer = nn.Linear(4, 2)
     x = torch.ones(3, 4)
