@@ -20,9 +20,11 @@ again, so a call cut short resumes.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -33,6 +35,7 @@ from _common import CLI, ROOT, command_line, machine, synthetic_dataset, write_r
 
 from federation.ablation.paired import paired_interval, paired_text
 from federation.report import load_run, summary_row
+from infra.formats import manifest_sha256
 
 RESULTS = ROOT / "benchmarks" / "results" / "gpu_preset.md"
 RUNS = ROOT / "benchmarks" / "results" / "gpu_preset_runs"
@@ -75,10 +78,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--runs", type=Path, default=RUNS, help="where each run's small files are kept")
     parser.add_argument("--table-only", action="store_true", help="write the table from the runs kept, train none")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"which to train, of {', '.join(VARIANTS)}")
     args = parser.parse_args()
+    chosen = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = sorted(set(chosen) - set(VARIANTS))
+    if unknown or REFERENCE not in chosen:
+        parser.error(f"--variants: {', '.join(unknown) or 'the reference'} ({REFERENCE} is always needed)")
     times: dict[str, float] = {}
     # the CPU preset's runs, the longest, first
-    cells = [(name, seed) for name in VARIANTS for seed in range(args.seeds)]
+    cells = [(name, seed) for name in VARIANTS if name in chosen for seed in range(args.seeds)]
 
     def finished(cell: tuple[str, int]) -> dict[str, Any] | None:
         kept = args.runs / f"{cell[0]}_seed-{cell[1]}"
@@ -91,6 +99,12 @@ def main() -> None:
         data, times = synthetic_dataset("seed", args.slides, args.work,
                                         str(ROOT / "configs" / "prepare_seed_noniid.toml"),
                                         workers=min(8, os.cpu_count() or 1))  # fmt: skip
+        digest = manifest_sha256(data)
+        for kept in sorted(args.runs.glob("*/summary.json")):  # resumed runs must pair with runs on the same tiles
+            recorded = json.loads(kept.read_text(encoding="utf-8")).get("dataset_sha256")
+            if recorded != digest:
+                sys.exit(f"{kept.parent} was trained on other tiles (manifest sha256 {recorded}, now {digest}): "
+                         f"move {args.runs} aside or give the same --slides")  # fmt: skip
 
         def run(cell: tuple[str, int]) -> None:
             name, seed = cell
@@ -115,6 +129,8 @@ def main() -> None:
 
     rows = []
     for name, (preset, settings) in VARIANTS.items():
+        if name not in chosen:
+            continue
         seeds = range(args.seeds)
         acc = [value(name, s, "avg_test_acc") for s in seeds]
         known_acc = [a for a in acc if a is not None]
