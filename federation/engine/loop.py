@@ -389,12 +389,12 @@ class Server:
                 again.append(c)
         self._evaluate(pool, record, again)
 
-    def _evaluate(self, pool: Pool, record: RoundRecord, clients: list[int]) -> None:
-        """Ask ``clients`` for ``record``'s evaluation, each an ``EvaluateTask`` with what the strategy deploys."""
-        if not clients:
+    def _evaluate(self, pool: Pool, record: RoundRecord, hospitals: list[int]) -> None:
+        """Ask ``hospitals`` for ``record``'s evaluation, each an ``EvaluateTask`` with what the strategy deploys."""
+        if not hospitals:
             return
-        shared = self.strategy.configure_evaluate(record.round, clients)
-        tasks = {c: EvaluateTask(self.run_id, record.round, c, self.shared_keys, shared.get(c)) for c in clients}
+        shared = self.strategy.configure_evaluate(record.round, hospitals)
+        tasks = {c: EvaluateTask(self.run_id, record.round, c, self.shared_keys, shared.get(c)) for c in hospitals}
         self.phases.begin(record.round, "evaluating", len(tasks))
         for c, reply in pool.exchange(tasks).items():
             problem = evaluation_problem(reply, self.num_test.get(c)) if isinstance(reply, EvaluateReply) else None

@@ -52,17 +52,17 @@ class RoundRecord:
         if diverged:
             self.diverged.add(key)
 
-    def to_evaluate(self, clients: Iterable[int]) -> list[int]:
+    def to_evaluate(self, hospitals: Iterable[int]) -> list[int]:
         """The hospitals still to be asked for this round's evaluation: not evaluated yet, and not silent (a
         hospital that did not answer its training is probably down: it is not waited for again)."""
-        return [c for c in clients if c not in self.evaluated and c not in self.silent]
+        return [c for c in hospitals if c not in self.evaluated and c not in self.silent]
 
-    def metrics_lines(self, clients: Iterable[int], counts: Mapping[int, int]) -> list[MetricsLine]:
+    def metrics_lines(self, hospitals: Iterable[int], counts: Mapping[int, int]) -> list[MetricsLine]:
         """``metrics.jsonl``'s lines (`federation.runfiles.MetricsLine`): one per evaluated hospital, in client
         order. A hospital whose training reply of this round was left out (or never came) has ``trained: false``,
         ``num_train: 0`` and no training figures: nothing of a reply the server did not use is recorded."""
         lines: list[MetricsLine] = []
-        for c in clients:
+        for c in hospitals:
             e = self.evaluated.get(c)
             if e is None:
                 continue

@@ -126,9 +126,9 @@ def state_dict_subset(state: Mapping[str, torch.Tensor], keys: list[str]) -> Ten
     return {k: state[k].detach().clone() for k in keys}
 
 
-def example_weights(server_round: int, replies: Mapping[int, TrainReply], clients: Sequence[int]) -> list[float]:
-    """FedAvg's weights ``n_i / n`` of ``clients`` from their reported training examples (none at all: an error)."""
-    counts = [replies[c].num_examples for c in clients]
+def example_weights(server_round: int, replies: Mapping[int, TrainReply], hospitals: Sequence[int]) -> list[float]:
+    """FedAvg's weights ``n_i / n`` of ``hospitals`` from their reported training examples (none at all: an error)."""
+    counts = [replies[c].num_examples for c in hospitals]
     total = sum(counts)
     if total <= 0:
         raise FederationError(f"round {server_round}: the hospitals reported no training examples")
@@ -136,11 +136,11 @@ def example_weights(server_round: int, replies: Mapping[int, TrainReply], client
 
 
 def cap_example_weights(
-    weights: Sequence[float], clients: Sequence[int], max_weight: float
+    weights: Sequence[float], hospitals: Sequence[int], max_weight: float
 ) -> tuple[list[float], dict[str, Any]]:
-    """One weight per client of ``clients`` (FedAvg's ``n_i / n``, or the Fisher weights gamma of FedSAF and FedAS)
+    """One weight per hospital of ``hospitals`` (FedAvg's ``n_i / n``, or the Fisher weights gamma of FedSAF and FedAS)
     capped at ``server.max_weight`` (`federation.aggregation.cap_weights`), and what ``aggregation.jsonl`` records of
-    it as ``weight_cap``: the cap, the clients whose weight it lowered, and ``uniform``.
+    it as ``weight_cap``: the cap, the hospitals whose weight it lowered, and ``uniform``.
 
     The cap was checked against the run's ``m`` hospitals when the run started; a round in which some were left out
     has ``m' < m`` weights, and a cap below ``1/m'`` cannot hold: that round every replying hospital gets ``1/m'``
@@ -149,7 +149,7 @@ def cap_example_weights(
     m = len(weights)
     uniform = max_weight_problem(m, max_weight) is not None
     used = [1.0 / m] * m if uniform else cap_weights(weights, max_weight).tolist()
-    lowered = [str(c) for c, before, after in zip(clients, weights, used, strict=True) if after < before]
+    lowered = [str(c) for c, before, after in zip(hospitals, weights, used, strict=True) if after < before]
     return used, {"max_weight": max_weight, "capped": lowered, "uniform": uniform}
 
 

@@ -84,20 +84,20 @@ class DepthwiseFisher(Averaging):
             **robust,
         }
 
-    def _capped(self, weights: torch.Tensor, clients: list[int]) -> tuple[torch.Tensor, dict[str, Any]]:
+    def _capped(self, weights: torch.Tensor, hospitals: list[int]) -> tuple[torch.Tensor, dict[str, Any]]:
         """Each layer's weights (a row of ``weights``) capped at ``server.max_weight`` (`federation.aggregation.
         cap_weights`, one column per layer): what a selected client loses goes to the other selected ones in
         proportion, or, where the layer selected too few of them to hold the cap (``M_j < 1/max_weight``: the
         shallowest layers), evenly to those not selected. A round with fewer than ``1/max_weight`` replies averages
         every layer uniformly (``uniform``), as the example-weighted strategies do."""
         assert self.max_weight is not None
-        m = len(clients)
+        m = len(hospitals)
         uniform = max_weight_problem(m, self.max_weight) is not None
         capped = torch.full_like(weights, 1.0 / m) if uniform else cap_weights(weights.T, self.max_weight).T
         lowered = (capped < weights).any(dim=0).tolist()
         record = {
             "max_weight": self.max_weight,
-            "capped": [str(c) for c, low in zip(clients, lowered, strict=True) if low],
+            "capped": [str(c) for c, low in zip(hospitals, lowered, strict=True) if low],
             "uniform": uniform,
         }
         return capped.contiguous(), record
