@@ -183,49 +183,30 @@ def main() -> None:
 
     # (name, loop, training passes per timed call)
     phases = preset.head_epochs + preset.epochs
-    loops: list[tuple[str, Callable[[int], None], int]] = [
+    Loop = tuple[str, Callable[[int], None], int]
+
+    def plain_loop(batch: int, precision: str, deterministic: bool = True, augment: bool = True) -> Loop:
+        name = f"product, plain recipe, {precision}, batch {batch}"
+        name += ("" if deterministic else ", deterministic off") + ("" if augment else ", augmentation off")
+        client = product(one, device, batch, precision, plain, 0, deterministic, augment=augment)
+        return name, train(client, plain), one.num_train
+
+    def preset_loop(batch: int, precision: str, label: str, deterministic: bool = True) -> Loop:
+        name = f"product, {label}, {precision}, batch {batch}" + ("" if deterministic else ", deterministic off")
+        client = product(one, device, batch, precision, preset, nhead, deterministic)
+        return name, train(client, preset), one.num_train * phases
+
+    loops: list[Loop] = [
         (f"bare, fp32, batch {preset_batch}", bare_loop(one, device, preset_batch, False), one.num_train),
         (f"bare, {bf16} + channels-last, batch 256", bare_loop(one, device, 256, bf16 == "bf16"), one.num_train),
-        (
-            f"product, plain recipe, fp32, batch {preset_batch}",
-            train(product(one, device, preset_batch, "fp32", plain, 0, True), plain),
-            one.num_train,
-        ),
-        (
-            f"product, plain recipe, {bf16}, batch 256",
-            train(product(one, device, 256, bf16, plain, 0, True), plain),
-            one.num_train,
-        ),
-        (
-            f"product, plain recipe, fp32, batch {preset_batch}, deterministic off",
-            train(product(one, device, preset_batch, "fp32", plain, 0, False), plain),
-            one.num_train,
-        ),
-        (
-            f"product, plain recipe, {bf16}, batch 256, deterministic off",
-            train(product(one, device, 256, bf16, plain, 0, False), plain),
-            one.num_train,
-        ),
-        (
-            f"product, plain recipe, {bf16}, batch 256, deterministic off, augmentation off",
-            train(product(one, device, 256, bf16, plain, 0, False, augment=False), plain),
-            one.num_train,
-        ),
-        (
-            f"product, the preset (FedSAF), fp32, batch {preset_batch}",
-            train(product(one, device, preset_batch, "fp32", preset, nhead, True), preset),
-            one.num_train * phases,
-        ),
-        (
-            f"product, the preset (FedSAF), {bf16}, batch 256",
-            train(product(one, device, 256, bf16, preset, nhead, True), preset),
-            one.num_train * phases,
-        ),
-        (
-            f"product, the preset, fp32, batch {preset_batch}, deterministic off",
-            train(product(one, device, preset_batch, "fp32", preset, nhead, False), preset),
-            one.num_train * phases,
-        ),
+        plain_loop(preset_batch, "fp32"),
+        plain_loop(256, bf16),
+        plain_loop(preset_batch, "fp32", deterministic=False),
+        plain_loop(256, bf16, deterministic=False),
+        plain_loop(256, bf16, deterministic=False, augment=False),
+        preset_loop(preset_batch, "fp32", "the preset (FedSAF)"),
+        preset_loop(256, bf16, "the preset (FedSAF)"),
+        preset_loop(preset_batch, "fp32", "the preset", deterministic=False),
         (
             f"product, a whole round of {args.hospitals} hospitals (train + evaluate), fp32, batch {preset_batch}",
             whole_round(preset_batch, "fp32"),
