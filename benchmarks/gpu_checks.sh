@@ -3,25 +3,29 @@
 # machine with a CUDA GPU and the project's dependencies (run from the repository root):
 #   1. benchmarks/gpu_throughput.py: the product's loop against the bare loop, with the split rows (about 3 min);
 #   2. benchmarks/first_round.py: where a run's first round goes (79 s against 12-18 s on an H200; under a minute);
-#   3. benchmarks/gpu_preset.py: configs/seed_gpu.toml against configs/seed.toml over 3 seeds (about 5 min; it
-#      resumes from the runs kept under benchmarks/results/gpu_preset_runs/, so a cut run continues next time);
+#   3. benchmarks/gpu_preset.py: configs/seed_gpu.toml against configs/seed.toml over 3 seeds (about 3 min for the
+#      two missing seeds: it resumes from the runs kept under benchmarks/results/gpu_preset_runs/);
 #   4. benchmarks/gpu_memory.py --variants 3: two bf16 workers at batch 256 (about 1 min).
 # Each writes its result as it finishes (benchmarks/results/); a check cut by its limit leaves what it wrote.
-#   bash benchmarks/gpu_checks.sh [OUT]     # OUT: where the logs go (default /tmp/gfl_gpu_checks)
+#   bash benchmarks/gpu_checks.sh [OUT] [CHECKS]   # OUT: where the logs go (default /tmp/gfl_gpu_checks);
+#   CHECKS: which, in order (default "throughput first_round preset memory": at most 10.4 min of limits, so split
+#   them over two calls where one command may run 10 min)
 set -u
 cd "$(dirname "$0")/.."
 out=${1:-/tmp/gfl_gpu_checks}
+checks=${2:-throughput first_round preset memory}
 mkdir -p "$out"
 python=${PYTHON:-python3}
-run() {  # run NAME LIMIT COMMAND...: one check, its log, its exit status
+run() {  # run NAME LIMIT COMMAND...: one check (when CHECKS names it), its log, its exit status
     local name=$1 limit=$2
     shift 2
+    case " $checks " in *" $name "*) ;; *) return ;; esac
     local start=$SECONDS
     timeout -s INT "$limit" "$@" >"$out/$name.log" 2>&1
     echo "$name: exit $? after $((SECONDS - start)) s" | tee -a "$out/status.txt"
 }
 nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv >"$out/gpu.txt" 2>&1
-run throughput 240 "$python" benchmarks/gpu_throughput.py
-run first_round 120 "$python" benchmarks/first_round.py
-run preset 420 "$python" benchmarks/gpu_preset.py --variants seed,seed_gpu
-run memory 120 "$python" benchmarks/gpu_memory.py --variants 3 --out benchmarks/results/gpu_memory_bf16_2.md
+run throughput 200 "$python" benchmarks/gpu_throughput.py
+run first_round 90 "$python" benchmarks/first_round.py
+run preset 240 "$python" benchmarks/gpu_preset.py --variants seed,seed_gpu
+run memory 90 "$python" benchmarks/gpu_memory.py --variants 3 --out benchmarks/results/gpu_memory_bf16_2.md
