@@ -345,9 +345,8 @@ def demo(
 
     def score_test_slides() -> None:  # each hospital's own dataset (its slides as hospital 0) still exists here
         from app.held_out import score_run
-        from federation.engine.derived import resolve_device
 
-        scored.extend(score_run(out, device=str(resolve_device(cfg.run.device))))  # where the hospitals trained
+        scored.extend(score_run(out, device=cfg.run.device))  # where the hospitals trained
 
     try:
         summary = run_demo(

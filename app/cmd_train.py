@@ -96,9 +96,8 @@ def register(app: typer.Typer) -> None:
         )
         if summary.get("status") == "finished":
             from app.held_out import score_run
-            from federation.engine.derived import resolve_device
 
             # Each hospital's held-out test slides, scored as `gastric-fl predict` scores a slide (slides.csv), on
             # the device the run trained on.
-            for line in score_run(run_dir, Path(cfg.data.path), str(resolve_device(cfg.run.device))):
+            for line in score_run(run_dir, Path(cfg.data.path), cfg.run.device):
                 typer.echo(line)

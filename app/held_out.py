@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from federation.errors import FederationError
 from federation.runfiles import SLIDES_FILE, hospital_files, hospital_index
 from infra.outputs import write_atomic
 from models.decision import Slides, slide_is_abnormal
@@ -185,10 +186,12 @@ def score_held_out(folder: Path, dataset: Path | None = None, device: str = "cpu
 
     The slides are those ``prepare.json`` lists for the hospital's test split (`app.slide_view.listed_slides`);
     `app.slide_view.SlideViewError` when the dataset or its raw slides are not on this machine. A slide that
-    cannot be scored (unreadable, no tissue) is left out of the file. ``device``: where the model scores the tiles
-    (``train`` scores on the run's device: on a CPU, a few hundred slides take minutes).
+    cannot be scored (unreadable, no tissue) is left out of the file. ``device``: where the model scores the tiles,
+    a ``run.device`` value (``auto``, ``cpu``, ``cuda``; `federation.engine.derived.resolve_device`): a run's slides
+    are scored where it trained (on a CPU, a few hundred slides take minutes).
     """
     from app import slide_view
+    from federation.engine.derived import resolve_device
     from inference.predict import score_slide, summarise
     from inference.slides import find_slides, read_slide
     from models.bundle import load_bundle
@@ -197,12 +200,13 @@ def score_held_out(folder: Path, dataset: Path | None = None, device: str = "cpu
 
     card = slide_view.read_card_json(folder)
     slides = slide_view.listed_slides(card, slide_view.card_dataset(card, dataset))
-    bundle = load_bundle(folder, device)
+    where = resolve_device(device)
+    bundle = load_bundle(folder, where)
     calls = []
     for listed in slides:
         try:
             decoded = read_slide(find_slides(listed.path)[0])
-            tiles = score_slide(bundle, decoded.image, str(listed.path), device=device)
+            tiles = score_slide(bundle, decoded.image, str(listed.path), device=where)
         except PipelineError:
             continue
         height, width = decoded.image.shape[:2]
@@ -264,26 +268,27 @@ def score_run(run: Path, dataset: Path | None = None, device: str = "cpu") -> li
     for hospital, folder in sorted(slide_view.bundle_folders(run).items()):
         try:
             calls = score_held_out(folder, dataset, device)
-        except (slide_view.SlideViewError, BundleError) as exc:
+        except (slide_view.SlideViewError, BundleError, FederationError) as exc:
             lines.append(f"hospital {hospital}: test slides not scored ({exc})")
             continue
         lines.append(calls_line(hospital, calls))
     return lines
 
 
-def _after_last_round(folder: Path, card: dict[str, object]) -> bool:
-    """Whether the hospital's exported model (``card``) is that of its run's last round (``hospital.json``'s
-    configuration names the rounds)."""
+def _finished_on(folder: Path, card: dict[str, object]) -> str | None:
+    """The run's ``run.device`` when the hospital's exported model (``card``) is that of its run's last round
+    (``hospital.json``'s configuration names both); ``None`` for a round's export or an unreadable record."""
     import tomllib
 
     from federation.runfiles import HOSPITAL_FILE
 
     try:
         record = json.loads((folder / HOSPITAL_FILE).read_text(encoding="utf-8"))
-        rounds = tomllib.loads(str(record["config_toml"]))["run"]["rounds"]
+        run = tomllib.loads(str(record["config_toml"]))["run"]
+        rounds, device = run["rounds"], str(run.get("device", "cpu"))
     except (OSError, ValueError, KeyError, TypeError, tomllib.TOMLDecodeError):
-        return False
-    return isinstance(card.get("round"), int) and card.get("round") == rounds
+        return None
+    return device if isinstance(card.get("round"), int) and card.get("round") == rounds else None
 
 
 def score_finished(runs: Path, dataset: Path, hospital: int, seen: dict[Path, int]) -> list[str]:
@@ -306,11 +311,19 @@ def score_finished(runs: Path, dataset: Path, hospital: int, seen: dict[Path, in
             if seen.get(folder) == stamp or (slides.is_file() and slides.stat().st_mtime_ns >= stamp):
                 continue
             seen[folder] = stamp  # each export is looked at once, scored or not
-            if not _after_last_round(folder, slide_view.read_card_json(folder)):
+            device = _finished_on(folder, slide_view.read_card_json(folder))
+            if device is None:
                 continue  # a round's export: the card is written again after the next one
-            calls = score_held_out(folder, dataset)
+            calls = score_held_out(folder, dataset, device)  # where the hospital trained the run
             seen[folder] = card_path.stat().st_mtime_ns  # score_held_out wrote the card's slide-level figures
-        except (slide_view.SlideViewError, BundleError, SlideCallsError, PipelineError, OSError) as exc:
+        except (
+            slide_view.SlideViewError,
+            BundleError,
+            FederationError,
+            SlideCallsError,
+            PipelineError,
+            OSError,
+        ) as exc:
             lines.append(f"run {folder.name}: test slides not scored ({exc})")
             continue
         lines.append(f"run {folder.name}: {calls_line(hospital, calls)}")

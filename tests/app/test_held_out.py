@@ -141,6 +141,29 @@ def test_a_deployed_hospital_scores_each_finished_run_once(trained: TrainedRoot,
     assert score_finished(runs, trained.prepared, 4, seen) == []
 
 
+def test_a_deployed_hospital_scores_on_the_device_its_run_trained_on(
+    trained: TrainedRoot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run recorded as trained on a GPU (``run.device = "cuda"``) is scored there, not silently on the CPU; where
+    the GPU is gone (here: none visible), one line says why its slides were not scored, and the hospital goes on."""
+    import shutil
+
+    import torch
+
+    folder = tmp_path / "runs" / "run-gpu"
+    shutil.copytree(trained.hospital(0), folder, ignore=shutil.ignore_patterns("checkpoints", SLIDES_FILE))
+    record = json.loads((folder / "hospital.json").read_text())
+    assert 'device = "cpu"\n' in record["config_toml"]
+    record["config_toml"] = record["config_toml"].replace('device = "cpu"\n', 'device = "cuda"\n')
+    (folder / "hospital.json").write_text(json.dumps(record))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert score_finished(tmp_path / "runs", trained.prepared, 4, {}) == [
+        "run run-gpu: test slides not scored (run.device = cuda but no CUDA GPU is visible: use run.device = cpu or "
+        "auto)"
+    ]
+    assert not (folder / SLIDES_FILE).exists()
+
+
 def test_a_card_falls_back_only_to_a_dataset_with_its_tiles(tmp_path: Path) -> None:
     """`slide_view.card_dataset`: the card's own dataset when it is on this machine; otherwise the dataset given
     only when its manifest.csv is the one the card names (the demo's hospital 1 trained on its own slides as
