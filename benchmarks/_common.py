@@ -34,6 +34,15 @@ def machine() -> str:
     )
 
 
+def device_line(device: str) -> str:
+    """``<machine()>; device <device> (<its GPU's name, or "none (CPU run)">); torch <version>.``: the machine line of
+    a report that ran on ``device``."""
+    import torch
+
+    name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else "none (CPU run)"
+    return f"{machine()}; device {device} ({name}); torch {torch.__version__}."
+
+
 def write_result(path: Path, text: str) -> None:
     """Write a report to ``path``, creating its folder when needed."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._common import command_line, machine, write_result  # noqa: E402
+from benchmarks._common import command_line, device_line, write_result  # noqa: E402
 from benchmarks.gpu_throughput import product, sync, tiles  # noqa: E402
 from federation.config.load import load_config  # noqa: E402
 from federation.contract import TrainInstruction  # noqa: E402
@@ -78,14 +78,13 @@ def main() -> None:
     timed(SECOND_EVAL, client.evaluate)
     once = steps[FIRST_TRAIN] - steps[SECOND_TRAIN] + steps[FIRST_EVAL] - steps[SECOND_EVAL]
     start_up = once + steps[START] + steps[CLIENT]
-    gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "none (CPU run)"
     text = "\n".join(
         [
             "# Where the first round goes",
             "",
             f"Command: `{command_line('first_round.py')}`",
             "",
-            f"{machine()}; device {device} ({gpu_name}); torch {torch.__version__}.",
+            device_line(str(device)),
             "",
             f"One hospital of {args.tiles} synthetic tiles at {args.input_size} px, configs/seed.toml's recipe at "
             f"batch {config.data.batch_size} in fp32, run.deterministic = {args.deterministic}; each step in order "

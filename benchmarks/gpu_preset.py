@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import CLI, ROOT, command_line, machine, synthetic_dataset, write_result
+from _common import CLI, ROOT, command_line, device_line, synthetic_dataset, write_result
 
 from federation.ablation.paired import paired_interval, paired_text
 from federation.report import load_run, summary_row
@@ -153,14 +153,13 @@ def main() -> None:
         rows.append(
             f"| {name} | {shown} | {per_seed} | {_fmt(mean_acc)} | {_fmt(mean_auc)} | {paired[0]} | {paired[1]} |"
         )
-    gpu = torch.cuda.get_device_name(0) if args.device == "cuda" else "none (CPU run)"
     text = "\n".join(
         [
             "# The GPU preset's accuracy against the CPU preset",
             "",
             f"Command: `{command_line('gpu_preset.py')}`",
             "",
-            f"{machine()}; device {args.device} ({gpu}); torch {torch.__version__}.",
+            device_line(args.device),
             "",
             f"Data: {args.slides} synthetic SEED slides (`gastric-fl synth --difficulty 0.3`, "
             f"{_seconds(times, 'synth')}) prepared with configs/prepare_seed_noniid.toml "

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._common import command_line, machine, write_result  # noqa: E402
+from benchmarks._common import command_line, device_line, write_result  # noqa: E402
 from federation import gpu  # noqa: E402
 from federation.client import Client  # noqa: E402
 from federation.config.load import load_config  # noqa: E402
@@ -242,14 +242,13 @@ def main() -> None:
     same_precision = {  # the product's plain loops against the bare loop of their batch and precision
         loops[i][0]: rate[loops[i][0]] / (bare_same if i in (2, 4) else bare_fast) for i in range(2, 7)
     }
-    gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "none (CPU run)"
     text = "\n".join(
         [
             "# Training throughput: the product's loop against a bare PyTorch loop",
             "",
             f"Command: `{command_line('gpu_throughput.py')}`",
             "",
-            f"{machine()}; device {device} ({gpu_name}); torch {torch.__version__}.",
+            device_line(str(device)),
             "",
             f"Workload: {args.hospitals} hospitals x {args.tiles} synthetic RGB tiles of {args.input_size} px held on "
             f"the device as uint8, MobileNetV3-Small, SGD momentum 0.9; the preset is configs/seed.toml (FedSAF, "
