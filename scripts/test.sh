@@ -10,7 +10,7 @@ bash scripts/install_browser.sh  # Debian chromium for the dashboard browser tes
 # Debian nginx-light: the server gate that the deployment tests start (federation.flower.gate)
 bash scripts/apt_install.sh nginx-light nginx "the deployment tests and gastric-fl federation server"
 # Two pytest-xdist workers where there are two cores: the deployment tests (one unit of work, first:
-# tests/conftest.py, SERIAL) on one while the other takes every other module; one process on a single core.
+# tests/support/scheduling.py, SERIAL) on one while the other takes every other module; one process on a single core.
 workers=0
 [ "$(nproc)" -ge 2 ] && workers=2
 .venv/bin/python -m pytest -n "$workers" --no-loadscope-reorder "$@"

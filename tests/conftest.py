@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support.scheduling import SERIAL_GROUP, by_work_unit, work_unit_of
 from support.tiny_dataset import make_dataset
 
 
@@ -15,38 +16,10 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_dataset(tmp_path_factory.mktemp("tiny"))
 
 
-# Tests that start Flower's processes, or look at every process of the machine, run one after another on one worker
-# when the suite runs in parallel (scripts/test.sh: pytest-xdist): a deployment test asserts that no Flower process
-# is left on the machine, which another worker's deployment would break. They go first, because together they take
-# the longest; every other module is one unit of work, so its module-scoped fixtures are built once.
-SERIAL = (
-    "tests/federation/flower/",
-    "tests/federation/test_privacy.py",
-    "tests/app/dashboard/test_dashboard_jobs.py",
-    "tests/infra/test_pids.py",
-    "tests/infra/test_parent_death.py",
-)
-SERIAL_GROUP = "serial"
-
-
-def work_unit_of(nodeid: str) -> str:
-    """The unit of work a test belongs to when the suite runs in parallel: ``serial`` for the `SERIAL` paths, else
-    its module's path."""
-    module = nodeid.split("::", 1)[0]
-    return SERIAL_GROUP if module.startswith(SERIAL) else module
-
-
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """pytest-xdist's scheduling by scope (LoadScopeScheduling: a scope's tests run on one worker, scopes in
-    collection order), with `work_unit_of` as the scope."""
-    from xdist.scheduler import LoadScopeScheduling
-
-    class ByWorkUnit(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return work_unit_of(nodeid)
-
-    return ByWorkUnit(config, log)  # type: ignore[arg-type]
+    """Units of work for pytest-xdist's workers: the serial tests on one worker (``support.scheduling``)."""
+    return by_work_unit(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
