@@ -35,6 +35,7 @@ from _common import CLI, ROOT, command_line, device_line, synthetic_dataset, wri
 
 from federation.ablation.paired import paired_interval, paired_text
 from federation.report import load_run, summary_row
+from federation.runfiles import METRICS_FILE, read_metrics
 from infra.formats import manifest_sha256
 
 RESULTS = ROOT / "benchmarks" / "results" / "gpu_preset.md"
@@ -65,6 +66,42 @@ def _seconds(times: dict[str, float], stage: str) -> str:
 
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
+
+
+def last_round_accuracy(run: Path) -> dict[int, float]:
+    """Each hospital's test accuracy in the last round it was evaluated (``metrics.jsonl``, read by
+    `federation.runfiles.read_metrics`)."""
+    last: dict[int, tuple[int, float]] = {}
+    for record in read_metrics(run / METRICS_FILE).records:
+        hospital, rnd, acc = int(record["client"]), int(record["round"]), record.get("test_acc")
+        if acc is not None and rnd >= last.get(hospital, (-1, 0.0))[0]:
+            last[hospital] = (rnd, float(acc))
+    return {h: acc for h, (_, acc) in sorted(last.items())}
+
+
+def hospital_section(runs: Path, variants: list[str], seeds: int) -> list[str]:
+    """Per variant and hospital, the last round's test accuracy by seed: where a variant's difference comes from."""
+    by_variant = {
+        name: {s: last_round_accuracy(runs / f"{name}_seed-{s}") for s in range(seeds)
+               if (runs / f"{name}_seed-{s}" / METRICS_FILE).is_file()}
+        for name in variants
+    }  # fmt: skip
+    hospitals = sorted({h for per_seed in by_variant.values() for acc in per_seed.values() for h in acc})
+    if not hospitals:
+        return []
+    rows = []
+    for name, per_seed in by_variant.items():
+        cells = [" / ".join(f"{per_seed[s][h]:.3f}" if h in per_seed.get(s, {}) else "-" for s in range(seeds))
+                 for h in hospitals]  # fmt: skip
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    return [
+        "Per hospital: the last round's test accuracy by seed.",
+        "",
+        "| variant | " + " | ".join(f"hospital {h}" for h in hospitals) + " |",
+        "|---|" + "---|" * len(hospitals),
+        *rows,
+        "",
+    ]
 
 
 def main() -> None:
@@ -174,6 +211,7 @@ def main() -> None:
             "|---|---|---|---:|---:|---:|---:|",
             *rows,
             "",
+            *hospital_section(args.runs, [n for n in VARIANTS if n in chosen], args.seeds),
         ]
     )
     print(text)
