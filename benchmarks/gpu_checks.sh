@@ -2,7 +2,8 @@
 # The GPU checks of issue 32 that are still open, in order of importance, each under its own time limit, for a
 # machine with a CUDA GPU and the project's dependencies (run from the repository root):
 #   1. benchmarks/gpu_throughput.py: the product's loop against the bare loop, with the split rows (about 3 min);
-#   2. benchmarks/first_round.py: where a run's first round goes (79 s against 12-18 s on an H200; under a minute);
+#   2. benchmarks/first_round.py: where a run's first round goes (79 s against 12-18 s on an H200: 7-9 s a hospital
+#      whatever its tile count; is it per batch shape? under a minute);
 #   3. benchmarks/gpu_preset.py: configs/seed_gpu.toml against configs/seed.toml over 3 seeds (about 3 min for the
 #      two missing seeds: it resumes from the runs kept under benchmarks/results/gpu_preset_runs/);
 #   4. benchmarks/gpu_memory.py --variants 3: two bf16 workers at batch 256 (about 1 min).
@@ -26,6 +27,7 @@ run() {  # run NAME LIMIT COMMAND...: one check (when CHECKS names it), its log,
 }
 nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv >"$out/gpu.txt" 2>&1
 run throughput 200 "$python" benchmarks/gpu_throughput.py
-run first_round 90 "$python" benchmarks/first_round.py
+run first_round 90 "$python" benchmarks/first_round.py --runs benchmarks/results/gpu_preset_runs/* \
+    benchmarks/results/gpu_preset_runs_cpu/*
 run preset 240 "$python" benchmarks/gpu_preset.py --variants seed,seed_gpu
 run memory 90 "$python" benchmarks/gpu_memory.py --variants 3 --out benchmarks/results/gpu_memory_bf16_2.md
