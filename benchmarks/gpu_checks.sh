@@ -6,15 +6,17 @@
 #      whatever its tile count; is it per batch shape? under a minute);
 #   3. benchmarks/gpu_preset.py: configs/seed_gpu.toml against configs/seed.toml over 3 seeds (about 3 min for the
 #      two missing seeds: it resumes from the runs kept under benchmarks/results/gpu_preset_runs/);
-#   4. benchmarks/gpu_memory.py --variants 3: two bf16 workers at batch 256 (about 1 min).
+#   4. benchmarks/gpu_memory.py --variants 3: two bf16 workers at batch 256 (about 1 min);
+#   5. benchmarks/gpu_preset.py with the batch-128 variant, which lost less accuracy on the CPU
+#      (benchmarks/results/gpu_preset_cpu.md), on the GPU (about 3 min).
 # Each writes its result as it finishes (benchmarks/results/); a check cut by its limit leaves what it wrote.
 #   bash benchmarks/gpu_checks.sh [OUT] [CHECKS]   # OUT: where the logs go (default /tmp/gfl_gpu_checks);
-#   CHECKS: which, in order (default "throughput first_round preset memory": at most 10.4 min of limits, so split
-#   them over two calls where one command may run 10 min)
+#   CHECKS: which, in order (default "throughput first_round preset memory preset128": at most 13.7 min of limits,
+#   so split them over two calls where one command may run 10 min)
 set -u
 cd "$(dirname "$0")/.."
 out=${1:-/tmp/gfl_gpu_checks}
-checks=${2:-throughput first_round preset memory}
+checks=${2:-throughput first_round preset memory preset128}
 mkdir -p "$out"
 python=${PYTHON:-python3}
 run() {  # run NAME LIMIT COMMAND...: one check (when CHECKS names it), its log, its exit status
@@ -31,3 +33,4 @@ run first_round 90 "$python" benchmarks/first_round.py --runs benchmarks/results
     benchmarks/results/gpu_preset_runs_cpu/*
 run preset 240 "$python" benchmarks/gpu_preset.py --variants seed,seed_gpu
 run memory 90 "$python" benchmarks/gpu_memory.py --variants 3 --out benchmarks/results/gpu_memory_bf16_2.md
+run preset128 200 "$python" benchmarks/gpu_preset.py --variants seed,seed_gpu,seed_gpu_batch128
