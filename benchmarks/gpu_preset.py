@@ -34,8 +34,8 @@ import torch
 from _common import CLI, ROOT, command_line, device_line, synthetic_dataset, write_result
 
 from federation.ablation.paired import paired_interval, paired_text
-from federation.report import load_run, summary_row
-from federation.runfiles import METRICS_FILE, read_metrics
+from federation.report import load_run, per_hospital, summary_row
+from federation.runfiles import METRICS_FILE
 from infra.formats import manifest_sha256
 
 RESULTS = ROOT / "benchmarks" / "results" / "gpu_preset.md"
@@ -68,21 +68,17 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
-def last_round_accuracy(run: Path) -> dict[int, float]:
-    """Each hospital's test accuracy in the last round it was evaluated (``metrics.jsonl``, read by
-    `federation.runfiles.read_metrics`)."""
-    last: dict[int, tuple[int, float]] = {}
-    for record in read_metrics(run / METRICS_FILE).records:
-        hospital, rnd, acc = int(record["client"]), int(record["round"]), record.get("test_acc")
-        if acc is not None and rnd >= last.get(hospital, (-1, 0.0))[0]:
-            last[hospital] = (rnd, float(acc))
-    return {h: acc for h, (_, acc) in sorted(last.items())}
+def accuracy_by_hospital(run: Path) -> dict[int, float]:
+    """Each hospital's test accuracy in the round the run's averaged figures are read from
+    (`federation.report.per_hospital`: its last complete round)."""
+    rows = per_hospital([load_run(run)])
+    return {int(r["client"]): float(r["test_acc"]) for r in rows if r["test_acc"] is not None}
 
 
 def hospital_section(runs: Path, variants: list[str], seeds: int) -> list[str]:
     """Per variant and hospital, the last round's test accuracy by seed: where a variant's difference comes from."""
     by_variant = {
-        name: {s: last_round_accuracy(runs / f"{name}_seed-{s}") for s in range(seeds)
+        name: {s: accuracy_by_hospital(runs / f"{name}_seed-{s}") for s in range(seeds)
                if (runs / f"{name}_seed-{s}" / METRICS_FILE).is_file()}
         for name in variants
     }  # fmt: skip
