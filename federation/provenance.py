@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 CODE_FOLDERS = ("app", "federation", "models", "pipeline", "inference", "infra")
+NOT_RECORDED = "a machine not recorded"  # the machines of a run trained before runs recorded them
 
 
 def code_version() -> str:
@@ -95,6 +96,3 @@ def describe_machines(trained_on: Mapping[str, Sequence[str]]) -> str:
     if set(trained_on) <= {NOT_RECORDED}:
         return ""
     return describe_trained(trained_on, "on", "machines")
-
-
-NOT_RECORDED = "a machine not recorded"
