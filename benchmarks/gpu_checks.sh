@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks of issue 32 that are still open, in order of importance, each under its own time limit, for a
 # machine with a CUDA GPU and the project's dependencies (run from the repository root):
-#   1. benchmarks/gpu_throughput.py: the product's loop against the bare loop, with the split rows (about 3 min);
+#   1. benchmarks/gpu_throughput.py: the product's loop against the bare loop, with the split rows (3-4 min);
 #   2. benchmarks/first_round.py: where a run's first round goes (79 s against 12-18 s on an H200: 7-9 s a hospital
 #      whatever its tile count; is it per batch shape? under a minute);
 #   3. benchmarks/gpu_preset.py: configs/seed_gpu.toml against configs/seed.toml over 3 seeds (about 3 min for the
@@ -11,7 +11,7 @@
 #      (benchmarks/results/gpu_preset_cpu.md), on the GPU (about 3 min).
 # Each writes its result as it finishes (benchmarks/results/); a check cut by its limit leaves what it wrote.
 #   bash benchmarks/gpu_checks.sh [OUT] [CHECKS]   # OUT: where the logs go (default /tmp/gfl_gpu_checks);
-#   CHECKS: which, in order (default "throughput first_round preset memory preset128": at most 13.7 min of limits,
+#   CHECKS: which, in order (default "throughput first_round preset memory preset128": at most 14.2 min of limits,
 #   so split them over two calls where one command may run 10 min)
 set -u
 cd "$(dirname "$0")/.."
@@ -28,7 +28,7 @@ run() {  # run NAME LIMIT COMMAND...: one check (when CHECKS names it), its log,
     echo "$name: exit $? after $((SECONDS - start)) s" | tee -a "$out/status.txt"
 }
 nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv >"$out/gpu.txt" 2>&1
-run throughput 200 "$python" benchmarks/gpu_throughput.py
+run throughput 230 "$python" benchmarks/gpu_throughput.py
 run first_round 90 "$python" benchmarks/first_round.py --runs benchmarks/results/gpu_preset_runs/* \
     benchmarks/results/gpu_preset_runs_cpu/*
 run preset 240 "$python" benchmarks/gpu_preset.py --variants seed,seed_gpu

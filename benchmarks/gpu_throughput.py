@@ -7,6 +7,8 @@ content does not change a step's cost), MobileNetV3-Small (paper 001, Sec. 4.3.1
 - **bare, fp32, batch B**: tiles held on the GPU as uint8, random flips on the GPU, ``normalise``, forward,
   cross-entropy, backward, step; one epoch over all parameters.
 - **bare, bf16 + channels-last, batch 256**: the same under bf16 autocast with channels-last memory.
+- **bare, fp32 + channels-last, batch B**: the fp32 loop with the model and inputs in channels-last memory, as the
+  product holds them on a GPU at either precision: whether the layout is part of the fp32 gap.
 - **product, plain**: `federation.client.Client.train` with a one-phase recipe (one epoch over all parameters, no
   precise BN, no Fisher pass): the same work as the bare loop plus the product's augmentation
   (`federation.gpu.augment`: symmetries, HSV, brightness/contrast) and bookkeeping, at the same batch and
@@ -17,7 +19,7 @@ content does not change a step's cost), MobileNetV3-Small (paper 001, Sec. 4.3.1
   runs them on one GPU;
 - **deterministic off**: the plain recipe and the preset again with ``run.deterministic = false`` (cuDNN
   autotuning, CUDA's adaptive pooling), as the bare loop runs: what determinism costs; and the plain recipe with
-  augmentation off too, the bare loop's work plus only the product's bookkeeping.
+  augmentation off too, at both batches and precisions: the bare loop's work plus only the product's bookkeeping.
 
 Each figure is the median of ``--repeats`` timed epochs after one warm-up, the loops interleaved. It prints the
 table and writes it, with the command and the versions, to ``benchmarks/results/gpu_throughput.md`` (``--out``).
@@ -72,11 +74,16 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def bare_loop(data: HospitalData, device: torch.device, batch: int, bf16: bool) -> Callable[[int], None]:
-    """One epoch of the plainest fast loop: uint8 tiles on the device, flips there, optional bf16 + channels-last."""
+def bare_loop(
+    data: HospitalData, device: torch.device, batch: int, bf16: bool, channels_last: bool | None = None
+) -> Callable[[int], None]:
+    """One epoch of the plainest fast loop: uint8 tiles on the device, flips there, optional bf16; channels-last
+    memory with bf16 unless ``channels_last`` says otherwise (the product holds its model channels-last on a GPU at
+    either precision)."""
     torch.manual_seed(0)
     model = create_model("mobilenet_v3_small").to(device)
-    if bf16:
+    channels_last = bf16 if channels_last is None else channels_last
+    if channels_last:
         model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     held = torch.from_numpy(data.train_x).to(device)
@@ -95,7 +102,7 @@ def bare_loop(data: HospitalData, device: torch.device, batch: int, bf16: bool) 
             flip = torch.rand(x.shape[0], generator=generator, device=device) < 0.5
             x = torch.where(flip.view(-1, 1, 1, 1), x.flip(2), x)
             inputs = gpu.normalise(x, *stats)
-            if not bf16:
+            if not channels_last:
                 inputs = inputs.contiguous()
             optimizer.zero_grad(set_to_none=True)
             with gpu.autocast(device, "bf16" if bf16 else "fp32"):
@@ -184,10 +191,14 @@ def main() -> None:
     # (name, loop, training passes per timed call)
     phases = preset.head_epochs + preset.epochs
     Loop = tuple[str, Callable[[int], None], int]
+    bare_same = f"bare, fp32, batch {preset_batch}"
+    bare_fast = f"bare, {bf16} + channels-last, batch 256"
+    against: dict[str, str] = {}  # each plain loop of the product -> the bare loop of its batch and precision
 
     def plain_loop(batch: int, precision: str, deterministic: bool = True, augment: bool = True) -> Loop:
         name = f"product, plain recipe, {precision}, batch {batch}"
         name += ("" if deterministic else ", deterministic off") + ("" if augment else ", augmentation off")
+        against[name] = bare_same if precision == "fp32" else bare_fast
         client = product(one, device, batch, precision, plain, 0, deterministic, augment=augment)
         return name, train(client, plain), one.num_train
 
@@ -197,12 +208,18 @@ def main() -> None:
         return name, train(client, preset), one.num_train * phases
 
     loops: list[Loop] = [
-        (f"bare, fp32, batch {preset_batch}", bare_loop(one, device, preset_batch, False), one.num_train),
-        (f"bare, {bf16} + channels-last, batch 256", bare_loop(one, device, 256, bf16 == "bf16"), one.num_train),
+        (bare_same, bare_loop(one, device, preset_batch, False), one.num_train),
+        (bare_fast, bare_loop(one, device, 256, bf16 == "bf16"), one.num_train),
+        (
+            f"bare, fp32 + channels-last, batch {preset_batch}",
+            bare_loop(one, device, preset_batch, False, channels_last=True),
+            one.num_train,
+        ),
         plain_loop(preset_batch, "fp32"),
         plain_loop(256, bf16),
         plain_loop(preset_batch, "fp32", deterministic=False),
         plain_loop(256, bf16, deterministic=False),
+        plain_loop(preset_batch, "fp32", deterministic=False, augment=False),
         plain_loop(256, bf16, deterministic=False, augment=False),
         preset_loop(preset_batch, "fp32", "the preset (FedSAF)"),
         preset_loop(256, bf16, "the preset (FedSAF)"),
@@ -233,15 +250,11 @@ def main() -> None:
             times[name].append(time.perf_counter() - start)
             print(f"call {r}  {times[name][-1]:6.2f} s  {name}", flush=True)
     rate = {name: passes / statistics.median(times[name]) for name, _, passes in loops}
-    bare_same = rate[loops[0][0]]
-    bare_fast = rate[loops[1][0]]
     rows = [
-        f"| {name} | {statistics.median(times[name]):.3f} | {rate[name]:,.0f} | {rate[name] / bare_fast:.2f} |"
+        f"| {name} | {statistics.median(times[name]):.3f} | {rate[name]:,.0f} | {rate[name] / rate[bare_fast]:.2f} |"
         for name, _, _ in loops
     ]
-    same_precision = {  # the product's plain loops against the bare loop of their batch and precision
-        loops[i][0]: rate[loops[i][0]] / (bare_same if i in (2, 4) else bare_fast) for i in range(2, 7)
-    }
+    same_precision = {name: rate[name] / rate[bare] for name, bare in against.items()}
     text = "\n".join(
         [
             "# Training throughput: the product's loop against a bare PyTorch loop",
@@ -265,7 +278,9 @@ def main() -> None:
             + ". The product's loop adds the H&E augmentation (8 symmetries, HSV and brightness/contrast per tile, "
             "on the device) that the bare loop's flips do not do, and by default deterministic kernels (cuDNN without "
             "autotuning, pooling as a mean), which the bare loop does not use: the rows with deterministic off and "
-            "augmentation off take these away one at a time.",
+            "augmentation off take these away one at a time. On a GPU the product holds its model channels-last at "
+            "either precision; the bare fp32 loop does not, and its channels-last row shows what that layout costs "
+            "or saves in fp32.",
         ]
     )
     write_result(args.out, text + "\n")  # the timings are kept even if the determinism check below is cut short
