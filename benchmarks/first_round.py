@@ -7,7 +7,10 @@ it), building the client (the model on the device, channels-last, pooling as a m
 upload (the first evaluation reads them), the first training call, a second training call, and a second
 evaluation; the first calls' excess over the second ones is what the first round pays once. Then two more hospitals'
 first calls: one whose tile count gives other last batches (new batch shapes), one with the first hospital's count
-(the same shapes); if only the first pays again, the start-up cost is per batch shape, not per process.
+(the same shapes); if only the first pays again, the start-up cost is per batch shape, not per process. A fourth,
+with new shapes again and cuDNN switched off (``torch.backends.cudnn.flags(enabled=False)``: PyTorch's own
+convolution kernels), tells whether that cost is cuDNN's: building a convolution's execution plan for a new shape,
+which some cuDNN 9 releases compile at run time (seen at about 1.5 s a depthwise convolution).
 
 ``--runs DIR ...`` adds what finished runs recorded (``metrics.jsonl``: each hospital's seconds a round): per
 hospital, its first round against the median of its later rounds, so the excess can be read per hospital and set
@@ -51,6 +54,9 @@ SECOND_TRAIN = "second training call"
 SECOND_EVAL = "second evaluation"
 OTHER_SHAPES = "another hospital, {n} tiles (other batch shapes): client, first training call and evaluation"
 SAME_SHAPES = "another hospital, {n} tiles (the first one's batch shapes): client, first training call and evaluation"
+NO_CUDNN = (
+    "another hospital, {n} tiles (other batch shapes again), cuDNN off: client, first training call and evaluation"
+)
 T = TypeVar("T")
 
 
@@ -89,6 +95,7 @@ def main() -> None:
     timed(FIRST_TRAIN, lambda: client.train(TrainInstruction(0, recipe), server_round=1, seed=1))
     timed(SECOND_TRAIN, lambda: client.train(TrainInstruction(0, recipe), server_round=2, seed=2))
     timed(SECOND_EVAL, client.evaluate)
+    steady = steps[SECOND_TRAIN] + steps[SECOND_EVAL]
     # Is what the first calls pay per process (the device's kernels), or per batch shape (the convolutions' plans
     # for a new batch size)? On the GPU every hospital of a run paid about the same first-round excess whatever its
     # tile count (benchmarks/results/first_round.md): a hospital with other tail batches against one with the same.
@@ -103,7 +110,22 @@ def main() -> None:
             c.evaluate()
 
         timed(name, first_calls)
-    steady = steps[SECOND_TRAIN] + steps[SECOND_EVAL]
+    no_cudnn_n = args.tiles + 13
+    no_cudnn_name = NO_CUDNN.format(n=no_cudnn_n)
+    without = tiles(no_cudnn_n, args.input_size, 3)
+
+    def first_calls_without_cudnn() -> None:
+        with torch.backends.cudnn.flags(enabled=False):
+            c = product(without, device, config.data.batch_size, "fp32", recipe, nhead, deterministic)
+            c.train(TrainInstruction(0, recipe), server_round=1, seed=1)
+            c.evaluate()
+
+    try:
+        timed(no_cudnn_name, first_calls_without_cudnn)
+        no_cudnn = f"{steps[no_cudnn_name] - steady:.2f} s"
+    except RuntimeError as error:  # deterministic mode may refuse a kernel outside cuDNN
+        no_cudnn = f"not measured ({str(error).splitlines()[0]})"
+        print(f"  cuDNN off: {no_cudnn}", flush=True)
     once = steps[FIRST_TRAIN] - steps[SECOND_TRAIN] + steps[FIRST_EVAL] - steps[SECOND_EVAL]
     start_up = once + steps[START] + steps[CLIENT]
     text = "\n".join(
@@ -130,7 +152,10 @@ def main() -> None:
             "and evaluation batches), "
             f"{steps[same_name] - steady:.2f} s with the first hospital's shapes ({same_n} tiles). Where the first "
             "is much larger, the first round's cost is paid per batch shape (each hospital's own last batches), "
-            "not once per process.",
+            "not once per process. "
+            f"With new shapes again and cuDNN off ({no_cudnn_n} tiles): {no_cudnn}; where this is small and the "
+            "other-shapes figure large, the cost is cuDNN's per shape "
+            f"(cuDNN {torch.backends.cudnn.version() if device.type == 'cuda' else 'not used on the CPU'}).",
             "",
             *runs_section(args.runs),
         ]

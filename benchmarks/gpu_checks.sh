@@ -3,7 +3,7 @@
 # machine with a CUDA GPU and the project's dependencies (run from the repository root):
 #   1. benchmarks/gpu_throughput.py: the product's loop against the bare loop, with the split rows (3-4 min);
 #   2. benchmarks/first_round.py: where a run's first round goes (79 s against 12-18 s on an H200: 7-9 s a hospital
-#      whatever its tile count; is it per batch shape? under a minute);
+#      whatever its tile count; is it per batch shape, and is it cuDNN's? under a minute);
 #   3. benchmarks/gpu_preset.py: configs/seed_gpu.toml against configs/seed.toml over 3 seeds (about 3 min for the
 #      two missing seeds: it resumes from the runs kept under benchmarks/results/gpu_preset_runs/);
 #   4. benchmarks/gpu_memory.py --variants 3: two bf16 workers at batch 256 (about 1 min);
