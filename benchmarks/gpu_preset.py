@@ -75,10 +75,10 @@ def accuracy_by_hospital(run: Path) -> dict[int, float]:
     return {int(r["client"]): float(r["test_acc"]) for r in rows if r["test_acc"] is not None}
 
 
-def hospital_section(runs: Path, variants: list[str], seeds: int) -> list[str]:
+def hospital_section(runs: Path, variants: list[str], seeds: range) -> list[str]:
     """Per variant and hospital, the last round's test accuracy by seed: where a variant's difference comes from."""
     by_variant = {
-        name: {s: accuracy_by_hospital(runs / f"{name}_seed-{s}") for s in range(seeds)
+        name: {s: accuracy_by_hospital(runs / f"{name}_seed-{s}") for s in seeds
                if (runs / f"{name}_seed-{s}" / METRICS_FILE).is_file()}
         for name in variants
     }  # fmt: skip
@@ -87,7 +87,7 @@ def hospital_section(runs: Path, variants: list[str], seeds: int) -> list[str]:
         return []
     rows = []
     for name, per_seed in by_variant.items():
-        cells = [" / ".join(f"{per_seed[s][h]:.3f}" if h in per_seed.get(s, {}) else "-" for s in range(seeds))
+        cells = [" / ".join(f"{per_seed[s][h]:.3f}" if h in per_seed.get(s, {}) else "-" for s in seeds)
                  for h in hospitals]  # fmt: skip
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
     return [
@@ -100,12 +100,72 @@ def hospital_section(runs: Path, variants: list[str], seeds: int) -> list[str]:
     ]
 
 
+def by_round_section(runs: Path, variants: list[str], seeds: range) -> list[str]:
+    """Per round (the first, every fifth, the 12th and the last): each variant's test accuracy averaged over
+    hospitals (`federation.report.round_stats`), and its smallest hospital's, both averaged over the seeds whose runs
+    reached that round; each variant's difference to configs/seed.toml paired by seed. What a longer run (the
+    presets' own 50 rounds) changes."""
+    loaded = {
+        (name, s): load_run(runs / f"{name}_seed-{s}") for name in variants for s in seeds
+        if (runs / f"{name}_seed-{s}" / METRICS_FILE).is_file()
+    }  # fmt: skip
+    accuracy: dict[tuple[str, int, int], float] = {}  # (variant, seed, round) -> averaged, complete rounds only
+    smallest: dict[tuple[str, int, int], float] = {}  # the same for the hospital with the fewest training tiles
+    for (name, s), run in loaded.items():
+        tiles = {int(m["client"]): int(m["num_train"]) for m in run.metrics if m.get("num_train") is not None}
+        if not tiles:  # a run that has not finished a round yet
+            continue
+        least = min(tiles, key=lambda h: (tiles[h], h))
+        for stats in run.rounds:
+            if stats.complete:
+                accuracy[(name, s, stats.round)] = stats.avg_test_acc
+        for m in run.metrics:
+            if int(m["client"]) == least and m.get("test_acc") is not None:
+                smallest[(name, s, int(m["round"]))] = float(m["test_acc"])
+    if not accuracy:
+        return []
+    last = max(r for _, _, r in accuracy)
+    shown = [r for r in range(1, last + 1) if r in (1, 12, last) or r % 5 == 0]
+
+    def mean(values: dict[tuple[str, int, int], float], name: str, r: int) -> str:
+        known = [values[(name, s, r)] for s in seeds if (name, s, r) in values]
+        return _fmt(sum(known) / len(known) if known else None)
+
+    rows = []
+    for r in shown:
+        cells = []
+        for name in variants:
+            cell = f"{mean(accuracy, name, r)} ({mean(smallest, name, r)})"
+            if name != REFERENCE:
+                diffs = [
+                    accuracy[(name, s, r)] - accuracy[(REFERENCE, s, r)]
+                    for s in seeds
+                    if (name, s, r) in accuracy and (REFERENCE, s, r) in accuracy
+                ]
+                cell += f" | {paired_text(paired_interval(diffs)) or 'n/a'}"
+            cells.append(cell)
+        rows.append(f"| {r} | " + " | ".join(cells) + " |")
+    header = " | ".join(name if name == REFERENCE else f"{name} | {name} - {REFERENCE}" for name in variants)
+    columns = sum(1 if name == REFERENCE else 2 for name in variants)
+    return [
+        "By round: test accuracy averaged over hospitals (in brackets, the smallest hospital's), mean over the seeds "
+        f"that reached the round; differences to {REFERENCE} paired by seed.",
+        "",
+        f"| round | {header} |",
+        "|---:|" + "---:|" * columns,
+        *rows,
+        "",
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--slides", type=int, default=600)
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0, help="the seeds are first-seed .. first-seed + seeds - 1")
+    parser.add_argument("--by-round", action="store_true", help="add each variant's accuracy round by round")
     parser.add_argument("--at-once", type=int, default=4, help="training runs at a time")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "gfl_gpu_preset")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -119,7 +179,8 @@ def main() -> None:
         parser.error(f"--variants: {', '.join(unknown) or 'the reference'} ({REFERENCE} is always needed)")
     times: dict[str, float] = {}
     # the CPU preset's runs, the longest, first
-    cells = [(name, seed) for name in VARIANTS if name in chosen for seed in range(args.seeds)]
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    cells = [(name, seed) for name in VARIANTS if name in chosen for seed in seeds]
 
     def finished(cell: tuple[str, int]) -> dict[str, Any] | None:
         kept = args.runs / f"{cell[0]}_seed-{cell[1]}"
@@ -164,7 +225,6 @@ def main() -> None:
     for name, (preset, settings) in VARIANTS.items():
         if name not in chosen:
             continue
-        seeds = range(args.seeds)
         acc = [value(name, s, "avg_test_acc") for s in seeds]
         known_acc = [a for a in acc if a is not None]
         known_auc = [a for s in seeds if (a := value(name, s, "avg_test_auc")) is not None]
@@ -197,7 +257,7 @@ def main() -> None:
             f"Data: {args.slides} synthetic SEED slides (`gastric-fl synth --difficulty 0.3`, "
             f"{_seconds(times, 'synth')}) prepared with configs/prepare_seed_noniid.toml "
             f"({_seconds(times, 'prepare')}): 5 unequal hospitals, "
-            f"test tiles from raw tissue. Each variant trained {args.rounds} rounds from seeds 0-{args.seeds - 1} "
+            f"test tiles from raw tissue. Each variant trained {args.rounds} rounds from seeds {seeds[0]}-{seeds[-1]} "
             f"(`run.seed`), {args.at_once} runs at a time; figures of the last round, averaged over hospitals; "
             "differences to configs/seed.toml paired by seed, mean [95% t interval], `*` where the interval excludes "
             f"0. Each run's files: `{args.runs.relative_to(ROOT) if args.runs.is_relative_to(ROOT) else args.runs}`.",
@@ -207,7 +267,8 @@ def main() -> None:
             "|---|---|---|---:|---:|---:|---:|",
             *rows,
             "",
-            *hospital_section(args.runs, [n for n in VARIANTS if n in chosen], args.seeds),
+            *hospital_section(args.runs, [n for n in VARIANTS if n in chosen], seeds),
+            *(by_round_section(args.runs, [n for n in VARIANTS if n in chosen], seeds) if args.by_round else []),
         ]
     )
     print(text)
