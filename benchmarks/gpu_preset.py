@@ -64,6 +64,10 @@ def _seconds(times: dict[str, float], stage: str) -> str:
     return f"{times[stage]:.0f} s" if stage in times else "made by an earlier call"
 
 
+def _seed_range(seeds: range) -> str:
+    return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}-{seeds[-1]}"
+
+
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
@@ -257,7 +261,7 @@ def main() -> None:
             f"Data: {args.slides} synthetic SEED slides (`gastric-fl synth --difficulty 0.3`, "
             f"{_seconds(times, 'synth')}) prepared with configs/prepare_seed_noniid.toml "
             f"({_seconds(times, 'prepare')}): 5 unequal hospitals, "
-            f"test tiles from raw tissue. Each variant trained {args.rounds} rounds from seeds {seeds[0]}-{seeds[-1]} "
+            f"test tiles from raw tissue. Each variant trained {args.rounds} rounds from {_seed_range(seeds)} "
             f"(`run.seed`), {args.at_once} runs at a time; figures of the last round, averaged over hospitals; "
             "differences to configs/seed.toml paired by seed, mean [95% t interval], `*` where the interval excludes "
             f"0. Each run's files: `{args.runs.relative_to(ROOT) if args.runs.is_relative_to(ROOT) else args.runs}`.",
