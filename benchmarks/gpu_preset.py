@@ -10,7 +10,9 @@ last round's test accuracy and AUC averaged over hospitals (`federation.report.s
 table reads them); each variant's difference to the CPU preset is paired by seed, with a 95% t interval
 (`federation.ablation.paired.paired_interval`). Each run's small files (config, metrics, aggregation, summary) are
 kept under ``--runs`` so the table can be checked and rebuilt (``--table-only``); a run kept there is not trained
-again, so a call cut short resumes.
+again, so a call cut short resumes. ``--first-seed`` starts the seeds elsewhere than 0 (a longer run of one seed
+kept apart), and ``--by-round`` adds each variant's accuracy round by round (`by_round_section`): what the presets'
+own 50 rounds change against the 12 rounds of the default comparison.
 
     python3 benchmarks/gpu_preset.py                          # on a machine with a GPU
     .venv/bin/python benchmarks/gpu_preset.py --device cpu --slides 24 --rounds 1 --seeds 1 --out /tmp/p.md \\
@@ -183,6 +185,8 @@ def main() -> None:
         parser.error(f"--variants: {', '.join(unknown) or 'the reference'} ({REFERENCE} is always needed)")
     times: dict[str, float] = {}
     # the CPU preset's runs, the longest, first
+    if args.seeds < 1 or args.first_seed < 0:
+        parser.error(f"--seeds {args.seeds} --first-seed {args.first_seed}: give at least one seed, from 0 up")
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     cells = [(name, seed) for name in VARIANTS if name in chosen for seed in seeds]
 
