@@ -96,29 +96,27 @@ def main() -> None:
     timed(SECOND_TRAIN, lambda: client.train(TrainInstruction(0, recipe), server_round=2, seed=2))
     timed(SECOND_EVAL, client.evaluate)
     steady = steps[SECOND_TRAIN] + steps[SECOND_EVAL]
+
     # Is what the first calls pay per process (the device's kernels), or per batch shape (the convolutions' plans
     # for a new batch size)? On the GPU every hospital of a run paid about the same first-round excess whatever its
     # tile count (benchmarks/results/first_round.md): a hospital with other tail batches against one with the same.
+    def first_calls(hospital: HospitalData) -> None:
+        c = product(hospital, device, config.data.batch_size, "fp32", recipe, nhead, deterministic)
+        c.train(TrainInstruction(0, recipe), server_round=1, seed=1)
+        c.evaluate()
+
     other_n, same_n = args.tiles + 7, args.tiles
     other_name, same_name = OTHER_SHAPES.format(n=other_n), SAME_SHAPES.format(n=same_n)
     for name, n, seed in ((other_name, other_n, 1), (same_name, same_n, 2)):
         hospital = tiles(n, args.input_size, seed)
-
-        def first_calls(hospital: HospitalData = hospital) -> None:
-            c = product(hospital, device, config.data.batch_size, "fp32", recipe, nhead, deterministic)
-            c.train(TrainInstruction(0, recipe), server_round=1, seed=1)
-            c.evaluate()
-
-        timed(name, first_calls)
+        timed(name, lambda hospital=hospital: first_calls(hospital))
     no_cudnn_n = args.tiles + 13
     no_cudnn_name = NO_CUDNN.format(n=no_cudnn_n)
     without = tiles(no_cudnn_n, args.input_size, 3)
 
     def first_calls_without_cudnn() -> None:
         with torch.backends.cudnn.flags(enabled=False):
-            c = product(without, device, config.data.batch_size, "fp32", recipe, nhead, deterministic)
-            c.train(TrainInstruction(0, recipe), server_round=1, seed=1)
-            c.evaluate()
+            first_calls(without)
 
     try:
         timed(no_cudnn_name, first_calls_without_cudnn)

@@ -188,7 +188,8 @@ def main() -> None:
     if args.seeds < 1 or args.first_seed < 0:
         parser.error(f"--seeds {args.seeds} --first-seed {args.first_seed}: give at least one seed, from 0 up")
     seeds = range(args.first_seed, args.first_seed + args.seeds)
-    cells = [(name, seed) for name in VARIANTS if name in chosen for seed in seeds]
+    in_order = [name for name in VARIANTS if name in chosen]
+    cells = [(name, seed) for name in in_order for seed in seeds]
 
     def finished(cell: tuple[str, int]) -> dict[str, Any] | None:
         kept = args.runs / f"{cell[0]}_seed-{cell[1]}"
@@ -230,9 +231,8 @@ def main() -> None:
         return None if row is None or row[key] is None else float(row[key])
 
     rows = []
-    for name, (preset, settings) in VARIANTS.items():
-        if name not in chosen:
-            continue
+    for name in in_order:
+        preset, settings = VARIANTS[name]
         acc = [value(name, s, "avg_test_acc") for s in seeds]
         known_acc = [a for a in acc if a is not None]
         known_auc = [a for s in seeds if (a := value(name, s, "avg_test_auc")) is not None]
@@ -275,8 +275,8 @@ def main() -> None:
             "|---|---|---|---:|---:|---:|---:|",
             *rows,
             "",
-            *hospital_section(args.runs, [n for n in VARIANTS if n in chosen], seeds),
-            *(by_round_section(args.runs, [n for n in VARIANTS if n in chosen], seeds) if args.by_round else []),
+            *hospital_section(args.runs, in_order, seeds),
+            *(by_round_section(args.runs, in_order, seeds) if args.by_round else []),
         ]
     )
     print(text)
