@@ -63,9 +63,9 @@ def train(
 
 def check_workers_fit(config: RunConfig, sites: list[Site]) -> None:
     """On a GPU, refuse ``run.workers`` processes whose hospitals would not fit in its free memory, before the run
-    starts (`federation.gpu_memory`); nothing on the CPU."""
+    starts (`federation.gpu_memory`); nothing on the CPU or with ``run.check_gpu_memory = false``."""
     device = resolve_device(config.run.device)
-    if device.type != "cuda":
+    if device.type != "cuda" or not config.run.check_gpu_memory:
         return
     from federation import gpu_memory
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from federation.ablation.cells import TrainFn, cause, process_cells, ray_cells, visible_gpus
 from federation.ablation.grid import SHORT, Cell, Plan
-from federation.config import config_to_toml
+from federation.config import RunConfig, config_to_toml
 from federation.errors import FederationError
 from federation.runfiles import CONFIG_FILE, SUMMARY_FILE
 from federation.runs import atomic_write_text, now_iso, read_json, write_json
@@ -220,6 +220,20 @@ def _record_failure(
     echo(f"    failed: {exc}")
 
 
+def check_cells_fit(configs: Sequence[RunConfig], at_once: int) -> None:
+    """Refuse ``at_once`` of the cells of ``configs`` sharing one GPU when their estimated memory exceeds its free
+    memory (`federation.gpu_memory.check_cells`); nothing for the cells that set ``run.check_gpu_memory = false``
+    (none checked when all do)."""
+    configs = [c for c in configs if c.run.check_gpu_memory]
+    if not configs:
+        return
+    from federation import gpu_memory
+
+    counts = {path: gpu_memory.hospital_tiles(path) for path in {str(c.data.path) for c in configs}}
+    needs = [gpu_memory.config_bytes(c, counts[str(c.data.path)]) for c in configs]
+    gpu_memory.check_cells(needs, at_once, gpu_memory.free_gpu_bytes())
+
+
 def _run_parallel(
     plan: Plan,
     out: Path,
@@ -237,12 +251,7 @@ def _run_parallel(
     on_gpu = any(plan.cell_config(c).run.device in ("cuda", "auto") for c in todo)
     limit = len(todo) if workers is None else min(workers, len(todo))
     if ray is None and limit > 1 and len(visible_gpus(on_gpu)) == 1:  # the cells in flight share one GPU
-        from federation import gpu_memory
-
-        configs = [plan.cell_config(c) for c in todo]
-        counts = {path: gpu_memory.hospital_tiles(path) for path in {str(c.data.path) for c in configs}}
-        needs = [gpu_memory.config_bytes(c, counts[str(c.data.path)]) for c in configs]
-        gpu_memory.check_cells(needs, limit, gpu_memory.free_gpu_bytes())
+        check_cells_fit([plan.cell_config(c) for c in todo], limit)
     pool = ray_cells(ray, on_gpu, workers) if ray is not None else process_cells(limit, on_gpu)
     waiting = list(todo)
     done = 0

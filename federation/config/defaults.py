@@ -26,6 +26,9 @@ threads = 1
 precision = "fp32"
 # Deterministic GPU kernels (the same seed gives the same metrics.jsonl run to run on one GPU); false opts out.
 deterministic = true
+# Before hospitals or ablation cells share one GPU, refuse what the memory estimate says will not fit
+# (federation/gpu_memory.py); false runs them anyway, for when the estimate is known to be too high.
+check_gpu_memory = true
 keep_checkpoints = 2
 # Describe every message that crosses the hospital boundary in <run>/messages.jsonl (names and shapes, no values).
 audit = false

@@ -63,6 +63,9 @@ class RunSection:
     ``precision``: ``fp32``, or ``bf16`` (autocast of the forward pass and loss, on a GPU that supports it; the CPU
     path runs fp32 either way unless asked). ``deterministic``: deterministic GPU kernels
     (`federation.gpu.deterministic`), so that a seed gives the same figures run to run on one GPU.
+    ``check_gpu_memory``: refuse, before they start, ``run.workers`` processes (or ``ablate --workers`` cells) that
+    share one GPU when `federation.gpu_memory` estimates they will not fit its free memory; ``false`` skips the
+    estimate (it errs high: about twice what five bf16 workers held on an H200).
     """
 
     name: str
@@ -74,6 +77,7 @@ class RunSection:
     threads: int
     precision: str
     deterministic: bool
+    check_gpu_memory: bool
     keep_checkpoints: int
     audit: bool
 

@@ -30,6 +30,7 @@ RESUMABLE_KEYS = frozenset(
         "run.workers",
         "run.threads",
         "run.deterministic",
+        "run.check_gpu_memory",
         "run.keep_checkpoints",
         "run.device",
         "run.engine",

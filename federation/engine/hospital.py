@@ -106,7 +106,16 @@ LEDGER_ANCHOR = "privacy_ledger"  # hospital.json's record of the privacy ledger
 RESUME_KEEPS = ("first_checkpoint", LEDGER_ANCHOR)
 # Settings a resume may change: how long the run is and where and how it executes, never what it computes
 RESUMABLE_SETTINGS = frozenset(
-    {"run.rounds", "run.workers", "run.threads", "run.device", "run.engine", "run.keep_checkpoints", "run.audit"}
+    {
+        "run.rounds",
+        "run.workers",
+        "run.threads",
+        "run.device",
+        "run.engine",
+        "run.keep_checkpoints",
+        "run.audit",
+        "run.check_gpu_memory",
+    }
 )
 
 

@@ -58,7 +58,7 @@ def test_too_many_workers_are_refused_naming_how_many_fit(constants: None) -> No
     message = str(refused.value)
     assert message == (
         "run.workers = 3: the hospitals would need about 5.3 GiB of GPU memory at once and 3.5 GiB is free; "
-        "use run.workers = 2"
+        "use run.workers = 2 (the estimate errs high: --set run.check_gpu_memory=false runs them anyway)"
     )
     with pytest.raises(FederationError, match=r"even one worker does not fit: lower data\.batch_size"):
         gpu_memory.check_shared_gpu(tiles, 3, needs[1] - 1, SHAPE)
@@ -71,7 +71,7 @@ def test_cells_sharing_a_gpu_are_refused_naming_the_workers_that_fit() -> None:
         gpu_memory.check_cells(needs, 3, 5 * 2**30)
     assert str(refused.value) == (
         "--workers 3: the cells sharing the GPU would need about 6.0 GiB of its memory at once and 5.0 GiB is free; "
-        "use --workers 2"
+        "use --workers 2 (the estimate errs high: --set run.check_gpu_memory=false runs them anyway)"
     )
     with pytest.raises(FederationError, match="even one cell does not fit"):
         gpu_memory.check_cells(needs, 2, 2 * 2**30)
@@ -100,7 +100,7 @@ def test_train_with_workers_that_do_not_fit_is_refused_before_the_run_exists(
     err = capsys.readouterr().err
     wanted = (
         "error: run.workers = 3: the hospitals would need about 5.3 GiB of GPU memory at once and 4.0 GiB is free; "
-        "use run.workers = 2\n"
+        "use run.workers = 2 (the estimate errs high: --set run.check_gpu_memory=false runs them anyway)\n"
     )
     assert wanted in err
     assert not run.exists()
@@ -126,3 +126,43 @@ def test_ablate_cells_sharing_one_gpu_that_do_not_fit_are_refused_before_any_run
         "free; use --workers 1" in err
     )
     assert not list(out.glob("cells/*/metrics.jsonl"))
+
+
+def _never_asked(_device: str = "cuda") -> int:
+    raise AssertionError("the GPU's free memory was read although the check is off")
+
+
+def test_run_check_gpu_memory_false_skips_the_estimate_and_true_keeps_it(
+    dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a GPU stood in for and 1 byte free, three workers are refused by default and let through with
+    ``run.check_gpu_memory = false``, whose check never reads the GPU's free memory."""
+    from federation.config import load_config
+    from federation.engine import local_sites
+
+    monkeypatch.setattr(federation.launch, "resolve_device", lambda _name: torch.device("cuda"))
+    checked = load_config(None, [*TINY_SETTINGS, "run.workers=3"], data=dataset)
+    assert checked.run.check_gpu_memory is True  # the default
+    sites = local_sites(checked, tmp_path / "run")
+    monkeypatch.setattr(gpu_memory, "free_gpu_bytes", lambda _device="cuda": 1)
+    with pytest.raises(FederationError, match=r"^run\.workers = 3: .* even one worker does not fit"):
+        federation.launch.check_workers_fit(checked, sites)
+    unchecked = load_config(None, [*TINY_SETTINGS, "run.workers=3", "run.check_gpu_memory=false"], data=dataset)
+    monkeypatch.setattr(gpu_memory, "free_gpu_bytes", _never_asked)
+    assert federation.launch.check_workers_fit(unchecked, sites) is None
+
+
+def test_ablate_cells_that_opt_out_are_left_out_of_the_estimate(dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cells that set ``run.check_gpu_memory = false`` are not counted; when none is left, nothing is read."""
+    from federation.ablation.running import check_cells_fit
+    from federation.config import load_config
+
+    on = load_config(None, [*TINY_SETTINGS], data=dataset)
+    off = load_config(None, [*TINY_SETTINGS, "run.check_gpu_memory=false"], data=dataset)
+    need = gpu_memory.config_bytes(on, gpu_memory.hospital_tiles(dataset))
+    monkeypatch.setattr(gpu_memory, "free_gpu_bytes", lambda _device="cuda": need)
+    check_cells_fit([on, off, off], 3)  # only the one cell that checks is counted: it fits exactly
+    with pytest.raises(FederationError, match=r"^--workers 2: .* use --workers 1"):
+        check_cells_fit([on, on, off], 2)  # two that check do not fit in one's memory
+    monkeypatch.setattr(gpu_memory, "free_gpu_bytes", _never_asked)
+    check_cells_fit([off, off], 2)

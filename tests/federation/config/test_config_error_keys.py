@@ -52,7 +52,7 @@ from federation.errors import FederationError
             ["run.colour=1"],
             "run.colour",
             "--set run.colour=1: unknown key run.colour; [run] accepts name, seed, rounds, device, engine, workers, "
-            "threads, precision, deterministic, keep_checkpoints, audit",
+            "threads, precision, deterministic, check_gpu_memory, keep_checkpoints, audit",
         ),
         # the rules between sections (config_from_dict)
         (
