@@ -9,16 +9,22 @@
 #   4. benchmarks/gpu_memory.py --variants 3: two bf16 workers at batch 256 (about 1 min);
 #   5. benchmarks/gpu_preset.py with the batch-128 variant, which lost less accuracy on the CPU
 #      (benchmarks/results/gpu_preset_cpu.md), on the GPU (about 3 min).
-# Each writes its result as it finishes (benchmarks/results/); a check cut by its limit leaves what it wrote.
-#   bash benchmarks/gpu_checks.sh [OUT] [CHECKS]   # OUT: where the logs go (default /tmp/gfl_gpu_checks);
+# Each writes its result as it finishes (benchmarks/results/); a check cut by its limit leaves what it wrote. After
+# each check, every file under benchmarks/results/ written since the script started is copied to OUT/results/ (same
+# relative paths), so a machine taken back mid-way has already handed over the checks that finished.
+#   bash benchmarks/gpu_checks.sh [OUT] [CHECKS]   # OUT: logs and results (default /tmp/gfl_gpu_checks; relative: to the repository root);
 #   CHECKS: which, in order (default "throughput first_round preset memory preset128": at most 14.2 min of limits,
 #   so split them over two calls where one command may run 10 min)
 set -u
 cd "$(dirname "$0")/.."
-out=${1:-/tmp/gfl_gpu_checks}
+out=$(realpath -m "${1:-/tmp/gfl_gpu_checks}")  # absolute: collect reads it from benchmarks/results
 checks=${2:-throughput first_round preset memory preset128}
-mkdir -p "$out"
+mkdir -p "$out/results"
+touch "$out/.started"
 python=${PYTHON:-python3}
+collect() {  # the results written since the start, into OUT/results/
+    (cd benchmarks/results && find . -type f -newer "$out/.started" -exec cp --parents {} "$out/results/" \;)
+}
 run() {  # run NAME LIMIT COMMAND...: one check (when CHECKS names it), its log, its exit status
     local name=$1 limit=$2
     shift 2
@@ -26,6 +32,7 @@ run() {  # run NAME LIMIT COMMAND...: one check (when CHECKS names it), its log,
     local start=$SECONDS
     timeout -s INT "$limit" "$@" >"$out/$name.log" 2>&1
     echo "$name: exit $? after $((SECONDS - start)) s" | tee -a "$out/status.txt"
+    collect
 }
 nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv >"$out/gpu.txt" 2>&1
 run throughput 230 "$python" benchmarks/gpu_throughput.py
