@@ -12,7 +12,8 @@
 # Each writes its result as it finishes (benchmarks/results/); a check cut by its limit leaves what it wrote. After
 # each check, every file under benchmarks/results/ written since the script started is copied to OUT/results/ (same
 # relative paths), so a machine taken back mid-way has already handed over the checks that finished.
-#   bash benchmarks/gpu_checks.sh [OUT] [CHECKS]   # OUT: logs and results (default /tmp/gfl_gpu_checks; relative: to the repository root);
+#   bash benchmarks/gpu_checks.sh [OUT] [CHECKS]   # OUT: logs and results (default /tmp/gfl_gpu_checks; a relative
+#   path is taken from the repository root);
 #   CHECKS: which, in order (default "throughput first_round preset memory preset128": at most 14.2 min of limits,
 #   so split them over two calls where one command may run 10 min)
 set -u
