@@ -248,10 +248,11 @@ def _run_parallel(
     """``todo`` in worker processes or on a Ray cluster (`federation.ablation.cells`), at most ``workers`` cells in
     flight (None: all of them, Ray's scheduler placing them); one line per cell started and finished, counting over
     the whole grid."""
-    on_gpu = any(plan.cell_config(c).run.device in ("cuda", "auto") for c in todo)
+    configs = [plan.cell_config(c) for c in todo]
+    on_gpu = any(c.run.device in ("cuda", "auto") for c in configs)
     limit = len(todo) if workers is None else min(workers, len(todo))
     if ray is None and limit > 1 and len(visible_gpus(on_gpu)) == 1:  # the cells in flight share one GPU
-        check_cells_fit([plan.cell_config(c) for c in todo], limit)
+        check_cells_fit(configs, limit)
     pool = ray_cells(ray, on_gpu, workers) if ray is not None else process_cells(limit, on_gpu)
     waiting = list(todo)
     done = 0
