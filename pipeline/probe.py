@@ -9,13 +9,21 @@ score, oriented so that 0.5 means "tells nothing" and 1.0 "separates perfectly" 
 can use a statistic in either direction). Above `WARN_AUC` prepare warns in one line.
 
 Statistics of a tile's stored pixels (what the model sees): the share of pure-white pixels (every channel 255),
-the share of near-white pixels (every channel >= ``white_level``, prepare's definition), the mean intensity, and
-the mean of each RGB channel (a gray tile's three means are its intensity). AUC by scikit-learn's
+the share of near-white pixels (every channel >= ``white_level``, prepare's definition), the mean intensity, the
+mean of each RGB channel (a gray tile's three means are its intensity), the standard deviation of the per-pixel
+gray value (the mean over the channels; population, ``ddof=0``), the mean HSV-style saturation
+(``(max - min) / max`` over a pixel's channels, 0 where ``max`` is 0; 0 for a gray tile) and the share of dark,
+nuclear-like pixels (gray value below `DARK_LEVEL`). The last three follow the team's stand-alone check
+(``../shared/tools/label_free_probe.py``, ``stats``) exactly, so the two agree. AUC by scikit-learn's
 ``roc_auc_score``; with more than two classes the mean of the one-vs-rest AUCs.
+
+A record written before a statistic was added lacks its key: readers take the statistics a record names
+(``record["statistics"]``), not `STATISTICS`.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,7 +33,17 @@ import numpy.typing as npt
 
 from infra.formats import MANIFEST_FILE
 
-STATISTICS: tuple[str, ...] = ("pure_white", "near_white", "mean_intensity", "mean_red", "mean_green", "mean_blue")
+STATISTICS: tuple[str, ...] = (
+    "pure_white",
+    "near_white",
+    "mean_intensity",
+    "mean_red",
+    "mean_green",
+    "mean_blue",
+    "std_intensity",
+    "mean_saturation",
+    "dark_fraction",
+)
 DESCRIPTIONS: dict[str, str] = {
     "pure_white": "share of pixels with every channel at 255 (painted white)",
     "near_white": "share of near-white pixels (every channel >= white_level)",
@@ -33,24 +51,50 @@ DESCRIPTIONS: dict[str, str] = {
     "mean_red": "mean of the red channel",
     "mean_green": "mean of the green channel",
     "mean_blue": "mean of the blue channel",
+    "std_intensity": "standard deviation of the pixels' gray value (contrast)",
+    "mean_saturation": "mean colour saturation, (max - min) / max of a pixel's channels",
+    "dark_fraction": "share of dark pixels (gray value < 100, nuclear-like)",
 }
+# A pixel whose gray value (mean over its channels) is below this counts as dark: nuclei, not stroma or background.
+DARK_LEVEL = 100
 # Above this AUC one statistic alone separates the classes well enough that a model need not look at tissue.
 WARN_AUC = 0.70
 
 
 def tile_statistics(pixels: npt.NDArray[np.uint8], white_level: int) -> tuple[float, ...]:
-    """The `STATISTICS` of one stored tile (``H x W`` gray or ``H x W x 3`` RGB), in that order."""
-    rgb = pixels[:, :, None] if pixels.ndim == 2 else pixels
-    lowest = rgb.min(axis=2)
-    means = rgb.reshape(-1, rgb.shape[2]).mean(axis=0, dtype=np.float64)
-    red, green, blue = (float(means[0]),) * 3 if rgb.shape[2] == 1 else (float(m) for m in means[:3])
+    """The `STATISTICS` of one stored tile (``H x W`` gray or ``H x W x 3`` RGB), in that order.
+
+    Prepare calls this on every kept tile, so it works plane by plane on the uint8 pixels (element-wise minimum,
+    maximum and sum of the channel planes are several times faster than reductions over the channel axis). The
+    gray value is kept as the integer channel sum: "dark" is the exact integer test ``sum < DARK_LEVEL * channels``,
+    and every mean is an exact integer sum divided once.
+    """
+    planes = [pixels] if pixels.ndim == 2 else [pixels[:, :, k] for k in range(pixels.shape[2])]
+    colour = planes[:3]  # the colour channels, as the stand-alone check reads them
+    channels = len(colour)
+    lowest = functools.reduce(np.minimum, planes)
+    count = lowest.size
+    total = functools.reduce(np.add, colour[1:], colour[0].astype(np.uint16))
+    sums = [int(plane.sum(dtype=np.int64)) for plane in planes]
+    red, green, blue = (sums[0] / count,) * 3 if channels == 1 else (value / count for value in sums[:3])
+    if channels == 1:
+        saturation = 0.0  # one channel: max == min everywhere
+    else:
+        highest = functools.reduce(np.maximum, colour)
+        spread = (highest - functools.reduce(np.minimum, colour)).astype(np.float64)
+        # (max - min) / max, 0 where max is 0 (a black pixel has no hue)
+        ratio = np.divide(spread, highest, out=np.zeros_like(spread), where=highest > 0)
+        saturation = float(ratio.mean())
     return (
-        float(np.mean(lowest == 255)),
-        float(np.mean(lowest >= white_level)),
-        float(rgb.mean(dtype=np.float64)),
+        int(np.count_nonzero(lowest == 255)) / count,
+        int(np.count_nonzero(lowest >= white_level)) / count,
+        sum(sums) / (count * len(planes)),
         red,
         green,
         blue,
+        float(total.std(dtype=np.float64)) / channels,
+        saturation,
+        int(np.count_nonzero(total < DARK_LEVEL * channels)) / count,
     )
 
 
@@ -138,11 +182,9 @@ def probe_markdown(record: Mapping[str, Any]) -> list[str]:
         "| statistic | " + " | ".join(f"{s} ({record['splits'][s]['tiles']} tiles)" for s in splits) + " |",
         "|---|" + "---|" * len(splits),
     ]
-    for name in STATISTICS:
-        cells = [record["splits"][s][name] for s in splits]
-        lines.append(
-            f"| {record['statistics'][name]} | " + " | ".join("n/a" if v is None else f"{v:.3f}" for v in cells) + " |"
-        )
+    for name, description in record["statistics"].items():  # the record's own: an older one has fewer
+        cells = [record["splits"][s].get(name) for s in splits]
+        lines.append(f"| {description} | " + " | ".join("n/a" if v is None else f"{v:.3f}" for v in cells) + " |")
     lines += ["", f"**Warning:** {record['warning']}" if record["warning"] else "No statistic exceeds the limit.", ""]
     return lines
 

@@ -119,7 +119,8 @@ def probe_summary(record: dict[str, Any]) -> dict[str, Any]:
     """Per split: the best statistic and its AUC, and the pure-white and mean-intensity AUCs."""
     out = {}
     for split, row in record["splits"].items():
-        values = {s: row[s] for s in STATISTICS if row[s] is not None}
+        # .get: a dataset prepared before a statistic was added has no key for it
+        values = {s: row[s] for s in STATISTICS if row.get(s) is not None}
         if not values:
             continue
         best = max(values, key=lambda s: values[s])

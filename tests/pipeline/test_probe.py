@@ -3,23 +3,67 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from pipeline.probe import STATISTICS, WARN_AUC, probe, separation_auc, tile_statistics
+from pipeline.probe import (
+    DESCRIPTIONS,
+    STATISTICS,
+    WARN_AUC,
+    probe,
+    probe_markdown,
+    separation_auc,
+    tile_statistics,
+)
+
+# The statistics prepare recorded before std_intensity, mean_saturation and dark_fraction were added.
+OLD_STATISTICS = ("pure_white", "near_white", "mean_intensity", "mean_red", "mean_green", "mean_blue")
 
 
 def test_tile_statistics_by_hand() -> None:
     tile = np.array([[[255, 255, 255], [230, 240, 221]], [[10, 20, 30], [255, 255, 254]]], dtype=np.uint8)
-    pure, near, mean, red, green, blue = tile_statistics(tile, 220)
+    pure, near, mean, red, green, blue, *_ = tile_statistics(tile, 220)
     assert pure == 0.25  # only the first pixel has every channel at 255
     assert near == 0.75  # (230, 240, 221) and (255, 255, 254) are near-white too
     assert mean == pytest.approx(tile.mean())
     assert (red, green, blue) == (pytest.approx(187.5), pytest.approx(192.5), pytest.approx(190.0))
     gray = np.array([[255, 100], [100, 100]], dtype=np.uint8)
-    assert tile_statistics(gray, 220) == (0.25, 0.25, 138.75, 138.75, 138.75, 138.75)
+    # gray values 255, 100, 100, 100: mean 138.75, deviations 116.25 and -38.75 (three times) -> variance
+    # (13514.0625 + 3 * 1501.5625) / 4 = 4504.6875; no saturation; 100 is not below 100: no dark pixel
+    assert tile_statistics(gray, 220) == (
+        0.25,
+        0.25,
+        138.75,
+        138.75,
+        138.75,
+        138.75,
+        pytest.approx(math.sqrt(4504.6875), abs=1e-12),
+        0.0,
+        0.0,
+    )
+
+
+def test_the_added_statistics_by_hand_on_rgb() -> None:
+    tile = np.array([[[200, 100, 0], [0, 0, 0]], [[100, 100, 99], [240, 240, 180]]], dtype=np.uint8)
+    *_, std, saturation, dark = tile_statistics(tile, 220)
+    # channel sums 300, 0, 299, 660 (gray = sum / 3): mean 314.75, deviations -14.75, -314.75, -15.75, 345.25 ->
+    # squares 217.5625 + 99067.5625 + 248.0625 + 119197.5625 = 218730.75, variance 54682.6875 (ddof 0)
+    assert std == pytest.approx(math.sqrt(54682.6875) / 3, abs=1e-12)
+    # (max - min) / max: 200 / 200 = 1, black pixel 0 (max 0), 1 / 100 = 0.01, 60 / 240 = 0.25 -> mean 0.315
+    assert saturation == pytest.approx(0.315, abs=1e-15)
+    # gray 100 (sum 300) is not dark; 0 and 99.67 (sum 299) are
+    assert dark == 0.5
+    gray = np.array([[255, 99], [100, 0], [40, 160]], dtype=np.uint8)
+    *_, std, saturation, dark = tile_statistics(gray, 220)
+    # values 255, 99, 100, 0, 40, 160: mean 109, deviations 146, -10, -9, -109, -69, 51 ->
+    # squares 21316 + 100 + 81 + 11881 + 4761 + 2601 = 40740, variance 6790
+    assert std == pytest.approx(math.sqrt(6790), abs=1e-12)
+    assert saturation == 0.0  # gray: max == min in every pixel
+    assert dark == 0.5  # 99, 0 and 40 are below 100
+    assert len(tile_statistics(tile, 220)) == len(STATISTICS) == len(DESCRIPTIONS)
 
 
 def test_separation_auc_is_oriented_and_undefined_for_one_class() -> None:
@@ -70,6 +114,65 @@ def test_no_shortcut_reads_near_one_half_and_does_not_warn() -> None:
     for name in STATISTICS:
         assert 0.5 <= record["splits"]["test"][name] < 0.6, name
     assert record["warning"] is None
+
+
+def test_the_dark_pixel_share_separates_where_the_mean_intensity_does_not() -> None:
+    """Abnormal tiles each hold nuclear-dark pixels, normal ones none, at the same mean intensities: only
+    dark_fraction separates, and it is what raises the warning (the six older statistics would not)."""
+    values = {
+        0: [[110, 110, 110, 110], [100, 100, 160, 160], [120, 120, 140, 140], [100, 100, 200, 200]],
+        1: [[80, 120, 120, 120], [90, 130, 130, 170], [60, 140, 160, 160], [96, 168, 168, 168]],
+    }
+    tiles = [np.array(v, dtype=np.uint8).reshape(2, 2) for label in (0, 1) for v in values[label]]
+    labels = [0] * 4 + [1] * 4
+    record = probe([tile_statistics(t, 220) for t in tiles], labels, ["test"] * 8, [0, 1] * 4, ("test",))
+    test = record["splits"]["test"]
+    # means 110, 130, 130, 150 in both classes: no separation at all
+    assert test["mean_intensity"] == test["mean_red"] == 0.5
+    # std: normal 0, 30, 10, 50; abnormal 17.3, 28.3, 41.2, 31.2 -> abnormal above normal in 10 of 16 pairs
+    assert test["std_intensity"] == 0.625
+    assert test["pure_white"] == test["near_white"] == test["mean_saturation"] == 0.5  # all equal: ties
+    assert test["dark_fraction"] == 1.0  # normal 0 dark pixels, abnormal 1 or more of 4
+    assert max(test[name] for name in OLD_STATISTICS) < WARN_AUC
+    assert record["worst"] == {"split": "test", "statistic": "dark_fraction", "auc": 1.0}
+    assert record["warning"] is not None
+    assert record["warning"].startswith(f"shortcut: {DESCRIPTIONS['dark_fraction']} alone separates")
+
+
+def _older_record() -> dict:  # type: ignore[type-arg]
+    """A probe record as prepare wrote it before the three added statistics: their keys absent everywhere."""
+    rng = np.random.default_rng(0)
+    record = _record(_tiles(rng, 10, 0.0), _tiles(rng, 10, 0.9))
+    old = json.loads(json.dumps(record))
+    old["statistics"] = {k: v for k, v in old["statistics"].items() if k in OLD_STATISTICS}
+    for row in [*old["splits"].values(), *(r for c in old["clients"].values() for r in c.values())]:
+        for name in set(STATISTICS) - set(OLD_STATISTICS):
+            del row[name]
+    return old  # type: ignore[no-any-return]
+
+
+def test_a_record_with_only_the_older_statistics_still_reads(tmp_path: Path) -> None:
+    from app.datasets import shortcut_probe
+    from app.report_html.page import _shortcut
+
+    old = _older_record()
+    lines = probe_markdown(old)
+    rows = [line for line in lines if line.startswith("| ") and not line.startswith("| statistic")]
+    assert [row.split(" | ")[0].removeprefix("| ") for row in rows] == [DESCRIPTIONS[n] for n in OLD_STATISTICS]
+    assert f"{old['splits']['test']['pure_white']:.3f}" in rows[0]
+    shown = shortcut_probe({"shortcut_probe": old})
+    assert shown is not None
+    assert shown.table["statistic"].tolist() == [DESCRIPTIONS[n] for n in OLD_STATISTICS]
+    assert shown.table["test AUC (20 tiles)"].tolist() == [old["splits"]["test"][n] for n in OLD_STATISTICS]
+    (tmp_path / "prepare.json").write_text(json.dumps({"shortcut_probe": old}), encoding="utf-8")
+    page = _shortcut(tmp_path)
+    assert page.count("<tr>") == 1 + len(OLD_STATISTICS)
+    assert DESCRIPTIONS["dark_fraction"] not in page
+    # a record of today lists all nine
+    rng = np.random.default_rng(0)
+    today = probe_markdown(_record(_tiles(rng, 10, 0.0), _tiles(rng, 10, 0.9)))
+    assert len(today) == len(lines) + len(STATISTICS) - len(OLD_STATISTICS)
+    assert any(line.startswith(f"| {DESCRIPTIONS['dark_fraction']} |") for line in today)
 
 
 def test_prepare_records_the_probe_and_warns_on_a_masked_dataset(tmp_path: Path) -> None:
