@@ -62,7 +62,10 @@ def register(app: typer.Typer) -> None:
             None, "--grayscale-clients", help="Hospitals whose tiles are stored single-channel, e.g. 0,2."
         ),
         partition: str | None = typer.Option(
-            None, "--partition", help="Label distribution: iid, dirichlet:ALPHA or classes:S. (default: iid)"
+            None,
+            "--partition",
+            help="Label distribution: iid, dirichlet:ALPHA, classes:S, or abnormal:F0,F1,... (each hospital's share "
+            "of abnormal slides, e.g. abnormal:0.2,0.2,0.8). (default: iid)",
         ),
         sizes: str | None = typer.Option(
             None, "--sizes", help="Slides per hospital: equal, random, or ratios like 3,2,1,1,1. (default: random)"
@@ -90,6 +93,12 @@ def register(app: typer.Typer) -> None:
             None, "--client-scale", help="Per-hospital resolution, e.g. 1,0.5,1 (0.5 = scanned at half resolution)."
         ),
         client_tile: str | None = typer.Option(None, "--client-tile", help="Per-hospital tile px, e.g. 128,64,128."),
+        client_group: str | None = typer.Option(
+            None,
+            "--client-group",
+            help="Per-hospital group name, e.g. A,A,B,B (recorded in prepare.json for analyses such as "
+            "gastric-fl report --amp-groups; changes no tile).",
+        ),
         classes: str | None = typer.Option(
             None,
             "--classes",
@@ -172,6 +181,7 @@ def register(app: typer.Typer) -> None:
                 else parse_int_list(grayscale_clients, "--grayscale-clients"),
                 "scale": None if client_scale is None else parse_float_list(client_scale, "--client-scale"),
                 "tile": None if client_tile is None else parse_int_list(client_tile, "--client-tile"),
+                "group": client_group,
             },
             "sites": {"shift": site_shift, "strength": site_strength},
             "output": {"out": out, "overwrite": overwrite, "strict": strict, "workers": workers, "progress": progress},

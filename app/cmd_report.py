@@ -6,6 +6,9 @@ the values sent per client and round for each ``nhead`` of a model, computed fro
 Each hospital whose predictions are on this machine is judged at its model card's threshold against the floor
 (``--floor``, ``--min-slides``, ``--review-specificity``: the dashboard's Verdict page's inputs, the same defaults)
 by `app.verdicts`, so the report says what the Verdict page says with that floor.
+``--amp-groups`` instead measures whether AMP's weights concentrate within groups of similar hospitals
+(`federation.amp_groups`: per round, the within-group share of each hospital's peer weight against chance), with
+the groups of the dataset's ``prepare.json`` or ``--groups``, and writes ``amp_groups.md``.
 ``--html`` instead writes one self-contained HTML report per hospital (`app.report_html`: metrics at the model
 card's threshold, ROC curve, confusion matrix, example tiles, a slide heatmap, settings and dataset hash) into
 the hospital's own folder, ``<run>/hospitals/client_XX/report.html`` (it holds the hospital's tiles and per-tile
@@ -48,6 +51,19 @@ def register(app: typer.Typer) -> None:
         hospital: list[int] = typer.Option(
             None, "--hospital", help="With --html: only this hospital (repeatable; default: every hospital)."
         ),
+        amp_groups: bool = typer.Option(
+            False,
+            "--amp-groups",
+            help="Instead of the tables: per round, the share of AMP's weight on other hospitals (xi, FedSAF/FedAMP) "
+            "that stays within each hospital's group, against chance; groups from the dataset's prepare.json "
+            "(clients.group) or --groups. Writes amp_groups.md into the run (or --out).",
+        ),
+        groups: str | None = typer.Option(
+            None,
+            "--groups",
+            help="With --amp-groups (implies it): each hospital's group, comma-separated in hospital order, e.g. "
+            "0,0,0,1,1,1 (default: the dataset's prepare.json).",
+        ),
         floor: float = cli_floor.SENSITIVITY,
         min_slides: int = cli_floor.MIN_SLIDES,
         review_specificity: float = cli_floor.SPECIFICITY,
@@ -70,6 +86,13 @@ def register(app: typer.Typer) -> None:
         )
 
         judged_floor = cli_floor.floor_from(floor, min_slides, review_specificity)
+        if amp_groups or groups is not None:
+            if transmitted is not None or html or hospital:
+                raise FederationError(
+                    "--amp-groups is a report of its own: leave out --transmitted, --html, --hospital"
+                )
+            _amp_groups(list(runs or ()), groups, out)
+            return
         if transmitted is not None:
             if html:
                 raise FederationError("--transmitted and --html are separate reports: give one of them")
@@ -110,3 +133,23 @@ def register(app: typer.Typer) -> None:
         paths = write_report(results, out, verdicts, judged_floor.words)
         typer.echo(f"wrote {', '.join(str(p) for p in paths.values())}", err=True)
         typer.echo(f"note: {runs_intended_use(results)}", err=True)
+
+
+def _amp_groups(runs: list[Path], groups: str | None, out: Path | None) -> None:
+    """``--amp-groups``: each run's per-round within-group share of AMP's weights (`federation.amp_groups`), printed
+    and written as ``amp_groups.md``; records left out are ``warning:`` lines."""
+    from federation.amp_groups import amp_groups_report, parse_groups, round_table
+    from federation.errors import FederationError
+
+    if not runs:
+        raise FederationError("give a run directory, e.g. gastric-fl report data/runs/clustered --amp-groups")
+    if out is not None and len(runs) > 1:
+        raise FederationError("--out with several runs would write one amp_groups.md over another: give one run")
+    given = parse_groups(groups) if groups is not None else None
+    for run in runs:
+        result = amp_groups_report(run, given, out)
+        for problem in result.shares.problems:
+            typer.secho(f"warning: {problem}", fg=typer.colors.YELLOW, err=True)
+        typer.echo(f"{run.name}: AMP's weight within groups ({result.source})")
+        typer.echo(round_table(result.shares))
+        typer.echo(f"wrote {result.path}", err=True)

@@ -383,7 +383,8 @@ def extract_hospital(dataset: str | Path, client: int, out: Path) -> Path:
 # are. The record of an extracted hospital is built from an allow-list: a field prepare gains later is left out
 # here until it is known to name none of another hospital's slides.
 _SETTINGS_FIELDS: tuple[str, ...] = ("format_version", "versions", "white_definition", "synthetic")
-_SETTINGS_SECTIONS: tuple[str, ...] = ("source", "split", "tiles")  # config sections without per-hospital values
+# config sections without per-hospital values (but split.partition's case mix, cut by _own_config)
+_SETTINGS_SECTIONS: tuple[str, ...] = ("source", "split", "tiles")
 
 
 def _is_hospital(entry: object, hospital: int) -> bool:
@@ -394,8 +395,15 @@ def _is_hospital(entry: object, hospital: int) -> bool:
 def _own_config(config: dict[str, Any], client: int) -> dict[str, Any]:
     """``prepare.json``'s ``config`` with its per-hospital settings cut to ``client``'s, renumbered client 0: the
     settings of the preparation this hospital's slides come from (``split`` still says how many hospitals shared
-    them out); ``clients[0]`` of the record holds the hospital's resolved values."""
+    them out, and a case mix ``abnormal:...`` only this hospital's share); ``clients[0]`` of the record holds the
+    hospital's resolved values."""
     own = {name: config[name] for name in _SETTINGS_SECTIONS if isinstance(config.get(name), dict)}
+    split = own.get("split")
+    partition = split.get("partition") if isinstance(split, dict) else None
+    if isinstance(split, dict) and isinstance(partition, str) and partition.startswith("abnormal:"):
+        # a case mix lists every hospital's share of abnormal slides: keep this hospital's own only
+        shares = partition.removeprefix("abnormal:").split(",")
+        own["split"] = {**split, "partition": f"abnormal:{shares[client]}" if client < len(shares) else "abnormal"}
     hospitals = config.get("clients")
     if isinstance(hospitals, dict):
         grayscale, scale, tile = (hospitals.get(key) for key in ("grayscale", "scale", "tile"))
@@ -404,6 +412,9 @@ def _own_config(config: dict[str, Any], client: int) -> dict[str, Any]:
             "scale": [scale[client]] if isinstance(scale, list) and client < len(scale) else [],
             "tile": [tile[client]] if isinstance(tile, list) and client < len(tile) else [],
         }
+        group = hospitals.get("group")
+        if isinstance(group, list):
+            own["clients"]["group"] = [group[client]] if client < len(group) else []
     sites = config.get("sites")
     if isinstance(sites, dict):
         listed = sites.get("profile")

@@ -5,7 +5,7 @@ the hospitals, ``gastric-fl report``, the ablation, the HTML report, the dashboa
 
 - the server's files: `CONFIG_FILE`, `METRICS_FILE` (one `MetricsLine` per round and hospital), `AGGREGATION_FILE`,
   `SUMMARY_FILE`, `AUDIT_FILE` (``run.audit``), `ANCHORS_FILE`, `PROGRESS_FILE`, `CHECKPOINT_DIR`;
-- what ``gastric-fl report`` writes into a run (`REPORT_DIR`, `REPORT_FILES`);
+- what ``gastric-fl report`` writes into a run (`REPORT_DIR`, `REPORT_FILES`, ``--amp-groups``'s `AMP_GROUPS_MD`);
 - each in-process hospital's folder ``<run>/hospitals/client_XX/`` (two digits: the hospital's index in the
   federation; a deployed hospital's kit and folder carry the same name): `hospital_dir`, `HOSPITAL_GLOB`
   (``client_[0-9][0-9]``), `hospital_name`, `hospital_index`, `hospital_files`; and what a hospital keeps there
@@ -48,7 +48,8 @@ REPORT_MD = "report.md"
 REPORT_CSV = "report.csv"
 HOSPITALS_CSV = "hospitals.csv"
 ACCURACY_PNG = "accuracy.png"
-REPORT_FILES = (REPORT_MD, REPORT_CSV, HOSPITALS_CSV, ACCURACY_PNG)
+AMP_GROUPS_MD = "amp_groups.md"  # gastric-fl report --amp-groups (federation.amp_groups)
+REPORT_FILES = (REPORT_MD, REPORT_CSV, HOSPITALS_CSV, ACCURACY_PNG, AMP_GROUPS_MD)
 
 # -- a hospital's folder ---------------------------------------------------------------------------------------------
 HOSPITALS_DIR = "hospitals"

@@ -34,18 +34,22 @@ CLASS_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 @dataclass(frozen=True)
 class Partition:
-    """How labels are distributed over hospitals: ``iid``, ``dirichlet`` (alpha) or ``classes`` (S per client)."""
+    """How labels are distributed over hospitals: ``iid``, ``dirichlet`` (alpha), ``classes`` (S per client) or
+    ``abnormal`` (a case mix: each client's share of abnormal slides, ``shares[c]``; binary datasets only)."""
 
-    kind: Literal["iid", "dirichlet", "classes"] = "iid"
+    kind: Literal["iid", "dirichlet", "classes", "abnormal"] = "iid"
     alpha: float = 0.0
     classes: int = 0
+    shares: tuple[float, ...] = ()
 
     def spec(self) -> str:
-        """The command-line spelling, e.g. ``dirichlet:0.5``."""
+        """The command-line spelling, e.g. ``dirichlet:0.5`` or ``abnormal:0.2,0.2,0.8``."""
         if self.kind == "dirichlet":
             return f"dirichlet:{self.alpha:g}"
         if self.kind == "classes":
             return f"classes:{self.classes}"
+        if self.kind == "abnormal":
+            return "abnormal:" + ",".join(f"{s:g}" for s in self.shares)
         return "iid"
 
 
@@ -102,11 +106,14 @@ class TileConfig:
 
 @dataclass(frozen=True)
 class ClientsConfig:
-    """Per-hospital heterogeneity: grayscale scanners, scanning resolution, tile size."""
+    """Per-hospital heterogeneity: grayscale scanners, scanning resolution, tile size; and each hospital's group
+    (``group``: a name per hospital, e.g. hospitals that share a stain, scanner and case mix), which prepare only
+    records (``prepare.json``, ``clients[].group``) for analyses that know the simulation's ground truth."""
 
     grayscale: tuple[int, ...] = ()
     scale: tuple[float, ...] = ()
     tile: tuple[int, ...] = ()
+    group: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -175,6 +182,7 @@ class PrepareConfig:
                 "grayscale": list(self.clients.grayscale),
                 "scale": list(self.clients.scale),
                 "tile": list(self.clients.tile),
+                "group": list(self.clients.group),
             },
             "sites": {
                 "shift": self.sites.shift,
@@ -196,12 +204,18 @@ _SECTIONS: dict[str, type] = {
 
 def parse_partition(spec: str) -> Partition:
     """``iid`` | ``dirichlet:ALPHA`` (ALPHA > 0) | ``classes:S`` (S >= 1; at most the number of classes, which
-    `validate_config` and `pipeline.partition` check once the classes are known)."""
+    `validate_config` and `pipeline.partition` check once the classes are known) | ``abnormal:F0,F1,...`` (each
+    client's share of abnormal slides, in [0, 1]; one per client, which `validate_config` checks)."""
     text = spec.strip().lower()
     if text == "iid":
         return Partition()
     kind, _, value = text.partition(":")
     try:
+        if kind == "abnormal":
+            shares = tuple(float(part) for part in value.split(","))
+            if not shares or any(not (math.isfinite(f) and 0.0 <= f <= 1.0) for f in shares):
+                raise ValueError
+            return Partition(kind="abnormal", shares=shares)
         if kind == "dirichlet":
             alpha = float(value)
             if not math.isfinite(alpha) or alpha <= 0:
@@ -216,7 +230,8 @@ def parse_partition(spec: str) -> Partition:
         pass
     raise PipelineError(
         f"partition {spec!r} is not understood: use iid, dirichlet:ALPHA with ALPHA > 0 (e.g. dirichlet:0.5), "
-        "or classes:S with S >= 1 (at most the number of classes)"
+        "classes:S with S >= 1 (at most the number of classes), or abnormal:F0,F1,... with one share of abnormal "
+        "slides in [0, 1] per client (e.g. abnormal:0.2,0.5,0.8)"
     )
 
 
@@ -275,6 +290,12 @@ def _coerce(section: str, name: str, value: Any, default: Any) -> Any:
         if not isinstance(value, str | Path):
             raise PipelineError(f"{where} must be a folder path (a string)")
         return Path(value)
+    if section == "clients" and name == "group":
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",")]
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise PipelineError(f'{where} must be a list of group names, one per hospital, e.g. ["A", "A", "B"]')
+        return tuple(value)
     if section == "clients":
         kind = float if name == "scale" else int
         if isinstance(value, str):
@@ -386,6 +407,18 @@ def validate_config(config: PrepareConfig) -> None:
         )
     if split.clients < 1:
         raise PipelineError(f"--clients {split.clients} must be at least 1")
+    if split.partition.kind == "abnormal":
+        shares = split.partition.shares
+        if len(shares) != split.clients:
+            raise PipelineError(
+                f"partition {split.partition.spec()} gives {len(shares)} abnormal share(s) but there are "
+                f"{split.clients} clients: give one share per client"
+            )
+        if src.classes and tuple(src.classes) != LABELS:
+            raise PipelineError(
+                f"partition abnormal:... sets each client's share of abnormal slides, which needs the binary task's "
+                f"classes {', '.join(LABELS)} (not {', '.join(src.classes)}); use dirichlet:ALPHA or classes:S"
+            )
     size_ratios(split.sizes, split.clients)
     if not 0.0 < split.test_fraction < 1.0:
         raise PipelineError(f"--test-fraction {split.test_fraction} must be between 0 and 1 (exclusive), e.g. 0.2")
@@ -435,6 +468,17 @@ def validate_config(config: PrepareConfig) -> None:
             )
         if any(t < 8 for t in cl.tile):
             raise PipelineError("--client-tile values must be at least 8 pixels")
+    if cl.group:
+        if len(cl.group) != split.clients:
+            raise PipelineError(
+                f"--client-group has {len(cl.group)} names but there are {split.clients} clients: give one each"
+            )
+        bad_groups = [g for g in cl.group if not CLASS_NAME.match(g)]
+        if bad_groups:
+            raise PipelineError(
+                f"--client-group {bad_groups[0]!r} is not a usable group name: use letters, digits, '.', '_' or '-' "
+                "(at most 64, not starting with '.' or '-')"
+            )
     sites = config.sites
     if sites.shift not in SHIFTS:
         raise PipelineError(f"--site-shift {sites.shift!r} is unknown; use one of: {', '.join(SHIFTS)}")

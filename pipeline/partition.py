@@ -11,7 +11,13 @@ non-IID settings, the latter written "(n, S)": n clients holding S classes each.
   client close to the overall class mix), ``dirichlet:ALPHA`` (each client's class mix drawn from
   Dirichlet(ALPHA) over the K classes; small ALPHA = strong skew; client sizes still exact), or ``classes:S``
   (client c holds classes c, c+1, ..., c+S-1 modulo K; each class's slides are shared among its holders in
-  proportion to their size ratios, so sizes follow the ratio within each class group).
+  proportion to their size ratios, so sizes follow the ratio within each class group), or
+  ``abnormal:F0,F1,...`` (a *case mix*, binary datasets only: client c's share of abnormal slides is F_c. The
+  abnormal slides are shared over the clients in proportion to ``F_c r_c`` and the normal ones in proportion to
+  ``(1 - F_c) r_c``, with r_c the size ratio. Both are exact when the dataset's abnormal share equals the
+  size-weighted mean of the F_c; otherwise every client's share moves towards the dataset's, the order of the
+  shares is kept (F = 0 still gives no abnormal slide, F = 1 no normal one) and the sizes depart from the ratios.
+  This is how hospitals that serve different patients, e.g. a screening clinic and a referral centre, differ).
 - **Train/validation/test**: per slide, inside each client, stratified by label: ``round(test_fraction * n)``
   slides (at least one, and at least one left for training) go to test, shared over labels in proportion; a
   label with at least two slides in the client always gets one test and one train slide (so small clients still
@@ -152,6 +158,42 @@ def _classes(
     return owner, sizes
 
 
+def _case_mix(
+    labels: Sequence[str],
+    ratios: Sequence[float],
+    shares: Sequence[float],
+    rng: np.random.Generator,
+    classes: Sequence[str],
+) -> list[int]:
+    """``abnormal:F0,F1,...``: each label's slides shared in proportion to ``F_c r_c`` (abnormal) and ``(1 - F_c) r_c``
+    (normal) by largest remainder, each label's slides shuffled first (module docstring)."""
+    if tuple(classes) != LABELS:
+        raise PipelineError(
+            f"partition abnormal:... needs the binary task's classes {', '.join(LABELS)}, but this dataset's are "
+            f"{', '.join(classes)}; use dirichlet:ALPHA or classes:S"
+        )
+    weights = {
+        "abnormal": [f * r for f, r in zip(shares, ratios, strict=True)],
+        "normal": [(1.0 - f) * r for f, r in zip(shares, ratios, strict=True)],
+    }
+    owner = [0] * len(labels)
+    for label, members in _by_label(labels, rng, classes).items():
+        if not members:
+            continue
+        if sum(weights[label]) <= 0.0:
+            raise PipelineError(
+                f"partition abnormal:{','.join(f'{f:g}' for f in shares)} leaves no client to hold the "
+                f"{len(members)} {label} slide(s): give at least one client a share "
+                + ("above 0" if label == "abnormal" else "below 1")
+            )
+        position = 0
+        for client, count in enumerate(largest_remainder(weights[label], len(members))):
+            for slide in members[position : position + count]:
+                owner[slide] = client
+            position += count
+    return owner
+
+
 def assign_hospitals(
     labels: Sequence[str], config: SplitConfig, seed_rng: np.random.Generator, classes: Sequence[str] = LABELS
 ) -> tuple[list[int], list[float]]:
@@ -170,6 +212,15 @@ def assign_hospitals(
             raise PipelineError(
                 f"partition classes:{part.classes} leaves client(s) {', '.join(map(str, short))} with fewer than 2 "
                 "slides; use fewer clients or more slides of each label"
+            )
+        return owner, ratios
+    if part.kind == "abnormal":
+        owner = _case_mix(labels, ratios, part.shares, seed_rng, classes)
+        short = [c for c in range(config.clients) if owner.count(c) < 2]
+        if short:
+            raise PipelineError(
+                f"partition {part.spec()} leaves client(s) {', '.join(map(str, short))} with fewer than 2 slides; "
+                "use fewer clients, shares nearer the dataset's abnormal share, or more slides"
             )
         return owner, ratios
     if part.kind == "dirichlet":

@@ -579,6 +579,8 @@ def _write_records(
         "near-white": f"all channels >= {config.tiles.white_level}",
         "slides with no kept tile": str(sum(1 for slide_rows in per_slide if not slide_rows)),
     }
+    if config.clients.group:
+        settings["groups (clients.group)"] = _groups_text(config.clients.group)
     if config.tiles.mask_outside:
         settings["white max (Step a.1, training)"] = f"{config.tiles.white_max:g}"
     report_md = markdown_report(settings, plans, counts, slides_per_client, skipped, warnings, probe_markdown(shortcut))
@@ -589,6 +591,14 @@ def _write_records(
         raise PipelineError("could not encode contact_sheet.png (OpenCV PNG encoder)")
     (staging / "contact_sheet.png").write_bytes(png.tobytes())
     return _Written(rows, jobs, counts, slides_per_client, skipped, warnings, shortcut)
+
+
+def _groups_text(groups: tuple[str, ...]) -> str:
+    """``clients.group`` for the report, e.g. ``A: 0, 1, 2; B: 3, 4`` (groups in order of their first hospital)."""
+    members: dict[str, list[int]] = {}
+    for client, name in enumerate(groups):
+        members.setdefault(name, []).append(client)
+    return "; ".join(f"{name}: {', '.join(map(str, clients))}" for name, clients in members.items())
 
 
 def _prepare_claimed(config: PrepareConfig, started: float) -> PrepareResult:
@@ -696,6 +706,9 @@ def _provenance(
                 "stride_source_px": p.stride,
                 "abnormal_stride_source_px": p.abnormal_stride,
                 "site": None if p.site is None else p.site.to_json(),
+                # the hospital's group (clients.group; None when not given): its stain, scanner and case mix are
+                # those of the other hospitals in the group (docs/pipeline.md, "Regimes": clustered)
+                "group": config.clients.group[p.client] if config.clients.group else None,
                 "size_ratio": ratios[p.client],
                 "slides": {s: sum(1 for j in jobs if j.client == p.client and j.split == s) for s in SPLITS},
                 "tiles": counts[p.client],

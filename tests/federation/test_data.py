@@ -191,7 +191,7 @@ def test_an_extracted_hospital_holds_no_name_of_another_hospitals_slides(tmp_pat
     assert every(w.split(":")[0] in mine for w in record["warnings"])
     assert record["totals"]["tiles"] == sum(1 for r in rows if r["client"] == "1")
     assert record["config"]["tiles"] == original["config"]["tiles"]
-    assert record["config"]["clients"] == {"grayscale": [], "scale": [0.75], "tile": []}
+    assert record["config"]["clients"] == {"grayscale": [], "scale": [0.75], "tile": [], "group": []}
     assert record["clients"][0]["scale"] == 0.75
     assert record["classes"] == original["classes"]
     assert not {"report.md", "contact_sheet.png"} & {p.name for p in own.iterdir()}

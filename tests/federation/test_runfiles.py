@@ -45,7 +45,7 @@ def test_every_run_file_name_comes_from_runfiles() -> None:
         *(f"{runfiles.REPORT_DIR}/{name}" for name in runfiles.REPORT_FILES),
         *(f"{runfiles.HOSPITALS_DIR}/{runfiles.hospital_name(4)}/{name}" for name in own),
     ]
-    assert len(paths) == 4 + 2 + 4 + 4
+    assert len(paths) == 4 + 2 + 5 + 4
     for path in paths:
         assert any(fnmatchcase(path, pattern) for pattern in runs.RUN_PATTERNS), path
 
