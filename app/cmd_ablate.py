@@ -77,8 +77,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run an ablation grid (resumable) and write Table 4-7 style Markdown/CSV tables and accuracy curves.
 
-        With Separate or FedAvg in the grid, also each method's paired difference to them over the same seeds
-        (paired.md / paired.csv, printed).
+        With Separate or FedAvg in the grid, also each method's paired difference to them over the same seeds,
+        with its 95% interval and the smallest difference the seeds could detect (MDD, 80% power; paired.md /
+        paired.csv, printed).
         """
         from federation.ablation import load_plan, publish, run_plan, shown_path, write_tables
         from federation.engine import RunStopped
@@ -102,7 +103,8 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(130) from exc
         # --tables-only rebuilds tables, also in a published copy that holds no weights: no per-run reports then.
         paths = write_tables(plan, folder, per_run_reports=not tables_only)
-        if "paired" in paths:  # each method minus Separate / FedAvg, seed by seed (docs/ablations.md)
+        # each method minus Separate / FedAvg, seed by seed, with its interval and MDD (docs/ablations.md)
+        if "paired" in paths:
             typer.echo(paths["paired"].read_text(encoding="utf-8"))
             typer.echo(f"paired differences: {paths['paired']} (and paired.csv)")
         typer.echo(f"tables: {paths['results']}")

@@ -6,13 +6,13 @@ A synthetic SEED dataset (``gastric-fl synth --format seed --images N --difficul
 ``configs/prepare_seed_noniid.toml``: 5 unequal hospitals, two grayscale, test tiles cut from raw tissue) is trained
 ``--rounds`` rounds from each seed under each variant, every run a ``gastric-fl train`` child process, ``--at-once``
 of them at a time (a run's figures do not depend on what else runs: deterministic kernels). The figures are the
-last round's test accuracy and AUC averaged over hospitals (`federation.report.summary_row`, as every published
-table reads them); each variant's difference to the CPU preset is paired by seed, with a 95% t interval
-(`federation.ablation.paired.paired_interval`). Each run's small files (config, metrics, aggregation, summary) are
-kept under ``--runs`` so the table can be checked and rebuilt (``--table-only``); a run kept there is not trained
-again, so a call cut short resumes. ``--first-seed`` starts the seeds elsewhere than 0 (a longer run of one seed
-kept apart), and ``--by-round`` adds each variant's accuracy round by round (`by_round_section`): what the presets'
-own 50 rounds change against the 12 rounds of the default comparison.
+last round's test accuracy and AUC averaged over hospitals (`federation.report.summary_row`, as every published table
+reads them); each variant's difference to the CPU preset is paired by seed, with a 95% t interval and the minimum
+detectable difference at 80% power (`federation.ablation.paired.paired_interval`). Each run's small files (config,
+metrics, aggregation, summary) are kept under ``--runs`` so the table can be checked and rebuilt (``--table-only``); a
+run kept there is not trained again, so a call cut short resumes. ``--first-seed`` starts the seeds elsewhere than 0 (a
+longer run of one seed kept apart), and ``--by-round`` adds each variant's accuracy round by round (`by_round_section`):
+what the presets' own 50 rounds change against the 12 rounds of the default comparison.
 
     python3 benchmarks/gpu_preset.py                          # on a machine with a GPU
     .venv/bin/python benchmarks/gpu_preset.py --device cpu --slides 24 --rounds 1 --seeds 1 --out /tmp/p.md \\
@@ -268,7 +268,8 @@ def main() -> None:
             f"test tiles from raw tissue. Each variant trained {args.rounds} rounds from {_seed_range(seeds)} "
             f"(`run.seed`), {args.at_once} runs at a time; figures of the last round, averaged over hospitals; "
             "differences to configs/seed.toml paired by seed, mean [95% t interval], `*` where the interval excludes "
-            f"0. Each run's files: `{args.runs.relative_to(ROOT) if args.runs.is_relative_to(ROOT) else args.runs}`.",
+            "0, (MDD m): the smallest true difference these seeds find with 80% power at alpha 0.05. Each run's "
+            f"files: `{args.runs.relative_to(ROOT) if args.runs.is_relative_to(ROOT) else args.runs}`.",
             "",
             "| variant | settings | test accuracy by seed | mean accuracy | mean AUC | accuracy - seed.toml | "
             "AUC - seed.toml |",

@@ -13,7 +13,8 @@ the *masked* one, trained on datasets whose every abnormal tile, test included, 
 
 For every setting (a cell without its seed) present in both, the last round's averaged test accuracy and AUC (mean
 over hospitals, from each cell's ``metrics.jsonl``) on masked and on raw tiles and the paired change raw - masked
-(`federation.ablation.paired_interval`: mean and 95% t interval, ``*`` when it excludes 0); for the methods tables
+(`federation.ablation.paired_interval`: mean and 95% t interval, ``*`` when it excludes 0, and the minimum
+detectable difference at 80% power); for the methods tables
 also each method against Separate on each, which method is best, and FedSAF against every other method. Nothing is
 trained.
 
@@ -134,7 +135,8 @@ def main() -> None:
         "Last-round figures averaged over hospitals, each on its own test split; *masked*: the published folder "
         "(every abnormal tile whitened outside the mask, test tiles too); *raw*: its `honest_` twin (every tile "
         "raw). Means over the seeds present in both (*n*). Δ and the comparisons are paired over seeds: mean [95% t "
-        "interval], `*` when the interval excludes 0.",
+        "interval], `*` when the interval excludes 0, (MDD m): the smallest true difference these seeds find with 80% "
+        "power at alpha 0.05 (minimum detectable difference, docs/ablations.md).",
         "",
     ]
     header = "| regime | setting | n | masked | raw | Δ raw - masked |"

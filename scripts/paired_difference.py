@@ -3,7 +3,8 @@
 ``gastric-fl ablate`` pairs every method with Separate and FedAvg (``paired.md``); this pairs any two methods run
 with their plain settings in one grid, e.g. FedSAF against FedAMP over 5 seeds, or any two cells named by their id
 without the seed (e.g. a Table 6 ``nhead`` against FedSAF's defaults), from the published run files alone (each
-run's figures as ``federation.ablation.run_figures`` reads them, the interval of ``paired_interval``):
+run's figures as ``federation.ablation.run_figures`` reads them, the interval and the minimum detectable difference
+at 80% power of ``paired_interval``):
 
     .venv/bin/python scripts/paired_difference.py results/methods_site_shift fedsaf fedamp
     .venv/bin/python scripts/paired_difference.py results/tables456_seed_like \

@@ -5,7 +5,8 @@ Reads every published ablation under the folder given (``<folder>/<arm>/ablation
 
 * per method and epsilon (none, 8, 3, 1): the last round's averaged test accuracy and AUC over hospitals, mean over
   seeds, and each hospital's epsilon as it reported it (the largest of the three);
-* paired differences over the same seeds (`federation.ablation.paired_interval`: mean and 95% t interval): each DP
+* paired differences over the same seeds (`federation.ablation.paired_interval`: mean, 95% t interval and minimum
+  detectable difference at 80% power): each DP
   cell against the same method without DP, and against Separate without DP (the floor a hospital has alone).
 
     .venv/bin/python scripts/privacy_table.py results/privacy
@@ -142,7 +143,8 @@ def main() -> None:
         "Made by `bash scripts/privacy_tradeoff.sh` (its header says what it runs); rebuilt from the published runs "
         f"alone by `.venv/bin/python scripts/privacy_table.py {shown}`. "
         "Last round's averaged test accuracy and AUC over the 3 hospitals, mean over seeds; differences are paired "
-        "over the same seeds, mean and 95% t interval (`*`: the interval excludes 0). Epsilon at delta 1e-5, one "
+        "over the same seeds, mean and 95% t interval (`*`: the interval excludes 0) and (MDD m) the smallest true "
+        "difference these seeds find with 80% power at alpha 0.05. Epsilon at delta 1e-5, one "
         "slide the protected unit.\n\n" + table
     )
     (folder / "results.md").write_text(text, encoding="utf-8")

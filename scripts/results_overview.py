@@ -2,7 +2,8 @@
 
 For each ``results/methods_<regime>/`` written by ``gastric-fl ablate --publish``: every method's last-round
 averaged test accuracy (mean ± sample std over seeds, from ``table7_methods.csv``) and its paired differences to
-Separate and to FedAvg over the same seeds (mean [95% t interval], from ``paired.csv``). Nothing is trained and
+Separate and to FedAvg over the same seeds (mean [95% t interval] and, in a ``paired.csv`` that has it, the minimum
+detectable difference at 80% power: ``(MDD m)``). Nothing is trained and
 nothing is computed beyond reading those two files, so the overview cannot drift from the tables behind it.
 
     .venv/bin/python scripts/results_overview.py [results]
@@ -41,7 +42,9 @@ def _interval(row: dict[str, str] | None) -> str:
     if low in ("", "None"):
         return f"{float(mean):+.3f} (n={row['n']})"
     mark = " *" if float(low) > 0 or float(high) < 0 else ""
-    return f"{float(mean):+.3f} [{float(low):+.3f}, {float(high):+.3f}]{mark}"
+    mdd = row.get("avg_test_acc_diff_mdd", "")  # absent from tables written before ablate reported it
+    detectable = "" if mdd in ("", "None") else f" (MDD {float(mdd):.3f})"
+    return f"{float(mean):+.3f} [{float(low):+.3f}, {float(high):+.3f}]{mark}{detectable}"
 
 
 def overview(root: Path) -> str:

@@ -10,7 +10,7 @@
 - `federation.ablation.tables`: per block, the mean and sample standard deviation over seeds of each run's
   figures, the accuracy curves, and the paired differences as tables (`write_tables`);
 - `federation.ablation.paired`: each method's paired difference to Separate and to FedAvg over the same seeds,
-  with a 95% t interval (`paired_rows`, `paired_interval`);
+  with a 95% t interval and the minimum detectable difference at 80% power (`paired_rows`, `paired_interval`);
 - `federation.ablation.publishing`: a copy of the tables and the small raw files behind them (`publish`).
 
 Every public name of these modules is importable from ``federation.ablation`` itself.
@@ -31,14 +31,17 @@ from federation.ablation.grid import (
 from federation.ablation.paired import (
     PAIRED_FIELDS,
     PAIRED_REFERENCES,
+    T_80,
     T_975,
     PairedStats,
     method_label,
     method_variant,
+    minimum_detectable_difference,
     paired_differences,
     paired_interval,
     paired_rows,
     paired_text,
+    t_quantile_80,
     t_quantile_975,
 )
 from federation.ablation.publishing import (
@@ -90,6 +93,7 @@ __all__ = [
     "TABLE_KINDS",
     "TABLE_NUMBERS",
     "TABLE_TITLES",
+    "T_80",
     "T_975",
     "VERSIONS_FILE",
     "Block",
@@ -106,6 +110,7 @@ __all__ = [
     "markdown_rows",
     "method_label",
     "method_variant",
+    "minimum_detectable_difference",
     "paired_context_keys",
     "paired_csv",
     "paired_differences",
@@ -120,6 +125,7 @@ __all__ = [
     "run_figures",
     "run_plan",
     "shown_path",
+    "t_quantile_80",
     "t_quantile_975",
     "write_tables",
 ]

@@ -79,3 +79,13 @@ def test_overview_reads_each_regime_table_and_its_paired_differences(tmp_path: P
         "| fedavg | 3 | 0.850 ± 0.000 | 0.950 | +0.050 [+0.010, +0.090] * | — |",
         "| fedavg+fedlws | 2 | 0.912 ± 0.013 | 0.975 | +0.100 [-0.200, +0.400] | +0.062 (n=1) |",
     ]
+
+
+def test_a_paired_table_with_the_detectable_difference_shows_it() -> None:
+    interval = _module()._interval
+    row = {**_paired_row("fedavg", "separate", "3", "0.05", "0.01", "0.09"), "avg_test_acc_diff_mdd": "0.0612"}
+    assert interval(row) == "+0.050 [+0.010, +0.090] * (MDD 0.061)"
+    # a table written before ablate reported it (no column), and one seed (an empty cell): no MDD
+    assert interval(_paired_row("fedavg", "separate", "3", "0.05", "0.01", "0.09")) == "+0.050 [+0.010, +0.090] *"
+    one = {**_paired_row("fedavg", "fedlws", "1", "0.0625", "", ""), "avg_test_acc_diff_mdd": ""}
+    assert interval(one) == "+0.062 (n=1)"

@@ -78,16 +78,29 @@ def test_ablate_writes_and_prints_the_paired_table(tmp_path: Path) -> None:
     assert [c["id"] for c in state["cells"] if c["status"] == "failed"] == ["strategy-separate_seed-2"]
     paths = write_tables(load_plan(ablation), out, per_run_reports=False)
     text = paths["paired"].read_text(encoding="utf-8")
-    # fedavg - separate, seeds 0 and 1: acc d = [0.1, 0.3] -> 0.2 +- 12.706205 * 0.1414214 / sqrt(2) = 1.2706205
-    # AUC d = [0.1, 0.1] -> 0.1 with sd 0: [0.1, 0.1]; worst hospital = the same figures (equal hospitals)
-    assert "| fedavg | separate | 2 | +0.2000 [-1.0706, +1.4706] | +0.1000 [+0.1000, +0.1000] |" in text
+    # fedavg - separate, seeds 0 and 1: acc d = [0.1, 0.3] -> 0.2 +- 12.706205 * 0.1414214 / sqrt(2) = 1.2706205,
+    # MDD (12.706205 + 1.376382) * 0.1414214 / sqrt(2) = 1.4082587;
+    # AUC d = [0.1, 0.1] -> 0.1 with sd 0: [0.1, 0.1], MDD 0; worst hospital = the same figures (equal hospitals)
+    assert (
+        "| fedavg | separate | 2 | +0.2000 [-1.0706, +1.4706] (MDD 1.4083) | +0.1000 [+0.1000, +0.1000] (MDD 0.0000) |"
+        in text
+    )
     # fedamp - separate: acc d = [0.2, 0.2] -> [0.2, 0.2]; AUC d = 0.15
-    assert "| fedamp | separate | 2 | +0.2000 [+0.2000, +0.2000] | +0.1500 [+0.1500, +0.1500] |" in text
+    assert (
+        "| fedamp | separate | 2 | +0.2000 [+0.2000, +0.2000] (MDD 0.0000) | +0.1500 [+0.1500, +0.1500] (MDD 0.0000) |"
+        in text
+    )
     # fedamp - fedavg, seeds 0, 1, 2: acc d = [0.1, -0.1, -0.05]: mean -0.0166667,
     # sd = sqrt((0.1166667^2 + 0.0833333^2 + 0.0333333^2) / 2) = sqrt(0.0216667 / 2) = 0.1040833,
-    # half = 4.302653 * 0.1040833 / sqrt(3) = 0.2585572 -> [-0.2752239, 0.2418906]; AUC d = 0.05
-    assert "| fedamp | fedavg | 3 | -0.0167 [-0.2752, +0.2419] | +0.0500 [+0.0500, +0.0500] |" in text
-    assert "| separate | fedavg | 2 | -0.2000 [-1.4706, +1.0706] |" in text
+    # half = 4.302653 * 0.1040833 / sqrt(3) = 0.2585572 -> [-0.2752239, 0.2418906];
+    # MDD (4.302653 + 1.060660) * 0.1040833 / sqrt(3) = 0.3222950; AUC d = 0.05
+    assert (
+        "| fedamp | fedavg | 3 | -0.0167 [-0.2752, +0.2419] (MDD 0.3223) | +0.0500 [+0.0500, +0.0500] (MDD 0.0000) |"
+        in text
+    )
+    assert "| separate | fedavg | 2 | -0.2000 [-1.4706, +1.0706] (MDD 1.4083) |" in text
+    assert "| Δ Averaged test acc [95% CI] (MDD) |" in text
+    assert "MDD: the minimum detectable difference" in text
     assert "fedsaf" not in text
     with (out / "paired.csv").open(encoding="utf-8") as handle:
         rows = {(r["method"], r["reference"]): r for r in csv.DictReader(handle)}
@@ -98,15 +111,24 @@ def test_ablate_writes_and_prints_the_paired_table(tmp_path: Path) -> None:
     assert float(row["avg_test_acc_diff_sd"]) == pytest.approx(0.1040833, abs=1e-7)
     assert float(row["avg_test_acc_diff_low"]) == pytest.approx(-0.2752239, abs=1e-7)
     assert float(row["avg_test_acc_diff_high"]) == pytest.approx(0.2418906, abs=1e-7)
+    assert float(row["avg_test_acc_diff_mdd"]) == pytest.approx(0.3222950, abs=1e-7)
+    assert float(rows[("fedavg", "separate")]["avg_test_acc_diff_mdd"]) == pytest.approx(1.4082587, abs=1e-7)
+    assert float(row["avg_test_auc_diff_mdd"]) == 0.0  # equal differences: any true difference is found
     assert float(row["avg_test_auc_diff_mean"]) == pytest.approx(0.05)
     assert "Paired differences to Separate and FedAvg" in paths["results"].read_text(encoding="utf-8")
 
-    # one seed: a mean and "n/a" for the interval; printed by the command
+    # printed by the command, with the detectable difference of each compared pair
+    result = CliRunner().invoke(app, ["ablate", "--config", str(ablation), "--out", str(out), "--tables-only"])
+    assert result.exit_code == 0, result.output
+    assert "| fedamp | fedavg | 3 | -0.0167 [-0.2752, +0.2419] (MDD 0.3223) |" in result.output
+    # one seed: a mean and "n/a" for the interval, no MDD
     result = CliRunner().invoke(
         app, ["ablate", "--config", str(ablation), "--seeds", "1", "--out", str(out), "--tables-only"]
     )
     assert result.exit_code == 0, result.output
     assert "| fedavg | separate | 1 | +0.1000 [n/a] | +0.1000 [n/a] |" in result.output
+    with (out / "paired.csv").open(encoding="utf-8") as handle:
+        assert {r["avg_test_acc_diff_mdd"] for r in csv.DictReader(handle)} == {""}
     assert "paired differences:" in result.output
 
 
@@ -119,8 +141,8 @@ def test_pairs_match_every_other_setting(tmp_path: Path) -> None:
     text = tables["paired"].read_text(encoding="utf-8")
     # one fedamp - fedavg row per learning rate, no row for fedsaf (no fedavg at lr 0.1)
     assert "| client.lr | method | minus | n |" in text
-    assert "| 0.01 | fedamp | fedavg | 3 | -0.0167 [-0.2752, +0.2419] |" in text
-    assert "| 0.05 | fedamp | fedavg | 3 | -0.0167 [-0.2752, +0.2419] |" in text
+    assert "| 0.01 | fedamp | fedavg | 3 | -0.0167 [-0.2752, +0.2419] (MDD 0.3223) |" in text
+    assert "| 0.05 | fedamp | fedavg | 3 | -0.0167 [-0.2752, +0.2419] (MDD 0.3223) |" in text
     assert "fedsaf" not in text
     assert text.count("| fedamp |") == 2
 
@@ -137,9 +159,12 @@ def test_a_method_variant_is_paired_with_the_references_under_its_own_label(tmp_
     text = tables["paired"].read_text(encoding="utf-8")
     # fedamp - fedavg over seeds 0-2: as in the first test; fedsaf - fedavg: d = [0.15, 0.05, 0.2]: mean 0.1333333,
     # sd = sqrt((0.0166667^2 + 0.0833333^2 + 0.0666667^2) / 2) = 0.0763763, half = 4.302653 * 0.0763763 / sqrt(3)
-    # = 0.1897277 -> [-0.0563944, +0.3230610]
-    assert "| fedamp (dm=manhattan) | fedavg | 3 | -0.0167 [-0.2752, +0.2419] |" in text
-    assert "| fedsaf (client.optimizer=adam, client.lr=0.001) | fedavg | 3 | +0.1333 [-0.0564, +0.3231] |" in text
+    # = 0.1897277 -> [-0.0563944, +0.3230610]; MDD (4.302653 + 1.060660) * 0.0763763 / sqrt(3) = 0.2364999
+    assert "| fedamp (dm=manhattan) | fedavg | 3 | -0.0167 [-0.2752, +0.2419] (MDD 0.3223) |" in text
+    assert (
+        "| fedsaf (client.optimizer=adam, client.lr=0.001) | fedavg | 3 | +0.1333 [-0.0564, +0.3231] (MDD 0.2365) |"
+        in text
+    )
     assert "| fedamp (dm=manhattan) | separate | 2 |" in text
 
 
