@@ -19,8 +19,10 @@ def register(app: typer.Typer) -> None:
             "Generate synthetic H&E gastric slides in the SEED or BOT raw layout (see data/README.md and "
             "docs/synthetic-data.md), or write scikit-learn's bundled digits (real, 1,797 images, 10 classes, "
             "no download) in the class-folders layout with --format digits.\n\n"
-            "Normal slides show regular glands in pink stroma; abnormal slides add carcinoma regions (crowded, "
-            "irregular glands with large dark nuclei), marked in the mask (seed) or the SVG annotation (bot).\n\n"
+            "Every slide carries benign look-alikes (chronic gastritis, lymphoid follicles, reactive epithelium, "
+            "intestinal metaplasia); abnormal slides add carcinoma regions (intestinal-type, well-differentiated "
+            "tubular or signet-ring cell), marked in the mask (seed) or the SVG annotation (bot). Darkness and "
+            "colour do not tell the classes apart; morphology does (docs/synthetic-data.md, 'Patterns').\n\n"
             "Example: gastric-fl synth --format seed --images 60 --difficulty 0.3 --out data/raw/demo\n\n"
             "Digits: gastric-fl synth --format digits --out data/raw/digits"
         ),
@@ -70,6 +72,20 @@ def register(app: typer.Typer) -> None:
         overwrite: bool = typer.Option(
             False, "--overwrite", help="Replace a previous synth output in --out (never foreign files)."
         ),
+        tissue: str = typer.Option(
+            "gastric",
+            "--tissue",
+            help="Mixture of tissue patterns: 'gastric' (carcinoma subtypes and benign look-alikes) or 'classic' "
+            "(the tissue of earlier versions, byte for byte: every carcinoma darker than anything benign).",
+        ),
+        mix: str | None = typer.Option(
+            None,
+            "--mix",
+            help="Override the mixture's weights, e.g. 'tubular=2,signet_ring=0,follicle=1.5': carcinoma subtypes "
+            "intestinal, tubular, signet_ring (relative weights per region); benign gastritis, follicle, reactive, "
+            "metaplasia (mean patches per slide).",
+            show_default=False,
+        ),
         workers: int = typer.Option(
             1,
             "--workers",
@@ -90,6 +106,7 @@ def register(app: typer.Typer) -> None:
                     ("--images", images),
                     ("--difficulty", difficulty),
                     ("--abnormal-fraction", abnormal_fraction),
+                    ("--mix", mix),
                 )
                 if value is not None
             ]
@@ -113,6 +130,8 @@ def register(app: typer.Typer) -> None:
                 progress=True,
                 overwrite=overwrite,
                 workers=workers,
+                tissue=tissue.strip().lower(),
+                mix=mix,
             )
         typer.echo(
             f"wrote {summary.images} synthetic {fmt.upper()} slides ({summary.size}x{summary.size}): "

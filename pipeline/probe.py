@@ -117,6 +117,45 @@ def separation_auc(
     return float(np.mean([max(a, 1.0 - a) for a in aucs]))
 
 
+def within_auc(
+    values: Sequence[float] | npt.NDArray[np.float64],
+    labels: Sequence[int] | npt.NDArray[np.int_],
+    groups: Sequence[int] | npt.NDArray[np.int_],
+) -> float | None:
+    """The AUC of ``values`` counting only pairs of tiles from the same group (hospital): the stratified
+    Mann-Whitney statistic, ``sum_h U_h / sum_h n1_h n0_h`` (ties count one half), as ``max(AUC, 1 - AUC)``; mean
+    one-vs-rest over more than two classes. ``None`` where no group holds two classes.
+
+    Pooled over hospitals, a statistic also separates the classes when hospitals differ both in stain or scanner
+    and in case mix (a pale hospital with more cancer): that is a shortcut for a model shared by the hospitals, but
+    not one any single hospital's tiles hold. Within hospitals it is only what the tissue itself gives away.
+    """
+    from scipy.stats import rankdata
+
+    x = np.asarray(values, dtype=np.float64)
+    y = np.asarray(labels)
+    g = np.asarray(groups)
+    present = np.unique(y)
+    if len(present) < 2:
+        return None
+    results = []
+    for k in present[1:] if len(present) == 2 else present:
+        wins = pairs = 0.0
+        for h in np.unique(g):
+            rows = g == h
+            positive = y[rows] == k
+            n1, n0 = int(positive.sum()), int((~positive).sum())
+            if n1 == 0 or n0 == 0:
+                continue
+            ranks = rankdata(x[rows])
+            wins += float(ranks[positive].sum()) - n1 * (n1 + 1) / 2
+            pairs += n1 * n0
+        if pairs:
+            auc = wins / pairs
+            results.append(max(auc, 1.0 - auc))
+    return float(np.mean(results)) if results else None
+
+
 def probe(
     stats: Sequence[tuple[float, ...]],
     labels: Sequence[int],
@@ -127,8 +166,10 @@ def probe(
     """The record of ``prepare.json["shortcut_probe"]`` for tiles given by parallel sequences.
 
     ``splits``: per split over all hospitals pooled, each statistic's AUC (``None`` where a split has one class)
-    and the tile count; ``clients``: the same per hospital and split (small splits: read with care); ``worst``:
-    the pooled statistic and split with the highest AUC; ``warning``: one line when that AUC exceeds `WARN_AUC`.
+    and the tile count; ``within_hospitals``: per split, each statistic's AUC over pairs of tiles of one hospital
+    (`within_auc`); ``clients``: the same per hospital and split (small splits: read with care); ``worst`` and
+    ``worst_within``: the statistic and split with the highest AUC, pooled and within hospitals; ``warning``: one
+    line when the pooled AUC exceeds `WARN_AUC`, which says when it is the hospitals' differences that separate.
     """
     table = np.asarray(stats, dtype=np.float64).reshape(-1, len(STATISTICS))
     lab = np.asarray(labels)
@@ -142,16 +183,19 @@ def probe(
             out[name] = None if auc is None else round(auc, 4)
         return out
 
+    def within(rows: npt.NDArray[np.bool_]) -> dict[str, Any]:
+        out: dict[str, Any] = {"tiles": int(rows.sum())}
+        for k, name in enumerate(STATISTICS):
+            auc = within_auc(table[rows, k], lab[rows], cli[rows]) if rows.any() else None
+            out[name] = None if auc is None else round(auc, 4)
+        return out
+
     pooled = {split: aucs(spl == split) for split in split_names}
+    stratified = {split: within(spl == split) for split in split_names}
     per_client = {
         str(c): {split: aucs((cli == c) & (spl == split)) for split in split_names} for c in sorted(set(cli.tolist()))
     }
-    worst: dict[str, Any] | None = None
-    for split, row in pooled.items():
-        for name in STATISTICS:
-            value = row[name]
-            if value is not None and (worst is None or value > worst["auc"]):
-                worst = {"split": split, "statistic": name, "auc": value}
+    worst, worst_within = _worst(pooled), _worst(stratified)
     warning = None
     if worst is not None and worst["auc"] > WARN_AUC:
         warning = (
@@ -159,14 +203,32 @@ def probe(
             f"tiles at AUC {worst['auc']:.3f} (> {WARN_AUC:.2f}); a model can score well here without looking at "
             "tissue (see report.md, 'Shortcut probe')"
         )
+        if worst_within is not None and worst_within["auc"] <= WARN_AUC:
+            warning += (
+                f". Within any one hospital no statistic exceeds AUC {worst_within['auc']:.3f}: the hospitals "
+                "differ in stain or scanner and in case mix together, which a model shared by them can exploit"
+            )
     return {
         "statistics": dict(DESCRIPTIONS),
         "warn_above": WARN_AUC,
         "splits": pooled,
+        "within_hospitals": stratified,
         "clients": per_client,
         "worst": worst,
+        "worst_within": worst_within,
         "warning": warning,
     }
+
+
+def _worst(by_split: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The statistic and split with the highest AUC in ``{split: {statistic: auc}}``."""
+    worst: dict[str, Any] | None = None
+    for split, row in by_split.items():
+        for name in STATISTICS:
+            value = row.get(name)
+            if value is not None and (worst is None or value > worst["auc"]):
+                worst = {"split": split, "statistic": name, "auc": value}
+    return worst
 
 
 def probe_markdown(record: Mapping[str, Any]) -> list[str]:
@@ -182,9 +244,22 @@ def probe_markdown(record: Mapping[str, Any]) -> list[str]:
         "| statistic | " + " | ".join(f"{s} ({record['splits'][s]['tiles']} tiles)" for s in splits) + " |",
         "|---|" + "---|" * len(splits),
     ]
+    within = record.get("within_hospitals")  # an older record has none
     for name, description in record["statistics"].items():  # the record's own: an older one has fewer
         cells = [record["splits"][s].get(name) for s in splits]
         lines.append(f"| {description} | " + " | ".join("n/a" if v is None else f"{v:.3f}" for v in cells) + " |")
+    if within:
+        lines += [
+            "",
+            "Within hospitals (only pairs of tiles of one hospital compared, so that hospitals differing in stain and "
+            "case mix together do not count):",
+            "",
+            "| statistic | " + " | ".join(splits) + " |",
+            "|---|" + "---|" * len(splits),
+        ]
+        for name, description in record["statistics"].items():
+            cells = [within.get(s, {}).get(name) for s in splits]
+            lines.append(f"| {description} | " + " | ".join("n/a" if v is None else f"{v:.3f}" for v in cells) + " |")
     lines += ["", f"**Warning:** {record['warning']}" if record["warning"] else "No statistic exceeds the limit.", ""]
     return lines
 

@@ -36,6 +36,7 @@ from infra.outputs import OutputError, claim_output, replace_folder
 from infra.processes import plain_main
 from infra.provenance import SYNTH_MARKER
 from pipeline.errors import PipelineError
+from pipeline.synth_patterns import DEFAULT_MIX, MIXES, PATTERNS, TissueMix, parse_mix
 from pipeline.synth_render import Palette, Zone, render_tissue
 from pipeline.synth_shapes import Region, make_regions, rasterize, svg_document
 
@@ -83,6 +84,8 @@ class SynthSlide:
     image: NDArray[np.uint8]
     mask: NDArray[np.uint8]
     regions: tuple[Region, ...]
+    carcinoma: tuple[str, ...] = ()
+    benign: tuple[str, ...] = ()
 
     @property
     def cancer_fraction(self) -> float:
@@ -158,8 +161,27 @@ def plan_dataset(fmt: str, images: int, seed: int = 0, abnormal_fraction: float 
     ]
 
 
-def render_slide(plan: SlidePlan, fmt: str, size: int | None = None, difficulty: float = 0.0) -> SynthSlide:
-    """Paint one planned slide. Same plan and arguments, same pixels."""
+def _resolve_tissue(tissue: str | TissueMix | None) -> TissueMix | None:
+    if isinstance(tissue, str):
+        if tissue not in MIXES:
+            raise PipelineError(f"unknown tissue {tissue!r}: use one of {', '.join(MIXES)} (--tissue)")
+        return MIXES[tissue]
+    return tissue
+
+
+def render_slide(
+    plan: SlidePlan,
+    fmt: str,
+    size: int | None = None,
+    difficulty: float = 0.0,
+    tissue: str | TissueMix | None = DEFAULT_MIX,
+) -> SynthSlide:
+    """Paint one planned slide. Same plan and arguments, same pixels.
+
+    ``tissue``: a mixture of patterns (`pipeline.synth_patterns`; a name of `MIXES` or a `TissueMix`); "classic"
+    or None paints the tissue of earlier versions, byte for byte.
+    """
+    mix = _resolve_tissue(tissue)
     spec = _check_args(fmt, 1, difficulty, None, size)
     size = spec.size if size is None else size
     unit = spec.nucleus_px * size / spec.size
@@ -170,6 +192,8 @@ def render_slide(plan: SlidePlan, fmt: str, size: int | None = None, difficulty:
         e_gain=float(rng.uniform(0.8, 1.2)),
         background=float(rng.uniform(0.02, 0.045)),
     )
+    if mix is not None:
+        return _render_mixed(plan, rng, size, unit, d, palette, mix)
     regions: list[Region] = []
     zones: list[Zone] = []
     mask = np.zeros((size, size), np.uint8)
@@ -187,6 +211,60 @@ def render_slide(plan: SlidePlan, fmt: str, size: int | None = None, difficulty:
     aggregates = int(rng.poisson(0.3 + 0.8 * d))
     image = render_tissue(rng, size, unit, zones, palette, aggregates=aggregates)
     return SynthSlide(plan=plan, image=image, mask=mask * np.uint8(255), regions=tuple(regions))
+
+
+# Patch sizes (share of the slide) and strengths of the benign patterns placed as patches.
+_PATCHES: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {
+    "gastritis": ((0.12, 0.35), (0.45, 0.95)),
+    "follicle": ((0.05, 0.14), (0.85, 1.0)),
+    "reactive": ((0.05, 0.12), (0.6, 1.0)),
+    "metaplasia": ((0.08, 0.2), (0.6, 1.0)),
+}
+
+
+def _render_mixed(
+    plan: SlidePlan, rng: np.random.Generator, size: int, unit: float, d: float, palette: Palette, mix: TissueMix
+) -> SynthSlide:
+    """A slide of ``mix``: an abnormal slide's carcinoma of one subtype, and on every slide the benign patterns
+    (patches of chronic gastritis, lymphoid follicles, reactive epithelium and intestinal metaplasia), which never
+    overlap the carcinoma; the mask marks exactly the carcinoma."""
+    regions: list[Region] = []
+    zones: list[Zone] = []
+    mask = np.zeros((size, size), np.uint8)
+    carcinoma: list[str] = []
+    cancer_zones: list[Zone] = []
+    if plan.abnormal:
+        area = float(rng.uniform(0.18, 0.42)) * (1.0 - 0.7 * d)
+        regions = make_regions(rng, size, area, int(rng.integers(1, 4)))
+        mask = rasterize(regions, size)
+        names, weights = mix.carcinoma_weights()
+        # Atypia fades less with difficulty than in the classic tissue (1 - 0.7 d): here darkness no longer gives
+        # the class away, so morphology is all a model has, and it must stay readable at the regimes' difficulties.
+        s = 1.0 - 0.5 * d
+        # Each region its own subtype (mixed-type carcinoma is common); where regions overlap the later one shows.
+        for region in regions:
+            subtype = names[int(rng.choice(len(names), p=weights))]
+            carcinoma.append(subtype)
+            cancer_zones.append(Zone(rasterize([region], size).astype(bool), s, PATTERNS[subtype](s)))
+    cancer = mask.astype(bool)
+    benign: list[str] = []
+    for name, ((lo, hi), (s_lo, s_hi)) in _PATCHES.items():
+        for _ in range(int(rng.poisson(getattr(mix, name)))):
+            patch = rasterize(make_regions(rng, size, float(rng.uniform(lo, hi)), 1, force_group=False), size)
+            level = float(rng.uniform(s_lo, s_hi))
+            zones.append(Zone(patch.astype(bool) & ~cancer, level, PATTERNS[name](level)))
+            benign.append(name)
+    aggregates = int(rng.poisson(0.3 + 0.8 * d))
+    # The carcinoma is painted last, so it keeps its outline whatever lies under it.
+    image = render_tissue(rng, size, unit, zones + cancer_zones, palette, aggregates=aggregates, fill=False)
+    return SynthSlide(
+        plan=plan,
+        image=image,
+        mask=mask * np.uint8(255),
+        regions=tuple(regions),
+        carcinoma=tuple(carcinoma),
+        benign=tuple(benign),
+    )
 
 
 def _encode_png(array: NDArray[np.uint8]) -> bytes:
@@ -268,22 +346,33 @@ def prepare_out(out: Path, overwrite: bool) -> None:
         raise PipelineError(f"output directory {out.parent} is not writable: choose another location with --out")
 
 
-def _render_and_write(plan: SlidePlan, fmt: str, size: int, difficulty: float, root: Path) -> tuple[list[str], float]:
-    """Paint slide ``plan`` and write it under ``root``: (relative paths written, its cancer fraction)."""
-    slide = render_slide(plan, fmt, size, difficulty)
-    return _write_slide(slide, fmt, root), slide.cancer_fraction
+def _render_and_write(
+    plan: SlidePlan, fmt: str, size: int, difficulty: float, root: Path, mix: TissueMix | None = None
+) -> tuple[list[str], dict[str, Any]]:
+    """Paint slide ``plan`` and write it under ``root``: (relative paths written, what synth.json says of it)."""
+    slide = render_slide(plan, fmt, size, difficulty, mix)
+    record: dict[str, Any] = {"cancer_fraction": round(slide.cancer_fraction, 6)}
+    if mix is not None:
+        record |= {"carcinoma": list(slide.carcinoma), "benign": list(slide.benign)}
+    return _write_slide(slide, fmt, root), record
 
 
 def _written_slides(
-    plans: list[SlidePlan], fmt: str, size: int, difficulty: float, root: Path, workers: int
-) -> Iterator[tuple[list[str], float]]:
+    plans: list[SlidePlan],
+    fmt: str,
+    size: int,
+    difficulty: float,
+    root: Path,
+    workers: int,
+    mix: TissueMix | None = None,
+) -> Iterator[tuple[list[str], dict[str, Any]]]:
     """Every slide painted and written, in plan order; ``workers`` > 1 spreads them over that many processes.
 
     Each slide draws from its own seeded generator (module docstring), so the files do not depend on ``workers``.
     """
     if workers <= 1 or len(plans) < 2:
         for plan in plans:
-            yield _render_and_write(plan, fmt, size, difficulty, root)
+            yield _render_and_write(plan, fmt, size, difficulty, root, mix)
         return
     context = multiprocessing.get_context("forkserver")
     with plain_main(), ProcessPoolExecutor(min(workers, len(plans)), mp_context=context) as pool:
@@ -291,7 +380,7 @@ def _written_slides(
         yield from pool.map(
             _render_and_write,
             plans,
-            *(itertools.repeat(x, len(plans)) for x in (fmt, size, difficulty, root)),
+            *(itertools.repeat(x, len(plans)) for x in (fmt, size, difficulty, root, mix)),
             chunksize=chunk,
         )
 
@@ -307,6 +396,8 @@ def generate_dataset(
     progress: bool = False,
     overwrite: bool = False,
     workers: int = 1,
+    tissue: str = DEFAULT_MIX,
+    mix: str | None = None,
 ) -> SynthSummary:
     """Write a synthetic dataset of ``images`` slides in the ``fmt`` ("seed" or "bot") raw layout to ``out``.
 
@@ -317,8 +408,14 @@ def generate_dataset(
     leaves no half-written dataset; ``overwrite`` replaces only a previous synth output, never foreign files.
     ``out`` is locked while the run lasts (`infra.outputs.claim_output`): a second synth to it is refused.
     ``workers``: slides painted at once, one process each (the files are the same for any value).
+    ``tissue``: the named mixture of patterns (`pipeline.synth_patterns.MIXES`: "gastric", the default, or
+    "classic", the tissue of earlier versions byte for byte); ``mix``: overrides of its weights, "tubular=2,follicle=0".
     """
     spec = _check_args(fmt, images, difficulty, abnormal_fraction, size, workers)
+    try:
+        resolved = parse_mix(tissue, mix)
+    except ValueError as exc:
+        raise PipelineError(str(exc)) from None
     # Resolved, so that "." or "../x" still have a real name and parent for the temporary folder beside them.
     out = Path(out).expanduser().resolve()
     size = spec.size if size is None else size
@@ -326,7 +423,18 @@ def generate_dataset(
     try:
         with claim_output(out, "synth"):
             return _generate_claimed(
-                out, spec, plans, seed, difficulty, abnormal_fraction, size, progress, overwrite, workers
+                out,
+                spec,
+                plans,
+                seed,
+                difficulty,
+                abnormal_fraction,
+                size,
+                progress,
+                overwrite,
+                workers,
+                tissue,
+                resolved,
             )
     except OutputError as exc:
         raise PipelineError(str(exc)) from None
@@ -343,6 +451,8 @@ def _generate_claimed(
     progress: bool,
     overwrite: bool,
     workers: int = 1,
+    tissue: str = DEFAULT_MIX,
+    mix: TissueMix | None = MIXES[DEFAULT_MIX],
 ) -> SynthSummary:
     """`generate_dataset` once ``out`` is locked: check it, render into a temporary folder, swap into place."""
     fmt, images = spec.name, len(plans)
@@ -354,17 +464,12 @@ def _generate_claimed(
         slides_info = []
         bar = tqdm(total=images, desc=f"synth {fmt}", unit="slide", disable=not progress)
         with bar:
-            for plan, (written, cancer_fraction) in zip(
-                plans, _written_slides(plans, fmt, size, difficulty, tmp, workers), strict=True
+            for plan, (written, record) in zip(
+                plans, _written_slides(plans, fmt, size, difficulty, tmp, workers, mix), strict=True
             ):
                 files += written
                 slides_info.append(
-                    {
-                        "id": plan.slide_id,
-                        "label": "abnormal" if plan.abnormal else "normal",
-                        "files": written,
-                        "cancer_fraction": round(cancer_fraction, 6),
-                    }
+                    {"id": plan.slide_id, "label": "abnormal" if plan.abnormal else "normal", "files": written} | record
                 )
                 bar.update(1)
         n_abnormal = sum(p.abnormal for p in plans)
@@ -377,6 +482,8 @@ def _generate_claimed(
             "images": images,
             "seed": seed,
             "difficulty": float(difficulty),
+            "tissue": tissue,
+            "mix": None if mix is None else mix.as_dict(),
             "abnormal_fraction": spec.abnormal_fraction if abnormal_fraction is None else float(abnormal_fraction),
             "n_normal": images - n_abnormal,
             "n_abnormal": n_abnormal,

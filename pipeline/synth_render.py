@@ -22,6 +22,8 @@ import cv2
 import numpy as np
 from numpy.typing import NDArray
 
+from pipeline.synth_patterns import Look
+
 F32 = NDArray[np.float32]
 U8 = NDArray[np.uint8]
 Bool = NDArray[np.bool_]
@@ -35,14 +37,27 @@ STAIN_RBC = np.array([0.10, 1.05, 0.85], np.float32)
 _DARK_SCALE = 140.0
 _SHIFT = 4
 _ONE = 1 << _SHIFT
+# Intracellular mucin (goblet cells, signet-ring cells) in the lumen canvas: mostly clear, with a little of the
+# underlying eosin and haematoxylin showing, pale grey-blue rather than the glass-white of an empty lumen.
+_MUCIN = 185
 
 
 @dataclass(frozen=True)
 class Zone:
-    """An area of atypical epithelium: ``mask`` (bool, slide-sized) and strength ``s`` in [0, 1]."""
+    """An area that departs from normal mucosa: ``mask`` (bool, slide-sized) and strength ``s`` in [0, 1].
+
+    ``look`` None: the built-in atypia of strength ``s`` (`Look.atypia`); else the pattern's own look
+    (`pipeline.synth_patterns`).
+    """
 
     mask: Bool
     s: float
+    look: Look | None = None
+
+    @property
+    def appearance(self) -> Look:
+        """What the zone looks like."""
+        return Look.atypia(self.s) if self.look is None else self.look
 
 
 @dataclass(frozen=True)
@@ -65,9 +80,11 @@ class _Gland:
     phases: NDArray[np.float64]
     thick: float
     kind: str  # "ring", "cribriform" or "solid"
-    s: float
+    s: float  # architectural atypia
+    look: Look = field(default_factory=Look)
     wedge: tuple[float, float] | None = None
     holes: list[tuple[float, float, float]] = field(default_factory=list)
+    goblets: list[tuple[float, float, float]] = field(default_factory=list)
 
     def profile(self, theta: NDArray[np.float64]) -> NDArray[np.float64]:
         """Radial factor of the outline (1 = the plain ellipse); harmonics 2, 3, ... make it irregular."""
@@ -267,9 +284,10 @@ def _lookup(mask: NDArray, pts: NDArray[np.float64]) -> NDArray:
 
 
 def _make_glands(
-    rng: np.random.Generator, size: int, unit: float, allowed: Bool, s: float, elongation: tuple[float, float]
+    rng: np.random.Generator, size: int, unit: float, allowed: Bool, look: Look, elongation: tuple[float, float]
 ) -> list[_Gland]:
-    """Glands whose centres fall in ``allowed``; their architecture degrades with atypia ``s``."""
+    """Glands whose centres fall in ``allowed``; their architecture degrades with ``look.arch``."""
+    s = look.arch
     base = unit * rng.uniform(6.0, 7.5) * (1.0 + 0.4 * s)
     area = float(allowed[::4, ::4].mean()) * size * size
     n_try = int(area / (math.pi * base * base) * (4 + 6 * s)) + 4
@@ -301,7 +319,7 @@ def _make_glands(
             if thick < 2.4 * unit * (1.0 + 0.55 * s):
                 kind = "solid"
         g = _Gland(
-            float(pts[i, 0]), float(pts[i, 1]), float(a[i]), float(b[i]), float(phi), amps, phases, thick, kind, s
+            float(pts[i, 0]), float(pts[i, 1]), float(a[i]), float(b[i]), float(phi), amps, phases, thick, kind, s, look
         )
         if kind == "ring" and rng.random() < 0.5 * s:
             g.wedge = (float(rng.uniform(0, 2 * math.pi)), float(rng.uniform(0.5, 1.6)))
@@ -314,13 +332,32 @@ def _make_glands(
                     g.holes.append((hx, hy, hr))
                 if len(g.holes) >= n_holes:
                     break
+        if kind == "ring" and look.goblet > 0:
+            _add_goblets(rng, g, unit, look.goblet)
         glands.append(g)
     return glands
 
 
+def _add_goblets(rng: np.random.Generator, g: _Gland, unit: float, share: float) -> None:
+    """Goblet cells of intestinal metaplasia: clear mucin vacuoles in the apical half of a ring gland's epithelium,
+    at about one in ``1 / share`` cell positions."""
+    ring = g.outline(0.52 * g.thick, n=96)
+    seg = np.linalg.norm(np.diff(ring, axis=0, append=ring[:1]), axis=1)
+    length = float(seg.sum())
+    radius = min(0.27 * g.thick, 1.4 * unit)
+    n = max(3, int(length / (2.6 * radius)))
+    pos = np.mod((np.arange(n) + rng.uniform(-0.15, 0.15, n)) * (length / n), length)
+    cum = np.concatenate([[0.0], np.cumsum(seg)])
+    closed = np.concatenate([ring, ring[:1]], axis=0)
+    keep = rng.random(n) < share
+    xs, ys = np.interp(pos, cum, closed[:, 0])[keep], np.interp(pos, cum, closed[:, 1])[keep]
+    sizes = radius * rng.uniform(0.8, 1.1, len(xs))
+    g.goblets.extend(zip(xs.tolist(), ys.tolist(), sizes.tolist(), strict=True))
+
+
 def _gland_nuclei(rng: np.random.Generator, g: _Gland, unit: float, out: _Nuclei) -> None:
     """Epithelial nuclei of one gland: a basal palisade when normal, stratified and disordered with atypia."""
-    s = g.s
+    s = g.look.nuclei
     scale = unit * (1.0 + 0.55 * s)
     if g.kind == "ring":
         rows = 1 + int(rng.uniform(0, 1 + 1.4 * s))
@@ -344,7 +381,11 @@ def _gland_nuclei(rng: np.random.Generator, g: _Gland, unit: float, out: _Nuclei
             if g.wedge is not None:
                 rel = np.mod(np.arctan2(pts[:, 1] - g.cy, pts[:, 0] - g.cx) - g.wedge[0], 2 * math.pi)
                 pts, ang = pts[rel > g.wedge[1]], ang[rel > g.wedge[1]]
-            _add_epithelial(rng, pts, ang, scale, s, out)
+            for hx, hy, hr in g.goblets:
+                # A goblet cell's own nucleus is a thin basal sliver under its mucin: no columnar nucleus there.
+                away = np.hypot(pts[:, 0] - hx, pts[:, 1] - hy) > hr + 0.3 * unit
+                pts, ang = pts[away], ang[away]
+            _add_epithelial(rng, pts, ang, scale, g.look, out)
     else:
         step = 2.45 * scale
         r = max(g.a, g.b) * 1.5
@@ -352,19 +393,20 @@ def _gland_nuclei(rng: np.random.Generator, g: _Gland, unit: float, out: _Nuclei
         pts = pts[g.inside(pts, inset=0.6 * unit)]
         for hx, hy, hr in g.holes:
             pts = pts[np.hypot(pts[:, 0] - hx, pts[:, 1] - hy) > hr + 0.8 * unit]
-        _add_epithelial(rng, pts, rng.uniform(0, math.pi, len(pts)), scale, s, out)
+        _add_epithelial(rng, pts, rng.uniform(0, math.pi, len(pts)), scale, g.look, out)
 
 
 def _add_epithelial(
-    rng: np.random.Generator, pts: NDArray[np.float64], ang: NDArray[np.float64], scale: float, s: float, out: _Nuclei
+    rng: np.random.Generator, pts: NDArray[np.float64], ang: NDArray[np.float64], scale: float, look: Look, out: _Nuclei
 ) -> None:
     n = len(pts)
     if n == 0:
         return
+    s, h = look.nuclei, look.chroma
     pleo = np.exp(rng.normal(0, 0.07 + 0.22 * s, n))
     long = scale * (1.2 - 0.25 * s) * pleo
     short = scale * (0.58 + 0.22 * s) * pleo * np.exp(rng.normal(0, 0.05 + 0.1 * s, n))
-    dark = (0.85 + 0.35 * s) * np.exp(rng.normal(0, 0.07 + 0.12 * s, n))
+    dark = (0.85 + 0.35 * h) * np.exp(rng.normal(0, 0.07 + 0.12 * h, n))
     # A few mitoses in carcinoma: small, very dark, ragged.
     mitosis = rng.random(n) < 0.03 * s
     dark[mitosis] *= 1.5
@@ -396,12 +438,24 @@ def _draw_glands(glands: list[_Gland], epi: U8, lumen: U8) -> None:
             centre = (round(hx * _ONE), round(hy * _ONE))
             cv2.circle(epi, centre, round(hr * _ONE), 0, -1, cv2.LINE_AA, shift=_SHIFT)
             cv2.circle(lumen, centre, round(hr * _ONE), 255, -1, cv2.LINE_AA, shift=_SHIFT)
+        for hx, hy, hr in g.goblets:
+            centre = (round(hx * _ONE), round(hy * _ONE))
+            cv2.circle(epi, centre, round(hr * _ONE), 0, -1, cv2.LINE_AA, shift=_SHIFT)
+            cv2.circle(lumen, centre, round(hr * _ONE), _MUCIN, -1, cv2.LINE_AA, shift=_SHIFT)
 
 
 def _stroma_nuclei(
-    rng: np.random.Generator, size: int, unit: float, free: Bool, zone_s: F32, aggregates: int, out: _Nuclei
+    rng: np.random.Generator,
+    size: int,
+    unit: float,
+    free: Bool,
+    zone_s: F32,
+    aggregates: int,
+    out: _Nuclei,
+    infiltrate: F32 | None = None,
 ) -> None:
-    """Lamina propria cells (lymphocytes, plasma cells, spindle cells), lymphoid aggregates, stray tumour cells."""
+    """Lamina propria cells (lymphocytes, plasma cells, spindle cells), lymphoid aggregates, stray tumour cells, and
+    where ``infiltrate`` > 0 lymphocytes and plasma cells packed in with that probability per cell position."""
     pts = _jittered_grid(rng, 0, 0, size, size, 4.0 * unit)
     for _ in range(aggregates):
         cx, cy = rng.uniform(0, size, 2)
@@ -428,6 +482,41 @@ def _stroma_nuclei(
     dark = np.where(stray, 1.0 + 0.5 * s, dark)
     jit = np.where(stray, 0.1 + 0.12 * s, jit)
     out.add(pts, long, short, rng.uniform(0, math.pi, n), dark, jit)
+    if infiltrate is not None:
+        # Chronic inflammation: small round lymphocytes and eccentric plasma cells, nearly touching at full strength.
+        dense = _jittered_grid(rng, 0, 0, size, size, 1.9 * unit)
+        dense = dense[(dense[:, 0] < size) & (dense[:, 1] < size)]
+        dense = dense[_lookup(free, dense) & (rng.random(len(dense)) < _lookup(infiltrate, dense))]
+        m = len(dense)
+        plasma = rng.random(m) < 0.35
+        long = np.where(plasma, 0.9, 0.7) * unit * np.exp(rng.normal(0, 0.08, m))
+        short = np.where(plasma, 0.7, 0.66) * unit * np.exp(rng.normal(0, 0.08, m))
+        dark = np.where(plasma, 1.15, 1.5) * np.exp(rng.normal(0, 0.08, m))
+        out.add(dense, long, short, rng.uniform(0, math.pi, m), dark, np.full(m, 0.04))
+
+
+def _signet_cells(
+    rng: np.random.Generator, size: int, unit: float, allowed: Bool, density: float, mucin: U8, out: _Nuclei
+) -> None:
+    """Poorly cohesive (signet-ring) carcinoma cells in ``allowed``: each a round vacuole of pale mucin (drawn into
+    ``mucin``, painted like a lumen) with a dark crescent nucleus pressed against its edge; ``density``: the share
+    of cell positions taken."""
+    pts = _jittered_grid(rng, 0, 0, size, size, 4.6 * unit)
+    pts = pts[(pts[:, 0] < size) & (pts[:, 1] < size)]
+    pts = pts[_lookup(allowed, pts) & (rng.random(len(pts)) < density)]
+    n = len(pts)
+    if n == 0:
+        return
+    radius = unit * rng.uniform(1.5, 2.2, n)
+    for (x, y), r in zip(pts, radius, strict=True):
+        centre = (round(x * _ONE), round(y * _ONE))
+        cv2.circle(mucin, centre, round(r * _ONE), _MUCIN, -1, cv2.LINE_AA, shift=_SHIFT)
+    side = rng.uniform(0, 2 * math.pi, n)
+    centre = pts + 0.72 * radius[:, None] * np.stack([np.cos(side), np.sin(side)], axis=1)
+    long = unit * rng.uniform(0.95, 1.3, n)
+    short = unit * rng.uniform(0.32, 0.45, n)
+    dark = 1.1 * np.exp(rng.normal(0, 0.1, n))
+    out.add(centre, long, short, side + math.pi / 2, dark, np.full(n, 0.12))
 
 
 def _draw_nuclei(rng: np.random.Generator, canvas: U8, nuclei: _Nuclei) -> None:
@@ -496,16 +585,26 @@ def render_tissue(
     zones: list[Zone],
     palette: Palette,
     aggregates: int = 0,
+    fill: bool = True,
 ) -> U8:
-    """An RGB ``size`` x ``size`` H&E image; ``unit`` is the radius of a normal epithelial nucleus in pixels."""
+    """An RGB ``size`` x ``size`` H&E image; ``unit`` is the radius of a normal epithelial nucleus in pixels.
+
+    ``fill``: zones are solid tissue (no tears or ragged edge inside them), as the built-in carcinoma always was;
+    False lets tears and the tissue's edge cross them like any other tissue, so that a zone is not marked by
+    having no glass (`pipeline.synth_patterns`).
+    """
     tissue = _tissue(rng, size, unit, cover=float(rng.uniform(0.86, 0.98)))
     zone_any = np.zeros((size, size), bool)
-    zone_s = np.zeros((size, size), np.float32)
+    # Per-pixel strength of the features that act outside the glands: stroma, cytoplasm, chromatin, infiltrate.
+    maps = {k: np.zeros((size, size), np.float32) for k in ("stroma", "cytoplasm", "chroma", "infiltrate")}
     for zone in zones:
         zone_any |= zone.mask
-        zone_s[zone.mask] = np.maximum(zone_s[zone.mask], zone.s)
-    # Tumour fills its region: no background holes where carcinoma was annotated.
-    tissue = np.maximum(tissue, zone_any.astype(np.float32))
+        look = zone.appearance
+        for key, strength in maps.items():
+            strength[zone.mask] = np.maximum(strength[zone.mask], getattr(look, key))
+    if fill:
+        # Tumour fills its region: no background holes where carcinoma was annotated.
+        tissue = np.maximum(tissue, zone_any.astype(np.float32))
     fib = _fibres(rng, size, unit)
 
     # Glands: normal mucosa everywhere, then each zone's atypical glands composited inside the zone only, so
@@ -516,12 +615,15 @@ def render_tissue(
     lumen = np.zeros((size, size), np.uint8)
     nuc = np.zeros((size, size), np.uint8)
     normal_nuclei = _Nuclei()
-    normal_glands = _make_glands(rng, size, unit, tissue > 0.5, 0.0, elongation)
+    normal_glands = _make_glands(rng, size, unit, tissue > 0.5, Look(), elongation)
     _draw_glands(normal_glands, epi, lumen)
     for g in normal_glands:
         _gland_nuclei(rng, g, unit, normal_nuclei)
     _draw_nuclei(rng, nuc, normal_nuclei)
     for zone in zones:
+        look = zone.appearance
+        if look.glands and not (look.arch or look.nuclei or look.chroma or look.goblet or look.signet):
+            continue  # the normal glands already drawn are this zone's (e.g. gastritis changes only the stroma)
         z_epi = np.zeros_like(epi)
         z_lumen = np.zeros_like(lumen)
         z_nuc = np.zeros_like(nuc)
@@ -529,10 +631,12 @@ def render_tissue(
         # Centres may lie a gland's radius outside the zone: glands straddling the outline are clipped by the
         # composite below, so gland density does not dip along the boundary.
         reach = _smooth(zone.mask.astype(np.float32), 4.0 * unit) > 0.02
-        glands = _make_glands(rng, size, unit, reach, zone.s, elongation)
+        glands = _make_glands(rng, size, unit, reach, look, elongation) if look.glands else []
         _draw_glands(glands, z_epi, z_lumen)
         for g in glands:
             _gland_nuclei(rng, g, unit, z_nuclei)
+        if look.signet > 0:
+            _signet_cells(rng, size, unit, reach, look.signet, z_lumen, z_nuclei)
         _draw_nuclei(rng, z_nuc, z_nuclei)
         epi[zone.mask] = z_epi[zone.mask]
         lumen[zone.mask] = z_lumen[zone.mask]
@@ -543,9 +647,10 @@ def render_tissue(
     _vessels(rng, size, unit, free, lumen, rbc)
     free &= lumen < 64
     stroma_nuclei = _Nuclei()
-    _stroma_nuclei(rng, size, unit, free, zone_s, aggregates, stroma_nuclei)
+    infiltrate = _smooth(maps["infiltrate"], 2.0 * unit) if maps["infiltrate"].any() else None
+    _stroma_nuclei(rng, size, unit, free, maps["stroma"], aggregates, stroma_nuclei, infiltrate)
     _draw_nuclei(rng, nuc, stroma_nuclei)
-    return _compose(rng, size, unit, tissue, fib, epi, lumen, nuc, rbc, zone_s, palette)
+    return _compose(rng, size, unit, tissue, fib, epi, lumen, nuc, rbc, maps["cytoplasm"], maps["chroma"], palette)
 
 
 def _compose(
@@ -558,7 +663,8 @@ def _compose(
     lumen_u8: U8,
     nuc_u8: U8,
     rbc_u8: U8,
-    zone_s: F32,
+    cytoplasm: F32,
+    chroma: F32,
     palette: Palette,
 ) -> U8:
     """Stain concentrations -> optical density (Beer-Lambert) -> RGB.
@@ -567,8 +673,10 @@ def _compose(
     full-size temporary costs 16 MB and a trip through memory, and there are dozens of them.
     """
     f32 = np.float32
-    zoned = bool(zone_s.any())
-    zs = _smooth(zone_s, max(0.5, unit)) if zoned else None
+    zc = _smooth(cytoplasm, max(0.5, unit)) if cytoplasm.any() else None
+    zk = zc if zc is not None and np.array_equal(chroma, cytoplasm) else None
+    if zk is None and chroma.any():
+        zk = _smooth(chroma, max(0.5, unit))
     # Two textures: a fine grain (chromatin, cytoplasm granules) and a cell-sized mottle (uneven stroma).
     grain = _blur(_white_noise(rng, size), max(0.6, 0.3 * unit))
     grain *= f32(1.0 / (float(grain[::4, ::4].std()) or 1.0))
@@ -586,7 +694,8 @@ def _compose(
             fib[rows],
             grain[rows],
             mottle[rows],
-            None if zs is None else zs[rows],
+            None if zc is None else zc[rows],
+            None if zk is None else zk[rows],
             c_h[rows],
             c_e[rows],
         )
@@ -628,7 +737,8 @@ def _stains(
     fib: F32,
     grain: F32,
     mottle: F32,
-    zs: F32 | None,
+    zc: F32 | None,
+    zk: F32 | None,
     c_h: F32,
     c_e: F32,
 ) -> None:
@@ -653,8 +763,8 @@ def _stains(
     c_e *= tmp
     np.multiply(grain, f32(0.08 * 0.34), out=tmp)
     tmp += f32(0.34)
-    if zs is not None:
-        tmp -= zs * f32(0.05)
+    if zc is not None:
+        tmp -= zc * f32(0.05)
     tmp *= epi
     c_e += tmp
     np.multiply(mottle, f32(0.5 * 0.05), out=tmp)
@@ -667,8 +777,8 @@ def _stains(
     np.multiply(stroma, f32(0.05), out=c_h)
     np.multiply(mottle, f32(0.1 * 0.15), out=tmp)
     tmp += f32(0.15)
-    if zs is not None:
-        tmp += zs * f32(0.2)
+    if zc is not None:
+        tmp += zc * f32(0.2)
     tmp *= epi
     c_h += tmp
     np.multiply(lum, f32(0.015), out=tmp)
@@ -677,8 +787,8 @@ def _stains(
     # Nuclei replace what lies under them; chromatin is grainy, coarser in atypical nuclei.
     cover = nuc * f32(1.6)
     np.minimum(cover, 1.0, out=cover)
-    if zs is not None:
-        np.multiply(zs, f32(0.2), out=tmp)
+    if zk is not None:
+        np.multiply(zk, f32(0.2), out=tmp)
         tmp += f32(0.16)
         tmp *= grain
     else:

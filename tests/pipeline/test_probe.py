@@ -17,6 +17,7 @@ from pipeline.probe import (
     probe_markdown,
     separation_auc,
     tile_statistics,
+    within_auc,
 )
 
 # The statistics prepare recorded before std_intensity, mean_saturation and dark_fraction were added.
@@ -145,6 +146,7 @@ def _older_record() -> dict:  # type: ignore[type-arg]
     record = _record(_tiles(rng, 10, 0.0), _tiles(rng, 10, 0.9))
     old = json.loads(json.dumps(record))
     old["statistics"] = {k: v for k, v in old["statistics"].items() if k in OLD_STATISTICS}
+    del old["within_hospitals"], old["worst_within"]  # added later still
     for row in [*old["splits"].values(), *(r for c in old["clients"].values() for r in c.values())]:
         for name in set(STATISTICS) - set(OLD_STATISTICS):
             del row[name]
@@ -171,7 +173,8 @@ def test_a_record_with_only_the_older_statistics_still_reads(tmp_path: Path) -> 
     # a record of today lists all nine
     rng = np.random.default_rng(0)
     today = probe_markdown(_record(_tiles(rng, 10, 0.0), _tiles(rng, 10, 0.9)))
-    assert len(today) == len(lines) + len(STATISTICS) - len(OLD_STATISTICS)
+    within_block = 5 + len(STATISTICS)  # blank, sentence, blank, header, rule, one row per statistic
+    assert len(today) == len(lines) + len(STATISTICS) - len(OLD_STATISTICS) + within_block
     assert any(line.startswith(f"| {DESCRIPTIONS['dark_fraction']} |") for line in today)
 
 
@@ -218,3 +221,30 @@ def test_a_mask_outside_dataset_is_named_wherever_its_results_carry_the_intended
     assert intended_use(dataset) == INTENDED_USE
     (dataset / "prepare.json").write_text(json.dumps({"synthetic": False, "labels": {"departure": "whitened"}}))
     assert intended_use(dataset) == f"{INTENDED_USE} {MASKED_NOTE}"
+
+
+def test_within_hospital_auc_counts_only_pairs_of_one_hospital() -> None:
+    """Hospital 0: abnormal 3, 4 over normal 1, 2 (4 of 4 pairs); hospital 1: abnormal 1 under normal 2, 3 (0 of 2);
+    hospital 2 has one class and adds no pair: 4 / 6. Pooled, the first seven give 8 / 12 (ties count one half)."""
+    values = [3.0, 4.0, 1.0, 2.0, 1.0, 2.0, 3.0, 9.0]
+    labels = [1, 1, 0, 0, 1, 0, 0, 1]
+    groups = [0, 0, 0, 0, 1, 1, 1, 2]
+    assert within_auc(values, labels, groups) == pytest.approx(4 / 6)
+    assert within_auc(values[:7], labels[:7], [0] * 7) == pytest.approx(8 / 12)
+    assert within_auc([1.0, 2.0], [1, 1], [0, 1]) is None
+    assert within_auc([1.0, 2.0, 3.0, 4.0], [1, 0, 1, 0], [0, 0, 1, 1]) == pytest.approx(1.0)  # lower = abnormal
+
+
+def test_a_site_and_case_mix_confound_is_named_in_the_warning() -> None:
+    """A bright hospital with 8 abnormal tiles of 10 and a dim one with 2: within each, every tile has the same
+    statistics (AUC 0.5); pooled, brightness separates the classes at 80 / 100 pairs (ties count one half)."""
+    stats, labels, clients = [], [], []
+    for client, level, abnormal in ((0, 200.0, 8), (1, 120.0, 2)):
+        for k in range(10):
+            stats.append((0.0, 0.0, level, level, level, level, 10.0, 0.2, 0.0))
+            labels.append(int(k < abnormal))
+            clients.append(client)
+    record = probe(stats, labels, ["test"] * 20, clients, ("test",))
+    assert record["worst"]["auc"] == pytest.approx(0.8)
+    assert record["worst_within"]["auc"] == pytest.approx(0.5)
+    assert "Within any one hospital no statistic exceeds AUC 0.500" in record["warning"]
