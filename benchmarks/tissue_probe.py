@@ -6,6 +6,7 @@ work folder; the probe's record (``prepare.json["shortcut_probe"]``, `pipeline.p
 per split. Writes ``benchmarks/results/tissue_probe.md`` and ``.json``.
 
     .venv/bin/python benchmarks/tissue_probe.py [--regimes seed_like,label_skew,...] [--work /tmp/tissue_probe]
+        [--keep-paths]   # the gastric datasets where the presets read them: data/raw/<regime>, data/prepared/<regime>
 """
 
 from __future__ import annotations
@@ -51,13 +52,14 @@ def preset_commands(regime: str) -> list[list[str]]:
     return found
 
 
-def _retarget(args: list[str], work: Path, tissue: str) -> list[str]:
-    """Point data/raw/X and data/prepared/X at the work folder, and name the tissue for synth."""
+def _retarget(args: list[str], work: Path | None, tissue: str) -> list[str]:
+    """Point data/raw/X and data/prepared/X at the work folder (``work`` None: keep the preset's own paths under the
+    repository), and name the tissue for synth."""
     out = []
     for a in args:
         for prefix in ("data/raw/", "data/prepared/"):
             if a.startswith(prefix):
-                a = str(work / tissue / a.replace("/", "_"))
+                a = str(ROOT / a if work is None else work / tissue / a.replace("/", "_"))
         out.append(a)
     out[0] = str(ROOT / ".venv" / "bin" / "gastric-fl")
     if out[1] == "synth":
@@ -68,7 +70,7 @@ def _retarget(args: list[str], work: Path, tissue: str) -> list[str]:
     return out
 
 
-def measure(regime: str, tissue: str, work: Path) -> dict[str, Any]:
+def measure(regime: str, tissue: str, work: Path | None) -> dict[str, Any]:
     """Make one regime's dataset with one tissue and return its probe record and the time it took."""
     start = time.perf_counter()
     prepared = None
@@ -137,6 +139,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tissues", default=",".join(TISSUES))
     parser.add_argument("--work", type=Path, default=Path("/tmp/tissue_probe"))
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "tissue_probe")
+    parser.add_argument(
+        "--keep-paths",
+        action="store_true",
+        help="write the gastric datasets to the presets' own data/raw/<regime> and data/prepared/<regime> (what "
+        "the regime presets and ablation grids train on), the classic ones to --work",
+    )
     args = parser.parse_args(argv)
     regimes = [r for r in args.regimes.split(",") if r]
     tissues = [t for t in args.tissues.split(",") if t]
@@ -147,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, dict[str, Any]]] = {}
     for regime in regimes:
         for tissue in tissues:
-            results.setdefault(regime, {})[tissue] = measure(regime, tissue, args.work)
+            work = None if args.keep_paths and tissue == "gastric" else args.work
+            results.setdefault(regime, {})[tissue] = measure(regime, tissue, work)
             record = results[regime][tissue]["probe"]
             print(
                 f"{regime} {tissue}: worst {_worst(record, 'worst')}, within {_worst(record, 'worst_within')}",

@@ -65,8 +65,13 @@ def slide_sources(record: dict, client: int, split: str, label: str) -> list[str
 
 def train_tiny(raw: Path, prepared: Path, run: Path, size: int = 256, rounds: int = 1) -> None:
     """synth (8 SEED slides of ``size`` px) -> prepare (2 hospitals, hospital 1 gray, 64 px tiles) -> ``rounds``
-    rounds of FedAvg at 32 px input into ``run``."""
-    generate_dataset(raw, "seed", images=8, seed=4, size=size)
+    rounds of FedAvg at 32 px input into ``run``.
+
+    The classic tissue: these tests exercise predict, the pages and the reports, which need a model whose tile
+    probabilities spread on both sides of a threshold after one round on 8 slides; on the gastric tissue a model
+    must read morphology, which takes far more tiles and rounds than a fixture can afford (docs/synthetic-data.md).
+    """
+    generate_dataset(raw, "seed", images=8, seed=4, size=size, tissue="classic")
     prepare_dataset(
         build_config(
             None,
