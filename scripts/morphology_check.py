@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from infra.formats import MANIFEST_FILE  # noqa: E402
-from pipeline.probe import STATISTICS, probe_prepared  # noqa: E402
+from pipeline.probe import probe_prepared  # noqa: E402
 
 GFL = str(ROOT / ".venv" / "bin" / "gastric-fl")
 
@@ -64,10 +64,11 @@ def flatten(source: Path, target: Path) -> None:
         shutil.copy2(source / name, target / name)
 
 
-def separate_auc(dataset: Path, run: Path, config: str) -> dict[str, Any]:
+def separate_auc(dataset: Path, run: Path, config: str, settings: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    extra = [arg for setting in settings for arg in ("--set", setting)]
     subprocess.run(
         [GFL, "train", "--config", config, "--data", str(dataset), "--out", str(run), "--overwrite", "-q",
-         "--set", "strategy.name=separate", "--set", "run.threads=1"],
+         "--set", "strategy.name=separate", "--set", "run.threads=1", *extra],
         check=True, cwd=ROOT, stdout=subprocess.DEVNULL,
     )  # fmt: skip
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -82,29 +83,31 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=ROOT / "data" / "prepared" / "honest_quickstart_raw")
     parser.add_argument("--config", default="configs/demo.toml")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "honest_evaluation")
+    parser.add_argument("--set", action="append", default=[], help="a setting for both trainings, e.g. run.rounds=10")
     args = parser.parse_args()
     flat = args.data.parent / f"{args.data.name}_flat"
     flatten(args.data, flat)
     probes = {name: probe_prepared(folder) for name, folder in (("raw", args.data), ("flattened", flat))}
     runs = ROOT / "data" / "runs"
     aucs = {
-        "raw": separate_auc(args.data, runs / "morphology_raw_separate", args.config),
-        "flattened": separate_auc(flat, runs / "morphology_flat_separate", args.config),
+        "raw": separate_auc(args.data, runs / "morphology_raw_separate", args.config, args.set),
+        "flattened": separate_auc(flat, runs / "morphology_flat_separate", args.config, args.set),
     }
-    result = {"data": str(args.data), "config": args.config, "probe": probes, "separate": aucs}
+    result = {"data": str(args.data), "config": args.config, "set": args.set, "probe": probes, "separate": aucs}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "morphology.json").write_text(json.dumps(result, indent=2) + "\n")
+    settings = "".join(f" --set {s}" for s in args.set)
     lines = [
         "# Morphology check: can a model learn the synthetic classes without brightness or colour?",
         "",
         f"Command: `.venv/bin/python scripts/morphology_check.py --data {args.data.relative_to(ROOT)} "
-        f"--config {args.config}` (numbers: `morphology.json`). *Flattened*: every tile's channels set to the "
-        "dataset's common mean and standard deviation, so no brightness or colour level is left; texture stays.",
+        f"--config {args.config}{settings}` (numbers: `morphology.json`). *Flattened*: every tile's channels set to "
+        "the dataset's common mean and standard deviation, so no brightness or colour level is left; texture stays.",
         "",
         "| statistic | raw test AUC | flattened test AUC |",
         "|---|---|---|",
     ]
-    for name in STATISTICS:
+    for name in probes["raw"]["statistics"]:
         raw = probes["raw"]["splits"]["test"][name]
         flattened = probes["flattened"]["splits"]["test"][name]
         lines.append(f"| {name} | {raw:.3f} | {flattened:.3f} |")
