@@ -93,16 +93,28 @@ def main() -> None:
         "raw": separate_auc(args.data, runs / "morphology_raw_separate", args.config, args.set),
         "flattened": separate_auc(flat, runs / "morphology_flat_separate", args.config, args.set),
     }
-    result = {"data": str(args.data), "config": args.config, "set": args.set, "probe": probes, "separate": aucs}
+    data = args.data.resolve()
+    shown = data.relative_to(ROOT) if data.is_relative_to(ROOT) else data
+    result = {"data": str(shown), "config": args.config, "set": args.set, "probe": probes, "separate": aucs}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "morphology.json").write_text(json.dumps(result, indent=2) + "\n")
-    settings = "".join(f" --set {s}" for s in args.set)
+    lines = markdown(result)
+    (args.out / "morphology.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def markdown(result: dict[str, Any]) -> list[str]:
+    """The report of one check from its ``morphology.json`` record: the probe's test AUCs, raw and flattened, and
+    Separate's test AUC per hospital on each."""
+    probes, aucs = result["probe"], result["separate"]
+    settings = "".join(f" --set {s}" for s in result.get("set", []))
     lines = [
         "# Morphology check: can a model learn the synthetic classes without brightness or colour?",
         "",
-        f"Command: `.venv/bin/python scripts/morphology_check.py --data {args.data.relative_to(ROOT)} "
-        f"--config {args.config}{settings}` (numbers: `morphology.json`). *Flattened*: every tile's channels set to "
-        "the dataset's common mean and standard deviation, so no brightness or colour level is left; texture stays.",
+        f"Command: `.venv/bin/python scripts/morphology_check.py --data {result['data']} "
+        f"--config {result['config']}{settings}` (numbers: `morphology.json`). *Flattened*: every tile's channels "
+        "set to the dataset's common mean and standard deviation, so no brightness or colour level is left; texture "
+        "stays.",
         "",
         "| statistic | raw test AUC | flattened test AUC |",
         "|---|---|---|",
@@ -111,18 +123,19 @@ def main() -> None:
         raw = probes["raw"]["splits"]["test"][name]
         flattened = probes["flattened"]["splits"]["test"][name]
         lines.append(f"| {name} | {raw:.3f} | {flattened:.3f} |")
+    hospitals = sorted(aucs["raw"]["hospitals"], key=int)
     lines += [
         "",
-        "| Separate (each hospital alone), last round | " + " | ".join(
-            f"hospital {c}" for c in sorted(aucs["raw"]["hospitals"])) + " | mean |",
-        "|---|" + "---|" * (len(aucs["raw"]["hospitals"]) + 1),
-    ]  # fmt: skip
+        "| Separate (each hospital alone), last round | "
+        + " | ".join(f"hospital {c}" for c in hospitals)
+        + " | mean |",
+        "|---|" + "---|" * (len(hospitals) + 1),
+    ]
     for kind in ("raw", "flattened"):
         per = aucs[kind]["hospitals"]
-        cells = ["n/a" if per[c] is None else f"{per[c]:.3f}" for c in sorted(per)]
+        cells = ["n/a" if per[c] is None else f"{per[c]:.3f}" for c in hospitals]
         lines.append(f"| test AUC on {kind} tiles | " + " | ".join(cells) + f" | {aucs[kind]['mean_auc']:.3f} |")
-    (args.out / "morphology.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    return lines
 
 
 if __name__ == "__main__":

@@ -301,6 +301,8 @@ def test_cli_writes_dataset(tmp_path: Path) -> None:
     [
         (["--images", "-2"], "--images"),
         (["--format", "png"], "unknown format"),
+        (["--tissue", "pale"], "unknown tissue 'pale'"),
+        (["--mix", "follicle=-1"], "--mix follicle=-1.0"),
     ],
 )
 def test_cli_bad_arguments_exit_2_with_one_line(tmp_path: Path, args: list[str], needle: str) -> None:
