@@ -36,7 +36,7 @@ from infra.outputs import OutputError, claim_output, replace_folder
 from infra.processes import plain_main
 from infra.provenance import SYNTH_MARKER
 from pipeline.errors import PipelineError
-from pipeline.synth_patterns import DEFAULT_MIX, MIXES, PATTERNS, TissueMix, parse_mix
+from pipeline.synth_patterns import DEFAULT_MIX, PATTERNS, TissueMix, parse_mix
 from pipeline.synth_render import Palette, Zone, render_tissue
 from pipeline.synth_shapes import Region, make_regions, rasterize, svg_document
 
@@ -161,12 +161,14 @@ def plan_dataset(fmt: str, images: int, seed: int = 0, abnormal_fraction: float 
     ]
 
 
-def _resolve_tissue(tissue: str | TissueMix | None) -> TissueMix | None:
-    if isinstance(tissue, str):
-        if tissue not in MIXES:
-            raise PipelineError(f"unknown tissue {tissue!r}: use one of {', '.join(MIXES)} (--tissue)")
-        return MIXES[tissue]
-    return tissue
+def _resolve_tissue(tissue: str | TissueMix | None, overrides: str | None = None) -> TissueMix | None:
+    """The mixture a tissue name (with ``--mix`` overrides) stands for; a `TissueMix` or None as given."""
+    if not isinstance(tissue, str):
+        return tissue
+    try:
+        return parse_mix(tissue, overrides)
+    except ValueError as exc:
+        raise PipelineError(str(exc)) from None
 
 
 def render_slide(
@@ -347,7 +349,7 @@ def prepare_out(out: Path, overwrite: bool) -> None:
 
 
 def _render_and_write(
-    plan: SlidePlan, fmt: str, size: int, difficulty: float, root: Path, mix: TissueMix | None = None
+    plan: SlidePlan, fmt: str, size: int, difficulty: float, root: Path, mix: TissueMix | None
 ) -> tuple[list[str], dict[str, Any]]:
     """Paint slide ``plan`` and write it under ``root``: (relative paths written, what synth.json says of it)."""
     slide = render_slide(plan, fmt, size, difficulty, mix)
@@ -364,7 +366,7 @@ def _written_slides(
     difficulty: float,
     root: Path,
     workers: int,
-    mix: TissueMix | None = None,
+    mix: TissueMix | None,
 ) -> Iterator[tuple[list[str], dict[str, Any]]]:
     """Every slide painted and written, in plan order; ``workers`` > 1 spreads them over that many processes.
 
@@ -412,10 +414,7 @@ def generate_dataset(
     "classic", the tissue of earlier versions byte for byte); ``mix``: overrides of its weights, "tubular=2,follicle=0".
     """
     spec = _check_args(fmt, images, difficulty, abnormal_fraction, size, workers)
-    try:
-        resolved = parse_mix(tissue, mix)
-    except ValueError as exc:
-        raise PipelineError(str(exc)) from None
+    resolved = _resolve_tissue(tissue, mix)
     # Resolved, so that "." or "../x" still have a real name and parent for the temporary folder beside them.
     out = Path(out).expanduser().resolve()
     size = spec.size if size is None else size
@@ -450,9 +449,9 @@ def _generate_claimed(
     size: int,
     progress: bool,
     overwrite: bool,
-    workers: int = 1,
-    tissue: str = DEFAULT_MIX,
-    mix: TissueMix | None = MIXES[DEFAULT_MIX],
+    workers: int,
+    tissue: str,
+    mix: TissueMix | None,
 ) -> SynthSummary:
     """`generate_dataset` once ``out`` is locked: check it, render into a temporary folder, swap into place."""
     fmt, images = spec.name, len(plans)
