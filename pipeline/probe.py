@@ -176,22 +176,21 @@ def probe(
     spl = np.asarray(splits)
     cli = np.asarray(clients)
 
-    def aucs(rows: npt.NDArray[np.bool_]) -> dict[str, Any]:
+    def aucs(rows: npt.NDArray[np.bool_], by_hospital: bool = False) -> dict[str, Any]:
+        """Each statistic's AUC over ``rows``: all pairs, or (``by_hospital``) pairs of one hospital only."""
         out: dict[str, Any] = {"tiles": int(rows.sum())}
         for k, name in enumerate(STATISTICS):
-            auc = separation_auc(table[rows, k], lab[rows]) if rows.any() else None
-            out[name] = None if auc is None else round(auc, 4)
-        return out
-
-    def within(rows: npt.NDArray[np.bool_]) -> dict[str, Any]:
-        out: dict[str, Any] = {"tiles": int(rows.sum())}
-        for k, name in enumerate(STATISTICS):
-            auc = within_auc(table[rows, k], lab[rows], cli[rows]) if rows.any() else None
+            if not rows.any():
+                auc = None
+            elif by_hospital:
+                auc = within_auc(table[rows, k], lab[rows], cli[rows])
+            else:
+                auc = separation_auc(table[rows, k], lab[rows])
             out[name] = None if auc is None else round(auc, 4)
         return out
 
     pooled = {split: aucs(spl == split) for split in split_names}
-    stratified = {split: within(spl == split) for split in split_names}
+    stratified = {split: aucs(spl == split, by_hospital=True) for split in split_names}
     per_client = {
         str(c): {split: aucs((cli == c) & (spl == split)) for split in split_names} for c in sorted(set(cli.tolist()))
     }
@@ -245,9 +244,7 @@ def probe_markdown(record: Mapping[str, Any]) -> list[str]:
         "|---|" + "---|" * len(splits),
     ]
     within = record.get("within_hospitals")  # an older record has none
-    for name, description in record["statistics"].items():  # the record's own: an older one has fewer
-        cells = [record["splits"][s].get(name) for s in splits]
-        lines.append(f"| {description} | " + " | ".join("n/a" if v is None else f"{v:.3f}" for v in cells) + " |")
+    lines += _statistic_rows(record, record["splits"], splits)
     if within:
         lines += [
             "",
@@ -257,11 +254,20 @@ def probe_markdown(record: Mapping[str, Any]) -> list[str]:
             "| statistic | " + " | ".join(splits) + " |",
             "|---|" + "---|" * len(splits),
         ]
-        for name, description in record["statistics"].items():
-            cells = [within.get(s, {}).get(name) for s in splits]
-            lines.append(f"| {description} | " + " | ".join("n/a" if v is None else f"{v:.3f}" for v in cells) + " |")
+        lines += _statistic_rows(record, within, splits)
     lines += ["", f"**Warning:** {record['warning']}" if record["warning"] else "No statistic exceeds the limit.", ""]
     return lines
+
+
+def _statistic_rows(
+    record: Mapping[str, Any], by_split: Mapping[str, Mapping[str, Any]], splits: Sequence[str]
+) -> list[str]:
+    """One markdown row per statistic the record names (an older record names fewer), one cell per split."""
+    rows = []
+    for name, description in record["statistics"].items():
+        cells = [by_split.get(s, {}).get(name) for s in splits]
+        rows.append(f"| {description} | " + " | ".join("n/a" if v is None else f"{v:.3f}" for v in cells) + " |")
+    return rows
 
 
 def probe_prepared(folder: Path, white_level: int = 220) -> dict[str, Any]:

@@ -16,6 +16,7 @@ hyperchromatic and lose their polarity. Weak zones (small ``s``) imitate reactiv
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import cv2
@@ -80,7 +81,6 @@ class _Gland:
     phases: NDArray[np.float64]
     thick: float
     kind: str  # "ring", "cribriform" or "solid"
-    s: float  # architectural atypia
     look: Look = field(default_factory=Look)
     wedge: tuple[float, float] | None = None
     holes: list[tuple[float, float, float]] = field(default_factory=list)
@@ -274,6 +274,12 @@ def _jittered_grid(rng: np.random.Generator, x0: float, y0: float, x1: float, y1
     return out
 
 
+def _in_image(pts: NDArray[np.float64], size: int) -> NDArray[np.float64]:
+    """The points that lie inside a ``size`` x ``size`` image."""
+    inside: NDArray[np.float64] = pts[(pts[:, 0] >= 0) & (pts[:, 0] < size) & (pts[:, 1] >= 0) & (pts[:, 1] < size)]
+    return inside
+
+
 def _lookup(mask: NDArray, pts: NDArray[np.float64]) -> NDArray:
     """Mask values at (x, y) points, clipped to the image."""
     h, w = mask.shape[:2]
@@ -319,7 +325,7 @@ def _make_glands(
             if thick < 2.4 * unit * (1.0 + 0.55 * s):
                 kind = "solid"
         g = _Gland(
-            float(pts[i, 0]), float(pts[i, 1]), float(a[i]), float(b[i]), float(phi), amps, phases, thick, kind, s, look
+            float(pts[i, 0]), float(pts[i, 1]), float(a[i]), float(b[i]), float(phi), amps, phases, thick, kind, look
         )
         if kind == "ring" and rng.random() < 0.5 * s:
             g.wedge = (float(rng.uniform(0, 2 * math.pi)), float(rng.uniform(0.5, 1.6)))
@@ -338,21 +344,29 @@ def _make_glands(
     return glands
 
 
+def _walk(ring: NDArray[np.float64]) -> tuple[float, Callable[[NDArray[np.float64]], NDArray[np.float64]]]:
+    """A closed outline's length, and the points at given arc-length positions along it (n x 2)."""
+    seg = np.linalg.norm(np.diff(ring, axis=0, append=ring[:1]), axis=1)
+    cum = np.concatenate([[0.0], np.cumsum(seg)])
+    closed = np.concatenate([ring, ring[:1]], axis=0)
+
+    def along(pos: NDArray[np.float64]) -> NDArray[np.float64]:
+        return np.stack([np.interp(pos, cum, closed[:, 0]), np.interp(pos, cum, closed[:, 1])], axis=1)
+
+    return float(seg.sum()), along
+
+
 def _add_goblets(rng: np.random.Generator, g: _Gland, unit: float, share: float) -> None:
     """Goblet cells of intestinal metaplasia: clear mucin vacuoles in the apical half of a ring gland's epithelium,
     at about one in ``1 / share`` cell positions."""
-    ring = g.outline(0.52 * g.thick, n=96)
-    seg = np.linalg.norm(np.diff(ring, axis=0, append=ring[:1]), axis=1)
-    length = float(seg.sum())
+    length, along = _walk(g.outline(0.52 * g.thick, n=96))
     radius = min(0.27 * g.thick, 1.4 * unit)
     n = max(3, int(length / (2.6 * radius)))
     pos = np.mod((np.arange(n) + rng.uniform(-0.15, 0.15, n)) * (length / n), length)
-    cum = np.concatenate([[0.0], np.cumsum(seg)])
-    closed = np.concatenate([ring, ring[:1]], axis=0)
     keep = rng.random(n) < share
-    xs, ys = np.interp(pos, cum, closed[:, 0])[keep], np.interp(pos, cum, closed[:, 1])[keep]
-    sizes = radius * rng.uniform(0.8, 1.1, len(xs))
-    g.goblets.extend(zip(xs.tolist(), ys.tolist(), sizes.tolist(), strict=True))
+    pts = along(pos)[keep]
+    sizes = radius * rng.uniform(0.8, 1.1, len(pts))
+    g.goblets.extend(zip(pts[:, 0].tolist(), pts[:, 1].tolist(), sizes.tolist(), strict=True))
 
 
 def _gland_nuclei(rng: np.random.Generator, g: _Gland, unit: float, out: _Nuclei) -> None:
@@ -363,16 +377,11 @@ def _gland_nuclei(rng: np.random.Generator, g: _Gland, unit: float, out: _Nuclei
         rows = 1 + int(rng.uniform(0, 1 + 1.4 * s))
         for row in range(rows):
             depth = g.thick * (0.28 + (0.42 * row / (rows - 1) if rows > 1 else 0.0))
-            ring = g.outline(depth, n=96)
-            seg = np.linalg.norm(np.diff(ring, axis=0, append=ring[:1]), axis=1)
-            length = float(seg.sum())
+            length, along = _walk(g.outline(depth, n=96))
             step = 2.0 * scale * (1.0 - 0.1 * s)
             n = max(3, int(length / step))
             pos = (np.arange(n) + rng.uniform(-0.2, 0.2, n)) * (length / n) + rng.uniform(0, step)
-            cum = np.concatenate([[0.0], np.cumsum(seg)])
-            closed = np.concatenate([ring, ring[:1]], axis=0)
-            pos = np.mod(pos, length)
-            pts = np.stack([np.interp(pos, cum, closed[:, 0]), np.interp(pos, cum, closed[:, 1])], axis=1)
+            pts = along(np.mod(pos, length))
             radial = np.arctan2(pts[:, 1] - g.cy, pts[:, 0] - g.cx)
             # Loss of polarity: the long axis stops pointing at the lumen and nuclei leave their row.
             ang = radial + rng.normal(0, 0.15 + 1.2 * s, n)
@@ -434,14 +443,12 @@ def _draw_glands(glands: list[_Gland], epi: U8, lumen: U8) -> None:
                 pts = np.round(wedge * _ONE).astype(np.int32)
                 cv2.fillPoly(epi, [pts], 0, cv2.LINE_AA, shift=_SHIFT)
                 cv2.fillPoly(lumen, [pts], 0, cv2.LINE_AA, shift=_SHIFT)
-        for hx, hy, hr in g.holes:
-            centre = (round(hx * _ONE), round(hy * _ONE))
-            cv2.circle(epi, centre, round(hr * _ONE), 0, -1, cv2.LINE_AA, shift=_SHIFT)
-            cv2.circle(lumen, centre, round(hr * _ONE), 255, -1, cv2.LINE_AA, shift=_SHIFT)
-        for hx, hy, hr in g.goblets:
-            centre = (round(hx * _ONE), round(hy * _ONE))
-            cv2.circle(epi, centre, round(hr * _ONE), 0, -1, cv2.LINE_AA, shift=_SHIFT)
-            cv2.circle(lumen, centre, round(hr * _ONE), _MUCIN, -1, cv2.LINE_AA, shift=_SHIFT)
+        # cribriform holes are empty lumina; goblet vacuoles hold mucin
+        for circles, value in ((g.holes, 255), (g.goblets, _MUCIN)):
+            for hx, hy, hr in circles:
+                centre = (round(hx * _ONE), round(hy * _ONE))
+                cv2.circle(epi, centre, round(hr * _ONE), 0, -1, cv2.LINE_AA, shift=_SHIFT)
+                cv2.circle(lumen, centre, round(hr * _ONE), value, -1, cv2.LINE_AA, shift=_SHIFT)
 
 
 def _stroma_nuclei(
@@ -463,7 +470,7 @@ def _stroma_nuclei(
         blob = _jittered_grid(rng, cx - 2 * radius, cy - 2 * radius, cx + 2 * radius, cy + 2 * radius, 1.9 * unit)
         d = np.hypot(blob[:, 0] - cx, blob[:, 1] - cy) / radius
         pts = np.concatenate([pts, blob[rng.random(len(blob)) < np.exp(-(d**2))]], axis=0)
-    pts = pts[(pts[:, 0] >= 0) & (pts[:, 0] < size) & (pts[:, 1] >= 0) & (pts[:, 1] < size)]
+    pts = _in_image(pts, size)
     # Desmoplastic tumour stroma is more cellular than lamina propria.
     keep = 0.6 + 0.3 * _lookup(zone_s, pts)
     pts = pts[_lookup(free, pts) & (rng.random(len(pts)) < keep)]
@@ -484,8 +491,7 @@ def _stroma_nuclei(
     out.add(pts, long, short, rng.uniform(0, math.pi, n), dark, jit)
     if infiltrate is not None:
         # Chronic inflammation: small round lymphocytes and eccentric plasma cells, nearly touching at full strength.
-        dense = _jittered_grid(rng, 0, 0, size, size, 1.9 * unit)
-        dense = dense[(dense[:, 0] < size) & (dense[:, 1] < size)]
+        dense = _in_image(_jittered_grid(rng, 0, 0, size, size, 1.9 * unit), size)
         dense = dense[_lookup(free, dense) & (rng.random(len(dense)) < _lookup(infiltrate, dense))]
         m = len(dense)
         plasma = rng.random(m) < 0.35
@@ -501,8 +507,7 @@ def _signet_cells(
     """Poorly cohesive (signet-ring) carcinoma cells in ``allowed``: each a round vacuole of pale mucin (drawn into
     ``mucin``, painted like a lumen) with a dark crescent nucleus pressed against its edge; ``density``: the share
     of cell positions taken."""
-    pts = _jittered_grid(rng, 0, 0, size, size, 4.6 * unit)
-    pts = pts[(pts[:, 0] < size) & (pts[:, 1] < size)]
+    pts = _in_image(_jittered_grid(rng, 0, 0, size, size, 4.6 * unit), size)
     pts = pts[_lookup(allowed, pts) & (rng.random(len(pts)) < density)]
     n = len(pts)
     if n == 0:
