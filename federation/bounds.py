@@ -5,6 +5,8 @@ nothing of the configuration package.
 
 - `amp_bound_problem`: AMP's self-weight bound, FedSAF paper 001, Eq. 16 (``alpha_k (m - 1) <= sigma``).
 - `max_weight_problem`: ``server.max_weight`` against ``1/m``.
+- `robust_problem`: what ``server.robust`` needs (a weight cap below 1/2 and 3 hospitals for norm bounding,
+  ``2 trim + 1`` hospitals for the trimmed mean); `norm_factor_problem`: ``server.norm_factor`` in [1, 10].
 
 Standard library only.
 """
@@ -52,3 +54,74 @@ def max_weight_problem(num_hospitals: int, max_weight: float) -> str | None:
         f"{'hospital' if num_hospitals == 1 else 'hospitals'} the weights sum to 1, so a cap below 1/{num_hospitals} "
         f"cannot hold: use server.max_weight >= {least:g} (or leave it unset: no cap)"
     )
+
+
+# server.norm_factor's range (docs/federation.md, "Robust aggregation"): below 1 every honest update is shrunk each
+# round as well (1e-300 freezes the model), above 10 an update 10 times the median passes untouched.
+NORM_FACTOR_RANGE = (1.0, 10.0)
+# norm bounding needs a median that is an honest hospital's norm: more than half honest, so at least 3 hospitals
+NORM_BOUND_LEAST = 3
+
+
+def norm_factor_problem(factor: float) -> str | None:
+    """Why ``server.norm_factor`` is outside ``NORM_FACTOR_RANGE`` (or ``None``).
+
+    Norm bounding (Sun et al., 2019, "Can you really backdoor federated learning?") clips every update to
+    ``factor x`` the round's median update norm: with ``factor < 1`` the median hospital's own update is clipped
+    too, every round, so the model moves by at most ``factor`` of an honest step (1e-300 freezes it); with a large
+    factor an update that many times the median passes whole.
+    """
+    lo, hi = NORM_FACTOR_RANGE
+    if math.isfinite(factor) and lo <= factor <= hi:
+        return None
+    return (
+        f"config server.norm_factor = {factor!r} is out of range: use a factor in [{lo:g}, {hi:g}] of the median "
+        "update norm (below 1 every honest update is shrunk too and the model stalls; above 10 a scaled update "
+        "passes)"
+    )
+
+
+def robust_problem(
+    num_hospitals: int, robust: str | None, trim: int, max_weight: float | None
+) -> tuple[str, str] | None:
+    """Why ``server.robust`` cannot defend a run of ``num_hospitals`` hospitals, as ``(key, message)`` with the
+    setting to change, or ``None`` when it can.
+
+    - ``"norm_bound"`` (Sun et al., 2019) bounds each update's *norm* against the round's median norm, not its
+      *weight*: a hospital declaring 10^6 tiles beside two of 250 would weigh 0.9995 and its bounded, sign-flipped
+      update would still win. So it needs ``server.max_weight`` below 1/2 (a hospital of weight ``w`` sending
+      ``-u`` against the others' ``u``, all of norm at most the bound, leaves ``(1 - 2w) u``: progress only for
+      ``w < 1/2``), and at least 3 hospitals (the median is an honest norm only while more than half are honest;
+      with 2 the median is the mean of the two norms, so a x50 update sets its own bound).
+    - ``"trimmed_mean"`` (Yin et al., 2018, Definition 2) drops ``trim`` values at each end: it needs
+      ``m >= 2 trim + 1`` hospitals, else nothing is left (``trim`` is never lowered silently).
+
+    ``num_hospitals = 0`` (not known yet: ``strategy.clients = "all"``) checks only what needs no count; the
+    engine checks again when the hospitals have answered (`federation.strategies.fedavg.Averaging`).
+    """
+    m = num_hospitals
+    if robust == "norm_bound":
+        if 0 < m < NORM_BOUND_LEAST:
+            return "server.robust", (
+                f"config server.robust = 'norm_bound' needs at least {NORM_BOUND_LEAST} hospitals, and this run has "
+                f"{m}: the bound is the median update norm, an honest one only while more than half the hospitals "
+                "are honest; leave server.robust unset or federate 3 or more hospitals"
+            )
+        if max_weight is None or not max_weight < 0.5:
+            return "server.max_weight", (
+                f"config server.robust = 'norm_bound' needs server.max_weight below 0.5 (it is {max_weight!r}): norm "
+                "bounding limits the size of each update, not its weight, so a hospital declaring 10^6 tiles would "
+                "still carry the average; set server.max_weight (e.g. 0.4, at least 1/m for m hospitals)"
+            )
+    if robust == "trimmed_mean" and m > 0 and 2 * trim >= m:
+        if m < 3:
+            return "server.robust", (
+                f"config server.robust = 'trimmed_mean' needs at least 3 hospitals, and this run has {m}: with "
+                "fewer it drops nothing and is a plain mean; leave server.robust unset or federate 3 or more"
+            )
+        return "server.trim", (
+            f"config server.trim = {trim} is out of range: with {m} "
+            f"{'hospital' if m == 1 else 'hospitals'} dropping {trim} at each end leaves none: use server.trim <= "
+            f"{(m - 1) // 2} (trim {trim} needs at least {2 * trim + 1} hospitals)"
+        )
+    return None

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from federation.bounds import max_weight_problem
+from federation.bounds import max_weight_problem, robust_problem
 from federation.config.defaults import DEFAULTS_TOML
 from federation.config.sections import SECTIONS, RunConfig, _fail
 from federation.errors import FederationError
@@ -171,7 +171,8 @@ def _check_max_weight(config: RunConfig) -> None:
 def _check_robust(config: RunConfig) -> None:
     """Refuse ``server.robust`` for a strategy it cannot apply to: norm bounding needs one global model to measure
     updates against (the averaging strategies), the trimmed mean replaces ``n_i / n`` (the example-weighted ones, and
-    then ``server.max_weight`` has nothing to cap); and a trim that leaves no hospital of those listed."""
+    then ``server.max_weight`` has nothing to cap); norm bounding without a weight cap below 1/2, and a defence with
+    fewer hospitals listed than it needs (`federation.bounds.robust_problem`)."""
     server = config.server
     method = server.robust
     if method is None:
@@ -193,14 +194,13 @@ def _check_robust(config: RunConfig) -> None:
             "the trimmed mean weighs every value it keeps equally, so there is nothing to cap: leave server.max_weight "
             'unset with server.robust = "trimmed_mean"',
         )
-    if method == "trimmed_mean" and not isinstance(config.strategy.clients, str):
-        m = len(config.strategy.clients)
-        if 2 * server.trim_count >= m:
-            _fail(
-                "server.trim",
-                server.trim_count,
-                f"with {m} hospitals dropping {server.trim_count} at each end leaves none: use server.trim < {m}/2",
-            )
+    # what the defence needs (a weight cap for norm bounding; enough hospitals): here with the hospitals listed,
+    # when the run starts with strategy.clients = "all" (federation.strategies.fedavg.Averaging)
+    listed = 0 if isinstance(config.strategy.clients, str) else len(config.strategy.clients)
+    problem = robust_problem(listed, method, server.trim_count, server.max_weight)
+    if problem is not None:
+        key, message = problem
+        raise FederationError(message, key=key)
 
 
 def _check_own_settings(config: RunConfig) -> None:

@@ -15,7 +15,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from federation.bounds import max_weight_problem
+from federation.bounds import max_weight_problem, norm_factor_problem
 from federation.config.defaults import (
     AMP_METRICS,
     AMP_SCALES,
@@ -359,7 +359,9 @@ class ServerSection:
         if self.robust is not None and self.robust not in ROBUST_METHODS:
             _fail("server.robust", self.robust, f"use one of {', '.join(ROBUST_METHODS)}, or leave it unset")
         if self.norm_factor is not None:
-            _positive("server.norm_factor", self.norm_factor)
+            problem = norm_factor_problem(self.norm_factor)
+            if problem is not None:
+                raise FederationError(problem, key="server.norm_factor")
             if self.robust != "norm_bound":
                 _fail("server.norm_factor", self.norm_factor, 'it applies only with server.robust = "norm_bound"')
         if self.trim is not None:

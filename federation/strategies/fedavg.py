@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from federation.aggregation import bound_update_norms, trimmed_mean, weighted_sum
-from federation.bounds import max_weight_problem
+from federation.bounds import max_weight_problem, robust_problem
 from federation.config import RunConfig, ServerSection
 from federation.contract import Recipe, TensorDict, TrainInstruction, TrainReply
 from federation.errors import FederationError
@@ -62,6 +62,10 @@ class Averaging:
         self.recipe = recipe
         self.nhead = nhead
         self.server = server if server is not None else ServerSection()
+        # the defence's needs, now that the hospitals are known (strategy.clients = "all" is checked only here)
+        robust = robust_problem(ctx.num_hospitals, self.server.robust, self.server.trim_count, self.server.max_weight)
+        if robust is not None:
+            raise FederationError(robust[1], key=robust[0])
         self.max_weight = self.server.max_weight
         if self.max_weight is not None:
             problem = max_weight_problem(ctx.num_hospitals, self.max_weight)
@@ -75,6 +79,9 @@ class Averaging:
         # what norm bounding measures and clips: the floating-point tensors (not integer counters)
         floating = [k for k in self.keys if self.global_state[k].is_floating_point()]
         self.float_spec = FlatSpec.of(self.global_state, floating) if floating else None
+        # the replies of the last aggregation as aggregated (norm-bounded under server.robust = "norm_bound"):
+        # what a wrapper (FedLWS, FedTLU) must see instead of the raw ones
+        self.aggregated_replies: Mapping[int, TrainReply] | None = None
 
     def shared_keys(self, state_keys: Sequence[str], units: Sequence[Sequence[str]]) -> list[str]:
         return list(self.keys)  # the base units less what strategy.bn keeps local (StrategyContext.shared_keys)
@@ -93,11 +100,16 @@ class Averaging:
         replies, robust = self.bound_updates(replies)
         if self.server.robust == "trimmed_mean":
             # Yin et al. (2018): every value the coordinate-wise mean of what is left after dropping the `trim`
-            # largest and smallest; n_i / n is not used (a round with few replies trims fewer, never all)
+            # largest and smallest; n_i / n is not used. The run starts only with enough hospitals for the trim
+            # set (federation.bounds.robust_problem); a round where some were left out trims fewer, never all,
+            # and its record says so ("trim_set")
             trim = min(self.server.trim_count, (len(clients) - 1) // 2)
             stacked = flatten([replies[c].shared for c in clients], self.spec)
             self.global_state = unflatten(trimmed_mean(stacked, trim), self.spec)
-            return {"clients": clients, "robust": {"method": "trimmed_mean", "trim": trim}}
+            used: dict[str, Any] = {"method": "trimmed_mean", "trim": trim}
+            if trim != self.server.trim_count:
+                used["trim_set"] = self.server.trim_count
+            return {"clients": clients, "robust": used}
         weights = example_weights(server_round, replies, clients)
         capping: dict[str, Any] = {}
         if self.max_weight is not None:
@@ -113,7 +125,8 @@ class Averaging:
         The update of client ``i`` is its floating-point shared tensors minus the global model it was sent this
         round (``self.global_state``, before this aggregation); integer counters (``num_batches_tracked``) are
         neither measured nor changed. Without the setting the replies come back as they are, and nothing is
-        recorded."""
+        recorded. What comes back is kept as ``aggregated_replies`` for a wrapper's post-processing."""
+        self.aggregated_replies = replies
         if self.server.robust != "norm_bound" or self.float_spec is None or not replies:
             return replies, {}
         clients = sorted(replies)
@@ -135,6 +148,7 @@ class Averaging:
             "norms": {str(c): float(n) for c, n in zip(clients, bounded.norms.tolist(), strict=True)},
             "clipped": [str(c) for c, hit in zip(clients, bounded.clipped.tolist(), strict=True) if hit],
         }
+        self.aggregated_replies = out
         return out, {"robust": record}
 
     def configure_evaluate(self, server_round: int, clients: Sequence[int]) -> dict[int, TensorDict | None]:

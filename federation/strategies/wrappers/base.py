@@ -2,7 +2,8 @@
 
 A wrapper forwards every ``Strategy`` call to the strategy it wraps. In ``aggregate_train`` it keeps the global
 model the clients started from (``w^t``), lets the inner strategy aggregate (``w_hat``), hands both and the
-replies to ``adjust``, and loads the adjusted model back into the inner strategy with ``load_state_tensors``,
+replies (as the inner strategy aggregated them: norm-bounded under ``server.robust = "norm_bound"``) to
+``adjust``, and loads the adjusted model back into the inner strategy with ``load_state_tensors``,
 so that the next ``configure_train``/``configure_evaluate`` and the checkpoint carry it. What ``adjust``
 reports is added to the inner record under the wrapper's name (``aggregation.jsonl``).
 
@@ -22,6 +23,7 @@ from federation.contract import Strategy, TensorDict, TrainInstruction, TrainRep
 from federation.errors import FederationError
 from federation.runs import finite_or_none as finite_value
 from federation.strategies.context import StrategyContext
+from federation.strategies.fedavg import Averaging
 from federation.strategies.registry import averaging_names
 
 
@@ -69,9 +71,15 @@ class GlobalModelWrapper:
     def aggregate_train(self, server_round: int, replies: Mapping[int, TrainReply]) -> dict[str, Any]:
         # A copy: the inner strategy may update its tensors in place.
         before = {k: v.detach().clone() for k, v in self.inner.state_tensors().items()}
+        averaging = self.inner if isinstance(self.inner, Averaging) else None
+        if averaging is not None:
+            averaging.aggregated_replies = None
         record = self.inner.aggregate_train(server_round, replies)
         after = self.inner.state_tensors()
-        adjusted, log = self.adjust(server_round, before, after, replies)
+        # the replies as the inner strategy aggregated them: norm-bounded under server.robust = "norm_bound", so
+        # that FedLWS's spread tau and FedTLU's scores never see an update the defence clipped
+        seen = averaging.aggregated_replies if averaging is not None else None
+        adjusted, log = self.adjust(server_round, before, after, replies if seen is None else seen)
         self.inner.load_state_tensors(adjusted)
         return {**record, self.label: log}
 

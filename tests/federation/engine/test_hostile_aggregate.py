@@ -149,7 +149,13 @@ def test_when_every_update_overflows_the_run_stops_in_one_line_naming_them(datas
 
 
 def test_norm_bounding_clips_an_update_scaled_by_50_every_round(dataset: Path, tmp_path: Path) -> None:
-    pool, _ = run(dataset, tmp_path / "run", [*FEDAVG, "server.robust=norm_bound"], "train_reply", scaled(50.0))
+    pool, _ = run(
+        dataset,
+        tmp_path / "run",
+        [*FEDAVG, "server.robust=norm_bound", "server.max_weight=0.4"],
+        "train_reply",
+        scaled(50.0),
+    )
     assert pool.edited == 2
     aggregation = records(tmp_path / "run" / AGGREGATION_FILE)
     assert [r["round"] for r in aggregation] == [1, 2]

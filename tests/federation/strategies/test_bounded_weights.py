@@ -225,15 +225,15 @@ def _distance(a: list[float], b: list[float]) -> float:
     return math.dist(a, b)
 
 
-def test_an_update_scaled_by_50_moves_fedavg_153_units_and_norm_bounding_0_625() -> None:
+def test_an_update_scaled_by_50_moves_fedavg_153_units_and_norm_bounding_0_4() -> None:
     # The honest weighted mean, 1/8 [3, 0, 0] + 2/8 [0, 4, 0] + 5/8 [0, 0, 5]:
-    honest = [0.375, 1.0, 3.125]
     plain = _fedavg()
     plain.aggregate_train(1, _replies(SCALED))
     assert _merged(plain) == [0.375, 1.0, 156.25]  # 5/8 * 250
-    assert _distance(_merged(plain), honest) == 153.125
+    assert _distance(_merged(plain), [0.375, 1.0, 3.125]) == 153.125
 
-    bounded = _fedavg("server.robust=norm_bound")
+    # norm bounding needs a weight cap below 1/2: 1/8, 2/8, 5/8 capped at 0.4 -> 0.2, 0.4, 0.4
+    bounded = _fedavg("server.robust=norm_bound", "server.max_weight=0.4")
     record = bounded.aggregate_train(1, _replies(SCALED))
     # norms 3, 4, 250: median 4, bound 1 x 4; hospital 2's update is clipped to [0, 0, 4]
     assert record["robust"] == {
@@ -244,21 +244,23 @@ def test_an_update_scaled_by_50_moves_fedavg_153_units_and_norm_bounding_0_625()
         "norms": {"0": 3.0, "1": 4.0, "2": 250.0},
         "clipped": ["2"],
     }
-    assert record["weights"] == {"0": 0.125, "1": 0.25, "2": 0.625}
-    assert _merged(bounded) == [0.375, 1.0, 2.5]
-    # |2.5 - 3.125| = 5/8 x |4 - 5|: within the bound w_2 (M + ||honest update||) = 5/8 x (4 + 5) = 5.625
-    assert _distance(_merged(bounded), honest) == 0.625
+    assert record["weights"] == pytest.approx({"0": 0.2, "1": 0.4, "2": 0.4}, rel=1e-15)
+    assert record["weight_cap"] == {"max_weight": 0.4, "capped": ["2"], "uniform": False}
+    # the honest mean under the same cap: 0.2 [3, 0, 0] + 0.4 [0, 4, 0] + 0.4 [0, 0, 5] = [0.6, 1.6, 2.0]
+    assert _merged(bounded) == pytest.approx([0.6, 1.6, 1.6], rel=1e-6)
+    # |1.6 - 2.0| = 0.4 x |4 - 5|: within the bound w_2 (M + ||honest update||) = 0.4 x (4 + 5) = 3.6
+    assert _distance(_merged(bounded), [0.6, 1.6, 2.0]) == pytest.approx(0.4, rel=1e-6)
     # and the attack buys nothing: the honest hospital 2 is clipped to the same [0, 0, 4]
-    honest_run = _fedavg("server.robust=norm_bound")
+    honest_run = _fedavg("server.robust=norm_bound", "server.max_weight=0.4")
     honest_run.aggregate_train(1, _replies(VALUES))
     assert _merged(honest_run) == _merged(bounded)
 
 
 def test_norm_bounding_measures_updates_from_the_rounds_global_model() -> None:
-    bounded = _fedavg("server.robust=norm_bound", "server.norm_factor=2.0")
+    bounded = _fedavg("server.robust=norm_bound", "server.norm_factor=2.0", "server.max_weight=0.4")
     bounded.aggregate_train(1, _replies(VALUES))  # norms 3, 4, 5, bound 8: nothing clipped
-    assert _merged(bounded) == [0.375, 1.0, 3.125]
-    # round 2 starts from [0.375, 1, 3.125]: hospital 0 returns that plus [0, 0, 100] (norm 100, clipped to 2 x 4)
+    assert _merged(bounded) == pytest.approx([0.6, 1.6, 2.0], rel=1e-6)
+    # round 2 starts from [0.6, 1.6, 2.0]: hospital 0 returns that plus [0, 0, 100] (norm 100, clipped to 2 x 5)
     start = _merged(bounded)
     second = {c: [s + d for s, d in zip(start, delta, strict=True)] for c, delta in VALUES.items()}
     second[0] = [start[0], start[1], start[2] + 100.0]
@@ -286,9 +288,9 @@ def test_the_trimmed_mean_drops_the_outlier_at_every_value() -> None:
     # per value, sorted: (1, 4, 100) -> 4; (-100, 2, 5) -> 2; (3, 6, 7) -> 6
     assert _merged(strategy) == [4.0, 2.0, 6.0]
     assert record == {"clients": [0, 1, 2], "robust": {"method": "trimmed_mean", "trim": 1}}
-    # a round with two replies cannot drop one at each end: it averages them (trim 0)
+    # a round with two replies (one left out) cannot drop one at each end: it averages them, and says so
     record = strategy.aggregate_train(2, _replies({0: values[0], 1: values[1]}))
-    assert record["robust"]["trim"] == 0
+    assert record["robust"] == {"method": "trimmed_mean", "trim": 0, "trim_set": 1}
     assert _merged(strategy) == [2.5, 3.5, 4.5]
     assert trimmed_mean(torch.tensor([[1.0], [2.0], [9.0], [10.0], [11.0]]), 2).tolist() == [9.0]
     with pytest.raises(ValueError, match="cannot drop 2 at each end"):
