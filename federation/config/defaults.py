@@ -150,10 +150,12 @@ round_timeout = 600
 # precision_weighted): "norm_bound" clips every hospital's update (its shared tensors minus the round's global
 # model) to norm_factor times the round's median update norm (Sun et al., 2019); "trimmed_mean" (fedavg, fedprox,
 # fedrep, fedbn) replaces the weighted average by the coordinate-wise mean of the values left after dropping the
-# trim largest and trim smallest (Yin et al., 2018). Neither covers many colluding hospitals, small scaled
+# trim largest and trim smallest (Yin et al., 2018). norm_bound needs max_weight below 0.5 (it bounds an update's
+# size, not its weight) and at least 3 hospitals; trimmed_mean needs at least 2 trim + 1 hospitals: otherwise the
+# run is refused. Neither covers many colluding hospitals (two of three are not detected), small scaled
 # updates, or FedSAF's and FedAMP's attention weights. Examples:
-# robust = "norm_bound"
-# norm_factor = 1.0           # with norm_bound: the bound is norm_factor x the median update norm (default 1)
+# robust = "norm_bound"        # with max_weight = 0.4, say (below 0.5, at least 1/m)
+# norm_factor = 1.0           # with norm_bound: the bound is norm_factor x the median update norm (1 to 10, default 1)
 # robust = "trimmed_mean"
 # trim = 1                    # with trimmed_mean: hospitals dropped at each end, per value (default 1)
 #
