@@ -2,7 +2,9 @@
 
 The dashboard starts runs through this command and reads the run directory it writes (``data/README.md``
 section 3), so its options and exit codes are a contract: 0 finished, 2 bad input or a failed run (one-line
-error), 130 stopped by Ctrl-C/SIGTERM (resumable with ``--resume``).
+error), 3 finished without a hospital (left out of the last round, or of the whole run at its Hello: its last
+lines name each one, the round and why; ``summary.json`` keeps them under ``left_out`` and ``left_out_at_hello``),
+130 stopped by Ctrl-C/SIGTERM (resumable with ``--resume``).
 """
 
 from __future__ import annotations
@@ -88,10 +90,15 @@ def register(app: typer.Typer) -> None:
         except RunStopped as exc:
             typer.echo(str(exc), err=True)
             raise typer.Exit(130) from exc
+        from federation.engine.summary import left_out_lines
+
+        missing = left_out_lines(summary)
         final = summary.get("final") or {}
         auc = final.get("avg_test_auc")
+        without = f" without {len(missing)} hospital(s) (named below)" if missing else ""
+        acc = final.get("avg_test_acc", 0)
         typer.echo(
-            f"finished {summary['rounds_done']} rounds: averaged test accuracy {final.get('avg_test_acc', 0):.4f}, "
+            f"finished {summary['rounds_done']} rounds{without}: averaged test accuracy {acc:.4f}, "
             f"AUC {'-' if auc is None else f'{auc:.4f}'}; see {run_dir} (gastric-fl report {run_dir})"
         )
         if summary.get("status") == "finished":
@@ -101,3 +108,7 @@ def register(app: typer.Typer) -> None:
             # the device the run trained on.
             for line in score_run(run_dir, Path(cfg.data.path), cfg.run.device):
                 typer.echo(line)
+        for line in missing:
+            typer.echo(f"warning: {line}", err=True)
+        if missing:
+            raise typer.Exit(3)

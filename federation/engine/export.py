@@ -22,9 +22,13 @@ accuracy (argmax) and the macro one-vs-rest AUC over the classes present (`feder
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +45,7 @@ from infra.provenance import dataset_is_synthetic, intended_use
 from models import split_units
 from models.bundle import DEFAULT_THRESHOLD, ModelCard, TileGrid, decision_counts
 from models.decision import slides_of_tiles, uncertainty
+from models.names import CARD_FILE, WEIGHTS_FILE
 from models.preprocess import Preprocess
 
 
@@ -194,3 +199,60 @@ def export_card(
         metrics=card_metrics(predictions, classes=classes),
         written_at=now_iso(),
     )
+
+
+def _hidden(folder: Path, name: str, suffix: str) -> Path:
+    """A fresh hidden name beside ``folder / name`` (``.<name>.<random><suffix>``: the pattern a hospital's clean-up
+    of temp files knows, `federation.engine.hospital.Hospital._remove_temp_files`)."""
+    handle, path = tempfile.mkstemp(prefix=f".{name}.", suffix=suffix, dir=folder)
+    os.close(handle)
+    return Path(path)
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """``target`` holds ``source``'s bytes: a hard link where the file system allows (no copy), else a copy."""
+    target.unlink(missing_ok=True)  # a link needs a free name
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+
+
+def replace_bundle(folder: Path, card: ModelCard, weights: Path) -> None:
+    """Replace the bundle in ``folder`` (``model.safetensors`` with the bytes of ``weights``, ``model.json`` with
+    ``card``) as one: both new files are written beside the bundle first, hidden; only then is each renamed into
+    place, weights first. Anything that fails before the renames (a full disk, an unreadable source) leaves the
+    previous bundle untouched and no temp file; if the card's rename fails after the weights' one, the previous
+    weights are put back, so the bundle never holds weights of one round and a card of another for longer than
+    the two renames take (a reader in between is told by `models.bundle.check_round`)."""
+    payload = (json.dumps(card.to_json(), indent=2, allow_nan=False) + "\n").encode("utf-8")
+    folder.mkdir(parents=True, exist_ok=True)
+    made: list[Path] = []
+    try:
+        new_weights = _hidden(folder, WEIGHTS_FILE, ".tmp")
+        made.append(new_weights)
+        _link_or_copy(weights, new_weights)
+        new_card = _hidden(folder, CARD_FILE, ".tmp")
+        made.append(new_card)
+        with new_card.open("wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        previous: Path | None = None
+        if (folder / WEIGHTS_FILE).is_file():
+            previous = _hidden(folder, WEIGHTS_FILE, ".prev")
+            made.append(previous)
+            _link_or_copy(folder / WEIGHTS_FILE, previous)
+        os.replace(new_weights, folder / WEIGHTS_FILE)
+        try:
+            os.replace(new_card, folder / CARD_FILE)
+        except BaseException:
+            if previous is not None:
+                os.replace(previous, folder / WEIGHTS_FILE)
+            else:
+                (folder / WEIGHTS_FILE).unlink(missing_ok=True)
+            raise
+    finally:
+        for path in made:
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)

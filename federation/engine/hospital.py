@@ -29,10 +29,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import math
-import os
-import shutil
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -101,6 +100,7 @@ OWN_ENTRIES = (
     ACCOUNTANT_FILE,
 )
 TRAINED, EVALUATED = 1, 2  # stages of a round's checkpoint
+TENSORS_SHA256 = "tensors_sha256"  # a checkpoint's metadata: the sha256 of its tensors (`tensors_sha256`)
 LEDGER_ANCHOR = "privacy_ledger"  # hospital.json's record of the privacy ledger (federation.privacy.Accountant.anchor)
 # What a resume Hello keeps of hospital.json: what tells a lost checkpoint from a missed round, and the ledger's anchor
 RESUME_KEEPS = ("first_checkpoint", LEDGER_ANCHOR)
@@ -251,11 +251,11 @@ class Hospital:
             return Failure(self.site.client, f"hospital {self.site.client} cannot write {where}: {exc.strerror or exc}")
         except Interrupted:  # the whole process was asked to stop: not this hospital's failure
             raise
-        except SafetensorError as exc:  # safetensors' own error for a failed write (a full disk, for one)
+        except SafetensorError as exc:  # safetensors' own error (reads are named where they happen: `_restore`)
             self._loaded = None
             return Failure(
                 self.site.client,
-                f"hospital {self.site.client} cannot write its checkpoint in {self.site.root}: {first_line(exc)}",
+                f"hospital {self.site.client} cannot read or write a checkpoint in {self.site.root}: {first_line(exc)}",
             )
         except Exception as exc:  # anything else: one line to the server, the hospital stays up
             self._loaded = None
@@ -580,8 +580,15 @@ class Hospital:
             return
         newest = max(usable)
         path = saved[newest]
-        with safe_open(str(path), framework="pt") as handle:
-            stage = int((handle.metadata() or {}).get("stage", EVALUATED))
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                metadata = handle.metadata() or {}
+            stage = int(metadata.get("stage", EVALUATED))
+        except (SafetensorError, OSError, ValueError) as exc:  # cut short or damaged: a read error, named as one
+            raise FederationError(
+                f"hospital {self.site.client}: its checkpoint {path} cannot be read ({first_line(exc)}): delete it to "
+                "continue from an earlier round, or restore it from a backup"
+            ) from None
         if loaded.at == (newest, stage):
             return
         try:
@@ -590,6 +597,13 @@ class Hospital:
             raise FederationError(
                 f"hospital checkpoint {path} cannot be read ({exc}): delete it to continue from an earlier round"
             ) from exc
+        recorded = metadata.get(TENSORS_SHA256)
+        if recorded is not None and tensors_sha256(state) != recorded:
+            raise FederationError(
+                f"hospital {self.site.client}: its checkpoint {path} does not hash to the sha256 written into it when "
+                f"it was saved ({recorded[:12]}... then, {tensors_sha256(state)[:12]}... now): it changed since; "
+                "restore it from a backup, or delete it to continue from an earlier round"
+            )
         loaded.model.load_state_dict(state)
         loaded.at = (newest, stage)
 
@@ -598,7 +612,9 @@ class Hospital:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"round_{server_round:04d}.safetensors"
         state = {k: v.detach().cpu().contiguous() for k, v in loaded.model.state_dict().items()}
-        _atomic_save(state, path, {"round": str(server_round), "stage": str(stage)})
+        _atomic_save(
+            state, path, {"round": str(server_round), "stage": str(stage), TENSORS_SHA256: tensors_sha256(state)}
+        )
         loaded.at = (server_round, stage)
         if loaded.first_checkpoint is None:  # once per run, kept in hospital.json for a later process
             record_path = self.site.folder(loaded.run_id) / HOSPITAL_FILE
@@ -614,18 +630,15 @@ class Hospital:
     def _export(self, loaded: _Loaded, server_round: int) -> None:
         """The model bundle (`models.bundle`) the hospital would deploy after ``server_round``:
         ``model.safetensors`` (a link to its checkpoint when the file system allows, so it costs no copy; its
-        metadata names the round) then ``model.json``, its card (`federation.engine.export.export_card`)."""
-        from federation.engine.export import export_card
-        from models.bundle import write_bundle
+        metadata names the round) and ``model.json``, its card (`federation.engine.export.export_card`).
+
+        The bundle is replaced as one, and only once everything it says is known: the card is made first (its DP
+        guarantee reads the ledger, which may be refused), both files are written beside the bundle, then put in
+        place together (`federation.engine.export.replace_bundle`). A round refused on the way leaves the last good
+        bundle exactly as it was."""
+        from federation.engine.export import export_card, replace_bundle
 
         folder = self.site.folder(loaded.run_id)
-        source = folder / CHECKPOINT_DIR / f"round_{server_round:04d}.safetensors"
-        with atomic_target(folder / WEIGHTS_FILE) as tmp:
-            tmp.unlink()  # a link needs a free name
-            try:
-                os.link(source, tmp)
-            except OSError:
-                shutil.copyfile(source, tmp)
         card = export_card(
             config=loaded.config,
             model=loaded.model,
@@ -639,7 +652,7 @@ class Hospital:
             predictions=folder / PREDICTIONS_FILE,
             privacy=self._card_privacy(loaded),
         )
-        write_bundle(folder, card)
+        replace_bundle(folder, card, folder / CHECKPOINT_DIR / f"round_{server_round:04d}.safetensors")
 
     def _card_privacy(self, loaded: _Loaded) -> dict[str, Any]:
         """What the model card says of the weights' DP guarantee (empty without ``[privacy]``)."""
@@ -663,6 +676,19 @@ class Hospital:
             "ledger": ACCOUNTANT_FILE,
             "not_covered": "the test metrics, training loss and Fisher trace the hospital reported (docs/privacy.md)",
         }
+
+
+def tensors_sha256(state: Mapping[str, torch.Tensor]) -> str:
+    """sha256 over a state's tensors in key order: each key, dtype, shape and raw bytes (``hashlib``). A hospital's
+    checkpoint carries it in its metadata (``TENSORS_SHA256``) and `Hospital._restore` refuses a checkpoint whose
+    tensors no longer hash to it (a flipped byte loads silently otherwise); a checkpoint written before this
+    metadata existed is loaded unchecked."""
+    digest = hashlib.sha256()
+    for key in sorted(state):
+        tensor = state[key].detach().cpu().contiguous()
+        digest.update(f"{key}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _atomic_save(state: dict[str, torch.Tensor], path: Path, metadata: dict[str, Any]) -> None:

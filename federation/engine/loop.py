@@ -70,6 +70,7 @@ from federation.engine.audit import ANCHORS_FILE, AUDIT_FILE, Anchors, AuditLog
 from federation.engine.checks import agreed_classes, evaluation_problem, train_problem
 from federation.engine.codec import Message
 from federation.engine.derived import NUM_CLASSES, derive_seed, initial_state, resolve_config
+from federation.engine.dp_watch import DpWatch
 from federation.engine.guard import aggregate_or_leave_out, hello_problem
 from federation.engine.pools import Pool
 from federation.engine.resume import continue_run, open_for_resume
@@ -260,6 +261,8 @@ class Server:
         self.hospitals = clients
         self.start_round = 1
         self.pending: RoundRecord | None = None  # a round whose evaluation is still to come
+        # each DP hospital's epsilon and steps so far, which must grow round by round (federation.engine.dp_watch)
+        self.dp_watch = DpWatch.from_metrics(self.run_dir / METRICS_FILE) if resume else DpWatch()
         if resume:
             self.start_round, self.pending = continue_run(self.run_dir, clients, self.strategy, self.warn)
             summary["rounds_done"] = self.start_round - 1
@@ -351,6 +354,11 @@ class Server:
             overflowed = record.diverged | {str(c) for c in dropped}
             raise self._no_round(server_round, "sent an update that could be aggregated", record.left_out, overflowed)
         record.received = {c: count_reply_values(t) for c, t in trained.items()}
+        flags = self.dp_watch.check(server_round, {c: t.metrics for c, t in trained.items()})
+        if flags:  # named, and aggregated all the same: the noise was as asked, the account is what is wrong
+            record.aggregation["dp_not_growing"] = flags
+            for message in flags.values():
+                self.warn(message)
         for c, t in trained.items():
             if fused and t.evaluation is not None:
                 problem = evaluation_problem(t.evaluation, self.num_test.get(c))
@@ -412,6 +420,10 @@ class Server:
             raise self._no_round(record.round, "could evaluate", record.left_out, record.diverged)
         for who, why in record.left_out.items():
             self._note(f"round {record.round}: hospital {who} left out ({why})")
+        # who the latest round did without, and why: the run's end names them (federation.engine.summary)
+        self.summary.data["left_out"] = [
+            {"hospital": int(who), "round": record.round, "reason": why} for who, why in sorted(record.left_out.items())
+        ]
         if record.started is None:
             seconds = record.seconds
         else:
