@@ -21,7 +21,10 @@ def register(app: typer.Typer) -> None:
     @app.command("prepare")
     def prepare(
         format: str | None = typer.Option(
-            None, "--format", help="Raw layout: seed (PNG + mask), bot (TIFF + SVG), class-folders. (default: seed)"
+            None,
+            "--format",
+            help="Raw layout: seed (PNG + mask), bot (TIFF + SVG), class-folders, idx (MNIST/Fashion-MNIST IDX "
+            "files, e.g. /usr/share/datasets/fashion-mnist). (default: seed)",
         ),
         input: Path | None = typer.Option(None, "--input", help="Raw dataset folder (read-only)."),
         out: Path | None = typer.Option(None, "--out", help="Prepared dataset folder to create."),
@@ -64,8 +67,9 @@ def register(app: typer.Typer) -> None:
         partition: str | None = typer.Option(
             None,
             "--partition",
-            help="Label distribution: iid, dirichlet:ALPHA, classes:S, or abnormal:F0,F1,... (each hospital's share "
-            "of abnormal slides, e.g. abnormal:0.2,0.2,0.8). (default: iid)",
+            help="Label distribution: iid, dirichlet:ALPHA, classes:S, abnormal:F0,F1,... (each hospital's share "
+            "of abnormal slides, e.g. abnormal:0.2,0.2,0.8), or PFLlib's pat:S, pat-balanced:S, dir:ALPHA (which "
+            "also split train/test as PFLlib does). (default: iid)",
         ),
         sizes: str | None = typer.Option(
             None, "--sizes", help="Slides per hospital: equal, random, or ratios like 3,2,1,1,1. (default: random)"

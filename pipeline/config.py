@@ -25,8 +25,8 @@ from pipeline.errors import PipelineError
 from pipeline.images import DEFAULT_MAX_PIXELS, check_max_pixels
 from pipeline.stain_profiles import MAX_STRENGTH, SHIFTS, ListedProfile, parse_listed
 
-Format = Literal["seed", "bot", "class-folders"]
-FORMATS: tuple[str, ...] = ("seed", "bot", "class-folders")
+Format = Literal["seed", "bot", "class-folders", "idx"]
+FORMATS: tuple[str, ...] = ("seed", "bot", "class-folders", "idx")
 LABELS: tuple[str, str] = BINARY_CLASSES
 # A class folder's name becomes the manifest's label and a folder of the prepared dataset: keep it plain.
 CLASS_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -34,13 +34,16 @@ CLASS_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 @dataclass(frozen=True)
 class Partition:
-    """How labels are distributed over hospitals: ``iid``, ``dirichlet`` (alpha), ``classes`` (S per client) or
-    ``abnormal`` (a case mix: each client's share of abnormal slides, ``shares[c]``; binary datasets only)."""
+    """How labels are distributed over hospitals: ``iid``, ``dirichlet`` (alpha), ``classes`` (S per client),
+    ``abnormal`` (a case mix: each client's share of abnormal slides, ``shares[c]``; binary datasets only), or
+    PFLlib's ``pat`` (S classes per client, unbalanced unless ``balanced``) and ``dir`` (alpha), which also make
+    the train/test split (`pipeline.pfl_partition`)."""
 
-    kind: Literal["iid", "dirichlet", "classes", "abnormal"] = "iid"
+    kind: Literal["iid", "dirichlet", "classes", "abnormal", "pat", "dir"] = "iid"
     alpha: float = 0.0
     classes: int = 0
     shares: tuple[float, ...] = ()
+    balanced: bool = False
 
     def spec(self) -> str:
         """The command-line spelling, e.g. ``dirichlet:0.5`` or ``abnormal:0.2,0.2,0.8``."""
@@ -50,6 +53,10 @@ class Partition:
             return f"classes:{self.classes}"
         if self.kind == "abnormal":
             return "abnormal:" + ",".join(f"{s:g}" for s in self.shares)
+        if self.kind == "pat":
+            return f"pat{'-balanced' if self.balanced else ''}:{self.classes}"
+        if self.kind == "dir":
+            return f"dir:{self.alpha:g}"
         return "iid"
 
 
@@ -205,7 +212,8 @@ _SECTIONS: dict[str, type] = {
 def parse_partition(spec: str) -> Partition:
     """``iid`` | ``dirichlet:ALPHA`` (ALPHA > 0) | ``classes:S`` (S >= 1; at most the number of classes, which
     `validate_config` and `pipeline.partition` check once the classes are known) | ``abnormal:F0,F1,...`` (each
-    client's share of abnormal slides, in [0, 1]; one per client, which `validate_config` checks)."""
+    client's share of abnormal slides, in [0, 1]; one per client, which `validate_config` checks) | PFLlib's
+    ``pat:S`` / ``pat-balanced:S`` (S >= 1 classes per client) and ``dir:ALPHA`` (`pipeline.pfl_partition`)."""
     text = spec.strip().lower()
     if text == "iid":
         return Partition()
@@ -221,17 +229,24 @@ def parse_partition(spec: str) -> Partition:
             if not math.isfinite(alpha) or alpha <= 0:
                 raise ValueError
             return Partition(kind="dirichlet", alpha=alpha)
-        if kind == "classes":
+        if kind in ("classes", "pat", "pat-balanced"):
             classes = int(value)
             if classes < 1:
                 raise ValueError
-            return Partition(kind="classes", classes=classes)
+            if kind == "classes":
+                return Partition(kind="classes", classes=classes)
+            return Partition(kind="pat", classes=classes, balanced=kind == "pat-balanced")
+        if kind == "dir":
+            alpha = float(value)
+            if not math.isfinite(alpha) or alpha <= 0:
+                raise ValueError
+            return Partition(kind="dir", alpha=alpha)
     except ValueError:
         pass
     raise PipelineError(
         f"partition {spec!r} is not understood: use iid, dirichlet:ALPHA with ALPHA > 0 (e.g. dirichlet:0.5), "
         "classes:S with S >= 1 (at most the number of classes), or abnormal:F0,F1,... with one share of abnormal "
-        "slides in [0, 1] per client (e.g. abnormal:0.2,0.5,0.8)"
+        "slides in [0, 1] per client (e.g. abnormal:0.2,0.5,0.8), or PFLlib's pat:S, pat-balanced:S or dir:ALPHA"
     )
 
 
@@ -399,11 +414,17 @@ def validate_config(config: PrepareConfig) -> None:
             raise PipelineError("--classes lists a class twice; give each class folder once")
         if len(src.classes) < 2:
             raise PipelineError(f"--classes {','.join(src.classes)} names one class; a classifier needs at least 2")
-    known_classes = len(src.classes) if src.classes else (None if src.format == "class-folders" else len(LABELS))
-    if split.partition.kind == "classes" and known_classes is not None and split.partition.classes > known_classes:
+    known_classes = (
+        len(src.classes) if src.classes else (None if src.format in ("class-folders", "idx") else len(LABELS))
+    )
+    if (
+        split.partition.kind in ("classes", "pat")
+        and known_classes is not None
+        and split.partition.classes > known_classes
+    ):
         raise PipelineError(
-            f"partition classes:{split.partition.classes} asks for more classes per client than the "
-            f"{known_classes} the dataset has; use classes:S with S in 1..{known_classes}"
+            f"partition {split.partition.spec()} asks for more classes per client than the "
+            f"{known_classes} the dataset has; use S in 1..{known_classes}"
         )
     if split.clients < 1:
         raise PipelineError(f"--clients {split.clients} must be at least 1")

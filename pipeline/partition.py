@@ -18,6 +18,9 @@ non-IID settings, the latter written "(n, S)": n clients holding S classes each.
   size-weighted mean of the F_c; otherwise every client's share moves towards the dataset's, the order of the
   shares is kept (F = 0 still gives no abnormal slide, F = 1 no normal one) and the sizes depart from the ratios.
   This is how hospitals that serve different patients, e.g. a screening clinic and a referral centre, differ).
+- **PFLlib's partitions** ``pat:S`` / ``pat-balanced:S`` and ``dir:ALPHA`` (`pipeline.pfl_partition`, for the
+  paper's Table 7): hospital and train/validation/test split together, drawn as PFLlib draws them; sizes follow
+  from the draws (``--sizes`` does not apply) and the ratios recorded are each hospital's share of the images.
 - **Train/validation/test**: per slide, inside each client, stratified by label: ``round(test_fraction * n)``
   slides (at least one, and at least one left for training) go to test, shared over labels in proportion; a
   label with at least two slides in the client always gets one test and one train slide (so small clients still
@@ -40,6 +43,7 @@ import numpy as np
 
 from pipeline.config import LABELS, SplitConfig, size_ratios
 from pipeline.errors import PipelineError
+from pipeline.pfl_partition import pfl_assign
 
 # "random" sizes: shares uniform in [1, _RANDOM_SPREAD] before normalising.
 _RANDOM_SPREAD = 3.0
@@ -226,6 +230,36 @@ def assign_hospitals(
     if part.kind == "dirichlet":
         return _dirichlet(labels, sizes, part.alpha, seed_rng, classes), ratios
     return _iid(labels, sizes, seed_rng, classes), ratios
+
+
+PFL_KINDS: tuple[str, ...] = ("pat", "dir")
+
+
+def pfl_split(
+    labels: Sequence[str], config: SplitConfig, classes: Sequence[str]
+) -> tuple[list[int], list[str], list[float]]:
+    """PFLlib's ``pat``/``dir`` partition (`pipeline.pfl_partition.pfl_assign`): each slide's hospital and split,
+    and each hospital's share of the slides as its size ratio."""
+    part = config.partition
+    if part.kind == "pat" and part.classes > len(classes):
+        raise PipelineError(
+            f"partition {part.spec()} asks for more classes per client than the {len(classes)} the dataset has; "
+            f"use S in 1..{len(classes)}"
+        )
+    owners, splits = pfl_assign(
+        labels,
+        classes,
+        config.clients,
+        part.kind,
+        config.seed,
+        config.test_fraction,
+        config.val_fraction,
+        class_per_client=part.classes,
+        balance=part.balanced,
+        alpha=part.alpha,
+    )
+    total = max(1, len(labels))
+    return owners, splits, [owners.count(c) / total for c in range(config.clients)]
 
 
 def _test_quota(group_sizes: Sequence[int], n_test: int) -> list[int]:

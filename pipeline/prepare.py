@@ -63,7 +63,7 @@ from infra.provenance import synthetic_source
 from pipeline.config import PrepareConfig, validate_config
 from pipeline.errors import PipelineError
 from pipeline.images import encode_png
-from pipeline.partition import assign_hospitals, split_train_test
+from pipeline.partition import PFL_KINDS, assign_hospitals, pfl_split, split_train_test
 from pipeline.probe import probe, probe_markdown, tile_statistics
 from pipeline.report import (
     REQUIRED_SPLITS,
@@ -418,6 +418,9 @@ def _assign(
     """Share ``usable`` out over the hospitals and split each hospital's slides into train/val/test (from the seed)."""
     rng = np.random.default_rng(config.split.seed)
     labels = [str(i.label) for i in usable]
+    if config.split.partition.kind in PFL_KINDS:
+        owners, splits, ratios = pfl_split(labels, config.split, classes)
+        return [_Job(i, c, s, plans[c]) for i, c, s in zip(usable, owners, splits, strict=True)], ratios
     owners, ratios = assign_hospitals(labels, config.split, rng, classes)
     splits = split_train_test(
         labels, owners, config.split.clients, config.split.test_fraction, rng, classes, config.split.val_fraction

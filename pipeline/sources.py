@@ -7,6 +7,10 @@ Layouts (data/README.md, "Raw layouts"):
   `pipeline.svgmask`). The folder gives the label; the SVG gives the abnormal region.
 - ``class-folders``: one folder of images per class, no masks: the whole image is used. Any number of classes
   (at least two); the folder's name is the label. `dataset_classes` fixes their order (the class index).
+- ``idx``: IDX image sets (`pipeline.idx`: MNIST, Fashion-MNIST): every image is a slide named
+  ``<images file>#<k>``, labelled by its value in the labels file (class names ``0``, ``1``, ...), in the
+  order ``train`` first, then the other sets (PFLlib's merge order, `pipeline.pfl_partition`). Grey pixels are
+  stored as three equal channels, as class folders' grey images are.
 
 `inspect_slide` is the per-slide check run before the client split (so that only usable slides are shared
 out): headers, masks, annotations and labels, without decoding the slide's pixels. `load_slide` decodes the
@@ -27,6 +31,7 @@ import numpy.typing as npt
 
 from pipeline.config import CLASS_NAME, LABELS, SourceConfig
 from pipeline.errors import PipelineError
+from pipeline.idx import image_sets, load_set, set_of
 from pipeline.images import IMAGE_SUFFIXES, RGBImage, probe_size, read_bytes, read_mask, read_rgb
 from pipeline.svgmask import rasterise_svg
 
@@ -94,6 +99,11 @@ def dataset_classes(config: SourceConfig) -> tuple[str, ...]:
     ``abnormal`` when no other folder is there (the binary task: index 1 = abnormal), else by natural sort
     (``"2"`` before ``"10"``). A folder name that cannot be a label stops with one line naming it.
     """
+    if config.format == "idx":
+        values = sorted({int(v) for s in image_sets(config.input) for v in np.unique(load_set(s)[1])})
+        if len(values) < 2:
+            raise PipelineError(f"the IDX labels in {config.input} hold one class ({values[0]}); a classifier needs 2")
+        return tuple(str(v) for v in values)
     if config.format != "class-folders":
         return LABELS
     root = config.input
@@ -128,6 +138,8 @@ def discover(config: SourceConfig) -> list[SlideRef]:
     Raises `PipelineError` when the folder is missing or holds no slide of the layout (nothing to do).
     """
     root = config.input
+    if config.format == "idx":
+        return _discover_idx(root)
     if not root.is_dir():
         raise PipelineError(f"input folder {root} does not exist or is not a folder; pass the raw dataset with --input")
     found: list[tuple[Path, Path | None, Path | None, str | None]] = []
@@ -179,6 +191,37 @@ def discover(config: SourceConfig) -> list[SlideRef]:
         )
         for i, (path, mask, annotation, label) in enumerate(found)
     ]
+
+
+def _discover_idx(root: Path) -> list[SlideRef]:
+    """Every image of the IDX sets of ``root``, ``train`` first (PFLlib's order), each a slide ``<file>#<k>``."""
+    refs: list[SlideRef] = []
+    for image_set in image_sets(root):
+        _, labels = load_set(image_set)
+        width = len(str(len(labels) - 1))
+        rel = _relative(image_set.images, root)
+        refs.extend(
+            SlideRef(
+                index=len(refs) + k,
+                path=image_set.images,
+                source=f"{rel}#{k:0{width}d}",
+                mask=None,
+                annotation=None,
+                folder_label=str(int(value)),
+            )
+            for k, value in enumerate(labels)
+        )
+    return refs
+
+
+def _idx_image(ref: SlideRef) -> tuple[RGBImage, str]:
+    """An IDX slide's pixels as RGB (three equal channels) and the SHA-256 of its stored bytes."""
+    pixels, _ = load_set(set_of(ref.path))
+    k = int(ref.source.rpartition("#")[2])
+    if k >= len(pixels):
+        raise SlideError(f"{ref.source}: {ref.path} now holds {len(pixels)} images; re-run prepare")
+    gray = pixels[k]
+    return np.ascontiguousarray(np.repeat(gray[:, :, None], 3, axis=2)), _sha256(gray.tobytes())
 
 
 def _sha256(data: bytes) -> str:
@@ -252,6 +295,9 @@ def _annotation(ref: SlideRef, config: SourceConfig, root: Path, width: int, hei
 
 def load_slide(ref: SlideRef, config: SourceConfig, root: Path) -> LoadedSlide:
     """Decode a slide and its mask; any problem raises `SlideError` (or `ImageReadError`) naming the file."""
+    if config.format == "idx":
+        image, digest = _idx_image(ref)
+        return LoadedSlide(image=image, mask=None, hashes=((ref.source, digest),), warning=None)
     data = read_bytes(ref.path)
     image = read_rgb(data, ref.source, config.max_pixels)
     height, width = image.shape[:2]
@@ -278,6 +324,13 @@ def inspect_slide(ref: SlideRef, config: SourceConfig, root: Path) -> SlideInfo:
     mask must match, and `probe_size` catches truncated or corrupt files cheaply and slides over
     ``config.max_pixels`` (a problem like any other: the slide is skipped, or stops a ``--strict`` run).
     """
+    if config.format == "idx":
+        try:
+            image, digest = _idx_image(ref)
+        except PipelineError as exc:
+            return SlideInfo(ref=ref, label=None, width=0, height=0, hashes=(), problem=str(exc))
+        height, width = image.shape[:2]
+        return SlideInfo(ref=ref, label=ref.folder_label, width=width, height=height, hashes=((ref.source, digest),))
     try:
         data = read_bytes(ref.path)
         width, height = probe_size(data, ref.source, config.max_pixels)

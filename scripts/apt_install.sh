@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Install one Debian package the tests need, if its program is missing: scripts/apt_install.sh PACKAGE PROGRAM WHY
+# (PROGRAM may be an absolute path, e.g. a data folder the package installs: then its existence is checked.)
 # Needs root or passwordless sudo; otherwise (or without apt-get) it says what to install and exits 0, so that the
 # rest of the checks still run and the test that needs the program fails saying why. A package's own service is
 # never started (policy-rc.d), so nothing keeps running after the install.
 set -euo pipefail
 package="$1" program="$2" why="$3"
-if command -v "$program" >/dev/null 2>&1 || [ -x "/usr/bin/$program" ] || [ -x "/usr/sbin/$program" ]; then
+if [ "${program#/}" != "$program" ]; then
+    [ -e "$program" ] && exit 0
+elif command -v "$program" >/dev/null 2>&1 || [ -x "/usr/bin/$program" ] || [ -x "/usr/sbin/$program" ]; then
     exit 0
 fi
 if [ "$(id -u)" -eq 0 ]; then
