@@ -253,3 +253,47 @@ def test_a_hello_count_that_is_not_a_count_is_left_out_without_any_setting(datas
     assert len(warnings) == 1
     assert "its hello declares 9007199254740993 training tiles, which is not a count" in warnings[0]
     assert json.loads((tmp_path / "run" / SUMMARY_FILE).read_text())["clients"] == [0, 1]
+
+
+# the tile as the unit: the tiny dataset's tile names do not say their slide (the server's check is the same)
+DP = [
+    "privacy.noise_multiplier=1.0",
+    "privacy.max_grad_norm=1.0",
+    "privacy.sample_rate=0.5",
+    "privacy.unit=tile",
+    "model.norm=group",
+]
+
+
+def _ledger_reset() -> Edit:
+    """Every round after the first, the hospital reports its round-1 epsilon and steps again: what a ledger reset
+    consistently in both its files (ledger and anchor) makes it send; its own checks cannot see it."""
+    first: dict[int, tuple[float, float]] = {}
+
+    def edit(client: int, header: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+        metrics = header["metrics"]
+        if client not in first:
+            first[client] = (metrics["dp_epsilon"], metrics["dp_steps"])
+        metrics["dp_epsilon"], metrics["dp_steps"] = first[client]
+
+    return edit
+
+
+def test_a_dp_ledger_reset_in_both_files_is_named_by_the_server(dataset: Path, tmp_path: Path) -> None:
+    _, warnings = run(dataset, tmp_path / "run", [*FEDAVG, *DP], "train_reply", _ledger_reset())
+    aggregation = records(tmp_path / "run" / AGGREGATION_FILE)
+    assert "dp_not_growing" not in aggregation[0]
+    flags = aggregation[1]["dp_not_growing"]
+    assert list(flags) == [str(HOSTILE)]  # only the hostile hospital, not the honest two
+    metrics = {(r["round"], r["client"]): r for r in records(tmp_path / "run" / METRICS_FILE)}
+    epsilon, steps = metrics[(1, HOSTILE)]["dp_epsilon"], metrics[(1, HOSTILE)]["dp_steps"]
+    assert metrics[(2, HOSTILE)]["dp_epsilon"] == epsilon  # what the server held for both rounds
+    assert flags[str(HOSTILE)] == (
+        f"round 2: hospital {HOSTILE}'s DP ledger did not grow (steps {steps:g} after {steps:g}, epsilon "
+        f"{epsilon:.4f} after {epsilon:.4f}): its privacy ledger was reset or edited, so the epsilon it reports "
+        "understates its privacy loss"
+    )
+    assert warnings == [flags[str(HOSTILE)]]
+    # the honest hospitals' figures grew, and they are not named
+    for c in (0, 1):
+        assert metrics[(2, c)]["dp_epsilon"] > metrics[(1, c)]["dp_epsilon"]
