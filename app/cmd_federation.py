@@ -276,7 +276,9 @@ def audit(
         "still hold the head this hospital's latest reply in that run carried, and that reply's record.",
     ),
     hospital: int | None = typer.Option(
-        None, "--hospital", help="Which hospital of --anchor this log is (default: the one its records name)."
+        None,
+        "--hospital",
+        help="Which hospital of --anchor this log is (needed when the anchor holds several; never taken from the log).",
     ),
     count: int | None = typer.Option(
         None, "--count", help="A head noted earlier (audit prints it): how many lines the log held then."
@@ -287,7 +289,7 @@ def audit(
     outbound log is intact (exit 1 if it is not). Only an anchor (--anchor, or --count with --sha256) shows that
     the log kept its end; without one the report says that the end is unchecked."""
     from federation.engine.audit import load_anchor
-    from federation.engine.outbound import Anchor, audit_report, find_outbound, parse_head, read_outbound
+    from federation.engine.outbound import Anchor, audit_report, find_outbound, parse_head
     from federation.errors import FederationError
 
     path = find_outbound(state)
@@ -303,12 +305,8 @@ def audit(
                 "its last line, 64 zeros for 0 lines): give the head federation audit printed"
             ) from None
         anchors.append(Anchor(head, "the head given"))
-    if anchor is not None:
-        clients: list[int] = []
-        if hospital is None:  # which hospital this log is, by its own records (only where the anchor holds several)
-            records = read_outbound(path).records
-            clients = sorted({r["client"] for r in records if isinstance(r.get("client"), int)})
-        anchors.append(load_anchor(anchor, hospital, clients))
+    if anchor is not None:  # which hospital: --hospital, or the anchor's only one (never the log's own say)
+        anchors.append(load_anchor(anchor, hospital))
     elif hospital is not None:
         raise FederationError("--hospital names a hospital of --anchor FILE: give the run's anchors.json too")
     text, intact = audit_report(path, tuple(anchors))

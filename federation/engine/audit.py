@@ -177,15 +177,26 @@ class Anchors:
         if isinstance(previous, dict) and previous.get("run") == run_id and isinstance(previous.get("hospitals"), dict):
             self.hospitals = {str(k): v for k, v in previous["hospitals"].items() if isinstance(v, dict)}
 
-    def record(self, client: int, envelope: Envelope) -> None:
+    def record(self, client: int, envelope: Envelope) -> str | None:
         """Keep the head ``envelope`` (a reply of hospital ``client``) carries, with its digests; a reply without
-        one (a failure the transport made up: the hospital never answered) changes nothing."""
+        one (a failure the transport made up: the hospital never answered) changes nothing. An anchor only moves
+        forward: a head behind the one kept (fewer lines than the kept head plus the kept reply's own line: the
+        hospital's ``outbound.jsonl`` was cut back, replaced or emptied) is not kept, and the reason to refuse the
+        reply is returned (one line naming the hospital); otherwise ``None``."""
         value = envelope[0].get(HEAD_FIELD)
         if value is None or client < 0:
-            return
+            return None
         head = parse_head(value)
-        digest = envelope_digest(envelope)
         entry = self.hospitals.get(str(client), {})
+        kept = entry.get("count")
+        if isinstance(kept, int) and not isinstance(kept, bool) and head.count <= kept:
+            return (
+                f"hospital {client}'s outbound log went back: this reply says it held {head.count} line(s) before "
+                f"its own, but its {entry.get('kind')} received {entry.get('received')} was recorded as line "
+                f"{kept + 1} ({self.path}): its outbound.jsonl was cut back, replaced or emptied; the reply is "
+                "refused and its anchor kept (check it with gastric-fl federation audit --anchor)"
+            )
+        digest = envelope_digest(envelope)
         self.hospitals[str(client)] = {
             **head.as_header(),
             "reply_sha256": digest,
@@ -196,12 +207,14 @@ class Anchors:
         }
         data = {"format": ANCHORS_FORMAT, "run": self.run_id, "hospitals": dict(sorted(self.hospitals.items()))}
         write_atomic(self.path, (json.dumps(data, indent=2, allow_nan=False) + "\n").encode("utf-8"))
+        return None
 
 
-def load_anchor(path: Path, client: int | None = None, clients_in_log: Sequence[int] = ()) -> Anchor:
+def load_anchor(path: Path, client: int | None = None) -> Anchor:
     """Hospital ``client``'s entry of the anchors file ``path`` (``Anchors``) as an ``Anchor``. Without ``client``:
-    the file's only hospital, else the one hospital that ``clients_in_log`` (the log's own records of that run)
-    names. Anything unreadable or missing is a ``FederationError`` naming the file and what to give instead."""
+    the file's only hospital; a file of several needs it named (never taken from the log under audit, whose
+    records the hospital's side can edit). Anything unreadable or missing is a ``FederationError`` naming the file
+    and what to give instead."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -218,15 +231,12 @@ def load_anchor(path: Path, client: int | None = None, clients_in_log: Sequence[
         )
     held = sorted(int(k) for k in hospitals if str(k).isdigit())
     if client is None:
-        named = sorted(set(clients_in_log) & set(held))
-        if len(held) == 1:
-            client = held[0]
-        elif len(named) == 1:
-            client = named[0]
-        else:
+        if len(held) != 1:
             raise FederationError(
-                f"--anchor {path} holds hospitals {held or 'none'} of run {run}: name this one with --hospital N"
+                f"--anchor {path} holds hospitals {held or 'none'} of run {run}: name the hospital this log is with "
+                "--hospital N (audit does not take it from the log, whose records can be edited)"
             )
+        client = held[0]
     entry = hospitals.get(str(client))
     if not isinstance(entry, dict):
         raise FederationError(
@@ -240,6 +250,7 @@ def load_anchor(path: Path, client: int | None = None, clients_in_log: Sequence[
             raise TypeError("reply_sha256 and record_sha256 must be text")
     except (FederationError, KeyError, TypeError) as exc:
         raise FederationError(f"--anchor {path}: hospital {client}'s entry is damaged ({exc})") from exc
+    replies = entry.get("replies")
     return Anchor(
         head,
         str(path),
@@ -248,4 +259,5 @@ def load_anchor(path: Path, client: int | None = None, clients_in_log: Sequence[
         reply_sha256=reply,
         record_sha256=record,
         kind=str(entry.get("kind")),
+        replies=replies if isinstance(replies, int) and not isinstance(replies, bool) and replies >= 0 else None,
     )

@@ -252,6 +252,7 @@ class Anchor:
     reply_sha256: str | None = None
     record_sha256: str | None = None
     kind: str | None = None
+    replies: int | None = None  # how many replies of the run the server received from this hospital with a head
 
     def whose(self) -> str:
         if self.run is None:
@@ -263,7 +264,9 @@ def check_anchor(path: Path, data: bytes, anchor: Anchor) -> list[str]:
     """Where the log with bytes ``data`` at ``path`` has lost what ``anchor`` says it held (one line each; empty
     when it holds it): fewer lines than the anchor counts (cut short, emptied), a line ``count`` that does not hash
     to the anchor's head (edited, re-chained, another hospital's log), a line ``count + 1`` that is not the record
-    of the anchored reply (edited: a reply made to read as a refusal)."""
+    of the anchored reply (edited: a reply made to read as a refusal), and, when nothing else is wrong, fewer records
+    of the anchor's run than the server received replies (``replies``: a log cut back and gone on, whose anchor an
+    earlier server overwrote with the lower head)."""
     lines = _lines(data)
     count, whose = anchor.head.count, anchor.whose()
     need = count + (1 if anchor.reply_sha256 is not None else 0)
@@ -304,6 +307,19 @@ def check_anchor(path: Path, data: bytes, anchor: Anchor) -> list[str]:
             problems.append(
                 f"{path}:{number}: should record the {anchor.kind} (sha256 {anchor.reply_sha256[:12]}...) that "
                 f"{whose} received, but {seen}: the line was edited, or this is another hospital's log"
+            )
+    if anchor.replies is not None and anchor.run is not None and not problems:
+        held = 0
+        for _, line in lines:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            held += isinstance(record, dict) and record.get("run") == anchor.run
+        if held < anchor.replies:
+            problems.append(
+                f"{path}: the log holds {held} repl{'y' if held == 1 else 'ies'} of run {anchor.run}, but {whose} "
+                f"counts {anchor.replies} received: records were removed (the log was cut back and went on)"
             )
     return problems
 

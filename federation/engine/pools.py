@@ -114,7 +114,10 @@ class Pool:
         except Exception as exc:
             return Failure(client, f"its reply cannot be read ({type(exc).__name__}: {first_line(exc)})")
         if self.anchors is not None:  # outside the try: a server that cannot write its own record stops
-            self.anchors.record(client if client >= 0 else getattr(message, "client", -1), envelope)
+            sender = client if client >= 0 else getattr(message, "client", -1)
+            behind = self.anchors.record(sender, envelope)
+            if behind is not None:  # its outbound log went back: the reply is refused, the hospital named
+                return Failure(sender, behind)
         return message
 
     def _receive(self, envelope: Envelope) -> Message:

@@ -44,6 +44,7 @@ from federation.engine.outbound import (
     HEAD_FIELD,
     OUTBOUND_FILE,
     Head,
+    content_digest,
     head_of,
     parse_head,
     read_outbound,
@@ -166,12 +167,15 @@ def test_an_honest_log_with_its_anchor_is_intact(
     assert f"anchor: the anchor of run {RUN}, hospital 0 ({anchors})" in output
     assert NOT_ANCHORED not in output
     assert "refused requests: 2" in output
-    # the hospital is found from the log's own records when --hospital is not given
+    # an anchor of several hospitals needs --hospital: the log's own records (which its side can edit) never say
     code, output = _audit(monkeypatch, capsys, "--state", str(state), "--anchor", str(anchors))
-    assert code == 0, output
-    assert f"hospital 0 ({anchors})" in output
+    assert code == 2, output
+    assert (
+        f"--anchor {anchors} holds hospitals [0, 1] of run {RUN}: name the hospital this log is with --hospital N"
+        in output
+    )
     state_1, _ = _copy(played, tmp_path, 1)
-    code, output = _audit(monkeypatch, capsys, "--state", str(state_1), "--anchor", str(anchors))
+    code, output = _audit(monkeypatch, capsys, "--state", str(state_1), "--anchor", str(anchors), "--hospital", "1")
     assert code == 0, output
     assert f"anchor: the anchor of run {RUN}, hospital 1 ({anchors})" in output
 
@@ -349,7 +353,10 @@ def test_a_bad_anchor_file_is_one_line_exit_2(
     (state / OUTBOUND_FILE).write_text("")  # an empty log names no hospital, and the anchor holds two
     code, output = _audit(monkeypatch, capsys, "--state", str(state), "--anchor", str(anchors))
     assert code == 2, output
-    assert f"--anchor {anchors} holds hospitals [0, 1] of run {RUN}: name this one with --hospital N" in output
+    assert (
+        f"--anchor {anchors} holds hospitals [0, 1] of run {RUN}: name the hospital this log is with --hospital N"
+        in output
+    )
     data = json.loads(anchors.read_text())
     data["hospitals"]["0"]["count"] = "4"
     bad.write_text(json.dumps(data))
@@ -443,7 +450,81 @@ def test_a_run_keeps_every_hospitals_head_and_each_log_holds_it(
         heads = [line["header"][HEAD_FIELD] for line in received if line["client"] == c]
         assert heads == [{"count": n, "sha256": r["prev"]} for n, r in enumerate(records)]
         assert [line["sha256"] for line in received if line["client"] == c] == [r["sha256"] for r in records]
-        code, output = _audit(monkeypatch, capsys, "--state", str(state), "--anchor", str(run / ANCHORS_FILE))
+        code, output = _audit(
+            monkeypatch, capsys, "--state", str(state), "--anchor", str(run / ANCHORS_FILE), "--hospital", str(c)
+        )
         assert code == 0, output
         assert INTACT in output
         assert f"the anchor of run {run.name}, hospital {c} (" in output
+
+
+# -- issue 48, part 2: an anchor that only moves forward, and a count the audit compares ----------------------------
+
+
+def test_a_reply_whose_head_is_behind_the_anchor_is_refused_naming_the_hospital(
+    dataset: Path, played: Path, tmp_path: Path
+) -> None:
+    root = tmp_path / "copy"
+    shutil.copytree(played, root)
+    log = root / "state_0" / OUTBOUND_FILE
+    log.write_text(_lines(log)[0] + "\n")  # cut back to its first line: the hospital goes on from there
+    anchors_path = root / "server" / ANCHORS_FILE
+    before = json.loads(anchors_path.read_text())["hospitals"]
+    pool = InProcessPool([Site(dataset, c, root / f"state_{c}", per_run=True, policy=HospitalPolicy()) for c in (0, 1)])
+    pool.anchors = Anchors(anchors_path, RUN)
+    keys = honest_keys(config_of(dataset))
+    replies = pool.exchange({c: EvaluateTask(RUN, 1, c, keys, None) for c in (0, 1)})
+    refused = replies[0]
+    assert isinstance(refused, Failure)
+    assert refused.client == 0
+    assert refused.reason.startswith(
+        "hospital 0's outbound log went back: this reply says it held 1 line(s) before its own, but its "
+        f"evaluate_reply received {before['0']['received']} was recorded as line 5 ({anchors_path}): its "
+        "outbound.jsonl was cut back, replaced or emptied; the reply is refused and its anchor kept"
+    )
+    assert isinstance(replies[1], EvaluateReply)  # the honest hospital goes on
+    after = json.loads(anchors_path.read_text())["hospitals"]
+    assert after["0"] == before["0"]  # before: overwritten with the lower head, so audit said intact
+    assert (after["1"]["count"], after["1"]["replies"]) == (5, 6)
+
+
+def test_audit_compares_the_anchors_reply_count_with_the_log(
+    dataset: Path,
+    played: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The anchor an earlier server kept after the log was cut back and went on: its head is the log's, but it counts
+    6 replies received where the log holds 2."""
+    state, _ = _copy(played, tmp_path)
+    log = state / OUTBOUND_FILE
+    log.write_text(_lines(log)[0] + "\n")
+    pool = InProcessPool([Site(dataset, 0, state, per_run=True, policy=HospitalPolicy())])  # no anchors kept
+    keys = honest_keys(config_of(dataset))
+    assert isinstance(pool.exchange({0: EvaluateTask(RUN, 1, 0, keys, None)})[0], EvaluateReply)
+    first, second = _lines(log)
+    record = json.loads(second)
+    entry = {
+        "count": 1,
+        "sha256": hashlib.sha256(first.encode()).hexdigest(),
+        "reply_sha256": record["sha256"],
+        "record_sha256": content_digest(record),
+        "kind": "evaluate_reply",
+        "received": "2026-11-28T00:00:00+00:00",
+        "replies": 6,
+    }
+    anchors = tmp_path / ANCHORS_FILE
+    anchors.write_text(json.dumps({"format": 1, "run": RUN, "hospitals": {"0": entry}}))
+    code, output = _audit(monkeypatch, capsys, "--state", str(state), "--anchor", str(anchors))
+    assert code == 1, output
+    assert f"anchor: the anchor of run {RUN}, hospital 0 ({anchors})" in output  # its only hospital, named
+    assert _anchor_problems(output) == [
+        f"{log}: the log holds 2 replies of run {RUN}, but the anchor of run {RUN}, hospital 0 ({anchors}) counts 6 "
+        "received: records were removed (the log was cut back and went on)"
+    ]
+    entry["replies"] = 2  # the same log with an honest count is intact
+    anchors.write_text(json.dumps({"format": 1, "run": RUN, "hospitals": {"0": entry}}))
+    code, output = _audit(monkeypatch, capsys, "--state", str(state), "--anchor", str(anchors))
+    assert code == 0, output
+    assert INTACT in output
