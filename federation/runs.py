@@ -26,7 +26,7 @@ import json
 import math
 import os
 import shutil
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -298,10 +298,12 @@ def write_checkpoint(run_dir: Path, checkpoint: Checkpoint, keep: int) -> None:
         tensors_path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_target(tensors_path) as tmp:
             save_file(tensors, str(tmp), metadata={"round": str(checkpoint.round)})
+            digest = file_sha256(tmp)
         write_json(
             sidecar_path,
             {
                 "round": checkpoint.round,
+                "sha256": digest,  # of the tensors file: a resume refuses one that no longer hashes to it
                 "clients": sorted(checkpoint.clients),
                 "strategy": checkpoint.strategy_json,
                 **({} if checkpoint.pending is None else {"pending": checkpoint.pending}),
@@ -341,16 +343,42 @@ def drop_checkpoint(run_dir: Path, server_round: int) -> None:
         path.unlink(missing_ok=True)
 
 
-def read_checkpoint(run_dir: Path, server_round: int) -> Checkpoint:
-    """Load round ``server_round``'s checkpoint."""
+class CheckpointChanged(FederationError):
+    """A checkpoint whose tensors file no longer hashes to the sha256 its sidecar recorded: it was changed after it
+    was written (a flipped byte loads silently), so a resume stops rather than fall back or use it."""
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of the file at ``path`` (``hashlib.file_digest``)."""
+    import hashlib
+
+    with path.open("rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def read_checkpoint(run_dir: Path, server_round: int, warn: Callable[[str], None] | None = None) -> Checkpoint:
+    """Load round ``server_round``'s checkpoint, checked against the sha256 its sidecar recorded: a file that does not
+    read is a `FederationError` (a resume falls back to the round before), one that reads but hashes otherwise is
+    `CheckpointChanged` (a resume stops); a sidecar written before the hash was kept: loaded unchecked, said through
+    ``warn``."""
     from safetensors.torch import load_file
 
     tensors_path, sidecar_path = _checkpoint_paths(run_dir, server_round)
     sidecar = read_json(sidecar_path)
     try:
         tensors = load_file(str(tensors_path))
-    except Exception as exc:
+        now = file_sha256(tensors_path)
+    except Exception as exc:  # cut short, zeroed, gone: unreadable (the resume falls back to the round before)
         raise FederationError(f"checkpoint {tensors_path} cannot be read ({exc})") from exc
+    recorded = sidecar.get("sha256")
+    if isinstance(recorded, str) and recorded != now:  # it reads, but it is not what was written
+        raise CheckpointChanged(
+            f"checkpoint {tensors_path} does not hash to the sha256 {sidecar_path.name} recorded when it was written "
+            f"({recorded[:12]}... then, {now[:12]}... now): it changed since, so the run cannot continue from it; "
+            f"restore it from a backup, or remove it and {sidecar_path.name} to continue from the round before"
+        )
+    if recorded is None and warn is not None:
+        warn(f"checkpoint {tensors_path} was written without its sha256 (an earlier version): loaded unchecked")
     clients = [int(c) for c in sidecar.get("clients", [])]
     strategy: TensorDict = {}
     for name, value in tensors.items():

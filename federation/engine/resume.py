@@ -21,10 +21,11 @@ from federation.contract import Strategy
 from federation.engine.rounds import RoundRecord
 from federation.errors import FederationError
 from federation.jsonl import DamagedLine, read_jsonl, scan_jsonl
-from federation.runfiles import AGGREGATION_FILE, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
+from federation.runfiles import AGGREGATION_FILE, CHECKPOINT_DIR, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
 from federation.runs import (
     OWNER,
     Checkpoint,
+    CheckpointChanged,
     clean_temp_files,
     complete_checkpoints,
     drop_checkpoint,
@@ -50,7 +51,21 @@ def open_for_resume(run_dir: Path, dataset: str, dataset_sha256: str | None, war
         warn(f"removed {path}, left by an interrupted write")
     # No complete round to continue from: the run starts again at round 1 in the same folder (with whatever
     # settings were corrected), so the dataset may have changed too.
-    restart = not complete_checkpoints(run_dir)
+    done = complete_checkpoints(run_dir)
+    restart = not done
+    recorded_rounds = previous.get("rounds_done")
+    if isinstance(recorded_rounds, int) and recorded_rounds > (done[-1] if done else 0):
+        named = ", ".join(f"round_{r:04d}" for r in range(max(done, default=0) + 1, recorded_rounds + 1))
+        if restart:  # continuing would start again at round 1 without a word: say what is gone, and stop
+            raise FederationError(
+                f"{run_dir / CHECKPOINT_DIR} holds no complete checkpoint, but {run_dir / SUMMARY_FILE} records "
+                f"{recorded_rounds} round(s) done: the checkpoints were removed ({named}); restore them, or start "
+                f"afresh with gastric-fl train --config {run_dir / CONFIG_FILE} --out NEW_RUN"
+            )
+        warn(
+            f"{run_dir / CHECKPOINT_DIR}: the checkpoints of the last {recorded_rounds - done[-1]} round(s) done "
+            f"({named}) were removed; resuming after round {done[-1]}, those rounds are run again"
+        )
     recorded = previous.get("dataset_sha256")
     if not restart and recorded and dataset_sha256 and recorded != dataset_sha256:
         raise FederationError(
@@ -94,7 +109,9 @@ def resume_checkpoint(run_dir: Path, warn: Warn) -> Checkpoint | None:
         if redo_from is not None and server_round >= redo_from:
             continue
         try:
-            chosen = read_checkpoint(run_dir, server_round)
+            chosen = read_checkpoint(run_dir, server_round, warn)
+        except CheckpointChanged:
+            raise  # changed after it was written: never used, never silently passed over
         except FederationError as exc:
             warn(f"{exc}; falling back to the previous complete checkpoint")
             continue
