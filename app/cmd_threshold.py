@@ -33,6 +33,12 @@ def register(app: typer.Typer) -> None:
         """Save a hospital's operating threshold (by hand, or from a sensitivity floor) into its model card."""
         from app import operating
         from app.errors import DashboardError
+        from models.bundle import MAX_BY, MAX_REASON, note_problem
+
+        for flag, text, limit in (("--by", by, MAX_BY), ("--reason", reason, MAX_REASON)):
+            problem = note_problem(flag, text.strip(), limit)  # echoed below and kept in the card: one printable line
+            if problem is not None:
+                raise DashboardError(problem)
 
         if (value is None) == (sensitivity is None):
             raise DashboardError("give exactly one of --value T (by hand) or --sensitivity S (from the floor)")
