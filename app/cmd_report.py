@@ -127,6 +127,10 @@ def register(app: typer.Typer) -> None:
         if verdicts:
             typer.echo(f"verdicts against the floor: {judged_floor.words}")
             typer.echo(markdown_table(verdicts, VERDICT_COLUMNS))
+        from federation.report import classes_note
+
+        if classes_note(results):
+            typer.echo(classes_note(results))
         operating = operating_points(results)
         if operating:
             typer.echo(markdown_table(operating, OPERATING_COLUMNS))

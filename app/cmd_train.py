@@ -97,9 +97,12 @@ def register(app: typer.Typer) -> None:
         auc = final.get("avg_test_auc")
         without = f" without {len(missing)} hospital(s) (named below)" if missing else ""
         acc = final.get("avg_test_acc", 0)
+        classes = summary.get("classes") or ()
+        # with more than two classes the AUC is the macro one-vs-rest one (federation.client.multiclass_auc)
+        auc_name = f"macro one-vs-rest AUC ({len(classes)} classes)" if len(classes) > 2 else "AUC"
         typer.echo(
             f"finished {summary['rounds_done']} rounds{without}: averaged test accuracy {acc:.4f}, "
-            f"AUC {'-' if auc is None else f'{auc:.4f}'}; see {run_dir} (gastric-fl report {run_dir})"
+            f"{auc_name} {'-' if auc is None else f'{auc:.4f}'}; see {run_dir} (gastric-fl report {run_dir})"
         )
         if summary.get("status") == "finished":
             from app.held_out import score_run

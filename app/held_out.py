@@ -25,6 +25,7 @@ from pathlib import Path
 
 from federation.errors import FederationError
 from federation.runfiles import SLIDES_FILE, hospital_files, hospital_index
+from infra.formats import BINARY_CLASSES
 from infra.outputs import write_atomic
 from models.decision import Slides, slide_is_abnormal
 
@@ -181,12 +182,17 @@ def recall(folder: Path, threshold: float) -> list[SlideCall] | None:
     return calls
 
 
-def score_held_out(folder: Path, dataset: Path | None = None, device: str = "cpu") -> list[SlideCall]:
+def score_held_out(
+    folder: Path, dataset: Path | None = None, device: str = "cpu", problems: list[str] | None = None
+) -> list[SlideCall]:
     """Score the hospital's test slides with the bundle in ``folder`` (predict's code) and write ``slides.csv``.
 
-    The slides are those ``prepare.json`` lists for the hospital's test split (`app.slide_view.listed_slides`);
-    `app.slide_view.SlideViewError` when the dataset or its raw slides are not on this machine. A slide that
-    cannot be scored (unreadable, no tissue) is left out of the file. ``device``: where the model scores the tiles,
+    The slides are those ``prepare.json`` lists for the hospital's test split (`app.slide_view.checked_slides`),
+    from the dataset the card names only while its ``manifest.csv`` has the card's ``manifest_sha256``, each raw
+    slide only while it has the sha256 prepare recorded; `app.slide_view.SlideViewError` when the dataset or its raw
+    slides are not on this machine, or the dataset is another. A slide that changed or is missing since prepare, or
+    cannot be scored (unreadable, no tissue), is left out of the file and named in ``problems`` (one line each).
+    ``device``: where the model scores the tiles,
     a ``run.device`` value (``auto``, ``cpu``, ``cuda``; `federation.engine.derived.resolve_device`): a run's slides
     are scored where it trained (on a CPU, a few hundred slides take minutes).
     """
@@ -199,7 +205,13 @@ def score_held_out(folder: Path, dataset: Path | None = None, device: str = "cpu
     from pipeline.errors import PipelineError
 
     card = slide_view.read_card_json(folder)
-    slides = slide_view.listed_slides(card, slide_view.card_dataset(card, dataset))
+    classes = card.get("class_names")
+    if isinstance(classes, list) and tuple(classes) != BINARY_CLASSES:
+        # a slide call is normal / abnormal at a threshold: it has no meaning for another class list
+        raise slide_view.SlideViewError(f"slide calls are not applicable for {len(classes)} classes")
+    slides, skipped = slide_view.checked_slides(card, slide_view.card_dataset(card, dataset))
+    if problems is not None:
+        problems.extend(skipped)
     where = resolve_device(device)
     bundle = load_bundle(folder, where)
     calls = []
@@ -207,7 +219,9 @@ def score_held_out(folder: Path, dataset: Path | None = None, device: str = "cpu
         try:
             decoded = read_slide(find_slides(listed.path)[0])
             tiles = score_slide(bundle, decoded.image, str(listed.path), device=where)
-        except PipelineError:
+        except PipelineError as exc:
+            if problems is not None:
+                problems.append(f"{listed.source}: not scored ({exc})")
             continue
         height, width = decoded.image.shape[:2]
         summary = summarise(tiles, bundle.card, bundle.card.threshold, SLIDE_TOP_K, (height, width))
@@ -266,12 +280,14 @@ def score_run(run: Path, dataset: Path | None = None, device: str = "cpu") -> li
 
     lines = []
     for hospital, folder in sorted(slide_view.bundle_folders(run).items()):
+        problems: list[str] = []
         try:
-            calls = score_held_out(folder, dataset, device)
+            calls = score_held_out(folder, dataset, device, problems)
         except (slide_view.SlideViewError, BundleError, FederationError) as exc:
             lines.append(f"hospital {hospital}: test slides not scored ({exc})")
             continue
         lines.append(calls_line(hospital, calls))
+        lines += [f"hospital {hospital}: test slide {problem}" for problem in problems]
     return lines
 
 
@@ -314,7 +330,8 @@ def score_finished(runs: Path, dataset: Path, hospital: int, seen: dict[Path, in
             device = _finished_on(folder, slide_view.read_card_json(folder))
             if device is None:
                 continue  # a round's export: the card is written again after the next one
-            calls = score_held_out(folder, dataset, device)  # where the hospital trained the run
+            problems: list[str] = []
+            calls = score_held_out(folder, dataset, device, problems)  # where the hospital trained the run
             seen[folder] = card_path.stat().st_mtime_ns  # score_held_out wrote the card's slide-level figures
         except (
             slide_view.SlideViewError,
@@ -327,6 +344,7 @@ def score_finished(runs: Path, dataset: Path, hospital: int, seen: dict[Path, in
             lines.append(f"run {folder.name}: test slides not scored ({exc})")
             continue
         lines.append(f"run {folder.name}: {calls_line(hospital, calls)}")
+        lines += [f"run {folder.name}: test slide {problem}" for problem in problems]
     return lines
 
 

@@ -525,12 +525,28 @@ def write_report(
         privacy=privacy_rows(runs),
         verdicts=verdicts,
         floor=floor,
+        classes_note=classes_note(runs),
     )
     atomic_write_text(paths["markdown"], text)
     atomic_write_text(paths["csv"], csv_text(rows, SUMMARY_COLUMNS))
     atomic_write_text(paths["hospitals"], csv_text(hospitals, HOSPITAL_COLUMNS))
     plot_accuracy(runs, paths["curves"])
     return paths
+
+
+def classes_note(runs: Sequence[RunResult]) -> str:
+    """For runs with more than two classes (``summary.json``'s ``classes``): the AUC columns hold the macro
+    one-vs-rest AUC over the classes present (`federation.client.multiclass_auc`), and the binary task's notions
+    (verdict, sensitivity, slide calls) are named as not applicable; empty for binary runs."""
+    counts = sorted({len(run.summary.get("classes") or ()) for run in runs} - {0, 1, 2})
+    if not counts:
+        return ""
+    named = " / ".join(str(n) for n in counts)
+    return (
+        f"Classes: {named}. test_auc is the macro one-vs-rest AUC over the classes present in a hospital's test "
+        f"split; verdicts, sensitivity and slide calls are not applicable for {named} classes (they judge the "
+        "normal / abnormal task)."
+    )
 
 
 def runs_intended_use(runs: Sequence[RunResult]) -> str:
@@ -550,14 +566,17 @@ def render_markdown(
     privacy: Sequence[Mapping[str, Any]] = (),
     verdicts: Sequence[Mapping[str, Any]] = (),
     floor: str = "",
+    classes_note: str = "",
 ) -> str:
     """The report as Markdown: its intended use (`infra.provenance`), problems found in the run files (if any),
     each hospital's verdict against ``floor`` (rows of `VERDICT_COLUMNS`, judged by the caller as the dashboard
-    judges: `app.verdicts`), the run table, the per-hospital table and (optionally) the curves image."""
+    judges: `app.verdicts`), ``classes_note`` (what a multi-class run's figures mean, `classes_note`), the run
+    table, the per-hospital table and (optionally) the curves image."""
     parts = [
         f"# Federation report\n\n**{intended}**\n",
         "Figures of the last completed round: avg/std = mean/std over hospitals of each hospital's own test split; "
-        "best = highest averaged accuracy over rounds; sent/received = values per round, all hospitals together.\n",
+        "best = highest averaged accuracy over rounds; sent/received = values per round, all hospitals together.\n"
+        + (f"\n{classes_note}\n" if classes_note else ""),
         markdown_table(rows, SUMMARY_COLUMNS),
         "\n## Per hospital (last complete round)\n",
         markdown_table(hospitals, HOSPITAL_COLUMNS),

@@ -80,6 +80,11 @@ def read_predictions(path: Path) -> Predictions:
     except runfiles.PredictionsError as exc:
         if exc.kind == "missing":
             raise ReportError(f"{path} does not exist: the hospital has no test predictions yet") from None
+        if exc.kind == "other_task":
+            raise ReportError(
+                f"{exc}: the HTML report's verdict, ROC, sensitivity and slide calls are binary notions, not "
+                "applicable to this run; gastric-fl report without --html gives its accuracy per hospital"
+            ) from None
         raise ReportError(f"{exc}; rerun the run to write the file anew") from None
     if not found.paths:
         raise ReportError(f"{path} holds no test tiles; the hospital's test split is empty")
