@@ -90,14 +90,23 @@ def allow(
     source: list[str] = typer.Option(
         [], "--source", help="An address or network it may connect from (repeatable; none: from anywhere again)."
     ),
+    everyone: bool = typer.Option(
+        False, "--everyone", help="Accept 0.0.0.0/0 or ::/0 (every address of that family, i.e. everyone)."
+    ),
 ) -> None:
     """Allow a hospital's SuperNode to reach the gate only from these addresses (the server's sources.toml); the
     gate enforces it and logs every request with the hospital it claims to be from its next start."""
-    from federation.flower.kit import set_sources
+    from federation.flower.kit import everyone_networks, set_sources
 
-    networks = set_sources(kit, hospital, source)
+    networks = set_sources(kit, hospital, source, everyone=everyone)
     where = ", ".join(networks) if networks else "any address"
     typer.echo(f"{hospital} may connect from {where}; restart gastric-fl federation server to apply it")
+    for network in everyone_networks(networks):
+        typer.echo(
+            f"warning: {network} is every IPv{6 if ':' in network else 4} address: {hospital}'s key is accepted from "
+            "anywhere on it, as without a list",
+            err=True,
+        )
 
 
 @federation_app.command("server")

@@ -33,6 +33,7 @@ class FleetGate(ListeningProcess):
         self.host = host
         self.port = listen_port(host, port)
         self.ca_cert = kit.ca_cert
+        self.sources_file = kit.sources_file  # its addresses are written into the configuration (gate.py)
         self.ready_timeout = 30.0
         workdir.mkdir(parents=True, exist_ok=True)
         conf = workdir / "gate.conf"
@@ -61,8 +62,10 @@ class FleetGate(ListeningProcess):
             if not self.alive():
                 code = self.popen.returncode if self.popen else None
                 raise FederationError(
-                    f"the gate (nginx) exited (code {code}); last lines of its log:\n{self.log_tail()}\n"
-                    + _tail_file(Path(self.cwd) / "gate-error.log")
+                    f"the gate (nginx) exited (code {code}) with its configuration {Path(self.cwd) / 'gate.conf'}, "
+                    f"made from the kit and the server's sources.toml ({self.sources_file}: check its addresses, or "
+                    "rewrite them with gastric-fl federation allow); last lines of its log:\n"
+                    f"{self.log_tail()}\n" + _tail_file(Path(self.cwd) / "gate-error.log")
                 )
             try:
                 with urllib.request.urlopen(f"https://{self.address}/health", context=context, timeout=2.0) as r:

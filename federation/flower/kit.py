@@ -278,13 +278,14 @@ def add_hospital(kit_root: Path, name: str) -> HospitalBundle:
 SOURCES_FILE = "sources.toml"  # in the server's folder: [sources] hospital = ["10.1.2.0/24", ...]
 
 
-def set_sources(kit_root: Path, name: str, addresses: Sequence[str]) -> tuple[str, ...]:
+def set_sources(kit_root: Path, name: str, addresses: Sequence[str], *, everyone: bool = False) -> tuple[str, ...]:
     """Allow hospital ``name``'s SuperNode to connect to the gate only from ``addresses`` (networks or addresses;
     empty: from anywhere again). Written to the server's `SOURCES_FILE`; the gate enforces it from its next start
-    and logs every request with the hospital it claims to be and whether its source was allowed."""
+    and logs every request with the hospital it claims to be and whether its source was allowed. A network of every
+    address (``0.0.0.0/0``, ``::/0``) is refused unless ``everyone`` says it is meant; a zone id always is."""
     kit = Kit.load(kit_root)
     kit.hospital(name)
-    networks = _check_networks(list(addresses), f"--source for {name}")
+    networks = _check_networks(list(addresses), f"--source for {name}", everyone=everyone)
     table = dict(kit.sources())
     if networks:
         table[name] = networks
@@ -300,16 +301,36 @@ def set_sources(kit_root: Path, name: str, addresses: Sequence[str]) -> tuple[st
     return networks
 
 
-def _check_networks(addresses: object, where: str) -> tuple[str, ...]:
+def _check_networks(addresses: object, where: str, *, everyone: bool = True) -> tuple[str, ...]:
+    """``addresses`` as networks in ``ipaddress`` notation, each one nginx's ``geo`` module can match
+    (https://nginx.org/en/docs/http/ngx_http_geo_module.html: addresses and CIDR networks, no IPv6 zone id such as
+    ``%eth0``); one-line errors naming ``where``. ``everyone=False`` also refuses a network of every address
+    (``0.0.0.0/0``, ``::/0``: `everyone_networks`), which must then be asked for explicitly."""
     if not isinstance(addresses, list) or not all(isinstance(a, str) for a in addresses):
         raise FederationError(f'{where}: give a list of addresses or networks, e.g. ["10.1.2.0/24"]')
     out = []
     for address in addresses:
+        if "%" in address:
+            raise FederationError(
+                f"{where}: {address!r} carries an IPv6 zone id ({address[address.index('%') :]!r}), which the gate "
+                "(nginx) cannot match: give the address without it, or the hospital's routable address"
+            )
         try:
-            out.append(str(ipaddress.ip_network(address.strip(), strict=False)))
+            network = ipaddress.ip_network(address.strip(), strict=False)
         except ValueError:
             raise FederationError(f"{where}: {address!r} is not an IP address or network (e.g. 10.1.2.0/24)") from None
+        if network.prefixlen == 0 and not everyone:
+            raise FederationError(
+                f"{where}: {network} allows every IPv{network.version} address, i.e. everyone, as if there were no "
+                "list: give the hospital's own network, or pass --everyone to mean it"
+            )
+        out.append(str(network))
     return tuple(out)
+
+
+def everyone_networks(networks: Sequence[str]) -> list[str]:
+    """The networks of ``networks`` that hold every address of their family (``0.0.0.0/0``, ``::/0``)."""
+    return [n for n in networks if ipaddress.ip_network(n).prefixlen == 0]
 
 
 def load_bundle(folder: Path) -> HospitalBundle:
