@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -198,21 +198,65 @@ def operating_point(labels: npt.ArrayLike, probs: npt.ArrayLike, threshold: floa
 
 @dataclass(frozen=True)
 class TargetThreshold:
-    """The highest threshold whose sensitivity reaches a target, and what the model does there.
+    """The threshold proposed to reach a target sensitivity, and what the model does there.
 
     ``split``: where the threshold was chosen. ``"validation"``: on the hospital's validation split, and ``point``
     is what it gives on the test split (an honest estimate); ``"test"``: chosen and judged on the test split, so
-    ``point`` is optimistic (a hospital without a validation split).
+    ``point`` is optimistic (a hospital without a validation split). ``chosen``: the point on the split that chose
+    it (``point`` itself when that is the test split); ``bound``: the lower end of the 95% interval of the
+    sensitivity there (`sensitivity_bound`), at least the target for a proposed threshold; ``naive``: the highest
+    threshold whose sensitivity alone reaches the target (`threshold_for_sensitivity`), the one chosen without a
+    margin; ``slides``: the abnormal slides of the choosing split (``None`` when the tile names do not say).
     """
 
     target: float
     point: OperatingPoint
     split: str = "test"
+    chosen: OperatingPoint | None = None
+    bound: float = math.nan
+    naive: float | None = None
+    slides: int | None = None
 
     @property
     def threshold(self) -> float:
         """The threshold found (a tile is abnormal at ``p >= threshold``)."""
         return self.point.threshold
+
+    @property
+    def on_split(self) -> OperatingPoint:
+        """The point on the split that chose the threshold."""
+        return self.point if self.chosen is None else self.chosen
+
+
+@dataclass(frozen=True)
+class Unreachable:
+    """No threshold whose sensitivity's lower 95% bound reaches ``target`` on the choosing ``split``: the highest
+    lower bound any threshold gives (``best``, reached by calling every abnormal tile or the best threshold), the
+    naive threshold that reaches ``target`` on the point estimate alone, and the split's abnormal tiles and
+    slides. The pages say so instead of proposing a threshold."""
+
+    target: float
+    split: str
+    best: float
+    naive: float | None
+    tiles: int
+    slides: int | None
+
+    @property
+    def words(self) -> str:
+        """Why no threshold is proposed, in one sentence."""
+        split = "validation" if self.split == "validation" else "test"
+        slides = "" if self.slides is None else f" from {self.slides} abnormal slide{'s' if self.slides != 1 else ''}"
+        naive = (
+            f" (threshold {self.naive:.2f} reaches it on the point estimate alone, without that margin)"
+            if self.naive is not None
+            else ""
+        )
+        return (
+            f"no threshold reaches sensitivity {self.target:.2f} with 95% confidence on the {split} split: its "
+            f"{self.tiles} abnormal tiles{slides} show at best a lower bound of {self.best:.2f}{naive}, so none is "
+            "proposed; more abnormal slides are needed to choose one"
+        )
 
 
 def threshold_for_sensitivity(labels: npt.ArrayLike, probs: npt.ArrayLike, target: float) -> TargetThreshold | None:
@@ -221,7 +265,8 @@ def threshold_for_sensitivity(labels: npt.ArrayLike, probs: npt.ArrayLike, targe
     Lowering the threshold can only raise sensitivity and lower specificity, so the highest threshold that reaches
     the target is the one that keeps the most normal tiles normal. It is the k-th highest probability among the
     abnormal tiles, k = ceil(target x abnormal tiles); tiles tied with it are called abnormal too, so the sensitivity
-    reached can exceed the target. ``None`` when there is no abnormal tile (sensitivity is undefined).
+    reached can exceed the target. ``None`` when there is no abnormal tile (sensitivity is undefined). This is the
+    point estimate alone, without a margin: `bounded_threshold` is the one the pages propose.
     """
     if not (math.isfinite(target) and 0.0 < target <= 1.0):
         raise ValueError(f"target sensitivity must be in (0, 1], got {target}")
@@ -235,32 +280,125 @@ def threshold_for_sensitivity(labels: npt.ArrayLike, probs: npt.ArrayLike, targe
     return TargetThreshold(float(target), operating_point(labels, probs, float(abnormal[needed - 1])))
 
 
-def validated_threshold(
-    val_labels: npt.ArrayLike, val_probs: npt.ArrayLike, labels: npt.ArrayLike, probs: npt.ArrayLike, target: float
-) -> TargetThreshold | None:
-    """`threshold_for_sensitivity` chosen on the validation split (``val_*``) and judged on the test split: the
-    point is the test split's at the threshold validation gave. ``None`` when validation has no abnormal tile."""
-    chosen = threshold_for_sensitivity(val_labels, val_probs, target)
-    if chosen is None:
+Z_95 = 1.959963984540054  # the normal quantile of a two-sided 95% interval, scipy.stats.norm.ppf(0.975)
+
+
+def wilson_lower(successes: float, trials: float, z: float = Z_95) -> float:
+    """The lower end of the Wilson (1927) score interval of ``successes / trials`` (Agresti & Coull 1998, eq. 2):
+    (p + z^2/2n - z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n). Written out rather than taken from
+    ``scipy.stats.binomtest`` (`models.decision.wilson_interval`) because ``trials`` here is an effective sample size,
+    not a whole number; at whole numbers the two agree. NaN for no trials."""
+    if trials <= 0:
+        return math.nan
+    p = successes / trials
+    z2 = z * z
+    centre = p + z2 / (2 * trials)
+    spread = z * math.sqrt(max(p * (1 - p) / trials + z2 / (4 * trials * trials), 0.0))
+    return max(0.0, (centre - spread) / (1 + z2 / trials))
+
+
+def cluster_icc(hits: npt.ArrayLike, sizes: npt.ArrayLike) -> float:
+    """The intra-slide correlation of a tile being caught: the analysis-of-variance estimator for binary outcomes
+    in clusters (Fleiss 1981; Donner & Klar 2000, Design and Analysis of Cluster Randomization Trials, Sec. 2.5):
+    rho = (MSB - MSW) / (MSB + (m0 - 1) MSW), with MSB = sum m_i (p_i - p)^2 / (k - 1), MSW = sum m_i p_i (1 - p_i)
+    / (N - k), m0 = (N - sum m_i^2 / N) / (k - 1), clipped to [0, 1]. One slide cannot show how far its tiles speak
+    for another: 1 (every tile of it counts as one). No variation at all (every tile caught, or none): 0."""
+    y = np.asarray(hits, dtype=float)
+    m = np.asarray(sizes, dtype=float)
+    k, total = m.size, float(m.sum())
+    if k <= 1:
+        return 1.0
+    if total <= k:  # one tile per slide: nothing within slides, and no clustering to correct
+        return 0.0
+    p_i, p = y / m, float(y.sum()) / total
+    msb = float((m * (p_i - p) ** 2).sum()) / (k - 1)
+    msw = float((m * p_i * (1 - p_i)).sum()) / (total - k)
+    m0 = (total - float((m * m).sum()) / total) / (k - 1)
+    denominator = msb + (m0 - 1) * msw
+    if denominator <= 0:
+        return 0.0
+    return min(1.0, max(0.0, (msb - msw) / denominator))
+
+
+def sensitivity_bound(hits: npt.ArrayLike, sizes: npt.ArrayLike) -> float:
+    """The lower end of the 95% interval of a tile sensitivity whose abnormal tiles come in slides (``sizes``
+    abnormal tiles per slide, ``hits`` of them called abnormal): the Wilson interval (`wilson_lower`) on the
+    effective number of tiles N / deff, deff = 1 + (m - 1) rho the design effect of cluster sampling (Kish 1965,
+    Survey Sampling, Sec. 5.4; m = sum m_i^2 / N, rho = `cluster_icc`). Tiles of one slide are not independent:
+    where slides differ, a few slides count as little more than a few tiles, which is what a threshold chosen on
+    one or two slides needs to be held to."""
+    y = np.asarray(hits, dtype=float)
+    m = np.asarray(sizes, dtype=float)
+    total = float(m.sum())
+    if total <= 0:
+        return math.nan
+    size = float((m * m).sum()) / total
+    effective = total / (1.0 + (size - 1.0) * cluster_icc(y, m))
+    return wilson_lower(float(y.sum()) / total * effective, effective)
+
+
+def bounded_threshold(
+    labels: npt.ArrayLike, probs: npt.ArrayLike, target: float, keys: Sequence[str] | None = None
+) -> TargetThreshold | Unreachable | None:
+    """The highest threshold at which the lower end of the 95% interval of the sensitivity (`sensitivity_bound`,
+    abnormal tiles grouped by slide ``keys``; each tile its own slide when the names do not say) reaches
+    ``target``: the floor with a margin. Scans every abnormal tile's probability from the highest down (the bound
+    need not grow steadily as the threshold falls: rho changes). `Unreachable` when none does, ``None`` without an
+    abnormal tile."""
+    naive = threshold_for_sensitivity(labels, probs, target)
+    if naive is None:
         return None
-    point = operating_point(np.asarray(labels, dtype=int), np.asarray(probs, dtype=float), chosen.threshold)
-    return TargetThreshold(chosen.target, point, "validation")
+    y = np.asarray(labels, dtype=int)
+    p = np.asarray(probs, dtype=float)
+    abnormal = y == 1
+    slide_of = (
+        np.arange(int(abnormal.sum()))
+        if keys is None
+        else np.unique(np.asarray(keys, dtype=object).astype(str)[abnormal], return_inverse=True)[1]
+    )
+    scores = p[abnormal]
+    sizes = np.bincount(slide_of).astype(float)
+    best = -1.0
+    for candidate in np.unique(scores)[::-1]:
+        bound = sensitivity_bound(np.bincount(slide_of, weights=scores >= candidate, minlength=sizes.size), sizes)
+        best = max(best, bound)
+        if bound >= target:
+            slides = None if keys is None else int(sizes.size)
+            point = operating_point(y, p, float(candidate))
+            return TargetThreshold(float(target), point, "test", None, bound, naive.threshold, slides)
+    slides = None if keys is None else int(sizes.size)
+    return Unreachable(float(target), "test", best, naive.threshold, int(abnormal.sum()), slides)
+
+
+def _keys(rows: pd.DataFrame) -> list[str] | None:
+    return slides_of_tiles(rows["path"].to_numpy()) if "path" in rows.columns else None
 
 
 def chosen_target(
-    labels: npt.ArrayLike, probs: npt.ArrayLike, target: float, val_rows: pd.DataFrame | None = None
-) -> TargetThreshold | None:
-    """The threshold reaching ``target``: chosen on ``val_rows`` (the hospital's validation predictions) when they
-    hold an abnormal tile, judged on the test split; else chosen on the test split itself (optimistic)."""
+    labels: npt.ArrayLike,
+    probs: npt.ArrayLike,
+    target: float,
+    val_rows: pd.DataFrame | None = None,
+    keys: Sequence[str] | None = None,
+) -> TargetThreshold | Unreachable | None:
+    """The threshold proposed to reach ``target`` (`bounded_threshold`, with its margin): chosen on ``val_rows``
+    (the hospital's validation predictions) when they hold an abnormal tile, its ``point`` then the test split's at
+    it (``chosen`` the validation split's); else chosen on the test split itself (``keys``: its tiles' slides),
+    optimistic. `Unreachable` when no threshold reaches it with 95% confidence on the choosing split."""
     if val_rows is not None and len(val_rows) and (val_rows["label"].to_numpy(dtype=int) == 1).any():
-        return validated_threshold(
+        found = bounded_threshold(
             val_rows["label"].to_numpy(dtype=int),
             val_rows["prob_abnormal"].to_numpy(dtype=float),
-            labels,
-            probs,
             target,
+            _keys(val_rows),
         )
-    return threshold_for_sensitivity(labels, probs, target)
+        if isinstance(found, Unreachable):
+            return replace(found, split="validation")
+        if found is None:
+            return None
+        test = operating_point(np.asarray(labels, dtype=int), np.asarray(probs, dtype=float), found.threshold)
+        return replace(found, point=test, split="validation", chosen=found.point)
+    return bounded_threshold(labels, probs, target, keys)
 
 
 def auc_warning(
@@ -288,28 +426,92 @@ def auc_warning(
     )
 
 
-def target_warning(point: OperatingPoint, target: TargetThreshold | None) -> str | None:
-    """A plain sentence when the sensitivity at ``point.threshold`` is below the target sensitivity (the clinical
-    floor the user set), whatever the AUC: how many abnormal tiles are missed, the sensitivity with its 95% Wilson
-    interval, and the threshold that reaches the target with the specificity there; else ``None``."""
-    if target is None or not point.abnormal or point.sensitivity >= target.target:
-        return None
+def proposal_words(target: TargetThreshold, slides: Slides | None = None) -> str:
+    """What a proposed threshold gives, on the split that chose it and on test: ``"threshold 0.41 reaches 0.90 with
+    95% confidence on validation (sensitivity 0.95, 95% CI lower bound 0.91, 4 abnormal slides); on test:
+    sensitivity 0.81 (...)"``. ``slides``: the hospital's test slides (``slides.csv``'s scores) for the slides it
+    would miss and flag (`consequences`)."""
+    bound = f"95% CI lower bound {target.bound:.2f}" if math.isfinite(target.bound) else "no bound"
+    few = "" if target.slides is None else f", {target.slides} abnormal slide{'s' if target.slides != 1 else ''}"
+    test = consequences(target.point, slides).words
     if target.split == "validation":
-        test = target.point
-        reach = (
-            f"the threshold that reaches {target.target:.2f} on the validation split, {target.threshold:.2f}, "
-            f"gives sensitivity {test.sensitivity:.2f}"
-            + (f" and specificity {test.specificity:.2f}" if math.isfinite(test.specificity) else "")
-            + " on the test split"
-        )
-    else:
-        reach = (
-            f"it reaches {target.target:.2f} at threshold {target.threshold:.2f}"
-            + (f", with specificity {target.point.specificity:.2f}" if math.isfinite(target.point.specificity) else "")
-            + " (chosen on the test split itself, so optimistic: this hospital has no validation split)"
+        chosen = target.on_split
+        return (
+            f"threshold {target.threshold:.2f} reaches {target.target:.2f} with 95% confidence on validation "
+            f"(sensitivity {chosen.sensitivity:.2f}, {bound}{few}); on test: {test}"
         )
     return (
-        f"below the target sensitivity {target.target:.2f}: at threshold {point.threshold:.2f} it misses {point.fn} "
+        f"threshold {target.threshold:.2f} reaches {target.target:.2f} with 95% confidence on the test split it was "
+        f"chosen on (so optimistic; {bound}{few}): {test}"
+    )
+
+
+@dataclass(frozen=True)
+class Consequences:
+    """What a threshold does on the test split: its tile ``point``, the abnormal test slides it calls normal
+    (``missed``) and the normal ones it calls abnormal (``alarms``), by name, out of ``abnormal_slides`` and
+    ``normal_slides`` (``None`` without slide figures)."""
+
+    point: OperatingPoint
+    missed: tuple[str, ...] = ()
+    alarms: tuple[str, ...] = ()
+    abnormal_slides: int | None = None
+    normal_slides: int | None = None
+
+    @property
+    def misses_abnormal_slide(self) -> bool:
+        """Whether an abnormal test slide would be called normal."""
+        return bool(self.missed)
+
+    @property
+    def words(self) -> str:
+        """``"sensitivity 0.81 (21 of 26 abnormal tiles), specificity 0.90; it misses 1 of 3 abnormal slides
+        (slide_0052) and calls 2 of 5 normal slides abnormal (false alarms)"``."""
+        point = self.point
+        tiles = (
+            f"sensitivity {point.sensitivity:.2f} ({point.tp} of {point.abnormal} abnormal tiles)"
+            if point.abnormal
+            else "no abnormal test tile"
+        )
+        if point.normal:
+            tiles += (
+                f", specificity {point.specificity:.2f} ({point.fp} of {point.normal} normal tiles called abnormal)"
+            )
+        if self.abnormal_slides is None or self.normal_slides is None:
+            return tiles
+        if self.missed:
+            names = _names(list(self.missed))
+            slides = f"it misses {len(self.missed)} of {self.abnormal_slides} abnormal test slides ({names})"
+        else:
+            slides = f"it finds all {self.abnormal_slides} abnormal test slides"
+        alarms = f"{len(self.alarms)} of {self.normal_slides} normal slides called abnormal (false alarms)"
+        return f"{tiles}; {slides}, {alarms}"
+
+
+def consequences(point: OperatingPoint, slides: Slides | None = None) -> Consequences:
+    """`Consequences` of ``point.threshold`` on test: ``point`` (its tiles) and ``slides`` (its slides' scores, the
+    top-k mean; `Slides.called`)."""
+    if slides is None:
+        return Consequences(point)
+    called = slides.called(point.threshold)
+    missed = tuple(k for k, label, c in zip(slides.keys, slides.labels, called, strict=True) if label == 1 and not c)
+    alarms = tuple(k for k, label, c in zip(slides.keys, slides.labels, called, strict=True) if label == 0 and c)
+    return Consequences(point, missed, alarms, int((slides.labels == 1).sum()), int((slides.labels == 0).sum()))
+
+
+def target_warning(
+    point: OperatingPoint, target: TargetThreshold | None, unreachable: Unreachable | None = None
+) -> str | None:
+    """A plain sentence when the sensitivity at ``point.threshold`` is below the target sensitivity (the clinical
+    floor the user set), whatever the AUC: how many abnormal tiles are missed, the sensitivity with its 95% Wilson
+    interval, and the threshold proposed to reach the target with what it gives on the split that chose it and on
+    test (`proposal_words`), or why none is proposed (``unreachable``); else ``None``."""
+    wanted = target.target if target is not None else unreachable.target if unreachable is not None else None
+    if wanted is None or not point.abnormal or point.sensitivity >= wanted:
+        return None
+    reach = proposal_words(target) if target is not None else unreachable.words if unreachable is not None else ""
+    return (
+        f"below the target sensitivity {wanted:.2f}: at threshold {point.threshold:.2f} it misses {point.fn} "
         f"of {point.abnormal} abnormal tiles (sensitivity {point.sensitivity:.2f}, 95% CI "
         f"{interval_text(point.sensitivity_interval)}); {reach}."
     )
@@ -371,6 +573,7 @@ class HospitalScore:
     slide_point: OperatingPoint | None = None
     slide_auc: float | None = None
     auc_interval: AucInterval | None = None
+    unreachable: Unreachable | None = None
 
 
 def slide_results(
@@ -400,8 +603,10 @@ def score_hospital(
     probs = rows["prob_abnormal"].to_numpy(dtype=float)
     auc = roc(labels, probs).auc
     point = operating_point(labels, probs, threshold)
-    target = chosen_target(labels, probs, target_sensitivity, val_rows)
-    keys = slides_of_tiles(rows["path"].to_numpy()) if "path" in rows.columns else None
+    keys = _keys(rows)
+    found_target = chosen_target(labels, probs, target_sensitivity, val_rows, keys)
+    target = found_target if isinstance(found_target, TargetThreshold) else None
+    unreachable = found_target if isinstance(found_target, Unreachable) else None
     slide_set = slide_point = slide_auc = interval = None
     if keys is not None:
         slide_set, slide_point, slide_auc = slide_results(keys, labels, probs, threshold)
@@ -411,10 +616,24 @@ def score_hospital(
         slide_point = operating_point(held_out.labels, held_out.scores, threshold)
         slide_auc = roc(held_out.labels, held_out.scores).auc
     slides = None if slide_set is None else len(slide_set.keys)
-    found = (slides_warning(slides, min_slides), auc_warning(auc, point), target_warning(point, target))
+    found = (
+        slides_warning(slides, min_slides),
+        auc_warning(auc, point),
+        target_warning(point, target, unreachable),
+    )
     warnings = [w for w in found if w]
     return HospitalScore(
-        int(client), auc, point, target, " ".join(warnings) or None, slides, slide_set, slide_point, slide_auc, interval
+        int(client),
+        auc,
+        point,
+        target,
+        " ".join(warnings) or None,
+        slides,
+        slide_set,
+        slide_point,
+        slide_auc,
+        interval,
+        unreachable,
     )
 
 
@@ -490,13 +709,13 @@ class Verdict:
 
 
 def _reach(score: HospitalScore) -> str:
-    target = score.target
-    if target is None:
-        return ""
-    spec = target.point.specificity
-    there = f" with specificity {spec:.2f}" if math.isfinite(spec) else ""
-    chosen = "on validation" if target.split == "validation" else "on the test split, optimistic"
-    return f"; threshold {target.threshold:.2f} would reach {target.target:.2f} sensitivity{there} (chosen {chosen})"
+    """The threshold proposed to reach the floor, with its figures on validation and on test (`proposal_words`),
+    or why none is proposed."""
+    if score.target is not None:
+        return f"; {proposal_words(score.target, score.slide_set)}"
+    if score.unreachable is not None:
+        return f"; {score.unreachable.words}"
+    return ""
 
 
 NAMES_SHOWN = 3  # slide names a verdict's reason lists before "..."

@@ -421,14 +421,40 @@ def flash() -> None:
         st.success(message, icon=":material/check_circle:")
 
 
+def _consequences(run: Path, hospital: int, current: float, value: float) -> None:
+    """What changing ``hospital``'s threshold from ``current`` to ``value`` does, said before anything is written:
+    the direction (`app.operating.direction`) and what ``value`` gives on its test split (`app.operating.
+    consequences_at`: sensitivity, abnormal test slides missed by name, false alarms); an abnormal test slide it
+    would call normal is said plainly, as an error."""
+    from app import operating
+
+    try:
+        found = operating.consequences_at(operating.bundle_folder(run, hospital), value)
+    except DashboardError as exc:
+        st.warning(f"What {value:.2f} does on test cannot be shown: {exc}", icon=":material/warning:")
+        return
+    st.markdown(f"This means **{operating.direction(current, value)}**.")
+    if found is None:
+        st.warning("This hospital has no test predictions, so what it does on test cannot be shown.")
+        return
+    st.markdown(f"On {hospital_label(hospital)}'s test split at {value:.2f}: {found.words}.")
+    if found.misses_abnormal_slide:
+        st.error(
+            f"At {value:.2f} the model calls {len(found.missed)} of {found.abnormal_slides} abnormal test slides "
+            f"normal ({', '.join(found.missed)}): cancers it would miss. Save it only knowing that.",
+            icon=":material/error:",
+        )
+
+
 def save_threshold_button(
     run: Path, hospital: int, value: float, source: str, label: str, key: str, split: str = "", current: float = 0.5
 ) -> None:
-    """A button that proposes ``value`` as the hospital's operating threshold, then asks for confirmation: what
-    changes (``current`` to ``value``), the split that chose it, who decides and why. Confirmed, it is saved into
-    the model bundle (`app.operating.save`, the old value, who, when and why kept in the card's
-    ``threshold_history``), the held-out slides are called again at it, and the page is redrawn at once at the new
-    threshold. The Slide page, its calls, the HTML report and ``predict`` then use it."""
+    """A button that proposes ``value`` as the hospital's operating threshold, then asks for confirmation: the
+    direction of the change (``current`` to ``value``), what ``value`` gives on test (`_consequences`), the split
+    that chose it, who decides and why. Confirmed, it is saved into the model bundle (`app.operating.save`, the old
+    value, who, when and why kept in the card's ``threshold_history``), the held-out slides are called again at
+    it, and the page is redrawn at once at the new threshold. The Slide page, its calls, the HTML report and
+    ``predict`` then use it; `undo_button` takes it back."""
     pending = f"{key}_pending"
     if st.button(label, key=key, icon=":material/save:"):
         st.session_state[pending] = True
@@ -438,8 +464,10 @@ def save_threshold_button(
         st.markdown(
             f"**Change {hospital_label(hospital)}'s operating threshold from {current:.2f} to {value:.2f}?** "
             f"It is {SPLIT_WORDS.get(split, split)} ({source}). Every page, the HTML report and `gastric-fl predict` "
-            "will call its tiles and slides at it; the old value is kept in the model card's history."
+            "will call its tiles and slides at it; the old value is kept in the model card's history, and Undo "
+            "brings it back."
         )
+        _consequences(run, hospital, current, value)
         who = st.text_input("Who decides", key=f"{key}_who", placeholder="your name")
         why = st.text_input("Why", key=f"{key}_why", placeholder="for example: agreed at the tumour board")
         confirm, cancel = st.columns(2)
@@ -468,6 +496,65 @@ def save_threshold_button(
         f"({card.threshold_source}), was {current:.2f}. Every page, the HTML report and `gastric-fl predict` use it."
     )
     st.rerun()  # every figure on the page at the new threshold, now
+
+
+def undo_button(run: Path, hospital: int, key: str) -> None:
+    """Undo the last saved change of ``hospital``'s threshold (its model card's ``threshold_history``): the button
+    names the value it goes back to; confirmed with who, after the direction and what that value gives on test
+    (`_consequences`), it is saved as a new change (`app.operating.undo`: the history stays whole) and the
+    held-out slides are called again at it. Not shown when the card has no change."""
+    from app.slide_view import read_card_json
+    from federation.runfiles import hospital_dir
+
+    try:
+        card = read_card_json(hospital_dir(run, hospital))
+    except (DashboardError, ValueError, OSError):
+        return
+    history = card.get("threshold_history") or []
+    if not history or not isinstance(history[-1], dict) or "from" not in history[-1]:
+        return
+    try:
+        current, previous = float(card.get("threshold", 0.5)), float(history[-1]["from"])
+    except (TypeError, ValueError):
+        return
+    pending = f"{key}_pending"
+    if st.button(f"Undo: back to {previous:.2f}", key=key, icon=":material/undo:"):
+        st.session_state[pending] = True
+    if not st.session_state.get(pending):
+        return
+    with st.container(border=True):
+        st.markdown(
+            f"**Undo {hospital_label(hospital)}'s last threshold change ({previous:.2f} to {current:.2f}, "
+            f"{history[-1].get('at', 'time unknown')})?** The undo is kept in the model card's history too."
+        )
+        _consequences(run, hospital, current, previous)
+        who = st.text_input("Who undoes it", key=f"{key}_who", placeholder="your name")
+        confirm, cancel = st.columns(2)
+        if cancel.button("Cancel", key=f"{key}_cancel"):
+            st.session_state.pop(pending, None)
+            st.rerun()
+        if not confirm.button(f"Confirm: back to {previous:.2f}", key=f"{key}_confirm", type="primary"):
+            return
+        if not who.strip():
+            st.error("Say who undoes it: it is kept in the model card's history.", icon=":material/error:")
+            return
+    from app import operating
+
+    try:
+        folder = operating.bundle_folder(run, hospital)
+        saved = operating.undo(folder, by=who)
+        from app.held_out import recall
+
+        recall(folder, saved.threshold)
+    except (DashboardError, ValueError) as exc:
+        st.error(str(exc), icon=":material/error:")
+        return
+    st.session_state.pop(pending, None)
+    st.session_state[FLASH_KEY] = (
+        f"Undone: {hospital_label(hospital)} decides at threshold {saved.threshold:.2f} again "
+        f"({saved.threshold_source}), was {current:.2f}."
+    )
+    st.rerun()
 
 
 def save_floor_button(

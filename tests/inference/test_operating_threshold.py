@@ -12,7 +12,7 @@ import pytest
 from support.cli import run_cli
 from support.slides import TinyRun
 
-from app.evaluation import threshold_for_sensitivity
+from app.evaluation import bounded_threshold, slides_of_tiles
 from app.run_records import read_prediction_file
 from inference.predict import slide_calls_line
 from models.bundle import BundleError, read_card, set_threshold
@@ -25,6 +25,20 @@ def _copy_bundle(tiny_run: TinyRun, tmp_path: Path) -> Path:
     return run
 
 
+def _write_val(folder: Path, abnormal: dict[int, list[float]], normal: dict[int, list[float]]) -> Path:
+    """A ``val_predictions.csv`` of slides (index -> tile probabilities) named as prepare names tiles."""
+    lines = ["client,path,label,prob_abnormal,round"]
+    for label, slides in (("abnormal", abnormal), ("normal", normal)):
+        for index, probs in slides.items():
+            lines += [
+                f"0,client_00/val/{label}/{index:05d}_v{index}_x{k * 64:05d}_y00000.png,{label},{p},1"
+                for k, p in enumerate(probs)
+            ]
+    path = folder / "val_predictions.csv"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
 def test_threshold_from_the_floor_is_saved_and_used_by_predict(
     tiny_run: TinyRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -35,15 +49,25 @@ def test_threshold_from_the_floor_is_saved_and_used_by_predict(
     assert before.threshold_source == "the default 0.5"
     weights = (folder / "model.safetensors").read_bytes()
 
+    # the tiny run's validation split has no abnormal tile and its test split one abnormal slide: no threshold can
+    # show 0.90 with 95% confidence, and the command says so in one line, writing nothing
+    assert run_cli(monkeypatch, "threshold", str(run), "--hospital", "0", "--sensitivity", "0.9") == 2
+    refusal = capsys.readouterr().err
+    assert "predictions.csv: no threshold reaches sensitivity 0.90 with 95% confidence on the test split" in refusal
+    assert "from 1 abnormal slide show at best a lower bound of 0.21" in refusal
+    assert read_card(folder).threshold == 0.5
+    # six abnormal validation slides of eight tiles, every tile at 0.2 or more: 0.90 is shown at 0.2
+    val = _write_val(folder, {s: [0.2, 0.5, 0.7, 0.9] * 2 for s in range(6)}, {9: [0.1] * 8})
     assert run_cli(monkeypatch, "threshold", str(run), "--hospital", "0", "--sensitivity", "0.9") == 0
-    frame = read_prediction_file(folder / "predictions.csv")
-    expected = threshold_for_sensitivity(frame["label"].to_numpy(), frame["prob_abnormal"].to_numpy(), 0.9)
+    frame = read_prediction_file(val)
+    expected = bounded_threshold(
+        frame["label"].to_numpy(), frame["prob_abnormal"].to_numpy(), 0.9, slides_of_tiles(frame["path"].to_numpy())
+    )
     assert expected is not None
     card = read_card(folder)
-    assert card.threshold == pytest.approx(min(max(expected.threshold, 1e-6), 1 - 1e-6))
-    assert card.threshold_source.startswith("reaches sensitivity 0.90 on round 1's test split")
+    assert card.threshold == pytest.approx(expected.threshold) == 0.2
+    assert card.threshold_source.startswith("reaches sensitivity 0.90 on round 1's validation split")
     assert card.metrics["threshold"] == card.threshold
-    assert card.metrics["sensitivity"] >= 0.9
     assert (folder / "model.safetensors").read_bytes() == weights  # only the card changed
     assert f"threshold {card.threshold:.4g} saved" in capsys.readouterr().out
 
@@ -188,35 +212,50 @@ def test_slide_calls_line_counts_against_truth() -> None:
     assert slide_calls_line([Result(None, "normal")]) is None  # type: ignore[list-item]
 
 
-def test_a_floor_threshold_is_chosen_on_validation_and_judged_on_test(
+def test_a_floor_threshold_is_chosen_with_a_margin_on_validation_shown_on_test_and_undone(
     tiny_run: TinyRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = _copy_bundle(tiny_run, tmp_path)
     folder = run / "hospitals" / "client_00"
     test = read_prediction_file(folder / "predictions.csv")
-    # a validation split with 4 abnormal tiles at 0.8, 0.7, 0.6, 0.3: ceil(0.75 x 4) = 3rd highest, 0.6
-    val = [(1, 0.8), (1, 0.7), (1, 0.6), (1, 0.3), (0, 0.65), (0, 0.1)]
-    lines = ["client,path,label,prob_abnormal,round"]
-    lines += [f"0,v{i}.png,{'abnormal' if y else 'normal'},{p},1" for i, (y, p) in enumerate(val)]
-    (folder / "val_predictions.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    assert run_cli(monkeypatch, "threshold", str(run), "--hospital", "0", "--sensitivity", "0.75") == 0
+    # validation: 8 abnormal slides of 6 tiles at 0.8, 0.7, 0.6 (twice); ceil(0.75 x 48) = 36th highest is 0.6,
+    # where every tile is caught: lower bound 48/51.84 = 0.93 >= 0.75. A slide of its own at 0.95 only would be
+    # chosen by the point estimate alone at 0.95; the margin keeps the floor on the other slides too.
+    _write_val(folder, {s: [0.8, 0.7, 0.6] * 2 for s in range(8)}, {9: [0.65, 0.1] * 3})
+    sens = ("threshold", str(run), "--hospital", "0", "--sensitivity", "0.75")
+    assert run_cli(monkeypatch, *sens, "--dry-run") == 0  # said, not written
+    out = capsys.readouterr().out
+    assert read_card(folder).threshold == 0.5
+    assert "hospital 0: threshold 0.60 reaches 0.75 with 95% confidence on validation (sensitivity 1.00, 95% CI " in out
+    assert "hospital 0: raising the threshold from 0.50 to 0.60 (fewer tiles and slides called abnormal)" in out
+    labels, probs = test["label"].to_numpy(), test["prob_abnormal"].to_numpy()
+    found = int(((probs >= 0.6) & (labels == 1)).sum())
+    assert (
+        f"on its test split at 0.6: sensitivity {found / (labels == 1).sum():.2f} ({found} of 5 abnormal tiles)" in out
+    )
+    assert "--dry-run: nothing written" in out
+    assert run_cli(monkeypatch, *sens, "--by", "Dr A", "--reason", "board") == 0
     card = read_card(folder)
     assert card.threshold == 0.6
     assert card.threshold_split == "validation"
     assert card.threshold_source == (
-        "reaches sensitivity 0.75 on round 1's validation split (3 of 4 abnormal tiles; chosen on validation, "
-        "judged on test)"
+        "reaches sensitivity 0.75 on round 1's validation split (48 of 48 abnormal tiles, 95% CI lower bound 0.93; "
+        "chosen on validation, judged on test)"
     )
     # the card's figures are the test split's at the validation threshold
-    labels, probs = test["label"].to_numpy(), test["prob_abnormal"].to_numpy()
-    assert card.metrics["sensitivity"] == pytest.approx(((probs >= 0.6) & (labels == 1)).sum() / (labels == 1).sum())
+    assert card.metrics["sensitivity"] == pytest.approx(found / (labels == 1).sum())
+    assert "optimistic" not in capsys.readouterr().out
+    # undo: back to 0.5 with the default's source, as a new change; the history's last entry is the threshold
+    assert run_cli(monkeypatch, "threshold", str(run), "--hospital", "0", "--undo", "--by", "Dr B") == 0
     out = capsys.readouterr().out
-    assert "on its test split at that threshold:" in out
-    assert "optimistic" not in out
-    # without a validation split the test split chooses, and the card says so
-    (folder / "val_predictions.csv").unlink()
-    assert run_cli(monkeypatch, "threshold", str(run), "--hospital", "0", "--sensitivity", "0.75") == 0
+    assert "hospital 0: lowering the threshold from 0.60 to 0.50 (more tiles and slides called abnormal)" in out
     card = read_card(folder)
-    assert card.threshold_split == "test"
-    assert "so optimistic" in card.threshold_source
-    assert "chosen there too, so optimistic" in capsys.readouterr().out
+    assert (card.threshold, card.threshold_source, card.threshold_split) == (0.5, "the default 0.5", "")
+    assert [(h["from"], h["to"], h["by"]) for h in card.threshold_history] == [(0.5, 0.6, "Dr A"), (0.6, 0.5, "Dr B")]
+    assert card.threshold_history[-1]["to"] == card.threshold
+    assert card.threshold_history[-1]["reason"].startswith("undo of the change of ")
+    # without a validation split the test split chooses; its one abnormal slide cannot show 0.75: refused
+    (folder / "val_predictions.csv").unlink()
+    assert run_cli(monkeypatch, *sens) == 2
+    assert "no threshold reaches sensitivity 0.75 with 95% confidence on the test split" in capsys.readouterr().err
+    assert read_card(folder).threshold == 0.5

@@ -271,6 +271,7 @@ def _save_buttons(
             ui.save_floor_button(
                 info, hospital, target.threshold, current, floor.sensitivity, "the floor", "its", reaches, target.split
             )
+        ui.undo_button(info.path, hospital, f"undo_hospital_{info.run_id}_{hospital}")
 
 
 def _example_tiles(info: RunInfo, rows: pd.DataFrame, hospital: int, threshold: float) -> None:

@@ -6,8 +6,11 @@ Each hospital is judged at its own operating threshold (its model card's, `app.o
 judge, with word and colour, and the reason in one sentence. Beside it: test slides and tiles, the AUC with its
 interval resampled by slide (or why it cannot be estimated), sensitivity and specificity with Wilson intervals, and
 the slide calls (`models.decision`). A hospital that does not pass and has a threshold reaching the floor gets a
-button to save that threshold into its bundle, confirmed with who and why (`ui.save_threshold_button`). FedSAF
-paper 001, Sec. 5: each client's model on its own test split.
+button to save that threshold into its bundle (chosen with a margin: the floor on the lower end of the 95% interval
+of the validation sensitivity, `evaluation.bounded_threshold`; where none reaches it, the page says so), confirmed
+with who and why after the direction of the change and what it gives on test (`ui.save_threshold_button`); a
+saved change has an Undo (`ui.undo_button`). The dataset's shortcut-probe warning, when prepare raised one, stands
+above the verdicts. FedSAF paper 001, Sec. 5: each client's model on its own test split.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import streamlit as st
 
 from app import evaluation
 from app.dashboard import ui
-from app.datasets import hospital_label
+from app.datasets import hospital_label, load_prepare_json, shortcut_probe
+from app.errors import DashboardError
 from app.run_records import (
     RunInfo,
     load_metrics,
@@ -94,6 +98,25 @@ def _hospital(
                 info, client, target.threshold, judged.threshold, floor.sensitivity, floor_name, whose, "the floor",
                 target.split,
             )  # fmt: skip
+        elif result.kind in (evaluation.FAIL, evaluation.REVIEW) and score.unreachable is not None:
+            st.info(f"No threshold proposed: {score.unreachable.words}.", icon=":material/info:")
+        ui.undo_button(info.path, client, f"undo_{info.run_id}_{client}")
+
+
+def _shortcut_warning(info: RunInfo) -> None:
+    """The dataset's shortcut-probe warning (prepare's: label-free pixel statistics alone separate the classes),
+    so a verdict is not read without it; nothing when the probe raised none or the record is not there."""
+    if info.dataset is None or not info.dataset.is_dir():
+        return
+    try:
+        probe = shortcut_probe(load_prepare_json(info.dataset))
+    except DashboardError:
+        return
+    if probe is not None and probe.warning:
+        st.warning(
+            f"Shortcut warning on this run's data: {probe.warning} (details on the Data page).",
+            icon=":material/warning:",
+        )
 
 
 @ui.page_guard("Verdict")
@@ -118,6 +141,7 @@ def page() -> None:
         st.error(problem, icon=":material/error:")
     if found.frame.empty:
         return
+    _shortcut_warning(info)
     floor = ui.floor_controls("verdict")
     privacy = privacy_spent(load_metrics(info.path))
     unit = str((read_run_config(info.path).get("privacy") or {}).get("unit") or "slide")

@@ -166,9 +166,16 @@ def test_score_hospitals_and_table() -> None:
     assert table.loc["Hospital 1", "accuracy"] == 6 / 9
     assert table.loc["Hospital 1", "missed abnormal"] == "3 of 4"
     assert table.loc["Hospital 0", "false alarms"] == "1 of 5"
-    assert table.loc["Hospital 1", "threshold for target"] == 0.30
-    assert table.loc["Hospital 1", "specificity there"] == 3 / 5
-    assert table.loc["Hospital 0", "specificity there"] == 4 / 5
+    # 5 and 4 abnormal tiles cannot show 0.90 with 95% confidence (at best 5/8.84 = 0.57 and 4/7.84 = 0.51): no
+    # threshold is proposed, and the warning says so
+    assert math.isnan(table.loc["Hospital 1", "threshold for target"])
+    assert hidden.target is None
+    assert hidden.unreachable is not None
+    assert "no threshold reaches sensitivity 0.90 with 95% confidence on the test split" in hidden.warning
+    # at 0.50 both reach it, each by calling every abnormal tile: the lowest abnormal probability
+    looser = evaluation.scorecard_table(evaluation.score_hospitals(_predictions(), 0.5, 0.5)).set_index("hospital")
+    assert looser["threshold for target"].tolist() == [0.55, 0.30]
+    assert looser["specificity there"].tolist() == [4 / 5, 3 / 5]
 
 
 # --- the page ----------------------------------------------------------------------------------------------------
@@ -217,8 +224,7 @@ def test_scorecard_warns_where_a_high_auc_hides_a_poor_sensitivity(hidden_root: 
     assert table["AUC"].tolist() == pytest.approx([0.92, 0.925])
     assert table["sensitivity"].tolist() == [1.0, 0.25]
     assert table["specificity"].tolist() == [0.8, 1.0]
-    assert table["threshold for target"].tolist() == [0.55, 0.30]
-    assert table["specificity there"].tolist() == [0.8, 0.6]
+    assert table["threshold for target"].isna().all()  # 5 and 4 abnormal tiles cannot show 0.90 with confidence
     assert table["threshold"].tolist() == [0.55, 0.55]
     # tile names without slides: hospital 0 (5 of 5 found) cannot be judged; hospital 1 finds 1 of 4 (95% CI
     # 0.05-0.70), wholly below the floor 0.90: a fail, slides or not
@@ -231,12 +237,12 @@ def test_scorecard_warns_where_a_high_auc_hides_a_poor_sensitivity(hidden_root: 
     (info,) = [str(i.value) for i in at.info if "Exploring" in str(i.value)]
     assert info.startswith("**Exploring threshold 0.30, not saved.** There Hospital 0 would find 5 of 5 abnormal")
     assert "stay at the card's threshold 0.55 until you save one" in info
-    # A looser target allows higher thresholds: the ceil(0.5 n)-th highest abnormal probability of each hospital.
+    # A looser floor is reached with 95% confidence only by calling every abnormal tile (4/7.84 = 0.51 >= 0.5).
     at.number_input(key="hospital_floor_sensitivity").set_value(0.5)
     at.run()
     table = _scorecard(at)
-    assert table["threshold for target"].tolist() == [0.7, 0.45]
-    assert table["sensitivity there"].tolist() == [0.6, 0.5]
+    assert table["threshold for target"].tolist() == [0.55, 0.30]
+    assert table["sensitivity there"].tolist() == [1.0, 1.0]
 
 
 def test_hospital_page_explains_auc_roc_and_the_confusion_matrix(hidden_root: Path) -> None:
@@ -283,12 +289,25 @@ def test_a_sensitivity_below_the_target_is_said_whatever_the_auc() -> None:
     labels = [1] * 4 + [0] * 5
     probs = [0.9, 0.4, 0.35, 0.3, 0.1, 0.2, 0.25, 0.05, 0.15]
     point = evaluation.operating_point(labels, probs, 0.5)
-    target = evaluation.threshold_for_sensitivity(labels, probs, 0.9)
-    text = evaluation.target_warning(point, target)
+    # at 0.90 four abnormal tiles cannot show it with 95% confidence: said, no threshold proposed
+    unreachable = evaluation.bounded_threshold(labels, probs, 0.9)
+    assert isinstance(unreachable, evaluation.Unreachable)
+    text = evaluation.target_warning(point, None, unreachable)
     assert text == (
         "below the target sensitivity 0.90: at threshold 0.50 it misses 3 of 4 abnormal tiles (sensitivity 0.25, "
-        "95% CI 0.05\u20130.70); it reaches 0.90 at threshold 0.30, with specificity 1.00 (chosen on the test split "
-        "itself, so optimistic: this hospital has no validation split)."
+        "95% CI 0.05\u20130.70); no threshold reaches sensitivity 0.90 with 95% confidence on the test split: its 4 "
+        "abnormal tiles show at best a lower bound of 0.51 (threshold 0.30 reaches it on the point estimate alone, "
+        "without that margin), so none is proposed; more abnormal slides are needed to choose one."
+    )
+    # at 0.50 all four are needed (4/7.84 = 0.51): threshold 0.30, chosen on test, said optimistic
+    target = evaluation.bounded_threshold(labels, probs, 0.5)
+    assert isinstance(target, evaluation.TargetThreshold)
+    assert target.threshold == 0.3
+    assert evaluation.target_warning(point, target) == (
+        "below the target sensitivity 0.50: at threshold 0.50 it misses 3 of 4 abnormal tiles (sensitivity 0.25, "
+        "95% CI 0.05\u20130.70); threshold 0.30 reaches 0.50 with 95% confidence on the test split it was chosen on "
+        "(so optimistic; 95% CI lower bound 0.51): sensitivity 1.00 (4 of 4 abnormal tiles), specificity 1.00 (0 of "
+        "5 normal tiles called abnormal)."
     )
     assert evaluation.target_warning(evaluation.operating_point(labels, probs, 0.3), target) is None  # reached
     scores = evaluation.score_hospitals(pd.DataFrame({"client": 0, "label": labels, "prob_abnormal": probs}), 0.5, 0.9)
@@ -332,32 +351,77 @@ def test_slides_are_counted_from_prepares_tile_names_and_too_few_are_said() -> N
     assert evaluation.score_hospitals(frame, 0.5, 0.9, min_slides=3)[0].warning is None
 
 
+def _slide_rows(slides: dict[str, list[float]], label: str, split: str = "val") -> list[dict[str, object]]:
+    return [
+        {"client": 0, "path": f"client_00/{split}/{label}/{key}_s_x{i * 64:05d}_y00000.png", "label": int(label ==
+         "abnormal"), "prob_abnormal": p}
+        for key, probs in slides.items()
+        for i, p in enumerate(probs)
+    ]  # fmt: skip
+
+
+def test_the_floor_is_reached_with_a_margin_not_on_two_slides_alone() -> None:
+    """Issue 47: on two validation slides, one wholly caught and one half missed, the naive threshold reaches the
+    floor on the point estimate; the slides disagree, so the tiles count as little more than two, and the proposed
+    threshold is lower, where both slides are caught; at a floor no threshold can show, none is proposed."""
+    one, two = [0.95, 0.96, 0.97, 0.98, 0.99] * 2, [0.30, 0.35, 0.40, 0.45, 0.50, 0.55, 0.60, 0.65, 0.70, 0.75]
+    val = pd.DataFrame(
+        _slide_rows({"00001": one, "00002": two}, "abnormal") + _slide_rows({"00003": [0.1] * 10}, "normal")
+    )
+    labels, probs = val["label"].to_numpy(), val["prob_abnormal"].to_numpy()
+    naive = evaluation.threshold_for_sensitivity(labels, probs, 0.7)
+    assert naive is not None
+    assert (naive.threshold, naive.point.sensitivity) == (0.6, 0.7)  # 10 + 4 of 20 tiles: 0.70 on the estimate
+    assert evaluation.cluster_icc([10, 4], [10, 10]) > 0.5  # the two slides disagree
+    assert evaluation.sensitivity_bound([10, 4], [10, 10]) < 0.7  # so 0.70 is not shown with confidence
+    keys = evaluation.slides_of_tiles(val["path"].to_numpy())
+    found = evaluation.bounded_threshold(labels, probs, 0.7, keys)
+    assert isinstance(found, evaluation.TargetThreshold)
+    assert found.threshold == 0.35  # 19 of 20 tiles, both slides nearly whole: lower bound 0.76
+    assert found.naive == 0.6
+    assert found.slides == 2
+    assert found.bound == pytest.approx(evaluation.sensitivity_bound([10, 9], [10, 10]))
+    assert found.bound >= 0.7
+    # at 0.90 even all 20 tiles give 20/23.84 = 0.84: refused, and said why
+    refused = evaluation.bounded_threshold(labels, probs, 0.9, keys)
+    assert isinstance(refused, evaluation.Unreachable)
+    assert refused.best == pytest.approx(20 / (20 + evaluation.Z_95**2))
+    assert "from 2 abnormal slides" in refused.words
+    # one slide cannot show how its tiles speak for another: even wholly caught, it counts as one tile
+    single = evaluation.bounded_threshold(labels[:10].tolist() + [0], probs[:10].tolist() + [0.1], 0.7, keys[:11])
+    assert isinstance(single, evaluation.Unreachable)
+    assert single.best == pytest.approx(1 / (1 + evaluation.Z_95**2))
+
+
 def test_a_threshold_chosen_on_validation_is_judged_on_test() -> None:
-    """The floor's threshold comes from the validation split; the figures said of it are the test split's."""
-    labels = [1] * 4 + [0] * 5
-    probs = [0.9, 0.4, 0.35, 0.3, 0.1, 0.2, 0.25, 0.05, 0.15]
-    # validation: 3 abnormal tiles at 0.8, 0.6, 0.45 -> ceil(0.9 x 3) = 3rd highest: threshold 0.45
-    val = pd.DataFrame({"client": 0, "label": [1, 1, 1, 0, 0], "prob_abnormal": [0.8, 0.6, 0.45, 0.5, 0.1]})
-    target = evaluation.chosen_target(labels, probs, 0.9, val)
-    assert target is not None
-    assert target.split == "validation"
-    assert target.threshold == 0.45
-    # on test at 0.45: 1 of 4 abnormal found (0.9), every normal tile below it
-    assert (target.point.tp, target.point.abnormal, target.point.tn, target.point.normal) == (1, 4, 5, 5)
-    point = evaluation.operating_point(labels, probs, 0.5)
-    assert evaluation.target_warning(point, target) == (
-        "below the target sensitivity 0.90: at threshold 0.50 it misses 3 of 4 abnormal tiles (sensitivity 0.25, "
-        "95% CI 0.05\u20130.70); the threshold that reaches 0.90 on the validation split, 0.45, gives sensitivity "
-        "0.25 and specificity 1.00 on the test split."
+    """The floor's threshold comes from the validation split, with its margin; the figures said of it are the test
+    split's, slides missed and false alarms by name."""
+    # validation: 6 abnormal slides of 8 tiles, each tile at 0.6 or above; the floor 0.90 is shown at 0.6
+    val = pd.DataFrame(
+        _slide_rows({f"{s:05d}": [0.6, 0.7, 0.8, 0.9] * 2 for s in range(6)}, "abnormal")
+        + _slide_rows({"00010": [0.1] * 8}, "normal")
+    )
+    test = pd.DataFrame(
+        _slide_rows({"00020": [0.9] * 4, "00021": [0.5] * 4}, "abnormal", "test")
+        + _slide_rows({"00022": [0.65] * 4, "00023": [0.1] * 4}, "normal", "test")
+    )
+    labels, probs = test["label"].to_numpy(), test["prob_abnormal"].to_numpy()
+    target = evaluation.chosen_target(labels, probs, 0.9, val, evaluation.slides_of_tiles(test["path"].to_numpy()))
+    assert isinstance(target, evaluation.TargetThreshold)
+    assert (target.split, target.threshold, target.slides) == ("validation", 0.6, 6)
+    assert target.on_split.sensitivity == 1.0  # 48 of 48 on validation, lower bound 48/51.84 = 0.93
+    # on test at 0.6: 4 of 8 abnormal tiles, slide 00021 missed, 00022 a false alarm
+    assert (target.point.tp, target.point.abnormal, target.point.fp, target.point.normal) == (4, 8, 4, 8)
+    score = evaluation.score_hospitals(test, 0.5, 0.9, min_slides=1, val_predictions=val)[0]
+    assert score.target is not None
+    assert evaluation.proposal_words(score.target, score.slide_set) == (
+        "threshold 0.60 reaches 0.90 with 95% confidence on validation (sensitivity 1.00, 95% CI lower bound 0.93, 6 "
+        "abnormal slides); on test: sensitivity 0.50 (4 of 8 abnormal tiles), specificity 0.50 (4 of 8 normal tiles "
+        "called abnormal); it misses 1 of 2 abnormal test slides (00021), 1 of 2 normal slides called abnormal (false "
+        "alarms)"
     )
     # a validation split without an abnormal tile cannot choose: the test split does, labelled optimistic
     normal_only = val[val["label"] == 0]
-    fallback = evaluation.chosen_target(labels, probs, 0.9, normal_only)
-    assert fallback is not None
+    fallback = evaluation.chosen_target(labels, probs, 0.5, normal_only)
+    assert isinstance(fallback, evaluation.TargetThreshold)
     assert fallback.split == "test"
-    assert fallback.threshold == 0.3
-    scores = evaluation.score_hospitals(
-        pd.DataFrame({"client": 0, "label": labels, "prob_abnormal": probs}), 0.5, 0.9, val_predictions=val
-    )
-    assert scores[0].target is not None
-    assert scores[0].target.split == "validation"

@@ -16,8 +16,9 @@ from models.preprocess import Preprocess
 
 # Per hospital: (abnormal slides, normal slides), each slide a list of tile probabilities.
 SPLITS = {
-    # ranked perfectly but every abnormal tile below 0.5: AUC 1, sensitivity 0 -> fail
-    0: ([[0.30, 0.35, 0.40, 0.45]] * 3, [[0.05, 0.10, 0.15, 0.20]] * 3),
+    # ranked perfectly but every abnormal tile below 0.5: AUC 1, sensitivity 0 -> fail; 48 abnormal tiles, enough
+    # for threshold 0.30 (all of them) to reach 0.90 on the lower end of its 95% interval (48/51.8 = 0.93)
+    0: ([[0.30, 0.35, 0.40, 0.45] * 4] * 3, [[0.05, 0.10, 0.15, 0.20]] * 3),
     # 3 slides only -> cannot judge
     1: ([[0.9, 0.8]] * 2, [[0.1, 0.2]]),
     # 60 of 60 abnormal tiles found, 5 and 5 slides -> pass
@@ -84,10 +85,12 @@ def test_each_hospital_gets_its_verdict_and_reason(verdict_root: Path) -> None:
     text = _markdown(at)
     assert "**FAIL**" in text
     assert (
-        "Hospital 0: misses 12 of 12 abnormal tiles at threshold 0.50 (sensitivity 0.00, 95% CI 0.00\u20130.24, "
+        "Hospital 0: misses 48 of 48 abnormal tiles at threshold 0.50 (sensitivity 0.00, 95% CI 0.00\u20130.07, "
         "wholly below the floor 0.90); on its slides it misses 3 of 3 abnormal slides (00000, 00001, 00002); "
-        "threshold 0.30 would reach 0.90 sensitivity with specificity 1.00 (chosen on the test split, optimistic)."
-        in text
+        "threshold 0.30 reaches 0.90 with 95% confidence on the test split it was chosen on (so optimistic; 95% CI "
+        "lower bound 0.93, 3 abnormal slides): sensitivity 1.00 (48 of 48 abnormal tiles), specificity 1.00 (0 of 12 "
+        "normal tiles called abnormal); it finds all 3 abnormal test slides, 0 of 3 normal slides called abnormal "
+        "(false alarms)." in text
     )
     heading = text.split("###")[0]  # the hospitals' cards, before the sidebar's title
     assert ":material/" not in heading  # a screen reader hears the word only, no icon name
@@ -176,7 +179,7 @@ def test_saving_the_floors_threshold_goes_into_the_bundle_and_the_report(verdict
     assert "Saved: Hospital 0 now decides at threshold 0.30" in " ".join(str(s.value) for s in at.success)
     text = _markdown(at)  # the same run that saved: the page is redrawn at the new threshold at once
     assert "Hospital 0: misses" not in text
-    assert "Hospital 0: finds 12 of 12 abnormal tiles at threshold 0.30" in text
+    assert "Hospital 0: finds 48 of 48 abnormal tiles at threshold 0.30" in text
     page = report_html(verdict_root, 0)
     assert 'data-metric="threshold">0.3<' in page
     assert "reaches sensitivity 0.90 on the test split" in page
@@ -211,11 +214,11 @@ def test_the_hospital_page_and_its_charts_follow_the_saved_threshold(verdict_roo
     assert not at.exception
     (table,) = [d.value for d in at.dataframe if "verdict" in d.value.columns]
     row = table.set_index("hospital").loc["Hospital 0"]
-    assert (row["threshold"], row["verdict"], row["sensitivity"]) == (pytest.approx(0.30), "REVIEW", 1.0)
+    assert (row["threshold"], row["verdict"], row["sensitivity"]) == (pytest.approx(0.30), "PASS", 1.0)
     text = _markdown(at)
     assert "Hospital 0:" not in text  # the detail names it once, in bold, beside its verdict
     assert (
-        "**Hospital 0** &nbsp; :orange-background[**REVIEW**] &nbsp; finds 12 of 12 abnormal tiles at threshold 0.30"
+        "**Hospital 0** &nbsp; :green-background[**PASS**] &nbsp; finds 48 of 48 abnormal tiles at threshold 0.30"
         in text
     )
     assert at.slider(key=f"explore_{verdict_root.name}_0").value == pytest.approx(0.30)
@@ -229,3 +232,63 @@ def test_the_hospital_page_and_its_charts_follow_the_saved_threshold(verdict_roo
     assert "the card's threshold 0.30" in names
     assert not [n for n in names if n and n.startswith("exploring")]
     assert "at its card's threshold 0.30 (the diamond) sensitivity 1.000" in roc.alt
+
+
+def test_the_confirm_box_shows_the_direction_and_the_test_consequences_before_saving(verdict_root: Path) -> None:
+    """Issue 47: the proposed threshold's consequences on test are said before anything is written, and a
+    threshold that misses an abnormal test slide says so plainly."""
+    folder = verdict_root / "hospitals" / "client_00"
+    # the held-out slides as predict scored them: one abnormal slide's score (0.28) lies below the proposal 0.30
+    (folder / "slides.csv").write_text(
+        "slide,truth,score,call,threshold,tiles\n"
+        "00000,abnormal,0.42,normal,0.5,16\n00001,abnormal,0.40,normal,0.5,16\n00002,abnormal,0.28,normal,0.5,16\n"
+        "00003,normal,0.17,normal,0.5,4\n00004,normal,0.35,normal,0.5,4\n00005,normal,0.12,normal,0.5,4\n",
+        encoding="utf-8",
+    )
+    at = open_page("verdict")
+    text = _markdown(at)
+    # the verdict's suggestion gives its figures on test, the slides from slides.csv
+    assert "it misses 1 of 3 abnormal test slides (00002), 1 of 3 normal slides called abnormal" in text
+    (button,) = [b for b in at.button if b.label.startswith("Save 0.30 as Hospital 0")]
+    button.click()
+    at.run()
+    assert not at.exception
+    text = _markdown(at)
+    assert read_card(folder).threshold == 0.5  # nothing written yet
+    assert "This means **lowering the threshold from 0.50 to 0.30 (more tiles and slides called abnormal)**." in text
+    assert (
+        "On Hospital 0's test split at 0.30: sensitivity 1.00 (48 of 48 abnormal tiles), specificity 1.00 (0 of 12 "
+        "normal tiles called abnormal); it misses 1 of 3 abnormal test slides (00002), 1 of 3 normal slides called "
+        "abnormal (false alarms)." in text
+    )
+    errors = " ".join(str(e.value) for e in at.error)
+    assert "At 0.30 the model calls 1 of 3 abnormal test slides normal (00002): cancers it would miss." in errors
+
+
+def test_undo_on_the_page_restores_the_previous_threshold(verdict_root: Path) -> None:
+    folder = verdict_root / "hospitals" / "client_00"
+    at = open_page("verdict")
+    assert not [b for b in at.button if b.label.startswith("Undo")]  # nothing to undo yet
+    _confirm(at, "Save 0.30 as Hospital 0")
+    assert read_card(folder).threshold == pytest.approx(0.30)
+    (undo,) = [b for b in at.button if b.label == "Undo: back to 0.50"]
+    undo.click()
+    at.run()
+    assert "This means **raising the threshold from 0.30 to 0.50 (fewer tiles and slides called abnormal)**." in (
+        _markdown(at)
+    )
+    assert read_card(folder).threshold == pytest.approx(0.30)  # asked first
+    at.text_input(key=f"{undo.key}_who").set_value("Dr B")
+    (confirm,) = [b for b in at.button if b.key == f"{undo.key}_confirm"]
+    confirm.click()
+    at.run()
+    assert not at.exception
+    card = read_card(folder)
+    assert (card.threshold, card.threshold_source) == (0.5, "the default 0.5")
+    assert [(h["from"], h["to"], h["by"]) for h in card.threshold_history] == [
+        (0.5, pytest.approx(0.30), "Dr A"),
+        (pytest.approx(0.30), 0.5, "Dr B"),
+    ]
+    assert card.threshold_history[-1]["to"] == card.threshold
+    assert "Undone: Hospital 0 decides at threshold 0.50 again" in " ".join(str(s.value) for s in at.success)
+    assert "Hospital 0: misses 48 of 48 abnormal tiles at threshold 0.50" in _markdown(at)
