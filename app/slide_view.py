@@ -197,26 +197,55 @@ def _resolve(value: str, bases: list[Path]) -> Path | None:
     return None
 
 
+def _holds_the_cards_tiles(dataset: Path, wanted: object) -> bool:
+    """Whether ``dataset``'s ``manifest.csv`` has the sha256 the card names (``wanted``); a card that names none
+    (an earlier version's) takes any dataset."""
+    if not isinstance(wanted, str) or not wanted:
+        return True
+    try:
+        return manifest_sha256(dataset) == wanted
+    except OSError:
+        return False
+
+
 def card_dataset(card: dict[str, Any], fallback: Path | None = None) -> Path | None:
-    """The prepared dataset the bundle was trained on: the card's ``dataset.path``, else ``fallback`` when it holds
-    the same tiles (its ``manifest.csv`` has the sha256 the card names, where the card names one). Another dataset
-    would number its hospitals otherwise (a deployed hospital's own dataset is its slides alone, as hospital 0), so
-    its test slides would be another hospital's."""
+    """The prepared dataset the bundle was trained on: the card's ``dataset.path``, else ``fallback``, whichever
+    holds the same tiles (its ``manifest.csv`` has the sha256 the card names, where the card names one: checked on
+    either path). A dataset prepared again at the card's path holds other slides and splits; another dataset would
+    number its hospitals otherwise (a deployed hospital's own dataset is its slides alone, as hospital 0), so its
+    test slides would be another hospital's. ``None`` when neither holds them (`dataset_problem` says why)."""
     given = card.get("dataset")
     recorded: dict[str, Any] = given if isinstance(given, dict) else {}
+    wanted = recorded.get("manifest_sha256")
     value = recorded.get("path")
-    if isinstance(value, str) and value and Path(value).expanduser().is_dir():
-        return Path(value).expanduser()
+    own = Path(value).expanduser() if isinstance(value, str) and value else None
+    if own is not None and own.is_dir() and _holds_the_cards_tiles(own, wanted):
+        return own
     if fallback is None or not fallback.is_dir():
         return None
-    wanted = recorded.get("manifest_sha256")
-    if isinstance(wanted, str) and wanted:
-        try:
-            if manifest_sha256(fallback) != wanted:
-                return None
-        except OSError:
-            return None
-    return fallback
+    return fallback if _holds_the_cards_tiles(fallback, wanted) else None
+
+
+def dataset_problem(card: dict[str, Any]) -> str | None:
+    """Why the dataset the card names cannot give its test slides, when it is on this machine but holds other tiles
+    (`card_dataset`); ``None`` otherwise."""
+    given = card.get("dataset")
+    recorded: dict[str, Any] = given if isinstance(given, dict) else {}
+    value, wanted = recorded.get("path"), recorded.get("manifest_sha256")
+    if not (isinstance(value, str) and value and Path(value).expanduser().is_dir()):
+        return None
+    path = Path(value).expanduser()
+    if _holds_the_cards_tiles(path, wanted):
+        return None
+    try:
+        now = f"{manifest_sha256(path)[:12]}..."
+    except OSError:
+        now = "unreadable"
+    return (
+        f"{path / 'manifest.csv'} is not the one this model was trained on (sha256 {now} now, {str(wanted)[:12]}... in "
+        f"{CARD_FILE}): the dataset was prepared again, so its test slides would be other slides; restore the "
+        "dataset the run trained on"
+    )
 
 
 def listed_slides(card: dict[str, Any], dataset: Path | None) -> list[ListedSlide]:
@@ -224,8 +253,19 @@ def listed_slides(card: dict[str, Any], dataset: Path | None) -> list[ListedSlid
 
     `SlideViewError` (one line) when the dataset, its ``prepare.json`` or the raw folder it names is missing.
     """
+    return checked_slides(card, dataset)[0]
+
+
+def checked_slides(card: dict[str, Any], dataset: Path | None) -> tuple[list[ListedSlide], list[str]]:
+    """`listed_slides`, and one line for each listed slide left out because its raw file is missing or no longer
+    has the sha256 prepare recorded for it (``prepare.json``: the slide's ``sha256``, or ``source_sha256`` of an
+    earlier prepare). A ``prepare.json`` that records no hash for its slides: the slides are listed unchecked, and
+    one line says so."""
     client = int(card.get("client", 0))
     if dataset is None:
+        problem = dataset_problem(card)
+        if problem is not None:
+            raise SlideViewError(problem)
         named = (card.get("dataset") or {}).get("path") if isinstance(card.get("dataset"), dict) else None
         raise SlideViewError(
             f"the prepared dataset of this model ({named or 'not named in model.json'}) is not on this machine; "
@@ -236,6 +276,7 @@ def listed_slides(card: dict[str, Any], dataset: Path | None) -> list[ListedSlid
         record = json.loads(record_path.read_text(encoding="utf-8"))
         source_input = str(record["config"]["source"]["input"])
         slides = [s for s in record["slides"] if int(s["client"]) == client and s["split"] == "test"]
+        hashes = record.get("source_sha256") or {}
     except FileNotFoundError:
         raise SlideViewError(
             f"{record_path} does not exist, so the test slides are unknown; upload a slide instead"
@@ -250,16 +291,41 @@ def listed_slides(card: dict[str, Any], dataset: Path | None) -> list[ListedSlid
             f"the raw slides prepare read ({source_input}, named in {record_path}) are not on this machine; "
             "upload a slide instead"
         )
-    found = []
+    found: list[ListedSlide] = []
+    problems: list[str] = []
+    unchecked = 0
     for s in slides:
-        path = raw / str(s["source"])
-        if path.is_file() and int(s.get("tiles", 0)) > 0:
-            found.append(ListedSlide(str(s["source"]), path, str(s.get("label", "")), int(s.get("tiles", 0))))
+        source = str(s["source"])
+        path = raw / source
+        if int(s.get("tiles", 0)) <= 0:
+            continue
+        if not path.is_file():
+            problems.append(f"{source}: missing from {raw} since prepare listed it; not scored (restore it)")
+            continue
+        wanted = s.get("sha256") or (hashes.get(source) if isinstance(hashes, dict) else None)
+        if isinstance(wanted, str) and wanted:
+            with path.open("rb") as handle:
+                now = hashlib.file_digest(handle, "sha256").hexdigest()
+            if now != wanted:
+                problems.append(
+                    f"{source}: changed since prepare read it (sha256 {wanted[:12]}... then, {now[:12]}... now); not "
+                    "scored under its old name and label (restore it, or prepare the dataset again)"
+                )
+                continue
+        else:
+            unchecked += 1
+        found.append(ListedSlide(source, path, str(s.get("label", "")), int(s.get("tiles", 0))))
+    if unchecked:
+        problems.append(
+            f"{unchecked} slide(s) scored unchecked: {record_path} records no sha256 for them (an earlier prepare); "
+            "prepare the dataset again to record them"
+        )
     if not found:
         raise SlideViewError(
-            f"none of hospital {client}'s test slides listed in {record_path} is in {raw}; upload a slide instead"
+            f"none of hospital {client}'s test slides listed in {record_path} is in {raw} as prepare read it"
+            f"{' (' + '; '.join(problems) + ')' if problems else ''}; upload a slide instead"
         )
-    return found
+    return found, problems
 
 
 # --- cache entries -----------------------------------------------------------------------------------------------

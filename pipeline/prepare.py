@@ -675,7 +675,8 @@ def _provenance(
 ) -> dict[str, Any]:
     """``prepare.json``: enough to trace every tile to a source file version and to redo the run.
 
-    ``source_sha256`` hashes the bytes of every file read (slides, masks, annotations); ``source_pixels_sha256``
+    ``source_sha256`` hashes the bytes of every file read (slides, masks, annotations), and each entry of
+    ``slides`` carries its slide file's (``sha256``); ``source_pixels_sha256``
     the decoded pixels of every used slide (`pipeline.sources.pixel_sha256`), which identify a slide whatever
     its encoding.
     """
@@ -730,6 +731,8 @@ def _provenance(
                 "source": j.info.ref.source,
                 # the raw files read for it (the slide, its mask or annotation), as source_sha256 names them
                 "files": [name for name, _ in j.info.hashes],
+                # the slide file's own sha256: scoring its test slides later names one changed or missing since
+                "sha256": dict(j.info.hashes).get(j.info.ref.source),
                 "label": j.info.label,
                 "client": j.client,
                 "split": j.split,
