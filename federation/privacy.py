@@ -168,7 +168,8 @@ class Accountant:
     The ledger is anchored (``anchor``: its entry count and the sha256 of those entries) in the hospital's
     ``hospital.json`` each time it is written, so that a ledger deleted, reset or edited between rounds is refused
     (`check_anchor`) instead of counting the budget from zero again. Entries added after the anchor (a process
-    stopped between writing the ledger and its anchor) are accepted: they can only raise epsilon.
+    stopped between writing the ledger and its anchor) are accepted, as they can only raise epsilon, unless one
+    switches the unit the anchored entries protect (slide or tile).
     """
 
     entries: list[LedgerEntry] = field(default_factory=list)
@@ -217,6 +218,16 @@ class Accountant:
                 f"{where} does not hold the {count} entries recorded in hospital.json (it was removed, reset or "
                 "edited); the budget is never counted again from zero: restore it from the hospital's backup"
             )
+        # an entry beyond the anchor can only raise epsilon, unless it protects another unit: then the ledger would
+        # describe a different guarantee (a tile, not a slide) on the word of an entry nothing vouches for
+        anchored = {e.unit for e in self.entries[:count]}
+        for i, entry in enumerate(self.entries[count:], count + 1):
+            if anchored and entry.unit not in anchored:
+                raise ValueError(
+                    f"{where} entry {i}, beyond the {count} recorded in hospital.json, protects a {entry.unit} where "
+                    f"the recorded ones protect a {'/'.join(sorted(anchored))}: restore the ledger from the "
+                    "hospital's backup"
+                )
 
     def summary(self) -> dict[str, Any]:
         """What was trained, from the entries: each parameter's value, or the sorted list of its values where rounds

@@ -163,6 +163,20 @@ def test_a_ledger_refuses_impossible_entries_and_a_changed_past() -> None:
         ledger.check_anchor({"entries": "two"}, "l.json")
 
 
+def test_an_entry_beyond_the_anchor_that_switches_the_unit_is_refused_in_one_line() -> None:
+    ledger = Accountant([entry(1, 1.0, 0.5, 4), entry(2, 1.0, 0.5, 4)])  # both protect a slide
+    anchor = ledger.anchor()
+    switched = Accountant([*ledger.entries, entry(3, 1.0, 0.5, 4, unit="tile")])  # nothing vouches for entry 3
+    with pytest.raises(ValueError, match="beyond the 2 recorded") as err:
+        switched.check_anchor(anchor, "l.json")
+    assert str(err.value) == (
+        "l.json entry 3, beyond the 2 recorded in hospital.json, protects a tile where the recorded ones protect a "
+        "slide: restore the ledger from the hospital's backup"
+    )
+    # the same unit beyond the anchor is still accepted (a process stopped between the ledger and its anchor)
+    Accountant([*ledger.entries, entry(3, 1.0, 0.5, 4)]).check_anchor(anchor, "l.json")
+
+
 def test_the_group_norm_model_has_no_batch_statistics() -> None:
     from opacus.validators import ModuleValidator
 
