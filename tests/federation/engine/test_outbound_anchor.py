@@ -528,3 +528,27 @@ def test_audit_compares_the_anchors_reply_count_with_the_log(
     code, output = _audit(monkeypatch, capsys, "--state", str(state), "--anchor", str(anchors))
     assert code == 0, output
     assert INTACT in output
+
+
+def test_a_resume_whose_hospital_log_was_cut_back_stops_naming_the_hospital(
+    dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "R"
+    settings = [arg for setting in (*TINY_SETTINGS, "run.rounds=1") for arg in ("--set", setting)]
+    assert run_cli(monkeypatch, "train", "--data", str(dataset), "--out", str(run), "-q", *settings) == 0
+    anchor = json.loads((run / ANCHORS_FILE).read_text())["hospitals"]["0"]
+    log = run / "hospitals" / "client_00" / OUTBOUND_FILE
+    log.write_text(_lines(log)[0] + "\n")  # cut back to its first line
+    capsys.readouterr()
+    code = run_cli(monkeypatch, "train", "--resume", str(run), "-q", "--set", "run.rounds=2")
+    err = capsys.readouterr().err
+    assert code == 2, err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, err
+    assert errors[0].startswith(
+        "error: hospital 0: hospital 0's outbound log went back: this reply says it held 1 line(s) before its own, "
+        "but its evaluate_reply received "
+    )
+    assert f"was recorded as line 3 ({run / ANCHORS_FILE}): its outbound.jsonl was cut back" in errors[0]
+    # hospital 0's anchor kept (before: overwritten with the lower head); the others' moved on with their hellos
+    assert json.loads((run / ANCHORS_FILE).read_text())["hospitals"]["0"] == anchor
