@@ -99,7 +99,7 @@ def register(app: typer.Typer) -> None:
                     ray=ray,
                 )
             except (KeyboardInterrupt, RunStopped) as exc:
-                typer.echo(f"stopped; run the same command again to continue ({exc})", err=True)
+                typer.echo(f"{stopped_words(exc)}; run the same command again to continue", err=True)
                 raise typer.Exit(130) from exc
         # --tables-only rebuilds tables, also in a published copy that holds no weights: no per-run reports then.
         paths = write_tables(plan, folder, per_run_reports=not tables_only)
@@ -123,6 +123,16 @@ def register(app: typer.Typer) -> None:
                     f"{len(failed)} of {len(cells)} cells failed (first: {failed[0]['id']}: {failed[0]['error']}); "
                     f"see {folder / 'ablation.json'}"
                 )
+
+
+def stopped_words(exc: BaseException) -> str:
+    """How an ablation was stopped, in words: a bare Ctrl-C (``KeyboardInterrupt()`` says nothing: it printed
+    "()"), or the first clause of what the interruption says ("stopped after round 3", "stopped by SIGTERM"),
+    without its advice to resume one run (the grid resumes by running the same command again)."""
+    said = str(exc).split(";")[0].strip()
+    if not said:
+        return "stopped by Ctrl-C"
+    return said if said.startswith("stopped") else f"stopped ({said})"
 
 
 def training_arguments(argv: list[str]) -> list[str]:

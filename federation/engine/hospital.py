@@ -612,9 +612,15 @@ class Hospital:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"round_{server_round:04d}.safetensors"
         state = {k: v.detach().cpu().contiguous() for k, v in loaded.model.state_dict().items()}
-        _atomic_save(
-            state, path, {"round": str(server_round), "stage": str(stage), TENSORS_SHA256: tensors_sha256(state)}
-        )
+        try:
+            _atomic_save(
+                state, path, {"round": str(server_round), "stage": str(stage), TENSORS_SHA256: tensors_sha256(state)}
+            )
+        except SafetensorError as exc:  # safetensors' own error for a failed write (a full disk, for one)
+            self._loaded = None
+            raise FederationError(
+                f"hospital {self.site.client} cannot write its checkpoint {path}: {first_line(exc)}"
+            ) from None
         loaded.at = (server_round, stage)
         if loaded.first_checkpoint is None:  # once per run, kept in hospital.json for a later process
             record_path = self.site.folder(loaded.run_id) / HOSPITAL_FILE
