@@ -308,6 +308,27 @@ def split_train_test(
     return split
 
 
+def no_validation(owners: Sequence[int], splits: Sequence[str], clients: int, val_fraction: float) -> str | None:
+    """The warning that names the hospitals a ``val_fraction > 0`` left without a validation split, or ``None``.
+
+    A validation split needs a slide of its own beside one for test and one for training (`split_train_test`), so a
+    hospital of 2 slides gets none whatever the fraction; a threshold chosen from a sensitivity floor is then chosen
+    on its test split, which is optimistic (docs/pipeline.md, "Splits")."""
+    if val_fraction <= 0.0:
+        return None
+    slides = [sum(1 for o in owners if o == c) for c in range(clients)]
+    without = [c for c in range(clients) if not any(o == c and s == "val" for o, s in zip(owners, splits, strict=True))]
+    if not without:
+        return None
+    sizes = sorted({slides[c] for c in without})
+    return (
+        f"--val-fraction {val_fraction:g}: {len(without)} of {clients} hospitals got no validation split "
+        f"(hospital {', '.join(str(c) for c in without)}; {' or '.join(str(n) for n in sizes)} slides each, and a "
+        "validation split needs a third slide beside one for test and one for training): their thresholds from a "
+        "sensitivity floor will be chosen on test, which is optimistic"
+    )
+
+
 def _draw(
     split: list[str],
     pool: Sequence[int],

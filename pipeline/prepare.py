@@ -63,7 +63,7 @@ from infra.provenance import synthetic_source
 from pipeline.config import PrepareConfig, validate_config
 from pipeline.errors import PipelineError
 from pipeline.images import encode_png
-from pipeline.partition import PFL_KINDS, assign_hospitals, pfl_split, split_train_test
+from pipeline.partition import PFL_KINDS, assign_hospitals, no_validation, pfl_split, split_train_test
 from pipeline.probe import probe, probe_markdown, tile_statistics
 from pipeline.report import (
     REQUIRED_SPLITS,
@@ -514,6 +514,11 @@ def _write_records(
         if o.skipped is None and o.pixels_sha256 is not None
     }
     jobs = [j for j, o in zip(jobs, outcomes, strict=True) if o.skipped is None]
+    missing_val = no_validation(
+        [j.client for j in jobs], [j.split for j in jobs], config.split.clients, config.split.val_fraction
+    )
+    if missing_val is not None:  # said, not silent: which hospitals a --val-fraction left without validation
+        warnings = (*warnings, missing_val)
     kept_outcomes = [o for o in outcomes if o.skipped is None]
     per_slide = [o.rows for o in kept_outcomes]
     rows = [row for slide_rows in per_slide for row in slide_rows]
