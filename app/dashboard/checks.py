@@ -10,7 +10,8 @@ fields (an error about one key, ``FederationError.key``, goes to that key's fiel
 then the checks the engine makes when a run starts, before its first round: the AMP bound
 ``alpha_k x (hospitals - 1) <= sigma`` (``federation.bounds.amp_bound_problem``; FedSAF paper Eq. 3-8,
 16-18: ``A'(x) = exp(-x/sigma)/sigma <= 1/sigma`` keeps ``xi_ii >= 0``), ``nhead`` within the model's layer
-units (Eq. 1), the input size the model needs, and the head-first rules of FedRep and FedSAF (Eq. 24).
+units (Eq. 1), the input size the model needs, the head-first rules of FedRep and FedSAF (Eq. 24), and what
+``server.robust`` needs of the dataset's hospitals (``federation.bounds.robust_problem``).
 
 Nothing here imports torch, the checks included: the strategies' names and defaults come from the registry
 (``federation.strategies.registry``), the models' names, input sizes and layer units from ``models.names``, and
@@ -29,7 +30,7 @@ from typing import Any
 from app.dashboard.commands import overrides
 from app.dashboard.fields import FIELDS, FIELDS_BY_KEY, SHORT_NAMES, Field, model_units
 from app.dashboard.presets import resolve_preset
-from federation.bounds import amp_bound_problem
+from federation.bounds import amp_bound_problem, robust_problem
 from federation.config import SECTIONS, load_config
 from federation.errors import FederationError
 from federation.strategies.registry import OWN_START, SPEC, default_nhead, split_on
@@ -167,6 +168,11 @@ def _start_problems(config: Any, num_hospitals: int | None) -> list[tuple[str | 
                 f"negative: lower alpha_k to at most {config.amp.sigma / peers:g} or raise sigma.",
             )
         )
+    # what server.robust needs of the hospitals that will answer (the strategies' own check at the start)
+    server = config.server
+    robust = robust_problem(num_hospitals or 0, server.robust, server.trim_count, server.max_weight)
+    if robust is not None:
+        problems.append((robust[0] if robust[0] in FIELDS_BY_KEY else None, robust[1]))
     return problems
 
 
