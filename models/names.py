@@ -1,6 +1,7 @@
 """What the registry's architectures are called and what they accept, without importing torch.
 
-The four networks of the FedSAF paper's Table 3 (paper 001, Sec. 4.3.1), their smallest input side, and how many
+The four networks of the FedSAF paper's Table 3 (paper 001, Sec. 4.3.1) and PFLlib's small CNN (``fedavg_cnn``,
+`models.pfl_cnn`), their smallest input side, and how many
 layer units each has (`models.split.split_units`, paper 001 Eq. 1: ``nhead`` counts units from the output end,
 so it ranges over ``0 .. units``). The run configuration (`federation.config`) and the dashboard's form check
 settings with these before anything builds a model; `models.registry` builds the networks with torch.
@@ -27,13 +28,20 @@ from models.errors import ModelError
 CARD_FILE = "model.json"  # a model bundle's card (models.bundle)
 WEIGHTS_FILE = "model.safetensors"  # and its weights
 DEFAULT_MODEL = "mobilenet_v3_small"
-MODEL_NAMES: tuple[str, ...] = ("mobilenet_v3_small", "resnet18", "efficientnet_b0", "alexnet")
+MODEL_NAMES: tuple[str, ...] = ("mobilenet_v3_small", "resnet18", "efficientnet_b0", "alexnet", "fedavg_cnn")
 TIMM_PREFIX = "timm/"
 _TIMM_NAME = re.compile(r"[a-z0-9_]+")
 
 # AlexNet's stride-4 stem and three 3x3/2 max-pools need a 63-pixel input to leave a 1x1 map before its
 # adaptive pooling; the others downsample 32x, so 32 pixels leave one spatial position.
-_MIN_INPUT: dict[str, int] = {"mobilenet_v3_small": 32, "resnet18": 32, "efficientnet_b0": 32, "alexnet": 63}
+# PFLlib's FedAvgCNN (models.pfl_cnn) is built for 28 x 28 images (MNIST, Fashion-MNIST).
+_MIN_INPUT: dict[str, int] = {
+    "mobilenet_v3_small": 32,
+    "resnet18": 32,
+    "efficientnet_b0": 32,
+    "alexnet": 63,
+    "fedavg_cnn": 28,
+}
 # A timm network's smallest input is not known without building it. 32 pixels is the common total stride of
 # timm's convolutional networks (``feature_info[-1]["reduction"]``); a vision transformer built for a fixed
 # ``img_size`` refuses any other side when it runs, with timm's own message.
@@ -42,8 +50,14 @@ TIMM_MIN_INPUT = 32
 # Parameter-bearing top-level blocks, input to output (``len(split_units(create_model(name)))``; tests/models
 # build each model and count them): MobileNetV3-Small features.0-12 + classifier.0 + classifier.3 (docs/design.md),
 # ResNet-18 conv1, bn1, layer1-4 (two blocks each) and fc, EfficientNet-B0 features.0-8 and classifier.1,
-# AlexNet's five convolutions and three linear layers.
-LAYER_UNITS: dict[str, int] = {"mobilenet_v3_small": 15, "resnet18": 11, "efficientnet_b0": 10, "alexnet": 8}
+# AlexNet's five convolutions and three linear layers, PFLlib's FedAvgCNN conv1, conv2, fc1 and fc.
+LAYER_UNITS: dict[str, int] = {
+    "mobilenet_v3_small": 15,
+    "resnet18": 11,
+    "efficientnet_b0": 10,
+    "alexnet": 8,
+    "fedavg_cnn": 4,
+}
 
 
 def is_timm_name(name: str) -> bool:

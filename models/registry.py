@@ -1,4 +1,5 @@
-"""Architecture registry: the four networks of the FedSAF paper's Table 3 (paper 001, Sec. 4.3.1), and timm's.
+"""Architecture registry: the four networks of the FedSAF paper's Table 3 (paper 001, Sec. 4.3.1), PFLlib's small
+CNN for 28 px images (``fedavg_cnn``, `models.pfl_cnn`, for the paper's Table 7 on Fashion-MNIST), and timm's.
 
 MobileNetV3-Small (the paper's choice and our default), ResNet-18, EfficientNet-B0 and AlexNet come from
 torchvision, always built with random weights (nothing is downloaded); a local safetensors file may replace
@@ -40,12 +41,14 @@ from models.names import (
     min_input_size,
     timm_model_name,
 )
+from models.pfl_cnn import fedavg_cnn
 
 _BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "mobilenet_v3_small": tvm.mobilenet_v3_small,
     "resnet18": tvm.resnet18,
     "efficientnet_b0": tvm.efficientnet_b0,
     "alexnet": tvm.alexnet,
+    "fedavg_cnn": fedavg_cnn,  # PFLlib's small CNN for 28 px images (models.pfl_cnn), not torchvision's
 }
 BATCHNORM_MOMENTUM = 0.1
 GROUPNORM_GROUPS = 8

@@ -35,6 +35,7 @@ _EXPAND: dict[str, frozenset[str]] = {
     "ResNet": frozenset({"", "layer1", "layer2", "layer3", "layer4"}),  # conv1, bn1, 8 BasicBlocks, fc
     "EfficientNet": frozenset({"", "features", "classifier"}),  # features.0..8 (stem, 7 stages, head conv), fc
     "AlexNet": frozenset({"", "features", "classifier"}),  # 5 convolutions, 3 linear layers
+    "FedAvgCNN": frozenset({""}),  # PFLlib's CNN (models.pfl_cnn): conv1, conv2, fc1, fc
 }
 
 

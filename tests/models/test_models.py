@@ -82,7 +82,39 @@ def test_unknown_model_and_too_small_input_give_clear_errors() -> None:
     with pytest.raises(ModelError, match="at least 63"):
         check_input_size("alexnet", 62)
     check_input_size("mobilenet_v3_small", 32)
-    assert set(MODEL_NAMES) == {"mobilenet_v3_small", "resnet18", "efficientnet_b0", "alexnet"}
+    assert set(MODEL_NAMES) == {"mobilenet_v3_small", "resnet18", "efficientnet_b0", "alexnet", "fedavg_cnn"}
+
+
+def test_fedavg_cnn_is_pfllibs_network_at_28_px() -> None:
+    """PFLlib's FedAvgCNN(in_features=1, num_classes=10, dim=1024): the same state_dict (keys and shapes, 582,026
+    parameters: 832 + 51,264 + 524,800 + 5,130) and, at 28 px, the same function (the added 4 x 4 pooling is the
+    identity there); four layer units, the last PFLlib's head ``fc``."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = create_model("fedavg_cnn", num_classes=10, in_chans=1).eval()
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    assert shapes == {
+        "conv1.0.weight": (32, 1, 5, 5),
+        "conv1.0.bias": (32,),
+        "conv2.0.weight": (64, 32, 5, 5),
+        "conv2.0.bias": (64,),
+        "fc1.0.weight": (512, 1024),
+        "fc1.0.bias": (512,),
+        "fc.weight": (10, 512),
+        "fc.bias": (10,),
+    }
+    assert sum(p.numel() for p in model.parameters()) == 582_026
+    assert [name for name, _ in split_units(model)] == ["conv1", "conv2", "fc1", "fc"]
+    x = torch.rand(3, 1, 28, 28)
+    w = model.state_dict()
+    out = F.max_pool2d(F.relu(F.conv2d(x, w["conv1.0.weight"], w["conv1.0.bias"])), 2)
+    out = F.max_pool2d(F.relu(F.conv2d(out, w["conv2.0.weight"], w["conv2.0.bias"])), 2)
+    out = F.relu(F.linear(torch.flatten(out, 1), w["fc1.0.weight"], w["fc1.0.bias"]))
+    with torch.no_grad():
+        assert torch.allclose(model(x), F.linear(out, w["fc.weight"], w["fc.bias"]), atol=1e-6)
+    with pytest.raises(ModelError, match="at least 28"):
+        check_input_size("fedavg_cnn", 27)
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)
