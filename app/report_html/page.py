@@ -271,8 +271,9 @@ def _metric_rows(rep: HospitalReport, m: dict[str, Any]) -> str:
                 f"Threshold for sensitivity {target.target:.2f}",
                 "target_threshold",
                 f"{target.threshold:.4f}",
-                f"the highest threshold that finds at least {target.target:.0%} of the abnormal tiles"
-                f"{' on the validation split' if target.split == 'validation' else ''}; specificity there "
+                f"the highest threshold at which the lower end of the 95% interval of the sensitivity reaches "
+                f"{target.target:.2f}{' on the validation split' if target.split == 'validation' else ''}; on test "
+                f"there: sensitivity {_fmt(target.point.sensitivity, 3)}, specificity "
                 f"{_fmt(target.point.specificity, 3)}",
             )
         )

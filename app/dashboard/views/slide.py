@@ -35,7 +35,7 @@ from app import slide_view
 from app.dashboard import ui
 from app.datasets import hospital_label
 from app.run_records import RunInfo
-from federation.runfiles import METRICS_FILE, PREDICTIONS_FILE
+from federation.runfiles import METRICS_FILE, PREDICTIONS_FILE, SLIDES_FILE
 from models.names import CARD_FILE
 from pipeline.errors import PipelineError
 
@@ -203,12 +203,39 @@ def _rate(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
-def _summary(scored: slide_view.ScoredSlide, label: str | None = None, coverage: float = 0.5) -> None:
+def _prepared_tiles(folder: Path, source: str, threshold: float) -> Any:
+    """The operating point at ``threshold`` of the test slide ``source``'s prepared test tiles (its rows of the
+    hospital's ``predictions.csv``, matched by the slide's name in prepare's tile names, `models.decision.
+    slide_stem`): the tiles the Verdict and Hospital pages count, so the Slide page's tile figures are theirs.
+    ``None`` when the file does not read or holds no tile of that slide, or the name matches tiles of two slides."""
+    import re
+
+    from app import evaluation
+    from app.errors import DashboardError
+    from app.run_records import read_prediction_file
+    from models.decision import slide_of_tile, slide_stem
+
+    try:
+        rows = read_prediction_file(folder / PREDICTIONS_FILE)
+    except DashboardError:
+        return None
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", source.rsplit("/", 1)[-1].rsplit(".", 1)[0])[:60] or "slide"
+    mine = rows[[slide_stem(str(p)) == stem for p in rows["path"]]]
+    if mine.empty or len({slide_of_tile(str(p)) for p in mine["path"]}) != 1:
+        return None
+    return evaluation.operating_point(mine["label"].to_numpy(dtype=int), mine["prob_abnormal"].to_numpy(), threshold)
+
+
+def _summary(
+    scored: slide_view.ScoredSlide, label: str | None = None, coverage: float = 0.5, prepared: Any = None
+) -> None:
     """The slide-level figures of predict's summary.json, two per row (a narrow column beside the heatmap).
 
     The slide call is set against the annotation (`app.slide_view.call_mark`): predict's ``truth`` (the slide has
     annotated abnormal tissue or not), else ``label`` (prepare's label of a test slide). ``coverage``: the share of
-    a tile's tissue inside the annotation that makes it abnormal (the model card's tiling)."""
+    a tile's tissue inside the annotation that makes it abnormal (the model card's tiling). ``prepared``: for a
+    test slide, `_prepared_tiles`' operating point: its tile sensitivity and specificity are then the ones the
+    Verdict and Hospital pages count (one tiling for the tile figures on every page), not the heatmap grid's."""
     s = scored.summary
     threshold = scored.threshold
     truth = s.get("ground_truth")
@@ -245,7 +272,21 @@ def _summary(scored: slide_view.ScoredSlide, label: str | None = None, coverage:
             f"P(abnormal) ≥ {threshold:.2f} (the model's threshold)",
         ),
     ]
-    if truth:
+    if prepared is not None:
+        figures += [
+            (
+                "Tile sensitivity",
+                _rate(None if not prepared.abnormal else prepared.sensitivity),
+                f"of this slide's {prepared.abnormal} abnormal prepared test tiles, the share called abnormal at "
+                f"{threshold:.2f}: the tiles the Verdict and Hospital pages count (n/a: none)",
+            ),
+            (
+                "Tile specificity",
+                _rate(None if not prepared.normal else prepared.specificity),
+                f"of this slide's {prepared.normal} normal prepared test tiles, the share called normal (n/a: none)",
+            ),
+        ]
+    elif truth:
         figures += [
             (
                 "Tile sensitivity",
@@ -266,7 +307,13 @@ def _summary(scored: slide_view.ScoredSlide, label: str | None = None, coverage:
         f"Mean of top {k}: the mean of the {k} highest tile probabilities, the slide's score. Abnormal tissue: of the "
         f"area under the slide's {s['tiles']} tissue tiles, the share under tiles with P(abnormal) ≥ {threshold:.2f}."
     )
-    if truth:
+    if prepared is not None:
+        st.caption(
+            f"Tile sensitivity and specificity: this slide's prepared test tiles ({prepared.tp} of {prepared.abnormal} "
+            f"abnormal called abnormal, {prepared.fp} of {prepared.normal} normal called abnormal), the tiles the "
+            "Verdict and Hospital pages count; the heatmap scores the whole slide on the grid predict uses."
+        )
+    elif truth:
         edge = truth["unlabelled_tiles"]
         st.caption(
             f"Against the annotation: {truth['abnormal_tiles']} abnormal and {truth['normal_tiles']} normal tiles. "
@@ -310,10 +357,11 @@ def _show(
     names: dict[Path, str],
     label: str | None = None,
     coverage: float = 0.5,
+    prepared: Any = None,
 ) -> None:
     """Everything about one scored slide: heatmap with opacity, slide summary, picked tile. ``names``: how to name
     the files of an upload's cache entry (`app.slide_view.kept_names`): captions and messages show an upload by the
-    name it was uploaded under. ``label`` and ``coverage``: see `_summary`."""
+    name it was uploaded under. ``label``, ``coverage`` and ``prepared``: see `_summary`."""
     warning = scored.summary.get("warning")
     if warning:
         st.warning(slide_view.shown_text(str(warning), names), icon=":material/warning:")
@@ -323,7 +371,7 @@ def _show(
         st.session_state["_slide_shown"] = key
     chart, figures, tile = st.columns([2.3, 1.4, 1.1], gap="medium")
     with figures:
-        _summary(scored, label, coverage)
+        _summary(scored, label, coverage, prepared)
         opacity = st.slider("Heatmap opacity", 0.0, 1.0, 0.5, 0.05, key="slide_opacity", help="0 shows the slide alone")
     with tile:
         picked = st.selectbox(
@@ -395,29 +443,30 @@ def _upload(folder: Path) -> tuple[Path | None, dict[Path, str]]:
 
 
 def _test_slides_line(folder: Path, client: int, card: dict[str, Any]) -> None:
-    """One caption: the hospital's slide calls over all its test slides at the card's threshold (from its
-    predictions.csv, `models.decision`), so the slide on screen is seen against the rest."""
+    """One caption: the hospital's slide calls over all its test slides at the card's threshold, from
+    ``slides.csv`` (`app.held_out`: each whole slide scored on predict's grid, as the Verdict and Hospital pages,
+    the HTML report and ``predict`` count them), so the slide on screen is seen against the rest with the same
+    count as everywhere else; said when the slides are not scored yet."""
     from app import evaluation
-    from app.errors import DashboardError
-    from app.run_records import read_prediction_file
-    from models.decision import slides_of_tiles
+    from app.held_out import SlideCallsError, as_slides, read_slide_calls
 
+    source = card.get("threshold_source") or "the default 0.5"
     try:
-        rows = read_prediction_file(folder / PREDICTIONS_FILE)
-    except DashboardError:
+        slides = as_slides(read_slide_calls(folder / SLIDES_FILE))
+    except SlideCallsError as exc:
+        st.caption(f"{hospital_label(client)}'s test slides are not counted here: {exc}.")
+        return
+    if slides is None:
         return
     threshold = float(card.get("threshold", 0.5))
-    keys = slides_of_tiles(rows["path"].to_numpy())
-    if keys is None:
-        return
-    labels, probs = rows["label"].to_numpy(dtype=int), rows["prob_abnormal"].to_numpy(dtype=float)
-    slides, point, slide_auc = evaluation.slide_results(keys, labels, probs, threshold)  # no bootstrap needed here
+    point = evaluation.operating_point(slides.labels, slides.scores, threshold)
+    slide_auc = evaluation.roc(slides.labels, slides.scores).auc
     auc = "" if slide_auc is None else f"; slide AUC {slide_auc:.3f}"
-    source = card.get("threshold_source") or "the default 0.5"
     st.caption(
         f"{hospital_label(client)}'s {len(slides.keys)} test slides at threshold {threshold:.2f} ({source}): "
         f"{point.tp} of {point.abnormal} abnormal slides called abnormal, {point.tn} of {point.normal} normal slides "
-        f"called normal{auc}. {slides.rule.capitalize()}."
+        f"called normal{auc}. {slides.rule.capitalize()}, each whole slide on the grid the Slide page scores "
+        f"({SLIDES_FILE})."
     )
 
 
@@ -468,6 +517,7 @@ def _page() -> None:
     slide_path: Path | None = None
     entry: Path | None = None
     label: str | None = None
+    slide_source = ""
     upload = False
     uploaded_names: dict[Path, str] = {}
     if source.startswith("A test"):
@@ -487,6 +537,7 @@ def _page() -> None:
                 help="The slides prepare put in this hospital's test split (prepare.json): the model never saw them.",
             )
             slide_path = slides[chosen].path
+            slide_source = slides[chosen].source
             label = slides[chosen].label
             entry = slide_view.slide_entry(folder, slides[chosen])
             _test_slides_line(folder, client, card)
@@ -510,7 +561,8 @@ def _page() -> None:
         if scored is not None:
             tiling = card.get("tiling")
             coverage = float(tiling.get("abnormal_coverage", 0.5)) if isinstance(tiling, dict) else 0.5
-            _show(scored, str(entry), uploaded_names or slide_view.kept_names(entry), label, coverage)
+            prepared = None if upload or not slide_source else _prepared_tiles(folder, slide_source, scored.threshold)
+            _show(scored, str(entry), uploaded_names or slide_view.kept_names(entry), label, coverage, prepared)
 
     st.divider()
     try:

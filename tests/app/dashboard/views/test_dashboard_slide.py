@@ -114,7 +114,10 @@ def test_the_heatmap_has_the_slides_size_and_the_slider_sets_its_opacity(data: T
     assert f"Mean of top {k}: the mean of the {k} highest tile probabilities, the slide's score." in captions
     assert f"Abnormal tissue: of the area under the slide's {tiles} tissue tiles, the share under tiles" in captions
     assert "as in prepare" not in captions
-    assert _metric(at, "Tile specificity") == f"{summary['ground_truth']['specificity']:.3f}"
+    # a test slide's tile figures are its prepared test tiles' (the Hospital page's): all abnormal here, so no
+    # specificity, whatever the heatmap grid's normal tiles give
+    assert _metric(at, "Tile specificity") == "n/a"
+    assert summary["ground_truth"]["specificity"] is not None
 
 
 @pytest.mark.parametrize("client", [0, 1])  # hospital 1 is gray
@@ -401,7 +404,11 @@ def test_the_saved_threshold_makes_the_slide_call_and_colours_the_heatmap(data: 
     says so; the heatmap layer is transparent where the probability is below it, and the colour bar marks it."""
     from models.bundle import set_threshold
 
+    from app.held_out import recall, score_held_out
+
+    score_held_out(data.hospital(0))  # slides.csv, which the summary line counts
     set_threshold(data.hospital(0), 0.49, "set by hand")
+    recall(data.hospital(0), 0.49)
     source = data.test_slides(0, "abnormal")[0]
     at = _pick_slide(open_page("slide", timeout=TIMEOUT_S), source)
     summary = json.loads(next((data.hospital(0) / "slides").rglob("summary.json")).read_text())
@@ -554,3 +561,48 @@ def test_an_annotation_that_is_not_an_image_says_what_to_upload_instead(data: Tr
     )
     _no_cache_path(message, data)
     assert not list((data.hospital(0) / "slides").glob("*/upload-*"))
+
+
+def _caption_with(at: AppTest, words: str) -> str:
+    (line,) = [str(c.value) for c in at.caption if words in str(c.value)]
+    return line
+
+
+def test_the_slide_pages_counts_are_the_other_pages_counts(data: TrainedRoot) -> None:
+    """Issue 47: the summary line counts the slides as slides.csv does (the Verdict and Hospital pages' count), not
+    from the prepared test tiles; the tile figures of a test slide are its prepared test tiles, the ones the other
+    pages count. Constructed: slides.csv calls the abnormal slide abnormal, then normal, whatever its tiles say
+    (one of the two contradicts the tiles' own top-k mean)."""
+    from app.evaluation import Floor, operating_point
+    from app.run_records import read_prediction_file
+    from app.verdicts import judge_run
+    from models.decision import slide_stem
+
+    folder = data.hospital(0)
+    (abnormal,), normal = data.test_slides(0, "abnormal"), data.test_slides(0, "normal")
+    for score, found in ((0.9, 1), (0.01, 0)):
+        call = "abnormal" if found else "normal"
+        rows = [f"{abnormal},abnormal,{score},{call},0.5,4"] + [f"{s},normal,0.01,normal,0.5,4" for s in normal]
+        (folder / "slides.csv").write_text("slide,truth,score,call,threshold,tiles\n" + "\n".join(rows) + "\n")
+        (judged,) = [j for j in judge_run(data.run, Floor(), None).judgements if j.hospital == 0]
+        slide_point = judged.score.slide_point
+        assert slide_point is not None
+        assert (slide_point.tp, slide_point.abnormal) == (found, 1)  # what the Verdict and Hospital pages say
+        at = _pick_slide(open_page("slide", timeout=TIMEOUT_S), abnormal)
+        line = _caption_with(at, "abnormal slides called abnormal")
+        assert f"{found} of 1 abnormal slides called abnormal, {len(normal)} of {len(normal)} normal" in line
+        assert "(slides.csv)" in line
+    # the tile figures: this slide's prepared test tiles at the card's threshold, as the Hospital page counts them
+    tiles = read_prediction_file(folder / "predictions.csv")
+    mine = tiles[[slide_stem(str(p)) == Path(abnormal).stem for p in tiles["path"]]]
+    assert len(mine)
+    point = operating_point(mine["label"].to_numpy(), mine["prob_abnormal"].to_numpy(), 0.5)
+    assert _metric(at, "Tile sensitivity") == f"{point.sensitivity:.3f}"
+    assert f"({point.tp} of {point.abnormal} abnormal called abnormal" in _caption_with(at, "prepared test tiles (")
+    # without slides.csv the page says so instead of counting another way
+    (folder / "slides.csv").unlink()
+    at = _pick_slide(open_page("slide", timeout=TIMEOUT_S), abnormal)
+    assert not [c for c in at.caption if "abnormal slides called abnormal" in str(c.value)]
+    assert _caption_with(at, "test slides are not counted here").endswith(
+        "the hospital's test slides are scored when a run ends (gastric-fl train)."
+    )
