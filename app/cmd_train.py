@@ -90,7 +90,7 @@ def register(app: typer.Typer) -> None:
         except RunStopped as exc:
             typer.echo(str(exc), err=True)
             raise typer.Exit(130) from exc
-        from federation.engine.summary import left_out_lines
+        from federation.runfiles import left_out_lines
 
         missing = left_out_lines(summary)
         final = summary.get("final") or {}

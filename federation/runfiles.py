@@ -23,6 +23,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -324,3 +325,25 @@ def read_cards(run: Path) -> dict[int, dict[str, Any]]:
         except CardError:
             continue
     return found
+
+
+def left_out_lines(summary: Mapping[str, Any]) -> list[str]:
+    """One line per hospital the run ended without, from its ``summary.json``: left out of the last round written
+    (``left_out``: hospital, round, reason, as the round loop recorded them) or of the whole run at its Hello
+    (``left_out_at_hello``). Empty for a run every hospital finished. ``gastric-fl train`` prints them last and then
+    exits 3 (docs/reliability.md): such a run is not a clean finish, its exported models are not all of the last
+    round."""
+    lines = []
+    for who, why in sorted((summary.get("left_out_at_hello") or {}).items()):
+        lines.append(f"hospital {who} was left out of the whole run at its hello: {why}")
+    for entry in summary.get("left_out") or []:
+        if not isinstance(entry, Mapping):
+            continue
+        who, at = entry.get("hospital"), entry.get("round")
+        # the hospital's own reasons start with its name: said once here
+        why = re.sub(rf"(^|; |evaluation: )hospital {who}: ", r"\1", str(entry.get("reason", "")))
+        lines.append(
+            f"hospital {who} was left out of round {at}, the run's last: {why}; its exported model (model.json) is "
+            f"not of round {at}: fix the cause, then continue with gastric-fl train --resume"
+        )
+    return lines

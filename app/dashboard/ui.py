@@ -300,7 +300,15 @@ def status_banner(info: RunInfo) -> str:
             icon=":material/stop_circle:",
         )
     elif status == "finished":
-        st.success(f"Run **{info.run_id}** finished.", icon=":material/check_circle:")
+        from app.run_records import load_summary
+        from federation.runfiles import left_out_lines
+
+        missing = left_out_lines(load_summary(info.path))  # who the run ended without (train exited 3)
+        if missing:
+            named = "\n".join(f"- {line}" for line in missing)
+            st.warning(f"Run **{info.run_id}** finished without every hospital:\n\n{named}", icon=":material/warning:")
+        else:
+            st.success(f"Run **{info.run_id}** finished.", icon=":material/check_circle:")
     return status
 
 

@@ -233,3 +233,26 @@ def test_the_hospital_page_defaults_to_a_finished_run_over_one_the_app_just_star
     assert _run_shown(open_page("hospital")) == finished
     # the user's own choice of the stopped run is kept
     assert _run_shown(open_page("hospital", {"selected_run": stopped.name})) == stopped.name
+
+
+def test_a_run_that_ended_without_a_hospital_is_not_shown_as_a_clean_finish(fixture_root: Fixture) -> None:
+    """Issue 48: `train` exits 3 and names the hospital; the Federation page says the same from summary.json."""
+    path = fixture_root.finished / "summary.json"
+    original = path.read_text()
+    summary = json.loads(original)
+    reason = "hospital 1: its checkpoint C cannot be read (cut short): delete it to continue from an earlier round"
+    summary["left_out"] = [{"hospital": 1, "round": 2, "reason": reason}]
+    try:
+        path.write_text(json.dumps(summary))
+        at = open_page("federation", {"selected_run": fixture_root.finished.name})
+        shown = _texts(at.warning)
+        assert f"Run **{fixture_root.finished.name}** finished without every hospital:" in shown
+        assert (
+            "hospital 1 was left out of round 2, the run's last: its checkpoint C cannot be read (cut short): delete "
+            "it to continue from an earlier round; its exported model (model.json) is not of round 2" in shown
+        )
+        assert "finished." not in _texts(at.success)
+    finally:
+        path.write_text(original)
+    at = open_page("federation", {"selected_run": fixture_root.finished.name})
+    assert f"Run **{fixture_root.finished.name}** finished." in _texts(at.success)
