@@ -49,6 +49,7 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
+from app.colour_scale import viridis_rgb
 from federation.runfiles import CardError, hospital_files, hospital_index, read_card_object
 from infra import outputs
 from infra.formats import PREPARE_RECORD, manifest_sha256
@@ -536,8 +537,7 @@ def _layers(
     height, width = image.shape[:2]
     size_out = (max(1, round(width * scale)), max(1, round(height * scale)))
     base = image if scale == 1.0 else cv2.resize(image, size_out, interpolation=cv2.INTER_AREA)
-    levels = np.clip(np.rint(mean * 255.0), 0, 255).astype(np.uint8)
-    colours = cv2.cvtColor(cv2.applyColorMap(levels, cv2.COLORMAP_VIRIDIS), cv2.COLOR_BGR2RGB)
+    colours = viridis_rgb(mean).reshape(*mean.shape, 3)  # the bar's colours (app.colour_scale)
     heat = np.dstack([colours, np.where(visible(mean, covered, threshold), 255, 0).astype(np.uint8)])
     layers = {"slide.png": _png(np.ascontiguousarray(base)), "heat.png": _png(np.ascontiguousarray(heat))}
     if cancer is not None and cancer.any():

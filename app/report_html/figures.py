@@ -83,18 +83,24 @@ def confusion_png(matrix: npt.NDArray[np.int64], threshold: float) -> bytes:
     return _figure_png(draw, (4.2, 3.6))
 
 
+def bar_strip(threshold: float) -> npt.NDArray[np.uint8]:
+    """The bar's colours from ``threshold`` to 1, one per lookup-table level (`app.colour_scale.bar_levels`): the
+    overlay's own viridis of P (`app.colour_scale.viridis_rgb`), not rescaled to the threshold, so a tile at P 0.6
+    reads 0.6 on the bar."""
+    from app.colour_scale import bar_levels, viridis_rgb
+
+    return viridis_rgb(bar_levels(threshold))
+
+
 def colour_bar_png(threshold: float) -> bytes:
     """The heatmaps' colour bar, titled P(abnormal): viridis from the threshold to 1; below the threshold the slide
     is left uncoloured (shown light grey on the bar); the threshold marked with ▲. What it means is said in the
     heatmap's caption, so that the bar's own words stay short and whole."""
 
     def draw(ax: Any) -> None:
-        from matplotlib import colormaps
-
         t = min(max(threshold, 0.0), 1.0)
         ax.axvspan(0.0, t, color="#e1e1e1")
-        xs = np.linspace(t, 1.0, 128)
-        ax.imshow(xs[None, :], extent=(t, 1.0, 0.0, 1.0), aspect="auto", cmap=colormaps["viridis"], vmin=t, vmax=1.0)
+        ax.imshow(bar_strip(t)[None, :, :], extent=(t, 1.0, 0.0, 1.0), aspect="auto", interpolation="nearest")
         ax.axvline(t, color="black", linewidth=2)
         ax.set_xlim(0.0, 1.0)
         ax.set_yticks([])

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from app import slide_view
+from app.colour_scale import words as colour_words
 from app.report_html.figures import _data_uri, _downscaled_png, _tile_png, colour_bar_png, confusion_png, roc_png
 from app.report_html.load import CLASS_NAMES, HospitalReport, _config_dataset, _json_file, load_hospital
 from infra.formats import MANIFEST_FILE
@@ -108,7 +109,9 @@ def _metrics(rep: HospitalReport, floor: Floor | None = None) -> dict[str, Any]:
     labels, probs = rep.predictions.labels, rep.predictions.probs
     frame = pd.DataFrame({"label": labels, "prob_abnormal": probs, "path": rep.predictions.paths})
     val = rep.val_predictions
-    val_frame = None if val is None else pd.DataFrame({"label": val.labels, "prob_abnormal": val.probs})
+    val_frame = (
+        None if val is None else pd.DataFrame({"label": val.labels, "prob_abnormal": val.probs, "path": val.paths})
+    )  # the paths name the slides, which the threshold's margin counts (`evaluation.bounded_threshold`)
     floor = floor or evaluation.Floor(sensitivity=TARGET_SENSITIVITY)
     judged = evaluation.judge(
         rep.hospital, frame, rep.threshold, _threshold_source(rep), rep.card.get("threshold_split") or "", floor,
@@ -143,7 +146,12 @@ def _metrics(rep: HospitalReport, floor: Floor | None = None) -> dict[str, Any]:
         "floor": floor,
         "verdict": judged.verdict,
         "warning": " ".join(
-            w for w in (evaluation.auc_warning(curve.auc, point), evaluation.target_warning(point, target)) if w
+            w
+            for w in (
+                evaluation.auc_warning(curve.auc, point),
+                evaluation.target_warning(point, target, score.unreachable),
+            )
+            if w
         )
         or None,
     }
@@ -374,17 +382,17 @@ def _heatmaps(rep: HospitalReport) -> str:
         outline = " The annotation is outlined in white." if (s.get("overlay") or {}).get("outline") else ""
         alt = (
             f"Heatmap of P(abnormal) over {kind} {name}: tiles at or above the threshold {threshold:.2f} coloured "
-            f"(viridis); below the threshold: left uncoloured.{outline}"
+            f"({colour_words(threshold)}); below the threshold: left uncoloured.{outline}"
         )
         colour = (
-            f" Colour: P(abnormal) where it is at least the threshold {threshold:.2f} (▲ on the bar; viridis: dark "
-            "purple at the threshold, yellow 1); below the threshold: left uncoloured (shown light grey on the bar)."
+            f" Colour: P(abnormal) where it is at least the threshold {threshold:.2f} (▲ on the bar; "
+            f"{colour_words(threshold)}); below the threshold: left uncoloured (shown light grey on the bar)."
         )
         caption = f"{name} ({kind}, {s.get('width')} x {s.get('height')} px): " + "; ".join(figures) + "." + colour
         bar = colour_bar_png(threshold)
         bar_alt = (
             f"Colour bar of P(abnormal): below the threshold {threshold:.2f} left uncoloured (shown light grey on the "
-            "bar), viridis from it (dark purple) to 1 (yellow)"
+            f"bar), {colour_words(threshold)}"
         )
         parts.append(
             f'<figure data-slide="{_e(name)}" data-kind="{"test" if test else "upload"}">'

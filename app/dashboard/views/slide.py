@@ -31,7 +31,7 @@ import numpy.typing as npt
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import slide_view
+from app import colour_scale, slide_view
 from app.dashboard import ui
 from app.datasets import hospital_label
 from app.run_records import RunInfo
@@ -85,15 +85,11 @@ def _runs_with_models() -> list[RunInfo]:
 
 def _threshold_scale(threshold: float) -> list[list[Any]]:
     """The colour bar's scale: below ``threshold`` the heatmap leaves the tissue uncoloured (shown light grey on
-    the bar), viridis from it up (plotly's own Viridis samples), so the bar shows where colouring starts."""
-    from plotly.colors import sample_colorscale
+    the bar), from it up the overlay's own viridis of P (`app.colour_scale.plotly_scale`: the same colour for the
+    same P on the bar and the heatmap)."""
+    from app import colour_scale
 
-    t = min(max(threshold, 0.0), 1.0)
-    stops = [t + (1.0 - t) * i / 8 for i in range(9)]
-    colours = sample_colorscale("Viridis", stops)
-    grey = "rgb(225,225,225)"
-    scale: list[list[Any]] = [[0.0, grey], [t, grey]] if t > 0 else []
-    return scale + [[stop, colour] for stop, colour in zip(stops, colours, strict=True)]
+    return colour_scale.plotly_scale(threshold)
 
 
 def _bar_ticks(threshold: float) -> tuple[list[float], list[str]]:
@@ -392,7 +388,7 @@ def _show(
             config={"displaylogo": False, "scrollZoom": True},
             alt=(
                 f"Heatmap of P(abnormal) over {name} ({scored.width} x {scored.height} px): tiles at or above the "
-                f"threshold {scored.threshold:.2f} coloured (viridis: dark purple at the threshold, yellow 1); below "
+                f"threshold {scored.threshold:.2f} coloured ({colour_scale.words(scored.threshold)}); below "
                 f"the threshold: left uncoloured.{outline}"
             ),
         )
@@ -400,7 +396,7 @@ def _show(
             f"{name}, {scored.width} x {scored.height} px"
             + ("" if scored.scale == 1.0 else f", drawn at {scored.scale:.0%}")
             + f". Colour: P(abnormal), the mean of the tiles covering each pixel, where it is at least the "
-            f"threshold {scored.threshold:.2f} (▲ on the bar; viridis: dark purple at the threshold, yellow 1); "
+            f"threshold {scored.threshold:.2f} (▲ on the bar; {colour_scale.words(scored.threshold)}); "
             "below the threshold: left uncoloured (shown light grey on the bar)." + outline
         )
 
