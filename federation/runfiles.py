@@ -329,10 +329,10 @@ def read_cards(run: Path) -> dict[int, dict[str, Any]]:
 
 def left_out_lines(summary: Mapping[str, Any]) -> list[str]:
     """One line per hospital the run ended without, from its ``summary.json``: left out of the last round written
-    (``left_out``: hospital, round, reason, as the round loop recorded them) or of the whole run at its Hello
-    (``left_out_at_hello``). Empty for a run every hospital finished. ``gastric-fl train`` prints them last and then
-    exits 3 (docs/reliability.md): such a run is not a clean finish, its exported models are not all of the last
-    round."""
+    (``left_out``: hospital, round, reason, as the round loop recorded them, and whether it still evaluated that
+    round, so that its exported model is that round's) or of the whole run at its Hello (``left_out_at_hello``).
+    Empty for a run every hospital finished. ``gastric-fl train`` prints them last and then exits 3
+    (docs/reliability.md): such a run is not a clean finish."""
     lines = []
     for who, why in sorted((summary.get("left_out_at_hello") or {}).items()):
         lines.append(f"hospital {who} was left out of the whole run at its hello: {why}")
@@ -342,8 +342,13 @@ def left_out_lines(summary: Mapping[str, Any]) -> list[str]:
         who, at = entry.get("hospital"), entry.get("round")
         # the hospital's own reasons start with its name: said once here
         why = re.sub(rf"(^|; |evaluation: )hospital {who}: ", r"\1", str(entry.get("reason", "")))
+        model = (
+            f"it did not train in round {at}, but evaluated and exported round {at}'s model"
+            if entry.get("evaluated") is True
+            else f"its exported model (model.json) is not of round {at}"
+        )
         lines.append(
-            f"hospital {who} was left out of round {at}, the run's last: {why}; its exported model (model.json) is "
-            f"not of round {at}: fix the cause, then continue with gastric-fl train --resume"
+            f"hospital {who} was left out of round {at}, the run's last: {why}; {model}: fix the cause, then "
+            "continue with gastric-fl train --resume"
         )
     return lines

@@ -422,7 +422,8 @@ class Server:
             self._note(f"round {record.round}: hospital {who} left out ({why})")
         # who the latest round did without, and why: the run's end names them (federation.engine.summary)
         self.summary.data["left_out"] = [
-            {"hospital": int(who), "round": record.round, "reason": why} for who, why in sorted(record.left_out.items())
+            {"hospital": int(who), "round": record.round, "reason": why, "evaluated": int(who) in record.evaluated}
+            for who, why in sorted(record.left_out.items())
         ]
         if record.started is None:
             seconds = record.seconds

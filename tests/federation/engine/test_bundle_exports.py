@@ -104,7 +104,7 @@ def test_a_refused_dp_round_leaves_the_last_good_bundle_and_the_run_ends_naming_
     assert err.strip().splitlines()[-1] == lines[0]  # the last line said
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "finished"
-    assert [(e["hospital"], e["round"]) for e in summary["left_out"]] == [(0, 2)]
+    assert [(e["hospital"], e["round"], e["evaluated"]) for e in summary["left_out"]] == [(0, 2, False)]
     assert "privacy.json does not hold" in summary["left_out"][0]["reason"]
 
 
@@ -175,3 +175,24 @@ def test_replace_bundle_keeps_the_previous_bundle_when_any_step_fails(
     monkeypatch.setattr(os, "replace", real)
     assert {name: _digest(bundle / name) for name in before} == before
     assert not [p.name for p in bundle.iterdir() if p.name.startswith(".")]
+
+
+def test_the_last_lines_say_whether_a_left_out_hospitals_model_is_of_the_last_round() -> None:
+    from federation.runfiles import left_out_lines
+
+    summary = {
+        "left_out_at_hello": {"2": "its hello declares 1000000000 training tiles, more than server.max_examples"},
+        "left_out": [
+            {"hospital": 0, "round": 3, "reason": "hospital 0: no answer within 60 s", "evaluated": True},
+            {"hospital": 1, "round": 3, "reason": "x; evaluation: hospital 1: its model is not finite"},
+        ],
+    }
+    assert left_out_lines(summary) == [
+        "hospital 2 was left out of the whole run at its hello: its hello declares 1000000000 training tiles, more "
+        "than server.max_examples",
+        "hospital 0 was left out of round 3, the run's last: no answer within 60 s; it did not train in round 3, but "
+        "evaluated and exported round 3's model: fix the cause, then continue with gastric-fl train --resume",
+        "hospital 1 was left out of round 3, the run's last: x; evaluation: its model is not finite; its exported "
+        "model (model.json) is not of round 3: fix the cause, then continue with gastric-fl train --resume",
+    ]
+    assert left_out_lines({"status": "finished", "left_out": []}) == []
