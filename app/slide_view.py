@@ -257,6 +257,20 @@ def listed_slides(card: dict[str, Any], dataset: Path | None) -> list[ListedSlid
     return checked_slides(card, dataset)[0]
 
 
+_HASHED: dict[tuple[str, int, int, int], str] = {}  # (path, inode, size, mtime) -> sha256, for this process
+
+
+def _file_sha256(path: Path) -> str:
+    """sha256 of the file at ``path`` (``hashlib.file_digest``), remembered in this process while the file keeps its
+    inode, size and modification time, so that a page listing large slides at every rerun hashes each once."""
+    stat = path.stat()
+    key = (str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    if key not in _HASHED:
+        with path.open("rb") as handle:
+            _HASHED[key] = hashlib.file_digest(handle, "sha256").hexdigest()
+    return _HASHED[key]
+
+
 def checked_slides(card: dict[str, Any], dataset: Path | None) -> tuple[list[ListedSlide], list[str]]:
     """`listed_slides`, and one line for each listed slide left out because its raw file is missing or no longer
     has the sha256 prepare recorded for it (``prepare.json``: the slide's ``sha256``, or ``source_sha256`` of an
@@ -305,8 +319,7 @@ def checked_slides(card: dict[str, Any], dataset: Path | None) -> tuple[list[Lis
             continue
         wanted = s.get("sha256") or (hashes.get(source) if isinstance(hashes, dict) else None)
         if isinstance(wanted, str) and wanted:
-            with path.open("rb") as handle:
-                now = hashlib.file_digest(handle, "sha256").hexdigest()
+            now = _file_sha256(path)
             if now != wanted:
                 problems.append(
                     f"{source}: changed since prepare read it (sha256 {wanted[:12]}... then, {now[:12]}... now); not "
