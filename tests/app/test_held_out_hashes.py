@@ -117,3 +117,18 @@ def test_an_earlier_prepare_without_slide_hashes_is_scored_unchecked_and_says_so
         f"{len(calls)} slide(s) scored unchecked: {prepared / 'prepare.json'} records no sha256 for them (an earlier "
         "prepare); prepare the dataset again to record them"
     ]
+
+
+def test_a_deployed_hospital_names_a_changed_slide_of_a_finished_run(trained: TrainedRoot, tmp_path: Path) -> None:
+    """`score_finished` (a deployed hospital's loop) names the slide as `train` does."""
+    from app.held_out import score_finished
+
+    folder, prepared, raw = _copies(trained, tmp_path)
+    runs = tmp_path / "runs"
+    shutil.copytree(folder, runs / "R1")
+    replaced, kept = _test_slides(prepared)
+    shutil.copyfile(raw / kept, raw / replaced)
+    lines = score_finished(runs, prepared, 0, {})
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("run R1: hospital 0: ")
+    assert lines[1].startswith(f"run R1: test slide {replaced}: changed since prepare read it (sha256 ")
