@@ -24,6 +24,7 @@ def _card(**changes: object) -> ModelCard:
         "preprocess": Preprocess(input_size=48, in_chans=3, tile_px=96, scale=0.75, grayscale=True),
         "tiling": TileGrid(128, 128, 64, 220, 0.5, 0.4, "bot"),
         "threshold": 0.3,
+        "threshold_source": "set by hand",  # not the default 0.5's: a card saying so would be a hand edit
         "run_id": "r1",
         "round": 4,
         "client": 2,
