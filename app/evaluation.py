@@ -46,6 +46,8 @@ WARN_RATE = 0.5
 WARN_ACC = 0.7
 # Below this many test slides a hospital's figures are too few to judge (the Hospital page lets the user change it).
 MIN_TEST_SLIDES = 5
+# The default clinical floor's sensitivity (`Floor`); a floor set below it is said on every verdict badge.
+DEFAULT_FLOOR = 0.90
 
 
 def slide_key(path: str) -> str | None:
@@ -676,7 +678,7 @@ class Floor:
     threshold (tiles, and abnormal slides called abnormal), the test slides needed to judge at all, and the
     specificity below which a passing model still goes to review (it would flag most normal tissue)."""
 
-    sensitivity: float = 0.90
+    sensitivity: float = DEFAULT_FLOOR
     min_slides: int = MIN_TEST_SLIDES
     specificity: float = WARN_RATE
 
@@ -688,6 +690,11 @@ class Floor:
             )
         if self.min_slides < 1:
             raise ValueError(f"the floor's minimum number of test slides must be at least 1, got {self.min_slides}")
+
+    @property
+    def lowered(self) -> bool:
+        """Whether the sensitivity floor is below the default one (`DEFAULT_FLOOR`): every verdict badge says so."""
+        return self.sensitivity < DEFAULT_FLOOR - 1e-9
 
     @property
     def words(self) -> str:
@@ -850,6 +857,7 @@ class Judgement:
     verdict: Verdict
     source: str
     split: str = ""
+    floor: Floor | None = None  # the floor it was judged against (a lowered one is said on every badge)
 
     @property
     def hospital(self) -> int:
@@ -875,7 +883,7 @@ def judge(
     """One hospital's `Judgement` at its operating ``threshold`` against ``floor`` (`score_hospital` with the
     floor's sensitivity as the target, then `verdict`)."""
     score = score_hospital(client, rows, threshold, floor.sensitivity, floor.min_slides, val_rows, held_out)
-    return Judgement(score, verdict(score, floor), source, split)
+    return Judgement(score, verdict(score, floor), source, split, floor)
 
 
 # What decides a verdict comes first (a phone shows the first few columns beside the pinned hospital name).
@@ -935,10 +943,19 @@ def scorecard_table(scores: list[HospitalScore]) -> pd.DataFrame:
 VERDICT_NAMES = {PASS: "PASS", REVIEW: "REVIEW", FAIL: "FAIL", CANNOT_JUDGE: "CANNOT JUDGE"}
 
 
+def verdict_word(kind: str, floor: Floor | None = None) -> str:
+    """A verdict's word for a badge or a table: ``"PASS"``, or ``"PASS at floor 0.70 (below 0.90)"`` when ``floor``
+    is lowered below the default (`Floor.lowered`), so that no badge reads as a plain pass against a looser bar."""
+    word = VERDICT_NAMES[kind]
+    if floor is not None and floor.lowered:
+        return f"{word} at floor {floor.sensitivity:.2f} (below {DEFAULT_FLOOR:.2f})"
+    return word
+
+
 def judgement_table(judgements: Sequence[Judgement]) -> pd.DataFrame:
     """`scorecard_table` of judged hospitals, each at its own threshold, with its verdict and threshold first."""
     table = scorecard_table([j.score for j in judgements])
-    table.insert(1, "verdict", [VERDICT_NAMES[j.verdict.kind] for j in judgements])
+    table.insert(1, "verdict", [verdict_word(j.verdict.kind, j.floor) for j in judgements])
     table.insert(2, "threshold", [j.threshold for j in judgements])
     return table
 
@@ -966,7 +983,7 @@ def verdict_summary(judgements: Sequence[Judgement]) -> pd.DataFrame:
         rows.append(
             {
                 "hospital": hospital_label(judged.hospital),
-                "verdict": VERDICT_NAMES[judged.verdict.kind],
+                "verdict": verdict_word(judged.verdict.kind, judged.floor),
                 "threshold": judged.threshold,
                 "sensitivity": score.point.sensitivity,
                 "specificity": score.point.specificity,

@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from app.evaluation import VERDICT_NAMES, Floor, Judgement, judge
+from app.evaluation import Floor, Judgement, judge, verdict_word
 from app.held_out import SlideCallsError, as_slides, held_out_slides, read_slide_calls
 from app.run_records import (
     NO_CARD,
@@ -86,7 +86,7 @@ def verdict_rows(runs: list[Path], floor: Floor) -> list[dict[str, Any]]:
                 {
                     "run": run.name,
                     "client": judged.hospital,
-                    "verdict": VERDICT_NAMES[judged.verdict.kind],
+                    "verdict": verdict_word(judged.verdict.kind, floor),
                     "threshold": round(judged.threshold, 4),
                     "threshold from": judged.source,
                     "reason": judged.verdict.reason,

@@ -370,9 +370,10 @@ VERDICT_COLOURS = {
 }
 
 
-def verdict_badge(kind: str) -> str:
-    """The verdict ``kind`` as markdown: its word in bold on its colour."""
-    return f":{VERDICT_COLOURS[kind]}-background[**{evaluation.VERDICT_NAMES[kind]}**]"
+def verdict_badge(kind: str, floor: evaluation.Floor | None = None) -> str:
+    """The verdict ``kind`` as markdown: its word in bold on its colour, with the floor when it is lowered below
+    the default (`evaluation.verdict_word`)."""
+    return f":{VERDICT_COLOURS[kind]}-background[**{evaluation.verdict_word(kind, floor)}**]"
 
 
 def current_floor() -> evaluation.Floor:

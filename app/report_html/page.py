@@ -185,6 +185,14 @@ def _threshold_source(rep: HospitalReport) -> str:
     return str(rep.card.get("threshold_source") or "the default 0.5") if rep.card else "the default 0.5"
 
 
+def _lowered(floor: Any) -> str:
+    """`` at floor 0.70 (below 0.90)`` after the verdict's word when the floor is below the default, as every
+    dashboard badge says it (`app.evaluation.verdict_word`)."""
+    from app.evaluation import DEFAULT_FLOOR
+
+    return f" at floor {floor.sensitivity:.2f} (below {DEFAULT_FLOOR:.2f})" if floor.lowered else ""
+
+
 def _verdict(m: dict[str, Any]) -> str:
     """The verdict against the report's floor (`app.evaluation.judge`, the one judgement every page
     shows), icon + word + colour + the reason, and the floor named."""
@@ -192,7 +200,7 @@ def _verdict(m: dict[str, Any]) -> str:
     kind = verdict.kind.replace(" ", "-")
     return (
         f'<p class="verdict {kind}" data-metric="verdict" data-verdict="{_e(verdict.kind)}">'
-        f"<strong>{_e(VERDICT_MARK[verdict.kind])}</strong> {_e(verdict.reason)} "
+        f"<strong>{_e(VERDICT_MARK[verdict.kind])}{_e(_lowered(floor))}</strong> {_e(verdict.reason)} "
         f'<span class="note" data-metric="floor" data-sensitivity="{floor.sensitivity:.2f}" '
         f'data-min-slides="{floor.min_slides}" data-specificity="{floor.specificity:.2f}">(the floor: sensitivity '
         f"at least {floor.sensitivity:.2f} at the hospital's threshold, at least {floor.min_slides} test slides, "

@@ -35,11 +35,14 @@ def test_high_auc_low_sensitivity_fails() -> None:
     assert score.auc == 1.0
     result = evaluation.verdict(score, evaluation.Floor())
     assert result.kind == evaluation.FAIL
-    # 0.9 x 12 -> the 11th highest abnormal probability, 0.30 (ties lift it to 12 of 12), no normal tile above it
+    # 0.9 x 12 -> the 11th highest abnormal probability, 0.30, reaches 0.90 on the estimate; but 12 tiles, all of
+    # them caught, show at best 12/15.84 = 0.76 on the lower end of the interval: none is proposed
     assert result.reason == (
         "misses 12 of 12 abnormal tiles at threshold 0.50 (sensitivity 0.00, 95% CI 0.00\u20130.24, wholly below "
-        "the floor 0.90); on its slides it misses 3 of 3 abnormal slides (00000, 00001, 00002); threshold 0.30 "
-        "would reach 0.90 sensitivity with specificity 1.00 (chosen on the test split, optimistic)."
+        "the floor 0.90); on its slides it misses 3 of 3 abnormal slides (00000, 00001, 00002); no threshold reaches "
+        "sensitivity 0.90 with 95% confidence on the test split: its 12 abnormal tiles from 3 abnormal slides show at "
+        "best a lower bound of 0.76 (threshold 0.30 reaches it on the point estimate alone, without that margin), so "
+        "none is proposed; more abnormal slides are needed to choose one."
     )
 
 
@@ -48,9 +51,14 @@ def test_missed_slide_fails_although_tiles_meet_the_floor() -> None:
     frame = _split([[0.9] * 20] * 3 + [[0.2]], [[0.1] * 5] * 2)
     result = _judge(frame, evaluation.Floor(sensitivity=0.9))
     assert result.kind == evaluation.FAIL
+    # the estimate alone reaches 0.90 at 0.90 (60 of 61), missing slide 00003; with the slides' disagreement
+    # counted, the margin asks for 0.20, where every slide is caught
     assert result.reason == (
         "misses 1 of 4 abnormal slides (00003) at threshold 0.50 (slide sensitivity 0.75, below the floor 0.90); "
-        "threshold 0.90 would reach 0.90 sensitivity with specificity 1.00 (chosen on the test split, optimistic)."
+        "threshold 0.20 reaches 0.90 with 95% confidence on the test split it was chosen on (so optimistic; 95% CI "
+        "lower bound 0.94, 4 abnormal slides): sensitivity 1.00 (61 of 61 abnormal tiles), specificity 1.00 (0 of 10 "
+        "normal tiles called abnormal); it finds all 4 abnormal test slides, 0 of 2 normal slides called abnormal "
+        "(false alarms)."
     )
     # Meeting a lower floor, the missed cancer slide still keeps it from passing, and is named in the reason.
     lower = _judge(frame, evaluation.Floor(sensitivity=0.75))
@@ -70,7 +78,9 @@ def test_interval_wholly_below_the_floor_fails_whatever_the_slide_count() -> Non
     assert result.reason == (
         "misses 24 of 44 abnormal tiles at threshold 0.50 (sensitivity 0.45, 95% CI 0.32\u20130.60, wholly below "
         "the floor 0.90, even from 3 slides); on its slides it misses 1 of 2 abnormal slides (00001); threshold "
-        "0.20 would reach 0.90 sensitivity with specificity 1.00 (chosen on the test split, optimistic)."
+        "0.20 reaches 0.90 with 95% confidence on the test split it was chosen on (so optimistic; 95% CI lower bound "
+        "0.92, 2 abnormal slides): sensitivity 1.00 (44 of 44 abnormal tiles), specificity 1.00 (0 of 10 normal tiles "
+        "called abnormal); it finds all 2 abnormal test slides, 0 of 1 normal slides called abnormal (false alarms)."
     )
     # The same tiles against a floor its interval reaches: too few slides to judge, the missed slide still named.
     reachable = _judge(frame, evaluation.Floor(sensitivity=0.55))

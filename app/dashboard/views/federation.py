@@ -299,6 +299,14 @@ def monitor(info: RunInfo, initial_status: str) -> None:
         if status != initial_status:
             st.rerun()
         return
+    if prediction_files(info.path):  # the verdict first: an averaged AUC never stands above failing hospitals
+        floor = ui.current_floor()
+        judged = judge_run(info.path, floor).judgements
+        if judged:
+            st.markdown("**Each hospital's verdict** (its latest round's model)")
+            ui.verdict_table(evaluation.verdict_summary(judged), "verdict_table", floor)
+            st.caption("The training's own figures follow: an averaged AUC says how tiles are ranked, not the verdict.")
+
     last = rounds.iloc[-1]
     cols = st.columns(5)
     cols[0].metric("Round", f"{state.rounds_done} / {state.rounds_total or '?'}")
@@ -308,13 +316,6 @@ def monitor(info: RunInfo, initial_status: str) -> None:
     elapsed = state.seconds_elapsed if status == "running" else run_seconds(info.path, metrics)
     took = format_seconds(elapsed) if math.isfinite(elapsed) else "—"
     cols[4].metric("Elapsed" if status == "running" else "Took", took)
-
-    if prediction_files(info.path):
-        floor = ui.current_floor()
-        judged = judge_run(info.path, floor).judgements
-        if judged:
-            st.markdown("**Each hospital's verdict** (its latest round's model)")
-            ui.verdict_table(evaluation.verdict_summary(judged), "verdict_table", floor)
 
     # A high AUC next to a low accuracy is not left without a word (binary runs: the scorecard is for them).
     classes = load_summary(info.path).get("classes")

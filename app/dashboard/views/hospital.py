@@ -126,7 +126,7 @@ def _hospital_detail(
     metrics = load_metrics(info.path)
     mine = metrics[metrics["client"] == hospital]
 
-    badge = ui.verdict_badge(judged.verdict.kind)
+    badge = ui.verdict_badge(judged.verdict.kind, judged.floor)
     st.markdown(f"**{hospital_label(hospital)}** &nbsp; {badge} &nbsp; {judged.verdict.reason}")
     st.caption(
         f"{hospital_label(hospital)}'s model card decides at threshold {threshold:.2f} ({judged.source}); every "

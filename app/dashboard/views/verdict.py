@@ -83,7 +83,7 @@ def _hospital(
 ) -> None:
     client, score, result = judged.hospital, judged.score, judged.verdict
     with st.container(border=True):
-        st.markdown(f"#### {hospital_label(client)} &nbsp; {ui.verdict_badge(result.kind)}")
+        st.markdown(f"#### {hospital_label(client)} &nbsp; {ui.verdict_badge(result.kind, floor)}")
         st.markdown(f"{hospital_label(client)}: {result.reason}")
         dp = ""
         if client in privacy:

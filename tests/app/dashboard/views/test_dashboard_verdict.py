@@ -292,3 +292,47 @@ def test_undo_on_the_page_restores_the_previous_threshold(verdict_root: Path) ->
     assert card.threshold_history[-1]["to"] == card.threshold
     assert "Undone: Hospital 0 decides at threshold 0.50 again" in " ".join(str(s.value) for s in at.success)
     assert "Hospital 0: misses 48 of 48 abnormal tiles at threshold 0.50" in _markdown(at)
+
+
+def _walk(node: object) -> list[object]:
+    """Every element under ``node`` in page order (AppTest keeps a block's children by their index)."""
+    children = getattr(node, "children", None)
+    if not isinstance(children, dict):
+        return [node]
+    return [leaf for _, child in sorted(children.items()) for leaf in _walk(child)]
+
+
+def test_the_federation_page_shows_the_verdicts_above_the_averaged_auc(verdict_root: Path) -> None:
+    at = open_page("federation")
+    order = [(e.type, str(getattr(e, "label", "") or getattr(e, "value", ""))[:40]) for e in _walk(at.main)]
+    verdict_at = next(i for i, (kind, text) in enumerate(order) if text.startswith("**Each hospital's verdict**"))
+    auc_at = next(i for i, (kind, text) in enumerate(order) if kind == "metric" and text == "Averaged AUC")
+    assert verdict_at < auc_at
+    (table,) = [d.value for d in at.dataframe if "verdict" in d.value.columns]
+    assert table["verdict"].tolist() == ["FAIL", "CANNOT JUDGE", "PASS"]
+
+
+def test_a_floor_below_the_default_is_marked_on_every_badge(verdict_root: Path) -> None:
+    from app.evaluation import Floor
+    from app.report_html import report_html
+
+    at = open_page("verdict")
+    assert ":green-background[**PASS**]" in _markdown(at)  # the default floor: a plain PASS
+    at.number_input(key="verdict_floor_sensitivity").set_value(0.7)
+    at.run()
+    text = _markdown(at)
+    assert ":green-background[**PASS at floor 0.70 (below 0.90)**]" in text
+    assert ":red-background[**FAIL at floor 0.70 (below 0.90)**]" in text
+    assert "[**PASS**]" not in text
+    at.switch_page("views/hospital.py")
+    at.run()
+    (table,) = [d.value for d in at.dataframe if "verdict" in d.value.columns]
+    assert all(word.endswith(" at floor 0.70 (below 0.90)") for word in table["verdict"])
+    assert ":red-background[**FAIL at floor 0.70 (below 0.90)**]" in _markdown(at)
+    at.switch_page("views/federation.py")
+    at.run()
+    (table,) = [d.value for d in at.dataframe if "verdict" in d.value.columns]
+    assert table["verdict"].tolist()[2] == "PASS at floor 0.70 (below 0.90)"
+    page = report_html(verdict_root, 2, floor=Floor(0.7))
+    assert "✔ PASS at floor 0.70 (below 0.90)</strong>" in page
+    assert "✔ PASS</strong>" in report_html(verdict_root, 2, floor=Floor(0.9))
