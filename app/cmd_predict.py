@@ -88,11 +88,17 @@ def register(app: typer.Typer) -> None:
         for result in results:
             s = result.summary
             truth = s.get("ground_truth")
+            share = s.get("unfamiliar_share")
             line = (
                 f"{s['folder']}: {s['tiles']} tiles, max {s['max_probability']:.3f}, "
                 f"top-{s['top_k']} mean {s['top_k_mean']:.3f}, abnormal area {s['abnormal_area_fraction']:.1%}, "
+                f"unfamiliar tissue {'n/a' if share is None else f'{share:.1%}'}, "
                 f"called {s['call']} at threshold {s['threshold']:.2f} ({s['threshold_source']})"
             )
+            if s.get("reported") and s["reported"] != s["call"]:
+                line += f", reported as {s['reported']}"
+            if s.get("outcome"):
+                line += f", {s['outcome']}"
             if truth is not None:
 
                 def show(value: float | None) -> str:
@@ -100,6 +106,9 @@ def register(app: typer.Typer) -> None:
 
                 line += f", sensitivity {show(truth['sensitivity'])}, specificity {show(truth['specificity'])}"
             typer.echo(line)
+        notes = sorted({str(r.summary["tissue"]) for r in results if r.summary.get("unfamiliar_share") is None})
+        for note in notes:
+            typer.echo(f"tissue: {note}")
         calls = slide_calls_line(results)
         if calls is not None:
             typer.echo(calls)

@@ -21,6 +21,22 @@ from pipeline.images import RGBImage
 
 COLORMAP = "viridis"
 ALPHA = 0.5
+# unfamiliar tissue (models.shift) is hatched: grey diagonal stripes HATCH_WIDTH of every HATCH_PERIOD pixels
+HATCH_GREY = (128, 128, 128)
+HATCH_PERIOD = 8
+HATCH_WIDTH = 3
+UNFAMILIAR_MARK = "grey diagonal hatching: tissue unlike this hospital's (unfamiliar), whatever its probability"
+
+
+def hatch(image: RGBImage, region: npt.NDArray[np.bool_]) -> RGBImage:
+    """``image`` with grey diagonal stripes over ``region`` (unfamiliar tissue: it reads as neither colour of the
+    probability scale, and the tissue still shows between the stripes)."""
+    height, width = region.shape
+    rows, cols = np.indices((height, width))
+    stripes = ((rows + cols) % HATCH_PERIOD) < HATCH_WIDTH
+    out = image.copy()
+    out[region & stripes] = HATCH_GREY
+    return out
 
 
 def _span(start: npt.NDArray[np.int64], size: int, scale: float, limit: int) -> tuple[np.ndarray, np.ndarray]:
@@ -91,9 +107,11 @@ def render_overlay(
     cancer: npt.NDArray[np.bool_] | None,
     max_side: int,
     threshold: float | None = None,
+    unfamiliar: npt.NDArray[np.bool_] | None = None,
 ) -> tuple[RGBImage, float]:
     """The overlay (RGB ``uint8``) and the scale it was drawn at (1.0: the slide's own size); colour only where
-    the mean probability reaches ``threshold`` (`visible`)."""
+    the mean probability reaches ``threshold`` (`visible`); tissue under a tile marked ``unfamiliar`` hatched grey
+    (`hatch`)."""
     height, width = image.shape[:2]
     scale = min(1.0, max_side / max(height, width))
     size_out = (max(1, round(width * scale)), max(1, round(height * scale)))
@@ -103,6 +121,9 @@ def render_overlay(
     colours = cv2.cvtColor(cv2.applyColorMap(levels, cv2.COLORMAP_VIRIDIS), cv2.COLOR_BGR2RGB)
     blended = cv2.addWeighted(base, 1.0 - ALPHA, colours, ALPHA, 0.0)
     out = np.where(visible(mean, covered, threshold)[:, :, None], blended, base).astype(np.uint8)
+    if unfamiliar is not None and unfamiliar.any():
+        _, strange = coverage_maps(xs, ys, size, unfamiliar, (height, width), scale)
+        out = hatch(out, strange)
     if cancer is not None and cancer.any():
         region: npt.NDArray[np.uint8] = cancer.astype(np.uint8)
         if scale != 1.0:

@@ -38,6 +38,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,7 @@ import numpy.typing as npt
 import torch
 from tqdm import tqdm
 
-from inference.heatmap import COLORMAP, coverage_maps, render_overlay
+from inference.heatmap import COLORMAP, UNFAMILIAR_MARK, coverage_maps, render_overlay
 from inference.slides import Slide, SlideFile, find_slides, read_slide
 from infra.outputs import (
     OutputError,
@@ -58,13 +59,23 @@ from infra.outputs import (
     write_marker,
 )
 from models.bundle import Bundle, BundleError, ModelCard, decision_counts, load_bundle, read_card
-from models.decision import SLIDE_TOP_K, slide_is_abnormal, top_k_mean
+from models.decision import (
+    FALSE_ALARM,
+    MISSED_CANCER,
+    SLIDE_TOP_K,
+    UNFAMILIAR_LIMIT,
+    outcome,
+    reported_call,
+    slide_is_abnormal,
+    top_k_mean,
+)
+from models.features import LayerStatistics
 from pipeline.errors import PipelineError
 from pipeline.images import DEFAULT_MAX_PIXELS, RGBImage, check_max_pixels, encode_png
 from pipeline.tiling import BLACK_LEVEL, HospitalPlan, cut_square, grid_coverage, is_black, kept_positions, near_white
 
 COMMAND = "predict"
-TILE_COLUMNS = ("x", "y", "size", "probability", "truth")
+TILE_COLUMNS = ("x", "y", "size", "probability", "truth", "tissue", "distance")
 SUMMARY_COLUMNS = (
     "slide",
     "folder",
@@ -78,6 +89,12 @@ SUMMARY_COLUMNS = (
     "abnormal_area_fraction",
     "sensitivity",
     "specificity",
+    "unfamiliar_share",
+    "unfamiliar",
+    "focus",
+    "review",
+    "reported",
+    "outcome",
 )
 DEFAULT_BATCH = 64
 DEFAULT_TOP_K = SLIDE_TOP_K
@@ -100,6 +117,10 @@ class SlideTiles:
     size: int
     probability: npt.NDArray[np.float64]
     truth: npt.NDArray[np.int8] | None = None
+    # each tile's squared Mahalanobis distance from the hospital's tissue (models.shift) and whether it is beyond
+    # the description's threshold; None when the bundle has no description
+    distance: npt.NDArray[np.float64] | None = None
+    unfamiliar: npt.NDArray[np.bool_] | None = None
 
 
 @dataclass
@@ -183,15 +204,17 @@ def score_positions(
     batch_size: int = DEFAULT_BATCH,
     device: torch.device | str = "cpu",
     on_batch: Callable[[int], object] | None = None,
+    statistics: LayerStatistics | None = None,
 ) -> npt.NDArray[np.float64]:
-    """``P(positive class)`` of the tiles at ``positions``: cut as prepare cuts, preprocessed as in training."""
+    """``P(positive class)`` of the tiles at ``positions``: cut as prepare cuts, preprocessed as in training.
+    ``statistics``: records the tissue description's layer statistics (`models.features`) in the same passes."""
     plan = plan_of(bundle.card)
     pre = bundle.card.preprocess
     positive = bundle.card.positive_index
     model = bundle.model
     model.eval()
     out = np.empty(len(positions), dtype=np.float64)
-    with torch.inference_mode():
+    with torch.inference_mode(), statistics.capture() if statistics is not None else nullcontext():
         for start in range(0, len(positions), batch_size):
             chunk = positions[start : start + batch_size]
             batch = np.stack([pre.fit(cut_square(image, None, x, y, plan)) for x, y in chunk])
@@ -211,23 +234,33 @@ def score_slide(
     batch_size: int = DEFAULT_BATCH,
     device: torch.device | str = "cpu",
     progress: bool = False,
+    shift: bool = True,
 ) -> SlideTiles:
     """The whole slide's tissue grid (`tissue_positions`) scored (`score_positions`), with each tile's truth when an
     annotation (``cancer``) is given (`tile_truth`): what ``predict`` scores a slide with, and ``slides.csv``
-    (`app.held_out`) too. `PredictError` for a slide smaller than a tile or without tissue."""
+    (`app.held_out`) too. With the bundle's tissue description (and ``shift``), each tile's distance from the
+    hospital's tissue and whether it is unfamiliar (`models.shift`), from the same forward passes.
+    `PredictError` for a slide smaller than a tile or without tissue."""
     card = bundle.card
     positions = tissue_positions(image, card, name)
+    described = bundle.tissue if shift else None
+    stats = None if described is None else LayerStatistics(bundle.model, described.layer)
     bar = tqdm(total=len(positions), desc=Path(name).name, unit="tile", disable=not progress, leave=False)
     try:
-        prob = score_positions(bundle, image, positions, batch_size=batch_size, device=device, on_batch=bar.update)
+        prob = score_positions(
+            bundle, image, positions, batch_size=batch_size, device=device, on_batch=bar.update, statistics=stats
+        )
     finally:
         bar.close()
+    distance = None if described is None or stats is None else described.distances(stats.take())
     return SlideTiles(
         xs=np.array([x for x, _ in positions], dtype=np.int64),
         ys=np.array([y for _, y in positions], dtype=np.int64),
         size=plan_of(card).size,
         probability=prob,
         truth=None if cancer is None else tile_truth(image, cancer, positions, card),
+        distance=distance,
+        unfamiliar=None if distance is None or described is None else distance > described.threshold,
     )
 
 
@@ -258,20 +291,34 @@ def summarise(
     top_k: int,
     shape: tuple[int, int],
     threshold_source: str | None = None,
+    tissue: str = "",
 ) -> dict[str, Any]:
     """The slide-level figures of ``summary.json`` (see docs/inference.md), with the slide's call: abnormal when
-    its top-k mean reaches the threshold (`models.decision.slide_is_abnormal`), and which threshold made it."""
+    its top-k mean reaches the threshold (`models.decision.slide_is_abnormal`), and which threshold made it; the
+    unfamiliar share of its tiles (`models.shift`; ``None`` without a description, ``tissue`` then says why) and
+    how the call is reported (`models.decision.reported_call`: UNFAMILIAR, a focus above the threshold, review)."""
     prob = tiles.probability
     k = min(top_k, len(prob))
     score = top_k_mean(prob, k)
     covered, called = coverage_maps(tiles.xs, tiles.ys, tiles.size, prob >= threshold, shape, 1.0)
+    call = "abnormal" if slide_is_abnormal(score, threshold) else "normal"
+    share = None if tiles.unfamiliar is None else float(tiles.unfamiliar.mean())
+    reported = reported_call(call, float(prob.max()), threshold, share)
     out: dict[str, Any] = {
         "tiles": len(prob),
         "tile_size_px": tiles.size,
         "stride_px": card.tiling.stride_px if card.tiling else None,
         "threshold": threshold,
         "threshold_source": card.threshold_source if threshold_source is None else threshold_source,
-        "call": "abnormal" if slide_is_abnormal(score, threshold) else "normal",
+        "call": call,
+        "reported": reported.words,
+        "review": reported.review,
+        "focus": reported.focus,
+        "unfamiliar": reported.unfamiliar,
+        "unfamiliar_share": share,
+        "unfamiliar_tiles": None if tiles.unfamiliar is None else int(tiles.unfamiliar.sum()),
+        "unfamiliar_limit": UNFAMILIAR_LIMIT,
+        "tissue": tissue,
         "call_rule": f"abnormal when the mean of the {k} highest tile probabilities is at least {threshold:.4g}",
         "max_probability": float(prob.max()),
         "top_k": k,
@@ -303,7 +350,11 @@ def _tiles_csv(tiles: SlideTiles) -> bytes:
     labels = {1: "abnormal", 0: "normal", -1: ""}
     for k in range(len(tiles.probability)):
         truth = "" if tiles.truth is None else labels[int(tiles.truth[k])]
-        writer.writerow([int(tiles.xs[k]), int(tiles.ys[k]), tiles.size, f"{tiles.probability[k]:.17g}", truth])
+        familiar = "" if tiles.unfamiliar is None else "unfamiliar" if tiles.unfamiliar[k] else "familiar"
+        distance = "" if tiles.distance is None else f"{tiles.distance[k]:.6g}"
+        writer.writerow(
+            [int(tiles.xs[k]), int(tiles.ys[k]), tiles.size, f"{tiles.probability[k]:.17g}", truth, familiar, distance]
+        )
     return buffer.getvalue().encode("utf-8")
 
 
@@ -325,14 +376,23 @@ def predict_slide(
     max_side: int = DEFAULT_MAX_SIDE,
     device: torch.device | str = "cpu",
     progress: bool = True,
+    shift: bool = True,
 ) -> SlideResult:
-    """Tile, score and map one decoded slide; writes ``<out>/<slide output name>/`` and returns its summary."""
+    """Tile, score and map one decoded slide; writes ``<out>/<slide output name>/`` and returns its summary.
+    ``shift``: mark unfamiliar tissue with the bundle's tissue description (off only to measure its cost)."""
     started = time.perf_counter()
     card = bundle.card
     chosen = card.threshold if threshold is None else threshold
     name = str(slide.file.path)
     tiles = score_slide(
-        bundle, slide.image, name, cancer=slide.cancer, batch_size=batch_size, device=device, progress=progress
+        bundle,
+        slide.image,
+        name,
+        cancer=slide.cancer,
+        batch_size=batch_size,
+        device=device,
+        progress=progress,
+        shift=shift,
     )
     warnings = [] if slide.warning is None else [slide.warning]
     if is_black(slide.image):
@@ -347,7 +407,14 @@ def predict_slide(
         )
     prob = tiles.probability
     height, width = slide.image.shape[:2]
-    summary = {
+    note = (
+        "not used (predict called without the tissue description)"
+        if not shift
+        else bundle.tissue_note
+        if bundle.tissue is None
+        else bundle.tissue.words()
+    )
+    summary: dict[str, Any] = {
         "slide": slide.file.name,
         "folder": slide.file.output_name,
         "file": str(slide.file.path),
@@ -362,9 +429,12 @@ def predict_slide(
             "round": card.round,
             "client": card.client,
         },
-        **summarise(tiles, card, chosen, top_k, (height, width), None if threshold is None else "--threshold"),
+        **summarise(tiles, card, chosen, top_k, (height, width), None if threshold is None else "--threshold", note),
     }
-    overlay, scale = render_overlay(slide.image, tiles.xs, tiles.ys, tiles.size, prob, slide.cancer, max_side, chosen)
+    summary["outcome"] = outcome(str(summary["truth"] or ""), str(summary["call"]))
+    overlay, scale = render_overlay(
+        slide.image, tiles.xs, tiles.ys, tiles.size, prob, slide.cancer, max_side, chosen, tiles.unfamiliar
+    )
     summary["overlay"] = {
         "file": "overlay.png",
         "width": int(overlay.shape[1]),
@@ -373,6 +443,7 @@ def predict_slide(
         "colormap": COLORMAP,
         "shown_from": chosen,
         "outline": "ground-truth annotation (white on black)" if slide.cancer is not None else None,
+        "unfamiliar": UNFAMILIAR_MARK if tiles.unfamiliar is not None else None,
     }
     if warnings:
         summary["warning"] = "; ".join(warnings)
@@ -383,6 +454,11 @@ def predict_slide(
     write_atomic(folder / "overlay.png", encode_png(overlay))
     write_atomic(folder / "summary.json", (json.dumps(summary, indent=2, allow_nan=False) + "\n").encode())
     return SlideResult(file=slide.file, summary=summary, folder=folder, warnings=tuple(warnings))
+
+
+def _flag(value: object, known: bool) -> str:
+    """``true``/``false`` for summary.csv, empty where the value is not known (no description, a skipped slide)."""
+    return ("true" if value else "false") if known else ""
 
 
 def _summary_csv(results: Sequence[SlideResult]) -> bytes:
@@ -410,6 +486,12 @@ def _summary_csv(results: Sequence[SlideResult]) -> bytes:
                 fmt(s.get("abnormal_area_fraction")),
                 fmt(truth.get("sensitivity")),
                 fmt(truth.get("specificity")),
+                fmt(s.get("unfamiliar_share")),
+                _flag(s.get("unfamiliar"), s.get("unfamiliar_share") is not None),
+                _flag(s.get("focus"), bool(s)),
+                _flag(s.get("review"), bool(s)),
+                s.get("reported", ""),
+                s.get("outcome", ""),
                 r.problem or "",
             ]
         )
@@ -427,10 +509,17 @@ def slide_calls_line(results: Sequence[SlideResult]) -> str | None:
     found = sum(s["call"] == "abnormal" for s in abnormal)
     cleared = sum(s["call"] == "normal" for s in normal)
     thresholds = sorted({f"{float(s['threshold']):.2f}" for s in judged})
-    return (
+    text = (
         f"slide calls at threshold {', '.join(thresholds)}: {found} of {len(abnormal)} abnormal slides called "
         f"abnormal, {cleared} of {len(normal)} normal slides called normal"
     )
+    for word in (MISSED_CANCER, FALSE_ALARM):
+        named = [str(s["slide"]) for s in judged if s.get("outcome") == word]
+        text += f"; {word}: {', '.join(named)}" if named else ""
+    unfamiliar = sum(bool(s.get("unfamiliar")) for s in judged)
+    focus = sum(bool(s.get("focus")) for s in judged)
+    text += f"; {unfamiliar} UNFAMILIAR (do not rely on their calls)" if unfamiliar else ""
+    return text + (f"; {focus} normal with a focus above the threshold (review)" if focus else "")
 
 
 def predict(
@@ -446,6 +535,7 @@ def predict(
     progress: bool = True,
     warn: Callable[[str], None] | None = None,
     max_pixels: int = DEFAULT_MAX_PIXELS,
+    shift: bool = True,
 ) -> list[SlideResult]:
     """``gastric-fl predict``: score every slide ``slide`` names with the bundle at ``model`` into ``out``.
 
@@ -487,6 +577,7 @@ def predict(
                         max_side=max_side,
                         device=torch_device,
                         progress=progress,
+                        shift=shift,
                     )
                     del decoded  # free this slide's pixels before the next slide is decoded
                     results.append(result)

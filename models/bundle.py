@@ -39,11 +39,12 @@ from torch import nn
 from infra.formats import BINARY_CLASSES
 from infra.outputs import atomic_target, write_atomic
 from infra.provenance import INTENDED_USE
-from models.decision import DEFAULT_THRESHOLD
+from models.decision import DEFAULT_THRESHOLD, NO_DESCRIPTION
 from models.errors import ModelError
 from models.names import CARD_FILE, MODEL_NAMES, TIMM_PREFIX, WEIGHTS_FILE, check_model_name, is_timm_name
 from models.preprocess import Preprocess
 from models.registry import create_model
+from models.shift import TISSUE_FILE, TissueDescription, TissueError, read_description
 
 CARD_FORMAT = "gastric-fl model card"
 CARD_VERSION = 1
@@ -341,6 +342,26 @@ class Bundle:
     folder: Path
     card: ModelCard
     model: nn.Module
+    # the hospital's description of its own tissue (models.shift), None for a bundle without one (`tissue_state`)
+    tissue: TissueDescription | None = None
+    tissue_note: str = ""  # why there is none, in words, when there is none
+
+
+def tissue_state(folder: Path, card: ModelCard) -> tuple[TissueDescription | None, str]:
+    """The bundle's tissue description (`models.shift`) and, when it has none or none for these weights, why, in
+    words (`models.decision.NO_DESCRIPTION` and the reason); never raises."""
+    try:
+        description = read_description(folder)
+    except TissueError as exc:
+        return None, f"{NO_DESCRIPTION} ({exc})"
+    if description is None:
+        return None, f"{NO_DESCRIPTION} (the bundle holds no {TISSUE_FILE}: exported by an older version)"
+    if card.round and description.round != card.round:
+        return None, (
+            f"{NO_DESCRIPTION} ({TISSUE_FILE} describes round {description.round}, the weights are of round "
+            f"{card.round}: the bundle is being rewritten; try again when it is done)"
+        )
+    return description, ""
 
 
 def write_bundle(folder: Path, card: ModelCard, state: dict[str, torch.Tensor] | None = None) -> Path:
@@ -527,4 +548,5 @@ def load_bundle(path: Path, device: torch.device | str = "cpu") -> Bundle:
     _check_finite(tensors, list(own), weights_path)
     model.load_state_dict(tensors)
     model.to(device).eval()
-    return Bundle(folder=folder, card=card, model=model)
+    tissue, note = tissue_state(folder, card)
+    return Bundle(folder=folder, card=card, model=model, tissue=tissue, tissue_note=note)

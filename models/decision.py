@@ -96,6 +96,56 @@ def slide_is_abnormal(score: float, threshold: float) -> bool:
     return bool(score >= threshold)
 
 
+# One set of words for a slide's call and its outcome (issue 47, parts 1, 3 and 4): predict's lines and
+# summary.csv, slides.csv, the Slide, Hospital and Verdict pages and the HTML report all say them through these.
+MISSED_CANCER = "MISSED CANCER"  # an annotated abnormal slide called normal
+FALSE_ALARM = "FALSE ALARM"  # an annotated normal slide called abnormal
+UNFAMILIAR_LIMIT = 0.5  # a slide with more than this share of unfamiliar tissue is reported UNFAMILIAR
+UNFAMILIAR_CALL = "UNFAMILIAR: unlike this hospital's slides; do not rely on the call"
+FOCUS_CALL = "normal, with a focus above the threshold: review"
+NO_DESCRIPTION = "no tissue description: cannot say whether a slide is unlike this hospital's"
+
+
+def outcome(truth: str, call: str) -> str:
+    """`MISSED_CANCER`, `FALSE_ALARM`, or empty (the call agrees with the annotation, or there is none)."""
+    if truth == "abnormal" and call == "normal":
+        return MISSED_CANCER
+    if truth == "normal" and call == "abnormal":
+        return FALSE_ALARM
+    return ""
+
+
+def has_focus(call: str, top_tile: float | None, threshold: float) -> bool:
+    """A slide called normal (its top-k mean below the threshold) that holds a tile at or above the threshold: a
+    small focus the top-k mean averaged away (part 4)."""
+    return call == "normal" and top_tile is not None and math.isfinite(top_tile) and top_tile >= threshold
+
+
+def is_unfamiliar(share: float | None, limit: float = UNFAMILIAR_LIMIT) -> bool:
+    """Whether a slide's unfamiliar share (`models.shift`; ``None``: no description) is above ``limit``."""
+    return share is not None and math.isfinite(share) and share > limit
+
+
+@dataclass(frozen=True)
+class Reported:
+    """How a slide's call is reported: the words, whether it asks for review, and why (flags)."""
+
+    words: str  # UNFAMILIAR_CALL, FOCUS_CALL, "abnormal" or "normal"
+    review: bool
+    unfamiliar: bool
+    focus: bool
+
+
+def reported_call(call: str, top_tile: float | None, threshold: float, unfamiliar_share: float | None) -> Reported:
+    """The words a slide's call is shown with, everywhere: a mostly unfamiliar slide is never a bare normal or
+    abnormal (`UNFAMILIAR_CALL`), a normal call holding a tile at or above the threshold is `FOCUS_CALL`; both ask
+    for review."""
+    unfamiliar = is_unfamiliar(unfamiliar_share)
+    focus = has_focus(call, top_tile, threshold)
+    words = UNFAMILIAR_CALL if unfamiliar else FOCUS_CALL if focus else call
+    return Reported(words=words, review=unfamiliar or focus, unfamiliar=unfamiliar, focus=focus)
+
+
 @dataclass(frozen=True)
 class Slides:
     """A hospital's test slides: key, truth (1 abnormal: any abnormal tile), score (top-k mean), tile count."""

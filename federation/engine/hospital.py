@@ -659,6 +659,10 @@ class Hospital:
             privacy=self._card_privacy(loaded),
         )
         replace_bundle(folder, card, folder / CHECKPOINT_DIR / f"round_{server_round:04d}.safetensors")
+        # the hospital's description of its own tissue (models.shift): written here, read by predict, never sent
+        from federation.engine.tissue import describe_tissue
+
+        describe_tissue(loaded.model, loaded.data, folder, server_round)
 
     def _card_privacy(self, loaded: _Loaded) -> dict[str, Any]:
         """What the model card says of the weights' DP guarantee (empty without ``[privacy]``)."""

@@ -1,0 +1,98 @@
+"""The statistics a tissue description (`models.shift`) is made of, read from a network as it scores tiles.
+
+A forward hook (PyTorch's ``register_forward_hook``) on one layer records, for each tile of a batch, three statistics of
+every channel of that layer's output over the tile's positions: mean, standard deviation, and the mean absolute
+difference between horizontally and vertically neighbouring positions (how fine the texture is). The layer is the
+network's first layer unit (`models.split_units`: MobileNetV3-Small's stem ``features.0``, ResNet's ``conv1``, a timm
+model's stem), where colour, contrast and the scale of the texture still show; why that layer is in `models.shift`.
+`LayerStatistics` lets the same forward pass that gives the tile probabilities give the statistics (``predict`` pays no
+second pass); `tile_statistics` stops each pass at the layer (the export describes a hospital's tiles without running
+the rest of the network).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch import nn
+
+from models.errors import ModelError
+from models.split import split_units
+
+
+class _Reached(Exception):
+    """Raised by the hook to end a forward pass once the layer has been read (`tile_statistics`)."""
+
+
+def description_layer(model: nn.Module) -> str:
+    """The module path of the network's first layer unit (for a unit of several modules, ``conv_stem+bn1``, its
+    last one)."""
+    name = split_units(model)[0][0].split("+")[-1]
+    if name not in dict(model.named_modules()):
+        raise ModelError(f"the first layer unit {name!r} is not a module of {type(model).__name__}")
+    return name
+
+
+def channel_statistics(output: torch.Tensor) -> torch.Tensor:
+    """``(B, C, H, W)`` activations -> ``(B, 3C)``: each channel's mean, standard deviation, then mean absolute
+    change between neighbouring positions (across and down, averaged), over the positions (float64)."""
+    maps = output.detach().double()
+    flat = maps.flatten(2)
+    across = (maps[:, :, :, 1:] - maps[:, :, :, :-1]).abs().flatten(2).mean(dim=2)
+    down = (maps[:, :, 1:, :] - maps[:, :, :-1, :]).abs().flatten(2).mean(dim=2)
+    return torch.cat([flat.mean(dim=2), flat.std(dim=2, unbiased=False), (across + down) / 2], dim=1)
+
+
+class LayerStatistics:
+    """Collects `channel_statistics` of ``layer`` for every forward pass while active (`capture`)."""
+
+    def __init__(self, model: nn.Module, layer: str, *, stop: bool = False) -> None:
+        modules = dict(model.named_modules())
+        if layer not in modules:
+            raise ModelError(f"layer {layer!r} is not a module of {type(model).__name__}")
+        self.module = modules[layer]
+        self.stop = stop
+        self.rows: list[npt.NDArray[np.float64]] = []
+
+    def _hook(self, module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
+        self.rows.append(channel_statistics(output).cpu().numpy())
+        if self.stop:
+            raise _Reached
+
+    @contextmanager
+    def capture(self) -> Iterator[LayerStatistics]:
+        """Record while the block runs; the hook is removed on leaving."""
+        handle = self.module.register_forward_hook(self._hook)
+        try:
+            yield self
+        finally:
+            handle.remove()
+
+    def take(self) -> npt.NDArray[np.float64]:
+        """Everything recorded so far, one row per tile, and forget it."""
+        out = np.concatenate(self.rows) if self.rows else np.empty((0, 0), dtype=np.float64)
+        self.rows = []
+        return out
+
+
+def tile_statistics(
+    model: nn.Module, layer: str, batches: Iterator[torch.Tensor] | list[torch.Tensor]
+) -> npt.NDArray[np.float64]:
+    """`channel_statistics` of ``layer`` for every tile of ``batches`` (normalised input tensors), the model in
+    eval mode, each pass stopped at the layer."""
+    stats = LayerStatistics(model, layer, stop=True)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode(), stats.capture():
+            for batch in batches:
+                with suppress(_Reached):
+                    model(batch)
+    finally:
+        model.train(was_training)
+    return stats.take()

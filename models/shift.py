@@ -1,0 +1,228 @@
+"""A hospital's description of its own tissue, and whether a tile is unlike it (issue 47, part 1).
+
+Torch-free (NumPy, safetensors' NumPy API; scikit-learn on first use), so the pages and the reports read it.
+
+**What is described.** Each tile passed through the hospital's model leaves, at one early layer (`features` names it:
+the network's first layer unit, MobileNetV3-Small's stem ``features.0``: convolution, BatchNorm, hard-swish), a vector
+of three statistics per channel of that layer's activations over the tile: mean, standard deviation and mean absolute
+change between neighbouring positions (a texture's fineness; 48 values for MobileNetV3-Small). The description is the
+Gaussian these vectors follow over the hospital's training and validation tiles: their mean ``mu`` and a Ledoit-Wolf
+shrinkage covariance ``Sigma`` (Ledoit and Wolf 2004, "A well-conditioned estimator for large-dimensional covariance
+matrices", as scikit-learn's ``sklearn.covariance.LedoitWolf`` computes it), kept as the precision ``Sigma^-1``.
+
+**The distance.** A tile's squared Mahalanobis distance ``D(z) = (z - mu)' Sigma^-1 (z - mu)`` (Lee et al. 2018,
+"A Simple Unified Framework for Detecting Out-of-Distribution Samples and Adversarial Attacks", Eq. 2; their
+confidence score is ``-D``). A tile is *unfamiliar* when ``D(z)`` exceeds the description's threshold.
+
+**Calibration.** The threshold is the ``quantile`` (default 0.98) of out-of-fold distances: the training and
+validation tiles are split by slide into ``folds`` groups, each group's distances are measured from a description
+fitted without it, and the threshold is their quantile; the description kept is then fitted on all the tiles. A
+threshold taken from distances of tiles the fit had seen would be too tight (every new slide of the hospital's
+own would look unfamiliar); grouping by slide measures how far a *new slide* of the same hospital lies, which is
+what a held-out slide is. So about ``1 - quantile`` of the hospital's own new tissue is marked unfamiliar by design.
+
+**Why this layer** (measured, benchmarks/results/shift_detection.md): on the quick start's models the final pooled
+features (before the classifier) and every later block marked only 2-30% of grey, re-stained or 2x magnified
+tiles unfamiliar (the network was trained to ignore colour and contrast, with stain augmentation), while the stem's
+channel statistics mark 94-100% of grey and re-stained tiles, with at most 2% of the hospital's own held-out tiles.
+Class-conditional means (Lee et al.'s tied covariance) changed no figure by more than 0.02, so the description
+keeps one mean. A slide at 2x magnification is only partly marked (about half its tiles): see the results page.
+
+**Where it lives.** ``tissue.safetensors`` (`TISSUE_FILE`) in the hospital's bundle folder, beside the weights:
+two float64 tensors (``mean``, ``precision``) and string metadata (layer, statistic, threshold, quantile, folds,
+tiles, slides, round). It is written by the hospital's own process (`federation.engine.hospital`) and read by
+``predict``, the Slide page and the HTML report; it never enters a message (the contract's messages carry no such
+field, and the boundary tests check every reply).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+from safetensors import SafetensorError
+from safetensors.numpy import load_file, save_file
+
+from infra.outputs import atomic_target
+from models.errors import ModelError
+
+TISSUE_FILE = "tissue.safetensors"
+TISSUE_FORMAT = "gastric-fl tissue description"
+TISSUE_VERSION = 1
+STATISTIC = "channel mean, standard deviation and neighbour change over the tile"
+DEFAULT_QUANTILE = 0.98
+DEFAULT_FOLDS = 5
+MIN_TILES = 8  # fewer tiles than this describe nothing
+
+
+class TissueError(ModelError):
+    """A tissue description that cannot be fitted or read: one line naming the file or the value."""
+
+
+@dataclass(frozen=True)
+class TissueDescription:
+    """A hospital's tissue (module docstring): where the statistics come from, their mean and precision, and the
+    distance above which a tile is unfamiliar."""
+
+    layer: str
+    mean: npt.NDArray[np.float64]
+    precision: npt.NDArray[np.float64]
+    threshold: float
+    quantile: float = DEFAULT_QUANTILE
+    folds: int = DEFAULT_FOLDS
+    tiles: int = 0
+    slides: int = 0
+    round: int = 0
+
+    def distances(self, features: npt.ArrayLike) -> npt.NDArray[np.float64]:
+        """Squared Mahalanobis distance of each row of ``features`` (Lee et al. 2018, Eq. 2)."""
+        return mahalanobis(np.asarray(features, dtype=np.float64), self.mean, self.precision)
+
+    def unfamiliar(self, features: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+        """Which tiles lie beyond the threshold."""
+        return self.distances(features) > self.threshold
+
+    def words(self) -> str:
+        """One line on the description, for a page or a report."""
+        return (
+            f"Mahalanobis distance on the {STATISTIC} at layer {self.layer}, fitted on {self.tiles} tiles of "
+            f"{self.slides} slides of this hospital; a tile is unfamiliar beyond the {self.quantile:.0%} point of "
+            f"its own new slides' distances ({self.threshold:.4g})"
+        )
+
+
+def mahalanobis(
+    features: npt.NDArray[np.float64], mean: npt.NDArray[np.float64], precision: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64]:
+    """``(z - mean)' precision (z - mean)`` for each row ``z``."""
+    centred = features - mean
+    return np.einsum("ij,jk,ik->i", centred, precision, centred)
+
+
+def _fit(features: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Mean and Ledoit-Wolf shrinkage precision (scikit-learn's ``LedoitWolf``)."""
+    from sklearn.covariance import LedoitWolf  # a second of import: only when a description is fitted
+
+    estimator = LedoitWolf(store_precision=True).fit(features)
+    return np.asarray(estimator.location_, dtype=np.float64), np.asarray(estimator.precision_, dtype=np.float64)
+
+
+def fold_of_slides(slides: Sequence[str], folds: int, seed: int = 0) -> npt.NDArray[np.int64]:
+    """Each tile's fold: its slide's, slides dealt in a seeded random order into ``folds`` groups (one slide per
+    group when there are fewer slides than ``folds``; a tile's own index modulo ``folds`` when they all come from
+    one slide)."""
+    names = sorted(set(slides))
+    if len(names) < 2:
+        return np.arange(len(slides), dtype=np.int64) % folds
+    order = np.random.default_rng(seed).permutation(len(names))
+    fold = {names[i]: k % folds for k, i in enumerate(order)}
+    return np.array([fold[s] for s in slides], dtype=np.int64)
+
+
+def fit_description(
+    features: npt.ArrayLike,
+    slides: Sequence[str],
+    layer: str,
+    *,
+    quantile: float = DEFAULT_QUANTILE,
+    folds: int = DEFAULT_FOLDS,
+    round: int = 0,
+) -> TissueDescription:
+    """Describe a hospital's tiles (``features``: one row per tile; ``slides``: each tile's slide) and calibrate the
+    threshold on out-of-fold distances (module docstring). `TissueError` for too few tiles or non-finite values."""
+    x = np.asarray(features, dtype=np.float64)
+    if x.ndim != 2 or x.shape[0] != len(slides):
+        raise TissueError(f"{x.shape} features for {len(slides)} slide names: one row per tile is needed")
+    if x.shape[0] < MIN_TILES:
+        raise TissueError(f"{x.shape[0]} tiles cannot describe a hospital's tissue (at least {MIN_TILES} needed)")
+    if not np.isfinite(x).all():
+        raise TissueError("the tiles' statistics hold NaN or infinite values: the model diverged")
+    if not (0.5 <= quantile < 1.0) or folds < 2:
+        raise TissueError(f"quantile must be in [0.5, 1) and folds at least 2, got {quantile} and {folds}")
+    fold = fold_of_slides(list(slides), folds)
+    held_out = np.empty(x.shape[0], dtype=np.float64)
+    for k in range(int(fold.max()) + 1):
+        mine = fold == k
+        if not mine.any():
+            continue
+        mean, precision = _fit(x[~mine])
+        held_out[mine] = mahalanobis(x[mine], mean, precision)
+    mean, precision = _fit(x)
+    return TissueDescription(
+        layer=layer,
+        mean=mean,
+        precision=precision,
+        threshold=float(np.quantile(held_out, quantile)),
+        quantile=quantile,
+        folds=folds,
+        tiles=int(x.shape[0]),
+        slides=len(set(slides)),
+        round=round,
+    )
+
+
+def write_description(folder: Path, description: TissueDescription) -> Path:
+    """Write ``folder/tissue.safetensors`` atomically (safetensors: tensors and string metadata, no pickle)."""
+    path = folder / TISSUE_FILE
+    metadata = {
+        "format": TISSUE_FORMAT,
+        "format_version": str(TISSUE_VERSION),
+        "layer": description.layer,
+        "statistic": STATISTIC,
+        "threshold": repr(float(description.threshold)),
+        "quantile": repr(float(description.quantile)),
+        "folds": str(description.folds),
+        "tiles": str(description.tiles),
+        "slides": str(description.slides),
+        "round": str(description.round),
+    }
+    tensors = {
+        "mean": np.ascontiguousarray(description.mean, dtype=np.float64),
+        "precision": np.ascontiguousarray(description.precision, dtype=np.float64),
+    }
+    with atomic_target(path) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
+    return path
+
+
+def read_description(folder: Path) -> TissueDescription | None:
+    """The description in a bundle folder; ``None`` when the bundle has none (an older export).
+
+    `TissueError` (one line naming the file) for a file that is damaged or of another format."""
+    path = folder / TISSUE_FILE
+    if not path.is_file():
+        return None
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="numpy") as handle:
+            metadata = handle.metadata() or {}
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise TissueError(f"{path} is not a readable safetensors file ({exc}); export the model again") from None
+    if metadata.get("format") != TISSUE_FORMAT or metadata.get("format_version") != str(TISSUE_VERSION):
+        raise TissueError(f"{path} is not a tissue description this version reads; export the model again")
+    try:
+        mean = np.asarray(tensors["mean"], dtype=np.float64)
+        precision = np.asarray(tensors["precision"], dtype=np.float64)
+        description = TissueDescription(
+            layer=metadata["layer"],
+            mean=mean,
+            precision=precision,
+            threshold=float(metadata["threshold"]),
+            quantile=float(metadata["quantile"]),
+            folds=int(metadata["folds"]),
+            tiles=int(metadata["tiles"]),
+            slides=int(metadata["slides"]),
+            round=int(metadata["round"]),
+        )
+    except (KeyError, ValueError) as exc:
+        raise TissueError(f"{path} lacks or garbles {exc}; export the model again") from None
+    finite = np.isfinite(mean).all() and np.isfinite(precision).all() and math.isfinite(description.threshold)
+    if mean.ndim != 1 or precision.shape != (mean.size, mean.size) or not finite or description.threshold <= 0:
+        raise TissueError(f"{path} holds impossible values; export the model again")
+    return description
