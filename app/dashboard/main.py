@@ -42,7 +42,7 @@ navigation = st.navigation(
 st.set_page_config(page_title=f"{navigation.title} · gastric-fl")
 
 with st.sidebar:
-    st.markdown("### :material/biotech: gastric-fl")
+    st.markdown("### gastric-fl")
     st.caption(
         "Federated learning for gastric cancer histopathology: each hospital keeps its slides and its model's "
         "head; only the shared layers travel (FedSAF)."

@@ -156,7 +156,7 @@ def pick_dataset(label: str = "Prepared dataset", key: str = "dataset_picker") -
 def intended_use(dataset: Path | None) -> None:
     """The line every result page carries: research use only, and synthetic slides when they are
     (`infra.provenance`)."""
-    st.caption(f":material/info: {provenance.intended_use(dataset)}")
+    st.caption(provenance.intended_use(dataset))
 
 
 def run_label(info: RunInfo) -> str:
@@ -322,7 +322,7 @@ def tile_image(path: Path, caption: str, alt: str) -> None:
         with Image.open(io.BytesIO(data)) as image:
             image.verify()
     except (OSError, UnidentifiedImageError, ValueError, SyntaxError):  # PIL raises SyntaxError for some bad files
-        st.caption(f":material/broken_image: cannot read {path.name}; {caption}")
+        st.caption(f"cannot read {path.name}; {caption}")
         return
     st.image(data, caption=caption, alt=alt, width="stretch")
 

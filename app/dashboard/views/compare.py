@@ -185,14 +185,14 @@ def launcher() -> None:
                 st.rerun()
 
 
-STATUS_TEXT = {
-    jobs.QUEUED: ":material/schedule: queued",
-    jobs.CANCELLED: ":material/block: cancelled",
-    "running": ":material/progress_activity: running",
-    "succeeded": ":material/check_circle: done",
-    "failed": ":material/error: failed",
-    "stopped": ":material/stop_circle: stopped",
-    "lost": ":material/help: ended (no exit code)",
+STATUS_TEXT = {  # words only: an icon's name in text is read aloud by a screen reader
+    jobs.QUEUED: "queued",
+    jobs.CANCELLED: "cancelled",
+    "running": "running",
+    "succeeded": "done",
+    "failed": "failed",
+    "stopped": "stopped",
+    "lost": "ended (no exit code)",
 }
 
 
@@ -206,7 +206,7 @@ def queue_panel() -> None:
         return
     statuses = [jobs.entry_status(jobs_dir, e) for e in entries]
     counts = {s: statuses.count(s) for s in dict.fromkeys(statuses)}
-    st.markdown("**Run queue** · " + " · ".join(f"{n} {STATUS_TEXT[s].split(' ', 1)[1]}" for s, n in counts.items()))
+    st.markdown("**Run queue** · " + " · ".join(f"{n} {STATUS_TEXT[s]}" for s, n in counts.items()))
     for entry, status in zip(entries, statuses, strict=True):
         left, middle, right = st.columns([6, 2, 1], vertical_alignment="center")
         left.markdown(entry.title)

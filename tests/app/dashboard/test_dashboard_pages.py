@@ -83,7 +83,7 @@ def test_federation_page_shows_the_aucs_of_metrics_jsonl(fixture_root: Fixture) 
 
 
 def test_federation_and_compare_speak_each_hospitals_verdict(fixture_root: Fixture) -> None:
-    from app.evaluation import VERDICT_NAMES, Floor
+    from app.evaluation import Floor, verdict_word
     from app.verdicts import judge_run
 
     floor = Floor(0.5, 1, 0.4)
@@ -91,7 +91,8 @@ def test_federation_and_compare_speak_each_hospitals_verdict(fixture_root: Fixtu
              "floor_specificity": 0.4}  # fmt: skip
     judged = judge_run(fixture_root.finished, floor).judgements
     assert len(judged) >= 2
-    expected = [VERDICT_NAMES[j.verdict.kind] for j in judged]
+    expected = [verdict_word(j.verdict.kind, floor) for j in judged]
+    assert all(word.endswith(" at floor 0.50 (below 0.90)") for word in expected)  # a lowered floor, said
     for page in ("federation", "compare"):
         at = open_page(page, state)
         if page == "compare":

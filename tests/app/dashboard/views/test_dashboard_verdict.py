@@ -336,3 +336,18 @@ def test_a_floor_below_the_default_is_marked_on_every_badge(verdict_root: Path) 
     page = report_html(verdict_root, 2, floor=Floor(0.7))
     assert "✔ PASS at floor 0.70 (below 0.90)</strong>" in page
     assert "✔ PASS</strong>" in report_html(verdict_root, 2, floor=Floor(0.9))
+
+
+@pytest.mark.parametrize("name", ["verdict", "hospital", "federation", "compare", "data"])
+def test_no_icon_name_is_in_the_pages_text(verdict_root: Path, name: str) -> None:
+    """Issue 47: an icon written into text (``:material/close: wrong``) reaches a screen reader as its name ("close
+    icon ... wrong"); icons stay in the icon= of alerts and buttons, where Streamlit hides them, and text is words.
+    The Hospital page's example tiles (unreadable here: their captions say so) and its verdicts included."""
+    at = open_page(name)
+    texts = [str(e.value) for kind in ("markdown", "caption") for e in at.get(kind)]
+    images = [str(c) for e in at.get("imgs") for c in getattr(e.proto, "imgs", [])]
+    assert texts
+    found = [t for t in texts + images if ":material/" in t]
+    assert not found, found
+    if name == "hospital":
+        assert any(t.startswith("cannot read ") for t in texts)  # the example tiles' caption, in words
