@@ -883,7 +883,10 @@ def judge(
     """One hospital's `Judgement` at its operating ``threshold`` against ``floor`` (`score_hospital` with the
     floor's sensitivity as the target, then `verdict`)."""
     score = score_hospital(client, rows, threshold, floor.sensitivity, floor.min_slides, val_rows, held_out)
-    return Judgement(score, verdict(score, floor), source, split, floor)
+    judged = verdict(score, floor)
+    if held_out is not None and held_out.flags_text():  # the slides reported UNFAMILIAR or with a focus, counted
+        judged = replace(judged, reason=judged.reason + held_out.flags_text())
+    return Judgement(score, judged, source, split, floor)
 
 
 # What decides a verdict comes first (a phone shows the first few columns beside the pinned hospital name).

@@ -27,9 +27,11 @@ from federation.errors import FederationError
 from federation.runfiles import SLIDES_FILE, hospital_files, hospital_index
 from infra.formats import BINARY_CLASSES
 from infra.outputs import write_atomic
-from models.decision import Slides, slide_is_abnormal
+from models.decision import FALSE_ALARM, MISSED_CANCER, Reported, Slides, outcome, reported_call, slide_is_abnormal
 
-COLUMNS: tuple[str, ...] = ("slide", "truth", "score", "call", "threshold", "tiles")
+COLUMNS: tuple[str, ...] = ("slide", "truth", "score", "call", "threshold", "tiles", "top_tile", "unfamiliar_share")
+# a slides.csv written before the tissue description and the focal flag (issue 47): read, with both unknown
+OLD_COLUMNS: tuple[str, ...] = COLUMNS[:6]
 
 
 class SlideCallsError(ValueError):
@@ -48,11 +50,24 @@ class SlideCall:
     call: str
     threshold: float
     tiles: int
+    top_tile: float | None = None  # the slide's highest tile probability (None: a file from before it was kept)
+    # share of its tiles unlike the hospital's tissue (models.shift); None: the bundle has no tissue description
+    unfamiliar_share: float | None = None
 
     @property
     def missed(self) -> bool:
         """Whether the call contradicts the annotation (a miss is never shown with a tick)."""
         return bool(self.truth) and self.call != self.truth
+
+    @property
+    def outcome(self) -> str:
+        """`models.decision.MISSED_CANCER`, `FALSE_ALARM` or empty: the words every page and report use."""
+        return outcome(self.truth, self.call)
+
+    @property
+    def reported(self) -> Reported:
+        """How the call is reported (`models.decision.reported_call`): UNFAMILIAR, a focus to review, or the call."""
+        return reported_call(self.call, self.top_tile, self.threshold, self.unfamiliar_share)
 
 
 def _csv(calls: Sequence[SlideCall]) -> bytes:
@@ -60,7 +75,18 @@ def _csv(calls: Sequence[SlideCall]) -> bytes:
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(COLUMNS)
     for c in calls:
-        writer.writerow([c.slide, c.truth, f"{c.score:.17g}", c.call, f"{c.threshold:.17g}", c.tiles])
+        writer.writerow(
+            [
+                c.slide,
+                c.truth,
+                f"{c.score:.17g}",
+                c.call,
+                f"{c.threshold:.17g}",
+                c.tiles,
+                "" if c.top_tile is None else f"{c.top_tile:.17g}",
+                "" if c.unfamiliar_share is None else f"{c.unfamiliar_share:.17g}",
+            ]
+        )
     return buffer.getvalue().encode("utf-8")
 
 
@@ -82,9 +108,13 @@ def read_slide_calls(path: Path) -> list[SlideCall]:
     except (OSError, UnicodeDecodeError) as exc:
         raise SlideCallsError(f"{path} cannot be read ({exc}); train or resume the run to write it again") from None
     reader = csv.DictReader(io.StringIO(text))
-    if tuple(reader.fieldnames or ()) != COLUMNS:
+    if tuple(reader.fieldnames or ()) not in (COLUMNS, OLD_COLUMNS):
         raise SlideCallsError(f"{path}: expected the columns {', '.join(COLUMNS)}; train or resume the run again")
     calls = []
+
+    def optional(value: str | None) -> float | None:
+        return None if value in (None, "") else float(value)
+
     for line, row in enumerate(reader, start=2):
         try:
             call = SlideCall(
@@ -94,6 +124,8 @@ def read_slide_calls(path: Path) -> list[SlideCall]:
                 call=str(row["call"]),
                 threshold=float(row["threshold"]),
                 tiles=int(row["tiles"]),
+                top_tile=optional(row.get("top_tile")),
+                unfamiliar_share=optional(row.get("unfamiliar_share")),
             )
         except (TypeError, ValueError):
             raise SlideCallsError(f"{path} line {line}: not a slide row; train or resume the run again") from None
@@ -106,6 +138,8 @@ def read_slide_calls(path: Path) -> list[SlideCall]:
             and 0.0 < call.threshold < 1.0
             and call.tiles > 0
             and call.call == ("abnormal" if slide_is_abnormal(call.score, call.threshold) else "normal")
+            and (call.top_tile is None or (math.isfinite(call.top_tile) and call.score <= call.top_tile <= 1.0))
+            and (call.unfamiliar_share is None or 0.0 <= call.unfamiliar_share <= 1.0)
         )
         if not sane:
             raise SlideCallsError(f"{path} line {line}: impossible values; train or resume the run again")
@@ -150,6 +184,10 @@ def slide_level(calls: Sequence[SlideCall]) -> dict[str, object]:
         "sensitivity": (len(abnormal) - missed) / len(abnormal) if abnormal else None,
         "specificity": (len(normal) - alarms) / len(normal) if normal else None,
         "auc": auc,
+        # reported UNFAMILIAR (do not rely on the call) and normal with a focus above the threshold (review)
+        "unfamiliar": sum(c.reported.unfamiliar for c in calls),
+        "focus": sum(c.reported.focus for c in calls),
+        "described": all(c.unfamiliar_share is not None for c in calls),
         "source": f"{SLIDES_FILE}: each whole test slide scored as gastric-fl predict scores it",
     }
 
@@ -225,6 +263,7 @@ def score_held_out(
             continue
         height, width = decoded.image.shape[:2]
         summary = summarise(tiles, bundle.card, bundle.card.threshold, SLIDE_TOP_K, (height, width))
+        share = summary["unfamiliar_share"]
         calls.append(
             SlideCall(
                 slide=listed.source,
@@ -233,6 +272,8 @@ def score_held_out(
                 call=str(summary["call"]),
                 threshold=float(summary["threshold"]),
                 tiles=int(summary["tiles"]),
+                top_tile=float(summary["max_probability"]),
+                unfamiliar_share=None if share is None else float(share),
             )
         )
     write_slide_calls(folder, calls)
@@ -253,6 +294,8 @@ def as_slides(calls: Sequence[SlideCall]) -> Slides | None:
         labels=np.array([int(c.truth == "abnormal") for c in known], dtype=np.int64),
         scores=np.array([c.score for c in known], dtype=np.float64),
         tiles=np.array([c.tiles for c in known], dtype=np.int64),
+        unfamiliar=tuple(c.slide for c in calls if c.reported.unfamiliar),
+        focus=tuple(c.slide for c in calls if c.reported.focus),
     )
 
 
@@ -268,8 +311,12 @@ def calls_line(hospital: int, calls: Sequence[SlideCall]) -> str:
         f"hospital {hospital}: {found} of {len(abnormal)} abnormal test slides called abnormal, {cleared} of "
         f"{len(normal)} normal called normal"
     )
-    text += f"; MISSED cancer: {', '.join(missed)}" if missed else ""
-    return text + (f"; false alarm: {', '.join(alarms)}" if alarms else "")
+    text += f"; {MISSED_CANCER}: {', '.join(missed)}" if missed else ""
+    text += f"; {FALSE_ALARM}: {', '.join(alarms)}" if alarms else ""
+    strange = [c.slide for c in calls if c.reported.unfamiliar]
+    focus = [c.slide for c in calls if c.reported.focus]
+    text += f"; UNFAMILIAR (do not rely on the call): {', '.join(strange)}" if strange else ""
+    return text + (f"; normal with a focus above the threshold (review): {', '.join(focus)}" if focus else "")
 
 
 def score_run(run: Path, dataset: Path | None = None, device: str = "cpu") -> list[str]:

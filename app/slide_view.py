@@ -53,6 +53,7 @@ from app.colour_scale import viridis_rgb
 from federation.runfiles import CardError, hospital_files, hospital_index, read_card_object
 from infra import outputs
 from infra.formats import PREPARE_RECORD, manifest_sha256
+from models.decision import FALSE_ALARM, MISSED_CANCER, outcome
 from models.names import CARD_FILE
 from pipeline.images import DEFAULT_MAX_PIXELS, UnreadableImageError, check_max_pixels, check_pixels
 
@@ -111,6 +112,9 @@ class ScoredSlide:
     scale: float
     width: int
     height: int
+    # per tile "familiar", "unfamiliar" (models.shift) or "" (the bundle has no tissue description); () for an entry
+    # scored before the column existed
+    tissue: tuple[str, ...] = ()
 
     @property
     def overlay(self) -> Path:
@@ -137,9 +141,9 @@ def call_mark(call: str, annotated: str | None) -> tuple[str, str]:
         return ":material/info:", "no annotation to check it against"
     if annotated == call:
         return ":material/check_circle:", f"agrees with the annotation ({annotated})"
-    if annotated == "abnormal":
-        return ":material/error:", "MISSED CANCER: the annotation marks abnormal tissue, the model calls it normal"
-    return ":material/warning:", "FALSE ALARM: the annotation marks no abnormal tissue, the model calls it abnormal"
+    if outcome(str(annotated), call) == MISSED_CANCER:
+        return ":material/error:", f"{MISSED_CANCER}: the annotation marks abnormal tissue, the model calls it normal"
+    return ":material/warning:", f"{FALSE_ALARM}: the annotation marks no abnormal tissue, the model calls it abnormal"
 
 
 def safe_name(text: str) -> str:
@@ -518,6 +522,7 @@ def load(entry: Path) -> ScoredSlide | None:
             scale=float(view["scale"]),
             width=int(view["width"]),
             height=int(view["height"]),
+            tissue=tuple(r.get("tissue", "") or "" for r in rows),
         )
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
         return None
@@ -593,6 +598,14 @@ def score(folder: Path, slide: Path, entry: Path, max_pixels: int = DEFAULT_MAX_
     probability = np.array([float(r["probability"]) for r in rows], dtype=np.float64)
     mean, covered = probability_map(xs, ys, int(summary["tile_size_px"]), probability, (height, width), scale)
     layers = _layers(decoded.image, decoded.cancer, mean, covered, scale, float(summary["threshold"]))
+    strange = np.array([r.get("tissue") == "unfamiliar" for r in rows], dtype=bool)
+    if strange.any():  # unfamiliar tissue hatched grey, predict's overlay's mark (inference.heatmap.hatch)
+        from inference.heatmap import coverage_maps, hatch
+
+        _, region = coverage_maps(xs, ys, int(summary["tile_size_px"]), strange, (height, width), scale)
+        stripes = hatch(np.zeros((*region.shape, 3), dtype=np.uint8), region)
+        alpha = np.where(stripes.any(axis=2), 255, 0).astype(np.uint8)
+        layers["unfamiliar.png"] = _png(np.ascontiguousarray(np.dstack([stripes, alpha])))
     for name, payload in layers.items():
         write_atomic(entry / "view" / name, payload)
     view = {

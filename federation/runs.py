@@ -59,7 +59,7 @@ from federation.runfiles import (  # the run files' names
 )
 from infra.outputs import OutputError, atomic_target, check_replaceable, owned_by, write_atomic, write_marker
 from infra.pids import same_process
-from models.names import CARD_FILE, WEIGHTS_FILE
+from models.names import CARD_FILE, TISSUE_FILE, WEIGHTS_FILE
 
 if TYPE_CHECKING:
     import torch
@@ -89,6 +89,7 @@ _HOSPITAL_FILES = (
     SLIDES_FILE,
     WEIGHTS_FILE,
     CARD_FILE,
+    TISSUE_FILE,
     REPORT_HTML,
     OUTBOUND_FILE,
     ACCOUNTANT_FILE,

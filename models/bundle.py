@@ -41,10 +41,10 @@ from infra.outputs import atomic_target, write_atomic
 from infra.provenance import INTENDED_USE
 from models.decision import DEFAULT_THRESHOLD, NO_DESCRIPTION
 from models.errors import ModelError
-from models.names import CARD_FILE, MODEL_NAMES, TIMM_PREFIX, WEIGHTS_FILE, check_model_name, is_timm_name
+from models.names import CARD_FILE, MODEL_NAMES, TIMM_PREFIX, TISSUE_FILE, WEIGHTS_FILE, check_model_name, is_timm_name
 from models.preprocess import Preprocess
 from models.registry import create_model
-from models.shift import TISSUE_FILE, TissueDescription, TissueError, read_description
+from models.shift import TissueDescription, TissueError, read_description
 
 CARD_FORMAT = "gastric-fl model card"
 CARD_VERSION = 1

@@ -155,6 +155,22 @@ class Slides:
     scores: npt.NDArray[np.float64]
     tiles: npt.NDArray[np.int64]
     k: int = SLIDE_TOP_K
+    # the held-out slides reported UNFAMILIAR and normal with a focus above the threshold (issue 47), by name
+    unfamiliar: tuple[str, ...] = ()
+    focus: tuple[str, ...] = ()
+
+    def flags_text(self) -> str:
+        """``"; of the test slides, 2 UNFAMILIAR (do not rely on their calls: a, b), 1 normal with a focus above the
+        threshold (review: c)"``, or empty when none is."""
+        parts = []
+        if self.unfamiliar:
+            parts.append(
+                f"{len(self.unfamiliar)} UNFAMILIAR (unlike this hospital's slides, do not rely on their calls: "
+                f"{', '.join(self.unfamiliar)})"
+            )
+        if self.focus:
+            parts.append(f"{len(self.focus)} normal with a focus above the threshold (review: {', '.join(self.focus)})")
+        return f" Of the test slides, {' and '.join(parts)}." if parts else ""
 
     def called(self, threshold: float) -> npt.NDArray[np.bool_]:
         """Which slides are called abnormal at ``threshold`` (`slide_is_abnormal`)."""

@@ -27,6 +27,7 @@ from models.errors import ModelError
 
 CARD_FILE = "model.json"  # a model bundle's card (models.bundle)
 WEIGHTS_FILE = "model.safetensors"  # and its weights
+TISSUE_FILE = "tissue.safetensors"  # and its hospital's description of its own tissue (models.shift; never sent)
 DEFAULT_MODEL = "mobilenet_v3_small"
 MODEL_NAMES: tuple[str, ...] = ("mobilenet_v3_small", "resnet18", "efficientnet_b0", "alexnet", "fedavg_cnn")
 TIMM_PREFIX = "timm/"

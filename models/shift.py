@@ -49,8 +49,8 @@ from safetensors.numpy import load_file, save_file
 
 from infra.outputs import atomic_target
 from models.errors import ModelError
+from models.names import TISSUE_FILE
 
-TISSUE_FILE = "tissue.safetensors"
 TISSUE_FORMAT = "gastric-fl tissue description"
 TISSUE_VERSION = 1
 STATISTIC = "channel mean, standard deviation and neighbour change over the tile"

@@ -37,7 +37,7 @@ from app.report_html.figures import _data_uri, _downscaled_png, _tile_png, colou
 from app.report_html.load import CLASS_NAMES, HospitalReport, _config_dataset, _json_file, load_hospital
 from infra.formats import MANIFEST_FILE
 from infra.provenance import intended_use
-from models.decision import interval_text, slide_of_tile, slide_stem
+from models.decision import NO_DESCRIPTION, interval_text, outcome, slide_of_tile, slide_stem
 
 if TYPE_CHECKING:
     from app.evaluation import Floor
@@ -209,6 +209,21 @@ def _verdict(m: dict[str, Any]) -> str:
     )
 
 
+def _outcome_words(label: int, called_abnormal: bool) -> str:
+    """`models.decision.MISSED_CANCER` or `FALSE_ALARM` (the words every page and ``predict`` use), or that the call
+    agrees with the annotation."""
+    truth, call = CLASS_NAMES[label], "abnormal" if called_abnormal else "normal"
+    return outcome(truth, call) or "agrees with the annotation"
+
+
+def _held_out_flags(rep: HospitalReport) -> str:
+    """The held-out slides reported UNFAMILIAR or normal with a focus above the threshold (`app.held_out`), or the
+    bundle's lack of a tissue description, as a note; empty when there is nothing to say."""
+    slides = rep.held_out
+    text = "" if slides is None else slides.flags_text().strip()
+    return f'<p class="note" data-metric="slide_flags">{_e(text)}</p>' if text else ""
+
+
 def _slide_table(rep: HospitalReport, m: dict[str, Any]) -> str:
     """Every test slide: its name (from prepare's tile names), truth, score (the mean of its k highest tile
     probabilities) and call at the threshold."""
@@ -224,7 +239,7 @@ def _slide_table(rep: HospitalReport, m: dict[str, Any]) -> str:
     rows = "".join(
         f'<tr><td>{_e(names.get(key, key))}</td><td>{CLASS_NAMES[int(label)]}</td><td class="num">{int(tiles)}</td>'
         f'<td class="num">{score:.3f}</td><td>{"abnormal" if call else "normal"}</td>'
-        f"<td>{'right' if bool(call) == bool(label) else 'WRONG'}</td></tr>"
+        f"<td>{_e(_outcome_words(int(label), bool(call)))}</td></tr>"
         for key, label, tiles, score, call in zip(
             slides.keys, slides.labels, slides.tiles, slides.scores, called, strict=True
         )
@@ -375,8 +390,17 @@ def _heatmaps(rep: HospitalReport) -> str:
         name = Path(str(s.get("file") or s.get("slide"))).name if test else slide_view.slide_name(scored)
         kind = "test slide" if test else "UPLOADED, not one of the hospital's test slides"
         threshold = float(s.get("threshold", rep.threshold))
+        share = s.get("unfamiliar_share")
+        said = outcome(str(s.get("truth") or ""), str(s.get("call") or ""))
         figures = [
-            f"called {s.get('call', 'unknown')} at threshold {threshold:.2f} ({s.get('threshold_source') or 'card'})",
+            f"called {s.get('call', 'unknown')} at threshold {threshold:.2f} ({s.get('threshold_source') or 'card'})"
+            + (f", reported as {s['reported']}" if s.get("reported") not in (None, s.get("call")) else "")
+            + (f": {said}" if said else ""),
+            (
+                str(s.get("tissue") or NO_DESCRIPTION)
+                if share is None
+                else f"{100 * float(share):.0f}% of the tiles unlike this hospital's tissue (unfamiliar, hatched grey)"
+            ),
             f"{s.get('tiles')} tiles",
             f"max P(abnormal) {_fmt(s.get('max_probability'), 3)}",
             f"mean of the {s.get('top_k')} highest tile probabilities {_fmt(s.get('top_k_mean'), 3)}",
@@ -529,6 +553,7 @@ def render(rep: HospitalReport, floor: Floor | None = None) -> str:
     parts.append(_examples(rep, dataset))
     parts.append('<h2 id="slides">Slides</h2>')
     parts.append(_slide_table(rep, m))
+    parts.append(_held_out_flags(rep))
     parts.append(_heatmaps(rep))
     parts.append('<h2 id="shortcut">Could a model score well here without looking at tissue?</h2>')
     parts.append(_shortcut(dataset))

@@ -44,7 +44,7 @@ def describe_tissue(model: nn.Module, data: HospitalData, folder: Path, server_r
     try:
         description = fit_description(features, slides, layer, round=server_round)
     except TissueError:
-        from models.shift import TISSUE_FILE
+        from models.names import TISSUE_FILE
 
         (folder / TISSUE_FILE).unlink(missing_ok=True)
         return None

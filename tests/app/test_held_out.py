@@ -75,12 +75,12 @@ def test_recall_rewrites_the_calls_at_a_new_threshold_from_the_stored_scores(tmp
     ]
     assert read_slide_calls(tmp_path / SLIDES_FILE) == again
     assert recall(tmp_path / "absent", 0.3) is None
-    assert calls_line(1, [SlideCall("n.png", "normal", 0.7, "abnormal", 0.5, 4)]).endswith("false alarm: n.png")
+    assert calls_line(1, [SlideCall("n.png", "normal", 0.7, "abnormal", 0.5, 4)]).endswith("FALSE ALARM: n.png")
     # a miss is named as one, never ticked
     assert calls[1].missed
     assert not calls[0].missed
     assert calls_line(0, calls) == (
-        "hospital 0: 1 of 2 abnormal test slides called abnormal, 1 of 1 normal called normal; MISSED cancer: b.png"
+        "hospital 0: 1 of 2 abnormal test slides called abnormal, 1 of 1 normal called normal; MISSED CANCER: b.png"
     )
 
 

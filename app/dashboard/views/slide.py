@@ -36,6 +36,7 @@ from app.dashboard import ui
 from app.datasets import hospital_label
 from app.run_records import RunInfo
 from federation.runfiles import METRICS_FILE, PREDICTIONS_FILE, SLIDES_FILE
+from models.decision import NO_DESCRIPTION, UNFAMILIAR_LIMIT
 from models.names import CARD_FILE
 from pipeline.errors import PipelineError
 
@@ -104,7 +105,7 @@ def _figure(scored: slide_view.ScoredSlide, opacity: float, picked: int) -> go.F
     """Slide, heatmap (at ``opacity``) and outline as image layers in slide pixels, tiles as clickable points."""
     step = 1.0 / scored.scale
     fig = go.Figure()
-    for name in ("slide", "heat", "outline"):
+    for name in ("slide", "heat", "unfamiliar", "outline"):  # unfamiliar: tissue unlike the hospital's, hatched
         layer = scored.layer(name)
         if layer is None:
             continue
@@ -222,6 +223,24 @@ def _prepared_tiles(folder: Path, source: str, threshold: float) -> Any:
     return evaluation.operating_point(mine["label"].to_numpy(dtype=int), mine["prob_abnormal"].to_numpy(), threshold)
 
 
+def _tissue(s: dict[str, Any]) -> None:
+    """The slide's unfamiliar share (`models.shift`), or why the bundle cannot say."""
+    share = s.get("unfamiliar_share")
+    if share is None:
+        st.caption(str(s.get("tissue") or NO_DESCRIPTION) + ".")
+        return
+    limit = float(s.get("unfamiliar_limit") or UNFAMILIAR_LIMIT)
+    text = (
+        f"Unfamiliar tissue: {share:.0%} of the tiles ({s.get('unfamiliar_tiles')} of {s['tiles']}) are unlike this "
+        f"hospital's training tissue, hatched grey on the heatmap; above {limit:.0%} the slide is reported "
+        "UNFAMILIAR."
+    )
+    if s.get("unfamiliar"):
+        st.warning(text, icon=":material/help:")
+    else:
+        st.caption(text)
+
+
 def _summary(
     scored: slide_view.ScoredSlide, label: str | None = None, coverage: float = 0.5, prepared: Any = None
 ) -> None:
@@ -244,8 +263,14 @@ def _summary(
         icon, words = slide_view.call_mark(str(call), annotated)
         if icon in (":material/error:", ":material/warning:"):
             words = f"**{words}**"  # a miss or a false alarm, never shown with a tick
+        reported = str(s.get("reported") or call)
+        if s.get("unfamiliar"):  # never a bare normal or abnormal (issue 47)
+            mark = f":gray-background[**{reported}**] (the model said {call})"
+        elif s.get("focus"):
+            mark = f":orange-background[**{reported}**]"
         st.markdown(f"{icon} Slide call: {mark} at threshold {threshold:.2f} ({source}) · {words}.")
         st.caption(f"The rule: {rule}.")
+        _tissue(s)
     k = s["top_k"]
     figures = [
         (

@@ -362,8 +362,10 @@ def test_a_black_upload_is_scored_with_a_warning_naming_it(data: TrainedRoot) ->
     at = _upload(open_page("slide", timeout=TIMEOUT_S), "night scan.png", black)
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
-    (warning,) = [str(w.value) for w in at.warning]
+    warning, strange = [str(w.value) for w in at.warning]
     assert warning.startswith("night scan.png: the slide is black (every pixel <= 10)"), warning
+    # a black scan is nothing like the hospital's tissue (issue 47): every tile unfamiliar, said beside the warning
+    assert strange.startswith("Unfamiliar tissue: 100% of the tiles"), strange
     _no_cache_path(warning, data)
     assert _metric(at, "Tiles scored") == "16"
 
@@ -483,7 +485,8 @@ def test_a_missed_abnormal_slide_is_marked_as_a_miss_never_a_tick(data: TrainedR
     assert 0.02 < score < 1.0
     at = _rescore_at(data, source, (score + 1.0) / 2)
     line = _slide_call(at)
-    assert ":blue-background[**normal**]" in line  # called normal...
+    # called normal... (with a tile above the threshold, as a focus to review: issue 47, part 4)
+    assert ":orange-background[**normal, with a focus above the threshold: review**]" in line
     assert line.startswith(":material/error: Slide call:"), line
     assert "**MISSED CANCER: the annotation marks abnormal tissue, the model calls it normal**" in line
     shown = " ".join(str(m.value) for m in at.markdown)
