@@ -120,7 +120,7 @@ def register(app: typer.Typer) -> None:
 def _verdict_lines(folder: Path, card: ModelCard, floor: Floor, override: float | None) -> list[str]:
     """The bundle's hospital's verdict at its card's threshold against ``floor`` when its folder holds the
     hospital's test predictions (`app.verdicts.judge_folder`: what the Verdict page says), or why not."""
-    from app.evaluation import VERDICT_NAMES
+    from app.evaluation import verdict_word
     from app.run_records import CardThreshold
     from app.verdicts import judge_folder
 
@@ -135,7 +135,7 @@ def _verdict_lines(folder: Path, card: ModelCard, floor: Floor, override: float 
         return lines
     lines.append(
         f"verdict of hospital {card.client}'s model at its threshold {judged.threshold:.2f}: "
-        f"{VERDICT_NAMES[judged.verdict.kind]}, {judged.verdict.reason} (against the floor: {floor.words})"
+        f"{verdict_word(judged.verdict.kind, floor)}, {judged.verdict.reason} (against the floor: {floor.words})"
     )
     if override is not None and abs(override - card.threshold) > 1e-12:
         lines.append(f"note: the slides above were called at --threshold {override:.2f}, not at the card's threshold")

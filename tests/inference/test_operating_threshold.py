@@ -140,8 +140,9 @@ def test_predict_prints_the_intended_use_and_the_verdict_against_the_floor_it_is
         judged = judge_run(run, floor).of(0)  # what the Verdict page says with that floor
         assert judged is not None
         verdict = [line for line in lines if line.startswith("verdict of hospital 0's model")]
+        lowered = " at floor 0.50 (below 0.90)" if floor.sensitivity < 0.9 else ""  # a lowered floor, said
         assert verdict == [
-            f"verdict of hospital 0's model at its threshold 0.50: {judged.verdict.kind.upper()}, "
+            f"verdict of hospital 0's model at its threshold 0.50: {judged.verdict.kind.upper()}{lowered}, "
             f"{judged.verdict.reason} (against the floor: {floor.words})"
         ]
     # a bundle copied out of its run has no test predictions beside it: said, not judged
