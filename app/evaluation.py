@@ -479,6 +479,8 @@ class Consequences:
             tiles += (
                 f", specificity {point.specificity:.2f} ({point.fp} of {point.normal} normal tiles called abnormal)"
             )
+            if point.specificity < WARN_RATE:
+                tiles += ": it calls most normal tissue abnormal"
         if self.abnormal_slides is None or self.normal_slides is None:
             return tiles
         if self.missed:

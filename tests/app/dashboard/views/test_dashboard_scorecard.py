@@ -425,3 +425,16 @@ def test_a_threshold_chosen_on_validation_is_judged_on_test() -> None:
     fallback = evaluation.chosen_target(labels, probs, 0.5, normal_only)
     assert isinstance(fallback, evaluation.TargetThreshold)
     assert fallback.split == "test"
+
+
+def test_a_threshold_that_flags_most_normal_tissue_says_so() -> None:
+    """A proposal reaching the floor by calling almost everything abnormal is not offered as if it were useful."""
+    labels = [1] * 4 + [0] * 5
+    probs = [0.9, 0.8, 0.7, 0.6, 0.65, 0.7, 0.2, 0.75, 0.62]
+    low = evaluation.consequences(evaluation.operating_point(labels, probs, 0.6))
+    assert low.words == (
+        "sensitivity 1.00 (4 of 4 abnormal tiles), specificity 0.20 (4 of 5 normal tiles called abnormal): it calls "
+        "most normal tissue abnormal"
+    )
+    high = evaluation.consequences(evaluation.operating_point(labels, probs, 0.8))
+    assert "most normal tissue" not in high.words  # specificity 1.00
