@@ -189,3 +189,38 @@ def set_of(images: Path) -> ImageSet:
     if labels is None:
         raise IdxError(f"{images}: no labels file {name}-labels-idx1-ubyte[.gz] beside it; add it or remove {images}")
     return ImageSet(name=name, images=images, labels=labels)
+
+
+def idx_bytes(array: npt.NDArray[np.generic]) -> bytes:
+    """``array`` as an (uncompressed) IDX file: the inverse of `parse_idx` (module docstring's layout)."""
+    codes = {np.dtype(v).newbyteorder("="): k for k, v in _TYPES.items()}
+    native = np.dtype(array.dtype).newbyteorder("=")
+    if native not in codes or array.ndim < 1 or array.ndim > 255:
+        raise IdxError(f"an IDX file cannot hold {array.dtype} of {array.ndim} dimension(s)")
+    header = bytes([0, 0, codes[native], array.ndim]) + np.asarray(array.shape, dtype=">u4").tobytes()
+    return header + np.ascontiguousarray(array, dtype=np.dtype(_TYPES[codes[native]])).tobytes()
+
+
+def write_subset(source: Path, out: Path, counts: dict[str, int]) -> list[ImageSet]:
+    """The first ``counts[name]`` images (and labels) of each image set of ``source`` written uncompressed to ``out``
+    (a new folder), as a smaller IDX dataset in the same merge order; ``source`` is only read."""
+    sets = image_sets(source)
+    unknown = sorted(set(counts) - {s.name for s in sets})
+    if unknown:
+        raise IdxError(f"{source} has no image set {unknown[0]!r}; its sets are {', '.join(s.name for s in sets)}")
+    out.mkdir(parents=True, exist_ok=False)
+    written = []
+    for image_set in sets:
+        images, labels = load_set(image_set)
+        n = counts.get(image_set.name, len(labels))
+        if not 0 < n <= len(labels):
+            raise IdxError(f"{image_set.name}: {n} images asked for, it holds {len(labels)}; ask for 1..{len(labels)}")
+        pair = ImageSet(
+            image_set.name,
+            out / f"{image_set.name}-images-idx3-ubyte",
+            out / f"{image_set.name}-labels-idx1-ubyte",
+        )
+        pair.images.write_bytes(idx_bytes(images[:n]))
+        pair.labels.write_bytes(idx_bytes(labels[:n]))
+        written.append(pair)
+    return written

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import csv
 import json
-import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
 from support.cli import run_cli
 
-from pipeline.idx import FASHION_MNIST_DIR, image_sets, load_set
+from pipeline.idx import FASHION_MNIST_DIR, write_subset
 
 CLASSES = [str(c) for c in range(10)]
 
@@ -25,12 +24,7 @@ CLASSES = [str(c) for c in range(10)]
 def _subset(out: Path) -> Path:
     if not FASHION_MNIST_DIR.is_dir():
         pytest.fail(f"{FASHION_MNIST_DIR} is missing: install Debian's package dataset-fashion-mnist (scripts/test.sh)")
-    out.mkdir(parents=True)
-    for image_set, count in zip(image_sets(FASHION_MNIST_DIR), (400, 100), strict=True):
-        images, labels = load_set(image_set)
-        for kind, array in (("images-idx3", images[:count]), ("labels-idx1", labels[:count])):
-            header = bytes([0, 0, 8, array.ndim]) + b"".join(struct.pack(">I", n) for n in array.shape)
-            (out / f"{image_set.name}-{kind}-ubyte").write_bytes(header + array.tobytes())
+    write_subset(FASHION_MNIST_DIR, out, {"train": 400, "t10k": 100})
     return out
 
 

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from support.cli import run_cli
 
-from pipeline.idx import FASHION_MNIST_DIR, IdxError, image_sets, load_set, parse_idx, read_idx
+from pipeline.idx import FASHION_MNIST_DIR, IdxError, image_sets, load_set, parse_idx, read_idx, write_subset
+from pipeline.idx import idx_bytes as written_idx
 
 
 def idx_bytes(array: np.ndarray, code: int = 0x08) -> bytes:
@@ -72,6 +73,27 @@ def test_truncated_corrupt_missing_and_unpaired_files_are_refused_by_name(tmp_pa
     write_set(tmp_path / "mismatch", "m", np.zeros((3, 8, 8)), np.zeros(2))
     with pytest.raises(IdxError, match="2 labels for the 3 images"):
         load_set(image_sets(tmp_path / "mismatch")[0])
+
+
+def test_the_writer_is_the_readers_inverse_and_a_subset_keeps_the_first_images(tmp_path: Path) -> None:
+    values = np.array([[-2, 258, 7]], dtype=np.int16)
+    assert written_idx(values) == idx_bytes(values, code=0x0B)  # the format's bytes, written by hand above
+    assert parse_idx(written_idx(values), "w").tolist() == [[-2, 258, 7]]
+    rng = np.random.default_rng(5)
+    train, t10k = rng.integers(0, 256, (9, 8, 8)), rng.integers(0, 256, (4, 8, 8))
+    write_set(tmp_path / "full", "train", train, np.arange(9) % 3)
+    write_set(tmp_path / "full", "t10k", t10k, np.array([2, 1, 0, 2]))
+    write_subset(tmp_path / "full", tmp_path / "sub", {"train": 5, "t10k": 2})
+    (first, second) = image_sets(tmp_path / "sub")
+    assert [s.name for s in (first, second)] == ["train", "t10k"]
+    assert np.array_equal(load_set(first)[0], train[:5])
+    assert load_set(first)[1].tolist() == [0, 1, 2, 0, 1]
+    assert np.array_equal(load_set(second)[0], t10k[:2])
+    assert load_set(second)[1].tolist() == [2, 1]
+    with pytest.raises(IdxError, match="has no image set 'test'; its sets are train, t10k"):
+        write_subset(tmp_path / "full", tmp_path / "other", {"test": 1})
+    with pytest.raises(IdxError, match="t10k: 5 images asked for, it holds 4"):
+        write_subset(tmp_path / "full", tmp_path / "other2", {"t10k": 5})
 
 
 def test_prepare_without_the_files_exits_2_with_one_line_naming_path_and_package(
