@@ -99,6 +99,9 @@ def register(app: typer.Typer) -> None:
                     ray=ray,
                 )
             except (KeyboardInterrupt, RunStopped) as exc:
+                import signal
+
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # already stopping: a second Ctrl-C has nothing to cut
                 typer.echo(f"{stopped_words(exc)}; run the same command again to continue", err=True)
                 raise typer.Exit(130) from exc
         # --tables-only rebuilds tables, also in a published copy that holds no weights: no per-run reports then.

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import signal
 import socket
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -36,11 +37,24 @@ from infra.processes import plain_main
 TrainFn = Callable[..., Mapping[str, Any]]
 Submit = Callable[[TrainFn, Any, Path, bool], "Future[None]"]
 CANCEL_WAIT_S = 120.0  # how long an interrupted grid waits for its Ray cells to checkpoint and stop
+# in a worker process of `process_cells`: the grid's stop event, set when the grid is interrupted (None elsewhere)
+_stop: Any = None
 
 
 def train_cell(train_fn: TrainFn, config: Any, run_dir: Path, resume: bool) -> None:
-    """One cell where it runs (a worker process or a Ray task): no per-round bars, several cells write at once."""
-    train_fn(config, run_dir, resume=resume, overwrite=not resume, progress=False)
+    """One cell where it runs (a worker process or a Ray task): no per-round bars, several cells write at once.
+
+    In a worker process Ctrl-C interrupts the cell only while it trains (the engine then checkpoints it and stops);
+    a cell that reaches a worker after the grid was interrupted is not started (it stays pending)."""
+    if _stop is None:  # a Ray task: Ray cancels it with its own KeyboardInterrupt
+        train_fn(config, run_dir, resume=resume, overwrite=not resume, progress=False)
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        if not _stop.is_set():
+            train_fn(config, run_dir, resume=resume, overwrite=not resume, progress=False)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def visible_gpus(on_gpu: bool) -> list[str]:
@@ -52,8 +66,13 @@ def visible_gpus(on_gpu: bool) -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
 
 
-def _worker_start(gpus: Sequence[str]) -> None:
-    """A worker process's start: with several GPUs, it sees one of them alone (worker k: GPU k mod n)."""
+def _worker_start(gpus: Sequence[str], stop: Any) -> None:
+    """A worker process's start: with several GPUs, it sees one of them alone (worker k: GPU k mod n). Idle or
+    loading a cell's code it ignores Ctrl-C, which reaches the whole process group: the grid stops it (`train_cell`),
+    and no worker prints a traceback of the import it was in."""
+    global _stop
+    _stop = stop
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     identity = multiprocessing.current_process()._identity
     if len(gpus) > 1 and identity:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus[(identity[0] - 1) % len(gpus)]
@@ -64,13 +83,27 @@ def process_cells(workers: int, on_gpu: bool) -> Iterator[tuple[Submit, str]]:
     """Cells in ``workers`` spawned processes on this machine (module docstring)."""
     context = multiprocessing.get_context("spawn")
     gpus = visible_gpus(on_gpu)
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_start, initargs=(gpus,)) as pool:
+    stop = context.Event()
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_start, initargs=(gpus, stop))
 
-        def submit(train_fn: TrainFn, config: Any, run_dir: Path, resume: bool) -> Future[None]:
-            with plain_main():  # a worker starts as a cell is submitted
-                return pool.submit(train_cell, train_fn, config, run_dir, resume)
+    def submit(train_fn: TrainFn, config: Any, run_dir: Path, resume: bool) -> Future[None]:
+        with plain_main():  # a worker starts as a cell is submitted
+            return pool.submit(train_cell, train_fn, config, run_dir, resume)
 
+    try:
         yield submit, f"{workers} worker processes"
+    except BaseException:
+        # Interrupted: the cells training got the same Ctrl-C and checkpoint; those not started stay pending. A
+        # second Ctrl-C while waiting for them ends the workers at once (each cell resumes from its last checkpoint)
+        stop.set()
+        try:
+            pool.shutdown(wait=True, cancel_futures=True)
+        except KeyboardInterrupt:
+            for child in multiprocessing.active_children():
+                child.terminate()
+            pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
 
 
 def _reachable(address: str) -> None:

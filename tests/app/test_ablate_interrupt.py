@@ -3,6 +3,7 @@ printed "()"; a run stopped inside the grid is named by its own first clause, wi
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,9 @@ def test_ctrl_c_during_ablate_prints_one_line_without_empty_parentheses(
         raise KeyboardInterrupt  # what Ctrl-C raises: no message at all
 
     monkeypatch.setattr("federation.ablation.run_plan", interrupted)
+    before = signal.getsignal(signal.SIGINT)
+    calls: list[tuple[int, object]] = []
+    monkeypatch.setattr(signal, "signal", lambda sig, handler: calls.append((sig, handler)))
     code = run_cli(
         monkeypatch, "ablate", "--config", "configs/demo.toml", "--grid", "nhead=0", "--data", str(dataset),
         "--out", str(tmp_path / "abl"), "-q",
@@ -26,6 +30,9 @@ def test_ctrl_c_during_ablate_prints_one_line_without_empty_parentheses(
     assert code == 130
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["stopped by Ctrl-C; run the same command again to continue"]
+    # already stopping: a second Ctrl-C is ignored while the line is printed and the command exits
+    assert calls == [(signal.SIGINT, signal.SIG_IGN)]
+    assert signal.getsignal(signal.SIGINT) is before  # (recorded, not applied to the test process)
 
 
 def test_a_run_stopped_inside_the_grid_keeps_its_first_clause_only() -> None:
