@@ -40,12 +40,15 @@ def description_layer(model: nn.Module) -> str:
 
 def channel_statistics(output: torch.Tensor) -> torch.Tensor:
     """``(B, C, H, W)`` activations -> ``(B, 3C)``: each channel's mean, standard deviation, then mean absolute
-    change between neighbouring positions (across and down, averaged), over the positions (float64)."""
-    maps = output.detach().double()
-    flat = maps.flatten(2)
-    across = (maps[:, :, :, 1:] - maps[:, :, :, :-1]).abs().flatten(2).mean(dim=2)
-    down = (maps[:, :, 1:, :] - maps[:, :, :-1, :]).abs().flatten(2).mean(dim=2)
-    return torch.cat([flat.mean(dim=2), flat.std(dim=2, unbiased=False), (across + down) / 2], dim=1)
+    change between neighbouring positions (across and down, averaged), over the positions (computed in float32,
+    returned as float64). Pooled features (``(B, C)`` or one position) are returned as they are (``(B, C)``)."""
+    maps = output.detach().float()
+    if maps.dim() == 2 or maps[0, 0].numel() == 1:  # already pooled (B, C) or (B, C, 1, 1): the values themselves
+        return maps.flatten(1).double()
+    across = (maps[:, :, :, 1:] - maps[:, :, :, :-1]).abs().mean(dim=(2, 3))
+    down = (maps[:, :, 1:, :] - maps[:, :, :-1, :]).abs().mean(dim=(2, 3))
+    std, mean = torch.std_mean(maps, dim=(2, 3), correction=0)
+    return torch.cat([mean, std, (across + down) / 2], dim=1).double()
 
 
 class LayerStatistics:
