@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import cv2
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from app import colour_scale, slide_view
@@ -13,6 +14,14 @@ from app.report_html.figures import bar_strip
 from inference.heatmap import render_overlay
 
 THRESHOLD = 0.5
+
+
+def _png(data: bytes) -> npt.NDArray[np.uint8]:
+    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    assert image is not None
+    return np.asarray(image, dtype=np.uint8)
+
+
 PROBABILITIES = (0.5, 0.6, 0.8, 0.97)  # a tile at 0.6 is the case: the rescaled bar read it as 0.8
 
 
@@ -25,7 +34,9 @@ def _bar_colour(p: float) -> tuple[int, int, int]:
 
 def _plotly_colour(p: float) -> str:
     scale = colour_scale.plotly_scale(THRESHOLD)
-    (colour,) = [c for stop, c in scale if np.isclose(float(stop), round(p * 255) / 255) and c != "rgb(225,225,225)"]
+    (colour,) = [
+        c for stop, c in scale if np.isclose(float(str(stop)), round(p * 255) / 255) and c != "rgb(225,225,225)"
+    ]
     return str(colour)
 
 
@@ -48,9 +59,7 @@ def test_the_reports_bar_and_predicts_overlay_give_a_tile_the_same_colour(p: flo
 def test_the_dashboards_bar_and_heat_layer_give_a_tile_the_same_colour(p: float) -> None:
     mean = np.full((8, 8), p)
     layers = slide_view._layers(np.zeros((8, 8, 3), np.uint8), None, mean, np.ones((8, 8), bool), 1.0, THRESHOLD)
-    heat = cv2.cvtColor(
-        cv2.imdecode(np.frombuffer(layers["heat.png"], np.uint8), cv2.IMREAD_UNCHANGED), cv2.COLOR_BGRA2RGBA
-    )
+    heat = cv2.cvtColor(_png(layers["heat.png"]), cv2.COLOR_BGRA2RGBA)
     r, g, b, alpha = (int(v) for v in heat[4, 4])
     assert alpha == 255  # at or above the threshold: coloured
     assert _plotly_colour(p) == f"rgb({r},{g},{b})" == "rgb({},{},{})".format(*_bar_colour(p))
@@ -67,5 +76,5 @@ def test_below_the_threshold_the_bar_is_grey_and_the_caption_names_the_colour_it
     assert colour_scale.words(0.1).startswith("viridis of P itself, as on the bar: dark purple at the threshold 0.10")
     mean = np.full((4, 4), 0.3)
     layers = slide_view._layers(np.zeros((4, 4, 3), np.uint8), None, mean, np.ones((4, 4), bool), 1.0, THRESHOLD)
-    heat = cv2.imdecode(np.frombuffer(layers["heat.png"], np.uint8), cv2.IMREAD_UNCHANGED)
+    heat = _png(layers["heat.png"])
     assert int(heat[2, 2, 3]) == 0  # below the threshold: uncoloured

@@ -12,7 +12,7 @@ import pytest
 from support.cli import run_cli
 from support.slides import TinyRun
 
-from app.evaluation import bounded_threshold, slides_of_tiles
+from app.evaluation import TargetThreshold, bounded_threshold, slides_of_tiles
 from app.run_records import read_prediction_file
 from inference.predict import slide_calls_line
 from models.bundle import BundleError, read_card, set_threshold
@@ -63,7 +63,7 @@ def test_threshold_from_the_floor_is_saved_and_used_by_predict(
     expected = bounded_threshold(
         frame["label"].to_numpy(), frame["prob_abnormal"].to_numpy(), 0.9, slides_of_tiles(frame["path"].to_numpy())
     )
-    assert expected is not None
+    assert isinstance(expected, TargetThreshold)
     card = read_card(folder)
     assert card.threshold == pytest.approx(expected.threshold) == 0.2
     assert card.threshold_source.startswith("reaches sensitivity 0.90 on round 1's validation split")

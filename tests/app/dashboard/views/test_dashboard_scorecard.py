@@ -375,6 +375,7 @@ def test_the_floor_is_reached_with_a_margin_not_on_two_slides_alone() -> None:
     assert evaluation.cluster_icc([10, 4], [10, 10]) > 0.5  # the two slides disagree
     assert evaluation.sensitivity_bound([10, 4], [10, 10]) < 0.7  # so 0.70 is not shown with confidence
     keys = evaluation.slides_of_tiles(val["path"].to_numpy())
+    assert keys is not None
     found = evaluation.bounded_threshold(labels, probs, 0.7, keys)
     assert isinstance(found, evaluation.TargetThreshold)
     assert found.threshold == 0.35  # 19 of 20 tiles, both slides nearly whole: lower bound 0.76
@@ -388,7 +389,7 @@ def test_the_floor_is_reached_with_a_margin_not_on_two_slides_alone() -> None:
     assert refused.best == pytest.approx(20 / (20 + evaluation.Z_95**2))
     assert "from 2 abnormal slides" in refused.words
     # one slide cannot show how its tiles speak for another: even wholly caught, it counts as one tile
-    single = evaluation.bounded_threshold(labels[:10].tolist() + [0], probs[:10].tolist() + [0.1], 0.7, keys[:11])
+    single = evaluation.bounded_threshold([*labels[:10].tolist(), 0], [*probs[:10].tolist(), 0.1], 0.7, keys[:11])
     assert isinstance(single, evaluation.Unreachable)
     assert single.best == pytest.approx(1 / (1 + evaluation.Z_95**2))
 

@@ -404,9 +404,8 @@ def test_page_messages_name_kept_files_as_uploaded(tmp_path: Path) -> None:
 def test_the_saved_threshold_makes_the_slide_call_and_colours_the_heatmap(data: TrainedRoot) -> None:
     """Issue 23, items 4 and 6: the threshold saved into the bundle is the one the Slide page calls the slide at, and
     says so; the heatmap layer is transparent where the probability is below it, and the colour bar marks it."""
-    from models.bundle import set_threshold
-
     from app.held_out import recall, score_held_out
+    from models.bundle import set_threshold
 
     score_held_out(data.hospital(0))  # slides.csv, which the summary line counts
     set_threshold(data.hospital(0), 0.49, "set by hand")

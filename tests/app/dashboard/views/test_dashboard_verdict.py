@@ -304,7 +304,10 @@ def _walk(node: object) -> list[object]:
 
 def test_the_federation_page_shows_the_verdicts_above_the_averaged_auc(verdict_root: Path) -> None:
     at = open_page("federation")
-    order = [(e.type, str(getattr(e, "label", "") or getattr(e, "value", ""))[:40]) for e in _walk(at.main)]
+    order = [
+        (str(getattr(e, "type", "")), str(getattr(e, "label", "") or getattr(e, "value", ""))[:40])
+        for e in _walk(at.main)
+    ]
     verdict_at = next(i for i, (kind, text) in enumerate(order) if text.startswith("**Each hospital's verdict**"))
     auc_at = next(i for i, (kind, text) in enumerate(order) if kind == "metric" and text == "Averaged AUC")
     assert verdict_at < auc_at
