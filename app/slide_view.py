@@ -40,7 +40,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,6 +144,20 @@ def call_mark(call: str, annotated: str | None) -> tuple[str, str]:
     if outcome(str(annotated), call) == MISSED_CANCER:
         return ":material/error:", f"{MISSED_CANCER}: the annotation marks abnormal tissue, the model calls it normal"
     return ":material/warning:", f"{FALSE_ALARM}: the annotation marks no abnormal tissue, the model calls it abnormal"
+
+
+def tiles_of_slide(paths: Sequence[str], source: str) -> npt.NDArray[np.bool_] | None:
+    """Which of the prepared tiles named by ``paths`` come from the slide ``source``: its stem as prepare writes it
+    into tile names (`pipeline.tiling.tile_name`; `models.decision.slide_stem`). ``None`` when none does, or when
+    the stem names tiles of two slides (two folders holding a slide of the same name). The Slide page and the HTML
+    report give a test slide's tile figures from these tiles, the ones the verdict and the Hospital page count."""
+    from models.decision import slide_of_tile, slide_stem
+
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", source.replace("\\", "/").rsplit("/", 1)[-1].rsplit(".", 1)[0])[:60]
+    mine = np.array([slide_stem(str(p)) == (stem or "slide") for p in paths], dtype=bool)
+    if not mine.any() or len({slide_of_tile(str(p)) for p, m in zip(paths, mine, strict=True) if m}) != 1:
+        return None
+    return mine
 
 
 def safe_name(text: str) -> str:

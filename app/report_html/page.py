@@ -407,7 +407,18 @@ def _heatmaps(rep: HospitalReport) -> str:
             f"{100 * float(s.get('abnormal_area_fraction', 0.0)):.1f}% of the tissue scored lies under tiles at or "
             "above the threshold",
         ]
-        if truth:
+        mine = slide_view.tiles_of_slide(list(rep.predictions.paths), name) if test else None
+        if mine is not None:  # a test slide: its prepared test tiles, the ones the verdict and the scorecard count
+            from app.evaluation import operating_point
+
+            point = operating_point(rep.predictions.labels[mine], rep.predictions.probs[mine], threshold)
+            sens = point.sensitivity if point.abnormal else None
+            spec = point.specificity if point.normal else None
+            figures.append(
+                f"tile sensitivity {_fmt(sens, 3)}, specificity {_fmt(spec, 3)} (its {point.abnormal + point.normal} "
+                "prepared test tiles, as the verdict counts them)"
+            )
+        elif truth:
             figures.append(
                 f"tile sensitivity {_fmt(truth.get('sensitivity'), 3)}, specificity {_fmt(truth.get('specificity'), 3)}"
             )

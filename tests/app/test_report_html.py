@@ -280,6 +280,11 @@ def test_the_report_gives_the_verdict_slide_calls_and_test_slides_first(data: Tr
     assert summary["threshold_source"] == "set by hand"
     assert f"called {summary['call']} at threshold 0.35 (set by hand)" in page
     assert "Colour bar of P(abnormal): below the threshold 0.35 left uncoloured (shown light grey on the bar)" in page
+    # the test slide's tile figures are its prepared test tiles' (the verdict's), not the heatmap grid's
+    mine = slide_view.tiles_of_slide(list(rep.predictions.paths), figure.group(1))
+    assert mine is not None
+    point = evaluation.operating_point(rep.predictions.labels[mine], rep.predictions.probs[mine], 0.35)
+    assert f"(its {point.abnormal + point.normal} prepared test tiles, as the verdict counts them)" in page
 
 
 def test_report_md_gives_each_hospitals_operating_point_from_its_card(

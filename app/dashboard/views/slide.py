@@ -205,22 +205,19 @@ def _prepared_tiles(folder: Path, source: str, threshold: float) -> Any:
     hospital's ``predictions.csv``, matched by the slide's name in prepare's tile names, `models.decision.
     slide_stem`): the tiles the Verdict and Hospital pages count, so the Slide page's tile figures are theirs.
     ``None`` when the file does not read or holds no tile of that slide, or the name matches tiles of two slides."""
-    import re
-
     from app import evaluation
     from app.errors import DashboardError
     from app.run_records import read_prediction_file
-    from models.decision import slide_of_tile, slide_stem
 
     try:
         rows = read_prediction_file(folder / PREDICTIONS_FILE)
     except DashboardError:
         return None
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", source.rsplit("/", 1)[-1].rsplit(".", 1)[0])[:60] or "slide"
-    mine = rows[[slide_stem(str(p)) == stem for p in rows["path"]]]
-    if mine.empty or len({slide_of_tile(str(p)) for p in mine["path"]}) != 1:
+    mine = slide_view.tiles_of_slide([str(p) for p in rows["path"]], source)
+    if mine is None:
         return None
-    return evaluation.operating_point(mine["label"].to_numpy(dtype=int), mine["prob_abnormal"].to_numpy(), threshold)
+    labels, probs = rows["label"].to_numpy(dtype=int)[mine], rows["prob_abnormal"].to_numpy(dtype=float)[mine]
+    return evaluation.operating_point(labels, probs, threshold)
 
 
 def _tissue(s: dict[str, Any]) -> None:
