@@ -268,6 +268,14 @@ def test_the_report_gives_the_verdict_slide_calls_and_test_slides_first(data: Tr
     assert table.count("<tr>") == 1 + score.slides  # header + one row per test slide
     assert score.slide_point is not None
     assert table.count("<td>abnormal</td><td>") >= 1
+    # one set of words (issue 47): each row says MISSED CANCER, FALSE ALARM or agreement, as predict and the pages do
+    assert "WRONG" not in page
+    row = r"<tr><td>[^<]*</td><td>(\w+)</td><td[^>]*>\d+</td><td[^>]*>[\d.]+</td><td>(\w+)</td><td>([^<]*)</td></tr>"
+    assert len(re.findall(row, table)) == score.slides
+    for truth, call, said in re.findall(row, table):
+        expected_words = {("abnormal", "normal"): "MISSED CANCER", ("normal", "abnormal"): "FALSE ALARM"}
+        assert said == expected_words.get((truth, call), "agrees with the annotation"), (truth, call, said)
+    assert len(re.findall(r"<td>(MISSED CANCER|FALSE ALARM|agrees with the annotation)</td>", table)) == score.slides
     figure = re.search(r'<figure data-slide="([^"]+)" data-kind="(\w+)">', page)
     assert figure
     assert figure.group(2) == "test"

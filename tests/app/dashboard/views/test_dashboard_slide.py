@@ -366,6 +366,9 @@ def test_a_black_upload_is_scored_with_a_warning_naming_it(data: TrainedRoot) ->
     assert warning.startswith("night scan.png: the slide is black (every pixel <= 10)"), warning
     # a black scan is nothing like the hospital's tissue (issue 47): every tile unfamiliar, said beside the warning
     assert strange.startswith("Unfamiliar tissue: 100% of the tiles"), strange
+    # and its call is never a bare normal or abnormal
+    line = _slide_call(at)
+    assert ":gray-background[**UNFAMILIAR: unlike this hospital's slides; do not rely on the call**]" in line, line
     _no_cache_path(warning, data)
     assert _metric(at, "Tiles scored") == "16"
 
