@@ -565,7 +565,10 @@ def _write_records(
         "format": config.source.format,
         "input": config.source.input.as_posix(),
         "clients": str(config.split.clients),
-        "sizes": config.split.sizes + " (ratios " + ", ".join(f"{r:.2f}" for r in ratios) + ")",
+        "sizes": ("drawn by PFLlib's partition" if config.split.partition.kind in PFL_KINDS else config.split.sizes)
+        + " (ratios "
+        + ", ".join(f"{r:.2f}" for r in ratios)
+        + ")",
         "partition": config.split.partition.spec(),
         "test fraction": f"{config.split.test_fraction:g}",
         "validation fraction": f"{config.split.val_fraction:g}",

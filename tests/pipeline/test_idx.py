@@ -145,6 +145,11 @@ def test_prepare_merges_train_first_and_partitions_as_pfllib(tmp_path: Path, mon
     # 4 images each: floor(0.75 * 4) = 3 train, 1 test; round(0.2 * 4) = 1 of the train to validation
     for client in info["clients"]:
         assert client["slides"] == {"train": 2, "val": 1, "test": 1}
+    # sizes follow from PFLlib's draws (4 images each: ratio 4/24), not from --sizes
+    assert (
+        "| sizes | drawn by PFLlib's partition (ratios 0.17, 0.17, 0.17, 0.17, 0.17, 0.17) |"
+        in (out / "report.md").read_text()
+    )
     # a tile is the image itself, grey stored as three equal channels
     row = next(r for r in rows if r["source"] == "t10k-images-idx3-ubyte#2")
     assert row["label"] == "1"
