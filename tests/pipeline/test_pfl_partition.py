@@ -86,3 +86,41 @@ def test_pat_refuses_more_classes_per_client_than_the_dataset_has_and_too_few_im
     # an empty range (numpy would raise "low >= high"): refused with one line naming the class
     with pytest.raises(PipelineError, match="class 0 has 1 image\\(s\\) for 2 clients"):
         separate(np.array([0, 1, 1, 1]), 2, 2, "pat", np.random.RandomState(0), class_per_client=2)
+
+
+# Counts and first test indices that PFLlib's own separate_data + split_data (dataset/utils/dataset_utils.py, run
+# as generate_FashionMNIST.py runs it: np.random.seed(1), 20 clients, train_size 0.75) give on Fashion-MNIST's
+# 70,000 merged labels with numpy 2.4; our functions must reproduce them draw for draw.
+PFLLIB_FASHION_MNIST: dict[tuple[str, int], tuple[str, str, str]] = {
+    ("pat", 10): (
+        "1361 1603 1320 1290 1110 1583 1065 1365 1459 1340 1447 1789 1362 1100 1467 1207 1805 1588 1686 25545",
+        "454 535 441 431 370 528 356 456 487 447 483 597 454 367 489 403 602 530 562 8516",
+        "1027 5174 4975 5514 10113",
+    ),
+    ("pat", 2): (
+        "1737 975 1719 6068 1544 751 1419 6784 2199 1431 1923 4945 1749 1443 750 6557 1434 1262 2337 5466",
+        "579 325 574 2023 515 251 474 2262 734 478 641 1649 583 482 250 2186 479 421 779 1822",
+        "6810 14186 21844 34527 9013",
+    ),
+    ("dir", 0): (
+        "61 240 656 1952 1091 4104 3288 3345 4170 2667 4627 5102 6413 469 996 146 2202 3624 3817 3523",
+        "21 80 219 651 364 1369 1097 1116 1390 889 1543 1701 2138 157 332 49 735 1208 1273 1175",
+        "43941 40330 48555 59034 2927",
+    ),
+}
+
+
+@pytest.mark.parametrize(("kind", "per_client"), sorted(PFLLIB_FASHION_MNIST))
+def test_fashion_mnist_counts_equal_pfllibs_own_code(kind: str, per_client: int) -> None:
+    from pipeline.idx import FASHION_MNIST_DIR, image_sets, load_set
+
+    if not FASHION_MNIST_DIR.is_dir():
+        pytest.fail(f"{FASHION_MNIST_DIR} is missing: install Debian's package dataset-fashion-mnist (scripts/test.sh)")
+    labels = np.concatenate([load_set(s)[1] for s in image_sets(FASHION_MNIST_DIR)]).astype(np.int64)
+    rs = np.random.RandomState(1)
+    parts = separate(labels, 20, 10, kind, rs, class_per_client=per_client, alpha=0.1)
+    pairs = split(parts, rs, 0.75)
+    train, test, first_test = ([int(n) for n in text.split()] for text in PFLLIB_FASHION_MNIST[(kind, per_client)])
+    assert [len(a) for a, _ in pairs] == train
+    assert [len(b) for _, b in pairs] == test
+    assert [int(b[0]) for _, b in pairs[:5]] == first_test
