@@ -5,7 +5,9 @@ folder prepare read) are scored with its exported model by predict's own code: t
 (`inference.predict.tissue_positions`), every square's ``P(abnormal)`` (`inference.predict.score_positions`) and the
 slide-level figures and call (`inference.predict.summarise`: the top-k mean at the card's threshold). The result is
 written once per hospital into ``<hospital folder>/slides.csv`` (`federation.runfiles.SLIDES_FILE`), one row per
-slide: ``slide, truth, score, call, threshold, tiles``. The Verdict, Hospital and Slide pages, ``gastric-fl report``,
+slide: ``slide, truth, score, call, threshold, tiles, top_tile, unfamiliar_share`` (the highest tile probability,
+for the focal flag, and the share of tiles unlike the hospital's tissue, `models.shift`; a file of the first six
+columns, written before them, still reads). The Verdict, Hospital and Slide pages, ``gastric-fl report``,
 the HTML report and the model card read it (`read_slide_calls`), so each names the same call and score as
 ``predict`` on the same slide with the same bundle. ``gastric-fl threshold`` rewrites the calls at a newly saved
 threshold from the stored scores (`recall`): scores do not depend on the threshold, calls do.

@@ -199,6 +199,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    repeats = args.repeats
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     compare = [c for c in args.compare.split(",") if c]
     rows, costs = [], []
@@ -229,7 +230,15 @@ def main() -> None:
             "|---|---|---|---|---|---|" + "---|" * len(compare),
             *rows,
             "",
+            "Not measured: real H&E from another source (the project makes only synthetic slides and downloads "
+            "nothing). A regime's own held-out slides are shown here through the hospital's own simulated "
+            "stain/scanner profile; `slides.csv` scores the raw slides, which a hospital with a profile has never "
+            "seen, so there its own test slides are reported UNFAMILIAR, rightly.",
+            "",
             "## Cost in predict (per slide, decoding excluded)",
+            "",
+            "`predict_slide` on each hospital's own test slides with the description and without it (`shift=False`), "
+            f"interleaved, median of {repeats} passes; the tiles are scored on the CPU with the torch threads above.",
             "",
             "| run | hospital | slides | tiles per slide | seconds with | seconds without | difference |",
             "|---|---|---|---|---|---|---|",
