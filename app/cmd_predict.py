@@ -106,7 +106,13 @@ def register(app: typer.Typer) -> None:
 
                 line += f", sensitivity {show(truth['sensitivity'])}, specificity {show(truth['specificity'])}"
             typer.echo(line)
-        notes = sorted({str(r.summary["tissue"]) for r in results if r.summary.get("unfamiliar_share") is None})
+        notes = sorted(
+            {
+                str(r.summary["tissue"])
+                for r in results
+                if r.summary.get("unfamiliar_share") is None or r.summary.get("tissue_weak")
+            }
+        )
         for note in notes:
             typer.echo(f"tissue: {note}")
         calls = slide_calls_line(results)

@@ -432,6 +432,8 @@ def predict_slide(
         **summarise(tiles, card, chosen, top_k, (height, width), None if threshold is None else "--threshold", note),
     }
     summary["outcome"] = outcome(str(summary["truth"] or ""), str(summary["call"]))
+    # a description fitted on few tiles may miss unfamiliar tissue: `tissue` then says so (models.shift)
+    summary["tissue_weak"] = bool(shift and bundle.tissue is not None and bundle.tissue.weak)
     overlay, scale = render_overlay(
         slide.image, tiles.xs, tiles.ys, tiles.size, prob, slide.cancer, max_side, chosen, tiles.unfamiliar
     )

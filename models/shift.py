@@ -21,12 +21,12 @@ threshold taken from distances of tiles the fit had seen would be too tight (eve
 own would look unfamiliar); grouping by slide measures how far a *new slide* of the same hospital lies, which is
 what a held-out slide is. So about ``1 - quantile`` of the hospital's own new tissue is marked unfamiliar by design.
 
-**Why this layer** (measured, benchmarks/results/shift_detection.md): on the quick start's models the final pooled
-features (before the classifier) and every later block marked only 2-30% of grey, re-stained or 2x magnified
-tiles unfamiliar (the network was trained to ignore colour and contrast, with stain augmentation), while the stem's
-channel statistics mark 94-100% of grey and re-stained tiles, with at most 2% of the hospital's own held-out tiles.
-Class-conditional means (Lee et al.'s tied covariance) changed no figure by more than 0.02, so the description
-keeps one mean. A slide at 2x magnification is only partly marked (about half its tiles): see the results page.
+**Why this layer** (measured, benchmarks/results/shift_detection.md): on the quick start's models a description
+fitted the same way on the pooled features before the classifier (Lee et al.'s layer) or on a middle block marked
+only 5-22% of grey or re-stained tiles unfamiliar (the network was trained to ignore colour and contrast, with
+colour augmentation), while the stem's channel statistics mark 95-100% of them, with at most 2.2% of the
+hospital's own held-out tiles. A slide at 2x magnification is only partly marked (45-65% of its tiles), and a
+description fitted on few tiles (`TissueDescription.weak`) misses much more: see the results page.
 
 **Where it lives.** ``tissue.safetensors`` (`TISSUE_FILE`) in the hospital's bundle folder, beside the weights:
 two float64 tensors (``mean``, ``precision``) and string metadata (layer, statistic, threshold, quantile, folds,
@@ -57,6 +57,7 @@ STATISTIC = "channel mean, standard deviation and neighbour change over the tile
 DEFAULT_QUANTILE = 0.98
 DEFAULT_FOLDS = 5
 MIN_TILES = 8  # fewer tiles than this describe nothing
+TILES_PER_STATISTIC = 5  # below this many tiles per statistic a description is weak (`TissueDescription.weak`)
 
 
 class TissueError(ModelError):
@@ -86,13 +87,25 @@ class TissueDescription:
         """Which tiles lie beyond the threshold."""
         return self.distances(features) > self.threshold
 
+    @property
+    def weak(self) -> bool:
+        """Fitted on fewer than `TILES_PER_STATISTIC` tiles per statistic: measured to miss most unfamiliar tissue
+        (the data-poor regime's hospitals, benchmarks/results/shift_detection.md)."""
+        return self.tiles < TILES_PER_STATISTIC * self.mean.size
+
     def words(self) -> str:
-        """One line on the description, for a page or a report."""
-        return (
+        """One line on the description, for a page or a report (saying so when it is `weak`)."""
+        text = (
             f"Mahalanobis distance on the {STATISTIC} at layer {self.layer}, fitted on {self.tiles} tiles of "
             f"{self.slides} slides of this hospital; a tile is unfamiliar beyond the {self.quantile:.0%} point of "
             f"its own new slides' distances ({self.threshold:.4g})"
         )
+        if self.weak:
+            text += (
+                f"; too few tiles for its {self.mean.size} statistics (fewer than {TILES_PER_STATISTIC} each): it "
+                "may miss tissue unlike this hospital's, so a low unfamiliar share says little"
+            )
+        return text
 
 
 def mahalanobis(

@@ -19,8 +19,10 @@ from torch import nn
 
 from federation.data import HospitalData, to_tensor
 from models.decision import slides_of_tiles
+from models.errors import ModelError
 from models.features import description_layer, tile_statistics
-from models.shift import TissueError, fit_description, write_description
+from models.names import TISSUE_FILE
+from models.shift import fit_description, write_description
 
 BATCH = 256
 
@@ -28,7 +30,8 @@ BATCH = 256
 def describe_tissue(model: nn.Module, data: HospitalData, folder: Path, server_round: int) -> Path | None:
     """Fit and write the description of ``data``'s training and validation tiles for ``model``; ``None`` (nothing
     written, an older description removed so that none describes other weights) when the hospital has too few
-    tiles or the model's statistics are not finite."""
+    tiles, the model's statistics are not finite or its architecture has no layer units to read (the bundle then
+    says it has no description; the export itself never fails for want of one)."""
     images = [data.train_x] + ([data.val_x] if data.val_x is not None and data.num_val else [])
     x = np.concatenate(images)
     train_slides = list(data.train_units) if data.train_units is not None else None
@@ -38,14 +41,11 @@ def describe_tissue(model: nn.Module, data: HospitalData, folder: Path, server_r
     else:
         slides = [f"train:{s}" for s in train_slides] + [f"val:{s}" for s in val_slides]
     device = next(model.parameters()).device
-    layer = description_layer(model)
-    batches = (to_tensor(x[i : i + BATCH], device) for i in range(0, len(x), BATCH))
-    features = tile_statistics(model, layer, batches)
     try:
-        description = fit_description(features, slides, layer, round=server_round)
-    except TissueError:
-        from models.names import TISSUE_FILE
-
+        layer = description_layer(model)
+        batches = (to_tensor(x[i : i + BATCH], device) for i in range(0, len(x), BATCH))
+        description = fit_description(tile_statistics(model, layer, batches), slides, layer, round=server_round)
+    except ModelError:  # TissueError included: too few tiles, a diverged model, an architecture without units
         (folder / TISSUE_FILE).unlink(missing_ok=True)
         return None
     return write_description(folder, description)

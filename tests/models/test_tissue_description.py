@@ -88,3 +88,15 @@ def test_one_set_of_words_for_a_call() -> None:
     strange = reported_call("abnormal", 0.9, 0.5, 0.51)
     assert (strange.words, strange.review, strange.unfamiliar) == (UNFAMILIAR_CALL, True, True)
     assert reported_call("abnormal", 0.9, 0.5, 0.5).words == "abnormal"
+
+
+def test_a_description_from_few_tiles_says_it_may_miss_unfamiliar_tissue() -> None:
+    rng = np.random.default_rng(2)
+    few, few_slides = _slides(rng, 4, 10)  # 40 tiles for 12 statistics: fewer than 5 each
+    weak = fit_description(few, few_slides, "features.0")
+    assert weak.weak
+    assert "too few tiles for its 12 statistics" in weak.words()
+    many, many_slides = _slides(rng, 6, 20)  # 120 tiles: 10 each
+    strong = fit_description(many, many_slides, "features.0")
+    assert not strong.weak
+    assert "too few" not in strong.words()

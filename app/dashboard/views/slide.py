@@ -232,6 +232,8 @@ def _tissue(s: dict[str, Any]) -> None:
         f"hospital's training tissue, hatched grey on the heatmap; above {limit:.0%} the slide is reported "
         "UNFAMILIAR."
     )
+    if s.get("tissue_weak"):  # a description from few tiles: a low share says little
+        text += f" {str(s.get('tissue', '')).rsplit('; ', 1)[-1].capitalize()}."
     if s.get("unfamiliar"):
         st.warning(text, icon=":material/help:")
     else:

@@ -64,3 +64,34 @@ def test_a_reply_carrying_the_description_is_refused_by_the_message_rule() -> No
     problems = check_message(line, ["features.0.0.weight"])
     assert "header field tissue may not leave a hospital" in problems
     assert any("tissue/mean" in p for p in problems)
+
+
+def test_an_export_without_a_describable_model_leaves_no_stale_description(tmp_path: Path) -> None:
+    import numpy as np
+    from torch import nn
+
+    from federation.data import HospitalData
+    from federation.engine.tissue import describe_tissue
+    from models.bundle import tissue_state
+
+    rng = np.random.default_rng(0)
+    tiles = rng.integers(0, 255, (12, 32, 32, 3), dtype=np.uint8)
+    data = HospitalData(0, tiles, np.zeros(12, np.int64), tiles[:2], np.zeros(2, np.int64), ["a", "b"], False)
+    (tmp_path / TISSUE_FILE).write_bytes(b"a description of other weights")
+    # an architecture without layer units (nn.Sequential): no description, and the old file is gone
+    assert describe_tissue(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten()), data, tmp_path, 3) is None
+    assert not (tmp_path / TISSUE_FILE).exists()
+    # MobileNetV3-Small on the same 12 tiles (no slide names: a tile is its own group) is described
+    from models import create_model
+
+    assert describe_tissue(create_model("mobilenet_v3_small"), data, tmp_path, 3) == tmp_path / TISSUE_FILE
+    description = read_description(tmp_path)
+    assert description is not None
+    assert (description.tiles, description.slides, description.round) == (12, 12, 3)
+    from models.bundle import ModelCard
+    from models.preprocess import Preprocess
+
+    card = ModelCard("mobilenet_v3_small", 2, ("normal", "abnormal"), 0, (), Preprocess(32), None, round=4)
+    found, note = tissue_state(tmp_path, card)
+    assert found is None
+    assert "describes round 3, the weights are of round 4" in note
