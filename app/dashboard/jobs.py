@@ -42,6 +42,7 @@ from infra.outputs import write_atomic
 # Popen objects of jobs this dashboard process started: polling them reaps the finished child (no zombie).
 _PROCESSES: dict[int, subprocess.Popen[bytes]] = {}
 STOPPED_EXIT = 130  # gastric-fl train's exit code when stopped (app/cmd_train.py)
+LEFT_OUT_EXIT = 3  # gastric-fl train's exit code when the run finished without a hospital (app/cmd_train.py)
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -63,7 +64,8 @@ class Job:
 
 @dataclass(frozen=True)
 class JobState:
-    """``running``, ``succeeded``, ``failed`` (exit code != 0), ``stopped`` (by the user) or ``lost``."""
+    """``running``, ``succeeded``, ``incomplete`` (a training that finished without a hospital: exit code 3),
+    ``failed`` (any other exit code != 0), ``stopped`` (by the user) or ``lost``."""
 
     status: str
     exit_code: int | None
@@ -173,6 +175,8 @@ def state(jobs_dir: Path, job: Job) -> JobState:
         # 130: `gastric-fl train` stopped by SIGTERM/Ctrl-C (resumable); 143: a command killed by SIGTERM.
         if job.stop_requested or code in (STOPPED_EXIT, 143):
             return JobState("stopped", code)
+        if job.kind == TRAIN_KIND and code == LEFT_OUT_EXIT:
+            return JobState("incomplete", code)
         return JobState("failed", code)
     if _alive(job.pid, job.pid_started):
         return JobState("running", None)
@@ -365,8 +369,8 @@ def cancel(jobs_dir: Path, entry_id: str) -> bool:
 
 
 def entry_status(jobs_dir: Path, entry: QueueEntry) -> str:
-    """``queued``, ``cancelled``, or its job's status once started (``running``, ``succeeded``, ``failed``,
-    ``stopped``, ``lost``)."""
+    """``queued``, ``cancelled``, or its job's status once started (``running``, ``succeeded``, ``incomplete``,
+    ``failed``, ``stopped``, ``lost``)."""
     if entry.cancelled:
         return CANCELLED
     if not entry.started:

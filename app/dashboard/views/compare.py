@@ -190,6 +190,7 @@ STATUS_TEXT = {  # words only: an icon's name in text is read aloud by a screen 
     jobs.CANCELLED: "cancelled",
     "running": "running",
     "succeeded": "done",
+    "incomplete": "done without every hospital (see its run)",
     "failed": "failed",
     "stopped": "stopped",
     "lost": "ended (no exit code)",

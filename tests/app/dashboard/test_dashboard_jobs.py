@@ -40,6 +40,20 @@ def test_job_records_exit_code_and_log(tmp_path: Path) -> None:
         jobs.start(folder, "ok", "demo", tmp_path / "out", [["true"]], tmp_path)
 
 
+def test_a_training_that_ends_without_a_hospital_is_incomplete_not_failed(tmp_path: Path) -> None:
+    # gastric-fl train exits 3 when the run finished without a hospital (app/cmd_train.py); any other command's
+    # exit 3, and a training's exit 1, are failures.
+    folder = tmp_path / "jobs"
+    code3 = [[sys.executable, "-c", "import sys; sys.exit(3)"]]
+    left_out = jobs.start(folder, "left", jobs.TRAIN_KIND, tmp_path / "a", code3, tmp_path)
+    crashed = jobs.start(
+        folder, "crash", jobs.TRAIN_KIND, tmp_path / "b", [[sys.executable, "-c", "raise SystemExit(1)"]], tmp_path
+    )
+    wait_until(lambda: not jobs.state(folder, left_out).active and not jobs.state(folder, crashed).active, WAIT_S)
+    assert jobs.state(folder, left_out) == jobs.JobState("incomplete", 3)
+    assert jobs.state(folder, crashed) == jobs.JobState("failed", 1)
+
+
 def test_stop_ends_the_whole_process_group(tmp_path: Path) -> None:
     folder = tmp_path / "jobs"
     child = "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])"
