@@ -36,6 +36,7 @@ from federation.errors import FederationError
 from federation.report import round_stats
 from federation.runfiles import hospital_files
 from infra.formats import MANIFEST_FILE
+from models.card_history import THRESHOLD_DEFAULT_SOURCE, history_problem
 
 RUN_FILES = (runfiles.CONFIG_FILE, runfiles.METRICS_FILE, runfiles.SUMMARY_FILE)
 STATUSES = ("running", "finished", "failed")
@@ -634,16 +635,24 @@ def card_operating(run: Path) -> dict[int, CardThreshold]:
         value = _card_threshold(card)
         if value is not None:
             split = card.get("threshold_split")
-            source = str(card.get("threshold_source") or "the default 0.5")
-            found[client] = CardThreshold(value, source, split if split in ("validation", "test") else "")
+            found[client] = CardThreshold(value, _card_source(card), split if split in ("validation", "test") else "")
     return found
+
+
+def _card_source(card: Mapping[str, Any]) -> str:
+    """Where the card says its threshold came from (``threshold_source``), or, for a card whose threshold history
+    does not describe its threshold (`models.card_history.history_problem`: ``model.json`` edited by hand), that it
+    cannot be trusted and why: `predict` and `gastric-fl threshold` refuse such a card."""
+    source = str(card.get("threshold_source") or THRESHOLD_DEFAULT_SOURCE)
+    split = card.get("threshold_split") or ""
+    threshold = _card_threshold(card)
+    if threshold is None:
+        return source
+    problem = history_problem(threshold, source, str(split), card.get("threshold_history"))
+    return source if problem is None else f"NOT TRUSTED: {problem}"
 
 
 def card_threshold_sources(run: Path) -> dict[int, str]:
     """Where each hospital's card threshold came from (``threshold_source``: the default, set by hand, from the
     floor; `models.bundle.set_threshold`), for the hospitals of `card_thresholds` (each card read once)."""
-    return {
-        c: str(card.get("threshold_source") or "the default 0.5")
-        for c, card in runfiles.read_cards(run).items()
-        if _card_threshold(card) is not None
-    }
+    return {c: _card_source(card) for c, card in runfiles.read_cards(run).items() if _card_threshold(card) is not None}

@@ -39,6 +39,15 @@ from torch import nn
 from infra.formats import BINARY_CLASSES
 from infra.outputs import atomic_target, write_atomic
 from infra.provenance import INTENDED_USE
+from models.card_history import (
+    EDITED,
+    MAX_BY,
+    MAX_REASON,
+    MAX_SOURCE,
+    THRESHOLD_DEFAULT_SOURCE,
+    history_problem,
+    note_problem,
+)
 from models.decision import DEFAULT_THRESHOLD, NO_DESCRIPTION
 from models.errors import ModelError
 from models.names import CARD_FILE, MODEL_NAMES, TIMM_PREFIX, TISSUE_FILE, WEIGHTS_FILE, check_model_name, is_timm_name
@@ -48,77 +57,6 @@ from models.shift import TissueDescription, TissueError, read_description
 
 CARD_FORMAT = "gastric-fl model card"
 CARD_VERSION = 1
-THRESHOLD_DEFAULT_SOURCE = "the default 0.5"
-# the longest ``by`` and ``reason`` a threshold change keeps (printable text only: `note_problem`)
-MAX_BY = 100
-MAX_REASON = 500
-MAX_SOURCE = 1000
-HISTORY_KEYS = ("from", "to", "source", "split", "by", "at", "reason")
-_EDITED = "the card was changed outside gastric-fl threshold"
-
-
-def note_problem(name: str, value: str, limit: int) -> str | None:
-    """Why ``value`` (``name``: the option or field) cannot go into a card's threshold history: text that is not
-    printable (a newline could forge a line such as "threshold: 0.9" wherever it is echoed; `str.isprintable`:
-    no control, format or separator character but the space) or longer than ``limit`` characters."""
-    bad = next((ch for ch in value if not ch.isprintable()), None)
-    if bad is not None:
-        return f"{name} holds the control character {bad!r}: write it on one line, in printable characters"
-    if len(value) > limit:
-        return f"{name} is {len(value)} characters long: keep it to {limit}"
-    return None
-
-
-def history_problem(card: ModelCard) -> str | None:
-    """Why ``card``'s ``threshold_history`` does not describe its threshold, in one line, or ``None``.
-
-    Every entry is a change `set_threshold` wrote: an object with ``from`` and ``to`` strictly between 0 and 1,
-    ``split`` one of ``""``, ``validation``, ``test``, and ``source``, ``by``, ``at``, ``reason`` printable text
-    within `MAX_SOURCE`, `MAX_BY`, `MAX_REASON`; each starts where the one before ended (``from`` = the previous
-    ``to``), and the last one ends at the card's ``threshold``, ``threshold_source`` and ``threshold_split``. A card
-    without history holds the exported default unless its source says otherwise: a threshold that is not 0.5 with
-    the source "the default 0.5" was edited by hand.
-    """
-    history = card.threshold_history
-    default = abs(card.threshold - DEFAULT_THRESHOLD) <= 1e-12
-    if card.threshold_source == THRESHOLD_DEFAULT_SOURCE and not default:
-        return (
-            f"threshold {card.threshold:g} says it is {THRESHOLD_DEFAULT_SOURCE}: {_EDITED}; put back threshold = "
-            f"{DEFAULT_THRESHOLD} (then set it with gastric-fl threshold) or export the bundle again"
-        )
-    previous: float | None = None
-    for i, entry in enumerate(history, start=1):
-        where = f"threshold_history entry {i} of {len(history)}"
-        if not isinstance(entry, dict) or sorted(entry) != sorted(HISTORY_KEYS):
-            found = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
-            return f"{where} is not a threshold change (keys {list(HISTORY_KEYS)}, found {found}): {_EDITED}"
-        for key in ("from", "to"):
-            value = entry[key]
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 < float(value) < 1.0:
-                return f"{where}: {key} = {value!r} is not a threshold strictly between 0 and 1: {_EDITED}"
-        for key, limit in (("source", MAX_SOURCE), ("by", MAX_BY), ("at", 64), ("reason", MAX_REASON)):
-            text = entry[key]
-            problem = f"{key} is not text" if not isinstance(text, str) else note_problem(key, text, limit)
-            if problem is not None:
-                return f"{where}: {problem}: {_EDITED}"
-        if entry["split"] not in ("", "validation", "test"):
-            return f"{where}: split = {entry['split']!r} is not validation, test or empty: {_EDITED}"
-        if previous is not None and abs(float(entry["from"]) - previous) > 1e-12:
-            return (
-                f"{where} starts from {float(entry['from']):g}, but the change before it ended at {previous:g}: "
-                f"{_EDITED}"
-            )
-        previous = float(entry["to"])
-    if history:
-        last = history[-1]
-        ends = (float(last["to"]), str(last["source"]), str(last["split"]))
-        if abs(ends[0] - card.threshold) > 1e-12 or ends[1:] != (card.threshold_source, card.threshold_split):
-            return (
-                f"threshold {card.threshold:g} ({card.threshold_source}) is not where threshold_history's last "
-                f"change ended ({ends[0]:g}, {ends[1]}): {_EDITED}; put back threshold = {ends[0]:g} with its source, "
-                "or export the bundle again"
-            )
-    return None
 
 
 def decision_counts(
@@ -237,7 +175,9 @@ class ModelCard:
             raise ModelError(f"threshold_split must be validation, test or empty, got {self.threshold_split!r}")
         if self.nhead < 0:
             raise ModelError(f"nhead must be >= 0, got {self.nhead}")
-        problem = history_problem(self)
+        problem = history_problem(
+            self.threshold, self.threshold_source, self.threshold_split, list(self.threshold_history)
+        )
         if problem is not None:
             raise ModelError(problem)
 
@@ -441,7 +381,7 @@ def _history(raw: Any, where: str) -> tuple[dict[str, Any], ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list):
-        raise BundleError(f"{where}: threshold_history is a {type(raw).__name__}, not a list of changes: {_EDITED}")
+        raise BundleError(f"{where}: threshold_history is a {type(raw).__name__}, not a list of changes: {EDITED}")
     return tuple(raw)
 
 

@@ -36,6 +36,7 @@ from federation.runfiles import (
     hospital_index,
 )
 from infra.formats import BINARY_CLASSES
+from models.card_history import THRESHOLD_DEFAULT_SOURCE, history_problem
 from models.decision import Slides
 from models.names import CARD_FILE
 
@@ -168,6 +169,15 @@ def load_hospital(run: Path, hospital: int | str) -> HospitalReport:
         if not isinstance(value, int | float) or not 0.0 < float(value) < 1.0:
             raise ReportError(f"{folder / CARD_FILE}: threshold {value!r} is not in (0, 1); export again")
         threshold = float(value)
+        # the threshold is reported only as the card's history describes it (predict refuses such a card too)
+        problem = history_problem(
+            threshold,
+            str(card.get("threshold_source") or THRESHOLD_DEFAULT_SOURCE),
+            str(card.get("threshold_split") or ""),
+            card.get("threshold_history"),
+        )
+        if problem is not None:
+            raise ReportError(f"{folder / CARD_FILE}: {problem}")
     else:
         notes.append(f"{folder / CARD_FILE} is missing (a run made before model export): threshold 0.5.")
     metrics = runfiles.read_metrics(run / METRICS_FILE)

@@ -168,3 +168,26 @@ def test_set_threshold_itself_refuses_a_control_character_in_the_reason(tiny_run
     after = set_threshold(folder, 0.3, "set by hand", by="Dr A", reason="tumour board 12 Nov")
     assert [(h["from"], h["to"]) for h in after.threshold_history] == [(0.5, 0.3)]
     assert read_card(folder) == after
+
+
+def test_the_dashboard_and_the_html_report_do_not_trust_a_hand_edited_card(
+    tiny_run: TinyRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # They read model.json as JSON (no torch): before, a hand-edited threshold was shown as "the default 0.5" on
+    # the dashboard's verdicts and used by the HTML report.
+    from app.run_records import card_operating, card_threshold_sources
+
+    run, folder = _bundle(tiny_run, tmp_path)
+    assert card_operating(run)[0].source == "the default 0.5"
+    _edit(folder, threshold=0.9)
+    why = (
+        "threshold 0.9 says it is the default 0.5: the card was changed outside gastric-fl threshold; put back "
+        "threshold = 0.5 (then set it with gastric-fl threshold) or export the bundle again"
+    )
+    assert card_operating(run)[0].source == f"NOT TRUSTED: {why}"
+    assert card_operating(run)[0].value == 0.9
+    assert card_threshold_sources(run)[0] == f"NOT TRUSTED: {why}"
+    out = tmp_path / "report"
+    assert run_cli(monkeypatch, "report", str(run), "--html", "--hospital", "0", "--out", str(out)) == 2
+    assert capsys.readouterr().err.strip() == f"error: {folder / 'model.json'}: {why}"
+    assert not out.exists()
