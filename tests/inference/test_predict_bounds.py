@@ -101,7 +101,10 @@ def test_slides_whose_names_collide_get_distinct_stable_output_folders(
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("intended use: ")
     assert lines[-1].startswith("verdict of hospital 0's model")
-    printed = {line.split(":")[0] for line in lines[1:-1]}
+    # the tiny run's tissue description is fitted on a few dozen tiles: predict says it may miss unfamiliar tissue
+    (tissue,) = [line for line in lines if line.startswith("tissue: ")]
+    assert "too few tiles for its 48 statistics" in tissue
+    printed = {line.split(":")[0] for line in lines[1:-1] if line != tissue}
     assert printed == set(folders.values())  # each slide's line names its own folder
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == sorted(folders.values())
     maxima = set()
