@@ -1,7 +1,7 @@
 """The statistics a tissue description (`models.shift`) is made of, read from a network as it scores tiles.
 
 A forward hook (PyTorch's ``register_forward_hook``) on one layer records, for each tile of a batch, three statistics of
-every channel of that layer's output over the tile's positions: mean, standard deviation, and the mean absolute
+every channel of that layer's output over the tile's positions: mean, log standard deviation, and the log mean absolute
 difference between horizontally and vertically neighbouring positions (how fine the texture is). The layer is the
 network's first layer unit (`models.split_units`: MobileNetV3-Small's stem ``features.0``, ResNet's ``conv1``, a timm
 model's stem), where colour, contrast and the scale of the texture still show; why that layer is in `models.shift`.
@@ -24,6 +24,8 @@ from torch import nn
 from models.errors import ModelError
 from models.split import split_units
 
+LOG_FLOOR = 1e-3  # added before the logarithm: a channel that is flat over a tile (std 0) stays finite
+
 
 class _Reached(Exception):
     """Raised by the hook to end a forward pass once the layer has been read (`tile_statistics`)."""
@@ -39,16 +41,20 @@ def description_layer(model: nn.Module) -> str:
 
 
 def channel_statistics(output: torch.Tensor) -> torch.Tensor:
-    """``(B, C, H, W)`` activations -> ``(B, 3C)``: each channel's mean, standard deviation, then mean absolute
-    change between neighbouring positions (across and down, averaged), over the positions (computed in float32,
-    returned as float64). Pooled features (``(B, C)`` or one position) are returned as they are (``(B, C)``)."""
+    """``(B, C, H, W)`` activations -> ``(B, 3C)``: each channel's mean, log standard deviation, then log mean
+    absolute change between neighbouring positions (across and down, averaged), over the positions (computed in
+    float32, returned as float64). Pooled features (``(B, C)`` or one position) are returned as they are
+    (``(B, C)``)."""
     maps = output.detach().float()
     if maps.dim() == 2 or maps[0, 0].numel() == 1:  # already pooled (B, C) or (B, C, 1, 1): the values themselves
         return maps.flatten(1).double()
     across = (maps[:, :, :, 1:] - maps[:, :, :, :-1]).abs().mean(dim=(2, 3))
     down = (maps[:, :, 1:, :] - maps[:, :, :-1, :]).abs().mean(dim=(2, 3))
     std, mean = torch.std_mean(maps, dim=(2, 3), correction=0)
-    return torch.cat([mean, std, (across + down) / 2], dim=1).double()
+    # the spread and the change as logarithms: their ratio, how fine the texture is for its contrast (what an
+    # enlarged slide changes), is then a difference, which a Mahalanobis distance weighs linearly
+    change = (across + down) / 2
+    return torch.cat([mean, torch.log(std + LOG_FLOOR), torch.log(change + LOG_FLOOR)], dim=1).double()
 
 
 class LayerStatistics:

@@ -4,8 +4,9 @@ Torch-free (NumPy, safetensors' NumPy API; scikit-learn on first use), so the pa
 
 **What is described.** Each tile passed through the hospital's model leaves, at one early layer (`features` names it:
 the network's first layer unit, MobileNetV3-Small's stem ``features.0``: convolution, BatchNorm, hard-swish), a vector
-of three statistics per channel of that layer's activations over the tile: mean, standard deviation and mean absolute
-change between neighbouring positions (a texture's fineness; 48 values for MobileNetV3-Small). The description is the
+of three statistics per channel of that layer's activations over the tile: mean, log standard deviation and log mean
+absolute change between neighbouring positions (a texture's fineness; 48 values for MobileNetV3-Small; the logarithms
+make the change relative to the spread, which an enlarged slide lowers, a difference). The description is the
 Gaussian these vectors follow over the hospital's training and validation tiles: their mean ``mu`` and a Ledoit-Wolf
 shrinkage covariance ``Sigma`` (Ledoit and Wolf 2004, "A well-conditioned estimator for large-dimensional covariance
 matrices", as scikit-learn's ``sklearn.covariance.LedoitWolf`` computes it), kept as the precision ``Sigma^-1``.
@@ -23,10 +24,10 @@ what a held-out slide is. So about ``1 - quantile`` of the hospital's own new ti
 
 **Why this layer** (measured, benchmarks/results/shift_detection.md): on the quick start's models a description
 fitted the same way on the pooled features before the classifier (Lee et al.'s layer) or on a middle block marked
-only 5-22% of grey or re-stained tiles unfamiliar (the network was trained to ignore colour and contrast, with
-colour augmentation), while the stem's channel statistics mark 95-100% of them, with at most 2.2% of the
-hospital's own held-out tiles. A slide at 2x magnification is only partly marked (45-65% of its tiles), and a
-description fitted on few tiles (`TissueDescription.weak`) misses much more: see the results page.
+only 5-23% of grey or re-stained tiles unfamiliar (the network was trained to ignore colour and contrast, with
+colour augmentation), while the stem's channel statistics mark 90-100% of them and 67-98% of tiles at 2x
+magnification, with at most 2.7% of the hospital's own held-out tiles. A description fitted on few tiles
+(`TissueDescription.weak`) misses much more: see the results page.
 
 **Where it lives.** ``tissue.safetensors`` (`TISSUE_FILE`) in the hospital's bundle folder, beside the weights:
 two float64 tensors (``mean``, ``precision``) and string metadata (layer, statistic, threshold, quantile, folds,
@@ -53,7 +54,7 @@ from models.names import TISSUE_FILE
 
 TISSUE_FORMAT = "gastric-fl tissue description"
 TISSUE_VERSION = 1
-STATISTIC = "channel mean, standard deviation and neighbour change over the tile"
+STATISTIC = "channel mean, log standard deviation and log neighbour change over the tile"
 DEFAULT_QUANTILE = 0.98
 DEFAULT_FOLDS = 5
 MIN_TILES = 8  # fewer tiles than this describe nothing
@@ -219,6 +220,11 @@ def read_description(folder: Path) -> TissueDescription | None:
         raise TissueError(f"{path} is not a readable safetensors file ({exc}); export the model again") from None
     if metadata.get("format") != TISSUE_FORMAT or metadata.get("format_version") != str(TISSUE_VERSION):
         raise TissueError(f"{path} is not a tissue description this version reads; export the model again")
+    if metadata.get("statistic") != STATISTIC:
+        raise TissueError(
+            f"{path} describes other statistics ({metadata.get('statistic')!r}) than this version measures; export "
+            "the model again"
+        )
     try:
         mean = np.asarray(tensors["mean"], dtype=np.float64)
         precision = np.asarray(tensors["precision"], dtype=np.float64)

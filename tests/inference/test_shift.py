@@ -3,8 +3,9 @@
 A small trained run on the gastric tissue (24 synthetic slides of 384 px, 2 hospitals, hospital 1 grey, 128 px tiles
 at half-tile stride, 2 rounds of FedAvg at 64 px input; about 20 s on 2 CPU cores). Slides unlike the training:
 another hospital's stain (the stain/scanner regime's over-stained bluish lab, `pipeline.stain_profiles`) and a grey
-scan for the colour hospital's model; its own held-out slides as they are. 2x magnification is measured in
-benchmarks/results/shift_detection.md, not asserted here: it is only partly detected.
+scan for the colour hospital's model; its own held-out slides as they are. At 2x magnification about 0.9 of the
+tiles are marked, below the 90% target on some runs (benchmarks/results/shift_detection.md): asserted here is that
+each enlarged slide is reported UNFAMILIAR.
 """
 
 from __future__ import annotations
@@ -215,3 +216,17 @@ def test_a_normal_call_with_a_tile_above_the_threshold_is_a_focus_to_review(
     # mostly unfamiliar, it is UNFAMILIAR first (the focus is on tissue the model does not know)
     strange = SlideTiles(tiles.xs, tiles.ys, 128, probability, unfamiliar=np.arange(10) < 6)
     assert summarise(strange, card, 0.5, 5, (128, 1280))["reported"] == UNFAMILIAR_CALL
+
+
+def test_a_slide_at_2x_magnification_is_reported_unfamiliar(shift_run: tuple[Path, Path, Path, dict]) -> None:
+    # every tile 2x is not reached (about 0.9 of them here, 0.67-1.00 on the measured runs: the results page), but
+    # each enlarged slide is mostly unfamiliar, so none is reported as a bare call
+    raw, _, run, record = shift_run
+    bundle = load_bundle(run / "hospitals" / "client_00")
+    card = bundle.card
+    for name, image in _test_images(raw, record, 0):
+        enlarged = cv2.resize(image, None, fx=2.0, fy=2.0, interpolation=cv2.INTER_CUBIC)
+        tiles = score_slide(bundle, enlarged, name)
+        summary = summarise(tiles, card, card.threshold, 5, enlarged.shape[:2])
+        assert summary["unfamiliar_share"] > 0.5, (name, summary["unfamiliar_share"])
+        assert summary["reported"] == UNFAMILIAR_CALL

@@ -60,6 +60,14 @@ def test_the_description_round_trips_and_a_bad_file_is_one_line(tmp_path: Path) 
     save_file({"mean": np.zeros(3)}, str(tmp_path / TISSUE_FILE), metadata={"format": "something else"})
     with pytest.raises(TissueError, match=f"{tmp_path / TISSUE_FILE} is not a tissue description"):
         read_description(tmp_path)
+    # a description of other statistics (an earlier version's) would measure distances in the wrong space
+    save_file(
+        {"mean": description.mean, "precision": description.precision},
+        str(tmp_path / TISSUE_FILE),
+        metadata={"format": "gastric-fl tissue description", "format_version": "1", "statistic": "channel mean"},
+    )
+    with pytest.raises(TissueError, match="describes other statistics \\('channel mean'\\)"):
+        read_description(tmp_path)
     (tmp_path / TISSUE_FILE).write_bytes(b"\x00" * 10)
     with pytest.raises(TissueError, match="is not a readable safetensors file"):
         read_description(tmp_path)
