@@ -143,3 +143,30 @@ def test_floor_refuses_nonsense() -> None:
         evaluation.Floor(sensitivity=0.0)
     with pytest.raises(ValueError, match="at least 1"):
         evaluation.Floor(min_slides=0)
+
+
+def test_the_verdict_counts_slides_reported_unfamiliar_or_with_a_focus() -> None:
+    """Issue 47: the held-out slides (slides.csv) reported UNFAMILIAR or normal with a focus above the threshold are
+    counted and named at the end of the verdict's reason; without them the reason is the plain one."""
+    from app.held_out import SlideCall, as_slides
+
+    frame = _split([[0.9] * 20] * 3, [[0.1] * 5] * 3)
+    calls = [
+        SlideCall("a.png", "abnormal", 0.9, "abnormal", 0.5, 20, top_tile=0.95, unfamiliar_share=0.02),
+        SlideCall("grey.png", "abnormal", 0.9, "abnormal", 0.5, 20, top_tile=0.95, unfamiliar_share=0.97),
+        SlideCall("n.png", "normal", 0.2, "normal", 0.5, 5, top_tile=0.7, unfamiliar_share=0.0),
+        SlideCall("m.png", "normal", 0.1, "normal", 0.5, 5, top_tile=0.3, unfamiliar_share=0.0),
+    ]
+    held_out = as_slides(calls)
+    assert held_out is not None
+    plain = evaluation.judge(0, frame, 0.5, "the default 0.5", "", evaluation.Floor())
+    flagged = evaluation.judge(0, frame, 0.5, "the default 0.5", "", evaluation.Floor(), held_out=held_out)
+    assert flagged.verdict.reason.endswith(
+        " Of the test slides, 1 UNFAMILIAR (unlike this hospital's slides, do not rely on their calls: grey.png) and "
+        "1 normal with a focus above the threshold (review: n.png)."
+    )
+    assert "UNFAMILIAR" not in plain.verdict.reason
+    # older slides.csv rows (no top tile, no share) flag nothing
+    old = as_slides([SlideCall("n.png", "normal", 0.2, "normal", 0.5, 5)])
+    assert old is not None
+    assert old.flags_text() == ""
