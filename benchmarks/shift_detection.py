@@ -20,6 +20,13 @@ temporary copy (the run is not modified). The cost: ``predict_slide`` on the own
 without the description, interleaved, median of ``--repeats`` passes, per slide.
 
     .venv/bin/python benchmarks/shift_detection.py --run data/runs/quickstart
+
+The published figures add two regimes' runs, trained first (about 1 min each on 2 CPU cores):
+
+    .venv/bin/gastric-fl train --config configs/regime_site_shift.toml --out data/runs/shift_site_shift
+    .venv/bin/gastric-fl train --config configs/regime_data_poor.toml --out data/runs/shift_data_poor
+    .venv/bin/python benchmarks/shift_detection.py --run data/runs/quickstart --run data/runs/shift_site_shift \
+        --run data/runs/shift_data_poor --repeats 7
 """
 
 from __future__ import annotations
