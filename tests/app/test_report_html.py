@@ -220,7 +220,9 @@ def test_the_report_reads_the_card_threshold_and_warns_about_the_operating_point
     # 0 of n abnormal tiles found: the Wilson interval starts at 0 (exact numbers in test_dashboard_scorecard.py)
     assert _metric(page, "sensitivity_ci").startswith("0.00\u2013")
     card = json.loads((hospital / "model.json").read_text())
-    (hospital / "model.json").write_text(json.dumps(card | {"threshold": 0.4}))
+    change = {"from": 0.5, "to": 0.4, "source": "set by hand", "split": "", "by": "Dr A", "at": "", "reason": ""}
+    moved = {"threshold": 0.4, "threshold_source": "set by hand", "threshold_history": [change]}
+    (hospital / "model.json").write_text(json.dumps(card | moved))  # as gastric-fl threshold --value 0.4 writes it
     page = report_html(data.run, "client_00")
     assert _metric(page, "threshold") == "0.4"
     assert _metric(page, "sensitivity") == "1.0000"
