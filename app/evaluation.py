@@ -40,6 +40,9 @@ from models.decision import (
 # threshold in use is below WARN_RATE gets a warning in words.
 WARN_AUC = 0.8
 WARN_RATE = 0.5
+# A threshold proposed for a sensitivity floor must keep at least this specificity on the split that chooses it:
+# one that reaches the floor only by calling most normal tissue abnormal is said, not proposed (`bounded_threshold`)
+MIN_SPECIFICITY = 0.5
 # The Federation page has only metrics.jsonl's figures (AUC, accuracy at threshold 0.5), no sensitivity or
 # specificity: there a hospital whose AUC reaches WARN_AUC while its accuracy is below WARN_ACC is pointed to
 # the scorecard.
@@ -243,11 +246,21 @@ class Unreachable:
     naive: float | None
     tiles: int
     slides: int | None
+    # set when a threshold does reach ``target`` with the margin, but only by calling most normal tiles abnormal:
+    # that threshold and the split's specificity at it (`bounded_threshold`, `MIN_SPECIFICITY`)
+    at: float | None = None
+    specificity: float | None = None
 
     @property
     def words(self) -> str:
         """Why no threshold is proposed, in one sentence."""
         split = "validation" if self.split == "validation" else "test"
+        if self.at is not None and self.specificity is not None:
+            return (
+                f"sensitivity {self.target:.2f} is shown with 95% confidence on the {split} split only at threshold "
+                f"{self.at:.2f}, which calls most normal tiles abnormal (specificity {self.specificity:.2f} there), so "
+                "none is proposed: at this floor the model does not tell the classes apart well enough to be of use"
+            )
         slides = "" if self.slides is None else f" from {self.slides} abnormal slide{'s' if self.slides != 1 else ''}"
         naive = (
             f" (threshold {self.naive:.2f} reaches it on the point estimate alone, without that margin)"
@@ -345,8 +358,10 @@ def bounded_threshold(
     """The highest threshold at which the lower end of the 95% interval of the sensitivity (`sensitivity_bound`,
     abnormal tiles grouped by slide ``keys``; each tile its own slide when the names do not say) reaches
     ``target``: the floor with a margin. Scans every abnormal tile's probability from the highest down (the bound
-    need not grow steadily as the threshold falls: rho changes). `Unreachable` when none does, ``None`` without an
-    abnormal tile."""
+    need not grow steadily as the threshold falls: rho changes). `Unreachable` when none does, or when the first one
+    that does keeps a specificity below `MIN_SPECIFICITY` on the same tiles (every tile of a few slides caught only
+    when nearly everything is called abnormal: no disagreement between slides is left to estimate, so the bound is
+    at its most generous exactly there); ``None`` without an abnormal tile."""
     naive = threshold_for_sensitivity(labels, probs, target)
     if naive is None:
         return None
@@ -367,6 +382,11 @@ def bounded_threshold(
         if bound >= target:
             slides = None if keys is None else int(sizes.size)
             point = operating_point(y, p, float(candidate))
+            if point.normal and point.specificity < MIN_SPECIFICITY:
+                return Unreachable(
+                    float(target), "test", bound, naive.threshold, int(abnormal.sum()), slides, float(candidate),
+                    point.specificity,
+                )  # fmt: skip
             return TargetThreshold(float(target), point, "test", None, bound, naive.threshold, slides)
     slides = None if keys is None else int(sizes.size)
     return Unreachable(float(target), "test", best, naive.threshold, int(abnormal.sum()), slides)

@@ -51,7 +51,12 @@ def rows(run: Path, floors: list[float]) -> list[str]:
             if isinstance(bounded, evaluation.TargetThreshold):
                 margin_cell = f"{bounded.threshold:.3f} (bound {bounded.bound:.2f}): {_test(folder, bounded.threshold)}"
             elif isinstance(bounded, evaluation.Unreachable):
-                margin_cell = f"none proposed (best bound {bounded.best:.2f})"
+                margin_cell = (
+                    f"none proposed (best bound {bounded.best:.2f})"
+                    if bounded.at is None or bounded.specificity is None
+                    else f"none proposed (bound {bounded.best:.2f} only at {bounded.at:.3f}, validation specificity "
+                    f"{bounded.specificity:.2f})"
+                )
             else:
                 margin_cell = "-"
             counts = f"{int((labels == 1).sum())} / {slides}"

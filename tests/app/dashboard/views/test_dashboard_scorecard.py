@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -439,3 +440,29 @@ def test_a_threshold_that_flags_most_normal_tissue_says_so() -> None:
     )
     high = evaluation.consequences(evaluation.operating_point(labels, probs, 0.8))
     assert "most normal tissue" not in high.words  # specificity 1.00
+
+
+def test_a_floor_reached_only_by_calling_most_normal_tiles_abnormal_is_said_not_proposed() -> None:
+    """Issue 47: once every tile of every slide is caught the slides no longer disagree, so the margin is at its most
+    generous exactly where nearly everything is called abnormal (the quick start's hospital 1 was offered 0.057 at
+    floor 0.90: test specificity 0.05). Such a threshold is said, with its specificity, and not proposed."""
+    val = pd.DataFrame(
+        _slide_rows({"00001": [0.9] * 10, "00002": [0.2] * 10}, "abnormal")
+        + _slide_rows({"00003": [0.25] * 8 + [0.1] * 2}, "normal")
+    )
+    labels, probs = val["label"].to_numpy(), val["prob_abnormal"].to_numpy()
+    keys = evaluation.slides_of_tiles(val["path"].to_numpy())
+    assert evaluation.sensitivity_bound([10, 10], [10, 10]) == pytest.approx(20 / (20 + evaluation.Z_95**2))
+    found = evaluation.bounded_threshold(labels, probs, 0.8, keys)
+    assert isinstance(found, evaluation.Unreachable)
+    assert (found.at, found.specificity) == (0.2, pytest.approx(0.2))
+    assert found.best == pytest.approx(20 / (20 + evaluation.Z_95**2))
+    assert found.words == (
+        "sensitivity 0.80 is shown with 95% confidence on the test split only at threshold 0.20, which calls most "
+        "normal tiles abnormal (specificity 0.20 there), so none is proposed: at this floor the model does not tell "
+        "the classes apart well enough to be of use"
+    )
+    # the same tiles with the normal slide below 0.2 keep their proposal
+    kept = evaluation.bounded_threshold(labels, np.where(labels == 1, probs, 0.1), 0.8, keys)
+    assert isinstance(kept, evaluation.TargetThreshold)
+    assert kept.threshold == 0.2
