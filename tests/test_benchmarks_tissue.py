@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -19,6 +20,7 @@ def _script(name: str) -> ModuleType:
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a dataclass of the script looks its module up by name
     spec.loader.exec_module(module)
     return module
 
@@ -99,3 +101,48 @@ def test_tables_compare_matches_rows_by_their_settings(tmp_path: Path) -> None:
         "| strategy=fedsaf, nhead=12 | 0 / 5 | - | - | 0.500 ± 0.010 | 0.500 ± 0.030 |",
     ]
     assert _script("tables_compare").main([str(tmp_path / "old"), str(tmp_path)]) == 2  # no tables there
+
+
+def _fmnist_cell(folder: Path, method: str, seed: int, rounds: list[list[tuple[float, int]]], status: str) -> None:
+    """A cell with ``rounds[r]`` = each hospital's (test_acc, num_test) in round r + 1."""
+    folder.mkdir(parents=True)
+    (folder / "config.toml").write_text(f'[run]\nseed = {seed}\n\n[strategy]\nname = "{method}"\n', encoding="utf-8")
+    lines = [
+        json.dumps({"round": r + 1, "client": c, "test_acc": acc, "num_test": n})
+        for r, hospitals in enumerate(rounds)
+        for c, (acc, n) in enumerate(hospitals)
+    ]
+    (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (folder / "summary.json").write_text(json.dumps({"status": status}), encoding="utf-8")
+
+
+def test_table7_paper_pools_like_pfllib_and_pairs_fedsaf_by_seed(tmp_path: Path) -> None:
+    """Two hospitals of 30 and 10 test images. Pooled accuracy is PFLlib's (correct over all test images), the best
+    round picked over rounds; mean accuracy counts each hospital once. A run that did not finish is left out."""
+    t7 = _script("table7_paper")
+    cells = tmp_path / "grid" / "cells"
+    # fedsaf seed 0: round 1 pooled (0.5*30 + 0.9*10)/40 = 0.6, round 2 (0.8*30 + 0.2*10)/40 = 0.65 (mean 0.5)
+    _fmnist_cell(cells / "a", "fedsaf", 0, [[(0.5, 30), (0.9, 10)], [(0.8, 30), (0.2, 10)]], "finished")
+    _fmnist_cell(cells / "b", "fedsaf", 1, [[(0.7, 30), (0.7, 10)], [(0.6, 30), (1.0, 10)]], "finished")
+    _fmnist_cell(cells / "c", "fedavg", 0, [[(0.4, 30), (0.4, 10)], [(0.5, 30), (0.5, 10)]], "finished")
+    _fmnist_cell(cells / "d", "fedavg", 1, [[(0.3, 30), (0.3, 10)], [(0.6, 30), (0.2, 10)]], "finished")
+    _fmnist_cell(cells / "e", "fedavg", 2, [[(0.9, 30), (0.9, 10)]], "stopped")
+    runs = t7.collect(tmp_path / "grid")
+    assert [(r.method, r.seed) for r in runs] == [("fedavg", 0), ("fedavg", 1), ("fedsaf", 0), ("fedsaf", 1)]
+    saf0 = runs[2]
+    assert (saf0.best_round, saf0.rounds) == (2, 2)
+    assert saf0.best_pooled == pytest.approx(0.65)
+    assert saf0.last_pooled == pytest.approx(0.65)
+    assert saf0.last_mean == pytest.approx(0.5)
+    saf1 = runs[3]  # round 1 pooled 0.7, round 2 (18 + 10)/40 = 0.7: a tie keeps the earlier round
+    assert (saf1.best_round, saf1.best_pooled, saf1.last_mean) == (1, pytest.approx(0.7), pytest.approx(0.8))
+    avg1 = runs[1]  # round 2 pooled (18 + 2)/40 = 0.5
+    assert avg1.best_pooled == pytest.approx(0.5)
+    text = t7.table(runs)
+    assert "| fedavg | 0.6677 | 2 | 0.5000 ± 0.0000 | 0.5000 ± 0.0000 | 0.4500 ± 0.0707 |" in text
+    assert "| fedsaf | 0.9642 | 2 | 0.6750 ± 0.0354 | 0.6750 ± 0.0354 | 0.6500 ± 0.2121 |" in text
+    # FedSAF minus FedAvg by seed: best pooled 0.15 and 0.2 (mean 0.175); last mean 0.0 and 0.4 (mean 0.2)
+    row = next(line for line in text.splitlines() if line.startswith("| fedavg | 2 |"))
+    assert row.split(" | ")[2].startswith("+0.175 [")
+    assert row.split(" | ")[4].startswith("+0.200 [")
+    assert t7.main([str(tmp_path / "none")]) == 2
