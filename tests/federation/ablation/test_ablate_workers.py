@@ -34,9 +34,19 @@ def _figures(out: Path) -> dict[str, list[dict[str, Any]]]:
 
 def interrupting_train(config: Any, run_dir: Path, **kwargs: Any) -> dict[str, Any]:
     """The engine's train, except that the cell of lr 0.03 is interrupted (Ctrl-C) before its run starts and the
-    other after its run has ended (a worker stopped with its cell's run written, not yet reported)."""
+    other after its run has ended (a worker stopped with its cell's run written, not yet reported). The first waits
+    until the other has started: a cell that reaches its worker after the grid was interrupted is not started at
+    all (federation.ablation.cells.train_cell), and a loaded machine can start the two workers seconds apart."""
+    import time
+
+    started = run_dir.parent / "lr-0.01.started"
     if "lr-0.03" in run_dir.name:
+        deadline = time.monotonic() + 120
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
         raise KeyboardInterrupt
+    started.parent.mkdir(parents=True, exist_ok=True)
+    started.write_text("", encoding="utf-8")
     train(config, run_dir, **kwargs)
     raise KeyboardInterrupt
 
