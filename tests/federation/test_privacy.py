@@ -5,7 +5,6 @@ refused by the hospital's policy."""
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import re
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 from support.runs import records, stable
-from support.tiny_dataset import TINY_SETTINGS, make_dataset
+from support.tiny_dataset import TINY_SETTINGS, make_dataset, name_tiles_by_slide
 from torch import nn
 
 from federation.client import Client
@@ -48,7 +47,6 @@ from federation.privacy import (
     steps_per_epoch,
 )
 from federation.strategies.context import recipe_from_config
-from infra.formats import MANIFEST_FILE
 from models import create_model
 from models.registry import group_norm_groups
 
@@ -324,19 +322,7 @@ def test_a_round_must_train_the_dp_the_run_agreed() -> None:
 @pytest.fixture(scope="module")
 def slides_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny dataset with prepare's tile names: two tiles per slide (``<slide>_s<slide>_x.._y...png``)."""
-    folder = make_dataset(tmp_path_factory.mktemp("dp"))
-    with (folder / MANIFEST_FILE).open(newline="") as handle:
-        rows = list(csv.DictReader(handle))
-    for i, row in enumerate(rows):
-        old = folder / row["path"]
-        new_name = f"{i // 2:05d}_s{i // 2}_x{(i % 2) * 40:05d}_y00000.png"
-        row["path"] = str(Path(row["path"]).with_name(new_name).as_posix())
-        old.rename(folder / row["path"])
-    with (folder / MANIFEST_FILE).open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    return folder
+    return name_tiles_by_slide(make_dataset(tmp_path_factory.mktemp("dp")))
 
 
 def test_a_dp_federation_records_epsilon_and_resume_continues_the_ledger(slides_dataset: Path, tmp_path: Path) -> None:

@@ -72,3 +72,21 @@ TINY_SETTINGS: tuple[str, ...] = (
     "data.eval_batch_size=8",
     "client.lr=0.01",
 )
+
+
+def name_tiles_by_slide(folder: Path) -> Path:
+    """``folder`` (a `make_dataset` dataset) with prepare's tile names, two tiles per slide
+    (``<slide>_s<slide>_x.._y...png``), which slide-level DP and slide scoring need; returns ``folder``."""
+    manifest = folder / "manifest.csv"
+    with manifest.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    for i, row in enumerate(rows):
+        old = folder / row["path"]
+        new_name = f"{i // 2:05d}_s{i // 2}_x{(i % 2) * 40:05d}_y00000.png"
+        row["path"] = str(Path(row["path"]).with_name(new_name).as_posix())
+        old.rename(folder / row["path"])
+    with manifest.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return folder

@@ -8,7 +8,6 @@ hospital, round and reason the run's last lines name, what ``summary.json`` reco
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import os
@@ -18,11 +17,10 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 from support.cli import run_cli
-from support.tiny_dataset import TINY_SETTINGS, make_dataset
+from support.tiny_dataset import TINY_SETTINGS, make_dataset, name_tiles_by_slide
 
 from federation.engine.export import replace_bundle
 from federation.engine.hospital import TENSORS_SHA256
-from infra.formats import MANIFEST_FILE
 from models.bundle import load_bundle, read_card
 
 DP = ("model.norm=group", "privacy.noise_multiplier=1.0", "privacy.max_grad_norm=1.0", "privacy.sample_rate=0.5")
@@ -35,18 +33,7 @@ def _sets(*settings: str) -> list[str]:
 @pytest.fixture(scope="module")
 def slides_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny dataset with prepare's tile names (two tiles a slide), which slide-level DP needs."""
-    folder = make_dataset(tmp_path_factory.mktemp("dp"))
-    with (folder / MANIFEST_FILE).open(newline="") as handle:
-        rows = list(csv.DictReader(handle))
-    for i, row in enumerate(rows):
-        old = folder / row["path"]
-        row["path"] = str(Path(row["path"]).with_name(f"{i // 2:05d}_s{i // 2}_x{(i % 2) * 40:05d}_y00000.png"))
-        old.rename(folder / row["path"])
-    with (folder / MANIFEST_FILE).open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    return folder
+    return name_tiles_by_slide(make_dataset(tmp_path_factory.mktemp("dp")))
 
 
 @pytest.fixture(scope="module")
