@@ -180,10 +180,10 @@ def hospital(
 ) -> None:
     """Run this hospital's SuperNode until Ctrl-C: its tiles, labels and head never leave this machine, and it
     answers only what its policy allows (docs/deployment.md, "Hospital policy")."""
-    from federation.data import check_hospitals, manifest_hospitals, read_manifest
-    from federation.engine.policy import load_policy
     from federation.flower.kit import load_bundle
     from federation.flower.supernode import SuperNode
+    from federation.hospital.data import check_hospitals, manifest_hospitals, read_manifest
+    from federation.hospital.policy import load_policy
 
     rules = load_policy(policy)  # a bad policy file is one line before anything starts
     loaded = load_bundle(bundle)
@@ -297,9 +297,10 @@ def audit(
     """What left this hospital: the runs, the tensors and values sent, every refused request, and whether the
     outbound log is intact (exit 1 if it is not). Only an anchor (--anchor, or --count with --sha256) shows that
     the log kept its end; without one the report says that the end is unchecked."""
-    from federation.engine.audit import load_anchor
-    from federation.engine.outbound import Anchor, audit_report, find_outbound, parse_head
     from federation.errors import FederationError
+    from federation.hospital.outbound import audit_report, find_outbound
+    from federation.server.audit import load_anchor
+    from federation.wire.chain import Anchor, parse_head
 
     path = find_outbound(state)
     anchors: list[Anchor] = []

@@ -233,11 +233,11 @@ def score_held_out(
     slides are not on this machine, or the dataset is another. A slide that changed or is missing since prepare, or
     cannot be scored (unreadable, no tissue), is left out of the file and named in ``problems`` (one line each).
     ``device``: where the model scores the tiles,
-    a ``run.device`` value (``auto``, ``cpu``, ``cuda``; `federation.engine.derived.resolve_device`): a run's slides
+    a ``run.device`` value (``auto``, ``cpu``, ``cuda``; `federation.derived.resolve_device`): a run's slides
     are scored where it trained (on a CPU, a few hundred slides take minutes).
     """
     from app import slide_view
-    from federation.engine.derived import resolve_device
+    from federation.derived import resolve_device
     from inference.predict import score_slide, summarise
     from inference.slides import find_slides, read_slide
     from models.bundle import load_bundle
@@ -357,7 +357,7 @@ def _finished_on(folder: Path, card: dict[str, object]) -> str | None:
 
 
 def score_finished(runs: Path, dataset: Path, hospital: int, seen: dict[Path, int]) -> list[str]:
-    """A deployed hospital's runs (``runs``: one folder per run, `federation.engine.hospital.Site.per_run`) whose
+    """A deployed hospital's runs (``runs``: one folder per run, `federation.hospital.handler.Site.per_run`) whose
     model was exported after the run's last round and whose ``slides.csv`` is missing or older than that export:
     score the test slides of ``dataset`` with it (`score_held_out`, predict's code), once per export. ``seen``
     (folder -> the card's modification time last handled) is kept by the caller between calls. One line per run

@@ -8,7 +8,7 @@ reaches the floor with that confidence, none is proposed (`from_floor` says so).
 it does on test is said (`consequences`: sensitivity, abnormal test slides missed by name, false alarms), and
 `undo` restores the value before the last change (the card's ``threshold_history`` keeps it). `save`
 writes it into the hospital's ``model.json`` (`models.bundle.set_threshold`) with where it came from and the card's
-metrics recomputed at it (`federation.engine.export.card_metrics`), so ``predict``, the Slide page, the HTML report
+metrics recomputed at it (`federation.hospital.export.card_metrics`), so ``predict``, the Slide page, the HTML report
 and their slide calls all use the same threshold and say which.
 
 Importing this module imports no torch (the dashboard's pages use `card_threshold` and `floor_source`); `save` does,
@@ -156,7 +156,7 @@ def save(folder: Path, threshold: float, source: str, split: str = "", *, by: st
     """Save ``threshold`` into the bundle at ``folder`` with ``source`` and the ``split`` that chose it
     (``"validation"``, ``"test"``, or ``""`` for one set by hand), the card's metrics recomputed at it on test;
     the change, ``by`` whom and why (``reason``), goes into the card's ``threshold_history``."""
-    from federation.engine.export import card_metrics
+    from federation.hospital.export import card_metrics
     from models.bundle import set_threshold
 
     if not 0.0 < threshold < 1.0:

@@ -300,7 +300,7 @@ def metrics_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
 
 def privacy_spent(metrics: pd.DataFrame) -> dict[int, tuple[float, float]]:
     """Each hospital's ``(epsilon, delta)`` after its last round in ``metrics`` (`metrics_frame`), for a run trained
-    with differential privacy (``dp_epsilon`` in ``metrics.jsonl``, `federation.privacy`); empty otherwise."""
+    with differential privacy (``dp_epsilon`` in ``metrics.jsonl``, `federation.hospital.privacy`); empty otherwise."""
     if "dp_epsilon" not in metrics.columns:
         return {}
     found: dict[int, tuple[float, float]] = {}

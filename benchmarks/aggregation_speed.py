@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._common import command_line, machine, write_result  # noqa: E402
-from federation.aggregation import (  # noqa: E402
+from federation.strategies.aggregation import (  # noqa: E402
     METRICS,
     FlatSpec,
     StackBuffer,
@@ -54,9 +54,9 @@ from federation.aggregation import (  # noqa: E402
     pairwise_distances,
     unflatten,
 )
-from federation.contract import Recipe, TrainReply  # noqa: E402
 from federation.strategies.context import StrategyContext  # noqa: E402
 from federation.strategies.fedsaf import AmpSettings, AttentiveStrategy  # noqa: E402
+from federation.wire.contract import Recipe, TrainReply  # noqa: E402
 from models import create_model, split_units  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "aggregation_speed.md"

@@ -35,7 +35,11 @@ sys.path.insert(0, str(ROOT))
 from safetensors.torch import load_file  # noqa: E402
 
 from benchmarks._common import command_line, machine, write_result  # noqa: E402
-from federation.aggregation import (  # noqa: E402
+from federation.config import load_config, with_values  # noqa: E402
+from federation.derived import NUM_CLASSES  # noqa: E402
+from federation.errors import FederationError  # noqa: E402
+from federation.launch import train  # noqa: E402
+from federation.strategies.aggregation import (  # noqa: E402
     METRICS,
     FlatSpec,
     amp_coefficients,
@@ -43,10 +47,6 @@ from federation.aggregation import (  # noqa: E402
     off_diagonal_mass,
     pairwise_distances,
 )
-from federation.config import load_config, with_values  # noqa: E402
-from federation.engine.derived import NUM_CLASSES  # noqa: E402
-from federation.errors import FederationError  # noqa: E402
-from federation.launch import train  # noqa: E402
 from models import base_keys, create_model, split_units  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "amp_distances.md"

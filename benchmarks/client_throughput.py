@@ -4,7 +4,7 @@ Both train the same MobileNetV3-Small (the FedSAF paper's model, paper 001 Sec. 
 on the same in-memory uint8 tiles, same batch size and same input size, one epoch per repetition:
 
 - **bare**: ``for idx in randperm: x = normalise(tiles[idx]); loss = CE(model(x), y); backward; step``;
-- **client**: ``federation.client.Client.train`` with the FedAvg recipe (seeding, loss bookkeeping, NaN check,
+- **client**: ``federation.hospital.trainer.Client.train`` with the FedAvg recipe (seeding, loss bookkeeping, NaN check,
   trainable-part selection), augmentation off: the same work as the bare loop plus our overhead;
 - **client + augment**: the same with the H&E augmentation on (flips/rotations, mild colour jitter), which the
   bare loop does not do: it shows what augmentation costs.
@@ -33,9 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._common import machine, write_result  # noqa: E402
-from federation.client import Client  # noqa: E402
-from federation.contract import Recipe, TrainInstruction  # noqa: E402
-from federation.data import HospitalData, to_tensor  # noqa: E402
+from federation.hospital.data import HospitalData, to_tensor  # noqa: E402
+from federation.hospital.trainer import Client  # noqa: E402
+from federation.wire.contract import Recipe, TrainInstruction  # noqa: E402
 from models import base_keys, create_model, split_units  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "client_throughput.md"

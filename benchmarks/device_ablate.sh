@@ -109,7 +109,7 @@ EOF
     # (b) the project importable as gastric-fl's commands and ablate's worker processes import it
     echo "== import check"
     "$python" -c "import app.cli, federation.launch, federation.ablation, federation.ablation.cells, \
-federation.engine.loop, federation.client, federation.data, pipeline.synth, pipeline.prepare, models.registry, timm, \
+federation.server.loop, federation.hospital.trainer, federation.hospital.data, pipeline.synth, pipeline.prepare, models.registry, timm, \
 scipy.stats, matplotlib.pyplot, safetensors.torch; print('import check ok')" 2>&1
 } >>"$out/env.txt"
 if ! grep -q "^import check ok" "$out/env.txt"; then

@@ -40,10 +40,10 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._common import command_line, device_line, write_result  # noqa: E402
 from benchmarks.gpu_throughput import product, sync, tiles  # noqa: E402
 from federation.config.load import load_config  # noqa: E402
-from federation.contract import TrainInstruction  # noqa: E402
-from federation.data import HospitalData  # noqa: E402
+from federation.hospital.data import HospitalData  # noqa: E402
 from federation.runfiles import METRICS_FILE, SUMMARY_FILE, read_metrics  # noqa: E402
 from federation.strategies.context import recipe_from_config, resolved_nhead  # noqa: E402
+from federation.wire.contract import TrainInstruction  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "first_round.md"
 START = "the device's start (a first tensor on it)"

@@ -1,4 +1,5 @@
-"""The GPU memory estimate that guards ``run.workers`` on one GPU (``federation.gpu_memory``, issue 32) against what
+"""The GPU memory estimate that guards ``run.workers`` on one GPU (``federation.hospital.gpu_memory``, issue 32)
+against what
 the device really holds.
 
 A synthetic SEED dataset (``gastric-fl synth --format seed --images N --difficulty 0.3``, prepared with
@@ -6,7 +7,7 @@ A synthetic SEED dataset (``gastric-fl synth --format seed --images N --difficul
 two rounds under each variant (``run.workers``, batch, precision) on ``--device cuda``, in a child process, while
 ``nvidia-smi --query-gpu=memory.used`` is read every 50 ms. The measured figure is the peak minus the reading before
 the child started (every process of the run: the parent's CUDA context, which `train` creates when it checks the
-free memory, and each worker's). The estimate is ``federation.gpu_memory.run_bytes`` for the run plus, with
+free memory, and each worker's). The estimate is ``federation.hospital.gpu_memory.run_bytes`` for the run plus, with
 workers, one ``CONTEXT_BYTES`` for that parent. The estimate is meant to be at or above the measured peak
 (ratio >= 1), not far above it.
 
@@ -116,7 +117,8 @@ def main() -> None:
         "",
         f"Data: {args.slides} synthetic SEED slides prepared with configs/prepare_seed_noniid.toml: "
         f"{len(tiles)} hospitals of {', '.join(str(t) for t in tiles)} tiles (every split) at 128 px. "
-        "configs/seed.toml for two rounds per variant. Estimate: `federation.gpu_memory.run_bytes` + the parent's "
+        "configs/seed.toml for two rounds per variant. Estimate: `federation.hospital.gpu_memory.run_bytes` + the "
+        "parent's "
         "context when there are workers; measured: the peak of `nvidia-smi`'s memory.used above the reading before "
         "the run.",
         "",

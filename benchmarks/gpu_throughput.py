@@ -9,9 +9,10 @@ content does not change a step's cost), MobileNetV3-Small (paper 001, Sec. 4.3.1
 - **bare, bf16 + channels-last, batch 256**: the same under bf16 autocast with channels-last memory.
 - **bare, fp32 + channels-last, batch B**: the fp32 loop with the model and inputs in channels-last memory, as the
   product holds them on a GPU at either precision: whether the layout is part of the fp32 gap.
-- **product, plain**: `federation.client.Client.train` with a one-phase recipe (one epoch over all parameters, no
+- **product, plain**: `federation.hospital.trainer.Client.train` with a one-phase recipe (one epoch over all
+  parameters, no
   precise BN, no Fisher pass): the same work as the bare loop plus the product's augmentation
-  (`federation.gpu.augment`: symmetries, HSV, brightness/contrast) and bookkeeping, at the same batch and
+  (`federation.hospital.gpu.augment`: symmetries, HSV, brightness/contrast) and bookkeeping, at the same batch and
   precision;
 - **product, the preset**: the FedSAF recipe of ``configs/seed.toml`` (a head epoch, then a base epoch, precise
   BN, the Fisher pass of ``fedsaf.fisher_batch`` tiles) with augmentation, at the preset's batch (32) in fp32, and
@@ -47,11 +48,11 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks._common import command_line, device_line, write_result  # noqa: E402
 from federation import gpu  # noqa: E402
-from federation.client import Client  # noqa: E402
 from federation.config.load import load_config  # noqa: E402
-from federation.contract import Recipe, TrainInstruction  # noqa: E402
-from federation.data import HospitalData  # noqa: E402
+from federation.hospital.data import HospitalData  # noqa: E402
+from federation.hospital.trainer import Client  # noqa: E402
 from federation.strategies.context import recipe_from_config, resolved_nhead  # noqa: E402
+from federation.wire.contract import Recipe, TrainInstruction  # noqa: E402
 from models import base_keys, create_model, split_units  # noqa: E402
 from models.preprocess import default_stats  # noqa: E402
 from models.split import head_keys  # noqa: E402

@@ -3,7 +3,8 @@
 Both score the same tiles with the same model (MobileNetV3-Small, random weights: the weights do not change the
 cost) in eval mode, same batch size, same torch threads:
 
-- **engine evaluation**: ``federation.client.Client.evaluate`` over the tiles held in memory as the engine holds a
+- **engine evaluation**: ``federation.hospital.trainer.Client.evaluate`` over the tiles held in memory as the engine
+  holds a
   hospital's test split (``uint8``, already resized to ``input_size``): normalisation, forward pass, loss,
   softmax;
 - **predict scoring**: ``inference.score_positions`` from the decoded slide: it cuts each square as prepare does
@@ -38,8 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._common import command_line, machine, write_result  # noqa: E402
-from federation.client import Client  # noqa: E402
-from federation.data import HospitalData  # noqa: E402
+from federation.hospital.data import HospitalData  # noqa: E402
+from federation.hospital.trainer import Client  # noqa: E402
 from inference import find_slides, plan_of, predict_slide, read_slide, score_positions, tissue_positions  # noqa: E402
 from models import base_keys, create_model, split_units  # noqa: E402
 from models.bundle import Bundle, ModelCard, TileGrid  # noqa: E402

@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._common import command_line, machine, round_seconds, synthetic_dataset, write_result  # noqa: E402
 from federation.ablation import Plan, load_plan  # noqa: E402
 from federation.config import load_config  # noqa: E402
-from federation.data import read_manifest  # noqa: E402
+from federation.hospital.data import read_manifest  # noqa: E402
 
 
 @dataclass(frozen=True)

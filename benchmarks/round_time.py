@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks._common import machine, round_seconds, synthetic_dataset, write_result  # noqa: E402
 from federation.config import load_config  # noqa: E402
-from federation.data import read_manifest  # noqa: E402
+from federation.hospital.data import read_manifest  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "round_time.md"
 

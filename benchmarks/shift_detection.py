@@ -53,8 +53,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._common import command_line, machine, write_result  # noqa: E402
-from federation.data import load_hospitals, to_tensor  # noqa: E402
-from federation.engine.tissue import describe_tissue  # noqa: E402
+from federation.hospital.data import load_hospitals, to_tensor  # noqa: E402
+from federation.hospital.tissue import describe_tissue  # noqa: E402
 from inference.predict import plan_of, predict_slide, tissue_positions  # noqa: E402
 from inference.slides import Slide, find_slides, read_slide  # noqa: E402
 from models.bundle import Bundle, load_bundle  # noqa: E402

@@ -1,6 +1,7 @@
 """Rules on the aggregation weights that need the number of hospitals, written once and torch-free: the
 configuration checks them when the hospitals are listed (`federation.config`), the dashboard before a run
-(`app.dashboard.checks`), and the aggregation maths on every call (`federation.aggregation`), which thereby needs
+(`app.dashboard.checks`), and the aggregation maths on every call (`federation.strategies.aggregation`), which thereby
+needs
 nothing of the configuration package.
 
 - `amp_bound_problem`: AMP's self-weight bound, FedSAF paper 001, Eq. 16 (``alpha_k (m - 1) <= sigma``).
@@ -22,7 +23,8 @@ def amp_bound_problem(num_hospitals: int, alpha_k: float, sigma: float) -> str |
 
     For a distance ``d >= 0``, ``A'(d) = exp(-d/sigma)/sigma <= 1/sigma``, so ``xi_ii >= 1 - alpha_k (m - 1) /
     sigma``: non-negative exactly when ``alpha_k (m - 1) <= sigma`` (docs/design.md). The boundary itself is allowed
-    (a relative tolerance of 1e-12). The one rule: `federation.aggregation.check_amp_settings`, which the engine
+    (a relative tolerance of 1e-12). The one rule: `federation.strategies.aggregation.check_amp_settings`, which the
+    engine
     applies when a run starts, calls this; it needs no torch, so the dashboard checks settings before a run.
     """
     peers = num_hospitals - 1
@@ -42,7 +44,7 @@ def max_weight_problem(num_hospitals: int, max_weight: float) -> str | None:
     tolerance of 1e-12 lets ``1/m`` itself through); ``num_hospitals = 0`` (not known yet) checks only ``(0, 1]``.
     The one rule: the configuration applies it when ``strategy.clients`` lists the hospitals, the averaging
     strategies when a run starts (``federation.strategies.fedavg.Averaging``), and
-    `federation.aggregation.cap_weights` on every call; it needs no torch.
+    `federation.strategies.aggregation.cap_weights` on every call; it needs no torch.
     """
     if not (math.isfinite(max_weight) and 0.0 < max_weight <= 1.0):
         return f"config server.max_weight = {max_weight!r} is out of range: use a share in (0, 1], e.g. 0.5"

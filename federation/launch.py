@@ -5,7 +5,7 @@
 * ``flower-sim``: the same hospitals as Flower ClientApps in Flower's simulation runtime (one machine);
 * ``flower``: hospitals deployed as SuperNodes of a SuperLink (``[flower]``; docs/deployment.md).
 
-All three run the same round loop, strategies and client recipes (`federation.engine.loop`). This module sits above
+All three run the same round loop, strategies and client recipes (`federation.server.loop`). This module sits above
 ``federation.engine`` and ``federation.flower`` so that neither imports the other both ways (docs/design.md,
 "Layout and layers"; ``tests/test_dependencies.py``).
 """
@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from federation.config import RunConfig
+from federation.derived import resolve_device
 from federation.engine import Server, local_sites, resolve_config
-from federation.engine.derived import resolve_device
-from federation.engine.hospital import Site
-from federation.engine.pools import InProcessPool, Pool, WorkerPool
+from federation.engine.pools import InProcessPool, WorkerPool
+from federation.hospital.handler import Site
+from federation.server.pool import Pool
 from infra.formats import manifest_sha256
 from models import check_input_size
 
@@ -63,11 +64,11 @@ def train(
 
 def check_workers_fit(config: RunConfig, sites: list[Site]) -> None:
     """On a GPU, refuse ``run.workers`` processes whose hospitals would not fit in its free memory, before the run
-    starts (`federation.gpu_memory`); nothing on the CPU or with ``run.check_gpu_memory = false``."""
+    starts (`federation.hospital.gpu_memory`); nothing on the CPU or with ``run.check_gpu_memory = false``."""
     device = resolve_device(config.run.device)
     if device.type != "cuda" or not config.run.check_gpu_memory:
         return
-    from federation import gpu_memory
+    from federation.hospital import gpu_memory
 
     counts = gpu_memory.hospital_tiles(config.data.path)
     tiles = [counts.get(site.data_index, 0) for site in sites]

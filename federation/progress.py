@@ -1,7 +1,7 @@
 """Progress within a round: ``<run>/progress.json``, rewritten by the round loop, read by the dashboard.
 
 ``summary.json`` and ``metrics.jsonl`` change once per round, and a round of a real dataset takes minutes. The
-round loop (``federation.engine.loop``) rewrites this small file at each step of a round: the round, its phase
+round loop (``federation.server.loop``) rewrites this small file at each step of a round: the round, its phase
 (``training``, ``aggregating``, ``evaluating``) and how many hospitals have answered out of how many were asked.
 Hospitals are counted as they answer where the transport tells (the in-process engine one by one, worker
 processes per batch); over Flower all hospitals of a phase answer at once.

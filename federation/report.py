@@ -346,7 +346,7 @@ def _with_interval(value: Any, interval: Any) -> str | None:
 
 def operating_points(runs: Sequence[RunResult]) -> list[dict[str, Any]]:
     """One row per run x hospital whose model card is on this machine (``hospitals/client_XX/model.json``, written
-    by the hospital after each round; `federation.engine.export.card_metrics`): its operating threshold and where it
+    by the hospital after each round; `federation.hospital.export.card_metrics`): its operating threshold and where it
     came from, test slides, sensitivity and specificity with their 95% Wilson intervals, the AUC's interval
     resampled by slide, and the slide calls' sensitivity and specificity (`models.decision`, issue 23). A deployed
     run's server holds no card: the section is then empty."""
@@ -395,7 +395,8 @@ PRIVACY_COLUMNS: tuple[str, ...] = (
 
 
 def privacy_rows(runs: Sequence[RunResult]) -> list[dict[str, Any]]:
-    """One row per run x hospital of a run trained with differential privacy (``[privacy]``, `federation.privacy`):
+    """One row per run x hospital of a run trained with differential privacy (``[privacy]``,
+    `federation.hospital.privacy`):
     its epsilon at the run's delta after its last recorded round (what it reported in ``metrics.jsonl``), and what
     recomputes it independently: the noise multiplier, sampling rate and DP-SGD steps with Opacus's RDP accountant
     (plus the clip norm and the unit protected)."""
@@ -536,7 +537,8 @@ def write_report(
 
 def classes_note(runs: Sequence[RunResult]) -> str:
     """For runs with more than two classes (``summary.json``'s ``classes``): the AUC columns hold the macro
-    one-vs-rest AUC over the classes present (`federation.client.multiclass_auc`), and the binary task's notions
+    one-vs-rest AUC over the classes present (`federation.hospital.trainer.multiclass_auc`), and the binary task's
+    notions
     (verdict, sensitivity, slide calls) are named as not applicable; empty for binary runs."""
     counts = sorted({len(run.summary.get("classes") or ()) for run in runs} - {0, 1, 2})
     if not counts:

@@ -38,7 +38,7 @@ CONFIG_FILE = "config.toml"  # the resolved configuration (federation.config)
 METRICS_FILE = "metrics.jsonl"  # one MetricsLine per round x evaluated hospital
 AGGREGATION_FILE = "aggregation.jsonl"  # one line per round: what the strategy decided (xi, gamma, ...)
 SUMMARY_FILE = "summary.json"  # running / finished / failed / stopped, and the run's figures
-AUDIT_FILE = "messages.jsonl"  # what crossed the hospital boundary (run.audit; federation.engine.audit)
+AUDIT_FILE = "messages.jsonl"  # what crossed the hospital boundary (run.audit; federation.server.audit)
 ANCHORS_FILE = "anchors.json"  # each hospital's outbound-log head as its latest reply carried it (engine.audit)
 PROGRESS_FILE = "progress.json"  # the round under way, for the dashboard's progress bar (federation.progress)
 CHECKPOINT_DIR = "checkpoints"  # the server's per-round checkpoints; a hospital's own, in its folder
@@ -56,27 +56,27 @@ REPORT_FILES = (REPORT_MD, REPORT_CSV, HOSPITALS_CSV, ACCURACY_PNG, AMP_GROUPS_M
 HOSPITALS_DIR = "hospitals"
 HOSPITAL_PREFIX = "client_"
 HOSPITAL_GLOB = "client_[0-9][0-9]"
-HOSPITAL_FILE = "hospital.json"  # the hospital's own record of the run (federation.engine.hospital)
+HOSPITAL_FILE = "hospital.json"  # the hospital's own record of the run (federation.hospital.handler)
 PREDICTIONS_FILE = "predictions.csv"  # its test tiles' probabilities, rewritten after each round
 # its validation tiles' probabilities (same columns), rewritten after each round: where thresholds are chosen
 VAL_PREDICTIONS_FILE = "val_predictions.csv"
 # its held-out test slides scored as `gastric-fl predict` scores them, after the last round (app.held_out)
 SLIDES_FILE = "slides.csv"
-OUTBOUND_FILE = "outbound.jsonl"  # what left the hospital (federation.engine.outbound)
-ACCOUNTANT_FILE = "privacy.json"  # its differential-privacy ledger (federation.privacy)
+OUTBOUND_FILE = "outbound.jsonl"  # what left the hospital (federation.hospital.outbound)
+ACCOUNTANT_FILE = "privacy.json"  # its differential-privacy ledger (federation.hospital.privacy)
 REPORT_HTML = "report.html"  # gastric-fl report --html (app.report_html)
 SLIDES_DIR = "slides"  # slides scored with the hospital's model (app.slide_view)
 PREDICTION_COLUMNS = ("client", "path", "label", "prob_abnormal", "round")
 
 
 class MetricsLine(TypedDict):
-    """One line of ``metrics.jsonl``: one hospital's round (``federation.engine.rounds.RoundRecord.metrics_lines``).
+    """One line of ``metrics.jsonl``: one hospital's round (``federation.server.rounds.RoundRecord.metrics_lines``).
 
     Losses, accuracy, AUC and the Fisher trace are ``None`` where not finite or not measured (JSON has no NaN);
     ``values_sent`` / ``values_received`` count the tensor values that crossed the boundary for this hospital;
     ``trained``: whether its training reply was used this round (else it was only evaluated); ``num_train``: the
     training tiles it declared when it was (0 when not: nothing of a left-out reply is recorded). The
-    differential-privacy fields appear only in runs with ``[privacy]`` (federation.privacy).
+    differential-privacy fields appear only in runs with ``[privacy]`` (federation.hospital.privacy).
     """
 
     round: int

@@ -4,7 +4,7 @@ A run is a folder other tools read while it grows (the dashboard polls it), so e
 atomically (written beside, then renamed) and ``summary.json`` says whether the run is ``running``,
 ``finished``, ``failed`` or ``stopped``. The server's checkpoints are safetensors of the strategy's cross-round
 state (shared tensors only: a hospital's head and its own checkpoints stay in its folder,
-``federation.engine.hospital``) with a JSON sidecar (round, hospitals, strategy JSON state); a checkpoint counts
+``federation.hospital.handler``) with a JSON sidecar (round, hospitals, strategy JSON state); a checkpoint counts
 only once its sidecar exists, and the sidecar is written last. Nothing is pickled.
 
 A run directory is ``gastric-fl train``'s output (issue 10): it carries train's ownership marker from the moment it
@@ -63,8 +63,6 @@ from models.names import CARD_FILE, TISSUE_FILE, WEIGHTS_FILE
 
 if TYPE_CHECKING:
     import torch
-
-    from federation.contract import TensorDict
 
 OWNER = "train"  # the command named in a run directory's ownership marker
 
@@ -223,7 +221,7 @@ def clean_temp_files(run_dir: Path) -> list[Path]:
     """Remove the server's temp files left by a write killed mid-way (``kill -9``); returns what was removed.
 
     Only hidden ``.<name>.*`` files of the run's own files and checkpoints; call it while holding the run's lock.
-    Hospitals clean their own folders (``federation.engine.hospital``).
+    Hospitals clean their own folders (``federation.hospital.handler``).
     """
     found = [p for name in _SERVER_FILES for p in run_dir.glob(f".{name}.*")]
     found += list((run_dir / CHECKPOINT_DIR).glob(".round_*")) if (run_dir / CHECKPOINT_DIR).is_dir() else []
@@ -270,11 +268,11 @@ def prepare_run_dir(run_dir: Path, overwrite: bool) -> None:
 @dataclass
 class Checkpoint:
     """Everything the server needs to continue after round ``round``: which hospitals, the strategy's state, and
-    (``pending``) the round's record while its evaluation is still to come (`federation.engine.rounds`)."""
+    (``pending``) the round's record while its evaluation is still to come (`federation.server.rounds`)."""
 
     round: int
     clients: list[int]
-    strategy_tensors: TensorDict
+    strategy_tensors: dict[str, torch.Tensor]
     strategy_json: dict[str, Any]
     pending: dict[str, Any] | None = None
 
@@ -381,7 +379,7 @@ def read_checkpoint(run_dir: Path, server_round: int, warn: Callable[[str], None
     if recorded is None and warn is not None:
         warn(f"checkpoint {tensors_path} was written without its sha256 (an earlier version): loaded unchecked")
     clients = [int(c) for c in sidecar.get("clients", [])]
-    strategy: TensorDict = {}
+    strategy: dict[str, torch.Tensor] = {}
     for name, value in tensors.items():
         kind, _, rest = name.partition("/")
         if kind == _STRATEGY:

@@ -62,7 +62,7 @@ WORDS |= {"site": "site", "sites": "site"}
 FOLDER_FUNCTIONS = ("hospital_folder", "hospital_folders", "hospital_dir")
 READER_WORDS = ("read", "scan", "load", "loads", "open", "iter", "parse")
 START = ("app.cmd_train", "train")
-FIRST_ROUND = ("federation.engine.loop", "Server._round")
+FIRST_ROUND = ("federation.server.loop", "Server._round")
 MAX_DEPTH = 25
 
 

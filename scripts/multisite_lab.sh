@@ -8,7 +8,7 @@
 # server's own 127.0.0.1) and one hospital per client of --data (10.231.0.10, .11, ...). The sites are joined by a
 # bridge in a namespace of their own: no site has a route out of the lab, and nothing is added to this machine's
 # own network. Each site's home is 0700 and holds only what that site would hold: the server its kit folder, each
-# hospital its kit bundle and its own slides' tiles (a dataset of its own, `federation.data.extract_hospital`).
+# hospital its kit bundle and its own slides' tiles (a dataset of its own, `federation.hospital.data.extract_hospital`).
 # The operator submits the run as the server's user, in the server's namespace. The same job is trained in-process
 # first; the script fails unless the deployed per-round metrics are identical, and it checks the isolation it
 # claims (each site reads its own files and none of another's: homes, tiles, the lab's dataset, the reference's
@@ -106,7 +106,7 @@ if [ -z "$data" ]; then
 fi
 [ -f "$data/manifest.csv" ] || { echo "error: --data $data is not a prepared dataset (no manifest.csv)" >&2; exit 2; }
 data=$(cd "$data" && pwd)
-hospitals=$("$py" -c "import sys; from federation.data import read_dataset; rows, _ = read_dataset(sys.argv[1]); \
+hospitals=$("$py" -c "import sys; from federation.hospital.data import read_dataset; rows, _ = read_dataset(sys.argv[1]); \
 print(len({r.client for r in rows}))" "$data")
 settings=(--set "run.rounds=$rounds")
 for s in "${sets[@]}"; do settings+=(--set "$s"); done
@@ -187,7 +187,7 @@ cp "$config" "${home[server]}/config.toml"
 for ((c = 0; c < hospitals; c++)); do
     site="h$c"
     cp -a "$lab/kit/hospitals/client_$(printf %02d "$c")" "${home[$site]}/bundle"
-    "$py" -c "import sys; from pathlib import Path; from federation.data import extract_hospital; \
+    "$py" -c "import sys; from pathlib import Path; from federation.hospital.data import extract_hospital; \
 extract_hospital(sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]))" "$data" "$c" "$private/extract-$c"
     cp -r "$private/extract-$c" "${home[$site]}/data"  # new files: the lab's copies, never links to --data
 done

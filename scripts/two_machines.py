@@ -24,7 +24,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from federation.engine.derived import config_from_text  # noqa: E402
+from federation.derived import config_from_text  # noqa: E402
 from federation.report import load_run, summary_row  # noqa: E402
 
 RESULTS = ROOT / "results"

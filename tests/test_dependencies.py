@@ -95,8 +95,8 @@ def test_the_walk_sees_deferred_imports_and_every_folder() -> None:
     # the walk itself: it finds the modules of every folder, and an import inside a function
     assert {name.split(".")[0] for name in modules()} == set(PACKAGES)
     assert len(modules()) > 100
-    deferred = "federation.engine.hospital"  # imports federation.engine.export inside a method
-    assert "federation.engine.export" in imports(deferred)
+    deferred = "federation.hospital.handler"  # imports federation.hospital.export inside a method
+    assert "federation.hospital.export" in imports(deferred)
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
@@ -161,3 +161,61 @@ def test_torch_free_modules_never_import_torch() -> None:
     chosen = [m for m in modules() if any(m == t or m.startswith(f"{t}.") for t in TORCH_FREE)]
     assert len(chosen) > 20
     assert [m for m in chosen if "torch" in imports(m)] == []
+
+
+def _reached(start: str) -> set[str]:
+    """Every project module importing ``start`` loads: its imports, deferred ones included, through each imported
+    module, and each package whose ``__init__`` Python runs on the way (``a.b.c`` runs ``a`` and ``a.b``)."""
+    known = modules()
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        module = todo.pop()
+        if module in seen or module not in known:
+            continue
+        seen.add(module)
+        parts = module.split(".")
+        todo.extend(".".join(parts[:k]) for k in range(1, len(parts)))
+        todo.extend(o for o in imports(module) if o != "torch")
+    return seen - {start}
+
+
+SIDES = {"federation.hospital": "federation.server", "federation.server": "federation.hospital"}
+
+
+@pytest.mark.parametrize("side", sorted(SIDES))
+def test_the_hospital_and_the_server_import_nothing_of_each_other(side: str) -> None:
+    """docs/design.md, "Trust model": what runs at a hospital (``federation/hospital/``) loads no module of the
+    server (``federation/server/``), through any chain of imports, and the reverse; both share only the wire
+    contract (``federation/wire/``) and neutral modules (configuration, errors, run files)."""
+    other = SIDES[side]
+    mine = [m for m in modules() if m == side or m.startswith(f"{side}.")]
+    assert len(mine) >= 8
+    wrong = {m: sorted(o for o in _reached(m) if o == other or o.startswith(f"{other}.")) for m in sorted(mine)}
+    assert {m: o for m, o in wrong.items() if o} == {}
+
+
+HOSPITAL_RUNTIME = ("federation.flower.executor", "federation.flower.hospital_app", "federation.flower.records")
+
+
+@pytest.mark.parametrize("module", HOSPITAL_RUNTIME)
+def test_what_a_deployed_hospital_runs_loads_no_server_code(module: str) -> None:
+    """A deployed hospital's SuperNode runs its executor, which answers with the hospital's ``ClientApp``: none of
+    it loads ``federation.server`` (the server's ``ServerApp`` is ``federation.flower.apps``)."""
+    reached = _reached(module)
+    assert "federation.hospital.handler" in reached or module == "federation.flower.records"
+    assert sorted(o for o in reached if o.startswith("federation.server")) == []
+
+
+def test_the_wire_contract_imports_neither_side() -> None:
+    wire = [m for m in modules() if m.startswith("federation.wire")]
+    assert len(wire) >= 3
+    reached = {o for m in wire for o in _reached(m)}
+    assert sorted(o for o in reached if o.startswith(("federation.hospital", "federation.server"))) == []
+
+
+def test_the_boundary_walk_follows_chains_and_packages() -> None:
+    # the walk itself: federation.server.loop reaches federation.wire.codec and the packages it sits in
+    reached = _reached("federation.server.loop")
+    assert {"federation", "federation.server", "federation.wire.codec"} <= reached
+    assert "federation.strategies.aggregation" in _reached("federation.strategies.fedavg")

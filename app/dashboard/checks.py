@@ -123,7 +123,7 @@ def _named_field(error: ValueError, values: Mapping[str, Any]) -> Field | None:
 
 
 def _start_problems(config: Any, num_hospitals: int | None) -> list[tuple[str | None, str]]:
-    """What the engine refuses when a run starts, before round 1 (federation/engine/loop.py, the strategies), as
+    """What the engine refuses when a run starts, before round 1 (federation/server/loop.py, the strategies), as
     (the field it is about or ``None``, sentence)."""
     problems: list[tuple[str | None, str]] = []
     name = config.strategy.name

@@ -222,12 +222,13 @@ def _record_failure(
 
 def check_cells_fit(configs: Sequence[RunConfig], at_once: int) -> None:
     """Refuse ``at_once`` of the cells of ``configs`` sharing one GPU when their estimated memory exceeds its free
-    memory (`federation.gpu_memory.check_cells`); nothing for the cells that set ``run.check_gpu_memory = false``
+    memory (`federation.hospital.gpu_memory.check_cells`); nothing for the cells that set ``run.check_gpu_memory =
+    false``
     (none checked when all do)."""
     configs = [c for c in configs if c.run.check_gpu_memory]
     if not configs:
         return
-    from federation import gpu_memory
+    from federation.hospital import gpu_memory
 
     counts = {path: gpu_memory.hospital_tiles(path) for path in {str(c.data.path) for c in configs}}
     needs = [gpu_memory.config_bytes(c, counts[str(c.data.path)]) for c in configs]

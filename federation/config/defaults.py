@@ -27,7 +27,7 @@ precision = "fp32"
 # Deterministic GPU kernels (the same seed gives the same metrics.jsonl run to run on one GPU); false opts out.
 deterministic = true
 # Before hospitals or ablation cells share one GPU, refuse what the memory estimate says will not fit
-# (federation/gpu_memory.py); false runs them anyway, for when the estimate is known to be too high.
+# (federation/hospital/gpu_memory.py); false runs them anyway, for when the estimate is known to be too high.
 check_gpu_memory = true
 keep_checkpoints = 2
 # Describe every message that crosses the hospital boundary in <run>/messages.jsonl (names and shapes, no values).
@@ -142,7 +142,8 @@ round_timeout = 600
 # (fedavg, fedprox, fedrep, fedbn), the Fisher weights gamma (fedsaf, fedas), each layer's weights (depthwise_fim),
 # each value's weights (precision_weighted), AMP's weights of other hospitals (fedamp, fedsaf). Weights above it
 # are capped and the excess is spread over the other hospitals in proportion to their weights
-# (federation.aggregation.cap_weights; AMP's excess stays with the hospital's own model). Must be >= 1/m for m
+# (federation.strategies.aggregation.cap_weights; AMP's excess stays with the hospital's own model). Must be >= 1/m for
+# m
 # hospitals (weights sum to 1). Example:
 # max_weight = 0.5
 #
@@ -164,7 +165,7 @@ round_timeout = 600
 # max_examples = 10000000
 
 [privacy]
-# Differential privacy at every hospital (federation.privacy, docs/privacy.md): DP-SGD in every training phase,
+# Differential privacy at every hospital (federation.hospital.privacy, docs/privacy.md): DP-SGD in every training phase,
 # a slide as the protected unit, accounted with Opacus's RDP accountant. Off unless noise_multiplier is set; it
 # needs model.norm = "group" (BatchNorm mixes the slides of a batch and keeps statistics of private data).
 # noise_multiplier = 1.0      # sigma: the noise's standard deviation over the clip norm
@@ -185,6 +186,6 @@ FISHER_ESTIMATORS = ("per_sample", "full_pass")
 NORMS = ("batch", "group")
 DP_UNITS = ("slide", "tile")
 AMP_METRICS = ("euclidean", "manhattan", "cosine", "cosine_distance")
-AMP_SCALES = ("raw", "per_value", "relative")  # federation.aggregation.SCALES
+AMP_SCALES = ("raw", "per_value", "relative")  # federation.strategies.aggregation.SCALES
 TLU_GROUPINGS = ("body", "shapes")
-ROBUST_METHODS = ("norm_bound", "trimmed_mean")  # server.robust (federation.aggregation)
+ROBUST_METHODS = ("norm_bound", "trimmed_mean")  # server.robust (federation.strategies.aggregation)

@@ -62,9 +62,9 @@ class RunSection:
     on a shared 2-core machine (``benchmarks/results/round_time.md``).
     ``precision``: ``fp32``, or ``bf16`` (autocast of the forward pass and loss, on a GPU that supports it; the CPU
     path runs fp32 either way unless asked). ``deterministic``: deterministic GPU kernels
-    (`federation.gpu.deterministic`), so that a seed gives the same figures run to run on one GPU.
+    (`federation.hospital.gpu.deterministic`), so that a seed gives the same figures run to run on one GPU.
     ``check_gpu_memory``: refuse, before they start, ``run.workers`` processes (or ``ablate --workers`` cells) that
-    share one GPU when `federation.gpu_memory` estimates they will not fit its free memory; ``false`` skips the
+    share one GPU when `federation.hospital.gpu_memory` estimates they will not fit its free memory; ``false`` skips the
     estimate (it errs high: about twice what five bf16 workers held on an H200).
     """
 
@@ -239,7 +239,7 @@ class AmpSection:
     sigma: float
     lam: float
     dm: str
-    scale: str = "relative"  # how d_ij is rescaled before A' (federation.aggregation.SCALES; docs/fedsaf.md)
+    scale: str = "relative"  # how d_ij is rescaled before A' (federation.strategies.aggregation.SCALES; docs/fedsaf.md)
 
     def __post_init__(self) -> None:
         _positive("amp.alpha_k", self.alpha_k)
@@ -338,9 +338,10 @@ class ServerSection:
     """``[server]``: the server's own safeguards, every one off (``None``) by default.
 
     ``max_weight``: the largest weight one hospital may get in any aggregate, for every method that shares
-    (`federation.aggregation.cap_weights`). ``robust``: ``"norm_bound"`` (updates clipped to ``norm_factor`` times
-    the round's median update norm; `federation.aggregation.bound_update_norms`) or ``"trimmed_mean"`` (the
-    coordinate-wise mean after dropping the ``trim`` largest and smallest values; `federation.aggregation.
+    (`federation.strategies.aggregation.cap_weights`). ``robust``: ``"norm_bound"`` (updates clipped to ``norm_factor``
+    times
+    the round's median update norm; `federation.strategies.aggregation.bound_update_norms`) or ``"trimmed_mean"`` (the
+    coordinate-wise mean after dropping the ``trim`` largest and smallest values; `federation.strategies.aggregation.
     trimmed_mean`), for the averaging methods. ``max_examples``: the most tiles a hospital may declare in its Hello
     (always at most 2^53).
     """
@@ -389,7 +390,8 @@ class ServerSection:
 
 @dataclass(frozen=True)
 class PrivacySection:
-    """``[privacy]``: DP-SGD at every hospital (`federation.privacy`). Off while ``noise_multiplier`` is ``None``;
+    """``[privacy]``: DP-SGD at every hospital (`federation.hospital.privacy`). Off while ``noise_multiplier`` is
+    ``None``;
     unset fields are not written to config.toml, so a run without DP writes what it always wrote."""
 
     noise_multiplier: float | None = None

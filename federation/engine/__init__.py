@@ -1,7 +1,7 @@
-"""The federation engine: the server's one round loop (``loop``, ``Server``) and its record keeping (``rounds``: a
-round's record; ``checks``: which replies it believes; ``resume``: continuing from a checkpoint; ``summary``:
-``summary.json`` and ``progress.json``), pools that carry messages to hospitals (``pools``; Flower's in
-``federation.flower``), one wire codec (``codec``) and the hospital side (``hospital``).
+"""The federation on one machine: where the server (``federation.server``) and the hospitals
+(``federation.hospital``) meet. ``pools`` carries messages to hospitals in this process or in worker processes
+(Flower's transports are in ``federation.flower``), and this package gives the entry points: ``Server``,
+``local_sites``, ``resolve_config`` and ``load_run_config``.
 
 ``federation.launch.train`` runs a federation with the engine ``run.engine`` names (the in-process pools here, or
 Flower's, which build on this package: it never imports ``federation.flower``). Each hospital keeps its folder (its
@@ -15,13 +15,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from federation.config import RunConfig, load_config, parse_override
-from federation.data import check_hospitals, read_manifest
-from federation.engine.derived import derive_seed, initial_state, resolve_config, resolve_device
-from federation.engine.hospital import Site
-from federation.engine.loop import RunStopped, Server
+from federation.derived import derive_seed, initial_state, resolve_config, resolve_device
 from federation.errors import FederationError
+from federation.hospital.data import check_hospitals, read_manifest
+from federation.hospital.handler import Site
 from federation.runfiles import CONFIG_FILE, SUMMARY_FILE, hospital_dir
 from federation.runs import complete_checkpoints, read_json
+from federation.server.loop import RunStopped, Server
 
 # Settings a resumed run may change: they do not alter the federation's maths.
 RESUMABLE_KEYS = frozenset(

@@ -1,6 +1,7 @@
-"""How messages reach hospitals: pools. The round loop (``federation.engine.loop``) is the same for all of them.
+"""How messages reach hospitals on one machine: the transports of ``federation.server.pool.Pool``. The round loop
+(``federation.server.loop``) is the same for all of them.
 
-A pool sends ``federation.contract`` messages to hospitals and returns their replies, keyed by client index:
+A pool sends ``federation.wire.contract`` messages to hospitals and returns their replies, keyed by client index:
 
 * ``InProcessPool``: the hospitals live in this process and answer one after another (the default; on the
   shared 2-core machine, sequential clients with one torch thread matched worker processes per round without
@@ -13,9 +14,9 @@ Every message crosses as a ``codec`` envelope, in every pool, and every envelope
 ``observers`` on its way (``"to_hospital"`` / ``"from_hospital"``): the boundary audit test records them.
 ``on_answer``, when set, is called with a client index as soon as that hospital has answered (in-process: one by
 one; worker processes: per worker), so the loop can report progress within a round (``federation.progress``).
-A reply's head of the hospital's outbound log (``federation.engine.outbound.HEAD_FIELD``) is checked before the
+A reply's head of the hospital's outbound log (``federation.wire.chain.HEAD_FIELD``) is checked before the
 reply is read (a malformed one makes the reply a ``Failure``) and, when ``anchors`` is set, kept there
-(``federation.engine.audit.Anchors``: ``<run>/anchors.json``).
+(``federation.server.audit.Anchors``: ``<run>/anchors.json``).
 A hospital that fails, or that a transport cannot reach, comes back as a ``Failure``; the loop decides.
 """
 
@@ -26,111 +27,17 @@ import multiprocessing.connection
 import os
 import signal
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from federation.contract import EvaluateTask, Failure, Hello, TrainTask
-from federation.engine.audit import REPLY_FIELDS
-from federation.engine.codec import Envelope, Message, decode, encode, from_bytes, to_bytes
-from federation.engine.hospital import Hospital, Site
-from federation.engine.outbound import HEAD_FIELD, parse_head
-from federation.errors import FederationError, Interrupted, first_line
+from federation.errors import FederationError
+from federation.hospital.handler import Hospital, Site
+from federation.server.pool import Observer, Pool
+from federation.wire.codec import Envelope, from_bytes, to_bytes
 from infra.processes import plain_main
-
-if TYPE_CHECKING:
-    from federation.engine.audit import Anchors
-
-Observer = Callable[[str, Envelope], None]
-TO_HOSPITAL, FROM_HOSPITAL = "to_hospital", "from_hospital"
-Task = TrainTask | EvaluateTask
-
-
-class Pool:
-    """The transport-independent part: envelopes in and out, shown to observers; subclasses carry them."""
-
-    on_answer: Callable[[int], None] | None = None
-    anchors: Anchors | None = None  # where the server keeps each hospital's outbound-log head (set by the loop)
-
-    def __init__(self, observers: Sequence[Observer] = ()) -> None:
-        self.observers: list[Observer] = list(observers)
-
-    # what the loop calls -------------------------------------------------------------------------------------------
-    def hello(self, message: Hello) -> dict[int, Message]:
-        """Send ``message`` to every hospital this pool reaches; replies keyed by the client index they state."""
-        envelope = encode(message)
-        self._observe(TO_HOSPITAL, envelope)
-        replies: dict[int, Message] = {}
-        for key, reply in self._broadcast(envelope).items():
-            decoded = self._receive_or_fail(key, reply)
-            client = getattr(decoded, "client", key)
-            if client in replies:
-                raise FederationError(f"two hospitals answered as client {client}: give each its own index")
-            replies[client] = decoded
-        return replies
-
-    def exchange(self, tasks: Mapping[int, Task]) -> dict[int, Message]:
-        """Send each hospital its task; every client of ``tasks`` gets a reply or a ``Failure``."""
-        envelopes = {c: encode(t) for c, t in tasks.items()}
-        for envelope in envelopes.values():
-            self._observe(TO_HOSPITAL, envelope)
-        raw = self._send(envelopes)
-        out: dict[int, Message] = {}
-        for c in tasks:
-            if c in raw:
-                out[c] = self._receive_or_fail(c, raw[c])
-            else:
-                out[c] = Failure(c, "no answer", silent=True)
-        return out
-
-    def close(self) -> None:
-        return None
-
-    # what a transport implements -------------------------------------------------------------------------------------
-    def _broadcast(self, envelope: Envelope) -> dict[int, Envelope]:
-        raise NotImplementedError
-
-    def _send(self, envelopes: Mapping[int, Envelope]) -> dict[int, Envelope]:
-        raise NotImplementedError
-
-    # ---------------------------------------------------------------------------------------------------------------
-    def _answered(self, client: int) -> None:
-        if self.on_answer is not None:
-            self.on_answer(client)
-
-    def _observe(self, direction: str, envelope: Envelope) -> None:
-        for observer in self.observers:
-            observer(direction, envelope)
-
-    def _receive_or_fail(self, client: int, envelope: Envelope) -> Message:
-        """A reply decoded, or a ``Failure`` naming why it cannot be read (the server never crashes on a reply).
-        ``client``: the hospital it came from; negative before a hello reply names it (then the reply's own)."""
-        try:
-            message = self._receive(envelope)
-        except Interrupted:
-            raise
-        except Exception as exc:
-            return Failure(client, f"its reply cannot be read ({type(exc).__name__}: {first_line(exc)})")
-        if self.anchors is not None:  # outside the try: a server that cannot write its own record stops
-            sender = client if client >= 0 else getattr(message, "client", -1)
-            behind = self.anchors.record(sender, envelope)
-            if behind is not None:  # its outbound log went back: the reply is refused, the hospital named
-                return Failure(sender, behind)
-        return message
-
-    def _receive(self, envelope: Envelope) -> Message:
-        self._observe(FROM_HOSPITAL, envelope)
-        header = envelope[0] if isinstance(envelope, tuple) and envelope else None
-        if not isinstance(header, dict):
-            raise FederationError("it is not a message (no header)")
-        foreign = sorted(str(k)[:40] for k in header if k not in REPLY_FIELDS)
-        if foreign:  # nothing but the contract's fields leaves a hospital or reaches the server's records
-            raise FederationError(f"its header carries fields outside the contract ({', '.join(foreign[:3])})")
-        if HEAD_FIELD in header:
-            parse_head(header[HEAD_FIELD])
-        return decode(envelope)
 
 
 def answer(hospital: Hospital, envelope: Envelope) -> Envelope:

@@ -1,7 +1,8 @@
-"""The Flower apps: a ``ServerApp`` whose main loop is our engine, and a ``ClientApp`` that is a hospital.
+"""The server's Flower app: a ``ServerApp`` whose main loop is our engine (the hospital's ``ClientApp`` is
+``federation.flower.hospital_app``; envelopes in Flower records, ``federation.flower.records``).
 
 Flower's ``Strategy.start`` assumes one global model; FedAMP and FedSAF give every hospital its own message, so
-the ``ServerApp`` main runs ``federation.engine.loop.Server`` with a ``FlowerPool``: per-hospital messages through
+the ``ServerApp`` main runs ``federation.server.loop.Server`` with a ``FlowerPool``: per-hospital messages through
 the grid's ``push_messages``/``pull_messages`` (`exchange`: Flower's ``send_and_receive`` with a short pull
 interval), every call with a timeout (Flower 1.41 Message API; docs/design.md, "Messages, strategies and engines").
 
@@ -9,7 +10,7 @@ interval), every call with a timeout (Flower 1.41 Message API; docs/design.md, "
   client index, which maps Flower's random node ids to hospitals.
 * Each message carries one ``codec`` envelope in its wire form (``codec.to_bytes``: JSON header, safetensors
   body) in one ``ConfigRecord``, so Flower carries exactly what the other engines carry, as one object.
-* The ``ClientApp`` answers with ``federation.engine.hospital.Hospital``: it reads its prepared data and its
+* The ``ClientApp`` answers with ``federation.hospital.handler.Hospital``: it reads its prepared data and its
   folder from the node configuration (``data-path``, ``client``, ``hospital-dir``) in a deployment, or from the
   simulation's partition id. Its head and checkpoints live in that folder, never in module globals: a deployed
   SuperNode starts a fresh process per message, and Ray reuses one actor for several simulated hospitals.
@@ -23,56 +24,19 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
-from flwr.app import ConfigRecord, Context, Message, RecordDict
-from flwr.clientapp import ClientApp
+from flwr.app import Context, Message
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid, ServerApp
 
-from federation.contract import Failure
-from federation.engine.codec import Envelope, encode, from_bytes, to_bytes
-from federation.engine.derived import config_from_text
-from federation.engine.hospital import Hospital, Site
-from federation.engine.loop import Server
-from federation.engine.policy import load_policy
-from federation.engine.pools import Observer, Pool, answer
-from federation.errors import FederationError, first_line
+from federation.derived import config_from_text
+from federation.errors import FederationError
+from federation.flower.records import MESSAGE_TYPES, from_record, to_record
 from federation.flower.waits import waits
-from federation.runfiles import hospital_name
-
-ENVELOPE, WIRE, ORDER = "envelope", "bytes", "order"
-MESSAGE_TYPES = {"hello": "query", "train": "train", "evaluate": "evaluate"}
-
-
-# -- envelopes in Flower records -------------------------------------------------------------------------------------
-def to_record(envelope: Envelope) -> RecordDict:
-    """An envelope as a ``RecordDict``: one ``ConfigRecord`` holding the envelope's wire form (`codec.to_bytes`:
-    JSON header, then every tensor in one safetensors body) and the tensors' order.
-
-    One object for the whole message: Flower 1.41 stores and moves every ``Array`` of an ``ArrayRecord`` as an object
-    of its own, one HTTP request and one database round trip at the SuperLink each (measured: a shared part of ~100
-    tensors made the SuperLink the busiest process of a deployed round); the values carried are the same.
-    """
-    order = list(envelope[1])  # safetensors stores tensors in its own order; the envelope's is kept beside
-    return RecordDict({ENVELOPE: ConfigRecord({WIRE: to_bytes(envelope), ORDER: order})})
-
-
-def from_record(record: RecordDict) -> Envelope:
-    """Inverse of ``to_record``; never raises. A record that is not one envelope comes back as an envelope of kind
-    ``unreadable: <why>``, which the receiving side's decoding refuses like any malformed message (the hospital
-    answers that it cannot read it; the server leaves that hospital out of the round)."""
-    try:
-        data = record.config_records[ENVELOPE][WIRE]
-        if not isinstance(data, bytes):
-            raise TypeError(f"{WIRE!r} holds {type(data).__name__}, not bytes")
-        header, tensors = from_bytes(data)
-        order = record.config_records[ENVELOPE].get(ORDER, [])
-        if not isinstance(order, list) or sorted(map(str, order)) != sorted(tensors):
-            raise ValueError("its tensor order does not name exactly its tensors")
-        return header, {str(k): tensors[str(k)] for k in order}
-    except Exception as exc:  # untrusted input: JSON, safetensors or record errors alike
-        return {"kind": f"unreadable: not one gastric-fl message ({first_line(exc)})"}, {}
+from federation.server.loop import Server
+from federation.server.pool import Observer, Pool
+from federation.wire.codec import Envelope, encode
+from federation.wire.contract import Failure
 
 
 # -- the server side -------------------------------------------------------------------------------------------------
@@ -198,62 +162,6 @@ class FlowerPool(Pool):
         return out
 
 
-# -- the hospital side -----------------------------------------------------------------------------------------------
-def hospital_site(node_config: Mapping[str, Any], run_config: Mapping[str, Any]) -> Site:
-    """Where this node's hospital is.
-
-    Deployed: the SuperNode's ``--node-config`` names ``data-path`` (its prepared dataset), ``client`` (which
-    client of it; default its ``partition-id``, then 0) and ``hospital-dir`` (where it keeps one folder per run;
-    with ``per-run = false``, the folder itself).
-    Simulated (``run.engine = "flower-sim"``, all on one machine): the run configuration names the dataset, its
-    clients in partition order and the run's ``hospitals/`` folder, as in the local engine.
-    """
-    if "data-path" not in node_config and str(run_config.get("sim-data-path", "")):
-        # only where the node names no dataset of its own: a deployed hospital never takes paths from a run
-        clients = [int(c) for c in str(run_config["sim-clients"]).split(",")]
-        client = clients[int(node_config["partition-id"])]
-        root = Path(str(run_config["sim-hospitals-dir"])) / hospital_name(client)
-        return Site(Path(str(run_config["sim-data-path"])), client, root)
-    try:
-        dataset = Path(str(node_config["data-path"]))
-        root = Path(str(node_config["hospital-dir"]))
-    except KeyError as exc:
-        raise FederationError(
-            f"the SuperNode's --node-config lacks {exc.args[0]!r}: start it with gastric-fl federation hospital"
-        ) from exc
-    client = int(node_config.get("client", node_config.get("partition-id", 0)))
-    rows = node_config.get("data-client")  # its tiles' client in its own dataset, when not its federation index
-    # per-run (default): one folder per run under hospital-dir; false: hospital-dir is this run's folder (the demo,
-    # which keeps each hospital's folder inside the run as the local engine does)
-    per_run = str(node_config.get("per-run", "true")).lower() not in ("false", "0", "no")
-    # the hospital's own policy (federation.engine.policy): the file its operator named, else the safe defaults;
-    # never anything the run carries
-    policy_file = str(node_config.get("policy", ""))
-    policy = load_policy(Path(policy_file) if policy_file else None)
-    return Site(
-        dataset, client, root, per_run=per_run, policy=policy, rows=None if rows in (None, "") else int(str(rows))
-    )
-
-
-def client_app() -> ClientApp:
-    """The hospital ``ClientApp``: every message is answered by ``Hospital`` from the node's own folder."""
-    app = ClientApp()
-
-    def handle(message: Message, context: Context) -> Message:
-        try:
-            site = hospital_site(context.node_config, context.run_config)
-        except FederationError as exc:  # a SuperNode started by hand with a bad --node-config or policy
-            failure = encode(Failure(int(context.node_config.get("client", -1)), first_line(exc)))
-            return Message(to_record(failure), reply_to=message)
-        reply = answer(Hospital(site), from_record(message.content))
-        return Message(to_record(reply), reply_to=message)
-
-    app.query()(handle)
-    app.train()(handle)
-    app.evaluate()(handle)
-    return app
-
-
 def server_app() -> ServerApp:
     """The ``ServerApp``: our round loop over the grid, its run directory named by the run configuration."""
     app = ServerApp()
@@ -279,11 +187,4 @@ def server_app() -> ServerApp:
     return app
 
 
-__all__ = [
-    "FlowerPool",
-    "client_app",
-    "from_record",
-    "hospital_site",
-    "server_app",
-    "to_record",
-]
+__all__ = ["FlowerPool", "server_app"]

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from federation.config import RunConfig
-from federation.data import extract_hospital
 from federation.engine import local_sites, resolve_config
-from federation.engine.policy import load_policy
 from federation.flower.kit import hospital_name, init_kit
 from federation.flower.local_deployment import LocalDeployment, NodeSpec
 from federation.flower.runner import run_config, submit_and_follow
+from federation.hospital.data import extract_hospital
+from federation.hospital.policy import load_policy
 from federation.runfiles import hospital_dir
 from models import check_input_size
 
@@ -45,7 +45,7 @@ def run_demo(
     """Deploy on loopback, run ``config`` into ``run_dir`` and tear down; returns the run's summary plus the
     deployment's start-up ``timings`` (seconds). ``during`` is called with the live deployment right after the run
     is submitted (the tests use it to kill a SuperNode or stop the SuperLink mid-run). ``policy``: every hospital's
-    policy file (``federation.engine.policy``; default: the safe defaults). ``finished`` is called once a run has
+    policy file (``federation.hospital.policy``; default: the safe defaults). ``finished`` is called once a run has
     finished, while each hospital's own dataset (its part of the data, copied into the work folder) is still there:
     the command scores each hospital's held-out slides with them."""
     config = resolve_config(config)

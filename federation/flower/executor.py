@@ -10,9 +10,9 @@ pull its message and context, push the reply and the task's status), but it neve
 
 - a run whose app is not ``APP_ID`` (the FAB of ``federation/flower/fab``) is answered with an error that says
   so, and nothing of it is installed, imported or run; that refusal is recorded in the hospital's outbound log
-  (``federation.engine.outbound.record_reply``, the log named by the node's ``hospital-dir``) before it leaves,
+  (``federation.hospital.outbound.record_reply``, the log named by the node's ``hospital-dir``) before it leaves,
   like every other reply, so ``gastric-fl federation audit`` counts it;
-- every other message is answered by ``federation.engine.hospital.Hospital`` from the node's own configuration
+- every other message is answered by ``federation.hospital.handler.Hospital`` from the node's own configuration
   (``--node-config``: dataset, folder, policy); the run's configuration is never read, so a run cannot point the
   hospital at another folder or dataset;
 - the hospital stays loaded between messages (its code, torch, its tiles and its model: ``Hospital`` keeps them),
@@ -100,7 +100,7 @@ class HospitalExecutor:
     def __init__(self, address: str, secret: bytes) -> None:
         from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor, SuperExecAuthHttpInterceptor
 
-        from federation.engine.hospital import Hospital, Site
+        from federation.hospital.handler import Hospital, Site
 
         self.address = address
         self.client = runtime_client(
@@ -219,8 +219,9 @@ class HospitalExecutor:
         from flwr.app.error import Error
         from flwr.common.constant import ErrorCode
 
-        from federation.engine.hospital import Hospital
-        from federation.flower.apps import from_record, hospital_site, to_record
+        from federation.flower.hospital_app import hospital_site
+        from federation.flower.records import from_record, to_record
+        from federation.hospital.handler import Hospital
 
         if fab_id != APP_ID:
             reason = (
@@ -249,12 +250,12 @@ def record_refusal(context: Context, asked: str, fab_id: str, reason: str) -> st
     ``hospital-dir``) even where the rest of the node's configuration (its dataset, its policy) is unusable. Returns
     the reason to send; where the log cannot be written (or the node names no ``hospital-dir``) the refusal still
     leaves, since it carries nothing of the hospital, and the executor's output says that it is not in the log."""
-    from federation.contract import Failure
-    from federation.engine.codec import encode
-    from federation.engine.hospital import Site
-    from federation.engine.outbound import record_reply
     from federation.errors import first_line
-    from federation.flower.apps import hospital_site
+    from federation.flower.hospital_app import hospital_site
+    from federation.hospital.handler import Site
+    from federation.hospital.outbound import record_reply
+    from federation.wire.codec import encode
+    from federation.wire.contract import Failure
 
     config = context.node_config
     try:

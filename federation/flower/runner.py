@@ -1,6 +1,7 @@
 """``gastric-fl train --engine flower-sim | flower``: submit the run to a SuperLink with ``flwr run`` and follow it.
 
-The same Flower app bundle (``federation/flower/fab``: ``federation.flower.apps.server_app`` and ``client_app``)
+The same Flower app bundle (``federation/flower/fab``: ``federation.flower.apps.server_app`` and
+``federation.flower.hospital_app.client_app``)
 runs in both engines; only where the SuperLink and the hospitals are differs:
 
 * ``flower-sim``: a SuperLink in simulation mode on 127.0.0.1 (plain HTTP, started and stopped here by its process
@@ -26,15 +27,15 @@ from typing import Any
 from tqdm import tqdm
 
 from federation.config import RunConfig, config_to_toml
-from federation.engine.hospital import Site
-from federation.engine.loop import RunStopped
 from federation.errors import FederationError
 from federation.flower.environment import ConfigValue
 from federation.flower.flwr_cli import COMPLETED, FINISHED, FlwrCli
 from federation.flower.operator import operator_problem
 from federation.flower.superlink import SuperLink
+from federation.hospital.handler import Site
 from federation.runfiles import HOSPITALS_DIR, SUMMARY_FILE
 from federation.runs import now_iso, read_json, write_json
+from federation.server.loop import RunStopped
 from infra.formats import manifest_sha256
 
 FAB_DIR = Path(__file__).resolve().parent / "fab"

@@ -7,7 +7,7 @@ here): one ``StrategySpec`` per strategy in ``SPECS`` (``SPEC`` by name), and th
 post-process, ``EXAMPLE_WEIGHTED`` those that weight by ``n_i / n`` (what ``server.robust = "trimmed_mean"``
 replaces). Modules are imported lazily by name, so a strategy that is missing or broken only fails when it is
 chosen. Each module exposes ``build(config: RunConfig, ctx: StrategyContext) -> Strategy`` (the ``Strategy``
-protocol of ``federation.contract``); each wrapper ``wrap(inner: Strategy, config: RunConfig, ctx: StrategyContext)
+protocol of ``federation.wire.contract``); each wrapper ``wrap(inner: Strategy, config: RunConfig, ctx: StrategyContext)
 -> Strategy``, applied in the listed order.
 ``StrategyContext`` (`federation.strategies.context`, which imports torch) is imported on first use, so that
 importing the registry through this package does not import torch.
@@ -40,8 +40,8 @@ from federation.strategies.registry import (
 
 if TYPE_CHECKING:
     from federation.config import RunConfig
-    from federation.contract import Strategy
     from federation.strategies.context import StrategyContext
+    from federation.wire.contract import Strategy
 
 
 def __getattr__(name: str) -> Any:

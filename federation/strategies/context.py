@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from federation.aggregation import cap_weights
 from federation.bounds import max_weight_problem
-from federation.contract import Recipe, TensorDict, TrainReply
 from federation.errors import FederationError
+from federation.strategies.aggregation import cap_weights
 from federation.strategies.registry import default_nhead, split_on
+from federation.wire.contract import Recipe, TensorDict, TrainReply
 from models import Unit, base_keys
 
 if TYPE_CHECKING:
@@ -139,7 +139,8 @@ def cap_example_weights(
     weights: Sequence[float], hospitals: Sequence[int], max_weight: float
 ) -> tuple[list[float], dict[str, Any]]:
     """One weight per hospital of ``hospitals`` (FedAvg's ``n_i / n``, or the Fisher weights gamma of FedSAF and FedAS)
-    capped at ``server.max_weight`` (`federation.aggregation.cap_weights`), and what ``aggregation.jsonl`` records of
+    capped at ``server.max_weight`` (`federation.strategies.aggregation.cap_weights`), and what ``aggregation.jsonl``
+    records of
     it as ``weight_cap``: the cap, the hospitals whose weight it lowered, and ``uniform``.
 
     The cap was checked against the run's ``m`` hospitals when the run started; a round in which some were left out

@@ -8,7 +8,7 @@ the global ``theta`` and reports ``alpha_i``, the trace of its Fisher informatio
 aggregates each shared layer ``j`` (input side first, ``N`` shared layer units, ``M`` replying clients) from only
 the ``M_j = ceil(j / N * M)`` clients with the largest traces (Eq. 1), weighted by ``alpha_i`` normalised over
 them (Eq. 2), so the deepest shared layer uses everyone and the first only the most reliable client(s)
-(``federation.aggregation.depthwise_fisher_weights``). Eq. 3's ``theta_j + sum abar_ij (theta_ij - theta_j)``
+(``federation.strategies.aggregation.depthwise_fisher_weights``). Eq. 3's ``theta_j + sum abar_ij (theta_ij - theta_j)``
 equals ``sum abar_ij theta_ij`` since the weights sum to 1. ``reverse`` uses ``M_j = ceil((N - j + 1) / N * M)``.
 
 A "layer" is a model layer unit (``models.split_units``): with 5 hospitals and 14 shared MobileNetV3-Small
@@ -25,14 +25,14 @@ from typing import Any
 
 import torch
 
-from federation.aggregation import cap_weights, depthwise_fisher_weights, depthwise_top_counts, weighted_sum
 from federation.bounds import max_weight_problem
 from federation.config import RunConfig, ServerSection
-from federation.contract import Recipe, TrainReply
 from federation.errors import FederationError
-from federation.flat import flatten, unflatten
+from federation.strategies.aggregation import cap_weights, depthwise_fisher_weights, depthwise_top_counts, weighted_sum
 from federation.strategies.context import StrategyContext, fisher_traces, recipe_from_config, resolved_nhead
 from federation.strategies.fedavg import Averaging
+from federation.strategies.flat import flatten, unflatten
+from federation.wire.contract import Recipe, TrainReply
 
 
 class DepthwiseFisher(Averaging):
@@ -85,7 +85,8 @@ class DepthwiseFisher(Averaging):
         }
 
     def _capped(self, weights: torch.Tensor, hospitals: list[int]) -> tuple[torch.Tensor, dict[str, Any]]:
-        """Each layer's weights (a row of ``weights``) capped at ``server.max_weight`` (`federation.aggregation.
+        """Each layer's weights (a row of ``weights``) capped at ``server.max_weight``
+        (`federation.strategies.aggregation.
         cap_weights`, one column per layer): what a selected client loses goes to the other selected ones in
         proportion, or, where the layer selected too few of them to hold the cap (``M_j < 1/max_weight``: the
         shallowest layers), evenly to those not selected. A round with fewer than ``1/max_weight`` replies averages

@@ -5,7 +5,8 @@ FedPer-style split: the last ``nhead`` units (default 1, the classifier) are eac
 shared. Each round a hospital trains its whole model from the global shared part and reports the trace of its
 Fisher information over the shared parameters (``fedsaf.fisher_estimator``: FedAS's ``full_pass`` sums the squared
 norms of the batch-mean gradients over all its training batches). The server averages the shared part with
-weights ``alpha_i / sum_k alpha_k`` (``federation.aggregation.fisher_weights``): hospitals whose parameters carry
+weights ``alpha_i / sum_k alpha_k`` (``federation.strategies.aggregation.fisher_weights``): hospitals whose parameters
+carry
 more information count more. BatchNorm buffers are mixed with the same weights, so each layer stays consistent
 with its statistics. FedAS's alignment of the received model to local class prototypes is not used (as in
 ``depthwise_fim``, paper 000's comparison point).
@@ -18,10 +19,8 @@ from typing import Any
 
 import torch
 
-from federation.aggregation import fisher_weights, weighted_sum
 from federation.config import RunConfig
-from federation.contract import TrainReply
-from federation.flat import flatten, unflatten
+from federation.strategies.aggregation import fisher_weights, weighted_sum
 from federation.strategies.context import (
     StrategyContext,
     cap_example_weights,
@@ -30,6 +29,8 @@ from federation.strategies.context import (
     resolved_nhead,
 )
 from federation.strategies.fedavg import Averaging
+from federation.strategies.flat import flatten, unflatten
+from federation.wire.contract import TrainReply
 
 
 class FisherWeighted(Averaging):

@@ -5,11 +5,12 @@ Each round the server sends the global shared weights w to every client, each cl
 returns its own w_i, and the server sets ``w = sum_i (n_i / n) w_i`` with ``n_i`` the client's training tiles.
 The average runs over the whole shared ``state_dict``, BatchNorm running means and variances included, so the
 deployed model's normalisation matches its weights; ``num_batches_tracked`` (an integer counter) is averaged
-the same way and rounded back to an integer (``federation.flat.unflatten``). With ``nhead > 0`` the last
+the same way and rounded back to an integer (``federation.strategies.flat.unflatten``). With ``nhead > 0`` the last
 ``nhead`` layer units stay on each client (FedPer-style); FedAvg proper is ``nhead = 0``.
 
 With ``server.max_weight`` set, the weights ``n_i / n`` are capped at it before averaging (not part of FedAvg: a
-safeguard against a hospital that declares an inflated count; `federation.aggregation.cap_weights`), for FedAvg,
+safeguard against a hospital that declares an inflated count; `federation.strategies.aggregation.cap_weights`), for
+FedAvg,
 FedProx, FedRep and FedBN; the weights used are the ones recorded. ``server.robust`` (off by default) bounds each
 update's norm before any averaging method weighs it (``"norm_bound"``: Sun et al., 2019), or replaces the weighted
 average of FedAvg, FedProx, FedRep and FedBN by the coordinate-wise trimmed mean (``"trimmed_mean"``: Yin et al.,
@@ -24,12 +25,10 @@ from typing import Any
 
 import torch
 
-from federation.aggregation import bound_update_norms, trimmed_mean, weighted_sum
 from federation.bounds import max_weight_problem, robust_problem
 from federation.config import RunConfig, ServerSection
-from federation.contract import Recipe, TensorDict, TrainInstruction, TrainReply
 from federation.errors import FederationError
-from federation.flat import FlatSpec, flatten, unflatten
+from federation.strategies.aggregation import bound_update_norms, trimmed_mean, weighted_sum
 from federation.strategies.context import (
     StrategyContext,
     cap_example_weights,
@@ -37,6 +36,8 @@ from federation.strategies.context import (
     recipe_from_config,
     resolved_nhead,
 )
+from federation.strategies.flat import FlatSpec, flatten, unflatten
+from federation.wire.contract import Recipe, TensorDict, TrainInstruction, TrainReply
 
 
 class Averaging:
@@ -120,7 +121,8 @@ class Averaging:
 
     def bound_updates(self, replies: Mapping[int, TrainReply]) -> tuple[Mapping[int, TrainReply], dict[str, Any]]:
         """``replies`` with every update's norm bounded (``server.robust = "norm_bound"``; Sun et al., 2019;
-        `federation.aggregation.bound_update_norms`), and what ``aggregation.jsonl`` records of it as ``robust``.
+        `federation.strategies.aggregation.bound_update_norms`), and what ``aggregation.jsonl`` records of it as
+        ``robust``.
 
         The update of client ``i`` is its floating-point shared tensors minus the global model it was sent this
         round (``self.global_state``, before this aggregation); integer counters (``num_batches_tracked``) are

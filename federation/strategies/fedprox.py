@@ -2,7 +2,7 @@
 
 FedAvg's server with a proximal client: each client minimises ``F_i(w) + mu/2 ||w - w_global||^2`` over the
 shared parameters, the centre being the global weights it received this round (``[fedprox] mu``). The term is
-part of the loss, so its gradient ``mu (w - w_global)`` really reaches the optimiser (``federation.client``).
+part of the loss, so its gradient ``mu (w - w_global)`` really reaches the optimiser (``federation.hospital.trainer``).
 """
 
 from __future__ import annotations

@@ -8,11 +8,13 @@ Server, each round ``k`` (Algorithm 1, lines 11-12), from the shared parts ``rho
    client the same ``p`` (the gamma-weighted mean of the ``z_j``); that is implemented as written.
    With FIM off, ``p_i = z_i``.
 
-``server.max_weight`` (not in the paper; unset, nothing changes): gamma is capped at it (`federation.aggregation.
+``server.max_weight`` (not in the paper; unset, nothing changes): gamma is capped at it
+(`federation.strategies.aggregation.
 cap_weights`: a hospital reporting a trace of 1e30 gets ``max_weight``, not 1.0) and so is every AMP weight
 ``xi_ij`` of another hospital (the excess stays with the hospital's own model, Eq. 16). Then no hospital weighs more
 than ``max_weight`` in another's ``z_i`` nor in the common ``p`` (its weight there, ``sum_i gamma_i xi_ij``, is a
-mean of the gammas: ``xi`` is symmetric; `federation.aggregation.amp_aggregate`). ``aggregation.jsonl`` records
+mean of the gammas: ``xi`` is symmetric; `federation.strategies.aggregation.amp_aggregate`). ``aggregation.jsonl``
+records
 ``weight_cap`` and, with FIM, ``weights`` (each hospital's weight in ``p``).
 
 Client (Eq. 23-25): it loads ``p_i`` into its shared part and is pulled towards it by
@@ -44,7 +46,11 @@ from typing import Any
 
 import torch
 
-from federation.aggregation import (
+from federation.bounds import max_weight_problem
+from federation.config import RunConfig
+from federation.errors import FederationError
+from federation.runs import finite_or_none
+from federation.strategies.aggregation import (
     AmpAggregate,
     amp_aggregate,
     attention_derivative,
@@ -52,12 +58,6 @@ from federation.aggregation import (
     fisher_weights,
     off_diagonal_mass,
 )
-from federation.bounds import max_weight_problem
-from federation.config import RunConfig
-from federation.contract import Recipe, TensorDict, TrainInstruction, TrainReply
-from federation.errors import FederationError
-from federation.flat import FlatSpec, StackBuffer, unflatten
-from federation.runs import finite_or_none
 from federation.strategies.context import (
     StrategyContext,
     cap_example_weights,
@@ -65,6 +65,8 @@ from federation.strategies.context import (
     recipe_from_config,
     shared_nhead,
 )
+from federation.strategies.flat import FlatSpec, StackBuffer, unflatten
+from federation.wire.contract import Recipe, TensorDict, TrainInstruction, TrainReply
 from models import create_model
 
 # Below this mean off-diagonal weight AMP has, in effect, turned into local training (issue 5, item 4).

@@ -3,7 +3,7 @@
 Each client trains with Adam (a fresh optimiser each round) and reports, with its weights, the bias-corrected
 second moments ``v_hat_k = exp_avg_sq / (1 - beta2^step)`` of its shared parameters, averaged over the second half
 of its last local epoch (``Recipe.second_moments``; counted as upload traffic). The server averages every value
-of the shared *parameters* with its own weights (Eq. 6, ``federation.aggregation.precision_weighted_sum``):
+of the shared *parameters* with its own weights (Eq. 6, ``federation.strategies.aggregation.precision_weighted_sum``):
 
     ``pi_k = (v_hat_k + eps)^-1 / sum_j (v_hat_j + eps)^-1``,   ``w^{t+1} = sum_k pi_k w_k``
 
@@ -20,11 +20,9 @@ from typing import Any
 
 import torch
 
-from federation.aggregation import cap_weights, precision_weighted_sum, precision_weights, weighted_sum
 from federation.config import RunConfig, ServerSection
-from federation.contract import Recipe, TrainReply
 from federation.errors import FederationError
-from federation.flat import FlatSpec, flatten, unflatten
+from federation.strategies.aggregation import cap_weights, precision_weighted_sum, precision_weights, weighted_sum
 from federation.strategies.context import (
     StrategyContext,
     cap_example_weights,
@@ -34,6 +32,8 @@ from federation.strategies.context import (
 )
 from federation.strategies.fedavg import Averaging
 from federation.strategies.fedsaf import trainable_keys
+from federation.strategies.flat import FlatSpec, flatten, unflatten
+from federation.wire.contract import Recipe, TrainReply
 
 
 class PrecisionWeighted(Averaging):
@@ -95,7 +95,8 @@ class PrecisionWeighted(Averaging):
     def _capped_sum(
         self, w: torch.Tensor, v: torch.Tensor, weights: list[float], clients: list[int], record: dict[str, Any]
     ) -> torch.Tensor:
-        """Eq. 6 with every value's weights ``pi_k`` capped at ``server.max_weight`` (`federation.aggregation.
+        """Eq. 6 with every value's weights ``pi_k`` capped at ``server.max_weight``
+        (`federation.strategies.aggregation.
         cap_weights`, one column per value; uniform in a round with fewer than ``1/max_weight`` replies, as
         ``weights`` already are); ``record`` (the round's ``weight_cap``) gets the hospitals lowered at any value."""
         assert self.max_weight is not None

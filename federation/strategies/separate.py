@@ -12,8 +12,8 @@ from typing import Any
 import torch
 
 from federation.config import RunConfig
-from federation.contract import TensorDict, TrainInstruction, TrainReply
 from federation.strategies.context import StrategyContext, recipe_from_config
+from federation.wire.contract import TensorDict, TrainInstruction, TrainReply
 
 
 class Separate:

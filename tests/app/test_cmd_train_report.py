@@ -8,7 +8,7 @@ import pytest
 from support.cli import run_cli
 from support.tiny_dataset import TINY_SETTINGS
 
-from federation.engine import loop
+from federation.server import loop
 
 TINY = [arg for setting in TINY_SETTINGS for arg in ("--set", setting)]
 

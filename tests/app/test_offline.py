@@ -86,8 +86,10 @@ def test_no_entry_point_contacts_anything_but_loopback(tmp_path: Path, entry: st
             *sets,
         ]
     else:
-        builder = "client_app" if entry == "clientapp" else "server_app"
-        code = f"import federation.client, federation.flower.apps as a; a.{builder}()"
+        app = "hospital_app.client_app" if entry == "clientapp" else "apps.server_app"
+        code = (
+            f"import federation.hospital.trainer, federation.flower.{app.split('.')[0]} as a; a.{app.split('.')[1]}()"
+        )
         argv = [sys.executable, "-c", code]
     result, attempts = trapped_run(tmp_path, argv)
     assert result.returncode == 0, result.stderr[-2000:]

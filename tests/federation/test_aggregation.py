@@ -10,7 +10,8 @@ import math
 import pytest
 import torch
 
-from federation.aggregation import (
+from federation.errors import FederationError
+from federation.strategies.aggregation import (
     amp_coefficients,
     check_amp_settings,
     fisher_intermediate,
@@ -20,8 +21,7 @@ from federation.aggregation import (
     pairwise_distances,
     weighted_sum,
 )
-from federation.errors import FederationError
-from federation.flat import FlatSpec, flatten, unflatten
+from federation.strategies.flat import FlatSpec, flatten, unflatten
 
 # rho_1, rho_2, rho_3: the three clients' shared vectors from the previous round.
 RHO = torch.tensor(

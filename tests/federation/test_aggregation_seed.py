@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from federation.aggregation import (
+from federation.errors import FederationError
+from federation.strategies.aggregation import (
     depthwise_fisher_weights,
     depthwise_top_counts,
     lws_factors,
@@ -21,7 +22,6 @@ from federation.aggregation import (
     precision_weighted_sum,
     tlu_scores,
 )
-from federation.errors import FederationError
 
 
 def _f64(rows: Sequence[Any]) -> torch.Tensor:

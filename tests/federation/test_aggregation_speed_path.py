@@ -15,11 +15,17 @@ import pytest
 import torch
 from support.checks import every
 
-from federation.aggregation import amp_aggregate, amp_coefficients, fisher_intermediate, mix, pairwise_distances
-from federation.contract import Recipe, TrainReply
-from federation.flat import FlatSpec, StackBuffer, flatten, unflatten
+from federation.strategies.aggregation import (
+    amp_aggregate,
+    amp_coefficients,
+    fisher_intermediate,
+    mix,
+    pairwise_distances,
+)
 from federation.strategies.context import StrategyContext
 from federation.strategies.fedsaf import AmpSettings, AttentiveStrategy
+from federation.strategies.flat import FlatSpec, StackBuffer, flatten, unflatten
+from federation.wire.contract import Recipe, TrainReply
 
 METRICS = ("euclidean", "manhattan", "cosine", "cosine_distance")
 

@@ -10,10 +10,10 @@ import torch
 from support.checks import every
 from support.tiny_dataset import make_dataset
 
-from federation.client import Client, auc_or_none, proximal_term
-from federation.contract import Recipe, TrainInstruction
-from federation.data import HospitalData, load_hospitals
 from federation.errors import FederationError
+from federation.hospital.data import HospitalData, load_hospitals
+from federation.hospital.trainer import Client, auc_or_none, proximal_term
+from federation.wire.contract import Recipe, TrainInstruction
 from models import base_keys, create_model, head_keys, split_units
 
 
@@ -111,7 +111,7 @@ def test_evaluation_counts_correct_predictions(tiles: dict[int, HospitalData]) -
     client = _client(tiles[0])
     result = client.evaluate()
     with torch.no_grad():
-        from federation.data import to_tensor
+        from federation.hospital.data import to_tensor
 
         predicted = client.model(to_tensor(tiles[0].test_x)).argmax(1).numpy()
     assert result.acc == pytest.approx(float((predicted == tiles[0].test_y).mean()))

@@ -14,7 +14,8 @@ import torch
 from support.checks import every
 from support.tiny_dataset import LAYOUT
 
-from federation.data import (
+from federation.errors import FederationError
+from federation.hospital.data import (
     augment_batch,
     extract_hospital,
     load_hospitals,
@@ -23,7 +24,6 @@ from federation.data import (
     read_manifest,
     to_tensor,
 )
-from federation.errors import FederationError
 
 
 def _rewrite_manifest(src: Path, dst: Path, keep: object = None, drop_column: str | None = None) -> Path:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from support.tiny_dataset import make_dataset
 
-from federation.data import load_hospitals, read_manifest
 from federation.errors import FederationError
+from federation.hospital.data import load_hospitals, read_manifest
 
 
 @pytest.fixture(scope="module")

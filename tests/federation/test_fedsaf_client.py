@@ -12,12 +12,12 @@ import torch
 from support.checks import every
 from torch import nn
 
-import federation.client as client_module
-from federation.client import Client, proximal_term
-from federation.contract import Recipe, TrainInstruction
-from federation.data import HospitalData
+import federation.hospital.trainer as client_module
+from federation.hospital.data import HospitalData
+from federation.hospital.trainer import Client, proximal_term
 from federation.strategies.context import StrategyContext
 from federation.strategies.fedsaf import AmpSettings, AttentiveStrategy
+from federation.wire.contract import Recipe, TrainInstruction
 
 LAM, ALPHA_K = 0.3, 0.02  # lambda / alpha_K = 15
 

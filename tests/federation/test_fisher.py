@@ -9,7 +9,7 @@ from support.checks import every
 from torch import nn
 
 from federation.errors import FederationError
-from federation.fisher import fisher_trace
+from federation.hospital.fisher import fisher_trace
 
 
 def _tiny_model() -> nn.Module:

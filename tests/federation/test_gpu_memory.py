@@ -1,4 +1,5 @@
-"""Whether hospitals or ablation cells sharing one GPU fit (federation.gpu_memory, issue 32), checked on the CPU: the
+"""Whether hospitals or ablation cells sharing one GPU fit (federation.hospital.gpu_memory, issue 32), checked on the
+CPU: the
 estimate's exact arithmetic on unequal hospitals, the round-robin spread of the worker pool, the refusals naming what
 fits, and `train` / `ablate` refusing before anything is written when the GPU's free memory is too small."""
 
@@ -12,8 +13,8 @@ from support.cli import run_cli
 from support.tiny_dataset import TINY_SETTINGS
 
 import federation.launch
-from federation import gpu_memory
 from federation.errors import FederationError
+from federation.hospital import gpu_memory
 
 MIB = 2**20
 SHAPE = gpu_memory.Shape(input_size=32, channels=3, batch_size=8, model_name="m")

@@ -1,4 +1,4 @@
-"""The GPU training path (federation.gpu, issue 32), checked on the CPU: the device-side augmentation's draws
+"""The GPU training path (federation.hospital.gpu, issue 32), checked on the CPU: the device-side augmentation's draws
 follow the distributions of the CPU path's albumentations pipeline and each transform is exact on hand-made tiles;
 bf16 autocast runs; the mean that replaces adaptive pooling changes nothing but the kernel; the device path of the
 client trains and evaluates, and gives the same figures twice from one seed."""
@@ -16,10 +16,10 @@ import torch
 from support.checks import every
 from torch import nn
 
-from federation import gpu
-from federation.client import Client
-from federation.contract import Recipe, TrainInstruction
-from federation.data import HospitalData, make_augmenter
+from federation.hospital import gpu
+from federation.hospital.data import HospitalData, make_augmenter
+from federation.hospital.trainer import Client
+from federation.wire.contract import Recipe, TrainInstruction
 from models import base_keys, create_model, split_units
 
 N = 20_000  # draws: the shares below are within 4 standard errors (0.5 / sqrt(N) = 0.0035)
@@ -96,7 +96,7 @@ def test_the_colour_shifts_are_exact_on_hand_made_tiles() -> None:
 
 
 def test_normalise_on_the_device_matches_the_cpu_and_is_channels_last() -> None:
-    from federation.data import to_tensor
+    from federation.hospital.data import to_tensor
     from models.preprocess import default_stats
 
     images = np.random.default_rng(0).integers(0, 256, (4, 8, 8, 3), dtype=np.uint8)

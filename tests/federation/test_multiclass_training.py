@@ -20,16 +20,16 @@ from safetensors import safe_open
 from sklearn.metrics import roc_auc_score
 from support.cli import run_cli
 
-from federation.client import auc_of, auc_or_none, multiclass_auc
 from federation.config import load_config
-from federation.data import LABELS, read_dataset
 from federation.engine import Server
-from federation.engine.audit import AUDIT_FILE, check_message
-from federation.engine.codec import decode, encode
-from federation.engine.hospital import Site
 from federation.engine.pools import InProcessPool
 from federation.errors import FederationError
+from federation.hospital.data import LABELS, read_dataset
+from federation.hospital.handler import Site
+from federation.hospital.trainer import auc_of, auc_or_none, multiclass_auc
 from federation.runfiles import SUMMARY_FILE, hospital_dir, prediction_columns
+from federation.server.audit import AUDIT_FILE, check_message
+from federation.wire.codec import decode, encode
 from models import create_model, head_keys, split_units
 from models.bundle import BundleError, load_bundle
 
@@ -262,7 +262,7 @@ def test_hospitals_that_disagree_on_the_classes_are_refused(
 
 
 def test_the_audit_accepts_class_names_only_in_a_hello_reply() -> None:
-    from federation.contract import HelloReply
+    from federation.wire.contract import HelloReply
 
     header, _ = encode(HelloReply(2, 10, 4, CLASSES))
     assert header["classes"] == list(CLASSES)

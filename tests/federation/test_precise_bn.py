@@ -1,4 +1,4 @@
-"""Precise BN (federation.contract.Recipe.precise_bn): running statistics equal the training-set average."""
+"""Precise BN (federation.wire.contract.Recipe.precise_bn): running statistics equal the training-set average."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import torch
 from support.tiny_dataset import make_dataset
 from torch import nn
 
-from federation.client import Client
-from federation.contract import Recipe, TrainInstruction
-from federation.data import HospitalData, load_hospitals, to_tensor
+from federation.hospital.data import HospitalData, load_hospitals, to_tensor
+from federation.hospital.trainer import Client
+from federation.wire.contract import Recipe, TrainInstruction
 from models import base_keys, create_model, split_units
 
 

@@ -1,4 +1,4 @@
-"""Differential privacy at a hospital (issue 22, federation.privacy): the DP-SGD pieces with exact numbers, the
+"""Differential privacy at a hospital (issue 22, federation.hospital.privacy): the DP-SGD pieces with exact numbers, the
 accountant against Opacus's own analysis, the GroupNorm model, the configuration, and a DP federation in-process:
 epsilon recorded per round at the hospital and on the server, resume continuing the ledger, a spent budget
 refused by the hospital's policy."""
@@ -18,12 +18,11 @@ from support.runs import records, stable
 from support.tiny_dataset import TINY_SETTINGS, make_dataset, name_tiles_by_slide
 from torch import nn
 
-from federation.client import Client
 from federation.config import config_to_toml, load_config
-from federation.contract import Recipe, TrainInstruction
-from federation.data import HospitalData, to_tensor
 from federation.engine import load_run_config
-from federation.engine.policy import (
+from federation.errors import FederationError
+from federation.hospital.data import HospitalData, to_tensor
+from federation.hospital.policy import (
     HospitalPolicy,
     PolicyRefusal,
     check_agreed_privacy,
@@ -32,9 +31,7 @@ from federation.engine.policy import (
     check_privacy,
     check_recipe,
 )
-from federation.errors import FederationError
-from federation.launch import train
-from federation.privacy import (
+from federation.hospital.privacy import (
     ACCOUNTANT_FILE,
     Accountant,
     LedgerEntry,
@@ -46,7 +43,10 @@ from federation.privacy import (
     rdp_epsilon,
     steps_per_epoch,
 )
+from federation.hospital.trainer import Client
+from federation.launch import train
 from federation.strategies.context import recipe_from_config
+from federation.wire.contract import Recipe, TrainInstruction
 from models import create_model
 from models.registry import group_norm_groups
 
@@ -388,13 +388,13 @@ RUN = "dp-run"
 def test_a_hospital_spends_its_budget_then_refuses_and_only_accounted_scalars_leave(
     slides_dataset: Path, tmp_path: Path
 ) -> None:
-    from federation.contract import Failure, Hello, HelloReply, TrainReply, TrainTask
-    from federation.engine.codec import decode, encode
-    from federation.engine.derived import initial_state, resolve_config
-    from federation.engine.hospital import Hospital, Site
-    from federation.engine.outbound import read_outbound
-    from federation.engine.policy import agreed_shared_keys
+    from federation.derived import initial_state, resolve_config
+    from federation.hospital.handler import Hospital, Site
+    from federation.hospital.outbound import read_outbound
+    from federation.hospital.policy import agreed_shared_keys
     from federation.strategies.context import recipe_from_config
+    from federation.wire.codec import decode, encode
+    from federation.wire.contract import Failure, Hello, HelloReply, TrainReply, TrainTask
 
     config = resolve_config(
         load_config(None, [*TINY_SETTINGS, *DP, "strategy.name=fedrep", "strategy.nhead=1"], data=slides_dataset)
@@ -446,7 +446,7 @@ def test_a_hospital_spends_its_budget_then_refuses_and_only_accounted_scalars_le
     assert set(sent["tensors"]) == {f"shared/{k}" for k in keys}  # type: ignore[arg-type]
     # beside the tensors: counts, seconds, and the metrics: the training loss (not covered by the guarantee,
     # docs/privacy.md) and the accounted scalars
-    # and the head of the outbound log before this reply's line (federation.engine.outbound)
+    # and the head of the outbound log before this reply's line (federation.hospital.outbound)
     scalars = {"num_examples", "metrics", "seconds", "evaluation", "outbound_head"}
     assert set(sent["scalars"]) == scalars  # type: ignore[arg-type]
     assert sent["scalars"]["evaluation"] is None  # type: ignore[index]  (no evaluation was asked for)
@@ -484,11 +484,11 @@ def test_a_reset_ledger_or_a_changed_resume_is_refused_and_the_budget_counts_on(
     """The attacks on the ledger (issue 34): removed, reset to -1000 steps, noise edited to 1e6 between rounds; each
     refused naming the ledger, the true epsilon kept; a resume Hello keeps the ledger's anchor and the first
     checkpoint, and one that changes the run's settings is refused."""
-    from federation.contract import Failure, Hello, HelloReply, TrainReply, TrainTask
-    from federation.engine.codec import decode, encode
-    from federation.engine.derived import initial_state, resolve_config
-    from federation.engine.hospital import Hospital, Site
-    from federation.engine.policy import agreed_shared_keys
+    from federation.derived import initial_state, resolve_config
+    from federation.hospital.handler import Hospital, Site
+    from federation.hospital.policy import agreed_shared_keys
+    from federation.wire.codec import decode, encode
+    from federation.wire.contract import Failure, Hello, HelloReply, TrainReply, TrainTask
 
     settings = [*TINY_SETTINGS, *DP, "strategy.name=fedrep", "strategy.nhead=1"]
     config = resolve_config(load_config(None, settings, data=slides_dataset))

@@ -28,8 +28,10 @@ def test_every_run_file_name_comes_from_runfiles() -> None:
     hold (federation.runs.RUN_PATTERNS) covers each of them."""
     from fnmatch import fnmatchcase
 
-    from federation import privacy, progress, runs
-    from federation.engine import audit, hospital, outbound
+    from federation import progress, runs
+    from federation.hospital import handler as hospital
+    from federation.hospital import outbound, privacy
+    from federation.server import audit
 
     assert privacy.ACCOUNTANT_FILE is runfiles.ACCOUNTANT_FILE
     assert progress.PROGRESS_FILE is runfiles.PROGRESS_FILE

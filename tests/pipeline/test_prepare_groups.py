@@ -14,7 +14,7 @@ import pytest
 from support.cli import run_cli
 from support.seed_slides import config_for, make_seed, read_manifest
 
-from federation.data import _own_config
+from federation.hospital.data import _own_config
 from pipeline.config import Partition, SplitConfig, build_config, load_toml, parse_partition
 from pipeline.errors import PipelineError
 from pipeline.partition import assign_hospitals

@@ -10,8 +10,8 @@ from typing import Any
 
 from safetensors import safe_open
 
-from federation.engine.audit import AUDIT_FILE, check_message
 from federation.runfiles import HOSPITALS_DIR, PREDICTIONS_FILE
+from federation.server.audit import AUDIT_FILE, check_message
 from models import create_model, head_keys, split_units
 
 

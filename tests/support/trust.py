@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from federation.config import RunConfig, load_config
-from federation.contract import Recipe, TrainInstruction, TrainTask
-from federation.engine.codec import Message, decode, encode
-from federation.engine.derived import initial_state, resolve_config
-from federation.engine.hospital import Hospital, Site
-from federation.engine.policy import HospitalPolicy, agreed_shared_keys
+from federation.derived import initial_state, resolve_config
+from federation.hospital.handler import Hospital, Site
+from federation.hospital.policy import HospitalPolicy, agreed_shared_keys
+from federation.wire.codec import Message, decode, encode
+from federation.wire.contract import Recipe, TrainInstruction, TrainTask
 from models import create_model
 from support.tiny_dataset import TINY_SETTINGS
 

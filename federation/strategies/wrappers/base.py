@@ -19,12 +19,12 @@ from typing import Any
 
 import torch
 
-from federation.contract import Strategy, TensorDict, TrainInstruction, TrainReply
 from federation.errors import FederationError
 from federation.runs import finite_or_none as finite_value
 from federation.strategies.context import StrategyContext
 from federation.strategies.fedavg import Averaging
 from federation.strategies.registry import averaging_names
+from federation.wire.contract import Strategy, TensorDict, TrainInstruction, TrainReply
 
 
 def finite_or_none(values: Sequence[float]) -> list[float | None]:

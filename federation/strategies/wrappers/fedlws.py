@@ -6,7 +6,7 @@ global model ``w = w_g^t``, every layer ``l`` of the aggregate is shrunk:
     ``g_kl = w_kl - w_l``, ``tau_l = (1/K) sum_k ||g_kl - mean_k g_kl||``                     (Eq. 4, 8)
     ``gamma_l = ||w_l|| / (beta * tau_l * ||w_hat_l - w_l|| + ||w_l||)``, ``w^{t+1}_l = gamma_l w_hat_l``  (Eq. 8-9)
 
-(``federation.aggregation.lws_factors``). A layer is the trainable parameters of one module, weight and bias
+(``federation.strategies.aggregation.lws_factors``). A layer is the trainable parameters of one module, weight and bias
 together (the public implementation closes a layer at each bias; shrinking a zero-initialised bias on its own
 would give ``||w_l|| = 0``, for which ``gamma_l = 1``). BatchNorm running statistics are never shrunk (they
 are statistics of the activations, not weights; the public code multiplies them too, a quirk not followed
@@ -21,14 +21,14 @@ from collections.abc import Mapping, Sequence
 from itertools import accumulate
 from typing import Any
 
-from federation.aggregation import lws_factors, lws_spread
 from federation.config import RunConfig
-from federation.contract import Strategy, TensorDict, TrainReply
 from federation.errors import FederationError
-from federation.flat import FlatSpec, flatten, unflatten
+from federation.strategies.aggregation import lws_factors, lws_spread
 from federation.strategies.context import StrategyContext
 from federation.strategies.fedsaf import trainable_keys
+from federation.strategies.flat import FlatSpec, flatten, unflatten
 from federation.strategies.wrappers.base import GlobalModelWrapper, finite_or_none
+from federation.wire.contract import Strategy, TensorDict, TrainReply
 
 
 def module_layers(keys: Sequence[str]) -> tuple[list[str], list[str], list[slice]]:

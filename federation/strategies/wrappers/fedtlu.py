@@ -2,7 +2,7 @@
 
 After the inner strategy has aggregated ``w_hat`` from the global model ``w^t``, each trainable parameter tensor
 ``i`` gets ``Score_i = ||Delta_i|| / (sqrt(n_i) std(Delta_i))`` with ``Delta = w_hat - w^t`` and the population
-standard deviation (``federation.aggregation.tlu_scores``). A block is a layer unit (``models.split_units``);
+standard deviation (``federation.strategies.aggregation.tlu_scores``). A block is a layer unit (``models.split_units``);
 its score is the mean of its tensors' scores (the paper sums them; within a group of identical blocks the two
 rank alike, and the mean keeps blocks with different numbers of tensors comparable). Blocks are grouped, and in
 each group only the ``ceil(portion * |G|)`` best-scoring blocks take the aggregate (ties: the earlier block);
@@ -35,14 +35,14 @@ from fractions import Fraction
 from itertools import accumulate, pairwise
 from typing import Any
 
-from federation.aggregation import tlu_scores
 from federation.config import RunConfig
-from federation.contract import Strategy, TensorDict, TrainReply
 from federation.errors import FederationError
-from federation.flat import FlatSpec, flatten
+from federation.strategies.aggregation import tlu_scores
 from federation.strategies.context import StrategyContext
 from federation.strategies.fedsaf import trainable_keys
+from federation.strategies.flat import FlatSpec, flatten
 from federation.strategies.wrappers.base import GlobalModelWrapper, finite_or_none
+from federation.wire.contract import Strategy, TensorDict, TrainReply
 
 _FEATURE = re.compile(r"features\.(\d+)")
 _RESNET_BLOCK = re.compile(r"layer\d+\.\d+")

@@ -16,9 +16,9 @@ from support.boundary import assert_boundary_held
 from support.tiny_dataset import TINY_SETTINGS
 
 from federation.config import load_config
-from federation.engine.audit import check_message
 from federation.launch import train
 from federation.runfiles import HOSPITALS_DIR
+from federation.server.audit import check_message
 
 
 @pytest.mark.parametrize(("strategy", "nhead"), [("fedsaf", 6), ("fedrep", 1)])

@@ -12,11 +12,12 @@ import pytest
 from support.tiny_dataset import TINY_SETTINGS
 
 from federation.config import load_config
-from federation.contract import Failure
 from federation.engine import Server, local_sites, resolve_config
-from federation.engine.codec import Envelope, decode, encode
-from federation.engine.pools import InProcessPool, Pool
+from federation.engine.pools import InProcessPool
 from federation.errors import FederationError
+from federation.server.pool import Pool
+from federation.wire.codec import Envelope, decode, encode
+from federation.wire.contract import Failure
 
 
 def test_the_failure_says_whether_it_diverged_and_other_failures_travel_as_before() -> None:

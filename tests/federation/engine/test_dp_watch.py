@@ -1,4 +1,4 @@
-"""The server's check that a DP hospital's epsilon and steps grow (federation.engine.dp_watch), on hand-made figures:
+"""The server's check that a DP hospital's epsilon and steps grow (federation.server.dp_watch), on hand-made figures:
 a reset ledger (the same figures again), an edited one (fewer steps), the honest growth, and a resumed run whose
 figures come back from metrics.jsonl."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from federation.engine.dp_watch import DpWatch
+from federation.server.dp_watch import DpWatch
 
 
 def test_the_same_figures_again_are_named_and_growing_ones_are_not() -> None:

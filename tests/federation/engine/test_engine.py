@@ -17,13 +17,14 @@ from support.checks import every
 from support.runs import stable
 from support.tiny_dataset import LAYOUT, TINY_SETTINGS
 
-from federation.client import Client
 from federation.config import RunConfig, load_config
-from federation.engine import RunStopped, load_run_config, loop
+from federation.engine import RunStopped, load_run_config
 from federation.errors import FederationError
+from federation.hospital.trainer import Client
 from federation.launch import train
 from federation.provenance import code_version, machine
 from federation.runs import complete_checkpoints
+from federation.server import loop
 from models import ModelError, base_keys, create_model, head_keys, split_units
 
 

@@ -15,9 +15,8 @@ from support.tiny_dataset import TINY_SETTINGS, make_dataset
 
 from app.dashboard import jobs
 from federation.config import RunConfig, config_to_toml, load_config
-from federation.contract import Failure, Hello
-from federation.engine.hospital import Hospital, Site
 from federation.errors import FederationError
+from federation.hospital.handler import Hospital, Site
 from federation.launch import train
 from federation.runs import (
     RUN_PATTERNS,
@@ -26,6 +25,7 @@ from federation.runs import (
     is_live_run,
     keep_rounds,
 )
+from federation.wire.contract import Failure, Hello
 from infra import pids
 from infra.outputs import MARKER_NAME, foreign_entries
 
@@ -110,7 +110,7 @@ def test_a_hospital_removes_its_own_temp_files_at_hello(dataset: Path, tmp_path:
         path.write_bytes(b"")
     (folder / "mine.txt").write_text("x")
     from federation.config import config_to_toml
-    from federation.contract import Hello, HelloReply
+    from federation.wire.contract import Hello, HelloReply
 
     reply = Hospital(Site(dataset, 0, folder)).handle(Hello("r", config_to_toml(_config(dataset)), False))
     assert isinstance(reply, HelloReply)
@@ -204,7 +204,7 @@ def test_a_hospital_that_cannot_write_its_folder_answers_with_one_line(
     def full(*args: object, **kwargs: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "h0" / "hospital.json"))
 
-    monkeypatch.setattr("federation.engine.hospital.write_json", full)
+    monkeypatch.setattr("federation.hospital.handler.write_json", full)
     config = load_config(None, [*TINY_SETTINGS], data=dataset)
     reply = hospital.handle(Hello("run", config_to_toml(config)))
     assert isinstance(reply, Failure)

@@ -20,12 +20,13 @@ from support.tiny_dataset import LAYOUT, TINY_SETTINGS
 
 from federation.config import load_config
 from federation.engine import Server, local_sites, resolve_config
-from federation.engine.codec import Envelope
-from federation.engine.guard import OVERFLOW_LIMIT
-from federation.engine.pools import InProcessPool, Pool
+from federation.engine.pools import InProcessPool
 from federation.errors import FederationError
 from federation.report import load_run, write_report
 from federation.runfiles import AGGREGATION_FILE, METRICS_FILE, SUMMARY_FILE
+from federation.server.guard import OVERFLOW_LIMIT
+from federation.server.pool import Pool
+from federation.wire.codec import Envelope
 
 HOSTILE = 2
 Edit = Callable[[int, dict[str, Any], dict[str, torch.Tensor]], None]

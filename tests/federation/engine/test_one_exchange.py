@@ -18,9 +18,20 @@ import torch
 from support.runs import stable
 from support.tiny_dataset import TINY_SETTINGS
 
-from federation.client import Client
 from federation.config import RunConfig, config_to_toml, load_config
-from federation.contract import (
+from federation.engine import RunStopped, load_run_config
+from federation.errors import FederationError
+from federation.hospital.handler import Hospital, Site
+from federation.hospital.policy import agreed_shared_keys
+from federation.hospital.trainer import Client
+from federation.launch import train
+from federation.runs import read_checkpoint
+from federation.server import loop
+from federation.server.audit import check_message, describe
+from federation.server.pool import Pool
+from federation.strategies.fedavg import Averaging
+from federation.wire.codec import decode, encode
+from federation.wire.contract import (
     EvaluateReply,
     Failure,
     Hello,
@@ -30,16 +41,6 @@ from federation.contract import (
     TrainReply,
     TrainTask,
 )
-from federation.engine import RunStopped, load_run_config, loop
-from federation.engine.audit import check_message, describe
-from federation.engine.codec import decode, encode
-from federation.engine.hospital import Hospital, Site
-from federation.engine.policy import agreed_shared_keys
-from federation.engine.pools import Pool
-from federation.errors import FederationError
-from federation.launch import train
-from federation.runs import read_checkpoint
-from federation.strategies.fedavg import Averaging
 from models import create_model
 
 

@@ -24,7 +24,18 @@ from support.tiny_dataset import TINY_SETTINGS
 from support.trust import RUN, config_of, honest_keys
 
 from federation.config import RunConfig, config_to_toml, load_config
-from federation.contract import (
+from federation.derived import initial_state
+from federation.engine.pools import InProcessPool
+from federation.errors import FederationError
+from federation.hospital.handler import Site
+from federation.hospital.outbound import OUTBOUND_FILE, head_of, read_outbound
+from federation.hospital.policy import HospitalPolicy
+from federation.launch import train
+from federation.server.audit import ANCHORS_FILE, AUDIT_FILE, Anchors, check_message, describe, load_anchor
+from federation.server.pool import Pool
+from federation.wire.chain import GENESIS, HEAD_FIELD, Head, content_digest, parse_head
+from federation.wire.codec import Envelope, encode, envelope_digest
+from federation.wire.contract import (
     EvaluateReply,
     EvaluateTask,
     Failure,
@@ -35,24 +46,6 @@ from federation.contract import (
     TrainReply,
     TrainTask,
 )
-from federation.engine.audit import ANCHORS_FILE, AUDIT_FILE, Anchors, check_message, describe, load_anchor
-from federation.engine.codec import Envelope, encode, envelope_digest
-from federation.engine.derived import initial_state
-from federation.engine.hospital import Site
-from federation.engine.outbound import (
-    GENESIS,
-    HEAD_FIELD,
-    OUTBOUND_FILE,
-    Head,
-    content_digest,
-    head_of,
-    parse_head,
-    read_outbound,
-)
-from federation.engine.policy import HospitalPolicy
-from federation.engine.pools import InProcessPool, Pool
-from federation.errors import FederationError
-from federation.launch import train
 
 NOT_ANCHORED = "the end of the log cannot be checked without an anchor"
 INTACT = "integrity: intact (every line chained to the one before; the log holds its anchor)"
@@ -64,7 +57,7 @@ def _task(config: RunConfig, client: int, server_round: int, refused: bool) -> T
     instruction = TrainInstruction(
         client, Recipe(epochs=1, lr=0.01, head_epochs=1), shared={k: initial[k] for k in keys}
     )
-    # asking for a head tensor is refused before anything is trained (federation.engine.policy)
+    # asking for a head tensor is refused before anything is trained (federation.hospital.policy)
     return TrainTask(RUN, server_round, 7, [*keys, "classifier.3.weight"] if refused else keys, instruction)
 
 

@@ -12,9 +12,9 @@ import pytest
 from support.tiny_dataset import TINY_SETTINGS, make_dataset
 
 from federation.config import load_config
-from federation.engine import summary
 from federation.launch import train
 from federation.progress import PROGRESS_FILE, RoundProgress, read_progress, write_progress
+from federation.server import summary
 
 
 def test_progress_round_trips_and_a_damaged_file_reads_as_none(tmp_path: Path) -> None:

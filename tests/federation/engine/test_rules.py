@@ -1,4 +1,4 @@
-"""The hospital's rules (`federation.engine.rules`), each alone: what it refuses, in one line naming the value, and
+"""The hospital's rules (`federation.hospital.rules`), each alone: what it refuses, in one line naming the value, and
 what it lets through; then the chains' order."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from federation.config import load_config
-from federation.contract import EvaluateTask, Recipe, TrainInstruction, TrainTask
-from federation.engine.policy import HospitalPolicy, PolicyRefusal
-from federation.engine.rules import (
+from federation.hospital.policy import HospitalPolicy, PolicyRefusal
+from federation.hospital.privacy import Accountant, LedgerEntry, planned_dp_steps, rdp_epsilon
+from federation.hospital.rules import (
     EVALUATE_RULES,
     TRAIN_RULES,
     Asked,
@@ -23,8 +23,8 @@ from federation.engine.rules import (
     run_rules,
     tensors_as_agreed,
 )
-from federation.privacy import Accountant, LedgerEntry, planned_dp_steps, rdp_epsilon
 from federation.strategies.context import recipe_from_config
+from federation.wire.contract import EvaluateTask, Recipe, TrainInstruction, TrainTask
 
 KEYS = ["a.weight", "a.bias"]
 STATE = {"a.weight": torch.zeros(2, 3), "a.bias": torch.zeros(2), "head.weight": torch.zeros(1, 2)}

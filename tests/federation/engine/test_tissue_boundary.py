@@ -11,11 +11,11 @@ from safetensors import safe_open
 from support.boundary import server_files
 from support.tiny_dataset import TINY_SETTINGS
 
-from federation import contract
 from federation.config import load_config
-from federation.engine.audit import AUDIT_FILE, REPLY_FIELDS, check_message
 from federation.launch import train
 from federation.runfiles import HOSPITALS_DIR
+from federation.server.audit import AUDIT_FILE, REPLY_FIELDS, check_message
+from federation.wire import contract
 from models.names import TISSUE_FILE
 from models.shift import read_description
 
@@ -70,8 +70,8 @@ def test_an_export_without_a_describable_model_leaves_no_stale_description(tmp_p
     import numpy as np
     from torch import nn
 
-    from federation.data import HospitalData
-    from federation.engine.tissue import describe_tissue
+    from federation.hospital.data import HospitalData
+    from federation.hospital.tissue import describe_tissue
     from models.bundle import tissue_state
 
     rng = np.random.default_rng(0)

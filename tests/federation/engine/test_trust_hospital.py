@@ -23,7 +23,13 @@ from typer.testing import CliRunner
 
 from app.cli import app
 from federation.config import RunConfig, config_to_toml
-from federation.contract import (
+from federation.errors import FederationError
+from federation.hospital.data import extract_hospital
+from federation.hospital.handler import Hospital, Site
+from federation.hospital.outbound import read_outbound
+from federation.hospital.policy import HospitalPolicy, load_policy
+from federation.wire.codec import Message, decode, encode, envelope_digest
+from federation.wire.contract import (
     EvaluateReply,
     EvaluateTask,
     Failure,
@@ -33,12 +39,6 @@ from federation.contract import (
     TrainInstruction,
     TrainReply,
 )
-from federation.data import extract_hospital
-from federation.engine.codec import Message, decode, encode, envelope_digest
-from federation.engine.hospital import Hospital, Site
-from federation.engine.outbound import read_outbound
-from federation.engine.policy import HospitalPolicy, load_policy
-from federation.errors import FederationError
 from models import create_model, head_keys, split_units
 from models.names import WEIGHTS_FILE
 
@@ -255,8 +255,8 @@ def test_a_failed_write_or_a_non_finite_evaluation_is_a_failure_and_nothing_is_d
 ) -> None:
     from safetensors import SafetensorError
 
-    import federation.engine.hospital as hospital_module
-    from federation.client import Client, EvalResult
+    import federation.hospital.handler as hospital_module
+    from federation.hospital.trainer import Client, EvalResult
 
     hospital, config, exported = after_round_one(tmp_path, dataset)
 

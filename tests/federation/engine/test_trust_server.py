@@ -21,9 +21,10 @@ from support.tiny_dataset import LAYOUT, TINY_SETTINGS
 
 from federation.config import load_config
 from federation.engine import Server, local_sites, resolve_config
-from federation.engine.codec import Envelope
-from federation.engine.pools import InProcessPool, Pool
+from federation.engine.pools import InProcessPool
 from federation.runfiles import AGGREGATION_FILE, METRICS_FILE, SUMMARY_FILE
+from federation.server.pool import Pool
+from federation.wire.codec import Envelope
 
 Edit = Callable[[dict[str, Any], dict[str, torch.Tensor]], None]
 HOSTILE = 2

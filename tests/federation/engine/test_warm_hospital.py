@@ -17,10 +17,10 @@ from support.checks import every
 from support.trust import RUN, config_of, deployed, honest_task, send
 
 from federation.config import config_to_toml
-from federation.contract import Hello, HelloReply, TrainReply
-from federation.engine.hospital import Hospital, Site
-from federation.engine.outbound import read_outbound
-from federation.engine.policy import HospitalPolicy
+from federation.hospital.handler import Hospital, Site
+from federation.hospital.outbound import read_outbound
+from federation.hospital.policy import HospitalPolicy
+from federation.wire.contract import Hello, HelloReply, TrainReply
 from models.names import WEIGHTS_FILE
 
 

@@ -16,8 +16,8 @@ from flwr.app import Context, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 from support.cli import run_cli
 
-from federation.engine.outbound import OUTBOUND_FILE, read_outbound
 from federation.flower.executor import APP_ID, HospitalExecutor
+from federation.hospital.outbound import OUTBOUND_FILE, read_outbound
 
 FOREIGN = "someone/else"
 

@@ -27,7 +27,6 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from support.checks import every
 from support.paths import REPO
 
-from federation.engine.outbound import OUTBOUND_FILE, read_outbound
 from federation.errors import FederationError
 from federation.flower.flwr_cli import register_hospitals
 from federation.flower.kit import (
@@ -43,6 +42,7 @@ from federation.flower.kit import (
 from federation.flower.local_deployment import LocalDeployment, NodeSpec
 from federation.flower.superlink import SuperLink
 from federation.flower.supernode import SuperNode
+from federation.hospital.outbound import OUTBOUND_FILE, read_outbound
 from infra.pids import group_members
 
 ECHO_APP = Path(__file__).parent / "flower_echo_app"
@@ -235,7 +235,7 @@ def test_a_run_carrying_foreign_code_is_refused_at_every_hospital(deployed: Depl
         assert "refused by the hospital: the run carries the app 'gastric-fl/gastric-fl-echo'" in error
     assert {int(e.split(":", 1)[0]) for e in result["errors"]} == set(dep.node_ids.values())
     assert not (deployed.out_file.parent / "canary").exists()
-    # each refusal was recorded in the hospital's outbound log before it left (federation.engine.outbound)
+    # each refusal was recorded in the hospital's outbound log before it left (federation.hospital.outbound)
     for i in range(2):
         log = read_outbound(deployed.out_file.parent / f"h {i}" / OUTBOUND_FILE)
         assert log.problems == []

@@ -26,14 +26,14 @@ from support.runs import records, stable
 from support.tiny_dataset import TINY_SETTINGS
 
 from federation.config import load_config
-from federation.data import extract_hospital
-from federation.engine.audit import ANCHORS_FILE, AUDIT_FILE, load_anchor
-from federation.engine.outbound import OUTBOUND_FILE, audit_report
 from federation.flower.demo import run_demo
 from federation.flower.environment import free_port
 from federation.flower.flwr_cli import FlwrCli
 from federation.flower.local_deployment import LocalDeployment
+from federation.hospital.data import extract_hospital
+from federation.hospital.outbound import OUTBOUND_FILE, audit_report
 from federation.launch import train
+from federation.server.audit import ANCHORS_FILE, AUDIT_FILE, load_anchor
 
 pytestmark = pytest.mark.slow
 GASTRIC_FL = Path(sys.executable).parent / "gastric-fl"

@@ -7,10 +7,10 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from federation.contract import Failure
-from federation.engine.codec import decode, encode, envelope_digest
 from federation.errors import FederationError
-from federation.flower.apps import ENVELOPE, WIRE, from_record, to_record
+from federation.flower.records import ENVELOPE, WIRE, from_record, to_record
+from federation.wire.codec import decode, encode, envelope_digest
+from federation.wire.contract import Failure
 
 
 def test_an_envelope_travels_as_one_object_and_comes_back_exactly() -> None:

@@ -20,11 +20,11 @@ from flwr.supercore.task_identity import TaskIdentity
 from support.checks import every
 
 from federation.config import load_config
-from federation.contract import EvaluateReply, EvaluateTask, Failure
-from federation.engine.codec import encode
 from federation.flower import apps, runner, waits
-from federation.flower.apps import to_record
 from federation.flower.flwr_cli import COMPLETED, FlwrCli
+from federation.flower.records import to_record
+from federation.wire.codec import encode
+from federation.wire.contract import EvaluateReply, EvaluateTask, Failure
 
 
 class Clock:

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 import torch
 
-from federation.aggregation import bound_update_norms, cap_weights, fisher_weights, trimmed_mean
 from federation.config import ServerSection, load_config
-from federation.contract import Recipe, TrainReply
 from federation.strategies import build_strategy
+from federation.strategies.aggregation import bound_update_norms, cap_weights, fisher_weights, trimmed_mean
 from federation.strategies.context import StrategyContext
 from federation.strategies.fedsaf import AmpSettings, AttentiveStrategy
 from federation.strategies.precision_weighted import PrecisionWeighted
+from federation.wire.contract import Recipe, TrainReply
 
 HOSTILE = 0
 # unequal honest traces 2 and 6 beside the hostile 1e30

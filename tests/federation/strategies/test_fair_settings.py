@@ -15,12 +15,12 @@ from support.checks import every
 from support.tiny_dataset import TINY_SETTINGS
 from torch import nn
 
-from federation.client import Client
 from federation.config import load_config
-from federation.engine.audit import AUDIT_FILE
 from federation.errors import FederationError
-from federation.fisher import batch_gradient_trace
+from federation.hospital.fisher import batch_gradient_trace
+from federation.hospital.trainer import Client
 from federation.launch import train
+from federation.server.audit import AUDIT_FILE
 from models import batchnorm_keys, create_model
 
 MODEL = create_model("mobilenet_v3_small")

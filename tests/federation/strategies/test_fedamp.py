@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from federation.config import RunConfig, config_from_dict
-from federation.contract import TrainReply, count_values
 from federation.errors import FederationError
 from federation.strategies import build_strategy
 from federation.strategies.context import StrategyContext
+from federation.wire.contract import TrainReply, count_values
 from models import create_model, split_units
 
 

@@ -13,11 +13,11 @@ import torch
 from support.checks import every
 
 from federation.config import RunConfig, config_from_dict
-from federation.contract import Recipe, TrainReply, count_reply_values, count_values
 from federation.errors import FederationError
 from federation.strategies import build_strategy
 from federation.strategies.context import StrategyContext
 from federation.strategies.fedsaf import AmpSettings, AttentiveStrategy, CollaborationWarning
+from federation.wire.contract import Recipe, TrainReply, count_reply_values, count_values
 from models import create_model, head_keys, split_units
 
 RHO = [

@@ -21,12 +21,12 @@ from support.checks import every
 from support.tiny_dataset import TINY_SETTINGS, make_dataset
 from torch import nn
 
-from federation.client import Client
 from federation.config import load_config
-from federation.contract import Recipe, TrainInstruction
-from federation.data import HospitalData, load_hospitals
-from federation.engine.derived import initial_state
+from federation.derived import initial_state
+from federation.hospital.data import HospitalData, load_hospitals
+from federation.hospital.trainer import Client
 from federation.launch import train
+from federation.wire.contract import Recipe, TrainInstruction
 from models import base_keys, batchnorm_keys, create_model, head_keys, split_units
 
 NHEAD = 3  # features.12 (convolution + BatchNorm), classifier.0 and classifier.3; the base has BatchNorm too

@@ -1,7 +1,7 @@
 """``server.max_weight``: the cap on any one hospital's aggregation weight, here its example-count weight ``n_i / n``
 (FedAvg family; the other methods' weights: ``test_bounded_weights.py``).
 
-The pure water-filling cap (``federation.aggregation.cap_weights``) with hand-checkable numbers on unequal
+The pure water-filling cap (``federation.strategies.aggregation.cap_weights``) with hand-checkable numbers on unequal
 weights; the configuration's checks (a cap below ``1/m`` and a strategy that shares nothing are refused in one
 line); the averaging strategies at the message level; and the in-process engine on the tiny dataset
 with a hospital that declares 10^9 training tiles in its Hello (believed by the server: the cap bounds its weight).
@@ -19,17 +19,18 @@ import torch
 from support.checks import every
 from support.tiny_dataset import LAYOUT, TINY_SETTINGS
 
-from federation.aggregation import cap_weights, weighted_sum
 from federation.bounds import max_weight_problem
 from federation.config import config_to_toml, load_config
-from federation.contract import TrainReply
 from federation.engine import Server, local_sites, resolve_config
-from federation.engine.codec import Envelope
-from federation.engine.pools import InProcessPool, Pool
+from federation.engine.pools import InProcessPool
 from federation.errors import FederationError
 from federation.runfiles import AGGREGATION_FILE, METRICS_FILE, SUMMARY_FILE
 from federation.runs import read_checkpoint
+from federation.server.pool import Pool
 from federation.strategies import EXAMPLE_WEIGHTED, STRATEGY_NAMES, StrategyContext, build_strategy
+from federation.strategies.aggregation import cap_weights, weighted_sum
+from federation.wire.codec import Envelope
+from federation.wire.contract import TrainReply
 
 
 def _shares(counts: list[float]) -> list[float]:

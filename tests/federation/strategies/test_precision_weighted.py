@@ -11,13 +11,13 @@ import torch
 from support.tiny_dataset import TINY_SETTINGS, make_dataset
 
 from federation.config import load_config
-from federation.contract import TrainReply
-from federation.engine.audit import AUDIT_FILE, check_message
 from federation.errors import FederationError
 from federation.launch import train
+from federation.server.audit import AUDIT_FILE, check_message
 from federation.strategies import StrategyContext
 from federation.strategies.context import recipe_from_config
 from federation.strategies.precision_weighted import PrecisionWeighted
+from federation.wire.contract import TrainReply
 from models import create_model
 
 UNITS = (("a", ["a.weight", "a.running_mean"]), ("h", ["h.weight"]))

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 import torch
 
-from federation.aggregation import bound_update_norms, weighted_sum
 from federation.config import load_config
-from federation.contract import TrainReply
 from federation.errors import FederationError
 from federation.strategies import build_strategy
+from federation.strategies.aggregation import bound_update_norms, weighted_sum
 from federation.strategies.context import StrategyContext
 from federation.strategies.wrappers.fedlws import LayerWiseShrinking
+from federation.wire.contract import TrainReply
 
 UNITS = (("a", ["a.weight"]), ("b", ["b.weight"]))
 KEYS = ("a.weight", "b.weight")

@@ -16,7 +16,6 @@ import torch
 from support.checks import every
 
 from federation.config import RunConfig, config_to_toml, load_config
-from federation.contract import Recipe, Strategy, TrainReply, count_values
 from federation.errors import FederationError
 from federation.strategies import StrategyContext, build_strategy
 from federation.strategies.context import recipe_from_config
@@ -25,6 +24,7 @@ from federation.strategies.fedavg import Averaging
 from federation.strategies.wrappers import fedlws, fedtlu
 from federation.strategies.wrappers.fedlws import LayerWiseShrinking, module_layers
 from federation.strategies.wrappers.fedtlu import TargetedLayerUpdates, body_group, keep_count, shape_groups
+from federation.wire.contract import Recipe, Strategy, TrainReply, count_values
 from models import create_model, split_units
 
 # A six-unit "model" named like MobileNetV3: a stem with BatchNorm buffers, three body blocks (weight + bias; the

@@ -10,11 +10,11 @@ from support.checks import every
 
 from federation import strategies
 from federation.config import load_config
-from federation.contract import Recipe, Strategy, TrainInstruction, TrainReply, TrainTask, count_values
-from federation.engine.codec import decode, encode
 from federation.errors import FederationError
 from federation.strategies import StrategyContext, build_strategy
 from federation.strategies.registry import AVERAGING
+from federation.wire.codec import decode, encode
+from federation.wire.contract import Recipe, Strategy, TrainInstruction, TrainReply, TrainTask, count_values
 
 # A two-unit "model": unit a (a weight, a BatchNorm running mean and its integer counter) and unit b (the head).
 KEYS = ("a.weight", "a.running_mean", "a.num_batches_tracked", "b.weight")
@@ -215,7 +215,7 @@ def test_the_split_switch_is_a_fact_of_the_spec_not_of_a_name() -> None:
     """``split_switch`` on the spec decides whether a run splits: FedSAF's ``fedsaf.split = false`` shares every
     unit (nhead 0 kept at the hospital); a method without a switch keeps its nhead, and is refused ``fedsaf.split``;
     Separate, which shares nothing, leaves nothing for the hospital's policy to agree to."""
-    from federation.engine.policy import agreed_shared_keys
+    from federation.hospital.policy import agreed_shared_keys
     from federation.strategies.context import shared_nhead
     from federation.strategies.registry import SPECS, split_on
     from models import create_model

@@ -1,8 +1,8 @@
 """A hospital's side of the federation: it owns its tiles, labels, head, checkpoints and predictions.
 
-docs/design.md, "Trust model": a hospital answers three messages (``federation.contract``) and nothing else
+docs/design.md, "Trust model": a hospital answers three messages (``federation.wire.contract``) and nothing else
 leaves it. ``Hello`` -> its client index, tile counts and its dataset's class names; ``TrainTask`` -> its shared
-tensors after local training (the recipes of ``federation.client``: FedSAF paper 001, Eq. 23-25) and scalar
+tensors after local training (the recipes of ``federation.hospital.trainer``: FedSAF paper 001, Eq. 23-25) and scalar
 metrics; ``EvaluateTask`` -> its test loss, accuracy and AUC. Everything else stays in the hospital's own folder:
 
 ```
@@ -43,36 +43,26 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from federation.client import Client
 from federation.config import RunConfig
-from federation.contract import (
-    EvaluateReply,
-    EvaluateTask,
-    Failure,
-    Hello,
-    HelloReply,
-    TrainReply,
-    TrainTask,
-)
-from federation.data import LABELS, HospitalData, check_hospitals, load_hospitals, read_dataset
-from federation.engine.codec import Envelope, Message, decode, encode
-from federation.engine.derived import config_from_text, initial_state, resolve_device
-from federation.engine.outbound import OUTBOUND_FILE, record_reply
-from federation.engine.policy import (
+from federation.derived import config_from_text, initial_state, resolve_device
+from federation.errors import Diverged, FederationError, Interrupted, first_line
+from federation.hospital.data import LABELS, HospitalData, check_hospitals, load_hospitals, read_dataset
+from federation.hospital.outbound import OUTBOUND_FILE, record_reply
+from federation.hospital.policy import (
     HospitalPolicy,
     PolicyRefusal,
     agreed_shared_keys,
     check_config,
 )
-from federation.engine.rules import EVALUATE_RULES, TRAIN_RULES, Asked, run_rules
-from federation.errors import Diverged, FederationError, Interrupted, first_line
-from federation.privacy import (
+from federation.hospital.privacy import (
     ACCOUNTANT_FILE,
     ACCOUNTANT_NAME,
     Accountant,
     LedgerEntry,
     load_accountant,
 )
+from federation.hospital.rules import EVALUATE_RULES, TRAIN_RULES, Asked, run_rules
+from federation.hospital.trainer import Client
 from federation.runfiles import (
     CHECKPOINT_DIR,
     HOSPITAL_FILE,
@@ -83,6 +73,16 @@ from federation.runfiles import (
 )
 from federation.runs import now_iso, read_json, write_json, write_predictions
 from federation.strategies.context import resolved_nhead
+from federation.wire.codec import Envelope, Message, decode, encode
+from federation.wire.contract import (
+    EvaluateReply,
+    EvaluateTask,
+    Failure,
+    Hello,
+    HelloReply,
+    TrainReply,
+    TrainTask,
+)
 from infra.formats import MANIFEST_FILE, manifest_sha256
 from infra.outputs import atomic_target, remove_entries, write_atomic
 from models import ModelError, create_model, head_keys, split_units
@@ -101,7 +101,9 @@ OWN_ENTRIES = (
 )
 TRAINED, EVALUATED = 1, 2  # stages of a round's checkpoint
 TENSORS_SHA256 = "tensors_sha256"  # a checkpoint's metadata: the sha256 of its tensors (`tensors_sha256`)
-LEDGER_ANCHOR = "privacy_ledger"  # hospital.json's record of the privacy ledger (federation.privacy.Accountant.anchor)
+LEDGER_ANCHOR = (
+    "privacy_ledger"  # hospital.json's record of the privacy ledger (federation.hospital.privacy.Accountant.anchor)
+)
 # What a resume Hello keeps of hospital.json: what tells a lost checkpoint from a missed round, and the ledger's anchor
 RESUME_KEEPS = ("first_checkpoint", LEDGER_ANCHOR)
 # Settings a resume may change: how long the run is and where and how it executes, never what it computes
@@ -138,9 +140,9 @@ class Site:
     otherwise ``root`` itself (the in-process engines give each run's hospitals their own folder).
     ``rows``: the client of ``dataset`` whose tiles are this hospital's, when it differs from its index in the
     federation (``client``); a deployed hospital with a dataset of its own slides only reads client 0.
-    ``policy``: the hospital's own rules (``federation.engine.policy``); ``None`` where one operator runs the
+    ``policy``: the hospital's own rules (``federation.hospital.policy``); ``None`` where one operator runs the
     server and every hospital (the in-process engines): ``HospitalPolicy.operator`` of the run's configuration.
-    The hospital's outbound log (``federation.engine.outbound``) is ``root / outbound.jsonl``.
+    The hospital's outbound log (``federation.hospital.outbound``) is ``root / outbound.jsonl``.
     """
 
     dataset: Path
@@ -352,7 +354,7 @@ class Hospital:
 
     # -- train and evaluate --------------------------------------------------------------------------------------
     def _asked(self, loaded: _Loaded) -> Asked:
-        """What the hospital's rules (`federation.engine.rules`) look at for a task of the loaded run."""
+        """What the hospital's rules (`federation.hospital.rules`) look at for a task of the loaded run."""
         return Asked(loaded.policy, loaded.config, loaded.keys, loaded.model.state_dict(), lambda: self._ledger(loaded))
 
     def _check_finite_model(self, loaded: _Loaded, what: str) -> None:
@@ -373,7 +375,7 @@ class Hospital:
         loaded = self._load(task.run_id)
         recipe = task.instruction.recipe
         asked = self._asked(loaded)
-        run_rules(TRAIN_RULES, asked, task)  # its policy's checks, in order (federation.engine.rules)
+        run_rules(TRAIN_RULES, asked, task)  # its policy's checks, in order (federation.hospital.rules)
         ledger = asked.ledger if recipe.private else None
         previous = None
         if task.evaluate_previous:  # what round r-1's EvaluateTask would have done, in the same order
@@ -500,7 +502,8 @@ class Hospital:
         return self._loaded
 
     def _ledger(self, loaded: _Loaded) -> Accountant:
-        """The hospital's privacy ledger for the run (`federation.privacy`), from its own folder, checked against
+        """The hospital's privacy ledger for the run (`federation.hospital.privacy`), from its own folder, checked
+        against
         the anchor ``hospital.json`` keeps of it: a ledger removed, reset or edited since it was last written is
         refused (``FederationError``), never started again from zero. No ledger and no anchor: a run before its
         first DP round."""
@@ -636,13 +639,13 @@ class Hospital:
     def _export(self, loaded: _Loaded, server_round: int) -> None:
         """The model bundle (`models.bundle`) the hospital would deploy after ``server_round``:
         ``model.safetensors`` (a link to its checkpoint when the file system allows, so it costs no copy; its
-        metadata names the round) and ``model.json``, its card (`federation.engine.export.export_card`).
+        metadata names the round) and ``model.json``, its card (`federation.hospital.export.export_card`).
 
         The bundle is replaced as one, and only once everything it says is known: the card is made first (its DP
         guarantee reads the ledger, which may be refused), both files are written beside the bundle, then put in
-        place together (`federation.engine.export.replace_bundle`). A round refused on the way leaves the last good
+        place together (`federation.hospital.export.replace_bundle`). A round refused on the way leaves the last good
         bundle exactly as it was."""
-        from federation.engine.export import export_card, replace_bundle
+        from federation.hospital.export import export_card, replace_bundle
 
         folder = self.site.folder(loaded.run_id)
         card = export_card(
@@ -660,7 +663,7 @@ class Hospital:
         )
         replace_bundle(folder, card, folder / CHECKPOINT_DIR / f"round_{server_round:04d}.safetensors")
         # the hospital's description of its own tissue (models.shift): written here, read by predict, never sent
-        from federation.engine.tissue import describe_tissue
+        from federation.hospital.tissue import describe_tissue
 
         describe_tissue(loaded.model, loaded.data, folder, server_round)
 

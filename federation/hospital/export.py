@@ -10,14 +10,14 @@
   ``prepare.json``, ImageNet normalisation; and the tile grid prepare cut (`models.bundle.TileGrid`);
 * the provenance: run id, round, client, the dataset folder and the sha256 of its ``manifest.csv`` as recorded in
   ``hospital.json`` when the run started;
-* under differential privacy (`federation.privacy`), the guarantee of the weights: epsilon at delta from the
+* under differential privacy (`federation.hospital.privacy`), the guarantee of the weights: epsilon at delta from the
   hospital's own ledger, the unit protected, the noise multiplier, sampling rate, clip norm and DP-SGD steps;
 * the hospital's test metrics of that round, recomputed from the ``predictions.csv`` it has just written (the
   evaluation's own probabilities): tiles, accuracy (argmax), AUC, and sensitivity/specificity at the threshold.
 
 The binary task (classes ``normal``, ``abnormal``) is a threshold on ``P(abnormal)``. Any other class list has no
 positive class: the card's decision is ``argmax`` (its threshold unused), its metrics are the tiles per class,
-accuracy (argmax) and the macro one-vs-rest AUC over the classes present (`federation.client.multiclass_auc`).
+accuracy (argmax) and the macro one-vs-rest AUC over the classes present (`federation.hospital.trainer.multiclass_auc`).
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from federation.client import auc_of, auc_or_none
 from federation.config import RunConfig
-from federation.data import LABELS
+from federation.hospital.trainer import auc_of, auc_or_none
 from federation.runs import now_iso
 from federation.strategies import default_nhead
+from federation.wire.contract import LABELS
 from infra.formats import PREPARE_RECORD
 from infra.provenance import dataset_is_synthetic, intended_use
 from models import split_units
@@ -203,7 +203,7 @@ def export_card(
 
 def _hidden(folder: Path, name: str, suffix: str) -> Path:
     """A fresh hidden name beside ``folder / name`` (``.<name>.<random><suffix>``: the pattern a hospital's clean-up
-    of temp files knows, `federation.engine.hospital.Hospital._remove_temp_files`)."""
+    of temp files knows, `federation.hospital.handler.Hospital._remove_temp_files`)."""
     handle, path = tempfile.mkstemp(prefix=f".{name}.", suffix=suffix, dir=folder)
     os.close(handle)
     return Path(path)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from federation.config import RunConfig
-from federation.engine.derived import resolve_device
+from federation.derived import resolve_device
 from federation.jsonl import read_jsonl
 from federation.progress import RoundProgress, now, write_progress
 from federation.provenance import add_distinct, code_version, machine

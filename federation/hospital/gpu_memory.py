@@ -1,7 +1,8 @@
 """Whether the hospitals that share one GPU fit in its memory, checked before they start (issue 32).
 
 With ``run.workers = W`` on a GPU, W processes share the device; each holds the tiles of its hospitals (every split,
-``uint8``, `federation.client.Client._held_split`), their models, and trains one hospital at a time. Before the
+``uint8``, `federation.hospital.trainer.Client._held_split`), their models, and trains one hospital at a time. Before
+the
 workers start, `check_shared_gpu` estimates each process's need and compares the sum with the device's free memory
 (``torch.cuda.mem_get_info``); a run that would not fit is refused in one line naming the figures and how many
 workers do fit, instead of failing a round later with CUDA's out-of-memory message.
@@ -34,8 +35,8 @@ from pathlib import Path
 import torch
 
 from federation.config import RunConfig
-from federation.data import read_manifest
 from federation.errors import FederationError
+from federation.hospital.data import read_manifest
 
 CONTEXT_BYTES = 1792 * 2**20  # 1.75 GiB: measured on an H200, torch 2.11 (benchmarks/results/gpu_memory.md)
 ALLOCATOR_SLACK = 1.25

@@ -9,19 +9,26 @@ in a message: a client's personalised head (the last ``nhead`` layer units, FedS
 
 What crosses the hospital boundary, in every engine, is one of the messages at the end of this module
 (``Hello``/``HelloReply``, ``TrainTask``/``TrainReply``, ``EvaluateTask``/``EvaluateReply``, or a ``Failure``):
-shared tensors, example counts and scalar metrics. ``federation.engine.codec`` turns each into a JSON header
+shared tensors, example counts and scalar metrics. ``federation.wire.codec`` turns each into a JSON header
 plus named tensors, the one wire form every transport carries.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
+from infra.formats import BINARY_CLASSES
+
 TensorDict = dict[str, torch.Tensor]
+LABELS: tuple[str, ...] = BINARY_CLASSES  # the binary task: class index 0 and 1
+# A class name is a plain label (prepare's class-folder rule): it is the one piece of text about its data that a
+# hospital tells the server (``HelloReply.classes``), so it can hold nothing but a short name.
+CLASS_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 @dataclass(frozen=True)
@@ -41,12 +48,13 @@ class Recipe:
     running averages rounds behind the weights and evaluation collapses to one class while AUC is already high.
     ``optimizer``: ``sgd`` (``momentum``, ``weight_decay``) or ``adam`` (``adam_*``; a fresh optimiser each round).
     ``fisher_estimator``: ``per_sample`` (``fisher_batch`` random tiles) or ``full_pass`` (FedAS: every training
-    batch's mean gradient, ``federation.fisher.batch_gradient_trace``).
+    batch's mean gradient, ``federation.hospital.fisher.batch_gradient_trace``).
     ``start_own``: the hospital keeps training its own shared part (the instruction carries only the proximal
     centre); otherwise it loads the instruction's ``shared`` tensors first.
     ``second_moments`` (with Adam): report the bias-corrected second moments ``v_hat`` of the shared parameters,
     averaged over the second half of the last local epoch (paper 004, Sec. 4), in ``TrainReply.second_moments``.
-    ``dp_*``: differential privacy (`federation.privacy`): every training phase is DP-SGD over slides (or tiles).
+    ``dp_*``: differential privacy (`federation.hospital.privacy`): every training phase is DP-SGD over slides (or
+    tiles).
     """
 
     @property
@@ -70,7 +78,8 @@ class Recipe:
     second_moments: bool = False
     fisher_estimator: str = "per_sample"
     start_own: bool = False
-    # DP-SGD in every phase when dp_sample_rate > 0 (federation.privacy; config [privacy]): noise multiplier sigma,
+    # DP-SGD in every phase when dp_sample_rate > 0 (federation.hospital.privacy; config [privacy]): noise multiplier
+    # sigma,
     # clip norm C, Poisson rate q over the units (slides, or tiles), and at most dp_tiles_per_unit tiles per unit
     dp_noise_multiplier: float = 0.0
     dp_max_grad_norm: float = 0.0

@@ -1,6 +1,6 @@
 """A round's record as the server assembles it: what the training brought back, then each hospital's evaluation.
 
-The round loop (`federation.engine.loop`) fills one ``RoundRecord`` per round and writes it as one line per
+The round loop (`federation.server.loop`) fills one ``RoundRecord`` per round and writes it as one line per
 evaluated hospital in ``metrics.jsonl`` and one line in ``aggregation.jsonl`` once every hospital asked has answered
 its evaluation. For a strategy that evaluates in the next round's message (``Strategy.evaluates_next_start``: the
 averaging family) that is one round later, so the record waits in the round's checkpoint (``Checkpoint.pending``,
@@ -13,12 +13,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from federation.contract import EvaluateReply, TrainReply
 from federation.runfiles import MetricsLine
 from federation.runs import finite_or_none
+from federation.wire.contract import EvaluateReply, TrainReply
 
 DpMetric = Literal["dp_epsilon", "dp_delta", "dp_steps"]
-DP_METRICS: tuple[DpMetric, ...] = get_args(DpMetric)  # what a DP hospital reports (federation.privacy)
+DP_METRICS: tuple[DpMetric, ...] = get_args(DpMetric)  # what a DP hospital reports (federation.hospital.privacy)
 
 
 @dataclass
@@ -84,7 +84,8 @@ class RoundRecord:
                 "num_test": e.num_examples,
                 "trained": t is not None,
             }
-            # differential privacy (federation.privacy): the hospital's epsilon so far, its delta and the DP-SGD
+            # differential privacy (federation.hospital.privacy): the hospital's epsilon so far, its delta and the
+            # DP-SGD
             # steps its ledger holds; only in runs with [privacy], so other runs' lines are unchanged
             for key in DP_METRICS:
                 if key in metrics:

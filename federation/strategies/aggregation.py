@@ -33,7 +33,7 @@ relative; float64 in the hand-checked tests); the small coefficient matrices are
 ``amp_aggregate``: the distances once, ``xi`` from them and every mixed model in one matrix product, on a matrix
 stacked once (``StackBuffer``; for the euclidean metric centred in place); ``unflatten(copy=False)`` hands the
 rows back as views. Stacking and unstacking state dicts (``FlatSpec``, ``flatten``, ``StackBuffer``,
-``unflatten``) live in `federation.flat` and are re-exported here under their old names.
+``unflatten``) live in `federation.strategies.flat` and are re-exported here under their old names.
 """
 
 from __future__ import annotations
@@ -49,10 +49,12 @@ import torch
 
 from federation.bounds import amp_bound_problem, max_weight_problem
 from federation.errors import FederationError
-from federation.flat import FlatSpec as FlatSpec  # re-exported: the old names; the flat views live in federation.flat
-from federation.flat import StackBuffer as StackBuffer
-from federation.flat import flatten as flatten
-from federation.flat import unflatten as unflatten
+from federation.strategies.flat import (
+    FlatSpec as FlatSpec,  # re-exported: the old names; the flat views live in federation.strategies.flat
+)
+from federation.strategies.flat import StackBuffer as StackBuffer
+from federation.strategies.flat import flatten as flatten
+from federation.strategies.flat import unflatten as unflatten
 
 Metric = Literal["euclidean", "manhattan", "cosine", "cosine_distance"]
 METRICS: tuple[str, ...] = ("euclidean", "manhattan", "cosine", "cosine_distance")

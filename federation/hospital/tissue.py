@@ -6,7 +6,7 @@ mean and Ledoit-Wolf covariance of the layer's channel statistics, a Mahalanobis
 out-of-fold distances by slide), written as ``tissue.safetensors`` beside ``model.safetensors``.
 
 It stays at the hospital: the file is written in the hospital's own folder by its own process, no message of the
-contract (`federation.contract`) has a field for it, and the outbound log records only what replies carry
+contract (`federation.wire.contract`) has a field for it, and the outbound log records only what replies carry
 (tests/federation/engine/test_tissue_boundary.py checks both).
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from torch import nn
 
-from federation.data import HospitalData, to_tensor
+from federation.hospital.data import HospitalData, to_tensor
 from models.decision import slides_of_tiles
 from models.errors import ModelError
 from models.features import description_layer, tile_statistics

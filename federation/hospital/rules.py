@@ -14,7 +14,7 @@ A rule sees `Asked`: the hospital's policy, the run's configuration as accepted 
 share, the agreed model's tensors (names, shapes, dtypes) and its privacy ledger, read only when a rule needs it.
 Adding a rule is a function here and its place in a chain; `tests/federation/engine/test_rules.py` checks each
 alone. Which message is addressed to which hospital, and the Hello's own checks (`check_config`, the dataset, a
-resume's settings), stay with the hospital (`federation.engine.hospital`).
+resume's settings), stay with the hospital (`federation.hospital.handler`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ from functools import cached_property
 import torch
 
 from federation.config import RunConfig
-from federation.contract import EvaluateTask, TrainTask
-from federation.engine.policy import (
+from federation.hospital.policy import (
     HospitalPolicy,
     PolicyRefusal,
     check_agreed_privacy,
@@ -35,7 +34,8 @@ from federation.engine.policy import (
     check_recipe,
     check_tensors,
 )
-from federation.privacy import Accountant, planned_dp_steps
+from federation.hospital.privacy import Accountant, planned_dp_steps
+from federation.wire.contract import EvaluateTask, TrainTask
 
 Task = TrainTask | EvaluateTask
 

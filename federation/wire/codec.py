@@ -1,6 +1,6 @@
 """The one wire form of every message that crosses the hospital boundary: a JSON header plus named tensors.
 
-``encode`` turns a ``federation.contract`` message into an ``Envelope`` (header, tensors) and ``decode`` turns it
+``encode`` turns a ``federation.wire.contract`` message into an ``Envelope`` (header, tensors) and ``decode`` turns it
 back. Every transport carries envelopes: the in-process pool hands them over as they are, worker processes send
 ``to_bytes`` (8-byte header length, JSON header, safetensors body; never a pickle) and the Flower apps put those
 same bytes in one ``ConfigRecord`` (``federation.flower.apps``). Because every
@@ -23,7 +23,9 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from federation.contract import (
+from federation.errors import FederationError
+from federation.runs import finite_or_none
+from federation.wire.contract import (
     EvaluateReply,
     EvaluateTask,
     Failure,
@@ -35,8 +37,6 @@ from federation.contract import (
     TrainReply,
     TrainTask,
 )
-from federation.errors import FederationError
-from federation.runs import finite_or_none
 
 Envelope = tuple[dict[str, Any], dict[str, torch.Tensor]]
 Message = Hello | HelloReply | TrainTask | TrainReply | EvaluateTask | EvaluateReply | Failure
@@ -213,7 +213,7 @@ def to_bytes(envelope: Envelope) -> bytes:
 
 def envelope_digest(envelope: Envelope) -> str:
     """sha256 of one envelope in a canonical form (header keys sorted, then the safetensors body): the same on both
-    sides of any transport, so a hospital's record of what it sent (``federation.engine.outbound``) can be matched
+    sides of any transport, so a hospital's record of what it sent (``federation.hospital.outbound``) can be matched
     with what the server received (``run.audit``'s ``messages.jsonl``)."""
     header, tensors = envelope
     digest = hashlib.sha256(json.dumps(header, allow_nan=False, sort_keys=True).encode("utf-8"))

@@ -17,8 +17,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from federation.contract import Strategy
-from federation.engine.rounds import RoundRecord
 from federation.errors import FederationError
 from federation.jsonl import DamagedLine, read_jsonl, scan_jsonl
 from federation.runfiles import AGGREGATION_FILE, CHECKPOINT_DIR, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
@@ -34,6 +32,8 @@ from federation.runs import (
     read_checkpoint,
     read_json,
 )
+from federation.server.rounds import RoundRecord
+from federation.wire.contract import Strategy
 from infra.formats import MANIFEST_FILE
 from infra.outputs import owned_by, write_marker
 

@@ -3,7 +3,7 @@
 Each client reports ``tFIM_i``: the mean, over a mini-batch of its training data, of the squared norm of the
 per-sample gradient of the negative log-likelihood (softmax + NLL, i.e. cross-entropy on the logits) with respect
 to the *shared* parameters only. The server turns the traces into the weights ``gamma_i`` of Eq. 14
-(``federation.aggregation.fisher_weights``); a straggler (an under-trained client) has a small trace and so a
+(``federation.strategies.aggregation.fisher_weights``); a straggler (an under-trained client) has a small trace and so a
 small say in ``p_i`` (Eq. 20).
 
 The per-sample gradients come from one vectorised pass: ``torch.func.vmap`` over ``torch.func.grad`` of a

@@ -1,6 +1,7 @@
 """The server's check of the privacy figures the hospitals report: a DP hospital's epsilon and steps must grow.
 
-Under differential privacy (`federation.privacy`) every accepted training reply carries the hospital's epsilon so
+Under differential privacy (`federation.hospital.privacy`) every accepted training reply carries the hospital's epsilon
+so
 far (``dp_epsilon``, from its own ledger with Opacus's RDP accountant) and the DP-SGD steps its ledger holds
 (``dp_steps``). Each round of DP-SGD adds steps, and RDP composes additively (Mironov, 2017, Proposition 1), so both
 must be strictly larger than in the hospital's previous accepted reply. A hospital whose ledger was reset

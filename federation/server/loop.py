@@ -7,16 +7,17 @@ the first round); ``summary.json`` records it as ``classes`` and a resume must f
 Every round: ``configure_train`` -> each hospital trains on what it was sent -> ``aggregate_train`` over the
 usable replies -> ``configure_evaluate`` -> each hospital evaluates its model (shared part as sent + its own
 head) on its own test split. Values sent and received per hospital are counted from the messages
-(``federation.contract``). A round costs one message per hospital: a strategy that deploys each hospital's own model
+(``federation.wire.contract``). A round costs one message per hospital: a strategy that deploys each hospital's own
+model
 (``evaluates_own``) gets the evaluation in the training reply; one that deploys what it sends next
 (``evaluates_next_start``: the averaging family) gets round r's evaluation with round r+1's training, and after the
-last round asks for it on its own. Round r's record (``federation.engine.rounds.RoundRecord``) then waits in round
+last round asks for it on its own. Round r's record (``federation.server.rounds.RoundRecord``) then waits in round
 r's checkpoint until its evaluation comes, and is written as an uninterrupted run with separate messages would.
 
 Faults: a hospital that fails, does not answer within the transport's timeout, or sends a reply the server cannot
-believe (tensors that are not finite or not exactly the shared keys...: ``federation.engine.checks``) is left out of
+believe (tensors that are not finite or not exactly the shared keys...: ``federation.server.checks``) is left out of
 that round's aggregation (``left_out`` in ``aggregation.jsonl`` and on the progress line) and takes part again in the
-next round; so is one whose update makes the aggregate overflow (``federation.engine.guard``: the round is aggregated
+next round; so is one whose update makes the aggregate overflow (``federation.server.guard``: the round is aggregated
 again without it). A hospital whose Hello declares counts that are not counts (or above ``server.max_examples``) is
 left out of the whole run, in one warning line. A round with no usable reply stops the run with a one-line reason
 naming every hospital and why; the checkpoint of the previous round stays, so ``--resume`` continues. What a left-out
@@ -26,14 +27,14 @@ training of it was left out has ``trained: false`` and ``num_train: 0``.
 The server's run directory holds only what messages carried: ``config.toml``, ``metrics.jsonl`` (scalars and
 counts per round and hospital), ``aggregation.jsonl``, ``summary.json``, ``progress.json`` (the current round's
 phase and how many hospitals have answered: ``federation.progress``) and checkpoints of the strategy's state
-(shared tensors only); ``summary.json`` and ``progress.json`` are written by ``federation.engine.summary``.
-Hospitals keep their own folders (``federation.engine.hospital``); this module never reads them.
+(shared tensors only); ``summary.json`` and ``progress.json`` are written by ``federation.server.summary``.
+Hospitals keep their own folders (``federation.hospital.handler``); this module never reads them.
 
 The run directory's lifecycle (issue 10, docs/reliability.md): the whole run holds the folder's lock
 (``infra.outputs.claim_output``), so two ``train`` into one folder cannot interleave; the folder carries train's
 ownership marker (``federation.runs.prepare_run_dir``). Settings that cannot work are refused before the folder
 exists; an error before the first checkpoint leaves a run that ``--resume`` may restart with any corrected setting.
-A resume (``federation.engine.resume``) checks the dataset's manifest hash (``dataset_sha256``, given by the
+A resume (``federation.server.resume``) checks the dataset's manifest hash (``dataset_sha256``, given by the
 launcher), removes temp files of a killed write, names damaged lines of the run files and redoes their round, and
 falls back to the previous readable checkpoint (with a warning) when the latest cannot be read; a resume refused
 before its first round leaves ``summary.json`` as it was. Write faults (full disk, read-only file system) are one
@@ -54,28 +55,7 @@ import torch
 from tqdm import tqdm
 
 from federation.config import RunConfig, config_to_toml
-from federation.contract import (
-    EvaluateReply,
-    EvaluateTask,
-    Failure,
-    Hello,
-    HelloReply,
-    Strategy,
-    TrainReply,
-    TrainTask,
-    count_reply_values,
-    count_values,
-)
-from federation.engine.audit import ANCHORS_FILE, AUDIT_FILE, Anchors, AuditLog
-from federation.engine.checks import agreed_classes, evaluation_problem, train_problem
-from federation.engine.codec import Message
-from federation.engine.derived import NUM_CLASSES, derive_seed, initial_state, resolve_config
-from federation.engine.dp_watch import DpWatch
-from federation.engine.guard import aggregate_or_leave_out, hello_problem
-from federation.engine.pools import Pool
-from federation.engine.resume import continue_run, open_for_resume
-from federation.engine.rounds import RoundRecord
-from federation.engine.summary import RoundPhases, RunSummary
+from federation.derived import NUM_CLASSES, derive_seed, initial_state, resolve_config
 from federation.errors import FederationError, Interrupted, first_line
 from federation.runfiles import AGGREGATION_FILE, CONFIG_FILE, METRICS_FILE
 from federation.runs import (
@@ -87,7 +67,28 @@ from federation.runs import (
     prepare_run_dir,
     write_checkpoint,
 )
+from federation.server.audit import ANCHORS_FILE, AUDIT_FILE, Anchors, AuditLog
+from federation.server.checks import agreed_classes, evaluation_problem, train_problem
+from federation.server.dp_watch import DpWatch
+from federation.server.guard import aggregate_or_leave_out, hello_problem
+from federation.server.pool import Pool
+from federation.server.resume import continue_run, open_for_resume
+from federation.server.rounds import RoundRecord
+from federation.server.summary import RoundPhases, RunSummary
 from federation.strategies import StrategyContext, bn_mode, build_strategy
+from federation.wire.codec import Message
+from federation.wire.contract import (
+    EvaluateReply,
+    EvaluateTask,
+    Failure,
+    Hello,
+    HelloReply,
+    Strategy,
+    TrainReply,
+    TrainTask,
+    count_reply_values,
+    count_values,
+)
 from infra.outputs import OutputError, claim_output, os_error_message, terminate_as_interrupt, write_atomic
 from models import batchnorm_keys, check_input_size, check_nhead, create_model
 
@@ -261,7 +262,7 @@ class Server:
         self.hospitals = clients
         self.start_round = 1
         self.pending: RoundRecord | None = None  # a round whose evaluation is still to come
-        # each DP hospital's epsilon and steps so far, which must grow round by round (federation.engine.dp_watch)
+        # each DP hospital's epsilon and steps so far, which must grow round by round (federation.server.dp_watch)
         self.dp_watch = DpWatch.from_metrics(self.run_dir / METRICS_FILE) if resume else DpWatch()
         if resume:
             self.start_round, self.pending = continue_run(self.run_dir, clients, self.strategy, self.warn)
@@ -420,7 +421,7 @@ class Server:
             raise self._no_round(record.round, "could evaluate", record.left_out, record.diverged)
         for who, why in record.left_out.items():
             self._note(f"round {record.round}: hospital {who} left out ({why})")
-        # who the latest round did without, and why: the run's end names them (federation.engine.summary)
+        # who the latest round did without, and why: the run's end names them (federation.server.summary)
         self.summary.data["left_out"] = [
             {"hospital": int(who), "round": record.round, "reason": why, "evaluated": int(who) in record.evaluated}
             for who, why in sorted(record.left_out.items())

@@ -1,6 +1,6 @@
 """A hospital: local training recipes and evaluation (FedSAF paper 001, Eq. 23-25; FedRep; FedProx).
 
-``Client.train`` follows a ``federation.contract.Recipe``:
+``Client.train`` follows a ``federation.wire.contract.Recipe``:
 
 * ``head_epochs == 0``: one phase over all parameters (Eq. 23, FedAvg/FedProx/FedAMP/Separate).
 * ``head_epochs > 0``: the head (the last ``nhead`` units) trains with the shared base frozen (Eq. 24), then the
@@ -12,7 +12,7 @@
   the shared part trains, so the optimiser sees its gradient ``prox_mu * (rho - centre)`` (FedProx's mu;
   FedAMP/FedSAF's ``lambda / alpha_K``). It is built from the live parameters, not from ``.data``: a known
   FedAMP implementation did the latter and silently trained like local-only.
-* ``fisher_batch > 0``: after training, ``federation.fisher.fisher_trace`` over the shared parameters on a
+* ``fisher_batch > 0``: after training, ``federation.hospital.fisher.fisher_trace`` over the shared parameters on a
   random mini-batch of un-augmented training tiles (Eq. 12-15) is reported as ``metrics["fisher_trace"]``.
 * ``optimizer = "adam"`` with ``second_moments``: Adam's bias-corrected second moments
   ``v_hat = exp_avg_sq / (1 - beta2^step)`` of the shared parameters, averaged over the steps of the second half
@@ -21,7 +21,8 @@
 Every random choice of a round (shuffling, augmentation, dropout, the Fisher mini-batch) comes from one seed
 that the engine derives from (run seed, round, client), so a resumed run repeats an uninterrupted one exactly.
 
-On a GPU (`federation.gpu`, issue 32) the hospital's tiles are held on the device as ``uint8`` once, batches are
+On a GPU (`federation.hospital.gpu`, issue 32) the hospital's tiles are held on the device as ``uint8`` once, batches
+are
 augmented and normalised there (the same distributions as the CPU path's albumentations), the model runs in
 channels-last memory, in bf16 autocast when ``precision = "bf16"``, with deterministic kernels unless asked not
 to. On the CPU the path is the one above (albumentations per tile, fp32 unless ``precision = "bf16"``).
@@ -40,10 +41,10 @@ import torch.nn.functional as F
 from sklearn.metrics import roc_auc_score
 from torch import nn
 
-from federation import gpu
-from federation.contract import Recipe, TensorDict, TrainInstruction, TrainReply
-from federation.data import HospitalData, augment_batch, make_augmenter, to_tensor
 from federation.errors import Diverged, FederationError
+from federation.hospital import gpu
+from federation.hospital.data import HospitalData, augment_batch, make_augmenter, to_tensor
+from federation.wire.contract import Recipe, TensorDict, TrainInstruction, TrainReply
 from models.preprocess import default_stats
 
 
@@ -145,7 +146,7 @@ class Client:
         personal head (the last ``nhead`` units), which the head phase trains; the base phase trains every other
         parameter, shared or kept at the hospital. ``None``: the head is every parameter that is not shared (right
         only when no part of the base stays local). Head keys that are shared count as base. ``precision`` and
-        ``deterministic``: ``run.precision`` and ``run.deterministic`` (`federation.gpu`)."""
+        ``deterministic``: ``run.precision`` and ``run.deterministic`` (`federation.hospital.gpu`)."""
         self.cid = data.hospital
         self.data = data
         self.device = torch.device(device)
@@ -222,7 +223,7 @@ class Client:
             gpu.kernels(self.device, self.deterministic)
             self._device_generator = torch.Generator(device=self.device).manual_seed(seed)
         losses: list[tuple[float, int]] = []
-        self.dp_steps = 0  # DP-SGD steps taken this round (federation.privacy), for the hospital's accountant
+        self.dp_steps = 0  # DP-SGD steps taken this round (federation.hospital.privacy), for the hospital's accountant
         self._moments: dict[str, torch.Tensor] = {}
         self._moment_steps = 0
         if recipe.head_epochs > 0 and self.head_params:
@@ -363,7 +364,7 @@ class Client:
         """The training tiles in ``order`` on the GPU (``uint8``), augmented there when the hospital augments, and
         their labels: one epoch's augmentation done in chunks of `gpu.EPOCH_CHUNK` tiles rather than per step, so a
         small batch does not pay the augmentation's kernel launches every step. Each tile's draws follow the same
-        distributions (`federation.gpu`); they come from the round's device generator in the epoch's order."""
+        distributions (`federation.hospital.gpu`); they come from the round's device generator in the epoch's order."""
         images, labels = self._held_split("train")
         order = order.to(self.device)
         tiles = images.index_select(0, order)
@@ -413,11 +414,12 @@ class Client:
         losses: list[tuple[float, int]],
         server_round: int,
     ) -> None:
-        """DP-SGD over ``names`` (`federation.privacy`, Abadi et al. 2016, Algorithm 1): ``epochs x round(1/q)``
+        """DP-SGD over ``names`` (`federation.hospital.privacy`, Abadi et al. 2016, Algorithm 1): ``epochs x
+        round(1/q)``
         steps; each step Poisson-samples units, clips each sampled unit's gradient (mean loss over at most
         ``dp_tiles_per_unit`` of its tiles) to ``C``, sums, adds ``N(0, (sigma C)^2)`` and divides by ``q x units``.
         The proximal term's gradient depends on no tile, so it is added after the noise, at no privacy cost."""
-        from federation.privacy import clip_factor, gradient_norm, noised_mean, poisson_sample, steps_per_epoch
+        from federation.hospital.privacy import clip_factor, gradient_norm, noised_mean, poisson_sample, steps_per_epoch
 
         self._set_trainable(names)
         trained = [self.params[k] for k in names]
@@ -499,7 +501,7 @@ class Client:
             module.momentum = momentum
 
     def _fisher(self, batch: int, generator: torch.Generator, estimator: str = "per_sample") -> float:
-        from federation.fisher import batch_gradient_trace, fisher_trace
+        from federation.hospital.fisher import batch_gradient_trace, fisher_trace
 
         if not self.shared_params:
             raise FederationError(f"hospital {self.cid}: fisher_trace needs shared parameters (nhead leaves none)")

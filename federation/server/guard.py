@@ -1,7 +1,7 @@
 """A reply that would break the round is named and left out; the round goes on with the others (docs/design.md,
 "Trust model": the server believes nothing blindly).
 
-`federation.engine.checks` refuses a reply the server cannot believe on its own (wrong tensors, NaN, a count other
+`federation.server.checks` refuses a reply the server cannot believe on its own (wrong tensors, NaN, a count other
 than its Hello's). Two things can still break a round with replies that each look well formed:
 
 - **A Hello whose counts are not counts** (``hello_problem``): negative, beyond 2^53 (no float holds it exactly),
@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from federation.config import MAX_COUNT
-from federation.contract import HelloReply, Strategy, TrainReply
+from federation.wire.contract import HelloReply, Strategy, TrainReply
 
 # sqrt(float32's largest value, 3.4e38) = 1.84e19: a model value beyond it has a square that overflows float32
 # (BatchNorm's variance, weight decay, the L2 distances of AMP and norm bounding), so no model holds one honestly.

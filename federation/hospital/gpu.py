@@ -2,7 +2,7 @@
 in batches on the device, bf16 autocast, channels-last, and deterministic kernels.
 
 **Augmentation on the device** (`augment`) draws, per tile, from the same distributions as the CPU path's
-albumentations pipeline (`federation.data.make_augmenter`), in the same order:
+albumentations pipeline (`federation.hospital.data.make_augmenter`), in the same order:
 
 1. one of the 8 symmetries of the square (4 rotations by 90 degrees, each with or without a mirror), uniformly
    (albumentations' ``SquareSymmetry``, p = 1): tissue has no orientation;

@@ -1,6 +1,7 @@
 """Flat views of model state: many clients' ``state_dict`` entries as one ``(m clients x d values)`` matrix.
 
-The server maths in `federation.aggregation` (FedSAF, paper 001, Eq. 3-8, 16-20; FedAvg; the seed methods) works
+The server maths in `federation.strategies.aggregation` (FedSAF, paper 001, Eq. 3-8, 16-20; FedAvg; the seed methods)
+works
 on stacked flat vectors, one row per client. This module makes and unmakes them: ``FlatSpec`` names the entries a
 row holds (keys, shapes, dtypes), ``flatten`` stacks the entries of several state dicts into a fresh float32
 matrix, ``StackBuffer`` does the same into a matrix kept from one round to the next, and ``unflatten`` turns one
@@ -9,7 +10,7 @@ row back into a state dict (integer entries such as BatchNorm's ``num_batches_tr
 
 Stacking copies every client's ~100-250 tensors in one call, on one intra-op thread (``_one_thread``: it changes
 torch's global thread count for the copy and restores it after). That is state outside the values themselves,
-which is why it lives here and not beside the pure functions of `federation.aggregation`.
+which is why it lives here and not beside the pure functions of `federation.strategies.aggregation`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Every reply a hospital sends is described in ``outbound.jsonl`` in the hospital's state folder *before* it
 leaves (``Hospital.answer``, through ``record_reply``): the time, the run, the round, what was asked and what was
 answered, every tensor's name, shape and dtype, how many values left, the scalars (example counts, metrics, a
-refusal's reason) and the sha256 of the reply in a canonical form (``federation.engine.codec.envelope_digest``,
+refusal's reason) and the sha256 of the reply in a canonical form (``federation.wire.codec.envelope_digest``,
 the same whatever the transport: the server's ``messages.jsonl`` (``run.audit``) records the same digest of each
 reply it received, so the two records can be matched). A reply whose record cannot be written does not leave: the
 hospital answers with a data-free ``Failure`` instead. A refusal of a foreign app by a deployed hospital's
@@ -18,7 +18,7 @@ A chain alone cannot show that its *end* is still there: a log cut short, emptie
 recomputed) reads as intact. So every reply carries the log's head as it was before the reply's own line was
 added (``HEAD_FIELD``: ``{"count": lines, "sha256": hash of the last line}``; a reply cannot carry the hash of
 its own line), and the server keeps the latest head of each hospital with the digests of the reply that carried
-it (``federation.engine.audit.Anchors``: ``<run>/anchors.json``). ``audit_report`` with such an ``Anchor`` (or a
+it (``federation.server.audit.Anchors``: ``<run>/anchors.json``). ``audit_report`` with such an ``Anchor`` (or a
 head a hospital noted) checks that line ``count`` still hashes to the head and that line ``count + 1`` is the
 record of that very reply; without one it says that the end cannot be checked.
 """
@@ -26,11 +26,8 @@ record of that very reply; without one it says that the end cannot be checked.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
-import math
 import os
-import re
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -39,89 +36,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from federation.engine.codec import Envelope, envelope_digest
 from federation.errors import FederationError
 from federation.runfiles import OUTBOUND_FILE as OUTBOUND_FILE  # named with the run's other files
-
-GENESIS = "0" * 64
-REFUSED_PREFIX = "refused by "  # how a policy refusal's reason starts (federation.engine.policy)
-HEAD_FIELD = "outbound_head"  # the reply header field carrying the log's head before the reply's own line
-# the fields of a record that the reply alone determines: what the server can check a record against
-CONTENT_KEYS = ("kind", "client", "tensors", "values", "scalars", "reason", "refused", "sha256")
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-
-
-def _line_hash(line: bytes) -> str:
-    return hashlib.sha256(line.rstrip(b"\n")).hexdigest()
-
-
-def _finite(value: Any) -> Any:
-    """JSON-safe scalars: non-finite floats become their text ("nan", "inf") so that nothing is lost."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, Mapping):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-
-
-@dataclass(frozen=True)
-class Head:
-    """Where a log ends: how many lines it holds and the sha256 of its last line (``GENESIS`` when empty)."""
-
-    count: int
-    sha256: str
-
-    def as_header(self) -> dict[str, Any]:
-        return {"count": self.count, "sha256": self.sha256}
-
-
-def _shown(value: Any) -> str:
-    """A value from the other side as a short repr, for a one-line error."""
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def parse_head(value: Any) -> Head:
-    """A reply's ``HEAD_FIELD`` checked as the server receives it: ``count`` an integer >= 0 and ``sha256`` 64
-    lower-case hex digits (``GENESIS`` exactly when ``count`` is 0); anything else is a ``FederationError``."""
-    if not isinstance(value, Mapping) or set(value) != {"count", "sha256"}:
-        raise FederationError(f"its {HEAD_FIELD} {_shown(value)} is not {{count, sha256}}")
-    count, digest = value["count"], value["sha256"]
-    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise FederationError(f"its {HEAD_FIELD} count {_shown(count)} is not an integer >= 0")
-    if not isinstance(digest, str) or not _HEX64.fullmatch(digest):
-        raise FederationError(f"its {HEAD_FIELD} sha256 {_shown(digest)} is not 64 hex digits")
-    if (count == 0) != (digest == GENESIS):
-        raise FederationError(f"its {HEAD_FIELD} ({count} lines, sha256 {digest[:12]}...) is impossible")
-    return Head(count, digest)
-
-
-def reply_content(reply: Envelope, digest: str | None = None) -> dict[str, Any]:
-    """The part of a reply's record that the reply alone determines (``CONTENT_KEYS``): the server computes it from
-    what it received, the hospital wrote it into its log. ``digest``: the reply's ``envelope_digest`` if known."""
-    header, tensors = reply
-    reason = header.get("reason")
-    return {
-        "kind": header.get("kind"),
-        "client": header.get("client"),
-        "tensors": {
-            name: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for name, t in tensors.items()
-        },
-        "values": sum(int(t.numel()) for t in tensors.values()),
-        "scalars": _finite({k: v for k, v in header.items() if k not in ("kind", "client", "reason")}),
-        **({"reason": reason} if reason is not None else {}),
-        "refused": isinstance(reason, str) and reason.startswith(REFUSED_PREFIX),
-        "sha256": envelope_digest(reply) if digest is None else digest,
-    }
-
-
-def content_digest(record: Mapping[str, Any]) -> str:
-    """sha256 of a record's ``CONTENT_KEYS`` in canonical JSON: equal for the hospital's line and the server's copy
-    of the same reply, different once any of them is edited."""
-    content = {k: record[k] for k in CONTENT_KEYS if k in record}
-    return hashlib.sha256(json.dumps(content, sort_keys=True, allow_nan=False).encode("utf-8")).hexdigest()
+from federation.wire.chain import (
+    GENESIS,
+    HEAD_FIELD,
+    Anchor,
+    Head,
+    content_digest,
+    line_hash,
+    reply_content,
+)
+from federation.wire.codec import Envelope
 
 
 def describe_reply(request: Mapping[str, Any], reply: Envelope) -> dict[str, Any]:
@@ -143,7 +69,7 @@ def _lines(data: bytes) -> list[tuple[int, bytes]]:
 def head_of(data: bytes) -> Head:
     """The head of a log whose bytes are ``data``."""
     lines = _lines(data)
-    return Head(len(lines), _line_hash(lines[-1][1]) if lines else GENESIS)
+    return Head(len(lines), line_hash(lines[-1][1]) if lines else GENESIS)
 
 
 @contextmanager
@@ -211,13 +137,13 @@ def _verify(path: Path, data: bytes) -> OutboundLog:
             record = json.loads(line)
         except json.JSONDecodeError:
             out.problems.append(f"{path}:{number}: not a JSON line (damaged or edited)")
-            prev = _line_hash(line)
+            prev = line_hash(line)
             continue
         if not isinstance(record, dict) or record.get("prev") != prev:
             out.problems.append(f"{path}:{number}: the chain is broken (a line before it was edited or removed)")
         if isinstance(record, dict):
             out.records.append(record)
-        prev = _line_hash(line)
+        prev = line_hash(line)
     return out
 
 
@@ -236,28 +162,6 @@ def find_outbound(state: Path) -> Path:
         f"no {OUTBOUND_FILE} in {state} or {state / 'runs'}: give --state the folder a hospital was started with "
         "(gastric-fl federation hospital --state DIR) or a run's hospitals/client_XX folder"
     )
-
-
-@dataclass(frozen=True)
-class Anchor:
-    """A head the log must still hold, and whose it is. The server's (``federation.engine.audit.load_anchor``)
-    also names the run, the hospital and the reply that carried the head (its ``envelope_digest``, the
-    ``content_digest`` of its record, its kind): the log's line ``count + 1`` must be that reply's record. One a
-    hospital noted (``--count N --sha256 H``) is the head alone."""
-
-    head: Head
-    source: str  # where it comes from, for the report: a file, or "the head given"
-    run: str | None = None
-    client: int | None = None
-    reply_sha256: str | None = None
-    record_sha256: str | None = None
-    kind: str | None = None
-    replies: int | None = None  # how many replies of the run the server received from this hospital with a head
-
-    def whose(self) -> str:
-        if self.run is None:
-            return f"the head given ({self.head.count} lines, sha256 {self.head.sha256[:12]}...)"
-        return f"the anchor of run {self.run}, hospital {self.client} ({self.source})"
 
 
 def check_anchor(path: Path, data: bytes, anchor: Anchor) -> list[str]:
@@ -281,7 +185,7 @@ def check_anchor(path: Path, data: bytes, anchor: Anchor) -> list[str]:
         )
     if 0 < count <= len(lines):
         number, line = lines[count - 1]
-        if _line_hash(line) != anchor.head.sha256:
+        if line_hash(line) != anchor.head.sha256:
             problems.append(
                 f"{path}:{number}: does not hash to {whose} (sha256 {anchor.head.sha256[:12]}...): a line up to it "
                 "was edited or removed and the chain recomputed, or this is another hospital's log"

@@ -21,7 +21,7 @@ DP-SGD (Abadi et al., "Deep Learning with Differential Privacy", CCS 2016, Algor
 steps), is kept in its own folder (`ACCOUNTANT_FILE`), anchored in its ``hospital.json`` (`Accountant.anchor`) so
 that a ledger removed, reset or edited is refused instead of counted again from zero, and survives resume; epsilon at
 ``privacy.delta`` after every round is what the hospital reports and records. What the hospital accepts (the unit,
-bounds on sigma, q, C, tiles per unit and steps) is its policy's (`federation.engine.policy.check_privacy`).
+bounds on sigma, q, C, tiles per unit and steps) is its policy's (`federation.hospital.policy.check_privacy`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from federation.config import DP_UNITS
 from federation.runfiles import ACCOUNTANT_FILE as ACCOUNTANT_FILE  # named with the run's other files
 
 if TYPE_CHECKING:
-    from federation.contract import Recipe
+    from federation.wire.contract import Recipe
 
 ACCOUNTANT_NAME = "opacus RDPAccountant"
 CLIP_EPSILON = 1e-6  # Opacus adds it to the norm before dividing

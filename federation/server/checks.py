@@ -4,7 +4,7 @@ A training reply is aggregated only if its tensors are exactly the shared keys w
 finite, its example count is the one its Hello declared, and its scalars are in range (``train_problem``,
 ``usable_update``); an evaluation is recorded only on the same terms (``evaluation_problem``); the Hello replies must
 agree on the class list (``agreed_classes``). Each check gives the one-line reason a hospital is left out of the round
-(``None``: usable); the round loop (``federation.engine.loop``) records it in ``aggregation.jsonl``.
+(``None``: usable); the round loop (``federation.server.loop``) records it in ``aggregation.jsonl``.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from federation.contract import EvaluateReply, Failure, HelloReply, TrainReply
-from federation.engine.codec import Message
-from federation.engine.rounds import DP_METRICS
 from federation.errors import FederationError
+from federation.server.rounds import DP_METRICS
+from federation.wire.codec import Message
+from federation.wire.contract import EvaluateReply, Failure, HelloReply, TrainReply
 
 Spec = Mapping[str, tuple[tuple[int, ...], torch.dtype]]
 

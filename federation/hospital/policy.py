@@ -8,7 +8,7 @@ the rules, before anything is trained, loaded, written or sent:
   entries the hospital keeps), never from the server's list. ``min_nhead`` units on the output side always stay
   (its personal head); BatchNorm running statistics stay unless ``share_batchnorm_statistics``.
 - **What it accepts.** Methods, rounds, epochs, learning rates, input size and batch sizes within bounds; a
-  recipe (``federation.contract.Recipe``) within the same bounds, with finite numbers.
+  recipe (``federation.wire.contract.Recipe``) within the same bounds, with finite numbers.
 - **No path the server names.** ``model.weights`` in a run's configuration must be empty or the file the
   hospital's policy names itself (``weights``): a hospital never opens a file because the server asked.
 - **What it loads.** Received tensors must be exactly named, shaped and typed as the agreed model's and finite.
@@ -32,11 +32,11 @@ from typing import Any
 import torch
 
 from federation.config import DP_UNITS, FISHER_ESTIMATORS, OPTIMIZERS, RunConfig
-from federation.contract import Recipe
 from federation.errors import FederationError
-from federation.privacy import planned_dp_steps
+from federation.hospital.privacy import planned_dp_steps
 from federation.strategies.context import shared_nhead, with_privacy
 from federation.strategies.registry import SPEC, STRATEGY_NAMES, bn_mode
+from federation.wire.contract import Recipe
 from models import base_keys, batchnorm_keys, split_units
 
 POLICY_EXAMPLE = "configs/hospital_policy.toml"
@@ -63,7 +63,8 @@ class HospitalPolicy:
     max_batch_size: int = 1024
     max_fisher_batch: int = 4096
     weights: str = ""
-    # Differential privacy (federation.privacy, docs/privacy.md): with max_epsilon set, every training round must be
+    # Differential privacy (federation.hospital.privacy, docs/privacy.md): with max_epsilon set, every training round
+    # must be
     # DP-SGD at a delta of at most max_delta, and a round that would take the hospital's epsilon past max_epsilon is
     # refused. None: DP is not required (a run may still ask for it).
     max_epsilon: float | None = None
@@ -290,7 +291,8 @@ _DP_FIELDS = ("dp_noise_multiplier", "dp_max_grad_norm", "dp_sample_rate", "dp_u
 def check_privacy(policy: HospitalPolicy, recipe: Recipe) -> None:
     """Refuse DP-SGD (a private ``recipe``) that ``policy`` does not allow: another unit than the hospital's
     ``dp_unit``, less noise than ``min_noise_multiplier``, a sampling rate, clip norm, tiles per unit or number of
-    steps in a round (`federation.privacy.planned_dp_steps`) outside its bounds, a delta above ``max_delta``."""
+    steps in a round (`federation.hospital.privacy.planned_dp_steps`) outside its bounds, a delta above
+    ``max_delta``."""
     if not recipe.private:
         return
     if recipe.dp_unit != policy.dp_unit:

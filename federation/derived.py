@@ -15,10 +15,9 @@ import numpy as np
 import torch
 
 from federation.config import RunConfig, config_from_dict, with_values
-from federation.contract import TensorDict
-from federation.data import LABELS
 from federation.errors import FederationError
 from federation.strategies import default_nhead
+from federation.wire.contract import LABELS, TensorDict
 from models import Unit, create_model, split_units
 
 NUM_CLASSES = len(LABELS)  # the binary task's; a run's own count comes from its dataset (``HelloReply.classes``)

@@ -8,7 +8,7 @@ values are finite; never the values themselves. A hospital's data officer can re
 the site; ``check_message`` is the rule the tests apply to it.
 
 Whatever ``run.audit`` says, the server keeps ``<run>/anchors.json`` (``Anchors``): for each hospital, the head of
-its outbound log that its latest reply carried (``federation.engine.outbound.HEAD_FIELD``, checked by
+its outbound log that its latest reply carried (``federation.wire.chain.HEAD_FIELD``, checked by
 ``parse_head`` before the reply is read) and the digests of that reply. ``load_anchor`` reads one hospital's
 entry for ``gastric-fl federation audit --anchor``, which then shows whether the hospital's log still holds it
 (a log cut short, emptied, re-chained or edited at its end does not). The file::
@@ -32,13 +32,13 @@ from typing import Any
 
 import torch
 
-from federation.data import CLASS_NAME
-from federation.engine.codec import Envelope, envelope_digest
-from federation.engine.outbound import HEAD_FIELD, Anchor, content_digest, parse_head, reply_content
 from federation.errors import FederationError
 from federation.runfiles import ANCHORS_FILE as ANCHORS_FILE  # named with the run's other files
 from federation.runfiles import AUDIT_FILE as AUDIT_FILE
 from federation.runs import now_iso
+from federation.wire.chain import HEAD_FIELD, Anchor, content_digest, parse_head, reply_content
+from federation.wire.codec import Envelope, envelope_digest
+from federation.wire.contract import CLASS_NAME
 from infra.outputs import write_atomic
 
 ANCHORS_FORMAT = 1
@@ -60,7 +60,7 @@ REPLY_FIELDS = frozenset(
         "evaluation",
         "previous",
         "classes",
-        HEAD_FIELD,  # the hospital's outbound-log head before this reply's line (federation.engine.outbound)
+        HEAD_FIELD,  # the hospital's outbound-log head before this reply's line (federation.hospital.outbound)
     }
 )
 

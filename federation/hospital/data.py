@@ -35,14 +35,11 @@ import numpy as np
 import torch
 
 from federation.errors import FederationError
-from infra.formats import BINARY_CLASSES, MANIFEST_FILE, PREPARE_RECORD
+from federation.wire.contract import CLASS_NAME, LABELS
+from infra.formats import MANIFEST_FILE, PREPARE_RECORD
 from infra.outputs import FolderPaths, PathOutsideError
 from models.preprocess import default_stats, fit_tile, normalise, tile_from_decoded
 
-LABELS: tuple[str, ...] = BINARY_CLASSES  # the binary task: class index 0 and 1
-# A class name is a plain label (prepare's class-folder rule): it is the one piece of text about its data that a
-# hospital tells the server (``HelloReply.classes``), so it can hold nothing but a short name.
-CLASS_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 REQUIRED_COLUMNS: tuple[str, ...] = ("client", "split", "label", "path", "channels")
 MIN_TRAIN_TILES = 2  # BatchNorm needs two samples in a training batch
