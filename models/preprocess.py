@@ -73,7 +73,7 @@ def fit_tile(tile: Pixels, input_size: int, in_chans: int) -> Pixels:
     """RGB (H, W, 3) or gray (H, W) ``uint8`` tile -> ``uint8`` (input_size, input_size, in_chans) model input.
 
     Channels first (gray for ``in_chans == 1``), then the resize, then gray replicated to three channels for
-    ``in_chans == 3``: the order `federation.data` has always used, so stored tiles give the same arrays.
+    ``in_chans == 3``: the order `federation.hospital.data` has always used, so stored tiles give the same arrays.
     """
     image: npt.NDArray[Any] = tile
     if image.ndim == 3 and in_chans == 1:

@@ -31,7 +31,7 @@ magnification, with at most 2.7% of the hospital's own held-out tiles. A descrip
 
 **Where it lives.** ``tissue.safetensors`` (`TISSUE_FILE`) in the hospital's bundle folder, beside the weights:
 two float64 tensors (``mean``, ``precision``) and string metadata (layer, statistic, threshold, quantile, folds,
-tiles, slides, round). It is written by the hospital's own process (`federation.engine.hospital`) and read by
+tiles, slides, round). It is written by the hospital's own process (`federation.hospital.handler`) and read by
 ``predict``, the Slide page and the HTML report; it never enters a message (the contract's messages carry no such
 field, and the boundary tests check every reply).
 """
