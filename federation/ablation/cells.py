@@ -129,7 +129,7 @@ def ray_cells(address: str, on_gpu: bool, local_cpus: int | None = None) -> Iter
     try:
         import ray
     except ImportError:
-        raise FederationError("--ray needs Ray, which Flower's simulation extra installs (flwr[simulation])") from None
+        raise FederationError("--ray needs Ray (a declared dependency): run bash scripts/setup.sh") from None
     _reachable(address)
     joined = not ray.is_initialized()
     if joined:
