@@ -63,6 +63,7 @@ FOLDER_FUNCTIONS = ("hospital_folder", "hospital_folders", "hospital_dir")
 READER_WORDS = ("read", "scan", "load", "loads", "open", "iter", "parse")
 START = ("app.cmd_train", "train")
 FIRST_ROUND = ("federation.server.loop", "Server._round")
+FIRST_ROUND_BEFORE = ("federation.engine.loop", "Server._round")  # the same method before the hospital/server split
 MAX_DEPTH = 25
 
 
@@ -218,6 +219,11 @@ class Figures:
     walk: list[WalkStep] = field(default_factory=list)
     chain: list[str] = field(default_factory=list)
     walk_notes: list[str] = field(default_factory=list)
+    big_modules: list[tuple[str, int]] = field(default_factory=list)  # above MODULE_LIMIT lines
+    big_classes: list[tuple[str, int]] = field(default_factory=list)  # above CLASS_LIMIT lines
+    record_spellings: dict[str, list[str]] = field(default_factory=dict)  # record file -> modules spelling it
+    side_edges: dict[str, list[str]] = field(default_factory=dict)  # "hospital -> server" -> module edges
+    tracked: Counter[str] = field(default_factory=Counter)  # tracked files by kind
 
 
 def measure(root: Path) -> Figures:
@@ -231,7 +237,95 @@ def measure(root: Path) -> Figures:
     fig.metrics_functions = metrics_functions(co)
     strategy_literals(co, fig)
     config_walk(co, fig)
+    limits(co, fig)
+    record_spellings(co, fig)
+    side_edges(co, fig)
+    fig.tracked = tracked_files(root)
     return fig
+
+
+MODULE_LIMIT, CLASS_LIMIT = 600, 300  # issue 49's limits
+RECORD_FILES = ("summary.json", "prepare.json", "metrics.jsonl", "config.toml", "predictions.csv", "manifest.csv")
+# the hospital's and the server's code: the folders after the split, the modules that held it before
+HOSPITAL_BEFORE = (
+    "federation.client",
+    "federation.data",
+    "federation.privacy",
+    "federation.fisher",
+    "federation.gpu",
+    "federation.gpu_memory",
+    "federation.engine.hospital",
+    "federation.engine.policy",
+    "federation.engine.rules",
+    "federation.engine.outbound",
+    "federation.engine.export",
+    "federation.engine.tissue",
+)
+SERVER_BEFORE = (
+    "federation.engine.loop",
+    "federation.engine.guard",
+    "federation.engine.checks",
+    "federation.engine.audit",
+    "federation.engine.dp_watch",
+    "federation.engine.resume",
+    "federation.engine.rounds",
+    "federation.engine.summary",
+)
+
+
+def limits(co: Checkout, fig: Figures) -> None:
+    """Modules above ``MODULE_LIMIT`` lines and classes above ``CLASS_LIMIT`` lines (decorators to last line)."""
+    for module, source in co.sources.items():
+        count = len(source.splitlines())
+        if count > MODULE_LIMIT:
+            fig.big_modules.append((module, count))
+        for node in ast.walk(co.trees[module]):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                size = node.end_lineno - first + 1
+                if size > CLASS_LIMIT:
+                    fig.big_classes.append((f"{module}:{node.name}", size))
+    fig.big_modules.sort(key=lambda item: -item[1])
+    fig.big_classes.sort(key=lambda item: -item[1])
+
+
+def record_spellings(co: Checkout, fig: Figures) -> None:
+    """The modules whose string literals (docstrings aside) spell each record file's name."""
+    for name in RECORD_FILES:
+        fig.record_spellings[name] = sorted(
+            m for m, tree in co.trees.items() if any(name in text for text in string_constants(tree))
+        )
+
+
+def _side(module: str, after: tuple[str, ...], before: tuple[str, ...]) -> bool:
+    return module.startswith(after) or module in before
+
+
+def side_edges(co: Checkout, fig: Figures) -> None:
+    """Direct imports from the hospital's code to the server's and back (folders after the split, the named
+    modules before it)."""
+    hospital = (("federation.hospital.", "federation.hospital"), HOSPITAL_BEFORE)
+    server = (("federation.server.", "federation.server"), SERVER_BEFORE)
+    for name, (mine, other) in (("hospital -> server", (hospital, server)), ("server -> hospital", (server, hospital))):
+        fig.side_edges[name] = sorted(
+            f"{m} -> {o}" for m in co.paths if _side(m, *mine) for o in co.imports[m] if _side(o, *other)
+        )
+
+
+def tracked_files(root: Path) -> Counter[str]:
+    """Tracked files by kind: results (results/ and benchmarks/results/), code (.py), and the rest."""
+    listed = subprocess.run(["git", "-C", str(root), "ls-files"], capture_output=True, text=True, check=True)
+    kinds: Counter[str] = Counter()
+    for path in listed.stdout.splitlines():
+        if path.startswith(("results/", "benchmarks/results/")):
+            kinds["published results"] += 1
+            kinds[f"published results .{path.rsplit('.', 1)[-1]}"] += 1 if "." in path.rsplit("/", 1)[-1] else 0
+        elif path.endswith(".py"):
+            kinds["code (.py)"] += 1
+        else:
+            kinds["other (docs, configs, ...)"] += 1
+    kinds["all"] = sum(v for k, v in kinds.items() if not k.startswith("published results ."))
+    return kinds
 
 
 def sizes(co: Checkout, fig: Figures) -> None:
@@ -512,7 +606,7 @@ def config_walk(co: Checkout, fig: Figures) -> None:
         seen.add(target)
         path.append(key)
         fig.walk.append(WalkStep(module, qualname, depth, via))
-        if target == FIRST_ROUND and not fig.chain:
+        if target in (FIRST_ROUND, FIRST_ROUND_BEFORE) and not fig.chain:
             fig.chain = list(path)
         node = resolver.defs[module].get(qualname)
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and (seeds or holder):
@@ -656,15 +750,38 @@ def headline(fig: Figures) -> dict[str, str]:
     literal_total = sum(sum(c.values()) for c in fig.strategy_literals.values())
     rows["method-name literals outside federation/strategies"] = str(literal_total)
     rows["files holding them"] = str(len(fig.strategy_literals))
+    rows[f"modules above {MODULE_LIMIT} lines"] = str(len(fig.big_modules))
+    rows[f"classes above {CLASS_LIMIT} lines"] = str(len(fig.big_classes))
+    biggest = max(fig.big_classes, key=lambda item: item[1], default=None)
+    rows["largest class above the limit (lines)"] = f"{biggest[0]} ({biggest[1]})" if biggest else "-"
+    for name, spelled in fig.record_spellings.items():
+        rows[f'modules spelling "{name}"'] = str(len(spelled))
+    for name, edges in fig.side_edges.items():
+        rows[f"direct imports {name}"] = str(len(edges))
+    for kind in ("all", "code (.py)", "published results", "published results .jsonl", "published results .json"):
+        rows[f"tracked files: {kind}"] = str(fig.tracked.get(kind, 0))
     rows["config walk: functions visited"] = str(len(fig.walk))
     rows["config walk: modules visited"] = str(len({s.module for s in fig.walk}))
     whole = {s.module for s in fig.walk if s.via != "part"}
     rows["config walk: modules the whole object reaches"] = str(len(whole))
+    stays, places, returns = walk_stays(fig.walk)
+    rows["config walk: stays of the whole object (places, returns)"] = f"{stays} ({places}, {returns})"
     rows["config walk: train -> first round, functions"] = str(len(fig.chain)) if fig.chain else "not reached"
     rows["config walk: train -> first round, modules"] = (
         str(len({step.split(":")[0] for step in fig.chain})) if fig.chain else "not reached"
     )
     return rows
+
+
+def walk_stays(walk: list[WalkStep]) -> tuple[int, int, int]:
+    """Where the whole configuration object stays on its way from ``train``: the walk's steps that receive the
+    object itself (``config``) or run as a method of an object holding it (``self``), in depth-first visit order;
+    a stay is a maximal run of such steps in one module, a place a module with a stay, and a return a stay in a
+    module the object had already left (the root's stay included)."""
+    modules = [s.module for s in walk if s.via != "part"]
+    stays = [m for i, m in enumerate(modules) if i == 0 or modules[i - 1] != m]
+    returns = sum(1 for i, m in enumerate(stays) if m in stays[:i])
+    return len(stays), len(set(stays)), returns
 
 
 def matrix(counts: Counter[tuple[str, str]], names: tuple[str, ...], other: Counter[tuple[str, str]] | None) -> str:
