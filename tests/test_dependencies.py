@@ -36,9 +36,9 @@ TORCH_FREE = (
     "federation.runfiles",
     "federation.progress",
     "federation.jsonl",
-    "federation.strategies.registry",
+    "federation.methods",
 )
-LEAVES = ("federation.strategies.registry",)  # import nothing of this project
+LEAVES = ("federation.methods",)  # import nothing of this project
 
 
 @cache

@@ -14,7 +14,7 @@ units (Eq. 1), the input size the model needs, the head-first rules of FedRep an
 ``server.robust`` needs of the dataset's hospitals (``federation.bounds.robust_problem``).
 
 Nothing here imports torch, the checks included: the strategies' names and defaults come from the registry
-(``federation.strategies.registry``), the models' names, input sizes and layer units from ``models.names``, and
+(``federation.methods``), the models' names, input sizes and layer units from ``models.names``, and
 the AMP bound from ``federation.bounds.amp_bound_problem``, all torch-free, so the page settles without waiting
 on torch.
 """
@@ -33,7 +33,7 @@ from app.dashboard.presets import resolve_preset
 from federation.bounds import amp_bound_problem, robust_problem
 from federation.config import SECTIONS, load_config
 from federation.errors import FederationError
-from federation.strategies.registry import OWN_START, SPEC, default_nhead, split_on
+from federation.methods import OWN_START, SPEC, default_nhead, split_on
 from models.errors import ModelError
 from models.names import check_input_size
 
@@ -136,7 +136,7 @@ def _start_problems(config: Any, num_hospitals: int | None) -> list[tuple[str | 
     if not 0 <= nhead <= units:
         sentence = f"nhead = {nhead}: {config.model.name} has {units} layer units, so use 0 to {units}."
         problems.append(("strategy.nhead", sentence))
-    spec = SPEC[name]  # the method's rules (federation.strategies.registry), as its own build() checks them
+    spec = SPEC[name]  # the method's rules (federation.methods), as its own build() checks them
     if spec.fixed_nhead is not None and nhead != spec.fixed_nhead:
         sentence = f"{spec.short_name} shares the whole model, so strategy.nhead must be {spec.fixed_nhead}"
         problems.append((None, f"{sentence} (the preset sets {nhead})."))

@@ -73,7 +73,7 @@ def _resolved_nhead(config: dict[str, Any]) -> int | None:
     name = config_value(config, "strategy", "name")
     if not isinstance(name, str):
         return None
-    from federation.strategies.registry import default_nhead  # the strategy's own default when the config leaves it out
+    from federation.methods import default_nhead  # the strategy's own default when the config leaves it out
 
     return default_nhead(name)
 

@@ -1,7 +1,7 @@
 """The Federation form's fields: which ``gastric-fl train`` settings the form offers (``section.key`` of
 ``federation.config``), how they are grouped, which methods read each, and the number inputs' limits.
 
-The methods' names and what each reads come from the strategy registry (``federation.strategies.registry``), the
+The methods' names and what each reads come from the strategy registry (``federation.methods``), the
 models' layer units from ``models.names``: nothing here imports torch.
 """
 
@@ -21,7 +21,7 @@ from federation.config import (
     STARTS,
     TLU_GROUPINGS,
 )
-from federation.strategies.registry import (
+from federation.methods import (
     AVERAGING,
     FORCED_BN,
     OWN_START,
@@ -35,7 +35,7 @@ from models.names import DEFAULT_MODEL, LAYER_UNITS, is_timm_name
 DEFAULT_UNITS = LAYER_UNITS[DEFAULT_MODEL]
 
 # The methods offered, FedSAF first (the registry's menu order); the short name is used in sentences, the long
-# one in the picker. Which settings a method reads comes from its spec (federation.strategies.registry).
+# one in the picker. Which settings a method reads comes from its spec (federation.methods).
 ALGORITHMS: tuple[str, ...] = tuple(s.name for s in sorted(SPECS, key=lambda s: s.menu_rank))
 SHORT_NAMES: dict[str, str] = {name: SPEC[name].short_name for name in ALGORITHMS}
 ALGORITHM_NAMES: dict[str, str] = {name: SPEC[name].display_name for name in ALGORITHMS}
@@ -61,7 +61,7 @@ class Field:
     ``minimum``/``maximum`` bound the number input (never below what the engine accepts; an engine bound that is
     exclusive, such as ``lr > 0``, is enforced by the check and its message). ``methods``: the methods that read
     the setting (``None``: every method, or only the methods whose spec lists it among its own ``settings``,
-    `federation.strategies.registry.readers`); ``when``: a further condition on the other values (e.g. Adam's settings
+    `federation.methods.readers`); ``when``: a further condition on the other values (e.g. Adam's settings
     only with ``client.optimizer = adam``). A field that does not apply is neither shown nor passed to the engine.
     """
 

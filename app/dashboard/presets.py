@@ -12,7 +12,7 @@ from typing import Any
 
 from app.dashboard.fields import FIELDS
 from federation.config import DEFAULTS_TOML
-from federation.strategies.registry import default_nhead
+from federation.methods import default_nhead
 from models.names import DEFAULT_MODEL
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # where configs/ lives and where the dashboard's commands run

@@ -27,7 +27,7 @@ from typing import Any
 
 from federation.ablation.grid import SHORT, Cell, Plan
 from federation.config import RunConfig
-from federation.strategies.registry import SPECS
+from federation.methods import SPECS
 
 # The methods every other method is compared with, when the grid has them (their specs' ``paired_reference``).
 PAIRED_REFERENCES: tuple[str, ...] = tuple(spec.name for spec in SPECS if spec.paired_reference)

@@ -18,7 +18,7 @@ rules that need the number of hospitals) and ``load`` (``load_config``, ``--set`
 ``config_to_toml``).
 
 Checking a configuration imports no torch: the names it checks against come from the torch-free leaves
-`models.names` and `federation.strategies.registry`, so the dashboard's form can check settings at once.
+`models.names` and `federation.methods` (the strategy registry), so the dashboard's form can check settings at once.
 """
 
 from __future__ import annotations

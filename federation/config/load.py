@@ -25,7 +25,7 @@ from federation.bounds import max_weight_problem, robust_problem
 from federation.config.defaults import DEFAULTS_TOML
 from federation.config.sections import SECTIONS, RunConfig, _fail
 from federation.errors import FederationError
-from federation.strategies.registry import AVERAGING, EXAMPLE_WEIGHTED, OWN_START, SPEC, SPECS, STRATEGY_NAMES, readers
+from federation.methods import AVERAGING, EXAMPLE_WEIGHTED, OWN_START, SPEC, SPECS, STRATEGY_NAMES, readers
 from infra.toml import toml_value
 
 

@@ -32,7 +32,7 @@ from federation.config.defaults import (
     TLU_GROUPINGS,
 )
 from federation.errors import FederationError
-from federation.strategies.registry import STRATEGY_NAMES, wrap_problem
+from federation.methods import STRATEGY_NAMES, wrap_problem
 from models.errors import ModelError
 from models.names import MODEL_NAMES, TIMM_PREFIX, check_model_name
 

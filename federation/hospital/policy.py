@@ -34,8 +34,8 @@ import torch
 from federation.config import DP_UNITS, FISHER_ESTIMATORS, OPTIMIZERS, RunConfig
 from federation.errors import FederationError
 from federation.hospital.privacy import planned_dp_steps
+from federation.methods import SPEC, STRATEGY_NAMES, bn_mode
 from federation.strategies.context import shared_nhead, with_privacy
-from federation.strategies.registry import SPEC, STRATEGY_NAMES, bn_mode
 from federation.wire.contract import Recipe
 from models import base_keys, batchnorm_keys, split_units
 

@@ -1,6 +1,6 @@
 """One file per federated algorithm; each holds only its cross-round state (docs/design.md).
 
-The names, defaults and capabilities are in the torch-free leaf `federation.strategies.registry` (re-exported
+The names, defaults and capabilities are in the torch-free leaf `federation.methods` (re-exported
 here): one ``StrategySpec`` per strategy in ``SPECS`` (``SPEC`` by name), and the tables derived from them:
 ``STRATEGIES`` maps a strategy name to its module, ``DEFAULT_NHEAD`` its local layer units when
 ``strategy.nhead`` is unset, ``WRAPPERS`` the ``strategy.wrap`` steps, ``AVERAGING`` the strategies a wrapper can
@@ -20,7 +20,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from federation.errors import FederationError
-from federation.strategies.registry import (
+from federation.methods import (
     AVERAGING,
     DEFAULT_NHEAD,
     EXAMPLE_WEIGHTED,

@@ -16,8 +16,8 @@ import torch
 
 from federation.bounds import max_weight_problem
 from federation.errors import FederationError
+from federation.methods import default_nhead, split_on
 from federation.strategies.aggregation import cap_weights
-from federation.strategies.registry import default_nhead, split_on
 from federation.wire.contract import Recipe, TensorDict, TrainReply
 from models import Unit, base_keys
 

@@ -17,9 +17,9 @@ import dataclasses
 
 from federation.config import RunConfig
 from federation.errors import FederationError
+from federation.methods import SPEC
 from federation.strategies.context import StrategyContext, recipe_from_config, resolved_nhead
 from federation.strategies.fedsaf import AmpSettings, AttentiveStrategy, trainable_keys
-from federation.strategies.registry import SPEC
 
 
 def build(config: RunConfig, ctx: StrategyContext) -> AttentiveStrategy:

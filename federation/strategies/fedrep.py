@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from federation.config import RunConfig
 from federation.errors import FederationError
+from federation.methods import SPEC
 from federation.strategies.context import StrategyContext, recipe_from_config, resolved_nhead
 from federation.strategies.fedavg import Averaging
-from federation.strategies.registry import SPEC
 
 
 def build(config: RunConfig, ctx: StrategyContext) -> Averaging:

@@ -20,10 +20,10 @@ from typing import Any
 import torch
 
 from federation.errors import FederationError
+from federation.methods import averaging_names
 from federation.runs import finite_or_none as finite_value
 from federation.strategies.context import StrategyContext
 from federation.strategies.fedavg import Averaging
-from federation.strategies.registry import averaging_names
 from federation.wire.contract import Strategy, TensorDict, TrainInstruction, TrainReply
 
 

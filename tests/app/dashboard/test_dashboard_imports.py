@@ -66,7 +66,7 @@ values["amp.alpha_k"] = 100.0
 values["strategy.nhead"] = 99
 checked = checks.check(presets.DEFAULT_PRESET, None, values, 3)
 assert set(checked.fields) == {{"amp.alpha_k", "strategy.nhead"}}, checked
-import models, federation.strategies, models.names, federation.strategies.registry as registry
+import models, federation.strategies, models.names, federation.methods as registry
 assert models.MODEL_NAMES is models.names.MODEL_NAMES
 assert federation.strategies.STRATEGY_NAMES is registry.STRATEGY_NAMES
 assert federation.strategies.default_nhead is registry.default_nhead

@@ -283,7 +283,7 @@ def test_a_methods_nhead_rule_is_read_from_its_spec_by_the_form_and_the_strategy
     # build() follow, with the same number
     import dataclasses
 
-    from federation.strategies import registry
+    import federation.methods as registry
     from federation.strategies.fedrep import build
 
     monkeypatch.setitem(registry.SPEC, "fedrep", dataclasses.replace(registry.SPEC["fedrep"], min_nhead=2))

@@ -178,7 +178,7 @@ def test_the_paired_references_are_the_methods_whose_spec_says_so() -> None:
     """A strategy fact on its spec (`StrategySpec.paired_reference`), not a list of names in the ablation code:
     local training alone and FedAvg, in the registry's order (the published tables' order)."""
     from federation.ablation import PAIRED_REFERENCES
-    from federation.strategies.registry import SPECS
+    from federation.methods import SPECS
 
     assert PAIRED_REFERENCES == ("separate", "fedavg")
     assert [s.name for s in SPECS if s.paired_reference] == list(PAIRED_REFERENCES)

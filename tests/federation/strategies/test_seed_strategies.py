@@ -523,7 +523,7 @@ def _recipe_with_fisher() -> Recipe:
 
 def test_a_wrapper_over_a_model_it_cannot_post_process_names_every_strategy_it_can() -> None:
     """The refusal lists exactly the averaging strategies of the registry (it once listed 4 of 7)."""
-    from federation.strategies.registry import AVERAGING
+    from federation.methods import AVERAGING
     from federation.strategies.wrappers.base import GlobalModelWrapper
 
     class Elsewhere:

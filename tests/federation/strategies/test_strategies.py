@@ -11,8 +11,8 @@ from support.checks import every
 from federation import strategies
 from federation.config import load_config
 from federation.errors import FederationError
+from federation.methods import AVERAGING
 from federation.strategies import StrategyContext, build_strategy
-from federation.strategies.registry import AVERAGING
 from federation.wire.codec import decode, encode
 from federation.wire.contract import Recipe, Strategy, TrainInstruction, TrainReply, TrainTask, count_values
 
@@ -216,8 +216,8 @@ def test_the_split_switch_is_a_fact_of_the_spec_not_of_a_name() -> None:
     unit (nhead 0 kept at the hospital); a method without a switch keeps its nhead, and is refused ``fedsaf.split``;
     Separate, which shares nothing, leaves nothing for the hospital's policy to agree to."""
     from federation.hospital.policy import agreed_shared_keys
+    from federation.methods import SPECS, split_on
     from federation.strategies.context import shared_nhead
-    from federation.strategies.registry import SPECS, split_on
     from models import create_model
 
     switched = [s.name for s in SPECS if s.split_switch is not None]
@@ -262,7 +262,7 @@ def test_a_methods_own_settings_are_facts_of_its_spec() -> None:
 
     from app.dashboard.fields import FIELDS
     from federation.config.defaults import DEFAULTS_TOML
-    from federation.strategies.registry import SPECS, readers
+    from federation.methods import SPECS, readers
 
     defaults = tomllib.loads(DEFAULTS_TOML)
     owned = {key: spec.name for spec in SPECS for key in spec.settings}

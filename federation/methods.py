@@ -2,7 +2,9 @@
 
 A leaf module (it imports nothing of this project), read by the run configuration's checks
 (`federation.config`), by `federation.strategies` (which imports a strategy's module when it is built) and by
-the dashboard's form, so that checking settings never waits on torch.
+the dashboard's form, so that checking settings never waits on torch. It sits beside, not inside,
+`federation/strategies/`: the configuration reads it without loading the strategies package, whose modules import
+the configuration (no import loop between the two).
 
 Each strategy is one `StrategySpec` in ``SPECS``; every other table here is derived from them. Adding a strategy
 is its module (``build(config, ctx) -> Strategy``) plus one spec. ``WRAPPERS`` maps ``strategy.wrap`` names to
