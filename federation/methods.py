@@ -7,16 +7,103 @@ the dashboard's form, so that checking settings never waits on torch. It sits be
 the configuration (no import loop between the two).
 
 Each strategy is one `StrategySpec` in ``SPECS``; every other table here is derived from them. Adding a strategy
-is its module (``build(config, ctx) -> Strategy``) plus one spec. ``WRAPPERS`` maps ``strategy.wrap`` names to
+is its module (``build(config, ctx) -> Strategy``) plus one spec; settings of its own are declared in the spec too
+(`Setting`, ``StrategySpec.section``), and the configuration and the dashboard's form are built from them
+(docs/extending.md). ``WRAPPERS`` maps ``strategy.wrap`` names to
 the modules in ``wrappers/`` that post-process an averaging strategy's new global model (FedLWS, paper 002;
 FedTLU, paper 003).
 """
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+Value = bool | int | float | str  # what a declared setting holds
+_SETTING_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting of a method's own section ``[<method>]``, declared in its spec (``StrategySpec.section``).
+
+    From the declaration alone the configuration gets the section (`federation.config.sections`: a frozen
+    dataclass with this field, read as ``config.section("<method>").<name>``), its default in ``DEFAULTS_TOML`` and
+    in every ``config.toml``, the range check when a configuration loads (``problem``), and the refusal of a value
+    changed from the default when another method runs (it would silently do nothing); the dashboard's form gets a
+    field shown for this method alone, with this label, help and limits (`app.dashboard.fields`).
+
+    ``default`` gives the type as well: ``bool``, ``int``, ``float`` (write ``1.0``, not ``1``) or ``str``, which
+    needs ``choices`` (the values allowed). ``minimum`` and ``maximum`` bound a number, inclusive unless
+    ``minimum_excluded``/``maximum_excluded`` (``> 0`` rather than ``>= 0``); a float must also be finite.
+    ``help`` is the form's tooltip and the comment above the default; ``label`` names the form's field (``name``
+    when empty); ``step`` is the form's increment. A declaration that cannot work (a default outside its own
+    range, bounds on a string) fails when this module is imported, naming the setting.
+    """
+
+    name: str
+    default: Value
+    help: str
+    label: str = ""
+    minimum: float | None = None
+    maximum: float | None = None
+    minimum_excluded: bool = False
+    maximum_excluded: bool = False
+    choices: tuple[str, ...] = ()
+    step: float | None = None
+
+    def __post_init__(self) -> None:
+        wrong = self._declaration_problem()
+        if wrong is not None:
+            raise ValueError(f"setting {self.name!r} = {self.default!r}: {wrong}")
+
+    def _declaration_problem(self) -> str | None:
+        if not _SETTING_NAME.match(self.name):
+            return "name it in lower case letters, digits and '_', starting with a letter"
+        if self.kind not in (bool, int, float, str):
+            return "give a default of type bool, int, float or str"
+        if (self.kind is str) != bool(self.choices):
+            return "a string setting lists its choices, and only a string setting has choices"
+        numeric = self.kind in (int, float)
+        if not numeric and (self.minimum is not None or self.maximum is not None):
+            return "only a number has bounds"
+        if self.minimum is not None and self.maximum is not None and not self.minimum <= self.maximum:
+            return "the minimum is above the maximum"
+        need = self.problem(self.default)
+        return None if need is None else f"the default is outside the declared range: {need}"
+
+    @property
+    def kind(self) -> type:
+        """The setting's type, the type of its default."""
+        return type(self.default)
+
+    def problem(self, value: Value) -> str | None:
+        """What to use instead when ``value`` (already of the setting's type) is outside the declared range, in
+        the configuration's words (``use a finite value in [0.0, 1.0]``); ``None`` when it is allowed."""
+        if self.choices:
+            return None if value in self.choices else f"use one of {', '.join(self.choices)}"
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        low, high = self.minimum, self.maximum
+        inside = (
+            math.isfinite(value)
+            and (low is None or (value > low if self.minimum_excluded else value >= low))
+            and (high is None or (value < high if self.maximum_excluded else value <= high))
+        )
+        if inside:
+            return None
+        if low is not None and high is not None:
+            bounds = f" in {'(' if self.minimum_excluded else '['}{low}, {high}{')' if self.maximum_excluded else ']'}"
+        elif low is not None:
+            bounds = f" {'>' if self.minimum_excluded else '>='} {low}"
+        elif high is not None:
+            bounds = f" {'<' if self.maximum_excluded else '<='} {high}"
+        else:
+            bounds = ""
+        return f"use a {'finite ' if self.kind is float else ''}value{bounds}"
 
 
 @dataclass(frozen=True)
@@ -38,6 +125,10 @@ class StrategySpec:
     paper 004), with the reason in ``optimizer_reason``.
     ``settings``: the ``section.key`` settings that only it reads (its own section's, e.g. ``fedprox.mu``), which
     the dashboard's form shows for it alone.
+    ``section``: the settings of its own section ``[<name>]``, declared here (`Setting`): the configuration and the
+    dashboard's form are built from them, so a new method with settings of its own changes no other file. The
+    sections written out in `federation.config.sections` (``[fedprox]``, ``[fedamp]``, ...) came before; ``owned``
+    lists both kinds.
     ``split_switch``: the boolean setting that turns its split off (FedSAF's ``fedsaf.split``, the paper's
     "split" ablation of Table 4): false shares every unit whatever ``strategy.nhead``.
     ``paired_reference``: every other method of an ablation grid is compared with it, paired by seed, when the grid
@@ -68,6 +159,17 @@ class StrategySpec:
     optimizer_reason: str = ""
     settings: tuple[str, ...] = ()
     paired_reference: bool = False
+    section: tuple[Setting, ...] = ()
+
+    def __post_init__(self) -> None:
+        names = [s.name for s in self.section]
+        if len(set(names)) != len(names):
+            raise ValueError(f"strategy {self.name}: its section declares a setting twice ({', '.join(names)})")
+
+    @property
+    def owned(self) -> tuple[str, ...]:
+        """Every ``section.key`` that only this method reads: ``settings`` and its declared section's keys."""
+        return (*self.settings, *(f"{self.name}.{s.name}" for s in self.section))
 
 
 SPECS: tuple[StrategySpec, ...] = (
@@ -218,12 +320,13 @@ def split_on(config: Any) -> bool:
     if switch is None:
         return True
     section, key = switch.split(".")
-    return bool(getattr(getattr(config, section), key))
+    return bool(getattr(config.section(section), key))
 
 
 def readers(key: str) -> frozenset[str]:
-    """The methods whose own setting ``key`` is (`StrategySpec.settings`); empty for a setting no method owns."""
-    return frozenset(spec.name for spec in SPECS if key in spec.settings)
+    """The methods whose own setting ``key`` is (`StrategySpec.owned`: its ``settings`` and its declared
+    section's); empty for a setting no method owns."""
+    return frozenset(spec.name for spec in SPECS if key in spec.owned)
 
 
 def default_nhead(name: str) -> int:

@@ -2,7 +2,8 @@
 ``federation.config``), how they are grouped, which methods read each, and the number inputs' limits.
 
 The methods' names and what each reads come from the strategy registry (``federation.methods``), the
-models' layer units from ``models.names``: nothing here imports torch.
+models' layer units from ``models.names``: nothing here imports torch. The settings a method declares in its spec
+(`federation.methods.Setting`) become fields here with no line of their own (``declared_field``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from federation.methods import (
     SPEC,
     SPECS,
     WRAPPER_NAMES,
+    Setting,
+    StrategySpec,
     readers,
 )
 from models.names import DEFAULT_MODEL, LAYER_UNITS, is_timm_name
@@ -60,9 +63,10 @@ class Field:
 
     ``minimum``/``maximum`` bound the number input (never below what the engine accepts; an engine bound that is
     exclusive, such as ``lr > 0``, is enforced by the check and its message). ``methods``: the methods that read
-    the setting (``None``: every method, or only the methods whose spec lists it among its own ``settings``,
-    `federation.methods.readers`); ``when``: a further condition on the other values (e.g. Adam's settings
-    only with ``client.optimizer = adam``). A field that does not apply is neither shown nor passed to the engine.
+    the setting (``None``: every method, or only the methods whose spec owns it, `StrategySpec.owned`: among its
+    ``settings`` or in its declared section, `federation.methods.readers`); ``when``: a further condition on the other
+    values (e.g. Adam's settings only with ``client.optimizer = adam``). A field that does not apply is neither shown
+    nor passed to the engine.
     """
 
     key: str
@@ -101,7 +105,7 @@ def _wraps(step: str) -> Callable[[Mapping[str, Any]], bool]:
     return lambda values: step in (values.get("strategy.wrap") or ())
 
 
-FIELDS: tuple[Field, ...] = (
+_LISTED: tuple[Field, ...] = (
     Field(
         "strategy.name",
         "Method",
@@ -400,6 +404,33 @@ FIELDS: tuple[Field, ...] = (
         "After local training, over the hospital's training tiles.",
     ),
 )
+
+_KINDS = {bool: "bool", int: "int", float: "float", str: "choice"}
+
+
+def declared_field(spec: StrategySpec, setting: Setting) -> Field:
+    """The field of a setting ``spec`` declares for its own section (`federation.methods.Setting`): among the
+    method's hyper-parameters, shown for that method alone (``readers``), with the declared label, help, limits
+    (an excluded bound is the engine check's to refuse) and choices."""
+    kind = _KINDS[setting.kind]
+    return Field(
+        f"{spec.name}.{setting.name}",
+        setting.label or setting.name,
+        kind,
+        "method",
+        setting.help,
+        setting.minimum,
+        setting.maximum,
+        setting.step,
+        "%g" if kind == "float" else None,
+        options=setting.choices,
+    )
+
+
+# Every field in the order of GROUPS (each group's fields as listed above; the declared ones last in the method's
+# group, their methods in the picker's order).
+_DECLARED = tuple(declared_field(SPEC[name], setting) for name in ALGORITHMS for setting in SPEC[name].section)
+FIELDS: tuple[Field, ...] = tuple(sorted((*_LISTED, *_DECLARED), key=lambda item: list(GROUPS).index(item.group)))
 FIELDS_BY_KEY: dict[str, Field] = {f.key: f for f in FIELDS}
 
 

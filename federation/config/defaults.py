@@ -3,15 +3,23 @@
 ``DEFAULTS_TOML`` is the single source of defaults for every section of `federation.config.sections` (the FedSAF
 paper's hyper-parameters, paper 001, Sec. 3-4: ``nhead`` of Eq. 1, alpha_k, sigma, lambda and ``dm`` of Eq. 3-8 and
 16-18, the Fisher toggles of Eq. 12-15 and 19-20; the seed methods of papers 000, 002, 003 and 004); a preset in
-``configs/`` lists only what it changes. The tuples below are the values an enumerated field may take; the
-dashboard's form offers the same ones. Nothing here imports torch.
+``configs/`` lists only what it changes. The sections written out here are followed by those the methods declare in
+their specs (`federation.methods.Setting`; ``declared_toml``). The tuples below are the values an enumerated field may
+take; the dashboard's form offers the same ones. Nothing here imports torch.
 """
 
 from __future__ import annotations
 
-# The single source of default values. A field missing here has a Python default of None, meaning
-# "decided later" (``strategy.nhead``: the chosen strategy's own default; ``client.head_lr``: same as lr).
-DEFAULTS_TOML = """
+import textwrap
+from collections.abc import Sequence
+
+from federation.methods import SPECS, StrategySpec
+from infra.toml import toml_value
+
+# The single source of default values, with the declared sections appended (``DEFAULTS_TOML`` below). A field
+# missing here has a Python default of None, meaning "decided later" (``strategy.nhead``: the chosen strategy's own
+# default; ``client.head_lr``: same as lr).
+_WRITTEN_TOML = """
 [run]
 name = "run"
 seed = 0
@@ -175,6 +183,24 @@ round_timeout = 600
 # unit = "slide"              # "slide" (the default) or "tile" (for comparison only: protects a tile, not a patient)
 # tiles_per_unit = 8          # at most this many of a sampled slide's tiles (at random) per step (default 8)
 """
+
+
+def declared_toml(specs: Sequence[StrategySpec]) -> str:
+    """The sections ``[<method>]`` that ``specs`` declare (`federation.methods.Setting`) as TOML, each setting's
+    help as the comment above its default; empty when none declares one."""
+    blocks = []
+    for spec in specs:
+        if not spec.section:
+            continue
+        lines = [f"[{spec.name}]"]
+        for setting in spec.section:
+            lines.extend(f"# {line}" for line in textwrap.wrap(setting.help, 110))
+            lines.append(f"{setting.name} = {toml_value(setting.default)}")
+        blocks.append("\n".join(lines) + "\n")
+    return "".join(f"\n{block}" for block in blocks)
+
+
+DEFAULTS_TOML = _WRITTEN_TOML + declared_toml(SPECS)
 
 DEVICES = ("cpu", "cuda", "auto")
 PRECISIONS = ("fp32", "bf16")

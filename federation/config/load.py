@@ -5,8 +5,8 @@ Loading is strict: an unknown section or key, a value of the wrong type, or a va
 ``FederationError`` that names it and says what is allowed; an error about one key carries it as ``.key``. After the
 sections have checked themselves, ``config_from_dict`` applies the rules between sections (an optimiser that
 precision_weighted needs, paper 004; a ``client.start`` only FedAMP and FedSAF support; ``server.max_weight`` only for
-strategies that share; ``server.robust`` only for the averaging ones; DP-SGD only without batch statistics). Nothing
-here imports torch.
+strategies that share; ``server.robust`` only for the averaging ones; DP-SGD only without batch statistics; a method's
+own setting, written or declared in its spec, changed only when that method runs). Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 from federation.bounds import max_weight_problem, robust_problem
 from federation.config.defaults import DEFAULTS_TOML
-from federation.config.sections import SECTIONS, RunConfig, _fail
+from federation.config.sections import DECLARED, SECTIONS, RunConfig, _fail
 from federation.errors import FederationError
 from federation.methods import AVERAGING, EXAMPLE_WEIGHTED, OWN_START, SPEC, SPECS, STRATEGY_NAMES, readers
 from infra.toml import toml_value
@@ -119,7 +119,8 @@ def config_from_dict(raw: Mapping[str, Any], source: str = "config") -> RunConfi
             sections[name] = cls(**values)
         except TypeError as exc:
             raise FederationError(f"{source}: [{name}] is incomplete ({exc})") from exc
-    config = RunConfig(**sections)
+    declared = {name: sections.pop(name) for name in DECLARED}
+    config = RunConfig(**sections, declared=declared)
     if config.client.epochs + config.client.head_epochs == 0:
         _fail("client.epochs", 0, "train for at least one epoch (client.epochs or client.head_epochs > 0)")
     _check_unused(config, "adam", config.client.optimizer == "adam", 'they apply only with client.optimizer = "adam"')
@@ -204,15 +205,15 @@ def _check_robust(config: RunConfig) -> None:
 
 
 def _check_own_settings(config: RunConfig) -> None:
-    """Refuse a method's own setting (`StrategySpec.settings`, e.g. ``fedprox.mu``) changed from its default when
-    the run's method does not read it: it would silently do nothing."""
+    """Refuse a method's own setting (`StrategySpec.owned`: its ``settings``, e.g. ``fedprox.mu``, and its declared
+    section's) changed from its default when the run's method does not read it: it would silently do nothing."""
     defaults = _defaults()
-    for key in sorted({key for spec in SPECS for key in spec.settings}):
+    for key in sorted({key for spec in SPECS for key in spec.owned}):
         owners = readers(key)
         if config.strategy.name in owners:
             continue
         section, _, name = key.partition(".")
-        value = getattr(getattr(config, section), name)
+        value = getattr(config.section(section), name)
         if value != defaults[section][name]:
             _fail(
                 key,
@@ -265,6 +266,9 @@ def load_config(
 
 def with_values(config: RunConfig, section: str, **values: Any) -> RunConfig:
     """A copy of ``config`` with ``values`` replaced in ``section`` (validated again)."""
+    if section in config.declared:
+        changed = dataclasses.replace(config.declared[section], **values)
+        return dataclasses.replace(config, declared={**config.declared, section: changed})
     return dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **values)})
 
 

@@ -2,8 +2,10 @@
 
 Every ``__post_init__`` rejects a value out of range with a ``FederationError`` that names the key (``section.key``,
 also its ``.key``) and says what is allowed (``_fail``, ``_at_least``, ``_positive``). ``RunConfig`` holds one of each;
-``SECTIONS`` maps a section's name to its class. The rules that need the number of hospitals (AMP's self-weight
-bound, ``server.max_weight`` against ``1/m``) are `federation.bounds`'s. Nothing here imports torch.
+``SECTIONS`` maps a section's name to its class. The sections written out here are followed by those the methods
+declare in their specs (``DECLARED``: one class built from each spec's `federation.methods.Setting` list, checking
+the declared ranges the same way). The rules that need the number of hospitals (AMP's self-weight bound,
+``server.max_weight`` against ``1/m``) are `federation.bounds`'s. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from federation.config.defaults import (
     TLU_GROUPINGS,
 )
 from federation.errors import FederationError
-from federation.methods import STRATEGY_NAMES, wrap_problem
+from federation.methods import SPECS, STRATEGY_NAMES, StrategySpec, wrap_problem
 from models.errors import ModelError
 from models.names import MODEL_NAMES, TIMM_PREFIX, check_model_name
 
@@ -436,9 +438,42 @@ class PrivacySection:
             _fail("privacy.tiles_per_unit", self.tiles_per_unit, "use a whole number >= 1")
 
 
+def _declared_section(spec: StrategySpec) -> type:
+    """The frozen dataclass of the section ``[<method>]`` that ``spec`` declares (``StrategySpec.section``): one
+    field per `federation.methods.Setting`, of its type and with its default, and a ``__post_init__`` that refuses
+    a value outside the declared range with the key it is about (``_fail``), as the written sections do."""
+
+    def check(self: Any) -> None:
+        for setting in spec.section:
+            value = getattr(self, setting.name)
+            need = setting.problem(value)
+            if need is not None:
+                _fail(f"{spec.name}.{setting.name}", value, need)
+
+    name = "".join(part.title() for part in spec.name.split("_")) + "Section"
+    doc = f"``[{spec.name}]``: {spec.short_name}'s own settings, as its spec declares them (`federation.methods`)."
+    fields = [(s.name, s.kind, dataclasses.field(default=s.default)) for s in spec.section]
+    cls = dataclasses.make_dataclass(name, fields, namespace={"__post_init__": check, "__doc__": doc}, frozen=True)
+    cls.__module__ = __name__
+    return cls
+
+
+# The sections the methods declare, by method name in the registry's order; each class is also a name of this module,
+# where pickle finds it (a configuration travels to ablation cells' worker processes).
+DECLARED: dict[str, type] = {spec.name: _declared_section(spec) for spec in SPECS if spec.section}
+
+
+def _declared_defaults() -> dict[str, Any]:
+    return {name: cls() for name, cls in DECLARED.items()}
+
+
 @dataclass(frozen=True)
 class RunConfig:
-    """The whole configuration of one run; ``config_to_toml`` writes it back exactly."""
+    """The whole configuration of one run; ``config_to_toml`` writes it back exactly.
+
+    ``declared`` holds the sections the methods declare (``DECLARED``, by name; written after the others);
+    ``section(name)`` reads a section of either kind (``config.section("fedprox")`` is ``config.fedprox``).
+    """
 
     run: RunSection
     data: DataSection
@@ -457,14 +492,39 @@ class RunConfig:
     fedamp: FedAMPSection
     server: ServerSection
     privacy: PrivacySection
+    declared: dict[str, Any] = dataclasses.field(default_factory=_declared_defaults, hash=False)
+
+    def __post_init__(self) -> None:
+        if set(self.declared) != set(DECLARED):
+            raise ValueError(f"declared sections {sorted(self.declared)}: expected {sorted(DECLARED)}")
+
+    def section(self, name: str) -> Any:
+        """The section ``[name]``: one of the fields above, or one a method declares (``section("fedtoy").beta``)."""
+        if name in self.declared:
+            return self.declared[name]
+        if name not in SECTIONS:
+            raise KeyError(f"no section [{name}]: the sections are {', '.join(SECTIONS)}")
+        return getattr(self, name)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Plain nested dict (tuples as lists, ``None`` fields left out: TOML has no null)."""
         out: dict[str, dict[str, Any]] = {}
-        for section in dataclasses.fields(self):
-            values = dataclasses.asdict(getattr(self, section.name))
-            out[section.name] = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items() if v is not None}
+        for name in SECTIONS:
+            values = dataclasses.asdict(self.section(name))
+            out[name] = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items() if v is not None}
         return out
 
 
-SECTIONS: dict[str, type] = {f.name: typing.get_type_hints(RunConfig)[f.name] for f in dataclasses.fields(RunConfig)}
+def _sections() -> dict[str, type]:
+    """Every section's class by name: ``RunConfig``'s fields in order, then the declared ones; a declared section
+    may not reuse a written section's name, nor its class a name of this module."""
+    hints = typing.get_type_hints(RunConfig)
+    written = {f.name: hints[f.name] for f in dataclasses.fields(RunConfig) if f.name != "declared"}
+    for name, cls in DECLARED.items():
+        if name in written or name == "declared" or cls.__name__ in globals():
+            raise ValueError(f"strategy {name} declares a section [{name}] ({cls.__name__}) the configuration has")
+        globals()[cls.__name__] = cls
+    return {**written, **DECLARED}
+
+
+SECTIONS: dict[str, type] = _sections()
