@@ -1,5 +1,5 @@
 """A toy method added to the strategy registry in a fresh interpreter, as a newcomer adds one (docs/extending.md):
-``fedtoy``, FedAvg's module under another name, with one setting of its own declared in its spec, ``fedtoy.beta``
+``fedsketch``, FedAvg's module under another name, with one setting of its own declared in its spec, ``fedsketch.beta``
 (float, default 0.5, in [0, 1]). Nothing else is changed, so what the configuration and the dashboard's form do
 with it is what they build from the declaration alone.
 """
@@ -13,15 +13,15 @@ import sys
 from support.paths import REPO
 
 TOY_SPEC = """    StrategySpec(
-        "fedtoy",
+        "fedsketch",
         "federation.strategies.fedavg",
-        "FedToy",
-        "FedToy (a toy)",
+        "FedSketch",
+        "FedSketch (a toy)",
         10,
         averaging=True,
         example_weighted=True,
         section=(
-            Setting("beta", 0.5, "How hard the toy pulls.", label="Toy beta", minimum=0.0, maximum=1.0, step=0.05),
+            Setting("beta", 0.5, "How hard the toy pulls.", label="Sketch beta", minimum=0.0, maximum=1.0, step=0.05),
         ),
     ),
 """

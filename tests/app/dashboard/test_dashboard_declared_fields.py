@@ -39,25 +39,25 @@ def test_a_new_methods_declared_setting_reaches_the_form_with_no_line_of_its_own
     out = run_with_toy(
         """
 from app.dashboard import checks, commands, fields, presets
-assert fields.ALGORITHMS[-1] == "fedtoy" and fields.ALGORITHM_NAMES["fedtoy"] == "FedToy (a toy)"
-item = fields.FIELDS_BY_KEY["fedtoy.beta"]
-assert (item.label, item.kind, item.group, item.help) == ("Toy beta", "float", "method", "How hard the toy pulls.")
+assert fields.ALGORITHMS[-1] == "fedsketch" and fields.ALGORITHM_NAMES["fedsketch"] == "FedSketch (a toy)"
+item = fields.FIELDS_BY_KEY["fedsketch.beta"]
+assert (item.label, item.kind, item.group, item.help) == ("Sketch beta", "float", "method", "How hard the toy pulls.")
 assert (item.minimum, item.maximum, item.step) == (0.0, 1.0, 0.05)
-assert {n for n in fields.ALGORITHMS if item.applies({"strategy.name": n})} == {"fedtoy"}
+assert {n for n in fields.ALGORITHMS if item.applies({"strategy.name": n})} == {"fedsketch"}
 method = [f.key for f in fields.FIELDS if f.group == "method"]
-assert method[-1] == "fedtoy.beta", method
+assert method[-1] == "fedsketch.beta", method
 resolved = presets.resolve_preset(presets.DEFAULT_PRESET)[0]
-values = presets.initial_values(resolved, "fedtoy")
-assert values["fedtoy.beta"] == 0.5
-assert checks.field_problem(item, 2.0, resolved) == "Toy beta = 2: use a finite value in [0.0, 1.0]."
+values = presets.initial_values(resolved, "fedsketch")
+assert values["fedsketch.beta"] == 0.5
+assert checks.field_problem(item, 2.0, resolved) == "Sketch beta = 2: use a finite value in [0.0, 1.0]."
 assert checks.field_problem(item, 0.7, resolved) is None
-assert "fedtoy.beta=0.7" in commands.overrides({**values, "fedtoy.beta": 0.7}, resolved)
-assert "fedtoy.beta=0.5" not in commands.overrides(values, resolved)  # the preset's value is not passed
-other = {**presets.initial_values(resolved, "fedavg"), "fedtoy.beta": 0.7}
-assert not any(s.startswith("fedtoy.") for s in commands.overrides(other, resolved))  # not fedavg's setting
-checked = checks.check(presets.DEFAULT_PRESET, None, {**values, "fedtoy.beta": 2.0}, 3)
-assert checked.fields == {"fedtoy.beta": "Toy beta = 2: use a finite value in [0.0, 1.0]."}, checked
-assert checks.check(presets.DEFAULT_PRESET, None, {**values, "fedtoy.beta": 0.7}, 3).ok
+assert "fedsketch.beta=0.7" in commands.overrides({**values, "fedsketch.beta": 0.7}, resolved)
+assert "fedsketch.beta=0.5" not in commands.overrides(values, resolved)  # the preset's value is not passed
+other = {**presets.initial_values(resolved, "fedavg"), "fedsketch.beta": 0.7}
+assert not any(s.startswith("fedsketch.") for s in commands.overrides(other, resolved))  # not fedavg's setting
+checked = checks.check(presets.DEFAULT_PRESET, None, {**values, "fedsketch.beta": 2.0}, 3)
+assert checked.fields == {"fedsketch.beta": "Sketch beta = 2: use a finite value in [0.0, 1.0]."}, checked
+assert checks.check(presets.DEFAULT_PRESET, None, {**values, "fedsketch.beta": 0.7}, 3).ok
 print("checked")
 """
     )

@@ -129,21 +129,23 @@ def test_a_new_method_with_a_setting_of_its_own_needs_only_its_spec() -> None:
 import pickle, tomllib
 from federation.config import DEFAULTS_TOML, SECTIONS, config_from_dict, config_to_toml, load_config, with_values
 from federation.errors import FederationError
-assert DEFAULTS_TOML.endswith("\\n[fedtoy]\\n# How hard the toy pulls.\\nbeta = 0.5\\n"), DEFAULTS_TOML[-200:]
-assert list(SECTIONS)[-1] == "fedtoy"
-toy = load_config(None, ["strategy.name=fedtoy", "fedtoy.beta=0.7"])
-assert toy.section("fedtoy").beta == 0.7
-assert config_to_toml(toy).endswith("[fedtoy]\\nbeta = 0.7\\n")
+assert DEFAULTS_TOML.endswith("\\n[fedsketch]\\n# How hard the toy pulls.\\nbeta = 0.5\\n"), DEFAULTS_TOML[-200:]
+assert list(SECTIONS)[-1] == "fedsketch"
+toy = load_config(None, ["strategy.name=fedsketch", "fedsketch.beta=0.7"])
+assert toy.section("fedsketch").beta == 0.7
+assert config_to_toml(toy).endswith("[fedsketch]\\nbeta = 0.7\\n")
 assert config_from_dict(tomllib.loads(config_to_toml(toy))) == toy  # what a hospital reads from Hello
 assert pickle.loads(pickle.dumps(toy)) == toy
-assert with_values(toy, "fedtoy", beta=0.25).section("fedtoy").beta == 0.25
+assert with_values(toy, "fedsketch", beta=0.25).section("fedsketch").beta == 0.25
 for sets, says in (
-    (["strategy.name=fedavg", "fedtoy.beta=0.7"], "config fedtoy.beta = 0.7 is out of range: leave it at its default: "
-     "it applies only with strategy.name = fedtoy"),
-    (["strategy.name=fedtoy", "fedtoy.beta=2"], "config fedtoy.beta = 2.0 is out of range: use a finite value in "
-     "[0.0, 1.0]"),
-    (["strategy.name=fedtoy", "fedtoy.beta=high"], "config fedtoy.beta = 'high' has the wrong type: expected float"),
-    (["fedtoy.gamma=1"], "unknown key fedtoy.gamma; [fedtoy] accepts beta"),
+    (["strategy.name=fedavg", "fedsketch.beta=0.7"],
+     "config fedsketch.beta = 0.7 is out of range: leave it at its default: it applies only with strategy.name = "
+     "fedsketch"),
+    (["strategy.name=fedsketch", "fedsketch.beta=2"],
+     "config fedsketch.beta = 2.0 is out of range: use a finite value in [0.0, 1.0]"),
+    (["strategy.name=fedsketch", "fedsketch.beta=high"],
+     "config fedsketch.beta = 'high' has the wrong type: expected float"),
+    (["fedsketch.gamma=1"], "unknown key fedsketch.gamma; [fedsketch] accepts beta"),
 ):
     try:
         load_config(None, sets)
@@ -151,9 +153,9 @@ for sets, says in (
         assert says in str(exc), (sets, str(exc))
     else:
         raise AssertionError(f"{sets} loaded")
-assert load_config(None, ["strategy.name=fedavg", "fedtoy.beta=0.5"]).strategy.name == "fedavg"
+assert load_config(None, ["strategy.name=fedavg", "fedsketch.beta=0.5"]).strategy.name == "fedavg"
 print(config_to_toml(load_config("configs/demo.toml")), end="")
 """
     )
-    assert out == plain + "\n[fedtoy]\nbeta = 0.5\n"
-    assert "[fedtoy]" not in plain
+    assert out == plain + "\n[fedsketch]\nbeta = 0.5\n"
+    assert "[fedsketch]" not in plain
