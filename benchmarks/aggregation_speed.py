@@ -41,21 +41,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._common import command_line, machine, write_result  # noqa: E402
-from federation.strategies.aggregation import (  # noqa: E402
-    METRICS,
-    FlatSpec,
-    StackBuffer,
-    amp_coefficients,
-    fisher_intermediate,
-    fisher_weights,
-    flatten,
-    mix,
-    off_diagonal_mass,
-    pairwise_distances,
-    unflatten,
-)
+from federation.strategies.aggregation import mix  # noqa: E402
+from federation.strategies.amp import METRICS, amp_coefficients, off_diagonal_mass, pairwise_distances  # noqa: E402
 from federation.strategies.context import StrategyContext  # noqa: E402
 from federation.strategies.fedsaf import AmpSettings, AttentiveStrategy  # noqa: E402
+from federation.strategies.fisher_weights import fisher_intermediate, fisher_weights  # noqa: E402
+from federation.strategies.flat import FlatSpec, StackBuffer, flatten, unflatten  # noqa: E402
 from federation.wire.contract import Recipe, TrainReply  # noqa: E402
 from models import create_model, split_units  # noqa: E402
 

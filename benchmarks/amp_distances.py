@@ -39,14 +39,13 @@ from federation.config import load_config, with_values  # noqa: E402
 from federation.derived import NUM_CLASSES  # noqa: E402
 from federation.errors import FederationError  # noqa: E402
 from federation.launch import train  # noqa: E402
-from federation.strategies.aggregation import (  # noqa: E402
+from federation.strategies.amp import (  # noqa: E402
     METRICS,
-    FlatSpec,
     amp_coefficients,
-    flatten,
     off_diagonal_mass,
     pairwise_distances,
 )
+from federation.strategies.flat import FlatSpec, flatten  # noqa: E402
 from models import base_keys, create_model, split_units  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "amp_distances.md"

@@ -1,8 +1,7 @@
 """Rules on the aggregation weights that need the number of hospitals, written once and torch-free: the
 configuration checks them when the hospitals are listed (`federation.config`), the dashboard before a run
-(`app.dashboard.checks`), and the aggregation maths on every call (`federation.strategies.aggregation`), which thereby
-needs
-nothing of the configuration package.
+(`app.dashboard.checks`), and the aggregation maths on every call (`federation.strategies.amp`,
+`federation.strategies.aggregation`), which thereby needs nothing of the configuration package.
 
 - `amp_bound_problem`: AMP's self-weight bound, FedSAF paper 001, Eq. 16 (``alpha_k (m - 1) <= sigma``).
 - `max_weight_problem`: ``server.max_weight`` against ``1/m``.
@@ -23,8 +22,7 @@ def amp_bound_problem(num_hospitals: int, alpha_k: float, sigma: float) -> str |
 
     For a distance ``d >= 0``, ``A'(d) = exp(-d/sigma)/sigma <= 1/sigma``, so ``xi_ii >= 1 - alpha_k (m - 1) /
     sigma``: non-negative exactly when ``alpha_k (m - 1) <= sigma`` (docs/design.md). The boundary itself is allowed
-    (a relative tolerance of 1e-12). The one rule: `federation.strategies.aggregation.check_amp_settings`, which the
-    engine
+    (a relative tolerance of 1e-12). The one rule: `federation.strategies.amp.check_amp_settings`, which the engine
     applies when a run starts, calls this; it needs no torch, so the dashboard checks settings before a run.
     """
     peers = num_hospitals - 1

@@ -8,7 +8,7 @@ the global ``theta`` and reports ``alpha_i``, the trace of its Fisher informatio
 aggregates each shared layer ``j`` (input side first, ``N`` shared layer units, ``M`` replying clients) from only
 the ``M_j = ceil(j / N * M)`` clients with the largest traces (Eq. 1), weighted by ``alpha_i`` normalised over
 them (Eq. 2), so the deepest shared layer uses everyone and the first only the most reliable client(s)
-(``federation.strategies.aggregation.depthwise_fisher_weights``). Eq. 3's ``theta_j + sum abar_ij (theta_ij - theta_j)``
+(``depthwise_fisher_weights``, below). Eq. 3's ``theta_j + sum abar_ij (theta_ij - theta_j)``
 equals ``sum abar_ij theta_ij`` since the weights sum to 1. ``reverse`` uses ``M_j = ceil((N - j + 1) / N * M)``.
 
 A "layer" is a model layer unit (``models.split_units``): with 5 hospitals and 14 shared MobileNetV3-Small
@@ -19,7 +19,7 @@ consistent with its statistics. FedAS's alignment of the global model to local c
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from itertools import accumulate, pairwise
 from typing import Any
 
@@ -28,11 +28,66 @@ import torch
 from federation.bounds import max_weight_problem
 from federation.config import RunConfig, ServerSection
 from federation.errors import FederationError
-from federation.strategies.aggregation import cap_weights, depthwise_fisher_weights, depthwise_top_counts, weighted_sum
+from federation.strategies.aggregation import cap_weights, weighted_sum
 from federation.strategies.context import StrategyContext, fisher_traces, recipe_from_config, resolved_nhead
 from federation.strategies.fedavg import Averaging
+from federation.strategies.fisher_weights import _check_traces
 from federation.strategies.flat import flatten, unflatten
 from federation.wire.contract import Recipe, TrainReply
+
+# --- The maths: paper 000, Eq. 1-3 ------------------------------------------------------------------------------------
+
+
+def depthwise_top_counts(num_layers: int, num_hospitals: int, reverse: bool = False) -> list[int]:
+    """``M_j`` for ``j = 1 .. N`` (input side first): paper 000, Eq. 1, ``M_j = ceil(j / N * M)``.
+
+    ``reverse`` is the paper's "Reverse" ablation, ``M_j = ceil((N - j + 1) / N * M)``: the input side then uses
+    every client and the output side the fewest. Computed in integers (``ceil(a / b) = (a + b - 1) // b``) so
+    that no float rounding moves a boundary.
+    """
+    if num_layers < 1:
+        raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+    if num_hospitals < 1:
+        raise ValueError(f"num_hospitals must be >= 1, got {num_hospitals}")
+    depths = range(num_layers, 0, -1) if reverse else range(1, num_layers + 1)
+    return [(j * num_hospitals + num_layers - 1) // num_layers for j in depths]
+
+
+def depthwise_fisher_weights(
+    traces: Sequence[float] | torch.Tensor, num_layers: int, reverse: bool = False
+) -> torch.Tensor:
+    """Depth-wise Fisher aggregation weights (Nutaba & Watanabe, paper 000, Eq. 1-3), float64 ``(N, m)``.
+
+    Row ``j`` (input side first, ``j = 1 .. N = num_layers``) holds each client's weight in layer ``j``:
+    ``M_j = ceil(j / N * M)`` (Eq. 1; ``reverse``: ``ceil((N - j + 1) / N * M)``), ``S_j`` = the ``M_j`` clients
+    with the largest Fisher traces ``alpha_i`` (ties go to the lower client index), and
+    ``abar_ij = alpha_i / sum_{k in S_j} alpha_k`` for ``i in S_j``, 0 otherwise (Eq. 2, whose ``S_i`` in the
+    denominator is read as the typo for ``S_j``). Eq. 3, ``theta_j^t + sum_i abar_ij (theta_ij^t - theta_j^t)``,
+    then equals ``sum_i abar_ij theta_ij^t`` because each row sums to 1, so ``W[j] @ stacked_layer_j`` is the
+    new layer. The deepest layer uses every client; the shallowest only the top one(s).
+
+    Raises ``FederationError`` for a negative or non-finite trace, and when a layer's selected clients all
+    have trace 0 (Eq. 2 is then undefined: no selected client carries any gradient signal).
+    """
+    t = _check_traces(traces, "depthwise_fisher_weights")
+    m = t.numel()
+    counts = depthwise_top_counts(num_layers, m, reverse)
+    # Descending trace, ties by ascending client index: a stable sort of the negated traces.
+    order = torch.sort(-t, stable=True).indices
+    weights = torch.zeros(num_layers, m, dtype=torch.float64)
+    for j, count in enumerate(counts):
+        chosen = order[:count]
+        total = t[chosen].sum()
+        if total <= 0:
+            raise FederationError(
+                f"depth-wise Fisher weights: the top {count} client(s) of layer {j + 1} all report a Fisher trace "
+                "of 0, so Eq. 2 is undefined (no selected client has any gradient signal; check fisher_batch)"
+            )
+        weights[j, chosen] = t[chosen] / total
+    return weights
+
+
+# --- The strategy -----------------------------------------------------------------------------------------------------
 
 
 class DepthwiseFisher(Averaging):

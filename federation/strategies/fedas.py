@@ -1,15 +1,14 @@
 """FedAS-style Fisher-weighted aggregation (Yang et al., "FedAS: Bridging Inconsistency in Personalized Federated
 Learning", CVPR 2024), the "client synchronisation" the depth-wise method of paper 000 builds on.
 
-FedPer-style split: the last ``nhead`` units (default 1, the classifier) are each hospital's head; the rest is
-shared. Each round a hospital trains its whole model from the global shared part and reports the trace of its
-Fisher information over the shared parameters (``fedsaf.fisher_estimator``: FedAS's ``full_pass`` sums the squared
-norms of the batch-mean gradients over all its training batches). The server averages the shared part with
-weights ``alpha_i / sum_k alpha_k`` (``federation.strategies.aggregation.fisher_weights``): hospitals whose parameters
-carry
-more information count more. BatchNorm buffers are mixed with the same weights, so each layer stays consistent
-with its statistics. FedAS's alignment of the received model to local class prototypes is not used (as in
-``depthwise_fim``, paper 000's comparison point).
+FedPer-style split: the last ``nhead`` units (default 1, the classifier) are each hospital's head; the rest is shared.
+Each round a hospital trains its whole model from the global shared part and reports the trace of its Fisher
+information over the shared parameters (``fedsaf.fisher_estimator``: FedAS's ``full_pass`` sums the squared norms of
+the batch-mean gradients over all its training batches). The server averages the shared part with weights ``alpha_i /
+sum_k alpha_k`` (``federation.strategies.fisher_weights.fisher_weights``): hospitals whose parameters carry more
+information count more. BatchNorm buffers are mixed with the same weights, so each layer stays consistent with its
+statistics. FedAS's alignment of the received model to local class prototypes is not used (as in ``depthwise_fim``,
+paper 000's comparison point).
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from typing import Any
 import torch
 
 from federation.config import RunConfig
-from federation.strategies.aggregation import fisher_weights, weighted_sum
+from federation.strategies.aggregation import weighted_sum
 from federation.strategies.context import (
     StrategyContext,
     cap_example_weights,
@@ -29,6 +28,7 @@ from federation.strategies.context import (
     resolved_nhead,
 )
 from federation.strategies.fedavg import Averaging
+from federation.strategies.fisher_weights import fisher_weights
 from federation.strategies.flat import flatten, unflatten
 from federation.wire.contract import TrainReply
 

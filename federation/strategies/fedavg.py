@@ -28,7 +28,7 @@ import torch
 from federation.bounds import max_weight_problem, robust_problem
 from federation.config import RunConfig, ServerSection
 from federation.errors import FederationError
-from federation.strategies.aggregation import bound_update_norms, trimmed_mean, weighted_sum
+from federation.strategies.aggregation import weighted_sum
 from federation.strategies.context import (
     StrategyContext,
     cap_example_weights,
@@ -37,6 +37,7 @@ from federation.strategies.context import (
     resolved_nhead,
 )
 from federation.strategies.flat import FlatSpec, flatten, unflatten
+from federation.strategies.robust import bound_update_norms, trimmed_mean
 from federation.wire.contract import Recipe, TensorDict, TrainInstruction, TrainReply
 
 
@@ -121,7 +122,7 @@ class Averaging:
 
     def bound_updates(self, replies: Mapping[int, TrainReply]) -> tuple[Mapping[int, TrainReply], dict[str, Any]]:
         """``replies`` with every update's norm bounded (``server.robust = "norm_bound"``; Sun et al., 2019;
-        `federation.strategies.aggregation.bound_update_norms`), and what ``aggregation.jsonl`` records of it as
+        `federation.strategies.robust.bound_update_norms`), and what ``aggregation.jsonl`` records of it as
         ``robust``.
 
         The update of client ``i`` is its floating-point shared tensors minus the global model it was sent this

@@ -13,7 +13,7 @@ Server, each round ``k`` (Algorithm 1, lines 11-12), from the shared parts ``rho
 cap_weights`: a hospital reporting a trace of 1e30 gets ``max_weight``, not 1.0) and so is every AMP weight
 ``xi_ij`` of another hospital (the excess stays with the hospital's own model, Eq. 16). Then no hospital weighs more
 than ``max_weight`` in another's ``z_i`` nor in the common ``p`` (its weight there, ``sum_i gamma_i xi_ij``, is a
-mean of the gammas: ``xi`` is symmetric; `federation.strategies.aggregation.amp_aggregate`). ``aggregation.jsonl``
+mean of the gammas: ``xi`` is symmetric; `federation.strategies.amp.amp_aggregate`). ``aggregation.jsonl``
 records
 ``weight_cap`` and, with FIM, ``weights`` (each hospital's weight in ``p``).
 
@@ -50,12 +50,11 @@ from federation.bounds import max_weight_problem
 from federation.config import RunConfig
 from federation.errors import FederationError
 from federation.runs import finite_or_none
-from federation.strategies.aggregation import (
+from federation.strategies.amp import (
     AmpAggregate,
     amp_aggregate,
     attention_derivative,
     check_amp_settings,
-    fisher_weights,
     off_diagonal_mass,
 )
 from federation.strategies.context import (
@@ -65,6 +64,7 @@ from federation.strategies.context import (
     recipe_from_config,
     shared_nhead,
 )
+from federation.strategies.fisher_weights import fisher_weights
 from federation.strategies.flat import FlatSpec, StackBuffer, unflatten
 from federation.wire.contract import Recipe, TensorDict, TrainInstruction, TrainReply
 from models import create_model

@@ -1,16 +1,16 @@
 """Flat views of model state: many clients' ``state_dict`` entries as one ``(m clients x d values)`` matrix.
 
-The server maths in `federation.strategies.aggregation` (FedSAF, paper 001, Eq. 3-8, 16-20; FedAvg; the seed methods)
-works
-on stacked flat vectors, one row per client. This module makes and unmakes them: ``FlatSpec`` names the entries a
-row holds (keys, shapes, dtypes), ``flatten`` stacks the entries of several state dicts into a fresh float32
-matrix, ``StackBuffer`` does the same into a matrix kept from one round to the next, and ``unflatten`` turns one
-row back into a state dict (integer entries such as BatchNorm's ``num_batches_tracked`` rounded back; with
-``copy=False``, views into the row).
+The server maths (the shared primitives of `federation.strategies.aggregation`, FedAvg's weighted sum among them;
+FedSAF's, paper 001, Eq. 3-8, 16-20, in `federation.strategies.amp` and `federation.strategies.fisher_weights`; the
+seed methods' beside their strategies) works on stacked flat vectors, one row per client. This module makes and
+unmakes them: ``FlatSpec`` names the entries a row holds (keys, shapes, dtypes), ``flatten`` stacks the entries of
+several state dicts into a fresh float32 matrix, ``StackBuffer`` does the same into a matrix kept from one round to
+the next, and ``unflatten`` turns one row back into a state dict (integer entries such as BatchNorm's
+``num_batches_tracked`` rounded back; with ``copy=False``, views into the row).
 
 Stacking copies every client's ~100-250 tensors in one call, on one intra-op thread (``_one_thread``: it changes
 torch's global thread count for the copy and restores it after). That is state outside the values themselves,
-which is why it lives here and not beside the pure functions of `federation.strategies.aggregation`.
+which is why it lives here and not beside the pure functions of the maths.
 """
 
 from __future__ import annotations

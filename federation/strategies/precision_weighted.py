@@ -3,7 +3,7 @@
 Each client trains with Adam (a fresh optimiser each round) and reports, with its weights, the bias-corrected
 second moments ``v_hat_k = exp_avg_sq / (1 - beta2^step)`` of its shared parameters, averaged over the second half
 of its last local epoch (``Recipe.second_moments``; counted as upload traffic). The server averages every value
-of the shared *parameters* with its own weights (Eq. 6, ``federation.strategies.aggregation.precision_weighted_sum``):
+of the shared *parameters* with its own weights (Eq. 6, ``precision_weighted_sum``, below):
 
     ``pi_k = (v_hat_k + eps)^-1 / sum_j (v_hat_j + eps)^-1``,   ``w^{t+1} = sum_k pi_k w_k``
 
@@ -15,14 +15,15 @@ sent to every client each round.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from federation.config import RunConfig, ServerSection
 from federation.errors import FederationError
-from federation.strategies.aggregation import cap_weights, precision_weighted_sum, precision_weights, weighted_sum
+from federation.strategies.aggregation import _check_matrix, cap_weights, weighted_sum
 from federation.strategies.context import (
     StrategyContext,
     cap_example_weights,
@@ -34,6 +35,69 @@ from federation.strategies.fedavg import Averaging
 from federation.strategies.fedsaf import trainable_keys
 from federation.strategies.flat import FlatSpec, flatten, unflatten
 from federation.wire.contract import Recipe, TrainReply
+
+# --- The maths: paper 004, Eq. 6 --------------------------------------------------------------------------------------
+
+
+def precision_weighted_sum(
+    vectors: torch.Tensor,
+    second_moments: torch.Tensor,
+    eps: float,
+    *,
+    fallback: Sequence[float] | torch.Tensor | None = None,
+    inverse: bool = True,
+) -> torch.Tensor:
+    """Precision-weighted aggregation (Reyes et al., paper 004, Eq. 6), element-wise, shape ``[d]``.
+
+    ``vectors`` are the clients' weights ``w_k`` (``[K, d]``) and ``second_moments`` their bias-corrected Adam
+    second moments ``v_hat_k`` (same shape, >= 0). For every value:
+
+        ``pi_k = (v_hat_k + eps)^-1 / sum_j (v_hat_j + eps)^-1``,   ``w = sum_k pi_k w_k``        (Eq. 6)
+
+    ``eps > 0`` keeps a zero second moment finite (Eq. 6 itself has none). Where *every* client's ``v_hat`` is
+    exactly 0 (a frozen or unused parameter: there is no variance estimate at all), Eq. 6 would give uniform
+    weights; ``fallback`` (e.g. ``n_k / n``) is used there instead when given.
+    ``inverse=False`` is the alternative reading (weight by ``v_hat_k + eps``, Adam's ``v`` as the Fisher
+    diagonal, i.e. the precision itself; the paper's Sec. 3 suggests it, Eq. 6 and Sec. 5.4 say inverse).
+    Computed in float64, returned in the dtype of ``vectors``.
+    """
+    _check_matrix(vectors)
+    if second_moments.shape != vectors.shape:
+        raise ValueError(
+            f"second moments of shape {tuple(second_moments.shape)} do not match the vectors {tuple(vectors.shape)}"
+        )
+    pi = precision_weights(second_moments, eps, fallback=fallback, inverse=inverse)
+    return (pi * vectors.detach().to(torch.float64)).sum(dim=0).to(vectors.dtype)
+
+
+def precision_weights(
+    second_moments: torch.Tensor,
+    eps: float,
+    *,
+    fallback: Sequence[float] | torch.Tensor | None = None,
+    inverse: bool = True,
+) -> torch.Tensor:
+    """The weights ``pi_k`` of paper 004, Eq. 6, for every value: float64 ``(K, d)``, each column summing to 1
+    (``precision_weighted_sum``, which documents them; ``fallback`` fills the columns where every ``v_hat`` is 0).
+    ``server.max_weight`` caps each column (``cap_weights``) before they are applied."""
+    _check_matrix(second_moments)
+    if not (math.isfinite(eps) and eps > 0):
+        raise FederationError(f"precision weighting needs eps > 0 (finite), got {eps}")
+    v = second_moments.detach().to(torch.float64)
+    if not bool(torch.isfinite(v).all()) or bool((v < 0).any()):
+        raise FederationError("second moments must be finite and >= 0 (Adam's exp_avg_sq, bias-corrected)")
+    raw = 1.0 / (v + eps) if inverse else v + eps
+    pi = raw / raw.sum(dim=0, keepdim=True)
+    if fallback is not None:
+        f = torch.as_tensor(fallback, dtype=torch.float64).flatten()
+        if f.numel() != v.shape[0]:
+            raise ValueError(f"{f.numel()} fallback weights for {v.shape[0]} vectors")
+        unused = (v == 0).all(dim=0)
+        pi[:, unused] = f.unsqueeze(1)
+    return pi
+
+
+# --- The strategy -----------------------------------------------------------------------------------------------------
 
 
 class PrecisionWeighted(Averaging):

@@ -11,16 +11,9 @@ import pytest
 import torch
 
 from federation.errors import FederationError
-from federation.strategies.aggregation import (
-    amp_coefficients,
-    check_amp_settings,
-    fisher_intermediate,
-    fisher_weights,
-    mix,
-    off_diagonal_mass,
-    pairwise_distances,
-    weighted_sum,
-)
+from federation.strategies.aggregation import mix, weighted_sum
+from federation.strategies.amp import amp_coefficients, check_amp_settings, off_diagonal_mass, pairwise_distances
+from federation.strategies.fisher_weights import fisher_intermediate, fisher_weights
 from federation.strategies.flat import FlatSpec, flatten, unflatten
 
 # rho_1, rho_2, rho_3: the three clients' shared vectors from the previous round.

@@ -14,14 +14,10 @@ import pytest
 import torch
 
 from federation.errors import FederationError
-from federation.strategies.aggregation import (
-    depthwise_fisher_weights,
-    depthwise_top_counts,
-    lws_factors,
-    lws_spread,
-    precision_weighted_sum,
-    tlu_scores,
-)
+from federation.strategies.depthwise_fim import depthwise_fisher_weights, depthwise_top_counts
+from federation.strategies.precision_weighted import precision_weighted_sum
+from federation.strategies.wrappers.fedlws import lws_factors, lws_spread
+from federation.strategies.wrappers.fedtlu import tlu_scores
 
 
 def _f64(rows: Sequence[Any]) -> torch.Tensor:

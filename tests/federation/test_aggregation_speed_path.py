@@ -15,15 +15,11 @@ import pytest
 import torch
 from support.checks import every
 
-from federation.strategies.aggregation import (
-    amp_aggregate,
-    amp_coefficients,
-    fisher_intermediate,
-    mix,
-    pairwise_distances,
-)
+from federation.strategies.aggregation import mix
+from federation.strategies.amp import amp_aggregate, amp_coefficients, pairwise_distances
 from federation.strategies.context import StrategyContext
 from federation.strategies.fedsaf import AmpSettings, AttentiveStrategy
+from federation.strategies.fisher_weights import fisher_intermediate
 from federation.strategies.flat import FlatSpec, StackBuffer, flatten, unflatten
 from federation.wire.contract import Recipe, TrainReply
 

@@ -6,29 +6,107 @@ global model ``w = w_g^t``, every layer ``l`` of the aggregate is shrunk:
     ``g_kl = w_kl - w_l``, ``tau_l = (1/K) sum_k ||g_kl - mean_k g_kl||``                     (Eq. 4, 8)
     ``gamma_l = ||w_l|| / (beta * tau_l * ||w_hat_l - w_l|| + ||w_l||)``, ``w^{t+1}_l = gamma_l w_hat_l``  (Eq. 8-9)
 
-(``federation.strategies.aggregation.lws_factors``). A layer is the trainable parameters of one module, weight and bias
-together (the public implementation closes a layer at each bias; shrinking a zero-initialised bias on its own
-would give ``||w_l|| = 0``, for which ``gamma_l = 1``). BatchNorm running statistics are never shrunk (they
-are statistics of the activations, not weights; the public code multiplies them too, a quirk not followed
-here). With ``nhead > 0`` only the shared part is in the aggregate, so only it is shrunk. Clients report
-nothing extra: the instructions are the inner strategy's. ``aggregation.jsonl`` gets ``fedlws``: beta and, per
-layer, ``gamma`` and ``tau``.
+(``lws_factors``, below). A layer is the trainable parameters of one module, weight and bias together (the public
+implementation closes a layer at each bias; shrinking a zero-initialised bias on its own would give ``||w_l|| = 0``,
+for which ``gamma_l = 1``). BatchNorm running statistics are never shrunk (they are statistics of the activations, not
+weights; the public code multiplies them too, a quirk not followed here). With ``nhead > 0`` only the shared part is
+in the aggregate, so only it is shrunk. Clients report nothing extra: the instructions are the inner strategy's.
+``aggregation.jsonl`` gets ``fedlws``: beta and, per layer, ``gamma`` and ``tau``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from itertools import accumulate
+from itertools import accumulate, pairwise
 from typing import Any
+
+import torch
 
 from federation.config import RunConfig
 from federation.errors import FederationError
-from federation.strategies.aggregation import lws_factors, lws_spread
+from federation.strategies.aggregation import _check_matrix, _check_slices
 from federation.strategies.context import StrategyContext
 from federation.strategies.fedsaf import trainable_keys
 from federation.strategies.flat import FlatSpec, flatten, unflatten
 from federation.strategies.wrappers.base import GlobalModelWrapper, finite_or_none
 from federation.wire.contract import Strategy, TensorDict, TrainReply
+
+# --- The maths: paper 002, Eq. 4, 7-8 ---------------------------------------------------------------------------------
+
+
+def _segment_sums(values: torch.Tensor, bounds: Sequence[tuple[int, int]]) -> torch.Tensor:
+    """Sums of ``values[..., a:b]`` for each ``(a, b)`` in ``bounds``, shape ``[..., L]``, in one pass when the
+    segments do not overlap (a Python loop over a hundred layers costs more than the arithmetic)."""
+    d = values.shape[-1]
+    covered = sorted(bounds)
+    if all(prev[1] <= nxt[0] for prev, nxt in pairwise(covered)):
+        ids = torch.full((d,), len(bounds), dtype=torch.long)  # values outside every segment go to a spare slot
+        for i, (a, b) in enumerate(bounds):
+            ids[a:b] = i
+        out = torch.zeros(*values.shape[:-1], len(bounds) + 1, dtype=values.dtype)
+        return out.index_add_(-1, ids, values)[..., :-1]
+    return torch.stack([values[..., a:b].sum(dim=-1) for a, b in bounds], dim=-1)
+
+
+def lws_factors(
+    previous: torch.Tensor,
+    clients: torch.Tensor,
+    aggregate: torch.Tensor,
+    layers: Sequence[slice],
+    beta: float,
+    *,
+    spread: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """FedLWS layer-wise shrinking factors ``gamma_l`` (Shi et al., ICLR 2025; paper 002, Eq. 4, 7-8), float64 ``[L]``.
+
+    ``previous`` is the global model ``w = w_g^t`` the clients started from (flat ``[d]``), ``clients`` their
+    returned models ``w_k`` (``[K, d]``), ``aggregate`` the strategy's aggregate ``w_hat`` (``[d]``) and
+    ``layers`` the slices of one layer each. Per layer ``l``: the pseudo-gradients ``g_kl = w_kl - w_l``, their
+    *unweighted* mean ``gbar_l``, ``tau_l = (1/K) sum_k ||g_kl - gbar_l||_2`` (Eq. 4 per layer, Eq. 8) and
+
+        ``gamma_l = ||w_l|| / (beta * tau_l * ||w_hat_l - w_l|| + ||w_l||)``          (Eq. 7-8)
+
+    with ``gamma_l = 1`` when ``||w_l|| = 0`` (a layer that starts at zero, e.g. a zero-initialised bias, would
+    otherwise be zeroed for ever). The new global layer is ``gamma_l * w_hat_l`` (Eq. 9). ``beta > 0``.
+    ``spread``: the ``tau_l`` if already computed (``lws_spread``), so that a caller logging them pays once.
+    """
+    if not (math.isfinite(beta) and beta > 0):
+        raise FederationError(f"FedLWS beta must be a finite number > 0, got {beta} (the paper's safe range 0.001-0.1)")
+    _check_matrix(clients)
+    d = clients.shape[1]
+    if previous.shape != (d,) or aggregate.shape != (d,):
+        raise ValueError(
+            f"previous {tuple(previous.shape)} and aggregate {tuple(aggregate.shape)} must both be flat [{d}] vectors "
+            "like the clients' rows"
+        )
+    bounds = _check_slices(layers, d, "layer")
+    tau = lws_spread(previous, clients, layers) if spread is None else spread.to(torch.float64)
+    if tau.shape != (len(bounds),):
+        raise ValueError(f"spread has shape {tuple(tau.shape)} for {len(bounds)} layers")
+    w = previous.detach().to(torch.float64)
+    norm_w = _segment_sums(w.square(), bounds).sqrt()
+    norm_step = _segment_sums((aggregate.detach().to(torch.float64) - w).square(), bounds).sqrt()
+    shrunk = norm_w / (beta * tau * norm_step + norm_w)
+    return torch.where(norm_w > 0, shrunk, torch.ones_like(norm_w))
+
+
+def lws_spread(previous: torch.Tensor, clients: torch.Tensor, layers: Sequence[slice]) -> torch.Tensor:
+    """``tau_l`` of paper 002, Eq. 8 (the mean distance of the clients' pseudo-gradients from their mean), ``[L]``.
+
+    The same quantity ``lws_factors`` uses, exposed for logging.
+    """
+    _check_matrix(clients)
+    if previous.shape != (clients.shape[1],):
+        raise ValueError(f"previous {tuple(previous.shape)} must be a flat [{clients.shape[1]}] vector")
+    bounds = _check_slices(layers, clients.shape[1], "layer")
+    g = clients.detach().to(torch.float64) - previous.detach().to(torch.float64)
+    # The mean over clients is taken value by value, so it can be taken once for the whole vector.
+    deviation = g - g.mean(dim=0, keepdim=True)
+    return _segment_sums(deviation.square(), bounds).sqrt().mean(dim=0)
+
+
+# --- The wrapper ------------------------------------------------------------------------------------------------------
 
 
 def module_layers(keys: Sequence[str]) -> tuple[list[str], list[str], list[slice]]:

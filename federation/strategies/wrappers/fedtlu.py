@@ -2,7 +2,7 @@
 
 After the inner strategy has aggregated ``w_hat`` from the global model ``w^t``, each trainable parameter tensor
 ``i`` gets ``Score_i = ||Delta_i|| / (sqrt(n_i) std(Delta_i))`` with ``Delta = w_hat - w^t`` and the population
-standard deviation (``federation.strategies.aggregation.tlu_scores``). A block is a layer unit (``models.split_units``);
+standard deviation (``tlu_scores``, below). A block is a layer unit (``models.split_units``);
 its score is the mean of its tensors' scores (the paper sums them; within a group of identical blocks the two
 rank alike, and the mean keeps blocks with different numbers of tensors comparable). Blocks are grouped, and in
 each group only the ``ceil(portion * |G|)`` best-scoring blocks take the aggregate (ties: the earlier block);
@@ -35,9 +35,11 @@ from fractions import Fraction
 from itertools import accumulate, pairwise
 from typing import Any
 
+import torch
+
 from federation.config import RunConfig
 from federation.errors import FederationError
-from federation.strategies.aggregation import tlu_scores
+from federation.strategies.aggregation import _check_slices
 from federation.strategies.context import StrategyContext
 from federation.strategies.fedsaf import trainable_keys
 from federation.strategies.flat import FlatSpec, flatten
@@ -47,6 +49,34 @@ from federation.wire.contract import Strategy, TensorDict, TrainReply
 _FEATURE = re.compile(r"features\.(\d+)")
 _RESNET_BLOCK = re.compile(r"layer\d+\.\d+")
 _TIMM_BLOCK = re.compile(r"(blocks|stages)\.\d+(\..+)?")  # timm's group_matcher units (models.registry)
+
+
+def tlu_scores(update: torch.Tensor, tensors: Sequence[slice]) -> torch.Tensor:
+    """FedTLU layer scores (Park & Joe-Wong, paper 003, Sec. 3 "Layer scoring"), float64 ``[T]``.
+
+    For each parameter tensor ``i`` (a slice of the flat update ``Delta = w_hat - w^t``, ``n_i`` values):
+
+        ``Score_i = ||Delta_i||_2 / (sqrt(n_i) * std(Delta_i))``
+
+    with the *population* standard deviation, so ``Score_i = sqrt(1 + mean(Delta_i)^2 / var(Delta_i)) >= 1``:
+    large when the tensor moved consistently in one direction. Where ``std = 0`` the ratio is undefined: a
+    tensor that did not move scores 0 (never preferred), a non-zero constant update scores ``+inf`` (the limit
+    of the formula: perfectly consistent).
+    """
+    if update.dim() != 1:
+        raise ValueError(f"update must be a flat [d] vector, got shape {tuple(update.shape)}")
+    bounds = _check_slices(tensors, update.numel(), "tensor")
+    delta = update.detach().to(torch.float64)
+    scores = torch.empty(len(bounds), dtype=torch.float64)
+    for i, (start, stop) in enumerate(bounds):
+        part = delta[start:stop]
+        std = part.std(correction=0)
+        norm = torch.linalg.vector_norm(part)
+        if std > 0:
+            scores[i] = norm / (math.sqrt(stop - start) * std)
+        else:
+            scores[i] = 0.0 if norm == 0 else math.inf
+    return scores
 
 
 def keep_count(portion: float, size: int) -> int:

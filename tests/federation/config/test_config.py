@@ -158,7 +158,7 @@ def test_the_torch_free_amp_bound_is_the_engines(clients: int, alpha_k: float, s
     """federation.bounds.amp_bound_problem (the dashboard's check, no torch) refuses exactly what the engine's
     check_amp_settings refuses when a run starts, with the same words; alpha_k (m - 1) = sigma is allowed."""
     from federation.bounds import amp_bound_problem
-    from federation.strategies.aggregation import check_amp_settings
+    from federation.strategies.amp import check_amp_settings
 
     problem = amp_bound_problem(clients, alpha_k, sigma)
     assert (problem is None) == (alpha_k * (clients - 1) <= sigma * (1 + 1e-12))

@@ -16,10 +16,12 @@ import torch
 
 from federation.config import ServerSection, load_config
 from federation.strategies import build_strategy
-from federation.strategies.aggregation import bound_update_norms, cap_weights, fisher_weights, trimmed_mean
+from federation.strategies.aggregation import cap_weights
 from federation.strategies.context import StrategyContext
 from federation.strategies.fedsaf import AmpSettings, AttentiveStrategy
+from federation.strategies.fisher_weights import fisher_weights
 from federation.strategies.precision_weighted import PrecisionWeighted
+from federation.strategies.robust import bound_update_norms, trimmed_mean
 from federation.wire.contract import Recipe, TrainReply
 
 HOSTILE = 0

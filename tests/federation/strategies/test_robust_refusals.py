@@ -18,8 +18,9 @@ import torch
 from federation.config import load_config
 from federation.errors import FederationError
 from federation.strategies import build_strategy
-from federation.strategies.aggregation import bound_update_norms, weighted_sum
+from federation.strategies.aggregation import weighted_sum
 from federation.strategies.context import StrategyContext
+from federation.strategies.robust import bound_update_norms
 from federation.strategies.wrappers.fedlws import LayerWiseShrinking
 from federation.wire.contract import TrainReply
 
