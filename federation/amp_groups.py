@@ -6,8 +6,7 @@ hospital ``j``'s shared model, the more weight it gets. The paper's motivation i
 find each other this way. Where the simulation knows which hospitals are alike (the *clustered* regime: groups of
 hospitals sharing stain, scanner and case mix, docs/pipeline.md "Regimes"), that can be measured:
 
-- hospital ``i``'s **peer weight** ``P_i = sum_{j != i} xi_ij`` (what
-  `federation.strategies.aggregation.off_diagonal_mass`
+- hospital ``i``'s **peer weight** ``P_i = sum_{j != i} xi_ij`` (what `federation.strategies.amp.off_diagonal_mass`
   averages);
 - its **within-group share** ``W_i = sum_{j != i, g(j) = g(i)} xi_ij / P_i``: the part of its peer weight that goes
   to hospitals of its own group;
