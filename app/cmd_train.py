@@ -86,25 +86,26 @@ def register(app: typer.Typer) -> None:
             return
         typer.echo(f"run directory: {run_dir}", err=True)
         try:
-            summary = run_training(cfg, run_dir, resume=resume is not None, overwrite=overwrite, progress=not quiet)
+            written = run_training(cfg, run_dir, resume=resume is not None, overwrite=overwrite, progress=not quiet)
         except RunStopped as exc:
             typer.echo(str(exc), err=True)
             raise typer.Exit(130) from exc
-        from federation.runfiles import left_out_lines
+        from federation.run_reader import RunSummary
 
-        missing = left_out_lines(summary)
-        final = summary.get("final") or {}
+        summary = RunSummary(written, present=True)  # the summary.json the run wrote last, typed as readers read it
+        missing = summary.left_out
+        final = summary.final
         auc = final.get("avg_test_auc")
         without = f" without {len(missing)} hospital(s) (named below)" if missing else ""
         acc = final.get("avg_test_acc", 0)
-        classes = summary.get("classes") or ()
+        classes = summary.classes
         # with more than two classes the AUC is the macro one-vs-rest one (federation.hospital.trainer.multiclass_auc)
         auc_name = f"macro one-vs-rest AUC ({len(classes)} classes)" if len(classes) > 2 else "AUC"
         typer.echo(
-            f"finished {summary['rounds_done']} rounds{without}: averaged test accuracy {acc:.4f}, "
+            f"finished {summary.data['rounds_done']} rounds{without}: averaged test accuracy {acc:.4f}, "
             f"{auc_name} {'-' if auc is None else f'{auc:.4f}'}; see {run_dir} (gastric-fl report {run_dir})"
         )
-        if summary.get("status") == "finished":
+        if summary.status == "finished":
             from app.held_out import score_run
 
             # Each hospital's held-out test slides, scored as `gastric-fl predict` scores a slide (slides.csv), on

@@ -17,6 +17,7 @@ from PIL import Image
 
 from app.errors import DashboardError
 from infra.formats import MANIFEST_FILE, PREPARE_RECORD
+from infra.records import RecordError, read_prepare_record
 from pipeline.config import LABELS
 from pipeline.prepare import MANIFEST_COLUMNS
 from pipeline.report import SPLITS as PREPARED_SPLITS
@@ -87,15 +88,19 @@ def load_manifest(dataset: Path) -> pd.DataFrame:
 
 
 def load_prepare_json(dataset: Path) -> dict[str, Any]:
-    """The resolved preparation record, or ``{}`` when the dataset has none (the manifest alone is enough)."""
-    path = dataset / PREPARE_RECORD
-    if not path.is_file():
+    """The resolved preparation record (`infra.records.read_prepare_record`), or ``{}`` when the dataset has none
+    (the manifest alone is enough) or it holds no JSON object; a one-line ``DashboardError`` when it cannot be
+    read."""
+    if not (dataset / PREPARE_RECORD).is_file():
         return {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DashboardError(f"{path} is not valid JSON ({exc}); re-run gastric-fl prepare") from exc
-    return data if isinstance(data, dict) else {}
+        return dict(read_prepare_record(dataset).data)
+    except RecordError as exc:
+        if exc.kind == "malformed":
+            return {}
+        if isinstance(exc.cause, json.JSONDecodeError | UnicodeDecodeError):
+            raise DashboardError(f"{exc.path} is not valid JSON ({exc.cause}); re-run gastric-fl prepare") from exc
+        raise DashboardError(f"{exc}; re-run gastric-fl prepare") from exc
 
 
 def stored_tile_px(dataset: Path, relative: str) -> int | None:

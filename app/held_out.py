@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -346,9 +345,10 @@ def _finished_on(folder: Path, card: dict[str, object]) -> str | None:
     import tomllib
 
     from federation.runfiles import HOSPITAL_FILE
+    from infra.records import read_json_object
 
     try:
-        record = json.loads((folder / HOSPITAL_FILE).read_text(encoding="utf-8"))
+        record = read_json_object(folder / HOSPITAL_FILE)  # RecordError, a ValueError, when unusable
         run = tomllib.loads(str(record["config_toml"]))["run"]
         rounds, device = run["rounds"], str(run.get("device", "cpu"))
     except (OSError, ValueError, KeyError, TypeError, tomllib.TOMLDecodeError):

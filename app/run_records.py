@@ -11,16 +11,18 @@ written by a live run: a half-written last line of a ``.jsonl`` file is ignored 
 A damaged run file never stops a page: the loaders read what they can (a damaged ``metrics.jsonl`` line is left
 out, as ``gastric-fl report`` leaves it out; an unreadable ``config.toml`` reads as empty), and `run_problem`
 names the damage in one line with what to do, which `RunInfo.problem` carries to the pickers and banners.
+
+The files are read by `federation.run_reader` (the one reader of a run directory, which ``gastric-fl report`` and
+the HTML report use too); this module turns what it reads into frames and one-line problems. Each hospital's
+threshold as its model card states it is `app.run_cards`'.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import math
 import time
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,66 +33,46 @@ import pandas as pd
 
 from app.datasets import hospital_label
 from app.errors import DashboardError
-from federation import jsonl, runfiles
-from federation.errors import FederationError
-from federation.report import round_stats
+from app.run_cards import NO_CARD as NO_CARD  # the cards' thresholds moved to app.run_cards; named here too
+from app.run_cards import CardThreshold as CardThreshold
+from app.run_cards import card_operating as card_operating
+from app.run_cards import card_threshold_sources as card_threshold_sources
+from app.run_cards import card_thresholds as card_thresholds
+from federation import jsonl, run_reader, runfiles
+from federation.round_figures import round_stats
+from federation.run_reader import RecordError, RunSummary
 from federation.runfiles import hospital_files
 from infra.formats import MANIFEST_FILE
-from models.card_history import THRESHOLD_DEFAULT_SOURCE, history_problem
 
 RUN_FILES = (runfiles.CONFIG_FILE, runfiles.METRICS_FILE, runfiles.SUMMARY_FILE)
 STATUSES = ("running", "finished", "failed")
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Objects of a JSON-lines file; a missing file is empty, an incomplete *last* line (being written) is skipped.
-
-    A malformed line anywhere else means the file is damaged: a one-line ``DashboardError`` names it. The page
-    loaders (`load_metrics`, `load_aggregation`) use `read_records` instead, which leaves such lines out.
-    """
+def _summary_or_error(run: Path) -> tuple[RunSummary, str | None]:
     try:
-        return jsonl.read_jsonl(path, damaged="raise")
-    except FederationError as exc:
-        raise DashboardError(str(exc)) from exc
-
-
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """The readable objects of a JSON-lines file, damaged lines left out (`run_problem` names them)."""
-    return jsonl.read_jsonl(path, damaged="skip")
-
-
-def _summary_or_error(run: Path) -> tuple[dict[str, Any], str | None]:
-    path = run / runfiles.SUMMARY_FILE
-    if not path.is_file():
-        return {}, None
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return {}, f"is not valid JSON ({exc})"
-    except OSError as exc:
-        return {}, f"cannot be read ({exc.strerror or exc})"
-    if not isinstance(value, dict):
-        return {}, "is not a JSON object"
-    return value, None
+        return run_reader.read_summary(run), None
+    except RecordError as exc:
+        if exc.kind == "malformed":
+            return RunSummary(), "is not a JSON object"
+        if isinstance(exc.cause, OSError):
+            return RunSummary(), f"cannot be read ({exc.cause.strerror or exc.cause})"
+        return RunSummary(), f"is not valid JSON ({exc.cause})"
 
 
 def load_summary(run: Path) -> dict[str, Any]:
     """``summary.json`` of a run, or ``{}`` while it does not exist yet (or cannot be read: `run_problem` says)."""
-    return _summary_or_error(run)[0]
+    return dict(_summary_or_error(run)[0].data)
 
 
 def _config_or_error(run: Path) -> tuple[dict[str, Any], str | None]:
-    path = run / runfiles.CONFIG_FILE
-    if not path.is_file():
+    if not (run / runfiles.CONFIG_FILE).is_file():
         return {}, None
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8")), None
-    except tomllib.TOMLDecodeError as exc:
-        return {}, f"is not valid TOML ({exc})"
-    except UnicodeDecodeError:
-        return {}, "is not UTF-8 text"
-    except OSError as exc:
-        return {}, f"cannot be read ({exc.strerror or exc})"
+        return run_reader.read_config(run).tables, None
+    except RecordError as exc:
+        if exc.kind == "missing":
+            return {}, None
+        return {}, str(exc).removeprefix(f"{exc.path} ")
 
 
 def read_run_config(run: Path) -> dict[str, Any]:
@@ -102,7 +84,7 @@ def read_run_config(run: Path) -> dict[str, Any]:
 def config_error(run: Path) -> str | None:
     """One line naming a run's ``config.toml`` and what is wrong with it, or ``None`` when it reads (or is absent)."""
     problem = _config_or_error(run)[1]
-    return None if problem is None else f"{run / 'config.toml'} {problem}"
+    return None if problem is None else f"{run / runfiles.CONFIG_FILE} {problem}"
 
 
 @functools.lru_cache(maxsize=256)
@@ -143,15 +125,15 @@ def run_problem(run: Path, root: Path | None = None) -> str | None:
     config_problem = _config_or_error(run)[1]
     if config_problem:
         problems.append(
-            f"{_shown(run / 'config.toml', root)} {config_problem}: this run's settings are unknown; "
+            f"{_shown(run / runfiles.CONFIG_FILE, root)} {config_problem}: this run's settings are unknown; "
             "restore the file or delete the run folder"
         )
     if summary_problem:
         problems.append(
-            f"{_shown(run / 'summary.json', root)} {summary_problem}: this run's status is unknown; "
+            f"{_shown(run / runfiles.SUMMARY_FILE, root)} {summary_problem}: this run's status is unknown; "
             "restore the file or delete the run folder"
         )
-    finished = summary.get("status") in ("finished", "failed", "stopped")
+    finished = summary.ended
     for name in (runfiles.METRICS_FILE, runfiles.AGGREGATION_FILE):
         bad = damaged_lines(run / name, finished)
         if bad:
@@ -313,10 +295,10 @@ def privacy_spent(metrics: pd.DataFrame) -> dict[int, tuple[float, float]]:
 def load_metrics(run: Path) -> pd.DataFrame:
     """The run's ``metrics.jsonl`` as a frame (empty, with all columns, before the first round ends).
 
-    Its records are `federation.runfiles.read_metrics`' (the reader ``gastric-fl report`` and the HTML report use):
-    damaged lines and malformed records are left out, and `run_problem` names the damaged lines.
+    Its records are `federation.run_reader.read_run_metrics`' (the reader ``gastric-fl report`` and the HTML report
+    use): damaged lines and malformed records are left out, and `run_problem` names the damaged lines.
     """
-    return metrics_frame(runfiles.read_metrics(run / runfiles.METRICS_FILE).records)
+    return metrics_frame(run_reader.read_run_metrics(run).records)
 
 
 def per_hospital(metrics: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -429,9 +411,9 @@ def progress(
         last_round_end = (run / runfiles.METRICS_FILE).stat().st_mtime
         per_round_s = max(0.0, last_round_end - start) / done
         left = max(0.0, per_round_s * (rounds_total - done) - max(0.0, now - last_round_end))
-    eta = load_summary(run).get("eta_seconds")
-    if isinstance(eta, int | float) and not isinstance(eta, bool) and math.isfinite(eta):
-        left = float(eta)
+    eta = _summary_or_error(run)[0].eta_seconds
+    if eta is not None:
+        left = eta
     return Progress(done, rounds_total, elapsed, left)
 
 
@@ -455,7 +437,7 @@ def format_seconds(seconds: float | None) -> str:
 def load_aggregation(run: Path) -> list[dict[str, Any]]:
     """One record per round of what the strategy decided (``xi``, ``gamma``, ...), in round order; damaged lines
     and records without a whole-number round are left out."""
-    records = [r for r in read_records(run / runfiles.AGGREGATION_FILE) if _round_of(r) is not None]
+    records = [r for r in run_reader.read_aggregation(run).records if _round_of(r) is not None]
     return sorted(records, key=lambda r: _round_of(r) or 0)
 
 
@@ -519,7 +501,7 @@ _REDO = "the hospital rewrites it after each round; for a finished run, train th
 
 
 def read_prediction_file(path: Path) -> pd.DataFrame:
-    """One hospital's ``predictions.csv`` (read by `federation.runfiles.read_predictions`) as a table: ``client``,
+    """One hospital's ``predictions.csv`` (read by `federation.run_reader.read_predictions`) as a table: ``client``,
     ``path``, ``label`` 0 / 1, ``prob_abnormal`` in [0, 1] and, where the file says, the ``round`` it was written
     after.
 
@@ -527,8 +509,8 @@ def read_prediction_file(path: Path) -> pd.DataFrame:
     another task's predictions) is a one-line ``DashboardError`` naming the file and what to do.
     """
     try:
-        found = runfiles.read_predictions(path)
-    except runfiles.PredictionsError as exc:
+        found = run_reader.read_predictions(path)
+    except RecordError as exc:
         if exc.kind == "missing":
             raise DashboardError(f"{path} does not exist: predictions are written after each round") from None
         if exc.kind == "other_task":
@@ -597,62 +579,7 @@ def load_predictions(run: Path) -> pd.DataFrame:
     """
     files = prediction_files(run)
     if not files:
-        raise DashboardError(f"{run / 'hospitals'} holds no predictions.csv yet: each is written after a round")
+        raise DashboardError(
+            f"{run / runfiles.HOSPITALS_DIR} holds no predictions.csv yet: each is written after a round"
+        )
     return pd.concat([read_prediction_file(path) for path in files], ignore_index=True)
-
-
-def _card_threshold(card: Mapping[str, Any]) -> float | None:
-    value = card.get("threshold")
-    if isinstance(value, int | float) and not isinstance(value, bool) and 0.0 < value < 1.0:
-        return float(value)
-    return None
-
-
-def card_thresholds(run: Path) -> dict[int, float]:
-    """Each hospital's decision threshold from its model card (``hospitals/client_XX/model.json``, written by
-    ``models.bundle``), by client; hospitals without a readable card, or with no threshold in it, are left out."""
-    return {c: t for c, card in runfiles.read_cards(run).items() if (t := _card_threshold(card)) is not None}
-
-
-@dataclass(frozen=True)
-class CardThreshold:
-    """A hospital's operating threshold as its model card states it: the value, where it came from in words
-    (``threshold_source``) and the split that chose it (``threshold_split``: validation, test, or empty)."""
-
-    value: float
-    source: str
-    split: str = ""
-
-
-NO_CARD = CardThreshold(0.5, "the default 0.5 (no model card)")
-
-
-def card_operating(run: Path) -> dict[int, CardThreshold]:
-    """Each hospital's `CardThreshold` (each card read once), for the hospitals of `card_thresholds`; a hospital
-    without one decides at `NO_CARD`."""
-    found = {}
-    for client, card in runfiles.read_cards(run).items():
-        value = _card_threshold(card)
-        if value is not None:
-            split = card.get("threshold_split")
-            found[client] = CardThreshold(value, _card_source(card), split if split in ("validation", "test") else "")
-    return found
-
-
-def _card_source(card: Mapping[str, Any]) -> str:
-    """Where the card says its threshold came from (``threshold_source``), or, for a card whose threshold history
-    does not describe its threshold (`models.card_history.history_problem`: ``model.json`` edited by hand), that it
-    cannot be trusted and why: `predict` and `gastric-fl threshold` refuse such a card."""
-    source = str(card.get("threshold_source") or THRESHOLD_DEFAULT_SOURCE)
-    split = card.get("threshold_split") or ""
-    threshold = _card_threshold(card)
-    if threshold is None:
-        return source
-    problem = history_problem(threshold, source, str(split), card.get("threshold_history"))
-    return source if problem is None else f"NOT TRUSTED: {problem}"
-
-
-def card_threshold_sources(run: Path) -> dict[int, str]:
-    """Where each hospital's card threshold came from (``threshold_source``: the default, set by hand, from the
-    floor; `models.bundle.set_threshold`), for the hospitals of `card_thresholds` (each card read once)."""
-    return {c: _card_source(card) for c, card in runfiles.read_cards(run).items() if _card_threshold(card) is not None}

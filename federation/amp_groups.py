@@ -29,9 +29,7 @@ hospital, or are given (`parse_groups`). `write_markdown` writes ``amp_groups.md
 
 from __future__ import annotations
 
-import json
 import math
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,9 +37,11 @@ from typing import Any
 
 from federation.errors import FederationError
 from federation.jsonl import scan_jsonl
+from federation.run_reader import read_config
 from federation.runfiles import AGGREGATION_FILE, AMP_GROUPS_MD, CONFIG_FILE
 from federation.runs import atomic_write_text
 from infra.formats import PREPARE_RECORD
+from infra.records import RecordError, read_prepare_record
 
 
 @dataclass(frozen=True)
@@ -216,14 +216,14 @@ def run_dataset(run_dir: Path) -> Path:
     """The prepared dataset a run was trained on: ``data.path`` of its ``config.toml`` (a relative path is taken
     from the current folder, as ``gastric-fl train`` took it)."""
     try:
-        config = tomllib.loads((run_dir / CONFIG_FILE).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FederationError(
-            f"{run_dir} is not a run directory (no {CONFIG_FILE}): give a folder made by gastric-fl train"
-        ) from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise FederationError(f"{run_dir / CONFIG_FILE} cannot be read ({exc})") from None
-    path = (config.get("data") or {}).get("path")
+        config = read_config(run_dir)
+    except RecordError as exc:
+        if exc.kind == "missing":
+            raise FederationError(
+                f"{run_dir} is not a run directory (no {CONFIG_FILE}): give a folder made by gastric-fl train"
+            ) from None
+        raise FederationError(f"{exc.path} cannot be read ({exc.cause})") from None
+    path = (config.tables.get("data") or {}).get("path")
     if not isinstance(path, str) or not path:
         raise FederationError(f"{run_dir / CONFIG_FILE} names no data.path; give the groups with --groups")
     return Path(path)
@@ -236,12 +236,13 @@ def run_groups(run_dir: Path) -> dict[int, str]:
     dataset = run_dataset(run_dir)
     record_path = dataset / PREPARE_RECORD
     try:
-        record = json.loads(record_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise FederationError(
-            f"the run's dataset record {record_path} cannot be read ({exc}); give the groups with --groups"
-        ) from None
-    entries = record.get("clients") if isinstance(record, dict) else None
+        entries = read_prepare_record(dataset).clients
+    except RecordError as exc:
+        if exc.kind != "malformed":
+            raise FederationError(
+                f"the run's dataset record {record_path} cannot be read ({exc.cause}); give the groups with --groups"
+            ) from None
+        entries = None
     if not isinstance(entries, list) or not entries:
         raise FederationError(f"{record_path} lists no hospitals (clients); give the groups with --groups")
     groups: dict[int, str] = {}

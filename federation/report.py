@@ -10,6 +10,9 @@ Damaged run files are never averaged silently (issue 10, defect 4): every unread
 left out of the figures (they use the last *complete* round), and both appear in ``RunResult.problems``, on the
 command's stderr and in ``report.md``.
 
+A round's figures are `federation.round_figures`' (`round_stats`, `run_figures`); the run's files are read by
+`federation.run_reader`, the one reader the HTML report and the dashboard use too.
+
 The functions are reusable: ``load_run(run_dir) -> RunResult``, ``summarise(runs) -> rows``,
 ``all_figures(run) -> row`` (a run's every figure, as the ablation tables and the dashboard read them),
 ``per_hospital(runs) -> rows``, ``markdown_table(rows)``, ``plot_accuracy(runs, png)``; ``write_report`` does
@@ -23,27 +26,24 @@ import csv
 import io
 import math
 import statistics
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from federation.errors import FederationError
-from federation.jsonl import scan_jsonl
+from federation.round_figures import RoundStats, round_stats, run_figures
+from federation.run_reader import RecordError, read_aggregation, read_config, read_run_metrics, read_summary
 from federation.runfiles import (
     ACCURACY_PNG,
-    AGGREGATION_FILE,
     CONFIG_FILE,
     HOSPITALS_CSV,
     METRICS_FILE,
     REPORT_CSV,
     REPORT_MD,
-    SUMMARY_FILE,
     read_cards,
-    read_metrics,
 )
-from federation.runs import atomic_write_text, read_json
+from federation.runs import atomic_write_text
 from infra.provenance import INTENDED_USE, dataset_is_synthetic, intended_use
 
 SUMMARY_COLUMNS: tuple[str, ...] = (
@@ -65,105 +65,6 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "seconds_per_round",
 )
 HOSPITAL_COLUMNS: tuple[str, ...] = ("run", "client", "num_train", "num_test", "test_acc", "test_auc")
-
-
-@dataclass(frozen=True)
-class RoundStats:
-    """One round over all clients: means and population standard deviations, and traffic in each direction.
-
-    The one place a round's figures are computed: ``gastric-fl report``, the HTML report, the run's summary and the
-    dashboard (``app.run_records.per_round``) all read them from here. ``auc_clients``: hospitals whose AUC
-    counts (a single-class test split has none); ``seconds``: the hospitals' wall seconds summed (None when no
-    record has them)."""
-
-    round: int
-    clients: int
-    avg_train_loss: float | None
-    avg_test_loss: float | None
-    avg_test_acc: float
-    std_test_acc: float
-    avg_test_auc: float | None
-    std_test_auc: float | None
-    values_sent: int
-    values_received: int
-    missing: tuple[int, ...] = ()  # clients present in other rounds but not in this one
-    auc_clients: int = 0
-    seconds: float | None = None
-
-    @property
-    def complete(self) -> bool:
-        """Whether every client seen in the run reported in this round."""
-        return not self.missing
-
-
-def _mean(values: Sequence[float]) -> float | None:
-    return statistics.fmean(values) if values else None
-
-
-def _std(values: Sequence[float]) -> float | None:
-    return statistics.pstdev(values) if values else None
-
-
-def round_stats(metrics: Sequence[Mapping[str, Any]]) -> list[RoundStats]:
-    """Group ``metrics.jsonl`` records by round (ascending); ``missing`` names the clients a round lacks."""
-    by_round: dict[int, list[Mapping[str, Any]]] = {}
-    for record in metrics:
-        by_round.setdefault(int(record["round"]), []).append(record)
-    everyone = {int(record["client"]) for record in metrics if "client" in record}
-    out: list[RoundStats] = []
-    for r in sorted(by_round):
-        rows = by_round[r]
-        # The engine writes null for a metric that was not finite: it is left out of the mean, not a crash.
-        acc = [float(x["test_acc"]) for x in rows if x.get("test_acc") is not None]
-        auc = [float(x["test_auc"]) for x in rows if x.get("test_auc") is not None]
-        train_loss = [float(x["train_loss"]) for x in rows if x.get("train_loss") is not None]
-        test_loss = [float(x["test_loss"]) for x in rows if x.get("test_loss") is not None]
-        seconds = [float(x["seconds"]) for x in rows if x.get("seconds") is not None]
-        out.append(
-            RoundStats(
-                round=r,
-                clients=len(rows),
-                avg_train_loss=_mean(train_loss),
-                avg_test_loss=_mean(test_loss),
-                avg_test_acc=statistics.fmean(acc) if acc else math.nan,
-                std_test_acc=statistics.pstdev(acc) if acc else math.nan,
-                avg_test_auc=_mean(auc),
-                std_test_auc=_std(auc),
-                values_sent=sum(int(x.get("values_sent") or 0) for x in rows),
-                values_received=sum(int(x.get("values_received") or 0) for x in rows),
-                missing=tuple(sorted(everyone - {int(x["client"]) for x in rows if "client" in x})),
-                auc_clients=len(auc),
-                seconds=math.fsum(seconds) if seconds else None,
-            )
-        )
-    return out
-
-
-def run_figures(stats: Sequence[RoundStats]) -> dict[str, Any]:
-    """``final`` (last round), ``best`` (round with the highest averaged accuracy) and mean traffic per round.
-
-    Only complete rounds count: a round missing a hospital would average over the others as if it were whole.
-    """
-    stats = [s for s in stats if s.complete]
-    if not stats:
-        return {"final": None, "best": None, "values_per_round": None}
-    last = stats[-1]
-    best = max(stats, key=lambda s: (s.avg_test_acc, -s.round))
-    return {
-        "final": {
-            "round": last.round,
-            "avg_train_loss": last.avg_train_loss,
-            "avg_test_acc": last.avg_test_acc,
-            "std_test_acc": last.std_test_acc,
-            "avg_test_auc": last.avg_test_auc,
-            "std_test_auc": last.std_test_auc,
-        },
-        "best": {"round": best.round, "avg_test_acc": best.avg_test_acc, "avg_test_auc": best.avg_test_auc},
-        "values_per_round": {
-            "sent": statistics.fmean(s.values_sent for s in stats),
-            "received": statistics.fmean(s.values_received for s in stats),
-        },
-    }
 
 
 @dataclass
@@ -197,23 +98,44 @@ class RunResult:
 
 
 def load_run(run_dir: str | Path) -> RunResult:
-    """Read ``config.toml``, ``summary.json``, ``metrics.jsonl`` and ``aggregation.jsonl`` of ``run_dir``."""
+    """Read ``config.toml``, ``summary.json``, ``metrics.jsonl`` and ``aggregation.jsonl`` of ``run_dir``
+    (`federation.run_reader`); a `FederationError` naming the file when the configuration or summary is unusable."""
     folder = Path(run_dir)
-    if not (folder / CONFIG_FILE).is_file():
-        raise FederationError(
-            f"{folder} is not a run directory (no {CONFIG_FILE}): give a folder made by gastric-fl train"
-        )
     try:
-        config = tomllib.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise FederationError(f"{folder / CONFIG_FILE} is not valid TOML ({exc})") from exc
-    summary = read_json(folder / SUMMARY_FILE) if (folder / SUMMARY_FILE).is_file() else {}
-    metrics = read_metrics(folder / METRICS_FILE)
-    aggregation = scan_jsonl(folder / AGGREGATION_FILE)
+        config = read_config(folder).tables
+    except RecordError as exc:
+        raise _run_error(folder, exc) from exc.cause
+    try:
+        summary = dict(read_summary(folder).data)
+    except RecordError as exc:
+        raise _run_error(folder, exc) from exc.cause
+    metrics = read_run_metrics(folder)
+    aggregation = read_aggregation(folder)
     rounds = round_stats(metrics.records)
     problems = [*metrics.problems, *(f"{bad}; the record is left out" for bad in aggregation.damaged)]
     problems += _incomplete_rounds(folder / METRICS_FILE, rounds)
     return RunResult(folder, config, summary, metrics.records, aggregation.records, rounds, problems)
+
+
+def _run_error(folder: Path, exc: RecordError) -> FederationError:
+    """What ``gastric-fl report`` says of a run's unusable ``config.toml`` or ``summary.json``."""
+    path, cause = exc.path, exc.cause
+    if exc.kind == "missing":
+        return FederationError(
+            f"{folder} is not a run directory (no {CONFIG_FILE}): give a folder made by gastric-fl train"
+        )
+    if isinstance(cause, PermissionError):  # e.g. a deployed run written by the server's user, read by another
+        return FederationError(
+            f"{path} cannot be read by this user ({cause.strerror}): run the command as the user that wrote it "
+            "(for a deployed run: the server's user, on the server machine), or let this user read the folder"
+        )
+    if path.name == CONFIG_FILE:
+        return FederationError(str(exc))
+    if exc.kind == "malformed":
+        return FederationError(f"{path} should hold a JSON object")
+    if isinstance(cause, OSError):
+        return FederationError(f"{path} cannot be read ({cause.strerror or cause})")
+    return FederationError(f"{path} is not valid JSON ({cause})")
 
 
 def _incomplete_rounds(path: Path, rounds: Sequence[RoundStats]) -> list[str]:

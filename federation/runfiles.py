@@ -8,12 +8,15 @@ the hospitals, ``gastric-fl report``, the ablation, the HTML report, the dashboa
 - what ``gastric-fl report`` writes into a run (`REPORT_DIR`, `REPORT_FILES`, ``--amp-groups``'s `AMP_GROUPS_MD`);
 - each in-process hospital's folder ``<run>/hospitals/client_XX/`` (two digits: the hospital's index in the
   federation; a deployed hospital's kit and folder carry the same name): `hospital_dir`, `HOSPITAL_GLOB`
-  (``client_[0-9][0-9]``), `hospital_name`, `hospital_index`, `hospital_files`; and what a hospital keeps there
+  (``client_[0-9][0-9]``), `hospital_name` (``infra.formats``': a prepared dataset's hospital folders carry the
+  same name), `hospital_index`, `hospital_files`; and what a hospital keeps there
   (`HOSPITAL_FILE`, `PREDICTIONS_FILE` with `PREDICTION_COLUMNS`, `OUTBOUND_FILE`, `ACCOUNTANT_FILE`,
   the exported model's files (`models.names.WEIGHTS_FILE` and `CARD_FILE`, named there), and `SLIDES_DIR`);
 - one reader of a hospital's ``predictions.csv`` (`read_predictions`), whose errors name the file and line, and
   one of ``metrics.jsonl`` (`read_metrics`) and one of the hospitals' model cards (`read_card_object`,
-  `read_cards`), which ``gastric-fl report``, the HTML report and the dashboard share.
+  `read_cards`), which ``gastric-fl report``, the HTML report and the dashboard share (through
+  `federation.run_reader`, which adds ``summary.json``, ``config.toml`` and ``aggregation.jsonl``). Their one
+  error type is `infra.records.RecordError` (named `PredictionsError` and `CardError` here), with its ``kind``.
 
 Standard library only, so that the readers of run files (the dashboard polls a live run) do not wait for torch.
 """
@@ -21,16 +24,16 @@ Standard library only, so that the readers of run files (the dashboard polls a l
 from __future__ import annotations
 
 import csv
-import json
 import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from federation.jsonl import DamagedLine, scan_jsonl
-from infra.formats import BINARY_CLASSES
+from infra.formats import BINARY_CLASSES, HOSPITAL_PREFIX, hospital_name
+from infra.records import RecordError, read_json_object
 from models.names import CARD_FILE
 
 # -- the server's files ---------------------------------------------------------------------------------------------
@@ -54,8 +57,7 @@ REPORT_FILES = (REPORT_MD, REPORT_CSV, HOSPITALS_CSV, ACCURACY_PNG, AMP_GROUPS_M
 
 # -- a hospital's folder ---------------------------------------------------------------------------------------------
 HOSPITALS_DIR = "hospitals"
-HOSPITAL_PREFIX = "client_"
-HOSPITAL_GLOB = "client_[0-9][0-9]"
+HOSPITAL_GLOB = f"{HOSPITAL_PREFIX}[0-9][0-9]"
 HOSPITAL_FILE = "hospital.json"  # the hospital's own record of the run (federation.hospital.handler)
 PREDICTIONS_FILE = "predictions.csv"  # its test tiles' probabilities, rewritten after each round
 # its validation tiles' probabilities (same columns), rewritten after each round: where thresholds are chosen
@@ -97,11 +99,6 @@ class MetricsLine(TypedDict):
     dp_steps: NotRequired[float | None]
 
 
-def hospital_name(client: int) -> str:
-    """``client_XX``: the folder (and kit) name of hospital ``client``."""
-    return f"{HOSPITAL_PREFIX}{client:02d}"
-
-
 def hospital_dir(run: Path, client: int) -> Path:
     """``<run>/hospitals/client_XX``: hospital ``client``'s folder in a run directory."""
     return run / HOSPITALS_DIR / hospital_name(client)
@@ -128,19 +125,12 @@ def prediction_columns(classes: Sequence[str]) -> tuple[str, ...]:
     return ("client", "path", "label", *(f"prob_{c}" for c in classes), "round")
 
 
-class PredictionsError(ValueError):
-    """A ``predictions.csv`` that cannot be read as a binary task's predictions: the message names the file (and
-    line) and what is wrong; ``kind`` says which: ``"missing"`` (no such file), ``"other_task"`` (another task's
-    predictions) or ``"damaged"`` (content or file unreadable). Readers add what to do (`read_predictions`)."""
-
-    def __init__(self, message: str, *, kind: Literal["missing", "other_task", "damaged"]) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-    @property
-    def damaged(self) -> bool:
-        """Whether the file is there, for this task, and unreadable (rewriting it is the remedy)."""
-        return self.kind == "damaged"
+# A predictions.csv or model card that cannot be used: the one error type of the run directory's readers
+# (infra.records.RecordError), under the names its readers have always caught. ``kind``: "missing", "unreadable"
+# (the file cannot be read as CSV / JSON), "malformed" (it reads, but a column, value or the object is wrong) or, for
+# predictions.csv, "other_task" (another task's predictions); ``damaged``: unreadable or malformed.
+PredictionsError = RecordError
+CardError = RecordError
 
 
 @dataclass(frozen=True)
@@ -241,10 +231,11 @@ def read_predictions(path: Path) -> HospitalPredictions:
                         f"{path} holds a {len(classes)}-class model's predictions ({', '.join(classes)}), not the "
                         "normal / abnormal task",
                         kind="other_task",
+                        path=path,
                     )
             missing = [c for c in ("client", "path", "label", "prob_abnormal") if c not in columns]
             if missing:
-                raise PredictionsError(f"{path} lacks the column(s) {', '.join(missing)}", kind="damaged")
+                raise PredictionsError(f"{path} lacks the column(s) {', '.join(missing)}", kind="malformed", path=path)
             clients: set[int] = set()
             paths: list[str] = []
             labels: list[int] = []
@@ -254,17 +245,21 @@ def read_predictions(path: Path) -> HospitalPredictions:
                 where = f"{path}, line {number}"
                 label = _LABEL_VALUES.get(str(row.get("label", "")).strip())
                 if label is None:
-                    raise PredictionsError(f"{where}: label must be normal/abnormal or 0/1", kind="damaged")
+                    raise PredictionsError(
+                        f"{where}: label must be normal/abnormal or 0/1", kind="malformed", path=path
+                    )
                 try:
                     prob = _number(row.get("prob_abnormal"))
                     client = _number(row.get("client"))
                 except (TypeError, ValueError):
                     raise PredictionsError(
-                        f"{where}: client and prob_abnormal must be numbers", kind="damaged"
+                        f"{where}: client and prob_abnormal must be numbers", kind="malformed", path=path
                     ) from None
                 if not 0.0 <= prob <= 1.0 or client != int(client):
                     raise PredictionsError(
-                        f"{where}: prob_abnormal must be between 0 and 1 and client a hospital number", kind="damaged"
+                        f"{where}: prob_abnormal must be between 0 and 1 and client a hospital number",
+                        kind="malformed",
+                        path=path,
                     )
                 clients.add(int(client))
                 paths.append(str(row.get("path") or ""))
@@ -274,13 +269,17 @@ def read_predictions(path: Path) -> HospitalPredictions:
                     try:
                         rounds.append(int(_number(row["round"])))
                     except ValueError:
-                        raise PredictionsError(f"{where}: round must be a number", kind="damaged") from None
-    except FileNotFoundError:
-        raise PredictionsError(f"{path} does not exist", kind="missing") from None
+                        raise PredictionsError(
+                            f"{where}: round must be a number", kind="malformed", path=path
+                        ) from None
+    except FileNotFoundError as exc:
+        raise PredictionsError(f"{path} does not exist", kind="missing", path=path, cause=exc) from None
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise PredictionsError(f"{path} cannot be read ({exc})", kind="damaged") from None
+        raise PredictionsError(f"{path} cannot be read ({exc})", kind="unreadable", path=path, cause=exc) from None
     if len(clients) > 1:
-        raise PredictionsError(f"{path}: client must be one hospital number, found {sorted(clients)}", kind="damaged")
+        raise PredictionsError(
+            f"{path}: client must be one hospital number, found {sorted(clients)}", kind="malformed", path=path
+        )
     return HospitalPredictions(
         hospital=next(iter(clients), None),
         paths=tuple(paths),
@@ -290,29 +289,12 @@ def read_predictions(path: Path) -> HospitalPredictions:
     )
 
 
-class CardError(ValueError):
-    """A model card (``model.json``) that is missing or does not read as a JSON object; the message names the file
-    and what is wrong, readers add what to do (`read_card_object`). ``kind``: ``"missing"``, ``"unreadable"``
-    (not JSON, or not readable) or ``"not_object"`` (JSON, but not an object)."""
-
-    def __init__(self, message: str, *, kind: Literal["missing", "unreadable", "not_object"]) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
 def read_card_object(path: Path) -> dict[str, Any]:
     """A hospital's model card (``path``: its ``model.json``) as a JSON object, without loading the weights (no
-    torch); `CardError` naming the file for a missing, unreadable or non-object card. Its fields are checked by
-    ``models.bundle.ModelCard`` where a model is loaded."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CardError(f"{path} does not exist", kind="missing") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CardError(f"{path} is not readable JSON ({exc})", kind="unreadable") from None
-    if not isinstance(value, dict):
-        raise CardError(f"{path} holds no JSON object", kind="not_object")
-    return value
+    torch); `CardError` naming the file for a missing, unreadable (not JSON, or not readable) or malformed (not an
+    object) card (`infra.records.read_json_object`). Its fields are checked by ``models.bundle.ModelCard`` where a
+    model is loaded."""
+    return read_json_object(path)
 
 
 def read_cards(run: Path) -> dict[int, dict[str, Any]]:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from federation.errors import FederationError
 from federation.jsonl import DamagedLine, scan_jsonl
+from federation.run_reader import RecordError, read_summary
 from federation.runfiles import (  # the run files' names
     ACCOUNTANT_FILE,
     AGGREGATION_FILE,
@@ -204,16 +205,14 @@ def is_live_run(run_dir: Path) -> bool:
 
     A pid that now belongs to another process (the run was killed, the pid reused) is not a live run.
     """
-    summary = run_dir / SUMMARY_FILE
-    if not summary.is_file():
-        return False
     try:
-        data = json.loads(summary.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        summary = read_summary(run_dir)
+    except RecordError:
         return False
-    pid, started = data.get("pid"), data.get("pid_started")
-    if data.get("status") != "running" or not isinstance(pid, int) or pid == os.getpid():
+    pid = summary.data.get("pid")
+    if summary.status != "running" or not isinstance(pid, int) or pid == os.getpid():
         return False
+    started = summary.data.get("pid_started")
     return same_process(pid, started if isinstance(started, int) else None)
 
 

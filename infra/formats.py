@@ -8,6 +8,8 @@ formats between stages"), so that each is written once and no folder imports ano
 - `MANIFEST_FILE`: the prepared dataset's tile list, ``manifest.csv`` (one row per tile: client, split, label, path,
   source, ...), what every stage after ``prepare`` reads; `manifest_sha256` names which tiles, splits and labels
   a dataset holds (a hospital records it, a model card names it).
+- `hospital_name`: ``client_XX`` (two digits, `HOSPITAL_PREFIX`), the one spelling of a hospital's folder name:
+  its tiles' folder in a prepared dataset, its folder in a run (``federation.runfiles.hospital_dir``), its kit.
 
 Standard library only.
 """
@@ -20,6 +22,12 @@ from pathlib import Path
 BINARY_CLASSES: tuple[str, str] = ("normal", "abnormal")
 PREPARE_RECORD = "prepare.json"
 MANIFEST_FILE = "manifest.csv"
+HOSPITAL_PREFIX = "client_"
+
+
+def hospital_name(client: int) -> str:
+    """``client_XX``: the folder (and kit) name of hospital ``client``."""
+    return f"{HOSPITAL_PREFIX}{client:02d}"
 
 
 def manifest_sha256(dataset: Path) -> str:

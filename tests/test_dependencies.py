@@ -34,6 +34,8 @@ TORCH_FREE = (
     "pipeline",
     "infra",
     "federation.runfiles",
+    "federation.run_reader",
+    "federation.round_figures",
     "federation.progress",
     "federation.jsonl",
     "federation.methods",

@@ -13,8 +13,6 @@ layers") and imports no other part of it.
 
 from __future__ import annotations
 
-import json
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,19 +21,18 @@ import numpy as np
 import numpy.typing as npt
 
 from app.held_out import SlideCallsError, as_slides, read_slide_calls
-from federation import runfiles
+from federation import run_reader
+from federation.run_reader import RecordError, read_card_object, read_config, read_run_metrics, read_summary
 from federation.runfiles import (
-    CONFIG_FILE,
-    METRICS_FILE,
     PREDICTIONS_FILE,
     SLIDES_FILE,
-    SUMMARY_FILE,
     VAL_PREDICTIONS_FILE,
     hospital_dir,
     hospital_files,
     hospital_index,
 )
-from infra.formats import BINARY_CLASSES
+from infra.formats import BINARY_CLASSES, HOSPITAL_PREFIX
+from infra.records import read_json_object
 from models.card_history import THRESHOLD_DEFAULT_SOURCE, history_problem
 from models.decision import Slides
 from models.names import CARD_FILE
@@ -57,7 +54,7 @@ def hospital_folders(run: Path) -> dict[int, Path]:
 def _hospital_index(hospital: int | str) -> int:
     if isinstance(hospital, int):
         return hospital
-    text = str(hospital).removeprefix("client_")
+    text = str(hospital).removeprefix(HOSPITAL_PREFIX)
     if not text.isdigit():
         raise ReportError(f"hospital {hospital!r}: give its number (0, 1, ...) or its folder name (client_00)")
     return int(text)
@@ -74,11 +71,11 @@ class Predictions:
 
 
 def read_predictions(path: Path) -> Predictions:
-    """A hospital's ``predictions.csv`` read by `federation.runfiles.read_predictions`, as arrays; `ReportError`
+    """A hospital's ``predictions.csv`` read by `federation.run_reader.read_predictions`, as arrays; `ReportError`
     naming the file (and line) and what to do if it is missing, damaged, made for another task or empty."""
     try:
-        found = runfiles.read_predictions(path)
-    except runfiles.PredictionsError as exc:
+        found = run_reader.read_predictions(path)
+    except RecordError as exc:
         if exc.kind == "missing":
             raise ReportError(f"{path} does not exist: the hospital has no test predictions yet") from None
         if exc.kind == "other_task":
@@ -95,15 +92,15 @@ def read_predictions(path: Path) -> Predictions:
 
 
 def _json_file(path: Path, what: str) -> dict[str, Any]:
+    """The JSON object ``path`` holds (a hospital's ``hospital.json``: ``app.report_html.page``), ``{}`` while it
+    does not exist; `ReportError` naming the file, what is wrong (`infra.records.read_json_object`) and ``what``
+    to do when it is unreadable or holds no object."""
     if not path.is_file():
         return {}
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ReportError(f"{path} is not readable JSON ({exc}); {what}") from None
-    if not isinstance(value, dict):
-        raise ReportError(f"{path} holds no JSON object; {what}")
-    return value
+        return read_json_object(path)
+    except RecordError as exc:
+        raise ReportError(f"{exc}; {what}") from None
 
 
 @dataclass
@@ -130,29 +127,31 @@ class HospitalReport:
 def load_hospital(run: Path, hospital: int | str) -> HospitalReport:
     """Read what the report of ``hospital`` in ``run`` needs; `ReportError` (one line) for anything unusable."""
     client = _hospital_index(hospital)
-    config_path = run / CONFIG_FILE
     if not run.is_dir():
         raise ReportError(f"run directory {run} does not exist: give a folder made by gastric-fl train")
     try:
-        config_text = config_path.read_text(encoding="utf-8")
-        config = tomllib.loads(config_text)
-    except FileNotFoundError:
+        config_file = read_config(run)
+    except RecordError as exc:
+        if exc.kind == "missing":
+            raise ReportError(
+                f"{run} is not a run directory (no config.toml): give a folder made by gastric-fl train"
+            ) from None
         raise ReportError(
-            f"{run} is not a run directory (no config.toml): give a folder made by gastric-fl train"
+            f"{exc.path} is not valid TOML ({exc.cause}); restore it (each hospital.json keeps a copy as config_toml)"
         ) from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ReportError(
-            f"{config_path} is not valid TOML ({exc}); restore it (each hospital.json keeps a copy as config_toml)"
-        ) from None
+    config_text, config = config_file.text, config_file.tables
     folder = hospital_dir(run, client)
     if not folder.is_dir():
         known = ", ".join(str(c) for c in hospital_folders(run)) or "none"
         raise ReportError(f"{folder} does not exist: hospital {client} is not part of this run (hospitals: {known})")
     predictions = read_predictions(folder / PREDICTIONS_FILE)
-    summary = _json_file(run / SUMMARY_FILE, "the run rewrites it at the next round; rerun or resume the run")
     try:
-        card = runfiles.read_card_object(folder / CARD_FILE)
-    except runfiles.CardError as exc:
+        summary = dict(read_summary(run).data)
+    except RecordError as exc:
+        raise ReportError(f"{exc}; the run rewrites it at the next round; rerun or resume the run") from None
+    try:
+        card = read_card_object(folder / CARD_FILE)
+    except RecordError as exc:
         if exc.kind != "missing":
             raise ReportError(f"{exc}; train the run again (or resume it) to export the model anew") from None
         card = {}  # a run made before model export: noted below
@@ -180,7 +179,7 @@ def load_hospital(run: Path, hospital: int | str) -> HospitalReport:
             raise ReportError(f"{folder / CARD_FILE}: {problem}")
     else:
         notes.append(f"{folder / CARD_FILE} is missing (a run made before model export): threshold 0.5.")
-    metrics = runfiles.read_metrics(run / METRICS_FILE)
+    metrics = read_run_metrics(run)
     notes += [f"{problem}." for problem in metrics.problems]
     mine = [r for r in metrics.records if r["client"] == client]
     engine = max(mine, key=lambda r: int(r["round"])) if mine else {}
@@ -188,7 +187,7 @@ def load_hospital(run: Path, hospital: int | str) -> HospitalReport:
     if (folder / VAL_PREDICTIONS_FILE).is_file():
         try:
             val_predictions = read_predictions(folder / VAL_PREDICTIONS_FILE)
-        except runfiles.PredictionsError as exc:
+        except RecordError as exc:
             notes.append(f"{exc}; thresholds are chosen on the test split instead (optimistic).")
     held_out = None
     if (folder / SLIDES_FILE).is_file():

@@ -38,6 +38,7 @@ from federation.errors import FederationError
 from federation.wire.contract import CLASS_NAME, LABELS
 from infra.formats import MANIFEST_FILE, PREPARE_RECORD
 from infra.outputs import FolderPaths, PathOutsideError
+from infra.records import RecordError, read_prepare_record
 from models.preprocess import default_stats, fit_tile, normalise, tile_from_decoded
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
@@ -100,12 +101,11 @@ def _natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
 def prepared_classes(dataset: str | Path) -> tuple[str, ...] | None:
     """``classes`` of ``<dataset>/prepare.json`` (class-index order), checked; ``None`` when the file is absent,
     unreadable or older than class lists (then the manifest's labels decide, `classes_of_labels`)."""
-    path = Path(dataset) / PREPARE_RECORD
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+        record = read_prepare_record(Path(dataset))
+    except RecordError:
         return None
-    classes = record.get("classes") if isinstance(record, dict) else None
+    path, classes = record.path, record.classes
     if classes is None:
         return None
     if (
@@ -367,10 +367,10 @@ def extract_hospital(dataset: str | Path, client: int, out: Path) -> Path:
         writer.writeheader()
         writer.writerows(records)
     try:
-        prepared = json.loads((source / PREPARE_RECORD).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+        prepared = dict(read_prepare_record(source).data)
+    except RecordError:
         prepared = {}
-    own = _own_record(prepared if isinstance(prepared, dict) else {}, client, records, classes)
+    own = _own_record(prepared, client, records, classes)
     own["extracted_from"] = {"dataset": str(source.resolve()), "client": client}
     (out / PREPARE_RECORD).write_text(json.dumps(own, indent=2) + "\n", encoding="utf-8")
     return out

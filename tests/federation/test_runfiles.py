@@ -90,7 +90,7 @@ def test_read_predictions_names_what_is_wrong(tmp_path: Path, text: str, damaged
     assert str(caught.value).startswith(str(path))
     assert says in str(caught.value)
     assert caught.value.damaged is damaged
-    assert caught.value.kind == ("damaged" if damaged else "other_task")
+    assert caught.value.kind == ("malformed" if damaged else "other_task")
 
 
 def test_read_predictions_of_a_missing_file(tmp_path: Path) -> None:
@@ -163,7 +163,7 @@ def test_read_cards_reads_each_hospitals_card_and_names_what_is_wrong(tmp_path: 
     (folders[2] / "model.json").write_text("{cut")
     (folders[3] / "model.json").write_text('{"threshold": 0.7}')
     assert runfiles.read_cards(tmp_path) == {0: {"threshold": 0.4}, 3: {"threshold": 0.7}}
-    for n, kind, says in ((1, "not_object", "holds no JSON object"), (2, "unreadable", "is not readable JSON")):
+    for n, kind, says in ((1, "malformed", "holds no JSON object"), (2, "unreadable", "is not readable JSON")):
         with pytest.raises(runfiles.CardError, match=says) as caught:
             runfiles.read_card_object(folders[n] / "model.json")
         assert caught.value.kind == kind

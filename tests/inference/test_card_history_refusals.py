@@ -175,7 +175,7 @@ def test_the_dashboard_and_the_html_report_do_not_trust_a_hand_edited_card(
 ) -> None:
     # They read model.json as JSON (no torch): before, a hand-edited threshold was shown as "the default 0.5" on
     # the dashboard's verdicts and used by the HTML report.
-    from app.run_records import card_operating, card_threshold_sources
+    from app.run_cards import card_operating, card_threshold_sources
 
     run, folder = _bundle(tiny_run, tmp_path)
     assert card_operating(run)[0].source == "the default 0.5"

@@ -111,12 +111,14 @@ def test_latest_per_hospital_matches_metrics(fixture_root: Fixture) -> None:
 
 
 def test_jsonl_being_written_and_damaged(tmp_path: Path) -> None:
-    path = tmp_path / "metrics.jsonl"
-    path.write_text('{"round": 1, "client": 0}\n{"round": 1, "cli')
-    assert run_records.read_jsonl(path) == [{"round": 1, "client": 0}]
+    """A line being appended is left out quietly; a damaged line before the last is left out and named."""
+    path = tmp_path / "aggregation.jsonl"
+    path.write_text('{"round": 1, "xi": null}\n{"round": 2, "x')
+    assert run_records.load_aggregation(tmp_path) == [{"round": 1, "xi": None}]
+    assert run_records.run_problem(tmp_path) is None
     path.write_text('{"round": 1}\nnot json\n{"round": 2}\n')
-    with pytest.raises(DashboardError, match="line 2"):
-        run_records.read_jsonl(path)
+    assert run_records.load_aggregation(tmp_path) == [{"round": 1}, {"round": 2}]
+    assert "aggregation.jsonl line 2 is not valid JSON" in (run_records.run_problem(tmp_path) or "")
 
 
 def test_progress_from_file_times(tmp_path: Path) -> None:
