@@ -44,6 +44,7 @@ from federation.runfiles import (
 from infra.records import RecordError, read_json_object
 
 __all__ = [
+    "ENDED",
     "HospitalPredictions",
     "MetricsRecords",
     "RecordError",

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from app.errors import DashboardError
+from federation.run_reader import ENDED
 from infra import pids
 from infra.outputs import write_atomic
 
@@ -216,7 +217,7 @@ def run_status(summary_status: str, job_state: JobState | None, pid_alive: bool 
     ``job_state`` is ``None`` for runs started outside the dashboard: then ``pid_alive`` (is the ``pid`` of
     ``summary.json`` still there?) tells a running run from one that was killed (data/README.md section 3).
     """
-    if summary_status in ("finished", "failed", "stopped"):
+    if summary_status in ENDED:
         return summary_status
     if job_state is None:
         return "stopped" if summary_status == "running" and pid_alive is False else summary_status
