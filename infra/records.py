@@ -41,10 +41,19 @@ class RecordError(ValueError):
         self.path = path
         self.cause = cause
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # An error raised in a worker process is pickled to its parent: rebuilt from the message, kind and path
+        # (the keyword arguments would otherwise be lost; the cause stays behind, it may not pickle).
+        return (_rebuild, (str(self), self.kind, self.path))
+
     @property
     def damaged(self) -> bool:
         """Whether the file is there, for this task, and cannot be used (rewriting it is the remedy)."""
         return self.kind in ("unreadable", "malformed")
+
+
+def _rebuild(message: str, kind: RecordKind, path: Path) -> RecordError:
+    return RecordError(message, kind=kind, path=path)
 
 
 def read_json_object(path: Path) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,9 @@ def test_read_prepare_record_types_the_fields_other_stages_read(tmp_path: Path) 
 
 def test_a_hospital_folder_is_named_in_one_place() -> None:
     assert [hospital_name(i) for i in (0, 7, 12)] == ["client_00", "client_07", "client_12"]
+
+
+def test_a_record_error_crosses_processes_with_its_kind_and_path(tmp_path: Path) -> None:
+    error = RecordError("x is wrong", kind="malformed", path=tmp_path / "x", cause=ValueError("why"))
+    copy = pickle.loads(pickle.dumps(error))
+    assert (type(copy), str(copy), copy.kind, copy.path) == (RecordError, "x is wrong", "malformed", tmp_path / "x")
