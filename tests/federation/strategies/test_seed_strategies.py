@@ -540,4 +540,4 @@ def test_a_wrapper_over_a_model_it_cannot_post_process_names_every_strategy_it_c
         GlobalModelWrapper(Elsewhere(), ctx, {"w"})  # type: ignore[arg-type]
     named = str(info.value).rsplit("wrap one of ", 1)[1].split(", ")
     assert sorted(named) == sorted(AVERAGING)
-    assert len(named) == 7
+    assert len(named) >= 7  # today's seven averaging methods, and any added since
