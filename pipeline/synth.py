@@ -37,8 +37,9 @@ from infra.processes import plain_main
 from infra.provenance import SYNTH_MARKER
 from pipeline.errors import PipelineError
 from pipeline.synth_patterns import DEFAULT_MIX, PATTERNS, TissueMix, parse_mix
-from pipeline.synth_render import Palette, Zone, render_tissue
+from pipeline.synth_render import Zone, render_tissue
 from pipeline.synth_shapes import Region, make_regions, rasterize, svg_document
+from pipeline.synth_stain import Palette
 
 GENERATOR = "gastric-fl synth"
 SCHEMA_VERSION = 1

@@ -18,8 +18,9 @@ from pipeline.errors import PipelineError
 from pipeline.probe import WARN_AUC
 from pipeline.synth import generate_dataset, plan_dataset, render_slide
 from pipeline.synth_patterns import BENIGN, MALIGNANT, PATTERNS, Look, TissueMix, parse_mix
-from pipeline.synth_render import Palette, Zone, render_tissue
+from pipeline.synth_render import Zone, render_tissue
 from pipeline.synth_shapes import rasterize
+from pipeline.synth_stain import Palette
 
 ONLY = {name: {k: float(k == name) for k in MALIGNANT} for name in MALIGNANT}
 
