@@ -39,6 +39,7 @@ TORCH_FREE = (
     "federation.progress",
     "federation.jsonl",
     "federation.methods",
+    "federation.config",
 )
 LEAVES = ("federation.methods",)  # import nothing of this project
 
