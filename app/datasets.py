@@ -19,7 +19,7 @@ from app.errors import DashboardError
 from infra.formats import MANIFEST_FILE, PREPARE_RECORD
 from infra.records import RecordError, read_prepare_record
 from pipeline.config import LABELS
-from pipeline.prepare import MANIFEST_COLUMNS
+from pipeline.prepare_records import MANIFEST_COLUMNS
 from pipeline.report import SPLITS as PREPARED_SPLITS
 
 SPLITS = PREPARED_SPLITS  # train, val, test (pipeline.report)

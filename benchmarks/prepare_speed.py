@@ -44,7 +44,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._common import write_result  # noqa: E402
 from pipeline.config import PrepareConfig, build_config  # noqa: E402
 from pipeline.images import encode_png  # noqa: E402
-from pipeline.prepare import _Job, _tile_job, prepare_dataset  # noqa: E402
+from pipeline.prepare import prepare_dataset  # noqa: E402
+from pipeline.prepare_tiling import _Job, _tile_job  # noqa: E402
 from pipeline.sources import discover, inspect_slide  # noqa: E402
 from pipeline.synth import generate_dataset  # noqa: E402
 from pipeline.tiling import hospital_plans  # noqa: E402

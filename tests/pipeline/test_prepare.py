@@ -20,9 +20,10 @@ from support.checks import every
 from support.images import file_hashes
 from support.seed_slides import SIZE, TILE, config_for, make_bot, make_seed, outline_svg, read_manifest, tissue
 
-from pipeline import prepare as prepare_module
+from pipeline import prepare_tiling
 from pipeline.errors import PipelineError
-from pipeline.prepare import MANIFEST_COLUMNS, prepare_dataset
+from pipeline.prepare import prepare_dataset
+from pipeline.prepare_records import MANIFEST_COLUMNS
 
 
 def imread(path: Path, flags: int = cv2.IMREAD_COLOR) -> np.ndarray:
@@ -250,7 +251,7 @@ def test_an_interrupted_run_leaves_no_dataset_and_keeps_the_previous_one(
     raw, _ = seed_raw
     out = tmp_path / "prepared"
     calls = {"n": 0}
-    real = prepare_module.encode_png
+    real = prepare_tiling.encode_png
 
     def failing(tile: np.ndarray) -> bytes:
         calls["n"] += 1
@@ -258,17 +259,17 @@ def test_an_interrupted_run_leaves_no_dataset_and_keeps_the_previous_one(
             raise KeyboardInterrupt
         return real(tile)
 
-    monkeypatch.setattr(prepare_module, "encode_png", failing)
+    monkeypatch.setattr(prepare_tiling, "encode_png", failing)
     with pytest.raises(KeyboardInterrupt):
         prepare_dataset(config_for(raw, out, output={"workers": 1}))
     assert not out.exists()
     assert [p.name for p in tmp_path.iterdir()] == ["raw"]  # no partial folder left behind
 
-    monkeypatch.setattr(prepare_module, "encode_png", real)
+    monkeypatch.setattr(prepare_tiling, "encode_png", real)
     prepare_dataset(config_for(raw, out))
     before = file_hashes(out)
     calls["n"] = 0
-    monkeypatch.setattr(prepare_module, "encode_png", failing)
+    monkeypatch.setattr(prepare_tiling, "encode_png", failing)
     with pytest.raises(KeyboardInterrupt):
         prepare_dataset(config_for(raw, out, split={"clients": 3}, output={"overwrite": True, "workers": 1}))
     assert file_hashes(out) == before

@@ -420,7 +420,7 @@ def test_sigterm_while_tiling_removes_the_partial_folder(raw: Path, tmp_path: Pa
     out = tmp_path / "prepared"
     script = (
         "import sys, time\n"
-        "import pipeline.prepare as p\n"
+        "import pipeline.prepare_tiling as p\n"
         "real = p.encode_png\n"
         "def slow(tile):\n"
         "    time.sleep(0.05)\n"
