@@ -8,10 +8,11 @@ by ``gastric-fl synth`` (its input folder holds synth's marker, ``synth.json``) 
 
 from __future__ import annotations
 
-import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from infra.formats import PREPARE_RECORD
+from infra.records import RecordError, read_prepare_record
 
 INTENDED_USE = "Research use only, not for diagnosis."
 SYNTHETIC_NOTE = "Trained and tested on synthetic slides (made by gastric-fl synth), not on patients' slides."
@@ -27,15 +28,15 @@ def synthetic_source(input_folder: Path) -> bool:
     return (Path(input_folder) / SYNTH_MARKER).is_file()
 
 
-def _prepare_record(dataset: Path | None) -> dict[str, object] | None:
-    """A prepared dataset's ``prepare.json`` as a JSON object, or ``None`` (no dataset, no file, not readable)."""
+def _prepare_record(dataset: Path | None) -> Mapping[str, Any] | None:
+    """A prepared dataset's ``prepare.json`` as a JSON object (`infra.records.read_prepare_record`), or ``None`` (no
+    dataset, no file, not readable, not a JSON object)."""
     if dataset is None:
         return None
     try:
-        record = json.loads((Path(dataset) / PREPARE_RECORD).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+        return read_prepare_record(Path(dataset)).data
+    except RecordError:
         return None
-    return record if isinstance(record, dict) else None
 
 
 def dataset_is_synthetic(dataset: Path | None) -> bool:

@@ -26,7 +26,8 @@ from federation.ablation.grid import SHORT, Cell, Plan
 from federation.config import RunConfig, config_to_toml
 from federation.errors import FederationError
 from federation.runfiles import CONFIG_FILE, SUMMARY_FILE
-from federation.runs import atomic_write_text, now_iso, read_json, write_json
+from federation.runs import atomic_write_text, now_iso, write_json
+from federation.summary_errors import read_summary_object
 from infra.formats import MANIFEST_FILE
 from infra.outputs import OutputError, claim_output, os_error_message
 
@@ -55,10 +56,10 @@ def _check_same_datasets(plan: Any, out: Path, runs: Sequence[Any], todo: Sequen
         if cell.id in pending:
             continue
         path = str(plan.cell_config(cell).data.path)
-        summary_path = out / CELLS_DIR / cell.id / SUMMARY_FILE
-        if path not in now or not summary_path.is_file():
+        run_dir = out / CELLS_DIR / cell.id
+        if path not in now or not (run_dir / SUMMARY_FILE).is_file():
             continue
-        recorded = read_json(summary_path).get("dataset_sha256")
+        recorded = read_summary_object(run_dir).get("dataset_sha256")
         if recorded and recorded != now[path]:
             raise FederationError(
                 f"{out}: cell {cell.id} was trained on {path} with manifest sha256 {str(recorded)[:12]}..., but that "
@@ -69,10 +70,9 @@ def _check_same_datasets(plan: Any, out: Path, runs: Sequence[Any], todo: Sequen
 
 def cell_status(run_dir: Path) -> str:
     """``finished``, ``partial`` (a run directory to resume) or ``pending`` (nothing there yet)."""
-    summary = run_dir / SUMMARY_FILE
-    if summary.is_file():
+    if (run_dir / SUMMARY_FILE).is_file():
         try:
-            status = read_json(summary).get("status")
+            status = read_summary_object(run_dir).get("status")
         except FederationError:
             return "partial"
         return "finished" if status == "finished" else "partial"

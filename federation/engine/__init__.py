@@ -14,14 +14,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from federation.config import RunConfig, load_config, parse_override
-from federation.derived import derive_seed, initial_state, resolve_config, resolve_device
+from federation.config import RunConfig, load_config, parse_override, resolve_config
+from federation.derived import derive_seed, initial_state, resolve_device
 from federation.errors import FederationError
 from federation.hospital.data import check_hospitals, read_manifest
 from federation.hospital.handler import Site
-from federation.runfiles import CONFIG_FILE, SUMMARY_FILE, hospital_dir
-from federation.runs import complete_checkpoints, read_json
+from federation.runfiles import CONFIG_FILE, hospital_dir
+from federation.runs import complete_checkpoints
 from federation.server.loop import RunStopped, Server
+from federation.summary_errors import read_summary_object
 
 # Settings a resumed run may change: they do not alter the federation's maths.
 RESUMABLE_KEYS = frozenset(
@@ -57,7 +58,7 @@ def local_sites(config: RunConfig, run_dir: Path) -> list[Site]:
 
 def _status(run_dir: Path) -> str | None:
     try:
-        status = read_json(run_dir / SUMMARY_FILE).get("status")
+        status = read_summary_object(run_dir).get("status")
     except FederationError:
         return None
     return status if isinstance(status, str) else None

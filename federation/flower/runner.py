@@ -17,7 +17,6 @@ they read a local run. Progress is read from the run's ``summary.json``; Ctrl-C 
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from collections.abc import Sequence
@@ -33,9 +32,11 @@ from federation.flower.flwr_cli import COMPLETED, FINISHED, FlwrCli
 from federation.flower.operator import operator_problem
 from federation.flower.superlink import SuperLink
 from federation.hospital.handler import Site
+from federation.run_reader import ENDED, RecordError, read_summary
 from federation.runfiles import HOSPITALS_DIR, SUMMARY_FILE
-from federation.runs import now_iso, read_json, write_json
+from federation.runs import now_iso, write_json
 from federation.server.loop import RunStopped
+from federation.summary_errors import read_summary_object
 from infra.formats import manifest_sha256
 
 FAB_DIR = Path(__file__).resolve().parent / "fab"
@@ -62,11 +63,12 @@ def run_config(
 
 
 def _summary(run_dir: Path) -> dict[str, Any]:
+    """The run's ``summary.json`` as far as it can be read now: empty while it is missing or unusable (it is read
+    again at the next look)."""
     try:
-        summary = json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return dict(read_summary(run_dir).data)
+    except (RecordError, OSError):  # OSError: the run directory itself cannot be looked into
         return {}
-    return summary if isinstance(summary, dict) else {}
 
 
 def _rounds_done(summary: dict[str, Any]) -> int:
@@ -77,7 +79,6 @@ def _rounds_done(summary: dict[str, Any]) -> int:
 
 
 ASK_FLOWER_EVERY = 30.0  # seconds between two `flwr ls` while the run directory shows the run going on
-ENDED = ("finished", "failed", "stopped")  # summary.json statuses after which the ServerApp exits
 
 
 def follow(cli: FlwrCli, run_id: int, run_dir: Path, config: RunConfig, *, progress: bool) -> str:
@@ -115,7 +116,7 @@ def follow(cli: FlwrCli, run_id: int, run_dir: Path, config: RunConfig, *, progr
     except KeyboardInterrupt as exc:
         cli.stop_run(run_id)
         if (run_dir / SUMMARY_FILE).is_file():
-            summary = read_json(run_dir / SUMMARY_FILE)
+            summary = read_summary_object(run_dir)
             summary.update(status="stopped", error="interrupted", eta_seconds=None, updated_at=now_iso())
             write_json(run_dir / SUMMARY_FILE, summary)
         raise RunStopped(
@@ -128,10 +129,9 @@ def follow(cli: FlwrCli, run_id: int, run_dir: Path, config: RunConfig, *, progr
 def _failure(cli: FlwrCli, run_id: int, run_dir: Path, status: str) -> FederationError:
     """The one line that explains a run that did not complete: the run's own error if it wrote one, else the
     last error line of the ServerApp's log."""
-    if (run_dir / SUMMARY_FILE).is_file():
-        error = read_json(run_dir / SUMMARY_FILE).get("error")
-        if error:
-            return FederationError(str(error))
+    error = read_summary_object(run_dir).get("error")
+    if error:
+        return FederationError(str(error))
     lines = [line.strip() for line in cli.run_log(run_id).splitlines() if "Error" in line or "error:" in line]
     reason = lines[-1] if lines else f"see `flwr log {run_id}` on the SuperLink"
     return FederationError(f"the Flower run {run_id} ended {status}: {reason}")
@@ -145,7 +145,7 @@ def submit_and_follow(
     status = follow(cli, run_id, run_dir, config, progress=progress)
     if status != COMPLETED:
         raise _failure(cli, run_id, run_dir, status)
-    summary = read_json(run_dir / SUMMARY_FILE) if (run_dir / SUMMARY_FILE).is_file() else {}
+    summary = read_summary_object(run_dir)
     if summary.get("status") != "finished":
         raise FederationError(str(summary.get("error") or f"the Flower run ended without finishing {run_dir}"))
     return summary

@@ -30,9 +30,9 @@ from federation.runs import (
     is_live_run,
     keep_rounds,
     read_checkpoint,
-    read_json,
 )
 from federation.server.rounds import RoundRecord
+from federation.summary_errors import read_summary_object
 from federation.wire.contract import Strategy
 from infra.formats import MANIFEST_FILE
 from infra.outputs import owned_by, write_marker
@@ -44,7 +44,7 @@ def open_for_resume(run_dir: Path, dataset: str, dataset_sha256: str | None, war
     """Check that ``run_dir`` may be resumed and tidy it: its ``summary.json`` as it was, and whether the run
     restarts at round 1 (no complete checkpoint). ``dataset``: the run's ``data.path``; ``dataset_sha256``: its
     manifest's hash now (``None``: the hospitals are elsewhere and check it themselves)."""
-    previous = read_json(run_dir / SUMMARY_FILE) if (run_dir / SUMMARY_FILE).is_file() else {}
+    previous = read_summary_object(run_dir)
     if is_live_run(run_dir):
         raise FederationError(f"{run_dir} is still running (pid {previous['pid']}): stop it first")
     for path in clean_temp_files(run_dir):

@@ -4,9 +4,9 @@
 in-process or simulated run: ``federation.provenance.machine``), its status (``running``,
 ``stopped``, ``failed``, ``finished``) and error, its hospitals and classes, the rounds done with the seconds per
 round and the ETA, and the figures of ``metrics.jsonl`` so far (final, best, values per round:
-``federation.report``). It is rewritten whole at every checkpoint and when the run ends; a resume refused before its
-first round puts it back as it was. ``progress.json`` (``RoundPhases``): the current round's phase and how many of the
-hospitals asked have answered (``federation.progress``).
+``federation.round_figures``). It is rewritten whole at every checkpoint and when the run ends; a resume refused
+before its first round puts it back as it was. ``progress.json`` (``RoundPhases``): the current round's phase and how
+many of the hospitals asked have answered (``federation.progress``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from federation.derived import resolve_device
 from federation.jsonl import read_jsonl
 from federation.progress import RoundProgress, now, write_progress
 from federation.provenance import add_distinct, code_version, machine
-from federation.report import round_stats, run_figures
+from federation.round_figures import round_stats, run_figures
 from federation.runfiles import SUMMARY_FILE
 from federation.runs import now_iso, write_json
 from infra.pids import process_start_time

@@ -28,6 +28,10 @@ def test_a_dataset_is_synthetic_by_its_record_or_its_raw_folders_marker(tmp_path
     raw.mkdir()
     assert not dataset_is_synthetic(None)
     assert not dataset_is_synthetic(dataset)  # no prepare.json
+    for damaged in (b"{cut off", b"[1, 2]", b"\xff\xfe{}"):  # not JSON, not a JSON object, not UTF-8
+        (dataset / "prepare.json").write_bytes(damaged)
+        assert not dataset_is_synthetic(dataset)
+        assert intended_use(dataset) == INTENDED_USE
     (dataset / "prepare.json").write_text(json.dumps({"config": {"source": {"input": str(raw)}}}))
     assert not dataset_is_synthetic(dataset)  # an older record, a raw folder without synth's marker
     (raw / "synth.json").write_text("{}")

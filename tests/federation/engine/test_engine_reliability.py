@@ -15,6 +15,7 @@ from support.tiny_dataset import TINY_SETTINGS, make_dataset
 
 from app.dashboard import jobs
 from federation.config import RunConfig, config_to_toml, load_config
+from federation.engine import load_run_config
 from federation.errors import FederationError
 from federation.hospital.handler import Hospital, Site
 from federation.launch import train
@@ -25,6 +26,7 @@ from federation.runs import (
     is_live_run,
     keep_rounds,
 )
+from federation.server.resume import open_for_resume
 from federation.wire.contract import Failure, Hello
 from infra import pids
 from infra.outputs import MARKER_NAME, foreign_entries
@@ -116,6 +118,19 @@ def test_a_hospital_removes_its_own_temp_files_at_hello(dataset: Path, tmp_path:
     assert isinstance(reply, HelloReply)
     assert not any(p.exists() for p in temps)
     assert (folder / "mine.txt").read_text() == "x"
+
+
+def test_a_resume_names_a_damaged_summary_and_a_failed_run_may_change_any_setting(tmp_path: Path) -> None:
+    summary = tmp_path / "summary.json"
+    summary.write_text("{cut off")
+    warnings: list[str] = []
+    with pytest.raises(FederationError, match=rf"^{summary} is not valid JSON \(Expecting property name"):
+        open_for_resume(tmp_path, "data", None, warnings.append)
+    (tmp_path / "config.toml").write_text(config_to_toml(load_config(None, [])))
+    with pytest.raises(FederationError, match="a resumed run keeps its configuration"):
+        load_run_config(tmp_path, ["client.lr=0.5"])  # the status is unknown: the run is not taken for failed
+    summary.write_text(json.dumps({"status": "failed"}))
+    assert load_run_config(tmp_path, ["client.lr=0.5"]).client.lr == 0.5  # failed before its first checkpoint
 
 
 def test_keep_rounds_reports_damaged_lines_by_file_and_line(tmp_path: Path) -> None:

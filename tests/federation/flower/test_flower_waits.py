@@ -20,6 +20,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from support.checks import every
 
 from federation.config import load_config
+from federation.errors import FederationError
 from federation.flower import apps, runner, waits
 from federation.flower.flwr_cli import COMPLETED, FlwrCli
 from federation.flower.records import to_record
@@ -141,6 +142,18 @@ def test_the_operator_follows_the_run_directory_and_asks_flower_rarely(clock: Cl
     assert every(t >= 70.0 for t in cli.calls[2:])
     assert len(cli.calls) <= 2 + 3
     assert 71.5 <= clock.now <= 73.0
+
+
+def test_a_run_that_did_not_complete_is_explained_by_its_summary_or_the_serverapps_log(tmp_path: Path) -> None:
+    cli = cast(FlwrCli, SimpleNamespace(run_log=lambda run_id: "INFO : started\nValueError: no hospital answered\n"))
+    failure = runner._failure(cli, 7, tmp_path, "finished:failed")
+    assert str(failure) == "the Flower run 7 ended finished:failed: ValueError: no hospital answered"
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "failed", "error": "strategy.nhead = 9 is too big"}))
+    assert str(runner._failure(cli, 7, tmp_path, "finished:failed")) == "strategy.nhead = 9 is too big"
+    (tmp_path / "summary.json").write_text("{cut off")
+    assert runner._summary(tmp_path) == {}  # while the run is followed: read again at the next look
+    with pytest.raises(FederationError, match=r"summary.json is not valid JSON \(Expecting property name"):
+        runner._failure(cli, 7, tmp_path, "finished:failed")
 
 
 @dataclass
