@@ -14,9 +14,8 @@ import tomllib
 import numpy as np
 import torch
 
-from federation.config import RunConfig, config_from_dict, with_values
+from federation.config import ModelSection, RunConfig, config_from_dict
 from federation.errors import FederationError
-from federation.strategies import default_nhead
 from federation.wire.contract import LABELS, TensorDict
 from models import Unit, create_model, split_units
 
@@ -38,15 +37,6 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def resolve_config(config: RunConfig) -> RunConfig:
-    """Fill in what the configuration left to the strategy (``nhead``) and to the client (``head_lr``)."""
-    if config.strategy.nhead is None:
-        config = with_values(config, "strategy", nhead=default_nhead(config.strategy.name))
-    if config.client.head_lr is None:
-        config = with_values(config, "client", head_lr=config.client.lr)
-    return config
-
-
 def config_from_text(text: str, source: str = "run configuration") -> RunConfig:
     """A ``RunConfig`` from the TOML text ``config_to_toml`` wrote (what the server sends in ``Hello``)."""
     try:
@@ -59,8 +49,12 @@ def config_from_text(text: str, source: str = "run configuration") -> RunConfig:
 def initial_state(config: RunConfig, num_classes: int = NUM_CLASSES) -> tuple[TensorDict, list[Unit]]:
     """The common initial weights (from ``model.weights`` or seeded random init) of a model with ``num_classes``
     outputs (the dataset's classes), and the model's layer units."""
-    torch.manual_seed(derive_seed(config.run.seed, "init"))
-    model = create_model(
-        config.model.name, num_classes, config.model.in_chans, config.model.weights or None, norm=config.model.norm
-    )
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}, split_units(model)
+    return initial_weights(config.model, config.run.seed, num_classes)
+
+
+def initial_weights(model: ModelSection, seed: int, num_classes: int = NUM_CLASSES) -> tuple[TensorDict, list[Unit]]:
+    """``initial_state`` from the two parts of the configuration it reads: the ``[model]`` section and
+    ``run.seed``."""
+    torch.manual_seed(derive_seed(seed, "init"))
+    net = create_model(model.name, num_classes, model.in_chans, model.weights or None, norm=model.norm)
+    return {k: v.detach().clone() for k, v in net.state_dict().items()}, split_units(net)

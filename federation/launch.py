@@ -16,10 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from federation.config import RunConfig
-from federation.derived import resolve_device
-from federation.engine import Server, local_sites, resolve_config
+from federation.engine import Server, hospital_sites, resolve_config
 from federation.engine.pools import InProcessPool, WorkerPool
-from federation.hospital.handler import Site
 from federation.server.pool import Pool
 from infra.formats import manifest_sha256
 from models import check_input_size
@@ -44,13 +42,15 @@ def train(
         return run_with_flower(config, run_dir, resume=resume, overwrite=overwrite, progress=progress)
     # Settings that cannot work are refused before a run directory exists, so a mistyped --data leaves nothing.
     check_input_size(config.model.name, config.data.input_size)
-    sites = local_sites(config, run_dir)
+    sites = hospital_sites(Path(config.data.path), config.strategy.clients, run_dir)
     if config.run.engine == "flower-sim":
         from federation.flower.runner import run_with_flower
 
         return run_with_flower(config, run_dir, resume=resume, overwrite=overwrite, progress=progress, sites=sites)
     if config.run.workers > 0:
-        check_workers_fit(config, sites)
+        from federation.hospital.gpu_memory import check_workers_fit
+
+        check_workers_fit(config, [site.data_index for site in sites])
     server = Server(config, run_dir, progress=progress)
     server.dataset_sha256 = manifest_sha256(Path(config.data.path))  # recorded in summary.json, checked on resume
 
@@ -60,17 +60,3 @@ def train(
         return InProcessPool(sites)
 
     return server.run(make_pool, resume=resume, overwrite=overwrite)
-
-
-def check_workers_fit(config: RunConfig, sites: list[Site]) -> None:
-    """On a GPU, refuse ``run.workers`` processes whose hospitals would not fit in its free memory, before the run
-    starts (`federation.hospital.gpu_memory`); nothing on the CPU or with ``run.check_gpu_memory = false``."""
-    device = resolve_device(config.run.device)
-    if device.type != "cuda" or not config.run.check_gpu_memory:
-        return
-    from federation.hospital import gpu_memory
-
-    counts = gpu_memory.hospital_tiles(config.data.path)
-    tiles = [counts.get(site.data_index, 0) for site in sites]
-    free = gpu_memory.free_gpu_bytes(device)
-    gpu_memory.check_shared_gpu(tiles, config.run.workers, free, gpu_memory.Shape.of(config))

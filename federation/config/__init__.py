@@ -47,6 +47,7 @@ from federation.config.load import (
     load_config,
     parse_override,
     read_toml,
+    resolve_config,
     with_values,
 )
 from federation.config.sections import (
@@ -111,5 +112,6 @@ __all__ = [
     "load_config",
     "parse_override",
     "read_toml",
+    "resolve_config",
     "with_values",
 ]

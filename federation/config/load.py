@@ -25,7 +25,16 @@ from federation.bounds import max_weight_problem, robust_problem
 from federation.config.defaults import DEFAULTS_TOML
 from federation.config.sections import DECLARED, SECTIONS, RunConfig, _fail
 from federation.errors import FederationError
-from federation.methods import AVERAGING, EXAMPLE_WEIGHTED, OWN_START, SPEC, SPECS, STRATEGY_NAMES, readers
+from federation.methods import (
+    AVERAGING,
+    EXAMPLE_WEIGHTED,
+    OWN_START,
+    SPEC,
+    SPECS,
+    STRATEGY_NAMES,
+    default_nhead,
+    readers,
+)
 from infra.toml import toml_value
 
 
@@ -270,6 +279,16 @@ def with_values(config: RunConfig, section: str, **values: Any) -> RunConfig:
         changed = dataclasses.replace(config.declared[section], **values)
         return dataclasses.replace(config, declared={**config.declared, section: changed})
     return dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **values)})
+
+
+def resolve_config(config: RunConfig) -> RunConfig:
+    """Fill in what the configuration left to the strategy (``nhead``: the method's default local layer units,
+    ``federation.methods.default_nhead``) and to the hospital (``head_lr``: ``client.lr``)."""
+    if config.strategy.nhead is None:
+        config = with_values(config, "strategy", nhead=default_nhead(config.strategy.name))
+    if config.client.head_lr is None:
+        config = with_values(config, "client", head_lr=config.client.lr)
+    return config
 
 
 def config_to_toml(config: RunConfig) -> str:

@@ -45,13 +45,18 @@ RESUMABLE_KEYS = frozenset(
 
 
 def local_sites(config: RunConfig, run_dir: Path) -> list[Site]:
-    """The hospitals of ``data.path`` as they are run on this machine: each with its folder inside the run.
+    """The hospitals of ``data.path`` (those ``strategy.clients`` chooses) as they are run on this machine
+    (``hospital_sites``)."""
+    return hospital_sites(Path(config.data.path), config.strategy.clients, run_dir)
+
+
+def hospital_sites(dataset: Path, chosen: str | Sequence[int], run_dir: Path) -> list[Site]:
+    """The hospitals of ``dataset`` that ``chosen`` names (``"all"``, or their indices) as they are run on this
+    machine: each with its folder inside the run.
 
     Checks the dataset before anything starts (a missing tile or an empty client is one clear line).
     """
-    dataset = Path(config.data.path)
     rows = read_manifest(dataset)
-    chosen = config.strategy.clients
     hospitals = check_hospitals(dataset, rows, None if isinstance(chosen, str) else chosen)
     return [Site(dataset, c, hospital_dir(run_dir, c)) for c in hospitals]
 

@@ -23,7 +23,7 @@ from federation.config import RunConfig
 from federation.engine import local_sites, resolve_config
 from federation.flower.kit import hospital_name, init_kit
 from federation.flower.local_deployment import LocalDeployment, NodeSpec
-from federation.flower.runner import run_config, submit_and_follow
+from federation.flower.runner import run_config, submit_and_follow, time_limit
 from federation.hospital.data import extract_hospital
 from federation.hospital.policy import load_policy
 from federation.runfiles import hospital_dir
@@ -80,7 +80,10 @@ def run_demo(
             values = run_config(config, run_dir, hospitals=len(sites), resume=resume, overwrite=overwrite, sites=sites)
             if during is not None:
                 threading.Thread(target=during, args=(deployment,), daemon=True).start()
-            summary = submit_and_follow(deployment.cli, config, run_dir, values, work, progress=progress)
+            rounds, limit = config.run.rounds, time_limit(config.flower, config.run.rounds)
+            summary = submit_and_follow(
+                deployment.cli, run_dir, values, work, rounds=rounds, limit=limit, progress=progress
+            )
             timings = {**deployment.timings, "startup": startup}
         summary["deployment_timings"] = timings
         if finished is not None and summary.get("status") == "finished":

@@ -25,7 +25,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from federation.config import RunConfig, config_to_toml
+from federation.config import FlowerSection, RunConfig, config_to_toml
 from federation.errors import FederationError
 from federation.flower.environment import ConfigValue
 from federation.flower.flwr_cli import COMPLETED, FINISHED, FlwrCli
@@ -81,9 +81,16 @@ def _rounds_done(summary: dict[str, Any]) -> int:
 ASK_FLOWER_EVERY = 30.0  # seconds between two `flwr ls` while the run directory shows the run going on
 
 
-def follow(cli: FlwrCli, run_id: int, run_dir: Path, config: RunConfig, *, progress: bool) -> str:
-    """Wait for Flower run ``run_id`` to finish, showing the rounds done; Ctrl-C/SIGTERM stop it and mark the run
-    ``stopped``. Returns Flower's final status (``finished:completed`` ...).
+def time_limit(flower: FlowerSection, rounds: int) -> float:
+    """How long the operator waits for a Flower run before giving up: the connection, then two messages a round
+    (train and evaluate) at ``flower.round_timeout`` each, and two minutes more."""
+    return flower.connect_timeout + rounds * 2 * flower.round_timeout + 120.0
+
+
+def follow(cli: FlwrCli, run_id: int, run_dir: Path, *, rounds: int, limit: float, progress: bool) -> str:
+    """Wait for Flower run ``run_id`` to finish, showing the rounds done out of ``rounds``, for at most ``limit``
+    seconds (``time_limit``); Ctrl-C/SIGTERM stop it and mark the run ``stopped``. Returns Flower's final status
+    (``finished:completed`` ...).
 
     The run is followed through its run directory, which the ServerApp writes on this machine (the operator is
     where the server is: `federation.flower.operator`): its ``summary.json`` says how many rounds are done and
@@ -92,12 +99,11 @@ def follow(cli: FlwrCli, run_id: int, run_dir: Path, config: RunConfig, *, progr
     on (a ServerApp that died without a word is noticed there), and then each second once the run directory says
     the run ended, until Flower reports it finished.
     """
-    limit = config.flower.connect_timeout + config.run.rounds * 2 * config.flower.round_timeout + 120.0
     began = time.monotonic()
     asked = began  # just submitted: Flower is first asked after ASK_FLOWER_EVERY (or when the run directory ends)
     status = "submitted"
     before = _summary(run_dir).get("updated_at")  # an earlier attempt's summary (resume) says nothing of this one
-    bar = tqdm(total=config.run.rounds, desc=run_dir.name, unit="round", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=rounds, desc=run_dir.name, unit="round", disable=not progress, dynamic_ncols=True)
     try:
         while True:
             summary = _summary(run_dir)
@@ -138,11 +144,19 @@ def _failure(cli: FlwrCli, run_id: int, run_dir: Path, status: str) -> Federatio
 
 
 def submit_and_follow(
-    cli: FlwrCli, config: RunConfig, run_dir: Path, values: dict[str, ConfigValue], work: Path, *, progress: bool
+    cli: FlwrCli,
+    run_dir: Path,
+    values: dict[str, ConfigValue],
+    work: Path,
+    *,
+    rounds: int,
+    limit: float,
+    progress: bool,
 ) -> dict[str, Any]:
-    """Submit the app bundle with ``values``, follow the run to its end and return the run's ``summary.json``."""
+    """Submit the app bundle with ``values``, follow the run to its end (``follow``) and return the run's
+    ``summary.json``."""
     run_id = cli.submit_run(FAB_DIR, values, config_file=work / "run-config.toml")
-    status = follow(cli, run_id, run_dir, config, progress=progress)
+    status = follow(cli, run_id, run_dir, rounds=rounds, limit=limit, progress=progress)
     if status != COMPLETED:
         raise _failure(cli, run_id, run_dir, status)
     summary = read_summary_object(run_dir)
@@ -177,12 +191,13 @@ def run_with_flower(
                 f"flower.root_certificates = {str(ca or '')!r} is not a file: pass --kit KIT (its server/ca.crt) "
                 "or --set flower.root_certificates=CA.crt to verify the SuperLink"
             )
+    rounds, limit = config.run.rounds, time_limit(config.flower, config.run.rounds)
     with tempfile.TemporaryDirectory(prefix="gastric-fl-flower-") as tmp:
         work = Path(tmp)
         if not simulated:
             cli = FlwrCli(work / "flwr-home", config.flower.superlink, ca)
             values = run_config(config, run_dir, hospitals=config.flower.hospitals, resume=resume, overwrite=overwrite)
-            return submit_and_follow(cli, config, run_dir, values, work, progress=progress)
+            return submit_and_follow(cli, run_dir, values, work, rounds=rounds, limit=limit, progress=progress)
         superlink = SuperLink(workdir=work, simulation=True)
         try:
             superlink.start()
@@ -194,6 +209,6 @@ def run_with_flower(
             }
             cli = FlwrCli(work / "flwr-home", superlink.address, None, simulation=simulation)
             values = run_config(config, run_dir, hospitals=len(sites), resume=resume, overwrite=overwrite, sites=sites)
-            return submit_and_follow(cli, config, run_dir, values, work, progress=progress)
+            return submit_and_follow(cli, run_dir, values, work, rounds=rounds, limit=limit, progress=progress)
         finally:
             superlink.stop()

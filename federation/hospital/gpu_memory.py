@@ -1,7 +1,7 @@
 """Whether the hospitals that share one GPU fit in its memory, checked before they start (issue 32).
 
 With ``run.workers = W`` on a GPU, W processes share the device; each holds the tiles of its hospitals (every split,
-``uint8``, `federation.hospital.trainer.Client._held_split`), their models, and trains one hospital at a time. Before
+``uint8``, `federation.hospital.batches.BatchSource.held`), their models, and trains one hospital at a time. Before
 the
 workers start, `check_shared_gpu` estimates each process's need and compares the sum with the device's free memory
 (``torch.cuda.mem_get_info``); a run that would not fit is refused in one line naming the figures and how many
@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from federation.config import RunConfig
+from federation.derived import resolve_device
 from federation.errors import FederationError
 from federation.hospital.data import read_manifest
 
@@ -174,3 +175,16 @@ def config_bytes(config: RunConfig, counts: Mapping[int, int]) -> int:
 def free_gpu_bytes(device: torch.device | str = "cuda") -> int:
     """The device's free memory now (``torch.cuda.mem_get_info``)."""
     return int(torch.cuda.mem_get_info(device)[0])
+
+
+def check_workers_fit(config: RunConfig, data_indices: Sequence[int]) -> None:
+    """On a GPU, refuse ``run.workers`` processes whose hospitals (their rows ``data_indices`` of ``data.path``)
+    would not fit in its free memory, before the run starts; nothing on the CPU or with
+    ``run.check_gpu_memory = false``."""
+    device = resolve_device(config.run.device)
+    if device.type != "cuda" or not config.run.check_gpu_memory:
+        return
+    counts = hospital_tiles(config.data.path)
+    tiles = [counts.get(index, 0) for index in data_indices]
+    free = free_gpu_bytes(device)
+    check_shared_gpu(tiles, config.run.workers, free, Shape.of(config))

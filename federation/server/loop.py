@@ -54,8 +54,8 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from federation.config import RunConfig, config_to_toml
-from federation.derived import NUM_CLASSES, derive_seed, initial_state, resolve_config
+from federation.config import RunConfig, config_to_toml, resolve_config
+from federation.derived import NUM_CLASSES, derive_seed, initial_weights
 from federation.errors import FederationError, Interrupted, first_line
 from federation.runfiles import AGGREGATION_FILE, CONFIG_FILE, METRICS_FILE
 from federation.runs import (
@@ -150,7 +150,7 @@ class Server:
         summary = self.summary
         # Settings that cannot work are refused before the run directory is created or touched.
         check_input_size(config.model.name, config.data.input_size)
-        self._initial = initial_state(config)
+        self._initial = initial_weights(config.model, config.run.seed)
         check_nhead(config.strategy.nhead or 0, self._initial[1])
         previous: dict[str, Any] = {}
         if resume:
@@ -251,7 +251,7 @@ class Server:
         self.counts = {c: hellos[c].num_train for c in clients}
         self.num_test = {c: hellos[c].num_test for c in clients}
         if len(self.classes) != NUM_CLASSES:  # the early checks used the binary model; the outputs differ
-            self._initial = initial_state(config, len(self.classes))
+            self._initial = initial_weights(config.model, config.run.seed, len(self.classes))
         initial, units = self._initial
         self.spec = {k: (tuple(v.shape), v.dtype) for k, v in initial.items()}
         ctx = StrategyContext(

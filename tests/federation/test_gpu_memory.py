@@ -12,7 +12,6 @@ import torch
 from support.cli import run_cli
 from support.tiny_dataset import TINY_SETTINGS
 
-import federation.launch
 from federation.errors import FederationError
 from federation.hospital import gpu_memory
 
@@ -91,7 +90,7 @@ def test_train_with_workers_that_do_not_fit_is_refused_before_the_run_exists(
     dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A GPU stood in for: the device resolves to CUDA and reports 4 GiB free; three workers need more, two fit."""
-    monkeypatch.setattr(federation.launch, "resolve_device", lambda _name: torch.device("cuda"))
+    monkeypatch.setattr(gpu_memory, "resolve_device", lambda _name: torch.device("cuda"))
     monkeypatch.setattr(gpu_memory, "free_gpu_bytes", lambda _device="cuda": 4 * 2**30)
     run = tmp_path / "run"
     settings = [a for s in TINY_SETTINGS for a in ("--set", s)]
@@ -141,16 +140,16 @@ def test_run_check_gpu_memory_false_skips_the_estimate_and_true_keeps_it(
     from federation.config import load_config
     from federation.engine import local_sites
 
-    monkeypatch.setattr(federation.launch, "resolve_device", lambda _name: torch.device("cuda"))
+    monkeypatch.setattr(gpu_memory, "resolve_device", lambda _name: torch.device("cuda"))
     checked = load_config(None, [*TINY_SETTINGS, "run.workers=3"], data=dataset)
     assert checked.run.check_gpu_memory is True  # the default
-    sites = local_sites(checked, tmp_path / "run")
+    sites = [site.data_index for site in local_sites(checked, tmp_path / "run")]
     monkeypatch.setattr(gpu_memory, "free_gpu_bytes", lambda _device="cuda": 1)
     with pytest.raises(FederationError, match=r"^run\.workers = 3: .* even one worker does not fit"):
-        federation.launch.check_workers_fit(checked, sites)
+        gpu_memory.check_workers_fit(checked, sites)
     unchecked = load_config(None, [*TINY_SETTINGS, "run.workers=3", "run.check_gpu_memory=false"], data=dataset)
     monkeypatch.setattr(gpu_memory, "free_gpu_bytes", _never_asked)
-    assert federation.launch.check_workers_fit(unchecked, sites) is None
+    assert gpu_memory.check_workers_fit(unchecked, sites) is None
 
 
 def test_ablate_cells_that_opt_out_are_left_out_of_the_estimate(dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:

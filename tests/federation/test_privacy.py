@@ -388,7 +388,8 @@ RUN = "dp-run"
 def test_a_hospital_spends_its_budget_then_refuses_and_only_accounted_scalars_leave(
     slides_dataset: Path, tmp_path: Path
 ) -> None:
-    from federation.derived import initial_state, resolve_config
+    from federation.config import resolve_config
+    from federation.derived import initial_state
     from federation.hospital.handler import Hospital, Site
     from federation.hospital.outbound import read_outbound
     from federation.hospital.policy import agreed_shared_keys
@@ -484,7 +485,8 @@ def test_a_reset_ledger_or_a_changed_resume_is_refused_and_the_budget_counts_on(
     """The attacks on the ledger (issue 34): removed, reset to -1000 steps, noise edited to 1e6 between rounds; each
     refused naming the ledger, the true epsilon kept; a resume Hello keeps the ledger's anchor and the first
     checkpoint, and one that changes the run's settings is refused."""
-    from federation.derived import initial_state, resolve_config
+    from federation.config import resolve_config
+    from federation.derived import initial_state
     from federation.hospital.handler import Hospital, Site
     from federation.hospital.policy import agreed_shared_keys
     from federation.wire.codec import decode, encode

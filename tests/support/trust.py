@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from federation.config import RunConfig, load_config
-from federation.derived import initial_state, resolve_config
+from federation.config import RunConfig, load_config, resolve_config
+from federation.derived import initial_state
 from federation.hospital.handler import Hospital, Site
 from federation.hospital.policy import HospitalPolicy, agreed_shared_keys
 from federation.wire.codec import Message, decode, encode

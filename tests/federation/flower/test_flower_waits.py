@@ -132,7 +132,8 @@ def test_the_operator_follows_the_run_directory_and_asks_flower_rarely(clock: Cl
         cli.write()
 
     clock.sleep = sleep_and_write  # type: ignore[method-assign]
-    status = runner.follow(cast(FlwrCli, cli), 7, tmp_path, config, progress=False)
+    limit = runner.time_limit(config.flower, config.run.rounds)
+    status = runner.follow(cast(FlwrCli, cli), 7, tmp_path, rounds=config.run.rounds, limit=limit, progress=False)
     assert status == COMPLETED
     # the old run's "failed" summary is not taken for this run's end; Flower is asked every ASK_FLOWER_EVERY
     # seconds while the run goes on, then each second after the summary says finished
