@@ -241,7 +241,7 @@ class AmpSection:
     sigma: float
     lam: float
     dm: str
-    scale: str = "relative"  # how d_ij is rescaled before A' (federation.strategies.aggregation.SCALES; docs/fedsaf.md)
+    scale: str = "relative"  # how d_ij is rescaled before A' (federation.strategies.amp.SCALES; docs/fedsaf.md)
 
     def __post_init__(self) -> None:
         _positive("amp.alpha_k", self.alpha_k)
@@ -340,12 +340,11 @@ class ServerSection:
     """``[server]``: the server's own safeguards, every one off (``None``) by default.
 
     ``max_weight``: the largest weight one hospital may get in any aggregate, for every method that shares
-    (`federation.strategies.aggregation.cap_weights`). ``robust``: ``"norm_bound"`` (updates clipped to ``norm_factor``
-    times
-    the round's median update norm; `federation.strategies.aggregation.bound_update_norms`) or ``"trimmed_mean"`` (the
-    coordinate-wise mean after dropping the ``trim`` largest and smallest values; `federation.strategies.aggregation.
-    trimmed_mean`), for the averaging methods. ``max_examples``: the most tiles a hospital may declare in its Hello
-    (always at most 2^53).
+    (`federation.strategies.aggregation.cap_weights`). ``robust``: ``"norm_bound"`` (updates clipped to
+    ``norm_factor`` times the round's median update norm; `federation.strategies.robust.bound_update_norms`) or
+    ``"trimmed_mean"`` (the coordinate-wise mean after dropping the ``trim`` largest and smallest values;
+    `federation.strategies.robust.trimmed_mean`), for the averaging methods. ``max_examples``: the most tiles a
+    hospital may declare in its Hello (always at most 2^53).
     """
 
     max_weight: float | None = None

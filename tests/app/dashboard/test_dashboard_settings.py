@@ -140,7 +140,7 @@ def test_a_section_error_about_another_key_is_not_the_fields(monkeypatch: pytest
 
 
 def test_rules_between_settings_and_at_start_are_found(resolved: dict[str, Any]) -> None:
-    # AMP's bound alpha_k x (m - 1) <= sigma (federation.strategies.aggregation.check_amp_settings), with 3 hospitals.
+    # AMP's bound alpha_k x (m - 1) <= sigma (federation.strategies.amp.check_amp_settings), with 3 hospitals.
     assert checks.check(DEMO, None, _values(resolved, amp__alpha_k=0.5, amp__sigma=1.0), 3).ok
     too_big = checks.check(DEMO, None, _values(resolved, amp__alpha_k=0.6), 3)
     assert "lower alpha_k to at most 0.5" in too_big.fields["amp.alpha_k"]
