@@ -60,7 +60,7 @@ def register(app: typer.Typer) -> None:
         """Score whole slides with one hospital's model: heatmap overlay, tile CSV and summary per slide; first the
         model's intended use and, where its folder holds its test predictions, its verdict against the floor."""
         from inference.predict import predict as run_predict
-        from inference.predict import slide_calls_line
+        from inference.results import slide_calls_line
         from pipeline.images import DEFAULT_MAX_PIXELS
 
         def warn(message: str) -> None:

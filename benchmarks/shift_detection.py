@@ -55,7 +55,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._common import command_line, machine, write_result  # noqa: E402
 from federation.hospital.data import load_hospitals, to_tensor  # noqa: E402
 from federation.hospital.tissue import describe_tissue  # noqa: E402
-from inference.predict import plan_of, predict_slide, tissue_positions  # noqa: E402
+from inference.predict import predict_slide  # noqa: E402
+from inference.scoring import plan_of, tissue_positions  # noqa: E402
 from inference.slides import Slide, find_slides, read_slide  # noqa: E402
 from models.bundle import Bundle, load_bundle  # noqa: E402
 from models.decision import slides_of_tiles  # noqa: E402

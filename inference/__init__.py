@@ -6,17 +6,9 @@ layers").
 `predict` is what ``gastric-fl predict`` runs (docs/inference.md).
 """
 
-from inference.predict import (
-    PredictError,
-    SlideResult,
-    SlideTiles,
-    plan_of,
-    predict,
-    predict_slide,
-    score_positions,
-    tile_truth,
-    tissue_positions,
-)
+from inference.predict import predict, predict_slide
+from inference.results import SlideResult
+from inference.scoring import PredictError, SlideTiles, plan_of, score_positions, tile_truth, tissue_positions
 from inference.slides import Slide, SlideFile, find_slides, read_slide
 from models.bundle import Bundle, BundleError, ModelCard, TileGrid, load_bundle, read_card, write_bundle
 

@@ -14,7 +14,7 @@ from support.slides import TinyRun
 
 from app.evaluation import TargetThreshold, bounded_threshold, slides_of_tiles
 from app.run_records import read_prediction_file
-from inference.predict import slide_calls_line
+from inference.results import slide_calls_line
 from models.bundle import BundleError, read_card, set_threshold
 from models.decision import top_k_mean
 

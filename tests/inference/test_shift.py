@@ -21,7 +21,8 @@ from support.slides import slide_sources
 
 from federation.config import load_config
 from federation.launch import train
-from inference.predict import SlideTiles, predict, score_slide, summarise
+from inference.predict import predict
+from inference.scoring import SlideTiles, score_slide, summarise
 from inference.slides import find_slides, read_slide
 from models.bundle import load_bundle, read_card
 from models.decision import FOCUS_CALL, NO_DESCRIPTION, UNFAMILIAR_CALL
