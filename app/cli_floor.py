@@ -1,6 +1,6 @@
 """The clinical floor as command-line options, shared by ``gastric-fl report`` and ``gastric-fl predict`` (issue 31,
 item 4): the same three inputs, with the same defaults, as the dashboard's Verdict page
-(`app.evaluation.Floor`), so a verdict printed in a terminal is the one the page shows with that floor."""
+(`app.evaluation.verdict.Floor`), so a verdict printed in a terminal is the one the page shows with that floor."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import typer
 from app.errors import DashboardError
 
 if TYPE_CHECKING:
-    from app.evaluation import Floor
+    from app.evaluation.verdict import Floor
 
 # `Floor`'s defaults, written out so that registering the commands imports no pandas (a test holds them equal)
 DEFAULT_SENSITIVITY, DEFAULT_MIN_SLIDES, DEFAULT_SPECIFICITY = 0.90, 5, 0.50
@@ -32,7 +32,7 @@ SPECIFICITY = typer.Option(
 
 def floor_from(sensitivity: float, min_slides: int, specificity: float) -> Floor:
     """The `Floor` of the three options; one line naming them for values out of range."""
-    from app.evaluation import Floor
+    from app.evaluation.verdict import Floor
 
     try:
         return Floor(sensitivity, min_slides, specificity)

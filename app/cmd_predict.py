@@ -17,7 +17,7 @@ import typer
 from app import cli_floor
 
 if TYPE_CHECKING:
-    from app.evaluation import Floor
+    from app.evaluation.verdict import Floor
     from models.bundle import ModelCard
 
 
@@ -126,7 +126,7 @@ def register(app: typer.Typer) -> None:
 def _verdict_lines(folder: Path, card: ModelCard, floor: Floor, override: float | None) -> list[str]:
     """The bundle's hospital's verdict at its card's threshold against ``floor`` when its folder holds the
     hospital's test predictions (`app.verdicts.judge_folder`: what the Verdict page says), or why not."""
-    from app.evaluation import verdict_word
+    from app.evaluation.tables import verdict_word
     from app.run_records import CardThreshold
     from app.verdicts import judge_folder
 

@@ -1,13 +1,13 @@
 """`gastric-fl threshold`: save a hospital's operating threshold into its model bundle (`app.operating`).
 
 ``--value T`` sets it by hand; ``--sensitivity S`` proposes the highest threshold at which the lower end of the 95%
-interval of the sensitivity reaches ``S`` on the hospital's validation split (its test split, labelled optimistic,
-when it has none; `app.evaluation.bounded_threshold`), and refuses, saying why, when none does. Before anything is
+interval of the sensitivity reaches ``S`` on the hospital's validation split (its test split, labelled optimistic, when
+it has none; `app.evaluation.threshold.bounded_threshold`), and refuses, saying why, when none does. Before anything is
 written it prints the direction of the change and what the new threshold gives on test (sensitivity, abnormal test
-slides missed by name, false alarms; `app.operating.consequences_at`); ``--dry-run`` stops there. ``--undo``
-restores the value before the last change (`app.operating.undo`). ``--by`` and ``--reason`` go with the old and new
-value into the card's ``threshold_history``. Afterwards every page of the dashboard, the HTML report, ``report``
-and ``predict`` call tiles and slides at it, and say where it came from.
+slides missed by name, false alarms; `app.operating.consequences_at`); ``--dry-run`` stops there. ``--undo`` restores
+the value before the last change (`app.operating.undo`). ``--by`` and ``--reason`` go with the old and new value into
+the card's ``threshold_history``. Afterwards every page of the dashboard, the HTML report, ``report`` and ``predict``
+call tiles and slides at it, and say where it came from.
 """
 
 from __future__ import annotations

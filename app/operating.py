@@ -2,8 +2,8 @@
 
 The threshold is chosen either by hand or from the clinical floor, with a margin: the highest threshold at which
 the lower end of the 95% interval of the hospital's validation sensitivity reaches the floor (Wilson's interval on
-the tiles' effective number, slides counted as clusters: `app.evaluation.bounded_threshold`), so that the test split
-only judges it; a hospital without a validation split chooses on test, labelled optimistic. When no threshold
+the tiles' effective number, slides counted as clusters: `app.evaluation.threshold.bounded_threshold`), so that the
+test split only judges it; a hospital without a validation split chooses on test, labelled optimistic. When no threshold
 reaches the floor with that confidence, none is proposed (`from_floor` says so). Before a threshold is written, what
 it does on test is said (`consequences`: sensitivity, abnormal test slides missed by name, false alarms), and
 `undo` restores the value before the last change (the card's ``threshold_history`` keeps it). `save`
@@ -24,15 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.errors import DashboardError
-from app.evaluation import (
-    Consequences,
-    TargetThreshold,
-    Unreachable,
-    bounded_threshold,
-    consequences,
-    operating_point,
-    proposal_words,
-)
+from app.evaluation.metrics import operating_point
+from app.evaluation.threshold import TargetThreshold, Unreachable, bounded_threshold
+from app.evaluation.words import Consequences, consequences, proposal_words
 from app.run_records import read_prediction_file
 from federation.runfiles import PREDICTIONS_FILE, SLIDES_FILE, VAL_PREDICTIONS_FILE, hospital_dir
 from models.decision import slides_of_tiles
@@ -78,8 +72,8 @@ def _bounded(path: Path, sensitivity: float) -> TargetThreshold | Unreachable | 
 
 
 def proposal(folder: Path, sensitivity: float) -> tuple[TargetThreshold, str, str]:
-    """The threshold proposed to reach ``sensitivity`` with a margin (`app.evaluation.bounded_threshold`) on the
-    hospital's validation split (``val_predictions.csv``), its ``point`` the test split's at it; on its test split
+    """The threshold proposed to reach ``sensitivity`` with a margin (`app.evaluation.threshold.bounded_threshold`) on
+    the hospital's validation split (``val_predictions.csv``), its ``point`` the test split's at it; on its test split
     (``predictions.csv``), optimistic, when it has no validation split or none with an abnormal tile. With its
     source in words and the split that chose it (``"validation"`` or ``"test"``). `DashboardError` (one line) when
     no split has an abnormal tile or no threshold reaches the floor with 95% confidence (`Unreachable.words`)."""
@@ -128,7 +122,7 @@ def test_slides(folder: Path) -> Slides | None:
 
 
 def consequences_at(folder: Path, threshold: float) -> Consequences | None:
-    """What ``threshold`` does on the hospital's test split (`app.evaluation.consequences`): its tiles
+    """What ``threshold`` does on the hospital's test split (`app.evaluation.words.consequences`): its tiles
     (``predictions.csv``) and its slides (``slides.csv``); ``None`` without test predictions."""
     path = folder / PREDICTIONS_FILE
     if not path.is_file():
@@ -148,7 +142,7 @@ def direction(current: float, value: float) -> str:
 
 
 def proposal_line(folder: Path, target: TargetThreshold) -> str:
-    """`app.evaluation.proposal_words` with the hospital's test slides (``slides.csv``)."""
+    """`app.evaluation.words.proposal_words` with the hospital's test slides (``slides.csv``)."""
     return proposal_words(target, test_slides(folder))
 
 

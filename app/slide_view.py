@@ -20,11 +20,9 @@ running the network::
 ``<card key>`` is the bundle's round and a hash of its ``model.json``, so a bundle rewritten by a later round gets
 new entries instead of stale ones. Every file is written to a temporary name and renamed.
 
-An upload is checked before anything of it is kept (`check_upload`): its type by name and content, and its size from
-its header against the page's pixel limit (`max_pixels`: ``gastric-fl dashboard --max-pixels``, passed in
-``GASTRIC_FL_MAX_PIXELS``; default `pipeline.images.DEFAULT_MAX_PIXELS`), so an image too large to decode is refused
-in one sentence naming the uploaded file. `problem_line` words every failure for the page with the names the user
-gave, never the cache entry's paths.
+An upload is checked and kept by `app.slide_upload`, against the page's pixel limit (`max_pixels`: ``gastric-fl
+dashboard --max-pixels``, passed in ``GASTRIC_FL_MAX_PIXELS``; default `pipeline.images.DEFAULT_MAX_PIXELS`).
+`problem_line` words every failure for the page with the names the user gave, never the cache entry's paths.
 
 This module imports no torch: only `score` imports the inference package, inside the function, so that a page
 showing a cached slide (or listing slides) never waits for torch. Test slides are found the way ``predict`` and
@@ -39,7 +37,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,16 +52,13 @@ from infra import outputs
 from infra.formats import PREPARE_RECORD, manifest_sha256
 from models.decision import FALSE_ALARM, MISSED_CANCER, outcome
 from models.names import CARD_FILE
-from pipeline.images import DEFAULT_MAX_PIXELS, UnreadableImageError, check_max_pixels, check_pixels
+from pipeline.images import DEFAULT_MAX_PIXELS, UnreadableImageError, check_max_pixels
 
 SLIDES_DIR = "slides"
 DISPLAY_MAX = 1280
 VIEW_FILES = ("slide.png", "heat.png", "view.json")
-SLIDE_SUFFIXES = (".png", ".tif", ".tiff")
-ANNOTATION_SUFFIXES = (".png", ".svg")
 MAX_PIXELS_ENV = "GASTRIC_FL_MAX_PIXELS"
 TEST_PREFIX = "test-"  # cache entries of the hospital's test slides; uploads' entries are named otherwise
-LIMIT_HINT = "downscale it, or start the dashboard with a larger --max-pixels"
 UPLOAD_FIX = "upload a PNG or TIFF slide (.png, .tif, .tiff) instead"
 MASK_FIX = "upload its annotation as a SEED mask (PNG) or a BOT SVG instead, or no annotation"
 UPLOAD_RECORD = "upload.json"  # in an upload's cache entry: the names the files were uploaded under
@@ -385,64 +379,6 @@ def max_pixels() -> int:
     return check_max_pixels(value, MAX_PIXELS_ENV)
 
 
-def _check_suffixes(name: str, annotation: str | None) -> None:
-    suffix = Path(name).suffix.lower()
-    if suffix not in SLIDE_SUFFIXES:
-        raise SlideViewError(
-            f"{name} is not a slide the page can score: upload a PNG or TIFF image (.png, .tif, .tiff), "
-            f"not {suffix + ' files' if suffix else 'a file without a suffix'}"
-        )
-    if annotation is not None and Path(annotation).suffix.lower() not in ANNOTATION_SUFFIXES:
-        raise SlideViewError(
-            f"{annotation} is not an annotation the page can read: upload a SEED mask (PNG) or a BOT SVG, "
-            "or no annotation"
-        )
-
-
-def check_upload(name: str, data: bytes, limit: int, annotation: str | None = None) -> tuple[int, int]:
-    """Check an upload before anything of it is kept: the slide's and annotation's types by name, the slide's type
-    by content and its size from its header (at most ``limit`` pixels); ``(width, height)``.
-
-    `SlideViewError` or `pipeline.images.ImageReadError`, one sentence naming the uploaded file (``name``), what
-    is wrong with it and what to upload instead (never a byte of its content).
-    """
-    _check_suffixes(name, annotation)
-    try:
-        return check_pixels(data, name, limit, LIMIT_HINT)
-    except UnreadableImageError as exc:
-        raise exc.advising(UPLOAD_FIX) from None
-
-
-def stage_upload(folder: Path, name: str, data: bytes, annotation: tuple[str, bytes] | None = None) -> Path:
-    """Keep an uploaded slide (and its annotation) in its cache entry; returns the slide's path there.
-
-    The entry is named by a hash of the names and bytes, so the same upload finds its earlier result and two
-    uploads never share an entry (``case 7.png`` and ``case_7.png``, kept as ``case_7.png`` each, are two entries).
-    An annotation is stored where predict looks for it: a PNG as ``<stem>_mask.png`` (SEED), an SVG as
-    ``<stem>.svg`` (BOT). The names as uploaded go to the entry's `UPLOAD_RECORD` (`uploaded_names`). Names of the
-    wrong type are refused before anything is written.
-    """
-    _check_suffixes(name, None if annotation is None else annotation[0])
-    suffix = Path(name).suffix.lower()
-    digest = hashlib.sha256(name.encode("utf-8") + b"\0" + data)
-    if annotation is not None:
-        digest.update(b"\0" + annotation[0].encode("utf-8") + b"\0" + annotation[1])
-    entry = folder / SLIDES_DIR / card_key(folder) / f"upload-{digest.hexdigest()[:16]}"
-    stem = safe_name(Path(name).stem)
-    slide = entry / "slide" / f"{stem}{suffix}"
-    if not slide.is_file():
-        write_atomic(slide, data)
-    if annotation is not None:
-        kind = Path(annotation[0]).suffix.lower()
-        target = slide.with_name(f"{stem}_mask.png" if kind == ".png" else f"{stem}.svg")
-        if not target.is_file():
-            write_atomic(target, annotation[1])
-    if not (entry / UPLOAD_RECORD).is_file():
-        record = {"slide": name, "annotation": None if annotation is None else annotation[0]}
-        write_atomic(entry / UPLOAD_RECORD, (json.dumps(record, indent=2) + "\n").encode("utf-8"))
-    return slide
-
-
 def uploaded_names(entry: Path) -> tuple[str | None, str | None]:
     """The names an upload's slide and annotation were uploaded under (its entry's `UPLOAD_RECORD`), ``None`` for
     each one not known (a test slide's entry, an annotation not given, an entry kept before the record was)."""
@@ -465,33 +401,10 @@ def slide_name(scored: ScoredSlide, names: Mapping[Path, str] | None = None) -> 
     return uploaded_names(scored.entry)[0] or str(scored.summary.get("slide") or scored.slide.name)
 
 
-def _is_annotation(path: Path, stems: set[str]) -> bool:
+def is_annotation(path: Path, stems: set[str]) -> bool:
     """Whether a file kept in an upload's entry is its annotation (``<stem>.svg``, or ``<stem>_mask.png`` beside
     the slide ``<stem>``) rather than its slide."""
     return path.suffix.lower() == ".svg" or (path.stem.endswith("_mask") and path.stem.removesuffix("_mask") in stems)
-
-
-def kept_names(entry: Path, slide: str | None = None, annotation: str | None = None) -> dict[Path, str]:
-    """The files an upload's cache ``entry`` keeps, each mapped to the name to show for it: ``slide`` and
-    ``annotation`` (the names as uploaded) when given, else as the entry's record has them (`uploaded_names`), else
-    the kept file's own name. Empty for any other entry (a test slide's path is the user's own). For `problem_line`
-    and `shown_text`."""
-    if not entry.name.startswith("upload-"):
-        return {}
-    recorded = uploaded_names(entry)
-    names: dict[Path, str] = {}
-    kept = sorted((entry / "slide").glob("*"))
-    stems = {p.stem for p in kept}
-    for path in kept:
-        given = (annotation or recorded[1]) if _is_annotation(path, stems) else (slide or recorded[0])
-        names[path] = given or path.name
-    return names
-
-
-def discard(entry: Path) -> None:
-    """Remove a cache entry (an upload that could not be scored), if it lies under a hospital's ``slides/``."""
-    if entry.parent.parent.name == SLIDES_DIR and entry.is_dir():
-        shutil.rmtree(entry, ignore_errors=True)
 
 
 def scored_entries(folder: Path) -> list[Path]:
@@ -649,7 +562,7 @@ def problem_line(exc: BaseException, slide: Path, names: Mapping[Path, str] | No
         kept = {form: path for path in names for form in (path.name, str(path), str(path.resolve()))}
         path = kept.get(exc.name) or kept.get(str(Path(exc.name).resolve()))  # named bare (a mask), or in full
         stems = {p.stem for p in names}
-        fix = MASK_FIX if path is not None and _is_annotation(path, stems) else UPLOAD_FIX
+        fix = MASK_FIX if path is not None and is_annotation(path, stems) else UPLOAD_FIX
         text = str(exc.advising(fix))
     elif getattr(exc, "user_facing", False):
         text = str(exc)

@@ -2,7 +2,7 @@
 
 A hospital's operating point is its model card's threshold (``models.bundle``; `app.operating` saves a chosen one,
 with the split that chose it). `judge_run` judges every hospital of a run at that threshold against a clinical
-floor (`app.evaluation.judge`: the Verdict rule), from its own ``predictions.csv``, its validation
+floor (`app.evaluation.verdict.judge`: the Verdict rule), from its own ``predictions.csv``, its validation
 predictions (where the threshold reaching the floor is chosen) and its held-out slides as ``predict`` scored them
 (``slides.csv``). The Verdict, Hospital, Federation and Compare pages, the HTML report, ``gastric-fl report`` and
 ``gastric-fl predict`` all read their verdicts from here, so they cannot disagree. FedSAF paper 001, Sec. 5: each
@@ -17,7 +17,8 @@ from typing import Any
 
 import pandas as pd
 
-from app.evaluation import Floor, Judgement, judge, verdict_word
+from app.evaluation.tables import verdict_word
+from app.evaluation.verdict import Floor, Judgement, judge
 from app.held_out import SlideCallsError, as_slides, held_out_slides, read_slide_calls
 from app.run_records import (
     NO_CARD,

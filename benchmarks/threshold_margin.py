@@ -1,9 +1,9 @@
 """The floor's threshold with and without its margin on a finished run (issue 47, item 2), read only.
 
 For each hospital of ``RUN`` and each floor, the threshold chosen on the validation split by the point estimate
-alone (`app.evaluation.threshold_for_sensitivity`) and by the lower end of the 95% interval on the slides' effective
-number of tiles (`app.evaluation.bounded_threshold`), each with what it gives on the test split: tile sensitivity,
-abnormal test slides missed (``slides.csv``) and false alarms. Nothing in the run is written.
+alone (`app.evaluation.threshold.threshold_for_sensitivity`) and by the lower end of the 95% interval on the slides'
+effective number of tiles (`app.evaluation.threshold.bounded_threshold`), each with what it gives on the test split:
+tile sensitivity, abnormal test slides missed (``slides.csv``) and false alarms. Nothing in the run is written.
 
     .venv/bin/python benchmarks/threshold_margin.py data/runs/quickstart --floors 0.7 0.8 0.9
 """
@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from app import evaluation, operating
+from app import operating
+from app.evaluation.threshold import TargetThreshold, Unreachable, bounded_threshold, threshold_for_sensitivity
 from app.run_records import read_prediction_file
 from federation.runfiles import PREDICTIONS_FILE, VAL_PREDICTIONS_FILE
 from models.decision import slides_of_tiles
@@ -45,12 +46,12 @@ def rows(run: Path, floors: list[float]) -> list[str]:
         keys = slides_of_tiles(val["path"].to_numpy())
         slides = None if keys is None else len({k for k, y in zip(keys, labels, strict=True) if y == 1})
         for floor in floors:
-            naive = evaluation.threshold_for_sensitivity(labels, probs, floor)
-            bounded = evaluation.bounded_threshold(labels, probs, floor, keys)
+            naive = threshold_for_sensitivity(labels, probs, floor)
+            bounded = bounded_threshold(labels, probs, floor, keys)
             naive_cell = "-" if naive is None else f"{naive.threshold:.3f}: {_test(folder, naive.threshold)}"
-            if isinstance(bounded, evaluation.TargetThreshold):
+            if isinstance(bounded, TargetThreshold):
                 margin_cell = f"{bounded.threshold:.3f} (bound {bounded.bound:.2f}): {_test(folder, bounded.threshold)}"
-            elif isinstance(bounded, evaluation.Unreachable):
+            elif isinstance(bounded, Unreachable):
                 margin_cell = (
                     f"none proposed (best bound {bounded.best:.2f})"
                     if bounded.at is None or bounded.specificity is None

@@ -117,14 +117,14 @@ def test_the_top_level_folders_depend_one_way() -> None:
 
 def test_the_dashboard_is_a_leaf_of_app() -> None:
     """The command line, the reports and the shared readers of ``app`` never import the dashboard's modules; the
-    dashboard imports them (``app.evaluation``, ``app.run_records``, ``app.datasets``, ``app.errors``, ...)."""
+    dashboard imports them (``app.evaluation.*``, ``app.run_records``, ``app.datasets``, ``app.errors``, ...)."""
     inside = [m for m in modules() if m.startswith("app.dashboard")]
     outside = [m for m in modules() if m.startswith("app.") and not m.startswith("app.dashboard")]
     assert len(inside) > 10
     assert len(outside) > 10
     wrong = [f"{m} imports {o}" for m in sorted(outside) for o in sorted(imports(m)) if o.startswith("app.dashboard")]
     assert wrong == []
-    assert any(o == "app.evaluation" for m in inside for o in imports(m))
+    assert any(o.startswith("app.evaluation.") for m in inside for o in imports(m))
 
 
 def test_no_module_imports_back_what_imports_it() -> None:

@@ -17,7 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from app.datasets import hospital_label
-from app.evaluation import Roc
+from app.evaluation.metrics import Roc
 
 # Okabe-Ito: blue, orange, bluish green, reddish purple, sky blue, vermillion, yellow, black.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")

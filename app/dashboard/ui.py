@@ -19,11 +19,12 @@ from typing import Any, ParamSpec
 
 import streamlit as st
 
-from app import evaluation
 from app.dashboard import commands, jobs, paths, presets
 from app.dashboard.fields import model_units
-from app.datasets import PreparedDataset, hospital_label, list_datasets, load_manifest
+from app.datasets import PreparedDataset, list_datasets, load_manifest
 from app.errors import DashboardError
+from app.evaluation.tables import verdict_word
+from app.evaluation.verdict import CANNOT_JUDGE, FAIL, PASS, REVIEW, Floor
 from app.run_records import RunInfo, list_runs
 from infra import provenance
 
@@ -327,16 +328,16 @@ def tile_image(path: Path, caption: str, alt: str) -> None:
     st.image(data, caption=caption, alt=alt, width="stretch")
 
 
-# --- the clinical floor and the operating threshold, shared by the Verdict and Hospital pages ---------------------
+# --- the clinical floor and the verdicts' badges and tables, shared by the pages --------------------------------------
 
 FLOOR_KEYS = {"sensitivity": "floor_sensitivity", "min_slides": "floor_min_slides", "specificity": "floor_specificity"}
 
 
-def floor_controls(page: str) -> evaluation.Floor:
+def floor_controls(page: str) -> Floor:
     """The clinical floor's three inputs (sensitivity at the operating threshold, minimum test slides, specificity
     below which a passing model goes to review), remembered across pages: each page's widgets start from the shared
     values (plain session keys, which Streamlit keeps when a page is left) and write back to them."""
-    default = evaluation.Floor()
+    default = Floor()
     fields = (
         ("sensitivity", "Floor: sensitivity", float(default.sensitivity), 0.01, 1.0, 0.05, "%.2f",
          "The sensitivity a hospital's model must reach at its operating threshold, on tiles and on abnormal slides."),
@@ -357,32 +358,32 @@ def floor_controls(page: str) -> evaluation.Floor:
         values[name] = column.number_input(
             label, min_value=low, max_value=high, step=step, key=widget, on_change=remember, help=help_text, **kwargs
         )
-    return evaluation.Floor(float(values["sensitivity"]), int(values["min_slides"]), float(values["specificity"]))
+    return Floor(float(values["sensitivity"]), int(values["min_slides"]), float(values["specificity"]))
 
 
 # A verdict's colour and word (Streamlit's background colours; the word alone carries the meaning, so a screen reader
 # hears "Hospital 0 FAIL" and no icon name).
 VERDICT_COLOURS = {
-    evaluation.PASS: "green",
-    evaluation.REVIEW: "orange",
-    evaluation.FAIL: "red",
-    evaluation.CANNOT_JUDGE: "gray",
+    PASS: "green",
+    REVIEW: "orange",
+    FAIL: "red",
+    CANNOT_JUDGE: "gray",
 }
 
 
-def verdict_badge(kind: str, floor: evaluation.Floor | None = None) -> str:
+def verdict_badge(kind: str, floor: Floor | None = None) -> str:
     """The verdict ``kind`` as markdown: its word in bold on its colour, with the floor when it is lowered below
-    the default (`evaluation.verdict_word`)."""
-    return f":{VERDICT_COLOURS[kind]}-background[**{evaluation.verdict_word(kind, floor)}**]"
+    the default (`app.evaluation.tables.verdict_word`)."""
+    return f":{VERDICT_COLOURS[kind]}-background[**{verdict_word(kind, floor)}**]"
 
 
-def current_floor() -> evaluation.Floor:
+def current_floor() -> Floor:
     """The clinical floor as last set on the Verdict or Hospital page (`floor_controls`' shared session values),
     without drawing its inputs: the Federation and Compare pages and the downloaded HTML report judge with it;
     the default floor when none was set (or a stored value is out of range)."""
-    default = evaluation.Floor()
+    default = Floor()
     try:
-        return evaluation.Floor(
+        return Floor(
             float(st.session_state.get(FLOOR_KEYS["sensitivity"], default.sensitivity)),
             int(st.session_state.get(FLOOR_KEYS["min_slides"], default.min_slides)),
             float(st.session_state.get(FLOOR_KEYS["specificity"], default.specificity)),
@@ -391,17 +392,9 @@ def current_floor() -> evaluation.Floor:
         return default
 
 
-FLASH_KEY = "_saved_threshold"
-SPLIT_WORDS = {
-    "validation": "chosen on the validation split, judged on the test split",
-    "test": "chosen on the test split it is judged on, so optimistic",
-    "": "set by hand",
-}
-
-
-def verdict_table(table: Any, key: str, floor: evaluation.Floor) -> None:
-    """`evaluation.verdict_summary` (with a ``run`` column on the Compare page) as a table with sensible precision,
-    and the floor it was judged against named under it."""
+def verdict_table(table: Any, key: str, floor: Floor) -> None:
+    """`app.evaluation.tables.verdict_summary` (with a ``run`` column on the Compare page) as a table with sensible
+    precision, and the floor it was judged against named under it."""
     number = st.column_config.NumberColumn
     st.dataframe(
         table,
@@ -421,176 +414,6 @@ def verdict_table(table: Any, key: str, floor: evaluation.Floor) -> None:
         f"Each hospital at the threshold its model card decides with, judged against the floor ({floor.words}; set "
         "it on the Verdict page, which gives each verdict's reason)."
     )
-
-
-def flash() -> None:
-    """The message of a threshold just saved (kept across the rerun that redraws the page at the new threshold)."""
-    message = st.session_state.pop(FLASH_KEY, None)
-    if message:
-        st.success(message, icon=":material/check_circle:")
-
-
-def _consequences(run: Path, hospital: int, current: float, value: float) -> None:
-    """What changing ``hospital``'s threshold from ``current`` to ``value`` does, said before anything is written:
-    the direction (`app.operating.direction`) and what ``value`` gives on its test split (`app.operating.
-    consequences_at`: sensitivity, abnormal test slides missed by name, false alarms); an abnormal test slide it
-    would call normal is said plainly, as an error."""
-    from app import operating
-
-    try:
-        found = operating.consequences_at(operating.bundle_folder(run, hospital), value)
-    except DashboardError as exc:
-        st.warning(f"What {value:.2f} does on test cannot be shown: {exc}", icon=":material/warning:")
-        return
-    st.markdown(f"This means **{operating.direction(current, value)}**.")
-    if found is None:
-        st.warning("This hospital has no test predictions, so what it does on test cannot be shown.")
-        return
-    st.markdown(f"On {hospital_label(hospital)}'s test split at {value:.2f}: {found.words}.")
-    if found.misses_abnormal_slide:
-        st.error(
-            f"At {value:.2f} the model calls {len(found.missed)} of {found.abnormal_slides} abnormal test slides "
-            f"normal ({', '.join(found.missed)}): cancers it would miss. Save it only knowing that.",
-            icon=":material/error:",
-        )
-
-
-def save_threshold_button(
-    run: Path, hospital: int, value: float, source: str, label: str, key: str, split: str = "", current: float = 0.5
-) -> None:
-    """A button that proposes ``value`` as the hospital's operating threshold, then asks for confirmation: the
-    direction of the change (``current`` to ``value``), what ``value`` gives on test (`_consequences`), the split
-    that chose it, who decides and why. Confirmed, it is saved into the model bundle (`app.operating.save`, the old
-    value, who, when and why kept in the card's ``threshold_history``), the held-out slides are called again at
-    it, and the page is redrawn at once at the new threshold. The Slide page, its calls, the HTML report and
-    ``predict`` then use it; `undo_button` takes it back."""
-    pending = f"{key}_pending"
-    if st.button(label, key=key, icon=":material/save:"):
-        st.session_state[pending] = True
-    if not st.session_state.get(pending):
-        return
-    with st.container(border=True):
-        st.markdown(
-            f"**Change {hospital_label(hospital)}'s operating threshold from {current:.2f} to {value:.2f}?** "
-            f"It is {SPLIT_WORDS.get(split, split)} ({source}). Every page, the HTML report and `gastric-fl predict` "
-            "will call its tiles and slides at it; the old value is kept in the model card's history, and Undo "
-            "brings it back."
-        )
-        _consequences(run, hospital, current, value)
-        who = st.text_input("Who decides", key=f"{key}_who", placeholder="your name")
-        why = st.text_input("Why", key=f"{key}_why", placeholder="for example: agreed at the tumour board")
-        confirm, cancel = st.columns(2)
-        if cancel.button("Cancel", key=f"{key}_cancel"):
-            st.session_state.pop(pending, None)
-            st.rerun()
-        if not confirm.button(f"Confirm: decide at {value:.2f}", key=f"{key}_confirm", type="primary"):
-            return
-        if not who.strip() or not why.strip():
-            st.error("Say who decides and why: both are kept in the model card's history.", icon=":material/error:")
-            return
-    from app import operating
-
-    try:
-        folder = operating.bundle_folder(run, hospital)
-        card = operating.save(folder, value, source, split, by=who, reason=why)
-        from app.held_out import recall
-
-        recall(folder, card.threshold)  # the held-out slides' calls at the new threshold (slides.csv)
-    except (DashboardError, ValueError) as exc:
-        st.error(str(exc), icon=":material/error:")
-        return
-    st.session_state.pop(pending, None)
-    st.session_state[FLASH_KEY] = (
-        f"Saved: {hospital_label(hospital)} now decides at threshold {card.threshold:.2f} "
-        f"({card.threshold_source}), was {current:.2f}. Every page, the HTML report and `gastric-fl predict` use it."
-    )
-    st.rerun()  # every figure on the page at the new threshold, now
-
-
-def undo_button(run: Path, hospital: int, key: str) -> None:
-    """Undo the last saved change of ``hospital``'s threshold (its model card's ``threshold_history``): the button
-    names the value it goes back to; confirmed with who, after the direction and what that value gives on test
-    (`_consequences`), it is saved as a new change (`app.operating.undo`: the history stays whole) and the
-    held-out slides are called again at it. Not shown when the card has no change."""
-    from app.slide_view import read_card_json
-    from federation.runfiles import hospital_dir
-
-    try:
-        card = read_card_json(hospital_dir(run, hospital))
-    except (DashboardError, ValueError, OSError):
-        return
-    history = card.get("threshold_history") or []
-    if not history or not isinstance(history[-1], dict) or "from" not in history[-1]:
-        return
-    try:
-        current, previous = float(card.get("threshold", 0.5)), float(history[-1]["from"])
-    except (TypeError, ValueError):
-        return
-    pending = f"{key}_pending"
-    if st.button(f"Undo: back to {previous:.2f}", key=key, icon=":material/undo:"):
-        st.session_state[pending] = True
-    if not st.session_state.get(pending):
-        return
-    with st.container(border=True):
-        st.markdown(
-            f"**Undo {hospital_label(hospital)}'s last threshold change ({previous:.2f} to {current:.2f}, "
-            f"{history[-1].get('at', 'time unknown')})?** The undo is kept in the model card's history too."
-        )
-        _consequences(run, hospital, current, previous)
-        who = st.text_input("Who undoes it", key=f"{key}_who", placeholder="your name")
-        confirm, cancel = st.columns(2)
-        if cancel.button("Cancel", key=f"{key}_cancel"):
-            st.session_state.pop(pending, None)
-            st.rerun()
-        if not confirm.button(f"Confirm: back to {previous:.2f}", key=f"{key}_confirm", type="primary"):
-            return
-        if not who.strip():
-            st.error("Say who undoes it: it is kept in the model card's history.", icon=":material/error:")
-            return
-    from app import operating
-
-    try:
-        folder = operating.bundle_folder(run, hospital)
-        saved = operating.undo(folder, by=who)
-        from app.held_out import recall
-
-        recall(folder, saved.threshold)
-    except (DashboardError, ValueError) as exc:
-        st.error(str(exc), icon=":material/error:")
-        return
-    st.session_state.pop(pending, None)
-    st.session_state[FLASH_KEY] = (
-        f"Undone: {hospital_label(hospital)} decides at threshold {saved.threshold:.2f} again "
-        f"({saved.threshold_source}), was {current:.2f}."
-    )
-    st.rerun()
-
-
-def save_floor_button(
-    info: RunInfo,
-    hospital: int,
-    threshold: float,
-    current: float,
-    sensitivity: float,
-    floor_name: str,
-    whose: str,
-    reaches: str,
-    split: str = "test",
-) -> None:
-    """`save_threshold_button` for the threshold that reaches a sensitivity floor on the ``split`` that chose it
-    (``threshold``, from `evaluation.chosen_target`: the validation split where the hospital has one, else the test
-    split, labelled optimistic), shown only where it differs from the hospital's ``current`` one;
-    its source names the floor (``floor_name``, e.g. "the Verdict page's floor"), and its label says "Save T as
-    ``whose`` threshold (reaches ``reaches``)"."""
-    from app import operating
-
-    value = operating.card_threshold(threshold)
-    if abs(value - current) > 1e-9:
-        where = "the validation split" if split == "validation" else "the test split"
-        source = operating.floor_source(sensitivity, where, floor_name, split)
-        label = f"Save {value:.2f} as {whose} threshold (reaches {reaches} on {where})"
-        key = f"save_floor_{info.run_id}_{hospital}"
-        save_threshold_button(info.path, hospital, value, source, label, key, split, current)
 
 
 def chart(where: Any, figure: Any, key: str, **kwargs: Any) -> Any:

@@ -6,7 +6,7 @@ report --html`"):
 * the metrics of its own test split (FedSAF paper 001, Sec. 5: each client's model on its own test split): AUC
   (threshold-free), and accuracy, sensitivity and specificity at the card's decision threshold (``P(abnormal) >=
   threshold`` calls a tile abnormal, `models.bundle.decision_counts`), next to the engine's own last-round figures;
-* the verdict against the floor (`app.evaluation.judge`, the one judgement every page shows);
+* the verdict against the floor (`app.evaluation.verdict.judge`, the one judgement every page shows);
 * the ROC curve with the operating point, the confusion matrix at the threshold, one plain sentence for each;
 * example test tiles: true and false positives and negatives, the most confident first;
 * every test slide's call, and heatmaps of scored slides (`app.slide_view`: the Slide page's results, or one test
@@ -40,7 +40,7 @@ from infra.provenance import intended_use
 from models.decision import NO_DESCRIPTION, interval_text, outcome, slide_of_tile, slide_stem
 
 if TYPE_CHECKING:
-    from app.evaluation import Floor
+    from app.evaluation.verdict import Floor
 
 EXAMPLES_PER_GROUP = 4
 TARGET_SENSITIVITY = 0.9  # the Hospital page's default target
@@ -104,23 +104,25 @@ def _metrics(rep: HospitalReport, floor: Floor | None = None) -> dict[str, Any]:
     The operating point, the target threshold and the warning are the Hospital page scorecard's own functions
     (`app.evaluation`), so the report and the page agree word for word.
     """
-    from app import evaluation
+    from app.evaluation.metrics import confusion, roc
+    from app.evaluation.verdict import Floor, judge
+    from app.evaluation.words import auc_warning, target_warning
 
     labels, probs = rep.predictions.labels, rep.predictions.probs
     frame = pd.DataFrame({"label": labels, "prob_abnormal": probs, "path": rep.predictions.paths})
     val = rep.val_predictions
     val_frame = (
         None if val is None else pd.DataFrame({"label": val.labels, "prob_abnormal": val.probs, "path": val.paths})
-    )  # the paths name the slides, which the threshold's margin counts (`evaluation.bounded_threshold`)
-    floor = floor or evaluation.Floor(sensitivity=TARGET_SENSITIVITY)
-    judged = evaluation.judge(
+    )  # the paths name the slides, which the threshold's margin counts (`app.evaluation.threshold.bounded_threshold`)
+    floor = floor or Floor(sensitivity=TARGET_SENSITIVITY)
+    judged = judge(
         rep.hospital, frame, rep.threshold, _threshold_source(rep), rep.card.get("threshold_split") or "", floor,
         val_frame, rep.held_out,
     )  # fmt: skip
     score = judged.score
-    matrix = evaluation.confusion(labels, probs, rep.threshold)
+    matrix = confusion(labels, probs, rep.threshold)
     point, target = score.point, score.target  # the scorecard's own operating point and target threshold
-    curve = evaluation.roc(labels, probs)  # the curve itself, for its figure (the score keeps only its AUC)
+    curve = roc(labels, probs)  # the curve itself, for its figure (the score keeps only its AUC)
 
     def rate(value: float) -> float | None:
         return None if math.isnan(value) else value
@@ -140,16 +142,16 @@ def _metrics(rep: HospitalReport, floor: Floor | None = None) -> dict[str, Any]:
         "tn": point.tn,
         "fp": point.fp,
         "target": target,
-        "sensitivity_ci": evaluation.interval_text(point.sensitivity_interval),
-        "specificity_ci": evaluation.interval_text(point.specificity_interval),
+        "sensitivity_ci": interval_text(point.sensitivity_interval),
+        "specificity_ci": interval_text(point.specificity_interval),
         "score": score,
         "floor": floor,
         "verdict": judged.verdict,
         "warning": " ".join(
             w
             for w in (
-                evaluation.auc_warning(curve.auc, point),
-                evaluation.target_warning(point, target, score.unreachable),
+                auc_warning(curve.auc, point),
+                target_warning(point, target, score.unreachable),
             )
             if w
         )
@@ -187,14 +189,14 @@ def _threshold_source(rep: HospitalReport) -> str:
 
 def _lowered(floor: Any) -> str:
     """`` at floor 0.70 (below 0.90)`` after the verdict's word when the floor is below the default, as every
-    dashboard badge says it (`app.evaluation.verdict_word`)."""
-    from app.evaluation import DEFAULT_FLOOR
+    dashboard badge says it (`app.evaluation.tables.verdict_word`)."""
+    from app.evaluation.verdict import DEFAULT_FLOOR
 
     return f" at floor {floor.sensitivity:.2f} (below {DEFAULT_FLOOR:.2f})" if floor.lowered else ""
 
 
 def _verdict(m: dict[str, Any]) -> str:
-    """The verdict against the report's floor (`app.evaluation.judge`, the one judgement every page
+    """The verdict against the report's floor (`app.evaluation.verdict.judge`, the one judgement every page
     shows), icon + word + colour + the reason, and the floor named."""
     verdict, floor = m["verdict"], m["floor"]
     kind = verdict.kind.replace(" ", "-")
@@ -409,7 +411,7 @@ def _heatmaps(rep: HospitalReport) -> str:
         ]
         mine = slide_view.tiles_of_slide(list(rep.predictions.paths), name) if test else None
         if mine is not None:  # a test slide: its prepared test tiles, the ones the verdict and the scorecard count
-            from app.evaluation import operating_point
+            from app.evaluation.metrics import operating_point
 
             point = operating_point(rep.predictions.labels[mine], rep.predictions.probs[mine], threshold)
             sens = point.sensitivity if point.abnormal else None

@@ -25,7 +25,7 @@ from federation.runfiles import REPORT_HTML, hospital_name
 from infra.outputs import OutputError, check_addable, claim_output, os_error_message, write_marker
 
 if TYPE_CHECKING:
-    from app.evaluation import Floor
+    from app.evaluation.verdict import Floor
 
 COMMAND = "report"
 HOSPITAL_REPORT = REPORT_HTML  # in the hospital's own folder, beside its predictions.csv

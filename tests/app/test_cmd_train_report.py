@@ -29,7 +29,7 @@ def test_train_then_report(
     for name in ("report.md", "report.csv", "hospitals.csv", "accuracy.png"):
         assert (run_dir / name).is_file()
     # each hospital's verdict, as the Verdict page gives it with the same floor, named in the report
-    from app.evaluation import Floor
+    from app.evaluation.verdict import Floor
     from app.verdicts import judge_run
 
     expected = judge_run(run_dir, Floor()).judgements

@@ -245,9 +245,12 @@ def test_building_a_report_imports_no_torch(data: TrainedRoot) -> None:
 def test_the_report_gives_the_verdict_slide_calls_and_test_slides_first(data: TrainedRoot) -> None:
     """Issue 23: the verdict against the default floor, every test slide with its call, the AUC interval by slide,
     the threshold's source, and heatmaps of test slides before uploads, captioned by file name, with a colour bar."""
-    from app import evaluation, slide_view
+    from app import slide_view
+    from app.evaluation.metrics import operating_point
+    from app.evaluation.verdict import Floor, score_hospital, verdict
     from app.report_html import load_hospital, report_html, score_one_slide
     from models.bundle import set_threshold
+    from models.decision import interval_text
 
     set_threshold(data.hospital(0), 0.35, "set by hand")
     assert score_one_slide(load_hospital(data.run, 0)) is None
@@ -257,15 +260,15 @@ def test_the_report_gives_the_verdict_slide_calls_and_test_slides_first(data: Tr
 
     frame = pd.DataFrame({"label": rep.predictions.labels, "prob_abnormal": rep.predictions.probs,
                           "path": rep.predictions.paths})  # fmt: skip
-    score = evaluation.score_hospital(0, frame, 0.35, 0.9)
-    expected = evaluation.verdict(score, evaluation.Floor())
+    score = score_hospital(0, frame, 0.35, 0.9)
+    expected = verdict(score, Floor())
     assert f'data-verdict="{expected.kind}"' in page
     assert expected.reason.replace("'", "&#x27;") in page
     assert _metric(page, "threshold") == "0.35"
     assert "from set by hand" in page
     assert score.slides is not None
     assert _metric(page, "slides") == str(score.slides)
-    assert _metric(page, "auc_ci") == (evaluation.interval_text(score.auc_interval) or "undefined")
+    assert _metric(page, "auc_ci") == (interval_text(score.auc_interval) or "undefined")
     table = page.split('data-metric="slide_calls"')[1].split("</table>")[0]
     assert table.count("<tr>") == 1 + score.slides  # header + one row per test slide
     assert score.slide_point is not None
@@ -293,7 +296,7 @@ def test_the_report_gives_the_verdict_slide_calls_and_test_slides_first(data: Tr
     # the test slide's tile figures are its prepared test tiles' (the verdict's), not the heatmap grid's
     mine = slide_view.tiles_of_slide(list(rep.predictions.paths), figure.group(1))
     assert mine is not None
-    point = evaluation.operating_point(rep.predictions.labels[mine], rep.predictions.probs[mine], 0.35)
+    point = operating_point(rep.predictions.labels[mine], rep.predictions.probs[mine], 0.35)
     assert f"(its {point.abnormal + point.normal} prepared test tiles, as the verdict counts them)" in page
 
 

@@ -1,4 +1,4 @@
-"""The verdict per hospital (app.evaluation.verdict) on hand-made test splits: a high AUC with a low
+"""The verdict per hospital (app.evaluation.verdict.verdict) on hand-made test splits: a high AUC with a low
 sensitivity fails, too few slides cannot be judged, a small sample meeting the floor goes to review, a large one
 passes; and the slide-level figures of the scorecard."""
 
@@ -7,7 +7,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from app import evaluation
+from app.evaluation.tables import scorecard_table
+from app.evaluation.verdict import CANNOT_JUDGE, FAIL, PASS, REVIEW, Floor, Verdict, judge, score_hospital, verdict
 
 
 def _split(abnormal: list[list[float]], normal: list[list[float]], client: int = 0) -> pd.DataFrame:
@@ -22,19 +23,19 @@ def _split(abnormal: list[list[float]], normal: list[list[float]], client: int =
     return pd.DataFrame(rows)
 
 
-def _judge(frame: pd.DataFrame, floor: evaluation.Floor, threshold: float = 0.5) -> evaluation.Verdict:
-    score = evaluation.score_hospital(0, frame, threshold, floor.sensitivity, floor.min_slides)
-    return evaluation.verdict(score, floor)
+def _judge(frame: pd.DataFrame, floor: Floor, threshold: float = 0.5) -> Verdict:
+    score = score_hospital(0, frame, threshold, floor.sensitivity, floor.min_slides)
+    return verdict(score, floor)
 
 
 def test_high_auc_low_sensitivity_fails() -> None:
     # 3 abnormal slides whose tiles sit at 0.30-0.45, 3 normal ones at 0.05-0.20: ranked perfectly (AUC 1) but
     # all 12 abnormal tiles are below 0.5.
     frame = _split([[0.30, 0.35, 0.40, 0.45]] * 3, [[0.05, 0.10, 0.15, 0.20]] * 3)
-    score = evaluation.score_hospital(0, frame, 0.5, 0.9)
+    score = score_hospital(0, frame, 0.5, 0.9)
     assert score.auc == 1.0
-    result = evaluation.verdict(score, evaluation.Floor())
-    assert result.kind == evaluation.FAIL
+    result = verdict(score, Floor())
+    assert result.kind == FAIL
     # 0.9 x 12 -> the 11th highest abnormal probability, 0.30, reaches 0.90 on the estimate; but 12 tiles, all of
     # them caught, show at best 12/15.84 = 0.76 on the lower end of the interval: none is proposed
     assert result.reason == (
@@ -49,8 +50,8 @@ def test_high_auc_low_sensitivity_fails() -> None:
 def test_missed_slide_fails_although_tiles_meet_the_floor() -> None:
     # 60 of 61 abnormal tiles found (0.98), but the missed one is a whole slide: 3 of 4 abnormal slides (0.75)
     frame = _split([[0.9] * 20] * 3 + [[0.2]], [[0.1] * 5] * 2)
-    result = _judge(frame, evaluation.Floor(sensitivity=0.9))
-    assert result.kind == evaluation.FAIL
+    result = _judge(frame, Floor(sensitivity=0.9))
+    assert result.kind == FAIL
     # the estimate alone reaches 0.90 at 0.90 (60 of 61), missing slide 00003; with the slides' disagreement
     # counted, the margin asks for 0.20, where every slide is caught
     assert result.reason == (
@@ -61,8 +62,8 @@ def test_missed_slide_fails_although_tiles_meet_the_floor() -> None:
         "(false alarms)."
     )
     # Meeting a lower floor, the missed cancer slide still keeps it from passing, and is named in the reason.
-    lower = _judge(frame, evaluation.Floor(sensitivity=0.75))
-    assert lower.kind == evaluation.REVIEW
+    lower = _judge(frame, Floor(sensitivity=0.75))
+    assert lower.kind == REVIEW
     assert lower.reason == (
         "finds 60 of 61 abnormal tiles at threshold 0.50 (sensitivity 0.98, 95% CI 0.91\u20131.00), specificity "
         "1.00, but on its slides it misses 1 of 4 abnormal slides (00003): look at them before relying on it."
@@ -73,8 +74,8 @@ def test_interval_wholly_below_the_floor_fails_whatever_the_slide_count() -> Non
     # 3 slides (the minimum is 5), 20 of 44 abnormal tiles found: Wilson 0.32-0.60, wholly below 0.90. Too few
     # slides to trust a pass, but enough to know it misses too much.
     frame = _split([[0.9] * 20 + [0.2] * 14, [0.3] * 10], [[0.1] * 10])
-    result = _judge(frame, evaluation.Floor())
-    assert result.kind == evaluation.FAIL
+    result = _judge(frame, Floor())
+    assert result.kind == FAIL
     assert result.reason == (
         "misses 24 of 44 abnormal tiles at threshold 0.50 (sensitivity 0.45, 95% CI 0.32\u20130.60, wholly below "
         "the floor 0.90, even from 3 slides); on its slides it misses 1 of 2 abnormal slides (00001); threshold "
@@ -83,22 +84,22 @@ def test_interval_wholly_below_the_floor_fails_whatever_the_slide_count() -> Non
         "called abnormal); it finds all 2 abnormal test slides, 0 of 1 normal slides called abnormal (false alarms)."
     )
     # The same tiles against a floor its interval reaches: too few slides to judge, the missed slide still named.
-    reachable = _judge(frame, evaluation.Floor(sensitivity=0.55))
-    assert reachable.kind == evaluation.CANNOT_JUDGE
+    reachable = _judge(frame, Floor(sensitivity=0.55))
+    assert reachable.kind == CANNOT_JUDGE
     assert reachable.reason.endswith("at least 5 wanted; on its slides it misses 1 of 2 abnormal slides (00001).")
 
 
 def test_too_few_slides_cannot_be_judged() -> None:
     frame = _split([[0.9, 0.8]] * 2, [[0.1]])
-    result = _judge(frame, evaluation.Floor(min_slides=5))
-    assert result.kind == evaluation.CANNOT_JUDGE
+    result = _judge(frame, Floor(min_slides=5))
+    assert result.kind == CANNOT_JUDGE
     assert result.reason == "too few slides to judge: 3 test slides (5 tiles), at least 5 wanted."
 
 
 def test_small_sample_meeting_the_floor_goes_to_review() -> None:
     frame = _split([[0.9, 0.8]] * 5, [[0.1, 0.2]] * 5)  # 10 of 10 abnormal tiles: Wilson 0.72-1.00
-    result = _judge(frame, evaluation.Floor())
-    assert result.kind == evaluation.REVIEW
+    result = _judge(frame, Floor())
+    assert result.kind == REVIEW
     assert result.reason == (
         "finds 10 of 10 abnormal tiles at threshold 0.50 (sensitivity 1.00, 95% CI 0.72\u20131.00), specificity "
         "1.00, but with 10 abnormal tiles the interval reaches below the floor 0.90."
@@ -107,15 +108,15 @@ def test_small_sample_meeting_the_floor_goes_to_review() -> None:
 
 def test_low_specificity_goes_to_review() -> None:
     frame = _split([[0.9] * 12] * 5, [[0.6] * 12] * 4 + [[0.1] * 12])
-    result = _judge(frame, evaluation.Floor())
-    assert result.kind == evaluation.REVIEW
+    result = _judge(frame, Floor())
+    assert result.kind == REVIEW
     assert "calls 48 of 60 normal tiles abnormal (specificity 0.20, below 0.50)" in result.reason
 
 
 def test_large_sample_passes() -> None:
     frame = _split([[0.95] * 12] * 5, [[0.05] * 12] * 5)  # 60 of 60: Wilson lower end 0.94
-    result = _judge(frame, evaluation.Floor())
-    assert result.kind == evaluation.PASS
+    result = _judge(frame, Floor())
+    assert result.kind == PASS
     assert result.reason == (
         "finds 60 of 60 abnormal tiles at threshold 0.50 (sensitivity 1.00, 95% CI 0.94\u20131.00) and 5 of 5 "
         "abnormal slides, specificity 1.00."
@@ -125,13 +126,13 @@ def test_large_sample_passes() -> None:
 
 def test_slide_level_scorecard_columns() -> None:
     frame = _split([[0.9, 0.6], [0.4]], [[0.5, 0.1]])
-    score = evaluation.score_hospital(0, frame, 0.5, 0.9, min_slides=1)
+    score = score_hospital(0, frame, 0.5, 0.9, min_slides=1)
     assert score.slides == 3
     assert score.slide_point is not None
     assert (score.slide_point.tp, score.slide_point.fn, score.slide_point.tn, score.slide_point.fp) == (1, 1, 1, 0)
     assert score.slide_auc == 1.0  # slide scores 0.75, 0.4 against 0.3
     assert score.auc_interval is None  # 3 slides, one of them normal: too few to resample
-    row = evaluation.scorecard_table([score]).iloc[0]
+    row = scorecard_table([score]).iloc[0]
     assert row["missed slides"] == "1 of 2"
     assert row["slide sensitivity"] == 0.5
     assert row["slide specificity"] == 1.0
@@ -140,9 +141,9 @@ def test_slide_level_scorecard_columns() -> None:
 
 def test_floor_refuses_nonsense() -> None:
     with pytest.raises(ValueError, match="sensitivity must be in"):
-        evaluation.Floor(sensitivity=0.0)
+        Floor(sensitivity=0.0)
     with pytest.raises(ValueError, match="at least 1"):
-        evaluation.Floor(min_slides=0)
+        Floor(min_slides=0)
 
 
 def test_the_verdict_counts_slides_reported_unfamiliar_or_with_a_focus() -> None:
@@ -159,8 +160,8 @@ def test_the_verdict_counts_slides_reported_unfamiliar_or_with_a_focus() -> None
     ]
     held_out = as_slides(calls)
     assert held_out is not None
-    plain = evaluation.judge(0, frame, 0.5, "the default 0.5", "", evaluation.Floor())
-    flagged = evaluation.judge(0, frame, 0.5, "the default 0.5", "", evaluation.Floor(), held_out=held_out)
+    plain = judge(0, frame, 0.5, "the default 0.5", "", Floor())
+    flagged = judge(0, frame, 0.5, "the default 0.5", "", Floor(), held_out=held_out)
     assert flagged.verdict.reason.endswith(
         " Of the test slides, 1 UNFAMILIAR (unlike this hospital's slides, do not rely on their calls: grey.png) and "
         "1 normal with a focus above the threshold (review: n.png)."

@@ -12,11 +12,11 @@ import pytest
 from support.cli import run_cli
 from support.slides import TinyRun
 
-from app.evaluation import TargetThreshold, bounded_threshold, slides_of_tiles
+from app.evaluation.threshold import TargetThreshold, bounded_threshold
 from app.run_records import read_prediction_file
 from inference.results import slide_calls_line
 from models.bundle import BundleError, read_card, set_threshold
-from models.decision import top_k_mean
+from models.decision import slides_of_tiles, top_k_mean
 
 
 def _copy_bundle(tiny_run: TinyRun, tmp_path: Path) -> Path:
@@ -123,7 +123,7 @@ def test_predict_prints_the_intended_use_and_the_verdict_against_the_floor_it_is
     tiny_run: TinyRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from app.cli_floor import DEFAULT_MIN_SLIDES, DEFAULT_SENSITIVITY, DEFAULT_SPECIFICITY
-    from app.evaluation import Floor
+    from app.evaluation.verdict import Floor
     from app.verdicts import judge_run
 
     assert Floor() == Floor(DEFAULT_SENSITIVITY, DEFAULT_MIN_SLIDES, DEFAULT_SPECIFICITY)  # the page's defaults

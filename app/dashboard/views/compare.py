@@ -14,10 +14,10 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from app import evaluation
 from app.dashboard import charts, checks, commands, compare, fields, jobs, paths, presets, ui
 from app.datasets import list_datasets
 from app.errors import DashboardError
+from app.evaluation.tables import verdict_summary
 from app.verdicts import judge_run
 
 HEATMAP_FIGURES = ("Best ACC", "Averaged ACC", "Best AUC", "Averaged AUC", "Std ACC", "Values transmitted")
@@ -70,7 +70,7 @@ def _verdicts(selected: list[tuple[str, Path]]) -> None:
     for run_id, path in selected:
         judged = judge_run(path, floor).judgements
         if judged:
-            table = evaluation.verdict_summary(judged)
+            table = verdict_summary(judged)
             table.insert(0, "run", run_id)
             tables.append(table)
     if not tables:

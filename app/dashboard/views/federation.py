@@ -2,7 +2,7 @@
 it, and watch it live: round k of K and the step within the round, time left, each hospital's test AUC and
 accuracy, the averaged and std curves, values transmitted and the AMP matrix xi (FedSAF paper, Algorithm 1;
 Eq. 1, 3-8, 16-20, 23-25). A hospital whose last-round AUC is high while its accuracy is low gets one sentence
-sending it to the Hospital page's scorecard (``evaluation.accuracy_warning``).
+sending it to the Hospital page's scorecard (``app.evaluation.words.accuracy_warning``).
 
 The form leads with the plain settings (dataset, method, rounds, seed, local epochs, learning rate); the method's
 hyper-parameters and the settings every method shares sit under "Advanced". Each field has the limits of
@@ -21,11 +21,11 @@ from typing import Any
 
 import streamlit as st
 
-from app import evaluation
 from app.dashboard import charts, checks, commands, fields, jobs, live, paths, presets, ui
 from app.datasets import PreparedDataset
 from app.errors import DashboardError
-from app.evaluation import latest_accuracy_warnings
+from app.evaluation.tables import verdict_summary
+from app.evaluation.words import latest_accuracy_warnings
 from app.run_records import (
     RunInfo,
     format_seconds,
@@ -304,7 +304,7 @@ def monitor(info: RunInfo, initial_status: str) -> None:
         judged = judge_run(info.path, floor).judgements
         if judged:
             st.markdown("**Each hospital's verdict** (its latest round's model)")
-            ui.verdict_table(evaluation.verdict_summary(judged), "verdict_table", floor)
+            ui.verdict_table(verdict_summary(judged), "verdict_table", floor)
             st.caption("The training's own figures follow: an averaged AUC says how tiles are ranked, not the verdict.")
 
     last = rounds.iloc[-1]

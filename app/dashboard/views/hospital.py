@@ -15,9 +15,13 @@ import math
 import pandas as pd
 import streamlit as st
 
-from app import evaluation
 from app.dashboard import charts, ui
+from app.dashboard.threshold_change import flash, save_floor_button, save_threshold_button, undo_button
 from app.datasets import LABELS, hospital_label
+from app.evaluation.metrics import OperatingPoint, confusion, operating_point, ranked_examples, roc
+from app.evaluation.tables import judgement_table
+from app.evaluation.threshold import TargetThreshold
+from app.evaluation.verdict import Floor, Judgement
 from app.run_records import (
     RunInfo,
     load_metrics,
@@ -35,14 +39,14 @@ def _rate(value: float) -> str:
     return "—" if math.isnan(value) else f"{value:.3f}"
 
 
-def _scorecard(judgements: tuple[evaluation.Judgement, ...], floor: evaluation.Floor) -> None:
+def _scorecard(judgements: tuple[Judgement, ...], floor: Floor) -> None:
     """Every hospital side by side at its own card's threshold, its verdict against ``floor`` first, with warnings
     in words and the threshold reaching the floor's sensitivity (chosen on each hospital's validation split where
     it has one)."""
     for judged in judgements:
         if judged.score.warning:
             st.warning(f"**{hospital_label(judged.hospital)}**: {judged.score.warning}", icon=":material/warning:")
-    table = evaluation.judgement_table(judgements)
+    table = judgement_table(judgements)
     target = floor.sensitivity
     number = st.column_config.NumberColumn
     st.dataframe(
@@ -108,8 +112,8 @@ def _scorecard(judgements: tuple[evaluation.Judgement, ...], floor: evaluation.F
 def _hospital_detail(
     info: RunInfo,
     predictions: pd.DataFrame,
-    judgements: tuple[evaluation.Judgement, ...],
-    floor: evaluation.Floor,
+    judgements: tuple[Judgement, ...],
+    floor: Floor,
 ) -> None:
     """One hospital at its card's threshold: its verdict, figures, ROC curve, confusion matrix, history and example
     tiles; then a slider that explores another threshold (said to be exploring) and the save buttons."""
@@ -121,7 +125,7 @@ def _hospital_detail(
     rows = predictions[predictions["client"] == hospital]
     labels = rows["label"].to_numpy(dtype=int)
     probs = rows["prob_abnormal"].to_numpy(dtype=float)
-    curve = evaluation.roc(labels, probs)
+    curve = roc(labels, probs)
     point = judged.score.point
     metrics = load_metrics(info.path)
     mine = metrics[metrics["client"] == hospital]
@@ -150,7 +154,7 @@ def _hospital_detail(
 
     explored = _explore(info, hospital, threshold)
     exploring = abs(explored - threshold) > 1e-9
-    seen = evaluation.operating_point(labels, probs, explored) if exploring else None
+    seen = operating_point(labels, probs, explored) if exploring else None
 
     left, right = st.columns(2)
     with left:
@@ -184,7 +188,7 @@ def _hospital_detail(
             f"called normal and {point.fp} abnormal; of {point.abnormal} abnormal tiles {point.tp} called abnormal "
             f"and {point.fn} normal."
         )
-        matrix = charts.confusion(evaluation.confusion(labels, probs, threshold), threshold, "the model card's")
+        matrix = charts.confusion(confusion(labels, probs, threshold), threshold, "the model card's")
         ui.chart(st, matrix, key="confusion", alt=confusion_alt)
         st.caption(ui.EXPLAIN["confusion"])
 
@@ -242,9 +246,9 @@ def _save_buttons(
     info: RunInfo,
     hospital: int,
     explored: float,
-    seen: evaluation.OperatingPoint | None,
-    target: evaluation.TargetThreshold | None,
-    floor: evaluation.Floor,
+    seen: OperatingPoint | None,
+    target: TargetThreshold | None,
+    floor: Floor,
     current: float,
 ) -> None:
     """What the explored threshold would do (``seen``, when exploring; said to be exploring), and buttons to save it,
@@ -261,23 +265,23 @@ def _save_buttons(
     left, right = st.columns(2)
     with left:
         if seen is not None and 0.0 < explored < 1.0:
-            ui.save_threshold_button(
+            save_threshold_button(
                 info.path, hospital, explored, "set by hand", f"Save {explored:.2f} as its threshold",
                 key=f"save_hand_{info.run_id}_{hospital}", current=current,
             )  # fmt: skip
     with right:
         if target is not None:
             reaches = f"the floor {floor.sensitivity:.2f}"
-            ui.save_floor_button(
+            save_floor_button(
                 info, hospital, target.threshold, current, floor.sensitivity, "the floor", "its", reaches, target.split
             )
-        ui.undo_button(info.path, hospital, f"undo_hospital_{info.run_id}_{hospital}")
+        undo_button(info.path, hospital, f"undo_hospital_{info.run_id}_{hospital}")
 
 
 def _example_tiles(info: RunInfo, rows: pd.DataFrame, hospital: int, threshold: float) -> None:
     st.subheader("Example test tiles")
     st.caption("Errors first, the ones the model was most sure about at the top; then correct calls.")
-    examples = evaluation.ranked_examples(rows, threshold).head(TILES_SHOWN)
+    examples = ranked_examples(rows, threshold).head(TILES_SHOWN)
     dataset = info.dataset
     if dataset is None or not dataset.is_dir():
         st.warning(f"The prepared dataset of this run ({dataset}) is not available, so its tiles cannot be shown.")
@@ -304,7 +308,7 @@ def page() -> None:
     """The Hospital page."""
     st.title("Hospital")
     st.caption("How each hospital's own model does on that hospital's held-out test tiles.")
-    ui.flash()
+    flash()
 
     runs = ui.all_runs()
     if not runs:

@@ -12,7 +12,7 @@ tile's image and probability, picked by clicking the heatmap or from the list. T
 
 Torch is imported only when a slide has to be scored, so the page's first content never waits for it. Every
 problem (damaged card, missing dataset, unreadable slide, no tissue, a bundle that does not fit) is one line. An
-upload is checked before it is kept (`app.slide_view.check_upload`): a file that is not a PNG or TIFF slide, or whose
+upload is checked before it is kept (`app.slide_upload.check_upload`): a file that is not a PNG or TIFF slide, or whose
 header declares more pixels than the page's limit (``gastric-fl dashboard --max-pixels``), is refused in a sentence
 on the page naming the uploaded file and what to upload instead. The uploaders take any file, so that this sentence,
 not only the browser's own mark on the file, says why a file is refused. An upload is shown under the name it was
@@ -21,18 +21,17 @@ uploaded as (`app.slide_view.slide_name`).
 
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 from typing import Any
 
 import cv2
 import numpy as np
 import numpy.typing as npt
-import plotly.graph_objects as go
 import streamlit as st
 
-from app import colour_scale, slide_view
+from app import colour_scale, slide_upload, slide_view
 from app.dashboard import ui
+from app.dashboard.slide_figure import file_stamp, heatmap_figure
 from app.datasets import hospital_label
 from app.run_records import RunInfo
 from federation.runfiles import METRICS_FILE, PREDICTIONS_FILE, SLIDES_FILE
@@ -40,7 +39,6 @@ from models.decision import NO_DESCRIPTION, UNFAMILIAR_LIMIT
 from models.names import CARD_FILE
 from pipeline.errors import PipelineError
 
-CHART_HEIGHT = 490
 TILE_DISPLAY_PX = 224
 TILE_KEY = "slide_tile"
 CHART_KEY = "slide_chart"
@@ -50,12 +48,6 @@ st.caption(
     "One hospital's model over a whole slide: where it sees abnormal tissue, tile by tile. Scored once, "
     "kept in the hospital's folder."
 )
-
-
-@st.cache_data(show_spinner=False, max_entries=64)
-def _data_uri(path: str, stamp: float) -> str:
-    """A PNG file as a data URI (cached per file version: ``stamp`` is its modification time)."""
-    return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode("ascii")
 
 
 @st.cache_resource(show_spinner=False, max_entries=2)
@@ -70,117 +62,14 @@ def _slide_pixels(path: str, stamp: float, limit: int) -> npt.NDArray[np.uint8]:
 def _report(run: str, client: int, stamp: tuple[float, ...], floor: tuple[float, int, float]) -> str:
     """The hospital's HTML report, judged against the floor set on screen (``floor``: sensitivity, minimum test
     slides, review specificity), rebuilt when its files or its scored slides change (``stamp``) or the floor does."""
-    from app.evaluation import Floor
+    from app.evaluation.verdict import Floor
     from app.report_html import report_html
 
     return report_html(Path(run), client, Floor(*floor))
 
 
-def _stamp(path: Path) -> float:
-    return path.stat().st_mtime if path.exists() else 0.0
-
-
 def _runs_with_models() -> list[RunInfo]:
     return [r for r in ui.all_runs() if slide_view.bundle_folders(r.path)]
-
-
-def _threshold_scale(threshold: float) -> list[list[Any]]:
-    """The colour bar's scale: below ``threshold`` the heatmap leaves the tissue uncoloured (shown light grey on
-    the bar), from it up the overlay's own viridis of P (`app.colour_scale.plotly_scale`: the same colour for the
-    same P on the bar and the heatmap)."""
-    from app import colour_scale
-
-    return colour_scale.plotly_scale(threshold)
-
-
-def _bar_ticks(threshold: float) -> tuple[list[float], list[str]]:
-    """The colour bar's ticks: 0, 0.5 and 1, and the threshold marked with ▲; a round tick too close to the
-    threshold to be read beside it on a phone's width is left out."""
-    t = round(min(max(threshold, 0.0), 1.0), 2)
-    values = sorted({t, *(v for v in (0.0, 0.5, 1.0) if abs(v - t) >= 0.15)})
-    return values, [f"▲{v:.2f}" if v == t else f"{v:g}" for v in values]
-
-
-def _figure(scored: slide_view.ScoredSlide, opacity: float, picked: int) -> go.Figure:
-    """Slide, heatmap (at ``opacity``) and outline as image layers in slide pixels, tiles as clickable points."""
-    step = 1.0 / scored.scale
-    fig = go.Figure()
-    for name in ("slide", "heat", "unfamiliar", "outline"):  # unfamiliar: tissue unlike the hospital's, hatched
-        layer = scored.layer(name)
-        if layer is None:
-            continue
-        fig.add_trace(
-            go.Image(
-                source=_data_uri(str(layer), _stamp(layer)),
-                x0=0,
-                y0=0,
-                dx=step,
-                dy=step,
-                opacity=opacity if name == "heat" else 1.0,
-                hoverinfo="skip",
-                name=name,
-            )
-        )
-    half = scored.size / 2
-    # Invisible squares over the tile centres carry the hover text, the colour bar and the click (Streamlit's
-    # point selection); the heatmap layer above is what the eye sees.
-    marker_px = max(6.0, min(48.0, scored.size * CHART_HEIGHT / max(scored.width, scored.height) * 0.9))
-    tickvals, ticktext = _bar_ticks(scored.threshold)
-    fig.add_trace(
-        go.Scatter(
-            x=scored.xs + half,
-            y=scored.ys + half,
-            mode="markers",
-            customdata=np.arange(len(scored.xs)),
-            marker={
-                "symbol": "square",
-                "size": marker_px,
-                "color": scored.probability,
-                "colorscale": _threshold_scale(scored.threshold),
-                "cmin": 0.0,
-                "cmax": 1.0,
-                "opacity": 0.0,
-                "showscale": True,
-                # A short title above the bar and three ticks besides the threshold's, so that nothing is cut
-                # at any width; what the grey means is said in the caption under the chart.
-                "colorbar": {
-                    "title": {"text": "P(abnormal)", "side": "top", "font": {"size": 13}},
-                    "tickvals": tickvals,
-                    "ticktext": ticktext,
-                    "tickfont": {"size": 13},
-                    "orientation": "h",
-                    "thickness": 12,
-                    "x": 0.5,
-                    "xanchor": "center",
-                    "y": -0.02,
-                    "yanchor": "top",
-                    "len": 0.8,
-                },
-            },
-            selected={"marker": {"opacity": 0.0}},
-            unselected={"marker": {"opacity": 0.0}},
-            hovertemplate="%{text}<extra></extra>",
-            text=[
-                f"x {x}, y {y}: P(abnormal) {p:.3f}"
-                for x, y, p in zip(scored.xs, scored.ys, scored.probability, strict=True)
-            ],
-            name="tiles",
-        )
-    )
-    x, y = int(scored.xs[picked]), int(scored.ys[picked])
-    for colour, width in (("black", 5), ("white", 2)):
-        fig.add_shape(type="rect", x0=x, y0=y, x1=x + scored.size, y1=y + scored.size,
-                      line={"color": colour, "width": width})  # fmt: skip
-    fig.update_xaxes(range=[0, scored.width], visible=False, constrain="domain")
-    fig.update_yaxes(range=[scored.height, 0], visible=False, scaleanchor="x")
-    fig.update_layout(
-        height=CHART_HEIGHT,
-        margin={"l": 0, "r": 0, "t": 28, "b": 72},
-        clickmode="event+select",
-        dragmode="pan",
-        showlegend=False,
-    )
-    return fig
 
 
 def _on_click() -> None:
@@ -205,8 +94,8 @@ def _prepared_tiles(folder: Path, source: str, threshold: float) -> Any:
     hospital's ``predictions.csv``, matched by the slide's name in prepare's tile names, `models.decision.
     slide_stem`): the tiles the Verdict and Hospital pages count, so the Slide page's tile figures are theirs.
     ``None`` when the file does not read or holds no tile of that slide, or the name matches tiles of two slides."""
-    from app import evaluation
     from app.errors import DashboardError
+    from app.evaluation.metrics import operating_point
     from app.run_records import read_prediction_file
 
     try:
@@ -217,7 +106,7 @@ def _prepared_tiles(folder: Path, source: str, threshold: float) -> Any:
     if mine is None:
         return None
     labels, probs = rows["label"].to_numpy(dtype=int)[mine], rows["prob_abnormal"].to_numpy(dtype=float)[mine]
-    return evaluation.operating_point(labels, probs, threshold)
+    return operating_point(labels, probs, threshold)
 
 
 def _tissue(s: dict[str, Any]) -> None:
@@ -358,7 +247,7 @@ def _tile_panel(scored: slide_view.ScoredSlide, picked: int, names: dict[Path, s
     truth = scored.truth[picked] or ("on the annotation's edge" if scored.summary.get("ground_truth") else "unknown")
     st.metric("P(abnormal) of this tile", f"{p:.4f}", help=f"called {called} at threshold {scored.threshold:.2f}")
     try:
-        pixels = _slide_pixels(str(scored.slide), _stamp(scored.slide), slide_view.max_pixels())
+        pixels = _slide_pixels(str(scored.slide), file_stamp(scored.slide), slide_view.max_pixels())
         square = pixels[y : y + size, x : x + size]
         shown = cv2.resize(square, (TILE_DISPLAY_PX, TILE_DISPLAY_PX), interpolation=cv2.INTER_AREA)
         st.image(
@@ -380,7 +269,7 @@ def _show(
     prepared: Any = None,
 ) -> None:
     """Everything about one scored slide: heatmap with opacity, slide summary, picked tile. ``names``: how to name
-    the files of an upload's cache entry (`app.slide_view.kept_names`): captions and messages show an upload by the
+    the files of an upload's cache entry (`app.slide_upload.kept_names`): captions and messages show an upload by the
     name it was uploaded under. ``label``, ``coverage`` and ``prepared``: see `_summary`."""
     warning = scored.summary.get("warning")
     if warning:
@@ -405,7 +294,7 @@ def _show(
         name = slide_view.slide_name(scored, names)
         outline = " The annotation is outlined in white." if scored.layer("outline") is not None else ""
         st.plotly_chart(
-            _figure(scored, opacity, int(picked)),
+            heatmap_figure(scored, opacity, int(picked)),
             key=CHART_KEY,
             on_select=_on_click,
             selection_mode="points",
@@ -450,13 +339,13 @@ def _upload(folder: Path) -> tuple[Path | None, dict[Path, str]]:
     note_name = None if picked_note is None else picked_note.name
     try:
         data = picked_file.getvalue()
-        slide_view.check_upload(picked_file.name, data, limit, note_name)
+        slide_upload.check_upload(picked_file.name, data, limit, note_name)
         note = None if picked_note is None else (picked_note.name, picked_note.getvalue())
-        slide_path = slide_view.stage_upload(folder, picked_file.name, data, note)
+        slide_path = slide_upload.stage_upload(folder, picked_file.name, data, note)
     except (slide_view.SlideViewError, PipelineError, OSError) as exc:
         st.error(slide_view.problem_line(exc, Path(picked_file.name)), icon=":material/error:")
         return None, {}
-    return slide_path, slide_view.kept_names(slide_path.parent.parent, picked_file.name, note_name)
+    return slide_path, slide_upload.kept_names(slide_path.parent.parent, picked_file.name, note_name)
 
 
 # --- the page ---------------------------------------------------------------------------------------------------
@@ -467,7 +356,7 @@ def _test_slides_line(folder: Path, client: int, card: dict[str, Any]) -> None:
     ``slides.csv`` (`app.held_out`: each whole slide scored on predict's grid, as the Verdict and Hospital pages,
     the HTML report and ``predict`` count them), so the slide on screen is seen against the rest with the same
     count as everywhere else; said when the slides are not scored yet."""
-    from app import evaluation
+    from app.evaluation.metrics import operating_point, roc
     from app.held_out import SlideCallsError, as_slides, read_slide_calls
 
     source = card.get("threshold_source") or "the default 0.5"
@@ -479,8 +368,8 @@ def _test_slides_line(folder: Path, client: int, card: dict[str, Any]) -> None:
     if slides is None:
         return
     threshold = float(card.get("threshold", 0.5))
-    point = evaluation.operating_point(slides.labels, slides.scores, threshold)
-    slide_auc = evaluation.roc(slides.labels, slides.scores).auc
+    point = operating_point(slides.labels, slides.scores, threshold)
+    slide_auc = roc(slides.labels, slides.scores).auc
     auc = "" if slide_auc is None else f"; slide AUC {slide_auc:.3f}"
     st.caption(
         f"{hospital_label(client)}'s {len(slides.keys)} test slides at threshold {threshold:.2f} ({source}): "
@@ -576,20 +465,20 @@ def _page() -> None:
                 except Exception as exc:  # one line on the page, never a traceback
                     st.error(slide_view.problem_line(exc, slide_path, uploaded_names), icon=":material/error:")
                     if upload:
-                        slide_view.discard(entry)
+                        slide_upload.discard(entry)
                     scored = None
         if scored is not None:
             tiling = card.get("tiling")
             coverage = float(tiling.get("abnormal_coverage", 0.5)) if isinstance(tiling, dict) else 0.5
             prepared = None if upload or not slide_source else _prepared_tiles(folder, slide_source, scored.threshold)
-            _show(scored, str(entry), uploaded_names or slide_view.kept_names(entry), label, coverage, prepared)
+            _show(scored, str(entry), uploaded_names or slide_upload.kept_names(entry), label, coverage, prepared)
 
     st.divider()
     try:
         files = (folder / PREDICTIONS_FILE, folder / CARD_FILE, info.path / METRICS_FILE)
         stamp = (
-            *(_stamp(f) for f in files),
-            *(_stamp(e / "view" / "view.json") for e in slide_view.scored_entries(folder)),
+            *(file_stamp(f) for f in files),
+            *(file_stamp(e / "view" / "view.json") for e in slide_view.scored_entries(folder)),
         )
         floor = ui.current_floor()
         report = _report(str(info.path), client, stamp, (floor.sensitivity, floor.min_slides, floor.specificity))

@@ -2,14 +2,15 @@
 clinical floor the user sets (issue 23, item 1).
 
 Each hospital is judged at its own operating threshold (its model card's, `app.operating` saves a chosen one) by
-`app.verdicts.judge_run`, the one judgement every page, report and command shows: pass, review, fail or cannot
-judge, with word and colour, and the reason in one sentence. Beside it: test slides and tiles, the AUC with its
-interval resampled by slide (or why it cannot be estimated), sensitivity and specificity with Wilson intervals, and
-the slide calls (`models.decision`). A hospital that does not pass and has a threshold reaching the floor gets a
-button to save that threshold into its bundle (chosen with a margin: the floor on the lower end of the 95% interval
-of the validation sensitivity, `evaluation.bounded_threshold`; where none reaches it, the page says so), confirmed
-with who and why after the direction of the change and what it gives on test (`ui.save_threshold_button`); a
-saved change has an Undo (`ui.undo_button`). The dataset's shortcut-probe warning, when prepare raised one, stands
+`app.verdicts.judge_run`, the one judgement every page, report and command shows: pass, review, fail or cannot judge,
+with word and colour, and the reason in one sentence. Beside it: test slides and tiles, the AUC with its interval
+resampled by slide (or why it cannot be estimated), sensitivity and specificity with Wilson intervals, and the slide
+calls (`models.decision`). A hospital that does not pass and has a threshold reaching the floor gets a button to save
+that threshold into its bundle (chosen with a margin: the floor on the lower end of the 95% interval of the validation
+sensitivity, `app.evaluation.threshold.bounded_threshold`; where none reaches it, the page says so), confirmed with who
+and why after the direction of the change and what it gives on test
+(`app.dashboard.threshold_change.save_threshold_button`); a saved change has an Undo
+(`app.dashboard.threshold_change.undo_button`). The dataset's shortcut-probe warning, when prepare raised one, stands
 above the verdicts. FedSAF paper 001, Sec. 5: each client's model on its own test split.
 """
 
@@ -19,10 +20,11 @@ import math
 
 import streamlit as st
 
-from app import evaluation
 from app.dashboard import ui
+from app.dashboard.threshold_change import flash, save_floor_button, undo_button
 from app.datasets import hospital_label, load_prepare_json, shortcut_probe
 from app.errors import DashboardError
+from app.evaluation.verdict import FAIL, REVIEW, Floor, HospitalScore, Judgement
 from app.run_records import (
     RunInfo,
     load_metrics,
@@ -53,7 +55,7 @@ def _rate(value: float, interval: tuple[float, float] | None) -> str:
     return f"{value:.2f} (95% CI {text})" if text else f"{value:.2f}"
 
 
-def _figures(score: evaluation.HospitalScore) -> str:
+def _figures(score: HospitalScore) -> str:
     point = score.point
     auc = "undefined (one class)" if score.auc is None else f"{score.auc:.2f}"
     if score.auc is not None:
@@ -76,8 +78,8 @@ def _figures(score: evaluation.HospitalScore) -> str:
 
 def _hospital(
     info: RunInfo,
-    judged: evaluation.Judgement,
-    floor: evaluation.Floor,
+    judged: Judgement,
+    floor: Floor,
     privacy: dict[int, tuple[float, float]],
     unit: str,
 ) -> None:
@@ -91,16 +93,16 @@ def _hospital(
             dp = f" · differential privacy: epsilon {epsilon:.2f} at delta {delta:g} so far, per {unit}"
         st.caption(f"{_figures(score)} · threshold {judged.threshold:.2f} ({judged.source}){dp}")
         target = score.target
-        if result.kind in (evaluation.FAIL, evaluation.REVIEW) and target is not None:
+        if result.kind in (FAIL, REVIEW) and target is not None:
             whose = f"{hospital_label(client)}'s"
             floor_name = "the Verdict page's floor"
-            ui.save_floor_button(
+            save_floor_button(
                 info, client, target.threshold, judged.threshold, floor.sensitivity, floor_name, whose, "the floor",
                 target.split,
             )  # fmt: skip
-        elif result.kind in (evaluation.FAIL, evaluation.REVIEW) and score.unreachable is not None:
+        elif result.kind in (FAIL, REVIEW) and score.unreachable is not None:
             st.info(f"No threshold proposed: {score.unreachable.words}.", icon=":material/info:")
-        ui.undo_button(info.path, client, f"undo_{info.run_id}_{client}")
+        undo_button(info.path, client, f"undo_{info.run_id}_{client}")
 
 
 def _shortcut_warning(info: RunInfo) -> None:
@@ -124,7 +126,7 @@ def page() -> None:
     """The Verdict page."""
     st.title("Verdict")
     st.caption("Every hospital's own model against a clinical floor, at the threshold its model card decides with.")
-    ui.flash()
+    flash()
     runs = [r for r in ui.all_runs() if prediction_files(r.path)]
     if not runs:
         ui.no_runs_help()

@@ -17,7 +17,7 @@ MODULES = (
     "app.run_records",
     "app.dashboard.ui",
     "app.dashboard.charts",
-    "app.evaluation",
+    "app.evaluation.tables",  # and through it metrics, threshold, words and verdict
     "app.datasets",
     "app.errors",
     "app.dashboard.paths",

@@ -12,10 +12,11 @@ import pandas as pd
 import pytest
 from support.dashboard import Fixture
 
-from app import evaluation, run_records
+from app import run_records
 from app.dashboard import compare
 from app.datasets import counts_table, list_datasets, load_manifest, sample_tiles
 from app.errors import DashboardError
+from app.evaluation.metrics import confusion, ranked_examples, rates, roc
 
 
 def _manifest(rows: list[tuple[int, str, str, int]]) -> pd.DataFrame:
@@ -174,16 +175,16 @@ def test_roc_confusion_and_ranking_by_hand() -> None:
     labels = np.array([0, 0, 0, 1, 1])
     probs = np.array([0.1, 0.6, 0.3, 0.8, 0.45])
     # 0.8 outranks all three normals, 0.45 outranks two of them: 5 of 6 pairs.
-    assert evaluation.roc(labels, probs).auc == pytest.approx(5 / 6)
-    matrix = evaluation.confusion(labels, probs, 0.5)
+    assert roc(labels, probs).auc == pytest.approx(5 / 6)
+    matrix = confusion(labels, probs, 0.5)
     assert matrix.tolist() == [[2, 1], [1, 1]]
-    scores = evaluation.rates(matrix)
+    scores = rates(matrix)
     assert scores == {"accuracy": 3 / 5, "sensitivity": 1 / 2, "specificity": 2 / 3}
     frame = pd.DataFrame({"path": list("abcde"), "label": labels, "prob_abnormal": probs})
-    ranked = evaluation.ranked_examples(frame, 0.5)
+    ranked = ranked_examples(frame, 0.5)
     # Errors first by how sure the model was of the wrong class (0.60 > 0.55), then correct calls (0.9, 0.8, 0.7).
     assert ranked["path"].tolist() == ["b", "e", "a", "d", "c"]
-    assert evaluation.roc(np.array([1, 1]), np.array([0.2, 0.9])).auc is None
+    assert roc(np.array([1, 1]), np.array([0.2, 0.9])).auc is None
 
 
 def test_shortcut_probe_table_shows_each_split_with_tiles_and_the_departure() -> None:

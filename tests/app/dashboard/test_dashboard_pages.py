@@ -83,7 +83,8 @@ def test_federation_page_shows_the_aucs_of_metrics_jsonl(fixture_root: Fixture) 
 
 
 def test_federation_and_compare_speak_each_hospitals_verdict(fixture_root: Fixture) -> None:
-    from app.evaluation import Floor, verdict_word
+    from app.evaluation.tables import verdict_word
+    from app.evaluation.verdict import Floor
     from app.verdicts import judge_run
 
     floor = Floor(0.5, 1, 0.4)

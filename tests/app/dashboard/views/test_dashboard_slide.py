@@ -22,7 +22,7 @@ from support.dashboard import MAIN, Fixture, open_page
 from support.images import bomb_png, bomb_tiff
 from support.slides import TrainedRoot, build_trained_root, copy_root
 
-from app import report_html, slide_view
+from app import report_html, slide_upload, slide_view
 
 TIMEOUT_S = 120
 
@@ -397,11 +397,11 @@ def test_page_messages_name_kept_files_as_uploaded(tmp_path: Path) -> None:
     (entry / "slide").mkdir(parents=True)
     for name in ("a_b.png", "a_b_mask.png"):
         (entry / "slide" / name).write_bytes(b"")
-    names = slide_view.kept_names(entry, "a b.png", "a b mask.png")
+    names = slide_upload.kept_names(entry, "a b.png", "a b mask.png")
     assert names == {entry / "slide" / "a_b.png": "a b.png", entry / "slide" / "a_b_mask.png": "a b mask.png"}
     text = f"{entry / 'slide' / 'a_b.png'}: cannot decode image; a_b_mask.png is 3x3; data_a_b.png stays"
     assert slide_view.shown_text(text, names) == "a b.png: cannot decode image; a b mask.png is 3x3; data_a_b.png stays"
-    assert slide_view.kept_names(tmp_path / "slides" / "round_0001-abc" / "test-s01.png") == {}
+    assert slide_upload.kept_names(tmp_path / "slides" / "round_0001-abc" / "test-s01.png") == {}
 
 
 def test_the_saved_threshold_makes_the_slide_call_and_colours_the_heatmap(data: TrainedRoot) -> None:
@@ -447,7 +447,7 @@ def test_the_saved_threshold_makes_the_slide_call_and_colours_the_heatmap(data: 
 def test_the_downloaded_report_judges_with_the_floor_on_screen(
     data: TrainedRoot, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from app.evaluation import Floor
+    from app.evaluation.verdict import Floor
 
     served = _serve_spy(monkeypatch)
     # the floor as set on the Verdict page (its shared session values): 0.70, 3 slides, review below 0.40
@@ -578,7 +578,8 @@ def test_the_slide_pages_counts_are_the_other_pages_counts(data: TrainedRoot) ->
     from the prepared test tiles; the tile figures of a test slide are its prepared test tiles, the ones the other
     pages count. Constructed: slides.csv calls the abnormal slide abnormal, then normal, whatever its tiles say
     (one of the two contradicts the tiles' own top-k mean)."""
-    from app.evaluation import Floor, operating_point
+    from app.evaluation.metrics import operating_point
+    from app.evaluation.verdict import Floor
     from app.run_records import read_prediction_file
     from app.verdicts import judge_run
     from models.decision import slide_stem

@@ -316,7 +316,7 @@ def test_the_federation_page_shows_the_verdicts_above_the_averaged_auc(verdict_r
 
 
 def test_a_floor_below_the_default_is_marked_on_every_badge(verdict_root: Path) -> None:
-    from app.evaluation import Floor
+    from app.evaluation.verdict import Floor
     from app.report_html import report_html
 
     at = open_page("verdict")
