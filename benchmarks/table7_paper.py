@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._common import command_line, machine, write_result
+from federation.ablation.archive import CELLS_ARCHIVE, cells_folder
 from federation.ablation.paired import paired_interval, paired_text
 
 # Paper 001, Table 7, the Fashion-MNIST column (20 clients); Separate is not in the paper's table.
@@ -86,8 +87,10 @@ def run_figures(run: Path) -> RunFigures | None:
 
 
 def collect(folder: Path) -> list[RunFigures]:
-    """Every finished cell of an ablation folder (``folder/cells/*``), in method then seed order."""
-    found = [f for cell in sorted((folder / "cells").glob("*")) if (f := run_figures(cell)) is not None]
+    """Every finished cell of an ablation folder (``folder/cells/*``, or a published folder's ``cells.tar.xz``), in
+    method then seed order."""
+    with cells_folder(folder) as cells:
+        found = [f for cell in sorted(cells.glob("*")) if (f := run_figures(cell)) is not None]
     order = {m: i for i, m in enumerate(METHODS)}
     return sorted(found, key=lambda f: (order.get(f.method, len(order)), f.method, f.seed))
 
@@ -150,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("folder", type=Path, help="an ablation folder (gastric-fl ablate --out)")
     parser.add_argument("--out", type=Path, help="write the report here (and the runs' figures beside it as .csv)")
     args = parser.parse_args(argv)
-    if not (args.folder / "cells").is_dir():
+    if not (args.folder / "cells").is_dir() and not (args.folder / CELLS_ARCHIVE).is_file():
         print(f"error: {args.folder} holds no cells/ folder: give the --out folder of gastric-fl ablate")
         return 2
     runs = collect(args.folder)

@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from federation.ablation import paired_interval, paired_text  # noqa: E402
+from federation.ablation import cells_folder, paired_interval, paired_text  # noqa: E402
 from federation.runfiles import read_metrics  # noqa: E402
 
 REGIMES = ("data_poor", "site_shift", "label_skew", "seed_like")
@@ -59,13 +59,15 @@ def last_round(cell: Path) -> dict[str, float] | None:
 
 
 def figures(folder: Path) -> Figures:
-    """Every finished cell of a published ablation folder, by setting and seed."""
+    """Every finished cell of a published ablation folder (its ``cells.tar.xz``, or ``cells/`` where unpacked), by
+    setting and seed."""
     out: Figures = {}
-    for cell in sorted((folder / "cells").glob("*")):
-        match = SEED.match(cell.name)
-        found = last_round(cell) if match else None
-        if match and found is not None:
-            out.setdefault(match["setting"], {})[int(match["seed"])] = found
+    with cells_folder(folder) as cells:
+        for cell in sorted(cells.glob("*")):
+            match = SEED.match(cell.name)
+            found = last_round(cell) if match else None
+            if match and found is not None:
+                out.setdefault(match["setting"], {})[int(match["seed"])] = found
     return out
 
 

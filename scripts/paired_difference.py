@@ -21,20 +21,28 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from federation.ablation import PairedStats, paired_differences, paired_interval, paired_text, run_figures
+from federation.ablation import (
+    PairedStats,
+    cells_folder,
+    paired_differences,
+    paired_interval,
+    paired_text,
+    run_figures,
+)
 
 FIELDS = ("avg_test_acc", "avg_test_auc")
 
 
-def plain_runs(folder: Path, method: str) -> dict[int, Path]:
+def plain_runs(folder: Path, method: str, runs_root: Path | None = None) -> dict[int, Path]:
     """Seed -> run folder of the finished cells of ``folder`` that set nothing but ``strategy = method``, or whose
-    id without its ``_seed-N`` is ``method``."""
+    id without its ``_seed-N`` is ``method``; the run folders under ``runs_root`` (default ``folder``: where
+    ``cells/`` is, or where its ``cells.tar.xz`` was unpacked)."""
     cells = json.loads((folder / "ablation.json").read_text(encoding="utf-8"))["cells"]
     runs: dict[int, Path] = {}
     for cell in cells:
         chosen = cell["params"] == {"strategy": method} or cell.get("id", "").rsplit("_seed-", 1)[0] == method
         if chosen and cell["status"] == "finished":
-            runs.setdefault(int(cell["seed"]), folder / cell["run_dir"])
+            runs.setdefault(int(cell["seed"]), (runs_root or folder) / cell["run_dir"])
     return runs
 
 
@@ -42,13 +50,15 @@ def pair(
     folder: Path, method: str, reference: str, figures: Callable[[Path], Mapping[str, Any]] = run_figures
 ) -> dict[str, PairedStats]:
     """Per field, ``method - reference`` over the seeds both finished (``paired_interval``)."""
-    runs = {name: plain_runs(folder, name) for name in (method, reference)}
-    for name, found in runs.items():
-        if not found:
-            raise SystemExit(
-                f"{folder}: no finished run of {name!r} (a method with plain settings, or a cell id without its seed)"
-            )
-    values = {name: {seed: figures(path) for seed, path in found.items()} for name, found in runs.items()}
+    with cells_folder(folder) as cells:  # the folder's cells.tar.xz, or cells/ where unpacked
+        runs = {name: plain_runs(folder, name, cells.parent) for name in (method, reference)}
+        for name, found in runs.items():
+            if not found:
+                raise SystemExit(
+                    f"{folder}: no finished run of {name!r} (a method with plain settings, or a cell id without its "
+                    "seed)"
+                )
+        values = {name: {seed: figures(path) for seed, path in found.items()} for name, found in runs.items()}
     return {
         field: paired_interval(
             paired_differences(

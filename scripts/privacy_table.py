@@ -26,7 +26,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from federation.ablation import PairedStats, paired_differences, paired_interval, paired_text  # noqa: E402
+from federation.ablation import (  # noqa: E402
+    PairedStats,
+    cells_folder,
+    paired_differences,
+    paired_interval,
+    paired_text,
+)
 from federation.report import load_run, summarise  # noqa: E402
 
 METHODS = ("fedsaf", "fedrep", "fedavg")
@@ -34,30 +40,39 @@ LEVELS = (None, 8.0, 3.0, 1.0)  # target epsilons; None: no DP
 
 
 def _cells(folder: Path) -> list[dict[str, Any]]:
-    """Every finished cell of every published ablation under ``folder``: method, target epsilon, seed, figures."""
+    """Every finished cell of every published ablation under ``folder``: method, target epsilon, seed, figures
+    (each ablation's runs read from its ``cells.tar.xz``, or ``cells/`` where unpacked)."""
     found = []
     for record_path in sorted(folder.glob("*/ablation.json")):
-        record = json.loads(record_path.read_text(encoding="utf-8"))
-        for cell in record["cells"]:
-            run = record_path.parent / cell["run_dir"]
-            if cell.get("status") != "finished" or not (run / "metrics.jsonl").is_file():
-                continue
-            config = tomllib.loads((run / "config.toml").read_text(encoding="utf-8"))
-            row = summarise([load_run(run)])[0]
-            lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-            last = max(line["round"] for line in lines)
-            epsilons = [line["dp_epsilon"] for line in lines if line["round"] == last and "dp_epsilon" in line]
-            found.append(
-                {
-                    "method": config["strategy"]["name"],
-                    "epsilon": max(epsilons) if epsilons else None,
-                    "noise_multiplier": (config.get("privacy") or {}).get("noise_multiplier"),
-                    "seed": int(config["run"]["seed"]),
-                    "acc": row["avg_test_acc"],
-                    "auc": row["avg_test_auc"],
-                    "cell": f"{record_path.parent.name}/{cell['run_dir']}",
-                }
-            )
+        with cells_folder(record_path.parent) as cells:
+            found += _finished(record_path, cells.parent)
+    return found
+
+
+def _finished(record_path: Path, runs: Path) -> list[dict[str, Any]]:
+    """The finished cells of the ablation ``record_path`` lists, their run folders under ``runs``."""
+    found = []
+    record = json.loads(record_path.read_text(encoding="utf-8"))
+    for cell in record["cells"]:
+        run = runs / cell["run_dir"]
+        if cell.get("status") != "finished" or not (run / "metrics.jsonl").is_file():
+            continue
+        config = tomllib.loads((run / "config.toml").read_text(encoding="utf-8"))
+        row = summarise([load_run(run)])[0]
+        lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        last = max(line["round"] for line in lines)
+        epsilons = [line["dp_epsilon"] for line in lines if line["round"] == last and "dp_epsilon" in line]
+        found.append(
+            {
+                "method": config["strategy"]["name"],
+                "epsilon": max(epsilons) if epsilons else None,
+                "noise_multiplier": (config.get("privacy") or {}).get("noise_multiplier"),
+                "seed": int(config["run"]["seed"]),
+                "acc": row["avg_test_acc"],
+                "auc": row["avg_test_auc"],
+                "cell": f"{record_path.parent.name}/{cell['run_dir']}",
+            }
+        )
     return found
 
 

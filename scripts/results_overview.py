@@ -69,7 +69,7 @@ def overview(root: Path) -> str:
                         paired[(row["method"], row["reference"])] = row
         header = "| method | seeds | averaged test acc | averaged AUC | Δ acc vs Separate [95% CI] | Δ acc vs FedAvg |"
         lines = [
-            f"**{regime}** ([tables](methods_{regime}/results.md), [raw runs](methods_{regime}/cells/))\n",
+            f"**{regime}** ([tables](methods_{regime}/results.md), [raw runs](methods_{regime}/cells.tar.xz))\n",
             header,
             "|---|---|---|---|---|---|",
         ]

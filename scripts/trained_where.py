@@ -21,6 +21,10 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from federation.ablation import cells_folder
+
 SECTION = "## Where the runs were trained"
 
 
@@ -39,15 +43,17 @@ def main() -> None:
     groups: dict[str, list[str]] = defaultdict(list)
     commits: dict[str, set[str]] = defaultdict(set)
     shas: set[str] = set()
-    cells = sorted(p.parent for p in (args.published / "cells").glob("*/summary.json"))
-    if not cells:
-        sys.exit(f"{args.published} has no cells/*/summary.json")
-    for cell in cells:
-        summary = json.loads((cell / "summary.json").read_text(encoding="utf-8"))
+    with cells_folder(args.published) as folder:  # its cells.tar.xz, or cells/ where unpacked
+        summaries = {p.parent.name: json.loads(p.read_text(encoding="utf-8")) for p in folder.glob("*/summary.json")}
+    if not summaries:
+        sys.exit(f"{args.published} has no cells/*/summary.json (in cells.tar.xz or cells/)")
+    cells = sorted(summaries)
+    for name in cells:
+        summary = summaries[name]
         where = next((d for prefix, d in machines if str(summary["dataset"]).startswith(prefix)), args.here)
         if summary.get("machines"):  # a run that names its machine (federation.provenance.machine) says it itself
             where = " then ".join(summary["machines"])
-        groups[where].append(cell.name)
+        groups[where].append(name)
         commits[where].update(summary.get("code_versions") or [])
         shas.add(str(summary.get("dataset_sha256")))
     lines = ["", SECTION, ""]

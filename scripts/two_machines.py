@@ -24,6 +24,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from federation.ablation import cells_folder  # noqa: E402
 from federation.derived import config_from_text  # noqa: E402
 from federation.report import load_run, summary_row  # noqa: E402
 
@@ -73,19 +74,12 @@ def main() -> None:
     across: list[float] = []
     same: list[float] = []
     for regime in REGIMES:
-        for method, prefix in PAIRS.items():
-            for seed in range(3):
-                a = RESULTS / f"honest_tables456_{regime}" / "cells" / f"{prefix}_seed-{seed}"
-                b = RESULTS / f"honest_methods_{regime}" / "cells" / f"strategy-{method}_seed-{seed}"
-                if not (a / "metrics.jsonl").is_file() or not (b / "metrics.jsonl").is_file():
-                    continue
-                if _config(a) != _config(b):
-                    continue
-                acc_a, acc_b = _last_accuracy(a), _last_accuracy(b)
-                ma, mb = _machine(a), _machine(b)
-                diff = abs(acc_a - acc_b)
-                (across if ma != mb else same).append(diff)
-                lines.append(f"| {regime} | {method} | {seed} | {acc_a:.3f} | {ma} | {acc_b:.3f} | {mb} | {diff:.3f} |")
+        # each folder's runs from its cells.tar.xz (or cells/ where unpacked)
+        with (
+            cells_folder(RESULTS / f"honest_tables456_{regime}") as tables_cells,
+            cells_folder(RESULTS / f"honest_methods_{regime}") as methods_cells,
+        ):
+            _pairs(regime, tables_cells, methods_cells, lines, across, same)
     lines.append("")
     if across:
         lines.append(
@@ -97,6 +91,25 @@ def main() -> None:
     OUT.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines[-2:]))
     print(f"written: {OUT}")
+
+
+def _pairs(
+    regime: str, tables_cells: Path, methods_cells: Path, lines: list[str], across: list[float], same: list[float]
+) -> None:
+    """The rows of one regime: each Tables 4-6 cell beside the methods cell of the same configuration and seed."""
+    for method, prefix in PAIRS.items():
+        for seed in range(3):
+            a = tables_cells / f"{prefix}_seed-{seed}"
+            b = methods_cells / f"strategy-{method}_seed-{seed}"
+            if not (a / "metrics.jsonl").is_file() or not (b / "metrics.jsonl").is_file():
+                continue
+            if _config(a) != _config(b):
+                continue
+            acc_a, acc_b = _last_accuracy(a), _last_accuracy(b)
+            ma, mb = _machine(a), _machine(b)
+            diff = abs(acc_a - acc_b)
+            (across if ma != mb else same).append(diff)
+            lines.append(f"| {regime} | {method} | {seed} | {acc_a:.3f} | {ma} | {acc_b:.3f} | {mb} | {diff:.3f} |")
 
 
 if __name__ == "__main__":

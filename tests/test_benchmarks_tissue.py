@@ -13,6 +13,8 @@ from types import ModuleType
 import pytest
 from support.paths import REPO
 
+from federation.ablation import CELLS_ARCHIVE, pack_folder
+
 
 def _script(name: str) -> ModuleType:
     """A benchmark script loaded from its file (a dependency may install another top-level ``benchmarks``)."""
@@ -146,3 +148,10 @@ def test_table7_paper_pools_like_pfllib_and_pairs_fedsaf_by_seed(tmp_path: Path)
     assert row.split(" | ")[2].startswith("+0.175 [")
     assert row.split(" | ")[4].startswith("+0.200 [")
     assert t7.main([str(tmp_path / "none")]) == 2
+
+    # a published folder: the same runs read from its cells.tar.xz alone
+    published = tmp_path / "published"
+    published.mkdir()
+    pack_folder(cells, published / CELLS_ARCHIVE)
+    assert t7.collect(published) == runs
+    assert not (published / "cells").exists()

@@ -11,11 +11,14 @@
   figures, the accuracy curves, and the paired differences as tables (`write_tables`);
 - `federation.ablation.paired`: each method's paired difference to Separate and to FedAvg over the same seeds,
   with a 95% t interval and the minimum detectable difference at 80% power (`paired_rows`, `paired_interval`);
-- `federation.ablation.publishing`: a copy of the tables and the small raw files behind them (`publish`).
+- `federation.ablation.publishing`: a copy of the tables and the small raw files behind them (`publish`);
+- `federation.ablation.archive`: a published folder's run records as one deterministic ``cells.tar.xz``
+  (`pack_folder`, `cells_folder`).
 
 Every public name of these modules is importable from ``federation.ablation`` itself.
 """
 
+from federation.ablation.archive import CELLS_ARCHIVE, cells_folder, pack_files, pack_folder, unpack
 from federation.ablation.grid import (
     ALIASES,
     SHORT,
@@ -80,6 +83,7 @@ from federation.ablation.tables import (
 __all__ = [
     "ABLATION_FILE",
     "ALIASES",
+    "CELLS_ARCHIVE",
     "CELLS_DIR",
     "COMMAND_FILE",
     "METRIC_FIELDS",
@@ -102,6 +106,7 @@ __all__ = [
     "Plan",
     "TrainFn",
     "cell_status",
+    "cells_folder",
     "csv_rows",
     "full_key",
     "group_rows",
@@ -111,6 +116,8 @@ __all__ = [
     "method_label",
     "method_variant",
     "minimum_detectable_difference",
+    "pack_files",
+    "pack_folder",
     "paired_context_keys",
     "paired_csv",
     "paired_differences",
@@ -127,5 +134,6 @@ __all__ = [
     "shown_path",
     "t_quantile_80",
     "t_quantile_975",
+    "unpack",
     "write_tables",
 ]

@@ -1,14 +1,16 @@
 """Publishing an ablation (e.g. to ``results/NAME``): its tables and the small raw files behind them.
 
-Per finished run its configuration and per-round records (`PUBLISHED_RUN_FILES`, no weights), the package versions
-(`installed_versions`) and the command that made it, so that the tables can be checked and rebuilt from the copy
-alone (``gastric-fl ablate --config PRESET --out DEST --tables-only``).
+Per finished run its configuration and per-round records (`PUBLISHED_RUN_FILES`, no weights) in one deterministic
+archive, ``cells.tar.xz`` (`federation.ablation.archive`), the package versions (`installed_versions`) and the
+command that made it, so that the tables can be checked and rebuilt from the copy alone
+(``gastric-fl ablate --config PRESET --out DEST --tables-only`` reads the archive).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from federation.ablation.archive import CELLS_ARCHIVE, pack_files
 from federation.ablation.grid import Plan
 from federation.ablation.running import ABLATION_FILE, CELLS_DIR, cell_status, shown_path
 from federation.errors import FederationError
@@ -46,7 +48,8 @@ def installed_versions(code: str) -> str:
 def publish(plan: Plan, out: Path, dest: Path, command: str, rebuild: str | None = None) -> list[Path]:
     """Copy an ablation's tables and the small raw files behind them to ``dest`` (e.g. ``results/NAME``).
 
-    Per finished run: ``PUBLISHED_RUN_FILES`` (no checkpoints, weights or predictions); per ablation:
+    Per finished run: ``PUBLISHED_RUN_FILES`` (no checkpoints, weights or predictions), packed into
+    ``cells.tar.xz`` as ``cells/<run>/<file>`` (`federation.ablation.archive.pack_files`); per ablation:
     ``ablation.json``, ``base_config.toml`` and every table, figure and ``paired`` file ``write_tables`` wrote; plus
     ``versions.txt`` (``installed_versions``) and ``COMMAND.md`` (the command, and how to rebuild the tables
     from the copy alone: ``gastric-fl ablate --config PRESET --out DEST --tables-only``). ``dest`` is claimed like
@@ -90,19 +93,20 @@ def _copy_published(plan: Plan, out: Path, staging: Path, dest: Path, command: s
     owners = plan.owners(plan.cells())
     trained_at: dict[str, list[str]] = {}  # the commits that trained each run (summary.json)
     trained_on: dict[str, list[str]] = {}  # the machines
+    records: dict[str, Path] = {}  # cells/<run>/<file> -> the run's own file, packed into cells.tar.xz
     for run_id in sorted(set(owners.values())):
         run_dir = out / CELLS_DIR / run_id
         if cell_status(run_dir) != "finished":
             continue
-        (staging / CELLS_DIR / run_id).mkdir(parents=True)
         for name in PUBLISHED_RUN_FILES:
             if (run_dir / name).is_file():
-                shutil.copy2(run_dir / name, staging / CELLS_DIR / run_id / name)
-                written.append(dest / CELLS_DIR / run_id / name)
+                records[f"{CELLS_DIR}/{run_id}/{name}"] = run_dir / name
         summary = read_json(run_dir / SUMMARY_FILE)
         versions = summary.get("code_versions") or ["not recorded"]
         trained_at.setdefault(" then ".join(f"`{v}`" for v in versions), []).append(run_id)
         trained_on.setdefault(" then ".join(summary.get("machines") or [NOT_RECORDED]), []).append(run_id)
+    pack_files(records, staging / CELLS_ARCHIVE)
+    written.append(dest / CELLS_ARCHIVE)
     published_at = code_version()
     (staging / VERSIONS_FILE).write_text(installed_versions(published_at), encoding="utf-8")
     if rebuild is None:
@@ -115,8 +119,9 @@ def _copy_published(plan: Plan, out: Path, staging: Path, dest: Path, command: s
         f"{machines + ' ' if machines else ''}"
         f"Package versions: [{VERSIONS_FILE}]({VERSIONS_FILE}). "
         "Each run's `config.toml`, `summary.json`, "
-        f"`metrics.jsonl` and `aggregation.jsonl` are under `{CELLS_DIR}/`; the tables are rebuilt from them "
-        f"alone (no training) by\n\n```bash\n{rebuild}\n```\n",
+        f"`metrics.jsonl` and `aggregation.jsonl` are in `{CELLS_ARCHIVE}` (`tar -xJf {CELLS_ARCHIVE}` unpacks "
+        f"them into `{CELLS_DIR}/`); the tables are rebuilt from them alone (no training) by\n\n"
+        f"```bash\n{rebuild}\n```\n",
         encoding="utf-8",
     )
     return [*written, dest / VERSIONS_FILE, dest / COMMAND_FILE]

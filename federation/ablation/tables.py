@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from federation.ablation.archive import cells_folder
 from federation.ablation.grid import SHORT, Cell, Plan
 from federation.ablation.paired import PAIRED_FIELDS, method_label, method_variant, paired_rows
 from federation.ablation.running import CELLS_DIR, cell_status, shown_path
@@ -247,7 +248,8 @@ def write_tables(plan: Plan, out: Path, *, per_run_reports: bool = True) -> dict
     Files: ``table4_components``, ``table5_distances``, ``table6_nhead``, ``table7_methods`` (or ``table_all``)
     with ``.md``, ``.csv`` and ``.png``; ``paired.md`` / ``paired.csv`` when the grid has Separate or FedAvg and
     another method (``paired_rows``; key ``paired`` of the result); each finished run also gets
-    ``federation.report``'s own report in ``<run>/report/``.
+    ``federation.report``'s own report in ``<run>/report/``. The runs are read from ``out/cells/``, or in a
+    published folder from ``out/cells.tar.xz`` (`federation.ablation.archive.cells_folder`; no reports then).
     """
     from federation.report import load_run, write_report
 
@@ -255,16 +257,20 @@ def write_tables(plan: Plan, out: Path, *, per_run_reports: bool = True) -> dict
     owners = plan.owners(cells)
     by_run: dict[str, dict[str, Any]] = {}
     figures: dict[str, dict[str, Any]] = {}
-    for cell in cells:
-        owner = owners[cell.id]
-        run_dir = out / CELLS_DIR / owner
-        if owner not in by_run:
-            if cell_status(run_dir) != "finished":
-                continue
-            by_run[owner] = run_figures(run_dir)
-            if per_run_reports and not (run_dir / REPORT_DIR / REPORT_MD).is_file():
-                write_report([load_run(run_dir)], run_dir / REPORT_DIR)
-        figures[cell.id] = by_run[owner]
+    # a published folder holds its runs' records in cells.tar.xz (federation.ablation.archive); reports are
+    # written only into an ablation's own cells/ folder, never into the temporary one unpacked from an archive
+    with cells_folder(out) as cells_dir:
+        per_run_reports = per_run_reports and cells_dir == out / CELLS_DIR
+        for cell in cells:
+            owner = owners[cell.id]
+            run_dir = cells_dir / owner
+            if owner not in by_run:
+                if cell_status(run_dir) != "finished":
+                    continue
+                by_run[owner] = run_figures(run_dir)
+                if per_run_reports and not (run_dir / REPORT_DIR / REPORT_MD).is_file():
+                    write_report([load_run(run_dir)], run_dir / REPORT_DIR)
+            figures[cell.id] = by_run[owner]
     paths: dict[str, Path] = {}
     sections = [
         "# Ablation results\n",

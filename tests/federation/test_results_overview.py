@@ -71,7 +71,7 @@ def test_overview_reads_each_regime_table_and_its_paired_differences(tmp_path: P
     lines = _module().overview(tmp_path).splitlines()
 
     assert lines == [
-        "**digits** ([tables](methods_digits/results.md), [raw runs](methods_digits/cells/))",
+        "**digits** ([tables](methods_digits/results.md), [raw runs](methods_digits/cells.tar.xz))",
         "",
         "| method | seeds | averaged test acc | averaged AUC | Δ acc vs Separate [95% CI] | Δ acc vs FedAvg |",
         "|---|---|---|---|---|---|",

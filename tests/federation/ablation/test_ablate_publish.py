@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from support.checks import every
 from support.paired_ablation import PairedFakeTrain, paired_ablation
 from typer.testing import CliRunner
 
-from federation.ablation import PUBLISHED_RUN_FILES, load_plan, publish, run_plan, write_tables
+from federation.ablation import CELLS_ARCHIVE, PUBLISHED_RUN_FILES, load_plan, publish, run_plan, write_tables
 from federation.errors import FederationError
 from federation.provenance import (
     NOT_RECORDED,
@@ -39,20 +40,26 @@ def test_publish_copies_records_versions_and_command_and_rebuilds_the_same_table
     ablation, out = _trained(tmp_path)
     dest = tmp_path / "docs" / "results" / "p"
     files = publish(load_plan(ablation), out, dest, "gastric-fl ablate --config x.toml")
-    # 11 finished runs (12 cells; separate seed 2 failed), each with its four record files; no checkpoint
-    runs = sorted(p.name for p in (dest / "cells").iterdir())
+    # 11 finished runs (12 cells; separate seed 2 failed), each with its four record files, in one archive (no
+    # loose cells/ folder); no checkpoint
+    assert not (dest / "cells").exists()
+    with tarfile.open(dest / CELLS_ARCHIVE, "r:xz") as tar:
+        members = [m.name for m in tar.getmembers() if m.isfile()]
+    runs = sorted({name.split("/")[1] for name in members})
     assert len(runs) == 11
     assert "strategy-separate_seed-2" not in runs
     for run in runs:
-        assert sorted(p.name for p in (dest / "cells" / run).iterdir()) == sorted(PUBLISHED_RUN_FILES)
-    assert not list(dest.rglob("*.safetensors"))
+        assert sorted(n.split("/")[2] for n in members if n.split("/")[1] == run) == sorted(PUBLISHED_RUN_FILES)
+    assert not [name for name in members if name.endswith(".safetensors")]
     assert every(path.is_file() for path in files)
+    assert dest / CELLS_ARCHIVE in files
     versions = (dest / "versions.txt").read_text(encoding="utf-8").splitlines()
     assert versions[0].startswith("python 3.")
     assert any(line.startswith("torch==") for line in versions)
     command = (dest / "COMMAND.md").read_text(encoding="utf-8")
     assert "gastric-fl ablate --config x.toml" in command
     assert "--tables-only" in command
+    assert f"are in `{CELLS_ARCHIVE}`" in command
 
     # the published copy alone rebuilds byte-identical tables (no training, no reports written into it)
     before = {p.name: p.read_bytes() for p in dest.glob("*.md") if p.name != "COMMAND.md"}
@@ -63,6 +70,12 @@ def test_publish_copies_records_versions_and_command_and_rebuilds_the_same_table
     assert result.exit_code == 0, result.output
     assert {name: (dest / name).read_bytes() for name in before} == before
     assert not list(dest.rglob("report"))
+    assert not (dest / "cells").exists()  # read from the archive, nothing unpacked into the published copy
+
+    # publishing the same runs again packs the same bytes
+    archive = (dest / CELLS_ARCHIVE).read_bytes()
+    publish(load_plan(ablation), out, dest, "gastric-fl ablate --config x.toml")
+    assert (dest / CELLS_ARCHIVE).read_bytes() == archive
 
 
 def test_publish_replaces_only_its_own_folder(tmp_path: Path) -> None:

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Rebuild every published table under results/ from its published run records alone (no training, no dataset), in
+# place, and say which files differ from the committed ones. Exit 0 when every table rebuilt byte-identical, 1 when
+# a file differs or a command failed (`git diff results/` shows how; `git checkout results/` undoes the rebuild).
+#
+#     bash scripts/rebuild_results.sh            # every table (about 4 minutes on 2 CPU cores)
+#     bash scripts/rebuild_results.sh fairness   # only the folders under results/ whose path contains "fairness"
+#
+# What it runs, each as the page itself says it was made:
+# - every `gastric-fl ablate ... --tables-only` line of a results/**/COMMAND.md (the runs' records are read from
+#   the folder's cells.tar.xz, or from cells/ where unpacked);
+# - scripts/privacy_table.py for results/privacy and results/honest_privacy (results.md, results.csv);
+# - scripts/honest_compare.py and scripts/two_machines.py (results/honest_evaluation/tables.md, two_machines.md);
+# - benchmarks/tables_compare.py (results/tables4567_*/beside_classic.md, as their WHERE.md says);
+# - benchmarks/table7_paper.py (results/table7_fmnist_*/paper_row.md and .csv), compared without its "Machine:"
+#   line, which records the load average when it was written.
+# Not rebuilt here, since they need datasets or training: results/honest_evaluation/results.md and morphology.md,
+# results/gastric_tissue/ (scripts/honest_evaluation.py, scripts/morphology_check.py) and the superseded
+# results/earlier_benchmark_preset/ (no records published).
+set -u
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+ONLY=${1:-}
+LOG=$(mktemp)
+SCRATCH=$(mktemp -d)
+trap 'rm -rf "$LOG" "$SCRATCH"' EXIT
+failed=0
+
+wanted() { [[ -z "$ONLY" || "$1" == *"$ONLY"* ]]; }
+
+run() {
+    echo "+ $*"
+    if ! "$@" >"$LOG" 2>&1; then
+        echo "FAILED: $*"
+        tail -5 "$LOG"
+        failed=1
+    fi
+}
+
+# 1. Every ablation folder: the --tables-only command its COMMAND.md gives.
+for page in results/*/COMMAND.md results/*/*/COMMAND.md; do
+    [[ -f "$page" ]] && wanted "$(dirname "$page")" || continue
+    line=$(grep -m1 -e "--tables-only" "$page") || continue
+    read -r -a words <<<"${line#gastric-fl }"
+    run "$PY" -m app.cli "${words[@]}"
+done
+
+# 2. The tables that scripts make from published folders.
+for folder in results/privacy results/honest_privacy; do
+    wanted "$folder" && run "$PY" scripts/privacy_table.py "$folder"
+done
+if wanted results/honest_evaluation; then
+    run "$PY" scripts/honest_compare.py --out results/honest_evaluation/tables.md
+    run "$PY" scripts/two_machines.py
+fi
+for regime in site_shift data_poor; do
+    wanted "results/tables4567_$regime" || continue
+    run "$PY" benchmarks/tables_compare.py "results/honest_tables456_$regime" "results/tables4567_$regime" \
+        --labels "classic (raw, 3 seeds)" "gastric (5 seeds)" --out "results/tables4567_$regime/beside_classic.md"
+done
+for name in table7_fmnist_pat10 table7_fmnist_pat2; do
+    wanted "results/$name" || continue
+    page=results/$name/paper_row.md
+    cp "$page" "$SCRATCH/$name.md"
+    run "$PY" benchmarks/table7_paper.py "results/$name" --out "$page"
+    if diff -q <(grep -v "^Machine: " "$page") <(grep -v "^Machine: " "$SCRATCH/$name.md") >/dev/null; then
+        cp "$SCRATCH/$name.md" "$page" # equal but for the machine's load when it was written
+    fi
+done
+
+# 3. What differs from the committed files (and anything new, e.g. a folder unpacked by hand and not ignored), in
+# the folders asked for.
+changed=$(git status --porcelain --untracked-files=all -- results/ | grep -F -e "$ONLY")
+if [[ -n "$changed" ]]; then
+    echo "files that differ from the committed ones ($(wc -l <<<"$changed")):"
+    echo "$changed"
+    exit 1
+fi
+if [[ $failed -ne 0 ]]; then
+    exit 1
+fi
+echo "every published table rebuilt byte-identical"
