@@ -29,16 +29,8 @@ from support.paths import REPO
 
 from federation.errors import FederationError
 from federation.flower.flwr_cli import register_hospitals
-from federation.flower.kit import (
-    Kit,
-    add_hospital,
-    init_kit,
-    load_bundle,
-    new_key,
-    openssh_private,
-    openssh_public,
-    write_secret,
-)
+from federation.flower.kit import Kit, add_hospital, init_kit, load_bundle, write_secret
+from federation.flower.kit_certs import new_key, openssh_private, openssh_public
 from federation.flower.local_deployment import LocalDeployment, NodeSpec
 from federation.flower.superlink import SuperLink
 from federation.flower.supernode import SuperNode
