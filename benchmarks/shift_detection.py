@@ -62,14 +62,14 @@ from models.bundle import Bundle, load_bundle  # noqa: E402
 from models.decision import slides_of_tiles  # noqa: E402
 from models.features import tile_statistics  # noqa: E402
 from models.shift import fit_description  # noqa: E402
-from pipeline.stain_profiles import SiteProfile, apply_site  # noqa: E402
+from pipeline.stain_profiles import StainProfile, apply_stain_profile  # noqa: E402
 from pipeline.tiling import cut_square  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "shift_detection.md"
 # configs/prepare_site_shift.toml's hospitals 1 and 2: an over-stained bluish lab, a pale pink lab
 FALLBACK_STAINS = {
-    "regime lab 1": SiteProfile(hue=-15.0, stain_h=1.45, stain_e=0.85),
-    "regime lab 2": SiteProfile(hue=10.0, stain_h=0.65, stain_e=1.35, brightness=1.08),
+    "regime lab 1": StainProfile(hue=-15.0, stain_h=1.45, stain_e=0.85),
+    "regime lab 2": StainProfile(hue=10.0, stain_h=0.65, stain_e=1.35, brightness=1.08),
 }
 Image = npt.NDArray[np.uint8]
 
@@ -78,9 +78,9 @@ def _grey(image: Image) -> Image:
     return np.repeat(cv2.cvtColor(image, cv2.COLOR_RGB2GRAY)[:, :, None], 3, axis=2)
 
 
-def _profile(entry: dict) -> SiteProfile | None:
+def _profile(entry: dict) -> StainProfile | None:
     site = entry.get("site")
-    return None if not site else SiteProfile(**site)
+    return None if not site else StainProfile(**site)
 
 
 def _tiles(bundle: Bundle, image: Image) -> Image:
@@ -95,8 +95,8 @@ def _stats(bundle: Bundle, layer: str, tiles: Image) -> npt.NDArray[np.float64]:
     return tile_statistics(bundle.model, layer, [pre.tensor(tiles[i : i + 256]) for i in range(0, len(tiles), 256)])
 
 
-def _stained(image: Image, profile: SiteProfile) -> Image:
-    return apply_site(image, profile, False)
+def _stained(image: Image, profile: StainProfile) -> Image:
+    return apply_stain_profile(image, profile, False)
 
 
 def _kinds(record: dict, client: int) -> dict[str, Callable[[Image], Image]]:
@@ -106,7 +106,7 @@ def _kinds(record: dict, client: int) -> dict[str, Callable[[Image], Image]]:
     grey_hospital = bool(entries[client]["grayscale"])
 
     def as_own(image: Image) -> Image:
-        return image if own is None else apply_site(image, own, False)
+        return image if own is None else apply_stain_profile(image, own, False)
 
     kinds: dict[str, Callable[[Image], Image]] = {"own held-out": as_own}
     others = {

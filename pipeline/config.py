@@ -124,8 +124,9 @@ class ClientsConfig:
 
 
 @dataclass(frozen=True)
-class SitesConfig:
-    """Simulated sites: a stain and scanner profile per hospital, applied to its tiles (`pipeline.stain_profiles`)."""
+class StainShiftConfig:
+    """The ``[sites]`` table (a public name): a simulated stain and scanner profile per hospital, applied to its
+    tiles (`pipeline.stain_profiles`)."""
 
     shift: str = "none"
     strength: float = 1.0
@@ -151,7 +152,7 @@ class PrepareConfig:
     split: SplitConfig = field(default_factory=SplitConfig)
     tiles: TileConfig = field(default_factory=TileConfig)
     clients: ClientsConfig = field(default_factory=ClientsConfig)
-    sites: SitesConfig = field(default_factory=SitesConfig)
+    sites: StainShiftConfig = field(default_factory=StainShiftConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
 
     def to_json(self) -> dict[str, Any]:
@@ -204,7 +205,7 @@ _SECTIONS: dict[str, type] = {
     "split": SplitConfig,
     "tiles": TileConfig,
     "clients": ClientsConfig,
-    "sites": SitesConfig,
+    "sites": StainShiftConfig,
     "output": OutputConfig,
 }
 

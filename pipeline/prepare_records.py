@@ -217,7 +217,7 @@ def _write_records(
         "classes": ", ".join(classes),
         "simulated sites": (
             "none"
-            if all(p.site is None for p in plans)
+            if all(p.stain_profile is None for p in plans)
             else f"{config.sites.shift} (strength {config.sites.strength:g}"
             + (f", {len(config.sites.profile)} listed" if config.sites.profile else "")
             + "): profiles in prepare.json, clients[].site"
@@ -301,7 +301,7 @@ def _provenance(
                 "source_px": p.size,
                 "stride_source_px": p.stride,
                 "abnormal_stride_source_px": p.abnormal_stride,
-                "site": None if p.site is None else p.site.to_json(),
+                "site": None if p.stain_profile is None else p.stain_profile.to_json(),
                 # the hospital's group (clients.group; None when not given): its stain, scanner and case mix are
                 # those of the other hospitals in the group (docs/pipeline.md, "Regimes": clustered)
                 "group": config.clients.group[p.client] if config.clients.group else None,

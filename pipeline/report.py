@@ -67,9 +67,9 @@ def _table_rows(
     plans: Sequence[HospitalPlan], counts: Counts, slides: Mapping[int, int]
 ) -> tuple[list[str], list[list[str]]]:
     labels = _classes_of(counts)
-    # The site column appears only when some hospital has a simulated site, so other reports read as before.
-    sited = any(plan.site is not None for plan in plans)
-    header = ["client", "gray", *(["site"] if sited else []), "tile px", "scale", "src px", "slides"]
+    # The site column appears only when some hospital has a simulated stain profile, so other reports read as before.
+    profiled = any(plan.stain_profile is not None for plan in plans)
+    header = ["client", "gray", *(["site"] if profiled else []), "tile px", "scale", "src px", "slides"]
     header += [f"{s} {lab}" for s in SPLITS for lab in labels] + ["tiles"]
     rows = []
     for plan in plans:
@@ -79,7 +79,7 @@ def _table_rows(
             [
                 str(plan.client),
                 "yes" if plan.grayscale else "no",
-                *(["shifted" if plan.site is not None else "-"] if sited else []),
+                *(["shifted" if plan.stain_profile is not None else "-"] if profiled else []),
                 str(plan.tile_px),
                 f"{plan.scale:g}",
                 str(plan.size),
@@ -168,7 +168,7 @@ def contact_sheet(
     """One row per client: sample tiles of each class in class order (BGR image, borders coloured by class).
 
     Binary datasets show 4 normal then 4 abnormal tiles (green and red borders); with K classes each class gets
-    ``max(1, 8 // K)`` tiles. A hospital with a simulated site has its profile written under its name.
+    ``max(1, 8 // K)`` tiles. A hospital with a simulated stain profile has it written under its name.
     """
     labels = list(classes)
     per_label = _PER_LABEL if len(labels) <= 2 else max(1, 2 * _PER_LABEL // len(labels))
@@ -186,8 +186,8 @@ def contact_sheet(
         detail = f"{plan.tile_px}px{' gray' if plan.grayscale else ''} x{plan.scale:g}"
         cv2.putText(sheet, text, (6, top + 22), cv2.FONT_HERSHEY_SIMPLEX, 0.6, (0, 0, 0), 1, cv2.LINE_AA)
         cv2.putText(sheet, detail, (6, top + 44), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (60, 60, 60), 1, cv2.LINE_AA)
-        if plan.site is not None:
-            for j, line in enumerate(plan.site.describe()):
+        if plan.stain_profile is not None:
+            for j, line in enumerate(plan.stain_profile.describe()):
                 cv2.putText(
                     sheet, line, (6, top + 66 + 16 * j), cv2.FONT_HERSHEY_SIMPLEX, 0.36, (120, 60, 0), 1, cv2.LINE_AA
                 )

@@ -1,9 +1,9 @@
-"""Simulated hospital sites: a per-hospital stain and scanner profile applied to the tiles `prepare` writes.
+"""Simulated stain profiles: a per-hospital stain and scanner profile applied to the tiles `prepare` writes.
 
 Real multi-site histopathology differs by laboratory and scanner: the haematoxylin and eosin batches and
 staining times (stain colour and strength), the scanner's illumination, optics (focus blur) and file
 compression. Models trained at one site lose accuracy at another for exactly these reasons, and stain
-augmentation (Tellez et al., 2019) perturbs the same quantities. A *site profile* describes one hospital:
+augmentation (Tellez et al., 2019) perturbs the same quantities. A *stain profile* describes one hospital:
 
 - ``hue`` (degrees): both stain vectors (and the residual) rotated about the gray axis in optical-density
   space, i.e. the stains' colour changes while their darkness does not. Gray pixels stay gray.
@@ -19,6 +19,10 @@ channel, then compression. Every step is a fixed function of the pixels, so the 
 give the same bytes. Profiles are either listed per hospital or drawn (``shift = "random"``) from a generator
 keyed by ``(split.seed, hospital)``, so a hospital's profile does not depend on the number of hospitals.
 The raw slides are never touched: the shift exists only in the prepared tiles.
+
+The public names keep the word "site": the ``[sites]`` table of a prepare preset (``shift``, ``strength``,
+``[[sites.profile]]``), ``prepare --site-shift/--site-strength``, ``clients[].site`` in ``prepare.json`` and the
+report's ``site`` column. In code a *site* is a hospital's installation (`federation.hospital.handler.Site`).
 """
 
 from __future__ import annotations
@@ -42,13 +46,13 @@ _R = np.cross(_H, _E) / np.linalg.norm(np.cross(_H, _E))
 STAIN_MATRIX = np.stack([_H / np.linalg.norm(_H), _E / np.linalg.norm(_E), _R])  # rows: H, E, residual
 _DECONVOLVE = np.linalg.inv(STAIN_MATRIX)
 SHIFTS: tuple[str, ...] = ("none", "random")
-# Keeps the site generator's stream apart from every other draw made from split.seed.
-_SITE_STREAM = 0x5173
+# Keeps the profile generator's stream apart from every other draw made from split.seed.
+_PROFILE_STREAM = 0x5173
 MAX_STRENGTH = 2.0
 
 
 @dataclass(frozen=True)
-class SiteProfile:
+class StainProfile:
     """One hospital's simulated stain and scanner (module docstring); the defaults change nothing."""
 
     hue: float = 0.0
@@ -61,7 +65,7 @@ class SiteProfile:
     @property
     def is_identity(self) -> bool:
         """Whether applying the profile leaves every tile as it is."""
-        return self == SiteProfile()
+        return self == StainProfile()
 
     @property
     def changes_colour(self) -> bool:
@@ -88,7 +92,7 @@ _LIMITS: dict[str, tuple[float, float]] = {
     "blur": (0.0, 20.0),
     "jpeg": (0.0, 100.0),
 }
-PROFILE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(SiteProfile))
+PROFILE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(StainProfile))
 
 
 def check_profile_value(name: str, value: Any, where: str) -> float | int:
@@ -145,7 +149,7 @@ def parse_listed(tables: Any, where: str) -> tuple[ListedProfile, ...]:
     return tuple(listed)
 
 
-def draw_profile(seed: int, client: int, strength: float) -> SiteProfile:
+def draw_profile(seed: int, client: int, strength: float) -> StainProfile:
     """Hospital ``client``'s random profile at ``strength`` (0 = none; 1 = a typical spread between labs).
 
     At strength 1: hue uniform in +-12 degrees; stain gains and brightness log-uniform in e^+-0.35 (0.70-1.42)
@@ -153,11 +157,11 @@ def draw_profile(seed: int, client: int, strength: float) -> SiteProfile:
     scale with the strength; values are rounded (3 decimals) and the rounded values are the ones applied.
     """
     if strength == 0:
-        return SiteProfile()
-    rng = np.random.default_rng([seed, _SITE_STREAM, client])
+        return StainProfile()
+    rng = np.random.default_rng([seed, _PROFILE_STREAM, client])
     u = rng.uniform(-1.0, 1.0, size=4)
     blur, quality = rng.uniform(0.0, 1.0, size=2)
-    return SiteProfile(
+    return StainProfile(
         hue=round(12.0 * strength * float(u[0]), 3),
         stain_h=round(math.exp(0.35 * strength * float(u[1])), 3),
         stain_e=round(math.exp(0.35 * strength * float(u[2])), 3),
@@ -167,14 +171,14 @@ def draw_profile(seed: int, client: int, strength: float) -> SiteProfile:
     )
 
 
-def site_profiles(
+def stain_profiles_for(
     shift: str, strength: float, listed: Sequence[ListedProfile], seed: int, clients: int
-) -> list[SiteProfile | None]:
+) -> list[StainProfile | None]:
     """Every hospital's profile (``None`` where the tiles are left as they are)."""
     by_client = {entry.client: dict(entry.values) for entry in listed}
-    out: list[SiteProfile | None] = []
+    out: list[StainProfile | None] = []
     for client in range(clients):
-        base = draw_profile(seed, client, strength) if shift == "random" else SiteProfile()
+        base = draw_profile(seed, client, strength) if shift == "random" else StainProfile()
         profile = replace(base, **by_client.get(client, {}))  # type: ignore[arg-type]
         out.append(None if profile.is_identity else profile)
     return out
@@ -198,11 +202,11 @@ def stain_concentrations(rgb: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
     return np.asarray(optical_density(rgb) @ _DECONVOLVE.astype(np.float32), dtype=np.float32)
 
 
-def _stain(rgb: npt.NDArray[np.uint8], profile: SiteProfile) -> npt.NDArray[np.float32]:
+def _stain(rgb: npt.NDArray[np.uint8], profile: StainProfile) -> npt.NDArray[np.float32]:
     """Transmitted light (0..255, float) after the stain step and the light gain."""
     od = optical_density(rgb)
     if profile.changes_colour:
-        # Concentrations scaled, then recomposed with the site's stain vectors (the reference ones rotated).
+        # Concentrations scaled, then recomposed with the profile's stain vectors (the reference ones rotated).
         gains = np.diag([profile.stain_h, profile.stain_e, 1.0])
         matrix = _DECONVOLVE @ gains @ STAIN_MATRIX @ _rotation(profile.hue).T
         od = od @ matrix.astype(np.float32)
@@ -212,7 +216,7 @@ def _stain(rgb: npt.NDArray[np.uint8], profile: SiteProfile) -> npt.NDArray[np.f
     return np.asarray(light, dtype=np.float32)
 
 
-def apply_site(rgb: npt.NDArray[np.uint8], profile: SiteProfile, grayscale: bool) -> npt.NDArray[np.uint8]:
+def apply_stain_profile(rgb: npt.NDArray[np.uint8], profile: StainProfile, grayscale: bool) -> npt.NDArray[np.uint8]:
     """An RGB tile as hospital ``profile`` would have scanned it: RGB, or single-channel for a gray scanner."""
     if profile.changes_colour or profile.brightness != 1.0:
         pixels = np.asarray(np.clip(np.rint(_stain(rgb, profile)), 0, 255), dtype=np.uint8)

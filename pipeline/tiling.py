@@ -15,8 +15,8 @@ pure white then occurs in almost every abnormal tile and in almost no normal one
 (the shortcut `pipeline.probe` measures). With ``mask_outside`` this applies to *training* tiles of abnormal slides
 only; validation and test tiles are always raw (`cut_tiles`'s ``masked``).
 
-Grayscale hospitals get single-channel tiles. A hospital with a simulated site profile (`pipeline.stain_profiles`) gets
-its tiles through that profile's stain and scanner steps; which tiles are kept never depends on it.
+Grayscale hospitals get single-channel tiles. A hospital with a simulated stain profile (`pipeline.stain_profiles`)
+gets its tiles through that profile's stain and scanner steps; which tiles are kept never depends on it.
 
 Definitions (docs/pipeline.md): a pixel is *near-white* when all three channels are >= ``white_level``
 (default 220: slide glass and whited-out areas are ~240-255, H&E stroma and nuclei stay well below on at least
@@ -41,7 +41,7 @@ import numpy.typing as npt
 
 from pipeline.config import PrepareConfig
 from pipeline.images import RGBImage
-from pipeline.stain_profiles import SiteProfile, apply_site, site_profiles
+from pipeline.stain_profiles import StainProfile, apply_stain_profile, stain_profiles_for
 
 WHITE = 255
 # A slide whose every sample is at most this dark holds no tissue (a failed scan or a blank export); its squares pass
@@ -61,7 +61,7 @@ class HospitalPlan:
     abnormal_stride: int
     grayscale: bool
     # The hospital's simulated stain and scanner (None: tiles as cut). Prepare only; predict never sets it.
-    site: SiteProfile | None = None
+    stain_profile: StainProfile | None = None
 
     @property
     def channels(self) -> int:
@@ -84,7 +84,7 @@ def hospital_plans(config: PrepareConfig) -> list[HospitalPlan]:
     """Every hospital's tile settings from ``--tile``, ``--stride``, ``--client-tile``, ``--client-scale``."""
     tiles, clients = config.tiles, config.clients
     sites = config.sites
-    profiles = site_profiles(sites.shift, sites.strength, sites.profile, config.split.seed, config.split.clients)
+    profiles = stain_profiles_for(sites.shift, sites.strength, sites.profile, config.split.seed, config.split.clients)
     plans = []
     for c in range(config.split.clients):
         tile_px = clients.tile[c] if clients.tile else tiles.tile
@@ -103,7 +103,7 @@ def hospital_plans(config: PrepareConfig) -> list[HospitalPlan]:
                 stride=max(1, round(stride_px / scale)),
                 abnormal_stride=max(1, round(abnormal_px / scale)),
                 grayscale=c in clients.grayscale,
-                site=profiles[c],
+                stain_profile=profiles[c],
             )
         )
     return plans
@@ -231,7 +231,7 @@ def cut_square(
 ) -> npt.NDArray[np.uint8]:
     """The output pixels of the square at ``(x, y)``: whitened outside ``region`` (Step a.1, when given), resized
     to ``plan.tile_px`` (``INTER_AREA`` shrinking, ``INTER_LINEAR`` enlarging), through the hospital's simulated
-    site profile when it has one, and gray for a gray hospital."""
+    stain profile when it has one, and gray for a gray hospital."""
     square: npt.NDArray[np.uint8] = image[y : y + plan.size, x : x + plan.size]
     if region is not None:
         inside = region[y : y + plan.size, x : x + plan.size, None]
@@ -242,8 +242,8 @@ def cut_square(
             square, (plan.tile_px, plan.tile_px), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR
         )
         square = np.asarray(resized, dtype=np.uint8)
-    if plan.site is not None:
-        return apply_site(np.ascontiguousarray(square), plan.site, plan.grayscale)
+    if plan.stain_profile is not None:
+        return apply_stain_profile(np.ascontiguousarray(square), plan.stain_profile, plan.grayscale)
     pixels = cv2.cvtColor(square, cv2.COLOR_RGB2GRAY) if plan.grayscale else np.ascontiguousarray(square)
     return np.asarray(pixels, dtype=np.uint8)
 

@@ -30,11 +30,11 @@ from models.names import TISSUE_FILE
 from pipeline.config import build_config
 from pipeline.images import encode_png
 from pipeline.prepare import prepare_dataset
-from pipeline.stain_profiles import SiteProfile, apply_site
+from pipeline.stain_profiles import StainProfile, apply_stain_profile
 from pipeline.synth import generate_dataset
 
 # configs/prepare_site_shift.toml's hospital 1: an over-stained, bluish laboratory
-OTHER_STAIN = SiteProfile(hue=-15.0, stain_h=1.45, stain_e=0.85)
+OTHER_STAIN = StainProfile(hue=-15.0, stain_h=1.45, stain_e=0.85)
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +107,7 @@ def test_own_held_out_slides_are_at_most_5_percent_unfamiliar(shift_run: tuple[P
 
 def test_another_hospitals_stain_is_at_least_90_percent_unfamiliar(shift_run: tuple[Path, Path, Path, dict]) -> None:
     raw, _, run, record = shift_run
-    images = [(name, apply_site(image, OTHER_STAIN, False)) for name, image in _test_images(raw, record, 0)]
+    images = [(name, apply_stain_profile(image, OTHER_STAIN, False)) for name, image in _test_images(raw, record, 0)]
     share, _ = _share(run / "hospitals" / "client_00", images)
     assert share >= 0.90, share
 

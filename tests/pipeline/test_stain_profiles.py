@@ -1,4 +1,4 @@
-"""Simulated hospital sites (`pipeline.stain_profiles`): each profile step changes the tiles by the configured amount,
+"""Simulated stain profiles (`pipeline.stain_profiles`): each profile step changes the tiles by the configured amount,
 gray hospitals stay gray, the same settings give the same bytes, and prepare records every profile."""
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from pipeline.errors import PipelineError
 from pipeline.prepare import prepare_dataset
 from pipeline.stain_profiles import (
     STAIN_MATRIX,
-    SiteProfile,
-    apply_site,
+    StainProfile,
+    apply_stain_profile,
     draw_profile,
     optical_density,
-    site_profiles,
     stain_concentrations,
+    stain_profiles_for,
 )
 from pipeline.synth import generate_dataset, plan_dataset, render_slide
 
@@ -43,8 +43,8 @@ def _stained(image: np.ndarray) -> np.ndarray:
 
 
 def test_stain_gains_scale_the_stain_concentrations(tissue: np.ndarray) -> None:
-    profile = SiteProfile(stain_h=1.3, stain_e=0.7)
-    shifted = apply_site(tissue, profile, grayscale=False)
+    profile = StainProfile(stain_h=1.3, stain_e=0.7)
+    shifted = apply_stain_profile(tissue, profile, grayscale=False)
     keep = _stained(tissue) & _stained(shifted)
     before, after = stain_concentrations(tissue)[keep], stain_concentrations(shifted)[keep]
     assert after[:, 0].sum() / before[:, 0].sum() == pytest.approx(1.3, abs=0.03)
@@ -52,7 +52,7 @@ def test_stain_gains_scale_the_stain_concentrations(tissue: np.ndarray) -> None:
 
 
 def test_hue_rotates_the_mean_colour_about_the_gray_axis_by_the_angle(tissue: np.ndarray) -> None:
-    shifted = apply_site(tissue, SiteProfile(hue=15.0), grayscale=False)
+    shifted = apply_stain_profile(tissue, StainProfile(hue=15.0), grayscale=False)
     keep = _stained(tissue) & _stained(shifted)
     axis = np.ones(3) / math.sqrt(3)
     chroma = []
@@ -67,30 +67,30 @@ def test_hue_rotates_the_mean_colour_about_the_gray_axis_by_the_angle(tissue: np
     assert darkness[1] == pytest.approx(darkness[0], rel=0.01)
     # Gray pixels stay gray under any hue.
     gray = np.repeat(np.linspace(0, 255, 64, dtype=np.uint8)[None, :, None], 3, axis=2)
-    out = apply_site(np.ascontiguousarray(gray), SiteProfile(hue=40.0), grayscale=False).astype(int)
+    out = apply_stain_profile(np.ascontiguousarray(gray), StainProfile(hue=40.0), grayscale=False).astype(int)
     assert np.abs(out - gray.astype(int)).max() <= 1
 
 
 def test_brightness_blur_and_jpeg_do_what_they_say(tissue: np.ndarray) -> None:
-    darker = apply_site(tissue, SiteProfile(brightness=0.8), grayscale=False)
+    darker = apply_stain_profile(tissue, StainProfile(brightness=0.8), grayscale=False)
     keep = tissue.max(axis=2) < 250
     assert darker[keep].astype(float).sum() / tissue[keep].astype(float).sum() == pytest.approx(0.8, abs=0.01)
-    blurred = apply_site(tissue, SiteProfile(blur=1.5), grayscale=False)
+    blurred = apply_stain_profile(tissue, StainProfile(blur=1.5), grayscale=False)
     assert (
         np.abs(np.diff(blurred.astype(float), axis=1)).mean()
         < 0.6 * np.abs(np.diff(tissue.astype(float), axis=1)).mean()
     )
     assert blurred.mean() == pytest.approx(tissue.mean(), abs=1.0)
-    coarse = apply_site(tissue, SiteProfile(jpeg=20), grayscale=False)
-    fine = apply_site(tissue, SiteProfile(jpeg=95), grayscale=False)
+    coarse = apply_stain_profile(tissue, StainProfile(jpeg=20), grayscale=False)
+    fine = apply_stain_profile(tissue, StainProfile(jpeg=95), grayscale=False)
     error = [np.abs(x.astype(float) - tissue).mean() for x in (fine, coarse)]
     assert 0 < error[0] < error[1]
-    assert np.array_equal(apply_site(tissue, SiteProfile(), grayscale=False), tissue)
+    assert np.array_equal(apply_stain_profile(tissue, StainProfile(), grayscale=False), tissue)
 
 
 def test_gray_hospitals_stay_single_channel_and_see_the_light_change(tissue: np.ndarray) -> None:
-    profile = SiteProfile(hue=10.0, stain_h=1.2, brightness=0.9, blur=0.8, jpeg=70)
-    gray = apply_site(tissue, profile, grayscale=True)
+    profile = StainProfile(hue=10.0, stain_h=1.2, brightness=0.9, blur=0.8, jpeg=70)
+    gray = apply_stain_profile(tissue, profile, grayscale=True)
     assert gray.ndim == 2
     assert gray.shape == tissue.shape[:2]
     plain = cv2.cvtColor(tissue, cv2.COLOR_RGB2GRAY)
@@ -102,7 +102,7 @@ def test_random_profiles_are_keyed_by_seed_and_hospital_and_scale_with_strength(
     assert draw_profile(0, 2, 1.0) != draw_profile(1, 2, 1.0)
     assert draw_profile(0, 2, 0.0).is_identity
     # A hospital's profile does not depend on how many hospitals there are.
-    assert site_profiles("random", 1.0, (), 0, 3)[2] == site_profiles("random", 1.0, (), 0, 7)[2]
+    assert stain_profiles_for("random", 1.0, (), 0, 3)[2] == stain_profiles_for("random", 1.0, (), 0, 7)[2]
     weak, strong = draw_profile(5, 1, 0.5), draw_profile(5, 1, 1.0)
     assert abs(weak.hue) == pytest.approx(abs(strong.hue) / 2, abs=0.002)
     assert math.log(weak.stain_h) == pytest.approx(math.log(strong.stain_h) / 2, abs=0.003)
@@ -118,10 +118,10 @@ def test_listed_profiles_override_and_bad_values_are_one_line() -> None:
     config = build_config(
         {"split": {"clients": 3}, "sites": {"profile": [{"client": 1, "hue": 8, "jpeg": 60}]}},
     )
-    profiles = site_profiles(config.sites.shift, 1.0, config.sites.profile, 0, 3)
+    profiles = stain_profiles_for(config.sites.shift, 1.0, config.sites.profile, 0, 3)
     assert profiles[0] is None
     assert profiles[2] is None
-    assert profiles[1] == SiteProfile(hue=8.0, jpeg=60)
+    assert profiles[1] == StainProfile(hue=8.0, jpeg=60)
     for sites, message in (
         ({"shift": "wild"}, "--site-shift 'wild' is unknown"),
         ({"strength": 3.0}, "--site-strength 3 must be between 0 and 2"),
