@@ -2,8 +2,8 @@
 
 After the last round, every hospital's test slides (those ``prepare.json`` lists for its test split, read from the raw
 folder prepare read) are scored with its exported model by predict's own code: the whole slide's tissue grid
-(`inference.predict.tissue_positions`), every square's ``P(abnormal)`` (`inference.predict.score_positions`) and the
-slide-level figures and call (`inference.predict.summarise`: the top-k mean at the card's threshold). The result is
+(`inference.scoring.tissue_positions`), every square's ``P(abnormal)`` (`inference.scoring.score_positions`) and the
+slide-level figures and call (`inference.scoring.summarise`: the top-k mean at the card's threshold). The result is
 written once per hospital into ``<hospital folder>/slides.csv`` (`federation.runfiles.SLIDES_FILE`), one row per
 slide: ``slide, truth, score, call, threshold, tiles, top_tile, unfamiliar_share`` (the highest tile probability,
 for the focal flag, and the share of tiles unlike the hospital's tissue, `models.shift`; a file of the first six

@@ -5,7 +5,7 @@ For each ``--run`` (a finished run whose dataset and raw slides are on this mach
 the prepared dataset, whose ``prepare.json`` names the raw folder) and each hospital:
 
 - **own**: the hospital's test slides (raw, through its own simulated stain/scanner profile when the dataset has
-  one, `pipeline.stain_profiles`), tiled and scored as ``predict`` does (`inference.predict.tissue_positions`,
+  one, `pipeline.stain_profiles`), tiled and scored as ``predict`` does (`inference.scoring.tissue_positions`,
   `pipeline.tiling.cut_square`, which also makes them grey for a grey hospital);
 - **stain of hospital k**: the same slides through another hospital's profile (the dataset's own profiles; a
   dataset without profiles, the quick start's, gets the stain/scanner regime's hospitals 1 and 2 from
