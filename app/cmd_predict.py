@@ -127,7 +127,7 @@ def _verdict_lines(folder: Path, card: ModelCard, floor: Floor, override: float 
     """The bundle's hospital's verdict at its card's threshold against ``floor`` when its folder holds the
     hospital's test predictions (`app.verdicts.judge_folder`: what the Verdict page says), or why not."""
     from app.evaluation.tables import verdict_word
-    from app.run_records import CardThreshold
+    from app.run_cards import CardThreshold
     from app.verdicts import judge_folder
 
     lines: list[str] = []

@@ -50,6 +50,7 @@ from app.colour_scale import viridis_rgb
 from federation.runfiles import CardError, hospital_files, hospital_index, read_card_object
 from infra import outputs
 from infra.formats import PREPARE_RECORD, manifest_sha256
+from infra.records import RecordError, read_prepare_record
 from models.decision import FALSE_ALARM, MISSED_CANCER, outcome
 from models.names import CARD_FILE
 from pipeline.images import DEFAULT_MAX_PIXELS, UnreadableImageError, check_max_pixels
@@ -300,15 +301,17 @@ def checked_slides(card: dict[str, Any], dataset: Path | None) -> tuple[list[Lis
         )
     record_path = dataset / PREPARE_RECORD
     try:
-        record = json.loads(record_path.read_text(encoding="utf-8"))
+        record = read_prepare_record(dataset).data
         source_input = str(record["config"]["source"]["input"])
         slides = [s for s in record["slides"] if int(s["client"]) == client and s["split"] == "test"]
         hashes = record.get("source_sha256") or {}
-    except FileNotFoundError:
-        raise SlideViewError(
-            f"{record_path} does not exist, so the test slides are unknown; upload a slide instead"
-        ) from None
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+    except RecordError as exc:
+        if exc.kind == "missing":
+            raise SlideViewError(
+                f"{record_path} does not exist, so the test slides are unknown; upload a slide instead"
+            ) from None
+        raise SlideViewError(f"{exc}; prepare the dataset again or upload a slide") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise SlideViewError(
             f"{record_path} is damaged ({type(exc).__name__}: {exc}); prepare the dataset again or upload a slide"
         ) from None

@@ -35,6 +35,7 @@ from app import slide_view
 from app.colour_scale import words as colour_words
 from app.report_html.figures import _data_uri, _downscaled_png, _tile_png, colour_bar_png, confusion_png, roc_png
 from app.report_html.load import CLASS_NAMES, HospitalReport, _config_dataset, _json_file, load_hospital
+from federation.runfiles import HOSPITAL_FILE
 from infra.formats import MANIFEST_FILE
 from infra.provenance import intended_use
 from models.decision import NO_DESCRIPTION, interval_text, outcome, slide_of_tile, slide_stem
@@ -452,7 +453,7 @@ def _settings(rep: HospitalReport, dataset: Path | None) -> str:
     pre = card.get("preprocess") or {}
     data = card.get("dataset") or {}
     digest = data.get("manifest_sha256") or rep.summary.get("dataset_sha256")
-    hospital_json = _json_file(rep.folder / "hospital.json", "it is rewritten when the run resumes")
+    hospital_json = _json_file(rep.folder / HOSPITAL_FILE, "it is rewritten when the run resumes")
     digest = digest or hospital_json.get("manifest_sha256")
     rows = [
         ("Run", rep.run.name),

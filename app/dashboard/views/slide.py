@@ -35,6 +35,7 @@ from app.dashboard.slide_figure import file_stamp, heatmap_figure
 from app.datasets import hospital_label
 from app.run_records import RunInfo
 from federation.runfiles import METRICS_FILE, PREDICTIONS_FILE, SLIDES_FILE
+from infra.formats import hospital_name
 from models.decision import NO_DESCRIPTION, UNFAMILIAR_LIMIT
 from models.names import CARD_FILE
 from pipeline.errors import PipelineError
@@ -488,7 +489,7 @@ def _page() -> None:
         st.download_button(
             f"Download {hospital_label(client)}'s report (HTML)",
             data=report,
-            file_name=f"{info.run_id.replace('/', '_')}-client_{client:02d}.html",
+            file_name=f"{info.run_id.replace('/', '_')}-{hospital_name(client)}.html",
             mime="text/html",
             icon=":material/download:",
             key="slide_report",
