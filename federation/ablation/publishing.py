@@ -17,6 +17,7 @@ from federation.errors import FederationError
 from federation.provenance import NOT_RECORDED, code_version, describe_code_versions, describe_machines
 from federation.runfiles import AGGREGATION_FILE, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
 from federation.runs import read_json, write_json
+from federation.summary_errors import read_summary_object
 from infra.outputs import (
     OutputError,
     check_replaceable,
@@ -101,7 +102,7 @@ def _copy_published(plan: Plan, out: Path, staging: Path, dest: Path, command: s
         for name in PUBLISHED_RUN_FILES:
             if (run_dir / name).is_file():
                 records[f"{CELLS_DIR}/{run_id}/{name}"] = run_dir / name
-        summary = read_json(run_dir / SUMMARY_FILE)
+        summary = read_summary_object(run_dir)
         versions = summary.get("code_versions") or ["not recorded"]
         trained_at.setdefault(" then ".join(f"`{v}`" for v in versions), []).append(run_id)
         trained_on.setdefault(" then ".join(summary.get("machines") or [NOT_RECORDED]), []).append(run_id)
