@@ -4,8 +4,8 @@ Both train the same MobileNetV3-Small (the FedSAF paper's model, paper 001 Sec. 
 on the same in-memory uint8 tiles, same batch size and same input size, one epoch per repetition:
 
 - **bare**: ``for idx in randperm: x = normalise(tiles[idx]); loss = CE(model(x), y); backward; step``;
-- **client**: ``federation.hospital.trainer.Client.train`` with the FedAvg recipe (seeding, loss bookkeeping, NaN check,
-  trainable-part selection), augmentation off: the same work as the bare loop plus our overhead;
+- **client**: ``federation.hospital.trainer.Trainer.train`` with the FedAvg recipe (seeding, loss bookkeeping, NaN
+  check, trainable-part selection), augmentation off: the same work as the bare loop plus our overhead;
 - **client + augment**: the same with the H&E augmentation on (flips/rotations, mild colour jitter), which the
   bare loop does not do: it shows what augmentation costs.
 
@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks._common import machine, write_result  # noqa: E402
 from federation.hospital.data import HospitalData, to_tensor  # noqa: E402
-from federation.hospital.trainer import Client  # noqa: E402
+from federation.hospital.trainer import Trainer  # noqa: E402
 from federation.wire.contract import Recipe, TrainInstruction  # noqa: E402
 from models import base_keys, create_model, split_units  # noqa: E402
 
@@ -76,10 +76,10 @@ def main() -> None:
     data = synthetic_tiles(args.tiles, args.input_size)
     lr = 0.01
 
-    def make_client(augment: bool) -> Client:
+    def make_client(augment: bool) -> Trainer:
         torch.manual_seed(0)
         model = create_model("mobilenet_v3_small")
-        return Client(
+        return Trainer(
             data, model, base_keys(split_units(model), 0), batch_size=args.batch, eval_batch_size=128, augment=augment
         )
 
@@ -88,7 +88,7 @@ def main() -> None:
     plain_client, augment_client = make_client(False), make_client(True)
     recipe = Recipe(epochs=1, lr=lr, momentum=0.9)
 
-    def client_epoch(client: Client) -> Callable[[int], None]:
+    def client_epoch(client: Trainer) -> Callable[[int], None]:
         def run(r: int) -> None:
             client.train(TrainInstruction(0, recipe), server_round=r, seed=r)
 

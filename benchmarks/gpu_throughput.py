@@ -9,7 +9,7 @@ content does not change a step's cost), MobileNetV3-Small (paper 001, Sec. 4.3.1
 - **bare, bf16 + channels-last, batch 256**: the same under bf16 autocast with channels-last memory.
 - **bare, fp32 + channels-last, batch B**: the fp32 loop with the model and inputs in channels-last memory, as the
   product holds them on a GPU at either precision: whether the layout is part of the fp32 gap.
-- **product, plain**: `federation.hospital.trainer.Client.train` with a one-phase recipe (one epoch over all
+- **product, plain**: `federation.hospital.trainer.Trainer.train` with a one-phase recipe (one epoch over all
   parameters, no
   precise BN, no Fisher pass): the same work as the bare loop plus the product's augmentation
   (`federation.hospital.gpu.augment`: symmetries, HSV, brightness/contrast) and bookkeeping, at the same batch and
@@ -50,7 +50,7 @@ from benchmarks._common import command_line, device_line, write_result  # noqa: 
 from federation import gpu  # noqa: E402
 from federation.config.load import load_config  # noqa: E402
 from federation.hospital.data import HospitalData  # noqa: E402
-from federation.hospital.trainer import Client  # noqa: E402
+from federation.hospital.trainer import Trainer  # noqa: E402
 from federation.strategies.context import recipe_from_config, resolved_nhead  # noqa: E402
 from federation.wire.contract import Recipe, TrainInstruction  # noqa: E402
 from models import base_keys, create_model, split_units  # noqa: E402
@@ -121,12 +121,12 @@ def product(
     nhead: int,
     deterministic: bool,
     augment: bool = True,
-) -> Client:
+) -> Trainer:
     """The product's client over ``data``: its model, shared keys and head as the engine builds them."""
     torch.manual_seed(0)
     model = create_model("mobilenet_v3_small")
     units = split_units(model)
-    return Client(
+    return Trainer(
         data, model, base_keys(units, nhead), batch_size=batch, eval_batch_size=max(128, batch), augment=augment,
         device=device, head_keys=head_keys(units, nhead), precision=precision, deterministic=deterministic,
     )  # fmt: skip
@@ -171,7 +171,7 @@ def main() -> None:
     bf16 = "bf16" if device.type == "cpu" or torch.cuda.is_bf16_supported() else "fp32"
     preset_batch = config.data.batch_size
 
-    def train(client: Client, recipe: Recipe) -> Callable[[int], None]:
+    def train(client: Trainer, recipe: Recipe) -> Callable[[int], None]:
         def run(r: int) -> None:
             client.train(TrainInstruction(0, recipe), server_round=r, seed=r)
 

@@ -3,7 +3,7 @@
 Both score the same tiles with the same model (MobileNetV3-Small, random weights: the weights do not change the
 cost) in eval mode, same batch size, same torch threads:
 
-- **engine evaluation**: ``federation.hospital.trainer.Client.evaluate`` over the tiles held in memory as the engine
+- **engine evaluation**: ``federation.hospital.trainer.Trainer.evaluate`` over the tiles held in memory as the engine
   holds a
   hospital's test split (``uint8``, already resized to ``input_size``): normalisation, forward pass, loss,
   softmax;
@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks._common import command_line, machine, write_result  # noqa: E402
 from federation.hospital.data import HospitalData  # noqa: E402
-from federation.hospital.trainer import Client  # noqa: E402
+from federation.hospital.trainer import Trainer  # noqa: E402
 from inference import find_slides, plan_of, predict_slide, read_slide, score_positions, tissue_positions  # noqa: E402
 from models import base_keys, create_model, split_units  # noqa: E402
 from models.bundle import Bundle, ModelCard, TileGrid  # noqa: E402
@@ -122,7 +122,7 @@ def main() -> None:
         )
         labels = np.zeros(total, dtype=np.int64)
         data = HospitalData(0, tiles[:2], labels[:2], tiles, labels, [f"t{i}" for i in range(total)], grayscale=False)
-        client = Client(
+        client = Trainer(
             data,
             bundle.model,
             base_keys(split_units(bundle.model), 0),

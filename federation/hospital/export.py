@@ -17,7 +17,11 @@
 
 The binary task (classes ``normal``, ``abnormal``) is a threshold on ``P(abnormal)``. Any other class list has no
 positive class: the card's decision is ``argmax`` (its threshold unused), its metrics are the tiles per class,
-accuracy (argmax) and the macro one-vs-rest AUC over the classes present (`federation.hospital.trainer.multiclass_auc`).
+accuracy (argmax) and the macro one-vs-rest AUC over the classes present
+(`federation.hospital.evaluation.multiclass_auc`).
+
+`export_round` is the hospital's export after an evaluated round: the card, the bundle replaced as one
+(`replace_bundle`), and the hospital's description of its own tissue (`federation.hospital.tissue`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import math
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +41,11 @@ import numpy as np
 from torch import nn
 
 from federation.config import RunConfig
-from federation.hospital.trainer import auc_of, auc_or_none
-from federation.runs import now_iso
+from federation.hospital.data import HospitalData
+from federation.hospital.evaluation import auc_of, auc_or_none
+from federation.hospital.privacy import ACCOUNTANT_FILE, ACCOUNTANT_NAME, Accountant
+from federation.runfiles import CHECKPOINT_DIR, HOSPITAL_FILE, PREDICTIONS_FILE
+from federation.runs import now_iso, read_json
 from federation.strategies import default_nhead
 from federation.wire.contract import LABELS
 from infra.formats import PREPARE_RECORD
@@ -203,7 +211,7 @@ def export_card(
 
 def _hidden(folder: Path, name: str, suffix: str) -> Path:
     """A fresh hidden name beside ``folder / name`` (``.<name>.<random><suffix>``: the pattern a hospital's clean-up
-    of temp files knows, `federation.hospital.handler.Hospital._remove_temp_files`)."""
+    of temp files knows, `federation.hospital.store.remove_temp_files`)."""
     handle, path = tempfile.mkstemp(prefix=f".{name}.", suffix=suffix, dir=folder)
     os.close(handle)
     return Path(path)
@@ -256,3 +264,68 @@ def replace_bundle(folder: Path, card: ModelCard, weights: Path) -> None:
         for path in made:
             with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)
+
+
+def card_privacy(config: RunConfig, read_ledger: Callable[[], Accountant]) -> dict[str, Any]:
+    """What the model card says of the weights' DP guarantee (empty without ``[privacy]``), from the hospital's
+    ledger (``read_ledger``, read only under ``[privacy]``)."""
+    privacy = config.privacy
+    if not privacy.enabled:
+        return {}
+    ledger = read_ledger()
+    if not ledger.entries:
+        return {}
+    trained = ledger.summary()  # what was trained, from the ledger, never what the run asked for
+    return {
+        "epsilon": ledger.epsilon(privacy.run_delta),
+        "delta": privacy.run_delta,
+        "unit": trained["unit"],
+        "noise_multiplier": trained["noise_multiplier"],
+        "sample_rate": trained["sample_rate"],
+        "max_grad_norm": trained["max_grad_norm"],
+        "tiles_per_unit": trained["tiles_per_unit"],
+        "steps": ledger.steps,
+        "accountant": ACCOUNTANT_NAME,
+        "ledger": ACCOUNTANT_FILE,
+        "not_covered": "the test metrics, training loss and Fisher trace the hospital reported (docs/privacy.md)",
+    }
+
+
+def export_round(
+    folder: Path,
+    *,
+    config: RunConfig,
+    model: nn.Module,
+    data: HospitalData,
+    dataset: Path,
+    client: int,
+    run_id: str,
+    server_round: int,
+    read_ledger: Callable[[], Accountant],
+) -> None:
+    """The model bundle (`models.bundle`) the hospital would deploy after ``server_round``, in its run's
+    ``folder``: ``model.safetensors`` (a link to its checkpoint when the file system allows, so it costs no copy;
+    its metadata names the round) and ``model.json``, its card (`export_card`); ``client``: the hospital's index in
+    ``dataset``.
+
+    The bundle is replaced as one, and only once everything it says is known: the card is made first (its DP
+    guarantee reads the ledger, which may be refused), both files are written beside the bundle, then put in
+    place together (`replace_bundle`). A round refused on the way leaves the last good bundle exactly as it was."""
+    card = export_card(
+        config=config,
+        model=model,
+        dataset=dataset,
+        client=client,
+        grayscale=data.grayscale,
+        classes=data.classes,
+        run_id=run_id,
+        server_round=server_round,
+        hospital_record=read_json(folder / HOSPITAL_FILE),
+        predictions=folder / PREDICTIONS_FILE,
+        privacy=card_privacy(config, read_ledger),
+    )
+    replace_bundle(folder, card, folder / CHECKPOINT_DIR / f"round_{server_round:04d}.safetensors")
+    # the hospital's description of its own tissue (models.shift): written here, read by predict, never sent
+    from federation.hospital.tissue import describe_tissue
+
+    describe_tissue(model, data, folder, server_round)

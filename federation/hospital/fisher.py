@@ -20,6 +20,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from federation.errors import FederationError
+from federation.hospital.data import HospitalData, to_tensor
 
 
 def fisher_trace(
@@ -104,3 +105,35 @@ def batch_gradient_trace(
     finally:
         model.train(was_training)
     return total
+
+
+def reported_trace(
+    model: nn.Module,
+    names: Sequence[str],
+    data: HospitalData,
+    device: torch.device,
+    batch: int,
+    batch_size: int,
+    generator: torch.Generator,
+    estimator: str = "per_sample",
+) -> float:
+    """The Fisher trace a hospital reports after training (``metrics["fisher_trace"]``), over the shared
+    parameters ``names``, on its un-augmented training tiles: `fisher_trace` on a random mini-batch of ``batch``
+    tiles drawn from ``generator`` (``estimator = "per_sample"``), or `batch_gradient_trace` over one pass in
+    batches of ``batch_size`` (``"full_pass"``, no draw)."""
+    if not names:
+        raise FederationError(f"hospital {data.hospital}: fisher_trace needs shared parameters (nhead leaves none)")
+    if estimator == "full_pass":
+        images, labels = data.train_x, data.train_y
+        batches = (
+            (
+                to_tensor(images[i : i + batch_size], device),
+                torch.from_numpy(labels[i : i + batch_size]).to(device),
+            )
+            for i in range(0, data.num_train, batch_size)
+        )
+        return batch_gradient_trace(model, names, batches)
+    pick = torch.randperm(data.num_train, generator=generator)[: min(batch, data.num_train)]
+    x = to_tensor(data.train_x[pick.numpy()], device)
+    y = torch.from_numpy(data.train_y[pick.numpy()]).to(device)
+    return float(fisher_trace(model, names, x, y))

@@ -23,30 +23,30 @@ round ``r - 1``'s evaluation first (``evaluate_previous``) does exactly that ``E
 hospital that missed a round therefore takes part again in the next one, and a resumed run repeats an uninterrupted
 one bit for bit.
 Within one process the model is kept between messages when it already holds that state (no reload).
+
+What the hospital checks runs as chains of named rules (`federation.hospital.rules`): the inbound ones before a task
+restores, trains or loads anything, the outbound ones before what it produced is kept or leaves. Its folder's
+checkpoints, record and privacy ledger are `federation.hospital.store`'s; its model bundle,
+`federation.hospital.export`'s; its training and evaluation, `federation.hospital.trainer`'s.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import hashlib
-import json
-import math
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError
 
 from federation.config import RunConfig
 from federation.derived import config_from_text, initial_state, resolve_device
 from federation.errors import Diverged, FederationError, Interrupted, first_line
 from federation.hospital.data import LABELS, HospitalData, check_hospitals, load_hospitals, read_dataset
+from federation.hospital.evaluation import EvalResult
 from federation.hospital.outbound import OUTBOUND_FILE, record_reply
 from federation.hospital.policy import (
     HospitalPolicy,
@@ -54,20 +54,23 @@ from federation.hospital.policy import (
     agreed_shared_keys,
     check_config,
 )
-from federation.hospital.privacy import (
-    ACCOUNTANT_FILE,
-    ACCOUNTANT_NAME,
-    Accountant,
-    LedgerEntry,
-    load_accountant,
+from federation.hospital.privacy import Accountant, LedgerEntry
+from federation.hospital.rules import (
+    EVALUATE_RULES,
+    EVALUATED_RULES,
+    TRAIN_REPLY_RULES,
+    TRAIN_RULES,
+    TRAINED_RULES,
+    Asked,
+    Leaving,
+    run_outbound,
+    run_rules,
 )
-from federation.hospital.rules import EVALUATE_RULES, TRAIN_RULES, Asked, run_rules
-from federation.hospital.trainer import Client
+from federation.hospital.store import EVALUATED, LEDGER_ANCHOR, TRAINED, RunStore, clear, remove_temp_files
+from federation.hospital.trainer import Trainer
 from federation.runfiles import (
     CHECKPOINT_DIR,
-    HOSPITAL_FILE,
     PREDICTIONS_FILE,
-    SLIDES_FILE,
     VAL_PREDICTIONS_FILE,
     prediction_columns,
 )
@@ -84,26 +87,8 @@ from federation.wire.contract import (
     TrainTask,
 )
 from infra.formats import MANIFEST_FILE, manifest_sha256
-from infra.outputs import atomic_target, remove_entries, write_atomic
 from models import ModelError, create_model, head_keys, split_units
-from models.names import CARD_FILE, WEIGHTS_FILE
 
-# Files and folders a hospital writes into its folder: the only ones it ever replaces or removes.
-OWN_ENTRIES = (
-    HOSPITAL_FILE,
-    CHECKPOINT_DIR,
-    PREDICTIONS_FILE,
-    VAL_PREDICTIONS_FILE,
-    SLIDES_FILE,
-    WEIGHTS_FILE,
-    CARD_FILE,
-    ACCOUNTANT_FILE,
-)
-TRAINED, EVALUATED = 1, 2  # stages of a round's checkpoint
-TENSORS_SHA256 = "tensors_sha256"  # a checkpoint's metadata: the sha256 of its tensors (`tensors_sha256`)
-LEDGER_ANCHOR = (
-    "privacy_ledger"  # hospital.json's record of the privacy ledger (federation.hospital.privacy.Accountant.anchor)
-)
 # What a resume Hello keeps of hospital.json: what tells a lost checkpoint from a missed round, and the ledger's anchor
 RESUME_KEEPS = ("first_checkpoint", LEDGER_ANCHOR)
 # Settings a resume may change: how long the run is and where and how it executes, never what it computes
@@ -184,6 +169,7 @@ def check_run_id(run_id: str) -> None:
 
 
 @dataclass
+@dataclass
 class _Loaded:
     """What this process holds of one run: settings, tiles, model, and which checkpoint the model is at."""
 
@@ -193,15 +179,94 @@ class _Loaded:
     model: torch.nn.Module
     policy: HospitalPolicy
     keys: list[str]  # what this hospital sends and loads: agreed_shared_keys under its policy
+    store: RunStore  # the run's folder at this hospital: its record, checkpoints and privacy ledger
     # the first round it checkpointed in this run (hospital.json): what tells a lost checkpoint from a missed round
     first_checkpoint: int | None = None
     at: tuple[int, int] | None = None  # (round, stage) the model's weights equal; None: unknown
 
 
+def _resumed(store: RunStore, message: Hello, config: RunConfig, digest: str, dataset: Path) -> dict[str, object]:
+    """What a resume ``Hello`` keeps of ``hospital.json`` (`RESUME_KEEPS`), once the resume is one the hospital
+    can do: it holds the run, the run's settings are those it started with (less `RESUMABLE_SETTINGS`), its
+    dataset's manifest is unchanged, and a run it has trained in still has its checkpoints."""
+    client, folder, record_path = store.hospital, store.folder, store.record_path
+    if not record_path.is_file():
+        raise FederationError(
+            f"hospital {client} has no state of run {message.run_id} in {folder}: it cannot resume; "
+            "start a new run instead"
+        )
+    previous = read_json(record_path)
+    changed = changed_settings(
+        config_from_text(str(previous.get("config_toml", "")), f"{record_path} configuration"), config
+    )
+    if changed:
+        raise PolicyRefusal(
+            f"refused by hospital {client}: a resume may not change the run's settings ({', '.join(changed)} "
+            f"differ from run {message.run_id}'s start); start a new run to change them"
+        )
+    if previous.get("manifest_sha256") != digest:
+        raise FederationError(
+            f"hospital {client}: {dataset / MANIFEST_FILE} changed since run {message.run_id} started "
+            "(its sha256 differs), so resuming would train and test on other tiles; start a new run "
+            "(gastric-fl train --out NEW_RUN ...) or restore the original dataset"
+        )
+    kept = {k: previous[k] for k in RESUME_KEEPS if k in previous}
+    first = kept.get("first_checkpoint")
+    if isinstance(first, int) and not store.checkpoints():
+        raise FederationError(
+            f"hospital {client} has trained in run {message.run_id} since round {first}, but its checkpoints "
+            f"in {folder / CHECKPOINT_DIR} were removed: it cannot resume from the initial model without "
+            "other numbers; restore them, or start a new run"
+        )
+    return kept
+
+
+def _trainer(loaded: _Loaded) -> Trainer:
+    """A ``Trainer`` over the loaded model; its head is the last ``strategy.nhead`` units (the units a recipe's
+    head phase trains; the base phase trains the rest, BatchNorm the hospital keeps local included)."""
+    config = loaded.config
+    return Trainer(
+        loaded.data,
+        loaded.model,
+        loaded.keys,
+        batch_size=config.data.batch_size,
+        eval_batch_size=config.data.eval_batch_size,
+        augment=config.data.augment,
+        device=resolve_device(config.run.device),
+        head_keys=head_keys(split_units(loaded.model), resolved_nhead(config)),
+        precision=config.run.precision,
+        deterministic=config.run.deterministic,
+    )
+
+
+def _write_predictions(loaded: _Loaded, trainer: Trainer, result: EvalResult, server_round: int) -> None:
+    """Keep an evaluation's per-tile probabilities in the hospital's folder: its test split's, and its validation
+    split's (evaluated here) when it has one."""
+    folder = loaded.store.folder
+    data = loaded.data
+    # the binary task keeps its one column, P(abnormal); other class lists get one column per class
+    probs = result.prob_abnormal[:, None] if data.classes == LABELS else result.probs
+    columns = prediction_columns(data.classes)
+
+    def rows(paths: list[str], labels: np.ndarray, prob: np.ndarray) -> Iterator[list[object]]:
+        for path, label, p in zip(paths, labels, prob, strict=True):
+            yield [data.hospital, path, data.classes[int(label)], *(f"{v:.17g}" for v in p), server_round]
+
+    write_predictions(folder / PREDICTIONS_FILE, rows(data.test_paths, data.test_y, probs), columns)
+    if data.num_val and data.val_y is not None:
+        # The validation split never leaves the hospital either: it is where the hospital's threshold is
+        # chosen (app.operating), so that the test split is only judged.
+        val = trainer.evaluate("val")
+        val_probs = val.prob_abnormal[:, None] if data.classes == LABELS else val.probs
+        write_predictions(folder / VAL_PREDICTIONS_FILE, rows(data.val_paths, data.val_y, val_probs), columns)
+
+
 class Hospital:
     """Answers the server's messages for one ``Site`` under its policy; never raises (a problem or a refusal is a
     ``Failure`` with one line), so one hospital's trouble does not stop the others, and records every reply in its
-    outbound log before the reply leaves (``answer``)."""
+    outbound log before the reply leaves (``answer``). What it checks: the inbound rules before a task, the
+    outbound rules before anything is kept or leaves (`federation.hospital.rules`); what it keeps between messages:
+    its run's folder (`federation.hospital.store`)."""
 
     def __init__(self, site: Site) -> None:
         self.site = site
@@ -253,7 +318,7 @@ class Hospital:
             return Failure(self.site.client, f"hospital {self.site.client} cannot write {where}: {exc.strerror or exc}")
         except Interrupted:  # the whole process was asked to stop: not this hospital's failure
             raise
-        except SafetensorError as exc:  # safetensors' own error (reads are named where they happen: `_restore`)
+        except SafetensorError as exc:  # safetensors' own error (reads are named where they happen: the store)
             self._loaded = None
             return Failure(
                 self.site.client,
@@ -268,6 +333,9 @@ class Hospital:
     def _policy(self, config: RunConfig) -> HospitalPolicy:
         return self.site.policy if self.site.policy is not None else HospitalPolicy.operator(config)
 
+    def _store(self, run_id: str) -> RunStore:
+        return RunStore(self.site.folder(run_id), self.site.client)
+
     # -- hello ---------------------------------------------------------------------------------------------------
     def hello(self, message: Hello) -> HelloReply:
         # parsed to refuse, before round 1, a configuration this installation cannot run or its policy refuses
@@ -277,38 +345,12 @@ class Hospital:
         rows, classes = read_dataset(dataset)
         check_hospitals(dataset, rows, [own])
         digest = manifest_sha256(dataset)
-        folder = self.site.folder(message.run_id)
-        self._remove_temp_files(folder)
-        record_path = folder / HOSPITAL_FILE
+        store = self._store(message.run_id)
+        folder = store.folder
+        remove_temp_files(folder)
+        record_path = store.record_path
         if message.resume:
-            if not record_path.is_file():
-                raise FederationError(
-                    f"hospital {client} has no state of run {message.run_id} in {folder}: it cannot resume; "
-                    "start a new run instead"
-                )
-            previous = read_json(record_path)
-            changed = changed_settings(
-                config_from_text(str(previous.get("config_toml", "")), f"{record_path} configuration"), config
-            )
-            if changed:
-                raise PolicyRefusal(
-                    f"refused by hospital {client}: a resume may not change the run's settings ({', '.join(changed)} "
-                    f"differ from run {message.run_id}'s start); start a new run to change them"
-                )
-            if previous.get("manifest_sha256") != digest:
-                raise FederationError(
-                    f"hospital {client}: {dataset / MANIFEST_FILE} changed since run {message.run_id} started "
-                    "(its sha256 differs), so resuming would train and test on other tiles; start a new run "
-                    "(gastric-fl train --out NEW_RUN ...) or restore the original dataset"
-                )
-            kept = {k: previous[k] for k in RESUME_KEEPS if k in previous}
-            first = kept.get("first_checkpoint")
-            if isinstance(first, int) and not self._checkpoints(message.run_id):
-                raise FederationError(
-                    f"hospital {client} has trained in run {message.run_id} since round {first}, but its checkpoints "
-                    f"in {folder / CHECKPOINT_DIR} were removed: it cannot resume from the initial model without "
-                    "other numbers; restore them, or start a new run"
-                )
+            kept = _resumed(store, message, config, digest, dataset)
         else:
             kept = {}
             if self.site.per_run and record_path.is_file():
@@ -316,7 +358,7 @@ class Hospital:
                     f"refused by hospital {client}: it already holds run {message.run_id} (in {folder}); a new run "
                     "needs a new run id, and a run is continued with --resume"
                 )
-            self._clear(folder)
+            clear(folder)
         folder.mkdir(parents=True, exist_ok=True)
         write_json(
             record_path,
@@ -335,37 +377,10 @@ class Hospital:
         num_train = sum(1 for r in mine if r.split == "train")
         return HelloReply(client, num_train, sum(1 for r in mine if r.split == "test"), classes)
 
-    @staticmethod
-    def _remove_temp_files(folder: Path) -> None:
-        """Remove the hidden temp files of this hospital's own writes that a ``kill -9`` left (``.<name>.*``)."""
-        if not folder.is_dir():
-            return
-        found = [p for name in {*OWN_ENTRIES, CARD_FILE} for p in folder.glob(f".{name}.*")]
-        if (folder / CHECKPOINT_DIR).is_dir():
-            found += (folder / CHECKPOINT_DIR).glob(".round_*")
-        for path in found:
-            if path.is_file() or path.is_symlink():
-                path.unlink(missing_ok=True)
-
-    @staticmethod
-    def _clear(folder: Path) -> None:
-        """Start a run afresh: remove what a hospital writes (``OWN_ENTRIES``) and nothing else."""
-        remove_entries(folder, OWN_ENTRIES)
-
     # -- train and evaluate --------------------------------------------------------------------------------------
     def _asked(self, loaded: _Loaded) -> Asked:
-        """What the hospital's rules (`federation.hospital.rules`) look at for a task of the loaded run."""
+        """What the hospital's inbound rules (`federation.hospital.rules`) look at for a task of the loaded run."""
         return Asked(loaded.policy, loaded.config, loaded.keys, loaded.model.state_dict(), lambda: self._ledger(loaded))
-
-    def _check_finite_model(self, loaded: _Loaded, what: str) -> None:
-        """Never checkpoint or deploy a model with a value that is not finite (a diverged training)."""
-        for key, value in loaded.model.state_dict().items():
-            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-                loaded.at = None  # restored from the last good checkpoint by the next message
-                raise Diverged(
-                    f"hospital {self.site.client}: its model became not finite {what} ({key}); it was not kept, "
-                    "its last good model stays"
-                )
 
     def train(self, task: TrainTask) -> TrainReply:
         if task.instruction.client != self.site.client:
@@ -385,36 +400,25 @@ class Hospital:
                     "shared part sent, but no shared part came"
                 )
             self._restore(loaded, task.server_round - 1, inclusive=True)
-            previous = self._evaluate(loaded, self._client(loaded), task.server_round - 1, task.instruction.shared)
+            previous = self._evaluate(loaded, _trainer(loaded), task.server_round - 1, task.instruction.shared)
         self._restore(loaded, task.server_round, inclusive=False)
-        client = self._client(loaded)
+        trainer = _trainer(loaded)
         start = time.perf_counter()
         loaded.at = None  # the weights change from here on
-        reply = client.train(task.instruction, task.server_round, task.seed)
+        reply = trainer.train(task.instruction, task.server_round, task.seed)
         seconds = time.perf_counter() - start
-        self._check_finite_model(loaded, "after training")
+        leaving = Leaving(self.site.client, task.server_round, loaded.model, loaded.keys, how="after training")
+        run_outbound(TRAINED_RULES, leaving)  # before anything is kept (federation.hospital.rules)
         if ledger is not None:  # a DP round: its steps go into the ledger
             # recorded before anything leaves: a round whose reply is lost still spent its budget
-            ledger.step(
-                LedgerEntry(
-                    round=task.server_round,
-                    noise_multiplier=recipe.dp_noise_multiplier,
-                    sample_rate=recipe.dp_sample_rate,
-                    steps=client.dp_steps,
-                    unit=recipe.dp_unit,
-                    tiles_per_unit=recipe.dp_tiles_per_unit,
-                    max_grad_norm=recipe.dp_max_grad_norm,
-                    delta=recipe.dp_delta,
-                )
-            )
-            self._save_ledger(loaded, ledger)
+            ledger.step(LedgerEntry.of_round(task.server_round, recipe, trainer.dp_steps))
+            loaded.store.save_ledger(ledger)
             reply.metrics.update(
                 dp_epsilon=ledger.epsilon(recipe.dp_delta), dp_delta=recipe.dp_delta, dp_steps=float(ledger.steps)
             )
-        if set(reply.shared) != set(loaded.keys) or not set(reply.second_moments) <= set(loaded.keys):
-            raise FederationError(f"hospital {self.site.client}: its reply would carry other tensors than agreed")
+        run_outbound(TRAIN_REPLY_RULES, dataclasses.replace(leaving, how=None, reply=reply))
         self._save(loaded, task.server_round, TRAINED)
-        evaluation = self._evaluate(loaded, client, task.server_round, None) if task.evaluate else None
+        evaluation = self._evaluate(loaded, trainer, task.server_round, None) if task.evaluate else None
         # the reply names the hospital by its federation index (its tiles may be client 0 of its own dataset)
         return dataclasses.replace(
             reply, client=self.site.client, seconds=seconds, evaluation=evaluation, previous=previous
@@ -428,11 +432,10 @@ class Hospital:
         loaded = self._load(task.run_id)
         run_rules(EVALUATE_RULES, self._asked(loaded), task)
         self._restore(loaded, task.server_round, inclusive=True)
-        client = self._client(loaded)
-        return self._evaluate(loaded, client, task.server_round, task.shared)
+        return self._evaluate(loaded, _trainer(loaded), task.server_round, task.shared)
 
     def _evaluate(
-        self, loaded: _Loaded, client: Client, server_round: int, shared: Mapping[str, torch.Tensor] | None
+        self, loaded: _Loaded, trainer: Trainer, server_round: int, shared: Mapping[str, torch.Tensor] | None
     ) -> EvaluateReply:
         """Load ``shared`` (``None``: keep the model), evaluate, keep the predictions, checkpoint and export.
 
@@ -442,47 +445,27 @@ class Hospital:
         """
         start = time.perf_counter()
         loaded.at = None
-        client.load_shared(shared)
+        trainer.load_shared(shared)
         if shared is not None and loaded.config.client.precise_bn:
-            client.recompute_batchnorm(keep=shared.keys())
-        result = client.evaluate()
+            trainer.recompute_batchnorm(keep=shared.keys())
+        result = trainer.evaluate()
         seconds = time.perf_counter() - start
-        if shared is not None:  # otherwise the model is one already checked: just trained, or a checkpoint
-            self._check_finite_model(loaded, "with what it was sent")
-        if not math.isfinite(result.loss):
-            loaded.at = None
-            raise Diverged(
-                f"hospital {self.site.client}: the evaluation of round {server_round}'s model is not finite "
-                f"(loss {result.loss}); it was not kept or deployed, its last good model stays"
-            )
-        folder = self.site.folder(loaded.run_id)
-        data = loaded.data
-        # the binary task keeps its one column, P(abnormal); other class lists get one column per class
-        probs = result.prob_abnormal[:, None] if data.classes == LABELS else result.probs
-        columns = prediction_columns(data.classes)
-
-        def rows(paths: list[str], labels: np.ndarray, prob: np.ndarray) -> Iterator[list[object]]:
-            for path, label, p in zip(paths, labels, prob, strict=True):
-                yield [data.hospital, path, data.classes[int(label)], *(f"{v:.17g}" for v in p), server_round]
-
-        write_predictions(folder / PREDICTIONS_FILE, rows(data.test_paths, data.test_y, probs), columns)
-        if data.num_val and data.val_y is not None:
-            # The validation split never leaves the hospital either: it is where the hospital's threshold is
-            # chosen (app.operating), so that the test split is only judged.
-            val = client.evaluate("val")
-            val_probs = val.prob_abnormal[:, None] if data.classes == LABELS else val.probs
-            write_predictions(folder / VAL_PREDICTIONS_FILE, rows(data.val_paths, data.val_y, val_probs), columns)
+        # a model loaded from what was sent is checked; otherwise it is one already checked (trained, a checkpoint)
+        how = "with what it was sent" if shared is not None else None
+        leaving = Leaving(self.site.client, server_round, loaded.model, loaded.keys, how=how, loss=result.loss)
+        run_outbound(EVALUATED_RULES, leaving)
+        _write_predictions(loaded, trainer, result, server_round)
         self._save(loaded, server_round, EVALUATED)
         self._export(loaded, server_round)
         metrics: dict[str, float | None] = {"loss": result.loss, "acc": result.acc, "auc": result.auc}
-        return EvaluateReply(self.site.client, data.num_test, metrics, seconds)
+        return EvaluateReply(self.site.client, loaded.data.num_test, metrics, seconds)
 
     # -- state -----------------------------------------------------------------------------------------------------
     def _load(self, run_id: str) -> _Loaded:
         if self._loaded is not None and self._loaded.run_id == run_id:
             return self._loaded
-        folder = self.site.folder(run_id)
-        record_path = folder / HOSPITAL_FILE
+        store = self._store(run_id)
+        record_path = store.record_path
         if not record_path.is_file():
             raise FederationError(f"hospital {self.site.client} was not told about run {run_id} (no Hello)")
         record = read_json(record_path)
@@ -497,74 +480,17 @@ class Hospital:
         keys = agreed_shared_keys(config, model)
         first = record.get("first_checkpoint")
         self._loaded = _Loaded(
-            run_id, config, data[own], model, policy, keys, first if isinstance(first, int) else None
+            run_id, config, data[own], model, policy, keys, store, first if isinstance(first, int) else None
         )
         return self._loaded
 
     def _ledger(self, loaded: _Loaded) -> Accountant:
-        """The hospital's privacy ledger for the run (`federation.hospital.privacy`), from its own folder, checked
-        against
-        the anchor ``hospital.json`` keeps of it: a ledger removed, reset or edited since it was last written is
-        refused (``FederationError``), never started again from zero. No ledger and no anchor: a run before its
-        first DP round."""
-        folder = self.site.folder(loaded.run_id)
-        record = read_json(folder / HOSPITAL_FILE)
-        try:
-            ledger = load_accountant(folder)
-            anchor = record.get(LEDGER_ANCHOR)
-            if (
-                anchor is None
-                and ledger is None
-                and loaded.first_checkpoint is not None
-                and loaded.config.privacy.enabled
-            ):
-                raise ValueError(
-                    f"{folder / HOSPITAL_FILE} keeps no record of the privacy ledger although this DP run has trained "
-                    f"since round {loaded.first_checkpoint}; restore both from the hospital's backup"
-                )
-            if anchor is not None:
-                (ledger or Accountant()).check_anchor(anchor, str(folder / ACCOUNTANT_FILE))
-        except ValueError as exc:
-            raise FederationError(f"hospital {self.site.client}: {exc}") from None
-        return ledger or Accountant()
-
-    def _save_ledger(self, loaded: _Loaded, ledger: Accountant) -> None:
-        """Write the ledger, then its anchor in ``hospital.json`` (a stop between the two leaves a ledger longer
-        than its anchor, which is accepted: added entries only raise epsilon)."""
-        folder = self.site.folder(loaded.run_id)
-        write_atomic(folder / ACCOUNTANT_FILE, (json.dumps(ledger.to_json(), indent=2) + "\n").encode("utf-8"))
-        record_path = folder / HOSPITAL_FILE
-        write_json(record_path, {**read_json(record_path), LEDGER_ANCHOR: ledger.anchor()})
-
-    def _client(self, loaded: _Loaded) -> Client:
-        """A ``Client`` over the loaded model; its head is the last ``strategy.nhead`` units (the units a recipe's
-        head phase trains; the base phase trains the rest, BatchNorm the hospital keeps local included)."""
-        config = loaded.config
-        return Client(
-            loaded.data,
-            loaded.model,
-            loaded.keys,
-            batch_size=config.data.batch_size,
-            eval_batch_size=config.data.eval_batch_size,
-            augment=config.data.augment,
-            device=resolve_device(config.run.device),
-            head_keys=head_keys(split_units(loaded.model), resolved_nhead(config)),
-            precision=config.run.precision,
-            deterministic=config.run.deterministic,
-        )
-
-    def _checkpoints(self, run_id: str) -> dict[int, Path]:
-        folder = self.site.folder(run_id) / CHECKPOINT_DIR
-        out: dict[int, Path] = {}
-        if folder.is_dir():
-            for path in folder.glob("round_*.safetensors"):
-                with contextlib.suppress(ValueError):
-                    out[int(path.stem.removeprefix("round_"))] = path
-        return out
+        """The run's privacy ledger, checked against its anchor (`federation.hospital.store.RunStore.ledger`)."""
+        return loaded.store.ledger(loaded.first_checkpoint, loaded.config.privacy.enabled)
 
     def _restore(self, loaded: _Loaded, server_round: int, *, inclusive: bool) -> None:
         """Put the model at the newest checkpoint of a round before ``server_round`` (or at it, ``inclusive``)."""
-        saved = self._checkpoints(loaded.run_id)
+        saved = loaded.store.checkpoints()
         usable = [r for r in saved if r < server_round or (inclusive and r == server_round)]
         if not usable:
             first = loaded.first_checkpoint
@@ -574,7 +500,7 @@ class Hospital:
                 raise FederationError(
                     f"hospital {self.site.client} has no checkpoint before round {server_round} of run "
                     f"{loaded.run_id}, although it saved one for round {first}: its checkpoints in "
-                    f"{self.site.folder(loaded.run_id) / CHECKPOINT_DIR} were removed; restore them, or start a new run"
+                    f"{loaded.store.folder / CHECKPOINT_DIR} were removed; restore them, or start a new run"
                 )
             if loaded.at != (0, EVALUATED):
                 initial, _ = initial_state(loaded.config, len(loaded.data.classes))
@@ -583,127 +509,40 @@ class Hospital:
             return
         newest = max(usable)
         path = saved[newest]
-        try:
-            with safe_open(str(path), framework="pt") as handle:
-                metadata = handle.metadata() or {}
-            stage = int(metadata.get("stage", EVALUATED))
-        except (SafetensorError, OSError, ValueError) as exc:  # cut short or damaged: a read error, named as one
-            raise FederationError(
-                f"hospital {self.site.client}: its checkpoint {path} cannot be read ({first_line(exc)}): delete it to "
-                "continue from an earlier round, or restore it from a backup"
-            ) from None
+        stage, metadata = loaded.store.checkpoint_stage(path)
         if loaded.at == (newest, stage):
             return
-        try:
-            state = load_file(str(path))
-        except Exception as exc:  # a damaged file: name it, say what to do
-            raise FederationError(
-                f"hospital checkpoint {path} cannot be read ({exc}): delete it to continue from an earlier round"
-            ) from exc
-        recorded = metadata.get(TENSORS_SHA256)
-        if recorded is not None and tensors_sha256(state) != recorded:
-            raise FederationError(
-                f"hospital {self.site.client}: its checkpoint {path} does not hash to the sha256 written into it when "
-                f"it was saved ({recorded[:12]}... then, {tensors_sha256(state)[:12]}... now): it changed since; "
-                "restore it from a backup, or delete it to continue from an earlier round"
-            )
-        loaded.model.load_state_dict(state)
+        loaded.model.load_state_dict(loaded.store.read_checkpoint(path, metadata))
         loaded.at = (newest, stage)
 
     def _save(self, loaded: _Loaded, server_round: int, stage: int) -> None:
-        folder = self.site.folder(loaded.run_id) / CHECKPOINT_DIR
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"round_{server_round:04d}.safetensors"
-        state = {k: v.detach().cpu().contiguous() for k, v in loaded.model.state_dict().items()}
+        """Checkpoint the model as round ``server_round`` at ``stage``, note the run's first checkpoint in
+        ``hospital.json``, and drop checkpoints the run no longer keeps."""
         try:
-            _atomic_save(
-                state, path, {"round": str(server_round), "stage": str(stage), TENSORS_SHA256: tensors_sha256(state)}
-            )
-        except SafetensorError as exc:  # safetensors' own error for a failed write (a full disk, for one)
+            loaded.store.save_checkpoint(loaded.model, server_round, stage)
+        except FederationError:  # the write failed (a full disk, for one): what this process holds is unknown
             self._loaded = None
-            raise FederationError(
-                f"hospital {self.site.client} cannot write its checkpoint {path}: {first_line(exc)}"
-            ) from None
+            raise
         loaded.at = (server_round, stage)
         if loaded.first_checkpoint is None:  # once per run, kept in hospital.json for a later process
-            record_path = self.site.folder(loaded.run_id) / HOSPITAL_FILE
-            write_json(record_path, {**read_json(record_path), "first_checkpoint": server_round})
+            loaded.store.update_record(first_checkpoint=server_round)
             loaded.first_checkpoint = server_round
-        keep = loaded.config.run.keep_checkpoints + 1  # one more than the server: it may be a round ahead
-        saved = self._checkpoints(loaded.run_id)
-        for r, old in saved.items():
-            # rounds after this one are left over from an interrupted run that is being redone
-            if r > server_round or r <= server_round - keep:
-                old.unlink(missing_ok=True)
+        # one more than the server keeps: it may be a round ahead
+        loaded.store.prune(server_round, loaded.config.run.keep_checkpoints + 1)
 
     def _export(self, loaded: _Loaded, server_round: int) -> None:
-        """The model bundle (`models.bundle`) the hospital would deploy after ``server_round``:
-        ``model.safetensors`` (a link to its checkpoint when the file system allows, so it costs no copy; its
-        metadata names the round) and ``model.json``, its card (`federation.hospital.export.export_card`).
+        """The model bundle the hospital would deploy after ``server_round`` (`federation.hospital.export.
+        export_round`): replaced as one, and only once everything it says is known."""
+        from federation.hospital.export import export_round
 
-        The bundle is replaced as one, and only once everything it says is known: the card is made first (its DP
-        guarantee reads the ledger, which may be refused), both files are written beside the bundle, then put in
-        place together (`federation.hospital.export.replace_bundle`). A round refused on the way leaves the last good
-        bundle exactly as it was."""
-        from federation.hospital.export import export_card, replace_bundle
-
-        folder = self.site.folder(loaded.run_id)
-        card = export_card(
+        export_round(
+            loaded.store.folder,
             config=loaded.config,
             model=loaded.model,
+            data=loaded.data,
             dataset=self.site.dataset,
             client=self.site.data_index,
-            grayscale=loaded.data.grayscale,
-            classes=loaded.data.classes,
             run_id=loaded.run_id,
             server_round=server_round,
-            hospital_record=read_json(folder / HOSPITAL_FILE),
-            predictions=folder / PREDICTIONS_FILE,
-            privacy=self._card_privacy(loaded),
+            read_ledger=lambda: self._ledger(loaded),
         )
-        replace_bundle(folder, card, folder / CHECKPOINT_DIR / f"round_{server_round:04d}.safetensors")
-        # the hospital's description of its own tissue (models.shift): written here, read by predict, never sent
-        from federation.hospital.tissue import describe_tissue
-
-        describe_tissue(loaded.model, loaded.data, folder, server_round)
-
-    def _card_privacy(self, loaded: _Loaded) -> dict[str, Any]:
-        """What the model card says of the weights' DP guarantee (empty without ``[privacy]``)."""
-        privacy = loaded.config.privacy
-        if not privacy.enabled:
-            return {}
-        ledger = self._ledger(loaded)
-        if not ledger.entries:
-            return {}
-        trained = ledger.summary()  # what was trained, from the ledger, never what the run asked for
-        return {
-            "epsilon": ledger.epsilon(privacy.run_delta),
-            "delta": privacy.run_delta,
-            "unit": trained["unit"],
-            "noise_multiplier": trained["noise_multiplier"],
-            "sample_rate": trained["sample_rate"],
-            "max_grad_norm": trained["max_grad_norm"],
-            "tiles_per_unit": trained["tiles_per_unit"],
-            "steps": ledger.steps,
-            "accountant": ACCOUNTANT_NAME,
-            "ledger": ACCOUNTANT_FILE,
-            "not_covered": "the test metrics, training loss and Fisher trace the hospital reported (docs/privacy.md)",
-        }
-
-
-def tensors_sha256(state: Mapping[str, torch.Tensor]) -> str:
-    """sha256 over a state's tensors in key order: each key, dtype, shape and raw bytes (``hashlib``). A hospital's
-    checkpoint carries it in its metadata (``TENSORS_SHA256``) and `Hospital._restore` refuses a checkpoint whose
-    tensors no longer hash to it (a flipped byte loads silently otherwise); a checkpoint written before this
-    metadata existed is loaded unchecked."""
-    digest = hashlib.sha256()
-    for key in sorted(state):
-        tensor = state[key].detach().cpu().contiguous()
-        digest.update(f"{key}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
-def _atomic_save(state: dict[str, torch.Tensor], path: Path, metadata: dict[str, Any]) -> None:
-    with atomic_target(path) as tmp:
-        save_file(state, str(tmp), metadata=metadata)

@@ -111,6 +111,20 @@ class LedgerEntry:
     max_grad_norm: float
     delta: float
 
+    @classmethod
+    def of_round(cls, server_round: int, recipe: Recipe, steps: int) -> LedgerEntry:
+        """Round ``server_round``'s entry: ``recipe``'s DP-SGD, trained in ``steps`` steps."""
+        return cls(
+            round=server_round,
+            noise_multiplier=recipe.dp_noise_multiplier,
+            sample_rate=recipe.dp_sample_rate,
+            steps=steps,
+            unit=recipe.dp_unit,
+            tiles_per_unit=recipe.dp_tiles_per_unit,
+            max_grad_norm=recipe.dp_max_grad_norm,
+            delta=recipe.dp_delta,
+        )
+
     def problem(self) -> str | None:
         """Why this entry cannot be a true record (a negative count, an impossible rate), or ``None``."""
         checks = [

@@ -14,7 +14,7 @@ from torch import nn
 
 import federation.hospital.trainer as client_module
 from federation.hospital.data import HospitalData
-from federation.hospital.trainer import Client, proximal_term
+from federation.hospital.trainer import Trainer, proximal_term
 from federation.strategies.context import StrategyContext
 from federation.strategies.fedsaf import AmpSettings, AttentiveStrategy
 from federation.wire.contract import Recipe, TrainInstruction
@@ -86,8 +86,8 @@ def _data(c: int, n: int = 8) -> HospitalData:
     )
 
 
-def _client(c: int, shared_keys: list[str], seed: int = 0) -> Client:
-    return Client(_data(c), _tiny_model(seed), shared_keys, batch_size=8, eval_batch_size=8, augment=False)
+def _client(c: int, shared_keys: list[str], seed: int = 0) -> Trainer:
+    return Trainer(_data(c), _tiny_model(seed), shared_keys, batch_size=8, eval_batch_size=8, augment=False)
 
 
 def _one_step_change(

@@ -16,9 +16,9 @@ import torch
 from support.checks import every
 from torch import nn
 
-from federation.hospital import gpu
+from federation.hospital import dp_sgd, gpu
 from federation.hospital.data import HospitalData, make_augmenter
-from federation.hospital.trainer import Client
+from federation.hospital.trainer import Trainer
 from federation.wire.contract import Recipe, TrainInstruction
 from models import base_keys, create_model, split_units
 
@@ -144,16 +144,16 @@ def test_the_mean_that_replaces_adaptive_pooling_changes_only_the_kernel() -> No
     assert gpu.make_deterministic(model, torch.device("cpu")) == 0  # nothing to do on the CPU
 
 
-def _client(on_device: bool, precision: str = "fp32") -> Client:
+def _client(on_device: bool, precision: str = "fp32") -> Trainer:
     rng = np.random.default_rng(0)
     x = rng.integers(0, 256, (24, 32, 32, 3), dtype=np.uint8)
     y = (np.arange(24) % 2).astype(np.int64)
     data = HospitalData(0, x, y, x[:10], y[:10], [f"t{i}.png" for i in range(10)], grayscale=False)
     torch.manual_seed(0)
     model = create_model("mobilenet_v3_small")
-    client = Client(data, model, base_keys(split_units(model), 0), batch_size=8, eval_batch_size=16, augment=True,
+    client = Trainer(data, model, base_keys(split_units(model), 0), batch_size=8, eval_batch_size=16, augment=True,
                     precision=precision)  # fmt: skip
-    client.on_gpu = on_device  # the device path, run on the CPU's tensors
+    client.batches.on_gpu = on_device  # the device path, run on the CPU's tensors
     return client
 
 
@@ -165,8 +165,8 @@ def test_the_device_path_trains_evaluates_and_repeats_itself() -> None:
         reply = client.train(TrainInstruction(0, recipe), server_round=1, seed=3)
         evaluated = client.evaluate()
         results.append((reply.metrics["train_loss"], evaluated.loss, evaluated.probs))
-        assert "train" in client._held  # the tiles were held as uint8 tensors, not rebuilt per batch
-        assert client._held["train"].dtype == torch.uint8
+        assert "train" in client.batches._held  # the tiles were held as uint8 tensors, not rebuilt per batch
+        assert client.batches._held["train"].dtype == torch.uint8
     assert np.isfinite(results[0][0])
     assert results[0][0] == results[1][0]
     assert results[0][1] == results[1][1]
@@ -220,14 +220,15 @@ def test_a_non_finite_loss_on_the_device_path_stops_the_round_in_the_same_words(
 
 
 def test_an_epoch_is_augmented_ahead_in_chunks_with_each_tiles_own_draws(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`Client._device_epoch`: the tiles in the epoch's order, each augmented with the draws the round's device
+    """`BatchSource.device_epoch`: the tiles in the epoch's order, each augmented with the draws the round's device
     generator gives it in that order, chunk by chunk; labels follow the order. 24 tiles in chunks of 5 (5 chunks,
     the last of 4)."""
     monkeypatch.setattr(gpu, "EPOCH_CHUNK", 5)
     client = _client(on_device=True)
-    client._device_generator = torch.Generator().manual_seed(11)
+    source = client.batches
+    source._device_generator = torch.Generator().manual_seed(11)
     order = torch.randperm(24, generator=torch.Generator().manual_seed(2))
-    tiles, labels = client._device_epoch(order)
+    tiles, labels = source.device_epoch(order)
     images = torch.from_numpy(client.data.train_x).index_select(0, order)
     again = torch.Generator().manual_seed(11)
     expected = torch.cat([gpu.augment(images[i : i + 5], again) for i in range(0, 24, 5)])
@@ -237,24 +238,26 @@ def test_an_epoch_is_augmented_ahead_in_chunks_with_each_tiles_own_draws(monkeyp
     assert not torch.equal(tiles, images)  # augmented, not the raw tiles
     assert labels.tolist() == [int(client.data.train_y[i]) for i in order.tolist()]
     # without augmentation the epoch is the raw tiles in order, and no draw is taken
-    client.augment = False
-    state = client._device_generator.get_state()
-    plain, _ = client._device_epoch(order)
+    source.augment = False
+    state = source._device_generator.get_state()
+    plain, _ = source.device_epoch(order)
     assert torch.equal(plain, images)
-    assert torch.equal(client._device_generator.get_state(), state)
+    assert torch.equal(source._device_generator.get_state(), state)
 
 
-def test_dp_training_on_the_device_path_augments_its_tiles() -> None:
+def test_dp_training_on_the_device_path_augments_its_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     """The DP-SGD phase on the device path feeds augmented tiles (it fed raw ones), from the device generator."""
     seen: list[torch.Tensor] = []
     client = _client(on_device=True)
     client.model.register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach().clone()))
-    raw = client._device_batch("train", torch.arange(24))[0]
+    raw = client.batches.device_batch("train", torch.arange(24))[0]
     seen.clear()
     recipe = Recipe(epochs=1, lr=0.01, momentum=0.9, fisher_batch=0, precise_bn=False, dp_noise_multiplier=1.0,
                     dp_max_grad_norm=1.0, dp_sample_rate=0.5, dp_unit="tile")  # fmt: skip
     # units of two tiles (a batch of one tile of 32 px leaves BatchNorm one value per channel)
-    client._units = lambda _recipe: [torch.tensor([2 * i, 2 * i + 1]) for i in range(12)]  # type: ignore[method-assign]
+    monkeypatch.setattr(
+        dp_sgd, "privacy_units", lambda _data, _recipe: [torch.tensor([2 * i, 2 * i + 1]) for i in range(12)]
+    )
     client.train(TrainInstruction(0, recipe), server_round=1, seed=3)
     tiles = [x[j] for x in seen for j in range(x.shape[0])]
     assert len(seen) > 0

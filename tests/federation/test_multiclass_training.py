@@ -25,8 +25,8 @@ from federation.engine import Server
 from federation.engine.pools import InProcessPool
 from federation.errors import FederationError
 from federation.hospital.data import LABELS, read_dataset
+from federation.hospital.evaluation import auc_of, auc_or_none, multiclass_auc
 from federation.hospital.handler import Site
-from federation.hospital.trainer import auc_of, auc_or_none, multiclass_auc
 from federation.runfiles import SUMMARY_FILE, hospital_dir, prediction_columns
 from federation.server.audit import AUDIT_FILE, check_message
 from federation.wire.codec import decode, encode

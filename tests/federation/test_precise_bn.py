@@ -8,7 +8,7 @@ from support.tiny_dataset import make_dataset
 from torch import nn
 
 from federation.hospital.data import HospitalData, load_hospitals, to_tensor
-from federation.hospital.trainer import Client
+from federation.hospital.trainer import Trainer
 from federation.wire.contract import Recipe, TrainInstruction
 from models import base_keys, create_model, split_units
 
@@ -18,15 +18,15 @@ def tiles(tmp_path_factory: pytest.TempPathFactory) -> dict[int, HospitalData]:
     return load_hospitals(make_dataset(tmp_path_factory.mktemp("pbn")), input_size=32)
 
 
-def _client(data: HospitalData) -> Client:
+def _client(data: HospitalData) -> Trainer:
     torch.manual_seed(0)
     model = create_model("mobilenet_v3_small")
     shared = base_keys(split_units(model), 1)
     # eval batch 4 over 10 tiles: batches of 4, 4, 2, so the cumulative average is over unequal batches
-    return Client(data, model, shared, batch_size=16, eval_batch_size=4, augment=False)
+    return Trainer(data, model, shared, batch_size=16, eval_batch_size=4, augment=False)
 
 
-def _first_bn_input(client: Client) -> tuple[nn.BatchNorm2d, list[torch.Tensor]]:
+def _first_bn_input(client: Trainer) -> tuple[nn.BatchNorm2d, list[torch.Tensor]]:
     conv, bn = client.model.features[0][0], client.model.features[0][1]  # type: ignore[index]
     with torch.no_grad():
         batches = [conv(to_tensor(client.data.train_x[s : s + 4])) for s in range(0, client.data.num_train, 4)]

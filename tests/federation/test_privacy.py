@@ -43,7 +43,7 @@ from federation.hospital.privacy import (
     rdp_epsilon,
     steps_per_epoch,
 )
-from federation.hospital.trainer import Client
+from federation.hospital.trainer import Trainer
 from federation.launch import train
 from federation.strategies.context import recipe_from_config
 from federation.wire.contract import Recipe, TrainInstruction
@@ -191,13 +191,13 @@ def test_the_group_norm_model_has_no_batch_statistics() -> None:
 # --- per-slide clipping inside a training step --------------------------------------------------------------------
 
 
-def _tiny_client(units: tuple[str, ...]) -> Client:
+def _tiny_client(units: tuple[str, ...]) -> Trainer:
     torch.manual_seed(0)
     x = np.random.default_rng(0).integers(0, 255, size=(len(units), 4, 4, 3), dtype=np.uint8)
     y = np.array([i % 2 for i in range(len(units))], dtype=np.int64)
     data = HospitalData(0, x, y, x[:2], y[:2], ["a.png", "b.png"], False, train_units=units)
     model = nn.Sequential(nn.Flatten(), nn.Linear(48, 2))
-    return Client(data, model, ["1.weight", "1.bias"], batch_size=4, eval_batch_size=4, augment=False)
+    return Trainer(data, model, ["1.weight", "1.bias"], batch_size=4, eval_batch_size=4, augment=False)
 
 
 def test_a_dp_step_is_the_mean_of_each_slides_clipped_gradient() -> None:

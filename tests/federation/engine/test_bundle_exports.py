@@ -20,7 +20,7 @@ from support.cli import run_cli
 from support.tiny_dataset import TINY_SETTINGS, make_dataset, name_tiles_by_slide
 
 from federation.hospital.export import replace_bundle
-from federation.hospital.handler import TENSORS_SHA256
+from federation.hospital.store import TENSORS_SHA256
 from models.bundle import load_bundle, read_card
 
 DP = ("model.norm=group", "privacy.noise_multiplier=1.0", "privacy.max_grad_norm=1.0", "privacy.sample_rate=0.5")

@@ -20,7 +20,7 @@ from support.tiny_dataset import LAYOUT, TINY_SETTINGS
 from federation.config import RunConfig, load_config
 from federation.engine import RunStopped, load_run_config
 from federation.errors import FederationError
-from federation.hospital.trainer import Client
+from federation.hospital.trainer import Trainer
 from federation.launch import train
 from federation.provenance import code_version, machine
 from federation.runs import complete_checkpoints
@@ -147,10 +147,10 @@ def test_separate_sends_nothing_in_a_run(dataset: Path, tmp_path: Path) -> None:
 
 
 def test_failure_is_recorded_in_the_summary(dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(self: Client) -> None:
-        raise FederationError(f"client {self.cid}: test split unreadable")
+    def broken(self: Trainer) -> None:
+        raise FederationError(f"client {self.hospital}: test split unreadable")
 
-    monkeypatch.setattr(Client, "evaluate", broken)
+    monkeypatch.setattr(Trainer, "evaluate", broken)
     with pytest.raises(FederationError, match="test split unreadable"):
         train(_config(dataset, "run.rounds=1"), tmp_path / "failed", progress=False)
     summary = json.loads((tmp_path / "failed" / "summary.json").read_text())

@@ -23,7 +23,7 @@ from federation.engine import RunStopped, load_run_config
 from federation.errors import FederationError
 from federation.hospital.handler import Hospital, Site
 from federation.hospital.policy import agreed_shared_keys
-from federation.hospital.trainer import Client
+from federation.hospital.trainer import Trainer
 from federation.launch import train
 from federation.runs import read_checkpoint
 from federation.server import loop
@@ -109,14 +109,14 @@ def test_a_combined_round_writes_what_separate_messages_wrote(
 def test_a_failed_training_keeps_the_previous_rounds_evaluation(
     dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    original = Client.train
+    original = Trainer.train
 
-    def refuse_round_2(self: Client, instruction: TrainInstruction, server_round: int, seed: int) -> TrainReply:
+    def refuse_round_2(self: Trainer, instruction: TrainInstruction, server_round: int, seed: int) -> TrainReply:
         if server_round == 2 and instruction.client == 1:
             raise FederationError("hospital 1: its scanner is offline")
         return original(self, instruction, server_round, seed)
 
-    monkeypatch.setattr(Client, "train", refuse_round_2)
+    monkeypatch.setattr(Trainer, "train", refuse_round_2)
     config = _config(dataset, "run.rounds=3", "strategy.name=fedavg")
     kinds = _count_messages(monkeypatch)
     train(config, tmp_path / "combined", progress=False)

@@ -1,5 +1,5 @@
 """The hospital's rules (`federation.hospital.rules`), each alone: what it refuses, in one line naming the value, and
-what it lets through; then the chains' order."""
+what it lets through; then the chains' order. Inbound rules first, then the outbound ones."""
 
 from __future__ import annotations
 
@@ -10,21 +10,30 @@ import pytest
 import torch
 
 from federation.config import load_config
+from federation.errors import Diverged, FederationError
 from federation.hospital.policy import HospitalPolicy, PolicyRefusal
 from federation.hospital.privacy import Accountant, LedgerEntry, planned_dp_steps, rdp_epsilon
 from federation.hospital.rules import (
     EVALUATE_RULES,
+    EVALUATED_RULES,
+    TRAIN_REPLY_RULES,
     TRAIN_RULES,
+    TRAINED_RULES,
     Asked,
+    Leaving,
     agreed_keys,
+    agreed_tensors,
+    finite_evaluation,
+    finite_model,
     privacy_as_agreed,
     privacy_budget,
     recipe_within_policy,
+    run_outbound,
     run_rules,
     tensors_as_agreed,
 )
 from federation.strategies.context import recipe_from_config
-from federation.wire.contract import EvaluateTask, Recipe, TrainInstruction, TrainTask
+from federation.wire.contract import EvaluateTask, Recipe, TrainInstruction, TrainReply, TrainTask
 
 KEYS = ["a.weight", "a.bias"]
 STATE = {"a.weight": torch.zeros(2, 3), "a.bias": torch.zeros(2), "head.weight": torch.zeros(1, 2)}
@@ -107,3 +116,48 @@ def test_the_chains_run_in_order_and_stop_at_the_first_refusal() -> None:
     with pytest.raises(PolicyRefusal, match="this hospital keeps"):
         run_rules(TRAIN_RULES, asked(), bad)
     run_rules(TRAIN_RULES, asked(), train(Recipe(), {"a.weight": torch.ones(2, 3), "a.bias": torch.ones(2)}))
+
+
+def leaving(
+    how: str | None = None, *, nan: bool = False, reply: TrainReply | None = None, loss: float | None = None
+) -> Leaving:
+    model = torch.nn.Linear(3, 2)
+    if nan:
+        with torch.no_grad():
+            model.bias.fill_(float("nan"))
+    return Leaving(0, 3, model, ["weight", "bias"], how, reply, loss)
+
+
+def test_finite_model_refuses_a_diverged_model_it_has_not_checked_yet() -> None:
+    finite_model(leaving("after training"))
+    finite_model(leaving(None, nan=True))  # a model already checked (trained, a checkpoint): not read again
+    with pytest.raises(Diverged, match=re.escape("hospital 0: its model became not finite after training (bias)")):
+        finite_model(leaving("after training", nan=True))
+
+
+def test_agreed_tensors_refuses_a_reply_with_other_tensors() -> None:
+    shared = {"weight": torch.zeros(2, 3), "bias": torch.zeros(2)}
+    agreed_tensors(leaving())  # nothing to send
+    agreed_tensors(leaving(reply=TrainReply(0, shared, 4, second_moments={"bias": torch.ones(2)})))
+    for reply in (
+        TrainReply(0, {"weight": torch.zeros(2, 3)}, 4),
+        TrainReply(0, shared, 4, second_moments={"head": torch.ones(2)}),
+    ):
+        with pytest.raises(FederationError, match="its reply would carry other tensors than agreed"):
+            agreed_tensors(leaving(reply=reply))
+
+
+def test_finite_evaluation_refuses_a_non_finite_loss() -> None:
+    finite_evaluation(leaving(loss=0.5))
+    with pytest.raises(Diverged, match=re.escape("round 3's model is not finite (loss nan); it was not kept")):
+        finite_evaluation(leaving(loss=float("nan")))
+
+
+def test_the_outbound_chains_run_in_order() -> None:
+    assert (finite_model,) == TRAINED_RULES
+    assert (agreed_tensors,) == TRAIN_REPLY_RULES
+    assert (finite_model, finite_evaluation) == EVALUATED_RULES
+    # a model loaded from what was sent, not finite, and a non-finite loss: the model's rule comes first
+    with pytest.raises(Diverged, match="its model became not finite with what it was sent"):
+        run_outbound(EVALUATED_RULES, leaving("with what it was sent", nan=True, loss=float("nan")))
+    run_outbound(EVALUATED_RULES, leaving("with what it was sent", loss=0.5))

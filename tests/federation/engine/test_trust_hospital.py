@@ -255,8 +255,9 @@ def test_a_failed_write_or_a_non_finite_evaluation_is_a_failure_and_nothing_is_d
 ) -> None:
     from safetensors import SafetensorError
 
-    import federation.hospital.handler as hospital_module
-    from federation.hospital.trainer import Client, EvalResult
+    import federation.hospital.store as store_module
+    from federation.hospital.evaluation import EvalResult
+    from federation.hospital.trainer import Trainer
 
     hospital, config, exported = after_round_one(tmp_path, dataset)
 
@@ -264,21 +265,21 @@ def test_a_failed_write_or_a_non_finite_evaluation_is_a_failure_and_nothing_is_d
         raise SafetensorError("Error while serializing: IoError(No space left on device)")
 
     with monkeypatch.context() as patch:
-        patch.setattr(hospital_module, "save_file", full_disk)
+        patch.setattr(store_module, "save_file", full_disk)
         reply = send(hospital, honest_task(config, 2))
     assert isinstance(reply, Failure)
     assert "cannot write its checkpoint" in reply.reason
-    original = Client.evaluate
+    original = Trainer.evaluate
 
-    def diverged(self: Client) -> EvalResult:
+    def diverged(self: Trainer) -> EvalResult:
         return dataclasses.replace(original(self), loss=float("nan"))
 
-    monkeypatch.setattr(Client, "evaluate", diverged)
+    monkeypatch.setattr(Trainer, "evaluate", diverged)
     reply = send(hospital, honest_task(config, 2, evaluate=True))
     assert isinstance(reply, Failure)
     assert "not kept or deployed" in reply.reason
     assert (tmp_path / "state" / RUN / WEIGHTS_FILE).read_bytes() == exported
-    monkeypatch.setattr(Client, "evaluate", original)
+    monkeypatch.setattr(Trainer, "evaluate", original)
     ok = send(hospital, EvaluateTask(RUN, 2, 0, honest_keys(config), None))
     assert isinstance(ok, EvaluateReply)
 

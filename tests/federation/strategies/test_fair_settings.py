@@ -18,7 +18,7 @@ from torch import nn
 from federation.config import load_config
 from federation.errors import FederationError
 from federation.hospital.fisher import batch_gradient_trace
-from federation.hospital.trainer import Client
+from federation.hospital.trainer import Trainer as Client
 from federation.launch import train
 from federation.server.audit import AUDIT_FILE
 from models import batchnorm_keys, create_model

@@ -24,7 +24,7 @@ from torch import nn
 from federation.config import load_config
 from federation.derived import initial_state
 from federation.hospital.data import HospitalData, load_hospitals
-from federation.hospital.trainer import Client
+from federation.hospital.trainer import Trainer as Client
 from federation.launch import train
 from federation.wire.contract import Recipe, TrainInstruction
 from models import base_keys, batchnorm_keys, create_model, head_keys, split_units

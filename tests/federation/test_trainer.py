@@ -1,4 +1,4 @@
-"""Client recipes (FedSAF paper Eq. 23-25, FedRep, FedProx) and evaluation."""
+"""A hospital's training recipes (FedSAF paper Eq. 23-25, FedRep, FedProx) and evaluation."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from support.tiny_dataset import make_dataset
 
 from federation.errors import FederationError
 from federation.hospital.data import HospitalData, load_hospitals
-from federation.hospital.trainer import Client, auc_or_none, proximal_term
+from federation.hospital.evaluation import auc_or_none
+from federation.hospital.trainer import Trainer, proximal_term
 from federation.wire.contract import Recipe, TrainInstruction
 from models import base_keys, create_model, head_keys, split_units
 
@@ -31,11 +32,11 @@ def tiles(tmp_path_factory: pytest.TempPathFactory) -> dict[int, HospitalData]:
     return load_hospitals(make_dataset(tmp_path_factory.mktemp("tiny")), input_size=32)
 
 
-def _client(data: HospitalData, nhead: int = 1, batch_size: int = 16, augment: bool = False) -> Client:
+def _client(data: HospitalData, nhead: int = 1, batch_size: int = 16, augment: bool = False) -> Trainer:
     torch.manual_seed(0)
     model = create_model("mobilenet_v3_small")
     shared = base_keys(split_units(model), nhead)
-    return Client(data, model, shared, batch_size=batch_size, eval_batch_size=8, augment=augment)
+    return Trainer(data, model, shared, batch_size=batch_size, eval_batch_size=8, augment=augment)
 
 
 def test_proximal_term_value_and_gradient_are_exact() -> None:
