@@ -99,7 +99,8 @@ def register(app: typer.Typer) -> None:
         without = f" without {len(missing)} hospital(s) (named below)" if missing else ""
         acc = final.get("avg_test_acc", 0)
         classes = summary.classes
-        # with more than two classes the AUC is the macro one-vs-rest one (federation.hospital.trainer.multiclass_auc)
+        # with more than two classes the AUC is the macro one-vs-rest one
+        # (federation.hospital.evaluation.multiclass_auc)
         auc_name = f"macro one-vs-rest AUC ({len(classes)} classes)" if len(classes) > 2 else "AUC"
         typer.echo(
             f"finished {summary.data['rounds_done']} rounds{without}: averaged test accuracy {acc:.4f}, "

@@ -49,7 +49,7 @@ import numpy.typing as npt
 from app.colour_scale import viridis_rgb
 from federation.runfiles import CardError, hospital_files, hospital_index, read_card_object
 from infra import outputs
-from infra.formats import PREPARE_RECORD, manifest_sha256
+from infra.formats import PREPARE_RECORD, SLIDE_SUMMARY_FILE, manifest_sha256
 from infra.records import RecordError, read_prepare_record
 from models.decision import FALSE_ALARM, MISSED_CANCER, outcome
 from models.names import CARD_FILE
@@ -421,7 +421,7 @@ def scored_entries(folder: Path) -> list[Path]:
 
 
 def _result_folder(entry: Path) -> Path | None:
-    folders = [p.parent for p in (entry / "predict").glob("*/summary.json")]
+    folders = [p.parent for p in (entry / "predict").glob(f"*/{SLIDE_SUMMARY_FILE}")]
     return folders[0] if len(folders) == 1 else None
 
 
@@ -431,7 +431,7 @@ def load(entry: Path) -> ScoredSlide | None:
     if result is None or not all((entry / "view" / name).is_file() for name in VIEW_FILES):
         return None
     try:
-        summary = json.loads((result / "summary.json").read_text(encoding="utf-8"))
+        summary = json.loads((result / SLIDE_SUMMARY_FILE).read_text(encoding="utf-8"))
         view = json.loads((entry / "view" / "view.json").read_text(encoding="utf-8"))
         with (result / "tiles.csv").open(newline="", encoding="utf-8") as handle:
             rows = list(csv.DictReader(handle))
@@ -520,7 +520,7 @@ def score(folder: Path, slide: Path, entry: Path, max_pixels: int = DEFAULT_MAX_
         raise SlideViewError(f"{entry / 'predict'}: predict wrote no result for {slide.name}; score it again")
     with (result / "tiles.csv").open(newline="", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
-    summary = json.loads((result / "summary.json").read_text(encoding="utf-8"))
+    summary = json.loads((result / SLIDE_SUMMARY_FILE).read_text(encoding="utf-8"))
     height, width = decoded.image.shape[:2]
     scale = min(1.0, DISPLAY_MAX / max(height, width))
     xs = np.array([int(r["x"]) for r in rows], dtype=np.int64)

@@ -459,7 +459,7 @@ def write_report(
 
 def classes_note(runs: Sequence[RunResult]) -> str:
     """For runs with more than two classes (``summary.json``'s ``classes``): the AUC columns hold the macro
-    one-vs-rest AUC over the classes present (`federation.hospital.trainer.multiclass_auc`), and the binary task's
+    one-vs-rest AUC over the classes present (`federation.hospital.evaluation.multiclass_auc`), and the binary task's
     notions
     (verdict, sensitivity, slide calls) are named as not applicable; empty for binary runs."""
     counts = sorted({len(run.summary.get("classes") or ()) for run in runs} - {0, 1, 2})

@@ -47,6 +47,7 @@ from inference.heatmap import COLORMAP, UNFAMILIAR_MARK, render_overlay
 from inference.results import SlideResult, _summary_csv, _tiles_csv
 from inference.scoring import DEFAULT_BATCH, PredictError, check_binary, plan_of, score_slide, summarise
 from inference.slides import Slide, find_slides, read_slide
+from infra.formats import SLIDE_SUMMARY_FILE
 from infra.outputs import OutputError, check_addable, claim_output, os_error_message, write_atomic, write_marker
 from models.bundle import Bundle, load_bundle, read_card
 from models.decision import SLIDE_TOP_K, outcome
@@ -164,7 +165,7 @@ def predict_slide(
     folder.mkdir(parents=True, exist_ok=True)
     write_atomic(folder / "tiles.csv", _tiles_csv(tiles))
     write_atomic(folder / "overlay.png", encode_png(overlay))
-    write_atomic(folder / "summary.json", (json.dumps(summary, indent=2, allow_nan=False) + "\n").encode())
+    write_atomic(folder / SLIDE_SUMMARY_FILE, (json.dumps(summary, indent=2, allow_nan=False) + "\n").encode())
     return SlideResult(file=slide.file, summary=summary, folder=folder, warnings=tuple(warnings))
 
 

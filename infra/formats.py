@@ -20,6 +20,7 @@ import hashlib
 from pathlib import Path
 
 BINARY_CLASSES: tuple[str, str] = ("normal", "abnormal")
+SLIDE_SUMMARY_FILE = "summary.json"  # predict's summary of one slide, beside its tiles.csv and overlay.png
 PREPARE_RECORD = "prepare.json"
 MANIFEST_FILE = "manifest.csv"
 HOSPITAL_PREFIX = "client_"

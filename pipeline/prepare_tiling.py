@@ -20,6 +20,7 @@ from typing import TypeVar
 import numpy as np
 from tqdm import tqdm
 
+from infra.formats import hospital_name
 from pipeline.config import PrepareConfig
 from pipeline.errors import PipelineError
 from pipeline.images import encode_png
@@ -120,7 +121,7 @@ def _tile_job(job: _Job, config: PrepareConfig, staging: Path) -> _Outcome:
             f"{ref.source}: the slide is black (every pixel <= {BLACK_LEVEL}), so its {len(tiles)} {label} tile(s) "
             "show no tissue; check the scan or remove the slide from the input"
         )
-    folder = f"client_{job.client:02d}/{job.split}/{label}"
+    folder = f"{hospital_name(job.client)}/{job.split}/{label}"
     rows = []
     for tile in tiles:
         rel = f"{folder}/{tile_name(ref.index, ref.source, tile.x, tile.y)}"
@@ -242,7 +243,7 @@ def _tile_without_copies(
         for plan in plans:
             for split in SPLITS:
                 for label in classes:
-                    (staging / f"client_{plan.client:02d}" / split / label).mkdir(parents=True)
+                    (staging / hospital_name(plan.client) / split / label).mkdir(parents=True)
         outcomes = list(
             _parallel(lambda job: _tile_job(job, config, staging), jobs, out.workers, "tiling", out.progress)
         )
@@ -259,5 +260,5 @@ def _tile_without_copies(
         usable = [i for i in usable if i.ref.source not in left_out]
         skipped = tuple(sorted([*skipped, *pixel_copies], key=lambda s: s.source))
         for plan in plans:
-            shutil.rmtree(staging / f"client_{plan.client:02d}")
+            shutil.rmtree(staging / hospital_name(plan.client))
     return _Tiled(jobs, outcomes, ratios, usable, skipped)

@@ -18,7 +18,7 @@ from torch import nn
 from federation.config import load_config
 from federation.errors import FederationError
 from federation.hospital.fisher import batch_gradient_trace
-from federation.hospital.trainer import Trainer as Client
+from federation.hospital.trainer import Trainer
 from federation.launch import train
 from federation.server.audit import AUDIT_FILE
 from models import batchnorm_keys, create_model
@@ -120,20 +120,20 @@ def test_head_phase_normalises_with_the_hospitals_own_statistics(
     dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[str] = []
-    original_phase = Client._phase
-    original_recompute = Client.recompute_batchnorm
+    original_phase = Trainer._phase
+    original_recompute = Trainer.recompute_batchnorm
 
-    def phase(self: Client, names: Any, *args: Any, **kwargs: Any) -> None:
+    def phase(self: Trainer, names: Any, *args: Any, **kwargs: Any) -> None:
         calls.append("head" if set(names) == set(self.head_params) else "base")
         original_phase(self, names, *args, **kwargs)
 
-    def recompute(self: Client, keep: Collection[str] = ()) -> None:
+    def recompute(self: Trainer, keep: Collection[str] = ()) -> None:
         if not keep:  # the recipe's; evaluating received weights keeps the statistics that came with them
             calls.append("bn")
         original_recompute(self, keep)
 
-    monkeypatch.setattr(Client, "_phase", phase)
-    monkeypatch.setattr(Client, "recompute_batchnorm", recompute)
+    monkeypatch.setattr(Trainer, "_phase", phase)
+    monkeypatch.setattr(Trainer, "recompute_batchnorm", recompute)
     settings = [*TINY_SETTINGS, "run.rounds=1", "strategy.name=fedrep", "strategy.clients=[0]"]
     train(load_config(None, settings, data=dataset), tmp_path / "run", progress=False)
     # statistics recomputed on the hospital's tiles before the head trains on the frozen base, and after the base

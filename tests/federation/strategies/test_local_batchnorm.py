@@ -24,7 +24,7 @@ from torch import nn
 from federation.config import load_config
 from federation.derived import initial_state
 from federation.hospital.data import HospitalData, load_hospitals
-from federation.hospital.trainer import Trainer as Client
+from federation.hospital.trainer import Trainer
 from federation.launch import train
 from federation.wire.contract import Recipe, TrainInstruction
 from models import base_keys, batchnorm_keys, create_model, head_keys, split_units
@@ -42,13 +42,13 @@ def tiles(dataset: Path) -> dict[int, HospitalData]:
     return load_hospitals(dataset, input_size=32)
 
 
-def _local_bn_client(data: HospitalData) -> Client:
+def _local_bn_client(data: HospitalData) -> Trainer:
     torch.manual_seed(0)
     model = create_model("mobilenet_v3_small")
     units = split_units(model)
     local = set(batchnorm_keys(model, affine=True))
     shared = [k for k in base_keys(units, NHEAD) if k not in local]
-    return Client(
+    return Trainer(
         data, model, shared, batch_size=4, eval_batch_size=8, augment=False, head_keys=head_keys(units, NHEAD)
     )
 
@@ -133,7 +133,7 @@ def test_a_hospital_evaluates_received_weights_with_its_statistics_for_those_wei
         exported = load_file(str(tmp_path / "run" / "hospitals" / f"client_{c:02d}" / "model.safetensors"))
         model = create_model("mobilenet_v3_small")
         model.load_state_dict(exported)
-        client = Client(tiles[c], model, [], batch_size=4, eval_batch_size=config.data.eval_batch_size, augment=False)
+        client = Trainer(tiles[c], model, [], batch_size=4, eval_batch_size=config.data.eval_batch_size, augment=False)
         client.recompute_batchnorm()
         state = client.state()
         assert state
