@@ -1,6 +1,7 @@
 """What runs at the server: the round loop and what it believes of the hospitals' replies.
 
-- ``loop``: the only round loop (``Server``, FedSAF paper 001, Algorithm 1); ``guard`` and ``checks``: a reply
+- ``loop``: the only round loop (``Server``, FedSAF paper 001, Algorithm 1); ``roster``: who takes part (the
+  Hello replies; on resume, the same hospitals and classes); ``guard`` and ``checks``: a reply
   that would break the round is named and left out, nothing is believed blindly; ``dp_watch``: the privacy figures
   the hospitals report must grow; ``audit``: the boundary log and the anchors of each hospital's outbound log.
 - ``rounds``, ``resume`` and ``summary``: a round's record, continuing a run, and what the server says while it

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from federation.errors import FederationError
-from federation.server.rounds import DP_METRICS
+from federation.server.rounds import DP_METRICS, RoundRecord
 from federation.wire.codec import Message
 from federation.wire.contract import EvaluateReply, Failure, HelloReply, TrainReply
 
@@ -125,3 +125,23 @@ def agreed_classes(hellos: Mapping[int, HelloReply]) -> tuple[str, ...]:
                 "(gastric-fl prepare --classes A,B,...)"
             )
     return classes
+
+
+def take_previous(record: RoundRecord, replies: Mapping[int, Message], num_test: Mapping[int, int]) -> list[int]:
+    """Take ``record``'s evaluations from the combined replies (``TrainReply.previous``), each recorded only on the
+    terms of ``evaluation_problem``; a hospital whose message went unanswered is left out of the evaluation. Returns
+    the hospitals to ask on their own (a failed or refused training, or a reply without the evaluation), so that
+    they do not lose the evaluation of the round before."""
+    again: list[int] = []
+    for c, reply in sorted(replies.items()):
+        if isinstance(reply, TrainReply) and reply.previous is not None:
+            problem = evaluation_problem(reply.previous, num_test.get(c))
+            if problem is None:
+                record.evaluated[c] = reply.previous
+            else:
+                record.leave_out(c, problem, evaluation=True)
+        elif isinstance(reply, Failure) and reply.silent:
+            record.leave_out(c, reply.reason, evaluation=True)
+        else:
+            again.append(c)
+    return again

@@ -60,20 +60,19 @@ from federation.errors import FederationError, Interrupted, first_line
 from federation.runfiles import AGGREGATION_FILE, CONFIG_FILE, METRICS_FILE
 from federation.runs import (
     OWNER,
-    Checkpoint,
     append_jsonl,
     complete_checkpoints,
     now_iso,
     prepare_run_dir,
-    write_checkpoint,
 )
 from federation.server.audit import ANCHORS_FILE, AUDIT_FILE, Anchors, AuditLog
-from federation.server.checks import agreed_classes, evaluation_problem, train_problem
+from federation.server.checks import agreed_classes, evaluation_problem, take_previous, train_problem
 from federation.server.dp_watch import DpWatch
-from federation.server.guard import aggregate_or_leave_out, hello_problem
+from federation.server.guard import aggregate_or_leave_out
 from federation.server.pool import Pool
 from federation.server.resume import continue_run, open_for_resume
-from federation.server.rounds import RoundRecord
+from federation.server.roster import check_same_classes, check_same_hospitals, roster
+from federation.server.rounds import RoundRecord, no_round, save_checkpoint
 from federation.server.summary import RoundPhases, RunSummary
 from federation.strategies import StrategyContext, bn_mode, build_strategy
 from federation.wire.codec import Message
@@ -82,7 +81,6 @@ from federation.wire.contract import (
     EvaluateTask,
     Failure,
     Hello,
-    HelloReply,
     Strategy,
     TrainReply,
     TrainTask,
@@ -209,45 +207,17 @@ class Server:
     def _start(self, pool: Pool, resume: bool) -> None:
         config = self.config
         replies = pool.hello(Hello(self.run_id, config_to_toml(config), resume))
-        failed = {c: r.reason for c, r in replies.items() if isinstance(r, Failure)}
-        hellos = {c: r for c, r in replies.items() if isinstance(r, HelloReply)}
-        # a Hello whose counts are not counts: that hospital is left out of the run, the others go on
-        refused = {c: p for c in sorted(hellos) if (p := hello_problem(hellos[c], config.server.max_examples))}
-        for c, problem in refused.items():
-            del hellos[c]
-            self.warn(f"hospital {c} is left out of run {self.run_id}: {problem}")
-        chosen = config.strategy.clients
-        wanted = sorted(hellos) + sorted(failed) if isinstance(chosen, str) else sorted(chosen)
-        wanted = [c for c in wanted if c not in refused]
-        problems = [f"hospital {c}: {failed[c]}" for c in wanted if c in failed]
-        if problems:
-            raise FederationError("; ".join(problems))
-        absent = [c for c in wanted if c not in hellos]
-        if absent:
-            raise FederationError(
-                f"strategy.clients names {absent}, but the hospitals that answered are {sorted(hellos)}"
-            )
-        clients = tuple(sorted(wanted))
-        if not clients and refused:
-            reasons = "; ".join(f"hospital {c}: {r}" for c, r in refused.items())
-            raise FederationError(f"no hospital is left to federate ({reasons})")
-        if not clients:
-            raise FederationError("no hospital answered: there is nobody to federate")
+        clients, hellos, refused = roster(
+            replies, config.strategy.clients, config.server.max_examples, self.run_id, self.warn
+        )
         summary = self.summary.data
         if refused:
             summary["left_out_at_hello"] = {str(c): r for c, r in refused.items()}
-        if resume and summary.get("clients") not in (None, list(clients)):
-            raise FederationError(
-                f"{self.run_dir} was run with hospitals {summary['clients']}, but {list(clients)} answered now: "
-                "resume with the same hospitals, or start a new run"
-            )
+        if resume:
+            check_same_hospitals(summary, self.run_dir, clients)
         self.classes = agreed_classes({c: hellos[c] for c in clients})
-        recorded = summary.get("classes")
-        if resume and recorded is not None and list(recorded) != list(self.classes):
-            raise FederationError(
-                f"{self.run_dir} was run with the classes {list(recorded)}, but the hospitals now report "
-                f"{list(self.classes)}: resume with the same datasets, or start a new run"
-            )
+        if resume:
+            check_same_classes(summary, self.run_dir, self.classes)
         self.counts = {c: hellos[c].num_train for c in clients}
         self.num_test = {c: hellos[c].num_test for c in clients}
         if len(self.classes) != NUM_CLASSES:  # the early checks used the binary model; the outputs differ
@@ -342,7 +312,9 @@ class Server:
                 if isinstance(reply, Failure) and reply.silent:
                     record.silent.add(c)
         if instructions and not trained:
-            raise self._no_round(server_round, "sent a usable update", record.left_out, record.diverged)
+            raise no_round(
+                server_round, "sent a usable update", record.left_out, record.diverged, config.client.lr, self.run_dir
+            )
         self.phases.begin(server_round, "aggregating", len(trained))
         # a reply whose update makes the aggregate overflow is left out and the round aggregated without it
         record.aggregation, dropped = aggregate_or_leave_out(self.strategy, server_round, trained)
@@ -353,7 +325,14 @@ class Server:
         if instructions and not trained:
             # every update overflowing the aggregate is what a diverging training looks like: advise as for one
             overflowed = record.diverged | {str(c) for c in dropped}
-            raise self._no_round(server_round, "sent an update that could be aggregated", record.left_out, overflowed)
+            raise no_round(
+                server_round,
+                "sent an update that could be aggregated",
+                record.left_out,
+                overflowed,
+                config.client.lr,
+                self.run_dir,
+            )
         record.received = {c: count_reply_values(t) for c, t in trained.items()}
         flags = self.dp_watch.check(server_round, {c: t.metrics for c, t in trained.items()})
         if flags:  # named, and aggregated all the same: the noise was as asked, the account is what is wrong
@@ -384,19 +363,7 @@ class Server:
         """Take ``record``'s evaluations from the combined replies (``TrainReply.previous``); a hospital whose
         combined message failed (other than by silence) or came back without one is asked on its own, so that a
         refused or failed training does not lose the evaluation of the round before."""
-        again: list[int] = []
-        for c, reply in sorted(replies.items()):
-            if isinstance(reply, TrainReply) and reply.previous is not None:
-                problem = evaluation_problem(reply.previous, self.num_test.get(c))
-                if problem is None:
-                    record.evaluated[c] = reply.previous
-                else:
-                    record.leave_out(c, problem, evaluation=True)
-            elif isinstance(reply, Failure) and reply.silent:
-                record.leave_out(c, reply.reason, evaluation=True)
-            else:
-                again.append(c)
-        self._evaluate(pool, record, again)
+        self._evaluate(pool, record, take_previous(record, replies, self.num_test))
 
     def _evaluate(self, pool: Pool, record: RoundRecord, hospitals: list[int]) -> None:
         """Ask ``hospitals`` for ``record``'s evaluation, each an ``EvaluateTask`` with what the strategy deploys."""
@@ -418,14 +385,12 @@ class Server:
         a round no hospital could evaluate stops the run. Its ``seconds``: from its start until ``until`` (the next
         round's start) or now, or, after a resume, its time up to its checkpoint."""
         if not record.evaluated:
-            raise self._no_round(record.round, "could evaluate", record.left_out, record.diverged)
+            lr = self.config.client.lr
+            raise no_round(record.round, "could evaluate", record.left_out, record.diverged, lr, self.run_dir)
         for who, why in record.left_out.items():
             self._note(f"round {record.round}: hospital {who} left out ({why})")
         # who the latest round did without, and why: the run's end names them (federation.server.summary)
-        self.summary.data["left_out"] = [
-            {"hospital": int(who), "round": record.round, "reason": why, "evaluated": int(who) in record.evaluated}
-            for who, why in sorted(record.left_out.items())
-        ]
+        self.summary.data["left_out"] = record.left_out_lines()
         if record.started is None:
             seconds = record.seconds
         else:
@@ -435,17 +400,7 @@ class Server:
         self.summary.add_figures(self.run_dir / METRICS_FILE)
 
     def _checkpoint(self, record: RoundRecord, *, pending: bool) -> None:
-        write_checkpoint(
-            self.run_dir,
-            Checkpoint(
-                record.round,
-                list(self.hospitals),
-                self.strategy.state_tensors(),
-                self.strategy.state_json(),
-                record.to_json() if pending else None,
-            ),
-            keep=self.config.run.keep_checkpoints,
-        )
+        save_checkpoint(self.run_dir, record, self.hospitals, self.strategy, self.config.run.keep_checkpoints, pending)
 
     def _finish(self, pool: Pool) -> None:
         """After the last round: the evaluation still to come (``evaluates_next_start``) on its own."""
@@ -456,23 +411,3 @@ class Server:
         self._write_record(record, until=None)
         self.pending = None
         self.summary.write()
-
-    def _no_round(
-        self, server_round: int, what: str, left_out: Mapping[str, str], diverged: set[str]
-    ) -> FederationError:
-        """The one line that stops a run when no hospital ``what`` in ``server_round``, with what to do: when every
-        hospital left out diverged (its ``Failure`` says so), the advice is a lower learning rate."""
-        config = self.config
-        reasons = "; ".join(f"hospital {c}: {r}" for c, r in left_out.items())
-        if left_out and set(left_out) <= diverged:
-            # a resumed run keeps client.lr, so --resume cannot fix a divergence: say what does
-            return FederationError(
-                f"round {server_round}: no hospital {what} ({reasons}); the training diverged "
-                f"(client.lr is {config.client.lr}): start a new run with a lower client.lr, e.g. gastric-fl "
-                f"train --config {self.run_dir / CONFIG_FILE} --set client.lr={config.client.lr / 100:g} "
-                "--out NEW_RUN"
-            )
-        return FederationError(
-            f"round {server_round}: no hospital {what} ({reasons}); "
-            f"fix the cause, then continue with gastric-fl train --resume {self.run_dir}"
-        )

@@ -9,13 +9,15 @@ as JSON: floats round-trip exactly) and a resumed run writes the same lines an u
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, get_args
 
-from federation.runfiles import MetricsLine
-from federation.runs import finite_or_none
-from federation.wire.contract import EvaluateReply, TrainReply
+from federation.errors import FederationError
+from federation.runfiles import CONFIG_FILE, MetricsLine
+from federation.runs import Checkpoint, finite_or_none, write_checkpoint
+from federation.wire.contract import EvaluateReply, Strategy, TrainReply
 
 DpMetric = Literal["dp_epsilon", "dp_delta", "dp_steps"]
 DP_METRICS: tuple[DpMetric, ...] = get_args(DpMetric)  # what a DP hospital reports (federation.hospital.privacy)
@@ -56,6 +58,14 @@ class RoundRecord:
         """The hospitals still to be asked for this round's evaluation: not evaluated yet, and not silent (a
         hospital that did not answer its training is probably down: it is not waited for again)."""
         return [c for c in hospitals if c not in self.evaluated and c not in self.silent]
+
+    def left_out_lines(self) -> list[dict[str, Any]]:
+        """Who the round did without, and why, as ``summary.json``'s ``left_out`` (the run's end names them:
+        ``federation.server.summary``)."""
+        return [
+            {"hospital": int(who), "round": self.round, "reason": why, "evaluated": int(who) in self.evaluated}
+            for who, why in sorted(self.left_out.items())
+        ]
 
     def metrics_lines(self, hospitals: Iterable[int], counts: Mapping[int, int]) -> list[MetricsLine]:
         """``metrics.jsonl``'s lines (`federation.runfiles.MetricsLine`): one per evaluated hospital, in client
@@ -149,3 +159,42 @@ class RoundRecord:
             },
             seconds=float(data["seconds"]),
         )
+
+
+def no_round(
+    server_round: int, what: str, left_out: Mapping[str, str], diverged: set[str], lr: float, run_dir: Path
+) -> FederationError:
+    """The one line that stops a run when no hospital ``what`` in ``server_round``, with what to do: when every
+    hospital left out diverged (its ``Failure`` says so), the advice is a lower learning rate than ``lr``
+    (``client.lr``)."""
+    reasons = "; ".join(f"hospital {c}: {r}" for c, r in left_out.items())
+    if left_out and set(left_out) <= diverged:
+        # a resumed run keeps client.lr, so --resume cannot fix a divergence: say what does
+        return FederationError(
+            f"round {server_round}: no hospital {what} ({reasons}); the training diverged "
+            f"(client.lr is {lr}): start a new run with a lower client.lr, e.g. gastric-fl "
+            f"train --config {run_dir / CONFIG_FILE} --set client.lr={lr / 100:g} "
+            "--out NEW_RUN"
+        )
+    return FederationError(
+        f"round {server_round}: no hospital {what} ({reasons}); "
+        f"fix the cause, then continue with gastric-fl train --resume {run_dir}"
+    )
+
+
+def save_checkpoint(
+    run_dir: Path, record: RoundRecord, hospitals: Sequence[int], strategy: Strategy, keep: int, pending: bool
+) -> None:
+    """The checkpoint after ``record``'s round: the hospitals, the strategy's state and, when the round's evaluation
+    is still to come (``pending``), the round's record (``federation.runs.write_checkpoint`` keeps ``keep``)."""
+    write_checkpoint(
+        run_dir,
+        Checkpoint(
+            record.round,
+            list(hospitals),
+            strategy.state_tensors(),
+            strategy.state_json(),
+            record.to_json() if pending else None,
+        ),
+        keep=keep,
+    )
