@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from support.graphs import cycles
 
 PACKAGES = ("app", "federation", "inference", "models", "pipeline", "infra")
-FEDERATION_FOLDERS = ("engine", "flower", "strategies", "config", "ablation")
+FEDERATION_FOLDERS = ("engine", "flower", "strategies", "config", "ablation", "hospital", "server", "wire")
 REGISTRY = ("federation.strategies.registry", "federation.methods")  # the registry before and after its move
 STRATEGY_NAMES = (
     "fedsaf",
@@ -467,7 +467,7 @@ def metrics_functions(co: Checkout) -> list[str]:
 
 def strategy_literals(co: Checkout, fig: Figures) -> None:
     for module, tree in co.trees.items():
-        if module.startswith("federation.strategies"):
+        if module.startswith("federation.strategies") or module in REGISTRY:  # the methods and their registry
             continue
         counts = Counter(text for text in string_constants(tree) if text in STRATEGY_NAMES)
         if counts:
@@ -748,7 +748,7 @@ def headline(fig: Figures) -> dict[str, str]:
     rows["of those, modules parsing it without read_metrics"] = str(len(own))
     rows["functions named *metrics* calling a reader"] = str(len(fig.metrics_functions))
     literal_total = sum(sum(c.values()) for c in fig.strategy_literals.values())
-    rows["method-name literals outside federation/strategies"] = str(literal_total)
+    rows["method-name literals outside federation/strategies and the registry"] = str(literal_total)
     rows["files holding them"] = str(len(fig.strategy_literals))
     rows[f"modules above {MODULE_LIMIT} lines"] = str(len(fig.big_modules))
     rows[f"classes above {CLASS_LIMIT} lines"] = str(len(fig.big_classes))
