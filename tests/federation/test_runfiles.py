@@ -29,15 +29,14 @@ def test_every_run_file_name_comes_from_runfiles() -> None:
     from fnmatch import fnmatchcase
 
     from federation import progress, runs
-    from federation.hospital import handler as hospital
-    from federation.hospital import outbound, privacy
+    from federation.hospital import outbound, privacy, store
     from federation.server import audit
 
     assert privacy.ACCOUNTANT_FILE is runfiles.ACCOUNTANT_FILE
     assert progress.PROGRESS_FILE is runfiles.PROGRESS_FILE
     assert audit.AUDIT_FILE is runfiles.AUDIT_FILE
     assert outbound.OUTBOUND_FILE is runfiles.OUTBOUND_FILE
-    assert hospital.HOSPITAL_FILE is runfiles.HOSPITAL_FILE
+    assert store.HOSPITAL_FILE is runfiles.HOSPITAL_FILE
     server = (runfiles.CONFIG_FILE, runfiles.METRICS_FILE, runfiles.AGGREGATION_FILE, runfiles.SUMMARY_FILE)
     own = (runfiles.HOSPITAL_FILE, runfiles.PREDICTIONS_FILE, runfiles.OUTBOUND_FILE, runfiles.ACCOUNTANT_FILE)
     paths = [
