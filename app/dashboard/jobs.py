@@ -411,9 +411,11 @@ def advance(jobs_dir: Path, cwd: Path, busy: Busy | None = None) -> Job | None:
 
 
 def has_work(jobs_dir: Path) -> bool:
-    """Whether the queue holds an entry waiting or running."""
+    """Whether the queue holds an entry waiting or running. Read under the queue's lock: ``advance`` marks an entry
+    started and then writes its job's record, and between the two the entry would read as ``lost``."""
     try:
-        return any(entry_status(jobs_dir, e) in (QUEUED, "running") for e in read_queue(jobs_dir))
+        with _locked(jobs_dir):
+            return any(entry_status(jobs_dir, e) in (QUEUED, "running") for e in read_queue(jobs_dir))
     except DashboardError:
         return False
 

@@ -8,6 +8,7 @@ import json
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,27 @@ def test_the_queue_runs_one_job_at_a_time_and_cancel_takes_one_out(tmp_path: Pat
     assert not jobs.ensure_runner(folder, tmp_path)  # nothing to do: no runner
     assert jobs.clear_finished(folder) == 4
     assert jobs.read_queue(folder) == []
+
+
+def test_has_work_never_sees_an_entry_between_its_start_mark_and_its_record(tmp_path: Path) -> None:
+    """``advance`` marks an entry started, then writes its job's record, under the queue's lock; in between the
+    entry reads as ``lost``. ``has_work`` reads under the same lock, so it sees the queue before or after, never
+    between: here the holder of the lock marks the entry started without a record and puts it back to waiting
+    before it lets go, and ``has_work``, asked meanwhile, answers for the waiting entry."""
+    folder = tmp_path / ".dashboard" / "jobs"
+    jobs.enqueue(folder, [_entry(tmp_path, "a")])
+    entry = jobs.read_queue(folder)[0]
+    answers: list[bool] = []
+    asking = threading.Thread(target=lambda: answers.append(jobs.has_work(folder)))
+    with jobs._locked(folder):
+        jobs._write_queue(folder, [replace(entry, started=True)])
+        assert jobs.entry_status(folder, jobs.read_queue(folder)[0]) == "lost"  # the moment in between
+        asking.start()
+        time.sleep(0.3)
+        assert answers == []  # it waits for the lock
+        jobs._write_queue(folder, [entry])
+    asking.join(timeout=10)
+    assert answers == [True]
 
 
 def test_the_queue_waits_for_a_training_started_elsewhere(tmp_path: Path) -> None:
