@@ -48,8 +48,8 @@ from federation.runfiles import CHECKPOINT_DIR, HOSPITAL_FILE, PREDICTIONS_FILE
 from federation.runs import now_iso, read_json
 from federation.strategies import default_nhead
 from federation.wire.contract import LABELS
-from infra.formats import PREPARE_RECORD
 from infra.provenance import dataset_is_synthetic, intended_use
+from infra.records import read_prepare_record
 from models import split_units
 from models.bundle import DEFAULT_THRESHOLD, ModelCard, TileGrid, decision_counts
 from models.decision import slides_of_tiles, uncertainty
@@ -60,7 +60,7 @@ from models.preprocess import Preprocess
 def _prepare_record(dataset: Path, client: int) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """``(client entry, tiles settings)`` of ``<dataset>/prepare.json``; ``None`` when absent or unusable."""
     try:
-        record = json.loads((dataset / PREPARE_RECORD).read_text(encoding="utf-8"))
+        record = read_prepare_record(dataset).data
         entry = next(c for c in record["clients"] if int(c["client"]) == client)
         return entry, dict(record["config"]["tiles"]) | {"format": record["config"]["source"]["format"]}
     except (OSError, ValueError, KeyError, TypeError, StopIteration):
