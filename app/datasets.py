@@ -120,8 +120,8 @@ def counts_table(manifest: pd.DataFrame, dataset: Path | None = None) -> pd.Data
     given) the side of the PNG written, which differs when prepare resized the tiles.
     """
     rows: list[dict[str, Any]] = []
-    for client, group in manifest.groupby("client", sort=True):
-        row: dict[str, Any] = {"hospital": hospital_label(int(client))}
+    for hospital, group in manifest.groupby("client", sort=True):
+        row: dict[str, Any] = {"hospital": hospital_label(int(hospital))}
         for split in SPLITS:
             for label in LABELS:
                 row[f"{split} {label}"] = int(((group["split"] == split) & (group["label"] == label)).sum())

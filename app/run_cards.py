@@ -46,11 +46,11 @@ def card_operating(run: Path) -> dict[int, CardThreshold]:
     """Each hospital's `CardThreshold` (each card read once), for the hospitals of `card_thresholds`; a hospital
     without one decides at `NO_CARD`."""
     found = {}
-    for client, card in read_cards(run).items():
+    for hospital, card in read_cards(run).items():
         value = _card_threshold(card)
         if value is not None:
             split = card.get("threshold_split")
-            found[client] = CardThreshold(value, _card_source(card), split if split in ("validation", "test") else "")
+            found[hospital] = CardThreshold(value, _card_source(card), split if split in ("validation", "test") else "")
     return found
 
 

@@ -289,7 +289,7 @@ def checked_slides(card: dict[str, Any], dataset: Path | None) -> tuple[list[Lis
     has the sha256 prepare recorded for it (``prepare.json``: the slide's ``sha256``, or ``source_sha256`` of an
     earlier prepare). A ``prepare.json`` that records no hash for its slides: the slides are listed unchecked, and
     one line says so."""
-    client = int(card.get("client", 0))
+    hospital = int(card.get("client", 0))
     if dataset is None:
         problem = dataset_problem(card)
         if problem is not None:
@@ -303,7 +303,7 @@ def checked_slides(card: dict[str, Any], dataset: Path | None) -> tuple[list[Lis
     try:
         record = read_prepare_record(dataset).data
         source_input = str(record["config"]["source"]["input"])
-        slides = [s for s in record["slides"] if int(s["client"]) == client and s["split"] == "test"]
+        slides = [s for s in record["slides"] if int(s["client"]) == hospital and s["split"] == "test"]
         hashes = record.get("source_sha256") or {}
     except RecordError as exc:
         if exc.kind == "missing":
@@ -351,7 +351,7 @@ def checked_slides(card: dict[str, Any], dataset: Path | None) -> tuple[list[Lis
         )
     if not found:
         raise SlideViewError(
-            f"none of hospital {client}'s test slides listed in {record_path} is in {raw} as prepare read it"
+            f"none of hospital {hospital}'s test slides listed in {record_path} is in {raw} as prepare read it"
             f"{' (' + '; '.join(problems) + ')' if problems else ''}; upload a slide instead"
         )
     return found, problems

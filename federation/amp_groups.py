@@ -166,21 +166,23 @@ def read_group_shares(path: Path, groups: Mapping[int, str]) -> GroupShares:
         if isinstance(number, bool) or not isinstance(number, int):
             problems.append(f"{where}: round is {number!r}, not a whole number; the record is left out")
             continue
-        clients = record.get("clients")
+        hospitals = record.get("clients")
         size = len(record["xi"]) if isinstance(record["xi"], list) else 0
-        if clients is None:
-            clients = list(range(size))
-        if not isinstance(clients, list) or not all(isinstance(c, int) and not isinstance(c, bool) for c in clients):
-            problems.append(f"{where}: clients is {clients!r}, not a list of hospital indices; the round is left out")
+        if hospitals is None:
+            hospitals = list(range(size))
+        if not isinstance(hospitals, list) or not all(
+            isinstance(c, int) and not isinstance(c, bool) for c in hospitals
+        ):
+            problems.append(f"{where}: clients is {hospitals!r}, not a list of hospital indices; the round is left out")
             continue
-        xi = _matrix(record["xi"], len(clients))
+        xi = _matrix(record["xi"], len(hospitals))
         if xi is None:
             problems.append(
-                f"{where}: xi is not a {len(clients)} x {len(clients)} matrix over clients {clients}; "
+                f"{where}: xi is not a {len(hospitals)} x {len(hospitals)} matrix over clients {hospitals}; "
                 "the round is left out"
             )
             continue
-        unknown = [c for c in clients if c not in groups]
+        unknown = [c for c in hospitals if c not in groups]
         if unknown:
             raise FederationError(
                 f"{where}: hospital(s) {', '.join(map(str, unknown))} have no group; give one group per hospital "
@@ -190,9 +192,9 @@ def read_group_shares(path: Path, groups: Mapping[int, str]) -> GroupShares:
             problems.append(f"{where}: round {number} appears again; this later record replaces the earlier one")
         by_round[number] = RoundShare(
             round=number,
-            hospitals=tuple(clients),
-            share=within_group_share(xi, [groups[c] for c in clients]),
-            missing=tuple(sorted(set(groups) - set(clients))),
+            hospitals=tuple(hospitals),
+            share=within_group_share(xi, [groups[c] for c in hospitals]),
+            missing=tuple(sorted(set(groups) - set(hospitals))),
         )
     if not seen_xi:
         raise FederationError(
@@ -247,23 +249,23 @@ def run_groups(run_dir: Path) -> dict[int, str]:
         raise FederationError(f"{record_path} lists no hospitals (clients); give the groups with --groups")
     groups: dict[int, str] = {}
     for entry in entries:
-        client = entry.get("client") if isinstance(entry, dict) else None
+        hospital = entry.get("client") if isinstance(entry, dict) else None
         group = entry.get("group") if isinstance(entry, dict) else None
-        if not isinstance(client, int) or not isinstance(group, str) or not group:
+        if not isinstance(hospital, int) or not isinstance(group, str) or not group:
             raise FederationError(
-                f"{record_path} records no group for hospital {client} (clients[].group, from the prepare setting "
+                f"{record_path} records no group for hospital {hospital} (clients[].group, from the prepare setting "
                 "clients.group); prepare the dataset with groups or give them with --groups, e.g. 0,0,0,1,1,1"
             )
-        groups[client] = group
+        groups[hospital] = group
     return groups
 
 
 def groups_text(groups: Mapping[int, str]) -> str:
     """``A: 0, 1, 2; B: 3, 4`` (groups in order of their first hospital)."""
     members: dict[str, list[int]] = {}
-    for client in sorted(groups):
-        members.setdefault(groups[client], []).append(client)
-    return "; ".join(f"{name}: {', '.join(map(str, clients))}" for name, clients in members.items())
+    for hospital in sorted(groups):
+        members.setdefault(groups[hospital], []).append(hospital)
+    return "; ".join(f"{name}: {', '.join(map(str, hospitals))}" for name, hospitals in members.items())
 
 
 def _fmt(value: float | None) -> str:
@@ -290,8 +292,8 @@ def hospital_table(row: RoundShare) -> str:
     """One round's per-hospital table (markdown): group, peer weight, within-group share, chance."""
     lines = ["| hospital | group | peer weight | within-group share | chance |", "|---:|---|---:|---:|---:|"]
     s = row.share
-    for i, client in enumerate(row.hospitals):
-        lines.append(f"| {client} | {s.groups[i]} | {_fmt(s.peer[i])} | {_fmt(s.within[i])} | {_fmt(s.chance[i])} |")
+    for i, hospital in enumerate(row.hospitals):
+        lines.append(f"| {hospital} | {s.groups[i]} | {_fmt(s.peer[i])} | {_fmt(s.within[i])} | {_fmt(s.chance[i])} |")
     return "\n".join(lines) + "\n"
 
 

@@ -330,16 +330,16 @@ def privacy_rows(runs: Sequence[RunResult]) -> list[dict[str, Any]]:
         last: dict[int, Mapping[str, Any]] = {}
         for record in run.metrics:
             if "dp_epsilon" in record and isinstance(record.get("round"), int):
-                client = int(record["client"])
-                if client not in last or int(record["round"]) >= int(last[client]["round"]):
-                    last[client] = record
-        for client in sorted(last):
-            chosen = last[client]
+                hospital = int(record["client"])
+                if hospital not in last or int(record["round"]) >= int(last[hospital]["round"]):
+                    last[hospital] = record
+        for hospital in sorted(last):
+            chosen = last[hospital]
             steps = chosen.get("dp_steps")
             rows.append(
                 {
                     "run": run.name,
-                    "client": client,
+                    "client": hospital,
                     "round": chosen["round"],
                     "epsilon": chosen.get("dp_epsilon"),
                     "delta": f"{chosen.get('dp_delta', privacy.get('delta', 1e-5)):g}",

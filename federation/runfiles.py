@@ -236,7 +236,7 @@ def read_predictions(path: Path) -> HospitalPredictions:
             missing = [c for c in ("client", "path", "label", "prob_abnormal") if c not in columns]
             if missing:
                 raise PredictionsError(f"{path} lacks the column(s) {', '.join(missing)}", kind="malformed", path=path)
-            clients: set[int] = set()
+            hospitals: set[int] = set()
             paths: list[str] = []
             labels: list[int] = []
             probs: list[float] = []
@@ -250,18 +250,18 @@ def read_predictions(path: Path) -> HospitalPredictions:
                     )
                 try:
                     prob = _number(row.get("prob_abnormal"))
-                    client = _number(row.get("client"))
+                    hospital = _number(row.get("client"))
                 except (TypeError, ValueError):
                     raise PredictionsError(
                         f"{where}: client and prob_abnormal must be numbers", kind="malformed", path=path
                     ) from None
-                if not 0.0 <= prob <= 1.0 or client != int(client):
+                if not 0.0 <= prob <= 1.0 or hospital != int(hospital):
                     raise PredictionsError(
                         f"{where}: prob_abnormal must be between 0 and 1 and client a hospital number",
                         kind="malformed",
                         path=path,
                     )
-                clients.add(int(client))
+                hospitals.add(int(hospital))
                 paths.append(str(row.get("path") or ""))
                 labels.append(label)
                 probs.append(prob)
@@ -276,12 +276,12 @@ def read_predictions(path: Path) -> HospitalPredictions:
         raise PredictionsError(f"{path} does not exist", kind="missing", path=path, cause=exc) from None
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise PredictionsError(f"{path} cannot be read ({exc})", kind="unreadable", path=path, cause=exc) from None
-    if len(clients) > 1:
+    if len(hospitals) > 1:
         raise PredictionsError(
-            f"{path}: client must be one hospital number, found {sorted(clients)}", kind="malformed", path=path
+            f"{path}: client must be one hospital number, found {sorted(hospitals)}", kind="malformed", path=path
         )
     return HospitalPredictions(
-        hospital=next(iter(clients), None),
+        hospital=next(iter(hospitals), None),
         paths=tuple(paths),
         labels=tuple(labels),
         probs=tuple(probs),

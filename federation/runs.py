@@ -377,7 +377,7 @@ def read_checkpoint(run_dir: Path, server_round: int, warn: Callable[[str], None
         )
     if recorded is None and warn is not None:
         warn(f"checkpoint {tensors_path} was written without its sha256 (an earlier version): loaded unchecked")
-    clients = [int(c) for c in sidecar.get("clients", [])]
+    hospitals = [int(c) for c in sidecar.get("clients", [])]
     strategy: dict[str, torch.Tensor] = {}
     for name, value in tensors.items():
         kind, _, rest = name.partition("/")
@@ -386,7 +386,7 @@ def read_checkpoint(run_dir: Path, server_round: int, warn: Callable[[str], None
     pending = sidecar.get("pending")
     return Checkpoint(
         server_round,
-        clients,
+        hospitals,
         strategy,
         dict(sidecar.get("strategy", {})),
         pending if isinstance(pending, dict) else None,

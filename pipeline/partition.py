@@ -62,20 +62,20 @@ def largest_remainder(weights: Sequence[float], total: int) -> list[int]:
 
 def hospital_sizes(n_slides: int, config: SplitConfig, rng: np.random.Generator) -> tuple[list[int], list[float]]:
     """Slides per hospital and the ratios they follow; each hospital gets at least 2 (one train, one test)."""
-    clients = config.clients
-    if n_slides < 2 * clients:
+    hospitals = config.clients
+    if n_slides < 2 * hospitals:
         raise PipelineError(
-            f"{n_slides} usable slides cannot supply {clients} clients with at least 2 slides each (one for train, "
+            f"{n_slides} usable slides cannot supply {hospitals} clients with at least 2 slides each (one for train, "
             f"one for test); use --clients {max(1, n_slides // 2)} or fewer, or add slides"
         )
-    ratios = size_ratios(config.sizes, clients)
+    ratios = size_ratios(config.sizes, hospitals)
     if ratios is None:
-        ratios = tuple(float(r) for r in rng.uniform(1.0, _RANDOM_SPREAD, size=clients))
+        ratios = tuple(float(r) for r in rng.uniform(1.0, _RANDOM_SPREAD, size=hospitals))
     counts = largest_remainder(ratios, n_slides)
     # Lift tiny clients to 2 slides, taking from the largest (rare: only with extreme ratios).
-    for i in range(clients):
+    for i in range(hospitals):
         while counts[i] < 2:
-            donor = max(range(clients), key=lambda j: (counts[j], -j))
+            donor = max(range(hospitals), key=lambda j: (counts[j], -j))
             counts[donor] -= 1
             counts[i] += 1
     return counts, list(ratios)
@@ -101,9 +101,9 @@ def _iid(labels: Sequence[str], sizes: Sequence[int], rng: np.random.Generator, 
     keyed.sort()
     owner = [0] * len(labels)
     position = 0
-    for client, size in enumerate(sizes):
+    for hospital, size in enumerate(sizes):
         for _, slide in keyed[position : position + size]:
-            owner[slide] = client
+            owner[slide] = hospital
         position += size
     return owner
 
@@ -114,8 +114,8 @@ def _dirichlet(
     groups = _by_label(labels, rng, classes)
     remaining = {label: list(members) for label, members in groups.items()}
     owner = [0] * len(labels)
-    for client in rng.permutation(len(sizes)):
-        size = sizes[int(client)]
+    for hospital in rng.permutation(len(sizes)):
+        size = sizes[int(hospital)]
         mix = rng.dirichlet([alpha] * len(classes))
         want = largest_remainder([float(m) + 1e-12 for m in mix], size)
         take = {label: min(w, len(remaining[label])) for label, w in zip(classes, want, strict=True)}
@@ -126,7 +126,7 @@ def _dirichlet(
             take[spare] += 1
         for label, count in take.items():
             for slide in remaining[label][:count]:
-                owner[slide] = int(client)
+                owner[slide] = int(hospital)
             remaining[label] = remaining[label][count:]
     return owner
 
@@ -138,9 +138,9 @@ def _classes(
     rng: np.random.Generator,
     classes: Sequence[str],
 ) -> tuple[list[int], list[int]]:
-    clients = len(ratios)
+    hospitals = len(ratios)
     holders = {
-        label: [c for c in range(clients) if (k - c) % len(classes) < per_client] for k, label in enumerate(classes)
+        label: [c for c in range(hospitals) if (k - c) % len(classes) < per_client] for k, label in enumerate(classes)
     }
     groups = _by_label(labels, rng, classes)
     owner = [0] * len(labels)
@@ -149,16 +149,16 @@ def _classes(
             continue
         if not holders[label]:
             raise PipelineError(
-                f"partition classes:{per_client} with {clients} client(s) leaves no client holding '{label}' slides; "
+                f"partition classes:{per_client} with {hospitals} client(s) leaves no client holding '{label}' slides; "
                 "use more clients or a larger S"
             )
         counts = largest_remainder([ratios[c] for c in holders[label]], len(members))
         position = 0
-        for client, count in zip(holders[label], counts, strict=True):
+        for hospital, count in zip(holders[label], counts, strict=True):
             for slide in members[position : position + count]:
-                owner[slide] = client
+                owner[slide] = hospital
             position += count
-    sizes = [owner.count(c) for c in range(clients)]
+    sizes = [owner.count(c) for c in range(hospitals)]
     return owner, sizes
 
 
@@ -191,9 +191,9 @@ def _case_mix(
                 + ("above 0" if label == "abnormal" else "below 1")
             )
         position = 0
-        for client, count in enumerate(largest_remainder(weights[label], len(members))):
+        for hospital, count in enumerate(largest_remainder(weights[label], len(members))):
             for slide in members[position : position + count]:
-                owner[slide] = client
+                owner[slide] = hospital
             position += count
     return owner
 
@@ -298,8 +298,8 @@ def split_train_test(
     split = _split_test(labels, owners, clients, test_fraction, rng, classes)
     if val_fraction <= 0.0:
         return split
-    for client in range(clients):
-        members = [i for i, c in enumerate(owners) if c == client]
+    for hospital in range(clients):
+        members = [i for i, c in enumerate(owners) if c == hospital]
         rest = [i for i in members if split[i] == "train"]
         if len(rest) < 2:
             continue
@@ -357,11 +357,11 @@ def _split_test(
 ) -> list[str]:
     """``train``/``test`` for each slide: per client, stratified by label, at least one slide in each split."""
     split = ["train"] * len(labels)
-    for client in range(clients):
-        members = [i for i, c in enumerate(owners) if c == client]
+    for hospital in range(clients):
+        members = [i for i, c in enumerate(owners) if c == hospital]
         if len(members) < 2:
             raise PipelineError(
-                f"hospital {client} has {len(members)} slide(s); each hospital needs at least 2 (one train, one test)"
+                f"hospital {hospital} has {len(members)} slide(s); each hospital needs at least 2 (one train, one test)"
             )
         n_test = min(len(members) - 1, max(1, math.floor(test_fraction * len(members) + 0.5)))
         _draw(split, members, n_test, "test", labels, classes, rng)

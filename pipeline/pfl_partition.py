@@ -109,11 +109,11 @@ def _pat(
             num_samples = rs.randint(int(low), int(num_per), len(selected) - 1).tolist()
         num_samples.append(num_all - sum(num_samples))
         start = 0
-        for client, count in zip(selected, num_samples, strict=True):
+        for hospital, count in zip(selected, num_samples, strict=True):
             part = idx_for_each_class[i][start : start + count]
-            owned[client] = part if client not in owned else np.append(owned[client], part, axis=0)
+            owned[hospital] = part if hospital not in owned else np.append(owned[hospital], part, axis=0)
             start += count
-            class_num_per_client[client] -= 1
+            class_num_per_client[hospital] -= 1
     missing = [c for c in range(num_clients) if c not in owned]
     if missing:
         raise PipelineError(
@@ -167,10 +167,10 @@ def split(
     from sklearn.model_selection import train_test_split
 
     out: list[tuple[IndexArray, IndexArray]] = []
-    for client, members in enumerate(clients):
+    for hospital, members in enumerate(clients):
         if math.floor(train_size * len(members)) < 1 or len(members) - math.floor(train_size * len(members)) < 1:
             raise PipelineError(
-                f"client {client} holds {len(members)} image(s), too few for a train and a test part at train size "
+                f"client {hospital} holds {len(members)} image(s), too few for a train and a test part at train size "
                 f"{train_size:g}; use fewer clients or a larger alpha"
             )
         train, test = train_test_split(members, train_size=train_size, shuffle=True, random_state=rs)
@@ -199,12 +199,12 @@ def pfl_assign(
     parts = separate(values, clients, len(classes), kind, rs, class_per_client, balance, alpha)
     owners = [-1] * len(labels)
     splits = [""] * len(labels)
-    for client, (train, test) in enumerate(split(parts, rs, 1.0 - test_fraction)):
+    for hospital, (train, test) in enumerate(split(parts, rs, 1.0 - test_fraction)):
         n = len(train) + len(test)
         n_val = min(len(train) - 1, math.floor(val_fraction * n + 0.5)) if val_fraction > 0 else 0
-        chosen = set(np.random.default_rng([seed, client]).permutation(len(train))[:n_val].tolist())
+        chosen = set(np.random.default_rng([seed, hospital]).permutation(len(train))[:n_val].tolist())
         for k, item in enumerate(train.tolist()):
-            owners[item], splits[item] = client, "val" if k in chosen else "train"
+            owners[item], splits[item] = hospital, "val" if k in chosen else "train"
         for item in test.tolist():
-            owners[item], splits[item] = client, "test"
+            owners[item], splits[item] = hospital, "test"
     return owners, splits

@@ -77,13 +77,13 @@ def _samples(rows: Iterable[list[str]], clients: int, classes: tuple[str, ...]) 
     for row in rows:
         grouped[int(row[0])][row[2]].append(row[3])
     picked: dict[int, dict[str, list[str]]] = {}
-    for client, by_label in grouped.items():
-        picked[client] = {}
+    for hospital, by_label in grouped.items():
+        picked[hospital] = {}
         for label, paths in by_label.items():
             if len(paths) <= 4:
-                picked[client][label] = paths
+                picked[hospital][label] = paths
             else:
-                picked[client][label] = [paths[int(i)] for i in np.linspace(0, len(paths) - 1, 4).round()]
+                picked[hospital][label] = [paths[int(i)] for i in np.linspace(0, len(paths) - 1, 4).round()]
     return picked
 
 
@@ -248,9 +248,9 @@ def _write_records(
 def _groups_text(groups: tuple[str, ...]) -> str:
     """``clients.group`` for the report, e.g. ``A: 0, 1, 2; B: 3, 4`` (groups in order of their first hospital)."""
     members: dict[str, list[int]] = {}
-    for client, name in enumerate(groups):
-        members.setdefault(name, []).append(client)
-    return "; ".join(f"{name}: {', '.join(map(str, clients))}" for name, clients in members.items())
+    for hospital, name in enumerate(groups):
+        members.setdefault(name, []).append(hospital)
+    return "; ".join(f"{name}: {', '.join(map(str, hospitals))}" for name, hospitals in members.items())
 
 
 def _provenance(

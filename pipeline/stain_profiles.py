@@ -135,9 +135,9 @@ def parse_listed(tables: Any, where: str) -> tuple[ListedProfile, ...]:
         at = f"{where}[{k}]"
         if not isinstance(table, Mapping):
             raise PipelineError(f"{at} must be a table with client = N and profile values")
-        client = table.get("client")
-        if isinstance(client, bool) or not isinstance(client, int) or client < 0:
-            raise PipelineError(f"{at}.client must be a hospital index >= 0, not {client!r}")
+        hospital = table.get("client")
+        if isinstance(hospital, bool) or not isinstance(hospital, int) or hospital < 0:
+            raise PipelineError(f"{at}.client must be a hospital index >= 0, not {hospital!r}")
         values = []
         for name, value in table.items():
             if name == "client":
@@ -145,7 +145,7 @@ def parse_listed(tables: Any, where: str) -> tuple[ListedProfile, ...]:
             if name not in PROFILE_FIELDS:
                 raise PipelineError(f"{at}: unknown profile value {name!r}; known: {', '.join(PROFILE_FIELDS)}")
             values.append((name, check_profile_value(name, value, f"{at}.{name}")))
-        listed.append(ListedProfile(client, tuple(values)))
+        listed.append(ListedProfile(hospital, tuple(values)))
     return tuple(listed)
 
 
@@ -177,9 +177,9 @@ def stain_profiles_for(
     """Every hospital's profile (``None`` where the tiles are left as they are)."""
     by_client = {entry.client: dict(entry.values) for entry in listed}
     out: list[StainProfile | None] = []
-    for client in range(clients):
-        base = draw_profile(seed, client, strength) if shift == "random" else StainProfile()
-        profile = replace(base, **by_client.get(client, {}))  # type: ignore[arg-type]
+    for hospital in range(clients):
+        base = draw_profile(seed, hospital, strength) if shift == "random" else StainProfile()
+        profile = replace(base, **by_client.get(hospital, {}))  # type: ignore[arg-type]
         out.append(None if profile.is_identity else profile)
     return out
 

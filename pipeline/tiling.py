@@ -82,13 +82,13 @@ class Tile:
 
 def hospital_plans(config: PrepareConfig) -> list[HospitalPlan]:
     """Every hospital's tile settings from ``--tile``, ``--stride``, ``--client-tile``, ``--client-scale``."""
-    tiles, clients = config.tiles, config.clients
+    tiles, hospitals = config.tiles, config.clients
     sites = config.sites
     profiles = stain_profiles_for(sites.shift, sites.strength, sites.profile, config.split.seed, config.split.clients)
     plans = []
     for c in range(config.split.clients):
-        tile_px = clients.tile[c] if clients.tile else tiles.tile
-        scale = clients.scale[c] if clients.scale else 1.0
+        tile_px = hospitals.tile[c] if hospitals.tile else tiles.tile
+        scale = hospitals.scale[c] if hospitals.scale else 1.0
         # Strides are fractions of the base tile, so they keep the same overlap for every client's tile size.
         stride = tiles.tile if tiles.stride is None else tiles.stride
         abnormal = max(1, stride // 2) if tiles.abnormal_stride is None else tiles.abnormal_stride
@@ -102,7 +102,7 @@ def hospital_plans(config: PrepareConfig) -> list[HospitalPlan]:
                 size=max(1, round(tile_px / scale)),
                 stride=max(1, round(stride_px / scale)),
                 abnormal_stride=max(1, round(abnormal_px / scale)),
-                grayscale=c in clients.grayscale,
+                grayscale=c in hospitals.grayscale,
                 stain_profile=profiles[c],
             )
         )

@@ -129,15 +129,15 @@ def score_hospitals(
     """
     return [
         score_hospital(
-            int(client),
+            int(hospital),
             rows,
             threshold,
             target_sensitivity,
             min_slides,
-            None if val_predictions is None else val_predictions[val_predictions["client"] == client],
-            None if held_out is None else held_out.get(int(client)),
+            None if val_predictions is None else val_predictions[val_predictions["client"] == hospital],
+            None if held_out is None else held_out.get(int(hospital)),
         )
-        for client, rows in predictions.groupby("client", sort=True)
+        for hospital, rows in predictions.groupby("client", sort=True)
     ]
 
 

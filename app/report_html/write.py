@@ -62,13 +62,13 @@ def write_html_reports(
                 "on this machine (in a deployment each hospital reports on its own machine)"
             )
         pages: dict[str, str] = {}
-        for client in chosen:
-            rep = load_hospital(run, client)
+        for hospital in chosen:
+            rep = load_hospital(run, hospital)
             if score_missing and rep.held_out is None and rep.card:
                 # a deployed hospital's run ends on its own machine: its held-out slides are scored here, once
                 problem = score_held_out_slides(rep)
                 if problem is None:
-                    rep = load_hospital(run, client)
+                    rep = load_hospital(run, hospital)
                 else:
                     rep.notes.append(problem)
             if score_missing:
@@ -78,7 +78,7 @@ def write_html_reports(
                     if warn is not None:
                         warn(f"{rep.folder}: {problem}")
             page = render(rep, floor)
-            pages[f"{hospital_name(client)}.html"] = page
+            pages[f"{hospital_name(hospital)}.html"] = page
             own_folders.append((rep.folder / HOSPITAL_REPORT, page))
         if out is not None:
             out_folders.append((out if len(runs) == 1 else out / run.name, pages))

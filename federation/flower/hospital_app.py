@@ -35,10 +35,10 @@ def hospital_site(node_config: Mapping[str, Any], run_config: Mapping[str, Any])
     """
     if "data-path" not in node_config and str(run_config.get("sim-data-path", "")):
         # only where the node names no dataset of its own: a deployed hospital never takes paths from a run
-        clients = [int(c) for c in str(run_config["sim-clients"]).split(",")]
-        client = clients[int(node_config["partition-id"])]
-        root = Path(str(run_config["sim-hospitals-dir"])) / hospital_name(client)
-        return Site(Path(str(run_config["sim-data-path"])), client, root)
+        hospitals = [int(c) for c in str(run_config["sim-clients"]).split(",")]
+        hospital = hospitals[int(node_config["partition-id"])]
+        root = Path(str(run_config["sim-hospitals-dir"])) / hospital_name(hospital)
+        return Site(Path(str(run_config["sim-data-path"])), hospital, root)
     try:
         dataset = Path(str(node_config["data-path"]))
         root = Path(str(node_config["hospital-dir"]))
@@ -46,7 +46,7 @@ def hospital_site(node_config: Mapping[str, Any], run_config: Mapping[str, Any])
         raise FederationError(
             f"the SuperNode's --node-config lacks {exc.args[0]!r}: start it with gastric-fl federation hospital"
         ) from exc
-    client = int(node_config.get("client", node_config.get("partition-id", 0)))
+    hospital = int(node_config.get("client", node_config.get("partition-id", 0)))
     rows = node_config.get("data-client")  # its tiles' client in its own dataset, when not its federation index
     # per-run (default): one folder per run under hospital-dir; false: hospital-dir is this run's folder (the demo,
     # which keeps each hospital's folder inside the run as the local engine does)
@@ -56,7 +56,7 @@ def hospital_site(node_config: Mapping[str, Any], run_config: Mapping[str, Any])
     policy_file = str(node_config.get("policy", ""))
     policy = load_policy(Path(policy_file) if policy_file else None)
     return Site(
-        dataset, client, root, per_run=per_run, policy=policy, rows=None if rows in (None, "") else int(str(rows))
+        dataset, hospital, root, per_run=per_run, policy=policy, rows=None if rows in (None, "") else int(str(rows))
     )
 
 

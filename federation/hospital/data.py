@@ -163,15 +163,15 @@ def read_dataset(dataset: str | Path) -> tuple[list[ManifestRow], tuple[str, ...
             raise FederationError(f"{manifest} lacks the columns {missing}: re-run gastric-fl prepare")
         for line, record in enumerate(reader, start=2):
             try:
-                client = int(record["client"])
+                hospital = int(record["client"])
                 channels = int(record["channels"])
             except (TypeError, ValueError) as exc:
                 raise FederationError(f"{manifest} line {line}: client and channels must be integers") from exc
             split, label, path = record["split"], record["label"], record["path"]
-            if client < 0 or split not in SPLITS or not label or channels not in (1, 3) or not path:
+            if hospital < 0 or split not in SPLITS or not label or channels not in (1, 3) or not path:
                 raise FederationError(
                     f"{manifest} line {line}: expected client >= 0, split in {SPLITS}, a label, "
-                    f"channels 1 or 3 and a path; got {client}, {split!r}, {label!r}, {channels}, {path!r}"
+                    f"channels 1 or 3 and a path; got {hospital}, {split!r}, {label!r}, {channels}, {path!r}"
                 )
             try:
                 where = inside(path)
@@ -184,7 +184,7 @@ def read_dataset(dataset: str | Path) -> tuple[list[ManifestRow], tuple[str, ...
                     "counts twice (or sits in both splits): remove the duplicate row or re-run gastric-fl prepare"
                 )
             seen[key] = line
-            records.append((line, client, split, label, path, channels))
+            records.append((line, hospital, split, label, path, channels))
     if not records:
         raise FederationError(f"{manifest} lists no tiles: re-run gastric-fl prepare on a non-empty raw folder")
     labels = {r[3] for r in records}
@@ -200,13 +200,13 @@ def read_dataset(dataset: str | Path) -> tuple[list[ManifestRow], tuple[str, ...
         classes = classes_of_labels(labels, str(manifest))
     index = {name: i for i, name in enumerate(classes)}
     rows: list[ManifestRow] = []
-    for line, client, split, label, path, channels in records:
+    for line, hospital, split, label, path, channels in records:
         if label not in index:
             raise FederationError(
                 f"{manifest} line {line}: label {label!r} is not one of the dataset's classes {list(classes)} "
                 f"({folder / PREPARE_RECORD}); re-run gastric-fl prepare"
             )
-        rows.append(ManifestRow(client, split, index[label], path, channels))
+        rows.append(ManifestRow(hospital, split, index[label], path, channels))
     return rows, classes
 
 

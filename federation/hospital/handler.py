@@ -189,10 +189,10 @@ def _resumed(store: RunStore, message: Hello, config: RunConfig, digest: str, da
     """What a resume ``Hello`` keeps of ``hospital.json`` (`RESUME_KEEPS`), once the resume is one the hospital
     can do: it holds the run, the run's settings are those it started with (less `RESUMABLE_SETTINGS`), its
     dataset's manifest is unchanged, and a run it has trained in still has its checkpoints."""
-    client, folder, record_path = store.hospital, store.folder, store.record_path
+    hospital, folder, record_path = store.hospital, store.folder, store.record_path
     if not record_path.is_file():
         raise FederationError(
-            f"hospital {client} has no state of run {message.run_id} in {folder}: it cannot resume; "
+            f"hospital {hospital} has no state of run {message.run_id} in {folder}: it cannot resume; "
             "start a new run instead"
         )
     previous = read_json(record_path)
@@ -201,12 +201,12 @@ def _resumed(store: RunStore, message: Hello, config: RunConfig, digest: str, da
     )
     if changed:
         raise PolicyRefusal(
-            f"refused by hospital {client}: a resume may not change the run's settings ({', '.join(changed)} "
+            f"refused by hospital {hospital}: a resume may not change the run's settings ({', '.join(changed)} "
             f"differ from run {message.run_id}'s start); start a new run to change them"
         )
     if previous.get("manifest_sha256") != digest:
         raise FederationError(
-            f"hospital {client}: {dataset / MANIFEST_FILE} changed since run {message.run_id} started "
+            f"hospital {hospital}: {dataset / MANIFEST_FILE} changed since run {message.run_id} started "
             "(its sha256 differs), so resuming would train and test on other tiles; start a new run "
             "(gastric-fl train --out NEW_RUN ...) or restore the original dataset"
         )
@@ -214,7 +214,7 @@ def _resumed(store: RunStore, message: Hello, config: RunConfig, digest: str, da
     first = kept.get("first_checkpoint")
     if isinstance(first, int) and not store.checkpoints():
         raise FederationError(
-            f"hospital {client} has trained in run {message.run_id} since round {first}, but its checkpoints "
+            f"hospital {hospital} has trained in run {message.run_id} since round {first}, but its checkpoints "
             f"in {folder / CHECKPOINT_DIR} were removed: it cannot resume from the initial model without "
             "other numbers; restore them, or start a new run"
         )
@@ -341,7 +341,7 @@ class Hospital:
         # parsed to refuse, before round 1, a configuration this installation cannot run or its policy refuses
         config = config_from_text(message.config_toml, f"run {message.run_id} configuration")
         check_config(self._policy(config), config)
-        dataset, client, own = self.site.dataset, self.site.client, self.site.data_index
+        dataset, hospital, own = self.site.dataset, self.site.client, self.site.data_index
         rows, classes = read_dataset(dataset)
         check_hospitals(dataset, rows, [own])
         digest = manifest_sha256(dataset)
@@ -355,7 +355,7 @@ class Hospital:
             kept = {}
             if self.site.per_run and record_path.is_file():
                 raise PolicyRefusal(
-                    f"refused by hospital {client}: it already holds run {message.run_id} (in {folder}); a new run "
+                    f"refused by hospital {hospital}: it already holds run {message.run_id} (in {folder}); a new run "
                     "needs a new run id, and a run is continued with --resume"
                 )
             clear(folder)
@@ -364,7 +364,7 @@ class Hospital:
             record_path,
             {
                 "run_id": message.run_id,
-                "client": client,
+                "client": hospital,
                 "dataset": str(dataset),
                 "manifest_sha256": digest,
                 "config_toml": message.config_toml,
@@ -375,7 +375,7 @@ class Hospital:
         self._loaded = None
         mine = [r for r in rows if r.client == own]
         num_train = sum(1 for r in mine if r.split == "train")
-        return HelloReply(client, num_train, sum(1 for r in mine if r.split == "test"), classes)
+        return HelloReply(hospital, num_train, sum(1 for r in mine if r.split == "test"), classes)
 
     # -- train and evaluate --------------------------------------------------------------------------------------
     def _asked(self, loaded: _Loaded) -> Asked:

@@ -207,40 +207,40 @@ class Server:
     def _start(self, pool: Pool, resume: bool) -> None:
         config = self.config
         replies = pool.hello(Hello(self.run_id, config_to_toml(config), resume))
-        clients, hellos, refused = roster(
+        hospitals, hellos, refused = roster(
             replies, config.strategy.clients, config.server.max_examples, self.run_id, self.warn
         )
         summary = self.summary.data
         if refused:
             summary["left_out_at_hello"] = {str(c): r for c, r in refused.items()}
         if resume:
-            check_same_hospitals(summary, self.run_dir, clients)
-        self.classes = agreed_classes({c: hellos[c] for c in clients})
+            check_same_hospitals(summary, self.run_dir, hospitals)
+        self.classes = agreed_classes({c: hellos[c] for c in hospitals})
         if resume:
             check_same_classes(summary, self.run_dir, self.classes)
-        self.counts = {c: hellos[c].num_train for c in clients}
-        self.num_test = {c: hellos[c].num_test for c in clients}
+        self.counts = {c: hellos[c].num_train for c in hospitals}
+        self.num_test = {c: hellos[c].num_test for c in hospitals}
         if len(self.classes) != NUM_CLASSES:  # the early checks used the binary model; the outputs differ
             self._initial = initial_weights(config.model, config.run.seed, len(self.classes))
         initial, units = self._initial
         self.spec = {k: (tuple(v.shape), v.dtype) for k, v in initial.items()}
         ctx = StrategyContext(
-            clients, self.counts, tuple(initial), tuple(units), initial, local_keys(config, len(self.classes))
+            hospitals, self.counts, tuple(initial), tuple(units), initial, local_keys(config, len(self.classes))
         )
         self.strategy: Strategy = build_strategy(config, ctx)
         self.shared_keys = self.strategy.shared_keys(list(initial), [keys for _, keys in units])
-        self.hospitals = clients
+        self.hospitals = hospitals
         self.start_round = 1
         self.pending: RoundRecord | None = None  # a round whose evaluation is still to come
         # each DP hospital's epsilon and steps so far, which must grow round by round (federation.server.dp_watch)
         self.dp_watch = DpWatch.from_metrics(self.run_dir / METRICS_FILE) if resume else DpWatch()
         if resume:
-            self.start_round, self.pending = continue_run(self.run_dir, clients, self.strategy, self.warn)
+            self.start_round, self.pending = continue_run(self.run_dir, hospitals, self.strategy, self.warn)
             summary["rounds_done"] = self.start_round - 1
         else:
             for name in (METRICS_FILE, AGGREGATION_FILE):
                 (self.run_dir / name).write_text("", encoding="utf-8")
-        summary["clients"] = list(clients)
+        summary["clients"] = list(hospitals)
         summary["classes"] = list(self.classes)
 
     # -- the rounds ---------------------------------------------------------------------------------------------------

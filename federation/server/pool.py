@@ -47,10 +47,10 @@ class Pool:
         replies: dict[int, Message] = {}
         for key, reply in self._broadcast(envelope).items():
             decoded = self._receive_or_fail(key, reply)
-            client = getattr(decoded, "client", key)
-            if client in replies:
-                raise FederationError(f"two hospitals answered as client {client}: give each its own index")
-            replies[client] = decoded
+            hospital = getattr(decoded, "client", key)
+            if hospital in replies:
+                raise FederationError(f"two hospitals answered as client {hospital}: give each its own index")
+            replies[hospital] = decoded
         return replies
 
     def exchange(self, tasks: Mapping[int, Task]) -> dict[int, Message]:

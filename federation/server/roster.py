@@ -43,13 +43,13 @@ def roster(
     absent = [c for c in wanted if c not in hellos]
     if absent:
         raise FederationError(f"strategy.clients names {absent}, but the hospitals that answered are {sorted(hellos)}")
-    clients = tuple(sorted(wanted))
-    if not clients and refused:
+    hospitals = tuple(sorted(wanted))
+    if not hospitals and refused:
         reasons = "; ".join(f"hospital {c}: {r}" for c, r in refused.items())
         raise FederationError(f"no hospital is left to federate ({reasons})")
-    if not clients:
+    if not hospitals:
         raise FederationError("no hospital answered: there is nobody to federate")
-    return clients, hellos, refused
+    return hospitals, hellos, refused
 
 
 def check_same_hospitals(summary: Mapping[str, Any], run_dir: Path, clients: Sequence[int]) -> None:

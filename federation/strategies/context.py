@@ -79,24 +79,24 @@ def recipe_from_config(
 ) -> Recipe:
     """The ``[client]`` (and ``[adam]``) sections as a ``Recipe``, with the strategy's own head/proximal/Fisher
     and second-moment choices."""
-    client = config.client
+    hospital = config.client
     recipe = Recipe(
-        epochs=client.epochs,
-        lr=client.lr,
+        epochs=hospital.epochs,
+        lr=hospital.lr,
         head_epochs=head_epochs,
-        head_lr=client.head_lr if client.head_lr is not None else client.lr,
+        head_lr=hospital.head_lr if hospital.head_lr is not None else hospital.lr,
         prox_mu=prox_mu,
         fisher_batch=fisher_batch,
-        momentum=client.momentum,
-        weight_decay=client.weight_decay,
-        precise_bn=client.precise_bn,
-        optimizer=client.optimizer,
+        momentum=hospital.momentum,
+        weight_decay=hospital.weight_decay,
+        precise_bn=hospital.precise_bn,
+        optimizer=hospital.optimizer,
         adam_beta1=config.adam.beta1,
         adam_beta2=config.adam.beta2,
         adam_eps=config.adam.eps,
         second_moments=second_moments,
         fisher_estimator=config.fedsaf.fisher_estimator,
-        start_own=client.start == "own",
+        start_own=hospital.start == "own",
     )
     return with_privacy(recipe, config)
 

@@ -112,28 +112,31 @@ class DepthwiseFisher(Averaging):
         self.unit_slices = [slice(a, b) for a, b in pairwise(bounds)]
 
     def aggregate_train(self, server_round: int, replies: Mapping[int, TrainReply]) -> dict[str, Any]:
-        clients = sorted(replies)
-        if not clients:
+        hospitals = sorted(replies)
+        if not hospitals:
             raise FederationError(f"round {server_round}: no hospital replied")
         replies, robust = self.bound_updates(replies)
         traces = fisher_traces(
-            server_round, replies, clients, ", which depthwise_fim needs (the client recipe must have fisher_batch > 0)"
+            server_round,
+            replies,
+            hospitals,
+            ", which depthwise_fim needs (the client recipe must have fisher_batch > 0)",
         )
         weights = depthwise_fisher_weights(traces, len(self.unit_slices), reverse=self.reverse)
         capping: dict[str, Any] = {}
         if self.max_weight is not None:
-            weights, capping["weight_cap"] = self._capped(weights, clients)
-        stacked = flatten([replies[c].shared for c in clients], self.spec)
+            weights, capping["weight_cap"] = self._capped(weights, hospitals)
+        stacked = flatten([replies[c].shared for c in hospitals], self.spec)
         merged = torch.empty(self.spec.numel, dtype=stacked.dtype)
         for row, layer in zip(weights, self.unit_slices, strict=True):
             merged[layer] = weighted_sum(stacked[:, layer], row)
         self.global_state = unflatten(merged, self.spec)
         return {
-            "clients": clients,
+            "clients": hospitals,
             "fisher_traces": traces,
             "reverse": self.reverse,
             "units": self.unit_names,
-            "top": depthwise_top_counts(len(self.unit_slices), len(clients), self.reverse),
+            "top": depthwise_top_counts(len(self.unit_slices), len(hospitals), self.reverse),
             "layer_weights": weights.tolist(),
             **capping,
             **robust,

@@ -38,19 +38,19 @@ class FisherWeighted(Averaging):
     ``server.max_weight`` when set; norm-bounded first with ``server.robust = "norm_bound"``)."""
 
     def aggregate_train(self, server_round: int, replies: Mapping[int, TrainReply]) -> dict[str, Any]:
-        clients = sorted(replies)
+        hospitals = sorted(replies)
         replies, robust = self.bound_updates(replies)
-        traces = fisher_traces(server_round, replies, clients, " (fedas needs the recipe's fisher_batch)")
+        traces = fisher_traces(server_round, replies, hospitals, " (fedas needs the recipe's fisher_batch)")
         gamma = fisher_weights(traces)
         capping: dict[str, Any] = {}
         if self.max_weight is not None:
-            capped, capping["weight_cap"] = cap_example_weights(gamma.tolist(), clients, self.max_weight)
+            capped, capping["weight_cap"] = cap_example_weights(gamma.tolist(), hospitals, self.max_weight)
             gamma = torch.tensor(capped, dtype=torch.float64)
-        stacked = flatten([replies[c].shared for c in clients], self.spec)
+        stacked = flatten([replies[c].shared for c in hospitals], self.spec)
         self.global_state = unflatten(weighted_sum(stacked, gamma), self.spec)
         return {
             "fisher_traces": traces,
-            "weights": {str(c): float(g) for c, g in zip(clients, gamma, strict=True)},
+            "weights": {str(c): float(g) for c, g in zip(hospitals, gamma, strict=True)},
             **capping,
             **robust,
         }

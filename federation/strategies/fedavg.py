@@ -98,27 +98,27 @@ class Averaging:
         }
 
     def aggregate_train(self, server_round: int, replies: Mapping[int, TrainReply]) -> dict[str, Any]:
-        clients = sorted(replies)
+        hospitals = sorted(replies)
         replies, robust = self.bound_updates(replies)
         if self.server.robust == "trimmed_mean":
             # Yin et al. (2018): every value the coordinate-wise mean of what is left after dropping the `trim`
             # largest and smallest; n_i / n is not used. The run starts only with enough hospitals for the trim
             # set (federation.bounds.robust_problem); a round where some were left out trims fewer, never all,
             # and its record says so ("trim_set")
-            trim = min(self.server.trim_count, (len(clients) - 1) // 2)
-            stacked = flatten([replies[c].shared for c in clients], self.spec)
+            trim = min(self.server.trim_count, (len(hospitals) - 1) // 2)
+            stacked = flatten([replies[c].shared for c in hospitals], self.spec)
             self.global_state = unflatten(trimmed_mean(stacked, trim), self.spec)
             used: dict[str, Any] = {"method": "trimmed_mean", "trim": trim}
             if trim != self.server.trim_count:
                 used["trim_set"] = self.server.trim_count
-            return {"clients": clients, "robust": used}
-        weights = example_weights(server_round, replies, clients)
+            return {"clients": hospitals, "robust": used}
+        weights = example_weights(server_round, replies, hospitals)
         capping: dict[str, Any] = {}
         if self.max_weight is not None:
-            weights, capping["weight_cap"] = cap_example_weights(weights, clients, self.max_weight)
-        stacked = flatten([replies[c].shared for c in clients], self.spec)
+            weights, capping["weight_cap"] = cap_example_weights(weights, hospitals, self.max_weight)
+        stacked = flatten([replies[c].shared for c in hospitals], self.spec)
         self.global_state = unflatten(weighted_sum(stacked, weights), self.spec)
-        return {"weights": {str(c): w for c, w in zip(clients, weights, strict=True)}, **capping, **robust}
+        return {"weights": {str(c): w for c, w in zip(hospitals, weights, strict=True)}, **capping, **robust}
 
     def bound_updates(self, replies: Mapping[int, TrainReply]) -> tuple[Mapping[int, TrainReply], dict[str, Any]]:
         """``replies`` with every update's norm bounded (``server.robust = "norm_bound"``; Sun et al., 2019;
@@ -132,14 +132,14 @@ class Averaging:
         self.aggregated_replies = replies
         if self.server.robust != "norm_bound" or self.float_spec is None or not replies:
             return replies, {}
-        clients = sorted(replies)
+        hospitals = sorted(replies)
         spec = self.float_spec
         reference = flatten([self.global_state], spec)[0]
         bounded = bound_update_norms(
-            flatten([replies[c].shared for c in clients], spec), reference, self.server.bound_factor
+            flatten([replies[c].shared for c in hospitals], spec), reference, self.server.bound_factor
         )
         out: dict[int, TrainReply] = dict(replies)
-        for row, c in enumerate(clients):
+        for row, c in enumerate(hospitals):
             if bool(bounded.clipped[row]):
                 clipped = unflatten(bounded.vectors[row], spec)
                 out[c] = replace(replies[c], shared={k: clipped.get(k, v) for k, v in replies[c].shared.items()})
@@ -148,8 +148,8 @@ class Averaging:
             "factor": self.server.bound_factor,
             "median_norm": bounded.median,
             "bound": bounded.bound,
-            "norms": {str(c): float(n) for c, n in zip(clients, bounded.norms.tolist(), strict=True)},
-            "clipped": [str(c) for c, hit in zip(clients, bounded.clipped.tolist(), strict=True) if hit],
+            "norms": {str(c): float(n) for c, n in zip(hospitals, bounded.norms.tolist(), strict=True)},
+            "clipped": [str(c) for c, hit in zip(hospitals, bounded.clipped.tolist(), strict=True) if hit],
         }
         self.aggregated_replies = out
         return out, {"robust": record}

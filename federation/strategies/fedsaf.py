@@ -175,8 +175,8 @@ class AttentiveStrategy:
         return out
 
     def aggregate_train(self, server_round: int, replies: Mapping[int, TrainReply]) -> dict[str, Any]:
-        clients = sorted(replies)
-        if not clients:
+        hospitals = sorted(replies)
+        if not hospitals:
             raise FederationError(f"round {server_round}: no hospital replied")
         traces: list[float] | None = None
         gamma: torch.Tensor | None = None
@@ -185,19 +185,19 @@ class AttentiveStrategy:
             traces = fisher_traces(
                 server_round,
                 replies,
-                clients,
+                hospitals,
                 " although fedsaf.fim is on (the client recipe must have fisher_batch > 0)",
             )
             gamma = fisher_weights(traces)  # Eq. 14
             if self.max_weight is not None:  # server.max_weight: no hospital's gamma above it (not in the paper)
-                capped, capping = cap_example_weights(gamma.tolist(), clients, self.max_weight)
+                capped, capping = cap_example_weights(gamma.tolist(), hospitals, self.max_weight)
                 gamma = torch.tensor(capped, dtype=torch.float64)
-        unknown = [c for c in clients if c not in self.centres]
+        unknown = [c for c in hospitals if c not in self.centres]
         if unknown:
             raise FederationError(
                 f"{self.name}: client(s) {unknown} are not among this run's clients {list(self.hospitals)}"
             )
-        states = [replies[c].shared for c in clients]
+        states = [replies[c].shared for c in hospitals]
         # Each reply is copied once, into these matrices (kept from round to round); amp_aggregate centres them.
         params = self._param_stack.stack(states)
         buffers = None if self._buffer_stack is None else self._buffer_stack.stack(states)
@@ -213,7 +213,7 @@ class AttentiveStrategy:
             max_weight=self.max_weight,
         )
         record: dict[str, Any] = {
-            "clients": clients,
+            "clients": hospitals,
             "dm": self.amp.dm,
             "scale": self.amp.scale,
             "distances": _matrix(step.distances),
@@ -226,29 +226,29 @@ class AttentiveStrategy:
             raw = self.amp.alpha_k * attention_derivative(step.distances, self.amp.sigma)
             raw.fill_diagonal_(0.0)
             lowered = (raw > self.max_weight).any(dim=0).tolist()  # hospital j weighed more than the cap in a z_i
-            amp_capped = {str(c) for c, low in zip(clients, lowered, strict=True) if low}
+            amp_capped = {str(c) for c, low in zip(hospitals, lowered, strict=True) if low}
             capping["capped"] = sorted(set(capping["capped"]) | amp_capped, key=int)
             record["weight_cap"] = capping
             if gamma is not None:
-                record["weights"] = {str(c): w for c, w in zip(clients, step.coefficients[0].tolist(), strict=True)}
+                record["weights"] = {str(c): w for c, w in zip(hospitals, step.coefficients[0].tolist(), strict=True)}
         if gamma is not None:
             record["fisher_traces"] = traces
             record["gamma"] = gamma.tolist()
             # Eq. 20 gives every client the same p: one row was mixed, and every client holds the same dict.
             shared_p = self._centre(step, 0)
-            for c in clients:
+            for c in hospitals:
                 self.centres[c] = shared_p
             self._rows_of_block = frozenset()
         else:
             # A client left out of this round keeps last round's centre; as a view it would keep that round's
             # whole (m, d) matrix alive, so it gets its own copy.
-            for c in self._rows_of_block.difference(clients):
+            for c in self._rows_of_block.difference(hospitals):
                 self.centres[c] = {k: v.clone() for k, v in self.centres[c].items()}
-            for row, c in enumerate(clients):
+            for row, c in enumerate(hospitals):
                 self.centres[c] = self._centre(step, row)  # z_i, Eq. 18
-            self._rows_of_block = frozenset(clients)
+            self._rows_of_block = frozenset(hospitals)
         mass = record["off_diagonal_mass"]
-        if len(clients) > 1 and mass < COLLABORATION_WARNING_THRESHOLD:
+        if len(hospitals) > 1 and mass < COLLABORATION_WARNING_THRESHOLD:
             warnings.warn(
                 f"{self.name} round {server_round}: AMP gives other clients a mean weight of {mass:.2e} "
                 f"(< {COLLABORATION_WARNING_THRESHOLD:g}), so the clients barely collaborate; the distances "

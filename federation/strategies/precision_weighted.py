@@ -122,34 +122,34 @@ class PrecisionWeighted(Averaging):
         self.buffer_spec = FlatSpec.of(self.global_state, self.buffer_keys) if self.buffer_keys else None
 
     def aggregate_train(self, server_round: int, replies: Mapping[int, TrainReply]) -> dict[str, Any]:
-        clients = sorted(replies)
+        hospitals = sorted(replies)
         replies, robust = self.bound_updates(replies)
-        weights = example_weights(server_round, replies, clients)
+        weights = example_weights(server_round, replies, hospitals)
         capping: dict[str, Any] = {}
         if self.max_weight is not None:
-            weights, capping["weight_cap"] = cap_example_weights(weights, clients, self.max_weight)
-        for c in clients:
+            weights, capping["weight_cap"] = cap_example_weights(weights, hospitals, self.max_weight)
+        for c in hospitals:
             missing = [k for k in self.param_keys if k not in replies[c].second_moments]
             if missing:
                 raise FederationError(
                     f"round {server_round}: client {c} sent no second moments for {missing[:3]}: "
                     "precision_weighted needs client.optimizer = adam"
                 )
-        w = flatten([replies[c].shared for c in clients], self.param_spec)
-        v = flatten([replies[c].second_moments for c in clients], self.param_spec)
+        w = flatten([replies[c].shared for c in hospitals], self.param_spec)
+        v = flatten([replies[c].second_moments for c in hospitals], self.param_spec)
         if self.max_weight is None:
             values = precision_weighted_sum(w, v, self.eps, fallback=weights, inverse=self.inverse)
         else:
-            values = self._capped_sum(w, v, weights, clients, capping["weight_cap"])
+            values = self._capped_sum(w, v, weights, hospitals, capping["weight_cap"])
         merged = unflatten(values, self.param_spec)
         if self.buffer_spec is not None:
-            buffers = flatten([replies[c].shared for c in clients], self.buffer_spec)
+            buffers = flatten([replies[c].shared for c in hospitals], self.buffer_spec)
             merged.update(unflatten(weighted_sum(buffers, weights), self.buffer_spec))
         self.global_state = {k: merged[k] for k in self.keys}
         log_v = torch.log10(v.double() + self.eps)
         return {
-            "weights": {str(c): wt for c, wt in zip(clients, weights, strict=True)},
-            "mean_log10_second_moment": {str(c): float(log_v[i].mean()) for i, c in enumerate(clients)},
+            "weights": {str(c): wt for c, wt in zip(hospitals, weights, strict=True)},
+            "mean_log10_second_moment": {str(c): float(log_v[i].mean()) for i, c in enumerate(hospitals)},
             "eps": self.eps,
             "inverse": self.inverse,
             **capping,

@@ -403,12 +403,12 @@ def _page() -> None:
     ui.intended_use(info.dataset)
     folders = slide_view.bundle_folders(info.path)
     with hospital_col:
-        client = int(st.selectbox("Hospital", list(folders), format_func=hospital_label, key="slide_hospital"))
+        hospital = int(st.selectbox("Hospital", list(folders), format_func=hospital_label, key="slide_hospital"))
     with source_col:
         source = st.radio(
             "Slide", ["A test slide of this hospital", "Upload a slide"], horizontal=True, key="slide_source"
         )
-    folder = folders[client]
+    folder = folders[hospital]
     try:
         card = slide_view.read_card_json(folder)
     except slide_view.SlideViewError as exc:
@@ -417,7 +417,7 @@ def _page() -> None:
     classes = card.get("class_names") or []
     if len(classes) != 2 or card.get("positive_class", "abnormal") not in classes:
         st.info(
-            f"{hospital_label(client)}'s model tells {len(classes)} classes ({', '.join(map(str, classes[:5]))}"
+            f"{hospital_label(hospital)}'s model tells {len(classes)} classes ({', '.join(map(str, classes[:5]))}"
             f"{', ...' if len(classes) > 5 else ''}): the Slide page maps the probability of *abnormal*, so it needs a "
             "normal/abnormal model.",
             icon=":material/info:",
@@ -450,7 +450,7 @@ def _page() -> None:
             slide_source = slides[chosen].source
             label = slides[chosen].label
             entry = slide_view.slide_entry(folder, slides[chosen])
-            _test_slides_line(folder, client, card)
+            _test_slides_line(folder, hospital, card)
     else:
         upload = True
         slide_path, uploaded_names = _upload(folder)
@@ -460,7 +460,7 @@ def _page() -> None:
         scored = slide_view.load(entry)
         if scored is None:
             shown = uploaded_names.get(slide_path, slide_path.name)
-            with st.spinner(f"Scoring every tile of {shown} with {hospital_label(client)}'s model…"):
+            with st.spinner(f"Scoring every tile of {shown} with {hospital_label(hospital)}'s model…"):
                 try:
                     scored = slide_view.score(folder, slide_path, entry, slide_view.max_pixels())
                 except Exception as exc:  # one line on the page, never a traceback
@@ -482,14 +482,14 @@ def _page() -> None:
             *(file_stamp(e / "view" / "view.json") for e in slide_view.scored_entries(folder)),
         )
         floor = ui.current_floor()
-        report = _report(str(info.path), client, stamp, (floor.sensitivity, floor.min_slides, floor.specificity))
+        report = _report(str(info.path), hospital, stamp, (floor.sensitivity, floor.min_slides, floor.specificity))
     except Exception as exc:  # the report is optional; its problem is one line
         st.caption(f"No report: {slide_view.problem_line(exc, folder)}")
     else:
         st.download_button(
-            f"Download {hospital_label(client)}'s report (HTML)",
+            f"Download {hospital_label(hospital)}'s report (HTML)",
             data=report,
-            file_name=f"{info.run_id.replace('/', '_')}-{hospital_name(client)}.html",
+            file_name=f"{info.run_id.replace('/', '_')}-{hospital_name(hospital)}.html",
             mime="text/html",
             icon=":material/download:",
             key="slide_report",

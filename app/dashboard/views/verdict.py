@@ -83,26 +83,26 @@ def _hospital(
     privacy: dict[int, tuple[float, float]],
     unit: str,
 ) -> None:
-    client, score, result = judged.hospital, judged.score, judged.verdict
+    hospital, score, result = judged.hospital, judged.score, judged.verdict
     with st.container(border=True):
-        st.markdown(f"#### {hospital_label(client)} &nbsp; {ui.verdict_badge(result.kind, floor)}")
-        st.markdown(f"{hospital_label(client)}: {result.reason}")
+        st.markdown(f"#### {hospital_label(hospital)} &nbsp; {ui.verdict_badge(result.kind, floor)}")
+        st.markdown(f"{hospital_label(hospital)}: {result.reason}")
         dp = ""
-        if client in privacy:
-            epsilon, delta = privacy[client]
+        if hospital in privacy:
+            epsilon, delta = privacy[hospital]
             dp = f" · differential privacy: epsilon {epsilon:.2f} at delta {delta:g} so far, per {unit}"
         st.caption(f"{_figures(score)} · threshold {judged.threshold:.2f} ({judged.source}){dp}")
         target = score.target
         if result.kind in (FAIL, REVIEW) and target is not None:
-            whose = f"{hospital_label(client)}'s"
+            whose = f"{hospital_label(hospital)}'s"
             floor_name = "the Verdict page's floor"
             save_floor_button(
-                info, client, target.threshold, judged.threshold, floor.sensitivity, floor_name, whose, "the floor",
+                info, hospital, target.threshold, judged.threshold, floor.sensitivity, floor_name, whose, "the floor",
                 target.split,
             )  # fmt: skip
         elif result.kind in (FAIL, REVIEW) and score.unreachable is not None:
             st.info(f"No threshold proposed: {score.unreachable.words}.", icon=":material/info:")
-        undo_button(info.path, client, f"undo_{info.run_id}_{client}")
+        undo_button(info.path, hospital, f"undo_{info.run_id}_{hospital}")
 
 
 def _shortcut_warning(info: RunInfo) -> None:

@@ -147,11 +147,11 @@ class LayerWiseShrinking(GlobalModelWrapper):
     def adjust(
         self, server_round: int, before: TensorDict, after: TensorDict, replies: Mapping[int, TrainReply]
     ) -> tuple[TensorDict, dict[str, Any]]:
-        clients = sorted(replies)
-        if not clients:
+        hospitals = sorted(replies)
+        if not hospitals:
             raise FederationError(f"round {server_round}: no hospital replied")
         previous = flatten([before], self.spec)[0]
-        stacked = flatten([replies[c].shared for c in clients], self.spec)
+        stacked = flatten([replies[c].shared for c in hospitals], self.spec)
         aggregate = flatten([after], self.spec)[0]
         tau = lws_spread(previous, stacked, self.layers)
         gamma = lws_factors(previous, stacked, aggregate, self.layers, self.beta, spread=tau)
