@@ -3,14 +3,8 @@
 For each slide, with the bundle's card (`models.bundle`; steps 1-2 and the ground truth in `inference.scoring`, the
 tables of step 3 in `inference.results`):
 
-1. **Tiles** exactly as ``gastric-fl prepare`` cuts a normal slide (FedSAF paper 001, Sec. 4.2, Step b;
-   `pipeline.tiling`): squares of ``tiling.source_px`` slide pixels on the ``tiling.stride_px`` grid from the top-left
-   corner, kept when at most ``tiling.background_max`` of their pixels are near-white (all RGB channels >=
-   ``tiling.white_level``), each cut, resized to ``preprocess.tile_px`` and made gray for a gray hospital by
-   `pipeline.tiling.cut_square`. The scoring never looks at an annotation.
-2. **Scores**: `models.preprocess.Preprocess` (channels, resize to ``input_size``, normalisation) then the
-   network in eval mode; ``P(abnormal)`` is the softmax (in float64, as the evaluation computes it) of the
-   positive class.
+1. **Tiles** and 2. **Scores** as `inference.scoring` describes them (prepare's grid, the bundle's preprocessing,
+   ``P(abnormal)`` in float64).
 3. **Outputs** per slide, in ``<out>/<slide>-<path digest>/`` (`inference.slides.SlideFile.output_name`: one folder
    per file, so slides whose names differ only in spaces, suffix or folder never overwrite each other):
    ``tiles.csv`` (x, y, size, probability, and the ground-truth label when known), ``overlay.png`` (the probability
