@@ -124,9 +124,9 @@ class HospitalReport:
     held_out: Slides | None = None
 
 
-def load_hospital(run: Path, hospital: int | str) -> HospitalReport:
-    """Read what the report of ``hospital`` in ``run`` needs; `ReportError` (one line) for anything unusable."""
-    client = _hospital_index(hospital)
+def _open_run(run: Path, client: int) -> tuple[str, dict[str, Any], Path]:
+    """``run``'s ``config.toml`` (its text and tables) and hospital ``client``'s folder; `ReportError` when the run
+    or the hospital is not there or the configuration does not read."""
     if not run.is_dir():
         raise ReportError(f"run directory {run} does not exist: give a folder made by gastric-fl train")
     try:
@@ -139,22 +139,37 @@ def load_hospital(run: Path, hospital: int | str) -> HospitalReport:
         raise ReportError(
             f"{exc.path} is not valid TOML ({exc.cause}); restore it (each hospital.json keeps a copy as config_toml)"
         ) from None
-    config_text, config = config_file.text, config_file.tables
     folder = hospital_dir(run, client)
     if not folder.is_dir():
         known = ", ".join(str(c) for c in hospital_folders(run)) or "none"
         raise ReportError(f"{folder} does not exist: hospital {client} is not part of this run (hospitals: {known})")
-    predictions = read_predictions(folder / PREDICTIONS_FILE)
+    return config_file.text, config_file.tables, folder
+
+
+def _summary(run: Path) -> dict[str, Any]:
     try:
-        summary = dict(read_summary(run).data)
+        return dict(read_summary(run).data)
     except RecordError as exc:
         raise ReportError(f"{exc}; the run rewrites it at the next round; rerun or resume the run") from None
+
+
+def _card(folder: Path) -> dict[str, Any]:
+    """The hospital's model card, ``{}`` for a run made before model export; `ReportError` when damaged."""
     try:
-        card = read_card_object(folder / CARD_FILE)
+        return read_card_object(folder / CARD_FILE)
     except RecordError as exc:
         if exc.kind != "missing":
             raise ReportError(f"{exc}; train the run again (or resume it) to export the model anew") from None
-        card = {}  # a run made before model export: noted below
+        return {}
+
+
+def load_hospital(run: Path, hospital: int | str) -> HospitalReport:
+    """Read what the report of ``hospital`` in ``run`` needs; `ReportError` (one line) for anything unusable."""
+    client = _hospital_index(hospital)
+    config_text, config, folder = _open_run(run, client)
+    predictions = read_predictions(folder / PREDICTIONS_FILE)
+    summary = _summary(run)
+    card = _card(folder)  # a run made before model export: noted below
     notes: list[str] = []
     threshold = 0.5
     classes = card.get("class_names") or list(CLASS_NAMES)
