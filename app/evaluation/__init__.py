@@ -12,6 +12,8 @@ next. One module per concern, each importing only those before it:
   sensitivity below the target) and what a proposed threshold does on test;
 * `app.evaluation.verdict`: the scorecard of one hospital and the verdict rule against a clinical floor;
 * `app.evaluation.tables`: the scorecard, judgement and verdict-summary tables and a verdict's word on a badge.
+* `app.evaluation.classes`: a model of more than two classes (issue 51): its predictions, accuracy, macro
+  one-vs-rest AUC and confusion matrix by class, and the one sentence naming the binary notions that do not apply.
 
 This package imports nothing of its own here, so that importing one module loads only what it needs.
 """

@@ -1,6 +1,7 @@
 """The HTML report's pictures, each as PNG bytes to be inlined as a base64 ``data:`` URI (`_data_uri`).
 
-The ROC curve with its operating point, the confusion matrix at the threshold, the heatmaps' colour bar (drawn by
+The ROC curve with its operating point, the confusion matrix at the threshold, a multi-class run's round curves
+(`rounds_png`), the heatmaps' colour bar (drawn by
 matplotlib on an Agg canvas with no pyplot state and no metadata, `_figure_png`), heatmap overlays downscaled for
 the page and test tiles read from the prepared dataset (confined to it, re-encoded as PNG where they are not).
 Colours are colour-blind safe: Okabe-Ito for lines and markers, cividis for the matrix, viridis for heatmaps
@@ -64,6 +65,27 @@ def roc_png(
         ax.legend(loc="lower right", fontsize=8)
 
     return _figure_png(draw)
+
+
+def rounds_png(rounds: list[int], accuracy: list[float | None], auc: list[float | None]) -> bytes:
+    """A hospital's test accuracy and macro one-vs-rest AUC over the rounds (a multi-class run's round curves);
+    an undefined value is a gap."""
+
+    def draw(ax: Any) -> None:
+        for values, name, colour, marker in (
+            (accuracy, "accuracy", OKABE_ITO["blue"], "o"),
+            (auc, "macro one-vs-rest AUC", OKABE_ITO["vermillion"], "s"),
+        ):
+            shown = [float("nan") if v is None else v for v in values]
+            ax.plot(rounds, shown, color=colour, marker=marker, linewidth=2, label=name)
+        ax.set_xlabel("round")
+        ax.set_ylabel("on the hospital's test tiles")
+        ax.set_xticks(rounds)
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="lower right", fontsize=8)
+
+    return _figure_png(draw, (5.0, 3.4))
 
 
 def confusion_png(matrix: npt.NDArray[np.int64], threshold: float) -> bytes:

@@ -1,14 +1,16 @@
 """Reading one hospital of a run for its HTML report: everything the report shows, read before any HTML is built.
 
-From the files the hospital owns (``<run>/hospitals/client_XX/``: ``predictions.csv`` and ``val_predictions.csv``,
-the model card ``model.json``, the held-out slides ``slides.csv``) and the run's ``config.toml``, ``summary.json`` and
+From the files the hospital owns (``<run>/hospitals/client_XX/``: ``predictions.csv`` and ``val_predictions.csv``, the
+model card ``model.json``, the held-out slides ``slides.csv``) and the run's ``config.toml``, ``summary.json`` and
 ``metrics.jsonl`` (the engine's own last-round figures): `load_hospital` returns a `HospitalReport`, and anything
-unusable (a run or hospital that does not exist, a damaged ``predictions.csv``, ``model.json`` or ``config.toml``)
-is a `ReportError`, one line that says what to do. Damaged ``metrics.jsonl`` records, an unreadable validation
-split or ``slides.csv`` only become notes in the report. `_config_dataset` finds the prepared dataset the run's
-``config.toml`` names, for the page's tiles and for scoring. docs/dashboard.md ("The hospital's report: `gastric-fl
-report --html`") describes the inputs; this module sits at the bottom of the package (docs/design.md, "Layout and
-layers") and imports no other part of it.
+unusable (a run or hospital that does not exist, a damaged ``predictions.csv``, ``model.json`` or ``config.toml``) is a
+`ReportError`, one line that says what to do. A hospital whose model tells more than two classes (its card's
+``class_names``, else its ``predictions.csv``'s ``prob_<class>`` columns) is read by `load_classes` into a `ClassReport`
+instead (`app.evaluation.classes`); `load_report` reads either. Damaged ``metrics.jsonl`` records, an unreadable
+validation split or ``slides.csv`` only become notes in the report. `_config_dataset` finds the prepared dataset the
+run's ``config.toml`` names, for the page's tiles and for scoring. docs/dashboard.md ("The hospital's report:
+`gastric-fl report --html`") describes the inputs; this module sits at the bottom of the package (docs/design.md,
+"Layout and layers") and imports no other part of it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from app.evaluation.classes import ClassPredictions, is_multi_class, prediction_classes, read_class_predictions
 from app.held_out import SlideCallsError, as_slides, read_slide_calls
 from federation import run_reader
 from federation.run_reader import RecordError, read_card_object, read_config, read_run_metrics, read_summary
@@ -175,8 +178,8 @@ def load_hospital(run: Path, hospital: int | str) -> HospitalReport:
     classes = card.get("class_names") or list(CLASS_NAMES)
     if card and (len(classes) != 2 or card.get("positive_class", "abnormal") not in classes):
         raise ReportError(
-            f"{folder / CARD_FILE}: the model tells {len(classes)} classes; the HTML report reads "
-            "sensitivity and specificity of a normal/abnormal model"
+            f"{folder / CARD_FILE}: the model tells {len(classes)} classes; its report is the multi-class one "
+            "(load_report reads it)"
         )
     if card:
         value = card.get("threshold")
@@ -227,7 +230,81 @@ def load_hospital(run: Path, hospital: int | str) -> HospitalReport:
     )
 
 
-def _config_dataset(rep: HospitalReport) -> Path | None:
+@dataclass
+class ClassReport:
+    """Everything the report of one hospital of a multi-class run shows (`app.evaluation.classes`): its test
+    predictions, and its records of ``metrics.jsonl`` by round (the round curves; the last one is the engine's own
+    figures)."""
+
+    run: Path
+    hospital: int
+    folder: Path
+    config_text: str
+    config: dict[str, Any]
+    summary: dict[str, Any]
+    card: dict[str, Any]
+    predictions: ClassPredictions
+    rounds: list[dict[str, Any]]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def engine(self) -> dict[str, Any]:
+        """The hospital's last recorded round in ``metrics.jsonl`` (``{}``: none)."""
+        return self.rounds[-1] if self.rounds else {}
+
+
+def load_classes(run: Path, hospital: int | str) -> ClassReport:
+    """Read what the report of ``hospital`` of a multi-class ``run`` needs (its ``predictions.csv`` with one
+    ``prob_<class>`` column per class); `ReportError` (one line) for anything unusable."""
+    client = _hospital_index(hospital)
+    config_text, config, folder = _open_run(run, client)
+    path = folder / PREDICTIONS_FILE
+    card = _card(folder)
+    named = card.get("class_names")
+    found = prediction_classes(path)
+    if isinstance(named, list) and found and [str(c) for c in named] != list(found):
+        raise ReportError(
+            f"{folder / CARD_FILE} tells {len(named)} classes ({', '.join(map(str, named))}) but {path} holds "
+            f"probabilities of {', '.join(found)}; rerun the run to write both anew"
+        )
+    try:
+        predictions = read_class_predictions(path)
+    except RecordError as exc:
+        if exc.kind == "missing":
+            raise ReportError(f"{path} does not exist: the hospital has no test predictions yet") from None
+        raise ReportError(f"{exc}; rerun the run to write the file anew") from None
+    if not predictions.paths:
+        raise ReportError(f"{path} holds no test tiles; the hospital's test split is empty")
+    summary = _summary(run)
+    notes = [] if card else [f"{folder / CARD_FILE} is missing (a run made before model export)."]
+    metrics = read_run_metrics(run)
+    notes += [f"{problem}." for problem in metrics.problems]
+    rounds = sorted((r for r in metrics.records if r["client"] == client), key=lambda r: int(r["round"]))
+    return ClassReport(run, client, folder, config_text, config, summary, card, predictions, rounds, notes)
+
+
+def report_classes(folder: Path) -> tuple[str, ...]:
+    """The classes of a hospital's model: its card's ``class_names``, else the ``prob_<class>`` columns of its
+    ``predictions.csv`` (the binary task's when neither says)."""
+    try:
+        named = read_card_object(folder / CARD_FILE).get("class_names")
+    except RecordError:
+        named = None
+    if isinstance(named, list) and named:
+        return tuple(str(c) for c in named)
+    return prediction_classes(folder / PREDICTIONS_FILE) or tuple(CLASS_NAMES)
+
+
+def load_report(run: Path, hospital: int | str) -> HospitalReport | ClassReport:
+    """The report of ``hospital`` in ``run``: `load_classes` for a model of more than two classes (its card or its
+    predictions say so), `load_hospital` otherwise."""
+    folder = hospital_dir(run, _hospital_index(hospital))
+    if is_multi_class(report_classes(folder)):
+        return load_classes(run, hospital)
+    return load_hospital(run, hospital)
+
+
+def _config_dataset(rep: HospitalReport | ClassReport) -> Path | None:
     value = (rep.config.get("data") or {}).get("path")
     if not isinstance(value, str) or not value:
         return None

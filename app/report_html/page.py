@@ -16,8 +16,9 @@ report --html`"):
 
 Every image is an inline base64 PNG with alt text (drawn by ``figures``); there are no scripts, style sheets or
 links to anything outside the file. Building a page reads what is on disk (``load``) and scores nothing, so it
-imports no torch. Only the package's ``__init__`` and ``write`` import this module (docs/design.md, "Layout and
-layers").
+imports no torch. `report_html` hands a model of more than two classes to
+`app.report_html.multiclass.render_classes`. Only the package's ``__init__`` and ``write`` import this module
+(docs/design.md, "Layout and layers").
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ import pandas as pd
 from app import slide_view
 from app.colour_scale import words as colour_words
 from app.report_html.figures import _downscaled_png, _tile_png, colour_bar_png, confusion_png, roc_png
-from app.report_html.load import CLASS_NAMES, HospitalReport, _config_dataset, load_hospital
+from app.report_html.load import CLASS_NAMES, ClassReport, HospitalReport, _config_dataset, load_report
+from app.report_html.multiclass import render_classes
 from app.report_html.parts import STYLE, _e, _fmt, _img, _settings
 from infra.provenance import intended_use
 from models.decision import NO_DESCRIPTION, interval_text, outcome, slide_of_tile, slide_stem
@@ -518,9 +520,11 @@ def render(rep: HospitalReport, floor: Floor | None = None) -> str:
 
 
 def report_html(run_dir: Path, hospital: int | str, floor: Floor | None = None) -> str:
-    """The self-contained HTML report of ``hospital`` (index or ``client_XX``) in ``run_dir``, from what is on disk.
+    """The self-contained HTML report of ``hospital`` (index or ``client_XX``) in ``run_dir``, from what is on disk:
+    `render`, or `app.report_html.multiclass.render_classes` for a model of more than two classes.
 
     Heatmaps come from slides already scored for this model (the Slide page's results); nothing is scored here,
-    so no torch is imported. `ReportError` (one line) for a missing or damaged run or hospital.
+    so no torch is imported for the binary task. `ReportError` (one line) for a missing or damaged run or hospital.
     """
-    return render(load_hospital(Path(run_dir), hospital), floor)
+    rep = load_report(Path(run_dir), hospital)
+    return render_classes(rep) if isinstance(rep, ClassReport) else render(rep, floor)

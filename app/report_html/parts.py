@@ -1,7 +1,8 @@
-"""The parts of an HTML report that are not the binary task's: the style sheet, escaping and number formatting, inline
-images, and the settings table (the model card's preprocessing, the run's ``config.toml`` and the dataset hash).
+"""What both kinds of HTML report share: the style sheet, escaping and number formatting, inline images, and the
+settings table (the model card's preprocessing, the run's ``config.toml`` and the dataset hash).
 
-Used by ``page``; imports only ``load`` and ``figures`` of this package (docs/design.md, "Layout and layers").
+Used by ``page`` (the binary task's report) and ``multiclass`` (a model of more than two classes); imports only
+``load`` and ``figures`` of this package (docs/design.md, "Layout and layers").
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from app.report_html.figures import _data_uri
-from app.report_html.load import HospitalReport, _json_file
+from app.report_html.load import ClassReport, HospitalReport, _json_file
 from federation.runfiles import HOSPITAL_FILE
 from infra.formats import MANIFEST_FILE
 
@@ -47,7 +48,7 @@ def _img(png: bytes, alt: str, width: int | None = None) -> str:
     return f'<img src="{_data_uri(png)}" alt="{_e(alt)}"{size}>'
 
 
-def _settings(rep: HospitalReport, dataset: Path | None) -> str:
+def _settings(rep: HospitalReport | ClassReport, dataset: Path | None) -> str:
     card = rep.card
     pre = card.get("preprocess") or {}
     data = card.get("dataset") or {}

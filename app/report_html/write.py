@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app import slide_view
-from app.report_html.load import ReportError, hospital_folders, load_hospital
+from app.report_html.load import ClassReport, ReportError, hospital_folders, load_hospital, load_report
+from app.report_html.multiclass import render_classes
 from app.report_html.page import render
 from app.report_html.scoring import score_held_out_slides, score_one_slide
 from federation.runfiles import REPORT_HTML, hospital_name
@@ -63,7 +64,13 @@ def write_html_reports(
             )
         pages: dict[str, str] = {}
         for hospital in chosen:
-            rep = load_hospital(run, hospital)
+            found = load_report(run, hospital)
+            if isinstance(found, ClassReport):  # no slides to score: slide calls do not apply to its classes
+                page = render_classes(found)
+                pages[f"{hospital_name(hospital)}.html"] = page
+                own_folders.append((found.folder / HOSPITAL_REPORT, page))
+                continue
+            rep = found
             if score_missing and rep.held_out is None and rep.card:
                 # a deployed hospital's run ends on its own machine: its held-out slides are scored here, once
                 problem = score_held_out_slides(rep)
