@@ -71,10 +71,12 @@ def load_manifest(dataset: Path) -> pd.DataFrame:
         not_found=f"prepare the dataset first (gastric-fl prepare ... --out {dataset})",
         unreadable_hint="; re-run gastric-fl prepare",
     )
+    frame["label"] = frame["label"].astype(str)  # class names such as Fashion-MNIST's 0 ... 9 stay names
+    classes = dataset_classes(dataset)
     bad_split = sorted(set(frame["split"]) - set(SPLITS))
-    bad_label = sorted(set(frame["label"]) - set(LABELS))
+    bad_label = sorted(set(frame["label"]) - set(classes))
     if bad_split or bad_label:
-        raise DashboardError(f"{path}: unknown split {bad_split} or label {bad_label}; expected {SPLITS} and {LABELS}")
+        raise DashboardError(f"{path}: unknown split {bad_split} or label {bad_label}; expected {SPLITS} and {classes}")
     for column in ("client", "channels", "size"):
         values = pd.to_numeric(frame[column], errors="coerce")
         if values.isna().any() or (values % 1 != 0).any():
@@ -85,6 +87,16 @@ def load_manifest(dataset: Path) -> pd.DataFrame:
             )
         frame[column] = values.astype(int)
     return frame
+
+
+def dataset_classes(dataset: Path) -> tuple[str, ...]:
+    """The dataset's class names in class-index order: ``prepare.json``'s ``classes`` (e.g. Fashion-MNIST's ``0`` ...
+    ``9``), else the binary task's (``normal``, ``abnormal``); an unreadable record counts as none."""
+    try:
+        named = load_prepare_json(dataset).get("classes")
+    except DashboardError:
+        named = None
+    return tuple(str(c) for c in named) if isinstance(named, list) and named else LABELS
 
 
 def load_prepare_json(dataset: Path) -> dict[str, Any]:
@@ -112,8 +124,9 @@ def stored_tile_px(dataset: Path, relative: str) -> int | None:
         return None
 
 
-def counts_table(manifest: pd.DataFrame, dataset: Path | None = None) -> pd.DataFrame:
-    """One row per hospital: tiles per split x label, total, grayscale flag and tile sizes.
+def counts_table(manifest: pd.DataFrame, dataset: Path | None = None, classes: Sequence[str] = LABELS) -> pd.DataFrame:
+    """One row per hospital: tiles per split x label (one column per class of ``classes``), total, grayscale flag and
+    tile sizes.
 
     ``grayscale`` is true when every tile of the client has one channel (data/README.md: ``channels`` = 1 for
     grayscale clients). ``source px`` is the tile side in the original slide; ``stored px`` (when ``dataset`` is
@@ -123,7 +136,7 @@ def counts_table(manifest: pd.DataFrame, dataset: Path | None = None) -> pd.Data
     for hospital, group in manifest.groupby("client", sort=True):
         row: dict[str, Any] = {"hospital": hospital_label(int(hospital))}
         for split in SPLITS:
-            for label in LABELS:
+            for label in classes:
                 row[f"{split} {label}"] = int(((group["split"] == split) & (group["label"] == label)).sum())
         row["total"] = len(group)
         row["grayscale"] = bool((group["channels"] == 1).all())
@@ -136,11 +149,14 @@ def counts_table(manifest: pd.DataFrame, dataset: Path | None = None) -> pd.Data
     return pd.DataFrame(rows)
 
 
-def sample_tiles(manifest: pd.DataFrame, client: int, per_label: int = 4, seed: int = 0) -> pd.DataFrame:
-    """A reproducible sample of one hospital's tiles, ``per_label`` of each label (fewer if it has fewer)."""
+def sample_tiles(
+    manifest: pd.DataFrame, client: int, per_label: int = 4, seed: int = 0, classes: Sequence[str] = LABELS
+) -> pd.DataFrame:
+    """A reproducible sample of one hospital's tiles, ``per_label`` of each label of ``classes`` (fewer if it has
+    fewer)."""
     group = manifest[manifest["client"] == client]
     parts = []
-    for label in LABELS:
+    for label in classes:
         rows = group[group["label"] == label]
         if len(rows):
             parts.append(rows.sample(n=min(per_label, len(rows)), random_state=seed))

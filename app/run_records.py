@@ -33,6 +33,7 @@ import pandas as pd
 
 from app.datasets import hospital_label
 from app.errors import DashboardError
+from app.evaluation.classes import ClassPredictions, prediction_classes, read_class_predictions
 from app.run_cards import NO_CARD as NO_CARD  # the cards' thresholds moved to app.run_cards; named here too
 from app.run_cards import CardThreshold as CardThreshold
 from app.run_cards import card_operating as card_operating
@@ -583,3 +584,40 @@ def load_predictions(run: Path) -> pd.DataFrame:
             f"{run / runfiles.HOSPITALS_DIR} holds no predictions.csv yet: each is written after a round"
         )
     return pd.concat([read_prediction_file(path) for path in files], ignore_index=True)
+
+
+# --- a run of more than two classes (issue 51) ---------------------------------------------------------------------
+
+
+def run_classes(run: Path) -> tuple[str, ...]:
+    """The classes of a run's model: ``summary.json``'s ``classes``, else the ``prob_<class>`` columns of its first
+    ``predictions.csv`` (`app.evaluation.classes.prediction_classes`); empty while neither says (a run not started)."""
+    named = load_summary(run).get("classes")
+    if isinstance(named, list) and named:
+        return tuple(str(c) for c in named)
+    files = prediction_files(run)
+    return prediction_classes(files[0]) if files else ()
+
+
+@dataclass(frozen=True)
+class RunClassPredictions:
+    """Every hospital's multi-class ``predictions.csv`` that could be read (`app.evaluation.classes`), by hospital,
+    and one line per file that could not."""
+
+    hospitals: dict[int, ClassPredictions]
+    problems: tuple[str, ...]
+
+
+def read_run_class_predictions(run: Path) -> RunClassPredictions:
+    """Each hospital's multi-class test predictions (`app.evaluation.classes.read_class_predictions`); a damaged
+    file is left out and named in one line, so that the other hospitals are still shown."""
+    found: dict[int, ClassPredictions] = {}
+    problems: list[str] = []
+    for path in prediction_files(run):
+        try:
+            read = read_class_predictions(path)
+        except RecordError as exc:
+            problems.append(f"{exc}; {_REDO}")
+            continue
+        found[runfiles.hospital_index(path.parent.name)] = read
+    return RunClassPredictions(found, tuple(problems))

@@ -17,7 +17,9 @@ import streamlit as st
 from app.dashboard import charts, checks, commands, compare, fields, jobs, paths, presets, ui
 from app.datasets import list_datasets
 from app.errors import DashboardError
+from app.evaluation.classes import is_multi_class, not_applicable
 from app.evaluation.tables import verdict_summary
+from app.run_records import run_classes
 from app.verdicts import judge_run
 
 HEATMAP_FIGURES = ("Best ACC", "Averaged ACC", "Best AUC", "Averaged AUC", "Std ACC", "Values transmitted")
@@ -68,6 +70,10 @@ def _verdicts(selected: list[tuple[str, Path]]) -> None:
     floor = ui.current_floor()
     tables = []
     for run_id, path in selected:
+        classes = run_classes(path)
+        if is_multi_class(classes):
+            st.info(f"Run **{run_id}**: {not_applicable(len(classes), 'verdicts')}", icon=":material/info:")
+            continue
         judged = judge_run(path, floor).judgements
         if judged:
             table = verdict_summary(judged)

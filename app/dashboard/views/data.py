@@ -10,6 +10,7 @@ import streamlit as st
 from app.dashboard import commands, jobs, paths, presets, ui
 from app.datasets import (
     counts_table,
+    dataset_classes,
     hospital_label,
     load_manifest,
     load_prepare_json,
@@ -120,7 +121,8 @@ def page() -> None:
         st.error(str(exc))
         return
 
-    table = counts_table(manifest, dataset.path)
+    classes = dataset_classes(dataset.path)
+    table = counts_table(manifest, dataset.path, classes)
     hospitals = sorted(int(c) for c in manifest["client"].unique())
     cols = st.columns(5)
     cols[0].metric("Hospitals", len(hospitals))
@@ -153,7 +155,8 @@ def page() -> None:
     tabs = st.tabs([hospital_label(h) for h in hospitals])
     for tab, hospital in zip(tabs, hospitals, strict=True):
         with tab:
-            sample = sample_tiles(manifest, hospital, per_label=4)
+            # a few of each class: 4 of normal and abnormal, 1 of each of 10 classes
+            sample = sample_tiles(manifest, hospital, per_label=max(1, 8 // len(classes)), classes=classes)
             grid = st.columns(8)
             for i, row in enumerate(sample.itertuples(index=False)):
                 # The word in bold, no colour: a caption is drawn faded, and coloured text in it falls below 4.5:1.

@@ -24,6 +24,7 @@ import streamlit as st
 from app.dashboard import charts, checks, commands, fields, jobs, live, paths, presets, ui
 from app.datasets import PreparedDataset
 from app.errors import DashboardError
+from app.evaluation.classes import is_multi_class, not_applicable
 from app.evaluation.tables import verdict_summary
 from app.evaluation.words import latest_accuracy_warnings
 from app.run_records import (
@@ -32,11 +33,11 @@ from app.run_records import (
     latest_per_hospital,
     load_aggregation,
     load_metrics,
-    load_summary,
     per_hospital,
     per_round,
     prediction_files,
     progress,
+    run_classes,
     run_info,
     run_seconds,
     xi_matrices,
@@ -299,7 +300,15 @@ def monitor(info: RunInfo, initial_status: str) -> None:
         if status != initial_status:
             st.rerun()
         return
-    if prediction_files(info.path):  # the verdict first: an averaged AUC never stands above failing hospitals
+    classes = run_classes(info.path)
+    multi = is_multi_class(classes)
+    if multi:
+        st.info(
+            not_applicable(len(classes), "verdicts, sensitivity and specificity")
+            + " Its figures below: accuracy (the class of highest probability) and the macro one-vs-rest AUC.",
+            icon=":material/info:",
+        )
+    elif prediction_files(info.path):  # the verdict first: an averaged AUC never stands above failing hospitals
         floor = ui.current_floor()
         judged = judge_run(info.path, floor).judgements
         if judged:
@@ -310,7 +319,8 @@ def monitor(info: RunInfo, initial_status: str) -> None:
     last = rounds.iloc[-1]
     cols = st.columns(5)
     cols[0].metric("Round", f"{state.rounds_done} / {state.rounds_total or '?'}")
-    cols[1].metric("Averaged AUC", f"{last['auc_mean']:.3f}", help="mean over hospitals with both classes")
+    auc_help = "macro one-vs-rest; mean over hospitals" if multi else "mean over hospitals with both classes"
+    cols[1].metric("Averaged AUC", f"{last['auc_mean']:.3f}", help=auc_help)
     cols[2].metric("Averaged ACC", f"{last['acc_mean']:.3f}")
     cols[3].metric("Values transmitted", f"{last['values_total']:,.0f}", help="both directions, all rounds so far")
     elapsed = state.seconds_elapsed if status == "running" else run_seconds(info.path, metrics)
@@ -318,8 +328,7 @@ def monitor(info: RunInfo, initial_status: str) -> None:
     cols[4].metric("Elapsed" if status == "running" else "Took", took)
 
     # A high AUC next to a low accuracy is not left without a word (binary runs: the scorecard is for them).
-    classes = load_summary(info.path).get("classes")
-    if not isinstance(classes, list) or len(classes) == 2:
+    if not multi:
         warnings = latest_accuracy_warnings(metrics)
         for warning in warnings:
             st.warning(warning, icon=":material/warning:")
@@ -330,7 +339,14 @@ def monitor(info: RunInfo, initial_status: str) -> None:
                 icon=":material/arrow_forward:",
             )
 
-    st.markdown("**Each hospital, latest round** (the training's own figures; its accuracy is at threshold 0.50)")
+    st.markdown(
+        "**Each hospital, latest round** (the training's own figures; "
+        + (
+            "accuracy by the class of highest probability, AUC macro one-vs-rest)"
+            if multi
+            else "its accuracy is at threshold 0.50)"
+        )
+    )
     st.dataframe(
         latest_per_hospital(metrics),
         hide_index=True,
@@ -339,7 +355,11 @@ def monitor(info: RunInfo, initial_status: str) -> None:
         column_config={
             "test AUC": st.column_config.NumberColumn(format="%.3f"),
             "test ACC": st.column_config.NumberColumn(
-                "accuracy at 0.50", format="%.3f", help="at threshold 0.50, whatever the model card's threshold"
+                "accuracy" if multi else "accuracy at 0.50",
+                format="%.3f",
+                help="the class of highest probability"
+                if multi
+                else "at threshold 0.50, whatever the model card's threshold",
             ),
             "test loss": st.column_config.NumberColumn(format="%.3f"),
             "train loss": st.column_config.NumberColumn(format="%.3f"),

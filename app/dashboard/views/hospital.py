@@ -12,26 +12,36 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import streamlit as st
 
 from app.dashboard import charts, ui
 from app.dashboard.threshold_change import flash, save_floor_button, save_threshold_button, undo_button
 from app.datasets import LABELS, hospital_label
+from app.evaluation.classes import class_accuracy, class_confusion, is_multi_class, not_applicable
 from app.evaluation.metrics import OperatingPoint, confusion, operating_point, ranked_examples, roc
 from app.evaluation.tables import judgement_table
 from app.evaluation.threshold import TargetThreshold
 from app.evaluation.verdict import Floor, Judgement
 from app.run_records import (
     RunInfo,
+    latest_per_hospital,
     load_metrics,
     prediction_files,
+    read_run_class_predictions,
     read_run_predictions,
+    run_classes,
 )
 from app.verdicts import judge_run
 from models.decision import SLIDE_RULE, SLIDE_TOP_K, auc_interval_text
 
 TILES_SHOWN = 12
+ACCURACY_HELP = "The share of test tiles whose class of highest probability is their own."
+MACRO_AUC_HELP = (
+    "Macro one-vs-rest AUC: for each class present in the hospital's test split, how well the probability of that "
+    "class ranks its tiles above the others' (1 perfect, 0.5 a coin toss), averaged over those classes."
+)
 SLIDE_CALL = SLIDE_RULE.format(k=SLIDE_TOP_K)
 
 
@@ -303,6 +313,67 @@ def _example_tiles(info: RunInfo, rows: pd.DataFrame, hospital: int, threshold: 
             )
 
 
+def _classes(info: RunInfo, classes: tuple[str, ...]) -> None:
+    """A run of more than two classes (issue 51): one line on what does not apply, each hospital's latest accuracy
+    and macro one-vs-rest AUC (``metrics.jsonl``, as the Federation page lists them), then one hospital's confusion
+    matrix by class from its ``predictions.csv`` (`app.evaluation.classes`) and its figures over rounds."""
+    st.info(
+        not_applicable(
+            len(classes),
+            "the scorecard, the verdict, the threshold with its sensitivity and specificity, the ROC curve and the "
+            "example calls",
+        )
+        + " Shown instead: each hospital's accuracy and macro one-vs-rest AUC, and its confusion matrix by class.",
+        icon=":material/info:",
+    )
+    found = read_run_class_predictions(info.path)
+    for problem in found.problems:
+        st.error(problem, icon=":material/error:")
+    metrics = load_metrics(info.path)
+    number = st.column_config.NumberColumn
+    st.subheader("Every hospital, latest round")
+    st.dataframe(
+        latest_per_hospital(metrics)[["hospital", "round", "test ACC", "test AUC"]],
+        hide_index=True,
+        width="stretch",
+        key="classes_table",
+        column_config={
+            "test ACC": number("accuracy", format="%.3f", help=ACCURACY_HELP),
+            "test AUC": number("macro AUC", format="%.3f", help=MACRO_AUC_HELP),
+        },
+    )
+    if not found.hospitals:
+        return
+    st.subheader("One hospital")
+    hospital = int(st.selectbox("Hospital", sorted(found.hospitals), format_func=hospital_label, key="hospital"))
+    predictions = found.hospitals[hospital]
+    names = predictions.classes
+    matrix = class_confusion(predictions.labels, predictions.probs, len(names))
+    accuracy = class_accuracy(predictions.labels, predictions.probs)
+    mine = metrics[metrics["client"] == hospital].sort_values("round") if not metrics.empty else metrics
+    auc = float(mine["test_auc"].iloc[-1]) if len(mine) else math.nan
+    cols = st.columns(3)
+    cols[0].metric("Accuracy", "undefined" if accuracy is None else f"{accuracy:.3f}", help=ACCURACY_HELP)
+    cols[1].metric("Macro AUC", _rate(auc), help=f"{MACRO_AUC_HELP} The run's own figure of its latest round.")
+    cols[2].metric("Test tiles", f"{len(predictions.labels)}")
+    st.markdown(f"**{hospital_label(hospital)}'s confusion matrix** (rows: true class; columns: the class called)")
+    st.dataframe(
+        pd.DataFrame(matrix, index=[f"truly {c}" for c in names], columns=[f"called {c}" for c in names]),
+        key="class_confusion",
+    )
+    st.caption(
+        f"{int(np.trace(matrix))} of {len(predictions.labels)} test tiles lie on the diagonal (called their own "
+        "class: the class of highest probability)."
+    )
+    if len(mine):
+        history = pd.DataFrame(
+            {"macro AUC": mine.set_index("round")["test_auc"], "accuracy": mine.set_index("round")["test_acc"]}
+        )
+        ui.chart(
+            st, charts.per_hospital(history, f"{hospital_label(hospital)} over rounds", "value"), key="history_chart"
+        )
+
+
 @ui.page_guard("Hospital")
 def page() -> None:
     """The Hospital page."""
@@ -331,6 +402,10 @@ def page() -> None:
     if info is None:
         return
     ui.intended_use(info.dataset)
+    classes = run_classes(info.path)
+    if is_multi_class(classes):
+        _classes(info, classes)
+        return
     found = read_run_predictions(info.path)
     for problem in found.problems:
         st.error(problem, icon=":material/error:")

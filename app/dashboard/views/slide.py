@@ -33,6 +33,7 @@ from app import colour_scale, slide_upload, slide_view
 from app.dashboard import ui
 from app.dashboard.slide_figure import file_stamp, heatmap_figure
 from app.datasets import hospital_label
+from app.evaluation.classes import not_applicable
 from app.run_records import RunInfo
 from federation.runfiles import METRICS_FILE, PREDICTIONS_FILE, SLIDES_FILE
 from infra.formats import hospital_name
@@ -417,9 +418,10 @@ def _page() -> None:
     classes = card.get("class_names") or []
     if len(classes) != 2 or card.get("positive_class", "abnormal") not in classes:
         st.info(
-            f"{hospital_label(hospital)}'s model tells {len(classes)} classes ({', '.join(map(str, classes[:5]))}"
-            f"{', ...' if len(classes) > 5 else ''}): the Slide page maps the probability of *abnormal*, so it needs a "
-            "normal/abnormal model.",
+            f"{hospital_label(hospital)}: "
+            + not_applicable(len(classes), "the Slide page's map of P(abnormal) and its slide call")
+            + f" Its classes: {', '.join(map(str, classes[:5]))}{', ...' if len(classes) > 5 else ''}; its accuracy, "
+            "macro AUC and confusion matrix are on the Hospital page and in gastric-fl report RUN --html.",
             icon=":material/info:",
         )
         st.stop()

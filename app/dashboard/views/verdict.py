@@ -24,6 +24,7 @@ from app.dashboard import ui
 from app.dashboard.threshold_change import flash, save_floor_button, undo_button
 from app.datasets import hospital_label, load_prepare_json, shortcut_probe
 from app.errors import DashboardError
+from app.evaluation.classes import is_multi_class, not_applicable
 from app.evaluation.verdict import FAIL, REVIEW, Floor, HospitalScore, Judgement
 from app.run_records import (
     RunInfo,
@@ -32,6 +33,7 @@ from app.run_records import (
     privacy_spent,
     read_run_config,
     read_run_predictions,
+    run_classes,
 )
 from app.verdicts import judge_run
 from models.decision import auc_interval_text, interval_text
@@ -138,6 +140,14 @@ def page() -> None:
     status = ui.display_status(info)
     if info.damaged or status != "finished":
         ui.status_banner(info)
+    classes = run_classes(info.path)
+    if is_multi_class(classes):
+        st.info(
+            not_applicable(len(classes), "the verdict, its floor and the threshold it judges at")
+            + " Each hospital's accuracy and macro one-vs-rest AUC are on the Hospital and Federation pages.",
+            icon=":material/info:",
+        )
+        return
     found = read_run_predictions(info.path)
     for problem in found.problems:
         st.error(problem, icon=":material/error:")
