@@ -36,6 +36,7 @@ from inference.heatmap import coverage_maps
 from models.bundle import Bundle, BundleError, ModelCard, decision_counts
 from models.decision import UNFAMILIAR_LIMIT, reported_call, slide_is_abnormal, top_k_mean
 from models.features import LayerStatistics
+from models.shift import TilePositions
 from pipeline.errors import PipelineError
 from pipeline.images import RGBImage
 from pipeline.tiling import HospitalPlan, cut_square, grid_coverage, kept_positions, near_white
@@ -160,12 +161,13 @@ def score_slide(
     """The whole slide's tissue grid (`tissue_positions`) scored (`score_positions`), with each tile's truth when an
     annotation (``cancer``) is given (`tile_truth`): what ``predict`` scores a slide with, and ``slides.csv``
     (`app.held_out`) too. With the bundle's tissue description (and ``shift``), each tile's distance from the
-    hospital's tissue and whether it is unfamiliar (`models.shift`), from the same forward passes.
+    hospital's tissue and whether it is unfamiliar (`models.shift`: a version 2 description judges each tile with
+    its grid neighbours), from the same forward passes.
     `PredictError` for a slide smaller than a tile or without tissue."""
     card = bundle.card
     positions = tissue_positions(image, card, name)
     described = bundle.tissue if shift else None
-    stats = None if described is None else LayerStatistics(bundle.model, described.layer)
+    stats = None if described is None else LayerStatistics(bundle.model, described.layer, scale=described.scale)
     bar = tqdm(total=len(positions), desc=Path(name).name, unit="tile", disable=not progress, leave=False)
     try:
         prob = score_positions(
@@ -174,14 +176,17 @@ def score_slide(
     finally:
         bar.close()
     distance = None if described is None or stats is None else described.distances(stats.take())
+    xs = np.array([x for x, _ in positions], dtype=np.int64)
+    ys = np.array([y for _, y in positions], dtype=np.int64)
+    grid = TilePositions(xs, ys, plan_of(card).stride)
     return SlideTiles(
-        xs=np.array([x for x, _ in positions], dtype=np.int64),
-        ys=np.array([y for _, y in positions], dtype=np.int64),
+        xs=xs,
+        ys=ys,
         size=plan_of(card).size,
         probability=prob,
         truth=None if cancer is None else tile_truth(image, cancer, positions, card),
         distance=distance,
-        unfamiliar=None if distance is None or described is None else distance > described.threshold,
+        unfamiliar=None if distance is None or described is None else described.marks(distance, grid),
     )
 
 

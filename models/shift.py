@@ -6,14 +6,24 @@ Torch-free (NumPy, safetensors' NumPy API; scikit-learn on first use), so the pa
 the network's first layer unit, MobileNetV3-Small's stem ``features.0``: convolution, BatchNorm, hard-swish), a vector
 of three statistics per channel of that layer's activations over the tile: mean, log standard deviation and log mean
 absolute change between neighbouring positions (a texture's fineness; 48 values for MobileNetV3-Small; the logarithms
-make the change relative to the spread, which an enlarged slide lowers, a difference). The description is the
-Gaussian these vectors follow over the hospital's training and validation tiles: their mean ``mu`` and a Ledoit-Wolf
-shrinkage covariance ``Sigma`` (Ledoit and Wolf 2004, "A well-conditioned estimator for large-dimensional covariance
-matrices", as scikit-learn's ``sklearn.covariance.LedoitWolf`` computes it), kept as the precision ``Sigma^-1``.
+make the change relative to the spread, which an enlarged slide lowers, a difference). Version 2 (`TISSUE_VERSION`) adds
+one scale statistic per channel of the network's input (`models.features.scale_ratio`: the log ratio of the change
+between positions two apart to that between neighbours, which an enlarged slide raises whatever its stain; 51 values).
+The description is the Gaussian these vectors follow over the hospital's training and validation tiles: their mean
+``mu`` and a Ledoit-Wolf shrinkage covariance ``Sigma`` (Ledoit and Wolf 2004, "A well-conditioned estimator for
+large-dimensional covariance matrices", as scikit-learn's ``sklearn.covariance.LedoitWolf`` computes it), kept as the
+precision ``Sigma^-1``.
 
-**The distance.** A tile's squared Mahalanobis distance ``D(z) = (z - mu)' Sigma^-1 (z - mu)`` (Lee et al. 2018,
-"A Simple Unified Framework for Detecting Out-of-Distribution Samples and Adversarial Attacks", Eq. 2; their
-confidence score is ``-D``). A tile is *unfamiliar* when ``D(z)`` exceeds the description's threshold.
+**The distance.** A tile's squared Mahalanobis distance ``D(z) = (z - mu)' Sigma^-1 (z - mu)`` (Lee et al. 2018, "A
+Simple Unified Framework for Detecting Out-of-Distribution Samples and Adversarial Attacks", Eq. 2; their confidence
+score is ``-D``). Version 1: a tile is *unfamiliar* when ``D(z)`` exceeds the description's threshold. Version 2 pools
+each tile with its neighbours on the slide's grid (`neighbourhood_median`: the median of ``D`` over the tile and its
+tissue neighbours one grid step away across, down or diagonally): a tile is unfamiliar when that median exceeds the
+threshold. A lone tile unlike the rest (a corner mostly background, a fold) no longer counts against its hospital's own
+slide, while a slide unlike the hospital's is unlike it everywhere. With the scale statistic, on the quick start's
+and the stain/scanner regime's runs, this took the own held-out share from up to 0.100 to at most 0.007 and every
+other kind (other stains, grey, 2x) to 1.000 (benchmarks/results/shift_detection.md). Tiles without a grid
+(`unfamiliar` without one) are judged alone.
 
 **Calibration.** The threshold is the ``quantile`` (default 0.98) of out-of-fold distances: the training and
 validation tiles are split by slide into ``folds`` groups, each group's distances are measured from a description
@@ -25,15 +35,17 @@ what a held-out slide is. So about ``1 - quantile`` of the hospital's own new ti
 **Why this layer** (measured, benchmarks/results/shift_detection.md): on the quick start's models a description
 fitted the same way on the pooled features before the classifier (Lee et al.'s layer) or on a middle block marked
 only 5-23% of grey or re-stained tiles unfamiliar (the network was trained to ignore colour and contrast, with
-colour augmentation), while the stem's channel statistics mark 90-100% of them and 67-98% of tiles at 2x
-magnification, with at most 2.7% of the hospital's own held-out tiles. A description fitted on few tiles
-(`TissueDescription.weak`) misses much more: see the results page.
+colour augmentation), while the stem's channel statistics mark 90-100% of them; version 1 marked only 67-98% of
+tiles at 2x magnification (and up to 10% of a small hospital's own held-out tiles), which the scale statistic and
+the neighbourhood pooling of version 2 address. A description fitted on few tiles (`TissueDescription.weak`)
+misses much more: see the results page.
 
 **Where it lives.** ``tissue.safetensors`` (`TISSUE_FILE`) in the hospital's bundle folder, beside the weights:
-two float64 tensors (``mean``, ``precision``) and string metadata (layer, statistic, threshold, quantile, folds,
-tiles, slides, round). It is written by the hospital's own process (`federation.hospital.handler`) and read by
-``predict``, the Slide page and the HTML report; it never enters a message (the contract's messages carry no such
-field, and the boundary tests check every reply).
+two float64 tensors (``mean``, ``precision``) and string metadata (format version, layer, statistic, threshold,
+quantile, folds, tiles, slides, round). Both versions are read; each is scored as it was fitted (a version 1 file,
+written before the scale statistic, keeps its 48 statistics and its tile-by-tile rule). It is written by the
+hospital's own process (`federation.hospital.handler`) and read by ``predict``, the Slide page and the HTML report;
+it never enters a message (the contract's messages carry no such field, and the boundary tests check every reply).
 """
 
 from __future__ import annotations
@@ -53,12 +65,27 @@ from models.errors import ModelError
 from models.names import TISSUE_FILE
 
 TISSUE_FORMAT = "gastric-fl tissue description"
-TISSUE_VERSION = 1
-STATISTIC = "channel mean, log standard deviation and log neighbour change over the tile"
+TISSUE_VERSION = 2  # what `fit_description` writes; `read_description` reads every version of `STATISTICS`
+STATISTICS = {
+    1: "channel mean, log standard deviation and log neighbour change over the tile",
+    2: (
+        "channel mean, log standard deviation and log neighbour change over the tile, the input's log ratio of "
+        "change at distance 2 to distance 1 per channel, median over the tile's grid neighbours"
+    ),
+}
 DEFAULT_QUANTILE = 0.98
 DEFAULT_FOLDS = 5
 MIN_TILES = 8  # fewer tiles than this describe nothing
 TILES_PER_STATISTIC = 5  # below this many tiles per statistic a description is weak (`TissueDescription.weak`)
+
+
+@dataclass(frozen=True)
+class TilePositions:
+    """Where a slide's tiles lie: each tile's top-left corner (``xs``, ``ys``, pixels) and the grid's step."""
+
+    xs: npt.NDArray[np.int64]
+    ys: npt.NDArray[np.int64]
+    step: int
 
 
 class TissueError(ModelError):
@@ -79,14 +106,27 @@ class TissueDescription:
     tiles: int = 0
     slides: int = 0
     round: int = 0
+    version: int = TISSUE_VERSION
+
+    @property
+    def scale(self) -> bool:
+        """Whether the statistics end with the input's scale ratios (`models.features.scale_ratio`): version 2."""
+        return self.version >= 2
 
     def distances(self, features: npt.ArrayLike) -> npt.NDArray[np.float64]:
         """Squared Mahalanobis distance of each row of ``features`` (Lee et al. 2018, Eq. 2)."""
         return mahalanobis(np.asarray(features, dtype=np.float64), self.mean, self.precision)
 
-    def unfamiliar(self, features: npt.ArrayLike) -> npt.NDArray[np.bool_]:
-        """Which tiles lie beyond the threshold."""
-        return self.distances(features) > self.threshold
+    def marks(self, distances: npt.NDArray[np.float64], grid: TilePositions | None = None) -> npt.NDArray[np.bool_]:
+        """Which tiles are unfamiliar given their `distances` (module docstring, "The distance"): version 1 or
+        no ``grid``, each tile's own; version 2 on a grid, its `neighbourhood_median`."""
+        if grid is None or self.version < 2:
+            return distances > self.threshold
+        return neighbourhood_median(distances, grid) > self.threshold
+
+    def unfamiliar(self, features: npt.ArrayLike, grid: TilePositions | None = None) -> npt.NDArray[np.bool_]:
+        """Which tiles (rows of ``features``, on ``grid`` when given) are unfamiliar (`marks`)."""
+        return self.marks(self.distances(features), grid)
 
     @property
     def weak(self) -> bool:
@@ -97,9 +137,9 @@ class TissueDescription:
     def words(self) -> str:
         """One line on the description, for a page or a report (saying so when it is `weak`)."""
         text = (
-            f"Mahalanobis distance on the {STATISTIC} at layer {self.layer}, fitted on {self.tiles} tiles of "
-            f"{self.slides} slides of this hospital; a tile is unfamiliar beyond the {self.quantile:.0%} point of "
-            f"its own new slides' distances ({self.threshold:.4g})"
+            f"Mahalanobis distance on the {STATISTICS[self.version]} at layer {self.layer}, fitted on {self.tiles} "
+            f"tiles of {self.slides} slides of this hospital; a tile is unfamiliar beyond the {self.quantile:.0%} "
+            f"point of its own new slides' distances ({self.threshold:.4g})"
         )
         if self.weak:
             text += (
@@ -115,6 +155,22 @@ def mahalanobis(
     """``(z - mean)' precision (z - mean)`` for each row ``z``."""
     centred = features - mean
     return np.einsum("ij,jk,ik->i", centred, precision, centred)
+
+
+def neighbourhood_median(values: npt.NDArray[np.float64], grid: TilePositions) -> npt.NDArray[np.float64]:
+    """For each tile, the median of ``values`` over itself and the tiles one grid step away across, down or
+    diagonally (its 3 x 3 neighbourhood on the grid, those of them that are tissue: at most 9 values)."""
+    xs = np.asarray(grid.xs, dtype=np.int64)
+    ys = np.asarray(grid.ys, dtype=np.int64)
+    if not (values.shape == xs.shape == ys.shape) or grid.step < 1:
+        raise TissueError(f"{values.shape[0]} values for {xs.shape[0]} tile positions at step {grid.step}")
+    where = {(int(x), int(y)): k for k, (x, y) in enumerate(zip(xs, ys, strict=True))}
+    offsets = [(dx * grid.step, dy * grid.step) for dy in (-1, 0, 1) for dx in (-1, 0, 1)]
+    out = np.empty(values.shape, dtype=np.float64)
+    for k, (x, y) in enumerate(zip(xs.tolist(), ys.tolist(), strict=True)):
+        near = [where[p] for dx, dy in offsets if (p := (x + dx, y + dy)) in where and where[p] != k]
+        out[k] = np.median(values[[k, *near]])
+    return out
 
 
 def _fit(features: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
@@ -145,9 +201,13 @@ def fit_description(
     quantile: float = DEFAULT_QUANTILE,
     folds: int = DEFAULT_FOLDS,
     round: int = 0,
+    version: int = TISSUE_VERSION,
 ) -> TissueDescription:
-    """Describe a hospital's tiles (``features``: one row per tile; ``slides``: each tile's slide) and calibrate the
-    threshold on out-of-fold distances (module docstring). `TissueError` for too few tiles or non-finite values."""
+    """Describe a hospital's tiles (``features``: one row per tile, the statistics of ``version``; ``slides``:
+    each tile's slide) and calibrate the threshold on out-of-fold distances of single tiles (module docstring).
+    `TissueError` for too few tiles, non-finite values or an unknown version."""
+    if version not in STATISTICS:
+        raise TissueError(f"tissue description version {version} is unknown (known: {sorted(STATISTICS)})")
     x = np.asarray(features, dtype=np.float64)
     if x.ndim != 2 or x.shape[0] != len(slides):
         raise TissueError(f"{x.shape} features for {len(slides)} slide names: one row per tile is needed")
@@ -176,6 +236,7 @@ def fit_description(
         tiles=int(x.shape[0]),
         slides=len(set(slides)),
         round=round,
+        version=version,
     )
 
 
@@ -184,9 +245,9 @@ def write_description(folder: Path, description: TissueDescription) -> Path:
     path = folder / TISSUE_FILE
     metadata = {
         "format": TISSUE_FORMAT,
-        "format_version": str(TISSUE_VERSION),
+        "format_version": str(description.version),
         "layer": description.layer,
-        "statistic": STATISTIC,
+        "statistic": STATISTICS[description.version],
         "threshold": repr(float(description.threshold)),
         "quantile": repr(float(description.quantile)),
         "folds": str(description.folds),
@@ -218,9 +279,11 @@ def read_description(folder: Path) -> TissueDescription | None:
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as exc:
         raise TissueError(f"{path} is not a readable safetensors file ({exc}); export the model again") from None
-    if metadata.get("format") != TISSUE_FORMAT or metadata.get("format_version") != str(TISSUE_VERSION):
+    versions = {str(v): v for v in STATISTICS}
+    if metadata.get("format") != TISSUE_FORMAT or metadata.get("format_version") not in versions:
         raise TissueError(f"{path} is not a tissue description this version reads; export the model again")
-    if metadata.get("statistic") != STATISTIC:
+    version = versions[metadata["format_version"]]
+    if metadata.get("statistic") != STATISTICS[version]:
         raise TissueError(
             f"{path} describes other statistics ({metadata.get('statistic')!r}) than this version measures; export "
             "the model again"
@@ -238,6 +301,7 @@ def read_description(folder: Path) -> TissueDescription | None:
             tiles=int(metadata["tiles"]),
             slides=int(metadata["slides"]),
             round=int(metadata["round"]),
+            version=version,
         )
     except (KeyError, ValueError) as exc:
         raise TissueError(f"{path} lacks or garbles {exc}; export the model again") from None

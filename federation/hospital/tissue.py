@@ -1,9 +1,10 @@
 """The hospital's description of its own tissue, written into its bundle at each export (issue 47, part 1).
 
 `describe_tissue` passes the hospital's training and validation tiles (as evaluated: no augmentation) through the
-model being exported up to its first layer unit (`models.features`) and fits the description (`models.shift`:
-mean and Ledoit-Wolf covariance of the layer's channel statistics, a Mahalanobis threshold calibrated on
-out-of-fold distances by slide), written as ``tissue.safetensors`` beside ``model.safetensors``.
+model being exported up to its first layer unit (`models.features`) and fits the description (`models.shift`,
+version 2: mean and Ledoit-Wolf covariance of the layer's channel statistics and the input's scale ratios, a
+Mahalanobis threshold calibrated on out-of-fold distances by slide), written as ``tissue.safetensors`` beside
+``model.safetensors``.
 
 It stays at the hospital: the file is written in the hospital's own folder by its own process, no message of the
 contract (`federation.wire.contract`) has a field for it, and the outbound log records only what replies carry
@@ -22,7 +23,7 @@ from models.decision import slides_of_tiles
 from models.errors import ModelError
 from models.features import description_layer, tile_statistics
 from models.names import TISSUE_FILE
-from models.shift import fit_description, write_description
+from models.shift import TISSUE_VERSION, fit_description, write_description
 
 BATCH = 256
 
@@ -44,7 +45,8 @@ def describe_tissue(model: nn.Module, data: HospitalData, folder: Path, server_r
     try:
         layer = description_layer(model)
         batches = (to_tensor(x[i : i + BATCH], device) for i in range(0, len(x), BATCH))
-        description = fit_description(tile_statistics(model, layer, batches), slides, layer, round=server_round)
+        features = tile_statistics(model, layer, batches, scale=True)  # the current version's (models.shift)
+        description = fit_description(features, slides, layer, round=server_round, version=TISSUE_VERSION)
     except ModelError:  # TissueError included: too few tiles, a diverged model, an architecture without units
         (folder / TISSUE_FILE).unlink(missing_ok=True)
         return None

@@ -3,9 +3,8 @@
 A small trained run on the gastric tissue (24 synthetic slides of 384 px, 2 hospitals, hospital 1 grey, 128 px tiles
 at half-tile stride, 2 rounds of FedAvg at 64 px input; about 20 s on 2 CPU cores). Slides unlike the training:
 another hospital's stain (the stain/scanner regime's over-stained bluish lab, `pipeline.stain_profiles`) and a grey
-scan for the colour hospital's model; its own held-out slides as they are. At 2x magnification about 0.9 of the
-tiles are marked, below the 90% target on some runs (benchmarks/results/shift_detection.md): asserted here is that
-each enlarged slide is reported UNFAMILIAR.
+scan for the colour hospital's model; its own held-out slides as they are; each slide at 2x magnification. A bundle
+with a description of version 1 (before the scale statistic and the neighbourhood pooling) still scores as it did.
 """
 
 from __future__ import annotations
@@ -20,18 +19,22 @@ import pytest
 from support.slides import slide_sources
 
 from federation.config import load_config
+from federation.hospital.data import load_hospitals, to_tensor
 from federation.launch import train
 from inference.predict import predict
-from inference.scoring import SlideTiles, score_slide, summarise
+from inference.scoring import SlideTiles, plan_of, score_slide, summarise
 from inference.slides import find_slides, read_slide
 from models.bundle import load_bundle, read_card
 from models.decision import FOCUS_CALL, NO_DESCRIPTION, UNFAMILIAR_CALL
+from models.features import tile_statistics
 from models.names import TISSUE_FILE
+from models.shift import fit_description, write_description
 from pipeline.config import build_config
 from pipeline.images import encode_png
 from pipeline.prepare import prepare_dataset
 from pipeline.stain_profiles import StainProfile, apply_stain_profile
 from pipeline.synth import generate_dataset
+from pipeline.tiling import cut_square
 
 # configs/prepare_site_shift.toml's hospital 1: an over-stained, bluish laboratory
 OTHER_STAIN = StainProfile(hue=-15.0, stain_h=1.45, stain_e=0.85)
@@ -154,7 +157,9 @@ def test_the_overlay_hatches_unfamiliar_tissue_grey(shift_run: tuple[Path, Path,
     (slides / name).write_bytes(encode_png(_grey(image)))
     (result,) = predict(run / "hospitals" / "client_00", slides, tmp_path / "out", progress=False, threshold=0.999)
     assert result.folder is not None
-    overlay = cv2.cvtColor(cv2.imread(str(result.folder / "overlay.png")), cv2.COLOR_BGR2RGB)
+    written = cv2.imread(str(result.folder / "overlay.png"))
+    assert written is not None
+    overlay = cv2.cvtColor(written, cv2.COLOR_BGR2RGB)
     grey_stripes = np.all(overlay == 128, axis=2)
     assert grey_stripes.mean() > 0.05  # the hatching's grey (a grey scan's own pixels are rarely exactly 128)
     assert result.summary["overlay"]["unfamiliar"].startswith("grey diagonal hatching")
@@ -220,14 +225,45 @@ def test_a_normal_call_with_a_tile_above_the_threshold_is_a_focus_to_review(
 
 
 def test_a_slide_at_2x_magnification_is_reported_unfamiliar(shift_run: tuple[Path, Path, Path, dict]) -> None:
-    # every tile 2x is not reached (about 0.9 of them here, 0.67-1.00 on the measured runs: the results page), but
-    # each enlarged slide is mostly unfamiliar, so none is reported as a bare call
     raw, _, run, record = shift_run
     bundle = load_bundle(run / "hospitals" / "client_00")
     card = bundle.card
     for name, image in _test_images(raw, record, 0):
-        enlarged = cv2.resize(image, None, fx=2.0, fy=2.0, interpolation=cv2.INTER_CUBIC)
+        enlarged = np.asarray(cv2.resize(image, None, fx=2.0, fy=2.0, interpolation=cv2.INTER_CUBIC), np.uint8)
         tiles = score_slide(bundle, enlarged, name)
         summary = summarise(tiles, card, card.threshold, 5, enlarged.shape[:2])
-        assert summary["unfamiliar_share"] > 0.5, (name, summary["unfamiliar_share"])
+        assert summary["unfamiliar_share"] >= 0.90, (name, summary["unfamiliar_share"])
         assert summary["reported"] == UNFAMILIAR_CALL
+
+
+def test_a_version_1_description_still_scores_as_it_did(
+    shift_run: tuple[Path, Path, Path, dict], tmp_path: Path
+) -> None:
+    raw, prepared, run, record = shift_run
+    old = tmp_path / "old"
+    shutil.copytree(run / "hospitals" / "client_00", old, ignore=shutil.ignore_patterns("checkpoints"))
+    bundle = load_bundle(old)
+    assert bundle.tissue is not None
+    assert (bundle.tissue.version, bundle.tissue.mean.size) == (2, 3 * 16 + 3)  # what an export writes now
+    pre = bundle.card.preprocess
+    data = load_hospitals(prepared, pre.input_size, pre.in_chans, [0])[0]
+    assert data.train_units is not None
+    # the description as the first version fitted it: the stem's 48 statistics, no scale ratios
+    features = tile_statistics(bundle.model, "features.0", [to_tensor(data.train_x)])
+    first = fit_description(features, list(data.train_units), "features.0", round=bundle.card.round, version=1)
+    write_description(old, first)
+    loaded = load_bundle(old)
+    assert loaded.tissue is not None
+    assert (loaded.tissue.version, loaded.tissue.scale, loaded.tissue.mean.size) == (1, False, 48)
+    name, image = _test_images(raw, record, 0)[0]
+    tiles = score_slide(loaded, _grey(image), name)
+    assert tiles.distance is not None
+    assert tiles.unfamiliar is not None
+    plan = plan_of(loaded.card)
+    grey = _grey(image)
+    cut = np.stack([pre.fit(cut_square(grey, None, x, y, plan)) for x, y in zip(tiles.xs, tiles.ys, strict=True)])
+    expected = first.distances(tile_statistics(loaded.model, "features.0", [pre.tensor(cut)]))
+    np.testing.assert_allclose(tiles.distance, expected, rtol=1e-5)
+    # tile by tile, as version 1 did: no neighbourhood
+    assert tiles.unfamiliar.tolist() == (tiles.distance > first.threshold).tolist()
+    assert tiles.unfamiliar.mean() >= 0.90

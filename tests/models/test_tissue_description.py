@@ -108,3 +108,98 @@ def test_a_description_from_few_tiles_says_it_may_miss_unfamiliar_tissue() -> No
     strong = fit_description(many, many_slides, "features.0")
     assert not strong.weak
     assert "too few" not in strong.words()
+
+
+def test_the_scale_ratio_of_hand_made_tiles() -> None:
+    import torch
+
+    from models.features import LOG_FLOOR, scale_ratio
+
+    # a ramp across (0, 1, 2, 3 in every row): change 1 across and 0 down at distance 1 (mean 0.5), 2 and 0 at
+    # distance 2 (mean 1.0); a checkerboard: change 1 at distance 1 and none at distance 2
+    ramp = torch.arange(4.0).repeat(4, 1)
+    checker = (torch.arange(4.0)[:, None] + torch.arange(4.0)[None, :]) % 2
+    ratios = scale_ratio(torch.stack([ramp, checker])[:, None])
+    assert ratios.shape == (2, 1)
+    assert ratios.dtype == torch.float64
+    assert ratios[0, 0].item() == pytest.approx(np.log(1.0 + LOG_FLOOR) - np.log(0.5 + LOG_FLOOR), rel=1e-6)
+    assert ratios[1, 0].item() == pytest.approx(np.log(LOG_FLOOR) - np.log(1.0 + LOG_FLOOR), rel=1e-6)
+    # the same checkerboard enlarged twice (each pixel a 2 x 2 block, 8 x 8): half the neighbours now agree,
+    # positions two apart never do: change 3/7 at distance 1 (across and down alike), 1 at distance 2
+    enlarged = checker.repeat_interleave(2, 0).repeat_interleave(2, 1)
+    (big,) = scale_ratio(enlarged[None, None])[0]
+    assert big.item() == pytest.approx(np.log(1.0 + LOG_FLOOR) - np.log(3 / 7 + LOG_FLOOR), rel=1e-6)
+    # a stain's intensity scales both changes alike: the ratio stays (but for the floor)
+    assert scale_ratio(3.0 * enlarged[None, None])[0, 0].item() == pytest.approx(big.item(), abs=2e-3)
+
+
+def test_an_enlarged_tile_is_unfamiliar_where_the_original_is_not() -> None:
+    import torch
+
+    from models import create_model
+    from models.features import tile_statistics
+
+    torch.manual_seed(0)
+    model = create_model("mobilenet_v3_small")
+    rng = np.random.default_rng(0)
+
+    def tiles(count: int, enlarge: bool = False) -> torch.Tensor:
+        """Fine-grained tissue-like noise (each pixel its own), 64 px; enlarged: a 32 px patch at 2x."""
+        noise = torch.from_numpy(rng.normal(0.0, 1.0, (count, 3, 64, 64))).float()
+        if enlarge:
+            noise = noise[:, :, :32, :32].repeat_interleave(2, 2).repeat_interleave(2, 3)
+        return noise
+
+    known = tile_statistics(model, "features.0", [tiles(60)], scale=True)
+    assert known.shape == (60, 3 * 16 + 3)  # the stem's 16 channels, then one scale ratio per colour channel
+    description = fit_description(known, [f"s{i // 6}" for i in range(60)], "features.0")
+    assert description.version == 2
+    assert description.scale
+    new = description.unfamiliar(tile_statistics(model, "features.0", [tiles(10)], scale=True))
+    enlarged = description.unfamiliar(tile_statistics(model, "features.0", [tiles(10, enlarge=True)], scale=True))
+    assert int(new.sum()) == 0
+    assert int(enlarged.sum()) == 10
+
+
+def test_a_tile_is_judged_with_its_grid_neighbours_from_version_2_on() -> None:
+    from models.shift import TilePositions, TissueDescription, neighbourhood_median
+
+    # a 3 x 3 grid at step 64 (row by row) and a lone tile 2 steps to the right of the top row's end
+    xs = np.array([0, 64, 128, 0, 64, 128, 0, 64, 128, 256], dtype=np.int64)
+    ys = np.array([0, 0, 0, 64, 64, 64, 128, 128, 128, 0], dtype=np.int64)
+    grid = TilePositions(xs, ys, 64)
+    distances = np.array([1.0, 2.0, 3.0, 4.0, 50.0, 6.0, 7.0, 8.0, 9.0, 40.0])
+    pooled = neighbourhood_median(distances, grid)
+    # corner (0, 0): itself, (64, 0), (0, 64), (64, 64): 1, 2, 4, 50 -> 3.0; (0, 64): 1, 2, 4, 7, 8, 50 -> 5.5;
+    # the centre: all nine -> 6.0; the lone tile: itself
+    np.testing.assert_array_equal(pooled, [3.0, 3.5, 4.5, 5.5, 6.0, 7.0, 7.5, 7.5, 8.5, 40.0])
+    v2 = TissueDescription("features.0", np.zeros(2), np.eye(2), threshold=10.0)
+    v1 = TissueDescription("features.0", np.zeros(2), np.eye(2), threshold=10.0, version=1)
+    # the outlier in the middle of familiar tissue is familiar by its neighbourhood; alone, it is unfamiliar
+    assert v2.marks(distances, grid).tolist() == [False] * 9 + [True]
+    assert v1.marks(distances, grid).tolist() == [False] * 4 + [True] + [False] * 4 + [True]
+    assert v2.marks(distances).tolist() == v1.marks(distances, grid).tolist()  # no grid: each tile alone
+    with pytest.raises(TissueError, match="9 values for 10 tile positions"):
+        neighbourhood_median(distances[:9], grid)
+
+
+def test_a_version_1_description_still_reads_and_scores_as_before(tmp_path: Path) -> None:
+    from models.shift import STATISTICS
+
+    rng = np.random.default_rng(3)
+    features, slides = _slides(rng, 6, 20)
+    old = fit_description(features, slides, "features.0", round=4, version=1)
+    write_description(tmp_path, old)
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / TISSUE_FILE), framework="numpy") as handle:
+        metadata = handle.metadata()
+    assert (metadata["format_version"], metadata["statistic"]) == ("1", STATISTICS[1])
+    back = read_description(tmp_path)
+    assert back is not None
+    assert (back.version, back.scale, back.round, back.mean.size) == (1, False, 4, 12)
+    shifted, _ = _slides(rng, 2, 20, shift=2.0)
+    np.testing.assert_array_equal(back.distances(shifted), old.distances(shifted))
+    assert back.unfamiliar(shifted).tolist() == (old.distances(shifted) > old.threshold).tolist()
+    with pytest.raises(TissueError, match="version 3 is unknown"):
+        fit_description(features, slides, "features.0", version=3)
