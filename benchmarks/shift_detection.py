@@ -13,9 +13,10 @@ the prepared dataset, whose ``prepare.json`` names the raw folder) and each hosp
 - **grey**: the same slides grey (colour hospitals only: a grey hospital's tiles are made grey when cut);
 - **2x magnification**: the same slides enlarged twice (OpenCV, bicubic) before tiling.
 
-Shares are given for the bundle's description (`models.shift`, the stem's channel statistics) and, for comparison,
-for descriptions fitted the same way at other layers (``--compare``; ``avgpool``: the pooled features before the
-classifier, Lee et al.'s penultimate layer). A run whose bundles predate the description is described here, in a
+Shares are given for the bundle's description (`models.shift`, version 2: the stem's channel statistics and the
+input's scale ratios, each tile judged with its grid neighbours) and, for comparison, for descriptions fitted the same
+way at other layers (``--compare``; ``avgpool``: the pooled features before the classifier, Lee et al.'s penultimate
+layer). A run whose bundles predate the description, or hold an earlier version of it, is described here, in a
 temporary copy (the run is not modified). The cost: ``predict_slide`` on the own slides (decoded once), with and
 without the description, interleaved, median of ``--repeats`` passes, per slide.
 
@@ -61,7 +62,7 @@ from inference.slides import Slide, find_slides, read_slide  # noqa: E402
 from models.bundle import Bundle, load_bundle  # noqa: E402
 from models.decision import slides_of_tiles  # noqa: E402
 from models.features import tile_statistics  # noqa: E402
-from models.shift import fit_description  # noqa: E402
+from models.shift import TISSUE_VERSION, TilePositions, TissueDescription, fit_description  # noqa: E402
 from pipeline.stain_profiles import StainProfile, apply_stain_profile  # noqa: E402
 from pipeline.tiling import cut_square  # noqa: E402
 
@@ -83,16 +84,29 @@ def _profile(entry: dict) -> StainProfile | None:
     return None if not site else StainProfile(**site)
 
 
-def _tiles(bundle: Bundle, image: Image) -> Image:
-    """The tiles predict cuts from ``image``, fitted to the network's input (uint8)."""
+def _tiles(bundle: Bundle, image: Image) -> tuple[Image, TilePositions]:
+    """The tiles predict cuts from ``image``, fitted to the network's input (uint8), and where they lie."""
     plan, pre = plan_of(bundle.card), bundle.card.preprocess
     positions = tissue_positions(image, bundle.card)
-    return np.stack([pre.fit(cut_square(image, None, x, y, plan)) for x, y in positions])
+    grid = TilePositions(
+        np.array([x for x, _ in positions], np.int64), np.array([y for _, y in positions], np.int64), plan.stride
+    )
+    return np.stack([pre.fit(cut_square(image, None, x, y, plan)) for x, y in positions]), grid
 
 
-def _stats(bundle: Bundle, layer: str, tiles: Image) -> npt.NDArray[np.float64]:
+def _stats(bundle: Bundle, layer: str, tiles: Image, scale: bool) -> npt.NDArray[np.float64]:
     pre = bundle.card.preprocess
-    return tile_statistics(bundle.model, layer, [pre.tensor(tiles[i : i + 256]) for i in range(0, len(tiles), 256)])
+    batches = [pre.tensor(tiles[i : i + 256]) for i in range(0, len(tiles), 256)]
+    return tile_statistics(bundle.model, layer, batches, scale=scale)
+
+
+def _marked(bundle: Bundle, description: TissueDescription, slides: list[tuple[Image, TilePositions]]) -> float:
+    """The share of the tiles of ``slides`` that ``description`` marks unfamiliar, each slide on its own grid."""
+    flags = [
+        description.unfamiliar(_stats(bundle, description.layer, tiles, description.scale), grid)
+        for tiles, grid in slides
+    ]
+    return float(np.concatenate(flags).mean())
 
 
 def _stained(image: Image, profile: StainProfile) -> Image:
@@ -129,19 +143,20 @@ def _kinds(record: dict, client: int) -> dict[str, Callable[[Image], Image]]:
 
 
 def _described(folder: Path, prepared: Path, work: Path) -> tuple[Path, str]:
-    """A bundle folder with a description: ``folder`` itself, or a copy described here (`describe_tissue`)."""
+    """A bundle folder with a description of the current version: ``folder`` itself, or a copy described here
+    (`describe_tissue`)."""
     bundle = load_bundle(folder)
-    if bundle.tissue is not None:
+    if bundle.tissue is not None and bundle.tissue.version == TISSUE_VERSION:
         return folder, "the bundle's own"
     copy = work / folder.name
     shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("checkpoints", "slides"))
     pre, client = bundle.card.preprocess, bundle.card.client
     data = load_hospitals(prepared, pre.input_size, pre.in_chans, [client])[client]
     describe_tissue(bundle.model, data, copy, bundle.card.round)
-    return copy, "described by this script (the run predates tissue.safetensors)"
+    return copy, f"described by this script (the run predates version {TISSUE_VERSION} of tissue.safetensors)"
 
 
-def _compare(bundle: Bundle, prepared: Path, layer: str) -> Callable[[Image], float]:
+def _compare(bundle: Bundle, prepared: Path, layer: str) -> Callable[[list[tuple[Image, TilePositions]]], float]:
     """A description fitted as the export fits one, at ``layer``: the share it marks unfamiliar among tiles."""
     pre, client = bundle.card.preprocess, bundle.card.client
     data = load_hospitals(prepared, pre.input_size, pre.in_chans, [client])[client]
@@ -150,8 +165,8 @@ def _compare(bundle: Bundle, prepared: Path, layer: str) -> Callable[[Image], fl
     if len(keys) != len(x):
         keys = [str(i) for i in range(len(x))]
     batches = [to_tensor(x[i : i + 256]) for i in range(0, len(x), 256)]
-    description = fit_description(tile_statistics(bundle.model, layer, batches), keys, layer)
-    return lambda tiles: float(description.unfamiliar(_stats(bundle, layer, tiles)).mean())
+    description = fit_description(tile_statistics(bundle.model, layer, batches, scale=True), keys, layer)
+    return functools.partial(_marked, bundle, description)
 
 
 def _cost(bundle: Bundle, slides: list[Slide], repeats: int, out: Path) -> tuple[float, float, int]:
@@ -184,12 +199,11 @@ def measure_run(run: Path, compare: list[str], repeats: int, work: Path) -> tupl
         images = [read_slide(find_slides(raw / s)[0]) for s in sources]
         compared = {layer: _compare(bundle, prepared, layer) for layer in compare}
         for kind, change in _kinds(record, client).items():
-            tiles = np.concatenate([_tiles(bundle, change(slide.image)) for slide in images])
-            share = float(bundle.tissue.unfamiliar(_stats(bundle, bundle.tissue.layer, tiles)).mean())
-            others = " | ".join(f"{compared[layer](tiles):.3f}" for layer in compare)
-            rows.append(
-                f"| {run.name} | {client} | {kind} | {len(images)} | {len(tiles)} | **{share:.3f}** | {others} |"
-            )
+            cut = [_tiles(bundle, change(slide.image)) for slide in images]
+            share = _marked(bundle, bundle.tissue, cut)
+            others = " | ".join(f"{compared[layer](cut):.3f}" for layer in compare)
+            tiles = sum(len(t) for t, _ in cut)
+            rows.append(f"| {run.name} | {client} | {kind} | {len(images)} | {tiles} | **{share:.3f}** | {others} |")
         own = [replace(s, image=_kinds(record, client)["own held-out"](s.image)) for s in images]
         with_shift, without, per_slide = _cost(bundle, own, repeats, work / "out" / run.name / folder.name)
         costs.append(
@@ -229,9 +243,11 @@ def main() -> None:
             f"{torch.get_num_threads()} torch thread(s).",
             "",
             "Share of predict's tiles marked unfamiliar (module docstring of benchmarks/shift_detection.py): the "
-            "bundle's description (stem `features.0`, channel mean, standard deviation and neighbour change, "
-            "Ledoit-Wolf covariance, threshold at the 0.98 point of out-of-fold distances by slide) in bold; the "
-            "same description fitted at other layers beside it. Targets: own held-out at most 0.05, every other "
+            f"bundle's description (version {TISSUE_VERSION}: stem `features.0`, channel mean, standard deviation "
+            "and neighbour change, with the input's log ratio of change at distance 2 to distance 1 per colour "
+            "channel; Ledoit-Wolf covariance, threshold at the 0.98 point of out-of-fold distances by slide; a tile "
+            "is unfamiliar when the median distance over it and its grid neighbours passes the threshold) in bold; "
+            "the same description fitted at other layers beside it. Targets: own held-out at most 0.05, every other "
             "kind at least 0.90.",
             "",
             f"| run | hospital | kind of slide | test slides | tiles | **share (bundle's)** | {header} |",
@@ -246,7 +262,9 @@ def main() -> None:
             "## Cost in predict (per slide, decoding excluded)",
             "",
             "`predict_slide` on each hospital's own test slides with the description and without it (`shift=False`), "
-            f"interleaved, median of {repeats} passes; the tiles are scored on the CPU with the torch threads above.",
+            f"interleaved, median of {repeats} passes; the tiles are scored on the CPU with the torch threads above. "
+            "On a CPU shared with other work (a load average above the core count in the machine line) the two "
+            "columns differ mostly by that work, either way: read the difference only from an idle machine.",
             "",
             "| run | hospital | slides | tiles per slide | seconds with | seconds without | difference |",
             "|---|---|---|---|---|---|---|",
