@@ -137,5 +137,10 @@ def test_a_hospital_evaluates_received_weights_with_its_statistics_for_those_wei
         client.recompute_batchnorm()
         state = client.state()
         assert state
+        # Recomputed here in another thread layout than in the run: float sums in another order, so a deep layer's
+        # variance differs by up to 1.7e-4 relative on an Intel Xeon (1e-4 held on AMD EPYC); stale statistics, the
+        # ones computed for the hospital's own weights before averaging, differ by orders of magnitude more.
         for key, value in state.items():
-            torch.testing.assert_close(value, exported[key], rtol=1e-4, atol=1e-5, msg=f"hospital {c}: {key}")
+            torch.testing.assert_close(
+                value, exported[key], rtol=1e-3, atol=1e-4, msg=lambda m, c=c, key=key: f"hospital {c}: {key}: {m}"
+            )
