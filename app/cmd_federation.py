@@ -155,7 +155,7 @@ def server(
 def hospital(
     data: Path = typer.Option(..., "--data", help="This hospital's prepared dataset (gastric-fl prepare)."),
     bundle: Path = typer.Option(..., "--bundle", help="This hospital's hand-over folder from the kit."),
-    client: int | None = typer.Option(
+    data_hospital: int | None = typer.Option(
         None,
         "--client",
         help="Which client of --data holds this hospital's tiles (default: the only one, or its kit index); "
@@ -191,7 +191,7 @@ def hospital(
     present = manifest_hospitals(rows)
     # its identity in the federation is its bundle's index; its tiles are its own dataset's only client (prepare
     # --clients 1), or, in a dataset of several hospitals (a simulation's), --client (default: that same index)
-    own = client if client is not None else present[0] if len(present) == 1 else loaded.index
+    own = data_hospital if data_hospital is not None else present[0] if len(present) == 1 else loaded.index
     check_hospitals(data, rows, [own])
     state = state.resolve()
     node_config: dict[str, str | int] = {

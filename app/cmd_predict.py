@@ -132,7 +132,7 @@ def _verdict_lines(folder: Path, card: ModelCard, floor: Floor, override: float 
 
     lines: list[str] = []
     operating = CardThreshold(card.threshold, card.threshold_source, card.threshold_split)
-    judged = judge_folder(folder, operating, card.client, floor)
+    judged = judge_folder(folder, operating, card.hospital, floor)
     if judged is None:
         lines.append(
             f"verdict: not judged here ({folder} holds no test predictions of its hospital; the run's Verdict page "
@@ -140,7 +140,7 @@ def _verdict_lines(folder: Path, card: ModelCard, floor: Floor, override: float 
         )
         return lines
     lines.append(
-        f"verdict of hospital {card.client}'s model at its threshold {judged.threshold:.2f}: "
+        f"verdict of hospital {card.hospital}'s model at its threshold {judged.threshold:.2f}: "
         f"{verdict_word(judged.verdict.kind, floor)}, {judged.verdict.reason} (against the floor: {floor.words})"
     )
     if override is not None and abs(override - card.threshold) > 1e-12:

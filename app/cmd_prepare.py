@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
         ),
         input: Path | None = typer.Option(None, "--input", help="Raw dataset folder (read-only)."),
         out: Path | None = typer.Option(None, "--out", help="Prepared dataset folder to create."),
-        clients: int | None = typer.Option(None, "--clients", help="Number of hospitals M. (default: 5)"),
+        hospitals: int | None = typer.Option(None, "--clients", help="Number of hospitals M. (default: 5)"),
         tile: int | None = typer.Option(None, "--tile", help="Tile side in pixels. (default: 128)"),
         stride: int | None = typer.Option(None, "--stride", help="Grid step in pixels. (default: the tile size)"),
         abnormal_stride: int | None = typer.Option(
@@ -61,7 +61,7 @@ def register(app: typer.Typer) -> None:
         white_level: int | None = typer.Option(
             None, "--white-level", help="A pixel is near-white when all channels are >= this. (default: 220)"
         ),
-        grayscale_clients: str | None = typer.Option(
+        grayscale_hospitals: str | None = typer.Option(
             None, "--grayscale-clients", help="Hospitals whose tiles are stored single-channel, e.g. 0,2."
         ),
         partition: str | None = typer.Option(
@@ -93,11 +93,11 @@ def register(app: typer.Typer) -> None:
         mask_threshold: int | None = typer.Option(
             None, "--mask-threshold", help="SEED: accept non-binary masks, cancer = value > T. (default: off)"
         ),
-        client_scale: str | None = typer.Option(
+        hospital_scale: str | None = typer.Option(
             None, "--client-scale", help="Per-hospital resolution, e.g. 1,0.5,1 (0.5 = scanned at half resolution)."
         ),
-        client_tile: str | None = typer.Option(None, "--client-tile", help="Per-hospital tile px, e.g. 128,64,128."),
-        client_group: str | None = typer.Option(
+        hospital_tile: str | None = typer.Option(None, "--client-tile", help="Per-hospital tile px, e.g. 128,64,128."),
+        hospital_group: str | None = typer.Option(
             None,
             "--client-group",
             help="Per-hospital group name, e.g. A,A,B,B (recorded in prepare.json for analyses such as "
@@ -161,7 +161,7 @@ def register(app: typer.Typer) -> None:
                 "max_pixels": max_pixels,
             },
             "split": {
-                "clients": clients,
+                "clients": hospitals,
                 "sizes": sizes,
                 "partition": partition,
                 "test_fraction": test_fraction,
@@ -181,11 +181,11 @@ def register(app: typer.Typer) -> None:
             },
             "clients": {
                 "grayscale": None
-                if grayscale_clients is None
-                else parse_int_list(grayscale_clients, "--grayscale-clients"),
-                "scale": None if client_scale is None else parse_float_list(client_scale, "--client-scale"),
-                "tile": None if client_tile is None else parse_int_list(client_tile, "--client-tile"),
-                "group": client_group,
+                if grayscale_hospitals is None
+                else parse_int_list(grayscale_hospitals, "--grayscale-clients"),
+                "scale": None if hospital_scale is None else parse_float_list(hospital_scale, "--client-scale"),
+                "tile": None if hospital_tile is None else parse_int_list(hospital_tile, "--client-tile"),
+                "group": hospital_group,
             },
             "sites": {"shift": site_shift, "strength": site_strength},
             "output": {"out": out, "overwrite": overwrite, "strict": strict, "workers": workers, "progress": progress},

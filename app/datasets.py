@@ -25,9 +25,9 @@ from pipeline.report import SPLITS as PREPARED_SPLITS
 SPLITS = PREPARED_SPLITS  # train, val, test (pipeline.report)
 
 
-def hospital_label(client: int) -> str:
+def hospital_label(hospital: int) -> str:
     """How a client index is shown: 0-based like the ``client_XX`` folders, so files and screen agree."""
-    return f"Hospital {int(client)}"
+    return f"Hospital {int(hospital)}"
 
 
 @dataclass(frozen=True)
@@ -150,11 +150,11 @@ def counts_table(manifest: pd.DataFrame, dataset: Path | None = None, classes: S
 
 
 def sample_tiles(
-    manifest: pd.DataFrame, client: int, per_label: int = 4, seed: int = 0, classes: Sequence[str] = LABELS
+    manifest: pd.DataFrame, hospital: int, per_label: int = 4, seed: int = 0, classes: Sequence[str] = LABELS
 ) -> pd.DataFrame:
     """A reproducible sample of one hospital's tiles, ``per_label`` of each label of ``classes`` (fewer if it has
     fewer)."""
-    group = manifest[manifest["client"] == client]
+    group = manifest[manifest["client"] == hospital]
     parts = []
     for label in classes:
         rows = group[group["label"] == label]

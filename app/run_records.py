@@ -345,7 +345,7 @@ def per_round(metrics: pd.DataFrame) -> pd.DataFrame:
             "acc_std": [s.std_test_acc for s in stats],
             "auc_mean": [np.nan if s.avg_test_auc is None else s.avg_test_auc for s in stats],
             "auc_std": [np.nan if s.std_test_auc is None else s.std_test_auc for s in stats],
-            "auc_clients": [s.auc_clients for s in stats],
+            "auc_clients": [s.auc_hospitals for s in stats],
             "values_sent": [s.values_sent for s in stats],
             "values_received": [s.values_received for s in stats],
             "seconds": [np.nan if s.seconds is None else s.seconds for s in stats],
@@ -565,11 +565,11 @@ def read_val_predictions(run: Path) -> pd.DataFrame | None:
     return pd.concat(frames, ignore_index=True) if frames else None
 
 
-def hospital_rows(frame: pd.DataFrame | None, client: int) -> pd.DataFrame | None:
-    """The rows of ``frame`` (predictions of several hospitals) that are ``client``'s, ``None`` when it has none."""
+def hospital_rows(frame: pd.DataFrame | None, hospital: int) -> pd.DataFrame | None:
+    """The rows of ``frame`` (predictions of several hospitals) that are ``hospital``'s, ``None`` when it has none."""
     if frame is None:
         return None
-    rows = frame[frame["client"] == client]
+    rows = frame[frame["client"] == hospital]
     return rows if len(rows) else None
 
 

@@ -39,9 +39,9 @@ class RunVerdicts:
     judgements: tuple[Judgement, ...]
     problems: tuple[str, ...] = ()
 
-    def of(self, client: int) -> Judgement | None:
+    def of(self, hospital: int) -> Judgement | None:
         """The hospital's judgement, if it was judged."""
-        return next((j for j in self.judgements if j.hospital == client), None)
+        return next((j for j in self.judgements if j.hospital == hospital), None)
 
 
 def judge_run(run: Path, floor: Floor, predictions: pd.DataFrame | None = None) -> RunVerdicts:
@@ -59,8 +59,8 @@ def judge_run(run: Path, floor: Floor, predictions: pd.DataFrame | None = None) 
     val = read_val_predictions(run)
     held_out = held_out_slides(run)
     judged = []
-    for client, rows in predictions.groupby("client", sort=True):
-        hospital = int(client)
+    for key, rows in predictions.groupby("client", sort=True):
+        hospital = int(key)
         card: CardThreshold = operating.get(hospital, NO_CARD)
         judged.append(
             judge(
@@ -96,7 +96,7 @@ def verdict_rows(runs: list[Path], floor: Floor) -> list[dict[str, Any]]:
     return rows
 
 
-def judge_folder(folder: Path, card: CardThreshold, client: int, floor: Floor) -> Judgement | None:
+def judge_folder(folder: Path, card: CardThreshold, hospital: int, floor: Floor) -> Judgement | None:
     """Judge one hospital's bundle ``folder`` (a hospital folder of a run: its ``predictions.csv``, and where
     present its ``val_predictions.csv`` and ``slides.csv``) at its ``card`` threshold against ``floor``, as
     `judge_run` judges it; ``None`` when the folder holds no readable test predictions (an exported bundle alone)."""
@@ -119,4 +119,4 @@ def judge_folder(folder: Path, card: CardThreshold, client: int, floor: Floor) -
             held_out = as_slides(read_slide_calls(folder / SLIDES_FILE))
         except SlideCallsError:
             held_out = None
-    return judge(client, rows, card.value, card.source, card.split, floor, val, held_out)
+    return judge(hospital, rows, card.value, card.source, card.split, floor, val, held_out)

@@ -117,7 +117,7 @@ def main() -> None:
     data, times = synthetic_dataset(args.format, slides, work, preset.prepare, args.workers)
     rows = read_manifest(data)
     train_tiles = sum(1 for r in rows if r.split == "train")
-    hospitals = len({r.client for r in rows})
+    hospitals = len({r.hospital for r in rows})
     print(f"synth {times['synth']:.0f} s, prepare {times['prepare']:.0f} s, {len(rows)} tiles", flush=True)
 
     measured: dict[str, tuple[float, float]] = {}

@@ -55,7 +55,7 @@ def main() -> None:
         work = ROOT / "data" / "bench_round_time" / f"seed_{args.images}"
         data, _ = synthetic_dataset("seed", args.images, work, "configs/prepare_seed_noniid.toml")
     rows_manifest = read_manifest(data)
-    clients = sorted({r.client for r in rows_manifest})
+    clients = sorted({r.hospital for r in rows_manifest})
     train_tiles = sum(1 for r in rows_manifest if r.split == "train")
     test_tiles = len(rows_manifest) - train_tiles
 

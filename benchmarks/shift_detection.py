@@ -150,7 +150,7 @@ def _described(folder: Path, prepared: Path, work: Path) -> tuple[Path, str]:
         return folder, "the bundle's own"
     copy = work / folder.name
     shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("checkpoints", "slides"))
-    pre, client = bundle.card.preprocess, bundle.card.client
+    pre, client = bundle.card.preprocess, bundle.card.hospital
     data = load_hospitals(prepared, pre.input_size, pre.in_chans, [client])[client]
     describe_tissue(bundle.model, data, copy, bundle.card.round)
     return copy, f"described by this script (the run predates version {TISSUE_VERSION} of tissue.safetensors)"
@@ -158,7 +158,7 @@ def _described(folder: Path, prepared: Path, work: Path) -> tuple[Path, str]:
 
 def _compare(bundle: Bundle, prepared: Path, layer: str) -> Callable[[list[tuple[Image, TilePositions]]], float]:
     """A description fitted as the export fits one, at ``layer``: the share it marks unfamiliar among tiles."""
-    pre, client = bundle.card.preprocess, bundle.card.client
+    pre, client = bundle.card.preprocess, bundle.card.hospital
     data = load_hospitals(prepared, pre.input_size, pre.in_chans, [client])[client]
     x = np.concatenate([data.train_x] + ([data.val_x] if data.val_x is not None else []))
     keys = [f"t{s}" for s in data.train_units or ()] + [f"v{s}" for s in slides_of_tiles(data.val_paths) or ()]
@@ -194,7 +194,7 @@ def measure_run(run: Path, compare: list[str], repeats: int, work: Path) -> tupl
         described, how = _described(folder, prepared, work / run.name)
         bundle = load_bundle(described)
         assert bundle.tissue is not None
-        client = bundle.card.client
+        client = bundle.card.hospital
         sources = [s["source"] for s in record["slides"] if s["client"] == client and s["split"] == "test"]
         images = [read_slide(find_slides(raw / s)[0]) for s in sources]
         compared = {layer: _compare(bundle, prepared, layer) for layer in compare}

@@ -238,7 +238,7 @@ def run_groups(run_dir: Path) -> dict[int, str]:
     dataset = run_dataset(run_dir)
     record_path = dataset / PREPARE_RECORD
     try:
-        entries = read_prepare_record(dataset).clients
+        entries = read_prepare_record(dataset).hospitals
     except RecordError as exc:
         if exc.kind != "malformed":
             raise FederationError(

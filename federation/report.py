@@ -145,7 +145,7 @@ def _incomplete_rounds(path: Path, rounds: Sequence[RoundStats]) -> list[str]:
     for stats in rounds:
         if stats.complete:
             continue
-        total = stats.clients + len(stats.missing)
+        total = stats.hospitals + len(stats.missing)
         who = ", ".join(str(c) for c in stats.missing)
         noun = "client" if len(stats.missing) == 1 else "clients"
         instead = (
@@ -154,7 +154,7 @@ def _incomplete_rounds(path: Path, rounds: Sequence[RoundStats]) -> list[str]:
             else "no round is complete, so the run has no figures"
         )
         lines.append(
-            f"{path}: round {stats.round} has {stats.clients} of {total} hospitals ({noun} {who} missing); {instead}"
+            f"{path}: round {stats.round} has {stats.hospitals} of {total} hospitals ({noun} {who} missing); {instead}"
         )
     return lines
 

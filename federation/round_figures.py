@@ -24,12 +24,12 @@ class RoundStats:
     """One round over all clients: means and population standard deviations, and traffic in each direction.
 
     The one place a round's figures are computed: ``gastric-fl report``, the HTML report, the run's summary and the
-    dashboard (``app.run_records.per_round``) all read them from here. ``auc_clients``: hospitals whose AUC
+    dashboard (``app.run_records.per_round``) all read them from here. ``auc_hospitals``: hospitals whose AUC
     counts (a single-class test split has none); ``seconds``: the hospitals' wall seconds summed (None when no
     record has them)."""
 
     round: int
-    clients: int
+    hospitals: int
     avg_train_loss: float | None
     avg_test_loss: float | None
     avg_test_acc: float
@@ -39,7 +39,7 @@ class RoundStats:
     values_sent: int
     values_received: int
     missing: tuple[int, ...] = ()  # clients present in other rounds but not in this one
-    auc_clients: int = 0
+    auc_hospitals: int = 0
     seconds: float | None = None
 
     @property
@@ -74,7 +74,7 @@ def round_stats(metrics: Sequence[Mapping[str, Any]]) -> list[RoundStats]:
         out.append(
             RoundStats(
                 round=r,
-                clients=len(rows),
+                hospitals=len(rows),
                 avg_train_loss=_mean(train_loss),
                 avg_test_loss=_mean(test_loss),
                 avg_test_acc=statistics.fmean(acc) if acc else math.nan,
@@ -84,7 +84,7 @@ def round_stats(metrics: Sequence[Mapping[str, Any]]) -> list[RoundStats]:
                 values_sent=sum(int(x.get("values_sent") or 0) for x in rows),
                 values_received=sum(int(x.get("values_received") or 0) for x in rows),
                 missing=tuple(sorted(everyone - {int(x["client"]) for x in rows if "client" in x})),
-                auc_clients=len(auc),
+                auc_hospitals=len(auc),
                 seconds=math.fsum(seconds) if seconds else None,
             )
         )

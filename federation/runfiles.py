@@ -99,9 +99,9 @@ class MetricsLine(TypedDict):
     dp_steps: NotRequired[float | None]
 
 
-def hospital_dir(run: Path, client: int) -> Path:
-    """``<run>/hospitals/client_XX``: hospital ``client``'s folder in a run directory."""
-    return run / HOSPITALS_DIR / hospital_name(client)
+def hospital_dir(run: Path, hospital: int) -> Path:
+    """``<run>/hospitals/client_XX``: hospital ``hospital``'s folder in a run directory."""
+    return run / HOSPITALS_DIR / hospital_name(hospital)
 
 
 def hospital_index(name: str) -> int:

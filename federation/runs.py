@@ -270,7 +270,7 @@ class Checkpoint:
     (``pending``) the round's record while its evaluation is still to come (`federation.server.rounds`)."""
 
     round: int
-    clients: list[int]
+    hospitals: list[int]
     strategy_tensors: dict[str, torch.Tensor]
     strategy_json: dict[str, Any]
     pending: dict[str, Any] | None = None
@@ -302,7 +302,7 @@ def write_checkpoint(run_dir: Path, checkpoint: Checkpoint, keep: int) -> None:
             {
                 "round": checkpoint.round,
                 "sha256": digest,  # of the tensors file: a resume refuses one that no longer hashes to it
-                "clients": sorted(checkpoint.clients),
+                "clients": sorted(checkpoint.hospitals),
                 "strategy": checkpoint.strategy_json,
                 **({} if checkpoint.pending is None else {"pending": checkpoint.pending}),
                 "written_at": now_iso(),

@@ -132,7 +132,7 @@ def predict_slide(
             "architecture": card.architecture,
             "run_id": card.run_id,
             "round": card.round,
-            "client": card.client,
+            "client": card.hospital,
         },
         **summarise(tiles, card, chosen, top_k, (height, width), None if threshold is None else "--threshold", note),
     }

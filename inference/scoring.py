@@ -86,7 +86,7 @@ def plan_of(card: ModelCard) -> HospitalPlan:
             "export it from a run trained on a dataset made by gastric-fl prepare"
         )
     return HospitalPlan(
-        client=card.client,
+        hospital=card.hospital,
         tile_px=pre.tile_px,
         scale=pre.scale if pre.scale is not None else 1.0,
         size=grid.source_px,

@@ -26,9 +26,9 @@ MANIFEST_FILE = "manifest.csv"
 HOSPITAL_PREFIX = "client_"
 
 
-def hospital_name(client: int) -> str:
-    """``client_XX``: the folder (and kit) name of hospital ``client``."""
-    return f"{HOSPITAL_PREFIX}{client:02d}"
+def hospital_name(hospital: int) -> str:
+    """``client_XX``: the folder (and kit) name of hospital ``hospital``."""
+    return f"{HOSPITAL_PREFIX}{hospital:02d}"
 
 
 def manifest_sha256(dataset: Path) -> str:

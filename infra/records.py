@@ -87,8 +87,9 @@ class PrepareRecord:
         return self.data.get("classes")
 
     @property
-    def clients(self) -> object:
-        """``clients``: one entry per hospital (``client``, ``site``, ``group``, ...), as prepare wrote them."""
+    def hospitals(self) -> object:
+        """prepare.json's ``clients``: one entry per hospital (``client``, ``site``, ``group``, ...), as prepare
+        wrote them."""
         return self.data.get("clients")
 
     @property

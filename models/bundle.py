@@ -138,7 +138,7 @@ class ModelCard:
     positive_class: str | None = "abnormal"
     run_id: str = ""
     round: int = 0
-    client: int = 0
+    hospital: int = 0
     dataset: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
     written_at: str = ""
@@ -219,7 +219,7 @@ class ModelCard:
             **({"decision": self.decision} if self.positive_class is None else {}),
             "run_id": self.run_id,
             "round": self.round,
-            "client": self.client,
+            "client": self.hospital,
             "dataset": self.dataset,
             "metrics": self.metrics,
             "written_at": self.written_at,
@@ -258,7 +258,7 @@ class ModelCard:
                 positive_class=None if positive is None else str(positive),
                 run_id=str(data.get("run_id", "")),
                 round=int(data.get("round", 0)),
-                client=int(data.get("client", 0)),
+                hospital=int(data.get("client", 0)),
                 dataset=dict(data.get("dataset") or {}),
                 metrics=dict(data.get("metrics") or {}),
                 written_at=str(data.get("written_at", "")),

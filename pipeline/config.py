@@ -112,7 +112,7 @@ class TileConfig:
 
 
 @dataclass(frozen=True)
-class ClientsConfig:
+class HospitalsConfig:
     """Per-hospital heterogeneity: grayscale scanners, scanning resolution, tile size; and each hospital's group
     (``group``: a name per hospital, e.g. hospitals that share a stain, scanner and case mix), which prepare only
     records (``prepare.json``, ``clients[].group``) for analyses that know the simulation's ground truth."""
@@ -151,7 +151,7 @@ class PrepareConfig:
     source: SourceConfig = field(default_factory=SourceConfig)
     split: SplitConfig = field(default_factory=SplitConfig)
     tiles: TileConfig = field(default_factory=TileConfig)
-    clients: ClientsConfig = field(default_factory=ClientsConfig)
+    clients: HospitalsConfig = field(default_factory=HospitalsConfig)
     sites: StainShiftConfig = field(default_factory=StainShiftConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
 
@@ -204,7 +204,7 @@ _SECTIONS: dict[str, type] = {
     "source": SourceConfig,
     "split": SplitConfig,
     "tiles": TileConfig,
-    "clients": ClientsConfig,
+    "clients": HospitalsConfig,
     "sites": StainShiftConfig,
     "output": OutputConfig,
 }
@@ -269,18 +269,18 @@ def parse_float_list(text: str, name: str) -> tuple[float, ...]:
         raise PipelineError(f"{name} {text!r} must be comma-separated numbers, e.g. 1,0.5,1") from None
 
 
-def size_ratios(sizes: str, clients: int) -> tuple[float, ...] | None:
+def size_ratios(sizes: str, hospitals: int) -> tuple[float, ...] | None:
     """The ratio list of ``--sizes`` (``None`` for ``random``), checked against the number of clients."""
     text = sizes.strip().lower()
     if text == "random":
         return None
     if text == "equal":
-        return (1.0,) * clients
+        return (1.0,) * hospitals
     ratios = parse_float_list(text, "--sizes")
-    if len(ratios) != clients or any(not math.isfinite(r) or r <= 0 for r in ratios):
+    if len(ratios) != hospitals or any(not math.isfinite(r) or r <= 0 for r in ratios):
         raise PipelineError(
-            f"--sizes {sizes!r} must be 'equal', 'random' or {clients} positive numbers (one per client), e.g. "
-            + ",".join(str(max(1, clients - i)) for i in range(clients))
+            f"--sizes {sizes!r} must be 'equal', 'random' or {hospitals} positive numbers (one per client), e.g. "
+            + ",".join(str(max(1, hospitals - i)) for i in range(hospitals))
         )
     return ratios
 
@@ -509,7 +509,7 @@ def validate_config(config: PrepareConfig) -> None:
             f"--site-strength {sites.strength:g} must be between 0 and {MAX_STRENGTH:g} (1 = a typical spread "
             "between laboratories)"
         )
-    listed = [p.client for p in sites.profile]
+    listed = [p.hospital for p in sites.profile]
     outside = [c for c in listed if c >= split.clients]
     if outside:
         raise PipelineError(

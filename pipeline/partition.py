@@ -134,13 +134,13 @@ def _dirichlet(
 def _classes(
     labels: Sequence[str],
     ratios: Sequence[float],
-    per_client: int,
+    per_hospital: int,
     rng: np.random.Generator,
     classes: Sequence[str],
 ) -> tuple[list[int], list[int]]:
     hospitals = len(ratios)
     holders = {
-        label: [c for c in range(hospitals) if (k - c) % len(classes) < per_client] for k, label in enumerate(classes)
+        label: [c for c in range(hospitals) if (k - c) % len(classes) < per_hospital] for k, label in enumerate(classes)
     }
     groups = _by_label(labels, rng, classes)
     owner = [0] * len(labels)
@@ -149,8 +149,8 @@ def _classes(
             continue
         if not holders[label]:
             raise PipelineError(
-                f"partition classes:{per_client} with {hospitals} client(s) leaves no client holding '{label}' slides; "
-                "use more clients or a larger S"
+                f"partition classes:{per_hospital} with {hospitals} client(s) leaves no client holding '{label}' "
+                "slides; use more clients or a larger S"
             )
         counts = largest_remainder([ratios[c] for c in holders[label]], len(members))
         position = 0
@@ -286,7 +286,7 @@ def _test_quota(group_sizes: Sequence[int], n_test: int) -> list[int]:
 def split_train_test(
     labels: Sequence[str],
     owners: Sequence[int],
-    clients: int,
+    hospitals: int,
     test_fraction: float,
     rng: np.random.Generator,
     classes: Sequence[str] = LABELS,
@@ -295,10 +295,10 @@ def split_train_test(
     """``train``/``val``/``test`` for each slide: per client, stratified by label, at least one slide in train and
     test; with ``val_fraction`` > 0 a validation split drawn from the slides left after the test split (so the test
     split is the one ``val_fraction = 0`` gives), whenever at least two slides are left (one stays in train)."""
-    split = _split_test(labels, owners, clients, test_fraction, rng, classes)
+    split = _split_test(labels, owners, hospitals, test_fraction, rng, classes)
     if val_fraction <= 0.0:
         return split
-    for hospital in range(clients):
+    for hospital in range(hospitals):
         members = [i for i, c in enumerate(owners) if c == hospital]
         rest = [i for i in members if split[i] == "train"]
         if len(rest) < 2:
@@ -308,7 +308,7 @@ def split_train_test(
     return split
 
 
-def no_validation(owners: Sequence[int], splits: Sequence[str], clients: int, val_fraction: float) -> str | None:
+def no_validation(owners: Sequence[int], splits: Sequence[str], hospitals: int, val_fraction: float) -> str | None:
     """The warning that names the hospitals a ``val_fraction > 0`` left without a validation split, or ``None``.
 
     A validation split needs a slide of its own beside one for test and one for training (`split_train_test`), so a
@@ -316,13 +316,15 @@ def no_validation(owners: Sequence[int], splits: Sequence[str], clients: int, va
     on its test split, which is optimistic (docs/pipeline.md, "Splits")."""
     if val_fraction <= 0.0:
         return None
-    slides = [sum(1 for o in owners if o == c) for c in range(clients)]
-    without = [c for c in range(clients) if not any(o == c and s == "val" for o, s in zip(owners, splits, strict=True))]
+    slides = [sum(1 for o in owners if o == c) for c in range(hospitals)]
+    without = [
+        c for c in range(hospitals) if not any(o == c and s == "val" for o, s in zip(owners, splits, strict=True))
+    ]
     if not without:
         return None
     sizes = sorted({slides[c] for c in without})
     return (
-        f"--val-fraction {val_fraction:g}: {len(without)} of {clients} hospitals got no validation split "
+        f"--val-fraction {val_fraction:g}: {len(without)} of {hospitals} hospitals got no validation split "
         f"(hospital {', '.join(str(c) for c in without)}; {' or '.join(str(n) for n in sizes)} slides each, and a "
         "validation split needs a third slide beside one for test and one for training): their thresholds from a "
         "sensitivity floor will be chosen on test, which is optimistic"
@@ -350,14 +352,14 @@ def _draw(
 def _split_test(
     labels: Sequence[str],
     owners: Sequence[int],
-    clients: int,
+    hospitals: int,
     test_fraction: float,
     rng: np.random.Generator,
     classes: Sequence[str],
 ) -> list[str]:
     """``train``/``test`` for each slide: per client, stratified by label, at least one slide in each split."""
     split = ["train"] * len(labels)
-    for hospital in range(clients):
+    for hospital in range(hospitals):
         members = [i for i, c in enumerate(owners) if c == hospital]
         if len(members) < 2:
             raise PipelineError(

@@ -30,6 +30,9 @@ Departures, all outside PFLlib's draws: (1) a validation split is carved out of 
 (``--test-fraction 0.25`` is PFLlib's 0.75). (3) PFLlib's ``dir`` loop has no bound; here it stops after
 `MAX_TRIES` attempts with an error. (4) A client left with too few images for train and test is refused with one
 line instead of scikit-learn's exception.
+
+Names: ``class_per_client`` and ``class_num_per_client`` are PFLlib's, kept so that this code reads beside
+``separate_data``; its ``num_clients`` is ``num_hospitals`` here (docs/design.md, "Public formats that say client").
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ IndexArray = npt.NDArray[np.int64]
 
 def separate(
     labels: npt.NDArray[np.integer],
-    num_clients: int,
+    num_hospitals: int,
     num_classes: int,
     kind: str,
     rs: np.random.RandomState,
@@ -66,15 +69,15 @@ def separate(
     """
     labels = np.asarray(labels)
     if kind == "pat":
-        return _pat(labels, num_clients, num_classes, rs, class_per_client, balance, least_samples)
+        return _pat(labels, num_hospitals, num_classes, rs, class_per_client, balance, least_samples)
     if kind == "dir":
-        return _dir(labels, num_clients, num_classes, rs, alpha, least_samples)
+        return _dir(labels, num_hospitals, num_classes, rs, alpha, least_samples)
     raise PipelineError(f"PFLlib partition {kind!r} is unknown; use pat or dir")
 
 
 def _pat(
     labels: npt.NDArray[np.integer],
-    num_clients: int,
+    num_hospitals: int,
     num_classes: int,
     rs: np.random.RandomState,
     class_per_client: int,
@@ -83,15 +86,15 @@ def _pat(
 ) -> list[IndexArray]:
     idxs = np.array(range(len(labels)))
     idx_for_each_class = [idxs[labels == i] for i in range(num_classes)]
-    class_num_per_client = [class_per_client for _ in range(num_clients)]
+    class_num_per_client = [class_per_client for _ in range(num_hospitals)]
     owned: dict[int, IndexArray] = {}
     for i in range(num_classes):
-        selected = [c for c in range(num_clients) if class_num_per_client[c] > 0]
-        selected = selected[: int(np.ceil((num_clients / num_classes) * class_per_client))]
+        selected = [c for c in range(num_hospitals) if class_num_per_client[c] > 0]
+        selected = selected[: int(np.ceil((num_hospitals / num_classes) * class_per_client))]
         num_all = len(idx_for_each_class[i])
         if not selected:
             raise PipelineError(
-                f"partition pat:{class_per_client} with {num_clients} client(s) and {num_classes} classes leaves no "
+                f"partition pat:{class_per_client} with {num_hospitals} client(s) and {num_classes} classes leaves no "
                 f"client with a free class slot for class {i}; use more clients or a larger class count per client"
             )
         num_per = num_all / len(selected)
@@ -114,19 +117,19 @@ def _pat(
             owned[hospital] = part if hospital not in owned else np.append(owned[hospital], part, axis=0)
             start += count
             class_num_per_client[hospital] -= 1
-    missing = [c for c in range(num_clients) if c not in owned]
+    missing = [c for c in range(num_hospitals) if c not in owned]
     if missing:
         raise PipelineError(
             f"partition pat:{class_per_client} gives client(s) {', '.join(map(str, missing))} no image "
-            f"({num_clients} clients x {class_per_client} classes cannot cover {num_classes} classes in PFLlib's "
+            f"({num_hospitals} clients x {class_per_client} classes cannot cover {num_classes} classes in PFLlib's "
             "order); use fewer clients or more classes per client"
         )
-    return [np.asarray(owned[c], dtype=np.int64) for c in range(num_clients)]
+    return [np.asarray(owned[c], dtype=np.int64) for c in range(num_hospitals)]
 
 
 def _dir(
     labels: npt.NDArray[np.integer],
-    num_clients: int,
+    num_hospitals: int,
     num_classes: int,
     rs: np.random.RandomState,
     alpha: float,
@@ -135,7 +138,7 @@ def _dir(
     n = len(labels)
     min_size = 0
     tries = 0
-    idx_batch: list[list[int]] = [[] for _ in range(num_clients)]
+    idx_batch: list[list[int]] = [[] for _ in range(num_hospitals)]
     while min_size < least_samples:
         tries += 1
         if tries > MAX_TRIES:
@@ -143,13 +146,13 @@ def _dir(
                 f"partition dir:{alpha:g} left a client with fewer than {least_samples} image(s) in {MAX_TRIES} "
                 "draws; use fewer clients or a larger alpha"
             )
-        idx_batch = [[] for _ in range(num_clients)]
+        idx_batch = [[] for _ in range(num_hospitals)]
         for k in range(num_classes):
             idx_k = np.where(labels == k)[0]
             rs.shuffle(idx_k)
-            proportions = rs.dirichlet(np.repeat(alpha, num_clients))
+            proportions = rs.dirichlet(np.repeat(alpha, num_hospitals))
             proportions = np.array(
-                [p * (len(idx_j) < n / num_clients) for p, idx_j in zip(proportions, idx_batch, strict=True)]
+                [p * (len(idx_j) < n / num_hospitals) for p, idx_j in zip(proportions, idx_batch, strict=True)]
             )
             proportions = proportions / proportions.sum()
             cuts = (np.cumsum(proportions) * len(idx_k)).astype(int)[:-1]
@@ -159,7 +162,7 @@ def _dir(
 
 
 def split(
-    clients: Sequence[IndexArray], rs: np.random.RandomState, train_size: float
+    hospitals: Sequence[IndexArray], rs: np.random.RandomState, train_size: float
 ) -> list[tuple[IndexArray, IndexArray]]:
     """PFLlib's ``split_data`` on indices: (train, test) per client, by scikit-learn's ``train_test_split``
     (``shuffle=True``, ``random_state=rs``: one ``rs.permutation`` per client; test the first
@@ -167,7 +170,7 @@ def split(
     from sklearn.model_selection import train_test_split
 
     out: list[tuple[IndexArray, IndexArray]] = []
-    for hospital, members in enumerate(clients):
+    for hospital, members in enumerate(hospitals):
         if math.floor(train_size * len(members)) < 1 or len(members) - math.floor(train_size * len(members)) < 1:
             raise PipelineError(
                 f"client {hospital} holds {len(members)} image(s), too few for a train and a test part at train size "
@@ -181,7 +184,7 @@ def split(
 def pfl_assign(
     labels: Sequence[str],
     classes: Sequence[str],
-    clients: int,
+    hospitals: int,
     kind: str,
     seed: int,
     test_fraction: float,
@@ -196,7 +199,7 @@ def pfl_assign(
     index = {name: k for k, name in enumerate(classes)}
     values = np.array([index[label] for label in labels], dtype=np.int64)
     rs = np.random.RandomState(seed)
-    parts = separate(values, clients, len(classes), kind, rs, class_per_client, balance, alpha)
+    parts = separate(values, hospitals, len(classes), kind, rs, class_per_client, balance, alpha)
     owners = [-1] * len(labels)
     splits = [""] * len(labels)
     for hospital, (train, test) in enumerate(split(parts, rs, 1.0 - test_fraction)):

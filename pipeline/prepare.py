@@ -167,7 +167,7 @@ def _prepare_claimed(config: PrepareConfig, started: float) -> PrepareResult:
     except OSError as exc:
         raise PipelineError(os_error_message(exc, out.out)) from None
 
-    table = text_table(plans, written.counts, written.slides_per_client)
+    table = text_table(plans, written.counts, written.slides_per_hospital)
     notes = issues_text(written.skipped, written.warnings)
     report = f"{table}\n{notes}" if notes else table
     if written.shortcut["warning"]:

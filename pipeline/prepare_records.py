@@ -71,9 +71,9 @@ def _versions() -> dict[str, str]:
     }
 
 
-def _samples(rows: Iterable[list[str]], clients: int, classes: tuple[str, ...]) -> dict[int, dict[str, list[str]]]:
+def _samples(rows: Iterable[list[str]], hospitals: int, classes: tuple[str, ...]) -> dict[int, dict[str, list[str]]]:
     """Up to four tiles per client and label for the contact sheet, spread evenly over the manifest."""
-    grouped: dict[int, dict[str, list[str]]] = {c: {lab: [] for lab in classes} for c in range(clients)}
+    grouped: dict[int, dict[str, list[str]]] = {c: {lab: [] for lab in classes} for c in range(hospitals)}
     for row in rows:
         grouped[int(row[0])][row[2]].append(row[3])
     picked: dict[int, dict[str, list[str]]] = {}
@@ -91,9 +91,9 @@ def _check_splits(counts: Counts, plans: list[HospitalPlan], slides: dict[tuple[
     problems = []
     for plan in plans:
         for split in REQUIRED_SPLITS:
-            if sum(counts[plan.client][split].values()) == 0:
+            if sum(counts[plan.hospital][split].values()) == 0:
                 problems.append(
-                    f"client {plan.client} has no {split} tiles ({slides.get((plan.client, split), 0)} {split} "
+                    f"client {plan.hospital} has no {split} tiles ({slides.get((plan.hospital, split), 0)} {split} "
                     "slide(s), none gave a tile that passed the filters)"
                 )
     if problems:
@@ -126,7 +126,7 @@ class _Written:
     rows: list[list[str]]
     jobs: list[_Job]
     counts: Counts
-    slides_per_client: dict[int, int]
+    slides_per_hospital: dict[int, int]
     skipped: tuple[Skipped, ...]
     warnings: tuple[str, ...]
     shortcut: dict[str, Any]
@@ -156,7 +156,7 @@ def _write_records(
     }
     jobs = [j for j, o in zip(jobs, outcomes, strict=True) if o.skipped is None]
     missing_val = no_validation(
-        [j.client for j in jobs], [j.split for j in jobs], config.split.clients, config.split.val_fraction
+        [j.hospital for j in jobs], [j.split for j in jobs], config.split.clients, config.split.val_fraction
     )
     if missing_val is not None:  # said, not silent: which hospitals a --val-fraction left without validation
         warnings = (*warnings, missing_val)
@@ -169,7 +169,7 @@ def _write_records(
         counts[int(row[0])][row[1]][row[2]] += 1
     slide_counts: dict[tuple[int, str], int] = {}
     for job in jobs:
-        slide_counts[(job.client, job.split)] = slide_counts.get((job.client, job.split), 0) + 1
+        slide_counts[(job.hospital, job.split)] = slide_counts.get((job.hospital, job.split), 0) + 1
     _check_splits(counts, plans, slide_counts)
 
     buffer = io.StringIO()
@@ -178,10 +178,10 @@ def _write_records(
     writer.writerows(rows)
     (staging / MANIFEST_FILE).write_text(buffer.getvalue(), encoding="utf-8")
 
-    slides_per_client = {p.client: sum(1 for j in jobs if j.client == p.client) for p in plans}
-    excluded: dict[int, dict[str, int]] = {p.client: dict.fromkeys(SPLITS, 0) for p in plans}
+    slides_per_hospital = {p.hospital: sum(1 for j in jobs if j.hospital == p.hospital) for p in plans}
+    excluded: dict[int, dict[str, int]] = {p.hospital: dict.fromkeys(SPLITS, 0) for p in plans}
     for job, outcome in zip(jobs, kept_outcomes, strict=True):
-        excluded[job.client][job.split] += outcome.left_out
+        excluded[job.hospital][job.split] += outcome.left_out
     class_index = {label: k for k, label in enumerate(classes)}
     shortcut = probe(
         [st for o in kept_outcomes for st in o.stats],
@@ -235,14 +235,16 @@ def _write_records(
         settings["groups (clients.group)"] = _groups_text(config.clients.group)
     if config.tiles.mask_outside:
         settings["white max (Step a.1, training)"] = f"{config.tiles.white_max:g}"
-    report_md = markdown_report(settings, plans, counts, slides_per_client, skipped, warnings, probe_markdown(shortcut))
+    report_md = markdown_report(
+        settings, plans, counts, slides_per_hospital, skipped, warnings, probe_markdown(shortcut)
+    )
     (staging / "report.md").write_text(report_md, encoding="utf-8")
     sheet = contact_sheet(staging, plans, _samples(rows, config.split.clients, classes), classes)
     ok, png = cv2.imencode(".png", sheet)
     if not ok:
         raise PipelineError("could not encode contact_sheet.png (OpenCV PNG encoder)")
     (staging / "contact_sheet.png").write_bytes(png.tobytes())
-    return _Written(rows, jobs, counts, slides_per_client, skipped, warnings, shortcut)
+    return _Written(rows, jobs, counts, slides_per_hospital, skipped, warnings, shortcut)
 
 
 def _groups_text(groups: tuple[str, ...]) -> str:
@@ -293,7 +295,7 @@ def _provenance(
         ),
         "clients": [
             {
-                "client": p.client,
+                "client": p.hospital,
                 "grayscale": p.grayscale,
                 "channels": p.channels,
                 "tile_px": p.tile_px,
@@ -304,10 +306,10 @@ def _provenance(
                 "site": None if p.stain_profile is None else p.stain_profile.to_json(),
                 # the hospital's group (clients.group; None when not given): its stain, scanner and case mix are
                 # those of the other hospitals in the group (docs/pipeline.md, "Regimes": clustered)
-                "group": config.clients.group[p.client] if config.clients.group else None,
-                "size_ratio": ratios[p.client],
-                "slides": {s: sum(1 for j in jobs if j.client == p.client and j.split == s) for s in SPLITS},
-                "tiles": counts[p.client],
+                "group": config.clients.group[p.hospital] if config.clients.group else None,
+                "size_ratio": ratios[p.hospital],
+                "slides": {s: sum(1 for j in jobs if j.hospital == p.hospital and j.split == s) for s in SPLITS},
+                "tiles": counts[p.hospital],
             }
             for p in plans
         ],
@@ -326,7 +328,7 @@ def _provenance(
                 # the slide file's own sha256: scoring its test slides later names one changed or missing since
                 "sha256": dict(j.info.hashes).get(j.info.ref.source),
                 "label": j.info.label,
-                "client": j.client,
+                "client": j.hospital,
                 "split": j.split,
                 "width": j.info.width,
                 "height": j.info.height,

@@ -37,7 +37,7 @@ R = TypeVar("R")
 @dataclass(frozen=True)
 class _Job:
     info: SlideInfo
-    client: int
+    hospital: int
     split: str
     plan: HospitalPlan
 
@@ -85,7 +85,7 @@ def _tile_job(job: _Job, config: PrepareConfig, staging: Path) -> _Outcome:
         slide = load_slide(ref, config.source, config.source.input)
     except PipelineError as exc:
         # Pixel data that fails to decode although the header was fine: skipped after the client split.
-        reason = f"{exc} (found while tiling: client {job.client} has one {job.split} slide fewer)"
+        reason = f"{exc} (found while tiling: client {job.hospital} has one {job.split} slide fewer)"
         return _Outcome(rows=[], skipped=Skipped(ref.source, reason))
     if slide.hashes != job.info.hashes:
         raise PipelineError(f"{ref.source} (or its mask) changed while prepare was running; re-run prepare")
@@ -95,7 +95,7 @@ def _tile_job(job: _Job, config: PrepareConfig, staging: Path) -> _Outcome:
     too_small = None
     if min(width, height) < job.plan.size:
         too_small = (
-            f"{ref.source}: {width}x{height} is smaller than client {job.client}'s {job.plan.size} px tile square; "
+            f"{ref.source}: {width}x{height} is smaller than client {job.hospital}'s {job.plan.size} px tile square; "
             "no tile taken (use a smaller --tile)"
         )
     # One generator per slide, keyed by seed and slide index: the same tiles are drawn whatever the thread order.
@@ -121,14 +121,14 @@ def _tile_job(job: _Job, config: PrepareConfig, staging: Path) -> _Outcome:
             f"{ref.source}: the slide is black (every pixel <= {BLACK_LEVEL}), so its {len(tiles)} {label} tile(s) "
             "show no tissue; check the scan or remove the slide from the input"
         )
-    folder = f"{hospital_name(job.client)}/{job.split}/{label}"
+    folder = f"{hospital_name(job.hospital)}/{job.split}/{label}"
     rows = []
     for tile in tiles:
         rel = f"{folder}/{tile_name(ref.index, ref.source, tile.x, tile.y)}"
         (staging / rel).write_bytes(encode_png(tile.pixels))
         rows.append(
             [
-                str(job.client),
+                str(job.hospital),
                 job.split,
                 label,
                 rel,
@@ -243,7 +243,7 @@ def _tile_without_copies(
         for plan in plans:
             for split in SPLITS:
                 for label in classes:
-                    (staging / hospital_name(plan.client) / split / label).mkdir(parents=True)
+                    (staging / hospital_name(plan.hospital) / split / label).mkdir(parents=True)
         outcomes = list(
             _parallel(lambda job: _tile_job(job, config, staging), jobs, out.workers, "tiling", out.progress)
         )
@@ -260,5 +260,5 @@ def _tile_without_copies(
         usable = [i for i in usable if i.ref.source not in left_out]
         skipped = tuple(sorted([*skipped, *pixel_copies], key=lambda s: s.source))
         for plan in plans:
-            shutil.rmtree(staging / hospital_name(plan.client))
+            shutil.rmtree(staging / hospital_name(plan.hospital))
     return _Tiled(jobs, outcomes, ratios, usable, skipped)

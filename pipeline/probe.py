@@ -160,7 +160,7 @@ def probe(
     stats: Sequence[tuple[float, ...]],
     labels: Sequence[int],
     splits: Sequence[str],
-    clients: Sequence[int],
+    hospitals: Sequence[int],
     split_names: Sequence[str],
 ) -> dict[str, Any]:
     """The record of ``prepare.json["shortcut_probe"]`` for tiles given by parallel sequences.
@@ -174,7 +174,7 @@ def probe(
     table = np.asarray(stats, dtype=np.float64).reshape(-1, len(STATISTICS))
     lab = np.asarray(labels)
     spl = np.asarray(splits)
-    cli = np.asarray(clients)
+    cli = np.asarray(hospitals)
 
     def aucs(rows: npt.NDArray[np.bool_], by_hospital: bool = False) -> dict[str, Any]:
         """Each statistic's AUC over ``rows``: all pairs, or (``by_hospital``) pairs of one hospital only."""
@@ -191,7 +191,7 @@ def probe(
 
     pooled = {split: aucs(spl == split) for split in split_names}
     stratified = {split: aucs(spl == split, by_hospital=True) for split in split_names}
-    per_client = {
+    per_hospital = {
         str(c): {split: aucs((cli == c) & (spl == split)) for split in split_names} for c in sorted(set(cli.tolist()))
     }
     worst, worst_within = _worst(pooled), _worst(stratified)
@@ -212,7 +212,7 @@ def probe(
         "warn_above": WARN_AUC,
         "splits": pooled,
         "within_hospitals": stratified,
-        "clients": per_client,
+        "clients": per_hospital,
         "worst": worst,
         "worst_within": worst_within,
         "warning": warning,

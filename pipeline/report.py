@@ -52,9 +52,9 @@ class Skipped:
     reason: str
 
 
-def empty_counts(clients: int, classes: Sequence[str] = LABELS) -> Counts:
+def empty_counts(hospitals: int, classes: Sequence[str] = LABELS) -> Counts:
     """``counts[client][split][label] = 0`` for every combination (labels in class order)."""
-    return {c: {s: dict.fromkeys(classes, 0) for s in SPLITS} for c in range(clients)}
+    return {c: {s: dict.fromkeys(classes, 0) for s in SPLITS} for c in range(hospitals)}
 
 
 def _classes_of(counts: Counts) -> list[str]:
@@ -73,22 +73,22 @@ def _table_rows(
     header += [f"{s} {lab}" for s in SPLITS for lab in labels] + ["tiles"]
     rows = []
     for plan in plans:
-        per = counts[plan.client]
+        per = counts[plan.hospital]
         cells = [per[s][lab] for s in SPLITS for lab in labels]
         rows.append(
             [
-                str(plan.client),
+                str(plan.hospital),
                 "yes" if plan.grayscale else "no",
                 *(["shifted" if plan.stain_profile is not None else "-"] if profiled else []),
                 str(plan.tile_px),
                 f"{plan.scale:g}",
                 str(plan.size),
-                str(slides.get(plan.client, 0)),
+                str(slides.get(plan.hospital, 0)),
                 *map(str, cells),
                 str(sum(cells)),
             ]
         )
-    totals = [sum(counts[p.client][s][lab] for p in plans) for s in SPLITS for lab in labels]
+    totals = [sum(counts[p.hospital][s][lab] for p in plans) for s in SPLITS for lab in labels]
     blanks = [""] * (len(header) - 2 - len(totals) - 1)
     rows.append(["all", *blanks, str(sum(slides.values())), *map(str, totals), str(sum(totals))])
     return header, rows
@@ -182,7 +182,7 @@ def contact_sheet(
         cv2.putText(sheet, label[:14], (left, 18), cv2.FONT_HERSHEY_SIMPLEX, 0.55, colours[label], 1, cv2.LINE_AA)
     for r, plan in enumerate(plans):
         top = _HEADER + r * row_h + _GAP
-        text = f"client {plan.client}"
+        text = f"client {plan.hospital}"
         detail = f"{plan.tile_px}px{' gray' if plan.grayscale else ''} x{plan.scale:g}"
         cv2.putText(sheet, text, (6, top + 22), cv2.FONT_HERSHEY_SIMPLEX, 0.6, (0, 0, 0), 1, cv2.LINE_AA)
         cv2.putText(sheet, detail, (6, top + 44), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (60, 60, 60), 1, cv2.LINE_AA)
@@ -192,7 +192,7 @@ def contact_sheet(
                     sheet, line, (6, top + 66 + 16 * j), cv2.FONT_HERSHEY_SIMPLEX, 0.36, (120, 60, 0), 1, cv2.LINE_AA
                 )
         for k, label in enumerate(labels):
-            for i, rel in enumerate(list(samples.get(plan.client, {}).get(label, []))[:per_label]):
+            for i, rel in enumerate(list(samples.get(plan.hospital, {}).get(label, []))[:per_label]):
                 left = _LEFT + (k * per_label + i) * (_THUMB + _GAP)
                 sheet[top : top + _THUMB, left : left + _THUMB] = _thumbnail(root / rel)
                 cv2.rectangle(sheet, (left, top), (left + _THUMB - 1, top + _THUMB - 1), colours[label], 2)

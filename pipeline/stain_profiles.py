@@ -113,12 +113,12 @@ def check_profile_value(name: str, value: Any, where: str) -> float | int:
 class ListedProfile:
     """A hospital's profile values given in the configuration (``[[sites.profile]]``), over the drawn ones."""
 
-    client: int
+    hospital: int
     values: tuple[tuple[str, float | int], ...]
 
     def to_json(self) -> dict[str, float | int]:
         """``{"client": c, field: value, ...}`` as in the TOML table."""
-        return {"client": self.client, **dict(self.values)}
+        return {"client": self.hospital, **dict(self.values)}
 
 
 def parse_listed(tables: Any, where: str) -> tuple[ListedProfile, ...]:
@@ -149,8 +149,8 @@ def parse_listed(tables: Any, where: str) -> tuple[ListedProfile, ...]:
     return tuple(listed)
 
 
-def draw_profile(seed: int, client: int, strength: float) -> StainProfile:
-    """Hospital ``client``'s random profile at ``strength`` (0 = none; 1 = a typical spread between labs).
+def draw_profile(seed: int, hospital: int, strength: float) -> StainProfile:
+    """Hospital ``hospital``'s random profile at ``strength`` (0 = none; 1 = a typical spread between labs).
 
     At strength 1: hue uniform in +-12 degrees; stain gains and brightness log-uniform in e^+-0.35 (0.70-1.42)
     and e^+-0.12 (0.89-1.13); blur sigma uniform in [0, 1.5] px; JPEG quality uniform in 40..95. Departures
@@ -158,7 +158,7 @@ def draw_profile(seed: int, client: int, strength: float) -> StainProfile:
     """
     if strength == 0:
         return StainProfile()
-    rng = np.random.default_rng([seed, _PROFILE_STREAM, client])
+    rng = np.random.default_rng([seed, _PROFILE_STREAM, hospital])
     u = rng.uniform(-1.0, 1.0, size=4)
     blur, quality = rng.uniform(0.0, 1.0, size=2)
     return StainProfile(
@@ -172,14 +172,14 @@ def draw_profile(seed: int, client: int, strength: float) -> StainProfile:
 
 
 def stain_profiles_for(
-    shift: str, strength: float, listed: Sequence[ListedProfile], seed: int, clients: int
+    shift: str, strength: float, listed: Sequence[ListedProfile], seed: int, hospitals: int
 ) -> list[StainProfile | None]:
     """Every hospital's profile (``None`` where the tiles are left as they are)."""
-    by_client = {entry.client: dict(entry.values) for entry in listed}
+    by_hospital = {entry.hospital: dict(entry.values) for entry in listed}
     out: list[StainProfile | None] = []
-    for hospital in range(clients):
+    for hospital in range(hospitals):
         base = draw_profile(seed, hospital, strength) if shift == "random" else StainProfile()
-        profile = replace(base, **by_client.get(hospital, {}))  # type: ignore[arg-type]
+        profile = replace(base, **by_hospital.get(hospital, {}))  # type: ignore[arg-type]
         out.append(None if profile.is_identity else profile)
     return out
 

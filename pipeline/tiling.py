@@ -53,7 +53,7 @@ BLACK_LEVEL = 10
 class HospitalPlan:
     """One hospital's tile settings: output tile px, scanning scale, grid in original pixels, colour."""
 
-    client: int
+    hospital: int
     tile_px: int
     scale: float
     size: int
@@ -96,7 +96,7 @@ def hospital_plans(config: PrepareConfig) -> list[HospitalPlan]:
         abnormal_px = max(1, round(abnormal * tile_px / tiles.tile))
         plans.append(
             HospitalPlan(
-                client=c,
+                hospital=c,
                 tile_px=tile_px,
                 scale=scale,
                 size=max(1, round(tile_px / scale)),

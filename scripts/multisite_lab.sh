@@ -107,7 +107,7 @@ fi
 [ -f "$data/manifest.csv" ] || { echo "error: --data $data is not a prepared dataset (no manifest.csv)" >&2; exit 2; }
 data=$(cd "$data" && pwd)
 hospitals=$("$py" -c "import sys; from federation.hospital.data import read_dataset; rows, _ = read_dataset(sys.argv[1]); \
-print(len({r.client for r in rows}))" "$data")
+print(len({r.hospital for r in rows}))" "$data")
 settings=(--set "run.rounds=$rounds")
 for s in "${sets[@]}"; do settings+=(--set "$s"); done
 

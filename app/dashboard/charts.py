@@ -27,9 +27,9 @@ MUTED = "#6b7280"  # reference lines (chance diagonal, std)
 _HOSPITAL = re.compile(r"^Hospital (\d+)$")
 
 
-def hospital_colour(client: int) -> str:
-    """The colour of hospital ``client`` on every chart (Okabe-Ito, by client index, cycling after eight)."""
-    return PALETTE[int(client) % len(PALETTE)]
+def hospital_colour(hospital: int) -> str:
+    """The colour of hospital ``hospital`` on every chart (Okabe-Ito, by hospital index, cycling after eight)."""
+    return PALETTE[int(hospital) % len(PALETTE)]
 
 
 def series_colour(name: str, position: int) -> str:

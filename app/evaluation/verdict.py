@@ -62,7 +62,7 @@ def slide_results(
 
 
 def score_hospital(
-    client: int,
+    hospital: int,
     rows: pd.DataFrame,
     threshold: float,
     target_sensitivity: float,
@@ -99,7 +99,7 @@ def score_hospital(
     )
     warnings = [w for w in found if w]
     return HospitalScore(
-        int(client),
+        int(hospital),
         auc,
         point,
         target,
@@ -337,7 +337,7 @@ class Judgement:
 
 
 def judge(
-    client: int,
+    hospital: int,
     rows: pd.DataFrame,
     threshold: float,
     source: str,
@@ -348,7 +348,7 @@ def judge(
 ) -> Judgement:
     """One hospital's `Judgement` at its operating ``threshold`` against ``floor`` (`score_hospital` with the
     floor's sensitivity as the target, then `verdict`)."""
-    score = score_hospital(client, rows, threshold, floor.sensitivity, floor.min_slides, val_rows, held_out)
+    score = score_hospital(hospital, rows, threshold, floor.sensitivity, floor.min_slides, val_rows, held_out)
     judged = verdict(score, floor)
     if held_out is not None and held_out.flags_text():  # the slides reported UNFAMILIAR or with a focus, counted
         judged = replace(judged, reason=judged.reason + held_out.flags_text())

@@ -167,7 +167,7 @@ def target_warning(
 
 
 def accuracy_warning(
-    client: int, auc: float | None, accuracy: float | None, min_auc: float = WARN_AUC, min_acc: float = WARN_ACC
+    hospital: int, auc: float | None, accuracy: float | None, min_auc: float = WARN_AUC, min_acc: float = WARN_ACC
 ) -> str | None:
     """One plain sentence sending a hospital to the Hospital page's scorecard when its AUC is at least ``min_auc``
     but its accuracy (the engine's, at threshold 0.5) is below ``min_acc``; else ``None``.
@@ -181,7 +181,7 @@ def accuracy_warning(
     if auc < min_auc or accuracy >= min_acc:
         return None
     return (
-        f"{hospital_label(client)} ranks tiles well (AUC {auc:.2f}) but at threshold 0.5 classifies only "
+        f"{hospital_label(hospital)} ranks tiles well (AUC {auc:.2f}) but at threshold 0.5 classifies only "
         f"{accuracy:.0%} of its test tiles correctly (accuracy {accuracy:.2f}): see its operating point on the "
         "Hospital page."
     )

@@ -127,7 +127,7 @@ class HospitalReport:
     held_out: Slides | None = None
 
 
-def _open_run(run: Path, client: int) -> tuple[str, dict[str, Any], Path]:
+def _open_run(run: Path, hospital: int) -> tuple[str, dict[str, Any], Path]:
     """``run``'s ``config.toml`` (its text and tables) and hospital ``client``'s folder; `ReportError` when the run
     or the hospital is not there or the configuration does not read."""
     if not run.is_dir():
@@ -142,10 +142,10 @@ def _open_run(run: Path, client: int) -> tuple[str, dict[str, Any], Path]:
         raise ReportError(
             f"{exc.path} is not valid TOML ({exc.cause}); restore it (each hospital.json keeps a copy as config_toml)"
         ) from None
-    folder = hospital_dir(run, client)
+    folder = hospital_dir(run, hospital)
     if not folder.is_dir():
         known = ", ".join(str(c) for c in hospital_folders(run)) or "none"
-        raise ReportError(f"{folder} does not exist: hospital {client} is not part of this run (hospitals: {known})")
+        raise ReportError(f"{folder} does not exist: hospital {hospital} is not part of this run (hospitals: {known})")
     return config_file.text, config_file.tables, folder
 
 
@@ -168,8 +168,8 @@ def _card(folder: Path) -> dict[str, Any]:
 
 def load_hospital(run: Path, hospital: int | str) -> HospitalReport:
     """Read what the report of ``hospital`` in ``run`` needs; `ReportError` (one line) for anything unusable."""
-    client = _hospital_index(hospital)
-    config_text, config, folder = _open_run(run, client)
+    index = _hospital_index(hospital)
+    config_text, config, folder = _open_run(run, index)
     predictions = read_predictions(folder / PREDICTIONS_FILE)
     summary = _summary(run)
     card = _card(folder)  # a run made before model export: noted below
@@ -199,7 +199,7 @@ def load_hospital(run: Path, hospital: int | str) -> HospitalReport:
         notes.append(f"{folder / CARD_FILE} is missing (a run made before model export): threshold 0.5.")
     metrics = read_run_metrics(run)
     notes += [f"{problem}." for problem in metrics.problems]
-    mine = [r for r in metrics.records if r["client"] == client]
+    mine = [r for r in metrics.records if r["client"] == index]
     engine = max(mine, key=lambda r: int(r["round"])) if mine else {}
     val_predictions = None
     if (folder / VAL_PREDICTIONS_FILE).is_file():
@@ -215,7 +215,7 @@ def load_hospital(run: Path, hospital: int | str) -> HospitalReport:
             notes.append(f"{exc}; the slide figures are grouped from the test tiles instead.")
     return HospitalReport(
         run,
-        client,
+        index,
         folder,
         config_text,
         config,
@@ -256,8 +256,8 @@ class ClassReport:
 def load_classes(run: Path, hospital: int | str) -> ClassReport:
     """Read what the report of ``hospital`` of a multi-class ``run`` needs (its ``predictions.csv`` with one
     ``prob_<class>`` column per class); `ReportError` (one line) for anything unusable."""
-    client = _hospital_index(hospital)
-    config_text, config, folder = _open_run(run, client)
+    hospital = _hospital_index(hospital)
+    config_text, config, folder = _open_run(run, hospital)
     path = folder / PREDICTIONS_FILE
     card = _card(folder)
     named = card.get("class_names")
@@ -279,8 +279,8 @@ def load_classes(run: Path, hospital: int | str) -> ClassReport:
     notes = [] if card else [f"{folder / CARD_FILE} is missing (a run made before model export)."]
     metrics = read_run_metrics(run)
     notes += [f"{problem}." for problem in metrics.problems]
-    rounds = sorted((r for r in metrics.records if r["client"] == client), key=lambda r: int(r["round"]))
-    return ClassReport(run, client, folder, config_text, config, summary, card, predictions, rounds, notes)
+    rounds = sorted((r for r in metrics.records if r["client"] == hospital), key=lambda r: int(r["round"]))
+    return ClassReport(run, hospital, folder, config_text, config, summary, card, predictions, rounds, notes)
 
 
 def report_classes(folder: Path) -> tuple[str, ...]:

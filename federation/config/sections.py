@@ -169,7 +169,7 @@ class StrategySection:
 
 
 @dataclass(frozen=True)
-class ClientSection:
+class HospitalSection:
     """``[client]``: local training (SGD) per round; ``head_*`` applies to strategies with a personal head."""
 
     epochs: int
@@ -478,7 +478,7 @@ class RunConfig:
     data: DataSection
     model: ModelSection
     strategy: StrategySection
-    client: ClientSection
+    client: HospitalSection
     fedprox: FedProxSection
     amp: AmpSection
     fedsaf: FedSAFSection

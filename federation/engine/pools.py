@@ -51,7 +51,7 @@ class InProcessPool(Pool):
 
     def __init__(self, sites: Sequence[Site], observers: Sequence[Observer] = ()) -> None:
         super().__init__(observers)
-        self.hospitals = {s.client: Hospital(s) for s in sites}
+        self.hospitals = {s.hospital: Hospital(s) for s in sites}
 
     def _broadcast(self, envelope: Envelope) -> dict[int, Envelope]:
         return {c: answer(h, envelope) for c, h in self.hospitals.items()}
@@ -123,8 +123,8 @@ class WorkerPool(Pool):
         self.owner: dict[int, int] = {}
         groups: list[list[dict[str, Any]]] = [[] for _ in range(workers)]
         for i, site in enumerate(sites):
-            groups[i % workers].append({"client": site.client, "dataset": str(site.dataset), "root": str(site.root)})
-            self.owner[site.client] = i % workers
+            groups[i % workers].append({"client": site.hospital, "dataset": str(site.dataset), "root": str(site.root)})
+            self.owner[site.hospital] = i % workers
         for w, group in enumerate(groups):
             parent, child = context.Pipe()
             process = context.Process(

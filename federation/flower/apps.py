@@ -116,14 +116,14 @@ class FlowerPool(Pool):
             node_of[r.metadata.reply_to_message_id]: r for r in replies if r.metadata.reply_to_message_id in node_of
         }
 
-    def _reply_envelope(self, client: int, reply: Message) -> Envelope:
+    def _reply_envelope(self, hospital: int, reply: Message) -> Envelope:
         if reply.has_error():
             reason = (reply.error.reason or "no reason given").strip().splitlines()
             last = reason[-1] if reason else ""
             if reply.metadata.src_node_id == SUPERLINK_NODE_ID:
                 # the hospital never got the message (e.g. its SuperNode missed its heartbeats): probably down
-                return encode(Failure(client, f"the SuperLink could not deliver to it: {last}", silent=True))
-            return encode(Failure(client, f"the hospital's ClientApp failed: {last}"))
+                return encode(Failure(hospital, f"the SuperLink could not deliver to it: {last}", silent=True))
+            return encode(Failure(hospital, f"the hospital's ClientApp failed: {last}"))
         return from_record(reply.content)
 
     def _broadcast(self, envelope: Envelope) -> dict[int, Envelope]:
@@ -142,7 +142,7 @@ class FlowerPool(Pool):
 
     def _send(self, envelopes: Mapping[int, Envelope]) -> dict[int, Envelope]:
         by_node = {self.node_of[c]: e for c, e in envelopes.items() if c in self.node_of}
-        client_of = {node: c for c, node in self.node_of.items()}
+        hospital_of = {node: c for c, node in self.node_of.items()}
         began = time.monotonic()
         replies = self._exchange_nodes(by_node, self.round_timeout)
         waited = time.monotonic() - began
@@ -158,7 +158,7 @@ class FlowerPool(Pool):
                     reason = f"no answer within {self.round_timeout:g} s (flower.round_timeout)"
                 out[c] = encode(Failure(c, reason, silent=True))
             else:
-                out[client_of[node]] = self._reply_envelope(c, replies[node])
+                out[hospital_of[node]] = self._reply_envelope(c, replies[node])
         return out
 
 

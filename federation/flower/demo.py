@@ -53,21 +53,23 @@ def run_demo(
         load_policy(policy)  # a bad file is one line before anything starts
     check_input_size(config.model.name, config.data.input_size)
     sites = local_sites(config, run_dir)
-    names = [hospital_name(s.client) for s in sites]
+    names = [hospital_name(s.hospital) for s in sites]
     work = run_dir.parent / f"{run_dir.name}.deployment" if keep else Path(tempfile.mkdtemp(prefix="gastric-fl-demo-"))
     try:
         kit = init_kit(work / "kit", names, host="127.0.0.1", overwrite=True)
         shutil.rmtree(work / "data", ignore_errors=True)  # this command's own copies of an earlier demo
         nodes = [
             NodeSpec(
-                hospital_name(s.client),
+                hospital_name(s.hospital),
                 {
                     "partition-id": i,
-                    "client": s.client,
+                    "client": s.hospital,
                     "data-client": 0,
                     # each hospital holds only its own slides: its part of the dataset, as a dataset of its own
-                    "data-path": str(extract_hospital(s.dataset, s.client, work / "data" / hospital_name(s.client))),
-                    "hospital-dir": str(hospital_dir(run_dir, s.client).resolve()),
+                    "data-path": str(
+                        extract_hospital(s.dataset, s.hospital, work / "data" / hospital_name(s.hospital))
+                    ),
+                    "hospital-dir": str(hospital_dir(run_dir, s.hospital).resolve()),
                     "per-run": False,
                     **({"policy": str(Path(policy).resolve())} if policy is not None else {}),
                 },

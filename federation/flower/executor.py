@@ -148,32 +148,32 @@ class HospitalExecutor:
         from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
         from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
-        hospital = runtime_client(
+        runtime = runtime_client(
             self.address,
             [RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"), RuntimeTokenHttpInterceptor(token)],
             max_time=120.0,
         )
-        heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(hospital))
+        heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(runtime))
         heartbeat.start()
         context = None
         status, details = SubStatus.FAILED, "the hospital executor failed"
         try:
-            message, context, run = self.pull_task_input(hospital)  # the FAB is never read, let alone installed
+            message, context, run = self.pull_task_input(runtime)  # the FAB is never read, let alone installed
             reply = self.reply(message, context, run.fab_id)
-            push_message(hospital, reply, context)
+            push_message(runtime, reply, context)
             status, details = SubStatus.COMPLETED, ""
         except Exception as exc:  # one task's trouble never stops the hospital
             details = f"{type(exc).__name__}: {exc}"
             _log(f"task failed: {details}")
         finally:
             try:
-                push_task_output(client=hospital, context=context, sub_status=status, details=details)
+                push_task_output(client=runtime, context=context, sub_status=status, details=details)
             except Exception as exc:  # the task is gone (its run finished, the SuperNode restarted): move on
                 _log(f"could not report the task's end: {type(exc).__name__}: {exc}")
             finally:
                 if heartbeat.is_running:
                     heartbeat.stop()
-                hospital.close()
+                runtime.close()
 
     @staticmethod
     def pull_task_input(client: Any) -> tuple[Message, Context, Any]:
@@ -267,7 +267,7 @@ def record_refusal(context: Context, asked: str, fab_id: str, reason: str) -> st
             hospital = int(config.get("client", config.get("partition-id", -1)))
             site = Site(Path(), hospital, Path(str(config["hospital-dir"])))
         request = {"run_id": f"flower run {context.run_id} ({fab_id})", "kind": asked}
-        record_reply(site.outbound_log, request, encode(Failure(site.client, reason)))
+        record_reply(site.outbound_log, request, encode(Failure(site.hospital, reason)))
     except Exception as exc:  # the refusal leaves all the same: it holds nothing of the hospital
         _log(f"this refusal is not in the outbound log: {type(exc).__name__}: {first_line(exc)}")
     return reason

@@ -57,7 +57,7 @@ def run_config(
         values["dataset-sha256"] = manifest_sha256(Path(sites[0].dataset))
     if sites and config.run.engine == "flower-sim":
         values["sim-data-path"] = str(Path(sites[0].dataset).resolve())
-        values["sim-clients"] = ",".join(str(s.client) for s in sites)
+        values["sim-clients"] = ",".join(str(s.hospital) for s in sites)
         values["sim-hospitals-dir"] = str((run_dir / HOSPITALS_DIR).resolve())
     return values
 

@@ -51,7 +51,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"  # prepare writes PNG tiles; the content decide
 class ManifestRow:
     """One tile of ``manifest.csv`` (the columns the federation needs)."""
 
-    client: int
+    hospital: int
     split: str
     label: int
     path: str
@@ -212,7 +212,7 @@ def read_dataset(dataset: str | Path) -> tuple[list[ManifestRow], tuple[str, ...
 
 def manifest_hospitals(rows: Sequence[ManifestRow]) -> list[int]:
     """Hospital indices in the manifest, checked to be 0..m-1 with none missing."""
-    present = sorted({r.client for r in rows})
+    present = sorted({r.hospital for r in rows})
     expected = list(range(present[-1] + 1))
     empty = sorted(set(expected) - set(present))
     if empty:
@@ -250,15 +250,15 @@ def check_hospitals(folder: Path, rows: Sequence[ManifestRow], hospitals: Sequen
     absent = [c for c in chosen if c not in present]
     if absent:
         raise FederationError(f"strategy.clients names {absent}, but {folder} has hospitals {present}")
-    missing = [r.path for r in rows if r.client in chosen and not (folder / r.path).is_file()]
+    missing = [r.path for r in rows if r.hospital in chosen and not (folder / r.path).is_file()]
     if missing:
         raise FederationError(
             f"tile {folder / missing[0]} listed in {MANIFEST_FILE} does not exist ({len(missing)} missing in all): "
             "the prepared folder is incomplete, re-run gastric-fl prepare"
         )
     for c in chosen:
-        train = sum(1 for r in rows if r.client == c and r.split == "train")
-        test = sum(1 for r in rows if r.client == c and r.split == "test")
+        train = sum(1 for r in rows if r.hospital == c and r.split == "train")
+        test = sum(1 for r in rows if r.hospital == c and r.split == "test")
         if train < MIN_TRAIN_TILES or not test:
             raise FederationError(
                 f"hospital {c} has {train} training and {test} test tiles: every hospital needs at least "
@@ -280,7 +280,7 @@ def load_hospitals(
     chosen = check_hospitals(folder, rows, hospitals)
     out: dict[int, HospitalData] = {}
     for c in chosen:
-        mine = [r for r in rows if r.client == c]
+        mine = [r for r in rows if r.hospital == c]
         train = [r for r in mine if r.split == "train"]
         test = [r for r in mine if r.split == "test"]
         val = [r for r in mine if r.split == "val"]
@@ -339,8 +339,8 @@ def to_tensor(images: np.ndarray, device: torch.device | str = "cpu") -> torch.T
     return normalise(images, *default_stats(images.shape[3]), device)
 
 
-def extract_hospital(dataset: str | Path, client: int, out: Path) -> Path:
-    """Hospital ``client``'s part of a prepared dataset of several hospitals, as a dataset of its own: its rows only
+def extract_hospital(dataset: str | Path, hospital: int, out: Path) -> Path:
+    """Hospital ``hospital``'s part of a prepared dataset of several hospitals, as a dataset of its own: its rows only
     (renumbered client 0), its tiles (hard links where the file system allows, else copies) and a ``prepare.json``
     that concerns it alone (`_own_record`). What a hospital holds when it prepared only its own slides (``prepare
     --clients 1``); the loopback deployment (``federation demo``) gives each hospital such a dataset, so that none
@@ -348,11 +348,11 @@ def extract_hospital(dataset: str | Path, client: int, out: Path) -> Path:
     show every hospital, are not copied. ``out`` must not exist."""
     source = Path(dataset)
     rows, classes = read_dataset(source)
-    check_hospitals(source, rows, [client])
+    check_hospitals(source, rows, [hospital])
     with (source / MANIFEST_FILE).open(newline="", encoding="utf-8-sig") as handle:
         reader = csv.DictReader(handle)
         fields = list(reader.fieldnames or [])
-        records = [r for r in reader if int(r["client"]) == client]
+        records = [r for r in reader if int(r["client"]) == hospital]
     out.mkdir(parents=True)
     for record in records:
         target = out / record["path"]
@@ -370,8 +370,8 @@ def extract_hospital(dataset: str | Path, client: int, out: Path) -> Path:
         prepared = dict(read_prepare_record(source).data)
     except RecordError:
         prepared = {}
-    own = _own_record(prepared, client, records, classes)
-    own["extracted_from"] = {"dataset": str(source.resolve()), "client": client}
+    own = _own_record(prepared, hospital, records, classes)
+    own["extracted_from"] = {"dataset": str(source.resolve()), "client": hospital}
     (out / PREPARE_RECORD).write_text(json.dumps(own, indent=2) + "\n", encoding="utf-8")
     return out
 
@@ -389,8 +389,8 @@ def _is_hospital(entry: object, hospital: int) -> bool:
     return isinstance(entry, dict) and str(entry.get("client")) == str(hospital)
 
 
-def _own_config(config: dict[str, Any], client: int) -> dict[str, Any]:
-    """``prepare.json``'s ``config`` with its per-hospital settings cut to ``client``'s, renumbered client 0: the
+def _own_config(config: dict[str, Any], hospital: int) -> dict[str, Any]:
+    """``prepare.json``'s ``config`` with its per-hospital settings cut to ``hospital``'s, renumbered client 0: the
     settings of the preparation this hospital's slides come from (``split`` still says how many hospitals shared
     them out, and a case mix ``abnormal:...`` only this hospital's share); ``clients[0]`` of the record holds the
     hospital's resolved values."""
@@ -400,25 +400,25 @@ def _own_config(config: dict[str, Any], client: int) -> dict[str, Any]:
     if isinstance(split, dict) and isinstance(partition, str) and partition.startswith("abnormal:"):
         # a case mix lists every hospital's share of abnormal slides: keep this hospital's own only
         shares = partition.removeprefix("abnormal:").split(",")
-        own["split"] = {**split, "partition": f"abnormal:{shares[client]}" if client < len(shares) else "abnormal"}
+        own["split"] = {**split, "partition": f"abnormal:{shares[hospital]}" if hospital < len(shares) else "abnormal"}
     hospitals = config.get("clients")
     if isinstance(hospitals, dict):
         grayscale, scale, tile = (hospitals.get(key) for key in ("grayscale", "scale", "tile"))
         own["clients"] = {
-            "grayscale": [0] if isinstance(grayscale, list) and client in grayscale else [],
-            "scale": [scale[client]] if isinstance(scale, list) and client < len(scale) else [],
-            "tile": [tile[client]] if isinstance(tile, list) and client < len(tile) else [],
+            "grayscale": [0] if isinstance(grayscale, list) and hospital in grayscale else [],
+            "scale": [scale[hospital]] if isinstance(scale, list) and hospital < len(scale) else [],
+            "tile": [tile[hospital]] if isinstance(tile, list) and hospital < len(tile) else [],
         }
         group = hospitals.get("group")
         if isinstance(group, list):
-            own["clients"]["group"] = [group[client]] if client < len(group) else []
+            own["clients"]["group"] = [group[hospital]] if hospital < len(group) else []
     sites = config.get("sites")
     if isinstance(sites, dict):
         listed = sites.get("profile")
         own["sites"] = {
             "shift": sites.get("shift"),
             "strength": sites.get("strength"),
-            "profile": [{**p, "client": 0} for p in listed if _is_hospital(p, client)]
+            "profile": [{**p, "client": 0} for p in listed if _is_hospital(p, hospital)]
             if isinstance(listed, list)
             else [],
         }
@@ -426,9 +426,9 @@ def _own_config(config: dict[str, Any], client: int) -> dict[str, Any]:
 
 
 def _own_record(
-    record: dict[str, Any], client: int, rows: list[dict[str, str]], classes: tuple[str, ...]
+    record: dict[str, Any], hospital: int, rows: list[dict[str, str]], classes: tuple[str, ...]
 ) -> dict[str, Any]:
-    """The ``prepare.json`` of hospital ``client``'s extracted dataset (manifest ``rows``, already client 0), made
+    """The ``prepare.json`` of hospital ``hospital``'s extracted dataset (manifest ``rows``, already client 0), made
     from the multi-hospital ``record`` by an allow-list: what describes the preparation as a whole (format, versions,
     white definition, settings: `_own_config`), this client's ``clients`` entry and this hospital's ``slides``
     (renumbered client 0), ``source_sha256`` / ``source_pixels_sha256`` / ``warnings`` of its slides' files only (each
@@ -443,18 +443,18 @@ def _own_record(
     config = record.get("config") if isinstance(record.get("config"), dict) else None
     sources = {r["source"] for r in rows if r.get("source")}
     listed = record.get("slides")
-    slides = [{**s, "client": 0} for s in listed if _is_hospital(s, client)] if isinstance(listed, list) else None
+    slides = [{**s, "client": 0} for s in listed if _is_hospital(s, hospital)] if isinstance(listed, list) else None
     sources |= {s["source"] for s in slides or [] if isinstance(s.get("source"), str)}
     files = sources | {
         f for s in slides or [] if isinstance(s.get("files"), list) for f in s["files"] if isinstance(f, str)
     }
     own: dict[str, Any] = {name: record[name] for name in _SETTINGS_FIELDS if name in record}
     if config is not None:
-        own["config"] = _own_config(config, client)
+        own["config"] = _own_config(config, hospital)
     own["classes"] = list(classes)
     entries = record.get("clients")
     if isinstance(entries, list):
-        own["clients"] = [{**e, "client": 0} for e in entries if _is_hospital(e, client)]
+        own["clients"] = [{**e, "client": 0} for e in entries if _is_hospital(e, hospital)]
     own["totals"] = {
         "tiles": len(rows),
         "by_label": {label: sum(1 for r in rows if r["label"] == label) for label in classes},

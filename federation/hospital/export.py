@@ -57,11 +57,11 @@ from models.names import CARD_FILE, WEIGHTS_FILE
 from models.preprocess import Preprocess
 
 
-def _prepare_record(dataset: Path, client: int) -> tuple[dict[str, Any], dict[str, Any]] | None:
+def _prepare_record(dataset: Path, hospital: int) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """``(client entry, tiles settings)`` of ``<dataset>/prepare.json``; ``None`` when absent or unusable."""
     try:
         record = read_prepare_record(dataset).data
-        entry = next(c for c in record["clients"] if int(c["client"]) == client)
+        entry = next(c for c in record["clients"] if int(c["client"]) == hospital)
         return entry, dict(record["config"]["tiles"]) | {"format": record["config"]["source"]["format"]}
     except (OSError, ValueError, KeyError, TypeError, StopIteration):
         return None
@@ -140,7 +140,7 @@ def export_card(
     config: RunConfig,
     model: nn.Module,
     dataset: Path,
-    client: int,
+    hospital: int,
     grayscale: bool,
     classes: tuple[str, ...] = LABELS,
     run_id: str,
@@ -154,7 +154,7 @@ def export_card(
     nhead = config.strategy.nhead if config.strategy.nhead is not None else default_nhead(config.strategy.name)
     units = split_units(model)
     head = tuple(name for name, _ in units[len(units) - nhead :]) if nhead else ()
-    prepared = _prepare_record(dataset, client)
+    prepared = _prepare_record(dataset, hospital)
     tiling: TileGrid | None = None
     tile_px: int | None = None
     scale: float | None = None
@@ -193,7 +193,7 @@ def export_card(
         threshold=DEFAULT_THRESHOLD,
         run_id=run_id,
         round=server_round,
-        client=client,
+        hospital=hospital,
         dataset={
             "path": str(dataset),
             "format": source_format or None,
@@ -298,14 +298,14 @@ def export_round(
     model: nn.Module,
     data: HospitalData,
     dataset: Path,
-    client: int,
+    hospital: int,
     run_id: str,
     server_round: int,
     read_ledger: Callable[[], Accountant],
 ) -> None:
     """The model bundle (`models.bundle`) the hospital would deploy after ``server_round``, in its run's
     ``folder``: ``model.safetensors`` (a link to its checkpoint when the file system allows, so it costs no copy;
-    its metadata names the round) and ``model.json``, its card (`export_card`); ``client``: the hospital's index in
+    its metadata names the round) and ``model.json``, its card (`export_card`); ``hospital``: the hospital's index in
     ``dataset``.
 
     The bundle is replaced as one, and only once everything it says is known: the card is made first (its DP
@@ -315,7 +315,7 @@ def export_round(
         config=config,
         model=model,
         dataset=dataset,
-        client=client,
+        hospital=hospital,
         grayscale=data.grayscale,
         classes=data.classes,
         run_id=run_id,

@@ -162,7 +162,7 @@ def hospital_tiles(dataset: str | Path) -> dict[int, int]:
     """Tiles per hospital of a prepared dataset, every split (what a hospital holds on the GPU)."""
     counts: dict[int, int] = {}
     for row in read_manifest(dataset):
-        counts[row.client] = counts.get(row.client, 0) + 1
+        counts[row.hospital] = counts.get(row.hospital, 0) + 1
     return counts
 
 

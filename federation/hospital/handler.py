@@ -124,14 +124,14 @@ class Site:
     ``per_run``: the folder of run ``R`` is ``root / R`` (a deployed hospital keeps one folder per run);
     otherwise ``root`` itself (the in-process engines give each run's hospitals their own folder).
     ``rows``: the client of ``dataset`` whose tiles are this hospital's, when it differs from its index in the
-    federation (``client``); a deployed hospital with a dataset of its own slides only reads client 0.
+    federation (``hospital``); a deployed hospital with a dataset of its own slides only reads client 0.
     ``policy``: the hospital's own rules (``federation.hospital.policy``); ``None`` where one operator runs the
     server and every hospital (the in-process engines): ``HospitalPolicy.operator`` of the run's configuration.
     The hospital's outbound log (``federation.hospital.outbound``) is ``root / outbound.jsonl``.
     """
 
     dataset: Path
-    client: int
+    hospital: int
     root: Path
     per_run: bool = False
     policy: HospitalPolicy | None = None
@@ -139,10 +139,10 @@ class Site:
 
     @property
     def data_index(self) -> int:
-        """Its hospital index in ``dataset``, whose rows are this hospital's tiles: ``rows``, else ``client``. A
+        """Its hospital index in ``dataset``, whose rows are this hospital's tiles: ``rows``, else ``hospital``. A
         hospital that prepared only its own slides (``prepare --clients 1``) reads hospital 0's rows while its
-        identity in the federation (``client``) comes from its kit bundle."""
-        return self.client if self.rows is None else self.rows
+        identity in the federation (``hospital``) comes from its kit bundle."""
+        return self.hospital if self.rows is None else self.rows
 
     def folder(self, run_id: str) -> Path:
         check_run_id(run_id)
@@ -285,7 +285,7 @@ class Hospital:
             raise
         except Exception as exc:  # a malformed message from the other side: say so, never crash
             reply: Message = Failure(
-                self.site.client, f"hospital {self.site.client} cannot read the message: {first_line(exc)}"
+                self.site.hospital, f"hospital {self.site.hospital} cannot read the message: {first_line(exc)}"
             )
         else:
             reply = self.handle(message)
@@ -295,8 +295,8 @@ class Hospital:
         except OSError as exc:
             out = encode(
                 Failure(
-                    self.site.client,
-                    f"hospital {self.site.client} cannot write its outbound log "
+                    self.site.hospital,
+                    f"hospital {self.site.hospital} cannot write its outbound log "
                     f"{self.site.outbound_log} ({exc.strerror or exc}): nothing was sent",
                 )
             )
@@ -312,36 +312,39 @@ class Hospital:
                 return self.evaluate(message)
             raise FederationError(f"a hospital does not answer {type(message).__name__} messages")
         except (FederationError, ModelError) as exc:
-            return Failure(self.site.client, first_line(exc), diverged=isinstance(exc, Diverged))
+            return Failure(self.site.hospital, first_line(exc), diverged=isinstance(exc, Diverged))
         except OSError as exc:  # its folder is full, read-only, gone: this hospital cannot take part now
             where = exc.filename if exc.filename is not None else self.site.root
-            return Failure(self.site.client, f"hospital {self.site.client} cannot write {where}: {exc.strerror or exc}")
+            return Failure(
+                self.site.hospital, f"hospital {self.site.hospital} cannot write {where}: {exc.strerror or exc}"
+            )
         except Interrupted:  # the whole process was asked to stop: not this hospital's failure
             raise
         except SafetensorError as exc:  # safetensors' own error (reads are named where they happen: the store)
             self._loaded = None
             return Failure(
-                self.site.client,
-                f"hospital {self.site.client} cannot read or write a checkpoint in {self.site.root}: {first_line(exc)}",
+                self.site.hospital,
+                f"hospital {self.site.hospital} cannot read or write a checkpoint in {self.site.root}: "
+                f"{first_line(exc)}",
             )
         except Exception as exc:  # anything else: one line to the server, the hospital stays up
             self._loaded = None
             return Failure(
-                self.site.client, f"hospital {self.site.client} failed: {type(exc).__name__}: {first_line(exc)}"
+                self.site.hospital, f"hospital {self.site.hospital} failed: {type(exc).__name__}: {first_line(exc)}"
             )
 
     def _policy(self, config: RunConfig) -> HospitalPolicy:
         return self.site.policy if self.site.policy is not None else HospitalPolicy.operator(config)
 
     def _store(self, run_id: str) -> RunStore:
-        return RunStore(self.site.folder(run_id), self.site.client)
+        return RunStore(self.site.folder(run_id), self.site.hospital)
 
     # -- hello ---------------------------------------------------------------------------------------------------
     def hello(self, message: Hello) -> HelloReply:
         # parsed to refuse, before round 1, a configuration this installation cannot run or its policy refuses
         config = config_from_text(message.config_toml, f"run {message.run_id} configuration")
         check_config(self._policy(config), config)
-        dataset, hospital, own = self.site.dataset, self.site.client, self.site.data_index
+        dataset, hospital, own = self.site.dataset, self.site.hospital, self.site.data_index
         rows, classes = read_dataset(dataset)
         check_hospitals(dataset, rows, [own])
         digest = manifest_sha256(dataset)
@@ -373,7 +376,7 @@ class Hospital:
             },
         )
         self._loaded = None
-        mine = [r for r in rows if r.client == own]
+        mine = [r for r in rows if r.hospital == own]
         num_train = sum(1 for r in mine if r.split == "train")
         return HelloReply(hospital, num_train, sum(1 for r in mine if r.split == "test"), classes)
 
@@ -383,9 +386,9 @@ class Hospital:
         return Asked(loaded.policy, loaded.config, loaded.keys, loaded.model.state_dict(), lambda: self._ledger(loaded))
 
     def train(self, task: TrainTask) -> TrainReply:
-        if task.instruction.client != self.site.client:
+        if task.instruction.client != self.site.hospital:
             raise PolicyRefusal(
-                f"refused by hospital {self.site.client}: it was sent client {task.instruction.client}'s task"
+                f"refused by hospital {self.site.hospital}: it was sent client {task.instruction.client}'s task"
             )
         loaded = self._load(task.run_id)
         recipe = task.instruction.recipe
@@ -396,7 +399,7 @@ class Hospital:
         if task.evaluate_previous:  # what round r-1's EvaluateTask would have done, in the same order
             if task.instruction.shared is None:
                 raise FederationError(
-                    f"hospital {self.site.client}: asked to evaluate round {task.server_round - 1}'s model with the "
+                    f"hospital {self.site.hospital}: asked to evaluate round {task.server_round - 1}'s model with the "
                     "shared part sent, but no shared part came"
                 )
             self._restore(loaded, task.server_round - 1, inclusive=True)
@@ -407,7 +410,7 @@ class Hospital:
         loaded.at = None  # the weights change from here on
         reply = trainer.train(task.instruction, task.server_round, task.seed)
         seconds = time.perf_counter() - start
-        leaving = Leaving(self.site.client, task.server_round, loaded.model, loaded.keys, how="after training")
+        leaving = Leaving(self.site.hospital, task.server_round, loaded.model, loaded.keys, how="after training")
         run_outbound(TRAINED_RULES, leaving)  # before anything is kept (federation.hospital.rules)
         if ledger is not None:  # a DP round: its steps go into the ledger
             # recorded before anything leaves: a round whose reply is lost still spent its budget
@@ -421,13 +424,13 @@ class Hospital:
         evaluation = self._evaluate(loaded, trainer, task.server_round, None) if task.evaluate else None
         # the reply names the hospital by its federation index (its tiles may be client 0 of its own dataset)
         return dataclasses.replace(
-            reply, client=self.site.client, seconds=seconds, evaluation=evaluation, previous=previous
+            reply, client=self.site.hospital, seconds=seconds, evaluation=evaluation, previous=previous
         )
 
     def evaluate(self, task: EvaluateTask) -> EvaluateReply:
-        if task.client != self.site.client:
+        if task.client != self.site.hospital:
             raise PolicyRefusal(
-                f"refused by hospital {self.site.client}: it was sent client {task.client}'s evaluation"
+                f"refused by hospital {self.site.hospital}: it was sent client {task.client}'s evaluation"
             )
         loaded = self._load(task.run_id)
         run_rules(EVALUATE_RULES, self._asked(loaded), task)
@@ -452,13 +455,13 @@ class Hospital:
         seconds = time.perf_counter() - start
         # a model loaded from what was sent is checked; otherwise it is one already checked (trained, a checkpoint)
         how = "with what it was sent" if shared is not None else None
-        leaving = Leaving(self.site.client, server_round, loaded.model, loaded.keys, how=how, loss=result.loss)
+        leaving = Leaving(self.site.hospital, server_round, loaded.model, loaded.keys, how=how, loss=result.loss)
         run_outbound(EVALUATED_RULES, leaving)
         _write_predictions(loaded, trainer, result, server_round)
         self._save(loaded, server_round, EVALUATED)
         self._export(loaded, server_round)
         metrics: dict[str, float | None] = {"loss": result.loss, "acc": result.acc, "auc": result.auc}
-        return EvaluateReply(self.site.client, loaded.data.num_test, metrics, seconds)
+        return EvaluateReply(self.site.hospital, loaded.data.num_test, metrics, seconds)
 
     # -- state -----------------------------------------------------------------------------------------------------
     def _load(self, run_id: str) -> _Loaded:
@@ -467,7 +470,7 @@ class Hospital:
         store = self._store(run_id)
         record_path = store.record_path
         if not record_path.is_file():
-            raise FederationError(f"hospital {self.site.client} was not told about run {run_id} (no Hello)")
+            raise FederationError(f"hospital {self.site.hospital} was not told about run {run_id} (no Hello)")
         record = read_json(record_path)
         config = config_from_text(str(record["config_toml"]), f"{record_path} configuration")
         policy = self._policy(config)
@@ -498,7 +501,7 @@ class Hospital:
                 # it has trained in this run, yet no checkpoint before this round is left: starting again from the
                 # initial model would give other numbers without a word
                 raise FederationError(
-                    f"hospital {self.site.client} has no checkpoint before round {server_round} of run "
+                    f"hospital {self.site.hospital} has no checkpoint before round {server_round} of run "
                     f"{loaded.run_id}, although it saved one for round {first}: its checkpoints in "
                     f"{loaded.store.folder / CHECKPOINT_DIR} were removed; restore them, or start a new run"
                 )
@@ -541,7 +544,7 @@ class Hospital:
             model=loaded.model,
             data=loaded.data,
             dataset=self.site.dataset,
-            client=self.site.data_index,
+            hospital=self.site.data_index,
             run_id=loaded.run_id,
             server_round=server_round,
             read_ledger=lambda: self._ledger(loaded),

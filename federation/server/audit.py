@@ -177,27 +177,27 @@ class Anchors:
         if isinstance(previous, dict) and previous.get("run") == run_id and isinstance(previous.get("hospitals"), dict):
             self.hospitals = {str(k): v for k, v in previous["hospitals"].items() if isinstance(v, dict)}
 
-    def record(self, client: int, envelope: Envelope) -> str | None:
-        """Keep the head ``envelope`` (a reply of hospital ``client``) carries, with its digests; a reply without
+    def record(self, hospital: int, envelope: Envelope) -> str | None:
+        """Keep the head ``envelope`` (a reply of hospital ``hospital``) carries, with its digests; a reply without
         one (a failure the transport made up: the hospital never answered) changes nothing. An anchor only moves
         forward: a head behind the one kept (fewer lines than the kept head plus the kept reply's own line: the
         hospital's ``outbound.jsonl`` was cut back, replaced or emptied) is not kept, and the reason to refuse the
         reply is returned (one line naming the hospital); otherwise ``None``."""
         value = envelope[0].get(HEAD_FIELD)
-        if value is None or client < 0:
+        if value is None or hospital < 0:
             return None
         head = parse_head(value)
-        entry = self.hospitals.get(str(client), {})
+        entry = self.hospitals.get(str(hospital), {})
         kept = entry.get("count")
         if isinstance(kept, int) and not isinstance(kept, bool) and head.count <= kept:
             return (
-                f"hospital {client}'s outbound log went back: this reply says it held {head.count} line(s) before "
+                f"hospital {hospital}'s outbound log went back: this reply says it held {head.count} line(s) before "
                 f"its own, but its {entry.get('kind')} received {entry.get('received')} was recorded as line "
                 f"{kept + 1} ({self.path}): its outbound.jsonl was cut back, replaced or emptied; the reply is "
                 "refused and its anchor kept (check it with gastric-fl federation audit --anchor)"
             )
         digest = envelope_digest(envelope)
-        self.hospitals[str(client)] = {
+        self.hospitals[str(hospital)] = {
             **head.as_header(),
             "reply_sha256": digest,
             "record_sha256": content_digest(reply_content(envelope, digest)),
@@ -210,8 +210,8 @@ class Anchors:
         return None
 
 
-def load_anchor(path: Path, client: int | None = None) -> Anchor:
-    """Hospital ``client``'s entry of the anchors file ``path`` (``Anchors``) as an ``Anchor``. Without ``client``:
+def load_anchor(path: Path, hospital: int | None = None) -> Anchor:
+    """Hospital ``hospital``'s entry of the anchors file ``path`` (``Anchors``) as an ``Anchor``. Without ``hospital``:
     the file's only hospital; a file of several needs it named (never taken from the log under audit, whose
     records the hospital's side can edit). Anything unreadable or missing is a ``FederationError`` naming the file
     and what to give instead."""
@@ -230,17 +230,17 @@ def load_anchor(path: Path, client: int | None = None) -> Anchor:
             f"--anchor {path} is not a server's {ANCHORS_FILE} (format {ANCHORS_FORMAT}, a run and its hospitals)"
         )
     held = sorted(int(k) for k in hospitals if str(k).isdigit())
-    if client is None:
+    if hospital is None:
         if len(held) != 1:
             raise FederationError(
                 f"--anchor {path} holds hospitals {held or 'none'} of run {run}: name the hospital this log is with "
                 "--hospital N (audit does not take it from the log, whose records can be edited)"
             )
-        client = held[0]
-    entry = hospitals.get(str(client))
+        hospital = held[0]
+    entry = hospitals.get(str(hospital))
     if not isinstance(entry, dict):
         raise FederationError(
-            f"--anchor {path} holds no head of hospital {client} in run {run} (it holds {held or 'none'}): "
+            f"--anchor {path} holds no head of hospital {hospital} in run {run} (it holds {held or 'none'}): "
             "the hospital never answered in that run, or give its --hospital N"
         )
     try:
@@ -249,13 +249,13 @@ def load_anchor(path: Path, client: int | None = None) -> Anchor:
         if not isinstance(reply, str) or not isinstance(record, str):
             raise TypeError("reply_sha256 and record_sha256 must be text")
     except (FederationError, KeyError, TypeError) as exc:
-        raise FederationError(f"--anchor {path}: hospital {client}'s entry is damaged ({exc})") from exc
+        raise FederationError(f"--anchor {path}: hospital {hospital}'s entry is damaged ({exc})") from exc
     replies = entry.get("replies")
     return Anchor(
         head,
         str(path),
         run=run,
-        client=client,
+        hospital=hospital,
         reply_sha256=reply,
         record_sha256=record,
         kind=str(entry.get("kind")),

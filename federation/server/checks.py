@@ -98,18 +98,18 @@ def usable_update(reply: TrainReply, shared_keys: list[str], spec: Spec, declare
 
 
 def train_problem(
-    client: int, reply: Message, shared_keys: list[str], spec: Spec, counts: Mapping[int, int], fisher: bool
+    hospital: int, reply: Message, shared_keys: list[str], spec: Spec, counts: Mapping[int, int], fisher: bool
 ) -> str | None:
-    """Why hospital ``client``'s answer to its training task cannot be aggregated (``None`` if it can): a
+    """Why hospital ``hospital``'s answer to its training task cannot be aggregated (``None`` if it can): a
     ``Failure`` (its reason), another kind of message, a reply in another hospital's name, or an update that
     ``usable_update`` refuses (``counts``: the training examples each hospital declared in its Hello)."""
     if isinstance(reply, Failure):
         return reply.reason
     if not isinstance(reply, TrainReply):
         return f"answered a training task with {type(reply).__name__}"
-    if reply.client != client:
+    if reply.client != hospital:
         return f"its reply names hospital {reply.client}"
-    return usable_update(reply, shared_keys, spec, counts[client], fisher)
+    return usable_update(reply, shared_keys, spec, counts[hospital], fisher)
 
 
 def agreed_classes(hellos: Mapping[int, HelloReply]) -> tuple[str, ...]:

@@ -47,9 +47,9 @@ class DpWatch:
                 watch._note(line.get("client"), line.get("dp_epsilon"), line.get("dp_steps"))
         return watch
 
-    def _note(self, client: Any, epsilon: Any, steps: Any) -> None:
-        if isinstance(client, int) and _number(epsilon) and _number(steps):
-            self.last[client] = (float(epsilon), float(steps))
+    def _note(self, hospital: Any, epsilon: Any, steps: Any) -> None:
+        if isinstance(hospital, int) and _number(epsilon) and _number(steps):
+            self.last[hospital] = (float(epsilon), float(steps))
 
     def check(self, server_round: int, metrics: Mapping[int, Mapping[str, Any]]) -> dict[str, str]:
         """For each hospital of ``metrics`` (its accepted training reply's metrics) whose epsilon or steps did not

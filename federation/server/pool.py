@@ -78,25 +78,25 @@ class Pool:
         raise NotImplementedError
 
     # ---------------------------------------------------------------------------------------------------------------
-    def _answered(self, client: int) -> None:
+    def _answered(self, hospital: int) -> None:
         if self.on_answer is not None:
-            self.on_answer(client)
+            self.on_answer(hospital)
 
     def _observe(self, direction: str, envelope: Envelope) -> None:
         for observer in self.observers:
             observer(direction, envelope)
 
-    def _receive_or_fail(self, client: int, envelope: Envelope) -> Message:
+    def _receive_or_fail(self, hospital: int, envelope: Envelope) -> Message:
         """A reply decoded, or a ``Failure`` naming why it cannot be read (the server never crashes on a reply).
-        ``client``: the hospital it came from; negative before a hello reply names it (then the reply's own)."""
+        ``hospital``: the hospital it came from; negative before a hello reply names it (then the reply's own)."""
         try:
             message = self._receive(envelope)
         except Interrupted:
             raise
         except Exception as exc:
-            return Failure(client, f"its reply cannot be read ({type(exc).__name__}: {first_line(exc)})")
+            return Failure(hospital, f"its reply cannot be read ({type(exc).__name__}: {first_line(exc)})")
         if self.anchors is not None:  # outside the try: a server that cannot write its own record stops
-            sender = client if client >= 0 else getattr(message, "client", -1)
+            sender = hospital if hospital >= 0 else getattr(message, "client", -1)
             behind = self.anchors.record(sender, envelope)
             if behind is not None:  # its outbound log went back: the reply is refused, the hospital named
                 return Failure(sender, behind)

@@ -126,19 +126,19 @@ def resume_checkpoint(run_dir: Path, warn: Warn) -> Checkpoint | None:
 
 
 def continue_run(
-    run_dir: Path, clients: Sequence[int], strategy: Strategy, warn: Warn
+    run_dir: Path, hospitals: Sequence[int], strategy: Strategy, warn: Warn
 ) -> tuple[int, RoundRecord | None]:
     """Load ``strategy``'s state from the checkpoint to continue from and cut ``metrics.jsonl`` and
     ``aggregation.jsonl`` back to its round: the round to start at, and the checkpointed round whose evaluation is
-    still to come (``None``: none). A checkpoint of other hospitals than ``clients`` is refused."""
+    still to come (``None``: none). A checkpoint of other hospitals than ``hospitals`` is refused."""
     checkpoint = resume_checkpoint(run_dir, warn)
     start_round = 1
     pending: RoundRecord | None = None
     if checkpoint is not None:
-        if checkpoint.clients and sorted(checkpoint.clients) != list(clients):
+        if checkpoint.hospitals and sorted(checkpoint.hospitals) != list(hospitals):
             raise FederationError(
-                f"checkpoint round {checkpoint.round} is of hospitals {checkpoint.clients}, not "
-                f"{list(clients)}: it is from another run"
+                f"checkpoint round {checkpoint.round} is of hospitals {checkpoint.hospitals}, not "
+                f"{list(hospitals)}: it is from another run"
             )
         strategy.load_state_tensors(checkpoint.strategy_tensors)
         strategy.load_state_json(checkpoint.strategy_json)

@@ -52,11 +52,11 @@ def roster(
     return hospitals, hellos, refused
 
 
-def check_same_hospitals(summary: Mapping[str, Any], run_dir: Path, clients: Sequence[int]) -> None:
+def check_same_hospitals(summary: Mapping[str, Any], run_dir: Path, hospitals: Sequence[int]) -> None:
     """On resume: the hospitals that answered are those the run recorded (``summary.json``'s ``clients``)."""
-    if summary.get("clients") not in (None, list(clients)):
+    if summary.get("clients") not in (None, list(hospitals)):
         raise FederationError(
-            f"{run_dir} was run with hospitals {summary['clients']}, but {list(clients)} answered now: "
+            f"{run_dir} was run with hospitals {summary['clients']}, but {list(hospitals)} answered now: "
             "resume with the same hospitals, or start a new run"
         )
 

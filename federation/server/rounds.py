@@ -42,12 +42,12 @@ class RoundRecord:
     seconds: float = 0.0
     started: float | None = None
 
-    def add_trained(self, client: int, reply: TrainReply) -> None:
-        self.trained[client] = {"metrics": dict(reply.metrics), "seconds": reply.seconds}
+    def add_trained(self, hospital: int, reply: TrainReply) -> None:
+        self.trained[hospital] = {"metrics": dict(reply.metrics), "seconds": reply.seconds}
 
-    def leave_out(self, client: int, reason: str, *, diverged: bool = False, evaluation: bool = False) -> None:
-        """Record why ``client`` is left out; an evaluation's reason is added to its training's, if any."""
-        key = str(client)
+    def leave_out(self, hospital: int, reason: str, *, diverged: bool = False, evaluation: bool = False) -> None:
+        """Record why ``hospital`` is left out; an evaluation's reason is added to its training's, if any."""
+        key = str(hospital)
         if evaluation:
             reason = (f"{self.left_out[key]}; " if key in self.left_out else "") + f"evaluation: {reason}"
         self.left_out[key] = reason

@@ -116,7 +116,7 @@ class RoundPhases:
         self._phase = (server_round, phase, asked, done)
         write_progress(self.run_dir, RoundProgress(server_round, self.total_rounds, phase, done, asked, now()))
 
-    def answered(self, client: int) -> None:
+    def answered(self, hospital: int) -> None:
         """A hospital answered (the pool tells as it happens): one more done in the current phase."""
         if self._phase is None:  # nothing asked yet
             return

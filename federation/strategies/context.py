@@ -155,14 +155,14 @@ def cap_example_weights(
 
 
 def fisher_traces(
-    server_round: int, replies: Mapping[int, TrainReply], clients: Sequence[int], needed: str
+    server_round: int, replies: Mapping[int, TrainReply], hospitals: Sequence[int], needed: str
 ) -> list[float]:
-    """Each client's reported ``metrics["fisher_trace"]``, in ``clients`` order.
+    """Each client's reported ``metrics["fisher_trace"]``, in ``hospitals`` order.
 
     A client that sent none is an error; ``needed`` completes its message with why the strategy needs it.
     """
     traces = []
-    for c in clients:
+    for c in hospitals:
         trace = replies[c].metrics.get("fisher_trace")
         if trace is None:
             raise FederationError(f"round {server_round}: hospital {c} sent no fisher_trace{needed}")

@@ -88,13 +88,13 @@ class Averaging:
     def shared_keys(self, state_keys: Sequence[str], units: Sequence[Sequence[str]]) -> list[str]:
         return list(self.keys)  # the base units less what strategy.bn keeps local (StrategyContext.shared_keys)
 
-    def configure_train(self, server_round: int, clients: Sequence[int]) -> dict[int, TrainInstruction]:
+    def configure_train(self, server_round: int, hospitals: Sequence[int]) -> dict[int, TrainInstruction]:
         # One dict for every client (the engine never mutates what it is sent); FedProx's proximal centre is the
         # global weights themselves: sent and counted once
         pulled = self.recipe.prox_mu > 0
         return {
             c: TrainInstruction(client=c, recipe=self.recipe, shared=self.global_state, centre_is_shared=pulled)
-            for c in clients
+            for c in hospitals
         }
 
     def aggregate_train(self, server_round: int, replies: Mapping[int, TrainReply]) -> dict[str, Any]:
@@ -154,8 +154,8 @@ class Averaging:
         self.aggregated_replies = out
         return out, {"robust": record}
 
-    def configure_evaluate(self, server_round: int, clients: Sequence[int]) -> dict[int, TensorDict | None]:
-        return dict.fromkeys(clients, self.global_state)
+    def configure_evaluate(self, server_round: int, hospitals: Sequence[int]) -> dict[int, TensorDict | None]:
+        return dict.fromkeys(hospitals, self.global_state)
 
     def state_tensors(self) -> TensorDict:
         return dict(self.global_state)

@@ -158,9 +158,9 @@ class AttentiveStrategy:
     def shared_keys(self, state_keys: Sequence[str], units: Sequence[Sequence[str]]) -> list[str]:
         return list(self.keys)  # the base units less what strategy.bn keeps local (StrategyContext.shared_keys)
 
-    def configure_train(self, server_round: int, clients: Sequence[int]) -> dict[int, TrainInstruction]:
+    def configure_train(self, server_round: int, hospitals: Sequence[int]) -> dict[int, TrainInstruction]:
         out: dict[int, TrainInstruction] = {}
-        for c in clients:
+        for c in hospitals:
             if c not in self.centres:
                 raise FederationError(
                     f"{self.name}: hospital {c} is not one of this run's hospitals {list(self.hospitals)}"
@@ -270,9 +270,9 @@ class AttentiveStrategy:
             parts.update(unflatten(step.mixed_extra[row], self.buffer_spec, copy=False))
         return {k: parts[k] for k in self.keys}
 
-    def configure_evaluate(self, server_round: int, clients: Sequence[int]) -> dict[int, TensorDict | None]:
+    def configure_evaluate(self, server_round: int, hospitals: Sequence[int]) -> dict[int, TensorDict | None]:
         # A hospital deploys its own trained model (base + head): nothing to load.
-        return dict.fromkeys(clients)
+        return dict.fromkeys(hospitals)
 
     def state_tensors(self) -> TensorDict:
         # safetensors refuses tensors that share memory: a centre every client shares (round 1's initial model,

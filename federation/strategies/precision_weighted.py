@@ -157,7 +157,7 @@ class PrecisionWeighted(Averaging):
         }
 
     def _capped_sum(
-        self, w: torch.Tensor, v: torch.Tensor, weights: list[float], clients: list[int], record: dict[str, Any]
+        self, w: torch.Tensor, v: torch.Tensor, weights: list[float], hospitals: list[int], record: dict[str, Any]
     ) -> torch.Tensor:
         """Eq. 6 with every value's weights ``pi_k`` capped at ``server.max_weight``
         (`federation.strategies.aggregation.
@@ -166,10 +166,10 @@ class PrecisionWeighted(Averaging):
         assert self.max_weight is not None
         pi = precision_weights(v, self.eps, fallback=weights, inverse=self.inverse)
         uniform = record["uniform"]
-        capped = torch.full_like(pi, 1.0 / len(clients)) if uniform else cap_weights(pi, self.max_weight)
+        capped = torch.full_like(pi, 1.0 / len(hospitals)) if uniform else cap_weights(pi, self.max_weight)
         lowered = (capped < pi).any(dim=1).tolist()
         record["capped"] = sorted(
-            set(record["capped"]) | {str(c) for c, low in zip(clients, lowered, strict=True) if low}, key=int
+            set(record["capped"]) | {str(c) for c, low in zip(hospitals, lowered, strict=True) if low}, key=int
         )
         return (capped * w.detach().to(torch.float64)).sum(dim=0).to(w.dtype)
 

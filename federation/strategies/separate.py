@@ -29,14 +29,14 @@ class Separate:
     def shared_keys(self, state_keys: Sequence[str], units: Sequence[Sequence[str]]) -> list[str]:
         return []
 
-    def configure_train(self, server_round: int, clients: Sequence[int]) -> dict[int, TrainInstruction]:
-        return {c: TrainInstruction(client=c, recipe=self.recipe) for c in clients}
+    def configure_train(self, server_round: int, hospitals: Sequence[int]) -> dict[int, TrainInstruction]:
+        return {c: TrainInstruction(client=c, recipe=self.recipe) for c in hospitals}
 
     def aggregate_train(self, server_round: int, replies: Mapping[int, TrainReply]) -> dict[str, Any]:
         return {}
 
-    def configure_evaluate(self, server_round: int, clients: Sequence[int]) -> dict[int, TensorDict | None]:
-        return dict.fromkeys(clients)
+    def configure_evaluate(self, server_round: int, hospitals: Sequence[int]) -> dict[int, TensorDict | None]:
+        return dict.fromkeys(hospitals)
 
     def state_tensors(self) -> TensorDict:
         return {}

@@ -112,7 +112,7 @@ class Anchor:
     head: Head
     source: str  # where it comes from, for the report: a file, or "the head given"
     run: str | None = None
-    client: int | None = None
+    hospital: int | None = None
     reply_sha256: str | None = None
     record_sha256: str | None = None
     kind: str | None = None
@@ -121,4 +121,4 @@ class Anchor:
     def whose(self) -> str:
         if self.run is None:
             return f"the head given ({self.head.count} lines, sha256 {self.head.sha256[:12]}...)"
-        return f"the anchor of run {self.run}, hospital {self.client} ({self.source})"
+        return f"the anchor of run {self.run}, hospital {self.hospital} ({self.source})"

@@ -196,7 +196,7 @@ def test_an_extracted_hospital_holds_no_name_of_another_hospitals_slides(tmp_pat
     assert record["classes"] == original["classes"]
     assert not {"report.md", "contact_sheet.png"} & {p.name for p in own.iterdir()}
     loaded, classes = read_dataset(own)
-    assert {r.client for r in loaded} == {0}
+    assert {r.hospital for r in loaded} == {0}
     assert len(loaded) == sum(1 for r in rows if r["client"] == "1")
     assert classes == tuple(original["classes"])
     assert sorted(load_hospitals(own, input_size=32)) == [0]

@@ -64,7 +64,7 @@ def test_round_stats_are_means_and_population_stds_over_clients() -> None:
     assert second.std_test_auc == pytest.approx(0.2)
     assert second.avg_train_loss == pytest.approx(0.4)
     assert (second.values_sent, second.values_received) == (300, 150)
-    assert (first.auc_clients, second.auc_clients) == (3, 2)
+    assert (first.auc_hospitals, second.auc_hospitals) == (3, 2)
     assert (first.seconds, second.seconds) == (3.0, 3.0)
 
 
@@ -83,7 +83,7 @@ def test_the_dashboard_reads_a_rounds_figures_from_the_same_computation() -> Non
         assert row["auc_mean"] == stats.avg_test_auc
         assert row["auc_std"] == stats.std_test_auc
         assert (row["auc_clients"], row["values_sent"], row["values_received"]) == (
-            stats.auc_clients, stats.values_sent, stats.values_received,
+            stats.auc_hospitals, stats.values_sent, stats.values_received,
         )  # fmt: skip
         assert row["seconds"] == stats.seconds == 6.0
     assert table["values_total"].tolist() == [450, 900]

@@ -27,7 +27,7 @@ def _card(**changes: object) -> ModelCard:
         "threshold_source": "set by hand",  # not the default 0.5's: a card saying so would be a hand edit
         "run_id": "r1",
         "round": 4,
-        "client": 2,
+        "hospital": 2,
         "dataset": {"path": "data/prepared/x", "manifest_sha256": "ab" * 32},
         "metrics": {"auc": 0.91, "sensitivity": None},
         "written_at": "2026-01-01T00:00:00+00:00",
@@ -84,7 +84,7 @@ def test_each_hospital_of_a_run_leaves_a_card_that_matches_its_run(tiny_run: Tin
         card = read_card(folder)
         hospital = json.loads((folder / "hospital.json").read_text(encoding="utf-8"))
         entry = tiny_run.record["clients"][client]
-        assert (card.run_id, card.round, card.client) == (hospital["run_id"], 1, client)
+        assert (card.run_id, card.round, card.hospital) == (hospital["run_id"], 1, client)
         assert card.dataset["manifest_sha256"] == hospital["manifest_sha256"]
         assert card.preprocess.tile_px == entry["tile_px"] == 64
         assert card.preprocess.grayscale is (client == 1)

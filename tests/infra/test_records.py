@@ -45,7 +45,7 @@ def test_read_prepare_record_types_the_fields_other_stages_read(tmp_path: Path) 
     assert found.path == tmp_path / PREPARE_RECORD
     assert found.data == record
     assert found.classes == ["normal", "abnormal"]
-    assert found.clients == [{"client": 0, "group": "A"}]
+    assert found.hospitals == [{"client": 0, "group": "A"}]
     assert found.shortcut_probe is None
     with pytest.raises(RecordError) as caught:
         read_prepare_record(tmp_path / "elsewhere")

@@ -121,7 +121,7 @@ def test_the_clustered_preset_has_three_groups_sharing_profile_and_mix() -> None
     groups = config.clients.group
     assert groups == ("A",) * 3 + ("B",) * 3 + ("C",) * 3
     shares = config.split.partition.shares
-    profiles = {p.client: dict(p.values) for p in config.sites.profile}
+    profiles = {p.hospital: dict(p.values) for p in config.sites.profile}
     for name in ("A", "B", "C"):
         members = [c for c, g in enumerate(groups) if g == name]
         assert len({shares[c] for c in members}) == 1

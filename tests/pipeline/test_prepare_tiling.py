@@ -54,7 +54,7 @@ def test_extract_region_whitens_outside_the_mask_only() -> None:
 
 
 def _plan(grayscale: bool = False) -> HospitalPlan:
-    return HospitalPlan(client=0, tile_px=4, scale=1.0, size=4, stride=4, abnormal_stride=4, grayscale=grayscale)
+    return HospitalPlan(hospital=0, tile_px=4, scale=1.0, size=4, stride=4, abnormal_stride=4, grayscale=grayscale)
 
 
 def _cut(
@@ -234,10 +234,10 @@ def test_whitening_only_kept_tiles_equals_extracting_the_whole_slide_first() -> 
     mask = np.zeros((40, 56), dtype=bool)
     mask[5:33, 9:50] = True
     mask[20:25, 15:20] = False
-    plan = HospitalPlan(client=0, tile_px=8, scale=1.0, size=8, stride=8, abnormal_stride=4, grayscale=False)
+    plan = HospitalPlan(hospital=0, tile_px=8, scale=1.0, size=8, stride=8, abnormal_stride=4, grayscale=False)
     lazy = _cut(image, mask, True, plan, masked=True, white_max=0.3).tiles
     # The eager reference: the whitened slide tiled on the abnormal grid against the same limit.
-    eager_plan = HospitalPlan(client=0, tile_px=8, scale=1.0, size=8, stride=4, abnormal_stride=4, grayscale=False)
+    eager_plan = HospitalPlan(hospital=0, tile_px=8, scale=1.0, size=8, stride=4, abnormal_stride=4, grayscale=False)
     eager = _cut(extract_region(image, mask), None, True, eager_plan, background_max=0.3).tiles
     assert len(lazy) > 5
     assert [(t.x, t.y, t.white_ratio) for t in lazy] == [(t.x, t.y, t.white_ratio) for t in eager]

@@ -61,13 +61,13 @@ def _slide_pixels(path: str, stamp: float, limit: int) -> npt.NDArray[np.uint8]:
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
-def _report(run: str, client: int, stamp: tuple[float, ...], floor: tuple[float, int, float]) -> str:
+def _report(run: str, hospital: int, stamp: tuple[float, ...], floor: tuple[float, int, float]) -> str:
     """The hospital's HTML report, judged against the floor set on screen (``floor``: sensitivity, minimum test
     slides, review specificity), rebuilt when its files or its scored slides change (``stamp``) or the floor does."""
     from app.evaluation.verdict import Floor
     from app.report_html import report_html
 
-    return report_html(Path(run), client, Floor(*floor))
+    return report_html(Path(run), hospital, Floor(*floor))
 
 
 def _runs_with_models() -> list[RunInfo]:
@@ -353,7 +353,7 @@ def _upload(folder: Path) -> tuple[Path | None, dict[Path, str]]:
 # --- the page ---------------------------------------------------------------------------------------------------
 
 
-def _test_slides_line(folder: Path, client: int, card: dict[str, Any]) -> None:
+def _test_slides_line(folder: Path, hospital: int, card: dict[str, Any]) -> None:
     """One caption: the hospital's slide calls over all its test slides at the card's threshold, from
     ``slides.csv`` (`app.held_out`: each whole slide scored on predict's grid, as the Verdict and Hospital pages,
     the HTML report and ``predict`` count them), so the slide on screen is seen against the rest with the same
@@ -365,7 +365,7 @@ def _test_slides_line(folder: Path, client: int, card: dict[str, Any]) -> None:
     try:
         slides = as_slides(read_slide_calls(folder / SLIDES_FILE))
     except SlideCallsError as exc:
-        st.caption(f"{hospital_label(client)}'s test slides are not counted here: {exc}.")
+        st.caption(f"{hospital_label(hospital)}'s test slides are not counted here: {exc}.")
         return
     if slides is None:
         return
@@ -374,7 +374,7 @@ def _test_slides_line(folder: Path, client: int, card: dict[str, Any]) -> None:
     slide_auc = roc(slides.labels, slides.scores).auc
     auc = "" if slide_auc is None else f"; slide AUC {slide_auc:.3f}"
     st.caption(
-        f"{hospital_label(client)}'s {len(slides.keys)} test slides at threshold {threshold:.2f} ({source}): "
+        f"{hospital_label(hospital)}'s {len(slides.keys)} test slides at threshold {threshold:.2f} ({source}): "
         f"{point.tp} of {point.abnormal} abnormal slides called abnormal, {point.tn} of {point.normal} normal slides "
         f"called normal{auc}. {slides.rule.capitalize()}, each whole slide on the grid the Slide page scores "
         f"({SLIDES_FILE})."

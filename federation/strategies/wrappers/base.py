@@ -65,8 +65,8 @@ class GlobalModelWrapper:
     def shared_keys(self, state_keys: Sequence[str], units: Sequence[Sequence[str]]) -> list[str]:
         return self.inner.shared_keys(state_keys, units)
 
-    def configure_train(self, server_round: int, clients: Sequence[int]) -> dict[int, TrainInstruction]:
-        return self.inner.configure_train(server_round, clients)
+    def configure_train(self, server_round: int, hospitals: Sequence[int]) -> dict[int, TrainInstruction]:
+        return self.inner.configure_train(server_round, hospitals)
 
     def aggregate_train(self, server_round: int, replies: Mapping[int, TrainReply]) -> dict[str, Any]:
         # A copy: the inner strategy may update its tensors in place.
@@ -83,8 +83,8 @@ class GlobalModelWrapper:
         self.inner.load_state_tensors(adjusted)
         return {**record, self.label: log}
 
-    def configure_evaluate(self, server_round: int, clients: Sequence[int]) -> dict[int, TensorDict | None]:
-        return self.inner.configure_evaluate(server_round, clients)
+    def configure_evaluate(self, server_round: int, hospitals: Sequence[int]) -> dict[int, TensorDict | None]:
+        return self.inner.configure_evaluate(server_round, hospitals)
 
     def state_tensors(self) -> TensorDict:
         return self.inner.state_tensors()

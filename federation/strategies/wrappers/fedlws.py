@@ -51,7 +51,7 @@ def _segment_sums(values: torch.Tensor, bounds: Sequence[tuple[int, int]]) -> to
 
 def lws_factors(
     previous: torch.Tensor,
-    clients: torch.Tensor,
+    hospitals: torch.Tensor,
     aggregate: torch.Tensor,
     layers: Sequence[slice],
     beta: float,
@@ -60,7 +60,7 @@ def lws_factors(
 ) -> torch.Tensor:
     """FedLWS layer-wise shrinking factors ``gamma_l`` (Shi et al., ICLR 2025; paper 002, Eq. 4, 7-8), float64 ``[L]``.
 
-    ``previous`` is the global model ``w = w_g^t`` the clients started from (flat ``[d]``), ``clients`` their
+    ``previous`` is the global model ``w = w_g^t`` the clients started from (flat ``[d]``), ``hospitals`` their
     returned models ``w_k`` (``[K, d]``), ``aggregate`` the strategy's aggregate ``w_hat`` (``[d]``) and
     ``layers`` the slices of one layer each. Per layer ``l``: the pseudo-gradients ``g_kl = w_kl - w_l``, their
     *unweighted* mean ``gbar_l``, ``tau_l = (1/K) sum_k ||g_kl - gbar_l||_2`` (Eq. 4 per layer, Eq. 8) and
@@ -73,15 +73,15 @@ def lws_factors(
     """
     if not (math.isfinite(beta) and beta > 0):
         raise FederationError(f"FedLWS beta must be a finite number > 0, got {beta} (the paper's safe range 0.001-0.1)")
-    _check_matrix(clients)
-    d = clients.shape[1]
+    _check_matrix(hospitals)
+    d = hospitals.shape[1]
     if previous.shape != (d,) or aggregate.shape != (d,):
         raise ValueError(
             f"previous {tuple(previous.shape)} and aggregate {tuple(aggregate.shape)} must both be flat [{d}] vectors "
             "like the clients' rows"
         )
     bounds = _check_slices(layers, d, "layer")
-    tau = lws_spread(previous, clients, layers) if spread is None else spread.to(torch.float64)
+    tau = lws_spread(previous, hospitals, layers) if spread is None else spread.to(torch.float64)
     if tau.shape != (len(bounds),):
         raise ValueError(f"spread has shape {tuple(tau.shape)} for {len(bounds)} layers")
     w = previous.detach().to(torch.float64)
@@ -91,16 +91,16 @@ def lws_factors(
     return torch.where(norm_w > 0, shrunk, torch.ones_like(norm_w))
 
 
-def lws_spread(previous: torch.Tensor, clients: torch.Tensor, layers: Sequence[slice]) -> torch.Tensor:
+def lws_spread(previous: torch.Tensor, hospitals: torch.Tensor, layers: Sequence[slice]) -> torch.Tensor:
     """``tau_l`` of paper 002, Eq. 8 (the mean distance of the clients' pseudo-gradients from their mean), ``[L]``.
 
     The same quantity ``lws_factors`` uses, exposed for logging.
     """
-    _check_matrix(clients)
-    if previous.shape != (clients.shape[1],):
-        raise ValueError(f"previous {tuple(previous.shape)} must be a flat [{clients.shape[1]}] vector")
-    bounds = _check_slices(layers, clients.shape[1], "layer")
-    g = clients.detach().to(torch.float64) - previous.detach().to(torch.float64)
+    _check_matrix(hospitals)
+    if previous.shape != (hospitals.shape[1],):
+        raise ValueError(f"previous {tuple(previous.shape)} must be a flat [{hospitals.shape[1]}] vector")
+    bounds = _check_slices(layers, hospitals.shape[1], "layer")
+    g = hospitals.detach().to(torch.float64) - previous.detach().to(torch.float64)
     # The mean over clients is taken value by value, so it can be taken once for the whole vector.
     deviation = g - g.mean(dim=0, keepdim=True)
     return _segment_sums(deviation.square(), bounds).sqrt().mean(dim=0)

@@ -35,7 +35,7 @@ def _card(client: int) -> ModelCard:
         head_units=("classifier.3",),
         preprocess=Preprocess(input_size=32),
         tiling=None,
-        client=client,
+        hospital=client,
         round=2,
     )
 
