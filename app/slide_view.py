@@ -49,7 +49,7 @@ import numpy.typing as npt
 from app.colour_scale import viridis_rgb
 from federation.runfiles import CardError, hospital_files, hospital_index, read_card_object
 from infra import outputs
-from infra.formats import PREPARE_RECORD, SLIDE_SUMMARY_FILE, manifest_sha256
+from infra.formats import MANIFEST_FILE, PREPARE_RECORD, SLIDE_SUMMARY_FILE, manifest_sha256
 from infra.records import RecordError, read_prepare_record
 from models.decision import FALSE_ALARM, MISSED_CANCER, outcome
 from models.names import CARD_FILE
@@ -256,7 +256,7 @@ def dataset_problem(card: dict[str, Any]) -> str | None:
     except OSError:
         now = "unreadable"
     return (
-        f"{path / 'manifest.csv'} is not the one this model was trained on (sha256 {now} now, {str(wanted)[:12]}... in "
+        f"{path / MANIFEST_FILE} is not the one this model was trained on (sha256 {now} now, {str(wanted)[:12]}... in "
         f"{CARD_FILE}): the dataset was prepared again, so its test slides would be other slides; restore the "
         "dataset the run trained on"
     )

@@ -36,6 +36,7 @@ from app.run_records import (
     run_seconds,
 )
 from federation.ablation import ABLATION_FILE, shown_path
+from federation.runfiles import CONFIG_FILE
 from infra.formats import MANIFEST_FILE
 
 # federation.report field (or one added here) -> column shown.
@@ -287,7 +288,7 @@ def settings_diff(runs: Sequence[tuple[str, Path]]) -> SettingsDiff:
         if problem:
             problems.append(problem)
         elif not config:
-            problems.append(f"{path / 'config.toml'} does not exist yet: run {label} has not started")
+            problems.append(f"{path / CONFIG_FILE} does not exist yet: run {label} has not started")
         else:
             flat = flatten(config)
             if "data.path" in flat:  # one run's relative path and another's absolute one name the same folder

@@ -44,6 +44,7 @@ from app.run_records import (
 )
 from app.verdicts import judge_run
 from federation.progress import read_progress
+from federation.runfiles import CONFIG_FILE
 
 REFRESH_S = 2.0
 FORM_PREFIX = "cfg:"
@@ -238,7 +239,7 @@ def pending_banner(run_id: str) -> None:
     if job is None:
         return
     job_state = jobs.state(jobs_dir, job)
-    if (paths.runs_root(root) / run_id / "config.toml").is_file():
+    if (paths.runs_root(root) / run_id / CONFIG_FILE).is_file():
         st.session_state.pop("pending_run", None)
         st.rerun()  # the folder exists now: show the run below, with its live refresh
     title = job.title or f"Run {run_id}"
@@ -264,7 +265,7 @@ def loading_run() -> str | None:
     if pending:
         return str(pending)
     job = jobs.active_train(jobs_dir)
-    if job is not None and not (Path(job.target) / "config.toml").is_file():
+    if job is not None and not (Path(job.target) / CONFIG_FILE).is_file():
         return job.job_id
     return None
 
