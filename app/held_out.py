@@ -284,7 +284,8 @@ def score_held_out(
 
 def as_slides(calls: Sequence[SlideCall]) -> Slides | None:
     """The annotated slides of ``calls`` as `models.decision.Slides` (truth 1 abnormal, predict's score), the form
-    the pages' slide figures take; ``None`` when none is annotated."""
+    the pages' slide figures take, with every slide of ``calls`` reported UNFAMILIAR or with a focus by name (or
+    ``None`` for a flag the file does not record); ``None`` when none is annotated."""
     import numpy as np
 
     known = [c for c in calls if c.truth]
@@ -295,8 +296,14 @@ def as_slides(calls: Sequence[SlideCall]) -> Slides | None:
         labels=np.array([int(c.truth == "abnormal") for c in known], dtype=np.int64),
         scores=np.array([c.score for c in known], dtype=np.float64),
         tiles=np.array([c.tiles for c in known], dtype=np.int64),
-        unfamiliar=tuple(c.slide for c in calls if c.reported.unfamiliar),
-        focus=tuple(c.slide for c in calls if c.reported.focus),
+        # counted only where every row recorded what decides the flag (an older file, or a bundle without a tissue
+        # description, leaves it None: "not recorded", never 0)
+        unfamiliar=(
+            tuple(c.slide for c in calls if c.reported.unfamiliar)
+            if all(c.unfamiliar_share is not None for c in calls)
+            else None
+        ),
+        focus=tuple(c.slide for c in calls if c.reported.focus) if all(c.top_tile is not None for c in calls) else None,
     )
 
 

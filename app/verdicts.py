@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from app.evaluation.tables import verdict_word
+from app.evaluation.tables import flag_counts, verdict_word
 from app.evaluation.verdict import Floor, Judgement, judge
 from app.held_out import SlideCallsError, as_slides, held_out_slides, read_slide_calls
 from app.run_records import (
@@ -78,8 +78,9 @@ def judge_run(run: Path, floor: Floor, predictions: pd.DataFrame | None = None) 
 
 
 def verdict_rows(runs: list[Path], floor: Floor) -> list[dict[str, Any]]:
-    """One row per run x hospital judged (`judge_run`): run, client, verdict, threshold, where it came from and the
-    reason (``federation.report.VERDICT_COLUMNS``), for ``gastric-fl report``."""
+    """One row per run x hospital judged (`judge_run`): run, client, verdict, threshold, where it came from, its
+    held-out slides reported UNFAMILIAR or with a focus (`app.evaluation.tables.flag_counts`) and the reason
+    (``federation.report.VERDICT_COLUMNS``), for ``gastric-fl report``."""
     rows: list[dict[str, Any]] = []
     for run in runs:
         for judged in judge_run(run, floor).judgements:
@@ -90,6 +91,7 @@ def verdict_rows(runs: list[Path], floor: Floor) -> list[dict[str, Any]]:
                     "verdict": verdict_word(judged.verdict.kind, floor),
                     "threshold": round(judged.threshold, 4),
                     "threshold from": judged.source,
+                    **flag_counts(judged.score),
                     "reason": judged.verdict.reason,
                 }
             )

@@ -418,7 +418,18 @@ def plot_accuracy(runs: Sequence[RunResult], path: Path) -> None:
     plt.close(fig)
 
 
-VERDICT_COLUMNS: tuple[str, ...] = ("run", "client", "verdict", "threshold", "threshold from", "reason")
+# the two counts of held-out slides are app.evaluation.tables.UNFAMILIAR_SLIDES and FOCUS_SLIDES ("not recorded"
+# where the run's slides.csv does not record them)
+VERDICT_COLUMNS: tuple[str, ...] = (
+    "run",
+    "client",
+    "verdict",
+    "threshold",
+    "threshold from",
+    "unfamiliar slides",
+    "focus slides (review)",
+    "reason",
+)
 
 
 def write_report(

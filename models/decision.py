@@ -155,9 +155,10 @@ class Slides:
     scores: npt.NDArray[np.float64]
     tiles: npt.NDArray[np.int64]
     k: int = SLIDE_TOP_K
-    # the held-out slides reported UNFAMILIAR and normal with a focus above the threshold (issue 47), by name
-    unfamiliar: tuple[str, ...] = ()
-    focus: tuple[str, ...] = ()
+    # the held-out slides reported UNFAMILIAR and normal with a focus above the threshold (issue 47), by name;
+    # None: not recorded (slides grouped from test tiles, or a slides.csv without unfamiliar shares / top tiles)
+    unfamiliar: tuple[str, ...] | None = None
+    focus: tuple[str, ...] | None = None
 
     def flags_text(self) -> str:
         """``"; of the test slides, 2 UNFAMILIAR (do not rely on their calls: a, b), 1 normal with a focus above the

@@ -23,7 +23,7 @@ from app.dashboard import commands, jobs, paths, presets
 from app.dashboard.fields import model_units
 from app.datasets import PreparedDataset, list_datasets, load_manifest
 from app.errors import DashboardError
-from app.evaluation.tables import verdict_word
+from app.evaluation.tables import FLAG_HELP, verdict_word
 from app.evaluation.verdict import CANNOT_JUDGE, FAIL, PASS, REVIEW, Floor
 from app.run_records import RunInfo, list_runs
 from infra import provenance
@@ -408,6 +408,10 @@ def verdict_table(table: Any, key: str, floor: Floor) -> None:
             "specificity": number("specificity", format="%.2f", help=EXPLAIN["specificity"]),
             "AUC": number("AUC", format="%.3f", help=EXPLAIN["AUC"]),
             "test slides": number("test slides", format="%d"),
+            **{
+                name: st.column_config.TextColumn(name, help=words)
+                for name, words in FLAG_HELP.items()  # the held-out slides reported UNFAMILIAR or with a focus
+            },
         },
     )
     st.caption(

@@ -1,6 +1,8 @@
 """The tables and words the pages show for judged hospitals: the scorecard (`scorecard_table`), the scorecard
 with each verdict and threshold (`judgement_table`), its short form for the Federation and Compare pages
-(`verdict_summary`), and a verdict's word on a badge (`verdict_word`), which says a lowered floor."""
+(`verdict_summary`), the held-out slides reported UNFAMILIAR or with a focus, counted (`flag_counts`: every
+page, report and command that shows a verdict shows them), and a verdict's word on a badge (`verdict_word`), which
+says a lowered floor."""
 
 from __future__ import annotations
 
@@ -22,6 +24,32 @@ from app.evaluation.verdict import (
 )
 from models.decision import auc_interval_text, interval_text
 
+# The held-out test slides (slides.csv, app.held_out) reported UNFAMILIAR (more than half the tissue unlike the
+# hospital's own, models.shift) and called normal with a focus above the threshold (review), counted per hospital;
+# NOT_RECORDED where the run's files do not say (never 0).
+UNFAMILIAR_SLIDES = "unfamiliar slides"
+FOCUS_SLIDES = "focus slides (review)"
+NOT_RECORDED = "not recorded"
+FLAG_HELP = {
+    UNFAMILIAR_SLIDES: "held-out test slides with more than half their tissue unlike the hospital's own (reported "
+    "UNFAMILIAR: do not rely on their calls); not recorded: the run's slides.csv holds no unfamiliar shares (the "
+    "bundle has no tissue description, or the file is older) or there is no slides.csv",
+    FOCUS_SLIDES: "held-out test slides called normal that hold a tile at or above the threshold (review them); not "
+    "recorded: the run's slides.csv holds no top tiles (an older file) or there is no slides.csv",
+}
+
+
+def flag_counts(score: HospitalScore) -> dict[str, str]:
+    """``{UNFAMILIAR_SLIDES: "2", FOCUS_SLIDES: "1"}`` for one hospital (`HospitalScore.unfamiliar_slides`,
+    `HospitalScore.focus_slides`), each `NOT_RECORDED` where its ``slides.csv`` does not record it: the one form the
+    scorecard, the verdict tables, ``gastric-fl report`` and the HTML report give them in."""
+    unfamiliar, focus = score.unfamiliar_slides, score.focus_slides
+    return {
+        UNFAMILIAR_SLIDES: NOT_RECORDED if unfamiliar is None else str(unfamiliar),
+        FOCUS_SLIDES: NOT_RECORDED if focus is None else str(focus),
+    }
+
+
 # What decides a verdict comes first (a phone shows the first few columns beside the pinned hospital name).
 SCORECARD_COLUMNS = (
     "hospital",
@@ -35,6 +63,8 @@ SCORECARD_COLUMNS = (
     "missed slides",
     "slide sensitivity",
     "slide specificity",
+    UNFAMILIAR_SLIDES,
+    FOCUS_SLIDES,
     "AUC",
     "AUC 95% CI",
     "test tiles",
@@ -71,6 +101,7 @@ def scorecard_table(scores: list[HospitalScore]) -> pd.DataFrame:
                 "slide sensitivity": nan if slide is None else slide.sensitivity,
                 "slide specificity": nan if slide is None else slide.specificity,
                 "missed slides": "" if slide is None else f"{slide.fn} of {slide.abnormal}",
+                **flag_counts(score),
             }
         )
     return pd.DataFrame(rows, columns=list(SCORECARD_COLUMNS))
@@ -103,6 +134,8 @@ VERDICT_SUMMARY_COLUMNS = (
     "sensitivity",
     "specificity",
     "missed abnormal slides",
+    UNFAMILIAR_SLIDES,
+    FOCUS_SLIDES,
     "AUC",
     "test slides",
 )
@@ -110,7 +143,8 @@ VERDICT_SUMMARY_COLUMNS = (
 
 def verdict_summary(judgements: Sequence[Judgement]) -> pd.DataFrame:
     """The short form of `judgement_table` the Federation and Compare pages show: each hospital's verdict,
-    sensitivity and specificity at its card's threshold, the abnormal slides it misses, its AUC and slides."""
+    sensitivity and specificity at its card's threshold, the abnormal slides it misses, its held-out slides reported
+    UNFAMILIAR or with a focus (`flag_counts`), its AUC and slides."""
     rows = []
     for judged in judgements:
         score = judged.score
@@ -124,6 +158,7 @@ def verdict_summary(judgements: Sequence[Judgement]) -> pd.DataFrame:
                 "sensitivity": score.point.sensitivity,
                 "specificity": score.point.specificity,
                 "missed abnormal slides": "" if abnormal is None else f"{len(missed)} of {abnormal}",
+                **flag_counts(score),
                 "AUC": float("nan") if score.auc is None else score.auc,
                 "test slides": float("nan") if score.slides is None else score.slides,
             }

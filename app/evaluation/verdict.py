@@ -51,6 +51,20 @@ class HospitalScore:
     auc_interval: AucInterval | None = None
     unreachable: Unreachable | None = None
 
+    @property
+    def unfamiliar_slides(self) -> int | None:
+        """How many held-out test slides are reported UNFAMILIAR (`models.decision.reported_call`); ``None`` when
+        not recorded (no ``slides.csv``, or one without unfamiliar shares: the bundle has no tissue description)."""
+        flagged = None if self.slide_set is None else self.slide_set.unfamiliar
+        return None if flagged is None else len(flagged)
+
+    @property
+    def focus_slides(self) -> int | None:
+        """How many held-out test slides are called normal with a focus above the threshold (review); ``None`` when
+        not recorded (no ``slides.csv``, or one written before the top tile was kept)."""
+        flagged = None if self.slide_set is None else self.slide_set.focus
+        return None if flagged is None else len(flagged)
+
 
 def slide_results(
     keys: list[str], labels: np.ndarray, probs: np.ndarray, threshold: float

@@ -225,6 +225,8 @@ def _slide_table(rep: HospitalReport, m: dict[str, Any]) -> str:
 
 
 def _metric_rows(rep: HospitalReport, m: dict[str, Any]) -> str:
+    from app.evaluation.tables import FOCUS_SLIDES, UNFAMILIAR_SLIDES, flag_counts
+
     engine = rep.engine
     score = m["score"]
     slides = score.slide_point
@@ -267,6 +269,22 @@ def _metric_rows(rep: HospitalReport, m: dict[str, Any]) -> str:
                 f"AUC of the slides' scores (each the mean of its {score.slide_set.k} highest tile probabilities)",
             ),
         ]
+    counts = flag_counts(score)  # as the scorecard, the Verdict page and gastric-fl report count them
+    rows += [
+        (
+            "Unfamiliar test slides",
+            "unfamiliar_slides",
+            counts[UNFAMILIAR_SLIDES],
+            "held-out test slides with more than half their tissue unlike this hospital's own: reported UNFAMILIAR, "
+            "do not rely on their calls",
+        ),
+        (
+            "Test slides with a focus",
+            "focus_slides",
+            counts[FOCUS_SLIDES],
+            "held-out test slides called normal that hold a tile at or above the threshold: review them",
+        ),
+    ]
     target = m["target"]
     if target is not None:
         rows.append(

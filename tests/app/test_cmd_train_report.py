@@ -34,7 +34,10 @@ def test_train_then_report(
 
     expected = judge_run(run_dir, Floor()).judgements
     assert len(expected) >= 2
-    assert "| run | hospital | verdict | threshold | threshold from | reason |" in printed
+    assert (
+        "| run | hospital | verdict | threshold | threshold from | unfamiliar slides | focus slides (review) | reason |"
+        in printed
+    )
     for judged in expected:
         assert f"| {judged.hospital} | {judged.verdict.kind.upper()} | 0.5000 |" in printed
         assert judged.verdict.reason in printed

@@ -4,6 +4,8 @@ passes; and the slide-level figures of the scorecard."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pandas as pd
 import pytest
 
@@ -171,3 +173,38 @@ def test_the_verdict_counts_slides_reported_unfamiliar_or_with_a_focus() -> None
     old = as_slides([SlideCall("n.png", "normal", 0.2, "normal", 0.5, 5)])
     assert old is not None
     assert old.flags_text() == ""
+
+
+def test_the_scorecard_counts_unfamiliar_and_focus_slides_or_says_not_recorded() -> None:
+    """Issue 47, item 1: the held-out slides reported UNFAMILIAR and normal with a focus are counted per hospital
+    in the scorecard and the verdict summary; a slides.csv without what decides a flag says "not recorded"."""
+    from app.evaluation.tables import FOCUS_SLIDES, UNFAMILIAR_SLIDES, verdict_summary
+    from app.held_out import SlideCall, as_slides
+
+    frame = _split([[0.9] * 20] * 3, [[0.1] * 5] * 2)
+    # 5 slides: 2 mostly unfamiliar (0.80, 0.51 > 0.5; 0.50 is not above the limit), 1 normal with a tile at 0.7
+    calls = [
+        SlideCall("a.png", "abnormal", 0.9, "abnormal", 0.5, 20, top_tile=0.95, unfamiliar_share=0.80),
+        SlideCall("b.png", "abnormal", 0.9, "abnormal", 0.5, 20, top_tile=0.95, unfamiliar_share=0.50),
+        SlideCall("c.png", "abnormal", 0.9, "abnormal", 0.5, 20, top_tile=0.95, unfamiliar_share=0.51),
+        SlideCall("n.png", "normal", 0.2, "normal", 0.5, 5, top_tile=0.7, unfamiliar_share=0.0),
+        SlideCall("m.png", "normal", 0.1, "normal", 0.5, 5, top_tile=0.3, unfamiliar_share=0.1),
+    ]
+    counted = judge(0, frame, 0.5, "the default 0.5", "", Floor(), held_out=as_slides(calls))
+    assert (counted.score.unfamiliar_slides, counted.score.focus_slides) == (2, 1)
+    row = scorecard_table([counted.score]).iloc[0]
+    assert (row[UNFAMILIAR_SLIDES], row[FOCUS_SLIDES]) == ("2", "1")
+    summary = verdict_summary([counted]).iloc[0]
+    assert (summary[UNFAMILIAR_SLIDES], summary[FOCUS_SLIDES]) == ("2", "1")
+    # a bundle without a tissue description: no shares, top tiles kept -> unfamiliar not recorded, focus counted
+    undescribed = [replace(c, unfamiliar_share=None) for c in calls]
+    score = judge(0, frame, 0.5, "", "", Floor(), held_out=as_slides(undescribed)).score
+    assert (score.unfamiliar_slides, score.focus_slides) == (None, 1)
+    assert scorecard_table([score]).iloc[0][[UNFAMILIAR_SLIDES, FOCUS_SLIDES]].tolist() == ["not recorded", "1"]
+    # an older slides.csv (six columns: neither) and no slides.csv at all (slides grouped from the test tiles)
+    older = [replace(c, unfamiliar_share=None, top_tile=None) for c in calls]
+    for held_out in (as_slides(older), None):
+        score = judge(0, frame, 0.5, "", "", Floor(), held_out=held_out).score
+        assert (score.unfamiliar_slides, score.focus_slides) == (None, None)
+        row = scorecard_table([score]).iloc[0]
+        assert (row[UNFAMILIAR_SLIDES], row[FOCUS_SLIDES]) == ("not recorded", "not recorded")

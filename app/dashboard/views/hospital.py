@@ -21,7 +21,7 @@ from app.dashboard.threshold_change import flash, save_floor_button, save_thresh
 from app.datasets import LABELS, hospital_label
 from app.evaluation.classes import class_accuracy, class_confusion, is_multi_class, not_applicable
 from app.evaluation.metrics import OperatingPoint, confusion, operating_point, ranked_examples, roc
-from app.evaluation.tables import judgement_table
+from app.evaluation.tables import FLAG_HELP, FOCUS_SLIDES, UNFAMILIAR_SLIDES, judgement_table
 from app.evaluation.threshold import TargetThreshold
 from app.evaluation.verdict import Floor, Judgement
 from app.run_records import (
@@ -81,6 +81,8 @@ def _scorecard(judgements: tuple[Judgement, ...], floor: Floor) -> None:
             "missed slides": st.column_config.TextColumn(
                 "missed slides", help="abnormal test slides called normal at the threshold, of all abnormal slides"
             ),
+            UNFAMILIAR_SLIDES: st.column_config.TextColumn(UNFAMILIAR_SLIDES, help=FLAG_HELP[UNFAMILIAR_SLIDES]),
+            FOCUS_SLIDES: st.column_config.TextColumn(FOCUS_SLIDES, help=FLAG_HELP[FOCUS_SLIDES]),
             "accuracy": number("accuracy", format="%.2f", help=ui.EXPLAIN["accuracy"]),
             "sensitivity": number("sensitivity", format="%.2f", help=ui.EXPLAIN["sensitivity"]),
             "sensitivity 95% CI": st.column_config.TextColumn(

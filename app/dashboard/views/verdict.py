@@ -4,12 +4,13 @@ clinical floor the user sets (issue 23, item 1).
 Each hospital is judged at its own operating threshold (its model card's, `app.operating` saves a chosen one) by
 `app.verdicts.judge_run`, the one judgement every page, report and command shows: pass, review, fail or cannot judge,
 with word and colour, and the reason in one sentence. Beside it: test slides and tiles, the AUC with its interval
-resampled by slide (or why it cannot be estimated), sensitivity and specificity with Wilson intervals, and the slide
-calls (`models.decision`). A hospital that does not pass and has a threshold reaching the floor gets a button to save
-that threshold into its bundle (chosen with a margin: the floor on the lower end of the 95% interval of the validation
-sensitivity, `app.evaluation.threshold.bounded_threshold`; where none reaches it, the page says so), confirmed with who
-and why after the direction of the change and what it gives on test
-(`app.dashboard.threshold_change.save_threshold_button`); a saved change has an Undo
+resampled by slide (or why it cannot be estimated), sensitivity and specificity with Wilson intervals, the slide calls
+(`models.decision`), and the held-out slides reported UNFAMILIAR or with a focus, counted
+(`app.evaluation.tables.flag_counts`; "not recorded" where the run's files do not say). A hospital that does not pass
+and has a threshold reaching the floor gets a button to save that threshold into its bundle (chosen with a margin: the
+floor on the lower end of the 95% interval of the validation sensitivity, `app.evaluation.threshold.bounded_threshold`;
+where none reaches it, the page says so), confirmed with who and why after the direction of the change and what it gives
+on test (`app.dashboard.threshold_change.save_threshold_button`); a saved change has an Undo
 (`app.dashboard.threshold_change.undo_button`). The dataset's shortcut-probe warning, when prepare raised one, stands
 above the verdicts. FedSAF paper 001, Sec. 5: each client's model on its own test split.
 """
@@ -25,6 +26,7 @@ from app.dashboard.threshold_change import flash, save_floor_button, undo_button
 from app.datasets import hospital_label, load_prepare_json, shortcut_probe
 from app.errors import DashboardError
 from app.evaluation.classes import is_multi_class, not_applicable
+from app.evaluation.tables import FOCUS_SLIDES, UNFAMILIAR_SLIDES, flag_counts
 from app.evaluation.verdict import FAIL, REVIEW, Floor, HospitalScore, Judgement
 from app.run_records import (
     RunInfo,
@@ -75,6 +77,8 @@ def _figures(score: HospitalScore) -> str:
             f"slides: {slide.tp} of {slide.abnormal} abnormal called abnormal, {slide.tn} of {slide.normal} normal "
             "called normal"
         )
+    counts = flag_counts(score)  # the held-out slides reported UNFAMILIAR or with a focus, as every table counts them
+    parts.append(f"{UNFAMILIAR_SLIDES}: {counts[UNFAMILIAR_SLIDES]}, {FOCUS_SLIDES}: {counts[FOCUS_SLIDES]}")
     return " · ".join(parts)
 
 

@@ -354,3 +354,51 @@ def test_no_icon_name_is_in_the_pages_text(verdict_root: Path, name: str) -> Non
     assert not found, found
     if name == "hospital":
         assert any(t.startswith("cannot read ") for t in texts)  # the example tiles' caption, in words
+
+
+def test_the_verdict_counts_unfamiliar_and_focus_slides_everywhere_it_is_shown(
+    verdict_root: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 47, item 1: hospital 2's held-out slides (slides.csv, 5 of them: 2 mostly unfamiliar, 1 normal with a
+    tile above the threshold) are counted on the Verdict, Hospital and Federation pages, by gastric-fl report (its
+    text and report.md) and in the HTML report; hospital 0, without a slides.csv, says "not recorded", not 0."""
+    from support.cli import run_cli
+
+    from app.report_html import report_html
+
+    (verdict_root / "hospitals" / "client_02" / "slides.csv").write_text(
+        "slide,truth,score,call,threshold,tiles,top_tile,unfamiliar_share\n"
+        "00000,abnormal,0.95,abnormal,0.5,12,0.95,0.9\n00001,abnormal,0.95,abnormal,0.5,12,0.95,0.75\n"
+        "00002,abnormal,0.95,abnormal,0.5,12,0.95,0.1\n00005,normal,0.20,normal,0.5,12,0.7,0\n"
+        "00006,normal,0.05,normal,0.5,12,0.05,0.5\n",
+        encoding="utf-8",
+    )
+    at = open_page("verdict")
+    captions = [str(c.value) for c in at.caption]
+    (two,) = [c for c in captions if "threshold 0.50" in c and "**5** test slides" in c]
+    assert "unfamiliar slides: 2, focus slides (review): 1" in two
+    (zero,) = [c for c in captions if "**6** test slides" in c]  # hospital 0
+    assert "unfamiliar slides: not recorded, focus slides (review): not recorded" in zero
+    for page, key in (("views/hospital.py", "scorecard"), ("views/federation.py", "verdict_table")):
+        at.switch_page(page)
+        at.run()
+        assert not at.exception
+        (table,) = [d.value for d in at.dataframe if "verdict" in d.value.columns]
+        assert table["unfamiliar slides"].tolist() == ["not recorded", "not recorded", "2"], key
+        assert table["focus slides (review)"].tolist() == ["not recorded", "not recorded", "1"], key
+    html = report_html(verdict_root, 2)
+    assert '<td class="num" data-metric="unfamiliar_slides">2</td>' in html
+    assert '<td class="num" data-metric="focus_slides">1</td>' in html
+    assert '<td class="num" data-metric="unfamiliar_slides">not recorded</td>' in report_html(verdict_root, 0)
+    assert run_cli(monkeypatch, "report", str(verdict_root)) == 0
+    printed = capsys.readouterr().out
+    header = (
+        "| run | hospital | verdict | threshold | threshold from | unfamiliar slides | focus slides (review) | reason |"
+    )
+    row_two = f"| {verdict_root.name} | 2 | PASS | 0.5000 | the default 0.5 | 2 | 1 |"
+    row_zero = f"| {verdict_root.name} | 0 | FAIL | 0.5000 | the default 0.5 | not recorded | not recorded |"
+    report = (verdict_root / "report.md").read_text(encoding="utf-8")
+    for text in (printed, report):
+        assert header in text
+        assert row_two in text
+        assert row_zero in text
