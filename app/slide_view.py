@@ -15,7 +15,9 @@ running the network::
                                 `DISPLAY_MAX` px), heat.png (RGBA: viridis colour of the mean P(abnormal) under the
                                 tiles where it reaches the card's threshold, transparent elsewhere, as
                                 `inference.heatmap`), outline.png (RGBA: the
-                                annotation's outline, white on black) and view.json (sizes and scale)
+                                annotation's outline, white on black), view.json (sizes and scale) and, for a
+                                test slide, heat_prepared.png (the same heatmap drawn from its prepared test
+                                tiles, `on_prepared_tiles`: the tiles the Verdict and Hospital pages count)
 
 ``<card key>`` is the bundle's round and a hash of its ``model.json``, so a bundle rewritten by a later round gets
 new entries instead of stale ones. Every file is written to a temporary name and renamed.
@@ -38,7 +40,7 @@ import json
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,9 @@ TEST_PREFIX = "test-"  # cache entries of the hospital's test slides; uploads' e
 UPLOAD_FIX = "upload a PNG or TIFF slide (.png, .tif, .tiff) instead"
 MASK_FIX = "upload its annotation as a SEED mask (PNG) or a BOT SVG instead, or no annotation"
 UPLOAD_RECORD = "upload.json"  # in an upload's cache entry: the names the files were uploaded under
+PREDICT_GRID = "predict"  # a scored slide's tiles: predict's grid over the whole slide
+PREPARED_GRID = "prepared"  # a test slide's tiles: its prepared test tiles (manifest.csv, predictions.csv)
+PREPARED_HEAT = "heat_prepared.png"  # in a test slide's view/: the heatmap of its prepared test tiles
 
 
 class SlideViewError(ValueError):
@@ -110,6 +115,9 @@ class ScoredSlide:
     # per tile "familiar", "unfamiliar" (models.shift) or "" (the bundle has no tissue description); () for an entry
     # scored before the column existed
     tissue: tuple[str, ...] = ()
+    # which tiles xs, ys, probability and truth are: PREDICT_GRID (predict's grid of the whole slide) or
+    # PREPARED_GRID (a test slide's prepared test tiles, `on_prepared_tiles`)
+    grid: str = "predict"
 
     @property
     def overlay(self) -> Path:
@@ -117,7 +125,10 @@ class ScoredSlide:
         return self.result / "overlay.png"
 
     def layer(self, name: str) -> Path | None:
-        """``view/<name>.png`` if it exists (``outline`` exists only for an annotated slide)."""
+        """``view/<name>.png`` if it exists (``outline`` exists only for an annotated slide); on the prepared test
+        tiles the heatmap is theirs (`PREPARED_HEAT`)."""
+        if name == "heat" and self.grid == PREPARED_GRID:
+            name = PREPARED_HEAT.removesuffix(".png")
         path = self.entry / "view" / f"{name}.png"
         return path if path.is_file() else None
 
@@ -458,6 +469,48 @@ def load(entry: Path) -> ScoredSlide | None:
         return None
 
 
+def on_prepared_tiles(scored: ScoredSlide, folder: Path, dataset: Path | None, source: str) -> ScoredSlide | None:
+    """The test slide ``source`` (scored on predict's grid, ``scored``) on its prepared test tiles instead: their
+    corners and side from the dataset's ``manifest.csv`` (``x``, ``y``, ``size``), their ``P(abnormal)`` and truth
+    from the hospital's ``predictions.csv`` (the tiles the Verdict and Hospital pages count, `tiles_of_slide`), and
+    the heatmap drawn from them (`PREPARED_HEAT`, the mean of the tiles covering each pixel, as predict draws its own;
+    written once into the entry's ``view/``, again when ``predictions.csv`` is newer). Coloured at or above the
+    threshold is then exactly what is counted as called abnormal. The slide's call, score and unfamiliar marks stay
+    predict's (``slides.csv``). ``None`` when the files do not give them: no ``predictions.csv`` or dataset, no tile
+    of this slide, a tile not in the manifest, or tiles of several sides."""
+    from app.datasets import load_manifest
+    from app.errors import DashboardError
+    from app.run_records import read_prediction_file
+    from federation.runfiles import PREDICTIONS_FILE
+
+    if dataset is None:
+        return None
+    try:
+        rows = read_prediction_file(folder / PREDICTIONS_FILE)
+        manifest = load_manifest(dataset)
+    except DashboardError:
+        return None
+    paths = [str(p) for p in rows["path"]]
+    mine = tiles_of_slide(paths, source)
+    if mine is None:
+        return None
+    where = {str(p): (int(x), int(y), int(z)) for p, x, y, z in manifest[["path", "x", "y", "size"]].itertuples(False)}
+    chosen = [p for p, m in zip(paths, mine, strict=True) if m]
+    if not all(p in where for p in chosen) or len({where[p][2] for p in chosen}) != 1:
+        return None
+    xs = np.array([where[p][0] for p in chosen], dtype=np.int64)
+    ys = np.array([where[p][1] for p in chosen], dtype=np.int64)
+    size = where[chosen[0]][2]
+    probability = rows["prob_abnormal"].to_numpy(dtype=np.float64)[mine]
+    truth = tuple("abnormal" if int(v) == 1 else "normal" for v in rows["label"].to_numpy(dtype=int)[mine])
+    heat = scored.entry / "view" / PREPARED_HEAT
+    made = heat.stat().st_mtime_ns if heat.is_file() else -1
+    if made < (folder / PREDICTIONS_FILE).stat().st_mtime_ns:
+        mean, covered = _mean_map(xs, ys, size, probability, (scored.height, scored.width), scored.scale)
+        write_atomic(heat, _heat_png(mean, covered, scored.threshold))
+    return replace(scored, xs=xs, ys=ys, size=size, probability=probability, truth=truth, tissue=(), grid=PREPARED_GRID)
+
+
 # --- scoring (the only place torch is imported) -----------------------------------------------------------------
 
 
@@ -470,6 +523,47 @@ def _png(pixels: npt.NDArray[np.uint8]) -> bytes:
     return data.tobytes()
 
 
+def _mean_map(
+    xs: npt.NDArray[np.int64],
+    ys: npt.NDArray[np.int64],
+    size: int,
+    probability: npt.NDArray[np.float64],
+    shape: tuple[int, int],
+    scale: float,
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
+    """The mean probability of the tiles covering each pixel of the slide scaled by ``scale``, and where any tile
+    covers it: `inference.heatmap.probability_map`'s rule (the tests hold the two equal), here without importing
+    the inference package, which imports torch, so that a page showing a scored slide never waits for it."""
+    height, width = max(1, round(shape[0] * scale)), max(1, round(shape[1] * scale))
+    total = np.zeros((height, width), dtype=np.float64)
+    count = np.zeros((height, width), dtype=np.int32)
+
+    def span(start: npt.NDArray[np.int64], limit: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        lo = np.clip(np.floor(start * scale).astype(np.int64), 0, limit)
+        hi = np.clip(np.ceil((start + size) * scale).astype(np.int64), 0, limit)
+        return lo, np.maximum(hi, np.minimum(lo + 1, limit))
+
+    x0, x1 = span(xs, width)
+    y0, y1 = span(ys, height)
+    for k in range(len(xs)):
+        total[y0[k] : y1[k], x0[k] : x1[k]] += probability[k]
+        count[y0[k] : y1[k], x0[k] : x1[k]] += 1
+    covered = count > 0
+    mean = np.zeros_like(total)
+    mean[covered] = total[covered] / count[covered]
+    return mean, covered
+
+
+def _heat_png(mean: npt.NDArray[np.float64], covered: npt.NDArray[np.bool_], threshold: float | None) -> bytes:
+    """The heatmap layer: the colour bar's viridis (`app.colour_scale`) of the mean probability under the tiles,
+    opaque only where it reaches ``threshold`` (`inference.heatmap.visible`'s rule: every covered pixel when
+    ``threshold`` is ``None``)."""
+    shown = covered if threshold is None else covered & (mean >= threshold)
+    colours = viridis_rgb(mean).reshape(*mean.shape, 3)
+    heat = np.dstack([colours, np.where(shown, 255, 0).astype(np.uint8)])
+    return _png(np.ascontiguousarray(heat))
+
+
 def _layers(
     image: npt.NDArray[np.uint8],
     cancer: npt.NDArray[np.bool_] | None,
@@ -478,16 +572,11 @@ def _layers(
     scale: float,
     threshold: float | None = None,
 ) -> dict[str, bytes]:
-    """slide.png, heat.png and (with an annotation) outline.png at the display scale; heat.png is opaque only where
-    the mean probability reaches ``threshold`` (`inference.heatmap.visible`)."""
-    from inference.heatmap import visible
-
+    """slide.png, heat.png (`_heat_png`) and (with an annotation) outline.png at the display scale."""
     height, width = image.shape[:2]
     size_out = (max(1, round(width * scale)), max(1, round(height * scale)))
     base = image if scale == 1.0 else cv2.resize(image, size_out, interpolation=cv2.INTER_AREA)
-    colours = viridis_rgb(mean).reshape(*mean.shape, 3)  # the bar's colours (app.colour_scale)
-    heat = np.dstack([colours, np.where(visible(mean, covered, threshold), 255, 0).astype(np.uint8)])
-    layers = {"slide.png": _png(np.ascontiguousarray(base)), "heat.png": _png(np.ascontiguousarray(heat))}
+    layers = {"slide.png": _png(np.ascontiguousarray(base)), "heat.png": _heat_png(mean, covered, threshold)}
     if cancer is not None and cancer.any():
         region: npt.NDArray[np.uint8] = cancer.astype(np.uint8)
         if scale != 1.0:

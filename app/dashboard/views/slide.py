@@ -4,7 +4,9 @@ Pick a run, a hospital and one of its test slides (the slides ``prepare.json`` p
 or upload a slide. The hospital's exported model scores every tissue tile exactly as ``gastric-fl predict`` does
 (`app.slide_view.score`; FedSAF paper 001 Sec. 4.2 for the tiling), once: the result is kept in the hospital's
 folder, so a second visit draws it straight from disk. The page shows the probability heatmap (viridis) over the
-slide with an opacity slider and the annotation's outline, the slide-level summary (maximum, the mean of the k
+slide with an opacity slider and the annotation's outline (a test slide's drawn from its prepared test tiles, the ones
+its tile figures and the Verdict and Hospital pages count, `app.slide_view.on_prepared_tiles`; an upload's from
+predict's grid; a caption says which), the slide-level summary (maximum, the mean of the k
 highest tile probabilities, the share of the tissue called abnormal at the card's threshold; the slide call set against
 the annotation, a miss or a false alarm said in words; tile sensitivity and specificity when there is one), and one
 tile's image and probability, picked by clicking the heatmap or from the list. The hospital's HTML report
@@ -91,24 +93,16 @@ def _rate(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
-def _prepared_tiles(folder: Path, source: str, threshold: float) -> Any:
-    """The operating point at ``threshold`` of the test slide ``source``'s prepared test tiles (its rows of the
-    hospital's ``predictions.csv``, matched by the slide's name in prepare's tile names, `models.decision.
-    slide_stem`): the tiles the Verdict and Hospital pages count, so the Slide page's tile figures are theirs.
-    ``None`` when the file does not read or holds no tile of that slide, or the name matches tiles of two slides."""
-    from app.errors import DashboardError
+def _grid_point(scored: slide_view.ScoredSlide) -> Any:
+    """The operating point at the threshold of the tiles the heatmap is drawn from, when they are a test slide's
+    prepared test tiles (`app.slide_view.on_prepared_tiles`: the tiles the Verdict and Hospital pages count), so
+    that the tile figures count exactly the tiles the heatmap colours; ``None`` on predict's grid."""
     from app.evaluation.metrics import operating_point
-    from app.run_records import read_prediction_file
 
-    try:
-        rows = read_prediction_file(folder / PREDICTIONS_FILE)
-    except DashboardError:
+    if scored.grid != slide_view.PREPARED_GRID:
         return None
-    mine = slide_view.tiles_of_slide([str(p) for p in rows["path"]], source)
-    if mine is None:
-        return None
-    labels, probs = rows["label"].to_numpy(dtype=int)[mine], rows["prob_abnormal"].to_numpy(dtype=float)[mine]
-    return operating_point(labels, probs, threshold)
+    labels = np.array([int(t == "abnormal") for t in scored.truth], dtype=int)
+    return operating_point(labels, scored.probability, scored.threshold)
 
 
 def _tissue(s: dict[str, Any]) -> None:
@@ -139,7 +133,7 @@ def _summary(
     The slide call is set against the annotation (`app.slide_view.call_mark`): predict's ``truth`` (the slide has
     annotated abnormal tissue or not), else ``label`` (prepare's label of a test slide). ``coverage``: the share of
     a tile's tissue inside the annotation that makes it abnormal (the model card's tiling). ``prepared``: for a
-    test slide, `_prepared_tiles`' operating point: its tile sensitivity and specificity are then the ones the
+    test slide, `_grid_point`'s operating point: its tile sensitivity and specificity are then the ones the
     Verdict and Hospital pages count (one tiling for the tile figures on every page), not the heatmap grid's."""
     s = scored.summary
     threshold = scored.threshold
@@ -221,8 +215,9 @@ def _summary(
     if prepared is not None:
         st.caption(
             f"Tile sensitivity and specificity: this slide's prepared test tiles ({prepared.tp} of {prepared.abnormal} "
-            f"abnormal called abnormal, {prepared.fp} of {prepared.normal} normal called abnormal), the tiles the "
-            "Verdict and Hospital pages count; the heatmap scores the whole slide on the grid predict uses."
+            f"abnormal called abnormal, {prepared.fp} of {prepared.normal} normal called abnormal: "
+            f"{prepared.tp + prepared.fp} tiles called abnormal), the tiles the Verdict and Hospital pages count and "
+            "the heatmap shows."
         )
     elif truth:
         edge = truth["unlabelled_tiles"]
@@ -295,6 +290,7 @@ def _show(
     with chart:
         name = slide_view.slide_name(scored, names)
         outline = " The annotation is outlined in white." if scored.layer("outline") is not None else ""
+        grid = _grid_words(scored)
         st.plotly_chart(
             heatmap_figure(scored, opacity, int(picked)),
             key=CHART_KEY,
@@ -304,7 +300,7 @@ def _show(
             alt=(
                 f"Heatmap of P(abnormal) over {name} ({scored.width} x {scored.height} px): tiles at or above the "
                 f"threshold {scored.threshold:.2f} coloured ({colour_scale.words(scored.threshold)}); below "
-                f"the threshold: left uncoloured.{outline}"
+                f"the threshold: left uncoloured.{outline} {grid}"
             ),
         )
         st.caption(
@@ -314,6 +310,31 @@ def _show(
             f"threshold {scored.threshold:.2f} (▲ on the bar; {colour_scale.words(scored.threshold)}); "
             "below the threshold: left uncoloured (shown light grey on the bar)." + outline
         )
+        st.caption(grid)
+
+
+def _grid_words(scored: slide_view.ScoredSlide) -> str:
+    """Which tiles the heatmap is drawn from, in one sentence, and where the unfamiliar marks come from."""
+    hatched = scored.layer("unfamiliar") is not None
+    if scored.grid == slide_view.PREPARED_GRID:
+        return (
+            f"Drawn from this test slide's {len(scored.xs)} prepared test tiles, placed by manifest.csv and scored in "
+            "predictions.csv: the "
+            "tiles the tile figures and the Verdict and Hospital pages count, so what is coloured is what is called "
+            f"abnormal. The slide call and its score are predict's, on its grid of {scored.summary.get('tiles')} "
+            f"tiles over the whole slide ({SLIDES_FILE})"
+            + (
+                "; the unfamiliar tissue (hatched grey) is marked on that grid, the only one the tissue description "
+                "scores."
+                if hatched
+                else "."
+            )
+        )
+    return (
+        f"Drawn from predict's grid of {len(scored.xs)} tiles over the whole slide (an uploaded slide, or a test "
+        "slide whose prepared test tiles are not on this machine)"
+        + ("; the unfamiliar tissue is hatched grey." if hatched else ".")
+    )
 
 
 def _upload(folder: Path) -> tuple[Path | None, dict[Path, str]]:
@@ -473,7 +494,10 @@ def _page() -> None:
         if scored is not None:
             tiling = card.get("tiling")
             coverage = float(tiling.get("abnormal_coverage", 0.5)) if isinstance(tiling, dict) else 0.5
-            prepared = None if upload or not slide_source else _prepared_tiles(folder, slide_source, scored.threshold)
+            if not upload and slide_source:  # a test slide: drawn and counted on its prepared test tiles
+                dataset = slide_view.card_dataset(card, info.dataset)
+                scored = slide_view.on_prepared_tiles(scored, folder, dataset, slide_source) or scored
+            prepared = _grid_point(scored)
             _show(scored, str(entry), uploaded_names or slide_upload.kept_names(entry), label, coverage, prepared)
 
     st.divider()

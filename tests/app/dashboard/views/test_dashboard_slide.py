@@ -105,7 +105,8 @@ def test_the_heatmap_has_the_slides_size_and_the_slider_sets_its_opacity(data: T
     assert layers["slide"].get("opacity", 1.0) == 1.0  # only the heatmap fades
 
     summary = json.loads(next((data.hospital(0) / "slides").rglob("summary.json")).read_text())
-    assert _metric(at, "Tiles scored") == str(summary["tiles"]) == str(len(_array(layers["tiles"]["x"])))
+    assert _metric(at, "Tiles scored") == str(summary["tiles"])  # predict's grid: the slide's score and call
+    assert len(_array(layers["tiles"]["x"])) == len(data.evaluated(0, source))  # drawn: its prepared test tiles
     assert _metric(at, "Max P(abnormal)") == f"{summary['max_probability']:.3f}"
     assert _metric(at, "Abnormal tissue") == f"{100 * summary['abnormal_area_fraction']:.1f} %"
     assert _metric(at, f"Mean of top {summary['top_k']}") == f"{summary['top_k_mean']:.3f}"
@@ -431,18 +432,28 @@ def test_the_saved_threshold_makes_the_slide_call_and_colours_the_heatmap(data: 
     bar = next(t for t in spec["data"] if t.get("name") == "tiles")["marker"]
     assert "▲0.49" in bar["colorbar"]["ticktext"]
     assert bar["colorscale"][1] == [0.49, "rgb(225,225,225)"]  # grey up to the threshold
-    heat = next((data.hospital(0) / "slides").rglob("heat.png"))
+    # a test slide's heatmap is drawn from its prepared test tiles (the figure's tiles): opaque exactly where the
+    # mean P of the tiles covering a pixel reaches the saved threshold; the normal test slide's tiles lie either side
+    from inference.heatmap import probability_map
+
+    normal = data.test_slides(0, "normal")[0]
+    at = _pick_slide(at, normal)
+    entry = "test-" + slide_view.safe_name(normal)
+    heat = next(
+        p for p in (data.hospital(0) / "slides").rglob(slide_view.PREPARED_HEAT) if p.parent.parent.name == entry
+    )
     rgba = cv2.imread(str(heat), cv2.IMREAD_UNCHANGED)
     tiles = _layers(at)["tiles"]
     probabilities = _array(tiles["marker"]["color"])
-    xs, ys = _array(tiles["x"]), _array(tiles["y"])
+    size = int(summary["tile_size_px"])
+    xs, ys = (_array(tiles["x"]) - size / 2).astype(np.int64), (_array(tiles["y"]) - size / 2).astype(np.int64)
     assert rgba.shape[:2] == (summary["height"], summary["width"])  # drawn at the slide's size: no scaling
-    assert summary["stride_px"] == summary["tile_size_px"]  # tiles do not overlap: each pixel has one tile's value
     below = probabilities < 0.49
     assert below.any()
     assert (~below).any()
-    alpha = rgba[ys.round().astype(int), xs.round().astype(int), 3]  # at each tile's centre
-    assert (alpha == np.where(below, 0, 255)).all()
+    mean, covered = probability_map(xs, ys, size, probabilities, rgba.shape[:2], 1.0)
+    assert (rgba[..., 3] == np.where(covered & (mean >= 0.49), 255, 0)).all()
+    assert (rgba[..., 3] == 255).sum() > 0
 
 
 def test_the_downloaded_report_judges_with_the_floor_on_screen(
@@ -613,3 +624,52 @@ def test_the_slide_pages_counts_are_the_other_pages_counts(data: TrainedRoot) ->
     assert _caption_with(at, "test slides are not counted here").endswith(
         "the hospital's test slides are scored when a run ends (gastric-fl train)."
     )
+
+
+def test_the_heatmap_colours_exactly_the_tiles_the_page_counts(data: TrainedRoot) -> None:
+    """Issue 47, item 3: a held-out test slide is drawn from its prepared test tiles (manifest.csv's corners,
+    predictions.csv's probabilities), so the tiles coloured at or above the threshold in the figure's data are the
+    tiles the page counts as called abnormal, and those the Hospital page counts; an upload keeps predict's grid,
+    and each caption says which grid it shows."""
+    from app.run_records import read_prediction_file
+    from models.decision import slide_stem
+
+    folder = data.hospital(0)
+    source = data.test_slides(0, "normal")[0]  # its prepared test tiles lie either side of the threshold 0.5
+    at = _pick_slide(open_page("slide", timeout=TIMEOUT_S), source)
+    tiles = _layers(at)["tiles"]
+    probabilities = _array(tiles["marker"]["color"])
+    coloured = int((probabilities >= 0.5).sum())
+    rows = read_prediction_file(folder / "predictions.csv")
+    mine = rows[[slide_stem(str(p)) == Path(source).stem for p in rows["path"]]]
+    assert len(probabilities) == len(mine)
+    assert sorted(probabilities.tolist()) == sorted(mine["prob_abnormal"].tolist())
+    counted = int((mine["prob_abnormal"] >= 0.5).sum())  # the Hospital page's tiles called abnormal
+    assert 0 < coloured == counted < len(mine)  # some tiles each side: a count that could differ
+    line = _caption_with(at, "prepared test tiles (")
+    assert f"{coloured} tiles called abnormal)" in line
+    grid = _caption_with(at, "Drawn from")
+    assert grid.startswith(f"Drawn from this test slide's {len(mine)} prepared test tiles, placed by manifest.csv")
+    summary = json.loads(next((folder / "slides").rglob("summary.json")).read_text())
+    assert f"on its grid of {summary['tiles']} tiles over the whole slide (slides.csv)" in grid
+    # an upload of the same slide: predict's grid, said so
+    pixels = (data.raw / source).read_bytes()
+    at = _upload(open_page("slide", timeout=TIMEOUT_S), "mine.png", pixels)
+    assert len(_array(_layers(at)["tiles"]["x"])) == summary["tiles"]
+    assert _caption_with(at, "Drawn from").startswith(f"Drawn from predict's grid of {summary['tiles']} tiles")
+
+
+def test_the_pages_mean_map_is_predicts() -> None:
+    """The Slide page draws a test slide's prepared test tiles without importing torch (`slide_view._mean_map`):
+    the same map as `inference.heatmap.probability_map`, on overlapping tiles at a display scale below 1."""
+    from inference.heatmap import probability_map
+
+    xs = np.array([0, 32, 64, 200], dtype=np.int64)
+    ys = np.array([0, 32, 0, 90], dtype=np.int64)
+    probability = np.array([0.9, 0.2, 0.55, 0.4])
+    for scale in (1.0, 0.37):
+        mean, covered = slide_view._mean_map(xs, ys, 64, probability, (300, 270), scale)
+        want_mean, want_covered = probability_map(xs, ys, 64, probability, (300, 270), scale)
+        assert (covered == want_covered).all()
+        assert np.array_equal(mean, want_mean)
+        assert len(np.unique(mean[covered])) >= 4  # overlaps give means no single tile has
