@@ -56,6 +56,7 @@ from infra.records import RecordError, read_prepare_record
 from models.decision import FALSE_ALARM, MISSED_CANCER, outcome
 from models.names import CARD_FILE
 from pipeline.images import DEFAULT_MAX_PIXELS, UnreadableImageError, check_max_pixels
+from pipeline.tile_maps import coverage_maps, probability_map, visible
 
 SLIDES_DIR = "slides"
 DISPLAY_MAX = 1280
@@ -506,7 +507,7 @@ def on_prepared_tiles(scored: ScoredSlide, folder: Path, dataset: Path | None, s
     heat = scored.entry / "view" / PREPARED_HEAT
     made = heat.stat().st_mtime_ns if heat.is_file() else -1
     if made < (folder / PREDICTIONS_FILE).stat().st_mtime_ns:
-        mean, covered = _mean_map(xs, ys, size, probability, (scored.height, scored.width), scored.scale)
+        mean, covered = probability_map(xs, ys, size, probability, (scored.height, scored.width), scored.scale)
         write_atomic(heat, _heat_png(mean, covered, scored.threshold))
     return replace(scored, xs=xs, ys=ys, size=size, probability=probability, truth=truth, tissue=(), grid=PREPARED_GRID)
 
@@ -523,42 +524,11 @@ def _png(pixels: npt.NDArray[np.uint8]) -> bytes:
     return data.tobytes()
 
 
-def _mean_map(
-    xs: npt.NDArray[np.int64],
-    ys: npt.NDArray[np.int64],
-    size: int,
-    probability: npt.NDArray[np.float64],
-    shape: tuple[int, int],
-    scale: float,
-) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
-    """The mean probability of the tiles covering each pixel of the slide scaled by ``scale``, and where any tile
-    covers it: `inference.heatmap.probability_map`'s rule (the tests hold the two equal), here without importing
-    the inference package, which imports torch, so that a page showing a scored slide never waits for it."""
-    height, width = max(1, round(shape[0] * scale)), max(1, round(shape[1] * scale))
-    total = np.zeros((height, width), dtype=np.float64)
-    count = np.zeros((height, width), dtype=np.int32)
-
-    def span(start: npt.NDArray[np.int64], limit: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-        lo = np.clip(np.floor(start * scale).astype(np.int64), 0, limit)
-        hi = np.clip(np.ceil((start + size) * scale).astype(np.int64), 0, limit)
-        return lo, np.maximum(hi, np.minimum(lo + 1, limit))
-
-    x0, x1 = span(xs, width)
-    y0, y1 = span(ys, height)
-    for k in range(len(xs)):
-        total[y0[k] : y1[k], x0[k] : x1[k]] += probability[k]
-        count[y0[k] : y1[k], x0[k] : x1[k]] += 1
-    covered = count > 0
-    mean = np.zeros_like(total)
-    mean[covered] = total[covered] / count[covered]
-    return mean, covered
-
-
 def _heat_png(mean: npt.NDArray[np.float64], covered: npt.NDArray[np.bool_], threshold: float | None) -> bytes:
     """The heatmap layer: the colour bar's viridis (`app.colour_scale`) of the mean probability under the tiles,
-    opaque only where it reaches ``threshold`` (`inference.heatmap.visible`'s rule: every covered pixel when
+    opaque only where it reaches ``threshold`` (`pipeline.tile_maps.visible`: every covered pixel when
     ``threshold`` is ``None``)."""
-    shown = covered if threshold is None else covered & (mean >= threshold)
+    shown = visible(mean, covered, threshold)
     colours = viridis_rgb(mean).reshape(*mean.shape, 3)
     heat = np.dstack([colours, np.where(shown, 255, 0).astype(np.uint8)])
     return _png(np.ascontiguousarray(heat))
@@ -597,7 +567,6 @@ def score(folder: Path, slide: Path, entry: Path, max_pixels: int = DEFAULT_MAX_
     ``max_pixels`` or a slide without tissue (all one line, ``user_facing``), and `SlideViewError` if the result
     cannot be read back.
     """
-    from inference.heatmap import probability_map
     from inference.predict import predict
     from inference.slides import find_slides, read_slide
 
@@ -619,7 +588,7 @@ def score(folder: Path, slide: Path, entry: Path, max_pixels: int = DEFAULT_MAX_
     layers = _layers(decoded.image, decoded.cancer, mean, covered, scale, float(summary["threshold"]))
     strange = np.array([r.get("tissue") == "unfamiliar" for r in rows], dtype=bool)
     if strange.any():  # unfamiliar tissue hatched grey, predict's overlay's mark (inference.heatmap.hatch)
-        from inference.heatmap import coverage_maps, hatch
+        from inference.heatmap import hatch
 
         _, region = coverage_maps(xs, ys, int(summary["tile_size_px"]), strange, (height, width), scale)
         stripes = hatch(np.zeros((*region.shape, 3), dtype=np.uint8), region)

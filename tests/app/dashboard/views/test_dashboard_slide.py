@@ -434,7 +434,7 @@ def test_the_saved_threshold_makes_the_slide_call_and_colours_the_heatmap(data: 
     assert bar["colorscale"][1] == [0.49, "rgb(225,225,225)"]  # grey up to the threshold
     # a test slide's heatmap is drawn from its prepared test tiles (the figure's tiles): opaque exactly where the
     # mean P of the tiles covering a pixel reaches the saved threshold; the normal test slide's tiles lie either side
-    from inference.heatmap import probability_map
+    from pipeline.tile_maps import probability_map
 
     normal = data.test_slides(0, "normal")[0]
     at = _pick_slide(at, normal)
@@ -657,19 +657,3 @@ def test_the_heatmap_colours_exactly_the_tiles_the_page_counts(data: TrainedRoot
     at = _upload(open_page("slide", timeout=TIMEOUT_S), "mine.png", pixels)
     assert len(_array(_layers(at)["tiles"]["x"])) == summary["tiles"]
     assert _caption_with(at, "Drawn from").startswith(f"Drawn from predict's grid of {summary['tiles']} tiles")
-
-
-def test_the_pages_mean_map_is_predicts() -> None:
-    """The Slide page draws a test slide's prepared test tiles without importing torch (`slide_view._mean_map`):
-    the same map as `inference.heatmap.probability_map`, on overlapping tiles at a display scale below 1."""
-    from inference.heatmap import probability_map
-
-    xs = np.array([0, 32, 64, 200], dtype=np.int64)
-    ys = np.array([0, 32, 0, 90], dtype=np.int64)
-    probability = np.array([0.9, 0.2, 0.55, 0.4])
-    for scale in (1.0, 0.37):
-        mean, covered = slide_view._mean_map(xs, ys, 64, probability, (300, 270), scale)
-        want_mean, want_covered = probability_map(xs, ys, 64, probability, (300, 270), scale)
-        assert (covered == want_covered).all()
-        assert np.array_equal(mean, want_mean)
-        assert len(np.unique(mean[covered])) >= 4  # overlaps give means no single tile has
