@@ -216,55 +216,56 @@ def _number(text: str | None) -> float:
     return value
 
 
-def read_predictions(path: Path) -> HospitalPredictions:
-    """A hospital's ``predictions.csv`` (``client, path, label, prob_abnormal[, round]``; label ``normal`` /
-    ``abnormal`` or 0 / 1) as `HospitalPredictions`; `PredictionsError` naming the file (and line) for a missing,
-    multi-class or damaged file, or one holding several hospitals."""
+@dataclass(frozen=True)
+class PredictionRows:
+    """The rows of one hospital's ``predictions.csv`` as `scan_predictions` reads them: per tile its path, label
+    index and probabilities (one per probability column), the hospital index and the last round said (or ``None``)."""
+
+    hospital: int | None
+    paths: tuple[str, ...]
+    labels: tuple[int, ...]
+    probs: tuple[tuple[float, ...], ...]
+    round: int | None
+
+
+def scan_predictions(path: Path, columns: Sequence[str], labels: Mapping[str, int], label_rule: str) -> PredictionRows:
+    """The one reader of a hospital's ``predictions.csv`` (``client, path, label``, the probability ``columns``,
+    optionally ``round``), for the binary task (`read_predictions`) and a model of more classes
+    (`app.evaluation.classes.read_class_predictions`): each label mapped by ``labels`` (``label_rule`` says what is
+    allowed), every number finite, every probability in [0, 1], one hospital; `PredictionsError` naming the file
+    (and line) for a missing, unreadable or malformed file. The caller checks which columns the file holds first."""
     try:
         with path.open(newline="", encoding="utf-8") as handle:
             reader = csv.DictReader(handle)
-            columns = list(reader.fieldnames or ())
-            if "prob_abnormal" not in columns:
-                classes = [c.removeprefix("prob_") for c in columns if c.startswith("prob_")]
-                if classes:
-                    raise PredictionsError(
-                        f"{path} holds a {len(classes)}-class model's predictions ({', '.join(classes)}), not the "
-                        "normal / abnormal task",
-                        kind="other_task",
-                        path=path,
-                    )
-            missing = [c for c in ("client", "path", "label", "prob_abnormal") if c not in columns]
+            present = list(reader.fieldnames or ())
+            missing = [c for c in ("client", "path", "label", *columns) if c not in present]
             if missing:
                 raise PredictionsError(f"{path} lacks the column(s) {', '.join(missing)}", kind="malformed", path=path)
+            named = " and ".join(("client", *columns)) if len(columns) == 1 else "client and every prob_ column"
             hospitals: set[int] = set()
             paths: list[str] = []
-            labels: list[int] = []
-            probs: list[float] = []
+            label_list: list[int] = []
+            probs: list[tuple[float, ...]] = []
             rounds: list[int] = []
             for number, row in enumerate(reader, start=2):
                 where = f"{path}, line {number}"
-                label = _LABEL_VALUES.get(str(row.get("label", "")).strip())
+                label = labels.get(str(row.get("label") or "").strip())
                 if label is None:
-                    raise PredictionsError(
-                        f"{where}: label must be normal/abnormal or 0/1", kind="malformed", path=path
-                    )
+                    raise PredictionsError(f"{where}: label must be {label_rule}", kind="malformed", path=path)
                 try:
-                    prob = _number(row.get("prob_abnormal"))
+                    values = tuple(_number(row.get(c)) for c in columns)
                     hospital = _number(row.get("client"))
                 except (TypeError, ValueError):
+                    raise PredictionsError(f"{where}: {named} must be numbers", kind="malformed", path=path) from None
+                if not all(0.0 <= v <= 1.0 for v in values) or hospital != int(hospital):
+                    between = f"{columns[0]} must be" if len(columns) == 1 else "probabilities must be"
                     raise PredictionsError(
-                        f"{where}: client and prob_abnormal must be numbers", kind="malformed", path=path
-                    ) from None
-                if not 0.0 <= prob <= 1.0 or hospital != int(hospital):
-                    raise PredictionsError(
-                        f"{where}: prob_abnormal must be between 0 and 1 and client a hospital number",
-                        kind="malformed",
-                        path=path,
+                        f"{where}: {between} between 0 and 1 and client a hospital number", kind="malformed", path=path
                     )
                 hospitals.add(int(hospital))
                 paths.append(str(row.get("path") or ""))
-                labels.append(label)
-                probs.append(prob)
+                label_list.append(label)
+                probs.append(values)
                 if row.get("round"):
                     try:
                         rounds.append(int(_number(row["round"])))
@@ -280,12 +281,41 @@ def read_predictions(path: Path) -> HospitalPredictions:
         raise PredictionsError(
             f"{path}: client must be one hospital number, found {sorted(hospitals)}", kind="malformed", path=path
         )
+    return PredictionRows(
+        next(iter(hospitals), None), tuple(paths), tuple(label_list), tuple(probs), max(rounds) if rounds else None
+    )
+
+
+def prediction_classes(path: Path) -> tuple[str, ...]:
+    """The classes a ``predictions.csv`` holds probabilities for (its ``prob_<class>`` columns, in order); empty when
+    the file is missing or unreadable (its reader says why)."""
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            columns = next(csv.reader(handle), [])
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return ()
+    return tuple(c.removeprefix("prob_") for c in columns if c.startswith("prob_"))
+
+
+def read_predictions(path: Path) -> HospitalPredictions:
+    """A hospital's ``predictions.csv`` (``client, path, label, prob_abnormal[, round]``; label ``normal`` /
+    ``abnormal`` or 0 / 1) as `HospitalPredictions`; `PredictionsError` naming the file (and line) for a missing,
+    multi-class or damaged file, or one holding several hospitals (`scan_predictions`)."""
+    classes = prediction_classes(path)
+    if classes and "abnormal" not in classes:
+        raise PredictionsError(
+            f"{path} holds a {len(classes)}-class model's predictions ({', '.join(classes)}), not the "
+            "normal / abnormal task",
+            kind="other_task",
+            path=path,
+        )
+    rows = scan_predictions(path, ("prob_abnormal",), _LABEL_VALUES, "normal/abnormal or 0/1")
     return HospitalPredictions(
-        hospital=next(iter(hospitals), None),
-        paths=tuple(paths),
-        labels=tuple(labels),
-        probs=tuple(probs),
-        round=max(rounds) if rounds else None,
+        hospital=rows.hospital,
+        paths=rows.paths,
+        labels=rows.labels,
+        probs=tuple(p for (p,) in rows.probs),
+        round=rows.round,
     )
 
 

@@ -13,8 +13,6 @@ Nothing here imports torch or scikit-learn at import time.
 
 from __future__ import annotations
 
-import csv
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from federation.runfiles import prediction_classes, scan_predictions
 from infra.formats import BINARY_CLASSES
 from infra.records import RecordError
 
@@ -42,88 +41,36 @@ class ClassPredictions:
     round: int | None
 
 
-def prediction_classes(path: Path) -> tuple[str, ...]:
-    """The classes a ``predictions.csv`` holds probabilities for (its ``prob_<class>`` columns, in order); empty when
-    the file is missing or unreadable (its reader says why)."""
-    try:
-        with path.open(newline="", encoding="utf-8") as handle:
-            columns = next(csv.reader(handle), [])
-    except (OSError, UnicodeDecodeError, csv.Error):
-        return ()
-    return tuple(c.removeprefix(PROB_PREFIX) for c in columns if c.startswith(PROB_PREFIX))
-
-
 def is_multi_class(classes: Sequence[str]) -> bool:
     """Whether a model of these classes is not the binary normal / abnormal one (more than two classes)."""
     return len(classes) > len(BINARY_CLASSES)
 
 
 def read_class_predictions(path: Path) -> ClassPredictions:
-    """A multi-class ``predictions.csv`` (module docstring) as `ClassPredictions`; `infra.records.RecordError` naming
-    the file (and line) for a missing, unreadable or malformed file, one holding several hospitals, or one of two
-    classes (``kind="other_task"``: the binary task has its own reader, `federation.run_reader.read_predictions`)."""
-    try:
-        with path.open(newline="", encoding="utf-8") as handle:
-            reader = csv.DictReader(handle)
-            columns = list(reader.fieldnames or ())
-            classes = tuple(c.removeprefix(PROB_PREFIX) for c in columns if c.startswith(PROB_PREFIX))
-            if not is_multi_class(classes):
-                raise RecordError(
-                    f"{path} holds the predictions of a model of {len(classes)} classes, not more than two",
-                    kind="other_task",
-                    path=path,
-                )
-            missing = [c for c in ("client", "path", "label") if c not in columns]
-            if missing:
-                raise RecordError(f"{path} lacks the column(s) {', '.join(missing)}", kind="malformed", path=path)
-            index = {name: i for i, name in enumerate(classes)}
-            hospitals: set[int] = set()
-            paths: list[str] = []
-            labels: list[int] = []
-            rows: list[list[float]] = []
-            rounds: list[int] = []
-            for number, row in enumerate(reader, start=2):
-                where = f"{path}, line {number}"
-                label = index.get(str(row.get("label") or "").strip())
-                if label is None:
-                    raise RecordError(
-                        f"{where}: label must be one of the classes {', '.join(classes)}", kind="malformed", path=path
-                    )
-                try:
-                    probs = [float(str(row.get(f"{PROB_PREFIX}{c}")).strip()) for c in classes]
-                    hospital = float(str(row.get("client")).strip())
-                    written = int(float(str(row["round"]))) if row.get("round") else None
-                except ValueError:
-                    raise RecordError(
-                        f"{where}: client, round and every prob_ column must be numbers", kind="malformed", path=path
-                    ) from None
-                if not all(math.isfinite(p) and 0.0 <= p <= 1.0 for p in probs) or hospital != int(hospital):
-                    raise RecordError(
-                        f"{where}: probabilities must be between 0 and 1 and client a hospital number",
-                        kind="malformed",
-                        path=path,
-                    )
-                hospitals.add(int(hospital))
-                paths.append(str(row.get("path") or ""))
-                labels.append(label)
-                rows.append(probs)
-                if written is not None:
-                    rounds.append(written)
-    except FileNotFoundError as exc:
-        raise RecordError(f"{path} does not exist", kind="missing", path=path, cause=exc) from None
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise RecordError(f"{path} cannot be read ({exc})", kind="unreadable", path=path, cause=exc) from None
-    if len(hospitals) > 1:
+    """A multi-class ``predictions.csv`` (module docstring) as `ClassPredictions`, read by the one reader of the file,
+    `federation.runfiles.scan_predictions`; `infra.records.RecordError` naming the file (and line) for a missing,
+    unreadable or malformed file, one holding several hospitals, or one of two classes (``kind="other_task"``: the
+    binary task's reader is `federation.runfiles.read_predictions`)."""
+    classes = prediction_classes(path)
+    if not is_multi_class(classes):
+        if not classes:  # a missing or unreadable file is said as such by the reader
+            scan_predictions(path, (), {}, "")
         raise RecordError(
-            f"{path}: client must be one hospital number, found {sorted(hospitals)}", kind="malformed", path=path
+            f"{path} holds the predictions of a model of {len(classes)} classes, not more than two",
+            kind="other_task",
+            path=path,
         )
+    label_rule = f"one of the classes {', '.join(classes)}"
+    rows = scan_predictions(
+        path, [f"{PROB_PREFIX}{c}" for c in classes], {c: i for i, c in enumerate(classes)}, label_rule
+    )
     return ClassPredictions(
         classes,
-        next(iter(hospitals), None),
-        tuple(paths),
-        np.asarray(labels, dtype=np.int64),
-        np.asarray(rows, dtype=np.float64).reshape(len(rows), len(classes)),
-        max(rounds) if rounds else None,
+        rows.hospital,
+        rows.paths,
+        np.asarray(rows.labels, dtype=np.int64),
+        np.asarray(rows.probs, dtype=np.float64).reshape(len(rows.probs), len(classes)),
+        rows.round,
     )
 
 
