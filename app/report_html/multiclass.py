@@ -12,14 +12,13 @@ the binary report. Self-contained like it: inline PNGs with alt text, no scripts
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 from app import slide_view
 from app.evaluation.classes import class_accuracy, class_confusion, macro_auc, not_applicable
 from app.report_html.figures import rounds_png
 from app.report_html.load import ClassReport, _config_dataset
-from app.report_html.parts import STYLE, _e, _fmt, _img, _settings
+from app.report_html.parts import STYLE, _closing, _e, _fmt, _img
 from infra.provenance import intended_use
 
 BINARY_NOTIONS = (
@@ -150,14 +149,5 @@ def render_classes(rep: ClassReport) -> str:
     parts.append(_rounds(rep))
     parts.append('<h2 id="confusion">Confusion matrix</h2>')
     parts.append(_confusion(rep))
-    parts.append('<h2 id="settings">Settings and data</h2>')
-    parts.append(_settings(rep, dataset))
-    if rep.notes:
-        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in rep.notes) + "</ul>")
-    written = datetime.now(UTC).replace(microsecond=0).isoformat()
-    parts.append(
-        f'<p class="note">Written {written} by <code>gastric-fl report --html</code> from {_e(rep.folder)} '
-        "(predictions.csv, model.json) and the run's config.toml, summary.json and metrics.jsonl.</p>"
-    )
-    parts.append("</body></html>\n")
+    parts.append(_closing(rep, dataset))
     return "".join(parts)

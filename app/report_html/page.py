@@ -24,7 +24,6 @@ imports no torch. `report_html` hands a model of more than two classes to
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +35,7 @@ from app.colour_scale import words as colour_words
 from app.report_html.figures import _downscaled_png, _tile_png, colour_bar_png, confusion_png, roc_png
 from app.report_html.load import CLASS_NAMES, ClassReport, HospitalReport, _config_dataset, load_report
 from app.report_html.multiclass import render_classes
-from app.report_html.parts import STYLE, _e, _fmt, _img, _settings
+from app.report_html.parts import STYLE, _closing, _e, _fmt, _img
 from infra.provenance import intended_use
 from models.decision import NO_DESCRIPTION, interval_text, outcome, slide_of_tile, slide_stem
 
@@ -524,16 +523,7 @@ def render(rep: HospitalReport, floor: Floor | None = None) -> str:
     parts.append(_heatmaps(rep))
     parts.append('<h2 id="shortcut">Could a model score well here without looking at tissue?</h2>')
     parts.append(_shortcut(dataset))
-    parts.append('<h2 id="settings">Settings and data</h2>')
-    parts.append(_settings(rep, dataset))
-    if rep.notes:
-        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in rep.notes) + "</ul>")
-    written = datetime.now(UTC).replace(microsecond=0).isoformat()
-    parts.append(
-        f'<p class="note">Written {written} by <code>gastric-fl report --html</code> from {_e(rep.folder)} '
-        "(predictions.csv, model.json) and the run's config.toml, summary.json and metrics.jsonl.</p>"
-    )
-    parts.append("</body></html>\n")
+    parts.append(_closing(rep, dataset))
     return "".join(parts)
 
 

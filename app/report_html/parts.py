@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import math
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +81,17 @@ def _settings(rep: HospitalReport | ClassReport, dataset: Path | None) -> str:
         f'<td><code data-metric="dataset_sha256">{_e(digest or "unknown")}</code></td></tr>'
     )
     return f"<table>{body}</table><h3>config.toml</h3><pre>{_e(rep.config_text)}</pre>"
+
+
+def _closing(rep: HospitalReport | ClassReport, dataset: Path | None) -> str:
+    """The end of every report page: the settings and data (`_settings`), the notes, where and when it was written."""
+    parts = ['<h2 id="settings">Settings and data</h2>', _settings(rep, dataset)]
+    if rep.notes:
+        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in rep.notes) + "</ul>")
+    written = datetime.now(UTC).replace(microsecond=0).isoformat()
+    parts.append(
+        f'<p class="note">Written {written} by <code>gastric-fl report --html</code> from {_e(rep.folder)} '
+        "(predictions.csv, model.json) and the run's config.toml, summary.json and metrics.jsonl.</p>"
+    )
+    parts.append("</body></html>\n")
+    return "".join(parts)
