@@ -58,7 +58,7 @@ for regime in site_shift data_poor; do
     run "$PY" benchmarks/tables_compare.py "results/honest_tables456_$regime" "results/tables4567_$regime" \
         --labels "classic (raw, 3 seeds)" "gastric (5 seeds)" --out "results/tables4567_$regime/beside_classic.md"
 done
-for name in table7_fmnist_pat10 table7_fmnist_pat2; do
+for name in table7_fmnist_pat10 table7_fmnist_pat2 table7_fmnist_pat2_mobilenet; do
     wanted "results/$name" || continue
     page=results/$name/paper_row.md
     cp "$page" "$SCRATCH/$name.md"
