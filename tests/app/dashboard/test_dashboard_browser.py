@@ -8,6 +8,7 @@ tests")."""
 
 from __future__ import annotations
 
+import csv
 import os
 import re
 import time
@@ -104,10 +105,15 @@ def test_the_slide_page_in_the_browser(tmp_path: Path) -> None:
         browser.wait_idle(page)
         assert page.locator(".js-plotly-plot image").count() == 3  # the slide, its heatmap and the annotation
 
-        # Click the centre of the least suspicious tile: the page picks it (the picker starts at the most suspicious).
-        (tiles,) = (trained.hospital(1) / "slides").glob(f"*/test-{Path(source).stem}*/predict/*/tiles.csv")
-        rows = [r.split(",") for r in tiles.read_text().splitlines()[1:]]
-        x, y, size, probability = min((r[:4] for r in rows), key=lambda r: float(r[3]))
+        # Click the centre of the least suspicious tile (the picker starts at the most suspicious one).
+        # A test slide is drawn on its prepared test tiles (manifest.csv's corners, predictions.csv's P(abnormal)).
+        evaluated = trained.evaluated(1, source)
+        assert len(evaluated) > 1
+        (x, y), probability = min(evaluated.items(), key=lambda item: item[1])
+        top = max(evaluated.values())  # the picker starts at the most suspicious tile
+        assert probability < top
+        with (trained.prepared / "manifest.csv").open(newline="", encoding="utf-8") as handle:
+            size = next(int(r["size"]) for r in csv.DictReader(handle) if r["source"] == source)
         where = page.evaluate(
             """([cx, cy]) => {
                 const gd = document.querySelector('.js-plotly-plot');
@@ -117,9 +123,18 @@ def test_the_slide_page_in_the_browser(tmp_path: Path) -> None:
             [int(x) + int(size) / 2, int(y) + int(size) / 2],
         )
         page.mouse.click(*where)
-        page.get_by_text(f"Tile at x {x}, y {y} ").first.wait_for(timeout=60_000)
+        # Prepared test tiles overlap (stride below the side): the click picks a tile under the cursor, shown with
+        # its own P(abnormal) from predictions.csv; the least suspicious tile or a neighbour covering the point.
+        caption = page.get_by_text(re.compile(r"Tile at x \d+, y \d+ .* P\(abnormal\) (?!" + f"{top:.4f}" + r")"))
+        caption.first.wait_for(timeout=60_000)
         browser.wait_idle(page)
-        assert page.get_by_text(f"{float(probability):.4f}").count() >= 1
+        shown = re.search(r"Tile at x (\d+), y (\d+) .*P\(abnormal\) (\d\.\d{4})", caption.first.inner_text())
+        assert shown is not None
+        px, py = int(shown[1]), int(shown[2])
+        assert abs(px - x) <= size / 2  # its square holds the clicked point, the least suspicious tile's centre
+        assert abs(py - y) <= size / 2
+        assert shown[3] == f"{evaluated[(px, py)]:.4f}"
+        assert page.get_by_text(f"{evaluated[(px, py)]:.4f}").count() >= 1
         page.mouse.move(5, 5)  # no hover label in the picture
         page.wait_for_timeout(500)
         shot.parent.mkdir(parents=True, exist_ok=True)
