@@ -16,7 +16,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 
+# The grid starts with Python's own Ctrl-C handler, as a command in a terminal's foreground does: a process started
+# in the background of a shell (`cmd &`, nohup) inherits SIGINT ignored, and then no Ctrl-C could reach it.
 GRID = """
+import signal
 import sys
 from concurrent.futures import wait
 from pathlib import Path
@@ -24,6 +27,7 @@ from pathlib import Path
 from federation.ablation.cells import process_cells
 from support.slow_cell import slow_train
 
+signal.signal(signal.SIGINT, signal.default_int_handler)
 out = Path(sys.argv[1])
 try:
     with process_cells(2, on_gpu=False) as (submit, _):
