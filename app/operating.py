@@ -27,7 +27,7 @@ from app.errors import DashboardError
 from app.evaluation.metrics import operating_point
 from app.evaluation.threshold import TargetThreshold, Unreachable, bounded_threshold
 from app.evaluation.words import Consequences, consequences, proposal_words
-from app.run_records import read_prediction_file
+from app.run_predictions import read_prediction_file
 from federation.runfiles import PREDICTIONS_FILE, SLIDES_FILE, VAL_PREDICTIONS_FILE, hospital_dir
 from models.decision import slides_of_tiles
 from models.names import CARD_FILE

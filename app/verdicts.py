@@ -20,15 +20,8 @@ import pandas as pd
 from app.evaluation.tables import flag_counts, verdict_word
 from app.evaluation.verdict import Floor, Judgement, judge
 from app.held_out import SlideCallsError, as_slides, held_out_slides, read_slide_calls
-from app.run_records import (
-    NO_CARD,
-    CardThreshold,
-    card_operating,
-    hospital_rows,
-    read_prediction_file,
-    read_run_predictions,
-    read_val_predictions,
-)
+from app.run_predictions import hospital_rows, read_prediction_file, read_run_predictions, read_val_predictions
+from app.run_records import NO_CARD, CardThreshold, card_operating
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from app import operating
 from app.evaluation.threshold import TargetThreshold, Unreachable, bounded_threshold, threshold_for_sensitivity
-from app.run_records import read_prediction_file
+from app.run_predictions import read_prediction_file
 from federation.runfiles import PREDICTIONS_FILE, VAL_PREDICTIONS_FILE
 from models.decision import slides_of_tiles
 

@@ -212,7 +212,7 @@ def all_runs() -> list[RunInfo]:
 
 def finished_run_exists() -> bool:
     """Whether a finished run with hospital predictions exists (the dashboard then opens on the Verdict page)."""
-    from app.run_records import prediction_files
+    from app.run_predictions import prediction_files
 
     return any(r.status == "finished" and not r.damaged and prediction_files(r.path) for r in all_runs())
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from app import slide_view
+from app import slide_prepared, slide_view
 from app.colour_scale import words as colour_words
 from app.report_html.figures import _downscaled_png, _tile_png, colour_bar_png, confusion_png, roc_png
 from app.report_html.load import CLASS_NAMES, ClassReport, HospitalReport, _config_dataset, load_report
@@ -396,7 +396,7 @@ def _heatmaps(rep: HospitalReport) -> str:
             f"{100 * float(s.get('abnormal_area_fraction', 0.0)):.1f}% of the tissue scored lies under tiles at or "
             "above the threshold",
         ]
-        mine = slide_view.tiles_of_slide(list(rep.predictions.paths), name) if test else None
+        mine = slide_prepared.tiles_of_slide(list(rep.predictions.paths), name) if test else None
         if mine is not None:  # a test slide: its prepared test tiles, the ones the verdict and the scorecard count
             from app.evaluation.metrics import operating_point
 

@@ -245,7 +245,7 @@ def test_building_a_report_imports_no_torch(data: TrainedRoot) -> None:
 def test_the_report_gives_the_verdict_slide_calls_and_test_slides_first(data: TrainedRoot) -> None:
     """Issue 23: the verdict against the default floor, every test slide with its call, the AUC interval by slide,
     the threshold's source, and heatmaps of test slides before uploads, captioned by file name, with a colour bar."""
-    from app import slide_view
+    from app import slide_prepared, slide_view
     from app.evaluation.metrics import operating_point
     from app.evaluation.verdict import Floor, score_hospital, verdict
     from app.report_html import load_hospital, report_html, score_one_slide
@@ -294,7 +294,7 @@ def test_the_report_gives_the_verdict_slide_calls_and_test_slides_first(data: Tr
     assert f"called {summary['call']} at threshold 0.35 (set by hand)" in page
     assert "Colour bar of P(abnormal): below the threshold 0.35 left uncoloured (shown light grey on the bar)" in page
     # the test slide's tile figures are its prepared test tiles' (the verdict's), not the heatmap grid's
-    mine = slide_view.tiles_of_slide(list(rep.predictions.paths), figure.group(1))
+    mine = slide_prepared.tiles_of_slide(list(rep.predictions.paths), figure.group(1))
     assert mine is not None
     point = operating_point(rep.predictions.labels[mine], rep.predictions.probs[mine], 0.35)
     assert f"(its {point.abnormal + point.normal} prepared test tiles, as the verdict counts them)" in page

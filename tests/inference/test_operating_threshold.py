@@ -13,7 +13,7 @@ from support.cli import run_cli
 from support.slides import TinyRun
 
 from app.evaluation.threshold import TargetThreshold, bounded_threshold
-from app.run_records import read_prediction_file
+from app.run_predictions import read_prediction_file
 from inference.results import slide_calls_line
 from models.bundle import BundleError, read_card, set_threshold
 from models.decision import slides_of_tiles, top_k_mean

@@ -19,7 +19,7 @@ from app.datasets import list_datasets
 from app.errors import DashboardError
 from app.evaluation.classes import is_multi_class, not_applicable
 from app.evaluation.tables import verdict_summary
-from app.run_records import run_classes
+from app.run_predictions import run_classes
 from app.verdicts import judge_run
 
 HEATMAP_FIGURES = ("Best ACC", "Averaged ACC", "Best AUC", "Averaged AUC", "Std ACC", "Values transmitted")

@@ -27,6 +27,7 @@ from app.errors import DashboardError
 from app.evaluation.classes import is_multi_class, not_applicable
 from app.evaluation.tables import verdict_summary
 from app.evaluation.words import latest_accuracy_warnings
+from app.run_predictions import prediction_files, run_classes
 from app.run_records import (
     RunInfo,
     format_seconds,
@@ -35,9 +36,7 @@ from app.run_records import (
     load_metrics,
     per_hospital,
     per_round,
-    prediction_files,
     progress,
-    run_classes,
     run_info,
     run_seconds,
     xi_matrices,

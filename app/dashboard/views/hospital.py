@@ -24,15 +24,8 @@ from app.evaluation.metrics import OperatingPoint, confusion, operating_point, r
 from app.evaluation.tables import FLAG_HELP, FOCUS_SLIDES, UNFAMILIAR_SLIDES, judgement_table
 from app.evaluation.threshold import TargetThreshold
 from app.evaluation.verdict import Floor, Judgement
-from app.run_records import (
-    RunInfo,
-    latest_per_hospital,
-    load_metrics,
-    prediction_files,
-    read_run_class_predictions,
-    read_run_predictions,
-    run_classes,
-)
+from app.run_predictions import prediction_files, read_run_class_predictions, read_run_predictions, run_classes
+from app.run_records import RunInfo, latest_per_hospital, load_metrics
 from app.verdicts import judge_run
 from models.decision import SLIDE_RULE, SLIDE_TOP_K, auc_interval_text
 

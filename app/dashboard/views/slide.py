@@ -5,7 +5,7 @@ or upload a slide. The hospital's exported model scores every tissue tile exactl
 (`app.slide_view.score`; FedSAF paper 001 Sec. 4.2 for the tiling), once: the result is kept in the hospital's
 folder, so a second visit draws it straight from disk. The page shows the probability heatmap (viridis) over the
 slide with an opacity slider and the annotation's outline (a test slide's drawn from its prepared test tiles, the ones
-its tile figures and the Verdict and Hospital pages count, `app.slide_view.on_prepared_tiles`; an upload's from
+its tile figures and the Verdict and Hospital pages count, `app.slide_prepared.on_prepared_tiles`; an upload's from
 predict's grid; a caption says which), the slide-level summary (maximum, the mean of the k
 highest tile probabilities, the share of the tissue called abnormal at the card's threshold; the slide call set against
 the annotation, a miss or a false alarm said in words; tile sensitivity and specificity when there is one), and one
@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 import streamlit as st
 
-from app import colour_scale, slide_upload, slide_view
+from app import colour_scale, slide_prepared, slide_upload, slide_view
 from app.dashboard import ui
 from app.dashboard.slide_figure import file_stamp, heatmap_figure
 from app.datasets import hospital_label
@@ -95,7 +95,7 @@ def _rate(value: float | None) -> str:
 
 def _grid_point(scored: slide_view.ScoredSlide) -> Any:
     """The operating point at the threshold of the tiles the heatmap is drawn from, when they are a test slide's
-    prepared test tiles (`app.slide_view.on_prepared_tiles`: the tiles the Verdict and Hospital pages count), so
+    prepared test tiles (`app.slide_prepared.on_prepared_tiles`: the tiles the Verdict and Hospital pages count), so
     that the tile figures count exactly the tiles the heatmap colours; ``None`` on predict's grid."""
     from app.evaluation.metrics import operating_point
 
@@ -496,7 +496,7 @@ def _page() -> None:
             coverage = float(tiling.get("abnormal_coverage", 0.5)) if isinstance(tiling, dict) else 0.5
             if not upload and slide_source:  # a test slide: drawn and counted on its prepared test tiles
                 dataset = slide_view.card_dataset(card, info.dataset)
-                scored = slide_view.on_prepared_tiles(scored, folder, dataset, slide_source) or scored
+                scored = slide_prepared.on_prepared_tiles(scored, folder, dataset, slide_source) or scored
             prepared = _grid_point(scored)
             _show(scored, str(entry), uploaded_names or slide_upload.kept_names(entry), label, coverage, prepared)
 

@@ -28,15 +28,8 @@ from app.errors import DashboardError
 from app.evaluation.classes import is_multi_class, not_applicable
 from app.evaluation.tables import FOCUS_SLIDES, UNFAMILIAR_SLIDES, flag_counts
 from app.evaluation.verdict import FAIL, REVIEW, Floor, HospitalScore, Judgement
-from app.run_records import (
-    RunInfo,
-    load_metrics,
-    prediction_files,
-    privacy_spent,
-    read_run_config,
-    read_run_predictions,
-    run_classes,
-)
+from app.run_predictions import prediction_files, read_run_predictions, run_classes
+from app.run_records import RunInfo, load_metrics, privacy_spent, read_run_config
 from app.verdicts import judge_run
 from models.decision import auc_interval_text, interval_text
 

@@ -9,7 +9,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 from support.dashboard import MAIN, Fixture, open_page, write_config, write_metrics, write_summary
 
-from app import cmd_dashboard, run_records
+from app import cmd_dashboard, run_predictions, run_records
 
 DAMAGED_METRICS = "20250102-000000-fedavg"  # newer than the fixture's runs: the pickers' default
 DAMAGED_CONFIG = "20250102-000100-fedsaf"
@@ -100,12 +100,12 @@ def test_damaged_config_summary_and_aggregation_are_named(tmp_path: Path, fixtur
 def test_a_damaged_predictions_file_leaves_the_other_hospitals(fixture_root: Fixture) -> None:
     path = fixture_root.finished / "hospitals" / "client_01" / "predictions.csv"
     path.write_text("client,path,label,prob_abnormal\n1,a.png,maybe,0.5\n")
-    found = run_records.read_run_predictions(fixture_root.finished)
+    found = run_predictions.read_run_predictions(fixture_root.finished)
     assert sorted(found.frame["client"].unique()) == [0, 2]
     (problem,) = found.problems
     assert problem.startswith(f"{path}, line 2: label must be normal/abnormal or 0/1")
     path.write_text("client,path,label,prob_0,prob_1,round\n1,a.png,0,0.9,0.1,1\n")
-    (problem,) = run_records.read_run_predictions(fixture_root.finished).problems
+    (problem,) = run_predictions.read_run_predictions(fixture_root.finished).problems
     assert "2-class model's predictions (0, 1)" in problem
 
 

@@ -592,7 +592,7 @@ def test_the_slide_pages_counts_are_the_other_pages_counts(data: TrainedRoot) ->
     (one of the two contradicts the tiles' own top-k mean)."""
     from app.evaluation.metrics import operating_point
     from app.evaluation.verdict import Floor
-    from app.run_records import read_prediction_file
+    from app.run_predictions import read_prediction_file
     from app.verdicts import judge_run
     from models.decision import slide_stem
 
@@ -631,7 +631,7 @@ def test_the_heatmap_colours_exactly_the_tiles_the_page_counts(data: TrainedRoot
     predictions.csv's probabilities), so the tiles coloured at or above the threshold in the figure's data are the
     tiles the page counts as called abnormal, and those the Hospital page counts; an upload keeps predict's grid,
     and each caption says which grid it shows."""
-    from app.run_records import read_prediction_file
+    from app.run_predictions import read_prediction_file
     from models.decision import slide_stem
 
     folder = data.hospital(0)
