@@ -18,7 +18,7 @@ from app import slide_view
 from app.evaluation.classes import class_accuracy, class_confusion, macro_auc, not_applicable
 from app.report_html.figures import rounds_png
 from app.report_html.load import ClassReport, _config_dataset
-from app.report_html.parts import STYLE, _closing, _e, _fmt, _img
+from app.report_html.parts import STYLE, _closing, _e, _figure_table, _fmt, _img
 from infra.provenance import intended_use
 
 BINARY_NOTIONS = (
@@ -73,12 +73,7 @@ def _metric_rows(rep: ClassReport, accuracy: float | None, auc: float | None) ->
                 "metrics.jsonl (argmax over the classes)",
             ),
         ]
-    body = "".join(
-        f'<tr><th scope="row">{_e(name)}</th><td class="num" data-metric="{key}">{_e(value)}</td>'
-        f"<td>{_e(meaning)}</td></tr>"
-        for name, key, value, meaning in rows
-    )
-    return f"<table><tr><th>figure</th><th>value</th><th>meaning</th></tr>{body}</table>"
+    return _figure_table(rows)
 
 
 def _rounds(rep: ClassReport) -> str:

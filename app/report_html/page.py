@@ -35,7 +35,7 @@ from app.colour_scale import words as colour_words
 from app.report_html.figures import _downscaled_png, _tile_png, colour_bar_png, confusion_png, roc_png
 from app.report_html.load import CLASS_NAMES, ClassReport, HospitalReport, _config_dataset, load_report
 from app.report_html.multiclass import render_classes
-from app.report_html.parts import STYLE, _closing, _e, _fmt, _img
+from app.report_html.parts import STYLE, _closing, _e, _figure_table, _fmt, _img
 from infra.provenance import intended_use
 from models.decision import NO_DESCRIPTION, interval_text, outcome, slide_of_tile, slide_stem
 
@@ -314,12 +314,7 @@ def _metric_rows(rep: HospitalReport, m: dict[str, Any]) -> str:
                 "metrics.jsonl (argmax of the two classes)",
             ),
         ]
-    body = "".join(
-        f'<tr><th scope="row">{_e(name)}</th><td class="num" data-metric="{key}">{_e(value)}</td>'
-        f"<td>{_e(meaning)}</td></tr>"
-        for name, key, value, meaning in rows
-    )
-    return f"<table><tr><th>figure</th><th>value</th><th>meaning</th></tr>{body}</table>"
+    return _figure_table(rows)
 
 
 def _examples(rep: HospitalReport, dataset: Path | None) -> str:

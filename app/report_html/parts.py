@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -95,3 +96,13 @@ def _closing(rep: HospitalReport | ClassReport, dataset: Path | None) -> str:
     )
     parts.append("</body></html>\n")
     return "".join(parts)
+
+
+def _figure_table(rows: Sequence[tuple[str, str, str, str]]) -> str:
+    """A report's table of figures: per row its name, its ``data-metric`` key, its value and where it comes from."""
+    body = "".join(
+        f'<tr><th scope="row">{_e(name)}</th><td class="num" data-metric="{key}">{_e(value)}</td>'
+        f"<td>{_e(meaning)}</td></tr>"
+        for name, key, value, meaning in rows
+    )
+    return f"<table><tr><th>figure</th><th>value</th><th>meaning</th></tr>{body}</table>"
