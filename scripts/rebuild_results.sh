@@ -12,6 +12,7 @@
 # - scripts/privacy_table.py for results/privacy and results/honest_privacy (results.md, results.csv);
 # - scripts/honest_compare.py and scripts/two_machines.py (results/honest_evaluation/tables.md, two_machines.md);
 # - benchmarks/tables_compare.py (results/tables4567_*/beside_classic.md, as their WHERE.md says);
+# - benchmarks/table7_rounds.py (results/table7_fmnist_pat2_rounds/rounds.md);
 # - benchmarks/table7_paper.py (results/table7_fmnist_*/paper_row.md and .csv), compared without its "Machine:"
 #   line, which records the load average when it was written.
 # Not rebuilt here, since they need datasets or training: results/honest_evaluation/results.md and morphology.md,
@@ -58,6 +59,10 @@ for regime in site_shift data_poor; do
     run "$PY" benchmarks/tables_compare.py "results/honest_tables456_$regime" "results/tables4567_$regime" \
         --labels "classic (raw, 3 seeds)" "gastric (5 seeds)" --out "results/tables4567_$regime/beside_classic.md"
 done
+if wanted results/table7_fmnist_pat2_rounds; then
+    run "$PY" benchmarks/table7_rounds.py results/table7_fmnist_pat2 results/table7_fmnist_pat2_rounds \
+        --out results/table7_fmnist_pat2_rounds/rounds.md
+fi
 for name in table7_fmnist_pat10 table7_fmnist_pat2 table7_fmnist_pat2_mobilenet; do
     wanted "results/$name" || continue
     page=results/$name/paper_row.md
