@@ -17,7 +17,8 @@ running the network::
                                 `inference.heatmap`), outline.png (RGBA: the
                                 annotation's outline, white on black), view.json (sizes and scale) and, for a
                                 test slide, heat_prepared.png (the same heatmap drawn from its prepared test
-                                tiles, `app.slide_prepared.on_prepared_tiles`: the tiles the Verdict and Hospital pages count)
+                                tiles, `app.slide_prepared.on_prepared_tiles`: the tiles the Verdict and
+                                Hospital pages count)
 
 ``<card key>`` is the bundle's round and a hash of its ``model.json``, so a bundle rewritten by a later round gets
 new entries instead of stale ones. Every file is written to a temporary name and renamed.
