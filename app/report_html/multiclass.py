@@ -18,8 +18,7 @@ from app import slide_view
 from app.evaluation.classes import class_accuracy, class_confusion, macro_auc, not_applicable
 from app.report_html.figures import rounds_png
 from app.report_html.load import ClassReport, _config_dataset
-from app.report_html.parts import STYLE, _closing, _e, _figure_table, _fmt, _img
-from infra.provenance import intended_use
+from app.report_html.parts import _closing, _e, _figure_table, _fmt, _img, _opening
 
 BINARY_NOTIONS = (
     "the verdict, the threshold with its sensitivity and specificity, the ROC curve, example calls, slide calls and "
@@ -124,13 +123,7 @@ def render_classes(rep: ClassReport) -> str:
     title = f"Hospital {rep.hospital} · run {rep.run.name}"
     count = len(rep.predictions.classes)
     parts = [
-        '<!doctype html><html lang="en"><head><meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{_e(title)} · gastric-fl report</title><style>{STYLE}</style></head><body>",
-        f"<h1>{_e(title)}</h1>",
-        f'<p class="use" data-metric="intended_use">{_e(intended_use(dataset))}</p>',
-        '<p class="lead">How this hospital\'s own model (the shared layers as deployed plus its own head) does on '
-        "the hospital's held-out test tiles, which it never trained on.</p>",
+        _opening(title, dataset),
         f'<p class="warn" data-metric="not_applicable">{_e(not_applicable(count, BINARY_NOTIONS))} '
         f"{_e(SHOWN_INSTEAD)}</p>",
         f'<h2 id="metrics">Metrics over {count} classes</h2>',

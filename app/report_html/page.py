@@ -35,8 +35,7 @@ from app.colour_scale import words as colour_words
 from app.report_html.figures import _downscaled_png, _tile_png, colour_bar_png, confusion_png, roc_png
 from app.report_html.load import CLASS_NAMES, ClassReport, HospitalReport, _config_dataset, load_report
 from app.report_html.multiclass import render_classes
-from app.report_html.parts import STYLE, _closing, _e, _figure_table, _fmt, _img
-from infra.provenance import intended_use
+from app.report_html.parts import _closing, _e, _figure_table, _fmt, _img, _opening
 from models.decision import NO_DESCRIPTION, interval_text, outcome, slide_of_tile, slide_stem
 
 if TYPE_CHECKING:
@@ -475,13 +474,7 @@ def render(rep: HospitalReport, floor: Floor | None = None) -> str:
     title = f"Hospital {rep.hospital} · run {rep.run.name}"
     warning = _warning(m)
     parts = [
-        '<!doctype html><html lang="en"><head><meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{_e(title)} · gastric-fl report</title><style>{STYLE}</style></head><body>",
-        f"<h1>{_e(title)}</h1>",
-        f'<p class="use" data-metric="intended_use">{_e(intended_use(dataset))}</p>',
-        '<p class="lead">How this hospital\'s own model (the shared layers as deployed plus its own head) does on '
-        "the hospital's held-out test tiles, which it never trained on.</p>",
+        _opening(title, dataset),
         _verdict(m),
         f'<h2 id="metrics">Metrics at threshold {rep.threshold:.2f}</h2>',
     ]

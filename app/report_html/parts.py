@@ -18,6 +18,7 @@ from app.report_html.figures import _data_uri
 from app.report_html.load import ClassReport, HospitalReport, _json_file
 from federation.runfiles import HOSPITAL_FILE
 from infra.formats import MANIFEST_FILE
+from infra.provenance import intended_use
 
 STYLE = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;max-width:1080px;margin:2rem auto;padding:0 1rem;
@@ -106,3 +107,18 @@ def _figure_table(rows: Sequence[tuple[str, str, str, str]]) -> str:
         for name, key, value, meaning in rows
     )
     return f"<table><tr><th>figure</th><th>value</th><th>meaning</th></tr>{body}</table>"
+
+
+def _opening(title: str, dataset: Path | None) -> str:
+    """The start of every report page: the document head, the title, the intended use and what the page shows."""
+    return "".join(
+        [
+            '<!doctype html><html lang="en"><head><meta charset="utf-8">',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">',
+            f"<title>{_e(title)} · gastric-fl report</title><style>{STYLE}</style></head><body>",
+            f"<h1>{_e(title)}</h1>",
+            f'<p class="use" data-metric="intended_use">{_e(intended_use(dataset))}</p>',
+            '<p class="lead">How this hospital\'s own model (the shared layers as deployed plus its own head) does on '
+            "the hospital's held-out test tiles, which it never trained on.</p>",
+        ]
+    )
