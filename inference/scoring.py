@@ -178,15 +178,17 @@ def score_slide(
     distance = None if described is None or stats is None else described.distances(stats.take())
     xs = np.array([x for x, _ in positions], dtype=np.int64)
     ys = np.array([y for _, y in positions], dtype=np.int64)
-    grid = TilePositions(xs, ys, plan_of(card).stride)
+    plan = plan_of(card)
     return SlideTiles(
         xs=xs,
         ys=ys,
-        size=plan_of(card).size,
+        size=plan.size,
         probability=prob,
         truth=None if cancer is None else tile_truth(image, cancer, positions, card),
         distance=distance,
-        unfamiliar=None if distance is None or described is None else described.marks(distance, grid),
+        unfamiliar=None
+        if distance is None or described is None
+        else described.marks(distance, TilePositions(xs, ys, plan.stride)),
     )
 
 
