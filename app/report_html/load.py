@@ -107,8 +107,9 @@ def _json_file(path: Path, what: str) -> dict[str, Any]:
 
 
 @dataclass
-class HospitalReport:
-    """Everything one hospital's report shows, read and computed before any HTML is written."""
+class RunHospital:
+    """What every report of one hospital reads first (`_open_run`, `_summary`, `_card`): the run, the hospital's
+    index and folder, the run's configuration (text and tables) and summary, and the hospital's model card."""
 
     run: Path
     hospital: int
@@ -117,6 +118,12 @@ class HospitalReport:
     config: dict[str, Any]
     summary: dict[str, Any]
     card: dict[str, Any]
+
+
+@dataclass
+class HospitalReport(RunHospital):
+    """Everything one hospital's report shows, read and computed before any HTML is written."""
+
     predictions: Predictions
     threshold: float
     engine: dict[str, Any]
@@ -231,18 +238,11 @@ def load_hospital(run: Path, hospital: int | str) -> HospitalReport:
 
 
 @dataclass
-class ClassReport:
+class ClassReport(RunHospital):
     """Everything the report of one hospital of a multi-class run shows (`app.evaluation.classes`): its test
     predictions, and its records of ``metrics.jsonl`` by round (the round curves; the last one is the engine's own
     figures)."""
 
-    run: Path
-    hospital: int
-    folder: Path
-    config_text: str
-    config: dict[str, Any]
-    summary: dict[str, Any]
-    card: dict[str, Any]
     predictions: ClassPredictions
     rounds: list[dict[str, Any]]
     notes: list[str] = field(default_factory=list)
