@@ -13,8 +13,9 @@ the prepared dataset, whose ``prepare.json`` names the raw folder) and each hosp
 - **grey**: the same slides grey (colour hospitals only: a grey hospital's tiles are made grey when cut);
 - **2x magnification**: the same slides enlarged twice (OpenCV, bicubic) before tiling.
 
-Shares are given for the bundle's description (`models.shift`, version 2: the stem's channel statistics and the
-input's scale ratios, each tile judged with its grid neighbours) and, for comparison, for descriptions fitted the same
+Shares are given for the bundle's description (`models.shift`, version 3: the stem's channel statistics and the
+input's scale ratios, each tile judged with its grid neighbours; shrinkage on standardised statistics and, for a
+hospital of few slides, calibration by slide) and, for comparison, for descriptions fitted the same
 way at other layers (``--compare``; ``avgpool``: the pooled features before the classifier, Lee et al.'s penultimate
 layer). A run whose bundles predate the description, or hold an earlier version of it, is described here, in a
 temporary copy (the run is not modified). The cost: ``predict_slide`` on the own slides (decoded once), with and
@@ -245,8 +246,10 @@ def main() -> None:
             "Share of predict's tiles marked unfamiliar (module docstring of benchmarks/shift_detection.py): the "
             f"bundle's description (version {TISSUE_VERSION}: stem `features.0`, channel mean, standard deviation "
             "and neighbour change, with the input's log ratio of change at distance 2 to distance 1 per colour "
-            "channel; Ledoit-Wolf covariance, threshold at the 0.98 point of out-of-fold distances by slide; a tile "
-            "is unfamiliar when the median distance over it and its grid neighbours passes the threshold) in bold; "
+            "channel; Ledoit-Wolf covariance shrunk on the standardised statistics, threshold at the 0.98 point of "
+            "out-of-fold distances by slide, each held-out tile taking its slide's median distance where the hospital "
+            "has no more slides than folds; a tile is unfamiliar when the median distance over it and its grid "
+            "neighbours passes the threshold) in bold; "
             "the same description fitted at other layers beside it. Targets: own held-out at most 0.05, every other "
             "kind at least 0.90.",
             "",

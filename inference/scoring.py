@@ -161,7 +161,7 @@ def score_slide(
     """The whole slide's tissue grid (`tissue_positions`) scored (`score_positions`), with each tile's truth when an
     annotation (``cancer``) is given (`tile_truth`): what ``predict`` scores a slide with, and ``slides.csv``
     (`app.held_out`) too. With the bundle's tissue description (and ``shift``), each tile's distance from the
-    hospital's tissue and whether it is unfamiliar (`models.shift`: a version 2 description judges each tile with
+    hospital's tissue and whether it is unfamiliar (`models.shift`: from version 2 a tile is judged with
     its grid neighbours), from the same forward passes.
     `PredictError` for a slide smaller than a tile or without tissue."""
     card = bundle.card

@@ -5,7 +5,7 @@ every channel of that layer's output over the tile's positions: mean, log standa
 difference between horizontally and vertically neighbouring positions (how fine the texture is). The layer is the
 network's first layer unit (`models.split_units`: MobileNetV3-Small's stem ``features.0``, ResNet's ``conv1``, a timm
 model's stem), where colour, contrast and the scale of the texture still show; why that layer is in `models.shift`.
-With ``scale`` (a version 2 description, `models.shift`) each tile also gets, per channel of the network's input,
+With ``scale`` (descriptions from version 2, `models.shift`) each tile also gets, per channel of the network's input,
 `scale_ratio`: the log ratio of the mean absolute change between positions two apart to that between neighbours,
 which rises towards log 2 when the tissue is enlarged (a smoother image changes about twice as much over twice the
 distance) and does not depend on the stain's intensity (both changes scale with it).

@@ -31,6 +31,17 @@ fitted without it, and the threshold is their quantile; the description kept is 
 threshold taken from distances of tiles the fit had seen would be too tight (every new slide of the hospital's
 own would look unfamiliar); grouping by slide measures how far a *new slide* of the same hospital lies, which is
 what a held-out slide is. So about ``1 - quantile`` of the hospital's own new tissue is marked unfamiliar by design.
+Version 3 changes two things, both for a hospital with few tiles (the data-poor regime's hospitals hold 16-24 tiles
+of 3-4 slides for 51 statistics): the covariance is shrunk on the standardised statistics (`_fit`: Ledoit-Wolf's
+target, a multiple of the identity, otherwise gives every statistic the same average variance, so that one of small
+spread, the scale ratio, barely counts once shrinkage is strong), and a hospital with no more slides than ``folds``
+(each fold a single slide, each out-of-fold description fitted on the others only) is calibrated by slide: each
+held-out tile's distance is replaced by the median over its slide's tiles before the quantile is taken
+(``calibration = "slide"``). Leaving one of four slides out loosens the fit so much that single tiles of the left-out
+slide lie far beyond where new slides of the final description lie (measured: out-of-fold 98% point 150-470, own
+held-out test tiles 10-40), and the quantile of so few tiles is their most extreme one; a slide's median is its
+typical tile. With both, the data-poor regime's hospitals mark 2x-magnified slides at 0.81-1.00 (before: 0.00 at 7
+of 10) and their own held-out tiles still at 0.000 (benchmarks/results/shift_detection.md).
 
 **Why this layer** (measured, benchmarks/results/shift_detection.md): on the quick start's models a description
 fitted the same way on the pooled features before the classifier (Lee et al.'s layer) or on a middle block marked
@@ -42,8 +53,9 @@ misses much more: see the results page.
 
 **Where it lives.** ``tissue.safetensors`` (`TISSUE_FILE`) in the hospital's bundle folder, beside the weights:
 two float64 tensors (``mean``, ``precision``) and string metadata (format version, layer, statistic, threshold,
-quantile, folds, tiles, slides, round). Both versions are read; each is scored as it was fitted (a version 1 file,
-written before the scale statistic, keeps its 48 statistics and its tile-by-tile rule). It is written by the
+quantile, folds, tiles, slides, round, and from version 3 the calibration). Every version is read; each is scored
+as it was fitted (a version 1 file, written before the scale statistic, keeps its 48 statistics and its tile-by-tile
+rule). It is written by the
 hospital's own process (`federation.hospital.handler`) and read by ``predict``, the Slide page and the HTML report;
 it never enters a message (the contract's messages carry no such field, and the boundary tests check every reply).
 """
@@ -65,12 +77,17 @@ from models.errors import ModelError
 from models.names import TISSUE_FILE
 
 TISSUE_FORMAT = "gastric-fl tissue description"
-TISSUE_VERSION = 2  # what `fit_description` writes; `read_description` reads every version of `STATISTICS`
+TISSUE_VERSION = 3  # what `fit_description` writes; `read_description` reads every version of `STATISTICS`
 STATISTICS = {
     1: "channel mean, log standard deviation and log neighbour change over the tile",
     2: (
         "channel mean, log standard deviation and log neighbour change over the tile, the input's log ratio of "
         "change at distance 2 to distance 1 per channel, median over the tile's grid neighbours"
+    ),
+    3: (
+        "channel mean, log standard deviation and log neighbour change over the tile, the input's log ratio of "
+        "change at distance 2 to distance 1 per channel, median over the tile's grid neighbours; covariance shrunk "
+        "on the standardised statistics"
     ),
 }
 DEFAULT_QUANTILE = 0.98
@@ -107,6 +124,7 @@ class TissueDescription:
     slides: int = 0
     round: int = 0
     version: int = TISSUE_VERSION
+    calibration: str = "tile"  # "tile" or "slide" (module docstring, "Calibration")
 
     @property
     def scale(self) -> bool:
@@ -139,7 +157,8 @@ class TissueDescription:
         text = (
             f"Mahalanobis distance on the {STATISTICS[self.version]} at layer {self.layer}, fitted on {self.tiles} "
             f"tiles of {self.slides} slides of this hospital; a tile is unfamiliar beyond the {self.quantile:.0%} "
-            f"point of its own new slides' distances ({self.threshold:.4g})"
+            f"point of its own new slides' {'typical (median) ' if self.calibration == 'slide' else ''}distances "
+            f"({self.threshold:.4g})"
         )
         if self.weak:
             text += (
@@ -173,12 +192,29 @@ def neighbourhood_median(values: npt.NDArray[np.float64], grid: TilePositions) -
     return out
 
 
-def _fit(features: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-    """Mean and Ledoit-Wolf shrinkage precision (scikit-learn's ``LedoitWolf``)."""
+def _fit(
+    features: npt.NDArray[np.float64], standardise: bool = True
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Mean and Ledoit-Wolf shrinkage precision (scikit-learn's ``LedoitWolf``).
+
+    ``standardise`` (version 3): the shrinkage is applied to the statistics divided by their standard deviations
+    (the correlation matrix), and the precision brought back to the statistics' units, ``S^-1 P S^-1`` with ``S``
+    the diagonal of standard deviations. Ledoit-Wolf shrinks towards a multiple of the identity, which on raw
+    statistics of unequal spread gives every statistic the same average variance: with few tiles (strong
+    shrinkage) a statistic of small spread, such as the scale ratio, then barely counts. Shrinking the correlation
+    matrix keeps each statistic's own variance (the diagonal target, Schaefer and Strimmer 2005, target "D")."""
     from sklearn.covariance import LedoitWolf  # a second of import: only when a description is fitted
 
-    estimator = LedoitWolf(store_precision=True).fit(features)
-    return np.asarray(estimator.location_, dtype=np.float64), np.asarray(estimator.precision_, dtype=np.float64)
+    if not standardise:
+        estimator = LedoitWolf(store_precision=True).fit(features)
+        return np.asarray(estimator.location_, dtype=np.float64), np.asarray(estimator.precision_, dtype=np.float64)
+    spread = features.std(axis=0)
+    # a statistic that never varied on the hospital's tiles: a floor, so that a change in it counts without dividing
+    # by zero
+    spread = np.maximum(spread, max(float(spread.max()), 1.0) * 1e-6)
+    estimator = LedoitWolf(store_precision=True).fit(features / spread)
+    precision = np.asarray(estimator.precision_, dtype=np.float64) / np.outer(spread, spread)
+    return np.asarray(estimator.location_, dtype=np.float64) * spread, precision
 
 
 def fold_of_slides(slides: Sequence[str], folds: int, seed: int = 0) -> npt.NDArray[np.int64]:
@@ -223,9 +259,15 @@ def fit_description(
         mine = fold == k
         if not mine.any():
             continue
-        mean, precision = _fit(x[~mine])
+        mean, precision = _fit(x[~mine], version >= 3)
         held_out[mine] = mahalanobis(x[mine], mean, precision)
-    mean, precision = _fit(x)
+    names = np.asarray([str(s) for s in slides], dtype=object)
+    by_slide = version >= 3 and 2 <= len(set(names.tolist())) <= folds
+    if by_slide:  # each fold one slide: its tiles' typical distance (module docstring, "Calibration")
+        for name in set(names.tolist()):
+            mine = names == name
+            held_out[mine] = np.median(held_out[mine])
+    mean, precision = _fit(x, version >= 3)
     return TissueDescription(
         layer=layer,
         mean=mean,
@@ -237,6 +279,7 @@ def fit_description(
         slides=len(set(slides)),
         round=round,
         version=version,
+        calibration="slide" if by_slide else "tile",
     )
 
 
@@ -254,6 +297,7 @@ def write_description(folder: Path, description: TissueDescription) -> Path:
         "tiles": str(description.tiles),
         "slides": str(description.slides),
         "round": str(description.round),
+        "calibration": description.calibration,
     }
     tensors = {
         "mean": np.ascontiguousarray(description.mean, dtype=np.float64),
@@ -302,9 +346,12 @@ def read_description(folder: Path) -> TissueDescription | None:
             slides=int(metadata["slides"]),
             round=int(metadata["round"]),
             version=version,
+            calibration=metadata.get("calibration", "tile"),  # written from version 3 on
         )
     except (KeyError, ValueError) as exc:
         raise TissueError(f"{path} lacks or garbles {exc}; export the model again") from None
+    if description.calibration not in ("tile", "slide"):
+        raise TissueError(f"{path} names an unknown calibration {description.calibration!r}; export the model again")
     finite = np.isfinite(mean).all() and np.isfinite(precision).all() and math.isfinite(description.threshold)
     if mean.ndim != 1 or precision.shape != (mean.size, mean.size) or not finite or description.threshold <= 0:
         raise TissueError(f"{path} holds impossible values; export the model again")

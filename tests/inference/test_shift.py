@@ -244,7 +244,7 @@ def test_a_version_1_description_still_scores_as_it_did(
     shutil.copytree(run / "hospitals" / "client_00", old, ignore=shutil.ignore_patterns("checkpoints"))
     bundle = load_bundle(old)
     assert bundle.tissue is not None
-    assert (bundle.tissue.version, bundle.tissue.mean.size) == (2, 3 * 16 + 3)  # what an export writes now
+    assert (bundle.tissue.version, bundle.tissue.mean.size) == (3, 3 * 16 + 3)  # what an export writes now
     pre = bundle.card.preprocess
     data = load_hospitals(prepared, pre.input_size, pre.in_chans, [0])[0]
     assert data.train_units is not None

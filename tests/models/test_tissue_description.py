@@ -17,7 +17,16 @@ from models.decision import (
     reported_call,
 )
 from models.names import TISSUE_FILE
-from models.shift import TissueError, fit_description, read_description, write_description
+from models.shift import (
+    TISSUE_VERSION,
+    TissueError,
+    _fit,
+    fit_description,
+    fold_of_slides,
+    mahalanobis,
+    read_description,
+    write_description,
+)
 
 
 def _slides(rng: np.random.Generator, count: int, per: int, shift: float = 0.0) -> tuple[np.ndarray, list[str]]:
@@ -153,7 +162,7 @@ def test_an_enlarged_tile_is_unfamiliar_where_the_original_is_not() -> None:
     known = tile_statistics(model, "features.0", [tiles(60)], scale=True)
     assert known.shape == (60, 3 * 16 + 3)  # the stem's 16 channels, then one scale ratio per colour channel
     description = fit_description(known, [f"s{i // 6}" for i in range(60)], "features.0")
-    assert description.version == 2
+    assert description.version == TISSUE_VERSION == 3
     assert description.scale
     new = description.unfamiliar(tile_statistics(model, "features.0", [tiles(10)], scale=True))
     enlarged = description.unfamiliar(tile_statistics(model, "features.0", [tiles(10, enlarge=True)], scale=True))
@@ -201,5 +210,89 @@ def test_a_version_1_description_still_reads_and_scores_as_before(tmp_path: Path
     shifted, _ = _slides(rng, 2, 20, shift=2.0)
     np.testing.assert_array_equal(back.distances(shifted), old.distances(shifted))
     assert back.unfamiliar(shifted).tolist() == (old.distances(shifted) > old.threshold).tolist()
-    with pytest.raises(TissueError, match="version 3 is unknown"):
-        fit_description(features, slides, "features.0", version=3)
+    with pytest.raises(TissueError, match="version 4 is unknown"):
+        fit_description(features, slides, "features.0", version=4)
+
+
+def test_version_3_distances_do_not_depend_on_each_statistics_units_and_version_2_did() -> None:
+    # few tiles for their statistics (strong shrinkage): Ledoit-Wolf on raw statistics shrinks towards one average
+    # variance, so a statistic's unit changes every distance; on standardised statistics it changes none
+    rng = np.random.default_rng(5)
+    features, slides = _slides(rng, 4, 6)
+    units = np.array([1.0, 1e-3, 50.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 7.0, 0.2])
+    new, _ = _slides(rng, 2, 6, shift=1.0)
+    for version, same in ((3, True), (2, False)):
+        plain = fit_description(features, slides, "features.0", version=version)
+        scaled = fit_description(features * units, slides, "features.0", version=version)
+        close = np.allclose(plain.distances(new), scaled.distances(new * units), rtol=1e-9)
+        assert close is same, version
+        assert bool(np.isclose(plain.threshold, scaled.threshold, rtol=1e-9)) is same, version
+
+
+def test_the_standardised_fit_is_ledoit_wolf_on_the_correlations_in_the_statistics_units() -> None:
+    from sklearn.covariance import LedoitWolf
+
+    x = np.array([[1.0, 10.0, 0.1], [2.0, 30.0, 0.4], [4.0, 20.0, 0.2], [3.0, 60.0, 0.3], [5.0, 40.0, 0.9]])
+    mean, precision = _fit(x)
+    spread = x.std(axis=0)
+    np.testing.assert_allclose(spread, [np.sqrt(2.0), np.sqrt(296.0), np.sqrt(0.0776)])
+    expected = LedoitWolf().fit(x / spread).precision_ / np.outer(spread, spread)
+    np.testing.assert_allclose(precision, expected, rtol=1e-12)
+    np.testing.assert_allclose(mean, [3.0, 32.0, 0.38], rtol=1e-12)
+    # a statistic that never varied gets a floor, not a division by zero
+    flat = x.copy()
+    flat[:, 2] = 0.5
+    _, floored = _fit(flat)
+    assert np.isfinite(floored).all()
+
+
+def test_a_hospital_with_no_more_slides_than_folds_is_calibrated_on_its_slides_typical_tile() -> None:
+    rng = np.random.default_rng(6)
+    features, slides = _slides(rng, 4, 6)
+    description = fit_description(features, slides, "features.0")
+    assert (description.calibration, description.slides) == ("slide", 4)
+    # by hand: each slide left out (4 slides, 5 folds: one slide a fold), its tiles' distances from the others' fit,
+    # then each tile takes its slide's median, then the 0.98 point
+    fold = fold_of_slides(slides, 5)
+    assert sorted(set(fold.tolist())) == [0, 1, 2, 3]
+    held = np.empty(len(slides))
+    for k in range(4):
+        mine = fold == k
+        mu, p = _fit(features[~mine])
+        held[mine] = np.median(mahalanobis(features[mine], mu, p))
+    assert description.threshold == pytest.approx(float(np.quantile(held, 0.98)), rel=1e-12)
+    # single tiles would have given a higher threshold: the left-out slide's most extreme tile
+    single = fit_description(features, slides, "features.0", version=2)
+    assert single.calibration == "tile"
+    assert single.threshold > description.threshold
+    many, names = _slides(rng, 6, 6)
+    assert fit_description(many, names, "features.0").calibration == "tile"
+    assert "typical (median)" in description.words()
+    assert "typical" not in fit_description(many, names, "features.0").words()
+
+
+def test_the_calibration_round_trips_and_an_unknown_one_is_refused(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    rng = np.random.default_rng(7)
+    features, slides = _slides(rng, 3, 8)
+    description = fit_description(features, slides, "features.0")
+    write_description(tmp_path, description)
+    back = read_description(tmp_path)
+    assert back is not None
+    assert (back.version, back.calibration) == (3, "slide")
+    # a version 2 file (no calibration in its metadata) reads as calibrated tile by tile, as it was
+    older = fit_description(features, slides, "features.0", version=2)
+    write_description(tmp_path, older)
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / TISSUE_FILE), framework="numpy") as handle:
+        metadata = dict(handle.metadata())
+    metadata.pop("calibration")
+    save_file({"mean": older.mean, "precision": older.precision}, str(tmp_path / TISSUE_FILE), metadata=metadata)
+    back = read_description(tmp_path)
+    assert back is not None
+    assert (back.version, back.calibration, back.threshold) == (2, "tile", older.threshold)
+    write_description(tmp_path, replace(description, calibration="guess"))
+    with pytest.raises(TissueError, match="unknown calibration 'guess'"):
+        read_description(tmp_path)
