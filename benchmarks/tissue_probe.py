@@ -80,8 +80,53 @@ def measure(regime: str, tissue: str, work: Path | None) -> dict[str, Any]:
         if command[1] == "prepare":
             prepared = Path(args[args.index("--out") + 1])
     assert prepared is not None
-    record = json.loads((prepared / "prepare.json").read_text(encoding="utf-8"))["shortcut_probe"]
-    return {"probe": record, "seconds": round(time.perf_counter() - start, 1)}
+    seconds = round(time.perf_counter() - start, 1)
+    whole = json.loads((prepared / "prepare.json").read_text(encoding="utf-8"))
+    record = whole["shortcut_probe"]
+    mix = None
+    worst = record.get("worst")
+    if worst is not None and worst["auc"] > LIMIT:
+        mix = hospital_mix(prepared, worst["statistic"], worst["split"], int(whole["config"]["tiles"]["white_level"]))
+    return {"probe": record, "seconds": seconds, "hospital_mix": mix}
+
+
+def hospital_mix(prepared: Path, statistic: str, split: str, white_level: int) -> list[dict[str, Any]]:
+    """Per hospital, for one split: its tiles, its share of abnormal tiles, the mean of ``statistic`` over its normal
+    and its abnormal tiles, and the statistic's AUC within the hospital: where a pooled AUC comes from when hospitals
+    differ both in the statistic and in case mix."""
+    import csv
+
+    import cv2
+    import numpy as np
+
+    from pipeline.probe import STATISTICS, separation_auc, tile_statistics
+
+    k = STATISTICS.index(statistic)
+    with (prepared / "manifest.csv").open(newline="", encoding="utf-8") as handle:
+        rows = [r for r in csv.DictReader(handle) if r["split"] == split]
+    by_hospital: dict[int, list[tuple[int, float]]] = {}
+    for row in rows:
+        pixels = cv2.imread(str(prepared / row["path"]), cv2.IMREAD_UNCHANGED)
+        if pixels is None:
+            raise SystemExit(f"{prepared / row['path']}: cannot read this tile; make the dataset again")
+        rgb = pixels if pixels.ndim == 2 else cv2.cvtColor(pixels, cv2.COLOR_BGR2RGB)
+        value = tile_statistics(np.asarray(rgb, dtype=np.uint8), white_level)[k]
+        by_hospital.setdefault(int(row["client"]), []).append((int(row["label"] != "normal"), value))
+    out = []
+    for hospital, pairs in sorted(by_hospital.items()):
+        labels = np.array([p[0] for p in pairs])
+        values = np.array([p[1] for p in pairs])
+        out.append(
+            {
+                "hospital": hospital,
+                "tiles": len(pairs),
+                "abnormal_share": round(float(labels.mean()), 3),
+                "mean_normal": round(float(values[labels == 0].mean()), 5) if (labels == 0).any() else None,
+                "mean_abnormal": round(float(values[labels == 1].mean()), 5) if (labels == 1).any() else None,
+                "auc_within": None if (auc := separation_auc(values, labels)) is None else round(auc, 3),
+            }
+        )
+    return out
 
 
 def _cell(value: float | None) -> str:
@@ -130,6 +175,24 @@ def markdown(results: dict[str, dict[str, dict[str, Any]]]) -> str:
         for name in first["statistics"]:
             row = [by_tissue[t]["probe"].get(k, {}).get(s, {}).get(name) for t, s, k in columns]
             out.append(f"| {name} | " + " | ".join(_cell(v) for v in row) + " |")
+        mix = by_tissue.get("gastric", {}).get("hospital_mix")
+        if mix:
+            worst = by_tissue["gastric"]["probe"]["worst"]
+            out += [
+                "",
+                f"Where the gastric tissue's pooled {worst['statistic']} ({worst['auc']:.3f}, {worst['split']}) comes "
+                "from: per hospital, its share of abnormal tiles and the statistic's mean over its normal and its "
+                "abnormal tiles. When the hospitals with more abnormal tiles also differ in the statistic (their "
+                "stain or scanner), pooling separates the classes although no hospital's own tiles do (AUC within).",
+                "",
+                "| hospital | tiles | abnormal share | mean, normal | mean, abnormal | AUC within |",
+                "|---|---|---|---|---|---|",
+            ]
+            for h in mix:
+                cells = [h["mean_normal"], h["mean_abnormal"], h["auc_within"]]
+                shown = ["n/a" if v is None else f"{v:.4g}" for v in cells]
+                head = f"| {h['hospital']} | {h['tiles']} | {h['abnormal_share']:.3f} | "
+                out.append(head + " | ".join(shown) + " |")
     return "\n".join(out) + "\n"
 
 

@@ -54,6 +54,67 @@ def _cell(folder: Path, xis: list[list[list[float]]], finished: bool = True) -> 
         (folder / "summary.json").write_text("{}", encoding="utf-8")
 
 
+def test_tissue_probe_shows_each_hospitals_case_mix_behind_a_pooled_figure(tmp_path: Path) -> None:
+    import cv2
+    import numpy as np
+
+    tissue_probe = _script("tissue_probe")
+    rows = ["client,split,label,path"]
+    # hospital 0: two normal tiles (grey 200, 210) and one abnormal (100); hospital 1: one abnormal tile (50);
+    # a validation tile (0) that the train split must not count
+    for k, (client, split, label, grey) in enumerate(
+        [
+            (0, "train", "normal", 200),
+            (0, "train", "normal", 210),
+            (0, "train", "abnormal", 100),
+            (1, "train", "abnormal", 50),
+            (0, "val", "normal", 0),
+        ]
+    ):
+        name = f"t{k}.png"
+        cv2.imwrite(str(tmp_path / name), np.full((4, 4, 3), grey, np.uint8))
+        rows.append(f"{client},{split},{label},{name}")
+    (tmp_path / "manifest.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    mix = tissue_probe.hospital_mix(tmp_path, "mean_intensity", "train", 220)
+    assert mix == [
+        {
+            "hospital": 0,
+            "tiles": 3,
+            "abnormal_share": 0.333,
+            "mean_normal": 205.0,
+            "mean_abnormal": 100.0,
+            "auc_within": 1.0,
+        },
+        {
+            "hospital": 1,
+            "tiles": 1,
+            "abnormal_share": 1.0,
+            "mean_normal": None,
+            "mean_abnormal": 50.0,
+            "auc_within": None,
+        },
+    ]
+    page = tissue_probe.markdown(
+        {
+            "r": {
+                "gastric": {
+                    "seconds": 1.0,
+                    "hospital_mix": mix,
+                    "probe": {
+                        "statistics": {"mean_intensity": "x"},
+                        "worst": {"statistic": "mean_intensity", "auc": 0.9, "split": "train"},
+                        "worst_within": None,
+                        "splits": {"train": {"tiles": 4, "mean_intensity": 0.9}},
+                        "within_hospitals": {"train": {"tiles": 4, "mean_intensity": 1.0}},
+                    },
+                }
+            }
+        }
+    )
+    assert "| 0 | 3 | 0.333 | 205 | 100 | 1 |" in page
+    assert "| 1 | 1 | 1.000 | n/a | 50 | n/a |" in page
+
+
 def test_amp_groups_grid_averages_the_within_group_share_over_seeds(tmp_path: Path) -> None:
     """Four hospitals in groups A, A, B, B (chance 1/3). Seed 0: every hospital puts 0.3 on its group partner and
     0.1 on each other (share 0.6) in round 1, 0.2 / 0.2 (share 1/3) in round 2; seed 1: 0.4 / 0.05 (0.8) in both
