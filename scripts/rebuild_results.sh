@@ -12,6 +12,7 @@
 # - scripts/privacy_table.py for results/privacy and results/honest_privacy (results.md, results.csv);
 # - scripts/honest_compare.py and scripts/two_machines.py (results/honest_evaluation/tables.md, two_machines.md);
 # - benchmarks/tables_compare.py (results/tables4567_*/beside_classic.md, as their WHERE.md says);
+# - benchmarks/paired_settings.py (results/tables4567_*/paired_settings.md);
 # - benchmarks/table7_rounds.py (results/table7_fmnist_pat2_rounds/rounds.md);
 # - benchmarks/table7_paper.py (results/table7_fmnist_*/paper_row.md and .csv), compared without its "Machine:"
 #   line, which records the load average when it was written.
@@ -54,10 +55,15 @@ if wanted results/honest_evaluation; then
     run "$PY" scripts/honest_compare.py --out results/honest_evaluation/tables.md
     run "$PY" scripts/two_machines.py
 fi
-for regime in site_shift data_poor; do
+for regime in site_shift data_poor seed_like; do
     wanted "results/tables4567_$regime" || continue
     run "$PY" benchmarks/tables_compare.py "results/honest_tables456_$regime" "results/tables4567_$regime" \
         --labels "classic (raw, 3 seeds)" "gastric (5 seeds)" --out "results/tables4567_$regime/beside_classic.md"
+done
+for regime in seed_like; do
+    wanted "results/tables4567_$regime" || continue
+    run "$PY" benchmarks/paired_settings.py "results/tables4567_$regime" --reference strategy-fedsaf_fim-on_split-on \
+        --out "results/tables4567_$regime/paired_settings.md"
 done
 if wanted results/table7_fmnist_pat2_rounds; then
     run "$PY" benchmarks/table7_rounds.py results/table7_fmnist_pat2 results/table7_fmnist_pat2_rounds \

@@ -115,6 +115,35 @@ def test_tissue_probe_shows_each_hospitals_case_mix_behind_a_pooled_figure(tmp_p
     assert "| 1 | 1 | 1.000 | n/a | 50 | n/a |" in page
 
 
+def test_paired_settings_pairs_each_setting_with_the_reference_by_seed(tmp_path: Path) -> None:
+    paired_settings = _script("paired_settings")
+    cells = tmp_path / "grid" / "cells"
+    values = {  # setting: {seed: (accuracy, AUC)}
+        "strategy-fedsaf_fim-on_split-on": {0: (0.80, 0.50), 1: (0.70, 0.60), 2: (0.90, 0.55)},
+        "strategy-fedsaf_nhead-3": {0: (0.85, 0.50), 1: (0.80, 0.70), 2: (0.95, 0.55), 3: (0.10, 0.10)},
+        "strategy-fedavg": {0: (0.10, 0.10)},
+    }
+    for setting, seeds in values.items():
+        for seed, (acc, auc) in seeds.items():
+            cell = cells / f"{setting}_seed-{seed}"
+            cell.mkdir(parents=True)
+            final = {"avg_test_acc": acc, "avg_test_auc": auc}
+            (cell / "summary.json").write_text(json.dumps({"final": final}), encoding="utf-8")
+    (cells / "strategy-fedsaf_nhead-9_seed-0").mkdir()  # a run cut short: no summary, not counted
+    out = tmp_path / "paired.md"
+    argv = [str(tmp_path / "grid"), "--reference", "strategy-fedsaf_fim-on_split-on", "--out", str(out)]
+    assert paired_settings.main(argv) == 0
+    page = out.read_text(encoding="utf-8")
+    # accuracy differences 0.05, 0.10, 0.05 (seed 3 has no reference): mean 0.0667, sd 0.0289, t(2) 4.303 ->
+    # half-width 0.0717; MDD (4.303 + 1.061) * 0.0289 / sqrt(3) = 0.0894. AUC differences 0, 0.1, 0: mean 0.0333, sd
+    # 0.0577, half-width 0.1434, MDD 0.179.
+    row = "| strategy-fedsaf_nhead-3 | 3 | +0.067 [-0.005, +0.138] (MDD 0.089) | +0.033 [-0.110, +0.177] (MDD 0.179) |"
+    assert row in page
+    assert "fedavg" not in page
+    assert "nhead-9" not in page
+    assert paired_settings.main([str(tmp_path / "grid"), "--reference", "strategy-fedsaf_absent"]) == 2
+
+
 def test_amp_groups_grid_averages_the_within_group_share_over_seeds(tmp_path: Path) -> None:
     """Four hospitals in groups A, A, B, B (chance 1/3). Seed 0: every hospital puts 0.3 on its group partner and
     0.1 on each other (share 0.6) in round 1, 0.2 / 0.2 (share 1/3) in round 2; seed 1: 0.4 / 0.05 (0.8) in both
