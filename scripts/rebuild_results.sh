@@ -55,12 +55,12 @@ if wanted results/honest_evaluation; then
     run "$PY" scripts/honest_compare.py --out results/honest_evaluation/tables.md
     run "$PY" scripts/two_machines.py
 fi
-for regime in site_shift data_poor seed_like; do
+for regime in site_shift data_poor seed_like label_skew; do
     wanted "results/tables4567_$regime" || continue
     run "$PY" benchmarks/tables_compare.py "results/honest_tables456_$regime" "results/tables4567_$regime" \
         --labels "classic (raw, 3 seeds)" "gastric (5 seeds)" --out "results/tables4567_$regime/beside_classic.md"
 done
-for regime in seed_like; do
+for regime in seed_like label_skew; do
     wanted "results/tables4567_$regime" || continue
     run "$PY" benchmarks/paired_settings.py "results/tables4567_$regime" --reference strategy-fedsaf_fim-on_split-on \
         --out "results/tables4567_$regime/paired_settings.md"
