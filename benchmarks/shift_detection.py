@@ -7,9 +7,9 @@ the prepared dataset, whose ``prepare.json`` names the raw folder) and each hosp
 - **own**: the hospital's test slides (raw, through its own simulated stain/scanner profile when the dataset has
   one, `pipeline.stain_profiles`), tiled and scored as ``predict`` does (`inference.scoring.tissue_positions`,
   `pipeline.tiling.cut_square`, which also makes them grey for a grey hospital);
-- **stain of hospital k**: the same slides through another hospital's profile (the dataset's own profiles; a
-  dataset without profiles, the quick start's, gets the stain/scanner regime's hospitals 1 and 2 from
-  configs/prepare_site_shift.toml);
+- **stain of hospital k**: the same slides through another hospital's profile, where it differs from the hospital's
+  own (the dataset's own profiles; a dataset without profiles, the quick start's, gets the stain/scanner regime's
+  hospitals 1 and 2 from configs/prepare_site_shift.toml);
 - **grey**: the same slides grey (colour hospitals only: a grey hospital's tiles are made grey when cut);
 - **2x magnification**: the same slides enlarged twice (OpenCV, bicubic) before tiling.
 
@@ -23,12 +23,15 @@ without the description, interleaved, median of ``--repeats`` passes, per slide.
 
     .venv/bin/python benchmarks/shift_detection.py --run data/runs/quickstart
 
-The published figures add two regimes' runs, trained first (about 1 min each on 2 CPU cores):
+The published figures add every regime's run, trained first (1-2 min each on 2 CPU cores), each from the dataset
+its preset's comment makes:
 
-    .venv/bin/gastric-fl train --config configs/regime_site_shift.toml --out data/runs/shift_site_shift
-    .venv/bin/gastric-fl train --config configs/regime_data_poor.toml --out data/runs/shift_data_poor
+    for r in site_shift data_poor seed_like label_skew clustered; do
+        .venv/bin/gastric-fl train --config configs/regime_$r.toml --out data/runs/shift_$r
+    done
     .venv/bin/python benchmarks/shift_detection.py --run data/runs/quickstart --run data/runs/shift_site_shift \
-        --run data/runs/shift_data_poor --repeats 7
+        --run data/runs/shift_data_poor --run data/runs/shift_seed_like --run data/runs/shift_label_skew \
+        --run data/runs/shift_clustered --repeats 7
 """
 
 from __future__ import annotations
@@ -124,10 +127,12 @@ def _kinds(record: dict, client: int) -> dict[str, Callable[[Image], Image]]:
         return image if own is None else apply_stain_profile(image, own, False)
 
     kinds: dict[str, Callable[[Image], Image]] = {"own held-out": as_own}
+    # another hospital's stain: one that differs from this hospital's own (in the clustered regime a group's hospitals
+    # share one profile, and the same stain is not another laboratory's)
     others = {
         f"stain of hospital {k}": p
         for k, e in sorted(entries.items())
-        if k != client and (p := _profile(e)) is not None and p.changes_colour
+        if k != client and (p := _profile(e)) is not None and p.changes_colour and p != own
     }
     if not others and not grey_hospital:
         others = FALLBACK_STAINS
