@@ -262,9 +262,10 @@ def fit_description(
         mean, precision = _fit(x[~mine], version >= 3)
         held_out[mine] = mahalanobis(x[mine], mean, precision)
     names = np.asarray([str(s) for s in slides], dtype=object)
-    by_slide = version >= 3 and 2 <= len(set(names.tolist())) <= folds
+    distinct = set(names.tolist())
+    by_slide = version >= 3 and 2 <= len(distinct) <= folds
     if by_slide:  # each fold one slide: its tiles' typical distance (module docstring, "Calibration")
-        for name in set(names.tolist()):
+        for name in distinct:
             mine = names == name
             held_out[mine] = np.median(held_out[mine])
     mean, precision = _fit(x, version >= 3)
