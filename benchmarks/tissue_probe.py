@@ -94,24 +94,15 @@ def hospital_mix(prepared: Path, statistic: str, split: str, white_level: int) -
     """Per hospital, for one split: its tiles, its share of abnormal tiles, the mean of ``statistic`` over its normal
     and its abnormal tiles, and the statistic's AUC within the hospital: where a pooled AUC comes from when hospitals
     differ both in the statistic and in case mix."""
-    import csv
-
-    import cv2
     import numpy as np
 
-    from pipeline.probe import STATISTICS, separation_auc, tile_statistics
+    from pipeline.probe import STATISTICS, prepared_statistics, separation_auc
 
     k = STATISTICS.index(statistic)
-    with (prepared / "manifest.csv").open(newline="", encoding="utf-8") as handle:
-        rows = [r for r in csv.DictReader(handle) if r["split"] == split]
+    rows, stats = prepared_statistics(prepared, white_level, split)
     by_hospital: dict[int, list[tuple[int, float]]] = {}
-    for row in rows:
-        pixels = cv2.imread(str(prepared / row["path"]), cv2.IMREAD_UNCHANGED)
-        if pixels is None:
-            raise SystemExit(f"{prepared / row['path']}: cannot read this tile; make the dataset again")
-        rgb = pixels if pixels.ndim == 2 else cv2.cvtColor(pixels, cv2.COLOR_BGR2RGB)
-        value = tile_statistics(np.asarray(rgb, dtype=np.uint8), white_level)[k]
-        by_hospital.setdefault(int(row["client"]), []).append((int(row["label"] != "normal"), value))
+    for row, tile in zip(rows, stats, strict=True):
+        by_hospital.setdefault(int(row["client"]), []).append((int(row["label"] != "normal"), tile[k]))
     out = []
     for hospital, pairs in sorted(by_hospital.items()):
         labels = np.array([p[0] for p in pairs])

@@ -270,9 +270,11 @@ def _statistic_rows(
     return rows
 
 
-def probe_prepared(folder: Path, white_level: int = 220) -> dict[str, Any]:
-    """The probe of an already prepared dataset, from its ``manifest.csv`` and tile PNGs (a dataset prepared before
-    prepare recorded the probe, or one to check again). `PipelineError` naming a tile that cannot be read."""
+def prepared_statistics(
+    folder: Path, white_level: int = 220, split: str | None = None
+) -> tuple[list[dict[str, str]], list[tuple[float, ...]]]:
+    """The ``manifest.csv`` rows of a prepared dataset (only ``split``'s when given) and each tile's `STATISTICS`,
+    read from its stored PNG. `PipelineError` naming a tile that cannot be read."""
     import csv
 
     import cv2
@@ -280,9 +282,7 @@ def probe_prepared(folder: Path, white_level: int = 220) -> dict[str, Any]:
     from pipeline.errors import PipelineError
 
     with (folder / MANIFEST_FILE).open(newline="", encoding="utf-8") as handle:
-        rows = list(csv.DictReader(handle))
-    classes = sorted({r["label"] for r in rows}, key=lambda name: (name != "normal", name))
-    index = {name: k for k, name in enumerate(classes)}
+        rows = [r for r in csv.DictReader(handle) if split is None or r["split"] == split]
     stats = []
     for row in rows:
         pixels = cv2.imread(str(folder / row["path"]), cv2.IMREAD_UNCHANGED)
@@ -290,6 +290,15 @@ def probe_prepared(folder: Path, white_level: int = 220) -> dict[str, Any]:
             raise PipelineError(f"{folder / row['path']}: cannot read this tile; re-run gastric-fl prepare")
         rgb = pixels if pixels.ndim == 2 else cv2.cvtColor(pixels, cv2.COLOR_BGR2RGB)
         stats.append(tile_statistics(np.asarray(rgb, dtype=np.uint8), white_level))
+    return rows, stats
+
+
+def probe_prepared(folder: Path, white_level: int = 220) -> dict[str, Any]:
+    """The probe of an already prepared dataset, from its ``manifest.csv`` and tile PNGs (a dataset prepared before
+    prepare recorded the probe, or one to check again). `PipelineError` naming a tile that cannot be read."""
+    rows, stats = prepared_statistics(folder, white_level)
+    classes = sorted({r["label"] for r in rows}, key=lambda name: (name != "normal", name))
+    index = {name: k for k, name in enumerate(classes)}
     splits = tuple(s for s in ("train", "val", "test") if any(r["split"] == s for r in rows))
     return probe(
         stats, [index[r["label"]] for r in rows], [r["split"] for r in rows], [int(r["client"]) for r in rows], splits
