@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -104,6 +105,16 @@ UNFAMILIAR_LIMIT = 0.5  # a slide with more than this share of unfamiliar tissue
 UNFAMILIAR_CALL = "UNFAMILIAR: unlike this hospital's slides; do not rely on the call"
 FOCUS_CALL = "normal, with a focus above the threshold: review"
 NO_DESCRIPTION = "no tissue description: cannot say whether a slide is unlike this hospital's"
+
+
+def weak_caveat(summary: Mapping[str, Any]) -> str:
+    """For a slide scored with a tissue description fitted on few tiles (predict's ``tissue_weak``,
+    `models.shift.TissueDescription.weak`): the description's caveat, the last clause of its words, as a sentence;
+    empty otherwise. Every measured miss of unfamiliar tissue was at such a description
+    (benchmarks/results/shift_detection.md), so a low unfamiliar share is shown with it wherever it is shown."""
+    if not summary.get("tissue_weak"):
+        return ""
+    return str(summary.get("tissue") or "").rsplit("; ", 1)[-1].capitalize() + "."
 
 
 def outcome(truth: str, call: str) -> str:

@@ -36,7 +36,7 @@ from app.report_html.figures import _downscaled_png, _tile_png, colour_bar_png, 
 from app.report_html.load import CLASS_NAMES, ClassReport, HospitalReport, _config_dataset, load_report
 from app.report_html.multiclass import render_classes
 from app.report_html.parts import _closing, _e, _figure_table, _fmt, _img, _opening
-from models.decision import NO_DESCRIPTION, interval_text, outcome, slide_of_tile, slide_stem
+from models.decision import NO_DESCRIPTION, interval_text, outcome, slide_of_tile, slide_stem, weak_caveat
 
 if TYPE_CHECKING:
     from app.evaluation.verdict import Floor
@@ -383,6 +383,7 @@ def _heatmaps(rep: HospitalReport) -> str:
                 str(s.get("tissue") or NO_DESCRIPTION)
                 if share is None
                 else f"{100 * float(share):.0f}% of the tiles unlike this hospital's tissue (unfamiliar, hatched grey)"
+                + (f" ({caveat.rstrip('.')})" if (caveat := weak_caveat(s)) else "")
             ),
             f"{s.get('tiles')} tiles",
             f"max P(abnormal) {_fmt(s.get('max_probability'), 3)}",

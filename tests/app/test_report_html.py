@@ -250,7 +250,7 @@ def test_the_report_gives_the_verdict_slide_calls_and_test_slides_first(data: Tr
     from app.evaluation.verdict import Floor, score_hospital, verdict
     from app.report_html import load_hospital, report_html, score_one_slide
     from models.bundle import set_threshold
-    from models.decision import interval_text
+    from models.decision import interval_text, weak_caveat
 
     set_threshold(data.hospital(0), 0.35, "set by hand")
     assert score_one_slide(load_hospital(data.run, 0)) is None
@@ -293,6 +293,13 @@ def test_the_report_gives_the_verdict_slide_calls_and_test_slides_first(data: Tr
     assert summary["threshold_source"] == "set by hand"
     assert f"called {summary['call']} at threshold 0.35 (set by hand)" in page
     assert "Colour bar of P(abnormal): below the threshold 0.35 left uncoloured (shown light grey on the bar)" in page
+    # the test's hospital holds few tiles, so its tissue description is weak: the page says so beside the share, as
+    # predict and the Slide page do (issue 47)
+    assert summary["tissue_weak"] is True
+    assert summary["unfamiliar_share"] is not None
+    caveat = weak_caveat(summary)
+    assert caveat.startswith("Too few tiles for its 51 statistics")
+    assert f"({caveat.rstrip('.')})".replace("'", "&#x27;") in page
     # the test slide's tile figures are its prepared test tiles' (the verdict's), not the heatmap grid's
     mine = slide_prepared.tiles_of_slide(list(rep.predictions.paths), figure.group(1))
     assert mine is not None

@@ -120,3 +120,16 @@ def test_wilson_interval_and_tile_names() -> None:
     assert decision.slide_of_tile("client_01/test/abnormal/00005_patient05_x00192_y00128.png") == "00005"
     assert decision.slide_of_tile("s0teab0.png") is None
     assert decision.slides_of_tiles(["00001_a_x00000_y00000.png", "x.png"]) is None
+
+
+def test_weak_caveat_is_the_descriptions_last_clause_only_when_weak() -> None:
+    """Issue 47: a slide scored with a description fitted on few tiles carries its caveat, as one sentence."""
+    from models.decision import weak_caveat
+
+    words = "Mahalanobis distance on x, fitted on 24 tiles; too few tiles for its 51 statistics: it may miss tissue"
+    assert (
+        weak_caveat({"tissue_weak": True, "tissue": words})
+        == "Too few tiles for its 51 statistics: it may miss tissue."
+    )
+    assert weak_caveat({"tissue_weak": False, "tissue": words}) == ""
+    assert weak_caveat({"tissue": words}) == ""  # an older summary.json, written before the flag

@@ -39,7 +39,7 @@ from app.evaluation.classes import not_applicable
 from app.run_records import RunInfo
 from federation.runfiles import METRICS_FILE, PREDICTIONS_FILE, SLIDES_FILE
 from infra.formats import hospital_name
-from models.decision import NO_DESCRIPTION, UNFAMILIAR_LIMIT
+from models.decision import NO_DESCRIPTION, UNFAMILIAR_LIMIT, weak_caveat
 from models.names import CARD_FILE
 from pipeline.errors import PipelineError
 
@@ -117,8 +117,8 @@ def _tissue(s: dict[str, Any]) -> None:
         f"hospital's training tissue, hatched grey on the heatmap; above {limit:.0%} the slide is reported "
         "UNFAMILIAR."
     )
-    if s.get("tissue_weak"):  # a description from few tiles: a low share says little
-        text += f" {str(s.get('tissue', '')).rsplit('; ', 1)[-1].capitalize()}."
+    if caveat := weak_caveat(s):  # a description from few tiles: a low share says little
+        text += f" {caveat}"
     if s.get("unfamiliar"):
         st.warning(text, icon=":material/help:")
     else:
