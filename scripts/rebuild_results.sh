@@ -13,7 +13,7 @@
 # - scripts/honest_compare.py and scripts/two_machines.py (results/honest_evaluation/tables.md, two_machines.md);
 # - benchmarks/tables_compare.py (results/tables4567_*/beside_classic.md, as their WHERE.md says);
 # - benchmarks/paired_settings.py (results/tables4567_*/paired_settings.md);
-# - benchmarks/table7_rounds.py (results/table7_fmnist_pat2_rounds/rounds.md);
+# - benchmarks/table7_rounds.py (results/table7_fmnist_*_rounds/rounds.md);
 # - benchmarks/table7_paper.py (results/table7_fmnist_*/paper_row.md and .csv), compared without its "Machine:"
 #   line, which records the load average when it was written.
 # Not rebuilt here, since they need datasets or training: results/honest_evaluation/results.md and morphology.md,
@@ -65,10 +65,10 @@ for regime in seed_like label_skew; do
     run "$PY" benchmarks/paired_settings.py "results/tables4567_$regime" --reference strategy-fedsaf_fim-on_split-on \
         --out "results/tables4567_$regime/paired_settings.md"
 done
-if wanted results/table7_fmnist_pat2_rounds; then
-    run "$PY" benchmarks/table7_rounds.py results/table7_fmnist_pat2 results/table7_fmnist_pat2_rounds \
-        --out results/table7_fmnist_pat2_rounds/rounds.md
-fi
+for name in table7_fmnist_pat2 table7_fmnist_pat2_mobilenet; do
+    wanted "results/${name}_rounds" || continue
+    run "$PY" benchmarks/table7_rounds.py "results/$name" "results/${name}_rounds" --out "results/${name}_rounds/rounds.md"
+done
 for name in table7_fmnist_pat10 table7_fmnist_pat2 table7_fmnist_pat2_mobilenet; do
     wanted "results/$name" || continue
     page=results/$name/paper_row.md
