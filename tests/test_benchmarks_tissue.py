@@ -245,3 +245,72 @@ def test_table7_paper_pools_like_pfllib_and_pairs_fedsaf_by_seed(tmp_path: Path)
     pack_folder(cells, published / CELLS_ARCHIVE)
     assert t7.collect(published) == runs
     assert not (published / "cells").exists()
+
+
+def test_table7_data_sets_each_method_s_seed_0_run_beside_its_run_on_more_images(tmp_path: Path) -> None:
+    """Two folders (a small and a larger preparation): per method the seed-0 run's best pooled accuracy with its
+    round and the last round's, and the change from the first folder to the last; a method missing from one folder
+    and other seeds are left out."""
+    data = _script("table7_data")
+    small, large = tmp_path / "small" / "cells", tmp_path / "large" / "cells"
+    # fedsaf small: pooled (0.5*30 + 0.9*10)/40 = 0.6 then (0.8*30 + 0.2*10)/40 = 0.65
+    _fmnist_cell(small / "a", "fedsaf", 0, [[(0.5, 30), (0.9, 10)], [(0.8, 30), (0.2, 10)]], "finished")
+    _fmnist_cell(small / "b", "fedsaf", 1, [[(0.1, 30), (0.1, 10)]], "finished")
+    _fmnist_cell(small / "c", "fedavg", 0, [[(0.4, 30), (0.4, 10)]], "finished")
+    # fedsaf large: pooled (0.9*60 + 0.5*20)/80 = 0.8 then (0.7*60 + 0.7*20)/80 = 0.7
+    _fmnist_cell(large / "a", "fedsaf", 0, [[(0.9, 60), (0.5, 20)], [(0.7, 60), (0.7, 20)]], "finished")
+    lines = data.data_table(
+        [("40", data.seed0(data.collect(small.parent))), ("80", data.seed0(data.collect(large.parent)))]
+    )
+    assert lines[0] == (
+        "| method | paper | 40: best pooled (round) / last pooled | 80: best pooled (round) / last pooled "
+        "| change 40 -> 80: best / last |"
+    )
+    assert lines[2:] == ["| fedsaf | 0.9642 | 0.650 (2) / 0.650 | 0.800 (1) / 0.700 | +0.150 / +0.050 |"]
+    assert data.main([f"{small.parent}=40"]) == 2  # one folder: nothing to compare
+    assert data.main([f"{small.parent}=40", f"{tmp_path / 'none'}=80"]) == 2
+    assert data.main([str(small.parent), f"{large.parent}=80"]) == 2  # no label
+    out = tmp_path / "data.md"
+    assert data.main([f"{small.parent}=40", f"{large.parent}=80", "--out", str(out)]) == 0
+    assert "| fedsaf | 0.9642 | 0.650 (2) / 0.650 | 0.800 (1) / 0.700 | +0.150 / +0.050 |" in out.read_text("utf-8")
+
+
+def _auc_cell(folder: Path, rounds: list[list[tuple[float, float]]], status: str = "finished") -> None:
+    """A cell with ``rounds[r]`` = each hospital's (test_auc, test_acc) in round r + 1."""
+    folder.mkdir(parents=True)
+    lines = [
+        json.dumps({"round": r + 1, "client": c, "test_auc": auc, "test_acc": acc, "num_test": 10})
+        for r, hospitals in enumerate(rounds)
+        for c, (auc, acc) in enumerate(hospitals)
+    ]
+    (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (folder / "summary.json").write_text(json.dumps({"status": status}), encoding="utf-8")
+
+
+def test_hospital_paired_takes_each_hospital_s_last_round_and_pairs_it_by_seed(tmp_path: Path) -> None:
+    """Two settings, two hospitals, two seeds: the last round's figures per hospital (the first round is ignored),
+    mean ± sd over seeds, and setting minus reference per hospital paired by seed; an unfinished cell is left out."""
+    hp = _script("hospital_paired")
+    cells = tmp_path / "grid" / "cells"
+    _auc_cell(cells / "strategy-separate_rounds-2_seed-0", [[(0.1, 0.1), (0.1, 0.1)], [(0.8, 0.7), (0.6, 0.5)]])
+    _auc_cell(cells / "strategy-separate_rounds-2_seed-1", [[(0.1, 0.1), (0.1, 0.1)], [(0.9, 0.8), (0.7, 0.6)]])
+    _auc_cell(cells / "strategy-fedsaf_rounds-2_seed-0", [[(0.9, 0.9), (0.9, 0.9)], [(0.7, 0.6), (0.6, 0.5)]])
+    _auc_cell(cells / "strategy-fedsaf_rounds-2_seed-1", [[(0.9, 0.9), (0.9, 0.9)], [(0.7, 0.7), (0.8, 0.6)]])
+    _auc_cell(cells / "strategy-fedsaf_rounds-2_seed-2", [[(0.1, 0.1), (0.1, 0.1)]], status="running")
+    figures = hp.collect(tmp_path / "grid")
+    assert sorted(figures) == ["strategy-fedsaf_rounds-2", "strategy-separate_rounds-2"]
+    assert figures["strategy-fedsaf_rounds-2"][1] == {
+        0: {"test_auc": 0.6, "test_acc": 0.5},
+        1: {"test_auc": 0.8, "test_acc": 0.6},
+    }
+    lines = hp.tables(figures, "strategy-separate")
+    # separate hospital 0 AUC 0.8, 0.9: mean 0.85, sd 0.0707; fedsaf hospital 1 AUC 0.6, 0.8: mean 0.7, sd 0.1414
+    assert "| strategy-separate_rounds-2 | 2 | 0.850 ± 0.071 | 0.650 ± 0.071 |" in lines
+    assert "| strategy-fedsaf_rounds-2 | 2 | 0.700 ± 0.000 | 0.700 ± 0.141 |" in lines
+    # AUC differences: hospital 0 -0.1 and -0.2 (mean -0.15, sd 0.0707: t 12.706 gives +-0.635 and the MDD is
+    # (12.706 + 1.376) * 0.05); hospital 1 0.0 and +0.1
+    row = next(line for line in lines if line.startswith("| strategy-fedsaf_rounds-2 | -0.150 ["))
+    assert row.split(" | ")[1] == "-0.150 [-0.785, +0.485] (MDD 0.704)"
+    assert row.split(" | ")[2].startswith("+0.050 [")
+    assert hp.main([str(tmp_path / "grid"), "--reference", "strategy-fedavg"]) == 2
+    assert hp.main([str(tmp_path / "none")]) == 2

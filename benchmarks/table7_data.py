@@ -1,0 +1,96 @@
+"""How the Table 7 figures move with the data cut (issue 51, item 4): each method's seed-0 run on two or more
+preparations of Fashion-MNIST that differ only in how many images were taken (`benchmarks/idx_subset.py`), by the
+paper's measure (best pooled accuracy over rounds, picked on test: optimistic) and at the last round
+(`benchmarks/table7_paper.py` computes both, as PFLlib pools them), with the change from the first folder to the last.
+
+One seed: each change says the direction, not the spread (the seeds' spread at a tenth of the images is in
+`results/table7_fmnist_pat2/paper_row.md`: 0.007-0.042 by method).
+
+    .venv/bin/python benchmarks/table7_data.py results/table7_fmnist_pat2=7000 \
+        results/table7_fmnist_pat2_data=21000 --out results/table7_fmnist_pat2_data/data.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._common import command_line, write_result
+from benchmarks.table7_paper import METHODS, PAPER, RunFigures, collect
+from federation.ablation.archive import CELLS_ARCHIVE
+
+
+def seed0(runs: Sequence[RunFigures]) -> dict[str, RunFigures]:
+    """Each method's seed-0 run."""
+    return {r.method: r for r in runs if r.seed == 0}
+
+
+def data_table(columns: Sequence[tuple[str, dict[str, RunFigures]]]) -> list[str]:
+    """One row per method found in every column: the paper's figure, then per column (a label such as the number of
+    images, and its seed-0 runs) the best pooled accuracy with its round and the last round's, then the change in
+    both from the first column to the last."""
+    labels = [label for label, _ in columns]
+    header = " | ".join(f"{label}: best pooled (round) / last pooled" for label in labels)
+    lines = [
+        f"| method | paper | {header} | change {labels[0]} -> {labels[-1]}: best / last |",
+        "|---|---:|" + "---|" * len(columns) + "---|",
+    ]
+    for method in METHODS:
+        runs = [figures.get(method) for _, figures in columns]
+        if any(r is None for r in runs):
+            continue
+        found = [r for r in runs if r is not None]
+        cells = " | ".join(f"{r.best_pooled:.3f} ({r.best_round}) / {r.last_pooled:.3f}" for r in found)
+        first, last = found[0], found[-1]
+        change = f"{last.best_pooled - first.best_pooled:+.3f} / {last.last_pooled - first.last_pooled:+.3f}"
+        lines.append(f"| {method} | {PAPER.get(method, '-')} | {cells} | {change} |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folders", nargs="+", help="FOLDER=LABEL: an ablation folder and its label (e.g. 7000)")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    columns: list[tuple[str, dict[str, RunFigures]]] = []
+    for item in args.folders:
+        folder, sep, label = item.rpartition("=")
+        if not sep or not folder or not label:
+            print(f"error: {item!r}: write FOLDER=LABEL, e.g. results/table7_fmnist_pat2=7000", file=sys.stderr)
+            return 2
+        path = Path(folder)
+        if not (path / "cells").is_dir() and not (path / CELLS_ARCHIVE).is_file():
+            print(
+                f"error: {folder} holds no cells/ folder: give the --out folder of gastric-fl ablate", file=sys.stderr
+            )
+            return 2
+        figures = seed0(collect(path))
+        if not figures:
+            print(f"error: {folder}: no finished seed-0 run there; run its ablate command first", file=sys.stderr)
+            return 2
+        columns.append((label, figures))
+    if len(columns) < 2:
+        print("error: give at least two FOLDER=LABEL to compare", file=sys.stderr)
+        return 2
+    text = "\n".join(
+        [
+            f"# Table 7 on Fashion-MNIST: seed 0 at {', '.join(label for label, _ in columns)} images",
+            "",
+            f"Command: `{command_line('table7_data.py')}`",
+            "",
+            *data_table(columns),
+            "",
+        ]
+    )
+    print(text)
+    if args.out is not None:
+        write_result(args.out, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
