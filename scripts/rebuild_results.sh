@@ -12,7 +12,9 @@
 # - scripts/privacy_table.py for results/privacy and results/honest_privacy (results.md, results.csv);
 # - scripts/honest_compare.py and scripts/two_machines.py (results/honest_evaluation/tables.md, two_machines.md);
 # - benchmarks/tables_compare.py (results/tables4567_*/beside_classic.md, as their WHERE.md says);
-# - benchmarks/paired_settings.py (results/tables4567_*/paired_settings.md);
+# - benchmarks/paired_settings.py (results/tables4567_*/paired_settings.md, and results/tables4567_quickstart/'s
+#   paired_settings_fedamp.md, minus_separate.md and minus_fedavg.md);
+# - benchmarks/hospital_paired.py (results/tables4567_quickstart/hospitals.md);
 # - benchmarks/table7_rounds.py (results/table7_fmnist_*_rounds/rounds.md);
 # - benchmarks/table7_paper.py (results/table7_fmnist_*/paper_row.md and .csv), compared without its "Machine:"
 #   line, which records the load average when it was written.
@@ -65,6 +67,17 @@ for regime in seed_like label_skew; do
     run "$PY" benchmarks/paired_settings.py "results/tables4567_$regime" --reference strategy-fedsaf_fim-on_split-on \
         --out "results/tables4567_$regime/paired_settings.md"
 done
+if wanted results/tables4567_quickstart; then
+    qs=results/tables4567_quickstart
+    run "$PY" benchmarks/paired_settings.py "$qs" --reference strategy-fedsaf_rounds-10 --out "$qs/paired_settings.md"
+    run "$PY" benchmarks/paired_settings.py "$qs" --method strategy-fedamp --reference strategy-fedamp_rounds-10 \
+        --out "$qs/paired_settings_fedamp.md"
+    for ref in separate fedavg; do
+        run "$PY" benchmarks/paired_settings.py "$qs" --method strategy --reference "strategy-${ref}_rounds-10" \
+            --out "$qs/minus_$ref.md"
+    done
+    run "$PY" benchmarks/hospital_paired.py "$qs" --reference strategy-separate --out "$qs/hospitals.md"
+fi
 for name in table7_fmnist_pat2 table7_fmnist_pat2_mobilenet; do
     wanted "results/${name}_rounds" || continue
     run "$PY" benchmarks/table7_rounds.py "results/$name" "results/${name}_rounds" --out "results/${name}_rounds/rounds.md"
