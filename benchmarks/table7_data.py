@@ -1,13 +1,15 @@
 """How the Table 7 figures move with the data cut (issue 51, item 4): each method's seed-0 run on two or more
 preparations of Fashion-MNIST that differ only in how many images were taken (`benchmarks/idx_subset.py`), by the
 paper's measure (best pooled accuracy over rounds, picked on test: optimistic) and at the last round
-(`benchmarks/table7_paper.py` computes both, as PFLlib pools them), with the change from the first folder to the last.
+(`benchmarks/table7_paper.py` computes both, as PFLlib pools them), with the change from the first folder to each
+other one (a method missing from a folder shows "-").
 
 One seed: each change says the direction, not the spread (the seeds' spread at a tenth of the images is in
 `results/table7_fmnist_pat2/paper_row.md`: 0.007-0.042 by method).
 
     .venv/bin/python benchmarks/table7_data.py results/table7_fmnist_pat2=7000 \
-        results/table7_fmnist_pat2_data=21000 --out results/table7_fmnist_pat2_data/data.md
+        results/table7_fmnist_pat2_data=21000 results/table7_fmnist_pat2_full=70000 \
+        --out results/table7_fmnist_pat2_data/data.md
 """
 
 from __future__ import annotations
@@ -30,24 +32,27 @@ def seed0(runs: Sequence[RunFigures]) -> dict[str, RunFigures]:
 
 
 def data_table(columns: Sequence[tuple[str, dict[str, RunFigures]]]) -> list[str]:
-    """One row per method found in every column: the paper's figure, then per column (a label such as the number of
-    images, and its seed-0 runs) the best pooled accuracy with its round and the last round's, then the change in
-    both from the first column to the last."""
+    """One row per method of the first column: the paper's figure, then per column (a label such as the number of
+    images, and its seed-0 runs) the best pooled accuracy with its round and the last round's ("-" where that column
+    has no run of the method), then per later column the change in both from the first column."""
     labels = [label for label, _ in columns]
+    first_label, first_runs = columns[0]
     header = " | ".join(f"{label}: best pooled (round) / last pooled" for label in labels)
-    lines = [
-        f"| method | paper | {header} | change {labels[0]} -> {labels[-1]}: best / last |",
-        "|---|---:|" + "---|" * len(columns) + "---|",
-    ]
-    for method in METHODS:
-        runs = [figures.get(method) for _, figures in columns]
-        if any(r is None for r in runs):
-            continue
-        found = [r for r in runs if r is not None]
-        cells = " | ".join(f"{r.best_pooled:.3f} ({r.best_round}) / {r.last_pooled:.3f}" for r in found)
-        first, last = found[0], found[-1]
-        change = f"{last.best_pooled - first.best_pooled:+.3f} / {last.last_pooled - first.last_pooled:+.3f}"
-        lines.append(f"| {method} | {PAPER.get(method, '-')} | {cells} | {change} |")
+    changes = " | ".join(f"change {first_label} -> {label}: best / last" for label in labels[1:])
+    lines = [f"| method | paper | {header} | {changes} |", "|---|---:|" + "---|" * (2 * len(columns) - 1)]
+    for method in (m for m in METHODS if m in first_runs):
+        first = first_runs[method]
+        cells, deltas = [], []
+        for index, (_, figures) in enumerate(columns):
+            run = figures.get(method)
+            cells.append("-" if run is None else f"{run.best_pooled:.3f} ({run.best_round}) / {run.last_pooled:.3f}")
+            if index > 0:
+                deltas.append(
+                    "-"
+                    if run is None
+                    else f"{run.best_pooled - first.best_pooled:+.3f} / {run.last_pooled - first.last_pooled:+.3f}"
+                )
+        lines.append(f"| {method} | {PAPER.get(method, '-')} | {' | '.join(cells)} | {' | '.join(deltas)} |")
     return lines
 
 

@@ -248,30 +248,37 @@ def test_table7_paper_pools_like_pfllib_and_pairs_fedsaf_by_seed(tmp_path: Path)
 
 
 def test_table7_data_sets_each_method_s_seed_0_run_beside_its_run_on_more_images(tmp_path: Path) -> None:
-    """Two folders (a small and a larger preparation): per method the seed-0 run's best pooled accuracy with its
-    round and the last round's, and the change from the first folder to the last; a method missing from one folder
-    and other seeds are left out."""
+    """Three folders (more images in each): per method of the first, the seed-0 run's best pooled accuracy with its
+    round and the last round's, "-" where a folder lacks the method, and the change from the first folder to each
+    other; other seeds are left out."""
     data = _script("table7_data")
-    small, large = tmp_path / "small" / "cells", tmp_path / "large" / "cells"
+    small, mid, large = (tmp_path / name / "cells" for name in ("small", "mid", "large"))
     # fedsaf small: pooled (0.5*30 + 0.9*10)/40 = 0.6 then (0.8*30 + 0.2*10)/40 = 0.65
     _fmnist_cell(small / "a", "fedsaf", 0, [[(0.5, 30), (0.9, 10)], [(0.8, 30), (0.2, 10)]], "finished")
     _fmnist_cell(small / "b", "fedsaf", 1, [[(0.1, 30), (0.1, 10)]], "finished")
     _fmnist_cell(small / "c", "fedavg", 0, [[(0.4, 30), (0.4, 10)]], "finished")
-    # fedsaf large: pooled (0.9*60 + 0.5*20)/80 = 0.8 then (0.7*60 + 0.7*20)/80 = 0.7
-    _fmnist_cell(large / "a", "fedsaf", 0, [[(0.9, 60), (0.5, 20)], [(0.7, 60), (0.7, 20)]], "finished")
-    lines = data.data_table(
-        [("40", data.seed0(data.collect(small.parent))), ("80", data.seed0(data.collect(large.parent)))]
-    )
+    # fedsaf mid: pooled (0.9*60 + 0.5*20)/80 = 0.8 then (0.7*60 + 0.7*20)/80 = 0.7; fedavg mid 0.5
+    _fmnist_cell(mid / "a", "fedsaf", 0, [[(0.9, 60), (0.5, 20)], [(0.7, 60), (0.7, 20)]], "finished")
+    _fmnist_cell(mid / "c", "fedavg", 0, [[(0.5, 60), (0.5, 20)]], "finished")
+    _fmnist_cell(large / "a", "fedsaf", 0, [[(0.6, 60), (0.6, 20)]], "finished")
+    columns = [
+        (label, data.seed0(data.collect(cells.parent))) for label, cells in (("40", small), ("80", mid), ("90", large))
+    ]
+    lines = data.data_table(columns)
     assert lines[0] == (
         "| method | paper | 40: best pooled (round) / last pooled | 80: best pooled (round) / last pooled "
-        "| change 40 -> 80: best / last |"
+        "| 90: best pooled (round) / last pooled | change 40 -> 80: best / last | change 40 -> 90: best / last |"
     )
-    assert lines[2:] == ["| fedsaf | 0.9642 | 0.650 (2) / 0.650 | 0.800 (1) / 0.700 | +0.150 / +0.050 |"]
+    assert lines[2:] == [
+        "| fedavg | 0.6677 | 0.400 (1) / 0.400 | 0.500 (1) / 0.500 | - | +0.100 / +0.100 | - |",
+        "| fedsaf | 0.9642 | 0.650 (2) / 0.650 | 0.800 (1) / 0.700 | 0.600 (1) / 0.600 "
+        "| +0.150 / +0.050 | -0.050 / -0.050 |",
+    ]
     assert data.main([f"{small.parent}=40"]) == 2  # one folder: nothing to compare
     assert data.main([f"{small.parent}=40", f"{tmp_path / 'none'}=80"]) == 2
-    assert data.main([str(small.parent), f"{large.parent}=80"]) == 2  # no label
+    assert data.main([str(small.parent), f"{mid.parent}=80"]) == 2  # no label
     out = tmp_path / "data.md"
-    assert data.main([f"{small.parent}=40", f"{large.parent}=80", "--out", str(out)]) == 0
+    assert data.main([f"{small.parent}=40", f"{mid.parent}=80", "--out", str(out)]) == 0
     assert "| fedsaf | 0.9642 | 0.650 (2) / 0.650 | 0.800 (1) / 0.700 | +0.150 / +0.050 |" in out.read_text("utf-8")
 
 
