@@ -49,6 +49,16 @@ def write_result(path: Path, text: str) -> None:
     path.write_text(text, encoding="utf-8")
 
 
+def emit_report(title: str, script: str, lines: Sequence[str], out: Path | None) -> str:
+    """A markdown report: ``# title``, the command that made it (`command_line`), then ``lines``; printed, and
+    written to ``out`` when given (`write_result`). Returns the text."""
+    text = "\n".join([f"# {title}", "", f"Command: `{command_line(script)}`", "", *lines, ""])
+    print(text)
+    if out is not None:
+        write_result(out, text)
+    return text
+
+
 def _timed(args: Sequence[str]) -> float:
     """Run a ``gastric-fl`` command from the repository root; its wall seconds."""
     start = time.perf_counter()

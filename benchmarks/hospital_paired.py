@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import command_line, write_result
+from benchmarks._common import emit_report
 from federation.ablation import CELLS_ARCHIVE, cells_folder
 from federation.ablation.paired import paired_differences, paired_interval, paired_text
 from federation.run_reader import read_run_metrics
@@ -110,7 +110,7 @@ def tables(figures: Figures, reference: str) -> list[str]:
                 cells.append(paired_text(paired_interval(diffs)) or "-")
             lines.append(f"| {setting} | {' | '.join(cells)} |")
         lines.append("")
-    return lines
+    return lines[:-1]  # the report adds the last line break
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,12 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     if not any(s.startswith(args.reference) for s in figures):
         print(f"error: --reference {args.reference!r} matches no setting of {args.folder}", file=sys.stderr)
         return 2
-    title = f"# Each hospital's figures: {args.folder.name}"
-    command = f"Command: `{command_line('hospital_paired.py')}`"
-    text = "\n".join([title, "", command, "", *tables(figures, args.reference)])
-    print(text)
-    if args.out is not None:
-        write_result(args.out, text)
+    emit_report(
+        f"Each hospital's figures: {args.folder.name}", "hospital_paired.py", tables(figures, args.reference), args.out
+    )
     return 0
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import command_line, write_result
+from benchmarks._common import emit_report
 from benchmarks.table7_paper import METHODS, PAPER, RunFigures, collect
 from federation.ablation.archive import CELLS_ARCHIVE
 
@@ -81,19 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(columns) < 2:
         print("error: give at least two FOLDER=LABEL to compare", file=sys.stderr)
         return 2
-    text = "\n".join(
-        [
-            f"# Table 7 on Fashion-MNIST: seed 0 at {', '.join(label for label, _ in columns)} images",
-            "",
-            f"Command: `{command_line('table7_data.py')}`",
-            "",
-            *data_table(columns),
-            "",
-        ]
-    )
-    print(text)
-    if args.out is not None:
-        write_result(args.out, text)
+    title = f"Table 7 on Fashion-MNIST: seed 0 at {', '.join(label for label, _ in columns)} images"
+    emit_report(title, "table7_data.py", data_table(columns), args.out)
     return 0
 
 

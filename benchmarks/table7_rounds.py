@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import command_line, write_result
+from benchmarks._common import emit_report
 from benchmarks.table7_paper import METHODS, PAPER
 from federation.ablation.archive import cells_folder
 from federation.run_reader import read_run_metrics
@@ -60,19 +60,7 @@ def main() -> None:
             f"| {method} | {PAPER.get(method, '-')} | {best_a:.3f} / {a[max(a)]:.3f} | {b[best]:.3f} ({best}) / "
             f"{b[max(b)]:.3f} | {b[best] - best_a:+.3f} | {b[5]:.3f} ({same}) |"
         )
-    text = "\n".join(
-        [
-            "# Table 7 on Fashion-MNIST: 5 rounds against more (seed 0)",
-            "",
-            f"Command: `{command_line('table7_rounds.py')}`",
-            "",
-            *lines,
-            "",
-        ]
-    )
-    print(text)
-    if args.out is not None:
-        write_result(args.out, text)
+    emit_report("Table 7 on Fashion-MNIST: 5 rounds against more (seed 0)", "table7_rounds.py", lines, args.out)
 
 
 if __name__ == "__main__":
