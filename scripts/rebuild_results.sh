@@ -16,6 +16,7 @@
 #   paired_settings_fedamp.md, minus_separate.md and minus_fedavg.md);
 # - benchmarks/hospital_paired.py (results/tables4567_quickstart/hospitals.md);
 # - benchmarks/table7_rounds.py (results/table7_fmnist_*_rounds/rounds.md);
+# - benchmarks/table7_data.py (results/table7_fmnist_pat2_data/data.md);
 # - benchmarks/table7_paper.py (results/table7_fmnist_*/paper_row.md and .csv), compared without its "Machine:"
 #   line, which records the load average when it was written.
 # Not rebuilt here, since they need datasets or training: results/honest_evaluation/results.md and morphology.md,
@@ -82,6 +83,10 @@ for name in table7_fmnist_pat2 table7_fmnist_pat2_mobilenet; do
     wanted "results/${name}_rounds" || continue
     run "$PY" benchmarks/table7_rounds.py "results/$name" "results/${name}_rounds" --out "results/${name}_rounds/rounds.md"
 done
+if wanted results/table7_fmnist_pat2_data; then
+    run "$PY" benchmarks/table7_data.py results/table7_fmnist_pat2=7000 results/table7_fmnist_pat2_data=21000 \
+        results/table7_fmnist_pat2_full=70000 --out results/table7_fmnist_pat2_data/data.md
+fi
 for name in table7_fmnist_pat10 table7_fmnist_pat2 table7_fmnist_pat2_mobilenet; do
     wanted "results/$name" || continue
     page=results/$name/paper_row.md
