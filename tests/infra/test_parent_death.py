@@ -53,7 +53,9 @@ def test_a_managed_process_ends_when_its_parent_is_killed(tmp_path: Path) -> Non
                                        env=dict(os.environ), cwd=pathlib.Path({str(tmp_path)!r}))
                 child.start()
                 time.sleep(1.0)  # the wrapper has become sleep by now
-                pathlib.Path({str(pid_file)!r}).write_text(str(child.pid))
+                # written whole, then renamed: the test never reads a file that is still empty
+                pathlib.Path({str(pid_file) + ".part"!r}).write_text(str(child.pid))
+                os.replace({str(pid_file) + ".part"!r}, {str(pid_file)!r})
                 time.sleep(120)
                 """
             ),
