@@ -1,4 +1,5 @@
-"""What the benchmark scripts share: the command that ran them, the machine line, writing the report; and, for the
+"""What the benchmark scripts share: the command that ran them, the machine line, writing the report, the check that
+a folder holds an ablation's cells, mean ± sd; and, for the
 ones that time whole rounds, a synthetic dataset made once (`synthetic_dataset`) and a timed run (`round_seconds`)."""
 
 from __future__ import annotations
@@ -7,11 +8,14 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+from federation.ablation.archive import CELLS_ARCHIVE
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "app.cli"]
@@ -47,6 +51,22 @@ def write_result(path: Path, text: str) -> None:
     """Write a report to ``path``, creating its folder when needed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
+
+
+def mean_sd(values: Sequence[float], digits: int) -> str:
+    """``mean ± sd`` of ``values`` to ``digits`` decimals (sd with ddof 1; 0 for one value), ``-`` for none."""
+    if not values:
+        return "-"
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):.{digits}f} ± {sd:.{digits}f}"
+
+
+def ablation_folder_problem(folder: Path) -> str | None:
+    """The one-line error for a folder that holds neither an ablation's ``cells/`` nor a published
+    ``cells.tar.xz``; ``None`` when it holds one of them."""
+    if (folder / "cells").is_dir() or (folder / CELLS_ARCHIVE).is_file():
+        return None
+    return f"error: {folder} holds no cells/ folder: give the --out folder of gastric-fl ablate"
 
 
 def emit_report(title: str, script: str, lines: Sequence[str], out: Path | None) -> str:

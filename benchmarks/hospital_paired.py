@@ -13,9 +13,7 @@ the quick start's dataset, hospital 2 is the grey one).
 from __future__ import annotations
 
 import argparse
-import json
 import re
-import statistics
 import sys
 from collections import defaultdict
 from collections.abc import Mapping
@@ -23,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import emit_report
-from federation.ablation import CELLS_ARCHIVE, cells_folder
+from benchmarks._common import ablation_folder_problem, emit_report, mean_sd
+from federation.ablation import cell_status, cells_folder
 from federation.ablation.paired import paired_differences, paired_interval, paired_text
 from federation.run_reader import read_run_metrics
 
@@ -36,7 +34,7 @@ Figures = dict[str, dict[int, dict[int, dict[str, float]]]]
 
 
 def last_round(run: Path) -> dict[int, dict[str, float]]:
-    """Each hospital's measures at the run's last round (a hospital without a measure there is left out)."""
+    """Each hospital's measures at the run's last round (a measure a hospital lacks there is left out)."""
     records = read_run_metrics(run).records
     if not records:
         return {}
@@ -55,21 +53,11 @@ def collect(folder: Path) -> Figures:
     with cells_folder(folder) as cells:
         for cell in sorted(cells.iterdir()):
             match = CELL.match(cell.name)
-            summary = cell / "summary.json"
-            if match is None or not summary.is_file():
-                continue
-            if json.loads(summary.read_text("utf-8")).get("status") != "finished":
+            if match is None or cell_status(cell) != "finished":
                 continue
             for hospital, values in last_round(cell).items():
                 figures[match["setting"]][hospital][int(match["seed"])] = values
     return {s: dict(h) for s, h in figures.items()}
-
-
-def _mean_sd(values: list[float]) -> str:
-    if not values:
-        return "-"
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.fmean(values):.3f} ± {sd:.3f}"
 
 
 def _by_seed(seeds: Mapping[int, Mapping[str, float]], measure: str) -> dict[int, float | None]:
@@ -88,7 +76,9 @@ def tables(figures: Figures, reference: str) -> list[str]:
         lines.append("|---|---:|" + "---|" * len(hospitals))
         for setting, by_hospital in figures.items():
             seeds = len({s for h in by_hospital.values() for s in h})
-            cells = [_mean_sd([v[measure] for v in by_hospital.get(h, {}).values() if measure in v]) for h in hospitals]
+            cells = [
+                mean_sd([v[measure] for v in by_hospital.get(h, {}).values() if measure in v], 3) for h in hospitals
+            ]
             lines.append(f"| {setting} | {seeds} | {' | '.join(cells)} |")
         lines.append("")
         if ref is None:
@@ -119,10 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference", default="strategy-separate", help="the reference setting's name or its start")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    if not (args.folder / "cells").is_dir() and not (args.folder / CELLS_ARCHIVE).is_file():
-        print(
-            f"error: {args.folder} holds no cells/ folder: give the --out folder of gastric-fl ablate", file=sys.stderr
-        )
+    if (problem := ablation_folder_problem(args.folder)) is not None:
+        print(problem, file=sys.stderr)
         return 2
     figures = collect(args.folder)
     if not figures:

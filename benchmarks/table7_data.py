@@ -21,9 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import emit_report
+from benchmarks._common import ablation_folder_problem, emit_report
 from benchmarks.table7_paper import METHODS, PAPER, RunFigures, collect
-from federation.ablation.archive import CELLS_ARCHIVE
 
 
 def seed0(runs: Sequence[RunFigures]) -> dict[str, RunFigures]:
@@ -68,10 +67,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {item!r}: write FOLDER=LABEL, e.g. results/table7_fmnist_pat2=7000", file=sys.stderr)
             return 2
         path = Path(folder)
-        if not (path / "cells").is_dir() and not (path / CELLS_ARCHIVE).is_file():
-            print(
-                f"error: {folder} holds no cells/ folder: give the --out folder of gastric-fl ablate", file=sys.stderr
-            )
+        if (problem := ablation_folder_problem(path)) is not None:
+            print(problem, file=sys.stderr)
             return 2
         figures = seed0(collect(path))
         if not figures:

@@ -31,8 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import command_line, machine, write_result
-from federation.ablation.archive import CELLS_ARCHIVE, cells_folder
+from benchmarks._common import ablation_folder_problem, command_line, machine, mean_sd, write_result
+from federation.ablation.archive import cells_folder
 from federation.ablation.paired import paired_interval, paired_text
 
 # Paper 001, Table 7, the Fashion-MNIST column (20 clients); Separate is not in the paper's table.
@@ -95,13 +95,6 @@ def collect(folder: Path) -> list[RunFigures]:
     return sorted(found, key=lambda f: (order.get(f.method, len(order)), f.method, f.seed))
 
 
-def _mean_sd(values: Sequence[float]) -> str:
-    if not values:
-        return "-"
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.fmean(values):.4f} ± {sd:.4f}"
-
-
 def table(runs: Sequence[RunFigures]) -> str:
     """The markdown tables: each method's figures (mean ± sd over seeds) beside the paper's, then FedSAF minus each
     method, paired by seed, for each measure."""
@@ -111,7 +104,7 @@ def table(runs: Sequence[RunFigures]) -> str:
     for method in methods:
         mine = [r for r in runs if r.method == method]
         paper = f"{PAPER[method]:.4f}" if method in PAPER else "-"
-        cells = [_mean_sd([getattr(r, key) for r in mine]) for key, _ in MEASURES]
+        cells = [mean_sd([getattr(r, key) for r in mine], 4) for key, _ in MEASURES]
         lines.append(f"| {method} | {paper} | {len(mine)} | " + " | ".join(cells) + " |")
     lines += [
         "",
@@ -153,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("folder", type=Path, help="an ablation folder (gastric-fl ablate --out)")
     parser.add_argument("--out", type=Path, help="write the report here (and the runs' figures beside it as .csv)")
     args = parser.parse_args(argv)
-    if not (args.folder / "cells").is_dir() and not (args.folder / CELLS_ARCHIVE).is_file():
-        print(f"error: {args.folder} holds no cells/ folder: give the --out folder of gastric-fl ablate")
+    if (problem := ablation_folder_problem(args.folder)) is not None:
+        print(problem)
         return 2
     runs = collect(args.folder)
     if not runs:
