@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from federation.ablation import CELLS_ARCHIVE, cells_folder  # noqa: E402
+from federation.ablation import CELLS_ARCHIVE, cell_status, cells_folder  # noqa: E402
 from federation.ablation.paired import paired_differences, paired_interval, paired_text  # noqa: E402
 
 CELL = re.compile(r"^(?P<setting>.+)_seed-(?P<seed>\d+)$")
@@ -34,14 +34,15 @@ FIGURES = (("avg_test_acc", "averaged test accuracy"), ("avg_test_auc", "average
 
 
 def read_settings(cells: Path, method: str) -> dict[str, dict[str, dict[int, float | None]]]:
-    """``{setting: {figure: {seed: value}}}`` of the finished cells whose name starts with ``method``."""
+    """``{setting: {figure: {seed: value}}}`` of the finished cells whose name starts with ``method``: a cell still
+    running (or failed) also holds a ``summary.json``, whose ``final`` is its latest round, so the run's status
+    (`federation.ablation.cell_status`) decides, not the file's presence."""
     out: dict[str, dict[str, dict[int, float | None]]] = defaultdict(lambda: defaultdict(dict))
     for cell in sorted(cells.iterdir()):
         match = CELL.match(cell.name)
-        summary = cell / "summary.json"
-        if not match or not match["setting"].startswith(method) or not summary.is_file():
+        if not match or not match["setting"].startswith(method) or cell_status(cell) != "finished":
             continue
-        final = json.loads(summary.read_text(encoding="utf-8")).get("final") or {}
+        final = json.loads((cell / "summary.json").read_text(encoding="utf-8")).get("final") or {}
         for key, _ in FIGURES:
             value = final.get(key)
             out[match["setting"]][key][int(match["seed"])] = None if value is None else float(value)

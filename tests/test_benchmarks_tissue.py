@@ -128,8 +128,14 @@ def test_paired_settings_pairs_each_setting_with_the_reference_by_seed(tmp_path:
             cell = cells / f"{setting}_seed-{seed}"
             cell.mkdir(parents=True)
             final = {"avg_test_acc": acc, "avg_test_auc": auc}
-            (cell / "summary.json").write_text(json.dumps({"final": final}), encoding="utf-8")
+            summary = {"status": "finished", "final": final}
+            (cell / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
     (cells / "strategy-fedsaf_nhead-9_seed-0").mkdir()  # a run cut short: no summary, not counted
+    # still training: its summary holds its latest round; counted, it would pair with nhead-3's seed 3
+    running = cells / "strategy-fedsaf_fim-on_split-on_seed-3"
+    running.mkdir()
+    partial = {"status": "running", "final": {"avg_test_acc": 0.99, "avg_test_auc": 0.99}}
+    (running / "summary.json").write_text(json.dumps(partial), encoding="utf-8")
     out = tmp_path / "paired.md"
     argv = [str(tmp_path / "grid"), "--reference", "strategy-fedsaf_fim-on_split-on", "--out", str(out)]
     assert paired_settings.main(argv) == 0
