@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 from safetensors.torch import load_file  # noqa: E402
 
 from benchmarks._common import command_line, machine, write_result  # noqa: E402
+from federation.ablation import cell_status  # noqa: E402
 from federation.config import load_config, with_values  # noqa: E402
 from federation.derived import NUM_CLASSES  # noqa: E402
 from federation.errors import FederationError  # noqa: E402
@@ -94,8 +95,7 @@ def main() -> None:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="amp_distances_") as tmp:
         run_dir = args.run_dir if args.run_dir is not None else Path(tmp) / "run"
-        summary = run_dir / "summary.json"
-        reused = summary.is_file() and '"finished"' in summary.read_text(encoding="utf-8")
+        reused = cell_status(run_dir) == "finished"
         if not reused:
             train(config, run_dir, progress=False, overwrite=True)
         train_seconds = time.perf_counter() - start

@@ -42,6 +42,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from federation.ablation import cell_status  # noqa: E402
 from infra.formats import MANIFEST_FILE  # noqa: E402
 from models.bundle import load_bundle  # noqa: E402
 from pipeline.probe import STATISTICS, probe_prepared  # noqa: E402
@@ -159,7 +160,7 @@ def leak(name: str, sets: dict[str, Path], data: Path, methods: list[str]) -> di
     found: dict[str, Any] = {}
     for method in methods:
         run_dir = data / "runs" / f"honest_{name}_{method}_masked"
-        if not (run_dir / "summary.json").is_file() or '"finished"' not in (run_dir / "summary.json").read_text():
+        if cell_status(run_dir) != "finished":
             run([GFL, "train", "--config", preset, "--data", str(sets["masked"]), "--out", str(run_dir),
                  "--overwrite", "-q", "--set", f"strategy.name={method}", "--set", "run.threads=1"])  # fmt: skip
         hospitals = sorted(int(p.name.split("_")[1]) for p in (run_dir / "hospitals").glob("client_*"))
