@@ -13,7 +13,7 @@
 # - scripts/honest_compare.py and scripts/two_machines.py (results/honest_evaluation/tables.md, two_machines.md);
 # - benchmarks/tables_compare.py (results/tables4567_*/beside_classic.md, as their WHERE.md says);
 # - benchmarks/paired_settings.py (results/tables4567_*/paired_settings.md, and results/tables4567_quickstart/'s
-#   paired_settings_fedamp.md, minus_separate.md and minus_fedavg.md);
+#   paired_settings_fedamp.md, paired_settings_lam0.md, minus_separate.md and minus_fedavg.md);
 # - benchmarks/hospital_paired.py (results/tables4567_quickstart/hospitals.md);
 # - benchmarks/table7_rounds.py (results/table7_fmnist_*_rounds/rounds.md);
 # - benchmarks/table7_data.py (results/table7_fmnist_pat2_data/data.md);
@@ -73,6 +73,8 @@ if wanted results/tables4567_quickstart; then
     run "$PY" benchmarks/paired_settings.py "$qs" --reference strategy-fedsaf_rounds-10 --out "$qs/paired_settings.md"
     run "$PY" benchmarks/paired_settings.py "$qs" --method strategy-fedamp --reference strategy-fedamp_rounds-10 \
         --out "$qs/paired_settings_fedamp.md"
+    run "$PY" benchmarks/paired_settings.py "$qs" --method strategy-fedsaf_lam-0.0_ \
+        --reference strategy-fedsaf_lam-0.0_rounds-10 --out "$qs/paired_settings_lam0.md"
     for ref in separate fedavg; do
         run "$PY" benchmarks/paired_settings.py "$qs" --method strategy --reference "strategy-${ref}_rounds-10" \
             --out "$qs/minus_$ref.md"
