@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._common import ablation_folder_problem, command_line, machine, mean_sd, write_result
+from federation.ablation import cell_status
 from federation.ablation.archive import cells_folder
 from federation.ablation.paired import paired_interval, paired_text
 
@@ -55,11 +56,9 @@ class RunFigures:
 
 
 def run_figures(run: Path) -> RunFigures | None:
-    """A cell's figures, or ``None`` for a cell that has not finished (no ``summary.json`` saying so)."""
-    summary_path = run / "summary.json"
-    if not summary_path.is_file():
-        return None
-    if json.loads(summary_path.read_text(encoding="utf-8")).get("status") != "finished":
+    """A cell's figures, or ``None`` for a cell that has not finished (`federation.ablation.cell_status`, as the
+    ablation's own tables decide)."""
+    if cell_status(run) != "finished":
         return None
     config = tomllib.loads((run / "config.toml").read_text(encoding="utf-8"))
     by_round: dict[int, list[Mapping[str, float]]] = {}
