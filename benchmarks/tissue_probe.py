@@ -129,6 +129,16 @@ def _worst(record: dict[str, Any], key: str) -> str:
     return "n/a" if not w else f"{w['statistic']} {_cell(w['auc'])} ({w['split']})"
 
 
+def _chance(record: dict[str, Any]) -> str:
+    """The chance test (`pipeline.probe.chance_within`) of the split where the worst within-hospital statistic is:
+    what shuffling that split's slides' labels gives in 5% of shuffles, the slides, and the p-value."""
+    worst = record.get("worst_within")
+    chance = (record.get("chance") or {}).get(worst["split"]) if worst else None
+    if not chance:
+        return "n/a"
+    return f"{chance['chance_95']:.3f} ({chance['slides']} slides), p = {chance['p_value']:.3f}"
+
+
 def markdown(results: dict[str, dict[str, dict[str, Any]]]) -> str:
     """A summary (the worst statistic per regime and tissue, pooled and within hospitals), then one table per regime:
     each statistic's AUC per split and tissue, pooled over hospitals and within them."""
@@ -141,16 +151,21 @@ def markdown(results: dict[str, dict[str, dict[str, Any]]]) -> str:
         "Each cell: a label-free statistic's AUC as a score for the label, `max(AUC, 1 - AUC)` (0.5 = tells "
         f"nothing); **bold** above {LIMIT:.2f}, where prepare warns. *Pooled*: all hospitals' tiles of a split "
         "together; *within*: only pairs of tiles of one hospital (`pipeline.probe.within_auc`), which leaves out "
-        "what hospitals differing in stain and case mix together give a shared model.",
+        "what hospitals differing in stain and case mix together give a shared model. *Chance*: the tiles of a "
+        "slide share its label, so a split's AUC rests on its slides; shuffling the slides' labels within each "
+        "hospital 999 times (`pipeline.probe.chance_within`) gives the worst statistic's AUC that chance alone "
+        "exceeds in 5% of shuffles on the split of the gastric within figure, and the p-value of that figure.",
         "",
-        "| regime | classic, pooled | classic, within | gastric, pooled | gastric, within | minutes |",
-        "|---|---|---|---|---|---|",
+        "| regime | classic, pooled | classic, within | gastric, pooled | gastric, within | gastric within: chance | "
+        "minutes |",
+        "|---|---|---|---|---|---|---|",
     ]
     for regime, by_tissue in results.items():
         cells = []
         for tissue in TISSUES:
             record = by_tissue.get(tissue, {}).get("probe", {})
             cells += [_worst(record, "worst"), _worst(record, "worst_within")]
+        cells.append(_chance(by_tissue.get("gastric", {}).get("probe", {})))
         minutes = sum(v["seconds"] for v in by_tissue.values()) / 60
         out.append(f"| {regime} | " + " | ".join(cells) + f" | {minutes:.1f} |")
     for regime, by_tissue in results.items():

@@ -189,6 +189,7 @@ def _write_records(
         [row[1] for row in rows],
         [int(row[0]) for row in rows],
         SPLITS,
+        slides=[row[MANIFEST_COLUMNS.index("source")] for row in rows],
     )
     record = _provenance(config, plans, jobs, per_slide, ratios, counts, skipped, warnings, rows, pixel_digests)
     record["left_out"] = {str(c): per for c, per in excluded.items()}

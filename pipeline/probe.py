@@ -17,8 +17,18 @@ nuclear-like pixels (gray value below `DARK_LEVEL`). The last three follow the t
 (``../shared/tools/label_free_probe.py``, ``stats``) exactly, so the two agree. AUC by scikit-learn's
 ``roc_auc_score``; with more than two classes the mean of the one-vs-rest AUCs.
 
+Chance on few slides (``record["chance"]``, `chance_within`): the tiles of one slide share its stain, density and
+label, so a split's tile-level AUC rests on its slides, not its tiles, and a validation or test split of a dozen
+slides can reach 0.7-0.8 with no shortcut at all. Per split, the probe shuffles the slides' labels within each
+hospital (each hospital keeps how many slides of each label it holds) and recomputes the highest within-hospital
+AUC over the statistics: a permutation test of the max statistic (Westfall and Young, *Resampling-Based Multiple
+Testing*, 1993), which already accounts for looking at every statistic. ``chance_95`` is the 95th percentile of
+that maximum over the shuffles, ``p_value`` the share of shuffles (the observed labelling counted) at or above
+the observed worst: a worst statistic above `WARN_AUC` but below ``chance_95`` is what a split of this many slides
+gives by chance.
+
 A record written before a statistic was added lacks its key: readers take the statistics a record names
-(``record["statistics"]``), not `STATISTICS`.
+(``record["statistics"]``), not `STATISTICS`; one written before the chance test has no ``chance``.
 """
 
 from __future__ import annotations
@@ -59,6 +69,9 @@ DESCRIPTIONS: dict[str, str] = {
 DARK_LEVEL = 100
 # Above this AUC one statistic alone separates the classes well enough that a model need not look at tissue.
 WARN_AUC = 0.70
+# Label shuffles of the chance test (`chance_within`), drawn from a fixed seed so that a record is reproducible.
+CHANCE_SHUFFLES = 999
+CHANCE_SEED = 0
 
 
 def tile_statistics(pixels: npt.NDArray[np.uint8], white_level: int) -> tuple[float, ...]:
@@ -156,12 +169,78 @@ def within_auc(
     return float(np.mean(results)) if results else None
 
 
+def chance_within(
+    table: npt.NDArray[np.float64],
+    labels: Sequence[int] | npt.NDArray[np.int_],
+    slides: Sequence[str] | npt.NDArray[np.str_],
+    groups: Sequence[int] | npt.NDArray[np.int_],
+    shuffles: int = CHANCE_SHUFFLES,
+    seed: int = CHANCE_SEED,
+) -> dict[str, Any] | None:
+    """How high the worst within-hospital AUC of ``table``'s statistics (tiles x statistics) goes by chance when
+    the slides' labels are shuffled within each hospital (module docstring, "Chance on few slides").
+
+    Ranks do not change when labels move, so each hospital's tiles are ranked once per statistic and summed per
+    slide; a shuffle then only chooses which slides are positive: ``U = sum of the positive slides' rank sums -
+    n1 (n1 + 1) / 2`` and ``pairs = n1 n0``, summed over hospitals as in `within_auc` (row 0 is the observed
+    labelling, whose AUCs are `within_auc`'s exactly). Returns ``slides`` (in hospitals holding both classes),
+    ``shuffles``, ``worst_within`` (observed), ``chance_95`` and ``p_value`` (``(1 + shuffles at or above the
+    observed) / (shuffles + 1)``); ``None`` with other than two classes, where a slide holds tiles of both labels
+    (its label is not the slide's), or where no hospital holds both classes.
+    """
+    from scipy.stats import rankdata
+
+    x = np.asarray(table, dtype=np.float64)
+    y = np.asarray(labels)
+    names_all = np.asarray(slides)
+    g = np.asarray(groups)
+    present = np.unique(y)
+    if len(present) != 2:
+        return None
+    rng = np.random.default_rng(seed)
+    wins = np.zeros((shuffles + 1, x.shape[1]))
+    pairs = np.zeros(shuffles + 1)
+    slide_total = 0
+    for h in np.unique(g):
+        rows = g == h
+        _, index = np.unique(names_all[rows], return_inverse=True)
+        tiles = np.bincount(index)
+        positive_tiles = np.bincount(index, weights=(y[rows] == present[1]).astype(np.float64), minlength=len(tiles))
+        if np.any((positive_tiles > 0) & (positive_tiles < tiles)):
+            return None
+        slide_label = positive_tiles > 0
+        if slide_label.all() or not slide_label.any():
+            continue
+        slide_total += len(tiles)
+        ranks = np.column_stack([rankdata(x[rows, k]) for k in range(x.shape[1])])
+        rank_sums = np.zeros((len(tiles), x.shape[1]))
+        np.add.at(rank_sums, index, ranks)
+        drawn = rng.permuted(np.tile(slide_label, (shuffles, 1)), axis=1)
+        assign = np.vstack([slide_label, drawn]).astype(np.float64)
+        n1 = assign @ tiles
+        wins += assign @ rank_sums - (n1 * (n1 + 1) / 2)[:, None]
+        pairs += n1 * (tiles.sum() - n1)
+    if not pairs[0]:
+        return None
+    auc = wins / pairs[:, None]
+    worst = np.maximum(auc, 1.0 - auc).max(axis=1)
+    observed, null = float(worst[0]), worst[1:]
+    return {
+        "slides": slide_total,
+        "shuffles": shuffles,
+        "worst_within": round(observed, 4),
+        "chance_95": round(float(np.quantile(null, 0.95)), 4),
+        "p_value": round(float((1 + np.count_nonzero(null >= observed - 1e-12)) / (shuffles + 1)), 4),
+    }
+
+
 def probe(
     stats: Sequence[tuple[float, ...]],
     labels: Sequence[int],
     splits: Sequence[str],
     hospitals: Sequence[int],
     split_names: Sequence[str],
+    slides: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The record of ``prepare.json["shortcut_probe"]`` for tiles given by parallel sequences.
 
@@ -169,7 +248,9 @@ def probe(
     and the tile count; ``within_hospitals``: per split, each statistic's AUC over pairs of tiles of one hospital
     (`within_auc`); ``clients``: the same per hospital and split (small splits: read with care); ``worst`` and
     ``worst_within``: the statistic and split with the highest AUC, pooled and within hospitals; ``warning``: one
-    line when the pooled AUC exceeds `WARN_AUC`, which says when it is the hospitals' differences that separate.
+    line when the pooled AUC exceeds `WARN_AUC`, which says when it is the hospitals' differences that separate;
+    ``chance`` (when ``slides`` name each tile's slide): per split, `chance_within`, which the warning quotes for its
+    split.
     """
     table = np.asarray(stats, dtype=np.float64).reshape(-1, len(STATISTICS))
     lab = np.asarray(labels)
@@ -195,6 +276,13 @@ def probe(
         str(c): {split: aucs((cli == c) & (spl == split)) for split in split_names} for c in sorted(set(cli.tolist()))
     }
     worst, worst_within = _worst(pooled), _worst(stratified)
+    chance: dict[str, Any] = {}
+    if slides is not None:
+        names = np.asarray(slides)
+        chance = {
+            split: chance_within(table[spl == split], lab[spl == split], names[spl == split], cli[spl == split])
+            for split in split_names
+        }
     warning = None
     if worst is not None and worst["auc"] > WARN_AUC:
         warning = (
@@ -207,7 +295,8 @@ def probe(
                 f". Within any one hospital no statistic exceeds AUC {worst_within['auc']:.3f}: the hospitals "
                 "differ in stain or scanner and in case mix together, which a model shared by them can exploit"
             )
-    return {
+        warning += chance_sentence(chance.get(worst["split"]), worst["split"])
+    record = {
         "statistics": dict(DESCRIPTIONS),
         "warn_above": WARN_AUC,
         "splits": pooled,
@@ -217,6 +306,26 @@ def probe(
         "worst_within": worst_within,
         "warning": warning,
     }
+    if slides is not None:
+        record["chance"] = chance
+    return record
+
+
+def chance_sentence(chance: Mapping[str, Any] | None, split: str) -> str:
+    """What the warning adds from a split's `chance_within` record: whether its worst within-hospital statistic is
+    beyond what shuffling its slides' labels gives (empty without a record)."""
+    if not chance:
+        return ""
+    verdict = (
+        "so few slides cannot tell this from chance"
+        if chance["p_value"] > 0.05
+        else "beyond what chance gives on this many slides"
+    )
+    return (
+        f". Within hospitals the {split} split's worst statistic reaches {chance['worst_within']:.3f}; shuffling the "
+        f"labels of its {chance['slides']} slides gives {chance['chance_95']:.3f} or more in 5% of "
+        f"{chance['shuffles']} shuffles (p = {chance['p_value']:.3f}): {verdict}"
+    )
 
 
 def _worst(by_split: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
@@ -255,8 +364,26 @@ def probe_markdown(record: Mapping[str, Any]) -> list[str]:
             "|---|" + "---|" * len(splits),
         ]
         lines += _statistic_rows(record, within, splits)
+        chance = record.get("chance")  # a record written before the chance test has none
+        if chance:
+            lines += _chance_rows(chance, splits)
     lines += ["", f"**Warning:** {record['warning']}" if record["warning"] else "No statistic exceeds the limit.", ""]
     return lines
+
+
+def _chance_rows(chance: Mapping[str, Any], splits: Sequence[str]) -> list[str]:
+    """The within table's last rows: per split, the chance level of its worst statistic and the p-value
+    (`chance_within`)."""
+    cells = [chance.get(s) for s in splits]
+    shuffles = next((c["shuffles"] for c in cells if c), 0)
+    return [
+        f"| chance: the worst statistic's AUC exceeded in 5% of {shuffles} shuffles of the slides' labels (slides) | "
+        + " | ".join("n/a" if not c else f"{c['chance_95']:.3f} ({c['slides']})" for c in cells)
+        + " |",
+        "| p-value of the worst statistic against those shuffles | "
+        + " | ".join("n/a" if not c else f"{c['p_value']:.3f}" for c in cells)
+        + " |",
+    ]
 
 
 def _statistic_rows(
@@ -301,5 +428,10 @@ def probe_prepared(folder: Path, white_level: int = 220) -> dict[str, Any]:
     index = {name: k for k, name in enumerate(classes)}
     splits = tuple(s for s in ("train", "val", "test") if any(r["split"] == s for r in rows))
     return probe(
-        stats, [index[r["label"]] for r in rows], [r["split"] for r in rows], [int(r["client"]) for r in rows], splits
+        stats,
+        [index[r["label"]] for r in rows],
+        [r["split"] for r in rows],
+        [int(r["client"]) for r in rows],
+        splits,
+        slides=[r["source"] for r in rows],
     )

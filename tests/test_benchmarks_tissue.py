@@ -115,6 +115,26 @@ def test_tissue_probe_shows_each_hospitals_case_mix_behind_a_pooled_figure(tmp_p
     assert "| 1 | 1 | 1.000 | n/a | 50 | n/a |" in page
 
 
+def test_tissue_probe_shows_the_chance_test_of_the_worst_within_split() -> None:
+    tissue_probe = _script("tissue_probe")
+    chance = {"slides": 13, "shuffles": 999, "worst_within": 0.78, "chance_95": 0.745, "p_value": 0.012}
+    probe = {
+        "statistics": {"mean_blue": "x"},
+        "worst": {"statistic": "mean_blue", "auc": 0.79, "split": "val"},
+        "worst_within": {"statistic": "mean_blue", "auc": 0.78, "split": "val"},
+        "splits": {"val": {"tiles": 4, "mean_blue": 0.79}},
+        "within_hospitals": {"val": {"tiles": 4, "mean_blue": 0.78}},
+        "chance": {"train": None, "val": chance},
+    }
+    page = tissue_probe.markdown({"r": {"gastric": {"seconds": 60.0, "hospital_mix": None, "probe": probe}}})
+    assert (
+        "| r | n/a | n/a | mean_blue **0.790** (val) | mean_blue **0.780** (val) | 0.745 (13 slides), p = 0.012 | 1.0 |"
+        in page
+    )
+    older = {k: v for k, v in probe.items() if k != "chance"}  # a record made before the chance test
+    assert "| n/a | 1.0 |" in tissue_probe.markdown({"r": {"gastric": {"seconds": 60.0, "probe": older}}})
+
+
 def test_paired_settings_pairs_each_setting_with_the_reference_by_seed(tmp_path: Path) -> None:
     paired_settings = _script("paired_settings")
     cells = tmp_path / "grid" / "cells"

@@ -10,9 +10,12 @@ import numpy as np
 import pytest
 
 from pipeline.probe import (
+    CHANCE_SHUFFLES,
     DESCRIPTIONS,
     STATISTICS,
     WARN_AUC,
+    chance_sentence,
+    chance_within,
     probe,
     probe_markdown,
     separation_auc,
@@ -210,6 +213,17 @@ def test_prepare_records_the_probe_and_warns_on_a_masked_dataset(tmp_path: Path)
     assert masked["warning"] is not None
     assert raw_probe["splits"]["train"]["pure_white"] < 0.7
     assert masked["splits"]["test"]["pure_white"] == raw_probe["splits"]["test"]["pure_white"]
+    # the chance test ran on every split, over the slides of hospitals that hold both classes there
+    manifest = (tmp_path / "raw_tiles" / "manifest.csv").read_text().splitlines()[1:]
+    for split in ("train", "val", "test"):
+        rows = [line.split(",") for line in manifest if line.split(",")[1] == split]
+        both = {h for h in {r[0] for r in rows} if len({r[2] for r in rows if r[0] == h}) == 2}
+        slides = {(r[0], r[4]) for r in rows if r[0] in both}
+        chance = raw_probe["chance"][split]
+        assert (chance is None) == (not slides)
+        if chance is not None:
+            assert chance["slides"] == len(slides)
+            assert chance["worst_within"] == max(raw_probe["within_hospitals"][split][n] for n in STATISTICS)
 
 
 def test_a_mask_outside_dataset_is_named_wherever_its_results_carry_the_intended_use(tmp_path: Path) -> None:
@@ -248,3 +262,93 @@ def test_a_site_and_case_mix_confound_is_named_in_the_warning() -> None:
     assert record["worst"]["auc"] == pytest.approx(0.8)
     assert record["worst_within"]["auc"] == pytest.approx(0.5)
     assert "Within any one hospital no statistic exceeds AUC 0.500" in record["warning"]
+
+
+def _slides_case(seed: int) -> tuple[np.ndarray, list[int], list[str], list[int]]:
+    """Two hospitals of unequal slides and tiles per slide, every tile labelled as its slide, random statistics."""
+    rng = np.random.default_rng(seed)
+    table, labels, slides, groups = [], [], [], []
+    for hospital, layout in ((0, [(1, 3), (0, 5), (1, 2), (0, 4), (0, 1)]), (1, [(0, 6), (1, 2), (1, 3)])):
+        for number, (label, tiles) in enumerate(layout):
+            for _ in range(tiles):
+                table.append(rng.normal(size=len(STATISTICS)))
+                labels.append(label)
+                slides.append(f"slide_{number}")  # names repeat across hospitals: slides are per hospital
+                groups.append(hospital)
+    return np.array(table), labels, slides, groups
+
+
+def test_the_chance_test_observed_row_is_the_within_hospital_auc() -> None:
+    table, labels, slides, groups = _slides_case(3)
+    chance = chance_within(table, labels, slides, groups)
+    assert chance is not None
+    observed = max(within_auc(table[:, k], labels, groups) or 0.0 for k in range(len(STATISTICS)))
+    assert chance["worst_within"] == round(observed, 4)
+    assert chance["slides"] == 8
+    assert chance["shuffles"] == CHANCE_SHUFFLES
+    assert 1 / (CHANCE_SHUFFLES + 1) <= chance["p_value"] <= 1.0
+    assert chance == chance_within(table, labels, slides, groups)  # a fixed seed: the record is reproducible
+
+
+def test_two_slides_give_chance_equal_to_what_is_observed() -> None:
+    """One hospital, one slide of each label: a shuffle keeps or swaps the two, and max(AUC, 1 - AUC) is the same
+    either way (6 of 6 pairs, or 0 of 6), so every shuffle reaches the observed AUC: chance_95 is it and p is 1.
+    A second such hospital would not do: a swap at one hospital only gives (0 + 1) / 7, oriented 6 / 7."""
+    table = np.array([[1.0], [2.0], [5.0], [6.0], [7.0]])
+    chance = chance_within(table, [0, 0, 1, 1, 1], ["a", "a", "b", "b", "b"], [0] * 5, shuffles=99)
+    assert chance == {"slides": 2, "shuffles": 99, "worst_within": 1.0, "chance_95": 1.0, "p_value": 1.0}
+    two = chance_within(
+        np.array([[1.0], [2.0], [5.0], [6.0], [7.0], [3.0], [4.0]]),
+        [0, 0, 1, 1, 1, 0, 1],
+        ["a", "a", "b", "b", "b", "c", "d"],
+        [0, 0, 0, 0, 0, 1, 1],
+        shuffles=99,
+    )
+    assert two is not None
+    assert two["chance_95"] == 1.0  # half the shuffles keep both hospitals' directions alike
+    assert 0.2 < two["p_value"] < 0.8  # the other half reach only 6 / 7
+
+
+def test_a_shortcut_over_many_slides_is_beyond_chance_and_a_mixed_slide_has_no_test() -> None:
+    table, labels, slides, groups = [], [], [], []
+    for number in range(20):
+        for tile in range(3):
+            table.append([number % 2 + 0.1 * tile])  # odd slides are abnormal and brighter: AUC 1
+            labels.append(number % 2)
+            slides.append(f"s{number}")
+            groups.append(0)
+    chance = chance_within(np.array(table), labels, slides, groups)
+    assert chance is not None
+    assert chance["worst_within"] == 1.0
+    assert chance["p_value"] < 0.01
+    assert chance["chance_95"] < 0.85
+    labels[0] = 1  # slide s0 now holds both labels: its label is not the slide's, and shuffling slides is not valid
+    assert chance_within(np.array(table), labels, slides, groups) is None
+    assert chance_within(np.array(table), [k % 3 for k in range(60)], slides, groups) is None  # three classes
+    assert chance_within(np.array(table), [1] * 60, slides, groups) is None  # one class
+
+
+def test_the_warning_says_whether_chance_explains_the_worst_statistic() -> None:
+    few = {"slides": 12, "shuffles": 999, "worst_within": 0.74, "chance_95": 0.79, "p_value": 0.2}
+    many = {**few, "slides": 80, "chance_95": 0.62, "p_value": 0.001}
+    assert chance_sentence(few, "val") == (
+        ". Within hospitals the val split's worst statistic reaches 0.740; shuffling the labels of its 12 slides "
+        "gives 0.790 or more in 5% of 999 shuffles (p = 0.200): so few slides cannot tell this from chance"
+    )
+    assert chance_sentence(many, "test").endswith("(p = 0.001): beyond what chance gives on this many slides")
+    assert chance_sentence(None, "val") == ""
+    # probe() quotes the warned split's chance test, and the report's within table shows it for every split
+    stats, labels, clients, names = [], [], [], []
+    for number in range(6):
+        for _ in range(4):
+            level = 200.0 if number % 2 else 100.0
+            stats.append((0.0, 0.0, level, level, level, level, 10.0, 0.2, 0.0))
+            labels.append(number % 2)
+            clients.append(0)
+            names.append(f"s{number}")
+    record = probe(stats, labels, ["test"] * 24, clients, ("test",), slides=names)
+    assert record["chance"]["test"]["slides"] == 6
+    assert record["warning"].endswith(chance_sentence(record["chance"]["test"], "test"))
+    lines = probe_markdown(record)
+    assert any(line.startswith("| chance: the worst statistic's AUC exceeded in 5% of 999 shuffles") for line in lines)
+    assert "chance" not in probe(stats, labels, ["test"] * 24, clients, ("test",))  # no slides given: no test
