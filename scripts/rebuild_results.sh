@@ -14,6 +14,8 @@
 # - benchmarks/tables_compare.py (results/tables4567_*/beside_classic.md, as their WHERE.md says);
 # - benchmarks/paired_settings.py (results/tables4567_*/paired_settings.md, and results/tables4567_quickstart/'s
 #   paired_settings_fedamp.md, paired_settings_lam0.md, minus_separate.md and minus_fedavg.md);
+# - benchmarks/paired_settings.py and benchmarks/hospital_paired.py for results/table7_label_skew_stride64/
+#   (paired_settings.md: FedSAF at lambda 0 minus its default; minus_separate.md, minus_fedavg.md, hospitals.md);
 # - benchmarks/hospital_paired.py (results/tables4567_quickstart/hospitals.md);
 # - benchmarks/table7_rounds.py (results/table7_fmnist_*_rounds/rounds.md);
 # - benchmarks/table7_data.py (results/table7_fmnist_pat2_data/data.md);
@@ -80,6 +82,15 @@ if wanted results/tables4567_quickstart; then
             --out "$qs/minus_$ref.md"
     done
     run "$PY" benchmarks/hospital_paired.py "$qs" --reference strategy-separate --out "$qs/hospitals.md"
+fi
+if wanted results/table7_label_skew_stride64; then
+    ls=results/table7_label_skew_stride64
+    run "$PY" benchmarks/paired_settings.py "$ls" --reference strategy-fedsaf --out "$ls/paired_settings.md"
+    for ref in separate fedavg; do
+        run "$PY" benchmarks/paired_settings.py "$ls" --method strategy --reference "strategy-$ref" \
+            --out "$ls/minus_$ref.md"
+    done
+    run "$PY" benchmarks/hospital_paired.py "$ls" --reference strategy-separate --out "$ls/hospitals.md"
 fi
 for name in table7_fmnist_pat2 table7_fmnist_pat2_mobilenet; do
     wanted "results/${name}_rounds" || continue
