@@ -365,7 +365,7 @@ def probe_markdown(record: Mapping[str, Any]) -> list[str]:
         ]
         lines += _statistic_rows(record, within, splits)
         chance = record.get("chance")  # a record written before the chance test has none
-        if chance:
+        if chance and any(chance.values()):  # no split could be tested (e.g. slides holding both labels): no rows
             lines += _chance_rows(chance, splits)
     lines += ["", f"**Warning:** {record['warning']}" if record["warning"] else "No statistic exceeds the limit.", ""]
     return lines

@@ -352,3 +352,6 @@ def test_the_warning_says_whether_chance_explains_the_worst_statistic() -> None:
     lines = probe_markdown(record)
     assert any(line.startswith("| chance: the worst statistic's AUC exceeded in 5% of 999 shuffles") for line in lines)
     assert "chance" not in probe(stats, labels, ["test"] * 24, clients, ("test",))  # no slides given: no test
+    untestable = probe(stats, labels, ["test"] * 24, clients, ("test",), slides=["one slide"] * 24)
+    assert untestable["chance"] == {"test": None}  # one slide holding both labels: no valid shuffle
+    assert not any("shuffles" in line for line in probe_markdown(untestable))
