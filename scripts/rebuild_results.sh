@@ -44,6 +44,17 @@ run() {
     fi
 }
 
+# A methods folder's minus_separate.md and minus_fedavg.md (every setting minus Separate, minus FedAvg) and
+# hospitals.md (each hospital against Separate); its Separate and FedAvg cells are strategy-<method><suffix>.
+method_pages() {
+    local folder=$1 suffix=$2
+    for ref in separate fedavg; do
+        run "$PY" benchmarks/paired_settings.py "$folder" --method strategy --reference "strategy-$ref$suffix" \
+            --out "$folder/minus_$ref.md"
+    done
+    run "$PY" benchmarks/hospital_paired.py "$folder" --reference strategy-separate --out "$folder/hospitals.md"
+}
+
 # 1. Every ablation folder: the --tables-only command its COMMAND.md gives.
 for page in results/*/COMMAND.md results/*/*/COMMAND.md; do
     [[ -f "$page" ]] && wanted "$(dirname "$page")" || continue
@@ -77,20 +88,12 @@ if wanted results/tables4567_quickstart; then
         --out "$qs/paired_settings_fedamp.md"
     run "$PY" benchmarks/paired_settings.py "$qs" --method strategy-fedsaf_lam-0.0_ \
         --reference strategy-fedsaf_lam-0.0_rounds-10 --out "$qs/paired_settings_lam0.md"
-    for ref in separate fedavg; do
-        run "$PY" benchmarks/paired_settings.py "$qs" --method strategy --reference "strategy-${ref}_rounds-10" \
-            --out "$qs/minus_$ref.md"
-    done
-    run "$PY" benchmarks/hospital_paired.py "$qs" --reference strategy-separate --out "$qs/hospitals.md"
+    method_pages "$qs" _rounds-10
 fi
 if wanted results/table7_label_skew_stride64; then
-    ls=results/table7_label_skew_stride64
-    run "$PY" benchmarks/paired_settings.py "$ls" --reference strategy-fedsaf --out "$ls/paired_settings.md"
-    for ref in separate fedavg; do
-        run "$PY" benchmarks/paired_settings.py "$ls" --method strategy --reference "strategy-$ref" \
-            --out "$ls/minus_$ref.md"
-    done
-    run "$PY" benchmarks/hospital_paired.py "$ls" --reference strategy-separate --out "$ls/hospitals.md"
+    skew=results/table7_label_skew_stride64
+    run "$PY" benchmarks/paired_settings.py "$skew" --reference strategy-fedsaf --out "$skew/paired_settings.md"
+    method_pages "$skew" ""
 fi
 for name in table7_fmnist_pat2 table7_fmnist_pat2_mobilenet; do
     wanted "results/${name}_rounds" || continue
