@@ -15,7 +15,8 @@
 # - benchmarks/paired_settings.py (results/tables4567_*/paired_settings.md, and results/tables4567_quickstart/'s
 #   paired_settings_fedamp.md, paired_settings_lam0.md, minus_separate.md and minus_fedavg.md);
 # - benchmarks/paired_settings.py and benchmarks/hospital_paired.py for results/table7_label_skew_stride64/
-#   (paired_settings.md: FedSAF at lambda 0 minus its default; minus_separate.md, minus_fedavg.md, hospitals.md);
+#   (paired_settings.md: FedSAF's other settings minus its default; paired_settings_lam0.md: nhead 0 and 12 minus
+#   nhead 6, at lambda 0; minus_separate.md, minus_fedavg.md, hospitals.md);
 # - benchmarks/hospital_paired.py (results/tables4567_quickstart/hospitals.md);
 # - benchmarks/table7_rounds.py (results/table7_fmnist_*_rounds/rounds.md);
 # - benchmarks/table7_data.py (results/table7_fmnist_pat2_data/data.md);
@@ -93,6 +94,8 @@ fi
 if wanted results/table7_label_skew_stride64; then
     skew=results/table7_label_skew_stride64
     run "$PY" benchmarks/paired_settings.py "$skew" --reference strategy-fedsaf --out "$skew/paired_settings.md"
+    run "$PY" benchmarks/paired_settings.py "$skew" --method strategy-fedsaf_lam-0.0 \
+        --reference strategy-fedsaf_lam-0.0 --out "$skew/paired_settings_lam0.md"
     method_pages "$skew" ""
 fi
 for name in table7_fmnist_pat2 table7_fmnist_pat2_mobilenet; do
