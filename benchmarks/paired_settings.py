@@ -10,8 +10,15 @@ and gives, for every setting, the paired difference setting minus ``--reference`
 mean, 95% t interval (* where it excludes 0) and the minimum detectable difference at 80% power
 (`federation.ablation.paired`, the formulas of ``paired.md``). Writes ``OUT`` (markdown) and prints it.
 
+With ``--reference-grid OTHER`` the reference setting is read from another grid, and every setting of ``GRID``,
+the reference's own name included, is paired with it: the same cells trained on two datasets, e.g. Separate on a
+copy of the tiles with brightness and colour levels removed (`scripts/morphology_check.py`) against the same
+Separate on the raw tiles.
+
     .venv/bin/python benchmarks/paired_settings.py results/tables4567_seed_like \
         --reference strategy-fedsaf_fim-on_split-on --out results/tables4567_seed_like/paired_settings.md
+    .venv/bin/python benchmarks/paired_settings.py data/ablations/morphology_flat_label_skew_stride64 \
+        --method strategy-separate --reference strategy-separate --reference-grid results/table7_label_skew_stride64
 """
 
 from __future__ import annotations
@@ -49,10 +56,18 @@ def read_settings(cells: Path, method: str) -> dict[str, dict[str, dict[int, flo
     return out
 
 
-def markdown(settings: dict[str, dict[str, dict[int, float | None]]], reference: str, command: str) -> str:
-    """One row per setting other than ``reference``: the paired difference of each figure."""
+def markdown(
+    settings: dict[str, dict[str, dict[int, float | None]]],
+    reference: str,
+    command: str,
+    against: dict[str, dict[int, float | None]],
+    other_grid: bool = False,
+) -> str:
+    """One row per setting other than ``reference``: the paired difference of each figure to ``against`` (the
+    reference's ``{figure: {seed: value}}``). With ``other_grid`` (the reference read from another grid), one row
+    per setting, ``reference``'s namesake included."""
     lines = [
-        f"# Paired differences to {reference}",
+        f"# Paired differences to {reference}" + (" of another grid" if other_grid else ""),
         "",
         f"Command: `{command}`. Per setting, its final figure minus the reference's, paired by seed over the seeds "
         "both finished: mean [95% t interval] (* where it excludes 0) (MDD: the smallest difference the seeds could "
@@ -62,11 +77,11 @@ def markdown(settings: dict[str, dict[str, dict[int, float | None]]], reference:
         "|---|---|" + "---|" * len(FIGURES),
     ]
     for setting in sorted(settings):
-        if setting == reference:
+        if setting == reference and not other_grid:
             continue
         cells, seeds = [], 0
         for key, _ in FIGURES:
-            differences = paired_differences(settings[setting][key], settings[reference][key])
+            differences = paired_differences(settings[setting][key], against[key])
             seeds = max(seeds, len(differences))
             cells.append(paired_text(paired_interval(differences)) or "n/a")
         lines.append(f"| {setting} | {seeds} | " + " | ".join(cells) + " |")
@@ -79,19 +94,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference", required=True, help="the setting every other is compared with")
     parser.add_argument("--method", default="strategy-fedsaf", help="the prefix of the settings compared")
     parser.add_argument("--out", type=Path, help="markdown file to write (default: print only)")
+    parser.add_argument(
+        "--reference-grid", type=Path, help="read the reference setting from this grid (default: GRID itself)"
+    )
     args = parser.parse_args(argv)
     command = " ".join(
         [".venv/bin/python benchmarks/paired_settings.py", *(argv if argv is not None else sys.argv[1:])]
     )
-    with cells_folder(args.grid) as cells:
-        if not cells.is_dir():
-            print(f"error: {args.grid} holds neither cells/ nor {CELLS_ARCHIVE}; give an ablation folder")
-            return 2
-        settings = read_settings(cells, args.method)
-    if args.reference not in settings:
-        print(f"error: no finished cell of {args.reference!r} in {args.grid}; settings: {', '.join(sorted(settings))}")
+    reference_grid = args.reference_grid if args.reference_grid is not None else args.grid
+    read: dict[Path, dict[str, dict[str, dict[int, float | None]]]] = {}
+    for grid, prefix in ((args.grid, args.method), (reference_grid, args.reference)):
+        with cells_folder(grid) as cells:
+            if not cells.is_dir():
+                print(f"error: {grid} holds neither cells/ nor {CELLS_ARCHIVE}; give an ablation folder")
+                return 2
+            read.setdefault(grid, {}).update(read_settings(cells, prefix))
+    settings = {name: figures for name, figures in read[args.grid].items() if name.startswith(args.method)}
+    if args.reference not in read[reference_grid]:
+        present = ", ".join(sorted(read[reference_grid]))
+        print(f"error: no finished cell of {args.reference!r} in {reference_grid}; settings: {present}")
         return 2
-    text = markdown(settings, args.reference, command)
+    against = read[reference_grid][args.reference]
+    text = markdown(settings, args.reference, command, against, other_grid=args.reference_grid is not None)
     if args.out is not None:
         args.out.write_text(text, encoding="utf-8")
     print(text, end="")

@@ -135,6 +135,17 @@ def test_tissue_probe_shows_the_chance_test_of_the_worst_within_split() -> None:
     assert "| n/a | 1.0 |" in tissue_probe.markdown({"r": {"gastric": {"seconds": 60.0, "probe": older}}})
 
 
+def _finished_cells(cells: Path, values: dict[str, dict[int, tuple[float, float]]]) -> None:
+    """A finished cell ``<setting>_seed-<seed>`` per value, whose summary's final figures are (accuracy, AUC)."""
+    for setting, seeds in values.items():
+        for seed, (acc, auc) in seeds.items():
+            cell = cells / f"{setting}_seed-{seed}"
+            cell.mkdir(parents=True)
+            final = {"avg_test_acc": acc, "avg_test_auc": auc}
+            summary = {"status": "finished", "final": final}
+            (cell / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+
+
 def test_paired_settings_pairs_each_setting_with_the_reference_by_seed(tmp_path: Path) -> None:
     paired_settings = _script("paired_settings")
     cells = tmp_path / "grid" / "cells"
@@ -143,13 +154,7 @@ def test_paired_settings_pairs_each_setting_with_the_reference_by_seed(tmp_path:
         "strategy-fedsaf_nhead-3": {0: (0.85, 0.50), 1: (0.80, 0.70), 2: (0.95, 0.55), 3: (0.10, 0.10)},
         "strategy-fedavg": {0: (0.10, 0.10)},
     }
-    for setting, seeds in values.items():
-        for seed, (acc, auc) in seeds.items():
-            cell = cells / f"{setting}_seed-{seed}"
-            cell.mkdir(parents=True)
-            final = {"avg_test_acc": acc, "avg_test_auc": auc}
-            summary = {"status": "finished", "final": final}
-            (cell / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+    _finished_cells(cells, values)
     (cells / "strategy-fedsaf_nhead-9_seed-0").mkdir()  # a run cut short: no summary, not counted
     # still training: its summary holds its latest round; counted, it would pair with nhead-3's seed 3
     running = cells / "strategy-fedsaf_fim-on_split-on_seed-3"
@@ -168,6 +173,30 @@ def test_paired_settings_pairs_each_setting_with_the_reference_by_seed(tmp_path:
     assert "fedavg" not in page
     assert "nhead-9" not in page
     assert paired_settings.main([str(tmp_path / "grid"), "--reference", "strategy-fedsaf_absent"]) == 2
+
+
+def test_paired_settings_reads_the_reference_from_another_grid(tmp_path: Path) -> None:
+    """Separate on a flattened copy of the tiles (seeds 0, 1, 3) against Separate on the raw tiles (seeds 0-2) of
+    another grid: the namesake is a row, paired over seeds 0 and 1 only; the raw grid's other method is not."""
+    paired_settings = _script("paired_settings")
+    raw = {"strategy-separate": {0: (0.80, 0.90), 1: (0.70, 0.80), 2: (0.60, 0.70)}, "strategy-fedavg": {0: (0.1, 0.1)}}
+    _finished_cells(tmp_path / "raw" / "cells", raw)
+    _finished_cells(
+        tmp_path / "flat" / "cells", {"strategy-separate": {0: (0.75, 0.80), 1: (0.70, 0.75), 3: (0.5, 0.5)}}
+    )
+    out = tmp_path / "flat.md"
+    argv = [str(tmp_path / "flat"), "--method", "strategy-separate", "--reference", "strategy-separate"]
+    argv += ["--reference-grid", str(tmp_path / "raw"), "--out", str(out)]
+    assert paired_settings.main(argv) == 0
+    page = out.read_text(encoding="utf-8")
+    assert page.startswith("# Paired differences to strategy-separate of another grid")
+    # accuracy -0.05, 0.00: mean -0.025, sd 0.0354, t(1) 12.706 -> [-0.343, +0.293]; MDD (12.706 + 1.376) * 0.025
+    # = 0.352. AUC -0.10, -0.05: mean -0.075 -> [-0.393, +0.243], MDD 0.352.
+    row = "| strategy-separate | 2 | -0.025 [-0.343, +0.293] (MDD 0.352) | -0.075 [-0.393, +0.243] (MDD 0.352) |"
+    assert row in page
+    assert "fedavg" not in page
+    absent = [*argv[:4], "strategy-fedprox", "--reference-grid", str(tmp_path / "raw")]
+    assert paired_settings.main(absent) == 2
 
 
 def test_amp_groups_grid_averages_the_within_group_share_over_seeds(tmp_path: Path) -> None:
