@@ -17,6 +17,8 @@
 # - benchmarks/paired_settings.py and benchmarks/hospital_paired.py for results/table7_label_skew_stride64/
 #   (paired_settings.md: FedSAF's other settings minus its default; paired_settings_lam0.md: nhead 0 and 12 minus
 #   nhead 6, at lambda 0; minus_separate.md, minus_fedavg.md, hospitals.md);
+# - benchmarks/paired_settings.py --reference-grid for results/gastric_tissue/label_skew_stride64/separate_flattened/
+#   minus_raw.md (Separate on the flattened tiles minus Separate on the raw ones, the Table 7 grid's runs);
 # - benchmarks/hospital_paired.py (results/tables4567_quickstart/hospitals.md);
 # - benchmarks/table7_rounds.py (results/table7_fmnist_*_rounds/rounds.md);
 # - benchmarks/table7_data.py (results/table7_fmnist_pat2_data/data.md);
@@ -97,6 +99,11 @@ if wanted results/table7_label_skew_stride64; then
     run "$PY" benchmarks/paired_settings.py "$skew" --method strategy-fedsaf_lam-0.0 \
         --reference strategy-fedsaf_lam-0.0 --out "$skew/paired_settings_lam0.md"
     method_pages "$skew" ""
+fi
+if wanted results/gastric_tissue/label_skew_stride64/separate_flattened; then
+    flat=results/gastric_tissue/label_skew_stride64/separate_flattened
+    run "$PY" benchmarks/paired_settings.py "$flat" --method strategy-separate --reference strategy-separate \
+        --reference-grid results/table7_label_skew_stride64 --out "$flat/minus_raw.md"
 fi
 for name in table7_fmnist_pat2 table7_fmnist_pat2_mobilenet; do
     wanted "results/${name}_rounds" || continue
