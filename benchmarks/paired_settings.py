@@ -17,7 +17,7 @@ Separate on the raw tiles.
 
     .venv/bin/python benchmarks/paired_settings.py results/tables4567_seed_like \
         --reference strategy-fedsaf_fim-on_split-on --out results/tables4567_seed_like/paired_settings.md
-    .venv/bin/python benchmarks/paired_settings.py data/ablations/morphology_flat_label_skew_stride64 \
+    .venv/bin/python benchmarks/paired_settings.py results/gastric_tissue/label_skew_stride64/separate_flattened \
         --method strategy-separate --reference strategy-separate --reference-grid results/table7_label_skew_stride64
 """
 
@@ -102,13 +102,19 @@ def main(argv: list[str] | None = None) -> int:
         [".venv/bin/python benchmarks/paired_settings.py", *(argv if argv is not None else sys.argv[1:])]
     )
     reference_grid = args.reference_grid if args.reference_grid is not None else args.grid
+    # one read per grid (a published grid is unpacked once): in one grid, the settings both prefixes share
+    prefixes = {args.grid: args.method, reference_grid: args.reference}
+    if reference_grid == args.grid:
+        method, reference = args.method, args.reference
+        shared = next((i for i, (a, b) in enumerate(zip(method, reference, strict=False)) if a != b), None)
+        prefixes[args.grid] = method[: min(len(method), len(reference)) if shared is None else shared]
     read: dict[Path, dict[str, dict[str, dict[int, float | None]]]] = {}
-    for grid, prefix in ((args.grid, args.method), (reference_grid, args.reference)):
+    for grid, prefix in prefixes.items():
         with cells_folder(grid) as cells:
             if not cells.is_dir():
                 print(f"error: {grid} holds neither cells/ nor {CELLS_ARCHIVE}; give an ablation folder")
                 return 2
-            read.setdefault(grid, {}).update(read_settings(cells, prefix))
+            read[grid] = read_settings(cells, prefix)
     settings = {name: figures for name, figures in read[args.grid].items() if name.startswith(args.method)}
     if args.reference not in read[reference_grid]:
         present = ", ".join(sorted(read[reference_grid]))
