@@ -102,12 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         [".venv/bin/python benchmarks/paired_settings.py", *(argv if argv is not None else sys.argv[1:])]
     )
     reference_grid = args.reference_grid if args.reference_grid is not None else args.grid
-    # one read per grid (a published grid is unpacked once): in one grid, the settings both prefixes share
-    prefixes = {args.grid: args.method, reference_grid: args.reference}
-    if reference_grid == args.grid:
-        method, reference = args.method, args.reference
-        shared = next((i for i, (a, b) in enumerate(zip(method, reference, strict=False)) if a != b), None)
-        prefixes[args.grid] = method[: min(len(method), len(reference)) if shared is None else shared]
+    # one read per grid (a published grid is unpacked once): one grid is read whole, then filtered
+    same = reference_grid == args.grid
+    prefixes = {args.grid: ""} if same else {args.grid: args.method, reference_grid: args.reference}
     read: dict[Path, dict[str, dict[str, dict[int, float | None]]]] = {}
     for grid, prefix in prefixes.items():
         with cells_folder(grid) as cells:
